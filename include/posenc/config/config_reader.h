@@ -1,0 +1,44 @@
+// ConfigReader — typed, checked access to one JSON object of a config. Every key read is
+// recorded; finish() rejects the keys nobody read, naming each and listing the known ones, so a
+// typo ("rope_thetta") is an error rather than a silently ignored setting.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace posenc {
+
+class ConfigReader {
+ public:
+  /// where: names the object in errors ("rope config", "rope config.rope_scaling").
+  ConfigReader(const nlohmann::json& object, std::string where);
+
+  bool has(const std::string& key) const;
+  /// Declares a key as known without reading it (e.g. "type").
+  void allow(const std::string& key);
+  double number(const std::string& key, double fallback);
+  std::optional<double> optional_number(const std::string& key);
+  int64_t integer(const std::string& key, int64_t fallback);
+  std::optional<int64_t> optional_integer(const std::string& key);
+  bool boolean(const std::string& key, bool fallback);
+  std::string string(const std::string& key, const std::string& fallback);
+  std::optional<std::string> optional_string(const std::string& key);
+  std::vector<double> numbers(const std::string& key);
+  /// A nested object (or nullopt when absent); the key counts as read.
+  std::optional<nlohmann::json> object(const std::string& key);
+  /// Throws if a key was neither read nor allowed.
+  void finish() const;
+  const std::string& where() const { return where_; }
+
+ private:
+  const nlohmann::json* find(const std::string& key);
+  const nlohmann::json& object_;
+  std::string where_;
+  std::set<std::string> known_;
+};
+
+}  // namespace posenc

@@ -1,0 +1,34 @@
+// RoPE module: rotates q and k by angles p * inv_freq (math, layouts and scalings in
+// posenc/functional/rope.h). No parameters. Dynamic NTK and LongRoPE choose their frequencies per
+// call from the longest key position (seq_len = max p_k + 1), as HF's dynamic_rope_update does.
+#pragma once
+
+#include "posenc/core/encoder.h"
+#include "posenc/functional/rope.h"
+
+namespace posenc {
+
+class RopeImpl : public PositionalEncodingImpl {
+ public:
+  explicit RopeImpl(RopeOptions options = RopeOptions());
+  void reset();
+  std::string type() const override { return "rope"; }
+  EncodingKind kind() const override { return EncodingKind::kRotary; }
+  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
+                                           const Positions& q_positions,
+                                           const Positions& k_positions) override;
+  Description describe(const Positions& positions, const DescribeOptions& options) override;
+
+  /// Frequencies for sequences of length seq_len (-1: within the original context).
+  RopeFrequencies frequencies(int64_t seq_len = -1) const;
+  /// Per-pair (cos, sin) [.., N, r/2] at positions for a given frequency set, times the
+  /// attention scaling and, with xpos, the xPos scale (inverse for keys).
+  std::pair<at::Tensor, at::Tensor> cos_sin(const Positions& positions, const RopeFrequencies& f,
+                                            bool is_key = false) const;
+  int64_t rotary_dim() const { return rope_rotary_dim(options); }
+
+  RopeOptions options;
+};
+TORCH_MODULE(Rope);
+
+}  // namespace posenc

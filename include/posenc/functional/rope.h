@@ -1,0 +1,124 @@
+// Rotary position embedding (Su et al. 2021, "RoFormer", arXiv:2104.09864) and its scalings.
+//
+//   inv_freq_i = theta^(-2i/r),  i = 0 .. r/2-1,   r = int(Dh * partial_rotary_factor) (even)
+//   angle(p, i) = p * inv_freq_i
+//   (x_a, x_b) -> (x_a cos - x_b sin,  x_b cos + x_a sin) * attention_scaling-scaled cos/sin
+// Pairs, by layout:
+//   half        [x0 .. x(r/2-1) | x(r/2) .. x(r-1)]  pairs (i, i + r/2)   Llama, GPT-NeoX, HF
+//   interleaved [x0 x1 | x2 x3 | ...]                 pairs (2i, 2i + 1)  GPT-J, llama.cpp NORM
+// Dims r .. Dh-1 pass through unchanged (partial rotary).
+//
+// Scalings follow HF transformers' modeling_rope_utils (rope_parameters / legacy rope_scaling):
+//   default   as above, attention_scaling 1
+//   linear    inv_freq / factor                          (Chen et al. 2023, position interpolation)
+//   dynamic   theta' = theta (f L/L - (f-1))^(r/(r-2)) when L > Lmax, Lmax the model's
+//             max_position_embeddings (HF uses it, not the original context)  (dynamic NTK)
+//   yarn      ramp-blend of inv_freq and inv_freq/f over correction dims [low, high];
+//             attention_scaling 0.1 ln f + 1 or mscale(f, mscale)/mscale(f, mscale_all_dim)
+//             (Peng et al. 2023, "YaRN", arXiv:2309.00071)
+//   llama3    wavelength bands: keep high frequencies, divide low ones by f, smooth in between
+//   longrope  inv_freq_i = 1 / (ext_i theta^(2i/r)), ext = long_factor if L > L0 else short_factor;
+//             attention_scaling sqrt(1 + ln f / ln L0)   (Ding et al. 2024, "LongRoPE")
+// xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): q scaled by
+// zeta_i^(p/scale_base), k by zeta_i^(-p/scale_base), zeta_i = (2i + 0.4 r) / (1.4 r).
+//
+// Angles: positions and inv_freq in float64, cos/sin returned in float32; x of any float dtype is
+// rotated in float32 and cast back.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace posenc {
+
+enum class RopeLayout { kHalf, kInterleaved };
+std::string to_string(RopeLayout layout);
+RopeLayout rope_layout_from_string(const std::string& name);
+
+enum class RopeScaling { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope };
+std::string to_string(RopeScaling scaling);
+/// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su").
+RopeScaling rope_scaling_from_string(const std::string& name);
+
+struct RopeOptions {
+  explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
+  /// Per-head dimension Dh. No default in configs: it comes from the model.
+  TORCH_ARG(int64_t, head_dim);
+  /// Pairing convention (default kHalf, as HF/Llama).
+  TORCH_ARG(RopeLayout, layout) = RopeLayout::kHalf;
+  /// theta, the frequency base (default 10000).
+  TORCH_ARG(double, rope_theta) = 10000.0;
+  /// Fraction of Dh that rotates (default 1.0); int(Dh * factor) must be even.
+  TORCH_ARG(double, partial_rotary_factor) = 1.0;
+  /// Scaling type (HF rope_type; default kDefault).
+  TORCH_ARG(RopeScaling, rope_type) = RopeScaling::kDefault;
+  /// Scaling factor f. Required by linear, dynamic and llama3; yarn and longrope default it to
+  /// max_position_embeddings / original_max_position_embeddings, as HF does.
+  TORCH_ARG(std::optional<double>, factor) = std::nullopt;
+  /// The model's context length (HF max_position_embeddings; default 2048).
+  TORCH_ARG(int64_t, max_position_embeddings) = 2048;
+  /// Pre-training context L0 (default 0: take max_position_embeddings).
+  TORCH_ARG(int64_t, original_max_position_embeddings) = 0;
+  /// YaRN: rotations that bound the extrapolated (fast) band (default 32).
+  TORCH_ARG(double, beta_fast) = 32.0;
+  /// YaRN: rotations that bound the interpolated (slow) band (default 1).
+  TORCH_ARG(double, beta_slow) = 1.0;
+  /// YaRN/LongRoPE: explicit attention scaling (default: derived from factor).
+  TORCH_ARG(std::optional<double>, attention_factor) = std::nullopt;
+  /// YaRN: DeepSeek-style mscale (default unset).
+  TORCH_ARG(std::optional<double>, mscale) = std::nullopt;
+  /// YaRN: DeepSeek-style mscale_all_dim (default unset).
+  TORCH_ARG(std::optional<double>, mscale_all_dim) = std::nullopt;
+  /// YaRN: floor/ceil the correction range (default true).
+  TORCH_ARG(bool, truncate) = true;
+  /// Llama3: low-frequency factor (default 1).
+  TORCH_ARG(double, low_freq_factor) = 1.0;
+  /// Llama3: high-frequency factor (default 4).
+  TORCH_ARG(double, high_freq_factor) = 4.0;
+  /// LongRoPE: per-frequency divisors for L <= L0 (r/2 values).
+  TORCH_ARG(std::vector<double>, short_factor);
+  /// LongRoPE: per-frequency divisors for L > L0 (r/2 values).
+  TORCH_ARG(std::vector<double>, long_factor);
+  /// xPos length-extrapolation scaling (default false).
+  TORCH_ARG(bool, xpos) = false;
+  /// xPos scale base (default 512).
+  TORCH_ARG(double, xpos_scale_base) = 512.0;
+};
+
+/// Checks every option; errors name the option, the expected and the actual value.
+void rope_validate(const RopeOptions& options);
+/// r = int(Dh * partial_rotary_factor).
+int64_t rope_rotary_dim(const RopeOptions& options);
+/// L0: original_max_position_embeddings, or max_position_embeddings when unset.
+int64_t rope_original_context(const RopeOptions& options);
+/// f: the factor option, or (yarn, longrope) max_position_embeddings / L0; 1 for default.
+double rope_factor(const RopeOptions& options);
+
+struct RopeFrequencies {
+  at::Tensor inv_freq;  ///< [r/2] float64, after scaling
+  double attention_scaling = 1.0;
+};
+/// inv_freq and attention scaling for a sequence of length seq_len (dynamic and longrope depend
+/// on it; -1 means "no longer than the original context").
+RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len = -1);
+
+/// positions [...] x inv_freq [F] -> (cos, sin) [..., F] float32, each times `scaling`.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
+                                               const at::Tensor& inv_freq, double scaling = 1.0);
+/// xPos per-pair scale zeta_i^(p / scale_base): positions [...] -> [..., r/2] float32.
+at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base);
+
+/// Reference rotation (plain ATen, autograd-able): the specification of the fused kernels.
+/// x: [B, N, H, Dh]; cos, sin: [N, F] or [B, N, F] with 2F <= Dh. Dims 2F.. pass through.
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      RopeLayout layout);
+/// A per-pair table [..., F] laid out over the rotary width [..., 2F] in the layout's order
+/// (half: cat(t, t) as HF's cos/sin; interleaved: t0 t0 t1 t1 ...).
+at::Tensor rope_expand(const at::Tensor& per_pair, RopeLayout layout);
+
+}  // namespace posenc

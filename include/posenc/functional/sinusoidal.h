@@ -1,0 +1,22 @@
+// Sinusoidal position tables (Vaswani et al. 2017, "Attention Is All You Need", sec. 3.5):
+//   omega_i = base^(-2i/D),  i = 0 .. D/2-1
+//   interleaved (Vaswani, Informer, VideoMAE):  PE[p, 2i] = sin(p omega_i), PE[p, 2i+1] = cos(p omega_i)
+//   concat      (MAE get_1d_sincos_pos_embed):  PE[p, i]  = sin(p omega_i), PE[p, D/2+i] = cos(p omega_i)
+// Positions may be fractional (timestamps); angles are computed in float64.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace posenc {
+
+enum class SinusoidalLayout { kInterleaved, kConcat };
+std::string to_string(SinusoidalLayout layout);
+SinusoidalLayout sinusoidal_layout_from_string(const std::string& name);
+
+/// positions: [...] (any float dtype) -> table [..., dim] float64. dim must be even.
+at::Tensor sinusoidal_table(const at::Tensor& positions, int64_t dim, double base,
+                            SinusoidalLayout layout);
+
+}  // namespace posenc

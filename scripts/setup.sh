@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# posenc setup: installs what the build needs and is quiet when everything is there.
+#
+#   bash scripts/setup.sh          # idempotent; prints only what it installs
+#
+# - Debian packages: compiler tools, Eigen, OpenCV, CLI11, yaml-cpp, nlohmann-json, spdlog/fmt,
+#   GoogleTest and Google Benchmark.
+# - LibTorch: the C++ libraries, headers and CMake config inside PyPI's `torch` wheel (pinned
+#   below), unpacked into ${POSENC_DEPS:-~/.cache/posenc}. Only the CPU libraries are taken
+#   (libtorch_cpu, libc10, libgomp) plus the two small CUDA runtime libraries that libtorch_cpu
+#   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
+#   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
+set -euo pipefail
+
+TORCH_VERSION=2.15.0
+CUDA_WHEEL_VERSION=13.2.86 # nvidia-cuda-runtime / nvidia-cuda-cupti, as torch 2.15.0 requires
+DEPS=${POSENC_DEPS:-${HOME}/.cache/posenc}
+TORCH_ROOT=${DEPS}/libtorch-${TORCH_VERSION}
+
+if [[ "${1:-}" == "--print-torch-root" ]]; then
+  echo "${TORCH_ROOT}/torch"
+  exit 0
+fi
+
+say() { echo "[setup] $*" >&2; }
+
+# ---- Debian packages ------------------------------------------------------------------------
+APT_PACKAGES=(cmake ninja-build g++ ccache unzip python3 python3-pip
+  libeigen3-dev libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing Debian packages: ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -eq 0 ]] || SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq >/dev/null
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# ---- LibTorch from the PyPI wheel --------------------------------------------------------------
+if [[ ! -f "${TORCH_ROOT}/.complete" ]]; then
+  say "fetching LibTorch ${TORCH_VERSION} (PyPI torch wheel) into ${TORCH_ROOT}"
+  rm -rf "${TORCH_ROOT}"
+  mkdir -p "${TORCH_ROOT}"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_25_x86_64 \
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$tmp" \
+    "torch==${TORCH_VERSION}" "nvidia-cuda-runtime==${CUDA_WHEEL_VERSION}" \
+    "nvidia-cuda-cupti==${CUDA_WHEEL_VERSION}" 2>&1 | grep -v -i "notice" >&2 || true
+  ls "$tmp"/torch-*.whl >/dev/null
+  unzip -q -o "$tmp"/torch-*.whl -d "${TORCH_ROOT}" 'torch/lib/libc10.so' \
+    'torch/lib/libtorch_cpu.so' 'torch/lib/libgomp.so.1' 'torch/include/*' 'torch/share/cmake/*' \
+    'torch/version.py'
+  unzip -q -o "$tmp"/nvidia_cuda_runtime-*.whl -d "${TORCH_ROOT}" 'nvidia/cu13/lib/libcudart.so.13'
+  unzip -q -o "$tmp"/nvidia_cuda_cupti-*.whl -d "${TORCH_ROOT}" 'nvidia/cu13/lib/libcupti.so.13'
+  # libtorch_cpu's RPATH is $ORIGIN/../../nvidia/cu13/lib: the layout above satisfies it.
+  touch "${TORCH_ROOT}/.complete"
+fi

@@ -1,0 +1,115 @@
+// ConfigReader: typed, checked reads of config keys; see posenc/config/config_reader.h.
+#include "posenc/config/config_reader.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace posenc {
+
+namespace {
+std::string describe(const nlohmann::json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return std::string(value.type_name()) + " " + text;
+}
+}  // namespace
+
+ConfigReader::ConfigReader(const nlohmann::json& object, std::string where)
+    : object_(object), where_(std::move(where)) {
+  TORCH_CHECK(object_.is_object(), where_, ": expected an object, got ", describe(object_));
+}
+
+bool ConfigReader::has(const std::string& key) const {
+  return object_.contains(key) && !object_.at(key).is_null();
+}
+
+void ConfigReader::allow(const std::string& key) { known_.insert(key); }
+
+const nlohmann::json* ConfigReader::find(const std::string& key) {
+  known_.insert(key);
+  if (!object_.contains(key) || object_.at(key).is_null()) return nullptr;
+  return &object_.at(key);
+}
+
+std::optional<double> ConfigReader::optional_number(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return std::nullopt;
+  TORCH_CHECK(v->is_number(), where_, ": key '", key, "' must be a number, got ", describe(*v));
+  const double x = v->get<double>();
+  TORCH_CHECK(std::isfinite(x), where_, ": key '", key, "' must be finite, got ", x);
+  return x;
+}
+
+double ConfigReader::number(const std::string& key, double fallback) {
+  return optional_number(key).value_or(fallback);
+}
+
+std::optional<int64_t> ConfigReader::optional_integer(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return std::nullopt;
+  const bool integral = v->is_number_integer() ||
+                        (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>());
+  TORCH_CHECK(integral, where_, ": key '", key, "' must be an integer, got ", describe(*v));
+  return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
+}
+
+int64_t ConfigReader::integer(const std::string& key, int64_t fallback) {
+  return optional_integer(key).value_or(fallback);
+}
+
+bool ConfigReader::boolean(const std::string& key, bool fallback) {
+  const auto* v = find(key);
+  if (!v) return fallback;
+  TORCH_CHECK(v->is_boolean(), where_, ": key '", key, "' must be true or false, got ",
+              describe(*v));
+  return v->get<bool>();
+}
+
+std::optional<std::string> ConfigReader::optional_string(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return std::nullopt;
+  TORCH_CHECK(v->is_string(), where_, ": key '", key, "' must be a string, got ", describe(*v));
+  return v->get<std::string>();
+}
+
+std::string ConfigReader::string(const std::string& key, const std::string& fallback) {
+  return optional_string(key).value_or(fallback);
+}
+
+std::vector<double> ConfigReader::numbers(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return {};
+  TORCH_CHECK(v->is_array(), where_, ": key '", key, "' must be a list of numbers, got ",
+              describe(*v));
+  std::vector<double> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    TORCH_CHECK((*v)[i].is_number(), where_, ": key '", key, "'[", i, "] must be a number, got ",
+                describe((*v)[i]));
+    out.push_back((*v)[i].get<double>());
+  }
+  return out;
+}
+
+std::optional<nlohmann::json> ConfigReader::object(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return std::nullopt;
+  TORCH_CHECK(v->is_object(), where_, ": key '", key, "' must be an object, got ", describe(*v));
+  return *v;
+}
+
+void ConfigReader::finish() const {
+  for (const auto& item : object_.items()) {
+    if (known_.count(item.key())) continue;
+    std::ostringstream known;
+    bool first = true;
+    for (const auto& k : known_) {
+      known << (first ? "" : ", ") << k;
+      first = false;
+    }
+    TORCH_CHECK(false, where_, ": unknown key '", item.key(), "'; known keys: ", known.str());
+  }
+}
+
+}  // namespace posenc

@@ -1,0 +1,242 @@
+// Registry: config -> encoder, one builder per type; contract in posenc/config/registry.h.
+// YAML is converted to the JSON tree so every builder reads one format.
+#include "posenc/config/registry.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "posenc/config/config_reader.h"
+#include "posenc/posenc.h"
+
+namespace posenc {
+
+namespace {
+
+using Builder = std::function<PositionalEncoding(ConfigReader&, const ModelContext&)>;
+
+// A model size from the config or the context; both given must agree.
+int64_t model_size(ConfigReader& r, const std::string& key, int64_t from_context) {
+  auto configured = r.optional_integer(key);
+  if (configured && from_context > 0) {
+    TORCH_CHECK(*configured == from_context, r.where(), ": '", key, "' is ", *configured,
+                " in the config but the model has ", from_context);
+  }
+  const int64_t value = configured ? *configured : from_context;
+  TORCH_CHECK(value > 0, r.where(), ": '", key,
+              "' is required (set it in the config or give the model's size, e.g. --dim)");
+  return value;
+}
+
+int64_t head_dim_of(const ModelContext& c) {
+  if (c.head_dim > 0) return c.head_dim;
+  if (c.dim > 0 && c.num_heads > 0) {
+    TORCH_CHECK(c.dim % c.num_heads == 0, "model dim ", c.dim, " is not divisible by num_heads ",
+                c.num_heads);
+    return c.dim / c.num_heads;
+  }
+  return 0;
+}
+
+PositionalEncoding build_sinusoidal(ConfigReader& r, const ModelContext& c) {
+  SinusoidalOptions o(model_size(r, "dim", c.dim));
+  o.layout(sinusoidal_layout_from_string(r.string("layout", "interleaved")));
+  o.base(r.number("base", o.base()));
+  return as_encoding(Sinusoidal(o));
+}
+
+PositionalEncoding build_learned(ConfigReader& r, const ModelContext& c) {
+  LearnedOptions o(r.integer("max_positions", 512), model_size(r, "dim", c.dim));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(Learned(o));
+}
+
+PositionalEncoding build_t5(ConfigReader& r, const ModelContext& c) {
+  T5Options o(model_size(r, "num_heads", c.num_heads));
+  o.num_buckets(r.integer("num_buckets", o.num_buckets()));
+  o.max_distance(r.integer("max_distance", o.max_distance()));
+  o.bidirectional(r.boolean("bidirectional", o.bidirectional()));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(T5(o));
+}
+
+PositionalEncoding build_shaw(ConfigReader& r, const ModelContext& c) {
+  ShawOptions o(model_size(r, "head_dim", head_dim_of(c)));
+  o.max_relative_position(r.integer("max_relative_position", o.max_relative_position()));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(Shaw(o));
+}
+
+PositionalEncoding build_alibi(ConfigReader& r, const ModelContext& c) {
+  AlibiOptions o(model_size(r, "num_heads", c.num_heads));
+  o.form(alibi_form_from_string(r.string("form", "causal")));
+  o.slope_scale(r.number("slope_scale", o.slope_scale()));
+  return as_encoding(Alibi(o));
+}
+
+PositionalEncoding build_nope(ConfigReader&, const ModelContext&) {
+  return as_encoding(Nope());
+}
+
+// The scaling keys of HF's rope_parameters / legacy rope_scaling, read from one object.
+void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
+  auto type = r.optional_string("rope_type");
+  if (nested) {  // legacy blocks say "type"
+    auto legacy = r.optional_string("type");
+    TORCH_CHECK(!(type && legacy && *type != *legacy), r.where(), ": 'type' (", legacy.value_or(""),
+                ") and 'rope_type' (", type.value_or(""), ") disagree");
+    if (!type) type = legacy;
+  }
+  if (type) o.rope_type(rope_scaling_from_string(*type));
+  if (auto v = r.optional_number("rope_theta")) o.rope_theta(*v);
+  if (auto v = r.optional_number("partial_rotary_factor")) o.partial_rotary_factor(*v);
+  if (auto v = r.optional_number("factor")) o.factor(*v);
+  if (auto v = r.optional_integer("original_max_position_embeddings"))
+    o.original_max_position_embeddings(*v);
+  if (auto v = r.optional_integer("max_position_embeddings")) o.max_position_embeddings(*v);
+  if (auto v = r.optional_number("beta_fast")) o.beta_fast(*v);
+  if (auto v = r.optional_number("beta_slow")) o.beta_slow(*v);
+  if (auto v = r.optional_number("attention_factor")) o.attention_factor(*v);
+  if (auto v = r.optional_number("mscale")) o.mscale(*v);
+  if (auto v = r.optional_number("mscale_all_dim")) o.mscale_all_dim(*v);
+  o.truncate(r.boolean("truncate", o.truncate()));
+  if (auto v = r.optional_number("low_freq_factor")) o.low_freq_factor(*v);
+  if (auto v = r.optional_number("high_freq_factor")) o.high_freq_factor(*v);
+  if (r.has("short_factor")) o.short_factor(r.numbers("short_factor"));
+  else r.allow("short_factor");
+  if (r.has("long_factor")) o.long_factor(r.numbers("long_factor"));
+  else r.allow("long_factor");
+}
+
+PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
+  RopeOptions o(model_size(r, "head_dim", head_dim_of(c)));
+  o.layout(rope_layout_from_string(r.string("layout", "half")));
+  o.xpos(r.boolean("xpos", o.xpos()));
+  o.xpos_scale_base(r.number("xpos_scale_base", o.xpos_scale_base()));
+  read_rope_scaling(r, o, /*nested=*/false);
+  // A model's rope_parameters (HF v5) or legacy rope_scaling block, pasted as it is.
+  for (const char* block : {"rope_parameters", "rope_scaling"}) {
+    if (auto nested = r.object(block)) {
+      ConfigReader inner(*nested, r.where() + "." + block);
+      for (const auto& item : nested->items()) {
+        const std::string key = item.key() == "type" ? "rope_type" : item.key();
+        TORCH_CHECK(!r.has(key), r.where(), ": '", key, "' is given both at the top level and in '",
+                    block, "'");
+      }
+      read_rope_scaling(inner, o, /*nested=*/true);
+      inner.finish();
+    }
+  }
+  return as_encoding(Rope(o));
+}
+
+const std::map<std::string, Builder>& builders() {
+  static const std::map<std::string, Builder> table{
+      {"alibi", build_alibi}, {"learned", build_learned}, {"nope", build_nope},
+      {"rope", build_rope},   {"shaw", build_shaw},       {"sinusoidal", build_sinusoidal},
+      {"t5", build_t5}};
+  return table;
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::ostringstream out;
+  for (size_t i = 0; i < names.size(); ++i) out << (i ? ", " : "") << names[i];
+  return out.str();
+}
+
+nlohmann::json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Sequence: {
+      auto out = nlohmann::json::array();
+      for (const auto& item : node) out.push_back(yaml_to_json(item));
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      auto out = nlohmann::json::object();
+      for (const auto& item : node) out[item.first.as<std::string>()] = yaml_to_json(item.second);
+      return out;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() == "!") return s;  // quoted: a string
+      if (s == "true" || s == "True") return true;
+      if (s == "false" || s == "False") return false;
+      if (s == "null" || s == "~") return nullptr;
+      try {
+        size_t used = 0;
+        const long long i = std::stoll(s, &used);
+        if (used == s.size()) return i;
+      } catch (const std::exception&) {
+      }
+      try {
+        size_t used = 0;
+        const double d = std::stod(s, &used);
+        if (used == s.size()) return d;
+      } catch (const std::exception&) {
+      }
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+std::vector<std::string> encoder_types() {
+  std::vector<std::string> names;
+  for (const auto& item : builders()) names.push_back(item.first);
+  return names;
+}
+
+PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContext& context) {
+  TORCH_CHECK(config.is_object(), "encoder config: expected an object with a 'type', got ",
+              config.type_name());
+  TORCH_CHECK(config.contains("type") && config["type"].is_string(),
+              "encoder config: 'type' is required; known types: ", join(encoder_types()));
+  const auto type = config["type"].get<std::string>();
+  auto it = builders().find(type);
+  TORCH_CHECK(it != builders().end(), "encoder config: unknown type '", type,
+              "'; known types: ", join(encoder_types()));
+  ConfigReader reader(config, type + " config");
+  reader.allow("type");
+  auto encoder = it->second(reader, context);
+  reader.finish();
+  return encoder;
+}
+
+nlohmann::json parse_config(const std::string& text, const std::string& origin) {
+  const auto first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && (text[first] == '{' || text[first] == '[')) {
+    try {
+      return nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+      TORCH_CHECK(false, origin, ": invalid JSON: ", e.what());
+    }
+  }
+  try {
+    return yaml_to_json(YAML::Load(text));
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK(false, origin, ": invalid YAML: ", e.what());
+  }
+}
+
+nlohmann::json load_config(const std::string& path) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "cannot read config file '", path, "'");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return parse_config(buffer.str(), path);
+}
+
+nlohmann::json config_from_argument(const std::string& argument) {
+  const auto first = argument.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && argument[first] == '{') return parse_config(argument, "--config");
+  return load_config(argument);
+}
+
+}  // namespace posenc

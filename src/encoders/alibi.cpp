@@ -1,0 +1,54 @@
+// ALiBi bias module; slopes in src/functional/relative.cpp.
+#include "posenc/encoders/alibi.h"
+
+#include <torch/torch.h>
+
+#include "posenc/functional/relative.h"
+
+namespace posenc {
+
+std::string to_string(AlibiForm form) {
+  return form == AlibiForm::kCausal ? "causal" : "symmetric";
+}
+
+AlibiForm alibi_form_from_string(const std::string& name) {
+  if (name == "causal") return AlibiForm::kCausal;
+  if (name == "symmetric") return AlibiForm::kSymmetric;
+  TORCH_CHECK(false, "alibi: unknown form '", name, "'; expected one of: causal, symmetric");
+}
+
+AlibiImpl::AlibiImpl(AlibiOptions options_) : options(std::move(options_)) { reset(); }
+
+void AlibiImpl::reset() {
+  TORCH_CHECK(options.num_heads() >= 1, "alibi: num_heads must be >= 1, got ",
+              options.num_heads());
+  TORCH_CHECK(std::isfinite(options.slope_scale()) && options.slope_scale() > 0,
+              "alibi: slope_scale must be positive, got ", options.slope_scale());
+  auto values = torch::tensor(alibi_slopes(options.num_heads()), torch::kFloat64);
+  slopes = register_buffer("slopes", (values * options.slope_scale()).to(torch::kFloat32));
+}
+
+at::Tensor AlibiImpl::bias(const Positions& q_positions, const Positions& k_positions,
+                           const at::Tensor&) {
+  q_positions.check_num_axes("alibi", 1);
+  k_positions.check_num_axes("alibi", 1);
+  // distance p_m - p_n = -(p_n - p_m): [.., Nq, Nk] in float64, then one slope per head
+  auto distance = -relative_positions(q_positions.axis(0), k_positions.axis(0));
+  if (options.form() == AlibiForm::kSymmetric) distance = distance.abs();
+  auto m = slopes.to(torch::kFloat64).view({-1, 1, 1});  // [H, 1, 1]
+  return (-m * distance.unsqueeze(-3)).to(torch::kFloat32).to(slopes.device());
+}
+
+BiasSpec AlibiImpl::bias_spec() const {
+  BiasSpec spec;
+  spec.form = BiasForm::kAlibi;
+  spec.slopes = slopes;
+  spec.symmetric = options.form() == AlibiForm::kSymmetric;
+  return spec;
+}
+
+Description AlibiImpl::describe(const Positions& positions, const DescribeOptions&) {
+  return {{"slopes", slopes}, {"bias", bias(positions, positions, {})}};
+}
+
+}  // namespace posenc

@@ -1,0 +1,42 @@
+// Sinusoidal absolute encoding module; math in posenc/functional/sinusoidal.h.
+#include "posenc/encoders/sinusoidal.h"
+
+#include <torch/torch.h>
+
+namespace posenc {
+
+void check_additive_input(const std::string& who, const at::Tensor& x, int64_t n, int64_t dim) {
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, who, ": x must be [N, D] or [B, N, D], got shape ",
+              x.sizes());
+  TORCH_CHECK(x.size(-1) == dim, who, ": x has width ", x.size(-1), " but the encoder has dim=",
+              dim);
+  TORCH_CHECK(x.size(-2) == n, who, ": x has ", x.size(-2), " tokens but ", n,
+              " positions were given");
+}
+
+SinusoidalImpl::SinusoidalImpl(SinusoidalOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+void SinusoidalImpl::reset() {
+  TORCH_CHECK(options.dim() > 0 && options.dim() % 2 == 0,
+              "sinusoidal: dim must be positive and even, got ", options.dim());
+  TORCH_CHECK(options.base() > 0, "sinusoidal: base must be positive, got ", options.base());
+}
+
+at::Tensor SinusoidalImpl::table(const Positions& positions) const {
+  positions.check_num_axes("sinusoidal", 1);
+  return sinusoidal_table(positions.axis(0), options.dim(), options.base(), options.layout())
+      .to(torch::kFloat32);
+}
+
+at::Tensor SinusoidalImpl::add(const at::Tensor& x, const Positions& positions) {
+  check_additive_input("sinusoidal", x, positions.size(), options.dim());
+  return x + table(positions).to(x.device(), x.scalar_type());
+}
+
+Description SinusoidalImpl::describe(const Positions& positions, const DescribeOptions&) {
+  return {{"table", table(positions)}};
+}
+
+}  // namespace posenc

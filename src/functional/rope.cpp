@@ -1,0 +1,282 @@
+// RoPE frequencies, scalings and the reference rotation; the math is in
+// include/posenc/functional/rope.h. Scalings reproduce HF transformers' modeling_rope_utils
+// (_compute_*_parameters); tests/fixtures/rope.json holds values generated from it.
+#include "posenc/functional/rope.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace posenc {
+
+std::string to_string(RopeLayout layout) {
+  switch (layout) {
+    case RopeLayout::kHalf: return "half";
+    case RopeLayout::kInterleaved: return "interleaved";
+  }
+  return "unknown";
+}
+
+RopeLayout rope_layout_from_string(const std::string& name) {
+  if (name == "half" || name == "neox") return RopeLayout::kHalf;
+  if (name == "interleaved" || name == "gptj") return RopeLayout::kInterleaved;
+  TORCH_CHECK(false, "rope: unknown layout '", name, "'; expected one of: half, interleaved");
+}
+
+std::string to_string(RopeScaling scaling) {
+  switch (scaling) {
+    case RopeScaling::kDefault: return "default";
+    case RopeScaling::kLinear: return "linear";
+    case RopeScaling::kDynamic: return "dynamic";
+    case RopeScaling::kYarn: return "yarn";
+    case RopeScaling::kLlama3: return "llama3";
+    case RopeScaling::kLongRope: return "longrope";
+  }
+  return "unknown";
+}
+
+RopeScaling rope_scaling_from_string(const std::string& name) {
+  if (name == "default") return RopeScaling::kDefault;
+  if (name == "linear") return RopeScaling::kLinear;
+  if (name == "dynamic") return RopeScaling::kDynamic;
+  if (name == "yarn") return RopeScaling::kYarn;
+  if (name == "llama3") return RopeScaling::kLlama3;
+  if (name == "longrope" || name == "su") return RopeScaling::kLongRope;
+  TORCH_CHECK(false, "rope: unknown rope_type '", name,
+              "'; expected one of: default, linear, dynamic, yarn, llama3, longrope");
+}
+
+int64_t rope_rotary_dim(const RopeOptions& o) {
+  return static_cast<int64_t>(static_cast<double>(o.head_dim()) * o.partial_rotary_factor());
+}
+
+int64_t rope_original_context(const RopeOptions& o) {
+  return o.original_max_position_embeddings() > 0 ? o.original_max_position_embeddings()
+                                                   : o.max_position_embeddings();
+}
+
+double rope_factor(const RopeOptions& o) {
+  if (o.factor()) return *o.factor();
+  switch (o.rope_type()) {
+    case RopeScaling::kYarn:
+    case RopeScaling::kLongRope:
+      return static_cast<double>(o.max_position_embeddings()) /
+             static_cast<double>(rope_original_context(o));
+    case RopeScaling::kDefault: return 1.0;
+    default:
+      TORCH_CHECK(false, "rope: rope_type '", to_string(o.rope_type()), "' needs a 'factor'");
+  }
+}
+
+void rope_validate(const RopeOptions& o) {
+  TORCH_CHECK(o.head_dim() > 0, "rope: head_dim must be positive, got ", o.head_dim());
+  TORCH_CHECK(o.partial_rotary_factor() > 0 && o.partial_rotary_factor() <= 1,
+              "rope: partial_rotary_factor must be in (0, 1], got ", o.partial_rotary_factor());
+  const int64_t r = rope_rotary_dim(o);
+  TORCH_CHECK(r >= 2 && r % 2 == 0, "rope: the rotary dimension int(head_dim * partial_rotary_factor)",
+              " must be even and >= 2, got ", r, " (head_dim=", o.head_dim(),
+              ", partial_rotary_factor=", o.partial_rotary_factor(), ")");
+  TORCH_CHECK(o.rope_theta() > 1 && std::isfinite(o.rope_theta()),
+              "rope: rope_theta must be > 1, got ", o.rope_theta());
+  TORCH_CHECK(o.max_position_embeddings() > 0, "rope: max_position_embeddings must be positive, got ",
+              o.max_position_embeddings());
+  TORCH_CHECK(o.original_max_position_embeddings() >= 0,
+              "rope: original_max_position_embeddings must be >= 0, got ",
+              o.original_max_position_embeddings());
+  const bool scaled = o.rope_type() != RopeScaling::kDefault;
+  if (scaled) {
+    const double f = rope_factor(o);
+    TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
+    TORCH_CHECK(f >= 1 || o.rope_type() == RopeScaling::kLinear ||
+                    o.rope_type() == RopeScaling::kLongRope,
+                "rope: ", to_string(o.rope_type()), " needs factor >= 1, got ", f);
+  }
+  if (o.rope_type() == RopeScaling::kYarn) {
+    TORCH_CHECK(o.beta_fast() > 0 && o.beta_slow() > 0,
+                "rope: yarn beta_fast and beta_slow must be positive, got ", o.beta_fast(), " and ",
+                o.beta_slow());
+  }
+  if (o.rope_type() == RopeScaling::kLlama3) {
+    TORCH_CHECK(o.high_freq_factor() > o.low_freq_factor(),
+                "rope: llama3 needs high_freq_factor > low_freq_factor, got ", o.high_freq_factor(),
+                " and ", o.low_freq_factor());
+  }
+  if (o.rope_type() == RopeScaling::kLongRope) {
+    const size_t half = static_cast<size_t>(r / 2);
+    TORCH_CHECK(o.short_factor().size() == half, "rope: longrope short_factor must have r/2 = ",
+                half, " values, got ", o.short_factor().size());
+    TORCH_CHECK(o.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
+                " values, got ", o.long_factor().size());
+  }
+  TORCH_CHECK(!o.xpos() || o.xpos_scale_base() > 0, "rope: xpos_scale_base must be positive, got ",
+              o.xpos_scale_base());
+}
+
+namespace {
+
+// theta^(-2i/r) in float64: [r/2]
+at::Tensor base_inv_freq(double theta, int64_t r) {
+  return torch::pow(theta, -torch::arange(0, r, 2, torch::kFloat64) / static_cast<double>(r));
+}
+
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+// Dimension index whose wavelength makes `rotations` turns over the context L0.
+double yarn_correction_dim(double rotations, int64_t r, double theta, int64_t context) {
+  return r * std::log(static_cast<double>(context) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+}
+
+RopeFrequencies yarn(const RopeOptions& o, int64_t r) {
+  const double f = rope_factor(o);
+  const int64_t context = rope_original_context(o);
+  double attention = 0;
+  if (o.attention_factor()) {
+    attention = *o.attention_factor();
+  } else if (o.mscale() && o.mscale_all_dim() && *o.mscale() != 0 && *o.mscale_all_dim() != 0) {
+    attention = yarn_mscale(f, *o.mscale()) / yarn_mscale(f, *o.mscale_all_dim());
+  } else {
+    attention = yarn_mscale(f, 1.0);
+  }
+  double low = yarn_correction_dim(o.beta_fast(), r, o.rope_theta(), context);
+  double high = yarn_correction_dim(o.beta_slow(), r, o.rope_theta(), context);
+  if (o.truncate()) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, static_cast<double>(r - 1));
+  if (low == high) high += 0.001;  // avoid a zero-width ramp
+  auto extrapolation = base_inv_freq(o.rope_theta(), r);
+  auto interpolation = extrapolation / f;
+  // gamma_i = clamp((i - low) / (high - low), 0, 1); weight of extrapolation = 1 - gamma
+  auto ramp = ((torch::arange(r / 2, torch::kFloat64) - low) / (high - low)).clamp(0, 1);
+  auto extrapolation_weight = 1 - ramp;
+  auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
+  return {inv, attention};
+}
+
+RopeFrequencies llama3(const RopeOptions& o, int64_t r) {
+  auto inv = base_inv_freq(o.rope_theta(), r);
+  const double f = rope_factor(o);
+  const double context = static_cast<double>(rope_original_context(o));
+  const double low_wavelen = context / o.low_freq_factor();
+  const double high_wavelen = context / o.high_freq_factor();
+  auto wavelen = 2 * M_PI / inv;
+  auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
+  auto smooth = (context / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
+  auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
+  auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+  return {torch::where(medium, smoothed, scaled), 1.0};
+}
+
+RopeFrequencies longrope(const RopeOptions& o, int64_t r, int64_t seq_len) {
+  const int64_t context = rope_original_context(o);
+  double attention = 1.0;
+  if (o.attention_factor()) {
+    attention = *o.attention_factor();
+  } else if (rope_factor(o) > 1) {
+    attention = std::sqrt(1 + std::log(rope_factor(o)) / std::log(static_cast<double>(context)));
+  }
+  const auto& ext = seq_len > context ? o.long_factor() : o.short_factor();
+  auto ext_t = torch::tensor(ext, torch::kFloat64);
+  auto inv = 1.0 / (ext_t * torch::pow(o.rope_theta(), torch::arange(0, r, 2, torch::kFloat64) /
+                                                           static_cast<double>(r)));
+  return {inv, attention};
+}
+
+}  // namespace
+
+RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
+  rope_validate(o);
+  const int64_t r = rope_rotary_dim(o);
+  switch (o.rope_type()) {
+    case RopeScaling::kDefault: return {base_inv_freq(o.rope_theta(), r), 1.0};
+    case RopeScaling::kLinear: return {base_inv_freq(o.rope_theta(), r) / rope_factor(o), 1.0};
+    case RopeScaling::kDynamic: {
+      const double f = rope_factor(o);
+      const int64_t context = o.max_position_embeddings();
+      const double length = static_cast<double>(std::max(seq_len, context));
+      const double theta =
+          o.rope_theta() * std::pow(f * length / context - (f - 1), static_cast<double>(r) / (r - 2));
+      return {base_inv_freq(theta, r), 1.0};
+    }
+    case RopeScaling::kYarn: return yarn(o, r);
+    case RopeScaling::kLlama3: return llama3(o, r);
+    case RopeScaling::kLongRope: return longrope(o, r, seq_len);
+  }
+  TORCH_CHECK(false, "rope: unhandled rope_type");
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
+                                               const at::Tensor& inv_freq, double scaling) {
+  TORCH_CHECK(inv_freq.dim() == 1, "rope: inv_freq must be 1-D [F], got shape ", inv_freq.sizes());
+  // Exact products in float64, then reduced: fp32 angles lose positions above 2^24 and round
+  // large angles badly (anchors survey, user need 1).
+  auto angles = positions.to(torch::kFloat64).unsqueeze(-1) * inv_freq.to(torch::kFloat64);
+  auto cos = angles.cos();
+  auto sin = angles.sin();
+  if (scaling != 1.0) {
+    cos.mul_(scaling);
+    sin.mul_(scaling);
+  }
+  return {cos.to(torch::kFloat32), sin.to(torch::kFloat32)};
+}
+
+at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base) {
+  auto i = torch::arange(0, rotary_dim, 2, torch::kFloat64);
+  auto zeta = (i + 0.4 * rotary_dim) / (1.4 * rotary_dim);  // [r/2]
+  auto power = positions.to(torch::kFloat64).unsqueeze(-1) / scale_base;  // [..., 1]
+  return torch::pow(zeta, power).to(torch::kFloat32);
+}
+
+at::Tensor rope_expand(const at::Tensor& per_pair, RopeLayout layout) {
+  if (layout == RopeLayout::kHalf) return torch::cat({per_pair, per_pair}, -1);
+  return per_pair.repeat_interleave(2, -1);
+}
+
+at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                      RopeLayout layout) {
+  TORCH_CHECK(x.dim() == 4, "rope_apply: x must be [B, N, H, Dh], got shape ", x.sizes());
+  TORCH_CHECK(cos.sizes() == sin.sizes(), "rope_apply: cos and sin shapes differ: ", cos.sizes(),
+              " vs ", sin.sizes());
+  TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, "rope_apply: cos/sin must be [N, F] or [B, N, F], got ",
+              cos.sizes());
+  const int64_t n = x.size(1);
+  const int64_t f = cos.size(-1);
+  TORCH_CHECK(cos.size(-2) == n, "rope_apply: cos/sin have ", cos.size(-2),
+              " positions but x has N=", n, " (x shape ", x.sizes(), ")");
+  TORCH_CHECK(cos.dim() == 2 || cos.size(0) == x.size(0) || cos.size(0) == 1,
+              "rope_apply: cos/sin batch ", cos.size(0), " does not match x batch ", x.size(0));
+  TORCH_CHECK(2 * f <= x.size(3), "rope_apply: rotary width 2F=", 2 * f,
+              " exceeds head_dim=", x.size(3));
+  const auto dtype = x.scalar_type();
+  const auto compute = (dtype == torch::kFloat64) ? torch::kFloat64 : torch::kFloat32;
+  // c, s: [.., N, 1, F] broadcast over heads
+  auto c = cos.to(compute).unsqueeze(-2);
+  auto s = sin.to(compute).unsqueeze(-2);
+  if (c.dim() == 3) {  // [N, 1, F] -> [1, N, 1, F]
+    c = c.unsqueeze(0);
+    s = s.unsqueeze(0);
+  }
+  auto xf = x.to(compute);
+  auto rotary = xf.narrow(-1, 0, 2 * f);
+  at::Tensor a, b;
+  if (layout == RopeLayout::kHalf) {
+    a = rotary.narrow(-1, 0, f);  // x_i
+    b = rotary.narrow(-1, f, f);  // x_{i + r/2}
+  } else {
+    auto pairs = rotary.unflatten(-1, {f, 2});  // [..., F, 2]
+    a = pairs.select(-1, 0);                    // x_{2i}
+    b = pairs.select(-1, 1);                    // x_{2i+1}
+  }
+  auto ra = a * c - b * s;
+  auto rb = b * c + a * s;
+  at::Tensor rotated = layout == RopeLayout::kHalf ? torch::cat({ra, rb}, -1)
+                                                   : torch::stack({ra, rb}, -1).flatten(-2);
+  if (2 * f < x.size(3)) rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
+  return rotated.to(dtype);
+}
+
+}  // namespace posenc
