@@ -27,13 +27,14 @@ int64_t model_size(ConfigReader& r, const std::string& key, int64_t from_context
   }
   const int64_t value = configured ? *configured : from_context;
   TORCH_CHECK(value > 0, r.where(), ": '", key,
-              "' is required (set it in the config or give the model's size, e.g. --dim)");
+              "' is required (set it in the config, or give the model's size: --dim, --heads)");
   return value;
 }
 
 int64_t head_dim_of(const ModelContext& c) {
   if (c.head_dim > 0) return c.head_dim;
-  if (c.dim > 0 && c.num_heads > 0) {
+  if (c.dim > 0 && c.num_heads <= 0) return c.dim;
+  if (c.dim > 0) {
     TORCH_CHECK(c.dim % c.num_heads == 0, "model dim ", c.dim, " is not divisible by num_heads ",
                 c.num_heads);
     return c.dim / c.num_heads;

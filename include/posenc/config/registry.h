@@ -19,7 +19,7 @@ namespace posenc {
 
 struct ModelContext {
   int64_t dim = 0;        ///< model width D (0: unknown)
-  int64_t num_heads = 1;  ///< heads H
+  int64_t num_heads = 0;  ///< heads H (0: unknown; rotary then takes Dh = D)
   int64_t head_dim = 0;   ///< Dh (0: dim / num_heads)
 };
 

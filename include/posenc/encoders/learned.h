@@ -28,7 +28,7 @@ struct LearnedOptions {
 
 class LearnedImpl : public PositionalEncodingImpl {
  public:
-  explicit LearnedImpl(LearnedOptions options = {});
+  explicit LearnedImpl(LearnedOptions options = LearnedOptions());
   void reset();
   std::string type() const override { return "learned"; }
   EncodingKind kind() const override { return EncodingKind::kAdditive; }

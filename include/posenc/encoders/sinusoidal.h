@@ -21,7 +21,7 @@ struct SinusoidalOptions {
 
 class SinusoidalImpl : public PositionalEncodingImpl {
  public:
-  explicit SinusoidalImpl(SinusoidalOptions options = {});
+  explicit SinusoidalImpl(SinusoidalOptions options = SinusoidalOptions());
   void reset();
   std::string type() const override { return "sinusoidal"; }
   EncodingKind kind() const override { return EncodingKind::kAdditive; }

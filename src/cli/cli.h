@@ -1,0 +1,36 @@
+// Shared pieces of the `posenc` tool: reading positions and configs from the command line,
+// tensors to JSON, and the two subcommands.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "posenc/config/registry.h"
+#include "posenc/core/positions.h"
+
+namespace posenc::cli {
+
+struct EncoderArgs {
+  std::string config;     ///< literal JSON/YAML object, or a file path
+  std::string positions;  ///< "0:50", "0:100:10" or a JSON array ([0, 3, 7] or [[0, 0], [0, 1]])
+  std::string axes;       ///< comma-separated axis names ("" -> t / h,w / t,h,w by count)
+  int64_t dim = 0;        ///< model width D
+  int64_t heads = 0;      ///< attention heads H (0: unknown)
+  int64_t seq_len = -1;   ///< for dynamic scalings
+};
+
+/// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
+Positions parse_positions(const std::string& text, const std::string& axes);
+/// A tensor as nested JSON arrays of numbers (a 0-dim tensor as a number).
+nlohmann::json tensor_to_json(const at::Tensor& tensor);
+/// Builds the encoder the arguments describe.
+PositionalEncoding build_from_args(const EncoderArgs& args);
+
+/// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.
+int run_inspect(const EncoderArgs& args, const std::string& input);
+/// `posenc plot`: writes a PNG heatmap (atomically) to `out`.
+int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference_patch);
+
+}  // namespace posenc::cli

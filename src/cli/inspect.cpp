@@ -1,0 +1,148 @@
+// `posenc inspect` and the argument parsing shared with `posenc plot`.
+// Output: one JSON object {type, kind, axes, positions, <what the encoder computes>, [output]}.
+#include <torch/torch.h>
+
+#include <iostream>
+#include <sstream>
+
+#include "cli.h"
+#include "posenc/posenc.h"
+
+namespace posenc::cli {
+
+namespace {
+
+std::vector<std::string> split_axes(const std::string& text, int64_t count) {
+  std::vector<std::string> names;
+  if (text.empty()) {
+    static const std::vector<std::vector<std::string>> defaults{{"t"}, {"h", "w"}, {"t", "h", "w"}};
+    TORCH_CHECK(count >= 1 && count <= 3, "--positions has ", count,
+                " coordinates per position; name the axes with --axes");
+    return defaults[count - 1];
+  }
+  std::stringstream in(text);
+  for (std::string name; std::getline(in, name, ',');) names.push_back(name);
+  return names;
+}
+
+}  // namespace
+
+Positions parse_positions(const std::string& text, const std::string& axes) {
+  TORCH_CHECK(!text.empty(), "--positions is empty; expected start:stop[:step] or a JSON array");
+  if (text.find(':') != std::string::npos && text.find('[') == std::string::npos) {
+    std::vector<double> parts;
+    std::stringstream in(text);
+    for (std::string part; std::getline(in, part, ':');) {
+      size_t used = 0;
+      double value = 0;
+      try {
+        value = std::stod(part, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TORCH_CHECK(used > 0 && used == part.size(), "--positions '", text, "': '", part,
+                  "' is not a number");
+      parts.push_back(value);
+    }
+    TORCH_CHECK(parts.size() == 2 || parts.size() == 3, "--positions '", text,
+                "': expected start:stop or start:stop:step, got ", parts.size(), " fields");
+    const double step = parts.size() == 3 ? parts[2] : 1.0;
+    TORCH_CHECK(step > 0, "--positions '", text, "': step must be positive, got ", step);
+    TORCH_CHECK(parts[1] > parts[0], "--positions '", text, "': stop (", parts[1],
+                ") must be greater than start (", parts[0], ")");
+    auto values = torch::arange(parts[0], parts[1], step, torch::kFloat64);
+    return Positions(values.unsqueeze(1), split_axes(axes, 1));
+  }
+  nlohmann::json parsed;
+  try {
+    parsed = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error&) {
+    TORCH_CHECK(false, "--positions '", text, "': expected start:stop[:step] or a JSON array");
+  }
+  TORCH_CHECK(parsed.is_array() && !parsed.empty(), "--positions: expected a non-empty JSON array, got ",
+              parsed.dump());
+  std::vector<double> flat;
+  int64_t width = -1;
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    const auto& item = parsed[i];
+    std::vector<double> row;
+    if (item.is_number()) {
+      row.push_back(item.get<double>());
+    } else if (item.is_array()) {
+      for (const auto& v : item) {
+        TORCH_CHECK(v.is_number(), "--positions[", i, "]: expected numbers, got ", v.dump());
+        row.push_back(v.get<double>());
+      }
+    } else {
+      TORCH_CHECK(false, "--positions[", i, "]: expected a number or a list of numbers, got ",
+                  item.dump());
+    }
+    if (width < 0) width = static_cast<int64_t>(row.size());
+    TORCH_CHECK(static_cast<int64_t>(row.size()) == width, "--positions[", i, "] has ", row.size(),
+                " coordinates but the first position has ", width);
+    flat.insert(flat.end(), row.begin(), row.end());
+  }
+  auto coords = torch::tensor(flat, torch::kFloat64).view({-1, width});
+  return Positions(coords, split_axes(axes, width));
+}
+
+nlohmann::json tensor_to_json(const at::Tensor& tensor) {
+  auto t = tensor.detach().to(torch::kCPU);
+  if (t.dim() == 0) {
+    if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) return t.item<int64_t>();
+    return t.item<double>();
+  }
+  auto out = nlohmann::json::array();
+  for (int64_t i = 0; i < t.size(0); ++i) out.push_back(tensor_to_json(t[i]));
+  return out;
+}
+
+PositionalEncoding build_from_args(const EncoderArgs& args) {
+  auto config = config_from_argument(args.config);
+  return build_encoder(config, ModelContext{args.dim, args.heads, 0});
+}
+
+int run_inspect(const EncoderArgs& args, const std::string& input) {
+  auto encoder = build_from_args(args);
+  auto positions = parse_positions(args.positions, args.axes);
+  torch::NoGradGuard no_grad;
+  nlohmann::json out;
+  out["type"] = encoder->type();
+  out["kind"] = to_string(encoder->kind());
+  out["axes"] = positions.axes();
+  out["positions"] = tensor_to_json(positions.coords());
+  if (encoder->kind() == EncodingKind::kBias)
+    out["bias_form"] = to_string(encoder->bias_spec().form);
+  DescribeOptions options;
+  options.seq_len = args.seq_len;
+  for (const auto& [name, value] : encoder->describe(positions, options))
+    out[name] = tensor_to_json(value);
+  if (!input.empty()) {
+    auto vector = nlohmann::json::parse(input, nullptr, false);
+    TORCH_CHECK(vector.is_array() && !vector.empty(), "--input: expected a JSON array of numbers, got ",
+                input);
+    std::vector<double> values;
+    for (const auto& v : vector) {
+      TORCH_CHECK(v.is_number(), "--input: expected numbers, got ", v.dump());
+      values.push_back(v.get<double>());
+    }
+    const int64_t n = positions.size(), d = static_cast<int64_t>(values.size());
+    auto x = torch::tensor(values, torch::kFloat32).expand({n, d}).contiguous();
+    switch (encoder->kind()) {
+      case EncodingKind::kAdditive: out["output"] = tensor_to_json(encoder->add(x.unsqueeze(0), positions)[0]); break;
+      case EncodingKind::kRotary: {
+        auto q = x.view({1, n, 1, d});
+        out["output"] = tensor_to_json(encoder->rotate(q, q, positions, positions).first.view({n, d}));
+        break;
+      }
+      case EncodingKind::kNone: out["output"] = tensor_to_json(x); break;
+      case EncodingKind::kBias:
+        TORCH_CHECK(false, "--input applies to additive and rotary encoders; '", encoder->type(),
+                    "' biases attention logits (see 'bias')");
+    }
+  }
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace posenc::cli

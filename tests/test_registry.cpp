@@ -1,0 +1,106 @@
+// The registry: every type from JSON and YAML, HF rope blocks pasted as they are, and errors that
+// name the unknown type (listing the known ones) or the unknown key.
+#include <gtest/gtest.h>
+
+#include "posenc/config/registry.h"
+#include "posenc/posenc.h"
+#include "support/fixtures.h"
+
+namespace posenc {
+namespace {
+
+using nlohmann::json;
+using test::error_of;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(Registry, BuildsEveryType) {
+  const ModelContext model{64, 4, 0};
+  for (const auto& type : encoder_types()) {
+    auto encoder = build_encoder(json{{"type", type}}, model);
+    EXPECT_EQ(encoder->type(), type);
+  }
+  EXPECT_EQ(encoder_types(),
+            (std::vector<std::string>{"alibi", "learned", "nope", "rope", "shaw", "sinusoidal", "t5"}));
+}
+
+TEST(Registry, ContextFillsModelSizes) {
+  auto rope = build_encoder(json{{"type", "rope"}}, {64, 4, 0});
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*rope).options.head_dim(), 16);
+  auto t5 = build_encoder(json{{"type", "t5"}}, {64, 4, 0});
+  EXPECT_EQ(dynamic_cast<T5Impl&>(*t5).options.num_heads(), 4);
+  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "alibi"}, {"num_heads", 8}}, {64, 4, 0}); }),
+                       "'num_heads' is 8 in the config but the model has 4"));
+  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "sinusoidal"}}, {0, 1, 0}); }),
+                       "'dim' is required"));
+}
+
+TEST(Registry, UnknownTypeListsKnownOnes) {
+  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "ropee"}}, {64, 1, 0}); }),
+                       "unknown type 'ropee'; known types: alibi, learned, nope, rope, shaw, "
+                       "sinusoidal, t5"));
+  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"base", 1}}, {64, 1, 0}); }),
+                       "'type' is required"));
+}
+
+TEST(Registry, UnknownKeysAreNamed) {
+  EXPECT_TRUE(contains(
+      error_of([] { build_encoder(json{{"type", "rope"}, {"rope_thetta", 1e4}}, {64, 1, 0}); }),
+      "rope config: unknown key 'rope_thetta'"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "rope"},
+                                            {"rope_scaling", {{"rope_type", "yarn"}, {"fctor", 2}}}},
+                                       {64, 1, 0});
+                       }),
+                       "rope config.rope_scaling: unknown key 'fctor'"));
+  EXPECT_TRUE(contains(
+      error_of([] { build_encoder(json{{"type", "t5"}, {"num_buckets", "many"}}, {64, 1, 0}); }),
+      "key 'num_buckets' must be an integer, got string \"many\""));
+  EXPECT_TRUE(contains(
+      error_of([] { build_encoder(json{{"type", "sinusoidal"}, {"layout", "zigzag"}}, {64, 1, 0}); }),
+      "unknown layout 'zigzag'; expected one of: interleaved, concat"));
+}
+
+TEST(Registry, PastedHfBlocks) {
+  // Llama 3.1's config.json rope_scaling block, as it is.
+  auto llama = parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 500000.0,
+    "max_position_embeddings": 131072,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
+  auto rope = build_encoder(llama, {});
+  auto& options = dynamic_cast<RopeImpl&>(*rope).options;
+  EXPECT_EQ(options.rope_type(), RopeScaling::kLlama3);
+  EXPECT_EQ(options.original_max_position_embeddings(), 8192);
+  // DeepSeek-V3's legacy block says "type".
+  auto deepseek = build_encoder(
+      json{{"type", "rope"},
+           {"head_dim", 64},
+           {"rope_scaling",
+            {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
+             {"original_max_position_embeddings", 4096}, {"beta_fast", 32}, {"beta_slow", 1}}}},
+      {});
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*deepseek).frequencies().attention_scaling, 1.0);
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "rope"},
+                                            {"factor", 2},
+                                            {"rope_scaling", {{"type", "linear"}, {"factor", 4}}}},
+                                       {64, 1, 0});
+                       }),
+                       "'factor' is given both at the top level and in 'rope_scaling'"));
+}
+
+TEST(Registry, YamlAndJsonAgree) {
+  auto from_yaml = parse_config("type: alibi\nnum_heads: 6\nform: symmetric\n");
+  auto from_json = parse_config(R"({"type": "alibi", "num_heads": 6, "form": "symmetric"})");
+  EXPECT_EQ(from_yaml, from_json);
+  auto alibi = build_encoder(from_yaml, {});
+  EXPECT_EQ(dynamic_cast<AlibiImpl&>(*alibi).options.form(), AlibiForm::kSymmetric);
+  EXPECT_TRUE(contains(error_of([] { parse_config("{\"type\": "); }), "invalid JSON"));
+  EXPECT_TRUE(contains(error_of([] { load_config("/nonexistent/x.yaml"); }),
+                       "cannot read config file '/nonexistent/x.yaml'"));
+}
+
+}  // namespace
+}  // namespace posenc
