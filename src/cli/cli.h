@@ -24,7 +24,7 @@ struct EncoderArgs {
 /// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
 Positions parse_positions(const std::string& text, const std::string& axes);
 /// A tensor as nested JSON arrays of numbers (a 0-dim tensor as a number).
-nlohmann::json tensor_to_json(const at::Tensor& tensor);
+nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor);
 /// Builds the encoder the arguments describe.
 PositionalEncoding build_from_args(const EncoderArgs& args);
 

@@ -86,13 +86,13 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   return Positions(coords, split_axes(axes, width));
 }
 
-nlohmann::json tensor_to_json(const at::Tensor& tensor) {
+nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor) {
   auto t = tensor.detach().to(torch::kCPU);
   if (t.dim() == 0) {
     if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) return t.item<int64_t>();
     return t.item<double>();
   }
-  auto out = nlohmann::json::array();
+  auto out = nlohmann::ordered_json::array();
   for (int64_t i = 0; i < t.size(0); ++i) out.push_back(tensor_to_json(t[i]));
   return out;
 }
@@ -106,7 +106,7 @@ int run_inspect(const EncoderArgs& args, const std::string& input) {
   auto encoder = build_from_args(args);
   auto positions = parse_positions(args.positions, args.axes);
   torch::NoGradGuard no_grad;
-  nlohmann::json out;
+  nlohmann::ordered_json out;  // keys in the order written: type and kind first
   out["type"] = encoder->type();
   out["kind"] = to_string(encoder->kind());
   out["axes"] = positions.axes();

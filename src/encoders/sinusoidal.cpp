@@ -36,7 +36,10 @@ at::Tensor SinusoidalImpl::add(const at::Tensor& x, const Positions& positions) 
 }
 
 Description SinusoidalImpl::describe(const Positions& positions, const DescribeOptions&) {
-  return {{"table", table(positions)}};
+  positions.check_num_axes("sinusoidal", 1);
+  // float64 for inspection: exact enough to cross-check other implementations
+  return {{"table", sinusoidal_table(positions.axis(0), options.dim(), options.base(),
+                                     options.layout())}};
 }
 
 }  // namespace posenc
