@@ -97,11 +97,12 @@ TEST(Rope, BatchedPositions) {
   torch::manual_seed(4);
   Rope rope(RopeOptions(16));
   auto x = torch::randn({2, 3, 1, 16});
-  Positions batched(torch::tensor({0.0, 1.0, 2.0, 10.0, 11.0, 12.0}, torch::kFloat64).view({2, 3, 1}),
-                    {"t"});
+  Positions batched(
+      torch::tensor({0.0, 1.0, 2.0, 10.0, 11.0, 12.0}, torch::kFloat64).view({2, 3, 1}), {"t"});
   auto out = rope->rotate(x, x, batched, batched).first;
   auto second = rope->rotate(x.slice(0, 1, 2), x.slice(0, 1, 2), Positions::sequence(3, 10),
-                             Positions::sequence(3, 10)).first;
+                             Positions::sequence(3, 10))
+                    .first;
   EXPECT_LT(max_abs_diff(out.slice(0, 1, 2), second), 1e-6);
 }
 
@@ -128,21 +129,18 @@ TEST(Rope, BadInputNamesExpectedAndActual) {
                        "got 19 (head_dim=64, partial_rotary_factor=0.3)"));
   EXPECT_TRUE(contains(error_of([] { Rope(RopeOptions(64).rope_type(RopeScaling::kLinear)); }),
                        "rope_type 'linear' needs a 'factor'"));
-  EXPECT_TRUE(contains(error_of([] {
-                         Rope(RopeOptions(64).rope_type(RopeScaling::kLongRope).short_factor({1.0}));
-                       }),
-                       "short_factor must have r/2 = 32 values, got 1"));
+  EXPECT_TRUE(contains(
+      error_of([] { Rope(RopeOptions(64).rope_type(RopeScaling::kLongRope).short_factor({1.0})); }),
+      "short_factor must have r/2 = 32 values, got 1"));
   Rope rope(RopeOptions(64));
   auto q = torch::zeros({1, 4, 2, 32});
-  EXPECT_TRUE(contains(error_of([&] {
-                         rope->rotate(q, q, Positions::sequence(4), Positions::sequence(4));
-                       }),
-                       "q has head_dim 32 but the encoder was built for head_dim=64"));
+  EXPECT_TRUE(contains(
+      error_of([&] { rope->rotate(q, q, Positions::sequence(4), Positions::sequence(4)); }),
+      "q has head_dim 32 but the encoder was built for head_dim=64"));
   auto q64 = torch::zeros({1, 4, 2, 64});
-  EXPECT_TRUE(contains(error_of([&] {
-                         rope->rotate(q64, q64, Positions::sequence(5), Positions::sequence(4));
-                       }),
-                       "q has N=4 tokens but 5 positions were given"));
+  EXPECT_TRUE(contains(
+      error_of([&] { rope->rotate(q64, q64, Positions::sequence(5), Positions::sequence(4)); }),
+      "q has N=4 tokens but 5 positions were given"));
   Positions grid(torch::zeros({4, 2}, torch::kFloat64), {"h", "w"});
   EXPECT_TRUE(contains(error_of([&] { rope->rotate(q64, q64, grid, grid); }),
                        "rope: expected positions with 1 axis, got 2 (h, w)"));
@@ -153,11 +151,17 @@ TEST(Rope, BadInputNamesExpectedAndActual) {
 TEST(Learned, PastTheEndIsAnError) {
   Learned learned(LearnedOptions(8, 4));
   auto x = torch::zeros({1, 3, 4});
-  EXPECT_TRUE(contains(error_of([&] { learned->add(x, Positions::values({0, 5, 8})); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         learned->add(x, Positions::values({0, 5, 8}));
+                       }),
                        "position 8 is past the end of the table (max_positions=8"));
-  EXPECT_TRUE(contains(error_of([&] { learned->add(x, Positions::values({0, 1.5, 2})); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         learned->add(x, Positions::values({0, 1.5, 2}));
+                       }),
                        "positions must be integers"));
-  EXPECT_TRUE(contains(error_of([&] { learned->add(torch::zeros({1, 3, 5}), Positions::sequence(3)); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         learned->add(torch::zeros({1, 3, 5}), Positions::sequence(3));
+                       }),
                        "x has width 5 but the encoder has dim=4"));
   auto out = learned->add(x, Positions::values({0, 5, 7}));
   EXPECT_TRUE(torch::equal(out[0][1], learned->weight[5]));
@@ -167,7 +171,9 @@ TEST(Sinusoidal, OddDimAndShapeErrors) {
   EXPECT_TRUE(contains(error_of([] { Sinusoidal(SinusoidalOptions(7)); }),
                        "dim must be positive and even, got 7"));
   Sinusoidal s(SinusoidalOptions(8));
-  EXPECT_TRUE(contains(error_of([&] { s->add(torch::zeros({2, 3, 8}), Positions::sequence(4)); }),
+  EXPECT_TRUE(contains(error_of([&] {
+                         s->add(torch::zeros({2, 3, 8}), Positions::sequence(4));
+                       }),
                        "x has 3 tokens but 4 positions were given"));
 }
 

@@ -17,9 +17,8 @@ TEST(Gradients, LearnedTable) {
   auto x = torch::randn({2, 4, 3}, torch::kFloat64);
   auto probe = torch::randn({2, 4, 3}, torch::kFloat64);
   auto p = Positions::values({0, 2, 5, 2});
-  expect_gradient_matches_finite_differences(learned->weight, [&] {
-    return (learned->add(x, p).pow(2) * probe).sum();
-  });
+  expect_gradient_matches_finite_differences(
+      learned->weight, [&] { return (learned->add(x, p).pow(2) * probe).sum(); });
 }
 
 TEST(Gradients, T5Table) {
@@ -28,9 +27,8 @@ TEST(Gradients, T5Table) {
   t5->to(torch::kFloat64);
   auto p = Positions::sequence(5);
   auto probe = torch::randn({2, 5, 5}, torch::kFloat64);
-  expect_gradient_matches_finite_differences(t5->weight, [&] {
-    return (torch::softmax(t5->bias(p, p, {}), -1) * probe).sum();
-  });
+  expect_gradient_matches_finite_differences(
+      t5->weight, [&] { return (torch::softmax(t5->bias(p, p, {}), -1) * probe).sum(); });
 }
 
 TEST(Gradients, ShawTableAndQueries) {

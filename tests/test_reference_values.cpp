@@ -39,7 +39,8 @@ TEST(RopeReference, EveryHfScalingCase) {
     const auto expected_inv = to_tensor(c["inv_freq"]);
     ASSERT_EQ(f.inv_freq.sizes(), expected_inv.sizes());
     EXPECT_TRUE(torch::allclose(f.inv_freq, expected_inv, kInvFreqRtol, 0))
-        << "max rel diff " << ((f.inv_freq - expected_inv).abs() / expected_inv).max().item<double>();
+        << "max rel diff "
+        << ((f.inv_freq - expected_inv).abs() / expected_inv).max().item<double>();
     EXPECT_NEAR(f.attention_scaling, c["attention_scaling"].get<double>(), 1e-12);
     if (!c.contains("cos")) continue;
     // Rotation conventions: angles from HF's own inv_freq, so only the layout is under test.
@@ -84,8 +85,8 @@ TEST(T5Reference, BucketsMatchHfBothWays) {
     auto expected = to_tensor(c["buckets"]).to(torch::kLong);
     EXPECT_TRUE(torch::equal(got, expected))
         << "bidirectional=" << c["bidirectional"] << " num_buckets=" << c["num_buckets"]
-        << " max_distance=" << c["max_distance"] << " first mismatch at rel="
-        << rel.index({got != expected}).slice(0, 0, 1);
+        << " max_distance=" << c["max_distance"]
+        << " first mismatch at rel=" << rel.index({got != expected}).slice(0, 0, 1);
   }
 }
 
@@ -99,7 +100,8 @@ TEST(AlibiReference, SlopesForOneTo64Heads) {
     // HF BLOOM computes in float32.
     EXPECT_TRUE(torch::allclose(got, to_tensor(c["slopes_hf_bloom"]), 1e-6, 0)) << n << " heads";
     Alibi module{AlibiOptions(n)};
-    EXPECT_TRUE(torch::allclose(module->slopes.to(torch::kFloat64), to_tensor(c["slopes"]), 1e-6, 0));
+    EXPECT_TRUE(
+        torch::allclose(module->slopes.to(torch::kFloat64), to_tensor(c["slopes"]), 1e-6, 0));
   }
 }
 
@@ -129,10 +131,14 @@ TEST(LearnedReference, ResizeMatchesTorchInterpolate) {
   for (const auto& c : fixture["cases"]) {
     auto table = to_tensor(c["table"]);
     const auto n = c["new_length"].get<int64_t>();
-    EXPECT_LT(max_abs_diff(resample_table_1d(table, n, Interpolation::kLinear), to_tensor(c["linear"])),
-              1e-12) << "linear to " << n;
-    EXPECT_LT(max_abs_diff(resample_table_1d(table, n, Interpolation::kCubic), to_tensor(c["cubic"])),
-              1e-12) << "cubic to " << n;
+    EXPECT_LT(
+        max_abs_diff(resample_table_1d(table, n, Interpolation::kLinear), to_tensor(c["linear"])),
+        1e-12)
+        << "linear to " << n;
+    EXPECT_LT(
+        max_abs_diff(resample_table_1d(table, n, Interpolation::kCubic), to_tensor(c["cubic"])),
+        1e-12)
+        << "cubic to " << n;
     Learned module(LearnedOptions(table.size(0), table.size(1)));
     {
       torch::NoGradGuard no_grad;

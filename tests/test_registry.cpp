@@ -22,8 +22,8 @@ TEST(Registry, BuildsEveryType) {
     auto encoder = build_encoder(json{{"type", type}}, model);
     EXPECT_EQ(encoder->type(), type);
   }
-  EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "learned", "nope", "rope", "shaw", "sinusoidal", "t5"}));
+  EXPECT_EQ(encoder_types(), (std::vector<std::string>{"alibi", "learned", "nope", "rope", "shaw",
+                                                       "sinusoidal", "t5"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -31,36 +31,49 @@ TEST(Registry, ContextFillsModelSizes) {
   EXPECT_EQ(dynamic_cast<RopeImpl&>(*rope).options.head_dim(), 16);
   auto t5 = build_encoder(json{{"type", "t5"}}, {64, 4, 0});
   EXPECT_EQ(dynamic_cast<T5Impl&>(*t5).options.num_heads(), 4);
-  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "alibi"}, {"num_heads", 8}}, {64, 4, 0}); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "alibi"}, {"num_heads", 8}}, {64, 4, 0});
+                       }),
                        "'num_heads' is 8 in the config but the model has 4"));
-  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "sinusoidal"}}, {0, 1, 0}); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "sinusoidal"}}, {0, 1, 0});
+                       }),
                        "'dim' is required"));
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"type", "ropee"}}, {64, 1, 0}); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+                       }),
                        "unknown type 'ropee'; known types: alibi, learned, nope, rope, shaw, "
                        "sinusoidal, t5"));
-  EXPECT_TRUE(contains(error_of([] { build_encoder(json{{"base", 1}}, {64, 1, 0}); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"base", 1}}, {64, 1, 0});
+                       }),
                        "'type' is required"));
 }
 
 TEST(Registry, UnknownKeysAreNamed) {
-  EXPECT_TRUE(contains(
-      error_of([] { build_encoder(json{{"type", "rope"}, {"rope_thetta", 1e4}}, {64, 1, 0}); }),
-      "rope config: unknown key 'rope_thetta'"));
   EXPECT_TRUE(contains(error_of([] {
-                         build_encoder(json{{"type", "rope"},
-                                            {"rope_scaling", {{"rope_type", "yarn"}, {"fctor", 2}}}},
-                                       {64, 1, 0});
+                         build_encoder(json{{"type", "rope"}, {"rope_thetta", 1e4}}, {64, 1, 0});
+                       }),
+                       "rope config: unknown key 'rope_thetta'"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(
+                             json{{"type", "rope"},
+                                  {"rope_scaling", {{"rope_type", "yarn"}, {"fctor", 2}}}},
+                             {64, 1, 0});
                        }),
                        "rope config.rope_scaling: unknown key 'fctor'"));
-  EXPECT_TRUE(contains(
-      error_of([] { build_encoder(json{{"type", "t5"}, {"num_buckets", "many"}}, {64, 1, 0}); }),
-      "key 'num_buckets' must be an integer, got string \"many\""));
-  EXPECT_TRUE(contains(
-      error_of([] { build_encoder(json{{"type", "sinusoidal"}, {"layout", "zigzag"}}, {64, 1, 0}); }),
-      "unknown layout 'zigzag'; expected one of: interleaved, concat"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "t5"}, {"num_buckets", "many"}}, {64, 1, 0});
+                       }),
+                       "key 'num_buckets' must be an integer, got string \"many\""));
+  EXPECT_TRUE(
+      contains(error_of([] {
+                 build_encoder(json{{"type", "sinusoidal"}, {"layout", "zigzag"}}, {64, 1, 0});
+               }),
+               "unknown layout 'zigzag'; expected one of: interleaved, concat"));
 }
 
 TEST(Registry, PastedHfBlocks) {
@@ -74,13 +87,17 @@ TEST(Registry, PastedHfBlocks) {
   EXPECT_EQ(options.rope_type(), RopeScaling::kLlama3);
   EXPECT_EQ(options.original_max_position_embeddings(), 8192);
   // DeepSeek-V3's legacy block says "type".
-  auto deepseek = build_encoder(
-      json{{"type", "rope"},
-           {"head_dim", 64},
-           {"rope_scaling",
-            {{"type", "yarn"}, {"factor", 40}, {"mscale", 1.0}, {"mscale_all_dim", 1.0},
-             {"original_max_position_embeddings", 4096}, {"beta_fast", 32}, {"beta_slow", 1}}}},
-      {});
+  auto deepseek = build_encoder(json{{"type", "rope"},
+                                     {"head_dim", 64},
+                                     {"rope_scaling",
+                                      {{"type", "yarn"},
+                                       {"factor", 40},
+                                       {"mscale", 1.0},
+                                       {"mscale_all_dim", 1.0},
+                                       {"original_max_position_embeddings", 4096},
+                                       {"beta_fast", 32},
+                                       {"beta_slow", 1}}}},
+                                {});
   EXPECT_EQ(dynamic_cast<RopeImpl&>(*deepseek).frequencies().attention_scaling, 1.0);
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"type", "rope"},

@@ -59,7 +59,8 @@ TEST(WordOrder, EveryEncoderTellsTheSentencesApart) {
       {"rope interleaved",
        as_encoding(Rope(RopeOptions(kDim / kHeads).layout(RopeLayout::kInterleaved)))},
       {"t5", as_encoding(T5(T5Options(kHeads).init_std(1.0)))},
-      {"shaw", as_encoding(Shaw(ShawOptions(kDim / kHeads).max_relative_position(4).init_std(1.0)))},
+      {"shaw",
+       as_encoding(Shaw(ShawOptions(kDim / kHeads).max_relative_position(4).init_std(1.0)))},
       {"alibi symmetric", as_encoding(Alibi(AlibiOptions(kHeads).form(AlibiForm::kSymmetric)))},
   };
   for (const auto& [name, encoder] : encoders) {

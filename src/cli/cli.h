@@ -3,8 +3,8 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "posenc/config/registry.h"

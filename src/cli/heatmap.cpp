@@ -4,11 +4,10 @@
 
 #include <torch/torch.h>
 
-#include <opencv2/imgcodecs.hpp>
-#include <opencv2/imgproc.hpp>
-
 #include <cstdio>
 #include <fstream>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <sstream>
 
 namespace posenc::cli {
@@ -110,7 +109,8 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
     colour(p.values, lo, hi, area.size()).copyTo(image(area));
     cv::rectangle(image, area, kInk);
     draw_ticks(image, area, p.values.size(0), p.values.size(1));
-    if (!p.title.empty()) put_text(image, p.title, {area.x + area.width / 2, area.y - 8}, 0.45, true);
+    if (!p.title.empty())
+      put_text(image, p.title, {area.x + area.width / 2, area.y - 8}, 0.45, true);
   }
   const int plot_bottom = margin_t + grid_rows * panel_h + (grid_rows - 1) * gap_y;
   const int plot_right = margin_l + grid_cols * panel_w + (grid_cols - 1) * gap_x;
@@ -122,7 +122,8 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
   colour(gradient, lo, hi, bar.size()).copyTo(image(bar));
   cv::rectangle(image, bar, kInk);
   put_text(image, format_number(hi), {bar.x + bar_w + 5, bar.y + 10}, 0.4);
-  put_text(image, format_number((lo + hi) / 2), {bar.x + bar_w + 5, bar.y + bar.height / 2 + 4}, 0.4);
+  put_text(image, format_number((lo + hi) / 2), {bar.x + bar_w + 5, bar.y + bar.height / 2 + 4},
+           0.4);
   put_text(image, format_number(lo), {bar.x + bar_w + 5, bar.y + bar.height}, 0.4);
 
   std::vector<uchar> png;

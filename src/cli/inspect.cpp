@@ -59,8 +59,8 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   } catch (const nlohmann::json::parse_error&) {
     TORCH_CHECK(false, "--positions '", text, "': expected start:stop[:step] or a JSON array");
   }
-  TORCH_CHECK(parsed.is_array() && !parsed.empty(), "--positions: expected a non-empty JSON array, got ",
-              parsed.dump());
+  TORCH_CHECK(parsed.is_array() && !parsed.empty(),
+              "--positions: expected a non-empty JSON array, got ", parsed.dump());
   std::vector<double> flat;
   int64_t width = -1;
   for (size_t i = 0; i < parsed.size(); ++i) {
@@ -119,8 +119,8 @@ int run_inspect(const EncoderArgs& args, const std::string& input) {
     out[name] = tensor_to_json(value);
   if (!input.empty()) {
     auto vector = nlohmann::json::parse(input, nullptr, false);
-    TORCH_CHECK(vector.is_array() && !vector.empty(), "--input: expected a JSON array of numbers, got ",
-                input);
+    TORCH_CHECK(vector.is_array() && !vector.empty(),
+                "--input: expected a JSON array of numbers, got ", input);
     std::vector<double> values;
     for (const auto& v : vector) {
       TORCH_CHECK(v.is_number(), "--input: expected numbers, got ", v.dump());
@@ -129,13 +129,18 @@ int run_inspect(const EncoderArgs& args, const std::string& input) {
     const int64_t n = positions.size(), d = static_cast<int64_t>(values.size());
     auto x = torch::tensor(values, torch::kFloat32).expand({n, d}).contiguous();
     switch (encoder->kind()) {
-      case EncodingKind::kAdditive: out["output"] = tensor_to_json(encoder->add(x.unsqueeze(0), positions)[0]); break;
+      case EncodingKind::kAdditive:
+        out["output"] = tensor_to_json(encoder->add(x.unsqueeze(0), positions)[0]);
+        break;
       case EncodingKind::kRotary: {
         auto q = x.view({1, n, 1, d});
-        out["output"] = tensor_to_json(encoder->rotate(q, q, positions, positions).first.view({n, d}));
+        out["output"] =
+            tensor_to_json(encoder->rotate(q, q, positions, positions).first.view({n, d}));
         break;
       }
-      case EncodingKind::kNone: out["output"] = tensor_to_json(x); break;
+      case EncodingKind::kNone:
+        out["output"] = tensor_to_json(x);
+        break;
       case EncodingKind::kBias:
         TORCH_CHECK(false, "--input applies to additive and rotary encoders; '", encoder->type(),
                     "' biases attention logits (see 'bias')");

@@ -2,9 +2,9 @@
 //   posenc inspect --config C --positions P [--dim D] [--heads H] [--seq-len L] [--input V]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 
 #include "cli.h"
@@ -13,15 +13,19 @@
 namespace {
 
 void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
-  command->add_option("--config", args.config, "encoder config: a JSON/YAML file or a literal {...}")
+  command
+      ->add_option("--config", args.config, "encoder config: a JSON/YAML file or a literal {...}")
       ->required();
-  command->add_option("--positions", args.positions,
-                      "positions: start:stop[:step] or a JSON array ([0,3,7], [[0,0],[0,1]])")
+  command
+      ->add_option("--positions", args.positions,
+                   "positions: start:stop[:step] or a JSON array ([0,3,7], [[0,0],[0,1]])")
       ->required();
   command->add_option("--axes", args.axes, "axis names, comma-separated (default t / h,w / t,h,w)");
   command->add_option("--dim", args.dim, "model width D (rotary: D / heads per head)")
       ->check(CLI::PositiveNumber);
-  command->add_option("--heads", args.heads, "attention heads H (bias encoders; rotary uses D / H per head)")
+  command
+      ->add_option("--heads", args.heads,
+                   "attention heads H (bias encoders; rotary uses D / H per head)")
       ->check(CLI::PositiveNumber);
 }
 
@@ -38,7 +42,8 @@ int main(int argc, char** argv) {
   auto* inspect = app.add_subcommand("inspect", "print what an encoder computes, as JSON");
   add_encoder_options(inspect, args);
   inspect->add_option("--seq-len", args.seq_len, "sequence length for dynamic scalings");
-  inspect->add_option("--input", input, "a vector (JSON array): also print it encoded at each position");
+  inspect->add_option("--input", input,
+                      "a vector (JSON array): also print it encoded at each position");
 
   auto* plot = app.add_subcommand("plot", "draw an encoder as a heatmap PNG");
   add_encoder_options(plot, args);

@@ -74,11 +74,13 @@ int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference)
       figure.x_label = "key (column index)";
       figure.y_label = "query (row index)";
       const int64_t heads = std::min<int64_t>(bias.size(0), 16);
-      for (int64_t h = 0; h < heads; ++h) figure.panels.push_back({bias[h], "head " + std::to_string(h)});
+      for (int64_t h = 0; h < heads; ++h)
+        figure.panels.push_back({bias[h], "head " + std::to_string(h)});
       break;
     }
     case EncodingKind::kNone:
-      TORCH_CHECK(false, "plot: '", encoder->type(), "' adds no positional information; nothing to draw");
+      TORCH_CHECK(false, "plot: '", encoder->type(),
+                  "' adds no positional information; nothing to draw");
   }
   write_heatmap_png(figure, out);
   std::cerr << "posenc: wrote " << out << "\n";

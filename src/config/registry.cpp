@@ -78,9 +78,7 @@ PositionalEncoding build_alibi(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Alibi(o));
 }
 
-PositionalEncoding build_nope(ConfigReader&, const ModelContext&) {
-  return as_encoding(Nope());
-}
+PositionalEncoding build_nope(ConfigReader&, const ModelContext&) { return as_encoding(Nope()); }
 
 // The scaling keys of HF's rope_parameters / legacy rope_scaling, read from one object.
 void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
@@ -106,10 +104,14 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
   o.truncate(r.boolean("truncate", o.truncate()));
   if (auto v = r.optional_number("low_freq_factor")) o.low_freq_factor(*v);
   if (auto v = r.optional_number("high_freq_factor")) o.high_freq_factor(*v);
-  if (r.has("short_factor")) o.short_factor(r.numbers("short_factor"));
-  else r.allow("short_factor");
-  if (r.has("long_factor")) o.long_factor(r.numbers("long_factor"));
-  else r.allow("long_factor");
+  if (r.has("short_factor"))
+    o.short_factor(r.numbers("short_factor"));
+  else
+    r.allow("short_factor");
+  if (r.has("long_factor"))
+    o.long_factor(r.numbers("long_factor"));
+  else
+    r.allow("long_factor");
 }
 
 PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
@@ -151,7 +153,8 @@ std::string join(const std::vector<std::string>& names) {
 nlohmann::json yaml_to_json(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined: return nullptr;
+    case YAML::NodeType::Undefined:
+      return nullptr;
     case YAML::NodeType::Sequence: {
       auto out = nlohmann::json::array();
       for (const auto& item : node) out.push_back(yaml_to_json(item));
@@ -236,7 +239,8 @@ nlohmann::json load_config(const std::string& path) {
 
 nlohmann::json config_from_argument(const std::string& argument) {
   const auto first = argument.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && argument[first] == '{') return parse_config(argument, "--config");
+  if (first != std::string::npos && argument[first] == '{')
+    return parse_config(argument, "--config");
   return load_config(argument);
 }
 

@@ -10,20 +10,28 @@ namespace posenc {
 
 std::string to_string(EncodingKind kind) {
   switch (kind) {
-    case EncodingKind::kNone: return "none";
-    case EncodingKind::kAdditive: return "additive";
-    case EncodingKind::kRotary: return "rotary";
-    case EncodingKind::kBias: return "bias";
+    case EncodingKind::kNone:
+      return "none";
+    case EncodingKind::kAdditive:
+      return "additive";
+    case EncodingKind::kRotary:
+      return "rotary";
+    case EncodingKind::kBias:
+      return "bias";
   }
   return "unknown";
 }
 
 std::string to_string(BiasForm form) {
   switch (form) {
-    case BiasForm::kNone: return "none";
-    case BiasForm::kAlibi: return "alibi";
-    case BiasForm::kBucketTable: return "bucket_table";
-    case BiasForm::kRelativeTable: return "relative_table";
+    case BiasForm::kNone:
+      return "none";
+    case BiasForm::kAlibi:
+      return "alibi";
+    case BiasForm::kBucketTable:
+      return "bucket_table";
+    case BiasForm::kRelativeTable:
+      return "relative_table";
   }
   return "unknown";
 }

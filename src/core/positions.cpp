@@ -103,7 +103,8 @@ void Positions::check_num_axes(const std::string& who, int64_t expected) const {
 void Positions::check_integer_range(const std::string& who, int64_t limit) const {
   if (coords_.numel() == 0) return;
   auto non_integer = (coords_ != coords_.round()).nonzero();
-  TORCH_CHECK(non_integer.size(0) == 0, who, ": positions must be integers for a lookup table, got ",
+  TORCH_CHECK(non_integer.size(0) == 0, who,
+              ": positions must be integers for a lookup table, got ",
               coords_.flatten().index({(coords_ != coords_.round()).flatten()})[0].item<double>());
   const double lo = coords_.min().item<double>();
   const double hi = coords_.max().item<double>();

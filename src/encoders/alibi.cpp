@@ -20,8 +20,7 @@ AlibiForm alibi_form_from_string(const std::string& name) {
 AlibiImpl::AlibiImpl(AlibiOptions options_) : options(std::move(options_)) { reset(); }
 
 void AlibiImpl::reset() {
-  TORCH_CHECK(options.num_heads() >= 1, "alibi: num_heads must be >= 1, got ",
-              options.num_heads());
+  TORCH_CHECK(options.num_heads() >= 1, "alibi: num_heads must be >= 1, got ", options.num_heads());
   TORCH_CHECK(std::isfinite(options.slope_scale()) && options.slope_scale() > 0,
               "alibi: slope_scale must be positive, got ", options.slope_scale());
   auto values = torch::tensor(alibi_slopes(options.num_heads()), torch::kFloat64);

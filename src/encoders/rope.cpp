@@ -64,8 +64,8 @@ Description RopeImpl::describe(const Positions& positions, const DescribeOptions
                   {"cos", rope_expand(cos, options.layout())},
                   {"sin", rope_expand(sin, options.layout())}};
   if (options.xpos())
-    out.emplace_back("xpos_scale", xpos_scale(positions.axis(0), rotary_dim(),
-                                              options.xpos_scale_base()));
+    out.emplace_back("xpos_scale",
+                     xpos_scale(positions.axis(0), rotary_dim(), options.xpos_scale_base()));
   return out;
 }
 

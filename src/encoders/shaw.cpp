@@ -13,8 +13,8 @@ ShawImpl::ShawImpl(ShawOptions options_) : options(std::move(options_)) { reset(
 
 void ShawImpl::reset() {
   TORCH_CHECK(options.head_dim() >= 1, "shaw: head_dim must be >= 1, got ", options.head_dim());
-  TORCH_CHECK(options.max_relative_position() >= 1, "shaw: max_relative_position must be >= 1, got ",
-              options.max_relative_position());
+  TORCH_CHECK(options.max_relative_position() >= 1,
+              "shaw: max_relative_position must be >= 1, got ", options.max_relative_position());
   weight = register_parameter(
       "weight", torch::randn({2 * options.max_relative_position() + 1, options.head_dim()}) *
                     options.init_std());

@@ -8,8 +8,8 @@ namespace posenc {
 void check_additive_input(const std::string& who, const at::Tensor& x, int64_t n, int64_t dim) {
   TORCH_CHECK(x.dim() == 2 || x.dim() == 3, who, ": x must be [N, D] or [B, N, D], got shape ",
               x.sizes());
-  TORCH_CHECK(x.size(-1) == dim, who, ": x has width ", x.size(-1), " but the encoder has dim=",
-              dim);
+  TORCH_CHECK(x.size(-1) == dim, who, ": x has width ", x.size(-1),
+              " but the encoder has dim=", dim);
   TORCH_CHECK(x.size(-2) == n, who, ": x has ", x.size(-2), " tokens but ", n,
               " positions were given");
 }
@@ -38,8 +38,8 @@ at::Tensor SinusoidalImpl::add(const at::Tensor& x, const Positions& positions) 
 Description SinusoidalImpl::describe(const Positions& positions, const DescribeOptions&) {
   positions.check_num_axes("sinusoidal", 1);
   // float64 for inspection: exact enough to cross-check other implementations
-  return {{"table", sinusoidal_table(positions.axis(0), options.dim(), options.base(),
-                                     options.layout())}};
+  return {{"table",
+           sinusoidal_table(positions.axis(0), options.dim(), options.base(), options.layout())}};
 }
 
 }  // namespace posenc

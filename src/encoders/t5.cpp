@@ -13,9 +13,10 @@ void T5Impl::reset() {
   TORCH_CHECK(options.num_heads() >= 1, "t5: num_heads must be >= 1, got ", options.num_heads());
   TORCH_CHECK(options.num_buckets() >= 2, "t5: num_buckets must be >= 2, got ",
               options.num_buckets());
-  const int64_t exact = (options.bidirectional() ? options.num_buckets() / 2 : options.num_buckets()) / 2;
-  TORCH_CHECK(exact >= 1 && options.max_distance() > exact, "t5: max_distance must exceed ",
-              exact, " (the exact range for num_buckets=", options.num_buckets(), "), got ",
+  const int64_t exact =
+      (options.bidirectional() ? options.num_buckets() / 2 : options.num_buckets()) / 2;
+  TORCH_CHECK(exact >= 1 && options.max_distance() > exact, "t5: max_distance must exceed ", exact,
+              " (the exact range for num_buckets=", options.num_buckets(), "), got ",
               options.max_distance());
   weight = register_parameter(
       "weight", torch::randn({options.num_buckets(), options.num_heads()}) * options.init_std());
@@ -32,8 +33,8 @@ at::Tensor T5Impl::buckets(const Positions& q_positions, const Positions& k_posi
 at::Tensor T5Impl::bias(const Positions& q_positions, const Positions& k_positions,
                         const at::Tensor&) {
   auto b = buckets(q_positions, k_positions).to(weight.device());  // [.., Nq, Nk]
-  auto values = torch::embedding(weight, b);                        // [.., Nq, Nk, H]
-  return values.movedim(-1, -3);                                    // [.., H, Nq, Nk]
+  auto values = torch::embedding(weight, b);                       // [.., Nq, Nk, H]
+  return values.movedim(-1, -3);                                   // [.., H, Nq, Nk]
 }
 
 BiasSpec T5Impl::bias_spec() const {
@@ -48,8 +49,7 @@ BiasSpec T5Impl::bias_spec() const {
 
 Description T5Impl::describe(const Positions& positions, const DescribeOptions&) {
   torch::NoGradGuard no_grad;
-  return {{"buckets", buckets(positions, positions)},
-          {"bias", bias(positions, positions, {})}};
+  return {{"buckets", buckets(positions, positions)}, {"bias", bias(positions, positions, {})}};
 }
 
 }  // namespace posenc

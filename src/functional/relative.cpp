@@ -28,8 +28,8 @@ at::Tensor t5_relative_position_bucket(const at::Tensor& rel_in, bool bidirectio
   auto is_small = rel < max_exact;
   // float32 as HF: log(n / e) / log(max_distance / e) * (buckets - e), truncated toward zero.
   auto large = (torch::log(rel.to(torch::kFloat32) / static_cast<float>(max_exact)) /
-                    static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact)) *
-                    static_cast<float>(n_buckets - max_exact))
+                static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact)) *
+                static_cast<float>(n_buckets - max_exact))
                    .to(torch::kLong) +
                max_exact;
   large = torch::min(large, torch::full_like(large, n_buckets - 1));
@@ -53,7 +53,8 @@ std::vector<double> alibi_slopes(int64_t num_heads) {
 }
 
 at::Tensor relative_positions(const at::Tensor& q_positions, const at::Tensor& k_positions) {
-  return k_positions.to(torch::kFloat64).unsqueeze(-2) - q_positions.to(torch::kFloat64).unsqueeze(-1);
+  return k_positions.to(torch::kFloat64).unsqueeze(-2) -
+         q_positions.to(torch::kFloat64).unsqueeze(-1);
 }
 
 at::Tensor shaw_relative_index(const at::Tensor& rel, int64_t max_relative_position) {

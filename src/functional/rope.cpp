@@ -11,8 +11,10 @@ namespace posenc {
 
 std::string to_string(RopeLayout layout) {
   switch (layout) {
-    case RopeLayout::kHalf: return "half";
-    case RopeLayout::kInterleaved: return "interleaved";
+    case RopeLayout::kHalf:
+      return "half";
+    case RopeLayout::kInterleaved:
+      return "interleaved";
   }
   return "unknown";
 }
@@ -25,12 +27,18 @@ RopeLayout rope_layout_from_string(const std::string& name) {
 
 std::string to_string(RopeScaling scaling) {
   switch (scaling) {
-    case RopeScaling::kDefault: return "default";
-    case RopeScaling::kLinear: return "linear";
-    case RopeScaling::kDynamic: return "dynamic";
-    case RopeScaling::kYarn: return "yarn";
-    case RopeScaling::kLlama3: return "llama3";
-    case RopeScaling::kLongRope: return "longrope";
+    case RopeScaling::kDefault:
+      return "default";
+    case RopeScaling::kLinear:
+      return "linear";
+    case RopeScaling::kDynamic:
+      return "dynamic";
+    case RopeScaling::kYarn:
+      return "yarn";
+    case RopeScaling::kLlama3:
+      return "llama3";
+    case RopeScaling::kLongRope:
+      return "longrope";
   }
   return "unknown";
 }
@@ -52,7 +60,7 @@ int64_t rope_rotary_dim(const RopeOptions& o) {
 
 int64_t rope_original_context(const RopeOptions& o) {
   return o.original_max_position_embeddings() > 0 ? o.original_max_position_embeddings()
-                                                   : o.max_position_embeddings();
+                                                  : o.max_position_embeddings();
 }
 
 double rope_factor(const RopeOptions& o) {
@@ -62,7 +70,8 @@ double rope_factor(const RopeOptions& o) {
     case RopeScaling::kLongRope:
       return static_cast<double>(o.max_position_embeddings()) /
              static_cast<double>(rope_original_context(o));
-    case RopeScaling::kDefault: return 1.0;
+    case RopeScaling::kDefault:
+      return 1.0;
     default:
       TORCH_CHECK(false, "rope: rope_type '", to_string(o.rope_type()), "' needs a 'factor'");
   }
@@ -73,13 +82,14 @@ void rope_validate(const RopeOptions& o) {
   TORCH_CHECK(o.partial_rotary_factor() > 0 && o.partial_rotary_factor() <= 1,
               "rope: partial_rotary_factor must be in (0, 1], got ", o.partial_rotary_factor());
   const int64_t r = rope_rotary_dim(o);
-  TORCH_CHECK(r >= 2 && r % 2 == 0, "rope: the rotary dimension int(head_dim * partial_rotary_factor)",
+  TORCH_CHECK(r >= 2 && r % 2 == 0,
+              "rope: the rotary dimension int(head_dim * partial_rotary_factor)",
               " must be even and >= 2, got ", r, " (head_dim=", o.head_dim(),
               ", partial_rotary_factor=", o.partial_rotary_factor(), ")");
   TORCH_CHECK(o.rope_theta() > 1 && std::isfinite(o.rope_theta()),
               "rope: rope_theta must be > 1, got ", o.rope_theta());
-  TORCH_CHECK(o.max_position_embeddings() > 0, "rope: max_position_embeddings must be positive, got ",
-              o.max_position_embeddings());
+  TORCH_CHECK(o.max_position_embeddings() > 0,
+              "rope: max_position_embeddings must be positive, got ", o.max_position_embeddings());
   TORCH_CHECK(o.original_max_position_embeddings() >= 0,
               "rope: original_max_position_embeddings must be >= 0, got ",
               o.original_max_position_embeddings());
@@ -87,9 +97,9 @@ void rope_validate(const RopeOptions& o) {
   if (scaled) {
     const double f = rope_factor(o);
     TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
-    TORCH_CHECK(f >= 1 || o.rope_type() == RopeScaling::kLinear ||
-                    o.rope_type() == RopeScaling::kLongRope,
-                "rope: ", to_string(o.rope_type()), " needs factor >= 1, got ", f);
+    TORCH_CHECK(
+        f >= 1 || o.rope_type() == RopeScaling::kLinear || o.rope_type() == RopeScaling::kLongRope,
+        "rope: ", to_string(o.rope_type()), " needs factor >= 1, got ", f);
   }
   if (o.rope_type() == RopeScaling::kYarn) {
     TORCH_CHECK(o.beta_fast() > 0 && o.beta_slow() > 0,
@@ -103,8 +113,9 @@ void rope_validate(const RopeOptions& o) {
   }
   if (o.rope_type() == RopeScaling::kLongRope) {
     const size_t half = static_cast<size_t>(r / 2);
-    TORCH_CHECK(o.short_factor().size() == half, "rope: longrope short_factor must have r/2 = ",
-                half, " values, got ", o.short_factor().size());
+    TORCH_CHECK(o.short_factor().size() == half,
+                "rope: longrope short_factor must have r/2 = ", half, " values, got ",
+                o.short_factor().size());
     TORCH_CHECK(o.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
                 " values, got ", o.long_factor().size());
   }
@@ -125,7 +136,8 @@ double yarn_mscale(double scale, double mscale) {
 
 // Dimension index whose wavelength makes `rotations` turns over the context L0.
 double yarn_correction_dim(double rotations, int64_t r, double theta, int64_t context) {
-  return r * std::log(static_cast<double>(context) / (rotations * 2 * M_PI)) / (2 * std::log(theta));
+  return r * std::log(static_cast<double>(context) / (rotations * 2 * M_PI)) /
+         (2 * std::log(theta));
 }
 
 RopeFrequencies yarn(const RopeOptions& o, int64_t r) {
@@ -165,7 +177,8 @@ RopeFrequencies llama3(const RopeOptions& o, int64_t r) {
   const double high_wavelen = context / o.high_freq_factor();
   auto wavelen = 2 * M_PI / inv;
   auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
-  auto smooth = (context / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
+  auto smooth =
+      (context / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
   auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
   auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
   return {torch::where(medium, smoothed, scaled), 1.0};
@@ -192,19 +205,24 @@ RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
   switch (o.rope_type()) {
-    case RopeScaling::kDefault: return {base_inv_freq(o.rope_theta(), r), 1.0};
-    case RopeScaling::kLinear: return {base_inv_freq(o.rope_theta(), r) / rope_factor(o), 1.0};
+    case RopeScaling::kDefault:
+      return {base_inv_freq(o.rope_theta(), r), 1.0};
+    case RopeScaling::kLinear:
+      return {base_inv_freq(o.rope_theta(), r) / rope_factor(o), 1.0};
     case RopeScaling::kDynamic: {
       const double f = rope_factor(o);
       const int64_t context = o.max_position_embeddings();
       const double length = static_cast<double>(std::max(seq_len, context));
-      const double theta =
-          o.rope_theta() * std::pow(f * length / context - (f - 1), static_cast<double>(r) / (r - 2));
+      const double theta = o.rope_theta() * std::pow(f * length / context - (f - 1),
+                                                     static_cast<double>(r) / (r - 2));
       return {base_inv_freq(theta, r), 1.0};
     }
-    case RopeScaling::kYarn: return yarn(o, r);
-    case RopeScaling::kLlama3: return llama3(o, r);
-    case RopeScaling::kLongRope: return longrope(o, r, seq_len);
+    case RopeScaling::kYarn:
+      return yarn(o, r);
+    case RopeScaling::kLlama3:
+      return llama3(o, r);
+    case RopeScaling::kLongRope:
+      return longrope(o, r, seq_len);
   }
   TORCH_CHECK(false, "rope: unhandled rope_type");
 }
@@ -226,7 +244,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
 
 at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base) {
   auto i = torch::arange(0, rotary_dim, 2, torch::kFloat64);
-  auto zeta = (i + 0.4 * rotary_dim) / (1.4 * rotary_dim);  // [r/2]
+  auto zeta = (i + 0.4 * rotary_dim) / (1.4 * rotary_dim);                // [r/2]
   auto power = positions.to(torch::kFloat64).unsqueeze(-1) / scale_base;  // [..., 1]
   return torch::pow(zeta, power).to(torch::kFloat32);
 }
@@ -241,8 +259,8 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   TORCH_CHECK(x.dim() == 4, "rope_apply: x must be [B, N, H, Dh], got shape ", x.sizes());
   TORCH_CHECK(cos.sizes() == sin.sizes(), "rope_apply: cos and sin shapes differ: ", cos.sizes(),
               " vs ", sin.sizes());
-  TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, "rope_apply: cos/sin must be [N, F] or [B, N, F], got ",
-              cos.sizes());
+  TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3,
+              "rope_apply: cos/sin must be [N, F] or [B, N, F], got ", cos.sizes());
   const int64_t n = x.size(1);
   const int64_t f = cos.size(-1);
   TORCH_CHECK(cos.size(-2) == n, "rope_apply: cos/sin have ", cos.size(-2),
@@ -275,7 +293,8 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   auto rb = b * c + a * s;
   at::Tensor rotated = layout == RopeLayout::kHalf ? torch::cat({ra, rb}, -1)
                                                    : torch::stack({ra, rb}, -1).flatten(-2);
-  if (2 * f < x.size(3)) rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
+  if (2 * f < x.size(3))
+    rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
   return rotated.to(dtype);
 }
 

@@ -7,7 +7,8 @@
 int main() {
   posenc::Rope rope(posenc::RopeOptions(8));
   auto q = torch::ones({1, 3, 2, 8});
-  auto [rq, rk] = rope->rotate(q, q, posenc::Positions::sequence(3), posenc::Positions::sequence(3));
+  auto [rq, rk] =
+      rope->rotate(q, q, posenc::Positions::sequence(3), posenc::Positions::sequence(3));
   auto slopes = posenc::alibi_slopes(2);
   std::cout << "consumer: rope rotated " << rq.size(1) << " positions; alibi slopes " << slopes[0]
             << " " << slopes[1] << std::endl;

@@ -41,11 +41,11 @@ std::string to_string(BiasForm form);
 
 struct BiasSpec {
   BiasForm form = BiasForm::kNone;
-  at::Tensor slopes;  ///< kAlibi: [H], float32
-  bool symmetric = false;  ///< kAlibi: |p_m - p_n| instead of (p_m - p_n)
-  at::Tensor table;  ///< kBucketTable: [num_buckets, H]; kRelativeTable: [2K+1, Dh]
-  int64_t num_buckets = 0;  ///< kBucketTable
-  int64_t max_distance = 0;  ///< kBucketTable
+  at::Tensor slopes;          ///< kAlibi: [H], float32
+  bool symmetric = false;     ///< kAlibi: |p_m - p_n| instead of (p_m - p_n)
+  at::Tensor table;           ///< kBucketTable: [num_buckets, H]; kRelativeTable: [2K+1, Dh]
+  int64_t num_buckets = 0;    ///< kBucketTable
+  int64_t max_distance = 0;   ///< kBucketTable
   bool bidirectional = true;  ///< kBucketTable
   int64_t max_relative_position = 0;  ///< kRelativeTable: K
 };

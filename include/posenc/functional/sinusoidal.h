@@ -1,7 +1,8 @@
 // Sinusoidal position tables (Vaswani et al. 2017, "Attention Is All You Need", sec. 3.5):
 //   omega_i = base^(-2i/D),  i = 0 .. D/2-1
-//   interleaved (Vaswani, Informer, VideoMAE):  PE[p, 2i] = sin(p omega_i), PE[p, 2i+1] = cos(p omega_i)
-//   concat      (MAE get_1d_sincos_pos_embed):  PE[p, i]  = sin(p omega_i), PE[p, D/2+i] = cos(p omega_i)
+//   interleaved (Vaswani, Informer, VideoMAE):  PE[p, 2i] = sin(p omega_i), PE[p, 2i+1] = cos(p
+//   omega_i) concat      (MAE get_1d_sincos_pos_embed):  PE[p, i]  = sin(p omega_i), PE[p, D/2+i] =
+//   cos(p omega_i)
 // Positions may be fractional (timestamps); angles are computed in float64.
 #pragma once
 
