@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "posenc/kernels/rope.h"
+
 namespace posenc {
 
 RopeImpl::RopeImpl(RopeOptions options_) : options(std::move(options_)) { reset(); }
@@ -48,9 +50,23 @@ std::pair<at::Tensor, at::Tensor> RopeImpl::rotate(const at::Tensor& q, const at
   if (k_positions.size() > 0) seq_len = static_cast<int64_t>(std::floor(k_positions.max())) + 1;
   const auto f = frequencies(seq_len);
   auto [qc, qs] = cos_sin(q_positions, f, /*is_key=*/false);
-  auto [kc, ks] = cos_sin(k_positions, f, /*is_key=*/true);
-  return {rope_apply(q, qc.to(q.device()), qs.to(q.device()), options.layout()),
-          rope_apply(k, kc.to(k.device()), ks.to(k.device()), options.layout())};
+  qc = qc.to(q.device());
+  qs = qs.to(q.device());
+  const bool shared = !options.xpos() && q_positions.coords().sizes() == k_positions.coords().sizes() &&
+                      (q_positions.coords().is_same(k_positions.coords()) ||
+                       at::equal(q_positions.coords(), k_positions.coords()));
+  const bool fused = options.fused() && rope_fused_supported(q, qc) && rope_fused_supported(k, qc);
+  if (shared && fused && q.scalar_type() == k.scalar_type()) {
+    return rope_fused_qk(q, k, qc, qs, options.layout());  // one pass, tables read once per token
+  }
+  at::Tensor kc = qc, ks = qs;
+  if (!shared) {
+    std::tie(kc, ks) = cos_sin(k_positions, f, /*is_key=*/true);
+    kc = kc.to(k.device());
+    ks = ks.to(k.device());
+  }
+  if (fused) return {rope_fused(q, qc, qs, options.layout()), rope_fused(k, kc, ks, options.layout())};
+  return {rope_apply(q, qc, qs, options.layout()), rope_apply(k, kc, ks, options.layout())};
 }
 
 Description RopeImpl::describe(const Positions& positions, const DescribeOptions& d) {

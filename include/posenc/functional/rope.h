@@ -88,6 +88,9 @@ struct RopeOptions {
   TORCH_ARG(bool, xpos) = false;
   /// xPos scale base (default 512).
   TORCH_ARG(double, xpos_scale_base) = 512.0;
+  /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
+  /// the reference rope_apply.
+  TORCH_ARG(bool, fused) = true;
 };
 
 /// Checks every option; errors name the option, the expected and the actual value.
