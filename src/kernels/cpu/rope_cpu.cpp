@@ -1,7 +1,7 @@
 // Fused RoPE on the CPU: one parallel pass over tokens; per token the F (cos, sin) values are
-// read once and applied to every head of every input (q and k). Rows are rotated by loops the
-// compiler vectorizes (-O3, with an AVX2+FMA clone picked at run time by target_clones for
-// float32). Specification: rope_apply (src/functional/rope.cpp); contract in
+// read once and applied to every head of every input (q and k). float32 rows use AVX2+FMA
+// intrinsics when the CPU has them (checked at run time), other dtypes and CPUs a scalar loop
+// the compiler vectorizes (-O3). Specification: rope_apply (src/functional/rope.cpp); contract in
 // include/posenc/kernels/rope.h.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -10,36 +10,23 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "posenc/kernels/rope.h"
 
 namespace posenc {
 
 namespace {
 
-// y[i], y[i+F] from x[i], x[i+F] (half) or y[2i], y[2i+1] from x[2i], x[2i+1] (interleaved);
-// s already carries the sign of the direction.
-__attribute__((target_clones("avx2,fma", "default"))) void rotate_row_f32(
-    const float* __restrict x, float* __restrict y, const float* __restrict c,
-    const float* __restrict s, int64_t f, bool interleaved) {
-  if (!interleaved) {
-    for (int64_t i = 0; i < f; ++i) {
-      const float a = x[i], b = x[i + f];
-      y[i] = a * c[i] - b * s[i];
-      y[i + f] = b * c[i] + a * s[i];
-    }
-  } else {
-    for (int64_t i = 0; i < f; ++i) {
-      const float a = x[2 * i], b = x[2 * i + 1];
-      y[2 * i] = a * c[i] - b * s[i];
-      y[2 * i + 1] = b * c[i] + a * s[i];
-    }
-  }
-}
-
+// Scalar rotation of one row; s already carries the direction's sign. y may alias x (each pair
+// is read before it is written).
 template <typename T, typename Acc>
-void rotate_row(const T* x, T* y, const float* c, const float* s, int64_t f, bool interleaved) {
+void rotate_row_scalar(const T* x, T* y, const float* c, const float* s, int64_t begin, int64_t f,
+                       bool interleaved) {
   const int64_t step = interleaved ? 1 : f;
-  for (int64_t i = 0; i < f; ++i) {
+  for (int64_t i = begin; i < f; ++i) {
     const int64_t ia = interleaved ? 2 * i : i;
     const int64_t ib = ia + step;
     const Acc a = static_cast<Acc>(x[ia]), b = static_cast<Acc>(x[ib]);
@@ -48,26 +35,84 @@ void rotate_row(const T* x, T* y, const float* c, const float* s, int64_t f, boo
   }
 }
 
+#if defined(__x86_64__)
+// AVX2 + FMA, 8 floats at a time (y may alias x: every vector is loaded before it is stored).
+//   half:        a = x[i..i+8), b = x[i+F..); y_a = a c - b s, y_b = b c + a s
+//   interleaved: v = a0 b0 a1 b1 ..; y = v * (c0 c0 c1 c1 ..) -/+ swap(v) * (s0 s0 s1 s1 ..)
+// stream: non-temporal stores (out of place, 32-byte aligned rows): the output bypasses the cache
+// and is not read first, so the pass moves the bytes copy_ moves.
+template <bool kStream>
+__attribute__((target("avx2,fma"))) inline void store8(float* p, __m256 v) {
+  if constexpr (kStream) {
+    _mm256_stream_ps(p, v);
+  } else {
+    _mm256_storeu_ps(p, v);
+  }
+}
+
+template <bool kStream>
+__attribute__((target("avx2,fma"))) void rotate_row_f32_avx2(const float* x, float* y,
+                                                             const float* c, const float* s,
+                                                             int64_t f, bool interleaved) {
+  int64_t i = 0;
+  if (!interleaved) {
+    for (; i + 8 <= f; i += 8) {
+      const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + f);
+      const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+      const __m256 ya = _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv));
+      const __m256 yb = _mm256_fmadd_ps(b, cv, _mm256_mul_ps(a, sv));
+      store8<kStream>(y + i, ya);
+      store8<kStream>(y + i + f, yb);
+    }
+  } else {
+    for (; i + 4 <= f; i += 4) {
+      const __m256 v = _mm256_loadu_ps(x + 2 * i);
+      const __m128 c4 = _mm_loadu_ps(c + i), s4 = _mm_loadu_ps(s + i);
+      const __m256 cd = _mm256_set_m128(_mm_unpackhi_ps(c4, c4), _mm_unpacklo_ps(c4, c4));
+      const __m256 sd = _mm256_set_m128(_mm_unpackhi_ps(s4, s4), _mm_unpacklo_ps(s4, s4));
+      const __m256 swapped = _mm256_permute_ps(v, 0xB1);  // b0 a0 b1 a1 ...
+      store8<kStream>(y + 2 * i,
+                      _mm256_addsub_ps(_mm256_mul_ps(v, cd), _mm256_mul_ps(swapped, sd)));
+    }
+  }
+  rotate_row_scalar<float, float>(x, y, c, s, i, f, interleaved);
+}
+// __builtin_cpu_init must run first when this is evaluated during static initialization.
+const bool kHasAvx2 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}();
+#else
+const bool kHasAvx2 = false;
+#endif
+
 template <typename T>
-void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f, bool interleaved,
-                    bool x_aliases_y) {
+void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f, bool interleaved) {
+#if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>) {
-    if (!x_aliases_y) {
-      rotate_row_f32(x, y, c, s, f, interleaved);
+    if (kHasAvx2) {
+      // streaming needs every 8-float store 32-byte aligned and no tail
+      const bool aligned = reinterpret_cast<uintptr_t>(y) % 32 == 0 && f % 8 == 0;
+      if (x != y && aligned) {
+        rotate_row_f32_avx2<true>(x, y, c, s, f, interleaved);
+      } else {
+        rotate_row_f32_avx2<false>(x, y, c, s, f, interleaved);
+      }
       return;
     }
   }
-  rotate_row<T, std::conditional_t<std::is_same_v<T, double>, double, float>>(x, y, c, s, f,
-                                                                               interleaved);
+#endif
+  using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  rotate_row_scalar<T, Acc>(x, y, c, s, 0, f, interleaved);
 }
 
 void check_input(const at::Tensor& x, const at::Tensor& reference, const at::Tensor& cos,
                  const char* what) {
   TORCH_CHECK(x.dim() == 4, "rope_fused: ", what, " must be [B, N, H, Dh], got shape ", x.sizes());
   TORCH_CHECK(x.device().is_cpu(), "rope_fused: ", what, " must be on the CPU, got ", x.device());
-  TORCH_CHECK(x.size(0) == reference.size(0) && x.size(1) == reference.size(1), "rope_fused: ",
-              what, " has [B, N] = [", x.size(0), ", ", x.size(1), "] but the first input has [",
-              reference.size(0), ", ", reference.size(1), "]");
+  TORCH_CHECK(x.size(0) == reference.size(0) && x.size(1) == reference.size(1),
+              "rope_fused: ", what, " has [B, N] = [", x.size(0), ", ", x.size(1),
+              "] but the first input has [", reference.size(0), ", ", reference.size(1), "]");
   TORCH_CHECK(2 * cos.size(-1) <= x.size(3), "rope_fused: rotary width 2F=", 2 * cos.size(-1),
               " exceeds head_dim=", x.size(3), " of ", what);
 }
@@ -81,8 +126,8 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
               "rope_fused: need as many outputs as inputs, got ", inputs.size(), " and ",
               outputs.size());
   const auto& first = inputs[0];
-  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(), "rope_fused: cos and sin shapes differ: ",
-              cos_in.sizes(), " vs ", sin_in.sizes());
+  TORCH_CHECK(cos_in.sizes() == sin_in.sizes(),
+              "rope_fused: cos and sin shapes differ: ", cos_in.sizes(), " vs ", sin_in.sizes());
   TORCH_CHECK(cos_in.dim() == 2 || cos_in.dim() == 3,
               "rope_fused: cos/sin must be [N, F] or [B, N, F], got ", cos_in.sizes());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -107,7 +152,8 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   const bool interleaved = layout == RopeLayout::kInterleaved;
   const float* cos_data = cos.data_ptr<float>();
   const float* sin_data = sin.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, first.size(2) * first.size(3)));
+  const int64_t grain =
+      std::max<int64_t>(1, 16384 / std::max<int64_t>(1, first.size(2) * first.size(3)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
     at::parallel_for(0, batch * tokens, grain, [&](int64_t begin, int64_t end) {
       for (int64_t token = begin; token < end; ++token) {
@@ -125,12 +171,15 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
           for (int64_t h = 0; h < heads; ++h) {
             const scalar_t* xr = xb + h * x.stride(2);
             scalar_t* yr = yb + h * y.stride(2);
-            rotate_any_row<scalar_t>(xr, yr, c, s, f, interleaved, alias);
+            rotate_any_row<scalar_t>(xr, yr, c, s, f, interleaved);
             if (!alias)
               for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
           }
         }
       }
+#if defined(__x86_64__)
+      _mm_sfence();  // order the streaming stores before the pass is seen as done
+#endif
     });
   });
 }
