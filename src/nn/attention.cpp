@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "posenc/kernels/attention.h"
+
 namespace posenc {
 
 SelfAttentionImpl::SelfAttentionImpl(AttentionOptions options_, PositionalEncoding encoder_)
@@ -33,6 +35,21 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
   auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
   auto [q, k] = encoder->rotate(parts[0], parts[1], positions, positions);
   auto v = parts[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const auto spec = encoder->bias_spec();
+  // The fused kernel computes the bias from its description; an encoder that biases without
+  // describing it (form kNone) keeps the materialized path.
+  const bool describable = spec.form != BiasForm::kNone || encoder->kind() != EncodingKind::kBias;
+  if (options.fused() && describable && positions.num_axes() == 1 && !positions.batched()) {
+    auto p = positions.axis(0);
+    if (attention_fused_supported(spec, q, p, p)) {
+      AttentionMasks masks;
+      masks.causal = options.causal();
+      masks.key_padding = key_padding;
+      auto y = attention_fused(q, k, v, spec, p, p, masks, scale);
+      return out->forward(y.reshape({b, n, options.dim()}));
+    }
+  }
   auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) / std::sqrt(static_cast<double>(dh));
   auto bias = encoder->bias(positions, positions, q);
   if (bias.defined()) {

@@ -24,6 +24,9 @@ struct AttentionOptions {
   TORCH_ARG(int64_t, num_heads);
   /// Mask keys after each query (default false).
   TORCH_ARG(bool, causal) = false;
+  /// Use the fused attention kernel (bias computed on the fly, posenc/kernels/attention.h) when
+  /// it takes the encoder's bias (default true); false always materializes the bias.
+  TORCH_ARG(bool, fused) = true;
 };
 
 class SelfAttentionImpl : public torch::nn::Module {

@@ -1,0 +1,48 @@
+// Attention with the position bias computed on the fly (FlashAttention-style tiling with an
+// online softmax, Dao et al. 2022/2023), so no [H, Nq, Nk] tensor is ever materialized.
+//
+//   out_i = sum_j softmax_j(q_i . k_j * scale + b_h(p_i, p_j) + mask_ij) v_j
+//   b_h from the encoder's BiasSpec:
+//     kNone         0
+//     kAlibi        -slope_h (p_i - p_j)   or  -slope_h |p_i - p_j|      (Press et al. 2022)
+//     kBucketTable  table[bucket(p_j - p_i), h]                          (T5; learnable table)
+//   masks: causal (key j visible to query i when j <= i + Nk - Nq, i.e. cached keys come first)
+//          and key padding [B, Nk] (true = a real token).
+// Extra memory: per thread one [Bq, Bk] tile, plus O(H (Nq + Nk)) for a T5 lookup table over
+// the relative offsets that occur; backward recomputes tiles from the saved log-sum-exp.
+//
+//   q: [B, Nq, H, D]   k: [B, Nk, H, D]   v: [B, Nk, H, Dv]   -> [B, Nq, H, Dv]
+//   positions: float64 [Nq] and [Nk]; the T5 form needs integer positions.
+//   storage fp32/bf16/fp16, computed in fp32; fp64 inputs take the reference path.
+// attention_reference is the plain-ATen specification (materialized bias + softmax) and the
+// test oracle; it also takes any bias tensor.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "posenc/core/encoder.h"
+
+namespace posenc {
+
+struct AttentionMasks {
+  bool causal = false;
+  at::Tensor key_padding;  ///< [B, Nk] bool, true where the key is a real token (optional)
+};
+
+/// Whether attention_fused takes this bias and these positions (else use the reference).
+bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
+                               const at::Tensor& q_positions, const at::Tensor& k_positions);
+/// Fused attention, autograd-aware (gradients for q, k, v and a T5 table).
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const BiasSpec& bias, const at::Tensor& q_positions,
+                           const at::Tensor& k_positions, const AttentionMasks& masks,
+                           double scale);
+/// The specification: logits = q k^T * scale + bias (materialized) + masks, softmax, times v.
+/// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined.
+at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bias, const AttentionMasks& masks, double scale);
+/// The bias a BiasSpec describes, materialized: [H, Nq, Nk] (the fallback, and for tests).
+at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
+                          const at::Tensor& k_positions, int64_t heads);
+
+}  // namespace posenc

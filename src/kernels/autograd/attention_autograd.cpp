@@ -1,0 +1,241 @@
+// Fused attention as an autograd Function over the tiled CPU kernel
+// (src/kernels/cpu/attention_cpu.cpp), plus the plain-ATen reference it is tested against.
+// Contract in include/posenc/kernels/attention.h.
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "../cpu/attention_cpu.h"
+#include "posenc/functional/relative.h"
+#include "posenc/kernels/attention.h"
+
+namespace posenc {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool integer_valued(const at::Tensor& t) { return t.numel() == 0 || at::equal(t, t.round()); }
+
+std::vector<double> to_vector(const at::Tensor& t) {
+  auto c = t.to(torch::kFloat64).contiguous();
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
+// qh, kh, vh: contiguous float32 [B, H, N, D]; table: the T5 table or empty.
+detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh,
+                                      const at::Tensor& vh, int64_t form, bool symmetric,
+                                      const at::Tensor& slopes, const at::Tensor& table,
+                                      int64_t num_buckets, int64_t max_distance, bool bidirectional,
+                                      const at::Tensor& q_positions, const at::Tensor& k_positions,
+                                      bool causal, const at::Tensor& key_padding, double scale) {
+  detail::AttentionProblem p;
+  p.q = qh;
+  p.k = kh;
+  p.v = vh;
+  p.batch = qh.size(0);
+  p.heads = qh.size(1);
+  p.nq = qh.size(2);
+  p.nk = kh.size(2);
+  p.dim = qh.size(3);
+  p.dim_v = vh.size(3);
+  p.scale = static_cast<float>(scale);
+  p.form = static_cast<BiasForm>(form);
+  p.symmetric = symmetric;
+  p.causal = causal;
+  p.pq = to_vector(q_positions);
+  p.pk = to_vector(k_positions);
+  if (p.form == BiasForm::kAlibi) {
+    auto s = slopes.to(torch::kFloat32).contiguous();
+    p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+  }
+  if (p.form == BiasForm::kBucketTable) {
+    for (double x : p.pq) p.iq.push_back(static_cast<int64_t>(std::llround(x)));
+    for (double x : p.pk) p.ik.push_back(static_cast<int64_t>(std::llround(x)));
+    const auto [qmin, qmax] = std::minmax_element(p.iq.begin(), p.iq.end());
+    const auto [kmin, kmax] = std::minmax_element(p.ik.begin(), p.ik.end());
+    p.rel_min = *kmin - *qmax;
+    p.rel_count = *kmax - *qmin - p.rel_min + 1;
+    auto rel = torch::arange(p.rel_min, p.rel_min + p.rel_count, torch::kLong);
+    auto bucket = t5_relative_position_bucket(rel, bidirectional, num_buckets, max_distance);
+    p.bucket.assign(bucket.data_ptr<int64_t>(), bucket.data_ptr<int64_t>() + bucket.numel());
+    p.num_buckets = num_buckets;
+    auto lut =
+        table.detach().to(torch::kFloat32).index_select(0, bucket).t().contiguous();  // [H, R]
+    p.lut.assign(lut.data_ptr<float>(), lut.data_ptr<float>() + lut.numel());
+  }
+  if (key_padding.defined() && key_padding.numel() > 0) {
+    auto keep = key_padding.to(torch::kUInt8).contiguous();
+    p.key_keep.assign(keep.data_ptr<uint8_t>(), keep.data_ptr<uint8_t>() + keep.numel());
+  }
+  return p;
+}
+
+at::Tensor heads_first(const at::Tensor& x) {  // [B, N, H, D] -> float32 [B, H, N, D]
+  return x.to(torch::kFloat32).transpose(1, 2).contiguous();
+}
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
+                               const at::Tensor& q_positions, const at::Tensor& k_positions,
+                               const AttentionMasks& masks, double scale) {
+    auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
+    at::Tensor slopes = bias.slopes.defined() ? bias.slopes : torch::empty({0});
+    at::Tensor padding = masks.key_padding.defined() ? masks.key_padding : torch::empty({0});
+    auto p = make_problem(qh, kh, vh, static_cast<int64_t>(bias.form), bias.symmetric, slopes,
+                          table, bias.num_buckets, bias.max_distance, bias.bidirectional,
+                          q_positions, k_positions, masks.causal, padding, scale);
+    auto out = torch::empty({p.batch, p.heads, p.nq, p.dim_v}, torch::kFloat32);
+    auto lse = torch::empty({p.batch, p.heads, p.nq}, torch::kFloat32);
+    detail::attention_forward_cpu(p, out, lse);
+    ctx->save_for_backward({qh, kh, vh, out, lse, table});
+    ctx->saved_data["form"] = static_cast<int64_t>(bias.form);
+    ctx->saved_data["symmetric"] = bias.symmetric;
+    ctx->saved_data["slopes"] = slopes;
+    ctx->saved_data["num_buckets"] = bias.num_buckets;
+    ctx->saved_data["max_distance"] = bias.max_distance;
+    ctx->saved_data["bidirectional"] = bias.bidirectional;
+    ctx->saved_data["q_positions"] = q_positions;
+    ctx->saved_data["k_positions"] = k_positions;
+    ctx->saved_data["causal"] = masks.causal;
+    ctx->saved_data["key_padding"] = padding;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["dtype"] = static_cast<int64_t>(q.scalar_type());
+    return {out.transpose(1, 2).contiguous().to(q.scalar_type())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto& d = ctx->saved_data;
+    const auto& qh = saved[0];
+    const auto& kh = saved[1];
+    const auto& vh = saved[2];
+    auto p = make_problem(qh, kh, vh, d["form"].toInt(), d["symmetric"].toBool(),
+                          d["slopes"].toTensor(), saved[5], d["num_buckets"].toInt(),
+                          d["max_distance"].toInt(), d["bidirectional"].toBool(),
+                          d["q_positions"].toTensor(), d["k_positions"].toTensor(),
+                          d["causal"].toBool(), d["key_padding"].toTensor(), d["scale"].toDouble());
+    auto grad_out = heads_first(grads[0]);
+    auto dq = torch::zeros_like(qh), dk = torch::zeros_like(kh), dv = torch::zeros_like(vh);
+    at::Tensor dtable;
+    detail::attention_backward_cpu(p, saved[3], saved[4], grad_out, dq, dk, dv, dtable);
+    const auto dtype = static_cast<at::ScalarType>(d["dtype"].toInt());
+    auto back = [&](const at::Tensor& t) { return t.transpose(1, 2).contiguous().to(dtype); };
+    at::Tensor table_grad;
+    if (dtable.defined() && saved[5].requires_grad())
+      table_grad = dtable.to(saved[5].scalar_type());
+    return {back(dq),     back(dk),     back(dv),     table_grad,  at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_attention_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k, v must be [B, N, H, D], got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0),
+              "attention: batch sizes differ: ", q.size(0), ", ", k.size(0), ", ", v.size(0));
+  TORCH_CHECK(q.size(2) == k.size(2) && k.size(2) == v.size(2),
+              "attention: head counts differ: ", q.size(2), ", ", k.size(2), ", ", v.size(2));
+  TORCH_CHECK(q.size(3) == k.size(3), "attention: q has D=", q.size(3), " but k has D=", k.size(3));
+  TORCH_CHECK(k.size(1) == v.size(1), "attention: k has Nk=", k.size(1), " but v has ", v.size(1));
+}
+
+}  // namespace
+
+bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
+                               const at::Tensor& q_positions, const at::Tensor& k_positions) {
+  // float64 stays on the (exact) reference path: the kernel computes in float32.
+  const auto dtype = q.scalar_type();
+  if (!q.device().is_cpu() ||
+      !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf))
+    return false;
+  if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
+  switch (bias.form) {
+    case BiasForm::kNone:
+    case BiasForm::kAlibi:
+      return true;
+    case BiasForm::kBucketTable:
+      return integer_valued(q_positions) && integer_valued(k_positions);
+    case BiasForm::kRelativeTable:
+      return false;  // query-dependent: reference path
+  }
+  return false;
+}
+
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const BiasSpec& bias, const at::Tensor& q_positions,
+                           const at::Tensor& k_positions, const AttentionMasks& masks,
+                           double scale) {
+  check_attention_shapes(q, k, v);
+  TORCH_CHECK(attention_fused_supported(bias, q, q_positions, k_positions),
+              "attention_fused: unsupported input (bias form ", to_string(bias.form), ", device ",
+              q.device(), ", positions ", q_positions.sizes(), "/", k_positions.sizes(),
+              "); use attention_reference");
+  TORCH_CHECK(q_positions.size(0) == q.size(1) && k_positions.size(0) == k.size(1),
+              "attention_fused: ", q_positions.size(0), " query and ", k_positions.size(0),
+              " key positions for Nq=", q.size(1), " and Nk=", k.size(1));
+  if (bias.form == BiasForm::kAlibi)
+    TORCH_CHECK(bias.slopes.numel() == q.size(2), "attention_fused: ", bias.slopes.numel(),
+                " ALiBi slopes for ", q.size(2), " heads");
+  if (bias.form == BiasForm::kBucketTable)
+    TORCH_CHECK(bias.table.dim() == 2 && bias.table.size(1) == q.size(2),
+                "attention_fused: the bucket table must be [num_buckets, ", q.size(2), "], got ",
+                bias.table.sizes());
+  if (masks.key_padding.defined())
+    TORCH_CHECK(masks.key_padding.sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
+                "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
+                "], got ", masks.key_padding.sizes());
+  at::Tensor table = bias.form == BiasForm::kBucketTable ? bias.table : torch::empty({0});
+  return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale)[0];
+}
+
+at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bias, const AttentionMasks& masks, double scale) {
+  check_attention_shapes(q, k, v);
+  const auto compute = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q.to(compute), k.to(compute)}) * scale;
+  if (bias.defined()) logits = logits + bias.to(compute);
+  const int64_t nq = q.size(1), nk = k.size(1);
+  const auto inf = -std::numeric_limits<double>::infinity();
+  if (masks.causal) {  // key j visible to query i when j <= i + nk - nq
+    auto i = torch::arange(nq).unsqueeze(1), j = torch::arange(nk).unsqueeze(0);
+    logits = logits.masked_fill(j > i + (nk - nq), inf);
+  }
+  if (masks.key_padding.defined())
+    logits =
+        logits.masked_fill(~masks.key_padding.to(torch::kBool).view({q.size(0), 1, 1, nk}), inf);
+  auto weights = torch::softmax(logits, -1);
+  weights = torch::where(torch::isnan(weights), torch::zeros_like(weights), weights);  // no key
+  return torch::einsum("bhqk,bkhd->bqhd", {weights, v.to(compute)}).to(q.scalar_type());
+}
+
+at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
+                          const at::Tensor& k_positions, int64_t heads) {
+  auto rel = relative_positions(q_positions, k_positions);  // p_k - p_q: [Nq, Nk]
+  switch (bias.form) {
+    case BiasForm::kNone:
+      return {};
+    case BiasForm::kAlibi: {
+      TORCH_CHECK(bias.slopes.numel() == heads, "bias_from_spec: ", bias.slopes.numel(),
+                  " ALiBi slopes for ", heads, " heads");
+      auto distance = bias.symmetric ? rel.abs() : -rel;
+      return (-bias.slopes.to(torch::kFloat64).view({-1, 1, 1}) * distance).to(torch::kFloat32);
+    }
+    case BiasForm::kBucketTable: {
+      auto b =
+          t5_relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance);
+      return torch::embedding(bias.table, b).movedim(-1, -3);
+    }
+    case BiasForm::kRelativeTable:
+      TORCH_CHECK(false,
+                  "bias_from_spec: a relative table (Shaw) depends on q; use the encoder's "
+                  "bias(p, p, q)");
+  }
+  return {};
+}
+
+}  // namespace posenc

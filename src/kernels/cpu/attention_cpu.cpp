@@ -1,0 +1,190 @@
+// Tiled CPU attention with the position bias computed on the fly (contract in
+// include/posenc/kernels/attention.h). Forward: for each (b, h, query block) an online softmax
+// over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
+// each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
+// so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen
+// matmuls; bias, masks and softmax are plain loops over the tile.
+#include "attention_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <limits>
+
+namespace posenc::detail {
+
+namespace {
+
+constexpr int64_t kBlockQ = 128;
+constexpr int64_t kBlockK = 256;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// s: the tile q_i . k_j for rows [i0, i0+rows) and columns [j0, j0+cols), row stride ld.
+// Scales it and adds the bias and masks in place.
+void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows, int64_t cols,
+                   int64_t i0, int64_t j0, int64_t b, int64_t h) {
+  const int64_t offset = p.nk - p.nq;  // causal: keys j <= i + offset
+  const uint8_t* keep = p.key_keep.empty() ? nullptr : p.key_keep.data() + b * p.nk;
+  const float slope = p.form == BiasForm::kAlibi ? p.slopes[h] : 0.0f;
+  const float* lut = p.form == BiasForm::kBucketTable ? p.lut.data() + h * p.rel_count : nullptr;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    float* row = s + r * ld;
+    for (int64_t c = 0; c < cols; ++c) row[c] *= p.scale;
+    if (p.form == BiasForm::kAlibi) {
+      const double pi = p.pq[i];
+      const double* pk = p.pk.data() + j0;
+      if (p.symmetric) {
+        for (int64_t c = 0; c < cols; ++c)
+          row[c] -= slope * static_cast<float>(std::abs(pi - pk[c]));
+      } else {
+        for (int64_t c = 0; c < cols; ++c) row[c] -= slope * static_cast<float>(pi - pk[c]);
+      }
+    } else if (lut) {
+      const int64_t base = -p.iq[i] - p.rel_min;
+      const int64_t* ik = p.ik.data() + j0;
+      for (int64_t c = 0; c < cols; ++c) row[c] += lut[ik[c] + base];
+    }
+    if (p.causal) {
+      const int64_t last = i + offset;  // last visible key
+      for (int64_t c = std::max<int64_t>(0, last + 1 - j0); c < cols; ++c) row[c] = kNegInf;
+    }
+    if (keep)
+      for (int64_t c = 0; c < cols; ++c)
+        if (!keep[j0 + c]) row[c] = kNegInf;
+  }
+}
+
+// Number of key columns of block [j0, j0+cols) that can be visible to rows up to i_last.
+int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, int64_t cols) {
+  if (!p.causal) return cols;
+  return std::max<int64_t>(0, std::min(cols, i_last + (p.nk - p.nq) + 1 - j0));
+}
+
+}  // namespace
+
+void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
+  const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
+  const int64_t units = p.batch * p.heads * q_blocks;
+  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
+    auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
+    std::vector<float> m(kBlockQ), l(kBlockQ);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
+      auto q_blk = p.q[b][h].narrow(0, i0, rows);  // [rows, D]
+      auto acc_blk = acc.narrow(0, 0, rows);
+      acc_blk.zero_();
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.0f);
+      float* accp = acc.data_ptr<float>();
+      for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
+        const int64_t cols = visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, p.nk - j0));
+        if (cols == 0) break;
+        auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
+        at::mm_out(s_blk, q_blk, p.k[b][h].narrow(0, j0, cols).t());
+        float* s = tile.data_ptr<float>();
+        bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = s + r * kBlockK;
+          float row_max = kNegInf;
+          for (int64_t c = 0; c < cols; ++c) row_max = std::max(row_max, row[c]);
+          const float m_new = std::max(m[r], row_max);
+          if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
+            for (int64_t c = 0; c < cols; ++c) row[c] = 0.0f;
+            continue;
+          }
+          const float alpha = std::exp(m[r] - m_new);
+          float sum = 0.0f;
+          for (int64_t c = 0; c < cols; ++c) {
+            row[c] = std::exp(row[c] - m_new);
+            sum += row[c];
+          }
+          l[r] = l[r] * alpha + sum;
+          m[r] = m_new;
+          if (alpha != 1.0f) {
+            float* a = accp + r * p.dim_v;
+            for (int64_t d = 0; d < p.dim_v; ++d) a[d] *= alpha;
+          }
+        }
+        acc_blk.addmm_(s_blk, p.v[b][h].narrow(0, j0, cols));
+      }
+      auto out_blk = out[b][h].narrow(0, i0, rows);
+      float* o = out_blk.data_ptr<float>();
+      float* lse_row = lse[b][h].data_ptr<float>() + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        for (int64_t d = 0; d < p.dim_v; ++d) o[r * p.dim_v + d] = accp[r * p.dim_v + d] * inv;
+        lse_row[r] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+      }
+    }
+  });
+}
+
+void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
+                            const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
+                            at::Tensor& dv, at::Tensor& dtable) {
+  const bool table_grad = p.form == BiasForm::kBucketTable;
+  // per (b, h) partial table gradients, summed over b afterwards: [B, H, num_buckets]
+  auto partial =
+      table_grad ? at::zeros({p.batch, p.heads, p.num_buckets}, at::kFloat) : at::Tensor();
+  // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
+  auto row_dot = (grad_out * out).sum(-1).contiguous();
+  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+    auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
+    auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      float* table_acc = table_grad ? partial[b][h].data_ptr<float>() : nullptr;
+      const float* lse_bh = lse[b][h].data_ptr<float>();
+      const float* dot_bh = row_dot[b][h].data_ptr<float>();
+      auto dq_bh = dq[b][h];
+      for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
+        const int64_t cols_all = std::min(kBlockK, p.nk - j0);
+        auto k_blk = p.k[b][h].narrow(0, j0, cols_all);
+        auto v_blk = p.v[b][h].narrow(0, j0, cols_all);
+        auto dk_blk = dk[b][h].narrow(0, j0, cols_all);
+        auto dv_blk = dv[b][h].narrow(0, j0, cols_all);
+        for (int64_t i0 = 0; i0 < p.nq; i0 += kBlockQ) {
+          const int64_t rows = std::min(kBlockQ, p.nq - i0);
+          const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
+          if (cols == 0) continue;
+          auto q_blk = p.q[b][h].narrow(0, i0, rows);
+          auto do_blk = grad_out[b][h].narrow(0, i0, rows);
+          auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
+          auto dp_blk = dp.narrow(0, 0, rows).narrow(1, 0, cols);
+          at::mm_out(s_blk, q_blk, k_blk.narrow(0, 0, cols).t());
+          float* s = tile.data_ptr<float>();
+          bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
+          for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
+            float* row = s + r * kBlockK;
+            const float lse_r = lse_bh[i0 + r];
+            for (int64_t c = 0; c < cols; ++c)
+              row[c] = lse_r == kNegInf ? 0.0f : std::exp(row[c] - lse_r);
+          }
+          dv_blk.narrow(0, 0, cols).addmm_(s_blk.t(), do_blk);       // dV += P^T dO
+          at::mm_out(dp_blk, do_blk, v_blk.narrow(0, 0, cols).t());  // dP = dO V^T
+          float* dps = dp.data_ptr<float>();
+          for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D), in place of P
+            float* row = s + r * kBlockK;
+            const float* dprow = dps + r * kBlockK;
+            const float d = dot_bh[i0 + r];
+            for (int64_t c = 0; c < cols; ++c) row[c] *= dprow[c] - d;
+            if (table_acc) {
+              const int64_t base = -p.iq[i0 + r] - p.rel_min;
+              for (int64_t c = 0; c < cols; ++c) table_acc[p.bucket[p.ik[j0 + c] + base]] += row[c];
+            }
+          }
+          dq_bh.narrow(0, i0, rows).addmm_(s_blk, k_blk.narrow(0, 0, cols), 1.0, p.scale);
+          dk_blk.narrow(0, 0, cols).addmm_(s_blk.t(), q_blk, 1.0, p.scale);
+        }
+      }
+    }
+  });
+  if (table_grad) dtable = partial.sum(0).t().contiguous();  // [num_buckets, H]
+}
+
+}  // namespace posenc::detail

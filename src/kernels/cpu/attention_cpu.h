@@ -1,0 +1,38 @@
+// Internal: the tiled CPU attention kernel's problem description and entry points
+// (public contract in include/posenc/kernels/attention.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "posenc/core/encoder.h"
+
+namespace posenc::detail {
+
+struct AttentionProblem {
+  at::Tensor q, k, v;  ///< contiguous float32 [B, H, N, D]
+  int64_t batch = 0, heads = 0, nq = 0, nk = 0, dim = 0, dim_v = 0;
+  float scale = 1.0f;
+  BiasForm form = BiasForm::kNone;
+  bool symmetric = false;
+  std::vector<float> slopes;    ///< kAlibi: [H]
+  std::vector<double> pq, pk;   ///< positions
+  std::vector<int64_t> iq, ik;  ///< kBucketTable: integer positions
+  int64_t rel_min = 0, rel_count = 0;
+  std::vector<float> lut;       ///< kBucketTable: [H, rel_count] bias per relative offset
+  std::vector<int64_t> bucket;  ///< kBucketTable: [rel_count] bucket per relative offset
+  int64_t num_buckets = 0;
+  bool causal = false;
+  std::vector<uint8_t> key_keep;  ///< [B, Nk], empty = all keys real
+};
+
+/// out: [B, H, Nq, Dv] float32, lse: [B, H, Nq] float32 (log-sum-exp of each row; -inf when a
+/// row sees no key).
+void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse);
+/// Gradients; dtable ([num_buckets, H] float32) only for kBucketTable, else undefined.
+void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
+                            const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
+                            at::Tensor& dv, at::Tensor& dtable);
+
+}  // namespace posenc::detail

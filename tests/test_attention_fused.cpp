@@ -1,0 +1,144 @@
+// Fused attention (bias computed on the fly, tiled online softmax) vs attention_reference with
+// the bias materialized from the same BiasSpec: forms x masks x odd sizes, forward and gradients
+// (q, k, v and the T5 table), and the attention layer on both paths.
+#include <gtest/gtest.h>
+
+#include "posenc/kernels/attention.h"
+#include "posenc/posenc.h"
+#include "support/fixtures.h"
+
+namespace posenc {
+namespace {
+
+using test::max_abs_diff;
+
+// float32 tiles vs a float32 einsum/softmax: different summation orders, values O(1).
+constexpr double kForwardTolerance = 2e-5;
+// Relative to the gradient's largest entry: table gradients sum up to 2 * Nq * Nk terms.
+constexpr double kGradientTolerance = 1e-4;
+
+enum class Form { kNone, kAlibiCausal, kAlibiSymmetric, kT5Bidirectional, kT5Unidirectional };
+
+struct AttentionCase {
+  Form form;
+  bool causal;
+  bool padding;
+  int64_t nq, nk;  // nk > nq: cached keys come first
+};
+
+BiasSpec spec_for(Form form, int64_t heads, const at::Tensor& table) {
+  BiasSpec spec;
+  switch (form) {
+    case Form::kNone:
+      break;
+    case Form::kAlibiCausal:
+    case Form::kAlibiSymmetric:
+      spec.form = BiasForm::kAlibi;
+      spec.slopes = torch::tensor(alibi_slopes(heads), torch::kFloat64).to(torch::kFloat32);
+      spec.symmetric = form == Form::kAlibiSymmetric;
+      break;
+    case Form::kT5Bidirectional:
+    case Form::kT5Unidirectional:
+      spec.form = BiasForm::kBucketTable;
+      spec.table = table;
+      spec.num_buckets = table.size(0);
+      spec.max_distance = 40;
+      spec.bidirectional = form == Form::kT5Bidirectional;
+      break;
+  }
+  return spec;
+}
+
+class AttentionFused : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(AttentionFused, MatchesReferenceForwardAndBackward) {
+  const auto& c = GetParam();
+  torch::manual_seed(21);
+  const int64_t b = 2, h = 3, d = 16, dv = 8;
+  auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
+  auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
+  auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
+  auto table = (torch::randn({16, h})).requires_grad_(true);
+  auto spec = spec_for(c.form, h, table);
+  auto pk = torch::arange(c.nk, torch::kFloat64);
+  auto pq = pk.narrow(0, c.nk - c.nq, c.nq);  // queries are the last positions
+  AttentionMasks masks;
+  masks.causal = c.causal;
+  if (c.padding) {
+    masks.key_padding = torch::ones({b, c.nk}, torch::kBool);
+    masks.key_padding[1].narrow(0, 0, 3).fill_(false);  // sequence 1 starts with 3 pad keys
+  }
+  const double scale = 0.25;
+  ASSERT_TRUE(attention_fused_supported(spec, q, pq, pk));
+  auto fused = attention_fused(q, k, v, spec, pq, pk, masks, scale);
+  auto bias = bias_from_spec(spec, pq, pk, h);
+  auto reference = attention_reference(q, k, v, bias, masks, scale);
+  ASSERT_EQ(fused.sizes(), reference.sizes());
+  EXPECT_LT(max_abs_diff(fused, reference), kForwardTolerance);
+
+  auto probe = torch::randn_like(reference);
+  auto grads_of = [&](const at::Tensor& out) {
+    std::vector<at::Tensor> inputs{q, k, v};
+    if (spec.form == BiasForm::kBucketTable) inputs.push_back(table);
+    return torch::autograd::grad({(out * probe).sum()}, inputs, {}, /*retain_graph=*/true);
+  };
+  auto gf = grads_of(fused);
+  auto gr = grads_of(reference);
+  for (size_t i = 0; i < gf.size(); ++i)
+    EXPECT_LT(max_abs_diff(gf[i], gr[i]),
+              kGradientTolerance * std::max(1.0, gr[i].abs().max().item<double>()))
+        << "gradient " << i;
+}
+
+std::vector<AttentionCase> attention_cases() {
+  std::vector<AttentionCase> out;
+  for (auto form : {Form::kNone, Form::kAlibiCausal, Form::kAlibiSymmetric, Form::kT5Bidirectional,
+                    Form::kT5Unidirectional}) {
+    out.push_back({form, false, false, 37, 37});
+    out.push_back({form, true, false, 37, 37});
+    out.push_back({form, true, true, 300, 300});  // several query and key blocks
+    out.push_back({form, true, false, 5, 261});   // decoding: 256 cached keys + 5 new
+    out.push_back({form, false, true, 129, 513});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(FormsMasksSizes, AttentionFused, ::testing::ValuesIn(attention_cases()));
+
+TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {
+  torch::manual_seed(22);
+  for (auto encoder :
+       {as_encoding(Alibi(AlibiOptions(4))), as_encoding(T5(T5Options(4).init_std(1.0))),
+        as_encoding(Rope(RopeOptions(8))), as_encoding(Nope())}) {
+    SelfAttention fused(AttentionOptions(32, 4).causal(true), encoder);
+    SelfAttention materialized(AttentionOptions(32, 4).causal(true).fused(false), encoder);
+    {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < fused->parameters().size(); ++i)
+        materialized->parameters()[i].copy_(fused->parameters()[i]);
+    }
+    auto x = torch::randn({2, 50, 32});
+    auto p = Positions::sequence(50);
+    EXPECT_LT(max_abs_diff(fused->forward(x, p), materialized->forward(x, p)), kForwardTolerance)
+        << encoder->type();
+  }
+}
+
+TEST(AttentionFusedErrors, UnsupportedAndMismatched) {
+  auto q = torch::randn({1, 4, 2, 8});
+  BiasSpec shaw;
+  shaw.form = BiasForm::kRelativeTable;
+  auto p = torch::arange(4, torch::kFloat64);
+  EXPECT_FALSE(attention_fused_supported(shaw, q, p, p));
+  BiasSpec t5;
+  t5.form = BiasForm::kBucketTable;
+  EXPECT_FALSE(attention_fused_supported(t5, q, p + 0.5, p));  // buckets need integer positions
+  BiasSpec alibi;
+  alibi.form = BiasForm::kAlibi;
+  alibi.slopes = torch::ones({3});
+  auto message = test::error_of([&] { attention_fused(q, q, q, alibi, p, p, {}, 1.0); });
+  EXPECT_NE(message.find("3 ALiBi slopes for 2 heads"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace posenc
