@@ -107,6 +107,23 @@ void BM_FusedInPlace(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 4 * in.q.nbytes());
 }
 
+// 2D (h, w) and 3D (t, h, w) axial RoPE: sectioned tables, the same kernel.
+void BM_FusedSectioned(benchmark::State& state) {
+  auto& in = inputs();
+  const int64_t axes = state.range(0);
+  std::vector<int64_t> sections(axes, kD / 2 / axes);
+  sections[0] += kD / 2 - sections[0] * axes;  // the remainder goes to the first axis
+  auto coords = torch::rand({kN, axes}, torch::kFloat64) * 64;
+  auto inv = torch::pow(10000.0, -torch::arange(0, kD, 2, torch::kFloat64) / double(kD));
+  auto [cos, sin] =
+      posenc::rope_cos_sin_sections(coords, inv, sections, posenc::RopeSectionLayout::kContiguous);
+  for (auto _ : state) {
+    auto [q, k] = posenc::rope_fused_qk(in.q, in.k, cos, sin, RopeLayout::kHalf);
+    benchmark::DoNotOptimize(q.data_ptr());
+  }
+  state.SetBytesProcessed(state.iterations() * 4 * in.q.nbytes());
+}
+
 void BM_EagerForwardBackward(benchmark::State& state) {
   auto& in = inputs();
   auto gq = torch::randn_like(in.q), gk = torch::randn_like(in.k);
@@ -135,6 +152,7 @@ BENCHMARK(BM_EagerRotateHalf)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Reference)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_Fused)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FusedIntoPreallocated)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FusedSectioned)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FusedInPlace)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EagerForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FusedForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
@@ -162,6 +180,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     row("fused into preallocated q, k / copy_", t("BM_FusedIntoPreallocated/real_time") / t(copy),
         "<= 1.25");
     row("fused in place / copy_", t("BM_FusedInPlace/real_time") / t(copy), "-");
+    row("2D sectioned throughput / 1D", t(fused) / t("BM_FusedSectioned/2/real_time"), ">= 0.9");
+    row("3D sectioned throughput / 1D", t(fused) / t("BM_FusedSectioned/3/real_time"), ">= 0.9");
     row("eager rotate_half / fused forward", t("BM_EagerRotateHalf/real_time") / t(fused), ">= 5");
     row("reference rope_apply / fused forward", t("BM_Reference/real_time") / t(fused), "-");
     row("eager fwd+bwd / fused fwd+bwd",

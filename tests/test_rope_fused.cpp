@@ -34,7 +34,7 @@ TEST_P(RopeFused, MatchesReferenceForwardAndBackward) {
   const int64_t b = c.shape[0], n = c.shape[1], h = c.shape[2], dh = c.shape[3];
   auto make = [&] {
     auto base = torch::randn({b, n, h, c.non_contiguous ? 2 * dh : dh});
-    auto x = c.non_contiguous ? base.narrow(-1, 0, dh) : base;  // strided rows
+    auto x = c.non_contiguous ? base.narrow(-1, 0, dh) : base;    // strided rows
     if (c.non_contiguous) x = x.transpose(1, 2).transpose(1, 2);  // same view, strides kept
     return x.to(c.dtype);
   };
@@ -48,7 +48,7 @@ TEST_P(RopeFused, MatchesReferenceForwardAndBackward) {
   auto rq = rope_apply(q, cos, sin, c.layout);
   auto rk = rope_apply(k, cos, sin, c.layout);
   const double tol = c.dtype == torch::kFloat32 || c.dtype == torch::kFloat64 ? kFloat32Tolerance
-                                                                               : kReducedTolerance;
+                                                                              : kReducedTolerance;
   EXPECT_EQ(fq.scalar_type(), c.dtype);
   EXPECT_LT(max_abs_diff(fq, rq), tol);
   EXPECT_LT(max_abs_diff(fk, rk), tol);
@@ -115,7 +115,8 @@ TEST(RopeFusedInPlace, RotatesInPlaceAndRefusesAutograd) {
 
 TEST(RopeFusedErrors, ShapesAreChecked) {
   auto q = torch::randn({1, 4, 2, 8});
-  auto [cos, sin] = rope_cos_sin(torch::arange(5, torch::kFloat64), torch::ones({4}, torch::kFloat64));
+  auto [cos, sin] =
+      rope_cos_sin(torch::arange(5, torch::kFloat64), torch::ones({4}, torch::kFloat64));
   auto message = test::error_of([&] { rope_fused(q, cos, sin, RopeLayout::kHalf); });
   EXPECT_NE(message.find("cos/sin have 5 positions but the inputs have N=4"), std::string::npos)
       << message;
@@ -123,6 +124,42 @@ TEST(RopeFusedErrors, ShapesAreChecked) {
       rope_cos_sin(torch::arange(4, torch::kFloat64), torch::ones({5}, torch::kFloat64));
   message = test::error_of([&] { rope_fused(q, wide_cos, wide_sin, RopeLayout::kHalf); });
   EXPECT_NE(message.find("rotary width 2F=10 exceeds head_dim=8"), std::string::npos) << message;
+}
+
+TEST(RopeSections, AxesOfPairsBothLayouts) {
+  EXPECT_TRUE(torch::equal(rope_section_axes({2, 3}, RopeSectionLayout::kContiguous),
+                           torch::tensor({0, 0, 1, 1, 1}, torch::kLong)));
+  // Qwen3-VL style: t h w t h w ..., an axis drops out when its count is used up
+  EXPECT_TRUE(torch::equal(rope_section_axes({2, 2, 1}, RopeSectionLayout::kInterleaved),
+                           torch::tensor({0, 1, 2, 0, 1}, torch::kLong)));
+}
+
+TEST(RopeSections, TablesFollowTheirAxisAndFeedTheFusedKernel) {
+  // Hand-derived: pair i rotates by coords[axis(i)] * inv_freq[i].
+  auto coords = torch::tensor({{5.0, 7.0}, {1.0, 2.0}}, torch::kFloat64);  // [N=2, A=2]
+  auto inv = torch::tensor({1.0, 0.5, 0.25, 0.125, 0.0625}, torch::kFloat64);
+  auto [cos, sin] = rope_cos_sin_sections(coords, inv, {2, 3}, RopeSectionLayout::kContiguous);
+  const double p[2][5] = {{5, 5, 7, 7, 7}, {1, 1, 2, 2, 2}};
+  for (int n = 0; n < 2; ++n)
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_NEAR(cos[n][i].item<double>(), std::cos(p[n][i] * inv[i].item<double>()), 1e-7);
+      EXPECT_NEAR(sin[n][i].item<double>(), std::sin(p[n][i] * inv[i].item<double>()), 1e-7);
+    }
+  // one axis is plain 1D RoPE
+  auto [c1, s1] =
+      rope_cos_sin_sections(coords.narrow(1, 0, 1), inv, {5}, RopeSectionLayout::kContiguous);
+  auto [c2, s2] = rope_cos_sin(coords.select(1, 0), inv);
+  EXPECT_TRUE(torch::equal(c1, c2));
+  // the fused kernel takes sectioned tables as it takes 1D ones
+  auto x = torch::randn({1, 2, 3, 10});
+  EXPECT_LT(max_abs_diff(rope_fused(x, cos, sin, RopeLayout::kHalf),
+                         rope_apply(x, cos, sin, RopeLayout::kHalf)),
+            kFloat32Tolerance);
+  auto message = test::error_of([&] {
+    rope_cos_sin_sections(coords, inv, {2, 2}, RopeSectionLayout::kContiguous);
+  });
+  EXPECT_NE(message.find("sections cover 4 pairs but inv_freq has 5"), std::string::npos)
+      << message;
 }
 
 TEST(RopeAngles, Float32WithinTwoMicroradiansOfFloat64UpTo2To20) {

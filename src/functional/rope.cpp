@@ -242,6 +242,52 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
   return {cos.to(torch::kFloat32), sin.to(torch::kFloat32)};
 }
 
+std::string to_string(RopeSectionLayout layout) {
+  return layout == RopeSectionLayout::kContiguous ? "contiguous" : "interleaved";
+}
+
+at::Tensor rope_section_axes(const std::vector<int64_t>& sections, RopeSectionLayout layout) {
+  TORCH_CHECK(!sections.empty(), "rope: sections must name at least one axis");
+  std::vector<int64_t> left = sections, axes;
+  for (size_t a = 0; a < sections.size(); ++a)
+    TORCH_CHECK(sections[a] >= 0, "rope: section ", a, " must be >= 0, got ", sections[a]);
+  if (layout == RopeSectionLayout::kContiguous) {
+    for (size_t a = 0; a < sections.size(); ++a)
+      axes.insert(axes.end(), sections[a], static_cast<int64_t>(a));
+  } else {
+    for (bool any = true; any;) {
+      any = false;
+      for (size_t a = 0; a < left.size(); ++a)
+        if (left[a] > 0) {
+          axes.push_back(static_cast<int64_t>(a));
+          --left[a];
+          any = true;
+        }
+    }
+  }
+  return torch::tensor(axes, torch::kLong);
+}
+
+std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords,
+                                                        const at::Tensor& inv_freq,
+                                                        const std::vector<int64_t>& sections,
+                                                        RopeSectionLayout layout, double scaling) {
+  TORCH_CHECK(coords.dim() >= 2, "rope: sectioned coords must be [..., N, A], got ",
+              coords.sizes());
+  TORCH_CHECK(coords.size(-1) == static_cast<int64_t>(sections.size()), "rope: coords have ",
+              coords.size(-1), " axes but ", sections.size(), " sections were given");
+  auto axes = rope_section_axes(sections, layout);
+  TORCH_CHECK(axes.size(0) == inv_freq.size(0), "rope: sections cover ", axes.size(0),
+              " pairs but inv_freq has ", inv_freq.size(0));
+  auto angles = coords.to(torch::kFloat64).index_select(-1, axes) * inv_freq.to(torch::kFloat64);
+  auto cos = angles.cos(), sin = angles.sin();
+  if (scaling != 1.0) {
+    cos.mul_(scaling);
+    sin.mul_(scaling);
+  }
+  return {cos.to(torch::kFloat32), sin.to(torch::kFloat32)};
+}
+
 at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base) {
   auto i = torch::arange(0, rotary_dim, 2, torch::kFloat64);
   auto zeta = (i + 0.4 * rotary_dim) / (1.4 * rotary_dim);                // [r/2]

@@ -113,6 +113,24 @@ RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len = -
 /// positions [...] x inv_freq [F] -> (cos, sin) [..., F] float32, each times `scaling`.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling = 1.0);
+/// How rotary pairs are split among position axes (multi-axis RoPE: 2D/3D axial, M-RoPE).
+///   kContiguous: axis a owns a run of sections[a] consecutive pairs (timm axial RoPE, Qwen2-VL
+///                M-RoPE's mrope_section, ggml MROPE)
+///   kInterleaved: pairs cycle over the axes t, h, w, t, h, w, ... skipping axes whose count is
+///                used up (Qwen3-VL interleaved M-RoPE, ggml IMROPE)
+enum class RopeSectionLayout { kContiguous, kInterleaved };
+std::string to_string(RopeSectionLayout layout);
+/// The axis of each of the F = sum(sections) pairs: [F] int64.
+at::Tensor rope_section_axes(const std::vector<int64_t>& sections, RopeSectionLayout layout);
+/// Sectioned tables: pair i rotates by coords[..., axis(i)] * inv_freq[i].
+/// coords [..., N, A], inv_freq [F] -> (cos, sin) [..., N, F] float32. The fused kernels take
+/// these tables as they take 1D ones, so multi-axis RoPE costs what 1D RoPE costs.
+std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords,
+                                                        const at::Tensor& inv_freq,
+                                                        const std::vector<int64_t>& sections,
+                                                        RopeSectionLayout layout,
+                                                        double scaling = 1.0);
+
 /// xPos per-pair scale zeta_i^(p / scale_base): positions [...] -> [..., r/2] float32.
 at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base);
 

@@ -56,6 +56,18 @@ __attribute__((target("avx2,fma"))) void rotate_row_f32_avx2(const float* x, flo
                                                              int64_t f, bool interleaved) {
   int64_t i = 0;
   if (!interleaved) {
+    // 16 at a time: each 64-byte output line is written by two consecutive stores, so streaming
+    // stores leave the write-combining buffers as full lines.
+    for (; i + 16 <= f; i += 16) {
+      const __m256 a0 = _mm256_loadu_ps(x + i), a1 = _mm256_loadu_ps(x + i + 8);
+      const __m256 b0 = _mm256_loadu_ps(x + i + f), b1 = _mm256_loadu_ps(x + i + f + 8);
+      const __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
+      const __m256 s0 = _mm256_loadu_ps(s + i), s1 = _mm256_loadu_ps(s + i + 8);
+      store8<kStream>(y + i, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)));
+      store8<kStream>(y + i + 8, _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
+      store8<kStream>(y + i + f, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)));
+      store8<kStream>(y + i + f + 8, _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
+    }
     for (; i + 8 <= f; i += 8) {
       const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + f);
       const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
