@@ -4,7 +4,9 @@
 
 #include "posenc/core/encoder.h"
 #include "posenc/core/positions.h"
+#include "posenc/core/stream.h"
 #include "posenc/encoders/alibi.h"
+#include "posenc/encoders/axial_sincos.h"
 #include "posenc/encoders/learned.h"
 #include "posenc/encoders/rope.h"
 #include "posenc/encoders/shaw.h"

@@ -27,8 +27,39 @@ std::vector<std::string> split_axes(const std::string& text, int64_t count) {
 
 }  // namespace
 
+namespace {
+// "4x6" -> {4, 6}
+std::vector<int64_t> parse_extent(const std::string& text, const std::string& spec, size_t count) {
+  std::vector<int64_t> sizes;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, 'x');) {
+    size_t used = 0;
+    int64_t value = 0;
+    try {
+      value = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TORCH_CHECK(used > 0 && used == part.size() && value > 0, "--positions '", spec, "': '", part,
+                "' is not a positive integer");
+    sizes.push_back(value);
+  }
+  TORCH_CHECK(sizes.size() == count, "--positions '", spec, "': expected ", count,
+              " sizes separated by 'x', got ", sizes.size());
+  return sizes;
+}
+}  // namespace
+
 Positions parse_positions(const std::string& text, const std::string& axes) {
   TORCH_CHECK(!text.empty(), "--positions is empty; expected start:stop[:step] or a JSON array");
+  if (text.rfind("grid:", 0) == 0) {
+    auto s = parse_extent(text.substr(5), text, 2);
+    return Positions::grid(s[0], s[1]);
+  }
+  if (text.rfind("volume:", 0) == 0) {
+    auto s = parse_extent(text.substr(7), text, 3);
+    return Positions::volume(s[0], s[1], s[2]);
+  }
   if (text.find(':') != std::string::npos && text.find('[') == std::string::npos) {
     std::vector<double> parts;
     std::stringstream in(text);
@@ -57,7 +88,8 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   try {
     parsed = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error&) {
-    TORCH_CHECK(false, "--positions '", text, "': expected start:stop[:step] or a JSON array");
+    TORCH_CHECK(false, "--positions '", text,
+                "': expected start:stop[:step], grid:HxW, volume:TxHxW or a JSON array");
   }
   TORCH_CHECK(parsed.is_array() && !parsed.empty(),
               "--positions: expected a non-empty JSON array, got ", parsed.dump());

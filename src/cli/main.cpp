@@ -18,7 +18,8 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
       ->required();
   command
       ->add_option("--positions", args.positions,
-                   "positions: start:stop[:step] or a JSON array ([0,3,7], [[0,0],[0,1]])")
+                   "positions: start:stop[:step], grid:HxW, volume:TxHxW or a JSON array "
+                   "([0,3,7], [[0,0],[0,1]])")
       ->required();
   command->add_option("--axes", args.axes, "axis names, comma-separated (default t / h,w / t,h,w)");
   command->add_option("--dim", args.dim, "model width D (rotary: D / heads per head)")

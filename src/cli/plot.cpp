@@ -48,9 +48,22 @@ int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference)
             table.to(torch::kFloat64), torch::nn::functional::NormalizeFuncOptions().dim(-1));
         auto similarity = normed.matmul(normed[reference]);  // [N]
         figure.title += ", cosine similarity to position " + std::to_string(reference);
-        figure.x_label = "position";
-        figure.y_label = "";
-        figure.panels.push_back({similarity.unsqueeze(0), ""});
+        // A full h x w grid is drawn as the grid (the picture ViT papers show).
+        const auto& c = positions.coords();
+        const bool grid = positions.num_axes() == 2 && !positions.batched() &&
+                          at::equal(c, Positions::grid(c.select(1, 0).max().item<int64_t>() + 1,
+                                                       c.select(1, 1).max().item<int64_t>() + 1)
+                                           .coords());
+        if (grid) {
+          const int64_t h = c.select(1, 0).max().item<int64_t>() + 1;
+          figure.x_label = "w (patch column)";
+          figure.y_label = "h (patch row)";
+          figure.panels.push_back({similarity.view({h, -1}), ""});
+        } else {
+          figure.x_label = "position";
+          figure.y_label = "";
+          figure.panels.push_back({similarity.unsqueeze(0), ""});
+        }
       } else {
         figure.x_label = "dimension";
         figure.y_label = "position (row index)";

@@ -92,6 +92,15 @@ std::vector<double> ConfigReader::numbers(const std::string& key) {
   return out;
 }
 
+std::vector<int64_t> ConfigReader::integers(const std::string& key) {
+  std::vector<int64_t> out;
+  for (double v : numbers(key)) {
+    TORCH_CHECK(std::floor(v) == v, where_, ": key '", key, "' must hold integers, got ", v);
+    out.push_back(static_cast<int64_t>(v));
+  }
+  return out;
+}
+
 std::optional<nlohmann::json> ConfigReader::object(const std::string& key) {
   const auto* v = find(key);
   if (!v) return std::nullopt;

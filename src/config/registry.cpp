@@ -49,6 +49,14 @@ PositionalEncoding build_sinusoidal(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Sinusoidal(o));
 }
 
+PositionalEncoding build_axial_sincos(ConfigReader& r, const ModelContext& c) {
+  AxialSincosOptions o(model_size(r, "dim", c.dim));
+  o.layout(axial_sincos_layout_from_string(r.string("layout", "timm")));
+  o.temperature(r.number("temperature", o.temperature()));
+  o.num_axes(r.integer("num_axes", o.num_axes()));
+  return as_encoding(AxialSincos(o));
+}
+
 PositionalEncoding build_learned(ConfigReader& r, const ModelContext& c) {
   LearnedOptions o(r.integer("max_positions", 512), model_size(r, "dim", c.dim));
   o.init_std(r.number("init_std", o.init_std()));
@@ -89,7 +97,25 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
                 ") and 'rope_type' (", type.value_or(""), ") disagree");
     if (!type) type = legacy;
   }
+  // HF's Qwen2-VL says rope_type/type "mrope": the default frequencies over mrope_section.
+  if (type && *type == "mrope") {
+    TORCH_CHECK(r.has("mrope_section"), r.where(), ": rope_type 'mrope' needs 'mrope_section'");
+    type = "default";
+  }
   if (type) o.rope_type(rope_scaling_from_string(*type));
+  if (r.has("mrope_section"))
+    o.mrope_section(r.integers("mrope_section"));
+  else
+    r.allow("mrope_section");
+  if (auto layout = r.optional_string("section_layout")) {
+    TORCH_CHECK(*layout == "contiguous" || *layout == "interleaved", r.where(),
+                ": unknown section_layout '", *layout,
+                "'; expected one of: contiguous, interleaved");
+    o.section_layout(*layout == "contiguous" ? RopeSectionLayout::kContiguous
+                                             : RopeSectionLayout::kInterleaved);
+  }
+  if (r.boolean("mrope_interleaved", false)) o.section_layout(RopeSectionLayout::kInterleaved);
+  o.per_axis_frequencies(r.boolean("per_axis_frequencies", o.per_axis_frequencies()));
   if (auto v = r.optional_number("rope_theta")) o.rope_theta(*v);
   if (auto v = r.optional_number("partial_rotary_factor")) o.partial_rotary_factor(*v);
   if (auto v = r.optional_number("factor")) o.factor(*v);
@@ -137,10 +163,14 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
 }
 
 const std::map<std::string, Builder>& builders() {
-  static const std::map<std::string, Builder> table{
-      {"alibi", build_alibi}, {"learned", build_learned}, {"nope", build_nope},
-      {"rope", build_rope},   {"shaw", build_shaw},       {"sinusoidal", build_sinusoidal},
-      {"t5", build_t5}};
+  static const std::map<std::string, Builder> table{{"alibi", build_alibi},
+                                                    {"axial_sincos", build_axial_sincos},
+                                                    {"learned", build_learned},
+                                                    {"nope", build_nope},
+                                                    {"rope", build_rope},
+                                                    {"shaw", build_shaw},
+                                                    {"sinusoidal", build_sinusoidal},
+                                                    {"t5", build_t5}};
   return table;
 }
 

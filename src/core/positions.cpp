@@ -62,6 +62,23 @@ Positions Positions::values(const std::vector<double>& values, std::string axis)
   return Positions(coords, {std::move(axis)});
 }
 
+Positions Positions::grid(int64_t height, int64_t width) {
+  TORCH_CHECK(height > 0 && width > 0, "Positions::grid: height and width must be positive, got ",
+              height, " x ", width);
+  auto rows = torch::arange(height, torch::kFloat64).repeat_interleave(width);
+  auto cols = torch::arange(width, torch::kFloat64).repeat(height);
+  return Positions(torch::stack({rows, cols}, 1), {"h", "w"});
+}
+
+Positions Positions::volume(int64_t frames, int64_t height, int64_t width) {
+  TORCH_CHECK(frames > 0 && height > 0 && width > 0,
+              "Positions::volume: frames, height and width must be positive, got ", frames, " x ",
+              height, " x ", width);
+  auto plane = grid(height, width).coords().repeat({frames, 1});  // [(t h w), 2]
+  auto t = torch::arange(frames, torch::kFloat64).repeat_interleave(height * width).unsqueeze(1);
+  return Positions(torch::cat({t, plane}, 1), {"t", "h", "w"});
+}
+
 int64_t Positions::size() const { return coords_.defined() ? coords_.size(-2) : 0; }
 
 int64_t Positions::axis_index(const std::string& name) const {

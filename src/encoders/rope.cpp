@@ -19,6 +19,12 @@ RopeFrequencies RopeImpl::frequencies(int64_t seq_len) const {
 
 std::pair<at::Tensor, at::Tensor> RopeImpl::cos_sin(const Positions& positions,
                                                     const RopeFrequencies& f, bool is_key) const {
+  const auto& sections = options.mrope_section();
+  if (!sections.empty()) {  // multi-axis: pair i rotates by the coordinate of its section's axis
+    positions.check_num_axes("rope", static_cast<int64_t>(sections.size()));
+    return rope_cos_sin_sections(positions.coords(), f.inv_freq, sections, options.section_layout(),
+                                 f.attention_scaling);
+  }
   positions.check_num_axes("rope", 1);
   auto p = positions.axis(0);
   auto [cos, sin] = rope_cos_sin(p, f.inv_freq, f.attention_scaling);
@@ -52,7 +58,8 @@ std::pair<at::Tensor, at::Tensor> RopeImpl::rotate(const at::Tensor& q, const at
   auto [qc, qs] = cos_sin(q_positions, f, /*is_key=*/false);
   qc = qc.to(q.device());
   qs = qs.to(q.device());
-  const bool shared = !options.xpos() && q_positions.coords().sizes() == k_positions.coords().sizes() &&
+  const bool shared = !options.xpos() &&
+                      q_positions.coords().sizes() == k_positions.coords().sizes() &&
                       (q_positions.coords().is_same(k_positions.coords()) ||
                        at::equal(q_positions.coords(), k_positions.coords()));
   const bool fused = options.fused() && rope_fused_supported(q, qc) && rope_fused_supported(k, qc);
@@ -65,7 +72,8 @@ std::pair<at::Tensor, at::Tensor> RopeImpl::rotate(const at::Tensor& q, const at
     kc = kc.to(k.device());
     ks = ks.to(k.device());
   }
-  if (fused) return {rope_fused(q, qc, qs, options.layout()), rope_fused(k, kc, ks, options.layout())};
+  if (fused)
+    return {rope_fused(q, qc, qs, options.layout()), rope_fused(k, kc, ks, options.layout())};
   return {rope_apply(q, qc, qs, options.layout()), rope_apply(k, kc, ks, options.layout())};
 }
 

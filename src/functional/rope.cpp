@@ -119,6 +119,22 @@ void rope_validate(const RopeOptions& o) {
     TORCH_CHECK(o.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
                 " values, got ", o.long_factor().size());
   }
+  if (!o.mrope_section().empty()) {
+    int64_t pairs = 0;
+    for (auto section : o.mrope_section()) {
+      TORCH_CHECK(section >= 0, "rope: mrope_section entries must be >= 0, got ", section);
+      pairs += section;
+    }
+    TORCH_CHECK(pairs == r / 2, "rope: mrope_section sums to ", pairs,
+                " pairs but the rotary dimension has r/2 = ", r / 2);
+    TORCH_CHECK(!o.xpos(), "rope: xpos is not supported with mrope_section");
+    TORCH_CHECK(
+        !o.per_axis_frequencies() || (o.section_layout() == RopeSectionLayout::kContiguous &&
+                                      o.rope_type() == RopeScaling::kDefault),
+        "rope: per_axis_frequencies needs section_layout contiguous and rope_type default, "
+        "got ",
+        to_string(o.section_layout()), " and ", to_string(o.rope_type()));
+  }
   TORCH_CHECK(!o.xpos() || o.xpos_scale_base() > 0, "rope: xpos_scale_base must be positive, got ",
               o.xpos_scale_base());
 }
@@ -204,6 +220,12 @@ RopeFrequencies longrope(const RopeOptions& o, int64_t r, int64_t seq_len) {
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
+  if (o.per_axis_frequencies() && !o.mrope_section().empty()) {
+    std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
+    for (auto section : o.mrope_section())
+      if (section > 0) ladders.push_back(base_inv_freq(o.rope_theta(), 2 * section));
+    return {torch::cat(ladders), 1.0};
+  }
   switch (o.rope_type()) {
     case RopeScaling::kDefault:
       return {base_inv_freq(o.rope_theta(), r), 1.0};

@@ -27,6 +27,7 @@ class ConfigReader {
   std::string string(const std::string& key, const std::string& fallback);
   std::optional<std::string> optional_string(const std::string& key);
   std::vector<double> numbers(const std::string& key);
+  std::vector<int64_t> integers(const std::string& key);
   /// A nested object (or nullopt when absent); the key counts as read.
   std::optional<nlohmann::json> object(const std::string& key);
   /// Throws if a key was neither read nor allowed.

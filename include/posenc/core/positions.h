@@ -31,6 +31,12 @@ class Positions {
   static Positions sequence(int64_t length, double offset = 0.0, std::string axis = "t");
   /// Explicit 1D values (token indices, timestamps) on one axis.
   static Positions values(const std::vector<double>& values, std::string axis = "t");
+  /// A patch grid, row-major (row outer): coords [(height * width), 2] = (row, column),
+  /// axes ("h", "w").
+  static Positions grid(int64_t height, int64_t width);
+  /// A video volume, frame outer then row-major: coords [(frames * height * width), 3],
+  /// axes ("t", "h", "w").
+  static Positions volume(int64_t frames, int64_t height, int64_t width);
 
   const at::Tensor& coords() const { return coords_; }
   const std::vector<std::string>& axes() const { return axes_; }

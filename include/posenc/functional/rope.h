@@ -45,6 +45,13 @@ std::string to_string(RopeScaling scaling);
 /// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su").
 RopeScaling rope_scaling_from_string(const std::string& name);
 
+/// How rotary pairs are split among position axes (multi-axis RoPE: 2D/3D axial, M-RoPE).
+///   kContiguous: axis a owns a run of sections[a] consecutive pairs (timm axial RoPE, Qwen2-VL
+///                M-RoPE's mrope_section, ggml MROPE)
+///   kInterleaved: pairs cycle over the axes t, h, w, t, h, w, ... skipping axes whose count is
+///                used up (Qwen3-VL interleaved M-RoPE, ggml IMROPE)
+enum class RopeSectionLayout { kContiguous, kInterleaved };
+std::string to_string(RopeSectionLayout layout);
 struct RopeOptions {
   explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
   /// Per-head dimension Dh. No default in configs: it comes from the model.
@@ -88,6 +95,15 @@ struct RopeOptions {
   TORCH_ARG(bool, xpos) = false;
   /// xPos scale base (default 512).
   TORCH_ARG(double, xpos_scale_base) = 512.0;
+  /// Multi-axis RoPE: rotary pairs per position axis (HF mrope_section, e.g. {16, 24, 24} for
+  /// t, h, w; they sum to r/2). Empty (default): 1D RoPE on a single axis.
+  TORCH_ARG(std::vector<int64_t>, mrope_section);
+  /// How the sections are laid over the pairs (default kContiguous; kInterleaved as Qwen3-VL).
+  TORCH_ARG(RopeSectionLayout, section_layout) = RopeSectionLayout::kContiguous;
+  /// false (default): one frequency ladder theta^(-2i/r) across all pairs (M-RoPE, ggml MROPE);
+  /// true: the ladder restarts in each section, theta^(-2i/(2 s_a)) (axial vision RoPE, timm's
+  /// RotaryEmbeddingCat, ggml VISION). Needs contiguous sections and rope_type default.
+  TORCH_ARG(bool, per_axis_frequencies) = false;
   /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
   /// the reference rope_apply.
   TORCH_ARG(bool, fused) = true;
@@ -113,13 +129,6 @@ RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len = -
 /// positions [...] x inv_freq [F] -> (cos, sin) [..., F] float32, each times `scaling`.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling = 1.0);
-/// How rotary pairs are split among position axes (multi-axis RoPE: 2D/3D axial, M-RoPE).
-///   kContiguous: axis a owns a run of sections[a] consecutive pairs (timm axial RoPE, Qwen2-VL
-///                M-RoPE's mrope_section, ggml MROPE)
-///   kInterleaved: pairs cycle over the axes t, h, w, t, h, w, ... skipping axes whose count is
-///                used up (Qwen3-VL interleaved M-RoPE, ggml IMROPE)
-enum class RopeSectionLayout { kContiguous, kInterleaved };
-std::string to_string(RopeSectionLayout layout);
 /// The axis of each of the F = sum(sections) pairs: [F] int64.
 at::Tensor rope_section_axes(const std::vector<int64_t>& sections, RopeSectionLayout layout);
 /// Sectioned tables: pair i rotates by coords[..., axis(i)] * inv_freq[i].

@@ -20,4 +20,18 @@ SinusoidalLayout sinusoidal_layout_from_string(const std::string& name);
 at::Tensor sinusoidal_table(const at::Tensor& positions, int64_t dim, double base,
                             SinusoidalLayout layout);
 
+/// Multi-axis sin-cos (2D patch grids, 3D video) from per-axis pieces; F = D / (2A) frequencies
+/// per axis, omega_i = temperature^(-i/F):
+///   kTimm  [sin(a_0 w), .., sin(a_{A-1} w), cos(a_0 w), .., cos(a_{A-1} w)]
+///          (timm build_sincos2d_pos_embed: sin(h), sin(w), cos(h), cos(w))
+///   kMae   per axis [sin(a w), cos(a w)], axes in reverse order (MAE get_2d_sincos_pos_embed
+///          builds its grid with meshgrid(grid_w, grid_h): the width coordinate comes first)
+enum class AxialSincosLayout { kTimm, kMae };
+std::string to_string(AxialSincosLayout layout);
+AxialSincosLayout axial_sincos_layout_from_string(const std::string& name);
+
+/// coords [..., N, A] -> table [..., N, dim] float64; dim must be divisible by 2A.
+at::Tensor axial_sincos_table(const at::Tensor& coords, int64_t dim, double temperature,
+                              AxialSincosLayout layout);
+
 }  // namespace posenc
