@@ -17,6 +17,7 @@ set -x
 "$posenc" plot --config '{"type": "sinusoidal"}' --positions 0:100 --dim 128 --out "$out/sinusoidal.png"
 "$posenc" plot --config '{"type": "sinusoidal"}' --positions 0:100 --dim 128 --similarity-to 50 --out "$out/sinusoidal_similarity.png"
 "$posenc" plot --config "${POSENC_ROOT}/configs/encoders/rope_yarn.yaml" --positions 0:256 --dim 64 --out "$out/rope_yarn_cos.png"
+"$posenc" plot --config '{"type": "axial_sincos"}' --positions grid:14x14 --dim 128 --similarity-to 100 --out "$out/axial_similarity.png"
 "$posenc" plot --config '{"type": "alibi", "num_heads": 8}' --positions 0:32 --out "$out/alibi.png"
 "$posenc" plot --config "${POSENC_ROOT}/configs/encoders/t5.yaml" --positions 0:64 --heads 4 --out "$out/t5.png"
 "${POSENC_BUILD_DIR}/examples/example_dog_bit_man"
