@@ -30,6 +30,52 @@ TEST(AxialSincosReference, MaeAndTimmLayouts) {
   }
 }
 
+TEST(LearnedGridReference, ResampleMatchesTimm) {
+  const auto fixture = load_fixture("resample_2d.json");
+  for (const auto& c : fixture["cases"]) {
+    const auto old_grid = c["old_grid"].get<std::vector<int64_t>>();
+    const auto new_grid = c["new_grid"].get<std::vector<int64_t>>();
+    SCOPED_TRACE(c["interpolation"].get<std::string>() + " antialias " +
+                 std::to_string(c["antialias"].get<bool>()) + " to " + std::to_string(new_grid[0]) +
+                 "x" + std::to_string(new_grid[1]));
+    auto options = GridResample()
+                       .mode(c["interpolation"].get<std::string>())
+                       .antialias(c["antialias"].get<bool>())
+                       .align_corners(c["align_corners"].get<bool>());
+    const auto prefix = c["num_prefix_tokens"].get<int64_t>();
+    auto out = resample_grid_table(to_tensor(c["input"]), old_grid[0], old_grid[1], new_grid[0],
+                                   new_grid[1], prefix, options);
+    EXPECT_LT(max_abs_diff(out, to_tensor(c["output_float64"])), 1e-12);
+    EXPECT_LT(max_abs_diff(out, to_tensor(c["output"])), 1e-5);  // timm itself, float32
+    // the module keeps the CLS row and resizes the grid rows
+    LearnedGrid grid(
+        LearnedGridOptions(old_grid[0], old_grid[1], out.size(1)).num_prefix_tokens(prefix));
+    {
+      torch::NoGradGuard no_grad;
+      grid->weight.copy_(to_tensor(c["input"]));
+    }
+    grid->resize(new_grid[0], new_grid[1], options);
+    EXPECT_LT(max_abs_diff(grid->weight, to_tensor(c["output_float64"])), 1e-5);
+  }
+}
+
+TEST(LearnedGrid, PrefixTokensAndMismatchedGrid) {
+  LearnedGrid grid(LearnedGridOptions(2, 3, 4).num_prefix_tokens(1).init_std(1.0));
+  auto x = torch::zeros({2, 7, 4});
+  auto out = grid->add(x, Positions::grid(2, 3));
+  EXPECT_TRUE(torch::equal(out[0][0], grid->weight[0]));      // CLS row
+  EXPECT_TRUE(torch::equal(out[1][5], grid->weight[1 + 4]));  // patch (1, 1)
+  auto message = test::error_of([&] {
+    grid->add(torch::zeros({1, 10, 4}), Positions::grid(3, 3));
+  });
+  EXPECT_NE(message.find("positions reach row 2, column 2 but the table is a 2x3 grid"),
+            std::string::npos)
+      << message;
+  message = test::error_of([&] { grid->add(torch::zeros({1, 6, 4}), Positions::grid(2, 3)); });
+  EXPECT_NE(message.find("x has 6 tokens but 1 prefix + 6 positions were given"), std::string::npos)
+      << message;
+}
+
 // The fixture's per-token kinds and grids, as segments.
 std::vector<Segment> segments_of(const nlohmann::json& c) {
   std::vector<Segment> out;

@@ -22,8 +22,9 @@ TEST(Registry, BuildsEveryType) {
     auto encoder = build_encoder(json{{"type", type}}, model);
     EXPECT_EQ(encoder->type(), type);
   }
-  EXPECT_EQ(encoder_types(), (std::vector<std::string>{"alibi", "axial_sincos", "learned", "nope",
-                                                       "rope", "shaw", "sinusoidal", "t5"}));
+  EXPECT_EQ(encoder_types(),
+            (std::vector<std::string>{"alibi", "axial_sincos", "learned", "learned_grid", "nope",
+                                      "rope", "shaw", "sinusoidal", "t5"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -42,12 +43,12 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(
-      contains(error_of([] {
-                 build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-               }),
-               "unknown type 'ropee'; known types: alibi, axial_sincos, learned, nope, rope, shaw, "
-               "sinusoidal, t5"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+                       }),
+                       "unknown type 'ropee'; known types: alibi, axial_sincos, learned, "
+                       "learned_grid, nope, rope, shaw, "
+                       "sinusoidal, t5"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),

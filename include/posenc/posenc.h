@@ -8,6 +8,7 @@
 #include "posenc/encoders/alibi.h"
 #include "posenc/encoders/axial_sincos.h"
 #include "posenc/encoders/learned.h"
+#include "posenc/encoders/learned_grid.h"
 #include "posenc/encoders/rope.h"
 #include "posenc/encoders/shaw.h"
 #include "posenc/encoders/sinusoidal.h"

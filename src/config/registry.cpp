@@ -63,6 +63,14 @@ PositionalEncoding build_learned(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Learned(o));
 }
 
+PositionalEncoding build_learned_grid(ConfigReader& r, const ModelContext& c) {
+  LearnedGridOptions o(r.integer("grid_height", 14), r.integer("grid_width", 14),
+                       model_size(r, "dim", c.dim));
+  o.num_prefix_tokens(r.integer("num_prefix_tokens", 0));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(LearnedGrid(o));
+}
+
 PositionalEncoding build_t5(ConfigReader& r, const ModelContext& c) {
   T5Options o(model_size(r, "num_heads", c.num_heads));
   o.num_buckets(r.integer("num_buckets", o.num_buckets()));
@@ -166,6 +174,7 @@ const std::map<std::string, Builder>& builders() {
   static const std::map<std::string, Builder> table{{"alibi", build_alibi},
                                                     {"axial_sincos", build_axial_sincos},
                                                     {"learned", build_learned},
+                                                    {"learned_grid", build_learned_grid},
                                                     {"nope", build_nope},
                                                     {"rope", build_rope},
                                                     {"shaw", build_shaw},

@@ -1,0 +1,100 @@
+// Learned 2D table with prefix tokens and timm-style resampling; see
+// posenc/encoders/learned_grid.h.
+#include "posenc/encoders/learned_grid.h"
+
+#include <torch/torch.h>
+
+namespace posenc {
+
+at::Tensor resample_grid_table(const at::Tensor& table, int64_t old_h, int64_t old_w, int64_t new_h,
+                               int64_t new_w, int64_t prefix, const GridResample& o) {
+  TORCH_CHECK(table.dim() == 2, "learned_grid: table must be [prefix + H*W, D], got ",
+              table.sizes());
+  TORCH_CHECK(table.size(0) == prefix + old_h * old_w, "learned_grid: table has ", table.size(0),
+              " rows but prefix ", prefix, " + grid ", old_h, "x", old_w, " needs ",
+              prefix + old_h * old_w);
+  TORCH_CHECK(new_h > 0 && new_w > 0, "learned_grid: new grid must be positive, got ", new_h, "x",
+              new_w);
+  TORCH_CHECK(o.mode() == "bicubic" || o.mode() == "bilinear",
+              "learned_grid: unknown resample mode '", o.mode(), "'; expected bicubic or bilinear");
+  if (old_h == new_h && old_w == new_w) return table.clone();
+  namespace F = torch::nn::functional;
+  const int64_t dim = table.size(1);
+  auto grid = table.narrow(0, prefix, old_h * old_w).t().reshape({1, dim, old_h, old_w});
+  auto options = F::InterpolateFuncOptions()
+                     .size(std::vector<int64_t>{new_h, new_w})
+                     .align_corners(o.align_corners())
+                     .antialias(o.antialias());
+  if (o.mode() == "bicubic")
+    options.mode(torch::kBicubic);
+  else
+    options.mode(torch::kBilinear);
+  auto resized = F::interpolate(grid, options).reshape({dim, new_h * new_w}).t();
+  return torch::cat({table.narrow(0, 0, prefix), resized}, 0).contiguous();
+}
+
+LearnedGridImpl::LearnedGridImpl(LearnedGridOptions options_) : options(std::move(options_)) {
+  reset();
+}
+
+void LearnedGridImpl::reset() {
+  TORCH_CHECK(options.grid_height() > 0 && options.grid_width() > 0,
+              "learned_grid: grid must be positive, got ", options.grid_height(), "x",
+              options.grid_width());
+  TORCH_CHECK(options.dim() > 0, "learned_grid: dim must be positive, got ", options.dim());
+  TORCH_CHECK(options.num_prefix_tokens() >= 0,
+              "learned_grid: num_prefix_tokens must be >= 0, got ", options.num_prefix_tokens());
+  const int64_t rows = options.num_prefix_tokens() + options.grid_height() * options.grid_width();
+  weight = register_parameter("weight", torch::randn({rows, options.dim()}) * options.init_std());
+}
+
+at::Tensor LearnedGridImpl::lookup(const Positions& positions) const {
+  positions.check_num_axes("learned_grid", 2);
+  auto h = positions.axis(0), w = positions.axis(1);
+  if (positions.size() > 0) {
+    const bool integers = at::equal(h, h.round()) && at::equal(w, w.round());
+    TORCH_CHECK(integers, "learned_grid: positions must be integer patch indices");
+    const auto hmax = h.max().item<int64_t>(), wmax = w.max().item<int64_t>();
+    TORCH_CHECK(h.min().item<double>() >= 0 && w.min().item<double>() >= 0 &&
+                    hmax < options.grid_height() && wmax < options.grid_width(),
+                "learned_grid: positions reach row ", hmax, ", column ", wmax,
+                " but the table is a ", options.grid_height(), "x", options.grid_width(),
+                " grid; resize() the table to the new grid first");
+  }
+  auto index = (h * options.grid_width() + w).to(torch::kLong) + options.num_prefix_tokens();
+  auto sizes = index.sizes().vec();
+  sizes.push_back(options.dim());
+  return weight.index_select(0, index.flatten()).view(sizes);
+}
+
+at::Tensor LearnedGridImpl::add(const at::Tensor& x, const Positions& positions) {
+  const int64_t prefix = options.num_prefix_tokens();
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "learned_grid: x must be [N, D] or [B, N, D], got ",
+              x.sizes());
+  TORCH_CHECK(x.size(-1) == options.dim(), "learned_grid: x has width ", x.size(-1),
+              " but the encoder has dim=", options.dim());
+  TORCH_CHECK(x.size(-2) == prefix + positions.size(), "learned_grid: x has ", x.size(-2),
+              " tokens but ", prefix, " prefix + ", positions.size(), " positions were given");
+  auto patches = lookup(positions).to(x.scalar_type());                // [N, D] or [B, N, D]
+  auto prefix_rows = weight.narrow(0, 0, prefix).to(x.scalar_type());  // [P, D]
+  if (patches.dim() == 3)  // batched positions: the prefix rows for every sequence
+    prefix_rows = prefix_rows.unsqueeze(0).expand({patches.size(0), prefix, options.dim()});
+  return x + torch::cat({prefix_rows, patches}, patches.dim() - 2);
+}
+
+Description LearnedGridImpl::describe(const Positions& positions, const DescribeOptions&) {
+  return {{"table", lookup(positions).detach()}};
+}
+
+void LearnedGridImpl::resize(int64_t grid_height, int64_t grid_width,
+                             const GridResample& resample) {
+  torch::NoGradGuard no_grad;
+  auto resampled =
+      resample_grid_table(weight.detach(), options.grid_height(), options.grid_width(), grid_height,
+                          grid_width, options.num_prefix_tokens(), resample);
+  options.grid_height(grid_height);
+  options.grid_width(grid_width);
+  weight.set_data(resampled);
+}
+
+}  // namespace posenc
