@@ -101,6 +101,20 @@ std::vector<int64_t> ConfigReader::integers(const std::string& key) {
   return out;
 }
 
+std::vector<std::string> ConfigReader::strings(const std::string& key) {
+  const auto* v = find(key);
+  if (!v) return {};
+  TORCH_CHECK(v->is_array(), where_, ": key '", key, "' must be a list of strings, got ",
+              describe(*v));
+  std::vector<std::string> out;
+  for (size_t i = 0; i < v->size(); ++i) {
+    TORCH_CHECK((*v)[i].is_string(), where_, ": key '", key, "'[", i, "] must be a string, got ",
+                describe((*v)[i]));
+    out.push_back((*v)[i].get<std::string>());
+  }
+  return out;
+}
+
 std::optional<nlohmann::json> ConfigReader::object(const std::string& key) {
   const auto* v = find(key);
   if (!v) return std::nullopt;

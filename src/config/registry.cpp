@@ -71,6 +71,31 @@ PositionalEncoding build_learned_grid(ConfigReader& r, const ModelContext& c) {
   return as_encoding(LearnedGrid(o));
 }
 
+PositionalEncoding build_time_sinusoidal(ConfigReader& r, const ModelContext& c) {
+  TimeSinusoidalOptions o(model_size(r, "dim", c.dim));
+  o.t_min(r.number("t_min", o.t_min()));
+  o.t_max(r.number("t_max", o.t_max()));
+  o.origin(r.number("origin", o.origin()));
+  o.layout(sinusoidal_layout_from_string(r.string("layout", "interleaved")));
+  return as_encoding(TimeSinusoidal(o));
+}
+
+PositionalEncoding build_time2vec(ConfigReader& r, const ModelContext& c) {
+  Time2VecOptions o(model_size(r, "dim", c.dim));
+  o.origin(r.number("origin", o.origin()));
+  o.time_scale(r.number("time_scale", o.time_scale()));
+  return as_encoding(Time2Vec(o));
+}
+
+PositionalEncoding build_calendar(ConfigReader& r, const ModelContext& c) {
+  CalendarOptions o(model_size(r, "dim", c.dim));
+  if (r.has("features"))
+    o.features(r.strings("features"));
+  else
+    r.allow("features");
+  return as_encoding(Calendar(o));
+}
+
 PositionalEncoding build_t5(ConfigReader& r, const ModelContext& c) {
   T5Options o(model_size(r, "num_heads", c.num_heads));
   o.num_buckets(r.integer("num_buckets", o.num_buckets()));
@@ -153,6 +178,8 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
   o.layout(rope_layout_from_string(r.string("layout", "half")));
   o.xpos(r.boolean("xpos", o.xpos()));
   o.xpos_scale_base(r.number("xpos_scale_base", o.xpos_scale_base()));
+  o.min_period(r.number("min_period", o.min_period()));
+  o.max_period(r.number("max_period", o.max_period()));
   read_rope_scaling(r, o, /*nested=*/false);
   // A model's rope_parameters (HF v5) or legacy rope_scaling block, pasted as it is.
   for (const char* block : {"rope_parameters", "rope_scaling"}) {
@@ -179,7 +206,10 @@ const std::map<std::string, Builder>& builders() {
                                                     {"rope", build_rope},
                                                     {"shaw", build_shaw},
                                                     {"sinusoidal", build_sinusoidal},
-                                                    {"t5", build_t5}};
+                                                    {"t5", build_t5},
+                                                    {"time2vec", build_time2vec},
+                                                    {"time_sinusoidal", build_time_sinusoidal},
+                                                    {"calendar", build_calendar}};
   return table;
 }
 

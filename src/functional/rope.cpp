@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "posenc/functional/time.h"
+
 namespace posenc {
 
 std::string to_string(RopeLayout layout) {
@@ -135,6 +137,15 @@ void rope_validate(const RopeOptions& o) {
         "got ",
         to_string(o.section_layout()), " and ", to_string(o.rope_type()));
   }
+  if (o.min_period() != 0 || o.max_period() != 0) {
+    TORCH_CHECK(o.min_period() > 0 && o.max_period() >= o.min_period(),
+                "rope: periods need 0 < min_period <= max_period, got min_period=", o.min_period(),
+                ", max_period=", o.max_period());
+    TORCH_CHECK(o.rope_type() == RopeScaling::kDefault && !o.per_axis_frequencies(),
+                "rope: min_period/max_period replace the frequency ladder; rope_type must be "
+                "default, got ",
+                to_string(o.rope_type()));
+  }
   TORCH_CHECK(!o.xpos() || o.xpos_scale_base() > 0, "rope: xpos_scale_base must be positive, got ",
               o.xpos_scale_base());
 }
@@ -220,6 +231,8 @@ RopeFrequencies longrope(const RopeOptions& o, int64_t r, int64_t seq_len) {
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
+  if (o.min_period() > 0)
+    return {2 * M_PI / time_periods(o.min_period(), o.max_period(), r / 2), 1.0};
   if (o.per_axis_frequencies() && !o.mrope_section().empty()) {
     std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
     for (auto section : o.mrope_section())

@@ -28,6 +28,7 @@ class ConfigReader {
   std::optional<std::string> optional_string(const std::string& key);
   std::vector<double> numbers(const std::string& key);
   std::vector<int64_t> integers(const std::string& key);
+  std::vector<std::string> strings(const std::string& key);
   /// A nested object (or nullopt when absent); the key counts as read.
   std::optional<nlohmann::json> object(const std::string& key);
   /// Throws if a key was neither read nor allowed.

@@ -104,6 +104,12 @@ struct RopeOptions {
   /// true: the ladder restarts in each section, theta^(-2i/(2 s_a)) (axial vision RoPE, timm's
   /// RotaryEmbeddingCat, ggml VISION). Needs contiguous sections and rope_type default.
   TORCH_ARG(bool, per_axis_frequencies) = false;
+  /// Real-time RoPE: with min_period > 0 the frequencies are 2 pi / period for periods
+  /// log-spaced over [min_period, max_period] in the positions' unit (torch_brain's
+  /// RotaryTimeEmbedding) instead of theta^(-2i/r). Default 0: off. Needs rope_type default.
+  TORCH_ARG(double, min_period) = 0.0;
+  /// Longest period for min_period (default 0).
+  TORCH_ARG(double, max_period) = 0.0;
   /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
   /// the reference rope_apply.
   TORCH_ARG(bool, fused) = true;
