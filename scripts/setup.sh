@@ -3,8 +3,8 @@
 #
 #   bash scripts/setup.sh          # idempotent; prints only what it installs
 #
-# - Debian packages: compiler tools, Eigen, OpenCV, CLI11, yaml-cpp, nlohmann-json, spdlog/fmt,
-#   GoogleTest and Google Benchmark.
+# - Debian packages: compiler tools, Eigen, OpenCV, zlib, CLI11, yaml-cpp, nlohmann-json,
+#   spdlog/fmt, GoogleTest and Google Benchmark; data: Fashion-MNIST (dataset-fashion-mnist).
 # - LibTorch: the C++ libraries, headers and CMake config inside PyPI's `torch` wheel (pinned
 #   below), unpacked into ${POSENC_DEPS:-~/.cache/posenc}. Only the CPU libraries are taken
 #   (libtorch_cpu, libc10, libgomp) plus the two small CUDA runtime libraries that libtorch_cpu
@@ -27,7 +27,8 @@ say() { echo "[setup] $*" >&2; }
 # ---- Debian packages ------------------------------------------------------------------------
 APT_PACKAGES=(cmake ninja-build g++ ccache unzip python3 python3-pip
   libeigen3-dev libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
-  libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev)
+  libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
+  dataset-fashion-mnist)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
