@@ -10,6 +10,8 @@
 #   (libtorch_cpu, libc10, libgomp) plus the two small CUDA runtime libraries that libtorch_cpu
 #   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
 #   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
+# - Data from Debian packages that are downloaded and unpacked, not installed
+#   (python3-vega-datasets' CSVs) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -17,6 +19,10 @@ CUDA_WHEEL_VERSION=13.2.86 # nvidia-cuda-runtime / nvidia-cuda-cupti, as torch 2
 DEPS=${POSENC_DEPS:-${HOME}/.cache/posenc}
 TORCH_ROOT=${DEPS}/libtorch-${TORCH_VERSION}
 
+if [[ "${1:-}" == "--print-data-dir" ]]; then
+  echo "${DEPS}/data"
+  exit 0
+fi
 if [[ "${1:-}" == "--print-torch-root" ]]; then
   echo "${TORCH_ROOT}/torch"
   exit 0
@@ -62,4 +68,24 @@ if [[ ! -f "${TORCH_ROOT}/.complete" ]]; then
   unzip -q -o "$tmp"/nvidia_cuda_cupti-*.whl -d "${TORCH_ROOT}" 'nvidia/cu13/lib/libcupti.so.13'
   # libtorch_cpu's RPATH is $ORIGIN/../../nvidia/cu13/lib: the layout above satisfies it.
   touch "${TORCH_ROOT}/.complete"
+fi
+
+# ---- real data shipped inside Debian packages (taken out, not installed) ------------------------
+# python3-vega-datasets: hourly 2010 temperatures (seattle-temps.csv, sf-temps.csv).
+DATA=${DEPS}/data
+if [[ ! -f "${DATA}/vega/.complete" ]]; then
+  say "extracting the vega-datasets CSVs into ${DATA}/vega"
+  tmp_data=$(mktemp -d)
+  (cd "$tmp_data" && apt-get download -q python3-vega-datasets >/dev/null 2>&1) || {
+    SUDO=""
+    [[ $(id -u) -eq 0 ]] || SUDO=sudo
+    $SUDO apt-get update -qq >/dev/null
+    (cd "$tmp_data" && apt-get download -q python3-vega-datasets >/dev/null)
+  }
+  dpkg-deb -x "$tmp_data"/python3-vega-datasets_*.deb "$tmp_data/x"
+  mkdir -p "${DATA}/vega"
+  cp "$tmp_data"/x/usr/lib/python3/dist-packages/vega_datasets/_data/{seattle-temps,sf-temps}.csv \
+    "${DATA}/vega/"
+  rm -rf "$tmp_data"
+  touch "${DATA}/vega/.complete"
 fi

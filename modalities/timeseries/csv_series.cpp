@@ -1,0 +1,197 @@
+// CSV time series, timestamp parsing, normalization, time-span windows, reading drop-out;
+// contracts in csv_series.h.
+#include "csv_series.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+namespace posenc::timeseries {
+
+namespace {
+
+// Hinnant's days_from_civil: proleptic Gregorian date -> days since 1970-01-01.
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2 ? 1 : 0;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  return era * 146097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719468;
+}
+
+bool leap(int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
+
+std::string trim(const std::string& s) {
+  const auto a = s.find_first_not_of(" \t\r\"");
+  if (a == std::string::npos) return "";
+  const auto b = s.find_last_not_of(" \t\r\"");
+  return s.substr(a, b - a + 1);
+}
+
+std::vector<std::string> split_csv(const std::string& line) {
+  std::vector<std::string> out;
+  std::stringstream in(line);
+  for (std::string cell; std::getline(in, cell, ',');) out.push_back(trim(cell));
+  if (!line.empty() && line.back() == ',') out.emplace_back();
+  return out;
+}
+
+}  // namespace
+
+std::optional<double> parse_timestamp(const std::string& raw) {
+  const std::string text = trim(raw);
+  if (text.empty()) return std::nullopt;
+  int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0;
+  char sep1 = 0, sep2 = 0, t = 0;
+  int consumed = 0;
+  const int fields =
+      std::sscanf(text.c_str(), "%4d%c%2d%c%2d%n", &y, &sep1, &mo, &sep2, &d, &consumed);
+  if (fields == 5 && sep1 == sep2 && (sep1 == '-' || sep1 == '/')) {
+    std::string rest = text.substr(static_cast<size_t>(consumed));
+    if (!rest.empty() && rest.back() == 'Z') rest.pop_back();
+    if (!rest.empty()) {
+      int used = 0;
+      const int n = std::sscanf(rest.c_str(), "%c%2d:%2d%n", &t, &h, &mi, &used);
+      if (n != 3 || (t != ' ' && t != 'T')) return std::nullopt;
+      std::string tail = rest.substr(static_cast<size_t>(used));
+      if (!tail.empty()) {
+        int used_s = 0;
+        if (std::sscanf(tail.c_str(), ":%2d%n", &s, &used_s) != 1 ||
+            used_s != static_cast<int>(tail.size()))
+          return std::nullopt;
+      }
+    }
+    static const int days_in[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (mo < 1 || mo > 12 || d < 1 || d > days_in[mo - 1] + (mo == 2 && leap(y) ? 1 : 0) ||
+        h > 23 || mi > 59 || s > 60 || h < 0 || mi < 0 || s < 0)
+      return std::nullopt;
+    return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 + s;
+  }
+  // plain epoch seconds
+  try {
+    size_t used = 0;
+    const double v = std::stod(text, &used);
+    if (used == text.size() && std::isfinite(v)) return v;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
+}
+
+Positions Series::positions() const { return Positions(times.unsqueeze(1), {"time"}); }
+
+Series load_csv(const std::string& path, const std::string& time_column,
+                const std::vector<std::string>& value_columns, OrderPolicy order) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "csv: cannot read '", path, "'");
+  std::string line;
+  TORCH_CHECK(static_cast<bool>(std::getline(in, line)), "csv: '", path, "' is empty");
+  const auto header = split_csv(line);
+  auto column_of = [&](const std::string& name) {
+    auto it = std::find(header.begin(), header.end(), name);
+    std::string names;
+    for (const auto& h : header) names += (names.empty() ? "" : ", ") + h;
+    TORCH_CHECK(it != header.end(), "csv: '", path, "' has no column '", name,
+                "'; columns: ", names);
+    return static_cast<size_t>(it - header.begin());
+  };
+  const size_t time_index = column_of(time_column);
+  std::vector<std::string> names = value_columns;
+  if (names.empty())
+    for (const auto& h : header)
+      if (h != time_column) names.push_back(h);
+  TORCH_CHECK(!names.empty(), "csv: '", path, "' has no value columns besides '", time_column, "'");
+  std::vector<size_t> value_index;
+  for (const auto& n : names) value_index.push_back(column_of(n));
+
+  std::vector<double> times;
+  std::vector<float> values;
+  int64_t line_number = 1;
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (trim(line).empty()) continue;
+    const auto cells = split_csv(line);
+    TORCH_CHECK(cells.size() == header.size(), "csv: ", path, ":", line_number, ": expected ",
+                header.size(), " fields, got ", cells.size());
+    auto t = parse_timestamp(cells[time_index]);
+    TORCH_CHECK(t.has_value(), "csv: ", path, ":", line_number, ": cannot parse timestamp '",
+                cells[time_index],
+                "' (expected YYYY-MM-DD[ HH:MM[:SS]], '/' or 'T' variants, or "
+                "epoch seconds)");
+    if (order == OrderPolicy::kReject && !times.empty())
+      TORCH_CHECK(*t >= times.back(), "csv: ", path, ":", line_number, ": timestamp '",
+                  cells[time_index], "' is earlier than the previous row's (order policy: reject)");
+    times.push_back(*t);
+    for (size_t c = 0; c < value_index.size(); ++c) {
+      const auto& cell = cells[value_index[c]];
+      size_t used = 0;
+      float v = 0;
+      try {
+        v = std::stof(cell, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TORCH_CHECK(used > 0 && used == cell.size(), "csv: ", path, ":", line_number, ": column '",
+                  names[c], "' holds '", cell, "', not a number");
+      values.push_back(v);
+    }
+  }
+  TORCH_CHECK(!times.empty(), "csv: '", path, "' has a header but no rows");
+  const auto n = static_cast<int64_t>(times.size());
+  Series series;
+  series.columns = names;
+  series.times = torch::tensor(times, torch::kFloat64);
+  series.values =
+      torch::tensor(values, torch::kFloat32).view({n, static_cast<int64_t>(names.size())});
+  if (order == OrderPolicy::kSort) {
+    auto sorted = std::get<1>(series.times.sort(/*stable=*/true, 0, false));
+    series.times = series.times.index_select(0, sorted);
+    series.values = series.values.index_select(0, sorted);
+  }
+  return series;
+}
+
+Normalization fit_normalization(const Series& series) {
+  auto std = series.values.std(0).clamp_min(1e-8);
+  return {series.values.mean(0), std};
+}
+
+Series normalize(const Series& series, const Normalization& stats) {
+  TORCH_CHECK(stats.mean.numel() == series.values.size(1), "normalize: statistics for ",
+              stats.mean.numel(), " columns, series has ", series.values.size(1));
+  Series out = series;
+  out.values = (series.values - stats.mean) / stats.std;
+  return out;
+}
+
+std::vector<std::pair<int64_t, int64_t>> windows_by_span(const Series& series, double span,
+                                                         double stride, int64_t min_readings) {
+  TORCH_CHECK(span > 0 && stride > 0, "windows_by_span: span and stride must be positive, got ",
+              span, " and ", stride);
+  std::vector<std::pair<int64_t, int64_t>> out;
+  const auto n = series.times.size(0);
+  if (n == 0) return out;
+  const double* t = series.times.data_ptr<double>();
+  int64_t begin = 0, end = 0;
+  for (double start = t[0]; start <= t[n - 1]; start += stride) {
+    while (begin < n && t[begin] < start) ++begin;
+    end = std::max(end, begin);
+    while (end < n && t[end] < start + span) ++end;
+    if (end - begin >= min_readings) out.emplace_back(begin, end);
+  }
+  return out;
+}
+
+Series drop_readings(const Series& series, double p) {
+  TORCH_CHECK(p >= 0 && p < 1, "drop_readings: p must be in [0, 1), got ", p);
+  auto keep = (torch::rand({series.times.size(0)}) >= p).nonzero().squeeze(1);
+  Series out = series;
+  out.times = series.times.index_select(0, keep);
+  out.values = series.values.index_select(0, keep);
+  return out;
+}
+
+}  // namespace posenc::timeseries

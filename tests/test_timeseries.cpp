@@ -1,0 +1,96 @@
+// modalities/timeseries: timestamp formats, the real hourly 2010 temperatures of Debian's
+// python3-vega-datasets (unpacked by scripts/setup.sh), bad rows naming file and line, order
+// policies, time-span windows and reading drop-out. Expected values were read from the same files
+// with Python's csv + datetime (calendar.timegm).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "support/fixtures.h"
+#include "timeseries/csv_series.h"
+
+namespace posenc::timeseries {
+namespace {
+
+const std::string kVega = std::string(POSENC_DATA_DIR) + "/vega";
+
+TEST(Timestamps, FormatsAndInvalidDates) {
+  EXPECT_EQ(parse_timestamp("2010-01-01"), 1262304000.0);
+  EXPECT_EQ(parse_timestamp("2010/01/01 00:00"), 1262304000.0);
+  EXPECT_EQ(parse_timestamp("2010-03-15 13:45:30"), 1268660730.0);
+  EXPECT_EQ(parse_timestamp("2010-03-15T13:45:30Z"), 1268660730.0);
+  EXPECT_EQ(parse_timestamp("2012-02-29 12:00"), 1330516800.0);  // leap day
+  EXPECT_EQ(parse_timestamp("1700000000.5"), 1700000000.5);
+  EXPECT_FALSE(parse_timestamp("2010-02-30").has_value());
+  EXPECT_FALSE(parse_timestamp("2010-13-01").has_value());
+  EXPECT_FALSE(parse_timestamp("2010-01-01 25:00").has_value());
+  EXPECT_FALSE(parse_timestamp("yesterday").has_value());
+}
+
+TEST(VegaTemperatures, RealHourlySeriesWithItsGap) {
+  auto seattle = load_csv(kVega + "/seattle-temps.csv", "date");
+  ASSERT_EQ(seattle.values.sizes(), torch::IntArrayRef({8759, 1}));
+  EXPECT_EQ(seattle.columns, std::vector<std::string>{"temp"});
+  EXPECT_EQ(seattle.times[0].item<double>(), 1262304000.0);
+  EXPECT_EQ(seattle.times[-1].item<double>(), 1293836400.0);
+  auto gaps = seattle.times.diff();
+  EXPECT_EQ((gaps == 7200).sum().item<int64_t>(), 1);  // the missing hour is kept as a gap
+  EXPECT_EQ(gaps[1730].item<double>(), 7200.0);
+  EXPECT_NEAR(seattle.values.mean().item<double>(), 52.028028, 1e-4);
+  auto positions = seattle.positions();
+  EXPECT_EQ(positions.axes(), std::vector<std::string>{"time"});
+  // sf-temps.csv has the columns the other way round and seconds in its dates
+  auto sf = load_csv(kVega + "/sf-temps.csv", "date");
+  EXPECT_EQ(sf.values.size(0), 8759);
+  EXPECT_EQ(sf.times[0].item<double>(), 1262304000.0);
+}
+
+TEST(VegaTemperatures, WindowsSpanTimeNotCounts) {
+  auto series = load_csv(kVega + "/seattle-temps.csv", "date");
+  auto windows = windows_by_span(series, 86400, 86400);
+  EXPECT_EQ(windows.size(), 365u);
+  for (const auto& [begin, end] : windows)
+    EXPECT_LT(series.times[end - 1].item<double>() - series.times[begin].item<double>(), 86400);
+  EXPECT_EQ(windows[72].second - windows[72].first, 23);  // the day with the missing hour
+  torch::manual_seed(3);
+  auto sparse = drop_readings(series, 0.5);
+  EXPECT_LT(sparse.times.size(0), 5000);
+  EXPECT_TRUE((sparse.times.diff() > 0).all().item<bool>());
+  auto sparse_windows = windows_by_span(sparse, 86400, 86400);
+  EXPECT_EQ(sparse_windows.size(), 365u);  // still one window a day, fewer readings in each
+  auto stats = fit_normalization(series);
+  auto normalized = normalize(series, stats);
+  EXPECT_NEAR(normalized.values.mean().item<double>(), 0.0, 1e-4);
+  EXPECT_NEAR(normalized.values.std().item<double>(), 1.0, 1e-4);
+}
+
+TEST(CsvErrors, BadRowsNameFileAndLine) {
+  const auto dir = std::filesystem::temp_directory_path() / "posenc_timeseries_tests";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  auto bad = write("bad.csv", "time,value\n2010-01-01 00:00,1\n2010-01-01 0x:00,2\n");
+  auto message = test::error_of([&] { load_csv(bad, "time"); });
+  EXPECT_NE(message.find(bad + ":3: cannot parse timestamp '2010-01-01 0x:00'"), std::string::npos)
+      << message;
+  auto order = write("order.csv", "time,value\n2010-01-02,1\n2010-01-01,2\n");
+  message = test::error_of([&] { load_csv(order, "time", {}, OrderPolicy::kReject); });
+  EXPECT_NE(message.find(order + ":3: timestamp '2010-01-01' is earlier"), std::string::npos)
+      << message;
+  auto sorted = load_csv(order, "time");
+  EXPECT_EQ(sorted.values[0][0].item<float>(), 2.0f);
+  auto text = write("text.csv", "time,value\n2010-01-01,warm\n");
+  message = test::error_of([&] { load_csv(text, "time"); });
+  EXPECT_NE(message.find(":2: column 'value' holds 'warm', not a number"), std::string::npos)
+      << message;
+  message = test::error_of([&] { load_csv(text, "date"); });
+  EXPECT_NE(message.find("has no column 'date'; columns: time, value"), std::string::npos)
+      << message;
+}
+
+}  // namespace
+}  // namespace posenc::timeseries
