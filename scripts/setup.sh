@@ -11,7 +11,7 @@
 #   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
 #   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
 # - Data from Debian packages that are downloaded and unpacked, not installed
-#   (python3-vega-datasets' CSVs) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
+#   (python3-vega-datasets' CSVs; Gutenberg books from two Go packages' test data) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -76,6 +76,7 @@ DATA=${DEPS}/data
 if [[ ! -f "${DATA}/vega/.complete" ]]; then
   say "extracting the vega-datasets CSVs into ${DATA}/vega"
   tmp_data=$(mktemp -d)
+  chmod 755 "$tmp_data"  # apt's download user must be able to write there
   (cd "$tmp_data" && apt-get download -q python3-vega-datasets >/dev/null 2>&1) || {
     SUDO=""
     [[ $(id -u) -eq 0 ]] || SUDO=sudo
@@ -88,4 +89,20 @@ if [[ ! -f "${DATA}/vega/.complete" ]]; then
     "${DATA}/vega/"
   rm -rf "$tmp_data"
   touch "${DATA}/vega/.complete"
+fi
+# Project Gutenberg books from two Go packages' test data.
+if [[ ! -f "${DATA}/gutenberg/.complete" ]]; then
+  say "extracting Project Gutenberg books into ${DATA}/gutenberg"
+  tmp_data=$(mktemp -d)
+  chmod 755 "$tmp_data"  # apt's download user must be able to write there
+  (cd "$tmp_data" && apt-get download -q golang-github-colinmarc-hdfs-dev \
+    golang-github-pierrec-lz4-dev >/dev/null 2>&1)
+  for deb in "$tmp_data"/*.deb; do dpkg-deb -x "$deb" "$tmp_data/x"; done
+  mkdir -p "${DATA}/gutenberg"
+  go="$tmp_data/x/usr/share/gocode/src/github.com"
+  cp "$go/colinmarc/hdfs/testdata/mobydick.txt" "${DATA}/gutenberg/moby-dick.txt"
+  cp "$go/pierrec/lz4/testdata/pg1661.txt" "${DATA}/gutenberg/sherlock-holmes.txt"
+  cp "$go/pierrec/lz4/testdata/Mark.Twain-Tom.Sawyer.txt" "${DATA}/gutenberg/tom-sawyer.txt"
+  rm -rf "$tmp_data"
+  touch "${DATA}/gutenberg/.complete"
 fi

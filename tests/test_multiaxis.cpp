@@ -117,5 +117,77 @@ TEST(SectionedRope, ConfigAndErrors) {
             std::string::npos);
 }
 
+TEST(RopeMixed, InitFollowsTheReferenceAndScoresAreRelative) {
+  torch::manual_seed(51);
+  RopeMixed mixed(RopeMixedOptions(8, 2));
+  ASSERT_EQ(mixed->freqs.sizes(), torch::IntArrayRef({2, 2, 4}));
+  // magnitudes 10^(-4i/8) for i < 2, a unit direction per head, then the orthogonal one
+  auto f = mixed->freqs.to(torch::kFloat64);
+  auto norms = (f[0].pow(2) + f[1].pow(2)).sqrt();  // [H, F]
+  EXPECT_NEAR(norms[0][0].item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR(norms[1][1].item<double>(), std::pow(10.0, -0.5), 1e-6);
+  EXPECT_NEAR(norms[0][2].item<double>(), 1.0, 1e-6);
+  EXPECT_NEAR((f[0][0][0] * f[0][0][2] + f[1][0][0] * f[1][0][2]).item<double>(), 0.0, 1e-6);
+  mixed->to(torch::kFloat64);
+  auto q = torch::randn({1, 1, 2, 8}, torch::kFloat64),
+       k = torch::randn({1, 1, 2, 8}, torch::kFloat64);
+  auto score = [&](double h1, double w1, double h2, double w2) {
+    Positions a(torch::tensor({{h1, w1}}, torch::kFloat64), {"h", "w"});
+    Positions b(torch::tensor({{h2, w2}}, torch::kFloat64), {"h", "w"});
+    auto [rq, rk] = mixed->rotate(q, k, a, b);
+    return (rq * rk).sum().item<double>();
+  };
+  EXPECT_NEAR(score(1, 2, 3, 5), score(4, 6, 6, 9), 1e-9);  // same (dh, dw) offset
+  // gradients reach the learned frequencies (float64 finite differences)
+  auto p = Positions::grid(2, 2);
+  auto x = torch::randn({1, 4, 2, 8}, torch::kFloat64);
+  auto probe = torch::randn({1, 4, 2, 8}, torch::kFloat64);
+  test::expect_gradient_matches_finite_differences(
+      mixed->freqs, [&] { return (mixed->rotate(x, x, p, p).first * probe).sum(); });
+}
+
+TEST(Relative2d, SwinIndexTranslationInvarianceResizeAndErrors) {
+  torch::manual_seed(52);
+  Relative2d rel(Relative2dOptions(2, 3, 4).init_std(1.0));
+  auto p = Positions::grid(3, 4);
+  auto bias = rel->bias(p, p, {});
+  ASSERT_EQ(bias.sizes(), torch::IntArrayRef({2, 12, 12}));
+  // Swin's index: (dh + Gh - 1) * (2 Gw - 1) + (dw + Gw - 1), dh = h_q - h_k
+  for (int64_t i = 0; i < 12; ++i)
+    for (int64_t j = 0; j < 12; ++j) {
+      const int64_t dh = i / 4 - j / 4, dw = i % 4 - j % 4;
+      const int64_t index = (dh + 2) * 7 + (dw + 3);
+      EXPECT_EQ(bias[1][i][j].item<float>(), rel->weight[index][1].item<float>());
+    }
+  // same offset, same bias: patches (0,0)->(1,2) and (1,1)->(2,3)
+  EXPECT_EQ(bias[0][0][6].item<float>(), bias[0][5][11].item<float>());
+  auto message =
+      test::error_of([&] { rel->bias(Positions::grid(4, 4), Positions::grid(4, 4), {}); });
+  EXPECT_NE(message.find("offsets reach (3, 3) but the table covers a 3x4 window"),
+            std::string::npos)
+      << message;
+  rel->resize(4, 4);
+  EXPECT_EQ(rel->weight.sizes(), torch::IntArrayRef({49, 2}));
+  EXPECT_EQ(rel->bias(Positions::grid(4, 4), Positions::grid(4, 4), {}).sizes(),
+            torch::IntArrayRef({2, 16, 16}));
+  // the attention layer takes it through the materialized path
+  SelfAttention attention(AttentionOptions(8, 2), as_encoding(rel));
+  EXPECT_EQ(attention->forward(torch::randn({1, 16, 8}), Positions::grid(4, 4)).sizes(),
+            torch::IntArrayRef({1, 16, 8}));
+}
+
+TEST(LearnedSpacetime, SpatialPlusTemporalAndErrors) {
+  LearnedSpacetime st(LearnedSpacetimeOptions(3, 2, 2, 4).init_std(1.0));
+  auto p = Positions::volume(3, 2, 2);
+  auto table = st->lookup(p);
+  // token 7 = (t 1, h 1, w 1)
+  EXPECT_TRUE(torch::allclose(table[7], st->spatial[3] + st->temporal[1]));
+  // frames differ only by the temporal row: the time axis is what tells frames apart
+  EXPECT_TRUE(torch::allclose(table[4] - table[0], st->temporal[1] - st->temporal[0]));
+  auto message = test::error_of([&] { st->lookup(Positions::volume(4, 2, 2)); });
+  EXPECT_NE(message.find("frame 3 is past the temporal table (frames=3)"), std::string::npos)
+      << message;
+}
+
 }  // namespace
 }  // namespace posenc

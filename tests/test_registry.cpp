@@ -22,10 +22,10 @@ TEST(Registry, BuildsEveryType) {
     auto encoder = build_encoder(json{{"type", type}}, model);
     EXPECT_EQ(encoder->type(), type);
   }
-  EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "learned",
-                                      "learned_grid", "nope", "rope", "shaw", "sinusoidal", "t5",
-                                      "time2vec", "time_sinusoidal"}));
+  EXPECT_EQ(encoder_types(), (std::vector<std::string>{
+                                 "alibi", "axial_sincos", "calendar", "learned", "learned_grid",
+                                 "learned_spacetime", "nope", "relative_2d", "rope", "rope_mixed",
+                                 "shaw", "sinusoidal", "t5", "time2vec", "time_sinusoidal"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -44,12 +44,12 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(
-      contains(error_of([] {
-                 build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-               }),
-               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, learned, "
-               "learned_grid, nope, rope, shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+                       }),
+                       "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, learned, "
+                       "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
+                       "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),

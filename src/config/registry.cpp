@@ -96,6 +96,28 @@ PositionalEncoding build_calendar(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Calendar(o));
 }
 
+PositionalEncoding build_rope_mixed(ConfigReader& r, const ModelContext& c) {
+  RopeMixedOptions o(model_size(r, "head_dim", head_dim_of(c)),
+                     model_size(r, "num_heads", c.num_heads));
+  o.theta(r.number("theta", o.theta()));
+  o.layout(rope_layout_from_string(r.string("layout", "interleaved")));
+  return as_encoding(RopeMixed(o));
+}
+
+PositionalEncoding build_relative_2d(ConfigReader& r, const ModelContext& c) {
+  Relative2dOptions o(model_size(r, "num_heads", c.num_heads), r.integer("grid_height", 7),
+                      r.integer("grid_width", 7));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(Relative2d(o));
+}
+
+PositionalEncoding build_learned_spacetime(ConfigReader& r, const ModelContext& c) {
+  LearnedSpacetimeOptions o(r.integer("frames", 8), r.integer("grid_height", 14),
+                            r.integer("grid_width", 14), model_size(r, "dim", c.dim));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(LearnedSpacetime(o));
+}
+
 PositionalEncoding build_t5(ConfigReader& r, const ModelContext& c) {
   T5Options o(model_size(r, "num_heads", c.num_heads));
   o.num_buckets(r.integer("num_buckets", o.num_buckets()));
@@ -202,8 +224,11 @@ const std::map<std::string, Builder>& builders() {
                                                     {"axial_sincos", build_axial_sincos},
                                                     {"learned", build_learned},
                                                     {"learned_grid", build_learned_grid},
+                                                    {"learned_spacetime", build_learned_spacetime},
                                                     {"nope", build_nope},
+                                                    {"relative_2d", build_relative_2d},
                                                     {"rope", build_rope},
+                                                    {"rope_mixed", build_rope_mixed},
                                                     {"shaw", build_shaw},
                                                     {"sinusoidal", build_sinusoidal},
                                                     {"t5", build_t5},

@@ -1,0 +1,83 @@
+// RoPE-Mixed: learned mixed-axis frequencies per head; see posenc/encoders/rope_mixed.h.
+#include "posenc/encoders/rope_mixed.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace posenc {
+
+at::Tensor rope_apply_per_head(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               RopeLayout layout) {
+  TORCH_CHECK(x.dim() == 4, "rope_mixed: x must be [B, N, H, Dh], got ", x.sizes());
+  TORCH_CHECK(cos.dim() == 3 && cos.size(0) == x.size(1) && cos.size(1) == x.size(2),
+              "rope_mixed: per-head tables must be [N, H, F] = [", x.size(1), ", ", x.size(2),
+              ", F], got ", cos.sizes());
+  const int64_t f = cos.size(2);
+  TORCH_CHECK(2 * f <= x.size(3), "rope_mixed: rotary width 2F=", 2 * f,
+              " exceeds head_dim=", x.size(3));
+  const auto compute = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto xf = x.to(compute);
+  auto c = cos.to(compute).unsqueeze(0), s = sin.to(compute).unsqueeze(0);  // [1, N, H, F]
+  auto rotary = xf.narrow(-1, 0, 2 * f);
+  at::Tensor a, b;
+  if (layout == RopeLayout::kHalf) {
+    a = rotary.narrow(-1, 0, f);
+    b = rotary.narrow(-1, f, f);
+  } else {
+    auto pairs = rotary.unflatten(-1, {f, 2});
+    a = pairs.select(-1, 0);
+    b = pairs.select(-1, 1);
+  }
+  auto ra = a * c - b * s, rb = b * c + a * s;
+  auto rotated = layout == RopeLayout::kHalf ? torch::cat({ra, rb}, -1)
+                                             : torch::stack({ra, rb}, -1).flatten(-2);
+  if (2 * f < x.size(3))
+    rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
+  return rotated.to(x.scalar_type());
+}
+
+RopeMixedImpl::RopeMixedImpl(RopeMixedOptions options_) : options(std::move(options_)) { reset(); }
+
+void RopeMixedImpl::reset() {
+  TORCH_CHECK(options.head_dim() > 0 && options.head_dim() % 4 == 0,
+              "rope_mixed: head_dim must be a positive multiple of 4, got ", options.head_dim());
+  TORCH_CHECK(options.num_heads() >= 1, "rope_mixed: num_heads must be >= 1, got ",
+              options.num_heads());
+  TORCH_CHECK(options.theta() > 0, "rope_mixed: theta must be positive, got ", options.theta());
+  const int64_t dh = options.head_dim(), heads = options.num_heads();
+  auto magnitude = torch::pow(options.theta(), -torch::arange(0, dh, 4, torch::kFloat64) /
+                                                   static_cast<double>(dh));  // [Dh/4]
+  auto phi = torch::rand({heads, 1}, torch::kFloat64) * 2 * M_PI;
+  auto fx = torch::cat({magnitude * torch::cos(phi), magnitude * torch::cos(phi + M_PI / 2)}, -1);
+  auto fy = torch::cat({magnitude * torch::sin(phi), magnitude * torch::sin(phi + M_PI / 2)}, -1);
+  freqs = register_parameter("freqs", torch::stack({fx, fy}).to(torch::kFloat32));
+}
+
+std::pair<at::Tensor, at::Tensor> RopeMixedImpl::cos_sin(const Positions& positions) const {
+  positions.check_num_axes("rope_mixed", 2);
+  TORCH_CHECK(!positions.batched(), "rope_mixed: batched positions are not supported");
+  auto h = positions.axis(0).to(freqs.scalar_type()).view({-1, 1, 1});
+  auto w = positions.axis(1).to(freqs.scalar_type()).view({-1, 1, 1});
+  auto angles = w * freqs[0] + h * freqs[1];  // [N, H, F]
+  return {angles.cos(), angles.sin()};
+}
+
+std::pair<at::Tensor, at::Tensor> RopeMixedImpl::rotate(const at::Tensor& q, const at::Tensor& k,
+                                                        const Positions& q_positions,
+                                                        const Positions& k_positions) {
+  TORCH_CHECK(q.dim() == 4 && q.size(2) == options.num_heads() && q.size(3) == options.head_dim(),
+              "rope_mixed: q must be [B, N, ", options.num_heads(), ", ", options.head_dim(),
+              "], got ", q.sizes());
+  auto [qc, qs] = cos_sin(q_positions);
+  auto [kc, ks] = cos_sin(k_positions);
+  return {rope_apply_per_head(q, qc, qs, options.layout()),
+          rope_apply_per_head(k, kc, ks, options.layout())};
+}
+
+Description RopeMixedImpl::describe(const Positions& positions, const DescribeOptions&) {
+  auto [cos, sin] = cos_sin(positions);
+  return {{"freqs", freqs.detach()}, {"cos", cos.detach()}, {"sin", sin.detach()}};
+}
+
+}  // namespace posenc
