@@ -16,6 +16,7 @@
 
 #include "posenc/kernels/attention.h"
 #include "posenc/posenc.h"
+#include "ratio_reporter.h"
 
 namespace {
 
@@ -129,26 +130,15 @@ POSENC_ATTENTION_BENCH(BM_Sdpa);
 BENCHMARK(BM_FusedForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EagerForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& run : runs)
-      if (run.run_type == Run::RT_Iteration)
-        times_[run.benchmark_name()] = run.GetAdjustedRealTime();
-    ConsoleReporter::ReportRuns(runs);
-  }
-  void Finalize() override {
-    ConsoleReporter::Finalize();
-    auto t = [&](const std::string& name) {
-      for (const auto& [key, value] : times_)
-        if (key.rfind(name, 0) == 0) return value;
-      return 0.0;
-    };
+}  // namespace
+
+int main(int argc, char** argv) {
+  posenc::use_all_cores();
+  return posenc::bench::run_with_ratios(argc, argv, [](const posenc::bench::RatioReporter& r) {
+    auto t = [&](const std::string& name) { return r.time(name); };
     auto row = [&](const std::string& what, double ratio, const std::string& goal) {
-      std::cout << "| " << std::left << std::setw(44) << what << " | " << std::right << std::fixed
-                << std::setprecision(2) << std::setw(6) << ratio << "x | " << goal << " |\n";
+      r.row(what, ratio, goal);
     };
-    std::cout << "\n| ratio (same process) | value | goal |\n|---|---|---|\n";
     row("fused ALiBi / fused no bias", t("BM_Fused/1/") / t("BM_Fused/0/"), "<= 1.15");
     row("fused T5 / fused no bias", t("BM_Fused/2/") / t("BM_Fused/0/"), "<= 1.15");
     row("eager materialized ALiBi / eager no bias", t("BM_Eager/1/") / t("BM_Eager/0/"), "~1.4");
@@ -163,20 +153,5 @@ class RatioReporter : public benchmark::ConsoleReporter {
               << kH * kN * kN * 4 / (1 << 20) << " MiB; fused: ALiBi " << kH * 4
               << " B of slopes, T5 a [H, 2L-1] lookup = " << kH * (2 * kN - 1) * 4 / 1024
               << " KiB, plus one [128, 256] fp32 tile (128 KiB) per thread\n";
-  }
-
- private:
-  std::map<std::string, double> times_;
-};
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  posenc::use_all_cores();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  benchmark::Shutdown();
-  return 0;
+  });
 }

@@ -14,6 +14,7 @@
 
 #include "posenc/kernels/rope.h"
 #include "posenc/posenc.h"
+#include "ratio_reporter.h"
 
 namespace {
 
@@ -157,24 +158,16 @@ BENCHMARK(BM_FusedInPlace)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_EagerForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_FusedForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// Prints the usual table, then the ratios between cases of this process.
-class RatioReporter : public benchmark::ConsoleReporter {
- public:
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const auto& run : runs)
-      if (run.run_type == Run::RT_Iteration)
-        times_[run.benchmark_name()] = run.GetAdjustedRealTime();
-    ConsoleReporter::ReportRuns(runs);
-  }
-  void Finalize() override {
-    ConsoleReporter::Finalize();
-    auto t = [&](const std::string& name) { return times_.count(name) ? times_[name] : 0.0; };
+}  // namespace
+
+int main(int argc, char** argv) {
+  posenc::use_all_cores();
+  return posenc::bench::run_with_ratios(argc, argv, [](const posenc::bench::RatioReporter& r) {
+    auto t = [&](const std::string& name) { return r.time(name); };
     auto row = [&](const std::string& what, double ratio, const std::string& goal) {
-      std::cout << "| " << std::left << std::setw(48) << what << " | " << std::right << std::fixed
-                << std::setprecision(2) << std::setw(6) << ratio << "x | " << goal << " |\n";
+      r.row(what, ratio, goal);
     };
     const std::string fused = "BM_Fused/0/real_time", copy = "BM_Copy/real_time";
-    std::cout << "\n| ratio (same process) | value | goal |\n|---|---|---|\n";
     row("fused forward (half) / copy_", t(fused) / t(copy), "<= 1.25");
     row("fused forward (interleaved) / copy_", t("BM_Fused/1/real_time") / t(copy), "<= 1.25");
     row("fused into preallocated q, k / copy_", t("BM_FusedIntoPreallocated/real_time") / t(copy),
@@ -186,20 +179,5 @@ class RatioReporter : public benchmark::ConsoleReporter {
     row("reference rope_apply / fused forward", t("BM_Reference/real_time") / t(fused), "-");
     row("eager fwd+bwd / fused fwd+bwd",
         t("BM_EagerForwardBackward/real_time") / t("BM_FusedForwardBackward/real_time"), ">= 3");
-  }
-
- private:
-  std::map<std::string, double> times_;
-};
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  posenc::use_all_cores();
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  RatioReporter reporter;
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  benchmark::Shutdown();
-  return 0;
+  });
 }

@@ -16,25 +16,7 @@ at::Tensor rope_apply_per_head(const at::Tensor& x, const at::Tensor& cos, const
   const int64_t f = cos.size(2);
   TORCH_CHECK(2 * f <= x.size(3), "rope_mixed: rotary width 2F=", 2 * f,
               " exceeds head_dim=", x.size(3));
-  const auto compute = x.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  auto xf = x.to(compute);
-  auto c = cos.to(compute).unsqueeze(0), s = sin.to(compute).unsqueeze(0);  // [1, N, H, F]
-  auto rotary = xf.narrow(-1, 0, 2 * f);
-  at::Tensor a, b;
-  if (layout == RopeLayout::kHalf) {
-    a = rotary.narrow(-1, 0, f);
-    b = rotary.narrow(-1, f, f);
-  } else {
-    auto pairs = rotary.unflatten(-1, {f, 2});
-    a = pairs.select(-1, 0);
-    b = pairs.select(-1, 1);
-  }
-  auto ra = a * c - b * s, rb = b * c + a * s;
-  auto rotated = layout == RopeLayout::kHalf ? torch::cat({ra, rb}, -1)
-                                             : torch::stack({ra, rb}, -1).flatten(-2);
-  if (2 * f < x.size(3))
-    rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
-  return rotated.to(x.scalar_type());
+  return rope_rotate_pairs(x, cos.unsqueeze(0), sin.unsqueeze(0), layout);  // [1, N, H, F]
 }
 
 RopeMixedImpl::RopeMixedImpl(RopeMixedOptions options_) : options(std::move(options_)) { reset(); }

@@ -350,15 +350,25 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
               "rope_apply: cos/sin batch ", cos.size(0), " does not match x batch ", x.size(0));
   TORCH_CHECK(2 * f <= x.size(3), "rope_apply: rotary width 2F=", 2 * f,
               " exceeds head_dim=", x.size(3));
-  const auto dtype = x.scalar_type();
-  const auto compute = (dtype == torch::kFloat64) ? torch::kFloat64 : torch::kFloat32;
   // c, s: [.., N, 1, F] broadcast over heads
-  auto c = cos.to(compute).unsqueeze(-2);
-  auto s = sin.to(compute).unsqueeze(-2);
+  auto c = cos.unsqueeze(-2);
+  auto s = sin.unsqueeze(-2);
   if (c.dim() == 3) {  // [N, 1, F] -> [1, N, 1, F]
     c = c.unsqueeze(0);
     s = s.unsqueeze(0);
   }
+  return rope_rotate_pairs(x, c, s, layout);
+}
+
+at::Tensor rope_rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                             RopeLayout layout) {
+  const int64_t f = cos.size(-1);
+  TORCH_CHECK(2 * f <= x.size(-1), "rope: rotary width 2F=", 2 * f,
+              " exceeds head_dim=", x.size(-1));
+  const auto dtype = x.scalar_type();
+  const auto compute = (dtype == torch::kFloat64) ? torch::kFloat64 : torch::kFloat32;
+  auto c = cos.to(compute);
+  auto s = sin.to(compute);
   auto xf = x.to(compute);
   auto rotary = xf.narrow(-1, 0, 2 * f);
   at::Tensor a, b;
@@ -374,8 +384,8 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   auto rb = b * c + a * s;
   at::Tensor rotated = layout == RopeLayout::kHalf ? torch::cat({ra, rb}, -1)
                                                    : torch::stack({ra, rb}, -1).flatten(-2);
-  if (2 * f < x.size(3))
-    rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, x.size(3) - 2 * f)}, -1);
+  const int64_t dh = x.size(-1);
+  if (2 * f < dh) rotated = torch::cat({rotated, xf.narrow(-1, 2 * f, dh - 2 * f)}, -1);
   return rotated.to(dtype);
 }
 

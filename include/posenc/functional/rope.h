@@ -153,6 +153,10 @@ at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double sc
 /// x: [B, N, H, Dh]; cos, sin: [N, F] or [B, N, F] with 2F <= Dh. Dims 2F.. pass through.
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       RopeLayout layout);
+/// The rotation itself: x [..., Dh]; cos, sin broadcastable to x's pair view [..., F].
+/// rope_apply and the per-head variant (RoPE-Mixed) call it.
+at::Tensor rope_rotate_pairs(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                             RopeLayout layout);
 /// A per-pair table [..., F] laid out over the rotary width [..., 2F] in the layout's order
 /// (half: cat(t, t) as HF's cos/sin; interleaved: t0 t0 t1 t1 ...).
 at::Tensor rope_expand(const at::Tensor& per_pair, RopeLayout layout);

@@ -1,0 +1,61 @@
+// Google Benchmark reporter shared by the benches: prints the usual console table, keeps each
+// case's real time, and at the end prints a markdown table of ratios between cases run in this
+// same process (so both sides of a ratio saw the same machine state).
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <string>
+
+namespace posenc::bench {
+
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  /// `ratios` is called at the end with this reporter; it calls row() for each line.
+  explicit RatioReporter(std::function<void(RatioReporter&)> ratios) : ratios_(std::move(ratios)) {}
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const auto& run : runs)
+      if (run.run_type == Run::RT_Iteration)
+        times_[run.benchmark_name()] = run.GetAdjustedRealTime();
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void Finalize() override {
+    ConsoleReporter::Finalize();
+    std::cout << "\n| ratio (same process) | value | goal |\n|---|---|---|\n";
+    ratios_(*this);
+  }
+
+  /// Real time of the first case whose name starts with `prefix` (0 when none ran).
+  double time(const std::string& prefix) const {
+    for (const auto& [name, value] : times_)
+      if (name.rfind(prefix, 0) == 0) return value;
+    return 0.0;
+  }
+
+  void row(const std::string& what, double ratio, const std::string& goal) const {
+    std::cout << "| " << std::left << std::setw(48) << what << " | " << std::right << std::fixed
+              << std::setprecision(2) << std::setw(6) << ratio << "x | " << goal << " |\n";
+  }
+
+ private:
+  std::function<void(RatioReporter&)> ratios_;
+  std::map<std::string, double> times_;
+};
+
+/// Runs the registered benchmarks with a RatioReporter.
+inline int run_with_ratios(int argc, char** argv, std::function<void(RatioReporter&)> ratios) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  RatioReporter reporter(std::move(ratios));
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace posenc::bench
