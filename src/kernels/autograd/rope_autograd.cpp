@@ -13,7 +13,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Inputs with a contiguous last dim, as the kernel needs.
-at::Tensor last_dim_contiguous(const at::Tensor& x) { return x.stride(-1) == 1 ? x : x.contiguous(); }
+at::Tensor last_dim_contiguous(const at::Tensor& x) {
+  return x.stride(-1) == 1 ? x : x.contiguous();
+}
 
 variable_list rotate(const variable_list& inputs, const at::Tensor& cos, const at::Tensor& sin,
                      RopeLayout layout, bool inverse) {
