@@ -11,7 +11,7 @@
 #   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
 #   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
 # - Data from Debian packages that are downloaded and unpacked, not installed
-#   (python3-vega-datasets' CSVs; Gutenberg books from two Go packages' test data) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
+#   (python3-vega-datasets' CSVs; statsmodels' CO2 series; Gutenberg books from two Go packages' test data) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -89,6 +89,19 @@ if [[ ! -f "${DATA}/vega/.complete" ]]; then
     "${DATA}/vega/"
   rm -rf "$tmp_data"
   touch "${DATA}/vega/.complete"
+fi
+# python3-statsmodels: the weekly Mauna Loa CO2 series (co2.csv).
+if [[ ! -f "${DATA}/statsmodels/.complete" ]]; then
+  say "extracting the statsmodels CO2 series into ${DATA}/statsmodels"
+  tmp_data=$(mktemp -d)
+  chmod 755 "$tmp_data"  # apt's download user must be able to write there
+  (cd "$tmp_data" && apt-get download -q python3-statsmodels >/dev/null 2>&1)
+  dpkg-deb -x "$tmp_data"/python3-statsmodels_*.deb "$tmp_data/x"
+  mkdir -p "${DATA}/statsmodels"
+  cp "$tmp_data/x/usr/lib/python3/dist-packages/statsmodels/datasets/co2/co2.csv" \
+    "${DATA}/statsmodels/co2.csv"
+  rm -rf "$tmp_data"
+  touch "${DATA}/statsmodels/.complete"
 fi
 # Project Gutenberg books from two Go packages' test data.
 if [[ ! -f "${DATA}/gutenberg/.complete" ]]; then

@@ -27,6 +27,8 @@ TEST(Timestamps, FormatsAndInvalidDates) {
   EXPECT_FALSE(parse_timestamp("2010-13-01").has_value());
   EXPECT_FALSE(parse_timestamp("2010-01-01 25:00").has_value());
   EXPECT_FALSE(parse_timestamp("yesterday").has_value());
+  EXPECT_EQ(parse_timestamp("19580329"), *parse_timestamp("1958-03-29"));  // compact date
+  EXPECT_EQ(parse_timestamp("19581399"), 19581399.0);  // not a date: epoch seconds
 }
 
 TEST(VegaTemperatures, RealHourlySeriesWithItsGap) {
@@ -64,6 +66,21 @@ TEST(VegaTemperatures, WindowsSpanTimeNotCounts) {
   auto normalized = normalize(series, stats);
   EXPECT_NEAR(normalized.values.mean().item<double>(), 0.0, 1e-4);
   EXPECT_NEAR(normalized.values.std().item<double>(), 1.0, 1e-4);
+}
+
+TEST(MaunaLoaCo2, WeeklySeriesWithMissingWeeks) {
+  const std::string co2 = std::string(POSENC_DATA_DIR) + "/statsmodels/co2.csv";
+  // 2284 weekly rows, 59 of them without a reading (Python's csv reads the same counts)
+  auto message = test::error_of([&] { load_csv(co2, "date"); });
+  EXPECT_NE(message.find(co2 + ":8: column 'co2' is empty"), std::string::npos) << message;
+  auto series = load_csv(co2, "date", {"co2"}, OrderPolicy::kReject, MissingPolicy::kDropRow);
+  EXPECT_EQ(series.values.size(0), 2225);
+  EXPECT_EQ(series.times[0].item<double>(), *parse_timestamp("1958-03-29"));
+  EXPECT_NEAR(series.values.mean().item<double>(), 340.142247, 1e-3);
+  auto gaps = series.times.diff() / 86400;  // days
+  EXPECT_EQ(gaps.min().item<double>(), 7.0);
+  EXPECT_GT(gaps.max().item<double>(), 7.0);  // the missing weeks stay as gaps
+  EXPECT_EQ((gaps > 7).sum().item<int64_t>() > 0, true);
 }
 
 TEST(CsvErrors, BadRowsNameFileAndLine) {

@@ -46,6 +46,16 @@ std::optional<double> parse_timestamp(const std::string& raw) {
   const std::string text = trim(raw);
   if (text.empty()) return std::nullopt;
   int y = 0, mo = 0, d = 0, h = 0, mi = 0, s = 0;
+  static const int days_in[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  auto valid_date = [&](int yy, int mm, int dd) {
+    return mm >= 1 && mm <= 12 && dd >= 1 && dd <= days_in[mm - 1] + (mm == 2 && leap(yy) ? 1 : 0);
+  };
+  if (text.size() == 8 && std::all_of(text.begin(), text.end(), ::isdigit)) {  // YYYYMMDD
+    y = std::stoi(text.substr(0, 4));
+    mo = std::stoi(text.substr(4, 2));
+    d = std::stoi(text.substr(6, 2));
+    if (valid_date(y, mo, d)) return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0;
+  }
   char sep1 = 0, sep2 = 0, t = 0;
   int consumed = 0;
   const int fields =
@@ -65,9 +75,7 @@ std::optional<double> parse_timestamp(const std::string& raw) {
           return std::nullopt;
       }
     }
-    static const int days_in[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
-    if (mo < 1 || mo > 12 || d < 1 || d > days_in[mo - 1] + (mo == 2 && leap(y) ? 1 : 0) ||
-        h > 23 || mi > 59 || s > 60 || h < 0 || mi < 0 || s < 0)
+    if (!valid_date(y, mo, d) || h > 23 || mi > 59 || s > 60 || h < 0 || mi < 0 || s < 0)
       return std::nullopt;
     return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 + s;
   }
@@ -84,7 +92,8 @@ std::optional<double> parse_timestamp(const std::string& raw) {
 Positions Series::positions() const { return Positions(times.unsqueeze(1), {"time"}); }
 
 Series load_csv(const std::string& path, const std::string& time_column,
-                const std::vector<std::string>& value_columns, OrderPolicy order) {
+                const std::vector<std::string>& value_columns, OrderPolicy order,
+                MissingPolicy missing) {
   std::ifstream in(path);
   TORCH_CHECK(in.good(), "csv: cannot read '", path, "'");
   std::string line;
@@ -121,6 +130,15 @@ Series load_csv(const std::string& path, const std::string& time_column,
                 cells[time_index],
                 "' (expected YYYY-MM-DD[ HH:MM[:SS]], '/' or 'T' variants, or "
                 "epoch seconds)");
+    bool any_missing = false;
+    for (size_t c = 0; c < value_index.size(); ++c) {
+      if (!cells[value_index[c]].empty()) continue;
+      TORCH_CHECK(missing == MissingPolicy::kDropRow, "csv: ", path, ":", line_number, ": column '",
+                  names[c],
+                  "' is empty (a missing reading); MissingPolicy::kDropRow drops such rows");
+      any_missing = true;
+    }
+    if (any_missing) continue;  // the gap stays in the timestamps
     if (order == OrderPolicy::kReject && !times.empty())
       TORCH_CHECK(*t >= times.back(), "csv: ", path, ":", line_number, ": timestamp '",
                   cells[time_index], "' is earlier than the previous row's (order policy: reject)");

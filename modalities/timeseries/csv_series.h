@@ -1,11 +1,15 @@
 // Time series from CSV with a timestamp column: values + real-time Positions (axis "time",
 // float64 UTC epoch seconds; gaps kept as they are, never rounded to indices).
 // Timestamps: "YYYY-MM-DD", "YYYY-MM-DD HH:MM", "YYYY-MM-DD HH:MM:SS", the same with '/' between
-// date fields or 'T' before the time (an optional trailing 'Z'), or plain epoch seconds.
+// date fields or 'T' before the time (an optional trailing 'Z'), compact "YYYYMMDD" (exactly eight
+// digits forming a valid date: read as a date, not as epoch seconds), or plain epoch seconds.
+// An empty value cell is a missing reading: an error, or (MissingPolicy::kDropRow) the row is
+// dropped and the gap stays in the timestamps.
 // A bad row is an error naming file and line; timestamps out of order are sorted (kSort, stable)
 // or rejected (kReject) as the caller chooses; duplicate timestamps are kept.
 // Real data: Debian's python3-vega-datasets ships hourly 2010 temperatures (seattle-temps.csv,
-// sf-temps.csv); scripts/setup.sh extracts them without installing the package.
+// sf-temps.csv) and python3-statsmodels the weekly Mauna Loa CO2 series (co2.csv, 1958-2001, with
+// missing weeks); scripts/setup.sh extracts them without installing the packages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +26,7 @@ namespace posenc::timeseries {
 std::optional<double> parse_timestamp(const std::string& text);
 
 enum class OrderPolicy { kSort, kReject };
+enum class MissingPolicy { kError, kDropRow };
 
 struct Series {
   at::Tensor times;                  ///< [N] float64 epoch seconds, ascending
@@ -33,7 +38,8 @@ struct Series {
 /// Reads `path`; value_columns empty = every column but the time column.
 Series load_csv(const std::string& path, const std::string& time_column,
                 const std::vector<std::string>& value_columns = {},
-                OrderPolicy order = OrderPolicy::kSort);
+                OrderPolicy order = OrderPolicy::kSort,
+                MissingPolicy missing = MissingPolicy::kError);
 
 struct Normalization {
   at::Tensor mean, std;  ///< [C]
