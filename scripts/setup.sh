@@ -71,51 +71,49 @@ if [[ ! -f "${TORCH_ROOT}/.complete" ]]; then
 fi
 
 # ---- real data shipped inside Debian packages (taken out, not installed) ------------------------
-# python3-vega-datasets: hourly 2010 temperatures (seattle-temps.csv, sf-temps.csv).
+SUDO=""
+[[ $(id -u) -eq 0 ]] || SUDO=sudo
+# unpack_debs PKG...: downloads the packages without installing them and unpacks them into a
+# temporary folder; prints the unpacked root (the caller copies what it needs, then removes it).
+unpack_debs() {
+  local tmp
+  tmp=$(mktemp -d)
+  chmod 755 "$tmp"  # apt's download user must be able to write there
+  if ! (cd "$tmp" && apt-get download -q "$@" >/dev/null 2>&1); then
+    $SUDO apt-get update -qq >/dev/null
+    (cd "$tmp" && apt-get download -q "$@" >/dev/null)
+  fi
+  for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$tmp/x"; done
+  echo "$tmp/x"
+}
 DATA=${DEPS}/data
+# python3-vega-datasets: hourly 2010 temperatures (seattle-temps.csv, sf-temps.csv).
 if [[ ! -f "${DATA}/vega/.complete" ]]; then
   say "extracting the vega-datasets CSVs into ${DATA}/vega"
-  tmp_data=$(mktemp -d)
-  chmod 755 "$tmp_data"  # apt's download user must be able to write there
-  (cd "$tmp_data" && apt-get download -q python3-vega-datasets >/dev/null 2>&1) || {
-    SUDO=""
-    [[ $(id -u) -eq 0 ]] || SUDO=sudo
-    $SUDO apt-get update -qq >/dev/null
-    (cd "$tmp_data" && apt-get download -q python3-vega-datasets >/dev/null)
-  }
-  dpkg-deb -x "$tmp_data"/python3-vega-datasets_*.deb "$tmp_data/x"
+  x=$(unpack_debs python3-vega-datasets)
   mkdir -p "${DATA}/vega"
-  cp "$tmp_data"/x/usr/lib/python3/dist-packages/vega_datasets/_data/{seattle-temps,sf-temps}.csv \
-    "${DATA}/vega/"
-  rm -rf "$tmp_data"
+  cp "$x"/usr/lib/python3/dist-packages/vega_datasets/_data/{seattle-temps,sf-temps}.csv "${DATA}/vega/"
+  rm -rf "$(dirname "$x")"
   touch "${DATA}/vega/.complete"
 fi
 # python3-statsmodels: the weekly Mauna Loa CO2 series (co2.csv).
 if [[ ! -f "${DATA}/statsmodels/.complete" ]]; then
   say "extracting the statsmodels CO2 series into ${DATA}/statsmodels"
-  tmp_data=$(mktemp -d)
-  chmod 755 "$tmp_data"  # apt's download user must be able to write there
-  (cd "$tmp_data" && apt-get download -q python3-statsmodels >/dev/null 2>&1)
-  dpkg-deb -x "$tmp_data"/python3-statsmodels_*.deb "$tmp_data/x"
+  x=$(unpack_debs python3-statsmodels)
   mkdir -p "${DATA}/statsmodels"
-  cp "$tmp_data/x/usr/lib/python3/dist-packages/statsmodels/datasets/co2/co2.csv" \
-    "${DATA}/statsmodels/co2.csv"
-  rm -rf "$tmp_data"
+  cp "$x/usr/lib/python3/dist-packages/statsmodels/datasets/co2/co2.csv" "${DATA}/statsmodels/"
+  rm -rf "$(dirname "$x")"
   touch "${DATA}/statsmodels/.complete"
 fi
 # Project Gutenberg books from two Go packages' test data.
 if [[ ! -f "${DATA}/gutenberg/.complete" ]]; then
   say "extracting Project Gutenberg books into ${DATA}/gutenberg"
-  tmp_data=$(mktemp -d)
-  chmod 755 "$tmp_data"  # apt's download user must be able to write there
-  (cd "$tmp_data" && apt-get download -q golang-github-colinmarc-hdfs-dev \
-    golang-github-pierrec-lz4-dev >/dev/null 2>&1)
-  for deb in "$tmp_data"/*.deb; do dpkg-deb -x "$deb" "$tmp_data/x"; done
+  x=$(unpack_debs golang-github-colinmarc-hdfs-dev golang-github-pierrec-lz4-dev)
   mkdir -p "${DATA}/gutenberg"
-  go="$tmp_data/x/usr/share/gocode/src/github.com"
+  go="$x/usr/share/gocode/src/github.com"
   cp "$go/colinmarc/hdfs/testdata/mobydick.txt" "${DATA}/gutenberg/moby-dick.txt"
   cp "$go/pierrec/lz4/testdata/pg1661.txt" "${DATA}/gutenberg/sherlock-holmes.txt"
   cp "$go/pierrec/lz4/testdata/Mark.Twain-Tom.Sawyer.txt" "${DATA}/gutenberg/tom-sawyer.txt"
-  rm -rf "$tmp_data"
+  rm -rf "$(dirname "$x")"
   touch "${DATA}/gutenberg/.complete"
 fi

@@ -10,18 +10,11 @@
 #include <numeric>
 #include <sstream>
 
+#include "posenc/functional/time.h"
+
 namespace posenc::timeseries {
 
 namespace {
-
-// Hinnant's days_from_civil: proleptic Gregorian date -> days since 1970-01-01.
-int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-  y -= m <= 2 ? 1 : 0;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const int64_t yoe = y - era * 400;
-  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-  return era * 146097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719468;
-}
 
 bool leap(int64_t y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; }
 

@@ -23,6 +23,15 @@ const std::vector<std::string>& calendar_feature_names() {
   return names;
 }
 
+int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
+  y -= m <= 2 ? 1 : 0;
+  const int64_t era = (y >= 0 ? y : y - 399) / 400;
+  const int64_t yoe = y - era * 400;
+  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+  return era * 146097 + doe - 719468;
+}
+
 namespace {
 
 // days since 1970-01-01 -> (year, month 1..12, day 1..31); Hinnant, "chrono-compatible
@@ -39,26 +48,16 @@ void civil_from_days(int64_t z, int64_t& y, int64_t& m, int64_t& d) {
   y = yoe + era * 400 + (m <= 2 ? 1 : 0);
 }
 
-int64_t days_from_civil(int64_t y, int64_t m, int64_t d) {
-  y -= m <= 2 ? 1 : 0;
-  const int64_t era = (y >= 0 ? y : y - 399) / 400;
-  const int64_t yoe = y - era * 400;
-  const int64_t doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-  const int64_t doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-  return era * 146097 + doe - 719468;
-}
-
 int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
 
 int64_t weekday_of(int64_t days) { return ((days % 7) + 7 + 3) % 7; }  // 1970-01-01: Thursday (3)
 
 // ISO 8601 week number (1..53).
-int64_t iso_week(int64_t days, int64_t year) {
+int64_t iso_week(int64_t days) {
   const int64_t wd = weekday_of(days);     // Monday 0
   const int64_t thursday = days - wd + 3;  // the Thursday of this ISO week decides its year
   int64_t ty, tm, td;
   civil_from_days(thursday, ty, tm, td);
-  (void)year;
   return (thursday - days_from_civil(ty, 1, 1)) / 7 + 1;
 }
 
@@ -91,7 +90,7 @@ at::Tensor calendar_features(const at::Tensor& epoch_seconds,
     const double values[8] = {(in_day % 60) / 59.0 - 0.5,   (in_day / 60 % 60) / 59.0 - 0.5,
                               (in_day / 3600) / 23.0 - 0.5, weekday_of(days) / 6.0 - 0.5,
                               (d - 1) / 30.0 - 0.5,         (yearday - 1) / 365.0 - 0.5,
-                              (m - 1) / 11.0 - 0.5,         (iso_week(days, y) - 1) / 52.0 - 0.5};
+                              (m - 1) / 11.0 - 0.5,         (iso_week(days) - 1) / 52.0 - 0.5};
     for (size_t f = 0; f < which.size(); ++f) dst[n * which.size() + f] = values[which[f]];
   }
   auto sizes = epoch_seconds.sizes().vec();

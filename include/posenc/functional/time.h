@@ -19,6 +19,9 @@
 
 namespace posenc {
 
+/// Days since 1970-01-01 of a proleptic Gregorian date (Hinnant's days_from_civil).
+int64_t days_from_civil(int64_t year, int64_t month, int64_t day);
+
 /// F log-spaced periods from t_min to t_max, float64 [F].
 at::Tensor time_periods(double t_min, double t_max, int64_t count);
 /// The known calendar feature names, in a fixed order.
