@@ -11,7 +11,7 @@
 #   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
 #   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
 # - Data from Debian packages that are downloaded and unpacked, not installed
-#   (python3-vega-datasets' CSVs; statsmodels' CO2 series; Gutenberg books from two Go packages' test data) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
+#   (python3-vega-datasets' CSVs; statsmodels' CO2 series; Gutenberg books from two Go packages' test data; pymecavideo's example videos) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -116,4 +116,14 @@ if [[ ! -f "${DATA}/gutenberg/.complete" ]]; then
   cp "$go/pierrec/lz4/testdata/Mark.Twain-Tom.Sawyer.txt" "${DATA}/gutenberg/tom-sawyer.txt"
   rm -rf "$(dirname "$x")"
   touch "${DATA}/gutenberg/.complete"
+fi
+# python3-mecavideo: short real videos of mechanics experiments (pymecavideo's examples).
+if [[ ! -f "${DATA}/mecavideo/.complete" ]]; then
+  say "extracting pymecavideo's example videos into ${DATA}/mecavideo"
+  x=$(unpack_debs python3-mecavideo)
+  mkdir -p "${DATA}/mecavideo"
+  cp "$x"/usr/share/pymecavideo/data/video/{Principe_inertie.avi,Effet_force_magnetique.ogv} \
+    "${DATA}/mecavideo/"
+  rm -rf "$(dirname "$x")"
+  touch "${DATA}/mecavideo/.complete"
 fi
