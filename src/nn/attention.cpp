@@ -24,49 +24,97 @@ void SelfAttentionImpl::reset() {
   register_module("encoder", encoder);
 }
 
+namespace {
+
+// Positions of cached keys followed by the new ones.
+Positions append_positions(const Positions& cached, const Positions& fresh) {
+  if (!cached.defined()) return fresh;
+  TORCH_CHECK(cached.axes() == fresh.axes() && cached.batched() == fresh.batched(),
+              "attention: cached positions ", cached.describe(), " do not match the new ",
+              fresh.describe());
+  return Positions(torch::cat({cached.coords(), fresh.coords()}, -2), fresh.axes());
+}
+
+// [.., H, Nq - P, Nk - P] -> [.., H, Nq, Nk]: zero bias in the prefix rows and columns.
+at::Tensor pad_prefix(const at::Tensor& bias, int64_t prefix) {
+  if (prefix == 0) return bias;
+  return torch::constant_pad_nd(bias, {prefix, 0, prefix, 0}, 0.0);
+}
+
+}  // namespace
+
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& positions,
-                                      const at::Tensor& key_padding) {
+                                      const at::Tensor& key_padding, KVCache* cache) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "attention: x must be [B, N, ",
               options.dim(), "], got shape ", x.sizes());
-  TORCH_CHECK(positions.size() == x.size(1), "attention: x has N=", x.size(1), " but ",
-              positions.size(), " positions were given");
+  const int64_t prefix = options.num_prefix_tokens();
+  TORCH_CHECK(positions.size() == x.size(1) - prefix, "attention: x has N=", x.size(1), " with ",
+              prefix, " prefix tokens, so ", x.size(1) - prefix, " positions are needed, but ",
+              positions.size(), " were given");
+  TORCH_CHECK(cache == nullptr || prefix == 0,
+              "attention: a key-value cache cannot be used with prefix tokens");
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads();
   const int64_t dh = options.dim() / h;
   auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
-  auto [q, k] = encoder->rotate(parts[0], parts[1], positions, positions);
-  auto v = parts[2];
+  at::Tensor q, k, v = parts[2];
+  if (prefix == 0) {
+    std::tie(q, k) = encoder->rotate(parts[0], parts[1], positions, positions);
+  } else {
+    auto [q_rest, k_rest] =
+        encoder->rotate(parts[0].narrow(1, prefix, n - prefix),
+                        parts[1].narrow(1, prefix, n - prefix), positions, positions);
+    q = torch::cat({parts[0].narrow(1, 0, prefix), q_rest}, 1);
+    k = torch::cat({parts[1].narrow(1, 0, prefix), k_rest}, 1);
+  }
+  Positions key_positions = positions;
+  if (cache != nullptr) {
+    key_positions = append_positions(cache->positions, positions);
+    if (cache->k.defined()) {
+      k = torch::cat({cache->k, k}, 1);
+      v = torch::cat({cache->v, v}, 1);
+    }
+    cache->k = k.detach();
+    cache->v = v.detach();
+    cache->positions = key_positions;
+  }
+  const int64_t nk = k.size(1);
+  if (key_padding.defined()) {
+    TORCH_CHECK(key_padding.sizes() == torch::IntArrayRef({b, nk}),
+                "attention: key_padding must be [B, Nk] = [", b, ", ", nk, "], got ",
+                key_padding.sizes());
+  }
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const auto spec = encoder->bias_spec();
   // The fused kernel computes the bias from its description; an encoder that biases without
   // describing it (form kNone) keeps the materialized path.
   const bool describable = spec.form != BiasForm::kNone || encoder->kind() != EncodingKind::kBias;
-  if (options.fused() && describable && positions.num_axes() == 1 && !positions.batched()) {
-    auto p = positions.axis(0);
-    if (attention_fused_supported(spec, q, p, p)) {
+  if (options.fused() && describable && prefix == 0 && positions.num_axes() == 1 &&
+      !positions.batched()) {
+    auto pq = positions.axis(0), pk = key_positions.axis(0);
+    if (attention_fused_supported(spec, q, pq, pk)) {
       AttentionMasks masks;
       masks.causal = options.causal();
       masks.key_padding = key_padding;
-      auto y = attention_fused(q, k, v, spec, p, p, masks, scale);
+      auto y = attention_fused(q, k, v, spec, pq, pk, masks, scale);
       return out->forward(y.reshape({b, n, options.dim()}));
     }
   }
-  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) / std::sqrt(static_cast<double>(dh));
-  auto bias = encoder->bias(positions, positions, q);
+  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) * scale;  // [B, H, N, Nk]
+  auto bias =
+      encoder->bias(positions, key_positions, prefix == 0 ? q : q.narrow(1, prefix, n - prefix));
   if (bias.defined()) {
     TORCH_CHECK(bias.size(-3) == h, "attention: the encoder's bias has ", bias.size(-3),
                 " heads but the attention has ", h);
-    logits = logits + bias.to(logits.scalar_type());
+    logits = logits + pad_prefix(bias, prefix).to(logits.scalar_type());
   }
+  const float minus_inf = -std::numeric_limits<float>::infinity();
   if (options.causal()) {
-    auto mask = torch::ones({n, n}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-    logits = logits.masked_fill(mask, -std::numeric_limits<float>::infinity());
+    auto mask =
+        torch::ones({n, nk}, torch::dtype(torch::kBool).device(x.device())).triu(1 + nk - n);
+    logits = logits.masked_fill(mask, minus_inf);
   }
   if (key_padding.defined()) {
-    TORCH_CHECK(key_padding.sizes() == torch::IntArrayRef({b, n}),
-                "attention: key_padding must be [B, N] = [", b, ", ", n, "], got ",
-                key_padding.sizes());
-    logits = logits.masked_fill(~key_padding.to(torch::kBool).view({b, 1, 1, n}),
-                                -std::numeric_limits<float>::infinity());
+    logits = logits.masked_fill(~key_padding.to(torch::kBool).view({b, 1, 1, nk}), minus_inf);
   }
   auto weights = torch::softmax(logits, -1);
   auto y = torch::einsum("bhqk,bkhd->bqhd", {weights, v}).reshape({b, n, options.dim()});

@@ -7,6 +7,13 @@
 //   q, k    = encoder.rotate(q, k, p, p)
 //   logits  = q k^T / sqrt(Dh) + encoder.bias(p, p, q) [B, H, N, N]
 //   out     = softmax(logits + masks) v W_o          [B, N, D]
+//
+// Prefix tokens (a ViT's CLS, registers): the first P tokens carry no position. Positions cover
+// the N - P others; rotation skips the prefix and the bias is zero in the prefix rows and columns
+// (as RoPE-ViT, Heo et al. 2024, leaves CLS unrotated).
+// Key-value cache (generation): rotated keys and values of earlier tokens are kept with their
+// positions; a step's queries attend to cache + new keys, the causal mask offset by the cache
+// length (key j visible to query i when j <= i + Nk - Nq).
 #pragma once
 
 #include <torch/arg.h>
@@ -27,15 +34,26 @@ struct AttentionOptions {
   /// Use the fused attention kernel (bias computed on the fly, posenc/kernels/attention.h) when
   /// it takes the encoder's bias (default true); false always materializes the bias.
   TORCH_ARG(bool, fused) = true;
+  /// Leading tokens without a position (CLS, registers; default 0).
+  TORCH_ARG(int64_t, num_prefix_tokens) = 0;
+};
+
+/// Keys and values of earlier steps, for incremental decoding. Starts empty.
+struct KVCache {
+  at::Tensor k, v;      ///< [B, Nc, H, Dh], keys already rotated
+  Positions positions;  ///< the cached keys' positions (Nc)
+  int64_t size() const { return k.defined() ? k.size(1) : 0; }
 };
 
 class SelfAttentionImpl : public torch::nn::Module {
  public:
   SelfAttentionImpl(AttentionOptions options, PositionalEncoding encoder);
   void reset();
-  /// x [B, N, D]; key_padding [B, N] bool, true where a token is real (optional).
+  /// x [B, N, D]; positions of the N - num_prefix_tokens positioned tokens; key_padding [B, Nk]
+  /// bool, true where a key is real (optional; Nk = cache size + N). With a cache, the new keys
+  /// and values are appended to it.
   at::Tensor forward(const at::Tensor& x, const Positions& positions,
-                     const at::Tensor& key_padding = {});
+                     const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
 
   AttentionOptions options;
   PositionalEncoding encoder{nullptr};

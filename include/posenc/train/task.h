@@ -1,0 +1,63 @@
+// A training task: data + model + loss + evaluation, built from the `task` and `model` sections
+// of a run config. The trainer (posenc/train/trainer.h) owns the loop, the optimizer, the
+// schedule, checkpoints and logs; a task only answers "the loss of these examples" and "how good
+// is the model now".
+//
+// Tasks (task.type):
+//   image_classification   ViT on Fashion-MNIST patches, 2D positions; after training, accuracy at
+//                          other resolutions (learned tables resampled, RoPE extrapolates)
+//   language_model         causal byte LM on Gutenberg books; after training, perplexity at longer
+//                          contexts (train short, test long; Press et al. 2022)
+//   forecast               the next readings of a real CSV series from its last ones, positions as
+//                          real timestamps or as plain indices; MAE in the data's units
+//   video_classification   direction of motion of moving Fashion-MNIST clips, tubelets with
+//                          (t, h, w) positions (or a subset of the axes)
+//   text_video_matching    which of K captions describes a clip, one mixed stream per pair
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace posenc::train {
+
+/// Named values in a fixed order ("loss", "accuracy", ...).
+using Metrics = std::vector<std::pair<std::string, double>>;
+double metric_value(const Metrics& metrics, const std::string& name);
+
+/// One row of a task's after-training evaluation (e.g. {"context", 512} -> {"ppl", 3.1}).
+struct GeneralizationRow {
+  std::string setting;  ///< "context 512", "scale 1.5x"
+  double x = 0;         ///< the setting as a number (512, 1.5), for plots
+  Metrics metrics;
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  /// The model (every trainable parameter lives under it).
+  virtual std::shared_ptr<torch::nn::Module> model() = 0;
+  /// Examples per epoch (the trainer permutes indices in [0, train_size)).
+  virtual int64_t train_size() const = 0;
+  /// Mean loss over the examples `indices` [b] (model in training mode); `metric` receives the
+  /// batch's primary metric where meaningful (accuracy), else NaN.
+  virtual at::Tensor train_loss(const at::Tensor& indices, double* metric) = 0;
+  /// Held-out evaluation (the trainer sets eval mode and no-grad): "loss" first, then others.
+  virtual Metrics evaluate() = 0;
+  /// After training: the task's generalization test (other resolutions, longer contexts).
+  virtual std::vector<GeneralizationRow> generalization() { return {}; }
+  /// The metric that summarizes a run ("accuracy", "ppl", "mae") and whether higher is better.
+  virtual std::string metric_name() const = 0;
+  virtual bool higher_is_better() const = 0;
+};
+
+/// Builds the task of a run config (sections task, model, encoder; the data is loaded here).
+std::unique_ptr<Task> make_task(const nlohmann::json& config);
+/// The known task types.
+std::vector<std::string> task_types();
+
+}  // namespace posenc::train

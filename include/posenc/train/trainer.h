@@ -1,0 +1,60 @@
+// The trainer behind `posenc train` and `posenc compare`.
+//
+// A run config (YAML or JSON; every key checked, an unknown key is an error naming it):
+//   name: vit_rope2d            output: runs/vit_rope2d (default runs/<name>)
+//   seed: 0
+//   task:    {type: image_classification, ...}     see posenc/train/task.h
+//   model:   {dim, num_heads, num_layers, mlp_ratio, dropout, pooling, fused}
+//   encoder: {type: rope, ...}                     the encoder registry's config
+//   train:   {epochs, batch_size, lr, min_lr_ratio, weight_decay, warmup_steps, clip_grad_norm,
+//             max_steps, log_every, eval_every}
+//   runs:    [{name, encoder, overrides}]          for compare: one model per entry, each the
+//                                                  config merged with its overrides (RFC 7396)
+// Training: AdamW (no decay on biases and norms), linear warmup then cosine decay to
+// min_lr_ratio * lr, global-norm gradient clipping. Reproducible: the epoch's order and each
+// step's randomness (augmentation, dropout) are seeded from (seed, epoch) and (seed, step), so a
+// resumed run continues exactly where it stopped.
+// Output folder: checkpoint.pt (model + optimizer + step; written to a temp file and renamed),
+// weights.pt (a {name: tensor} dict that Python's torch.load reads), metrics.csv, curves.png,
+// summary.json (final metrics and the generalization table). Ctrl-C finishes the step, saves a
+// checkpoint and exits; `--resume` continues from it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "posenc/train/task.h"
+
+namespace posenc::train {
+
+struct RunOptions {
+  std::string output;      ///< overrides the config's output folder ("" keeps it)
+  bool resume = false;     ///< continue from output/checkpoint.pt if it exists
+  int64_t stop_after = 0;  ///< > 0: save and stop after this many steps (as Ctrl-C would)
+  bool quiet = false;      ///< no progress bar
+};
+
+struct RunResult {
+  std::string name;
+  std::string output;
+  bool finished = false;  ///< false when stopped early (Ctrl-C, stop_after)
+  int64_t steps = 0;
+  double seconds = 0;
+  int64_t parameters = 0;
+  std::string metric_name;
+  Metrics final_metrics;
+  std::vector<GeneralizationRow> generalization;
+};
+
+/// Trains the run `config` describes (a plain run config; see above).
+RunResult run_training(const nlohmann::json& config, const RunOptions& options);
+/// Trains one model per entry of config.runs; writes results.md, results.csv and results.png
+/// into the output folder. Returns the runs' results in order.
+std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOptions& options);
+/// The run config for one named entry of `runs` (or the base config when run is "").
+nlohmann::json select_run(const nlohmann::json& config, const std::string& run);
+/// Applies "--set a.b.c=value" overrides (value parsed as YAML scalar/flow).
+void apply_override(nlohmann::json& config, const std::string& assignment);
+
+}  // namespace posenc::train

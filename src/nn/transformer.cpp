@@ -1,0 +1,72 @@
+// Pre-norm transformer blocks; see posenc/nn/transformer.h.
+#include "posenc/nn/transformer.h"
+
+#include <torch/torch.h>
+
+namespace posenc {
+
+TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
+                                           PositionalEncoding encoder) {
+  TORCH_CHECK(o.mlp_ratio() > 0, "transformer: mlp_ratio must be > 0, got ", o.mlp_ratio());
+  TORCH_CHECK(o.dropout() >= 0 && o.dropout() < 1, "transformer: dropout must be in [0, 1), got ",
+              o.dropout());
+  const auto hidden = static_cast<int64_t>(o.mlp_ratio() * static_cast<double>(o.dim()));
+  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()})));
+  attention =
+      register_module("attention", SelfAttention(AttentionOptions(o.dim(), o.num_heads())
+                                                     .causal(o.causal())
+                                                     .fused(o.fused())
+                                                     .num_prefix_tokens(o.num_prefix_tokens()),
+                                                 std::move(encoder)));
+  // The stack registers the shared encoder once; registered in every block too, its parameters
+  // would be listed (and stepped by an optimizer) once per block.
+  attention->unregister_module("encoder");
+  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()})));
+  fc1 = register_module("fc1", torch::nn::Linear(o.dim(), hidden));
+  fc2 = register_module("fc2", torch::nn::Linear(hidden, o.dim()));
+  dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const Positions& positions,
+                                         const at::Tensor& key_padding, KVCache* cache) {
+  auto y = x + dropout(attention(norm1(x), positions, key_padding, cache));
+  return y + dropout(fc2(torch::gelu(fc1(norm2(y)))));
+}
+
+TransformerImpl::TransformerImpl(TransformerOptions options_, PositionalEncoding encoder_)
+    : options(std::move(options_)), encoder(std::move(encoder_)) {
+  TORCH_CHECK(options.num_layers() >= 1, "transformer: num_layers must be >= 1, got ",
+              options.num_layers());
+  TORCH_CHECK(!encoder.is_empty(), "transformer: an encoder is required (use Nope for none)");
+  register_module("encoder", encoder);
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < options.num_layers(); ++i) {
+    blocks->push_back(TransformerBlock(options, encoder));
+  }
+  norm =
+      register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.dim()})));
+}
+
+at::Tensor add_positions(PositionalEncodingImpl& encoder, const at::Tensor& x,
+                         const Positions& positions, int64_t prefix) {
+  if (encoder.kind() != EncodingKind::kAdditive) return x;
+  if (prefix == 0) return encoder.add(x, positions);
+  const int64_t n = x.size(1);
+  return torch::cat(
+      {x.narrow(1, 0, prefix), encoder.add(x.narrow(1, prefix, n - prefix), positions)}, 1);
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& x, const Positions& positions,
+                                    const at::Tensor& key_padding, std::vector<KVCache>* caches) {
+  TORCH_CHECK(caches == nullptr || options.causal(),
+              "transformer: a key-value cache is for causal (decoder) stacks");
+  if (caches != nullptr && caches->size() != blocks->size()) caches->resize(blocks->size());
+  auto y = add_positions(*encoder, x, positions, options.num_prefix_tokens());
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    y = blocks->at<TransformerBlockImpl>(i).forward(y, positions, key_padding,
+                                                    caches ? &(*caches)[i] : nullptr);
+  }
+  return norm(y);
+}
+
+}  // namespace posenc

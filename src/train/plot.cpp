@@ -1,0 +1,121 @@
+// Line charts with OpenCV; see posenc/train/plot.h.
+#include "posenc/train/plot.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <sstream>
+
+namespace posenc::train {
+namespace {
+
+constexpr int kWidth = 520, kHeight = 380, kLeft = 70, kRight = 20, kTop = 40, kBottom = 50;
+constexpr int kFont = cv::FONT_HERSHEY_SIMPLEX;
+const cv::Scalar kInk(30, 30, 30), kGrid(225, 225, 225);
+// Tableau-like colours (BGR).
+const std::vector<cv::Scalar> kColours = {{180, 119, 31},  {14, 127, 255},  {44, 160, 44},
+                                          {40, 39, 214},   {189, 103, 148}, {75, 86, 140},
+                                          {194, 119, 227}, {127, 127, 127}, {34, 189, 188}};
+
+std::string format_number(double v) {
+  std::ostringstream out;
+  out.precision(3);
+  out << v;
+  return out.str();
+}
+
+void text(cv::Mat& image, const std::string& s, cv::Point at, double scale = 0.42,
+          bool center = false) {
+  int baseline = 0;
+  auto size = cv::getTextSize(s, kFont, scale, 1, &baseline);
+  if (center) at.x -= size.width / 2;
+  cv::putText(image, s, at, kFont, scale, kInk, 1, cv::LINE_AA);
+}
+
+cv::Mat draw_panel(const Panel& panel) {
+  cv::Mat image(kHeight, kWidth, CV_8UC3, cv::Scalar(255, 255, 255));
+  double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
+  auto fx = [&](double x) { return panel.log_x ? std::log2(x) : x; };
+  for (const auto& s : panel.series) {
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (!std::isfinite(s.y[i]) || !std::isfinite(fx(s.x[i]))) continue;
+      x0 = std::min(x0, fx(s.x[i]));
+      x1 = std::max(x1, fx(s.x[i]));
+      y0 = std::min(y0, s.y[i]);
+      y1 = std::max(y1, s.y[i]);
+    }
+  }
+  text(image, panel.title, {kWidth / 2, 22}, 0.55, true);
+  if (!std::isfinite(x0)) {
+    text(image, "(no data)", {kWidth / 2, kHeight / 2}, 0.5, true);
+    return image;
+  }
+  if (x1 == x0) x1 = x0 + 1;
+  if (y1 == y0) y1 = y0 + 1;
+  const double pad = 0.05 * (y1 - y0);
+  y0 -= pad;
+  y1 += pad;
+  const int w = kWidth - kLeft - kRight, h = kHeight - kTop - kBottom;
+  auto px = [&](double x) { return kLeft + static_cast<int>((fx(x) - x0) / (x1 - x0) * w); };
+  auto py = [&](double y) { return kTop + h - static_cast<int>((y - y0) / (y1 - y0) * h); };
+  for (int i = 0; i <= 4; ++i) {
+    const double y = y0 + (y1 - y0) * i / 4.0;
+    cv::line(image, {kLeft, py(y)}, {kLeft + w, py(y)}, kGrid, 1);
+    text(image, format_number(y), {4, py(y) + 4});
+    const double xv = x0 + (x1 - x0) * i / 4.0;
+    const double label = panel.log_x ? std::exp2(xv) : xv;
+    const int at = kLeft + static_cast<int>((xv - x0) / (x1 - x0) * w);
+    text(image, format_number(label), {at, kTop + h + 16}, 0.42, true);
+  }
+  cv::rectangle(image, {kLeft, kTop}, {kLeft + w, kTop + h}, kInk, 1);
+  text(image, panel.x_label, {kLeft + w / 2, kHeight - 10}, 0.45, true);
+  text(image, panel.y_label, {kLeft + 4, kTop - 6}, 0.42);
+  for (size_t k = 0; k < panel.series.size(); ++k) {
+    const auto& s = panel.series[k];
+    const auto colour = kColours[k % kColours.size()];
+    std::vector<cv::Point> points;
+    for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
+      if (std::isfinite(s.y[i])) points.emplace_back(px(s.x[i]), py(s.y[i]));
+    }
+    if (points.size() > 1) cv::polylines(image, points, false, colour, 2, cv::LINE_AA);
+    for (const auto& p : points) cv::circle(image, p, points.size() < 30 ? 3 : 1, colour, -1);
+    const int ly = kTop + 14 + 16 * static_cast<int>(k);
+    cv::line(image, {kLeft + w - 150, ly - 4}, {kLeft + w - 130, ly - 4}, colour, 2);
+    text(image, s.name, {kLeft + w - 125, ly});
+  }
+  return image;
+}
+
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& contents) {
+  const std::string temp = path + ".tmp";
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    TORCH_CHECK(out.good(), "cannot write '", temp, "'");
+    out << contents;
+    out.flush();
+    TORCH_CHECK(out.good(), "writing '", temp, "' failed");
+  }
+  TORCH_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "cannot move '", temp, "' to '", path,
+              "'");
+}
+
+void plot_panels(const std::string& path, const std::vector<Panel>& panels) {
+  TORCH_CHECK(!panels.empty(), "plot: no panels for '", path, "'");
+  std::vector<cv::Mat> images;
+  for (const auto& panel : panels) images.push_back(draw_panel(panel));
+  cv::Mat joined;
+  cv::hconcat(images, joined);
+  std::vector<uchar> png;
+  TORCH_CHECK(cv::imencode(".png", joined, png), "plot: PNG encoding failed for '", path, "'");
+  write_file_atomically(path, std::string(png.begin(), png.end()));
+}
+
+}  // namespace posenc::train

@@ -1,0 +1,69 @@
+// Shared task pieces; see common.h.
+#include "common.h"
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+
+namespace posenc::train {
+
+double metric_value(const Metrics& metrics, const std::string& name) {
+  for (const auto& [key, value] : metrics) {
+    if (key == name) return value;
+  }
+  TORCH_CHECK(false, "no metric '", name, "'");
+}
+
+TransformerOptions transformer_options(ConfigReader& r) {
+  TransformerOptions o(r.integer("dim", 128), r.integer("num_heads", 4),
+                       r.integer("num_layers", 4));
+  o.mlp_ratio(r.number("mlp_ratio", o.mlp_ratio()));
+  o.dropout(r.number("dropout", o.dropout()));
+  o.fused(r.boolean("fused", o.fused()));
+  TORCH_CHECK(o.dim() > 0 && o.num_heads() > 0 && o.dim() % o.num_heads() == 0, r.where(),
+              ": dim (", o.dim(), ") must be a positive multiple of num_heads (", o.num_heads(),
+              ")");
+  return o;
+}
+
+PositionalEncoding encoder_from(const nlohmann::json& config, const std::string& key,
+                                const TransformerOptions& model) {
+  if (!config.contains(key) || config.at(key).is_null()) return as_encoding(Nope());
+  ModelContext context;
+  context.dim = model.dim();
+  context.num_heads = model.num_heads();
+  return build_encoder(config.at(key), context);
+}
+
+Positions select_axes(const Positions& positions, const std::vector<std::string>& axes) {
+  if (axes.empty() || axes == positions.axes()) return positions;
+  std::vector<at::Tensor> columns;
+  for (const auto& axis : axes) columns.push_back(positions.axis(axis));
+  return Positions(torch::stack(columns, -1), axes);
+}
+
+double accuracy(const at::Tensor& logits, const at::Tensor& labels) {
+  return logits.argmax(-1).eq(labels).to(torch::kDouble).mean().item<double>();
+}
+
+std::string resolve_data_path(const std::string& path) {
+  const std::string token = "${data}";
+  auto at = path.find(token);
+  if (at == std::string::npos) return path;
+  std::string data;
+  if (const char* env = std::getenv("POSENC_DATA_DIR")) data = env;
+#ifdef POSENC_DATA_DIR
+  if (data.empty()) data = POSENC_DATA_DIR;
+#endif
+  TORCH_CHECK(!data.empty(), "'", path,
+              "' names ${data}, but no data folder is known: run scripts/setup.sh or set "
+              "POSENC_DATA_DIR");
+  return path.substr(0, at) + data + path.substr(at + token.size());
+}
+
+std::mt19937_64 data_rng(uint64_t seed, uint64_t stream) {
+  std::seed_seq sequence{seed, stream, uint64_t{0x9e3779b97f4a7c15ULL}};
+  return std::mt19937_64(sequence);
+}
+
+}  // namespace posenc::train

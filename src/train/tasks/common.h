@@ -1,0 +1,33 @@
+// Pieces every task shares: the model section of a run config, the encoder, axis selection,
+// batched evaluation. Internal to the trainer.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "posenc/config/config_reader.h"
+#include "posenc/config/registry.h"
+#include "posenc/nn/models.h"
+#include "posenc/train/task.h"
+
+namespace posenc::train {
+
+/// The `model` section: dim, num_heads, num_layers, mlp_ratio, dropout, fused (+ pooling, read
+/// by the caller if it wants it: call before finish()).
+TransformerOptions transformer_options(ConfigReader& model);
+/// The `encoder` section of the config, built for the model's sizes (NoPE when absent).
+PositionalEncoding encoder_from(const nlohmann::json& config, const std::string& key,
+                                const TransformerOptions& model);
+/// The same coordinates restricted to the named axes, in the order given.
+Positions select_axes(const Positions& positions, const std::vector<std::string>& axes);
+/// Accuracy of logits [B, K] against labels [B].
+double accuracy(const at::Tensor& logits, const at::Tensor& labels);
+/// A config file's directory-relative path resolved, with `${data}` replaced by the data folder
+/// that scripts/setup.sh fills (POSENC_DATA_DIR at build time, or the env var POSENC_DATA_DIR).
+std::string resolve_data_path(const std::string& path);
+/// Seeded generator for data that must not depend on the training step (held-out windows).
+std::mt19937_64 data_rng(uint64_t seed, uint64_t stream);
+
+}  // namespace posenc::train

@@ -1,0 +1,173 @@
+// image_classification: a ViT (Dosovitskiy et al. 2021) on Fashion-MNIST (Xiao et al. 2017).
+//   image [28, 28] uint8 -> /255 -> (resize by `scale`) -> zero border `pad` px (scaled too)
+//   -> normalize (mean 0.2860, std 0.3530, the training set's) -> p x p patches with grid positions
+// Training augmentation: random crop after zero padding, random horizontal flip.
+// Generalization: accuracy at the eval_scales (e.g. 1.5: 28 -> 42 px + 3 px border = 48, a
+// 12 x 12 grid instead of 8 x 8): a learned table is resampled to the new grid (bicubic, as timm),
+// a 2D relative table is resized, sin-cos and RoPE are evaluated at the new positions.
+//
+// Keys (task): data_dir, train_limit, eval_limit, pad (2), patch (4), crop_padding (2),
+//              flip (true), eval_scales ([1.0]), eval_batch (500)
+// Keys (model): transformer keys + pooling (mean | cls)
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+
+#include "common.h"
+#include "posenc/encoders/learned_grid.h"
+#include "posenc/encoders/relative_2d.h"
+#include "vision/idx.h"
+#include "vision/images.h"
+
+namespace posenc::train {
+namespace {
+
+constexpr double kMean = 0.2860, kStd = 0.3530;
+
+class ImageClassification : public Task {
+ public:
+  explicit ImageClassification(const nlohmann::json& config) {
+    ConfigReader task(config.at("task"), "task");
+    task.allow("type");
+    const std::string dir = task.string("data_dir", "/usr/share/datasets/fashion-mnist");
+    const int64_t train_limit = task.integer("train_limit", 0);
+    const int64_t eval_limit = task.integer("eval_limit", 0);
+    pad_ = task.integer("pad", 2);
+    patch_ = task.integer("patch", 4);
+    crop_padding_ = task.integer("crop_padding", 2);
+    flip_ = task.boolean("flip", true);
+    eval_batch_ = task.integer("eval_batch", 500);
+    if (task.has("eval_scales")) scales_ = task.numbers("eval_scales");
+    task.finish();
+    TORCH_CHECK(pad_ >= 0 && patch_ > 0 && crop_padding_ >= 0 && eval_batch_ > 0,
+                "task: pad, crop_padding must be >= 0 and patch, eval_batch > 0");
+    train_ = vision::load_fashion_mnist(true, dir);
+    test_ = vision::load_fashion_mnist(false, dir);
+    if (train_limit > 0)
+      train_ = {train_.images.narrow(0, 0, std::min(train_limit, train_.images.size(0))),
+                train_.labels.narrow(0, 0, std::min(train_limit, train_.labels.size(0)))};
+    if (eval_limit > 0)
+      test_ = {test_.images.narrow(0, 0, std::min(eval_limit, test_.images.size(0))),
+               test_.labels.narrow(0, 0, std::min(eval_limit, test_.labels.size(0)))};
+
+    ConfigReader model(config.at("model"), "model");
+    auto t = transformer_options(model);
+    const auto pooling = pooling_from_string(model.string("pooling", "mean"));
+    model.finish();
+    const int64_t side = 28 + 2 * pad_;
+    TORCH_CHECK(side % patch_ == 0, "task: the padded image side 28 + 2 * pad = ", side,
+                " is not a multiple of patch = ", patch_);
+    model_ = TokenClassifier(TokenClassifierOptions(patch_ * patch_, 10, t).pooling(pooling),
+                             encoder_from(config, "encoder", t));
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
+  int64_t train_size() const override { return train_.images.size(0); }
+  std::string metric_name() const override { return "accuracy"; }
+  bool higher_is_better() const override { return true; }
+
+  at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
+    auto images = prepare(train_.images.index_select(0, indices), 1.0, true);
+    auto labels = train_.labels.index_select(0, indices);
+    auto patches = vision::patchify(images, patch_);
+    auto logits = model_(patches.tokens, patches.positions);
+    *metric = accuracy(logits.detach(), labels);
+    return torch::cross_entropy_loss(logits, labels);
+  }
+
+  Metrics evaluate() override { return evaluate_at(1.0); }
+
+  std::vector<GeneralizationRow> generalization() override {
+    std::vector<GeneralizationRow> rows;
+    for (double scale : scales_) {
+      const int64_t grid = side_at(scale) / patch_;
+      auto restore = fit_encoder_to_grid(grid);
+      auto metrics = evaluate_at(scale);
+      restore();
+      std::ostringstream name;
+      name << "scale " << scale << "x (" << side_at(scale) << " px, " << grid << "x" << grid
+           << " patches)";
+      rows.push_back({name.str(), scale, metrics});
+    }
+    return rows;
+  }
+
+ private:
+  int64_t side_at(double scale) const {
+    return std::lround(28 * scale) + 2 * std::lround(static_cast<double>(pad_) * scale);
+  }
+
+  // uint8 [B, 28, 28] -> normalized float [B, 1, S, S].
+  at::Tensor prepare(const at::Tensor& raw, double scale, bool augment) const {
+    auto x = raw.to(torch::kFloat).div_(255.0).unsqueeze(1);
+    if (scale != 1.0) {
+      const int64_t size = std::lround(28 * scale);
+      x = vision::resize_images(x, size, size);
+    }
+    const int64_t pad = std::lround(static_cast<double>(pad_) * scale);
+    if (pad > 0) x = torch::constant_pad_nd(x, {pad, pad, pad, pad}, 0.0);
+    if (augment && crop_padding_ > 0) x = vision::random_crop(x, crop_padding_);
+    if (augment && flip_) x = vision::random_horizontal_flip(x);
+    return (x - kMean) / kStd;
+  }
+
+  Metrics evaluate_at(double scale) {
+    const int64_t n = test_.images.size(0);
+    double loss = 0, correct = 0;
+    for (int64_t begin = 0; begin < n; begin += eval_batch_) {
+      const int64_t size = std::min(eval_batch_, n - begin);
+      auto patches =
+          vision::patchify(prepare(test_.images.narrow(0, begin, size), scale, false), patch_);
+      auto labels = test_.labels.narrow(0, begin, size);
+      auto logits = model_(patches.tokens, patches.positions);
+      loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
+      correct += logits.argmax(-1).eq(labels).sum().item<double>();
+    }
+    return {{"loss", loss / static_cast<double>(n)},
+            {"accuracy", correct / static_cast<double>(n)}};
+  }
+
+  // Resizes grid-bound encoders to a grid x grid patch grid; returns how to undo it.
+  std::function<void()> fit_encoder_to_grid(int64_t grid) {
+    auto* encoder = model_->transformer->encoder.get();
+    if (auto* learned = dynamic_cast<LearnedGridImpl*>(encoder)) {
+      auto saved = learned->weight.detach().clone();
+      auto options = learned->options;
+      if (options.grid_height() != grid || options.grid_width() != grid) {
+        learned->resize(grid, grid);
+      }
+      return [learned, saved, options] {
+        learned->weight.set_data(saved);
+        learned->options = options;
+      };
+    }
+    if (auto* relative = dynamic_cast<Relative2dImpl*>(encoder)) {
+      auto saved = relative->weight.detach().clone();
+      auto options = relative->options;
+      if (options.grid_height() < grid || options.grid_width() < grid) {
+        relative->resize(grid, grid);
+      }
+      return [relative, saved, options] {
+        relative->weight.set_data(saved);
+        relative->options = options;
+      };
+    }
+    return [] {};
+  }
+
+  vision::FashionMnist train_, test_;
+  int64_t pad_, patch_, crop_padding_, eval_batch_;
+  bool flip_;
+  std::vector<double> scales_{1.0};
+  TokenClassifier model_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_image_classification(const nlohmann::json& config) {
+  return std::make_unique<ImageClassification>(config);
+}
+
+}  // namespace posenc::train

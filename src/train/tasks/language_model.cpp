@@ -1,0 +1,145 @@
+// language_model: a causal byte-level LM on Project Gutenberg books; train short, test long
+// (Press et al. 2022, "Train Short, Test Long"). Each book minus its Gutenberg header/footer is
+// split: the last eval_fraction of every book is held out. Training draws random windows of
+// `context` bytes; evaluation uses fixed windows (seeded) and the mean next-byte cross-entropy
+// over every position of the window, reported as perplexity per byte (ppl = exp(loss)) and bits
+// per byte (bpb = loss / ln 2).
+// Generalization: the same at each of eval_contexts (e.g. 128, 256, 512, 1024). A learned table
+// shorter than the context is resampled (linear interpolation) for that evaluation and restored:
+// the honest version of "learned positions past their table".
+//
+// Keys (task): files (["${data}/gutenberg/..."]), eval_fraction (0.1), context (128),
+//              windows_per_epoch (8192), eval_windows (64), eval_contexts ([context]),
+//              eval_batch (16)
+#include <torch/torch.h>
+
+#include <functional>
+
+#include "common.h"
+#include "posenc/encoders/learned.h"
+#include "text/gutenberg.h"
+
+namespace posenc::train {
+namespace {
+
+class LanguageModelTask : public Task {
+ public:
+  explicit LanguageModelTask(const nlohmann::json& config) {
+    ConfigReader task(config.at("task"), "task");
+    task.allow("type");
+    std::vector<std::string> files = {"${data}/gutenberg/moby-dick.txt",
+                                      "${data}/gutenberg/sherlock-holmes.txt",
+                                      "${data}/gutenberg/tom-sawyer.txt"};
+    if (task.has("files")) files = task.strings("files");
+    const double eval_fraction = task.number("eval_fraction", 0.1);
+    context_ = task.integer("context", 128);
+    windows_per_epoch_ = task.integer("windows_per_epoch", 8192);
+    eval_windows_ = task.integer("eval_windows", 64);
+    eval_batch_ = task.integer("eval_batch", 16);
+    contexts_ = {context_};
+    if (task.has("eval_contexts")) contexts_ = task.integers("eval_contexts");
+    task.finish();
+    TORCH_CHECK(eval_fraction > 0 && eval_fraction < 1,
+                "task: eval_fraction must be in (0, 1), got ", eval_fraction);
+    TORCH_CHECK(context_ > 0 && windows_per_epoch_ > 0 && eval_windows_ > 0 && eval_batch_ > 0,
+                "task: context, windows_per_epoch, eval_windows, eval_batch must be > 0");
+    std::vector<at::Tensor> train_parts, eval_parts;
+    text::ByteTokenizer tokenizer;
+    for (const auto& file : files) {
+      auto tokens =
+          tokenizer.encode(text::strip_gutenberg(text::read_text(resolve_data_path(file))));
+      const int64_t held =
+          static_cast<int64_t>(static_cast<double>(tokens.size(0)) * eval_fraction);
+      train_parts.push_back(tokens.narrow(0, 0, tokens.size(0) - held));
+      eval_parts.push_back(tokens.narrow(0, tokens.size(0) - held, held));
+    }
+    train_tokens_ = torch::cat(train_parts);
+    eval_tokens_ = torch::cat(eval_parts);
+    for (int64_t length : contexts_) {
+      TORCH_CHECK(length > 0 && eval_tokens_.size(0) > length + 1, "task: eval context ", length,
+                  " does not fit the ", eval_tokens_.size(0), " held-out bytes");
+    }
+
+    ConfigReader model(config.at("model"), "model");
+    auto t = transformer_options(model);
+    model.finish();
+    t.causal(true);
+    model_ = LanguageModel(LanguageModelOptions(t), encoder_from(config, "encoder", t));
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
+  int64_t train_size() const override { return windows_per_epoch_; }
+  std::string metric_name() const override { return "ppl"; }
+  bool higher_is_better() const override { return false; }
+
+  at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
+    auto windows = text::sample_windows(train_tokens_, context_, indices.size(0));
+    auto logits = model_(windows.inputs, windows.positions);
+    *metric = std::numeric_limits<double>::quiet_NaN();
+    return torch::cross_entropy_loss(logits.flatten(0, 1), windows.targets.flatten());
+  }
+
+  Metrics evaluate() override { return evaluate_at(context_); }
+
+  std::vector<GeneralizationRow> generalization() override {
+    std::vector<GeneralizationRow> rows;
+    for (int64_t length : contexts_) {
+      auto restore = fit_encoder_to_length(length);
+      rows.push_back(
+          {"context " + std::to_string(length), static_cast<double>(length), evaluate_at(length)});
+      restore();
+    }
+    return rows;
+  }
+
+ private:
+  // Mean next-byte loss over eval_windows fixed windows of `length` bytes (same for every run).
+  Metrics evaluate_at(int64_t length) {
+    auto rng = data_rng(1234, static_cast<uint64_t>(length));
+    std::uniform_int_distribution<int64_t> start(0, eval_tokens_.size(0) - length - 1);
+    std::vector<int64_t> starts(static_cast<size_t>(eval_windows_));
+    for (auto& s : starts) s = start(rng);
+    double total = 0;
+    for (int64_t begin = 0; begin < eval_windows_; begin += eval_batch_) {
+      const int64_t count = std::min(eval_batch_, eval_windows_ - begin);
+      auto first = torch::tensor(
+                       std::vector<int64_t>(starts.begin() + begin, starts.begin() + begin + count))
+                       .view({count, 1});
+      auto index = first + torch::arange(length + 1, torch::kLong);
+      auto windows = eval_tokens_.index_select(0, index.flatten()).view({count, length + 1});
+      auto logits = model_(windows.narrow(1, 0, length), Positions::sequence(length));
+      total +=
+          torch::cross_entropy_loss(logits.flatten(0, 1), windows.narrow(1, 1, length).flatten(),
+                                    {}, at::Reduction::Sum)
+              .item<double>();
+    }
+    const double loss = total / static_cast<double>(eval_windows_ * length);
+    return {{"loss", loss}, {"ppl", std::exp(loss)}, {"bpb", loss / std::log(2.0)}};
+  }
+
+  std::function<void()> fit_encoder_to_length(int64_t length) {
+    auto* learned = dynamic_cast<LearnedImpl*>(model_->transformer->encoder.get());
+    if (learned == nullptr || learned->options.max_positions() >= length) return [] {};
+    auto saved = learned->weight.detach().clone();
+    auto options = learned->options;
+    // Stretch the table over the longer context: position p reads the table at p * L / length.
+    learned->resize(length);
+    return [learned, saved, options] {
+      learned->weight.set_data(saved);
+      learned->options = options;
+    };
+  }
+
+  at::Tensor train_tokens_, eval_tokens_;
+  int64_t context_, windows_per_epoch_, eval_windows_, eval_batch_;
+  std::vector<int64_t> contexts_;
+  LanguageModel model_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_language_model(const nlohmann::json& config) {
+  return std::make_unique<LanguageModelTask>(config);
+}
+
+}  // namespace posenc::train
