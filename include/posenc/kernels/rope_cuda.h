@@ -8,6 +8,14 @@
 //   positions: float64, [B * N] when positions_batched, else [N]
 //   inv_freq:  float32 [F], 2F <= Dh; dims 2F..Dh-1 pass through
 //   sign:      +1 forward, -1 the inverse rotation (the backward pass)
+//
+// rope_rotate_tables is the path behind rope_fused* on CUDA tensors: the per-pair cos/sin tables
+// of rope_cos_sin (any scaling, xPos or multi-axis sections already folded in), up to two
+// tensors (q and k, which may differ in heads) in one launch, out of place or in place:
+//   x, y:     [B, N, H_t, Dh_t] (element strides; the last dim contiguous)
+//   cos, sin: float32 [N, F] or [B, N, F] contiguous, 2F <= Dh_t; dims 2F.. are copied to y
+// One block per token; each thread rotates V consecutive pairs with one vector load per operand
+// (16 bytes: V = 4 fp32 / 8 bf16 in the half layout) when pointers and strides allow, else V = 1.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,5 +42,29 @@ struct RopeLaunch {
 
 /// Launches the kernel on `stream`; returns the launch error (cudaSuccess when fine).
 cudaError_t rope_rotate_inplace(const RopeLaunch& launch, cudaStream_t stream);
+
+struct RopeTableTensor {
+  const void* x = nullptr;
+  void* y = nullptr;  ///< may equal x (in place)
+  int64_t heads = 0, head_dim = 0;
+  int64_t x_stride_batch = 0, x_stride_token = 0, x_stride_head = 0;  ///< in elements
+  int64_t y_stride_batch = 0, y_stride_token = 0, y_stride_head = 0;
+};
+
+struct RopeTableLaunch {
+  RopeTableTensor tensors[2];
+  int count = 1;  ///< 1 (x) or 2 (q and k)
+  Storage storage = Storage::kFloat32;
+  int64_t batch = 0, tokens = 0;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  bool table_batched = false;  ///< [B, N, F] instead of [N, F]
+  int64_t pairs = 0;           ///< F
+  bool interleaved = false;
+  float sign = 1.0f;  ///< -1: the inverse rotation
+};
+
+/// Rotates every tensor of `launch` on `stream`; returns the launch error.
+cudaError_t rope_rotate_tables(const RopeTableLaunch& launch, cudaStream_t stream);
 
 }  // namespace posenc::cuda

@@ -8,6 +8,9 @@
 #include "../cpu/attention_cpu.h"
 #include "posenc/functional/relative.h"
 #include "posenc/kernels/attention.h"
+#if POSENC_HAS_CUDA_GLUE
+#include "../cuda/cuda_glue.h"
+#endif
 
 namespace posenc {
 
@@ -150,8 +153,11 @@ bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions) {
   // float64 stays on the (exact) reference path: the kernel computes in float32.
   const auto dtype = q.scalar_type();
-  if (!q.device().is_cpu() ||
-      !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf))
+  bool device_ok = q.device().is_cpu();
+#if POSENC_HAS_CUDA_GLUE
+  device_ok = device_ok || detail::attention_cuda_supported(q);
+#endif
+  if (!device_ok || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf))
     return false;
   if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
   switch (bias.form) {
@@ -189,6 +195,10 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
     TORCH_CHECK(masks.key_padding.sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
                 "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
                 "], got ", masks.key_padding.sizes());
+#if POSENC_HAS_CUDA_GLUE
+  if (q.is_cuda())  // the one dispatch point to the CUDA kernel
+    return detail::attention_fused_cuda(q, k, v, bias, q_positions, k_positions, masks, scale);
+#endif
   at::Tensor table = bias.form == BiasForm::kBucketTable ? bias.table : torch::empty({0});
   return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale)[0];
 }

@@ -4,10 +4,24 @@
 #include <torch/torch.h>
 
 #include "posenc/kernels/rope.h"
+#if POSENC_HAS_CUDA_GLUE
+#include "../cuda/cuda_glue.h"
+#endif
 
 namespace posenc {
 
 namespace {
+
+// The one dispatch point: CUDA tensors to the CUDA kernel (when built), the rest to the CPU's.
+void rope_rotate_any(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                     const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout,
+                     bool inverse) {
+#if POSENC_HAS_CUDA_GLUE
+  if (!inputs.empty() && inputs[0].is_cuda())
+    return detail::rope_rotate_cuda(inputs, outputs, cos, sin, layout, inverse);
+#endif
+  rope_rotate_cpu(inputs, outputs, cos, sin, layout, inverse);
+}
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
@@ -24,7 +38,7 @@ variable_list rotate(const variable_list& inputs, const at::Tensor& cos, const a
     in.push_back(last_dim_contiguous(x));
     out.push_back(at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous)));
   }
-  rope_rotate_cpu(in, out, cos, sin, layout, inverse);
+  rope_rotate_any(in, out, cos, sin, layout, inverse);
   return out;
 }
 
@@ -77,6 +91,12 @@ class RopeQkFunction : public torch::autograd::Function<RopeQkFunction> {
 }  // namespace
 
 bool rope_fused_supported(const at::Tensor& x, const at::Tensor& cos) {
+#if POSENC_HAS_CUDA_GLUE
+  if (x.is_cuda())  // the CUDA kernel stores fp32/bf16/fp16; cos/sin may live anywhere
+    return !cos.requires_grad() &&
+           (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 ||
+            x.scalar_type() == at::kHalf);
+#endif
   return x.device().is_cpu() && cos.device().is_cpu() && !cos.requires_grad() &&
          (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ||
           x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
@@ -98,7 +118,7 @@ void rope_fused_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Ro
   TORCH_CHECK(x.stride(-1) == 1, "rope_fused_: in place needs a contiguous last dim");
   TORCH_CHECK(!(x.requires_grad() && torch::GradMode::is_enabled()),
               "rope_fused_: in-place rotation does not record gradients; use rope_fused");
-  rope_rotate_cpu({x}, {x}, cos, sin, layout, /*inverse=*/false);
+  rope_rotate_any({x}, {x}, cos, sin, layout, /*inverse=*/false);
 }
 
 }  // namespace posenc

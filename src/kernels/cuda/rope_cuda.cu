@@ -1,43 +1,14 @@
-// CUDA RoPE kernel; interface and math in include/posenc/kernels/rope_cuda.h.
+// CUDA RoPE kernels; interface and math in include/posenc/kernels/rope_cuda.h.
 // Reference (specification, test oracle): rope_apply in src/functional/rope.cpp.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
+//   rope_rotate_inplace: angles from positions x inv_freq, computed per token in shared memory
+//   rope_rotate_tables:  cos/sin tables (the path behind rope_fused* on CUDA tensors), q and k in
+//                        one launch, 16-byte vector loads and stores where alignment allows
 #include "posenc/kernels/rope_cuda.h"
+#include "storage.cuh"
 
 namespace posenc::cuda {
 
 namespace {
-
-template <typename T>
-__device__ __forceinline__ float load(const T* p);
-template <>
-__device__ __forceinline__ float load<float>(const float* p) {
-  return *p;
-}
-template <>
-__device__ __forceinline__ float load<__nv_bfloat16>(const __nv_bfloat16* p) {
-  return __bfloat162float(*p);
-}
-template <>
-__device__ __forceinline__ float load<__half>(const __half* p) {
-  return __half2float(*p);
-}
-
-template <typename T>
-__device__ __forceinline__ void store(T* p, float v);
-template <>
-__device__ __forceinline__ void store<float>(float* p, float v) {
-  *p = v;
-}
-template <>
-__device__ __forceinline__ void store<__nv_bfloat16>(__nv_bfloat16* p, float v) {
-  *p = __float2bfloat16(v);
-}
-template <>
-__device__ __forceinline__ void store<__half>(__half* p, float v) {
-  *p = __float2half(v);
-}
 
 // grid: one block per token (b, n); shared: cos[F], sin[F]
 template <typename T>
@@ -81,6 +52,130 @@ cudaError_t launch(const RopeLaunch& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// ---- table-driven rotation (rope_fused* on CUDA tensors) ---------------------------------------
+
+// N elements of T loaded or stored as one aligned vector (16 bytes at most).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+// grid: one block per token (b, n). Thread w of tensor t: head w / (F / V), pairs
+// [i0, i0 + V) with i0 = V * (w % (F / V)).
+//   half:        a = row[i0 .. i0+V), b = row[F+i0 .. F+i0+V)   (two vector loads)
+//   interleaved: row[2 i0 .. 2 i0 + 2V) = a0 b0 a1 b1 ..       (one vector load)
+template <typename T, int V>
+__global__ void rope_table_kernel(RopeTableLaunch a) {
+  const int64_t token = blockIdx.x;  // b * tokens + n
+  const int64_t b = token / a.tokens, n = token % a.tokens;
+  const int64_t row = (a.table_batched ? token : n) * a.pairs;
+  const float* cos_row = a.cos + row;
+  const float* sin_row = a.sin + row;
+  const int groups = static_cast<int>(a.pairs / V);
+  for (int t = 0; t < a.count; ++t) {
+    const RopeTableTensor& u = a.tensors[t];
+    const T* xb = static_cast<const T*>(u.x) + b * u.x_stride_batch + n * u.x_stride_token;
+    T* yb = static_cast<T*>(u.y) + b * u.y_stride_batch + n * u.y_stride_token;
+    const int work = static_cast<int>(u.heads) * groups;
+    for (int w = threadIdx.x; w < work; w += blockDim.x) {
+      const int h = w / groups, i0 = (w % groups) * V;
+      const T* xr = xb + h * u.x_stride_head;
+      T* yr = yb + h * u.y_stride_head;
+      float c[V], s[V];
+#pragma unroll
+      for (int v = 0; v < V; ++v) {
+        c[v] = __ldg(cos_row + i0 + v);
+        s[v] = __ldg(sin_row + i0 + v) * a.sign;
+      }
+      if (!a.interleaved) {
+        const Pack<T, V> pa = *reinterpret_cast<const Pack<T, V>*>(xr + i0);
+        const Pack<T, V> pb = *reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs);
+        Pack<T, V> oa, ob;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float xa = load(&pa.v[v]), xb2 = load(&pb.v[v]);
+          store(&oa.v[v], xa * c[v] - xb2 * s[v]);
+          store(&ob.v[v], xb2 * c[v] + xa * s[v]);
+        }
+        *reinterpret_cast<Pack<T, V>*>(yr + i0) = oa;
+        *reinterpret_cast<Pack<T, V>*>(yr + i0 + a.pairs) = ob;
+      } else {
+        const Pack<T, 2 * V> p = *reinterpret_cast<const Pack<T, 2 * V>*>(xr + 2 * i0);
+        Pack<T, 2 * V> o;
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+          const float xa = load(&p.v[2 * v]), xb2 = load(&p.v[2 * v + 1]);
+          store(&o.v[2 * v], xa * c[v] - xb2 * s[v]);
+          store(&o.v[2 * v + 1], xb2 * c[v] + xa * s[v]);
+        }
+        *reinterpret_cast<Pack<T, 2 * V>*>(yr + 2 * i0) = o;
+      }
+    }
+    if (u.y != u.x) {  // out of place: dims 2F..Dh-1 pass through
+      const int rest = static_cast<int>(u.head_dim - 2 * a.pairs);
+      const int copies = static_cast<int>(u.heads) * rest;
+      for (int w = threadIdx.x; w < copies; w += blockDim.x) {
+        const int h = w / rest, d = static_cast<int>(2 * a.pairs) + w % rest;
+        yb[h * u.y_stride_head + d] = xb[h * u.x_stride_head + d];
+      }
+    }
+  }
+}
+
+// The widest V (pairs per thread) that every pointer, stride and F allows: 16-byte vectors.
+template <typename T>
+int vector_width(const RopeTableLaunch& a) {
+  const int elements =
+      a.interleaved ? static_cast<int>(16 / sizeof(T)) / 2 : static_cast<int>(16 / sizeof(T));
+  for (int v = elements; v > 1; v /= 2) {
+    const int64_t span = a.interleaved ? 2 * v : v;  // elements per vector
+    bool ok = a.pairs % v == 0;
+    for (int t = 0; t < a.count && ok; ++t) {
+      const RopeTableTensor& u = a.tensors[t];
+      const uintptr_t bytes = span * sizeof(T);
+      ok = reinterpret_cast<uintptr_t>(u.x) % bytes == 0 &&
+           reinterpret_cast<uintptr_t>(u.y) % bytes == 0;
+      for (int64_t stride : {u.x_stride_batch, u.x_stride_token, u.x_stride_head, u.y_stride_batch,
+                             u.y_stride_token, u.y_stride_head})
+        ok = ok && stride % span == 0;
+      ok = ok && (a.interleaved || a.pairs % span == 0);  // b = a + F stays aligned
+    }
+    if (ok) return v;
+  }
+  return 1;
+}
+
+template <typename T>
+cudaError_t launch_tables(const RopeTableLaunch& a, cudaStream_t stream) {
+  const int64_t blocks = a.batch * a.tokens;
+  if (blocks == 0 || a.pairs == 0) {
+    bool copies = false;
+    for (int t = 0; t < a.count; ++t) copies = copies || a.tensors[t].x != a.tensors[t].y;
+    if (blocks == 0 || !copies) return cudaSuccess;  // F = 0 out of place: still copy
+  }
+  int64_t widest = 0;
+  for (int t = 0; t < a.count; ++t)
+    widest = widest > a.tensors[t].heads * a.tensors[t].head_dim / 2
+                 ? widest
+                 : a.tensors[t].heads * a.tensors[t].head_dim / 2;
+  const int threads = widest >= 256 ? 256 : (widest >= 128 ? 128 : 64);
+  const auto grid = static_cast<unsigned>(blocks);
+  switch (a.pairs == 0 ? 1 : vector_width<T>(a)) {
+    case 8:
+      rope_table_kernel<T, 8><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 4:
+      rope_table_kernel<T, 4><<<grid, threads, 0, stream>>>(a);
+      break;
+    case 2:
+      rope_table_kernel<T, 2><<<grid, threads, 0, stream>>>(a);
+      break;
+    default:
+      rope_table_kernel<T, 1><<<grid, threads, 0, stream>>>(a);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t rope_rotate_inplace(const RopeLaunch& a, cudaStream_t stream) {
@@ -94,6 +189,25 @@ cudaError_t rope_rotate_inplace(const RopeLaunch& a, cudaStream_t stream) {
       return launch<__nv_bfloat16>(a, stream);
     case Storage::kFloat16:
       return launch<__half>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t rope_rotate_tables(const RopeTableLaunch& a, cudaStream_t stream) {
+  if (a.count < 1 || a.count > 2 || a.cos == nullptr || a.sin == nullptr || a.pairs < 0)
+    return cudaErrorInvalidValue;
+  for (int t = 0; t < a.count; ++t) {
+    const RopeTableTensor& u = a.tensors[t];
+    if (u.x == nullptr || u.y == nullptr || 2 * a.pairs > u.head_dim) return cudaErrorInvalidValue;
+  }
+  if (a.batch * a.tokens > 0x7fffffff) return cudaErrorInvalidConfiguration;  // grid.x
+  switch (a.storage) {
+    case Storage::kFloat32:
+      return launch_tables<float>(a, stream);
+    case Storage::kBFloat16:
+      return launch_tables<__nv_bfloat16>(a, stream);
+    case Storage::kFloat16:
+      return launch_tables<__half>(a, stream);
   }
   return cudaErrorInvalidValue;
 }

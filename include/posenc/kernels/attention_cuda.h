@@ -1,0 +1,65 @@
+// CUDA attention forward with the position bias computed on the fly, raw-pointer interface (no
+// LibTorch). Same contract as the CPU kernel (include/posenc/kernels/attention.h; oracle:
+// attention_reference): FlashAttention-style tiling with an online softmax (Dao et al. 2022),
+// fp32 accumulation, fp32/bf16/fp16 storage; no [H, Nq, Nk] tensor is materialized.
+//
+//   out_i = sum_j softmax_j(q_i . k_j * scale + b_h(p_i, p_j) + mask_ij) v_j
+//   b_h:  kNone         0
+//         kAlibi        -slope_h (p_i - p_j)   or  -slope_h |p_i - p_j|  (symmetric)
+//         kBucketTable  table[bucket(p_j - p_i), h]   (T5), with bucket() read from
+//                       bucket_of_offset[(p_j - p_i) - offset_min]: the glue fills it with
+//                       t5_relative_position_bucket (src/functional/relative.cpp), the one formula
+//   masks: causal (key j visible to query i when j <= i + Nk - Nq) and key_keep [B, Nk] (0 = pad)
+//
+//   q: [B, Nq, H, D]  k: [B, Nk, H, D]  v: [B, Nk, H, Dv]   element strides, last dim contiguous
+//   out: [B, Nq, H, Dv] contiguous, the storage type of q
+//   lse: [B, H, Nq] float32 contiguous: m + log(l) of each row, -inf where a row sees no key
+//        (a row with no visible key outputs 0, as the reference)
+//   q_positions [Nq], k_positions [Nk]: float64 (T5: integer-valued)
+// Limits: D <= 256 and Dv <= 256 (a query tile and a key/value tile live in shared memory).
+// Block: 4 warps, 32 query rows (8 per warp, each row's softmax state in registers), key tiles of
+// 32 (one key per lane); P V uses warp shuffles. This is a SIMT first version (no tensor cores).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "posenc/kernels/rope_cuda.h"  // Storage
+
+namespace posenc::cuda {
+
+enum class AttentionBias { kNone, kAlibi, kBucketTable };
+
+struct AttentionLaunch {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  Storage storage = Storage::kFloat32;
+  int64_t batch = 0, heads = 0, nq = 0, nk = 0, dim = 0, dim_v = 0;
+  int64_t q_stride_batch = 0, q_stride_token = 0, q_stride_head = 0;  ///< in elements
+  int64_t k_stride_batch = 0, k_stride_token = 0, k_stride_head = 0;
+  int64_t v_stride_batch = 0, v_stride_token = 0, v_stride_head = 0;
+  float scale = 1.0f;
+  AttentionBias bias = AttentionBias::kNone;
+  const double* q_positions = nullptr;  ///< [Nq] (needed by kAlibi, kBucketTable)
+  const double* k_positions = nullptr;  ///< [Nk]
+  const float* slopes = nullptr;        ///< kAlibi: [H]
+  bool symmetric = false;               ///< kAlibi: |p_i - p_j|
+  const float* table = nullptr;         ///< kBucketTable: [num_buckets, H] contiguous
+  int64_t num_buckets = 0;
+  const int32_t* bucket_of_offset = nullptr;  ///< kBucketTable: [offset_count]
+  int64_t offset_min = 0, offset_count = 0;   ///< offsets p_j - p_i in [min, min + count)
+  bool causal = false;
+  const uint8_t* key_keep = nullptr;  ///< [B, Nk], nonzero = a real key; nullptr = all real
+};
+
+/// Largest D and Dv the kernel takes.
+constexpr int64_t kAttentionMaxDim = 256;
+
+/// Launches the forward kernel on `stream`; returns the launch error (cudaSuccess when fine).
+cudaError_t attention_forward(const AttentionLaunch& launch, cudaStream_t stream);
+
+}  // namespace posenc::cuda

@@ -1,0 +1,443 @@
+// CUDA kernels vs the CPU references (rope_apply, attention_reference: the specifications).
+// Two groups:
+//  - raw kernels (rope_rotate_inplace, rope_rotate_tables, attention_forward) through cudaMalloc:
+//    built whenever nvcc is there, even against a CPU-only LibTorch;
+//  - the public functions on CUDA tensors (rope_fused*, attention_fused), built only with the glue
+//    (POSENC_HAS_CUDA_GLUE): layouts x dtypes x odd sizes, non-contiguous views, position
+//    offsets, batched tables; ALiBi/T5 x causal x padding; gradients.
+// Every test skips (never fails) without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_cuda.h"
+#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_cuda.h"
+#include "posenc/posenc.h"
+
+namespace posenc {
+namespace {
+
+// fp32 kernel and fp32 reference evaluate the same rotation: a few ulps of |x| <~ 4.
+constexpr double kRopeFloat32Tolerance = 5e-6;
+// bf16/fp16 outputs are rounded once each from fp32; the reference rounds the same way.
+constexpr double kReducedTolerance = 2e-2;
+// float32 tiles vs a float32 einsum/softmax: different summation orders, values O(1).
+constexpr double kAttentionTolerance = 5e-5;
+// Gradients relative to their largest entry (reference autograd on the device vs on the CPU).
+constexpr double kGradientTolerance = 1e-4;
+
+bool has_cuda_device() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!has_cuda_device()) GTEST_SKIP() << "no CUDA device"
+
+double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64))
+      .abs()
+      .max()
+      .item<double>();
+}
+
+double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return max_abs_diff(a, b) / std::max(1e-12, b.abs().max().item<double>());
+}
+
+// ---- raw kernels: cudaMalloc'd buffers, no LibTorch CUDA ----------------------------------------
+
+// A device copy of a contiguous CPU tensor, freed at scope exit.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const torch::Tensor& host) : bytes_(host.nbytes()) {
+    EXPECT_EQ(cudaMalloc(&data_, bytes_ == 0 ? 1 : bytes_), cudaSuccess);
+    if (bytes_ > 0) {
+      EXPECT_EQ(cudaMemcpy(data_, host.contiguous().data_ptr(), bytes_, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+  template <typename T>
+  T* get() const {
+    return static_cast<T*>(data_);
+  }
+  /// Copies back into `host` (contiguous, same bytes).
+  void read(torch::Tensor& host) const {
+    EXPECT_EQ(cudaMemcpy(host.data_ptr(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+TEST(CudaRawKernel, RopeRotateInplaceMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  torch::manual_seed(3);
+  const int64_t b = 2, n = 19, h = 3, dh = 20, f = 8;  // partial: dims 16..19 pass through
+  auto x = torch::randn({b, n, h, dh});
+  auto positions = torch::arange(n, torch::kFloat64) + 4000;  // an offset
+  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * f, 2, torch::kFloat64) / (2.0 * f));
+  for (bool interleaved : {false, true}) {
+    DeviceBuffer dx(x), dp(positions), di(inv.to(torch::kFloat32));
+    cuda::RopeLaunch a;
+    a.x = dx.get<float>();
+    a.batch = b;
+    a.tokens = n;
+    a.heads = h;
+    a.head_dim = dh;
+    a.stride_batch = n * h * dh;
+    a.stride_token = h * dh;
+    a.stride_head = dh;
+    a.positions = dp.get<double>();
+    a.inv_freq = di.get<float>();
+    a.pairs = f;
+    a.interleaved = interleaved;
+    ASSERT_EQ(cuda::rope_rotate_inplace(a, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    auto got = torch::empty_like(x);
+    dx.read(got);
+    auto [cos, sin] = rope_cos_sin(positions, inv);
+    auto want = rope_apply(x, cos, sin, interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf);
+    EXPECT_LT(max_abs_diff(got, want), kRopeFloat32Tolerance) << "interleaved=" << interleaved;
+  }
+}
+
+TEST(CudaRawKernel, RopeRotateTablesQkOutOfPlaceAndInverse) {
+  SKIP_WITHOUT_DEVICE();
+  torch::manual_seed(4);
+  const int64_t b = 2, n = 13, hq = 4, hk = 2, dh = 64, f = 32;
+  auto q = torch::randn({b, n, hq, dh}), k = torch::randn({b, n, hk, dh});
+  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * f, 2, torch::kFloat64) / (2.0 * f));
+  auto [cos, sin] = rope_cos_sin(torch::rand({b, n}, torch::kFloat64) * 3000, inv);  // batched
+  DeviceBuffer dq(q), dk(k), dqo(q), dko(k), dc(cos), ds(sin);
+  cuda::RopeTableLaunch a;
+  a.count = 2;
+  a.batch = b;
+  a.tokens = n;
+  a.cos = dc.get<float>();
+  a.sin = ds.get<float>();
+  a.table_batched = true;
+  a.pairs = f;
+  const DeviceBuffer* in[2] = {&dq, &dk};
+  const DeviceBuffer* out[2] = {&dqo, &dko};
+  const int64_t heads[2] = {hq, hk};
+  for (int t = 0; t < 2; ++t) {
+    auto& u = a.tensors[t];
+    u.x = in[t]->get<float>();
+    u.y = out[t]->get<float>();
+    u.heads = heads[t];
+    u.head_dim = dh;
+    u.x_stride_batch = u.y_stride_batch = n * heads[t] * dh;
+    u.x_stride_token = u.y_stride_token = heads[t] * dh;
+    u.x_stride_head = u.y_stride_head = dh;
+  }
+  ASSERT_EQ(cuda::rope_rotate_tables(a, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto gq = torch::empty_like(q), gk = torch::empty_like(k);
+  dqo.read(gq);
+  dko.read(gk);
+  EXPECT_LT(max_abs_diff(gq, rope_apply(q, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
+  EXPECT_LT(max_abs_diff(gk, rope_apply(k, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
+  // the inverse rotation, in place on the outputs, gives the inputs back
+  a.sign = -1.0f;
+  for (int t = 0; t < 2; ++t) a.tensors[t].x = a.tensors[t].y;
+  ASSERT_EQ(cuda::rope_rotate_tables(a, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dqo.read(gq);
+  EXPECT_LT(max_abs_diff(gq, q), 1e-5);
+}
+
+TEST(CudaRawKernel, AttentionForwardAlibiCausalMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  torch::manual_seed(5);
+  const int64_t b = 2, nq = 37, nk = 45, h = 3, d = 24, dv = 40;  // odd sizes, cached keys
+  auto q = torch::randn({b, nq, h, d}), k = torch::randn({b, nk, h, d}),
+       v = torch::randn({b, nk, h, dv});
+  auto qp = torch::arange(nk - nq, nk, torch::kFloat64), kp = torch::arange(nk, torch::kFloat64);
+  BiasSpec spec;
+  spec.form = BiasForm::kAlibi;
+  spec.slopes = torch::tensor(alibi_slopes(h), torch::kFloat64).to(torch::kFloat32);
+  DeviceBuffer dq(q), dk(k), dv_(v), dqp(qp), dkp(kp), dsl(spec.slopes);
+  auto out = torch::empty({b, nq, h, dv});
+  auto lse = torch::empty({b, h, nq});
+  DeviceBuffer dout(out), dlse(lse);
+  cuda::AttentionLaunch a;
+  a.q = dq.get<float>();
+  a.k = dk.get<float>();
+  a.v = dv_.get<float>();
+  a.out = dout.get<float>();
+  a.lse = dlse.get<float>();
+  a.batch = b;
+  a.heads = h;
+  a.nq = nq;
+  a.nk = nk;
+  a.dim = d;
+  a.dim_v = dv;
+  a.q_stride_batch = nq * h * d;
+  a.q_stride_token = h * d;
+  a.q_stride_head = d;
+  a.k_stride_batch = nk * h * d;
+  a.k_stride_token = h * d;
+  a.k_stride_head = d;
+  a.v_stride_batch = nk * h * dv;
+  a.v_stride_token = h * dv;
+  a.v_stride_head = dv;
+  a.scale = 0.2f;
+  a.bias = cuda::AttentionBias::kAlibi;
+  a.q_positions = dqp.get<double>();
+  a.k_positions = dkp.get<double>();
+  a.slopes = dsl.get<float>();
+  a.causal = true;
+  ASSERT_EQ(cuda::attention_forward(a, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dout.read(out);
+  dlse.read(lse);
+  AttentionMasks masks;
+  masks.causal = true;
+  auto bias = bias_from_spec(spec, qp, kp, h);
+  EXPECT_LT(max_abs_diff(out, attention_reference(q, k, v, bias, masks, 0.2)), kAttentionTolerance);
+  // log-sum-exp of the masked, biased logits
+  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) * 0.2 + bias;
+  auto i = torch::arange(nq).unsqueeze(1), j = torch::arange(nk).unsqueeze(0);
+  logits = logits.masked_fill(j > i + (nk - nq), -INFINITY);
+  EXPECT_LT(max_abs_diff(lse, torch::logsumexp(logits, -1)), kAttentionTolerance);
+}
+
+TEST(CudaRawKernel, RejectsHeadDimAboveLimit) {
+  SKIP_WITHOUT_DEVICE();
+  cuda::AttentionLaunch a;
+  a.batch = a.heads = a.nq = a.nk = 1;
+  a.dim = cuda::kAttentionMaxDim + 1;
+  a.dim_v = 8;
+  float dummy = 0.0f;
+  a.q = a.k = a.v = a.out = &dummy;
+  a.lse = &dummy;
+  EXPECT_EQ(cuda::attention_forward(a, nullptr), cudaErrorInvalidValue);
+}
+
+// ---- public functions on CUDA tensors (the glue)
+// --------------------------------------------------
+#if POSENC_HAS_CUDA_GLUE
+
+#define SKIP_WITHOUT_TORCH_CUDA() \
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device"
+
+struct RopeCase {
+  at::ScalarType dtype;
+  RopeLayout layout;
+  std::vector<int64_t> shape;  // B, N, H, Dh
+  double partial;
+  bool batched_table;
+  bool non_contiguous;
+};
+
+class CudaRope : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(CudaRope, MatchesReferenceForwardBackwardInPlace) {
+  SKIP_WITHOUT_TORCH_CUDA();
+  const auto& c = GetParam();
+  torch::manual_seed(7);
+  const int64_t b = c.shape[0], n = c.shape[1], h = c.shape[2], dh = c.shape[3];
+  auto make = [&] {
+    auto base = torch::randn({b, n, h, c.non_contiguous ? 2 * dh : dh}).to(c.dtype);
+    return c.non_contiguous ? base.narrow(-1, 0, dh) : base;  // strided rows
+  };
+  auto q = make(), k = make();
+  const int64_t f = static_cast<int64_t>(dh * c.partial) / 2;
+  auto positions = c.batched_table ? torch::rand({b, n}, torch::kFloat64) * 5000
+                                   : torch::arange(n, torch::kFloat64) + 1234;  // an offset
+  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * f, 2, torch::kFloat64) / (2.0 * f));
+  auto [cos, sin] = rope_cos_sin(positions, inv, 1.0);
+  auto qd = q.cuda(), kd = k.cuda();
+  ASSERT_TRUE(rope_fused_supported(qd, cos));
+  auto [fq, fk] = rope_fused_qk(qd, kd, cos, sin, c.layout);
+  const double tol = c.dtype == torch::kFloat32 ? kRopeFloat32Tolerance : kReducedTolerance;
+  EXPECT_TRUE(fq.is_cuda());
+  EXPECT_EQ(fq.scalar_type(), c.dtype);
+  EXPECT_LT(max_abs_diff(fq, rope_apply(q, cos, sin, c.layout)), tol);
+  EXPECT_LT(max_abs_diff(fk, rope_apply(k, cos, sin, c.layout)), tol);
+  // one tensor, out of place, tables already on the device
+  EXPECT_LT(max_abs_diff(rope_fused(qd, cos.cuda(), sin.cuda(), c.layout), fq), 1e-6);
+  // in place (a strided view is rotated where it lives)
+  auto qi = qd.clone();
+  rope_fused_(qi, cos, sin, c.layout);
+  EXPECT_LT(max_abs_diff(qi, fq), 1e-6);
+  if (c.dtype != torch::kFloat32) return;
+  // backward: the inverse rotation on the device vs autograd through the CPU reference
+  auto q1 = qd.detach().requires_grad_(true), k1 = kd.detach().requires_grad_(true);
+  auto q2 = q.detach().requires_grad_(true), k2 = k.detach().requires_grad_(true);
+  auto probe = torch::randn({b, n, h, dh});
+  auto [a1, b1] = rope_fused_qk(q1, k1, cos, sin, c.layout);
+  ((a1 * probe.cuda()).sum() + (b1 * probe.cuda() * 2).sum()).backward();
+  ((rope_apply(q2, cos, sin, c.layout) * probe).sum() +
+   (rope_apply(k2, cos, sin, c.layout) * probe * 2).sum())
+      .backward();
+  EXPECT_LT(max_abs_diff(q1.grad(), q2.grad()), tol);
+  EXPECT_LT(max_abs_diff(k1.grad(), k2.grad()), tol);
+}
+
+std::vector<RopeCase> rope_cases() {
+  std::vector<RopeCase> out;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (auto layout : {RopeLayout::kHalf, RopeLayout::kInterleaved}) {
+      out.push_back({dtype, layout, {2, 17, 3, 64}, 1.0, false, false});      // vector path
+      out.push_back({dtype, layout, {1, 5, 1, 10}, 1.0, true, false});        // odd F = 5
+      out.push_back({dtype, layout, {3, 7, 2, 48}, 0.5, false, true});        // partial, strided
+      out.push_back({dtype, layout, {1, 33, 4, 32}, 0.25, true, true});       // batched table
+      out.push_back({dtype, layout, {1, 2048, 16, 128}, 1.0, false, false});  // the bench size
+    }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(LayoutsDtypesShapes, CudaRope, ::testing::ValuesIn(rope_cases()));
+
+TEST(CudaRope, QAndKWithDifferentHeadCounts) {
+  SKIP_WITHOUT_TORCH_CUDA();
+  torch::manual_seed(8);
+  auto q = torch::randn({2, 9, 8, 32}), k = torch::randn({2, 9, 2, 32});  // GQA
+  auto inv = torch::pow(10000.0, -torch::arange(0, 32, 2, torch::kFloat64) / 32.0);
+  auto [cos, sin] = rope_cos_sin(torch::arange(9, torch::kFloat64), inv);
+  auto [fq, fk] = rope_fused_qk(q.cuda(), k.cuda(), cos, sin, RopeLayout::kHalf);
+  EXPECT_LT(max_abs_diff(fq, rope_apply(q, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
+  EXPECT_LT(max_abs_diff(fk, rope_apply(k, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
+}
+
+enum class Form { kNone, kAlibiCausal, kAlibiSymmetric, kT5Bidirectional, kT5Unidirectional };
+
+struct AttentionCase {
+  at::ScalarType dtype;
+  Form form;
+  bool causal;
+  bool padding;
+  int64_t nq, nk, d, dv;
+};
+
+BiasSpec spec_for(Form form, int64_t heads, const at::Tensor& table) {
+  BiasSpec spec;
+  switch (form) {
+    case Form::kNone:
+      break;
+    case Form::kAlibiCausal:
+    case Form::kAlibiSymmetric:
+      spec.form = BiasForm::kAlibi;
+      spec.slopes = torch::tensor(alibi_slopes(heads), torch::kFloat64).to(torch::kFloat32);
+      spec.symmetric = form == Form::kAlibiSymmetric;
+      break;
+    case Form::kT5Bidirectional:
+    case Form::kT5Unidirectional:
+      spec.form = BiasForm::kBucketTable;
+      spec.table = table;
+      spec.num_buckets = table.size(0);
+      spec.max_distance = 40;
+      spec.bidirectional = form == Form::kT5Bidirectional;
+      break;
+  }
+  return spec;
+}
+
+class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudaAttention, MatchesReferenceForwardAndBackward) {
+  SKIP_WITHOUT_TORCH_CUDA();
+  const auto& c = GetParam();
+  torch::manual_seed(21);
+  const int64_t b = 2, h = 3;
+  auto q = torch::randn({b, c.nq, h, c.d}).to(c.dtype);
+  auto k = torch::randn({b, c.nk, h, c.d}).to(c.dtype);
+  auto v = torch::randn({b, c.nk, h, c.dv}).to(c.dtype);
+  auto table = torch::randn({32, h});
+  auto spec = spec_for(c.form, h, table);
+  // positions with an offset; queries are the last nq of the keys (a KV cache)
+  auto kp = torch::arange(c.nk, torch::kFloat64) + 100;
+  auto qp = kp.narrow(0, c.nk - c.nq, c.nq).clone();
+  AttentionMasks masks;
+  masks.causal = c.causal;
+  if (c.padding) {
+    masks.key_padding = torch::ones({b, c.nk}, torch::kBool);
+    masks.key_padding[1].narrow(0, c.nk - 3, 3).fill_(false);
+    masks.key_padding[0][0] = false;
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  auto bias = bias_from_spec(spec, qp, kp, h);
+  auto want = attention_reference(q.to(torch::kFloat32), k.to(torch::kFloat32),
+                                  v.to(torch::kFloat32), bias, masks, scale);
+  AttentionMasks masks_d = masks;
+  if (c.padding) masks_d.key_padding = masks.key_padding.cuda();
+  ASSERT_TRUE(attention_fused_supported(spec, q.cuda(), qp, kp));
+  auto got = attention_fused(q.cuda(), k.cuda(), v.cuda(), spec, qp, kp, masks_d, scale);
+  EXPECT_TRUE(got.is_cuda());
+  EXPECT_EQ(got.scalar_type(), c.dtype);
+  const double tol = c.dtype == torch::kFloat32 ? kAttentionTolerance : kReducedTolerance;
+  EXPECT_LT(max_abs_diff(got, want), tol);
+  if (c.dtype != torch::kFloat32) return;
+  // gradients (the device's reference backward) vs autograd on the CPU
+  auto q1 = q.cuda().requires_grad_(true), k1 = k.cuda().requires_grad_(true),
+       v1 = v.cuda().requires_grad_(true);
+  auto t1 = table.clone().requires_grad_(true);
+  auto probe = torch::randn({b, c.nq, h, c.dv});
+  (attention_fused(q1, k1, v1, spec_for(c.form, h, t1), qp, kp, masks_d, scale) * probe.cuda())
+      .sum()
+      .backward();
+  auto q2 = q.clone().requires_grad_(true), k2 = k.clone().requires_grad_(true),
+       v2 = v.clone().requires_grad_(true);
+  auto t2 = table.clone().requires_grad_(true);
+  (attention_reference(q2, k2, v2, bias_from_spec(spec_for(c.form, h, t2), qp, kp, h), masks,
+                       scale) *
+   probe)
+      .sum()
+      .backward();
+  EXPECT_LT(relative_diff(q1.grad(), q2.grad()), kGradientTolerance);
+  EXPECT_LT(relative_diff(k1.grad(), k2.grad()), kGradientTolerance);
+  EXPECT_LT(relative_diff(v1.grad(), v2.grad()), kGradientTolerance);
+  if (spec.form == BiasForm::kBucketTable) {
+    EXPECT_LT(relative_diff(t1.grad(), t2.grad()), kGradientTolerance);
+  }
+}
+
+std::vector<AttentionCase> attention_cases() {
+  std::vector<AttentionCase> out;
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16}) {
+    out.push_back({dtype, Form::kNone, false, false, 33, 33, 16, 8});
+    out.push_back({dtype, Form::kAlibiCausal, true, false, 17, 70, 64, 64});  // cached keys
+    out.push_back({dtype, Form::kAlibiSymmetric, false, true, 50, 50, 24, 40});
+    out.push_back({dtype, Form::kT5Bidirectional, false, true, 31, 31, 128, 128});
+    out.push_back({dtype, Form::kT5Unidirectional, true, true, 1, 65, 32, 200});  // one query
+  }
+  out.push_back({torch::kFloat32, Form::kAlibiCausal, true, true, 300, 300, 256, 256});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(FormsMasksSizes, CudaAttention, ::testing::ValuesIn(attention_cases()));
+
+TEST(CudaAttention, NonContiguousInputs) {
+  SKIP_WITHOUT_TORCH_CUDA();
+  torch::manual_seed(22);
+  // q, k, v as views into one fused projection [B, N, 3, H, D]
+  auto qkv = torch::randn({2, 41, 3, 4, 32});
+  auto q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  auto dev = qkv.cuda();
+  auto positions = torch::arange(41, torch::kFloat64);
+  BiasSpec spec;
+  spec.form = BiasForm::kAlibi;
+  spec.slopes = torch::tensor(alibi_slopes(4), torch::kFloat64).to(torch::kFloat32);
+  AttentionMasks masks;
+  masks.causal = true;
+  auto got = attention_fused(dev.select(2, 0), dev.select(2, 1), dev.select(2, 2), spec, positions,
+                             positions, masks, 0.125);
+  auto want =
+      attention_reference(q, k, v, bias_from_spec(spec, positions, positions, 4), masks, 0.125);
+  EXPECT_LT(max_abs_diff(got, want), kAttentionTolerance);
+}
+
+#endif  // POSENC_HAS_CUDA_GLUE
+
+}  // namespace
+}  // namespace posenc
