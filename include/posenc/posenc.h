@@ -22,3 +22,5 @@
 #include "posenc/functional/sinusoidal.h"
 #include "posenc/functional/time.h"
 #include "posenc/nn/attention.h"
+#include "posenc/nn/models.h"
+#include "posenc/nn/transformer.h"

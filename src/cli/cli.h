@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "posenc/config/registry.h"
 #include "posenc/core/positions.h"
@@ -28,9 +29,25 @@ nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor);
 /// Builds the encoder the arguments describe.
 PositionalEncoding build_from_args(const EncoderArgs& args);
 
+struct TrainArgs {
+  std::string config;                  ///< a run config file (YAML/JSON)
+  std::string run;                     ///< one named entry of the config's runs ("" = default)
+  std::vector<std::string> overrides;  ///< "key.path=value"
+  std::string output;                  ///< output folder ("" = the config's)
+  bool resume = false;
+  int64_t stop_after = 0;
+  bool quiet = false;
+};
+
 /// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.
 int run_inspect(const EncoderArgs& args, const std::string& input);
 /// `posenc plot`: writes a PNG heatmap (atomically) to `out`.
 int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference_patch);
+
+/// `posenc train`: trains one run; 0 when it finished (or stopped by --stop-after), 130 when
+/// interrupted.
+int run_train(const TrainArgs& args);
+/// `posenc compare`: trains every run of the config and writes the comparison.
+int run_compare(const TrainArgs& args);
 
 }  // namespace posenc::cli

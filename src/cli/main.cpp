@@ -1,6 +1,8 @@
 // posenc — command-line tool.
 //   posenc inspect --config C --positions P [--dim D] [--heads H] [--seq-len L] [--input V]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
+//   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
+//   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
 
@@ -53,6 +55,24 @@ int main(int argc, char** argv) {
   plot->add_option("--similarity-to", reference_patch,
                    "additive encoders: plot each position's cosine similarity to this position");
 
+  posenc::cli::TrainArgs train_args;
+  auto add_train_options = [&train_args](CLI::App* command) {
+    command->add_option("config", train_args.config, "run config (YAML or JSON)")->required();
+    command->add_option("--set", train_args.overrides,
+                        "override a config key: key.path=value (repeatable)");
+    command->add_option("--out", train_args.output, "output folder (default: the config's)");
+    command->add_flag("--resume", train_args.resume, "continue from the output's checkpoint");
+    command->add_flag("--quiet", train_args.quiet, "no progress bar");
+  };
+  auto* train = app.add_subcommand("train", "train a model from a run config");
+  add_train_options(train);
+  train->add_option("--run", train_args.run, "train this named entry of the config's runs");
+  train->add_option("--stop-after", train_args.stop_after,
+                    "save a checkpoint and stop after this many steps (as Ctrl-C does)");
+  auto* compare = app.add_subcommand(
+      "compare", "train one model per entry of the config's runs; write a table and a plot");
+  add_train_options(compare);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -60,6 +80,8 @@ int main(int argc, char** argv) {
   }
   try {
     if (inspect->parsed()) return posenc::cli::run_inspect(args, input);
+    if (train->parsed()) return posenc::cli::run_train(train_args);
+    if (compare->parsed()) return posenc::cli::run_compare(train_args);
     return posenc::cli::run_plot(args, out, reference_patch);
   } catch (const c10::Error& e) {
     std::string message = e.what_without_backtrace();

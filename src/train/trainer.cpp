@@ -186,9 +186,24 @@ std::vector<torch::optim::OptimizerParamGroup> parameter_groups(torch::nn::Modul
   return groups;
 }
 
+// The running sums of the log interval in progress, so a resumed run logs the same rows.
+struct LogWindow {
+  double loss_sum = 0, metric_sum = 0;
+  int64_t loss_count = 0, metric_count = 0;
+  at::Tensor to_tensor() const {
+    return torch::tensor(
+        {loss_sum, metric_sum, static_cast<double>(loss_count), static_cast<double>(metric_count)},
+        torch::kDouble);
+  }
+  static LogWindow from_tensor(const at::Tensor& t) {
+    auto a = t.accessor<double, 1>();
+    return {a[0], a[1], static_cast<int64_t>(a[2]), static_cast<int64_t>(a[3])};
+  }
+};
+
 void save_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::Optimizer& optimizer, int64_t step, double elapsed,
-                     const std::string& config) {
+                     const LogWindow& window, const std::string& config) {
   torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
   model.save(model_archive);
   optimizer.save(optimizer_archive);
@@ -196,6 +211,7 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
   archive.write("optimizer", optimizer_archive);
   archive.write("step", torch::tensor(step, torch::kLong));
   archive.write("elapsed", torch::tensor(elapsed, torch::kDouble));
+  archive.write("log_window", window.to_tensor());
   archive.write("config", c10::IValue(config));
   const std::string temp = path + ".tmp";
   archive.save_to(temp);
@@ -203,9 +219,14 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
               "'");
 }
 
-std::pair<int64_t, double> load_checkpoint(const std::string& path, torch::nn::Module& model,
-                                           torch::optim::Optimizer& optimizer,
-                                           const std::string& config) {
+struct Resumed {
+  int64_t step = 0;
+  double elapsed = 0;
+  LogWindow window;
+};
+
+Resumed load_checkpoint(const std::string& path, torch::nn::Module& model,
+                        torch::optim::Optimizer& optimizer, const std::string& config) {
   torch::serialize::InputArchive archive, model_archive, optimizer_archive;
   archive.load_from(path);
   c10::IValue saved_config;
@@ -217,10 +238,11 @@ std::pair<int64_t, double> load_checkpoint(const std::string& path, torch::nn::M
   model.load(model_archive);
   archive.read("optimizer", optimizer_archive);
   optimizer.load(optimizer_archive);
-  at::Tensor step, elapsed;
+  at::Tensor step, elapsed, window;
   archive.read("step", step);
   archive.read("elapsed", elapsed);
-  return {step.item<int64_t>(), elapsed.item<double>()};
+  archive.read("log_window", window);
+  return {step.item<int64_t>(), elapsed.item<double>(), LogWindow::from_tensor(window)};
 }
 
 // {name: tensor} of parameters and buffers, in the zip+pickle format Python's torch.load reads.
@@ -309,8 +331,12 @@ RunResult run_training(const nlohmann::json& config, const RunOptions& options) 
   int64_t step = 0;
   double elapsed_before = 0;
   TrainingLog log(task->metric_name());
+  LogWindow window;
   if (options.resume && fs::exists(checkpoint)) {
-    std::tie(step, elapsed_before) = load_checkpoint(checkpoint, *model, optimizer, config_text);
+    auto resumed = load_checkpoint(checkpoint, *model, optimizer, config_text);
+    step = resumed.step;
+    elapsed_before = resumed.elapsed;
+    window = resumed.window;
     if (fs::exists(csv)) log.read_csv(csv, step);
     std::cerr << result.name << ": resuming at step " << step << " of " << total << "\n";
   }
@@ -325,8 +351,7 @@ RunResult run_training(const nlohmann::json& config, const RunOptions& options) 
   ProgressBar bar(result.name, total, step, options.quiet);
   at::Tensor order;
   int64_t order_epoch = -1;
-  double loss_sum = 0, metric_sum = 0;
-  int64_t loss_count = 0, metric_count = 0;
+  auto& [loss_sum, metric_sum, loss_count, metric_count] = window;
   bool stopped = false;
   model->train();
   while (step < total) {
@@ -389,7 +414,7 @@ RunResult run_training(const nlohmann::json& config, const RunOptions& options) 
     }
     const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after);
     if (evaluate_now || stop) {
-      save_checkpoint(checkpoint, *model, optimizer, step, elapsed(), config_text);
+      save_checkpoint(checkpoint, *model, optimizer, step, elapsed(), window, config_text);
       save_weights(result.output + "/weights.pt", *model);
       log.write_csv(csv);
       write_curves(result.output + "/curves.png", log, task->metric_name(), result.name);

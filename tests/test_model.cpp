@@ -1,0 +1,155 @@
+// The model layer (posenc/nn/transformer.h, models.h): incremental decoding with a key-value
+// cache equals the full forward pass for every way into attention (additive, rotary, fused and
+// materialized biases); prefix tokens stay unpositioned (RoPE's relative invariance holds with a
+// CLS token); a shared encoder's parameters are listed once; masked inputs cannot leak.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "posenc/config/registry.h"
+#include "posenc/posenc.h"
+#include "support/fixtures.h"
+
+namespace posenc {
+namespace {
+
+// fp32 sums over a few layers: incremental vs full differ by rounding only.
+constexpr double kCacheTolerance = 2e-5;
+
+PositionalEncoding encoder_of(const std::string& json, int64_t dim, int64_t heads) {
+  ModelContext context;
+  context.dim = dim;
+  context.num_heads = heads;
+  return build_encoder(nlohmann::json::parse(json), context);
+}
+
+class CacheTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CacheTest, IncrementalDecodingEqualsFullForward) {
+  torch::manual_seed(0);
+  TransformerOptions t(32, 4, 2);
+  t.mlp_ratio(2);
+  LanguageModel model(LanguageModelOptions(t), encoder_of(GetParam(), 32, 4));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto tokens = torch::randint(256, {2, 12}, torch::kLong);
+  auto full = model(tokens, Positions::sequence(12));  // [2, 12, 256]
+  std::vector<KVCache> caches;
+  auto first = model->forward(tokens.narrow(1, 0, 5), Positions::sequence(5), &caches);
+  EXPECT_LT(test::max_abs_diff(first, full.narrow(1, 0, 5)), kCacheTolerance);
+  for (int64_t i = 5; i < 12; ++i) {
+    auto step = model->forward(tokens.narrow(1, i, 1), Positions::sequence(1, i), &caches);
+    EXPECT_LT(test::max_abs_diff(step, full.narrow(1, i, 1)), kCacheTolerance) << "token " << i;
+  }
+  EXPECT_EQ(caches.size(), 2u);
+  EXPECT_EQ(caches[0].size(), 12);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Encoders, CacheTest,
+    ::testing::Values(R"({"type": "nope"})", R"({"type": "sinusoidal"})",
+                      R"({"type": "learned", "max_positions": 16})",
+                      R"({"type": "rope", "layout": "half"})", R"({"type": "alibi"})",
+                      R"({"type": "t5", "num_buckets": 8, "max_distance": 16})",
+                      R"({"type": "shaw", "max_relative_position": 4})"));
+
+TEST(Model, GenerateMatchesGreedyWithoutCache) {
+  torch::manual_seed(1);
+  LanguageModel model(LanguageModelOptions(TransformerOptions(32, 2, 1)),
+                      encoder_of(R"({"type": "rope"})", 32, 2));
+  model->eval();
+  auto prompt = torch::randint(256, {1, 6}, torch::kLong);
+  auto generated = model->generate(prompt, 5);  // [1, 5]
+  torch::NoGradGuard no_grad;
+  auto sequence = prompt;
+  for (int i = 0; i < 5; ++i) {
+    auto logits = model(sequence, Positions::sequence(sequence.size(1)));
+    sequence = torch::cat({sequence, logits.select(1, -1).argmax(-1, true)}, 1);
+  }
+  EXPECT_TRUE(torch::equal(generated, sequence.narrow(1, 6, 5)));
+}
+
+TEST(Model, PrefixTokenIsUnrotated) {
+  // A prefix token skips the rotation, which is the rotation at position 0 (R(0) = I): attention
+  // with a CLS prefix equals attention over the CLS placed at (0, 0) and rotated like the rest.
+  torch::manual_seed(2);
+  auto rope = encoder_of(
+      R"({"type": "rope", "mrope_section": [4, 4], "per_axis_frequencies": true})", 32, 2);
+  SelfAttention with_prefix(AttentionOptions(32, 2).num_prefix_tokens(1), rope);
+  SelfAttention positioned(AttentionOptions(32, 2), rope);
+  torch::NoGradGuard no_grad;
+  positioned->qkv->weight.copy_(with_prefix->qkv->weight);
+  positioned->qkv->bias.copy_(with_prefix->qkv->bias);
+  positioned->out->weight.copy_(with_prefix->out->weight);
+  positioned->out->bias.copy_(with_prefix->out->bias);
+  auto x = torch::randn({2, 17, 32});
+  auto grid = Positions::grid(4, 4);
+  auto cls_at_origin =
+      Positions(torch::cat({torch::zeros({1, 2}, torch::kFloat64), grid.coords()}), grid.axes());
+  auto a = with_prefix(x, grid), b = positioned(x, cls_at_origin);
+  EXPECT_LT(test::max_abs_diff(a, b), 1e-5);
+  // And the classifier runs end to end with a CLS token: [B, K] logits.
+  TokenClassifier model(
+      TokenClassifierOptions(16, 10, TransformerOptions(32, 2, 2)).pooling(Pooling::kCls), rope);
+  EXPECT_EQ(model(torch::randn({3, 16, 16}), grid).sizes(), (std::vector<int64_t>{3, 10}));
+}
+
+TEST(Model, SharedEncoderParametersListedOnce) {
+  auto t5 = encoder_of(R"({"type": "t5", "num_buckets": 8})", 32, 4);
+  Transformer stack(TransformerOptions(32, 4, 3), t5);
+  int64_t t5_tables = 0;
+  for (const auto& item : stack->named_parameters()) {
+    if (item.value().is_same(t5->parameters().front())) ++t5_tables;
+  }
+  EXPECT_EQ(t5_tables, 1);
+}
+
+TEST(Model, ForecasterIgnoresValuesOfUnobservedSlots) {
+  torch::manual_seed(3);
+  Forecaster model(ForecasterOptions(2, TransformerOptions(16, 2, 1)),
+                   encoder_of(R"({"type": "rope"})", 16, 2));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto values = torch::randn({2, 8, 2});
+  auto observed = torch::arange(8).lt(6).expand({2, 8});
+  auto positions =
+      Positions(torch::tensor({0.0, 1.0, 2.0, 5.0, 6.0, 7.0, 9.0, 12.0}).view({8, 1}), {"time"});
+  auto a = model(values, observed, positions);
+  auto changed = values.clone();
+  changed.narrow(1, 6, 2).fill_(100.0);
+  EXPECT_EQ(a.sizes(), values.sizes());
+  EXPECT_LT(test::max_abs_diff(a, model(changed, observed, positions)), 1e-6);
+  EXPECT_GT(test::max_abs_diff(a, model(values, observed, Positions::sequence(8, 0, "time"))),
+            1e-4);  // the timestamps matter
+}
+
+TEST(Model, MatcherIgnoresPaddedBytes) {
+  torch::manual_seed(4);
+  TextVideoMatcher model(TextVideoMatcherOptions(8, TransformerOptions(16, 2, 1)),
+                         encoder_of(R"({"type": "rope", "mrope_section": [1, 1, 2]})", 16, 2));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  MatchInput in;
+  in.video = torch::randn({2, 8, 8});
+  in.video_positions = Positions::volume(2, 2, 2);
+  in.text = torch::randint(256, {2, 6}, torch::kLong);
+  in.text_padding = torch::arange(6).lt(4).expand({2, 6}).contiguous();
+  in.text_positions = Positions::sequence(6);
+  in.stream_positions = build_stream({Segment::video(2, 2, 2), Segment::text(6)}).positions;
+  auto a = model(in);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2}));
+  in.text.narrow(1, 4, 2).fill_(7);
+  EXPECT_LT(test::max_abs_diff(a, model(in)), 1e-5);
+}
+
+TEST(Model, BadShapesNameExpectedAndActual) {
+  TokenClassifier model(TokenClassifierOptions(16, 10, TransformerOptions(32, 2, 1)),
+                        as_encoding(Nope()));
+  auto message = test::error_of([&] { model(torch::randn({1, 4, 12}), Positions::grid(2, 2)); });
+  EXPECT_NE(message.find("tokens must be [B, N, 16], got [1, 4, 12]"), std::string::npos)
+      << message;
+  message = test::error_of([&] { model(torch::randn({1, 4, 16}), Positions::grid(3, 3)); });
+  EXPECT_NE(message.find("4 positions are needed, but 9 were given"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace posenc

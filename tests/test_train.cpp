@@ -1,0 +1,192 @@
+// The trainer (posenc/train/trainer.h) on the smoke configs in configs/smoke/: each experiment's
+// task trains for a few steps on its real data and its loss falls; an interrupted run resumed from
+// its checkpoint ends with exactly the weights of an uninterrupted one; weights.pt is the zip +
+// pickle format Python's torch.load reads; bad configs name the bad key.
+#include <gtest/gtest.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "posenc/config/registry.h"
+#include "posenc/train/trainer.h"
+#include "support/fixtures.h"
+
+namespace posenc::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_folder(const std::string& name) {
+  auto path = fs::temp_directory_path() / ("posenc_train_" + name);
+  fs::remove_all(path);
+  return path.string();
+}
+
+nlohmann::json smoke(const std::string& name) {
+  return load_config(std::string(POSENC_CONFIGS_DIR) + "/smoke/" + name + ".yaml");
+}
+
+// train_loss column of metrics.csv.
+std::vector<double> train_losses(const std::string& folder) {
+  std::ifstream in(folder + "/metrics.csv");
+  std::string line;
+  std::getline(in, line);
+  std::vector<double> losses;
+  while (std::getline(in, line)) {
+    std::stringstream cells(line);
+    std::string cell;
+    for (int i = 0; i < 4 && std::getline(cells, cell, ','); ++i) {
+    }
+    losses.push_back(std::stod(cell));  // step, epoch, lr, train_loss
+  }
+  return losses;
+}
+
+std::map<std::string, at::Tensor> read_weights(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto dict = torch::pickle_load(bytes).toGenericDict();
+  std::map<std::string, at::Tensor> weights;
+  for (const auto& item : dict) weights[item.key().toStringRef()] = item.value().toTensor();
+  return weights;
+}
+
+class SmokeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SmokeTest, LossFallsAndOutputsAreWritten) {
+  RunOptions options;
+  options.output = temp_folder(GetParam());
+  options.quiet = true;
+  auto result = run_training(smoke(GetParam()), options);
+  ASSERT_TRUE(result.finished);
+  EXPECT_GT(result.steps, 0);
+  EXPECT_GT(result.parameters, 0);
+  auto losses = train_losses(options.output);
+  ASSERT_GE(losses.size(), 3u);
+  EXPECT_LT(losses.back(), losses.front()) << "the training loss did not fall";
+  EXPECT_TRUE(std::isfinite(metric_value(result.final_metrics, result.metric_name)));
+  for (const char* file :
+       {"checkpoint.pt", "weights.pt", "metrics.csv", "curves.png", "summary.json"}) {
+    EXPECT_TRUE(fs::exists(options.output + "/" + file)) << file;
+  }
+  auto weights = read_weights(options.output + "/weights.pt");
+  EXPECT_GT(weights.size(), 4u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Experiments, SmokeTest,
+                         ::testing::Values("vit", "lm", "forecast", "video", "text_video"));
+
+TEST(Trainer, SmokeGeneralizationRows) {
+  RunOptions options;
+  options.output = temp_folder("vit_rows");
+  options.quiet = true;
+  auto config = smoke("vit");
+  config["train"]["epochs"] = 1;
+  auto result = run_training(config, options);
+  ASSERT_EQ(result.generalization.size(), 2u);
+  EXPECT_EQ(result.generalization[1].setting, "scale 1.5x (48 px, 12x12 patches)");
+}
+
+TEST(Trainer, ResumeContinuesExactly) {
+  auto config = smoke("lm");
+  RunOptions straight;
+  straight.output = temp_folder("straight");
+  straight.quiet = true;
+  run_training(config, straight);
+
+  RunOptions interrupted = straight;
+  interrupted.output = temp_folder("interrupted");
+  interrupted.stop_after = 11;  // mid-epoch (16 steps per epoch)
+  auto first = run_training(config, interrupted);
+  EXPECT_FALSE(first.finished);
+  EXPECT_EQ(first.steps, 11);
+  interrupted.stop_after = 0;
+  interrupted.resume = true;
+  auto second = run_training(config, interrupted);
+  EXPECT_TRUE(second.finished);
+  EXPECT_EQ(second.steps, 32);
+
+  auto a = read_weights(straight.output + "/weights.pt");
+  auto b = read_weights(interrupted.output + "/weights.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a) {
+    EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
+  }
+  EXPECT_EQ(train_losses(straight.output), train_losses(interrupted.output));
+}
+
+TEST(Trainer, ResumeRefusesAnotherConfig) {
+  auto config = smoke("lm");
+  RunOptions options;
+  options.output = temp_folder("other_config");
+  options.quiet = true;
+  options.stop_after = 2;
+  run_training(config, options);
+  config["train"]["lr"] = 0.001;
+  options.resume = true;
+  auto message = test::error_of([&] { run_training(config, options); });
+  EXPECT_NE(message.find("was written by a different config"), std::string::npos) << message;
+}
+
+TEST(Trainer, BadConfigsNameTheKey) {
+  auto config = smoke("vit");
+  config["model"]["dimm"] = 3;
+  auto message = test::error_of([&] { run_training(config, {}); });
+  EXPECT_NE(message.find("model: unknown key 'dimm'"), std::string::npos) << message;
+  config = smoke("vit");
+  config["train"]["epochz"] = 3;
+  message = test::error_of([&] { run_training(config, {}); });
+  EXPECT_NE(message.find("train: unknown key 'epochz'"), std::string::npos) << message;
+  config = smoke("vit");
+  config["task"]["type"] = "regression";
+  message = test::error_of([&] { run_training(config, {}); });
+  EXPECT_NE(message.find("unknown type 'regression'; known types: forecast"), std::string::npos)
+      << message;
+  config = smoke("forecast");
+  config["task"]["file"] = "/nonexistent.csv";
+  message = test::error_of([&] { run_training(config, {}); });
+  EXPECT_NE(message.find("/nonexistent.csv"), std::string::npos) << message;
+}
+
+TEST(Trainer, RunsAndOverrides) {
+  auto config = load_config(std::string(POSENC_CONFIGS_DIR) + "/vit_fashion.yaml");
+  auto base = select_run(config, "");
+  EXPECT_EQ(base.at("name"), "rope_2d");  // default_run
+  EXPECT_FALSE(base.contains("runs"));
+  auto learned = select_run(config, "learned_2d");
+  EXPECT_EQ(learned.at("encoder").at("type"), "learned_grid");
+  EXPECT_EQ(learned.at("output"), "runs/vit_fashion/learned_2d");
+  auto message = test::error_of([&] { select_run(config, "rope_3d"); });
+  EXPECT_NE(message.find("no run named 'rope_3d'; the runs are: rope_2d, rope_mixed"),
+            std::string::npos)
+      << message;
+  apply_override(config, "train.epochs=1");
+  apply_override(config, "task.eval_scales=[1.0]");
+  apply_override(config, "encoder.type=nope");
+  EXPECT_EQ(config["train"]["epochs"], 1);
+  EXPECT_EQ(config["task"]["eval_scales"].size(), 1u);
+  EXPECT_EQ(config["encoder"]["type"], "nope");
+}
+
+TEST(Trainer, CompareWritesTable) {
+  nlohmann::json config = smoke("video");
+  config["train"]["epochs"] = 1;
+  config["runs"] = nlohmann::json::parse(
+      R"([{"name": "rope_3d"}, {"name": "no_time", "encoder": {"type": "axial_sincos"},
+          "overrides": {"task": {"position_axes": ["h", "w"]}}}])");
+  RunOptions options;
+  options.output = temp_folder("compare");
+  options.quiet = true;
+  auto results = run_comparison(config, options);
+  ASSERT_EQ(results.size(), 2u);
+  std::ifstream in(options.output + "/results.md");
+  std::string table((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(table.find("| rope_3d | rope |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| no_time | axial_sincos |"), std::string::npos) << table;
+  EXPECT_TRUE(fs::exists(options.output + "/results.png"));
+}
+
+}  // namespace
+}  // namespace posenc::train
