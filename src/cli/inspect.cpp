@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "posenc/posenc.h"
+#include "timeseries/csv_series.h"
 
 namespace posenc::cli {
 
@@ -50,8 +51,52 @@ std::vector<int64_t> parse_extent(const std::string& text, const std::string& sp
 }
 }  // namespace
 
+namespace {
+// "video=3x2x2,text=5" -> a mixed stream with M-RoPE positions (posenc/core/stream.h).
+Positions parse_stream(const std::string& spec, const std::string& text) {
+  std::vector<Segment> segments;
+  std::stringstream in(spec);
+  for (std::string part; std::getline(in, part, ',');) {
+    const auto equals = part.find('=');
+    TORCH_CHECK(equals != std::string::npos, "--positions '", text, "': segment '", part,
+                "' is not kind=size (text=N, pad=N, image=HxW, video=TxHxW)");
+    const auto kind = part.substr(0, equals), size = part.substr(equals + 1);
+    if (kind == "text") {
+      segments.push_back(Segment::text(parse_extent(size, text, 1)[0]));
+    } else if (kind == "pad") {
+      segments.push_back(Segment::padding(parse_extent(size, text, 1)[0]));
+    } else if (kind == "image") {
+      auto s = parse_extent(size, text, 2);
+      segments.push_back(Segment::image(s[0], s[1]));
+    } else if (kind == "video") {
+      auto s = parse_extent(size, text, 3);
+      segments.push_back(Segment::video(s[0], s[1], s[2]));
+    } else {
+      TORCH_CHECK(false, "--positions '", text, "': unknown segment kind '", kind,
+                  "' (text, pad, image, video)");
+    }
+  }
+  return build_stream(segments).positions;
+}
+
+// "2010-01-01 00:00,2010-01-01 03:30" -> epoch seconds on the axis "time".
+Positions parse_times(const std::string& spec, const std::string& text) {
+  std::vector<double> seconds;
+  std::stringstream in(spec);
+  for (std::string part; std::getline(in, part, ',');) {
+    auto value = timeseries::parse_timestamp(part);
+    TORCH_CHECK(value.has_value(), "--positions '", text, "': '", part,
+                "' is not a timestamp (YYYY-MM-DD[ HH:MM[:SS]], YYYYMMDD or epoch seconds)");
+    seconds.push_back(*value);
+  }
+  return Positions::values(seconds, "time");
+}
+}  // namespace
+
 Positions parse_positions(const std::string& text, const std::string& axes) {
   TORCH_CHECK(!text.empty(), "--positions is empty; expected start:stop[:step] or a JSON array");
+  if (text.rfind("stream:", 0) == 0) return parse_stream(text.substr(7), text);
+  if (text.rfind("times:", 0) == 0) return parse_times(text.substr(6), text);
   if (text.rfind("grid:", 0) == 0) {
     auto s = parse_extent(text.substr(5), text, 2);
     return Positions::grid(s[0], s[1]);
@@ -89,7 +134,8 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
     parsed = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error&) {
     TORCH_CHECK(false, "--positions '", text,
-                "': expected start:stop[:step], grid:HxW, volume:TxHxW or a JSON array");
+                "': expected start:stop[:step], grid:HxW, volume:TxHxW, stream:..., times:... or a "
+                "JSON array");
   }
   TORCH_CHECK(parsed.is_array() && !parsed.empty(),
               "--positions: expected a non-empty JSON array, got ", parsed.dump());

@@ -20,7 +20,9 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
       ->required();
   command
       ->add_option("--positions", args.positions,
-                   "positions: start:stop[:step], grid:HxW, volume:TxHxW or a JSON array "
+                   "positions: start:stop[:step], grid:HxW, volume:TxHxW, "
+                   "stream:video=TxHxW,image=HxW,text=N,pad=N (M-RoPE ids), "
+                   "times:2010-01-01 00:00,... (epoch seconds) or a JSON array "
                    "([0,3,7], [[0,0],[0,1]])")
       ->required();
   command->add_option("--axes", args.axes, "axis names, comma-separated (default t / h,w / t,h,w)");

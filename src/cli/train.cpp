@@ -12,31 +12,26 @@ namespace posenc::cli {
 
 namespace {
 
-nlohmann::json read_config(const TrainArgs& args) {
-  auto config = load_config(args.config);
-  for (const auto& assignment : args.overrides) train::apply_override(config, assignment);
-  return config;
-}
-
 train::RunOptions run_options(const TrainArgs& args) {
   train::RunOptions options;
   options.output = args.output;
   options.resume = args.resume;
   options.stop_after = args.stop_after;
   options.quiet = args.quiet;
+  options.overrides = args.overrides;
   return options;
 }
 
 }  // namespace
 
 int run_train(const TrainArgs& args) {
-  auto config = train::select_run(read_config(args), args.run);
+  auto config = train::select_run(load_config(args.config), args.run);
   auto result = train::run_training(config, run_options(args));
   return result.finished || args.stop_after > 0 ? 0 : 130;
 }
 
 int run_compare(const TrainArgs& args) {
-  auto results = train::run_comparison(read_config(args), run_options(args));
+  auto results = train::run_comparison(load_config(args.config), run_options(args));
   const std::string folder =
       args.output.empty() ? results.front().output.substr(0, results.front().output.rfind('/'))
                           : args.output;

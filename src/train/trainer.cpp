@@ -5,6 +5,9 @@
 // (Loshchilov & Hutter 2019) with weight decay on matrices only, global-norm clipping.
 #include "posenc/train/trainer.h"
 
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -245,14 +248,33 @@ Resumed load_checkpoint(const std::string& path, torch::nn::Module& model,
   return {step.item<int64_t>(), elapsed.item<double>(), LogWindow::from_tensor(window)};
 }
 
-// {name: tensor} of parameters and buffers, in the zip+pickle format Python's torch.load reads.
+// {name: tensor} of parameters and buffers in the zip + pickle format of torch.save, so that
+// Python's torch.load reads it, also with weights_only=True (its default since torch 2.6). As
+// torch::pickle_save, but without the TorchScript type tag on the dict, which weights_only
+// refuses (torch.jit._pickle.restore_type_tag is not an allowed global).
 void save_weights(const std::string& path, torch::nn::Module& model) {
   c10::Dict<std::string, at::Tensor> weights;
   for (const auto& item : model.named_parameters())
     weights.insert(item.key(), item.value().detach());
   for (const auto& item : model.named_buffers()) weights.insert(item.key(), item.value().detach());
-  auto bytes = torch::pickle_save(c10::IValue(weights));
-  write_file_atomically(path, std::string(bytes.begin(), bytes.end()));
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&pickle](const char* bytes, size_t size) {
+        pickle.insert(pickle.end(), bytes, bytes + size);
+      },
+      nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(weights));
+  pickler.stop();
+  std::string container;
+  caffe2::serialize::PyTorchStreamWriter writer([&container](const void* bytes, size_t size) {
+    container.append(static_cast<const char*>(bytes), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  write_file_atomically(path, container);
 }
 
 Metrics evaluate(Task& task) {
@@ -293,7 +315,9 @@ void write_curves(const std::string& path, const TrainingLog& log, const std::st
 
 }  // namespace
 
-RunResult run_training(const nlohmann::json& config, const RunOptions& options) {
+RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : options.overrides) apply_override(config, assignment);
   ConfigReader top(config, "config");
   RunResult result;
   result.name = top.string("name", "run");

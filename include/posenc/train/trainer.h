@@ -33,6 +33,9 @@ struct RunOptions {
   bool resume = false;     ///< continue from output/checkpoint.pt if it exists
   int64_t stop_after = 0;  ///< > 0: save and stop after this many steps (as Ctrl-C would)
   bool quiet = false;      ///< no progress bar
+  /// "key.path=value" assignments applied to the run config (after a run's own encoder and
+  /// overrides), e.g. "train.epochs=1".
+  std::vector<std::string> overrides;
 };
 
 struct RunResult {
