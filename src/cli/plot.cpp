@@ -75,7 +75,13 @@ int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference)
       figure.title += ", cos table";
       figure.x_label = "rotary dimension";
       figure.y_label = "position (row index)";
-      figure.panels.push_back({find(description, "cos"), ""});
+      if (auto cos = find(description, "cos"); cos.dim() == 3) {  // per head (RoPE-Mixed)
+        for (int64_t h = 0; h < cos.size(1); ++h) {
+          figure.panels.push_back({cos.select(1, h), "head " + std::to_string(h)});
+        }
+      } else {
+        figure.panels.push_back({cos, ""});
+      }
       break;
     case EncodingKind::kBias: {
       auto bias = encoder->bias(positions, positions,

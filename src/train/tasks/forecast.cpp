@@ -7,11 +7,14 @@
 // Split by time: the first train_fraction of readings train, the rest evaluate (windows every
 // eval_stride readings). Values are normalized with the training part's mean and std; the
 // loss is MSE in normalized units; MAE is reported in the data's units, beside the persistence
-// baseline (the last observed value repeated), mae_last.
+// baseline (the last observed value repeated), mae_last. With center_windows (default true) each
+// window's context mean is subtracted from its inputs and added back to the predictions (instance
+// normalization, as RevIN, Kim et al. 2022), so a series that drifts past the training range
+// (CO2's trend) is forecast relative to its recent level.
 //
 // Keys (task): file, time_column, value_column, context (48), horizon (12), positions (time |
 //              index), time_unit (3600 s), drop_probability (0), train_fraction (0.8),
-//              eval_stride (horizon), eval_batch (256)
+//              eval_stride (horizon), eval_batch (256), center_windows (true)
 #include <torch/torch.h>
 
 #include "common.h"
@@ -36,6 +39,7 @@ class ForecastTask : public Task {
     const double train_fraction = task.number("train_fraction", 0.8);
     const int64_t stride = task.integer("eval_stride", horizon_);
     eval_batch_ = task.integer("eval_batch", 256);
+    center_ = task.boolean("center_windows", true);
     task.finish();
     TORCH_CHECK(!file.empty() && !value_column.empty(),
                 "task: 'file' and 'value_column' are required for forecast");
@@ -126,13 +130,15 @@ class ForecastTask : public Task {
       auto elapsed = (times - times.select(1, 0).unsqueeze(1)) / time_unit_;  // float64
       positions = Positions(elapsed.unsqueeze(-1), {"time"});
     }
-    auto prediction = model_(values, observed_.expand({b, w}), positions);
+    auto level = center_ ? values.narrow(1, 0, context_).mean(1, true)  // [b, 1, C]
+                         : torch::zeros({b, 1, values.size(2)});
+    auto prediction = model_(values - level, observed_.expand({b, w}), positions) + level;
     return {prediction.narrow(1, context_, horizon_), values.narrow(1, context_, horizon_)};
   }
 
   int64_t context_, horizon_, eval_batch_;
   double time_unit_;
-  bool use_time_;
+  bool use_time_, center_;
   timeseries::Normalization stats_;
   at::Tensor times_, values_, train_starts_, eval_starts_, observed_;
   Forecaster model_{nullptr};
