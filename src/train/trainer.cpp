@@ -277,13 +277,19 @@ void save_weights(const std::string& path, torch::nn::Module& model) {
   write_file_atomically(path, container);
 }
 
-Metrics evaluate(Task& task) {
+// Runs `what` with the task's model in eval mode and without gradients, then back to training.
+template <typename Fn>
+auto in_eval_mode(Task& task, Fn what) {
   auto model = task.model();
   model->eval();
   torch::NoGradGuard no_grad;
-  auto metrics = task.evaluate();
+  auto result = what();
   model->train();
-  return metrics;
+  return result;
+}
+
+Metrics evaluate(Task& task) {
+  return in_eval_mode(task, [&task] { return task.evaluate(); });
 }
 
 std::string format_metric(double value) {
@@ -393,8 +399,9 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     double metric = std::numeric_limits<double>::quiet_NaN();
     auto indices = order.narrow(0, in_epoch * settings.batch_size, settings.batch_size);
     auto loss = task->train_loss(indices, &metric);
-    TORCH_CHECK(std::isfinite(loss.item<double>()), result.name, ": the loss is ",
-                loss.item<double>(), " at step ", step, "; lower the learning rate");
+    const double loss_value = loss.item<double>();
+    TORCH_CHECK(std::isfinite(loss_value), result.name, ": the loss is ", loss_value, " at step ",
+                step, "; lower the learning rate");
     optimizer.zero_grad();
     loss.backward();
     if (settings.clip_grad_norm > 0) {
@@ -402,7 +409,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     }
     optimizer.step();
     ++step;
-    loss_sum += loss.item<double>();
+    loss_sum += loss_value;
     ++loss_count;
     if (std::isfinite(metric)) {
       metric_sum += metric;
@@ -458,13 +465,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     return result;
   }
   result.final_metrics = evaluate(*task);
-  {
-    auto model_ptr = task->model();
-    model_ptr->eval();
-    torch::NoGradGuard no_grad;
-    result.generalization = task->generalization();
-    model_ptr->train();
-  }
+  result.generalization = in_eval_mode(*task, [&task] { return task->generalization(); });
   result.finished = true;
   save_weights(result.output + "/weights.pt", *model);
   nlohmann::json summary = {{"name", result.name},
