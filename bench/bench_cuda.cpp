@@ -4,8 +4,8 @@
 //   eager   q * cos + rotate_half(q) * sin with [N, Dh] tables, as a user writes it in LibTorch
 //   fused   posenc's kernel through rope_fused_qk (allocating) and rope_fused_ (in place)
 // Sizes: 0 = the q, k = [1, 2048, 16, 128]; 1 = [4, 4096, 32, 128] (256 MiB each, well
-// past the L2), where the bandwidth ratio is meant. Attention: the on-the-fly ALiBi kernel vs
-// SDPA with the bias materialized.
+// past the L2), where the bandwidth ratio is meant. Attention: the on-the-fly ALiBi kernels
+// (forward; forward + backward) vs SDPA with the bias materialized.
 // Timing: kRepeat launches between two device synchronizations (manual time per launch), so the
 // sync's latency is amortized.
 //   ./build-gpu/bench/bench_cuda --benchmark_min_time=0.2s
@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 
@@ -127,14 +128,18 @@ void BM_FusedInPlace(benchmark::State& state) {
   });
 }
 
-// Attention [1, 2048, 16, 64] bf16, ALiBi, causal: args: 0 fused (bias on the fly), 1 SDPA with
-// the bias and the causal mask materialized as one float mask.
+// Attention [1, 2048, 16, 64] bf16, ALiBi, causal. args: implementation (0 fused with the bias
+// on the fly, 1 SDPA with the bias and the causal mask materialized as one float mask), pass
+// (0 forward, 1 forward + backward for a fixed dO).
 void BM_AttentionAlibiCausal(benchmark::State& state) {
   if (!torch::cuda::is_available()) return state.SkipWithError("no CUDA device");
   const int64_t b = 1, n = 2048, h = 16, d = 64;
+  const bool backward = state.range(1) == 1;
   auto options = torch::dtype(torch::kBFloat16).device(torch::kCUDA);
-  auto q = torch::randn({b, n, h, d}, options), k = torch::randn({b, n, h, d}, options),
-       v = torch::randn({b, n, h, d}, options);
+  auto q = torch::randn({b, n, h, d}, options).requires_grad_(backward);
+  auto k = torch::randn({b, n, h, d}, options).requires_grad_(backward);
+  auto v = torch::randn({b, n, h, d}, options).requires_grad_(backward);
+  auto dout = torch::randn({b, n, h, d}, options);
   auto positions = torch::arange(n, torch::kFloat64);
   posenc::BiasSpec spec;
   spec.form = posenc::BiasForm::kAlibi;
@@ -142,21 +147,31 @@ void BM_AttentionAlibiCausal(benchmark::State& state) {
   posenc::AttentionMasks masks;
   masks.causal = true;
   const double scale = 0.125;
+  std::function<torch::Tensor()> forward;
+  torch::Tensor attn_mask;
   if (state.range(0) == 0) {
-    run_timed(state, 0, [&] {
-      auto out = posenc::attention_fused(q, k, v, spec, positions, positions, masks, scale);
-      benchmark::DoNotOptimize(out.data_ptr());
-    });
-    return;
+    forward = [&] {
+      return posenc::attention_fused(q, k, v, spec, positions, positions, masks, scale);
+    };
+  } else {
+    auto bias = posenc::bias_from_spec(spec, positions, positions, h).cuda();  // [H, N, N]
+    auto i = torch::arange(n).unsqueeze(1), j = torch::arange(n).unsqueeze(0);
+    auto mask = torch::zeros({n, n}).masked_fill(j > i, -INFINITY).cuda();
+    attn_mask = (bias + mask).unsqueeze(0).to(torch::kBFloat16);
+    forward = [&] {
+      return at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), attn_mask, 0.0, false, scale)
+          .transpose(1, 2);
+    };
   }
-  auto bias = posenc::bias_from_spec(spec, positions, positions, h).cuda();  // [H, N, N]
-  auto i = torch::arange(n).unsqueeze(1), j = torch::arange(n).unsqueeze(0);
-  auto mask = torch::zeros({n, n}).masked_fill(j > i, -INFINITY).cuda();
-  auto attn_mask = (bias + mask).unsqueeze(0).to(torch::kBFloat16);
-  auto qh = q.transpose(1, 2), kh = k.transpose(1, 2), vh = v.transpose(1, 2);
   run_timed(state, 0, [&] {
-    auto out = at::scaled_dot_product_attention(qh, kh, vh, attn_mask, 0.0, false, scale);
-    benchmark::DoNotOptimize(out.data_ptr());
+    auto out = forward();
+    if (backward) {
+      out.backward(dout);
+      benchmark::DoNotOptimize(q.grad().data_ptr());
+    } else {
+      benchmark::DoNotOptimize(out.data_ptr());
+    }
   });
 }
 
@@ -165,7 +180,7 @@ CUDA_CASE(BM_Copy)->Args({0, 0})->Args({1, 0})->Args({1, 1});
 CUDA_CASE(BM_EagerRotateHalf)->Args({0, 0})->Args({1, 0})->Args({1, 1});
 CUDA_CASE(BM_Fused)->Args({0, 0, 0})->Args({1, 0, 0})->Args({1, 0, 1})->Args({1, 1, 0});
 CUDA_CASE(BM_FusedInPlace)->Args({0, 0})->Args({1, 0});
-CUDA_CASE(BM_AttentionAlibiCausal)->Arg(0)->Arg(1);
+CUDA_CASE(BM_AttentionAlibiCausal)->Args({0, 0})->Args({1, 0})->Args({0, 1})->Args({1, 1});
 
 }  // namespace
 
@@ -188,6 +203,8 @@ int main(int argc, char** argv) {
     row("eager rotate_half / fused (bf16, large)",
         t("BM_EagerRotateHalf/1/1/") / t("BM_Fused/1/1/0/"), ">= 3");
     row("SDPA + materialized ALiBi / fused attention",
-        t("BM_AttentionAlibiCausal/1/") / t("BM_AttentionAlibiCausal/0/"), "-");
+        t("BM_AttentionAlibiCausal/1/0/") / t("BM_AttentionAlibiCausal/0/0/"), "-");
+    row("SDPA + materialized ALiBi / fused attention, fwd+bwd",
+        t("BM_AttentionAlibiCausal/1/1/") / t("BM_AttentionAlibiCausal/0/1/"), "-");
   });
 }

@@ -1,7 +1,7 @@
 // CUDA kernels vs the CPU references (rope_apply, attention_reference: the specifications).
 // Two groups:
-//  - raw kernels (rope_rotate_inplace, rope_rotate_tables, attention_forward) through cudaMalloc:
-//    built whenever nvcc is there, even against a CPU-only LibTorch;
+//  - raw kernels (rope_rotate_inplace, rope_rotate_tables, attention_forward/backward) through
+//    cudaMalloc: built whenever nvcc is there, even against a CPU-only LibTorch;
 //  - the public functions on CUDA tensors (rope_fused*, attention_fused), built only with the glue
 //    (POSENC_HAS_CUDA_GLUE): layouts x dtypes x odd sizes, non-contiguous views, position
 //    offsets, batched tables; ALiBi/T5 x causal x padding; gradients.
@@ -27,7 +27,7 @@ constexpr double kRopeFloat32Tolerance = 5e-6;
 constexpr double kReducedTolerance = 2e-2;
 // float32 tiles vs a float32 einsum/softmax: different summation orders, values O(1).
 constexpr double kAttentionTolerance = 5e-5;
-// Gradients relative to their largest entry (reference autograd on the device vs on the CPU).
+// Gradients relative to their largest entry (float32 tiles vs autograd through the reference).
 constexpr double kGradientTolerance = 1e-4;
 
 bool has_cuda_device() {
@@ -155,7 +155,7 @@ TEST(CudaRawKernel, RopeRotateTablesQkOutOfPlaceAndInverse) {
   EXPECT_LT(max_abs_diff(gq, q), 1e-5);
 }
 
-TEST(CudaRawKernel, AttentionForwardAlibiCausalMatchesReference) {
+TEST(CudaRawKernel, AttentionForwardBackwardAlibiCausalMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   torch::manual_seed(5);
   const int64_t b = 2, nq = 37, nk = 45, h = 3, d = 24, dv = 40;  // odd sizes, cached keys
@@ -209,6 +209,34 @@ TEST(CudaRawKernel, AttentionForwardAlibiCausalMatchesReference) {
   auto i = torch::arange(nq).unsqueeze(1), j = torch::arange(nk).unsqueeze(0);
   logits = logits.masked_fill(j > i + (nk - nq), -INFINITY);
   EXPECT_LT(max_abs_diff(lse, torch::logsumexp(logits, -1)), kAttentionTolerance);
+
+  // backward for a probe dO vs autograd through the reference on the CPU
+  auto probe = torch::randn({b, nq, h, dv});
+  auto delta = (probe * out).sum(-1).transpose(1, 2).contiguous();  // [B, H, Nq]
+  auto gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
+  DeviceBuffer dprobe(probe), ddelta(delta), dgq(gq), dgk(gk), dgv(gv);
+  cuda::AttentionBackwardLaunch g;
+  g.forward = a;
+  g.dout = dprobe.get<float>();
+  g.delta = ddelta.get<float>();
+  g.dq = dgq.get<float>();
+  g.dk = dgk.get<float>();
+  g.dv = dgv.get<float>();
+  ASSERT_EQ(cuda::attention_backward(g, nullptr), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  dgq.read(gq);
+  dgk.read(gk);
+  dgv.read(gv);
+  auto q2 = q.clone().requires_grad_(true), k2 = k.clone().requires_grad_(true),
+       v2 = v.clone().requires_grad_(true);
+  (attention_reference(q2, k2, v2, bias, masks, 0.2) * probe).sum().backward();
+  EXPECT_LT(relative_diff(gq, q2.grad()), kGradientTolerance);
+  EXPECT_LT(relative_diff(gk, k2.grad()), kGradientTolerance);
+  EXPECT_LT(relative_diff(gv, v2.grad()), kGradientTolerance);
+  // a table gradient without a table bias is refused
+  float dummy = 0.0f;
+  g.dtable = &dummy;
+  EXPECT_EQ(cuda::attention_backward(g, nullptr), cudaErrorInvalidValue);
 }
 
 TEST(CudaRawKernel, RejectsHeadDimAboveLimit) {
@@ -378,7 +406,7 @@ TEST_P(CudaAttention, MatchesReferenceForwardAndBackward) {
   const double tol = c.dtype == torch::kFloat32 ? kAttentionTolerance : kReducedTolerance;
   EXPECT_LT(max_abs_diff(got, want), tol);
   if (c.dtype != torch::kFloat32) return;
-  // gradients (the device's reference backward) vs autograd on the CPU
+  // gradients (the CUDA backward kernels) vs autograd through the reference on the CPU
   auto q1 = q.cuda().requires_grad_(true), k1 = k.cuda().requires_grad_(true),
        v1 = v.cuda().requires_grad_(true);
   auto t1 = table.clone().requires_grad_(true);

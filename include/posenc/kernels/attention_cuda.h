@@ -1,7 +1,7 @@
-// CUDA attention forward with the position bias computed on the fly, raw-pointer interface (no
-// LibTorch). Same contract as the CPU kernel (include/posenc/kernels/attention.h; oracle:
-// attention_reference): FlashAttention-style tiling with an online softmax (Dao et al. 2022),
-// fp32 accumulation, fp32/bf16/fp16 storage; no [H, Nq, Nk] tensor is materialized.
+// CUDA attention forward and backward with the position bias computed on the fly, raw-pointer
+// interface (no LibTorch). Same contract as the CPU kernel (include/posenc/kernels/attention.h;
+// oracle: attention_reference): FlashAttention-style tiling with an online softmax (Dao et al.
+// 2022), fp32 accumulation, fp32/bf16/fp16 storage; no [H, Nq, Nk] tensor is materialized.
 //
 //   out_i = sum_j softmax_j(q_i . k_j * scale + b_h(p_i, p_j) + mask_ij) v_j
 //   b_h:  kNone         0
@@ -61,5 +61,28 @@ constexpr int64_t kAttentionMaxDim = 256;
 
 /// Launches the forward kernel on `stream`; returns the launch error (cudaSuccess when fine).
 cudaError_t attention_forward(const AttentionLaunch& launch, cudaStream_t stream);
+
+/// Backward (FlashAttention-2, Dao 2023, Alg. 2): each score tile is recomputed from q, k and the
+/// saved log-sum-exp, so again no [H, Nq, Nk] tensor exists:
+///   P_ij  = exp(s_ij - lse_i)   (0 where masked; s_ij the biased logit of the forward)
+///   dV_j  = sum_i P_ij dO_i                  dP_ij = dO_i . v_j
+///   dS_ij = P_ij (dP_ij - delta_i)           delta_i = dO_i . O_i  (given, [B, H, Nq])
+///   dQ_i  = scale sum_j dS_ij k_j            dK_j  = scale sum_i dS_ij q_i
+///   dtable[bucket(p_j - p_i), h] += dS_ij    (kBucketTable, when dtable is given)
+/// Two kernels, so that each gradient element has one writer: one block per (b, h, key tile)
+/// computes dK, dV (and sums dtable in shared memory, then one atomicAdd per bucket and block)
+/// looping over query tiles; one block per (b, h, query tile) computes dQ looping over key tiles.
+struct AttentionBackwardLaunch {
+  AttentionLaunch forward;       ///< the forward's launch; its lse is read, its out unused
+  const void* dout = nullptr;    ///< [B, Nq, H, Dv] contiguous, the storage type of q
+  const float* delta = nullptr;  ///< [B, H, Nq] contiguous
+  float* dq = nullptr;           ///< [B, Nq, H, D] float32 contiguous (written)
+  float* dk = nullptr;           ///< [B, Nk, H, D] float32 contiguous (written)
+  float* dv = nullptr;           ///< [B, Nk, H, Dv] float32 contiguous (written)
+  float* dtable = nullptr;       ///< [num_buckets, H] float32, added to; nullptr: not wanted
+};
+
+/// Launches the two backward kernels on `stream`; returns the first launch error.
+cudaError_t attention_backward(const AttentionBackwardLaunch& launch, cudaStream_t stream);
 
 }  // namespace posenc::cuda

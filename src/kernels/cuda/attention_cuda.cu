@@ -1,17 +1,20 @@
-// CUDA attention forward with the bias computed on the fly; interface, math and limits in
-// include/posenc/kernels/attention_cuda.h. Specification and test oracle: attention_reference
-// (src/kernels/autograd/attention_autograd.cpp); the CPU kernel (src/kernels/cpu/attention_cpu.cpp)
-// follows the same online softmax:
+// CUDA attention forward and backward with the bias computed on the fly; interface, math and
+// limits in include/posenc/kernels/attention_cuda.h. Specification and test oracle:
+// attention_reference (src/kernels/autograd/attention_autograd.cpp); the CPU kernel
+// (src/kernels/cpu/attention_cpu.cpp) follows the same online softmax (Dao et al. 2022, 2023):
 //   per key tile:  m' = max(m, max_j s_ij),  p_ij = exp(s_ij - m'),  alpha = exp(m - m')
 //                  l' = l alpha + sum_j p_ij,  acc' = acc alpha + sum_j p_ij v_j
 //   at the end:    out_i = acc / l,  lse_i = m + log(l)   (l = 0: out 0, lse -inf)
+// and the backward recomputes p_ij = exp(s_ij - lse_i) tile by tile (see the header).
 //
-// One block per (b, h, tile of kBlockQ query rows); shared memory (fp32):
+// Forward: one block per (b, h, tile of kBlockQ query rows); shared memory (fp32):
 //   qs [kBlockQ, D]   the query tile, loaded once
 //   ks [kBlockK, D+1] the key tile (+1: lanes read different rows at the same d, no bank conflict)
 //   vs [kBlockK, Dv]  the value tile
 // Warp w owns query rows [8w, 8w+8); lane c holds the score of key j0 + c for each of them, so a
 // row's max and sum are warp shuffles, and acc[row][d] (d = lane + 32 chunk) stays in registers.
+// Backward dQ has the forward's shape (dO tile beside the q tile, v tile padded like k); backward
+// dK/dV is its transpose: warp w owns key rows, lane c holds query i0 + c.
 #include <cfloat>
 #include <cmath>
 
@@ -39,6 +42,30 @@ __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) x += __shfl_xor_sync(kFullMask, x, o);
   return x;
+}
+
+// The biased logit of query i and key j, or -inf where j is not visible to i (padding, causal,
+// or a row/column past the end). bucket: the T5 bucket used (kBucketTable), else untouched.
+__device__ __forceinline__ float logit(const AttentionLaunch& a, float dot, int64_t h, float slope,
+                                       int64_t i, double pq, int64_t j, double pk, bool key_real,
+                                       int* bucket) {
+  const bool visible = key_real && i < a.nq && (!a.causal || j <= i + (a.nk - a.nq));
+  if (!visible) return -INFINITY;
+  float s = dot * a.scale;
+  if (a.bias == AttentionBias::kAlibi) {
+    const double diff = pq - pk;
+    s -= slope * static_cast<float>(a.symmetric ? fabs(diff) : diff);
+  } else if (a.bias == AttentionBias::kBucketTable) {
+    const int64_t rel = __double2ll_rn(pk) - __double2ll_rn(pq) - a.offset_min;
+    const int bk = a.bucket_of_offset[rel];
+    *bucket = bk;
+    s += a.table[static_cast<int64_t>(bk) * a.heads + h];
+  }
+  return s;
+}
+
+__device__ __forceinline__ bool key_is_real(const AttentionLaunch& a, int64_t b, int64_t j) {
+  return j < a.nk && (a.key_keep == nullptr || a.key_keep[b * a.nk + j] != 0);
 }
 
 // kChunks: Dv <= 32 kChunks (acc registers per row).
@@ -98,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     __syncthreads();
 
     const int64_t j = j0 + lane;
-    const bool key_real = j < a.nk && (a.key_keep == nullptr || a.key_keep[b * a.nk + j] != 0);
+    const bool key_real = key_is_real(a, b, j);
     const double pk = key_real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
     // scores: d outer, so each key element is read from shared memory once for the 8 rows
     float p[kRowsPerWarp];
@@ -114,16 +141,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t i = i0 + warp * kRowsPerWarp + rr;
-      float s = p[rr] * a.scale;
-      if (a.bias == AttentionBias::kAlibi) {
-        const double diff = pq[rr] - pk;
-        s -= slope * static_cast<float>(a.symmetric ? fabs(diff) : diff);
-      } else if (a.bias == AttentionBias::kBucketTable && key_real && i < a.nq) {
-        const int64_t rel = __double2ll_rn(pk) - __double2ll_rn(pq[rr]) - a.offset_min;
-        s += a.table[static_cast<int64_t>(a.bucket_of_offset[rel]) * a.heads + h];
-      }
-      const bool visible = key_real && i < a.nq && (!a.causal || j <= i + offset);
-      p[rr] = visible ? s : -INFINITY;
+      int bucket = 0;
+      p[rr] = logit(a, p[rr], h, slope, i, pq[rr], j, pk, key_real, &bucket);
     }
     // online softmax, one row per rr (all lanes of the warp hold the row's m and l)
 #pragma unroll
@@ -175,16 +194,22 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
   }
 }
 
+// Dynamic shared memory above the default 48 KiB needs an opt-in per kernel
+// (sm_80: up to 163 KiB, sm_90: 227 KiB).
+template <typename Kernel>
+cudaError_t allow_shared(Kernel kernel, size_t shared) {
+  if (shared <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(shared));
+}
+
 template <typename T, int kChunks>
 cudaError_t launch(const AttentionLaunch& a, cudaStream_t stream) {
   const size_t shared =
       sizeof(float) * (kBlockQ * a.dim + kBlockK * (a.dim + 1) + kBlockK * a.dim_v);
   auto kernel = attention_forward_kernel<T, kChunks>;
-  if (shared > 48 * 1024) {  // above the default limit: opt in (sm_80: 163 KiB, sm_90: 227 KiB)
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-    if (err != cudaSuccess) return err;
-  }
+  const cudaError_t err = allow_shared(kernel, shared);
+  if (err != cudaSuccess) return err;
   const int64_t blocks = a.batch * a.heads * ((a.nq + kBlockQ - 1) / kBlockQ);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   kernel<<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(a);
@@ -199,14 +224,323 @@ cudaError_t launch_for_dim_v(const AttentionLaunch& a, cudaStream_t stream) {
   return launch<T, 8>(a, stream);
 }
 
-}  // namespace
+// ---- backward
+// ------------------------------------------------------------------------------------
 
-cudaError_t attention_forward(const AttentionLaunch& a, cudaStream_t stream) {
-  if (a.batch < 0 || a.heads < 0 || a.nq < 0 || a.nk < 0) return cudaErrorInvalidValue;
-  if (a.batch == 0 || a.heads == 0 || a.nq == 0) return cudaSuccess;
-  if (a.q == nullptr || (a.nk > 0 && (a.k == nullptr || a.v == nullptr)) || a.out == nullptr ||
-      a.lse == nullptr || a.dim < 1 || a.dim > kAttentionMaxDim || a.dim_v < 1 ||
-      a.dim_v > kAttentionMaxDim)
+// dK, dV (and dtable) for one (b, h, key tile). Shared memory (fp32):
+//   ks [kBlockK, D], vs [kBlockK, Dv]      the key tile (rows read as warp broadcasts)
+//   qs [kBlockQ, D+1], dos [kBlockQ, Dv+1] the query tile (lane c reads row c: padded)
+//   lse_s, delta_s [kBlockQ]; dtable_s [num_buckets] when dtable is wanted
+// kChunks: max(D, Dv) <= 32 kChunks.
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dkdv_kernel(AttentionBackwardLaunch g) {
+  const AttentionLaunch& a = g.forward;
+  extern __shared__ float shared[];
+  const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
+  const int ldq = dim + 1, ldo = dim_v + 1;
+  float* ks = shared;                   // [kBlockK, D]
+  float* vs = ks + kBlockK * dim;       // [kBlockK, Dv]
+  float* qs = vs + kBlockK * dim_v;     // [kBlockQ, D + 1]
+  float* dos = qs + kBlockQ * ldq;      // [kBlockQ, Dv + 1]
+  float* lse_s = dos + kBlockQ * ldo;   // [kBlockQ]
+  float* delta_s = lse_s + kBlockQ;     // [kBlockQ]
+  float* dtable_s = delta_s + kBlockQ;  // [num_buckets]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t k_blocks = (a.nk + kBlockK - 1) / kBlockK;
+  const int64_t kb = blockIdx.x % k_blocks, bh = blockIdx.x / k_blocks;
+  const int64_t h = bh % a.heads, b = bh / a.heads;
+  const int64_t j0 = kb * kBlockK;
+
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride_batch + h * a.q_stride_head;
+  const T* k = static_cast<const T*>(a.k) + b * a.k_stride_batch + h * a.k_stride_head;
+  const T* v = static_cast<const T*>(a.v) + b * a.v_stride_batch + h * a.v_stride_head;
+  const T* dout = static_cast<const T*>(g.dout);
+  const float* lse = a.lse + (b * a.heads + h) * a.nq;
+  const float* delta = g.delta + (b * a.heads + h) * a.nq;
+  for (int idx = threadIdx.x; idx < kBlockK * dim; idx += kThreads) {
+    const int c = idx / dim, d = idx % dim;
+    ks[idx] = j0 + c < a.nk ? load(k + (j0 + c) * a.k_stride_token + d) : 0.0f;
+  }
+  for (int idx = threadIdx.x; idx < kBlockK * dim_v; idx += kThreads) {
+    const int c = idx / dim_v, d = idx % dim_v;
+    vs[idx] = j0 + c < a.nk ? load(v + (j0 + c) * a.v_stride_token + d) : 0.0f;
+  }
+  if (g.dtable != nullptr)
+    for (int64_t idx = threadIdx.x; idx < a.num_buckets; idx += kThreads) dtable_s[idx] = 0.0f;
+
+  bool real[kRowsPerWarp];
+  double pk[kRowsPerWarp];
+  float dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t j = j0 + warp * kRowsPerWarp + rr;
+    real[rr] = key_is_real(a, b, j);
+    pk[rr] = real[rr] && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) dk[rr][ch] = dv[rr][ch] = 0.0f;
+  }
+  const float slope = a.bias == AttentionBias::kAlibi ? a.slopes[h] : 0.0f;
+  // causal: query i sees key j0 from i = j0 - (Nk - Nq) on; earlier query tiles contribute nothing
+  int64_t i_begin = 0;
+  if (a.causal) {
+    const int64_t first = j0 - (a.nk - a.nq);
+    i_begin = first > 0 ? first / kBlockQ * kBlockQ : 0;
+  }
+
+  for (int64_t i0 = i_begin; i0 < a.nq; i0 += kBlockQ) {
+    __syncthreads();  // the previous query tile is consumed (ks, vs, dtable_s written the first
+                      // time)
+    for (int idx = threadIdx.x; idx < kBlockQ * dim; idx += kThreads) {
+      const int r = idx / dim, d = idx % dim;
+      qs[r * ldq + d] = i0 + r < a.nq ? load(q + (i0 + r) * a.q_stride_token + d) : 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < kBlockQ * dim_v; idx += kThreads) {
+      const int r = idx / dim_v, d = idx % dim_v;
+      const int64_t i = i0 + r;
+      dos[r * ldo + d] =
+          i < a.nq ? load(dout + ((b * a.nq + i) * a.heads + h) * a.dim_v + d) : 0.0f;
+    }
+    if (threadIdx.x < kBlockQ) {
+      const int64_t i = i0 + threadIdx.x;
+      lse_s[threadIdx.x] = i < a.nq ? lse[i] : 0.0f;
+      delta_s[threadIdx.x] = i < a.nq ? delta[i] : 0.0f;
+    }
+    __syncthreads();
+
+    const int64_t i = i0 + lane;
+    const double pq = i < a.nq && a.q_positions != nullptr ? a.q_positions[i] : 0.0;
+    const float lse_i = lse_s[lane], delta_i = delta_s[lane];
+    float p[kRowsPerWarp], ds[kRowsPerWarp];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = ds[rr] = 0.0f;
+    const float* ktile = ks + warp * kRowsPerWarp * dim;
+    const float* vtile = vs + warp * kRowsPerWarp * dim_v;
+    for (int d = 0; d < dim; ++d) {
+      const float qd = qs[lane * ldq + d];
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = fmaf(qd, ktile[rr * dim + d], p[rr]);
+    }
+    for (int d = 0; d < dim_v; ++d) {  // dP = dO_i . v_j
+      const float od = dos[lane * ldo + d];
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) ds[rr] = fmaf(od, vtile[rr * dim_v + d], ds[rr]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int64_t j = j0 + warp * kRowsPerWarp + rr;
+      int bucket = -1;
+      const float x = logit(a, p[rr], h, slope, i, pq, j, pk[rr], real[rr], &bucket);
+      p[rr] = x == -INFINITY ? 0.0f : expf(x - lse_i);  // visible: lse_i is finite
+      ds[rr] = p[rr] * (ds[rr] - delta_i);
+      if (g.dtable != nullptr && bucket >= 0 && ds[rr] != 0.0f)
+        atomicAdd(dtable_s + bucket, ds[rr]);
+    }
+    // dV_j += sum_c P_cj dO_c,  dK_j += sum_c dS_cj q_c  (query c's values sit in lane c)
+    const int rows = static_cast<int>(a.nq - i0 < kBlockQ ? a.nq - i0 : kBlockQ);
+    for (int c = 0; c < rows; ++c) {
+      float orow[kChunks], qrow[kChunks];
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int d = lane + 32 * ch;
+        orow[ch] = d < dim_v ? dos[c * ldo + d] : 0.0f;
+        qrow[ch] = d < dim ? qs[c * ldq + d] : 0.0f;
+      }
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const float pc = __shfl_sync(kFullMask, p[rr], c);
+        const float dsc = __shfl_sync(kFullMask, ds[rr], c);
+#pragma unroll
+        for (int ch = 0; ch < kChunks; ++ch) {
+          dv[rr][ch] = fmaf(pc, orow[ch], dv[rr][ch]);
+          dk[rr][ch] = fmaf(dsc, qrow[ch], dk[rr][ch]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t j = j0 + warp * kRowsPerWarp + rr;
+    if (j >= a.nk) break;
+    float* dkrow = g.dk + ((b * a.nk + j) * a.heads + h) * a.dim;
+    float* dvrow = g.dv + ((b * a.nk + j) * a.heads + h) * a.dim_v;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int d = lane + 32 * ch;
+      if (d < dim) dkrow[d] = dk[rr][ch] * a.scale;
+      if (d < dim_v) dvrow[d] = dv[rr][ch];
+    }
+  }
+  if (g.dtable != nullptr) {
+    __syncthreads();
+    for (int64_t idx = threadIdx.x; idx < a.num_buckets; idx += kThreads)
+      if (dtable_s[idx] != 0.0f) atomicAdd(g.dtable + idx * a.heads + h, dtable_s[idx]);
+  }
+}
+
+// dQ for one (b, h, query tile): the forward's layout. Shared memory (fp32):
+//   qs [kBlockQ, D], dos [kBlockQ, Dv]       the query tile (rows read as warp broadcasts)
+//   ks [kBlockK, D+1], vs [kBlockK, Dv+1]    the key tile (lane c reads row c: padded)
+template <typename T, int kChunks>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dq_kernel(AttentionBackwardLaunch g) {
+  const AttentionLaunch& a = g.forward;
+  extern __shared__ float shared[];
+  const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
+  const int ldk = dim + 1, ldv = dim_v + 1;
+  float* qs = shared;                 // [kBlockQ, D]
+  float* dos = qs + kBlockQ * dim;    // [kBlockQ, Dv]
+  float* ks = dos + kBlockQ * dim_v;  // [kBlockK, D + 1]
+  float* vs = ks + kBlockK * ldk;     // [kBlockK, Dv + 1]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t q_blocks = (a.nq + kBlockQ - 1) / kBlockQ;
+  const int64_t qb = blockIdx.x % q_blocks, bh = blockIdx.x / q_blocks;
+  const int64_t h = bh % a.heads, b = bh / a.heads;
+  const int64_t i0 = qb * kBlockQ;
+
+  const T* q = static_cast<const T*>(a.q) + b * a.q_stride_batch + h * a.q_stride_head;
+  const T* k = static_cast<const T*>(a.k) + b * a.k_stride_batch + h * a.k_stride_head;
+  const T* v = static_cast<const T*>(a.v) + b * a.v_stride_batch + h * a.v_stride_head;
+  const T* dout = static_cast<const T*>(g.dout);
+  for (int idx = threadIdx.x; idx < kBlockQ * dim; idx += kThreads) {
+    const int r = idx / dim, d = idx % dim;
+    qs[idx] = i0 + r < a.nq ? load(q + (i0 + r) * a.q_stride_token + d) : 0.0f;
+  }
+  for (int idx = threadIdx.x; idx < kBlockQ * dim_v; idx += kThreads) {
+    const int r = idx / dim_v, d = idx % dim_v;
+    const int64_t i = i0 + r;
+    dos[idx] = i < a.nq ? load(dout + ((b * a.nq + i) * a.heads + h) * a.dim_v + d) : 0.0f;
+  }
+
+  float lse_r[kRowsPerWarp], delta_r[kRowsPerWarp], dq[kRowsPerWarp][kChunks];
+  double pq[kRowsPerWarp];
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    const int64_t row = (b * a.heads + h) * a.nq + i;
+    lse_r[rr] = i < a.nq ? a.lse[row] : 0.0f;
+    delta_r[rr] = i < a.nq ? g.delta[row] : 0.0f;
+    pq[rr] = a.q_positions != nullptr && i < a.nq ? a.q_positions[i] : 0.0;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) dq[rr][ch] = 0.0f;
+  }
+  const float slope = a.bias == AttentionBias::kAlibi ? a.slopes[h] : 0.0f;
+  int64_t j_end = a.nk;
+  if (a.causal) {
+    const int64_t i_last = (i0 + kBlockQ < a.nq ? i0 + kBlockQ : a.nq) - 1;
+    const int64_t last = i_last + (a.nk - a.nq) + 1;
+    j_end = last < a.nk ? last : a.nk;
+  }
+
+  for (int64_t j0 = 0; j0 < j_end; j0 += kBlockK) {
+    __syncthreads();  // the previous key tile is consumed (and qs, dos written, the first time)
+    for (int idx = threadIdx.x; idx < kBlockK * dim; idx += kThreads) {
+      const int c = idx / dim, d = idx % dim;
+      ks[c * ldk + d] = j0 + c < a.nk ? load(k + (j0 + c) * a.k_stride_token + d) : 0.0f;
+    }
+    for (int idx = threadIdx.x; idx < kBlockK * dim_v; idx += kThreads) {
+      const int c = idx / dim_v, d = idx % dim_v;
+      vs[c * ldv + d] = j0 + c < a.nk ? load(v + (j0 + c) * a.v_stride_token + d) : 0.0f;
+    }
+    __syncthreads();
+
+    const int64_t j = j0 + lane;
+    const bool real = key_is_real(a, b, j);
+    const double pk = real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
+    float p[kRowsPerWarp], ds[kRowsPerWarp];
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = ds[rr] = 0.0f;
+    const float* qtile = qs + warp * kRowsPerWarp * dim;
+    const float* otile = dos + warp * kRowsPerWarp * dim_v;
+    for (int d = 0; d < dim; ++d) {
+      const float kd = ks[lane * ldk + d];
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = fmaf(qtile[rr * dim + d], kd, p[rr]);
+    }
+    for (int d = 0; d < dim_v; ++d) {
+      const float vd = vs[lane * ldv + d];
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) ds[rr] = fmaf(otile[rr * dim_v + d], vd, ds[rr]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const int64_t i = i0 + warp * kRowsPerWarp + rr;
+      int bucket = -1;
+      const float x = logit(a, p[rr], h, slope, i, pq[rr], j, pk, real, &bucket);
+      const float pij = x == -INFINITY ? 0.0f : expf(x - lse_r[rr]);
+      ds[rr] = pij * (ds[rr] - delta_r[rr]);
+    }
+    // dQ_i += sum_c dS_ic k_c  (key c's dS sits in lane c)
+    const int cols = static_cast<int>(a.nk - j0 < kBlockK ? a.nk - j0 : kBlockK);
+    for (int c = 0; c < cols; ++c) {
+      float krow[kChunks];
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) {
+        const int d = lane + 32 * ch;
+        krow[ch] = d < dim ? ks[c * ldk + d] : 0.0f;
+      }
+#pragma unroll
+      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+        const float dsc = __shfl_sync(kFullMask, ds[rr], c);
+#pragma unroll
+        for (int ch = 0; ch < kChunks; ++ch) dq[rr][ch] = fmaf(dsc, krow[ch], dq[rr][ch]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+    const int64_t i = i0 + warp * kRowsPerWarp + rr;
+    if (i >= a.nq) break;
+    float* dqrow = g.dq + ((b * a.nq + i) * a.heads + h) * a.dim;
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int d = lane + 32 * ch;
+      if (d < dim) dqrow[d] = dq[rr][ch] * a.scale;
+    }
+  }
+}
+
+template <typename T, int kChunks>
+cudaError_t launch_backward(const AttentionBackwardLaunch& g, cudaStream_t stream) {
+  const AttentionLaunch& a = g.forward;
+  const int64_t q_blocks = a.batch * a.heads * ((a.nq + kBlockQ - 1) / kBlockQ);
+  const int64_t k_blocks = a.batch * a.heads * ((a.nk + kBlockK - 1) / kBlockK);
+  if (q_blocks > 0x7fffffff || k_blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  if (k_blocks > 0) {
+    const size_t shared =
+        sizeof(float) * (kBlockK * (a.dim + a.dim_v) + kBlockQ * (a.dim + 1 + a.dim_v + 1) +
+                         2 * kBlockQ + (g.dtable != nullptr ? a.num_buckets : 0));
+    auto kernel = attention_backward_dkdv_kernel<T, kChunks>;
+    cudaError_t err = allow_shared(kernel, shared);
+    if (err != cudaSuccess) return err;
+    kernel<<<static_cast<unsigned>(k_blocks), kThreads, shared, stream>>>(g);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const size_t shared =
+      sizeof(float) * (kBlockQ * (a.dim + a.dim_v) + kBlockK * (a.dim + 1 + a.dim_v + 1));
+  auto kernel = attention_backward_dq_kernel<T, kChunks>;
+  const cudaError_t err = allow_shared(kernel, shared);
+  if (err != cudaSuccess) return err;
+  kernel<<<static_cast<unsigned>(q_blocks), kThreads, shared, stream>>>(g);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_backward_for_dims(const AttentionBackwardLaunch& g, cudaStream_t stream) {
+  const int64_t widest = g.forward.dim > g.forward.dim_v ? g.forward.dim : g.forward.dim_v;
+  if (widest <= 32) return launch_backward<T, 1>(g, stream);
+  if (widest <= 64) return launch_backward<T, 2>(g, stream);
+  if (widest <= 128) return launch_backward<T, 4>(g, stream);
+  return launch_backward<T, 8>(g, stream);
+}
+
+// The forward's argument checks (both passes take the same launch).
+cudaError_t check_arguments(const AttentionLaunch& a) {
+  if (a.q == nullptr || (a.nk > 0 && (a.k == nullptr || a.v == nullptr)) || a.lse == nullptr ||
+      a.dim < 1 || a.dim > kAttentionMaxDim || a.dim_v < 1 || a.dim_v > kAttentionMaxDim)
     return cudaErrorInvalidValue;
   if (a.bias == AttentionBias::kAlibi &&
       (a.slopes == nullptr || a.q_positions == nullptr || a.k_positions == nullptr))
@@ -215,6 +549,17 @@ cudaError_t attention_forward(const AttentionLaunch& a, cudaStream_t stream) {
       (a.table == nullptr || a.bucket_of_offset == nullptr || a.q_positions == nullptr ||
        a.k_positions == nullptr || a.offset_count < 1))
     return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t attention_forward(const AttentionLaunch& a, cudaStream_t stream) {
+  if (a.batch < 0 || a.heads < 0 || a.nq < 0 || a.nk < 0) return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.heads == 0 || a.nq == 0) return cudaSuccess;
+  if (a.out == nullptr) return cudaErrorInvalidValue;
+  const cudaError_t err = check_arguments(a);
+  if (err != cudaSuccess) return err;
   switch (a.storage) {
     case Storage::kFloat32:
       return launch_for_dim_v<float>(a, stream);
@@ -222,6 +567,27 @@ cudaError_t attention_forward(const AttentionLaunch& a, cudaStream_t stream) {
       return launch_for_dim_v<__nv_bfloat16>(a, stream);
     case Storage::kFloat16:
       return launch_for_dim_v<__half>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t attention_backward(const AttentionBackwardLaunch& g, cudaStream_t stream) {
+  const AttentionLaunch& a = g.forward;
+  if (a.batch < 0 || a.heads < 0 || a.nq < 0 || a.nk < 0) return cudaErrorInvalidValue;
+  if (a.batch == 0 || a.heads == 0 || a.nq == 0) return cudaSuccess;
+  if (g.dout == nullptr || g.delta == nullptr || g.dq == nullptr ||
+      (a.nk > 0 && (g.dk == nullptr || g.dv == nullptr)) ||
+      (g.dtable != nullptr && a.bias != AttentionBias::kBucketTable))
+    return cudaErrorInvalidValue;
+  const cudaError_t err = check_arguments(a);
+  if (err != cudaSuccess) return err;
+  switch (a.storage) {
+    case Storage::kFloat32:
+      return launch_backward_for_dims<float>(g, stream);
+    case Storage::kBFloat16:
+      return launch_backward_for_dims<__nv_bfloat16>(g, stream);
+    case Storage::kFloat16:
+      return launch_backward_for_dims<__half>(g, stream);
   }
   return cudaErrorInvalidValue;
 }

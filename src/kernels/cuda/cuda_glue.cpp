@@ -4,15 +4,12 @@
 // specification. Launches go to the current stream of the inputs' device.
 //   rope:      q [B, N, Hq, Dh], k [B, N, Hk, Dh] (last dim contiguous), cos/sin [N, F] | [B, N, F]
 //   attention: q [B, Nq, H, D], k [B, Nk, H, D], v [B, Nk, H, Dv] -> [B, Nq, H, Dv]
-// Attention's backward has no CUDA kernel yet: it recomputes attention_reference on the device
-// (materialized [H, Nq, Nk] bias) and differentiates that.
+// Attention's backward runs the CUDA backward kernels (no [H, Nq, Nk] tensor either way).
 #include "cuda_glue.h"
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
-
-#include <limits>
 
 #include "posenc/functional/relative.h"
 #include "posenc/kernels/attention_cuda.h"
@@ -138,6 +135,84 @@ at::Tensor last_dim_contiguous(const at::Tensor& x) {
   return x.stride(-1) == 1 ? x : x.contiguous();
 }
 
+// An AttentionLaunch for (q, k, v, bias, positions, masks) on q's device, and the device tensors
+// it points into (positions, slopes, the T5 bucket lookup, the padding mask): the forward and the
+// backward build theirs with this one function. Launches are asynchronous; the caching allocator
+// orders the reuse of these buffers on the stream, so they only need to live until queued.
+struct PreparedAttention {
+  cuda::AttentionLaunch launch;
+  at::Tensor q, k, v, q_positions, k_positions, slopes, table, bucket, keep;
+};
+
+PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_in,
+                                    const at::Tensor& v_in, const at::Tensor& table,
+                                    const BiasSpec& bias, const at::Tensor& q_positions,
+                                    const at::Tensor& k_positions, const AttentionMasks& masks,
+                                    double scale) {
+  const auto device = q_in.device();
+  PreparedAttention p;
+  p.q = last_dim_contiguous(q_in);
+  p.k = last_dim_contiguous(k_in);
+  p.v = last_dim_contiguous(v_in);
+  const auto &q = p.q, &k = p.k, &v = p.v;
+  cuda::AttentionLaunch& a = p.launch;
+  a.q = q.const_data_ptr();
+  a.k = k.const_data_ptr();
+  a.v = v.const_data_ptr();
+  a.storage = storage_of(q.scalar_type(), "attention_fused");
+  a.batch = q.size(0);
+  a.heads = q.size(2);
+  a.nq = q.size(1);
+  a.nk = k.size(1);
+  a.dim = q.size(3);
+  a.dim_v = v.size(3);
+  a.q_stride_batch = q.stride(0);
+  a.q_stride_token = q.stride(1);
+  a.q_stride_head = q.stride(2);
+  a.k_stride_batch = k.stride(0);
+  a.k_stride_token = k.stride(1);
+  a.k_stride_head = k.stride(2);
+  a.v_stride_batch = v.stride(0);
+  a.v_stride_token = v.stride(1);
+  a.v_stride_head = v.stride(2);
+  a.scale = static_cast<float>(scale);
+  a.causal = masks.causal;
+  p.q_positions = q_positions.to(device, at::kDouble).contiguous();
+  p.k_positions = k_positions.to(device, at::kDouble).contiguous();
+  a.q_positions = p.q_positions.const_data_ptr<double>();
+  a.k_positions = p.k_positions.const_data_ptr<double>();
+  if (bias.form == BiasForm::kAlibi) {
+    p.slopes = bias.slopes.to(device, at::kFloat).contiguous();
+    a.bias = cuda::AttentionBias::kAlibi;
+    a.slopes = p.slopes.const_data_ptr<float>();
+    a.symmetric = bias.symmetric;
+  } else if (bias.form == BiasForm::kBucketTable && a.nk > 0) {
+    // bucket per relative offset p_j - p_i over the range that occurs: the one T5 formula
+    auto iq = q_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
+    auto ik = k_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
+    const int64_t q_min = iq.min().item<int64_t>(), q_max = iq.max().item<int64_t>();
+    const int64_t k_min = ik.min().item<int64_t>(), k_max = ik.max().item<int64_t>();
+    const int64_t offset_min = k_min - q_max, offset_count = k_max - q_min - offset_min + 1;
+    auto offsets = torch::arange(offset_min, offset_min + offset_count, torch::kLong);
+    p.bucket = t5_relative_position_bucket(offsets, bias.bidirectional, bias.num_buckets,
+                                           bias.max_distance)
+                   .to(device, at::kInt)
+                   .contiguous();
+    p.table = table.detach().to(device, at::kFloat).contiguous();
+    a.bias = cuda::AttentionBias::kBucketTable;
+    a.table = p.table.const_data_ptr<float>();
+    a.num_buckets = p.table.size(0);
+    a.bucket_of_offset = p.bucket.const_data_ptr<int32_t>();
+    a.offset_min = offset_min;
+    a.offset_count = offset_count;
+  }
+  if (masks.key_padding.defined() && masks.key_padding.numel() > 0) {
+    p.keep = masks.key_padding.to(device, at::kByte).contiguous();
+    a.key_keep = p.keep.const_data_ptr<uint8_t>();
+  }
+  return p;
+}
+
 class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunction> {
  public:
   // table: the T5 table (kBucketTable) or empty, an input so that autograd tracks it.
@@ -158,78 +233,21 @@ class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunc
                 "attention_fused (CUDA): head dims up to ", cuda::kAttentionMaxDim,
                 ", got D=", q_in.size(3), " Dv=", v_in.size(3), "; use attention_reference");
     c10::cuda::CUDAGuard guard(device);
-    auto q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in),
-         v = last_dim_contiguous(v_in);
-    const int64_t batch = q.size(0), nq = q.size(1), heads = q.size(2), nk = k.size(1);
-    auto out = at::empty({batch, nq, heads, v.size(3)}, q.options());
-    auto lse = at::empty({batch, heads, nq}, q.options().dtype(at::kFloat));
+    const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
+    auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
+    auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
     if (out.numel() == 0) {
       ctx->saved_data["empty"] = true;
       return {out};
     }
-    cuda::AttentionLaunch a;
-    a.q = q.const_data_ptr();
-    a.k = k.const_data_ptr();
-    a.v = v.const_data_ptr();
-    a.out = out.data_ptr();
-    a.lse = lse.data_ptr<float>();
-    a.storage = storage_of(q.scalar_type(), "attention_fused");
-    a.batch = batch;
-    a.heads = heads;
-    a.nq = nq;
-    a.nk = nk;
-    a.dim = q.size(3);
-    a.dim_v = v.size(3);
-    a.q_stride_batch = q.stride(0);
-    a.q_stride_token = q.stride(1);
-    a.q_stride_head = q.stride(2);
-    a.k_stride_batch = k.stride(0);
-    a.k_stride_token = k.stride(1);
-    a.k_stride_head = k.stride(2);
-    a.v_stride_batch = v.stride(0);
-    a.v_stride_token = v.stride(1);
-    a.v_stride_head = v.stride(2);
-    a.scale = static_cast<float>(scale);
-    a.causal = masks.causal;
-    // device copies that must outlive the (asynchronous) launch: kept alive until it is queued,
-    // and the caching allocator orders their reuse on this stream
-    auto qp = q_positions.to(device, at::kDouble).contiguous();
-    auto kp = k_positions.to(device, at::kDouble).contiguous();
-    at::Tensor slopes, table_f32, bucket, keep;
-    a.q_positions = qp.const_data_ptr<double>();
-    a.k_positions = kp.const_data_ptr<double>();
-    if (bias.form == BiasForm::kAlibi) {
-      slopes = bias.slopes.to(device, at::kFloat).contiguous();
-      a.bias = cuda::AttentionBias::kAlibi;
-      a.slopes = slopes.const_data_ptr<float>();
-      a.symmetric = bias.symmetric;
-    } else if (bias.form == BiasForm::kBucketTable && nk > 0) {
-      // bucket per relative offset p_j - p_i over the range that occurs: the one T5 formula
-      auto iq = q_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
-      auto ik = k_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
-      const int64_t q_min = iq.min().item<int64_t>(), q_max = iq.max().item<int64_t>();
-      const int64_t k_min = ik.min().item<int64_t>(), k_max = ik.max().item<int64_t>();
-      const int64_t offset_min = k_min - q_max, offset_count = k_max - q_min - offset_min + 1;
-      auto offsets = torch::arange(offset_min, offset_min + offset_count, torch::kLong);
-      bucket = t5_relative_position_bucket(offsets, bias.bidirectional, bias.num_buckets,
-                                           bias.max_distance)
-                   .to(device, at::kInt)
-                   .contiguous();
-      table_f32 = table.detach().to(device, at::kFloat).contiguous();
-      a.bias = cuda::AttentionBias::kBucketTable;
-      a.table = table_f32.const_data_ptr<float>();
-      a.num_buckets = table_f32.size(0);
-      a.bucket_of_offset = bucket.const_data_ptr<int32_t>();
-      a.offset_min = offset_min;
-      a.offset_count = offset_count;
-    }
-    if (masks.key_padding.defined() && masks.key_padding.numel() > 0) {
-      keep = masks.key_padding.to(device, at::kByte).contiguous();
-      a.key_keep = keep.const_data_ptr<uint8_t>();
-    }
-    check_launch(cuda::attention_forward(a, c10::cuda::getCurrentCUDAStream()), "attention_fused");
+    auto prepared =
+        prepare_attention(q_in, k_in, v_in, table, bias, q_positions, k_positions, masks, scale);
+    prepared.launch.out = out.data_ptr();
+    prepared.launch.lse = lse.data_ptr<float>();
+    check_launch(cuda::attention_forward(prepared.launch, c10::cuda::getCurrentCUDAStream()),
+                 "attention_fused");
 
-    ctx->save_for_backward({q_in, k_in, v_in, table});
+    ctx->save_for_backward({q_in, k_in, v_in, table, out, lse});
     auto& d = ctx->saved_data;
     d["empty"] = false;
     d["form"] = static_cast<int64_t>(bias.form);
@@ -246,52 +264,55 @@ class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunc
     return {out};
   }
 
-  // Autograd through the reference on the device (no CUDA backward kernel yet).
+  // The backward kernels (attention_cuda.h): tiles recomputed from the saved log-sum-exp.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list none(9);
     auto& d = ctx->saved_data;
     if (d["empty"].toBool() || !grads[0].defined()) return none;
     auto saved = ctx->get_saved_variables();
-    const auto device = saved[0].device();
-    c10::cuda::CUDAGuard guard(device);
-    at::AutoGradMode enable(true);
-    auto q = saved[0].detach().requires_grad_(true);
-    auto k = saved[1].detach().requires_grad_(true);
-    auto v = saved[2].detach().requires_grad_(true);
-    const auto form = static_cast<BiasForm>(d["form"].toInt());
-    const bool table_grad = form == BiasForm::kBucketTable && saved[3].requires_grad();
-    auto table_leaf = saved[3].detach().requires_grad_(table_grad);
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &table = saved[3], &out = saved[4],
+               &lse = saved[5];
+    c10::cuda::CUDAGuard guard(q.device());
     BiasSpec spec;
-    spec.form = form;
+    spec.form = static_cast<BiasForm>(d["form"].toInt());
     spec.symmetric = d["symmetric"].toBool();
-    spec.slopes = d["slopes"].toTensor().to(device);
-    spec.table = table_leaf.to(device);
+    spec.slopes = d["slopes"].toTensor();
     spec.num_buckets = d["num_buckets"].toInt();
     spec.max_distance = d["max_distance"].toInt();
     spec.bidirectional = d["bidirectional"].toBool();
-    auto qp = d["q_positions"].toTensor().to(device, at::kDouble);
-    auto kp = d["k_positions"].toTensor().to(device, at::kDouble);
-    const int64_t heads = q.size(2), nq = q.size(1), nk = k.size(1);
-    at::Tensor bias = bias_from_spec(spec, qp, kp, heads);  // [H, Nq, Nk] or undefined
     AttentionMasks masks;
-    if (d["causal"].toBool()) {  // as a -inf bias, built on the device
-      auto i = torch::arange(nq, torch::dtype(torch::kLong).device(device)).unsqueeze(1);
-      auto j = torch::arange(nk, torch::dtype(torch::kLong).device(device)).unsqueeze(0);
-      auto mask = torch::zeros({nq, nk}, torch::dtype(torch::kFloat).device(device))
-                      .masked_fill(j > i + (nk - nq), -std::numeric_limits<float>::infinity());
-      bias = bias.defined() ? bias + mask : mask;
-    }
+    masks.causal = d["causal"].toBool();
     auto padding = d["key_padding"].toTensor();
-    if (padding.numel() > 0) masks.key_padding = padding.to(device);
-    auto out = attention_reference(q, k, v, bias, masks, d["scale"].toDouble());
-    variable_list inputs = {q, k, v};
-    if (table_grad) inputs.push_back(table_leaf);
-    auto g = torch::autograd::grad({out}, inputs, {grads[0]}, /*retain_graph=*/false,
-                                   /*create_graph=*/false, /*allow_unused=*/true);
-    none[0] = g[0];
-    none[1] = g[1];
-    none[2] = g[2];
-    if (table_grad) none[3] = g[3];
+    if (padding.numel() > 0) masks.key_padding = padding;
+    auto prepared = prepare_attention(q, k, v, table, spec, d["q_positions"].toTensor(),
+                                      d["k_positions"].toTensor(), masks, d["scale"].toDouble());
+    auto dout = grads[0].to(q.scalar_type()).contiguous();  // [B, Nq, H, Dv]
+    // delta_i = dO_i . O_i: [B, Nq, H] -> [B, H, Nq]
+    auto delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2).contiguous();
+    auto f32 = q.options().dtype(at::kFloat);
+    auto dq = at::empty(q.sizes(), f32), dk = at::empty(k.sizes(), f32),
+         dv = at::empty(v.sizes(), f32);
+    const bool table_grad = spec.form == BiasForm::kBucketTable && ctx->needs_input_grad(3) &&
+                            prepared.launch.bias == cuda::AttentionBias::kBucketTable;
+    at::Tensor dtable;
+    cuda::AttentionBackwardLaunch g;
+    g.forward = prepared.launch;
+    g.forward.lse = const_cast<float*>(lse.const_data_ptr<float>());  // read only
+    g.dout = dout.const_data_ptr();
+    g.delta = delta.const_data_ptr<float>();
+    g.dq = dq.data_ptr<float>();
+    g.dk = dk.data_ptr<float>();
+    g.dv = dv.data_ptr<float>();
+    if (table_grad) {
+      dtable = at::zeros({table.size(0), table.size(1)}, f32);
+      g.dtable = dtable.data_ptr<float>();
+    }
+    check_launch(cuda::attention_backward(g, c10::cuda::getCurrentCUDAStream()),
+                 "attention_fused backward");
+    none[0] = dq.to(q.scalar_type());
+    none[1] = dk.to(k.scalar_type());
+    none[2] = dv.to(v.scalar_type());
+    if (table_grad) none[3] = dtable.to(table.scalar_type());
     return none;
   }
 };

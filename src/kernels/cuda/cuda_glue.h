@@ -21,9 +21,8 @@ void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<a
 /// Whether the CUDA attention kernel takes q (device, dtype, head dim).
 bool attention_cuda_supported(const at::Tensor& q);
 
-/// attention_fused on CUDA tensors (arguments already checked by attention_fused). Forward: the
-/// CUDA kernel; backward: autograd through attention_reference on the device (no CUDA backward
-/// kernel yet).
+/// attention_fused on CUDA tensors (arguments already checked by attention_fused): the CUDA
+/// forward and backward kernels (gradients for q, k, v and a T5 table).
 at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const BiasSpec& bias, const at::Tensor& q_positions,
                                 const at::Tensor& k_positions, const AttentionMasks& masks,
