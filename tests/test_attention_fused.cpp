@@ -5,10 +5,14 @@
 
 #include "posenc/kernels/attention.h"
 #include "posenc/posenc.h"
+#include "support/bias_forms.h"
 #include "support/fixtures.h"
 
 namespace posenc {
 namespace {
+
+using test::Form;
+using test::spec_for;
 
 using test::max_abs_diff;
 
@@ -17,37 +21,12 @@ constexpr double kForwardTolerance = 2e-5;
 // Relative to the gradient's largest entry: table gradients sum up to 2 * Nq * Nk terms.
 constexpr double kGradientTolerance = 1e-4;
 
-enum class Form { kNone, kAlibiCausal, kAlibiSymmetric, kT5Bidirectional, kT5Unidirectional };
-
 struct AttentionCase {
   Form form;
   bool causal;
   bool padding;
   int64_t nq, nk;  // nk > nq: cached keys come first
 };
-
-BiasSpec spec_for(Form form, int64_t heads, const at::Tensor& table) {
-  BiasSpec spec;
-  switch (form) {
-    case Form::kNone:
-      break;
-    case Form::kAlibiCausal:
-    case Form::kAlibiSymmetric:
-      spec.form = BiasForm::kAlibi;
-      spec.slopes = torch::tensor(alibi_slopes(heads), torch::kFloat64).to(torch::kFloat32);
-      spec.symmetric = form == Form::kAlibiSymmetric;
-      break;
-    case Form::kT5Bidirectional:
-    case Form::kT5Unidirectional:
-      spec.form = BiasForm::kBucketTable;
-      spec.table = table;
-      spec.num_buckets = table.size(0);
-      spec.max_distance = 40;
-      spec.bidirectional = form == Form::kT5Bidirectional;
-      break;
-  }
-  return spec;
-}
 
 class AttentionFused : public ::testing::TestWithParam<AttentionCase> {};
 

@@ -17,9 +17,13 @@
 #include "posenc/kernels/rope.h"
 #include "posenc/kernels/rope_cuda.h"
 #include "posenc/posenc.h"
+#include "support/bias_forms.h"
 
 namespace posenc {
 namespace {
+
+using test::Form;
+using test::spec_for;
 
 // fp32 kernel and fp32 reference evaluate the same rotation: a few ulps of |x| <~ 4.
 constexpr double kRopeFloat32Tolerance = 5e-6;
@@ -338,8 +342,6 @@ TEST(CudaRope, QAndKWithDifferentHeadCounts) {
   EXPECT_LT(max_abs_diff(fk, rope_apply(k, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
 }
 
-enum class Form { kNone, kAlibiCausal, kAlibiSymmetric, kT5Bidirectional, kT5Unidirectional };
-
 struct AttentionCase {
   at::ScalarType dtype;
   Form form;
@@ -347,29 +349,6 @@ struct AttentionCase {
   bool padding;
   int64_t nq, nk, d, dv;
 };
-
-BiasSpec spec_for(Form form, int64_t heads, const at::Tensor& table) {
-  BiasSpec spec;
-  switch (form) {
-    case Form::kNone:
-      break;
-    case Form::kAlibiCausal:
-    case Form::kAlibiSymmetric:
-      spec.form = BiasForm::kAlibi;
-      spec.slopes = torch::tensor(alibi_slopes(heads), torch::kFloat64).to(torch::kFloat32);
-      spec.symmetric = form == Form::kAlibiSymmetric;
-      break;
-    case Form::kT5Bidirectional:
-    case Form::kT5Unidirectional:
-      spec.form = BiasForm::kBucketTable;
-      spec.table = table;
-      spec.num_buckets = table.size(0);
-      spec.max_distance = 40;
-      spec.bidirectional = form == Form::kT5Bidirectional;
-      break;
-  }
-  return spec;
-}
 
 class CudaAttention : public ::testing::TestWithParam<AttentionCase> {};
 

@@ -10,27 +10,16 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "../draw/text.h"
+
 namespace posenc::cli {
 
 namespace {
 
-const cv::Scalar kInk(30, 30, 30);
-constexpr int kFont = cv::FONT_HERSHEY_SIMPLEX;
-
-std::string format_number(double v) {
-  std::ostringstream out;
-  out.precision(3);
-  out << v;
-  return out.str();
-}
-
-void put_text(cv::Mat& image, const std::string& text, cv::Point at, double scale = 0.45,
-              bool center = false) {
-  int baseline = 0;
-  auto size = cv::getTextSize(text, kFont, scale, 1, &baseline);
-  if (center) at.x -= size.width / 2;
-  cv::putText(image, text, at, kFont, scale, kInk, 1, cv::LINE_AA);
-}
+using draw::format_number;
+using draw::kFont;
+using draw::kInk;
+using draw::put_text;
 
 void put_vertical_text(cv::Mat& image, const std::string& text, cv::Point center) {
   int baseline = 0;

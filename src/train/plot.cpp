@@ -12,31 +12,20 @@
 #include <opencv2/imgproc.hpp>
 #include <sstream>
 
+#include "../draw/text.h"
+
 namespace posenc::train {
 namespace {
 
 constexpr int kWidth = 520, kHeight = 380, kLeft = 70, kRight = 20, kTop = 40, kBottom = 50;
-constexpr int kFont = cv::FONT_HERSHEY_SIMPLEX;
-const cv::Scalar kInk(30, 30, 30), kGrid(225, 225, 225);
+const cv::Scalar kGrid(225, 225, 225);
+using draw::format_number;
+using draw::kInk;
+using draw::put_text;
 // Tableau-like colours (BGR).
 const std::vector<cv::Scalar> kColours = {{180, 119, 31},  {14, 127, 255},  {44, 160, 44},
                                           {40, 39, 214},   {189, 103, 148}, {75, 86, 140},
                                           {194, 119, 227}, {127, 127, 127}, {34, 189, 188}};
-
-std::string format_number(double v) {
-  std::ostringstream out;
-  out.precision(3);
-  out << v;
-  return out.str();
-}
-
-void text(cv::Mat& image, const std::string& s, cv::Point at, double scale = 0.42,
-          bool center = false) {
-  int baseline = 0;
-  auto size = cv::getTextSize(s, kFont, scale, 1, &baseline);
-  if (center) at.x -= size.width / 2;
-  cv::putText(image, s, at, kFont, scale, kInk, 1, cv::LINE_AA);
-}
 
 cv::Mat draw_panel(const Panel& panel) {
   cv::Mat image(kHeight, kWidth, CV_8UC3, cv::Scalar(255, 255, 255));
@@ -51,9 +40,9 @@ cv::Mat draw_panel(const Panel& panel) {
       y1 = std::max(y1, s.y[i]);
     }
   }
-  text(image, panel.title, {kWidth / 2, 22}, 0.55, true);
+  put_text(image, panel.title, {kWidth / 2, 22}, 0.55, true);
   if (!std::isfinite(x0)) {
-    text(image, "(no data)", {kWidth / 2, kHeight / 2}, 0.5, true);
+    put_text(image, "(no data)", {kWidth / 2, kHeight / 2}, 0.5, true);
     return image;
   }
   if (x1 == x0) x1 = x0 + 1;
@@ -67,15 +56,15 @@ cv::Mat draw_panel(const Panel& panel) {
   for (int i = 0; i <= 4; ++i) {
     const double y = y0 + (y1 - y0) * i / 4.0;
     cv::line(image, {kLeft, py(y)}, {kLeft + w, py(y)}, kGrid, 1);
-    text(image, format_number(y), {4, py(y) + 4});
+    put_text(image, format_number(y), {4, py(y) + 4}, 0.42);
     const double xv = x0 + (x1 - x0) * i / 4.0;
     const double label = panel.log_x ? std::exp2(xv) : xv;
     const int at = kLeft + static_cast<int>((xv - x0) / (x1 - x0) * w);
-    text(image, format_number(label), {at, kTop + h + 16}, 0.42, true);
+    put_text(image, format_number(label), {at, kTop + h + 16}, 0.42, true);
   }
   cv::rectangle(image, {kLeft, kTop}, {kLeft + w, kTop + h}, kInk, 1);
-  text(image, panel.x_label, {kLeft + w / 2, kHeight - 10}, 0.45, true);
-  text(image, panel.y_label, {kLeft + 4, kTop - 6}, 0.42);
+  put_text(image, panel.x_label, {kLeft + w / 2, kHeight - 10}, 0.45, true);
+  put_text(image, panel.y_label, {kLeft + 4, kTop - 6}, 0.42);
   for (size_t k = 0; k < panel.series.size(); ++k) {
     const auto& s = panel.series[k];
     const auto colour = kColours[k % kColours.size()];
@@ -87,7 +76,7 @@ cv::Mat draw_panel(const Panel& panel) {
     for (const auto& p : points) cv::circle(image, p, points.size() < 30 ? 3 : 1, colour, -1);
     const int ly = kTop + 14 + 16 * static_cast<int>(k);
     cv::line(image, {kLeft + w - 150, ly - 4}, {kLeft + w - 130, ly - 4}, colour, 2);
-    text(image, s.name, {kLeft + w - 125, ly});
+    put_text(image, s.name, {kLeft + w - 125, ly}, 0.42);
   }
   return image;
 }
