@@ -8,7 +8,7 @@
 // (forward; forward + backward) vs SDPA with the bias materialized.
 // Timing: kRepeat launches between two device synchronizations (manual time per launch), so the
 // sync's latency is amortized.
-//   ./build-gpu/bench/bench_cuda --benchmark_min_time=0.2s
+//   ./build-gpu/bench/bench_cuda --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>

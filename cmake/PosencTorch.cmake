@@ -32,6 +32,15 @@ if(POSENC_TORCH_USE_CONFIG)
   find_package(Torch REQUIRED CONFIG HINTS "${POSENC_TORCH_ROOT}/share/cmake/Torch")
   add_library(posenc::torch INTERFACE IMPORTED)
   set_target_properties(posenc::torch PROPERTIES INTERFACE_LINK_LIBRARIES "${TORCH_LIBRARIES}")
+  # Python's torch finds its CUDA libraries (NCCL, cuDNN, cuBLAS, ...) in the nvidia/*/lib wheels
+  # beside it, through libtorch_cuda's RPATH $ORIGIN/../../nvidia/...; at link time ld would
+  # rather take a same-named library from a -rpath folder such as /usr/local/cuda/lib (an older
+  # NCCL there fails the link with undefined ncclComm* symbols). -rpath-link is searched first.
+  file(GLOB _posenc_nvidia_libs "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+  foreach(_dir IN LISTS _posenc_nvidia_libs)
+    get_filename_component(_dir "${_dir}" REALPATH)
+    set_property(TARGET posenc::torch APPEND PROPERTY INTERFACE_LINK_OPTIONS "-Wl,-rpath-link,${_dir}")
+  endforeach()
   return()
 endif()
 

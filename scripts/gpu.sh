@@ -14,7 +14,7 @@
 #   POSENC_GPU_TORCH_USE_CONFIG  ON (default); OFF links a LibTorch folder directly
 #   POSENC_GPU_TORCH_ROOT        the torch folder, default Python torch's (import torch)
 #   POSENC_GPU_BUILD     the build folder, default build-gpu
-#   POSENC_GPU_BENCH_ARGS         default --benchmark_min_time=0.1s
+#   POSENC_GPU_BENCH_ARGS         default --benchmark_min_time=0.1
 #   POSENC_GPU_JOBS      parallel jobs, default nproc
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -117,7 +117,7 @@ fi
 if step bench && [[ -x "${BUILD}/bench/bench_cuda" ]]; then
   say "bench_cuda:"
   # shellcheck disable=SC2086
-  "${BUILD}/bench/bench_cuda" ${POSENC_GPU_BENCH_ARGS:---benchmark_min_time=0.1s} \
+  "${BUILD}/bench/bench_cuda" ${POSENC_GPU_BENCH_ARGS:---benchmark_min_time=0.1} \
     > "${LOGS}/bench_cuda.log" 2>&1 || status=1
   cat "${LOGS}/bench_cuda.log" >&2
 fi
