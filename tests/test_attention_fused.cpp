@@ -84,11 +84,73 @@ std::vector<AttentionCase> attention_cases() {
 
 INSTANTIATE_TEST_SUITE_P(FormsMasksSizes, AttentionFused, ::testing::ValuesIn(attention_cases()));
 
+// Shaw's query-dependent relative table (K = 4, so most pairs are clipped) through the tiled
+// kernel vs the materialized bias: forward and gradients for q, k, v and the table.
+class ShawFused : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(ShawFused, MatchesReferenceForwardAndBackward) {
+  const auto& c = GetParam();
+  torch::manual_seed(23);
+  const int64_t b = 2, h = 3, d = 16, dv = 8, max_rel = 4;
+  auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
+  auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
+  auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
+  auto table = torch::randn({2 * max_rel + 1, d}).requires_grad_(true);
+  BiasSpec spec;
+  spec.form = BiasForm::kRelativeTable;
+  spec.table = table;
+  spec.max_relative_position = max_rel;
+  auto pk = torch::arange(c.nk, torch::kFloat64) + 7;  // an offset: only differences matter
+  auto pq = pk.narrow(0, c.nk - c.nq, c.nq);
+  AttentionMasks masks;
+  masks.causal = c.causal;
+  if (c.padding) {
+    masks.key_padding = torch::ones({b, c.nk}, torch::kBool);
+    masks.key_padding[0].narrow(0, c.nk - 2, 2).fill_(false);
+  }
+  const double scale = 0.25;
+  ASSERT_TRUE(attention_fused_supported(spec, q, pq, pk));
+  auto fused = attention_fused(q, k, v, spec, pq, pk, masks, scale);
+  auto reference = attention_reference(q, k, v, bias_from_spec(spec, pq, pk, h, q), masks, scale);
+  EXPECT_LT(max_abs_diff(fused, reference), kForwardTolerance);
+  auto probe = torch::randn_like(reference);
+  auto grads_of = [&](const at::Tensor& out) {
+    return torch::autograd::grad({(out * probe).sum()}, {q, k, v, table}, {},
+                                 /*retain_graph=*/true);
+  };
+  auto gf = grads_of(fused);
+  auto gr = grads_of(reference);
+  for (size_t i = 0; i < gf.size(); ++i)
+    EXPECT_LT(max_abs_diff(gf[i], gr[i]),
+              kGradientTolerance * std::max(1.0, gr[i].abs().max().item<double>()))
+        << "gradient " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(MasksSizes, ShawFused,
+                         ::testing::Values(AttentionCase{Form::kNone, false, false, 37, 37},
+                                           AttentionCase{Form::kNone, true, true, 300, 300},
+                                           AttentionCase{Form::kNone, true, false, 5, 261},
+                                           AttentionCase{Form::kNone, false, true, 129, 513}));
+
+TEST(ShawFused, MaterializedSpecMatchesTheEncodersBias) {
+  torch::manual_seed(24);
+  Shaw shaw(ShawOptions(8).max_relative_position(3));
+  auto q = torch::randn({2, 11, 4, 8});
+  auto p = Positions::sequence(11);
+  auto want = shaw->bias(p, p, q);  // [B, H, Nq, Nk]
+  auto got = bias_from_spec(shaw->bias_spec(), p.axis(0), p.axis(0), 4, q);
+  EXPECT_LT(max_abs_diff(got, want), 1e-6);
+  // by hand: query 9, key 2 is clipped to offset -3, table row 0
+  auto row = torch::dot(q[1][9][2], shaw->weight[0]) / std::sqrt(8.0);
+  EXPECT_NEAR(got[1][2][9][2].item<double>(), row.item<double>(), 1e-6);
+}
+
 TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {
   torch::manual_seed(22);
   for (auto encoder :
        {as_encoding(Alibi(AlibiOptions(4))), as_encoding(T5(T5Options(4).init_std(1.0))),
-        as_encoding(Rope(RopeOptions(8))), as_encoding(Nope())}) {
+        as_encoding(Rope(RopeOptions(8))), as_encoding(Nope()),
+        as_encoding(Shaw(ShawOptions(8).max_relative_position(5).init_std(0.5)))}) {
     SelfAttention fused(AttentionOptions(32, 4).causal(true), encoder);
     SelfAttention materialized(AttentionOptions(32, 4).causal(true).fused(false), encoder);
     {
@@ -107,8 +169,13 @@ TEST(AttentionFusedErrors, UnsupportedAndMismatched) {
   auto q = torch::randn({1, 4, 2, 8});
   BiasSpec shaw;
   shaw.form = BiasForm::kRelativeTable;
+  shaw.max_relative_position = 2;
+  shaw.table = torch::zeros({4, 8});
   auto p = torch::arange(4, torch::kFloat64);
-  EXPECT_FALSE(attention_fused_supported(shaw, q, p, p));
+  EXPECT_FALSE(attention_fused_supported(shaw, q, p + 0.5, p));  // clip() needs integer offsets
+  auto table_message = test::error_of([&] { attention_fused(q, q, q, shaw, p, p, {}, 1.0); });
+  EXPECT_NE(table_message.find("must be [2K+1, D] = [5, 8], got [4, 8]"), std::string::npos)
+      << table_message;
   BiasSpec t5;
   t5.form = BiasForm::kBucketTable;
   EXPECT_FALSE(attention_fused_supported(t5, q, p + 0.5, p));  // buckets need integer positions

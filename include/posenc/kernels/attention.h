@@ -6,10 +6,12 @@
 //     kNone         0
 //     kAlibi        -slope_h (p_i - p_j)   or  -slope_h |p_i - p_j|      (Press et al. 2022)
 //     kBucketTable  table[bucket(p_j - p_i), h]                          (T5; learnable table)
+//     kRelativeTable q_i . table[clip(p_j - p_i, -K, K) + K] / sqrt(D)   (Shaw; learnable, CPU)
 //   masks: causal (key j visible to query i when j <= i + Nk - Nq, i.e. cached keys come first)
 //          and key padding [B, Nk] (true = a real token).
 // Extra memory: per thread one [Bq, Bk] tile, plus O(H (Nq + Nk)) for a T5 lookup table over
-// the relative offsets that occur; backward recomputes tiles from the saved log-sum-exp.
+// the relative offsets that occur, or O(B H Nq K) for Shaw's q . table scores; backward
+// recomputes tiles from the saved log-sum-exp.
 //
 //   q: [B, Nq, H, D]   k: [B, Nk, H, D]   v: [B, Nk, H, Dv]   -> [B, Nq, H, Dv]
 //   positions: float64 [Nq] and [Nk]; the T5 form needs integer positions.
@@ -32,7 +34,7 @@ struct AttentionMasks {
 /// Whether attention_fused takes this bias and these positions (else use the reference).
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions);
-/// Fused attention, autograd-aware (gradients for q, k, v and a T5 table).
+/// Fused attention, autograd-aware (gradients for q, k, v and a T5 or Shaw table).
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BiasSpec& bias, const at::Tensor& q_positions,
                            const at::Tensor& k_positions, const AttentionMasks& masks,
@@ -41,8 +43,9 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
 /// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined.
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& bias, const AttentionMasks& masks, double scale);
-/// The bias a BiasSpec describes, materialized: [H, Nq, Nk] (the fallback, and for tests).
+/// The bias a BiasSpec describes, materialized: [H, Nq, Nk] (the fallback, and for tests);
+/// kRelativeTable depends on q [B, Nq, H, D] and gives [B, H, Nq, Nk].
 at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
-                          const at::Tensor& k_positions, int64_t heads);
+                          const at::Tensor& k_positions, int64_t heads, const at::Tensor& q = {});
 
 }  // namespace posenc

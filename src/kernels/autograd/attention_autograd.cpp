@@ -31,8 +31,9 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
                                       const at::Tensor& vh, int64_t form, bool symmetric,
                                       const at::Tensor& slopes, const at::Tensor& table,
                                       int64_t num_buckets, int64_t max_distance, bool bidirectional,
-                                      const at::Tensor& q_positions, const at::Tensor& k_positions,
-                                      bool causal, const at::Tensor& key_padding, double scale) {
+                                      int64_t max_relative, const at::Tensor& q_positions,
+                                      const at::Tensor& k_positions, bool causal,
+                                      const at::Tensor& key_padding, double scale) {
   detail::AttentionProblem p;
   p.q = qh;
   p.k = kh;
@@ -53,9 +54,17 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
     auto s = slopes.to(torch::kFloat32).contiguous();
     p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
   }
-  if (p.form == BiasForm::kBucketTable) {
+  if (p.form == BiasForm::kBucketTable || p.form == BiasForm::kRelativeTable) {
     for (double x : p.pq) p.iq.push_back(static_cast<int64_t>(std::llround(x)));
     for (double x : p.pk) p.ik.push_back(static_cast<int64_t>(std::llround(x)));
+  }
+  if (p.form == BiasForm::kRelativeTable) {  // qr = q a^T / sqrt(D): [B, H, Nq, 2K+1]
+    p.max_relative = max_relative;
+    p.rel_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
+    p.rel_table = table.detach().to(torch::kFloat32).contiguous();
+    p.qr = (torch::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();
+  }
+  if (p.form == BiasForm::kBucketTable) {
     const auto [qmin, qmax] = std::minmax_element(p.iq.begin(), p.iq.end());
     const auto [kmin, kmax] = std::minmax_element(p.ik.begin(), p.ik.end());
     p.rel_min = *kmin - *qmax;
@@ -90,7 +99,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     at::Tensor padding = masks.key_padding.defined() ? masks.key_padding : torch::empty({0});
     auto p = make_problem(qh, kh, vh, static_cast<int64_t>(bias.form), bias.symmetric, slopes,
                           table, bias.num_buckets, bias.max_distance, bias.bidirectional,
-                          q_positions, k_positions, masks.causal, padding, scale);
+                          bias.max_relative_position, q_positions, k_positions, masks.causal,
+                          padding, scale);
     auto out = torch::empty({p.batch, p.heads, p.nq, p.dim_v}, torch::kFloat32);
     auto lse = torch::empty({p.batch, p.heads, p.nq}, torch::kFloat32);
     detail::attention_forward_cpu(p, out, lse);
@@ -101,6 +111,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     ctx->saved_data["num_buckets"] = bias.num_buckets;
     ctx->saved_data["max_distance"] = bias.max_distance;
     ctx->saved_data["bidirectional"] = bias.bidirectional;
+    ctx->saved_data["max_relative"] = bias.max_relative_position;
     ctx->saved_data["q_positions"] = q_positions;
     ctx->saved_data["k_positions"] = k_positions;
     ctx->saved_data["causal"] = masks.causal;
@@ -116,11 +127,11 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     const auto& qh = saved[0];
     const auto& kh = saved[1];
     const auto& vh = saved[2];
-    auto p = make_problem(qh, kh, vh, d["form"].toInt(), d["symmetric"].toBool(),
-                          d["slopes"].toTensor(), saved[5], d["num_buckets"].toInt(),
-                          d["max_distance"].toInt(), d["bidirectional"].toBool(),
-                          d["q_positions"].toTensor(), d["k_positions"].toTensor(),
-                          d["causal"].toBool(), d["key_padding"].toTensor(), d["scale"].toDouble());
+    auto p = make_problem(
+        qh, kh, vh, d["form"].toInt(), d["symmetric"].toBool(), d["slopes"].toTensor(), saved[5],
+        d["num_buckets"].toInt(), d["max_distance"].toInt(), d["bidirectional"].toBool(),
+        d["max_relative"].toInt(), d["q_positions"].toTensor(), d["k_positions"].toTensor(),
+        d["causal"].toBool(), d["key_padding"].toTensor(), d["scale"].toDouble());
     auto grad_out = heads_first(grads[0]);
     auto dq = torch::zeros_like(qh), dk = torch::zeros_like(kh), dv = torch::zeros_like(vh);
     at::Tensor dtable;
@@ -166,8 +177,8 @@ bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
       return true;
     case BiasForm::kBucketTable:
       return integer_valued(q_positions) && integer_valued(k_positions);
-    case BiasForm::kRelativeTable:
-      return false;  // query-dependent: reference path
+    case BiasForm::kRelativeTable:  // query-dependent: the CPU kernel only
+      return q.device().is_cpu() && integer_valued(q_positions) && integer_valued(k_positions);
   }
   return false;
 }
@@ -191,6 +202,15 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
     TORCH_CHECK(bias.table.dim() == 2 && bias.table.size(1) == q.size(2),
                 "attention_fused: the bucket table must be [num_buckets, ", q.size(2), "], got ",
                 bias.table.sizes());
+  if (bias.form == BiasForm::kRelativeTable) {
+    TORCH_CHECK(bias.max_relative_position >= 1,
+                "attention_fused: max_relative_position must be >= 1, got ",
+                bias.max_relative_position);
+    TORCH_CHECK(bias.table.dim() == 2 && bias.table.size(0) == 2 * bias.max_relative_position + 1 &&
+                    bias.table.size(1) == q.size(3),
+                "attention_fused: the relative table must be [2K+1, D] = [",
+                2 * bias.max_relative_position + 1, ", ", q.size(3), "], got ", bias.table.sizes());
+  }
   if (masks.key_padding.defined())
     TORCH_CHECK(masks.key_padding.sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
                 "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
@@ -199,7 +219,9 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
   if (q.is_cuda())  // the one dispatch point to the CUDA kernel
     return detail::attention_fused_cuda(q, k, v, bias, q_positions, k_positions, masks, scale);
 #endif
-  at::Tensor table = bias.form == BiasForm::kBucketTable ? bias.table : torch::empty({0});
+  const bool has_table =
+      bias.form == BiasForm::kBucketTable || bias.form == BiasForm::kRelativeTable;
+  at::Tensor table = has_table ? bias.table : torch::empty({0});
   return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale)[0];
 }
 
@@ -224,7 +246,7 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
 }
 
 at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
-                          const at::Tensor& k_positions, int64_t heads) {
+                          const at::Tensor& k_positions, int64_t heads, const at::Tensor& q) {
   auto rel = relative_positions(q_positions, k_positions);  // p_k - p_q: [Nq, Nk]
   switch (bias.form) {
     case BiasForm::kNone:
@@ -240,10 +262,16 @@ at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
           t5_relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance);
       return torch::embedding(bias.table, b).movedim(-1, -3);
     }
-    case BiasForm::kRelativeTable:
-      TORCH_CHECK(false,
-                  "bias_from_spec: a relative table (Shaw) depends on q; use the encoder's "
-                  "bias(p, p, q)");
+    case BiasForm::kRelativeTable: {  // q_i . a[clip(p_j - p_i)] / sqrt(D): [B, H, Nq, Nk]
+      TORCH_CHECK(q.defined() && q.dim() == 4,
+                  "bias_from_spec: a relative table (Shaw) depends on q; pass q [B, Nq, H, D]");
+      auto scores = torch::einsum("bqhd,rd->bhqr", {q, bias.table.to(q.scalar_type())}) /
+                    std::sqrt(static_cast<double>(q.size(3)));
+      auto index = shaw_relative_index(rel, bias.max_relative_position).to(q.device());
+      index = index.view({1, 1, rel.size(0), rel.size(1)})
+                  .expand({q.size(0), q.size(2), rel.size(0), rel.size(1)});
+      return scores.gather(-1, index);
+    }
   }
   return {};
 }

@@ -4,11 +4,15 @@
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
 // so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen
 // matmuls; bias, masks and softmax are plain loops over the tile.
+// Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
+// qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
+// dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
 #include "attention_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -45,6 +49,11 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
       const int64_t base = -p.iq[i] - p.rel_min;
       const int64_t* ik = p.ik.data() + j0;
       for (int64_t c = 0; c < cols; ++c) row[c] += lut[ik[c] + base];
+    } else if (p.form == BiasForm::kRelativeTable) {
+      const float* qr = p.qr.data_ptr<float>() + ((b * p.heads + h) * p.nq + i) * p.qr.size(3);
+      const int64_t pi = p.iq[i], kmax = p.max_relative;
+      const int64_t* ik = p.ik.data() + j0;
+      for (int64_t c = 0; c < cols; ++c) row[c] += qr[std::clamp(ik[c] - pi, -kmax, kmax) + kmax];
     }
     if (p.causal) {
       const int64_t last = i + offset;  // last visible key
@@ -128,16 +137,22 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
                             at::Tensor& dv, at::Tensor& dtable) {
   const bool table_grad = p.form == BiasForm::kBucketTable;
-  // per (b, h) partial table gradients, summed over b afterwards: [B, H, num_buckets]
-  auto partial =
-      table_grad ? at::zeros({p.batch, p.heads, p.num_buckets}, at::kFloat) : at::Tensor();
+  const bool relative = p.form == BiasForm::kRelativeTable;
+  const int64_t rel_width = relative ? 2 * p.max_relative + 1 : 0;
+  // per (b, h) partial table gradients, summed over b (and h) afterwards:
+  // [B, H, num_buckets] (T5) or [B, H, 2K+1, D] (Shaw)
+  at::Tensor partial;
+  if (table_grad) partial = at::zeros({p.batch, p.heads, p.num_buckets}, at::kFloat);
+  if (relative) partial = at::zeros({p.batch, p.heads, rel_width, p.dim}, at::kFloat);
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
   at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
+    auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
+      if (relative) dqr.zero_();
       float* table_acc = table_grad ? partial[b][h].data_ptr<float>() : nullptr;
       const float* lse_bh = lse[b][h].data_ptr<float>();
       const float* dot_bh = row_dot[b][h].data_ptr<float>();
@@ -177,14 +192,27 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
               const int64_t base = -p.iq[i0 + r] - p.rel_min;
               for (int64_t c = 0; c < cols; ++c) table_acc[p.bucket[p.ik[j0 + c] + base]] += row[c];
             }
+            if (relative) {
+              float* g = dqr.data_ptr<float>() + (i0 + r) * rel_width;
+              const int64_t pi = p.iq[i0 + r], kmax = p.max_relative;
+              const int64_t* ik = p.ik.data() + j0;
+              for (int64_t c = 0; c < cols; ++c)
+                g[std::clamp(ik[c] - pi, -kmax, kmax) + kmax] += row[c];
+            }
           }
           dq_bh.narrow(0, i0, rows).addmm_(s_blk, k_blk.narrow(0, 0, cols), 1.0, p.scale);
           dk_blk.narrow(0, 0, cols).addmm_(s_blk.t(), q_blk, 1.0, p.scale);
         }
       }
+      if (relative) {  // the bias's own q term, and the table's gradient from this (b, h)
+        dq_bh.addmm_(dqr, p.rel_table, 1.0, p.rel_scale);
+        auto slot = partial[b][h];
+        at::mm_out(slot, dqr.t(), p.q[b][h]).mul_(p.rel_scale);
+      }
     }
   });
   if (table_grad) dtable = partial.sum(0).t().contiguous();  // [num_buckets, H]
+  if (relative) dtable = partial.sum({0, 1});                // [2K+1, D]
 }
 
 }  // namespace posenc::detail

@@ -18,11 +18,17 @@ struct AttentionProblem {
   bool symmetric = false;
   std::vector<float> slopes;    ///< kAlibi: [H]
   std::vector<double> pq, pk;   ///< positions
-  std::vector<int64_t> iq, ik;  ///< kBucketTable: integer positions
+  std::vector<int64_t> iq, ik;  ///< kBucketTable, kRelativeTable: integer positions
   int64_t rel_min = 0, rel_count = 0;
   std::vector<float> lut;       ///< kBucketTable: [H, rel_count] bias per relative offset
   std::vector<int64_t> bucket;  ///< kBucketTable: [rel_count] bucket per relative offset
   int64_t num_buckets = 0;
+  // kRelativeTable (Shaw): bias(i, j) = qr[b, h, i, clip(ik_j - iq_i, -K, K) + K], where
+  // qr = q . table^T / sqrt(D) is [B, H, Nq, 2K+1]: O(Nq K) per head instead of O(Nq Nk).
+  at::Tensor qr;         ///< [B, H, Nq, 2K+1] float32 contiguous
+  at::Tensor rel_table;  ///< [2K+1, D] float32 contiguous
+  int64_t max_relative = 0;
+  float rel_scale = 1.0f;  ///< 1 / sqrt(D)
   bool causal = false;
   std::vector<uint8_t> key_keep;  ///< [B, Nk], empty = all keys real
 };
@@ -30,7 +36,8 @@ struct AttentionProblem {
 /// out: [B, H, Nq, Dv] float32, lse: [B, H, Nq] float32 (log-sum-exp of each row; -inf when a
 /// row sees no key).
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse);
-/// Gradients; dtable ([num_buckets, H] float32) only for kBucketTable, else undefined.
+/// Gradients; dtable only for a table form (kBucketTable: [num_buckets, H]; kRelativeTable:
+/// [2K+1, D]; float32), else undefined. dq includes the relative table's q . a term.
 void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
                             at::Tensor& dv, at::Tensor& dtable);
