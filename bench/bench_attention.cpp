@@ -2,8 +2,11 @@
 //   fused/none     posenc's tiled kernel, no bias            (the cost of attention itself)
 //   fused/alibi    the same with ALiBi computed on the fly
 //   fused/t5       the same with T5 buckets looked up on the fly
+//   fused/shaw     the same with Shaw's query-dependent relative table (K = 16): q . a scores
+//                  per row, looked up per pair
 //   eager          what a user writes: softmax(q k^T * scale + bias) v, the bias materialized
-//                  [H, L, L] once outside the loop (256 MiB at this size)
+//                  [H, L, L] once outside the loop (256 MiB at this size); Shaw's depends on q,
+//                  so it is materialized in the loop ([B, H, L, L], as the encoder's bias())
 //   sdpa           at::scaled_dot_product_attention, the bias as its additive mask
 // q, k, v = [1, 2048, 16, 128] fp32. Prints the ratios at the end.
 //   ./build/bench/bench_attention
@@ -26,7 +29,7 @@ constexpr int64_t kB = 1, kN = 2048, kH = 16, kD = 128;
 
 struct Inputs {
   torch::Tensor q, k, v, positions, alibi_bias, t5_bias;
-  BiasSpec none, alibi, t5;
+  BiasSpec none, alibi, t5, shaw;
   double scale = 1.0 / std::sqrt(double(kD));
   Inputs() {
     torch::manual_seed(0);
@@ -39,6 +42,9 @@ struct Inputs {
     alibi = alibi_encoder->bias_spec();
     t5 = t5_encoder->bias_spec();
     t5.table = t5.table.detach();
+    Shaw shaw_encoder(ShawOptions(kD).max_relative_position(16));
+    shaw = shaw_encoder->bias_spec();
+    shaw.table = shaw.table.detach();
     alibi_bias = bias_from_spec(alibi, positions, positions, kH);
     t5_bias = bias_from_spec(t5, positions, positions, kH);
   }
@@ -51,11 +57,13 @@ Inputs& inputs() {
 
 const BiasSpec& spec(int64_t which) {
   auto& in = inputs();
-  return which == 0 ? in.none : which == 1 ? in.alibi : in.t5;
+  return which == 0 ? in.none : which == 1 ? in.alibi : which == 2 ? in.t5 : in.shaw;
 }
 
-torch::Tensor bias(int64_t which) {
+// The bias as eager code has it: precomputed, or (Shaw) computed from q [B, N, H, D] each time.
+torch::Tensor bias(int64_t which, const torch::Tensor& q) {
   auto& in = inputs();
+  if (which == 3) return bias_from_spec(in.shaw, in.positions, in.positions, kH, q);
   return which == 0 ? torch::Tensor() : which == 1 ? in.alibi_bias : in.t5_bias;
 }
 
@@ -72,9 +80,9 @@ void BM_Fused(benchmark::State& state) {
 void BM_Eager(benchmark::State& state) {
   auto& in = inputs();
   torch::NoGradGuard no_grad;
-  auto b = bias(state.range(0));
   auto q = in.q.transpose(1, 2), k = in.k.transpose(1, 2), v = in.v.transpose(1, 2);
   for (auto _ : state) {
+    auto b = bias(state.range(0), in.q);
     auto logits = torch::matmul(q, k.transpose(-1, -2)) * in.scale;
     if (b.defined()) logits = logits + b;
     auto out = torch::matmul(torch::softmax(logits, -1), v);
@@ -85,9 +93,9 @@ void BM_Eager(benchmark::State& state) {
 void BM_Sdpa(benchmark::State& state) {
   auto& in = inputs();
   torch::NoGradGuard no_grad;
-  auto b = bias(state.range(0));
   auto q = in.q.transpose(1, 2), k = in.k.transpose(1, 2), v = in.v.transpose(1, 2);
   for (auto _ : state) {
+    auto b = bias(state.range(0), in.q);
     auto out = at::scaled_dot_product_attention(
         q, k, v, b.defined() ? std::optional<at::Tensor>(b) : std::nullopt);
     benchmark::DoNotOptimize(out.data_ptr());
@@ -110,25 +118,43 @@ void BM_FusedForwardBackward(benchmark::State& state) {
 void BM_EagerForwardBackward(benchmark::State& state) {
   auto& in = inputs();
   auto grad = torch::randn_like(in.q).transpose(1, 2);
-  auto b = bias(state.range(0));
   for (auto _ : state) {
-    auto q = in.q.detach().transpose(1, 2).requires_grad_(true);
+    auto q_in = in.q.detach().requires_grad_(true);
+    auto q = q_in.transpose(1, 2);
     auto k = in.k.detach().transpose(1, 2).requires_grad_(true);
     auto v = in.v.detach().transpose(1, 2).requires_grad_(true);
+    auto b = bias(state.range(0), q_in);
     auto logits = torch::matmul(q, k.transpose(-1, -2)) * in.scale;
     if (b.defined()) logits = logits + b;
     torch::matmul(torch::softmax(logits, -1), v).backward(grad);
-    benchmark::DoNotOptimize(q.grad().data_ptr());
+    benchmark::DoNotOptimize(q_in.grad().data_ptr());
   }
 }
 
-#define POSENC_ATTENTION_BENCH(fn) \
-  BENCHMARK(fn)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2)
+#define POSENC_ATTENTION_BENCH(fn)    \
+  BENCHMARK(fn)                       \
+      ->Arg(0)                        \
+      ->Arg(1)                        \
+      ->Arg(2)                        \
+      ->Arg(3)                        \
+      ->Unit(benchmark::kMillisecond) \
+      ->UseRealTime()                 \
+      ->MinTime(2)
 POSENC_ATTENTION_BENCH(BM_Fused);
 POSENC_ATTENTION_BENCH(BM_Eager);
 POSENC_ATTENTION_BENCH(BM_Sdpa);
-BENCHMARK(BM_FusedForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_EagerForwardBackward)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_FusedForwardBackward)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_EagerForwardBackward)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 
@@ -149,9 +175,17 @@ int main(int argc, char** argv) {
         t("BM_FusedForwardBackward/1/") / t("BM_FusedForwardBackward/0/"), "-");
     row("eager ALiBi fwd+bwd / fused ALiBi fwd+bwd",
         t("BM_EagerForwardBackward/1/") / t("BM_FusedForwardBackward/1/"), "-");
+    row("fused Shaw / fused no bias", t("BM_Fused/3/") / t("BM_Fused/0/"), "-");
+    row("eager materialized Shaw / fused Shaw", t("BM_Eager/3/") / t("BM_Fused/3/"), "-");
+    row("sdpa Shaw mask / fused Shaw", t("BM_Sdpa/3/") / t("BM_Fused/3/"), "-");
+    row("fused Shaw fwd+bwd / fused no bias fwd+bwd",
+        t("BM_FusedForwardBackward/3/") / t("BM_FusedForwardBackward/0/"), "-");
+    row("eager Shaw fwd+bwd / fused Shaw fwd+bwd",
+        t("BM_EagerForwardBackward/3/") / t("BM_FusedForwardBackward/3/"), "-");
     std::cout << "\nextra memory for the bias: materialized [H, L, L] fp32 = "
               << kH * kN * kN * 4 / (1 << 20) << " MiB; fused: ALiBi " << kH * 4
               << " B of slopes, T5 a [H, 2L-1] lookup = " << kH * (2 * kN - 1) * 4 / 1024
+              << " KiB, Shaw [B, H, L, 2K+1] q.a scores = " << kB * kH * kN * 33 * 4 / 1024
               << " KiB, plus one [128, 256] fp32 tile (128 KiB) per thread\n";
   });
 }

@@ -145,6 +145,81 @@ TEST(ShawFused, MaterializedSpecMatchesTheEncodersBias) {
   EXPECT_NEAR(got[1][2][9][2].item<double>(), row.item<double>(), 1e-6);
 }
 
+// RoPE applied inside the tiles vs rope_apply on q, k and then the reference: both layouts,
+// partial rotary, cached keys, with ALiBi on top; gradients for q, k, v.
+struct RotaryCase {
+  RopeLayout layout;
+  double partial;  // rotary fraction of the head dim
+  bool causal, padding;
+  int64_t nq, nk;
+};
+
+class RotaryInside : public ::testing::TestWithParam<RotaryCase> {};
+
+TEST_P(RotaryInside, MatchesRotateThenReference) {
+  const auto& c = GetParam();
+  torch::manual_seed(25);
+  const int64_t b = 2, h = 3, d = 16, dv = 8;
+  auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
+  auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
+  auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
+  const int64_t pairs = static_cast<int64_t>(d * c.partial) / 2;
+  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * pairs, 2, torch::kFloat64) / (2.0 * pairs));
+  auto pk = torch::arange(c.nk, torch::kFloat64) + 11;
+  auto pq = pk.narrow(0, c.nk - c.nq, c.nq);
+  AttentionRotary rotary;
+  std::tie(rotary.q_cos, rotary.q_sin) = rope_cos_sin(pq, inv);
+  std::tie(rotary.k_cos, rotary.k_sin) = rope_cos_sin(pk, inv);
+  rotary.layout = c.layout;
+  auto spec = spec_for(Form::kAlibiCausal, h, {});
+  AttentionMasks masks;
+  masks.causal = c.causal;
+  if (c.padding) {
+    masks.key_padding = torch::ones({b, c.nk}, torch::kBool);
+    masks.key_padding[1].narrow(0, 1, 4).fill_(false);
+  }
+  const double scale = 0.25;
+  auto fused = attention_fused(q, k, v, spec, pq, pk, masks, scale, rotary);
+  auto reference = attention_reference(rope_apply(q, rotary.q_cos, rotary.q_sin, c.layout),
+                                       rope_apply(k, rotary.k_cos, rotary.k_sin, c.layout), v,
+                                       bias_from_spec(spec, pq, pk, h), masks, scale);
+  EXPECT_LT(max_abs_diff(fused, reference), kForwardTolerance);
+  auto probe = torch::randn_like(reference);
+  auto grads_of = [&](const at::Tensor& out) {
+    return torch::autograd::grad({(out * probe).sum()}, {q, k, v}, {}, /*retain_graph=*/true);
+  };
+  auto gf = grads_of(fused);
+  auto gr = grads_of(reference);
+  for (size_t i = 0; i < gf.size(); ++i)
+    EXPECT_LT(max_abs_diff(gf[i], gr[i]),
+              kGradientTolerance * std::max(1.0, gr[i].abs().max().item<double>()))
+        << "gradient " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LayoutsSizes, RotaryInside,
+    ::testing::Values(RotaryCase{RopeLayout::kHalf, 1.0, false, false, 37, 37},
+                      RotaryCase{RopeLayout::kInterleaved, 1.0, true, true, 300, 300},
+                      RotaryCase{RopeLayout::kHalf, 0.5, true, false, 5, 261},
+                      RotaryCase{RopeLayout::kInterleaved, 0.25, false, true, 129, 513}));
+
+TEST(RotaryInside, BadTablesAreErrors) {
+  auto q = torch::randn({1, 6, 2, 8}), k = torch::randn({1, 9, 2, 8});
+  auto inv = torch::ones({4}, torch::kFloat64);
+  AttentionRotary rotary;
+  std::tie(rotary.q_cos, rotary.q_sin) = rope_cos_sin(torch::arange(6, torch::kFloat64), inv);
+  std::tie(rotary.k_cos, rotary.k_sin) = rope_cos_sin(torch::arange(6, torch::kFloat64), inv);
+  auto pq = torch::arange(6, torch::kFloat64), pk = torch::arange(9, torch::kFloat64);
+  auto message = test::error_of([&] { attention_fused(q, k, k, {}, pq, pk, {}, 1.0, rotary); });
+  EXPECT_NE(message.find("rotary k_cos/k_sin must be [Nk, F] = [9, 4], got [6, 4]"),
+            std::string::npos)
+      << message;
+  std::tie(rotary.k_cos, rotary.k_sin) = rope_cos_sin(pk, inv);
+  rotary.q_cos = rotary.q_cos.clone().requires_grad_(true);
+  message = test::error_of([&] { attention_fused(q, k, k, {}, pq, pk, {}, 1.0, rotary); });
+  EXPECT_NE(message.find("rotary tables are constants here"), std::string::npos) << message;
+}
+
 TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {
   torch::manual_seed(22);
   for (auto encoder :

@@ -9,6 +9,10 @@
 //     kRelativeTable q_i . table[clip(p_j - p_i, -K, K) + K] / sqrt(D)   (Shaw; learnable, CPU)
 //   masks: causal (key j visible to query i when j <= i + Nk - Nq, i.e. cached keys come first)
 //          and key padding [B, Nk] (true = a real token).
+//   rotary (optional, CPU): q_i and k_j are rotated by their RoPE tables as each tile is loaded
+//          (Su et al. 2021; layouts as rope_apply), so no rotated copy of q and k is written;
+//          the backward rotates dq, dk back (the inverse rotation). On CUDA the rotation is one
+//          rope_fused pass before the kernel.
 // Extra memory: per thread one [Bq, Bk] tile, plus O(H (Nq + Nk)) for a T5 lookup table over
 // the relative offsets that occur, or O(B H Nq K) for Shaw's q . table scores; backward
 // recomputes tiles from the saved log-sum-exp.
@@ -23,6 +27,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "posenc/core/encoder.h"
+#include "posenc/functional/rope.h"
 
 namespace posenc {
 
@@ -31,14 +36,23 @@ struct AttentionMasks {
   at::Tensor key_padding;  ///< [B, Nk] bool, true where the key is a real token (optional)
 };
 
+/// RoPE tables for attention_fused to apply inside its tiles: per-pair cos/sin [Nq, F] for the
+/// queries and [Nk, F] for the keys (2F <= D; the rest of each head passes through), e.g. from
+/// rope_cos_sin or RopeImpl::cos_sin. Constants: no gradient flows into the tables.
+struct AttentionRotary {
+  at::Tensor q_cos, q_sin, k_cos, k_sin;
+  RopeLayout layout = RopeLayout::kHalf;
+  bool defined() const { return q_cos.defined(); }
+};
+
 /// Whether attention_fused takes this bias and these positions (else use the reference).
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions);
 /// Fused attention, autograd-aware (gradients for q, k, v and a T5 or Shaw table).
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BiasSpec& bias, const at::Tensor& q_positions,
-                           const at::Tensor& k_positions, const AttentionMasks& masks,
-                           double scale);
+                           const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary = {});
 /// The specification: logits = q k^T * scale + bias (materialized) + masks, softmax, times v.
 /// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined.
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -8,6 +8,7 @@
 #include "../cpu/attention_cpu.h"
 #include "posenc/functional/relative.h"
 #include "posenc/kernels/attention.h"
+#include "posenc/kernels/rope.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "../cuda/cuda_glue.h"
 #endif
@@ -84,6 +85,20 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
   return p;
 }
 
+// RoPE inside the tiles: tables as float32 contiguous [N, F].
+void set_rotary(detail::AttentionProblem& p, const at::Tensor& q_cos, const at::Tensor& q_sin,
+                const at::Tensor& k_cos, const at::Tensor& k_sin, bool interleaved) {
+  if (!q_cos.defined() || q_cos.numel() == 0) return;
+  auto f32 = [](const at::Tensor& t) { return t.detach().to(torch::kFloat32).contiguous(); };
+  p.rotary = true;
+  p.q_cos = f32(q_cos);
+  p.q_sin = f32(q_sin);
+  p.k_cos = f32(k_cos);
+  p.k_sin = f32(k_sin);
+  p.rotary_pairs = q_cos.size(-1);
+  p.rotary_interleaved = interleaved;
+}
+
 at::Tensor heads_first(const at::Tensor& x) {  // [B, N, H, D] -> float32 [B, H, N, D]
   return x.to(torch::kFloat32).transpose(1, 2).contiguous();
 }
@@ -93,7 +108,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
                                const at::Tensor& q_positions, const at::Tensor& k_positions,
-                               const AttentionMasks& masks, double scale) {
+                               const AttentionMasks& masks, double scale,
+                               const AttentionRotary& rotary) {
     auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
     at::Tensor slopes = bias.slopes.defined() ? bias.slopes : torch::empty({0});
     at::Tensor padding = masks.key_padding.defined() ? masks.key_padding : torch::empty({0});
@@ -101,9 +117,17 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                           table, bias.num_buckets, bias.max_distance, bias.bidirectional,
                           bias.max_relative_position, q_positions, k_positions, masks.causal,
                           padding, scale);
+    const bool interleaved = rotary.layout == RopeLayout::kInterleaved;
+    set_rotary(p, rotary.q_cos, rotary.q_sin, rotary.k_cos, rotary.k_sin, interleaved);
     auto out = torch::empty({p.batch, p.heads, p.nq, p.dim_v}, torch::kFloat32);
     auto lse = torch::empty({p.batch, p.heads, p.nq}, torch::kFloat32);
     detail::attention_forward_cpu(p, out, lse);
+    auto none = torch::empty({0});
+    ctx->saved_data["q_cos"] = p.rotary ? p.q_cos : none;
+    ctx->saved_data["q_sin"] = p.rotary ? p.q_sin : none;
+    ctx->saved_data["k_cos"] = p.rotary ? p.k_cos : none;
+    ctx->saved_data["k_sin"] = p.rotary ? p.k_sin : none;
+    ctx->saved_data["interleaved"] = interleaved;
     ctx->save_for_backward({qh, kh, vh, out, lse, table});
     ctx->saved_data["form"] = static_cast<int64_t>(bias.form);
     ctx->saved_data["symmetric"] = bias.symmetric;
@@ -132,6 +156,8 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
         d["num_buckets"].toInt(), d["max_distance"].toInt(), d["bidirectional"].toBool(),
         d["max_relative"].toInt(), d["q_positions"].toTensor(), d["k_positions"].toTensor(),
         d["causal"].toBool(), d["key_padding"].toTensor(), d["scale"].toDouble());
+    set_rotary(p, d["q_cos"].toTensor(), d["q_sin"].toTensor(), d["k_cos"].toTensor(),
+               d["k_sin"].toTensor(), d["interleaved"].toBool());
     auto grad_out = heads_first(grads[0]);
     auto dq = torch::zeros_like(qh), dk = torch::zeros_like(kh), dv = torch::zeros_like(vh);
     at::Tensor dtable;
@@ -141,10 +167,34 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     at::Tensor table_grad;
     if (dtable.defined() && saved[5].requires_grad())
       table_grad = dtable.to(saved[5].scalar_type());
-    return {back(dq),     back(dk),     back(dv),     table_grad,  at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {back(dq),     back(dk),     back(dv),     table_grad,   at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
+
+void check_rotary(const AttentionRotary& r, const at::Tensor& q, const at::Tensor& k,
+                  const BiasSpec& bias) {
+  TORCH_CHECK(r.q_sin.defined() && r.k_cos.defined() && r.k_sin.defined(),
+              "attention_fused: rotary needs q_cos, q_sin, k_cos and k_sin");
+  TORCH_CHECK(
+      r.q_cos.dim() == 2 && r.q_cos.sizes() == r.q_sin.sizes() && r.q_cos.size(0) == q.size(1),
+      "attention_fused: rotary q_cos/q_sin must be [Nq, F] with Nq=", q.size(1), ", got ",
+      r.q_cos.sizes(), " and ", r.q_sin.sizes());
+  TORCH_CHECK(r.k_cos.dim() == 2 && r.k_cos.sizes() == r.k_sin.sizes() &&
+                  r.k_cos.size(0) == k.size(1) && r.k_cos.size(1) == r.q_cos.size(1),
+              "attention_fused: rotary k_cos/k_sin must be [Nk, F] = [", k.size(1), ", ",
+              r.q_cos.size(1), "], got ", r.k_cos.sizes(), " and ", r.k_sin.sizes());
+  TORCH_CHECK(2 * r.q_cos.size(1) <= q.size(3),
+              "attention_fused: rotary width 2F=", 2 * r.q_cos.size(1),
+              " exceeds the head dim D=", q.size(3));
+  TORCH_CHECK(!(r.q_cos.requires_grad() || r.q_sin.requires_grad() || r.k_cos.requires_grad() ||
+                r.k_sin.requires_grad()),
+              "attention_fused: rotary tables are constants here; rotate q, k outside "
+              "(rope_fused) when the frequencies are learned");
+  TORCH_CHECK(bias.form != BiasForm::kRelativeTable,
+              "attention_fused: rotary inside and a relative table (Shaw) together are not "
+              "supported; rotate q, k outside");
+}
 
 void check_attention_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
@@ -185,8 +235,8 @@ bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
 
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BiasSpec& bias, const at::Tensor& q_positions,
-                           const at::Tensor& k_positions, const AttentionMasks& masks,
-                           double scale) {
+                           const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary) {
   check_attention_shapes(q, k, v);
   TORCH_CHECK(attention_fused_supported(bias, q, q_positions, k_positions),
               "attention_fused: unsupported input (bias form ", to_string(bias.form), ", device ",
@@ -215,14 +265,21 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
     TORCH_CHECK(masks.key_padding.sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
                 "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
                 "], got ", masks.key_padding.sizes());
+  if (rotary.defined()) check_rotary(rotary, q, k, bias);
 #if POSENC_HAS_CUDA_GLUE
-  if (q.is_cuda())  // the one dispatch point to the CUDA kernel
+  if (q.is_cuda()) {  // the one dispatch point to the CUDA kernel (RoPE: one pass before it)
+    if (rotary.defined())
+      return detail::attention_fused_cuda(rope_fused(q, rotary.q_cos, rotary.q_sin, rotary.layout),
+                                          rope_fused(k, rotary.k_cos, rotary.k_sin, rotary.layout),
+                                          v, bias, q_positions, k_positions, masks, scale);
     return detail::attention_fused_cuda(q, k, v, bias, q_positions, k_positions, masks, scale);
+  }
 #endif
   const bool has_table =
       bias.form == BiasForm::kBucketTable || bias.form == BiasForm::kRelativeTable;
   at::Tensor table = has_table ? bias.table : torch::empty({0});
-  return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale)[0];
+  return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale,
+                                  rotary)[0];
 }
 
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -7,6 +7,8 @@
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
 // dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
+// RoPE inside: each q and k block is rotated into a scratch tile as it is loaded; the backward
+// computes dq', dk' for the rotated vectors and rotates them back (R^T = the rotation by -angle).
 #include "attention_cpu.h"
 
 #include <ATen/ATen.h>
@@ -65,6 +67,47 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   }
 }
 
+// RoPE on rows: y[r] = x[r] rotated by the pair tables cos/sin [n, F] (sign -1: the inverse).
+// half: pairs (i, i + F); interleaved: pairs (2i, 2i + 1); dims from 2F on pass through.
+// y may be x (in place).
+void rotate_rows(const float* x, float* y, int64_t n, int64_t dim, const float* cos,
+                 const float* sin, int64_t pairs, bool interleaved, float sign) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    const float* c = cos + r * pairs;
+    const float* s = sin + r * pairs;
+    if (interleaved) {
+      for (int64_t i = 0; i < pairs; ++i) {
+        const float a = xr[2 * i], b = xr[2 * i + 1], si = sign * s[i];
+        yr[2 * i] = a * c[i] - b * si;
+        yr[2 * i + 1] = b * c[i] + a * si;
+      }
+    } else {
+      for (int64_t i = 0; i < pairs; ++i) {
+        const float a = xr[i], b = xr[i + pairs], si = sign * s[i];
+        yr[i] = a * c[i] - b * si;
+        yr[i + pairs] = b * c[i] + a * si;
+      }
+    }
+    if (yr != xr)
+      for (int64_t d = 2 * pairs; d < dim; ++d) yr[d] = xr[d];
+  }
+}
+
+// A block of rows [row0, row0 + n) of q or k ([n, D] contiguous), rotated into scratch when the
+// problem has rotary tables; else the block itself.
+at::Tensor maybe_rotated(const AttentionProblem& p, const at::Tensor& block, at::Tensor& scratch,
+                         const at::Tensor& cos, const at::Tensor& sin, int64_t row0) {
+  if (!p.rotary) return block;
+  const int64_t n = block.size(0);
+  rotate_rows(block.data_ptr<float>(), scratch.data_ptr<float>(), n, p.dim,
+              cos.data_ptr<float>() + row0 * p.rotary_pairs,
+              sin.data_ptr<float>() + row0 * p.rotary_pairs, p.rotary_pairs, p.rotary_interleaved,
+              1.0f);
+  return scratch.narrow(0, 0, n);
+}
+
 // Number of key columns of block [j0, j0+cols) that can be visible to rows up to i_last.
 int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, int64_t cols) {
   if (!p.causal) return cols;
@@ -79,12 +122,14 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
   at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
+    auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
+    auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
     std::vector<float> m(kBlockQ), l(kBlockQ);
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
       const int64_t b = bh / p.heads, h = bh % p.heads;
       const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
-      auto q_blk = p.q[b][h].narrow(0, i0, rows);  // [rows, D]
+      auto q_blk = maybe_rotated(p, p.q[b][h].narrow(0, i0, rows), q_rot, p.q_cos, p.q_sin, i0);
       auto acc_blk = acc.narrow(0, 0, rows);
       acc_blk.zero_();
       std::fill(m.begin(), m.end(), kNegInf);
@@ -94,7 +139,8 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
         const int64_t cols = visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, p.nk - j0));
         if (cols == 0) break;
         auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
-        at::mm_out(s_blk, q_blk, p.k[b][h].narrow(0, j0, cols).t());
+        auto k_blk = maybe_rotated(p, p.k[b][h].narrow(0, j0, cols), k_rot, p.k_cos, p.k_sin, j0);
+        at::mm_out(s_blk, q_blk, k_blk.t());
         float* s = tile.data_ptr<float>();
         bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
@@ -150,6 +196,8 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
+    auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
+    auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
       if (relative) dqr.zero_();
@@ -159,7 +207,8 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
       auto dq_bh = dq[b][h];
       for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
         const int64_t cols_all = std::min(kBlockK, p.nk - j0);
-        auto k_blk = p.k[b][h].narrow(0, j0, cols_all);
+        auto k_blk =
+            maybe_rotated(p, p.k[b][h].narrow(0, j0, cols_all), k_rot, p.k_cos, p.k_sin, j0);
         auto v_blk = p.v[b][h].narrow(0, j0, cols_all);
         auto dk_blk = dk[b][h].narrow(0, j0, cols_all);
         auto dv_blk = dv[b][h].narrow(0, j0, cols_all);
@@ -167,7 +216,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           const int64_t rows = std::min(kBlockQ, p.nq - i0);
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
-          auto q_blk = p.q[b][h].narrow(0, i0, rows);
+          auto q_blk = maybe_rotated(p, p.q[b][h].narrow(0, i0, rows), q_rot, p.q_cos, p.q_sin, i0);
           auto do_blk = grad_out[b][h].narrow(0, i0, rows);
           auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
           auto dp_blk = dp.narrow(0, 0, rows).narrow(1, 0, cols);
@@ -203,6 +252,14 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           dq_bh.narrow(0, i0, rows).addmm_(s_blk, k_blk.narrow(0, 0, cols), 1.0, p.scale);
           dk_blk.narrow(0, 0, cols).addmm_(s_blk.t(), q_blk, 1.0, p.scale);
         }
+      }
+      if (p.rotary) {  // gradients for the rotated q', k' -> for q, k: the inverse rotation
+        float* g = dq_bh.data_ptr<float>();
+        rotate_rows(g, g, p.nq, p.dim, p.q_cos.data_ptr<float>(), p.q_sin.data_ptr<float>(),
+                    p.rotary_pairs, p.rotary_interleaved, -1.0f);
+        g = dk[b][h].data_ptr<float>();
+        rotate_rows(g, g, p.nk, p.dim, p.k_cos.data_ptr<float>(), p.k_sin.data_ptr<float>(),
+                    p.rotary_pairs, p.rotary_interleaved, -1.0f);
       }
       if (relative) {  // the bias's own q term, and the table's gradient from this (b, h)
         dq_bh.addmm_(dqr, p.rel_table, 1.0, p.rel_scale);

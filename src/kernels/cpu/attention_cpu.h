@@ -31,6 +31,12 @@ struct AttentionProblem {
   float rel_scale = 1.0f;  ///< 1 / sqrt(D)
   bool causal = false;
   std::vector<uint8_t> key_keep;  ///< [B, Nk], empty = all keys real
+  // RoPE inside the tiles (q, k above stay unrotated): per-pair tables, float32 contiguous
+  bool rotary = false;
+  at::Tensor q_cos, q_sin;  ///< [Nq, F]
+  at::Tensor k_cos, k_sin;  ///< [Nk, F]
+  int64_t rotary_pairs = 0;
+  bool rotary_interleaved = false;
 };
 
 /// out: [B, H, Nq, Dv] float32, lse: [B, H, Nq] float32 (log-sum-exp of each row; -inf when a
