@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "posenc/encoders/rope.h"
 #include "posenc/kernels/attention.h"
 
 namespace posenc {
@@ -57,6 +58,29 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
   const int64_t dh = options.dim() / h;
   auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
   at::Tensor q, k, v = parts[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const auto spec = encoder->bias_spec();
+  // RoPE inside the fused kernel's tiles: q and k are never rotated in memory. Without a cache
+  // (which keeps rotated keys) and prefix tokens; the bias is none, so positions are not needed.
+  auto* rope = dynamic_cast<RopeImpl*>(encoder.ptr().get());
+  if (options.fused() && rope != nullptr && rope->options.fused() && cache == nullptr &&
+      prefix == 0 && !positions.batched() && spec.form == BiasForm::kNone) {
+    auto index = torch::arange(n, torch::kFloat64);
+    if (attention_fused_supported(spec, parts[0], index, index)) {
+      if (key_padding.defined()) {
+        TORCH_CHECK(key_padding.sizes() == torch::IntArrayRef({b, n}),
+                    "attention: key_padding must be [B, Nk] = [", b, ", ", n, "], got ",
+                    key_padding.sizes());
+      }
+      auto t = rope->tables(positions, positions);
+      AttentionRotary rotary{t.q_cos, t.q_sin, t.k_cos, t.k_sin, rope->options.layout()};
+      AttentionMasks masks;
+      masks.causal = options.causal();
+      masks.key_padding = key_padding;
+      auto y = attention_fused(parts[0], parts[1], v, spec, index, index, masks, scale, rotary);
+      return out->forward(y.reshape({b, n, options.dim()}));
+    }
+  }
   if (prefix == 0) {
     std::tie(q, k) = encoder->rotate(parts[0], parts[1], positions, positions);
   } else {
@@ -83,8 +107,6 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
                 "attention: key_padding must be [B, Nk] = [", b, ", ", nk, "], got ",
                 key_padding.sizes());
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const auto spec = encoder->bias_spec();
   // The fused kernel computes the bias from its description; an encoder that biases without
   // describing it (form kNone) keeps the materialized path.
   const bool describable = spec.form != BiasForm::kNone || encoder->kind() != EncodingKind::kBias;
