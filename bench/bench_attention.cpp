@@ -8,6 +8,8 @@
 //                  [H, L, L] once outside the loop (256 MiB at this size); Shaw's depends on q,
 //                  so it is materialized in the loop ([B, H, L, L], as the encoder's bias())
 //   sdpa           at::scaled_dot_product_attention, the bias as its additive mask
+//   rope           RoPE + attention: rope_fused_qk then the fused kernel (0), RoPE inside the
+//                  kernel's tiles (1), eager rotate_half then SDPA (2)
 // q, k, v = [1, 2048, 16, 128] fp32. Prints the ratios at the end.
 //   ./build/bench/bench_attention
 #include <benchmark/benchmark.h>
@@ -18,6 +20,7 @@
 #include <map>
 
 #include "posenc/kernels/attention.h"
+#include "posenc/kernels/rope.h"
 #include "posenc/posenc.h"
 #include "ratio_reporter.h"
 
@@ -102,6 +105,40 @@ void BM_Sdpa(benchmark::State& state) {
   }
 }
 
+void BM_Rope(benchmark::State& state) {
+  auto& in = inputs();
+  torch::NoGradGuard no_grad;
+  auto inv = torch::pow(10000.0, -torch::arange(0, kD, 2, torch::kFloat64) / double(kD));
+  AttentionRotary rotary;
+  std::tie(rotary.q_cos, rotary.q_sin) = rope_cos_sin(in.positions, inv);
+  rotary.q_cos = rotary.q_cos.to(torch::kFloat32);
+  rotary.q_sin = rotary.q_sin.to(torch::kFloat32);
+  rotary.k_cos = rotary.q_cos;
+  rotary.k_sin = rotary.q_sin;
+  auto cos_full = torch::cat({rotary.q_cos, rotary.q_cos}, -1).view({kN, 1, kD});
+  auto sin_full = torch::cat({rotary.q_sin, rotary.q_sin}, -1).view({kN, 1, kD});
+  auto rotate_half = [](const torch::Tensor& x) {
+    return torch::cat({-x.narrow(-1, kD / 2, kD / 2), x.narrow(-1, 0, kD / 2)}, -1);
+  };
+  const int64_t which = state.range(0);
+  for (auto _ : state) {
+    torch::Tensor out;
+    if (which == 0) {
+      auto [q, k] = rope_fused_qk(in.q, in.k, rotary.q_cos, rotary.q_sin, RopeLayout::kHalf);
+      out = attention_fused(q, k, in.v, in.none, in.positions, in.positions, {}, in.scale);
+    } else if (which == 1) {
+      out = attention_fused(in.q, in.k, in.v, in.none, in.positions, in.positions, {}, in.scale,
+                            rotary);
+    } else {
+      auto q = in.q * cos_full + rotate_half(in.q) * sin_full;
+      auto k = in.k * cos_full + rotate_half(in.k) * sin_full;
+      out = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             in.v.transpose(1, 2));
+    }
+    benchmark::DoNotOptimize(out.data_ptr());
+  }
+}
+
 void BM_FusedForwardBackward(benchmark::State& state) {
   auto& in = inputs();
   auto grad = torch::randn_like(in.q);
@@ -143,6 +180,13 @@ void BM_EagerForwardBackward(benchmark::State& state) {
 POSENC_ATTENTION_BENCH(BM_Fused);
 POSENC_ATTENTION_BENCH(BM_Eager);
 POSENC_ATTENTION_BENCH(BM_Sdpa);
+BENCHMARK(BM_Rope)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MinTime(2);
 BENCHMARK(BM_FusedForwardBackward)
     ->Arg(0)
     ->Arg(1)
@@ -175,6 +219,9 @@ int main(int argc, char** argv) {
         t("BM_FusedForwardBackward/1/") / t("BM_FusedForwardBackward/0/"), "-");
     row("eager ALiBi fwd+bwd / fused ALiBi fwd+bwd",
         t("BM_EagerForwardBackward/1/") / t("BM_FusedForwardBackward/1/"), "-");
+    row("RoPE pass + fused attention / RoPE inside the tiles", t("BM_Rope/0/") / t("BM_Rope/1/"),
+        "-");
+    row("eager rotate_half + SDPA / RoPE inside the tiles", t("BM_Rope/2/") / t("BM_Rope/1/"), "-");
     row("fused Shaw / fused no bias", t("BM_Fused/3/") / t("BM_Fused/0/"), "-");
     row("eager materialized Shaw / fused Shaw", t("BM_Eager/3/") / t("BM_Fused/3/"), "-");
     row("sdpa Shaw mask / fused Shaw", t("BM_Sdpa/3/") / t("BM_Fused/3/"), "-");
