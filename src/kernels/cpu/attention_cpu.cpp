@@ -7,8 +7,10 @@
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
 // dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
-// RoPE inside: each q and k block is rotated into a scratch tile as it is loaded; the backward
-// computes dq', dk' for the rotated vectors and rotates them back (R^T = the rotation by -angle).
+// RoPE inside: each query block is rotated into a scratch tile as it is loaded, a head's keys
+// once per thread into an [Nk, D] scratch (the backward: a head's queries once, each key block
+// once); the backward computes dq', dk' for the rotated vectors and rotates them back (R^T =
+// the rotation by -angle). No rotated copy of the whole q or k is made.
 #include "attention_cpu.h"
 
 #include <ATen/ATen.h>
@@ -123,13 +125,21 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
     auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
-    auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
+    // the rotated keys of one head, reused by this thread's consecutive query blocks of it
+    auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
+    int64_t k_rot_head = -1;
     std::vector<float> m(kBlockQ), l(kBlockQ);
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
       const int64_t b = bh / p.heads, h = bh % p.heads;
       const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
       auto q_blk = maybe_rotated(p, p.q[b][h].narrow(0, i0, rows), q_rot, p.q_cos, p.q_sin, i0);
+      auto k_bh = p.k[b][h];  // [Nk, D]
+      if (p.rotary) {
+        if (k_rot_head != bh) maybe_rotated(p, k_bh, k_rot, p.k_cos, p.k_sin, 0);
+        k_rot_head = bh;
+        k_bh = k_rot;
+      }
       auto acc_blk = acc.narrow(0, 0, rows);
       acc_blk.zero_();
       std::fill(m.begin(), m.end(), kNegInf);
@@ -139,8 +149,7 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
         const int64_t cols = visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, p.nk - j0));
         if (cols == 0) break;
         auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
-        auto k_blk = maybe_rotated(p, p.k[b][h].narrow(0, j0, cols), k_rot, p.k_cos, p.k_sin, j0);
-        at::mm_out(s_blk, q_blk, k_blk.t());
+        at::mm_out(s_blk, q_blk, k_bh.narrow(0, j0, cols).t());
         float* s = tile.data_ptr<float>();
         bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
@@ -196,7 +205,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
-    auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
+    auto q_rot = p.rotary ? at::empty({p.nq, p.dim}, at::kFloat) : at::Tensor();  // one head
     auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
@@ -205,6 +214,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
       const float* lse_bh = lse[b][h].data_ptr<float>();
       const float* dot_bh = row_dot[b][h].data_ptr<float>();
       auto dq_bh = dq[b][h];
+      auto q_bh = maybe_rotated(p, p.q[b][h], q_rot, p.q_cos, p.q_sin, 0);  // [Nq, D]
       for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
         const int64_t cols_all = std::min(kBlockK, p.nk - j0);
         auto k_blk =
@@ -216,7 +226,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           const int64_t rows = std::min(kBlockQ, p.nq - i0);
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
-          auto q_blk = maybe_rotated(p, p.q[b][h].narrow(0, i0, rows), q_rot, p.q_cos, p.q_sin, i0);
+          auto q_blk = q_bh.narrow(0, i0, rows);
           auto do_blk = grad_out[b][h].narrow(0, i0, rows);
           auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
           auto dp_blk = dp.narrow(0, 0, rows).narrow(1, 0, cols);
