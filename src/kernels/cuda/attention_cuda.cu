@@ -68,6 +68,29 @@ __device__ __forceinline__ bool key_is_real(const AttentionLaunch& a, int64_t b,
   return j < a.nk && (a.key_keep == nullptr || a.key_keep[b * a.nk + j] != 0);
 }
 
+// acc[rr][ch] += sum_c w_c(rr) tile[c][d] (d = lane + 32 ch < width): row rr's weight for tile
+// row c sits in lane c of w[rr]. Tile rows have stride ld; rows c < count take part. This is
+// P V (forward), dS K (dQ), P^T dO (dV) and dS^T Q (dK).
+template <int kChunks>
+__device__ __forceinline__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kChunks],
+                                                  const float (&w)[kRowsPerWarp], const float* tile,
+                                                  int ld, int width, int count, int lane) {
+  for (int c = 0; c < count; ++c) {
+    float row[kChunks];
+#pragma unroll
+    for (int ch = 0; ch < kChunks; ++ch) {
+      const int d = lane + 32 * ch;
+      row[ch] = d < width ? tile[c * ld + d] : 0.0f;
+    }
+#pragma unroll
+    for (int rr = 0; rr < kRowsPerWarp; ++rr) {
+      const float wc = __shfl_sync(kFullMask, w[rr], c);
+#pragma unroll
+      for (int ch = 0; ch < kChunks; ++ch) acc[rr][ch] = fmaf(wc, row[ch], acc[rr][ch]);
+    }
+  }
+}
+
 // kChunks: Dv <= 32 kChunks (acc registers per row).
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLaunch a) {
@@ -161,20 +184,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     }
     // acc += P V: key c's weight for row rr is lane c's p[rr]
     const int cols = static_cast<int>(a.nk - j0 < kBlockK ? a.nk - j0 : kBlockK);
-    for (int c = 0; c < cols; ++c) {
-      float vrow[kChunks];
-#pragma unroll
-      for (int ch = 0; ch < kChunks; ++ch) {
-        const int d = lane + 32 * ch;
-        vrow[ch] = d < dim_v ? vs[c * dim_v + d] : 0.0f;
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const float pc = __shfl_sync(kFullMask, p[rr], c);
-#pragma unroll
-        for (int ch = 0; ch < kChunks; ++ch) acc[rr][ch] = fmaf(pc, vrow[ch], acc[rr][ch]);
-      }
-    }
+    add_weighted_rows(acc, p, vs, dim_v, dim_v, cols, lane);
   }
 
   T* out = static_cast<T*>(a.out);
@@ -338,25 +348,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     // dV_j += sum_c P_cj dO_c,  dK_j += sum_c dS_cj q_c  (query c's values sit in lane c)
     const int rows = static_cast<int>(a.nq - i0 < kBlockQ ? a.nq - i0 : kBlockQ);
-    for (int c = 0; c < rows; ++c) {
-      float orow[kChunks], qrow[kChunks];
-#pragma unroll
-      for (int ch = 0; ch < kChunks; ++ch) {
-        const int d = lane + 32 * ch;
-        orow[ch] = d < dim_v ? dos[c * ldo + d] : 0.0f;
-        qrow[ch] = d < dim ? qs[c * ldq + d] : 0.0f;
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const float pc = __shfl_sync(kFullMask, p[rr], c);
-        const float dsc = __shfl_sync(kFullMask, ds[rr], c);
-#pragma unroll
-        for (int ch = 0; ch < kChunks; ++ch) {
-          dv[rr][ch] = fmaf(pc, orow[ch], dv[rr][ch]);
-          dk[rr][ch] = fmaf(dsc, qrow[ch], dk[rr][ch]);
-        }
-      }
-    }
+    add_weighted_rows(dv, p, dos, ldo, dim_v, rows, lane);
+    add_weighted_rows(dk, ds, qs, ldq, dim, rows, lane);
   }
 
 #pragma unroll
@@ -473,20 +466,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     // dQ_i += sum_c dS_ic k_c  (key c's dS sits in lane c)
     const int cols = static_cast<int>(a.nk - j0 < kBlockK ? a.nk - j0 : kBlockK);
-    for (int c = 0; c < cols; ++c) {
-      float krow[kChunks];
-#pragma unroll
-      for (int ch = 0; ch < kChunks; ++ch) {
-        const int d = lane + 32 * ch;
-        krow[ch] = d < dim ? ks[c * ldk + d] : 0.0f;
-      }
-#pragma unroll
-      for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-        const float dsc = __shfl_sync(kFullMask, ds[rr], c);
-#pragma unroll
-        for (int ch = 0; ch < kChunks; ++ch) dq[rr][ch] = fmaf(dsc, krow[ch], dq[rr][ch]);
-      }
-    }
+    add_weighted_rows(dq, ds, ks, ldk, dim, cols, lane);
   }
 
 #pragma unroll
