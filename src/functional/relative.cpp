@@ -36,6 +36,24 @@ at::Tensor t5_relative_position_bucket(const at::Tensor& rel_in, bool bidirectio
   return buckets + torch::where(is_small, rel, large);
 }
 
+OffsetBuckets t5_offset_buckets(const at::Tensor& q_positions, const at::Tensor& k_positions,
+                                bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+  OffsetBuckets out;
+  if (q_positions.numel() == 0 || k_positions.numel() == 0) {
+    out.buckets = torch::empty({0}, torch::kLong);
+    return out;
+  }
+  auto iq = q_positions.to(torch::kCPU, torch::kFloat64).round().to(torch::kLong);
+  auto ik = k_positions.to(torch::kCPU, torch::kFloat64).round().to(torch::kLong);
+  const int64_t q_min = iq.min().item<int64_t>(), q_max = iq.max().item<int64_t>();
+  const int64_t k_min = ik.min().item<int64_t>(), k_max = ik.max().item<int64_t>();
+  out.offset_min = k_min - q_max;
+  const int64_t count = k_max - q_min - out.offset_min + 1;
+  auto offsets = torch::arange(out.offset_min, out.offset_min + count, torch::kLong);
+  out.buckets = t5_relative_position_bucket(offsets, bidirectional, num_buckets, max_distance);
+  return out;
+}
+
 std::vector<double> alibi_slopes(int64_t num_heads) {
   TORCH_CHECK(num_heads >= 1, "alibi: num_heads must be >= 1, got ", num_heads);
   auto power_of_two = [](int64_t n) {

@@ -23,6 +23,16 @@ namespace posenc {
 /// rel: integer-valued tensor (any dtype) -> buckets int64, same shape.
 at::Tensor t5_relative_position_bucket(const at::Tensor& rel, bool bidirectional,
                                        int64_t num_buckets, int64_t max_distance);
+/// The T5 bucket of every relative offset that occurs between these positions (rounded to
+/// integers): offsets p_k - p_q in [offset_min, offset_min + buckets.numel()) -> buckets (int64,
+/// CPU). The fused kernels look a pair's bucket up here instead of computing the formula per pair.
+/// Empty positions give no offsets.
+struct OffsetBuckets {
+  int64_t offset_min = 0;
+  at::Tensor buckets;  ///< [count] int64
+};
+OffsetBuckets t5_offset_buckets(const at::Tensor& q_positions, const at::Tensor& k_positions,
+                                bool bidirectional, int64_t num_buckets, int64_t max_distance);
 /// Press et al. slopes for any number of heads, float64 values.
 std::vector<double> alibi_slopes(int64_t num_heads);
 /// p_k - p_q: positions [..., Nq] and [..., Nk] -> [..., Nq, Nk] float64.

@@ -66,12 +66,11 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
     p.qr = (torch::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();
   }
   if (p.form == BiasForm::kBucketTable) {
-    const auto [qmin, qmax] = std::minmax_element(p.iq.begin(), p.iq.end());
-    const auto [kmin, kmax] = std::minmax_element(p.ik.begin(), p.ik.end());
-    p.rel_min = *kmin - *qmax;
-    p.rel_count = *kmax - *qmin - p.rel_min + 1;
-    auto rel = torch::arange(p.rel_min, p.rel_min + p.rel_count, torch::kLong);
-    auto bucket = t5_relative_position_bucket(rel, bidirectional, num_buckets, max_distance);
+    auto offsets =
+        t5_offset_buckets(q_positions, k_positions, bidirectional, num_buckets, max_distance);
+    auto bucket = offsets.buckets;
+    p.rel_min = offsets.offset_min;
+    p.rel_count = bucket.numel();
     p.bucket.assign(bucket.data_ptr<int64_t>(), bucket.data_ptr<int64_t>() + bucket.numel());
     p.num_buckets = num_buckets;
     auto lut =

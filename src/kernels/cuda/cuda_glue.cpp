@@ -188,23 +188,16 @@ PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_
     a.symmetric = bias.symmetric;
   } else if (bias.form == BiasForm::kBucketTable && a.nk > 0) {
     // bucket per relative offset p_j - p_i over the range that occurs: the one T5 formula
-    auto iq = q_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
-    auto ik = k_positions.to(at::kCPU, at::kDouble).round().to(at::kLong);
-    const int64_t q_min = iq.min().item<int64_t>(), q_max = iq.max().item<int64_t>();
-    const int64_t k_min = ik.min().item<int64_t>(), k_max = ik.max().item<int64_t>();
-    const int64_t offset_min = k_min - q_max, offset_count = k_max - q_min - offset_min + 1;
-    auto offsets = torch::arange(offset_min, offset_min + offset_count, torch::kLong);
-    p.bucket = t5_relative_position_bucket(offsets, bias.bidirectional, bias.num_buckets,
-                                           bias.max_distance)
-                   .to(device, at::kInt)
-                   .contiguous();
+    auto offsets = t5_offset_buckets(q_positions, k_positions, bias.bidirectional, bias.num_buckets,
+                                     bias.max_distance);
+    p.bucket = offsets.buckets.to(device, at::kInt).contiguous();
     p.table = table.detach().to(device, at::kFloat).contiguous();
     a.bias = cuda::AttentionBias::kBucketTable;
     a.table = p.table.const_data_ptr<float>();
     a.num_buckets = p.table.size(0);
     a.bucket_of_offset = p.bucket.const_data_ptr<int32_t>();
-    a.offset_min = offset_min;
-    a.offset_count = offset_count;
+    a.offset_min = offsets.offset_min;
+    a.offset_count = p.bucket.numel();
   }
   if (masks.key_padding.defined() && masks.key_padding.numel() > 0) {
     p.keep = masks.key_padding.to(device, at::kByte).contiguous();
