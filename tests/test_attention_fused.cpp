@@ -220,6 +220,42 @@ TEST(RotaryInside, BadTablesAreErrors) {
   EXPECT_NE(message.find("rotary tables are constants here"), std::string::npos) << message;
 }
 
+// No keys (every row sees nothing: zeros, as the reference) and no queries, for every form.
+TEST(AttentionFusedEdges, EmptyQueriesOrKeys) {
+  const int64_t h = 2, d = 8;
+  auto table_t5 = torch::randn({8, h});
+  auto table_shaw = torch::randn({5, d});
+  for (auto [nq, nk] : {std::pair<int64_t, int64_t>{3, 0}, {0, 4}}) {
+    auto q = torch::randn({1, nq, h, d}, torch::requires_grad());
+    auto k = torch::randn({1, nk, h, d}, torch::requires_grad());
+    auto v = torch::randn({1, nk, h, d}, torch::requires_grad());
+    auto pq = torch::arange(nq, torch::kFloat64), pk = torch::arange(nk, torch::kFloat64);
+    std::vector<BiasSpec> specs = {spec_for(Form::kNone, h, table_t5),
+                                   spec_for(Form::kAlibiCausal, h, table_t5),
+                                   spec_for(Form::kT5Bidirectional, h, table_t5)};
+    BiasSpec shaw;
+    shaw.form = BiasForm::kRelativeTable;
+    shaw.table = table_shaw;
+    shaw.max_relative_position = 2;
+    specs.push_back(shaw);
+    for (const auto& spec : specs) {
+      AttentionMasks masks;
+      masks.causal = true;
+      auto out = attention_fused(q, k, v, spec, pq, pk, masks, 0.5);
+      ASSERT_EQ(out.sizes(), torch::IntArrayRef({1, nq, h, d})) << to_string(spec.form);
+      if (out.numel() > 0) EXPECT_EQ(out.abs().max().item<float>(), 0.0f);
+      out.sum().backward();
+      EXPECT_EQ(q.grad().sizes(), q.sizes());
+      q.mutable_grad().reset();
+    }
+    AttentionRotary rotary;  // RoPE inside with empty tables
+    std::tie(rotary.q_cos, rotary.q_sin) = rope_cos_sin(pq, torch::ones({2}, torch::kFloat64));
+    std::tie(rotary.k_cos, rotary.k_sin) = rope_cos_sin(pk, torch::ones({2}, torch::kFloat64));
+    auto out = attention_fused(q, k, v, specs[0], pq, pk, {}, 0.5, rotary);
+    EXPECT_EQ(out.sizes(), torch::IntArrayRef({1, nq, h, d}));
+  }
+}
+
 TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {
   torch::manual_seed(22);
   for (auto encoder :

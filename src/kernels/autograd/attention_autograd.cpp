@@ -98,8 +98,10 @@ void set_rotary(detail::AttentionProblem& p, const at::Tensor& q_cos, const at::
   p.rotary_interleaved = interleaved;
 }
 
-at::Tensor heads_first(const at::Tensor& x) {  // [B, N, H, D] -> float32 [B, H, N, D]
-  return x.to(torch::kFloat32).transpose(1, 2).contiguous();
+// [B, N, H, D] -> float32 [B, H, N, D], detached: contiguous() may return a view of the input
+// (N or H of 1, or empty), and the kernels' out= matmuls refuse a tensor that requires grad.
+at::Tensor heads_first(const at::Tensor& x) {
+  return x.detach().to(torch::kFloat32).transpose(1, 2).contiguous();
 }
 
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
