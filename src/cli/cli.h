@@ -37,6 +37,7 @@ struct TrainArgs {
   bool resume = false;
   int64_t stop_after = 0;
   bool quiet = false;
+  int64_t jobs = 1;  ///< compare: entries trained at once, each in its own process
 };
 
 /// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.

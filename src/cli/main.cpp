@@ -2,7 +2,7 @@
 //   posenc inspect --config C --positions P [--dim D] [--heads H] [--seq-len L] [--input V]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
 //   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
-//   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume]
+//   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
 
@@ -74,6 +74,11 @@ int main(int argc, char** argv) {
   auto* compare = app.add_subcommand(
       "compare", "train one model per entry of the config's runs; write a table and a plot");
   add_train_options(compare);
+  compare
+      ->add_option("--jobs", train_args.jobs,
+                   "train this many entries at once, each in its own process with cores/jobs "
+                   "threads (default 1: one after another, all cores each)")
+      ->check(CLI::Range(1, 64));
 
   try {
     app.parse(argc, argv);

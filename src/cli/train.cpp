@@ -2,8 +2,21 @@
 // the command line.
 //   posenc train   CONFIG [--run NAME] [--set key.path=value]... [--out DIR] [--resume]
 //                  [--stop-after STEPS] [--quiet]
-//   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet]
+//   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
+// With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
+// process (N at a time, cores/N intra-op threads each: small models scale poorly across
+// threads, so two single-thread runs on 2 cores finish sooner than two 2-thread runs in a row),
+// then builds the same comparison from the runs' summary.json files.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
 #include <iostream>
+#include <map>
+#include <thread>
 
 #include "cli.h"
 #include "posenc/train/trainer.h"
@@ -30,7 +43,96 @@ int run_train(const TrainArgs& args) {
   return result.finished || args.stop_after > 0 ? 0 : 130;
 }
 
+namespace {
+
+// Starts `posenc train` for one entry; returns the child's pid.
+pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string& output,
+                int64_t threads) {
+  std::vector<std::string> words = {"/proc/self/exe",
+                                    "train",
+                                    args.config,
+                                    "--run",
+                                    run,
+                                    "--out",
+                                    output,
+                                    "--quiet",
+                                    "--set",
+                                    "train.threads=" + std::to_string(threads),
+                                    "--set",
+                                    "output=" + output};
+  for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
+  if (args.resume) words.push_back("--resume");
+  std::vector<char*> argv;
+  for (auto& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);  // the parent ignores Ctrl-C while it waits; the child must not
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+  pid_t pid = 0;
+  const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), environ);
+  posix_spawnattr_destroy(&attr);
+  TORCH_CHECK(err == 0, "compare: cannot start the run '", run, "': ", std::strerror(err));
+  return pid;
+}
+
+int run_compare_parallel(const TrainArgs& args) {
+  const auto config = load_config(args.config);
+  const auto entries = train::comparison_entries(config);
+  const auto options = run_options(args);
+  const std::string folder = train::comparison_folder(config, options);
+  std::filesystem::create_directories(folder);
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  const int64_t threads = std::max<int64_t>(1, cores / args.jobs);
+  std::cout << "compare: " << entries.size() << " runs, " << args.jobs << " at a time, " << threads
+            << " thread(s) each" << std::endl;  // flushed before the children write
+  // Ctrl-C reaches the children (same process group); they save a checkpoint and exit 130.
+  struct sigaction ignore {
+  }, previous{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGINT, &ignore, &previous);
+  std::map<pid_t, std::string> running;
+  std::map<std::string, int> status_of;
+  size_t next = 0;
+  while (next < entries.size() || !running.empty()) {
+    while (next < entries.size() && static_cast<int64_t>(running.size()) < args.jobs) {
+      const auto& run = entries[next++];
+      running[spawn_run(args, run, folder + "/" + run, threads)] = run;
+    }
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    auto it = running.find(pid);
+    if (it == running.end()) continue;
+    status_of[it->second] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    running.erase(it);
+  }
+  sigaction(SIGINT, &previous, nullptr);
+  std::vector<train::RunResult> results;
+  int worst = 0;
+  for (const auto& run : entries) {
+    const int code = status_of.count(run) ? status_of[run] : 2;
+    if (code != 0) {
+      std::cerr << "compare: run '" << run << "' exited with " << code << "\n";
+      worst = worst == 0 || code == 130 ? code : worst;
+      continue;
+    }
+    results.push_back(train::read_run_result(folder + "/" + run));
+  }
+  if (!results.empty()) {
+    train::write_comparison(folder, config.value("name", std::string("compare")), results);
+    std::cout << "comparison written to " << folder << "/results.md\n";
+  }
+  return worst;
+}
+
+}  // namespace
+
 int run_compare(const TrainArgs& args) {
+  if (args.jobs > 1) return run_compare_parallel(args);
   auto results = train::run_comparison(load_config(args.config), run_options(args));
   const std::string folder =
       args.output.empty() ? results.front().output.substr(0, results.front().output.rfind('/'))

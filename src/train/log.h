@@ -29,9 +29,4 @@ class TrainingLog {
   std::vector<LogRow> rows_;
 };
 
-/// results.md (a markdown table), results.csv and results.png (eval metric over steps; the
-/// generalization sweep) in `folder`.
-void write_comparison(const std::string& folder, const std::string& name,
-                      const std::vector<RunResult>& results);
-
 }  // namespace posenc::train

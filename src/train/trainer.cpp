@@ -547,16 +547,59 @@ void apply_override(nlohmann::json& config, const std::string& assignment) {
   (*node)[keys.back()] = value;
 }
 
-std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOptions& options) {
+std::string comparison_folder(const nlohmann::json& config, const RunOptions& options) {
+  if (!options.output.empty()) return options.output;
+  return config.value("output", "runs/" + config.value("name", std::string("compare")));
+}
+
+std::vector<std::string> comparison_entries(const nlohmann::json& config) {
   TORCH_CHECK(config.contains("runs") && config.at("runs").is_array() && !config.at("runs").empty(),
               "compare: the config needs a non-empty 'runs' list");
-  const std::string name = config.value("name", std::string("compare"));
-  const std::string folder =
-      options.output.empty() ? config.value("output", "runs/" + name) : options.output;
+  std::vector<std::string> names;
+  for (const auto& entry : config.at("runs")) {
+    const auto name = entry.is_object() ? entry.value("name", std::string()) : std::string();
+    TORCH_CHECK(!name.empty(), "config: every entry of 'runs' needs a 'name'");
+    names.push_back(name);
+  }
+  return names;
+}
+
+RunResult read_run_result(const std::string& output) {
+  const std::string path = output + "/summary.json";
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), "compare: no '", path, "' (the run did not finish)");
+  nlohmann::json summary;
+  try {
+    summary = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    TORCH_CHECK(false, "compare: '", path, "' is not valid JSON: ", e.what());
+  }
+  RunResult r;
+  r.name = summary.at("name").get<std::string>();
+  r.output = output;
+  r.finished = true;
+  r.steps = summary.at("steps").get<int64_t>();
+  r.seconds = summary.at("seconds").get<double>();
+  r.parameters = summary.at("parameters").get<int64_t>();
+  r.metric_name = summary.at("metric").get<std::string>();
+  for (const auto& [k, v] : summary.at("final").items())
+    r.final_metrics.emplace_back(k, v.get<double>());
+  for (const auto& row : summary.at("generalization")) {
+    GeneralizationRow g;
+    g.setting = row.at("setting").get<std::string>();
+    g.x = row.at("x").get<double>();
+    for (const auto& [k, v] : row.at("metrics").items()) g.metrics.emplace_back(k, v.get<double>());
+    r.generalization.push_back(g);
+  }
+  return r;
+}
+
+std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOptions& options) {
+  const auto entries = comparison_entries(config);
+  const std::string folder = comparison_folder(config, options);
   fs::create_directories(folder);
   std::vector<RunResult> results;
-  for (const auto& entry : config.at("runs")) {
-    const auto run = entry.value("name", std::string());
+  for (const auto& run : entries) {
     auto run_config = select_run(config, run);
     run_config["output"] = folder + "/" + run;
     RunOptions run_options = options;
@@ -564,7 +607,7 @@ std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOpt
     results.push_back(run_training(run_config, run_options));
     if (!results.back().finished) break;  // interrupted: keep what finished
   }
-  write_comparison(folder, name, results);
+  write_comparison(folder, config.value("name", std::string("compare")), results);
   return results;
 }
 

@@ -55,6 +55,16 @@ RunResult run_training(const nlohmann::json& config, const RunOptions& options);
 /// Trains one model per entry of config.runs; writes results.md, results.csv and results.png
 /// into the output folder. Returns the runs' results in order.
 std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOptions& options);
+/// The output folder of a comparison: options.output, else the config's output, else
+/// runs/<name>; each entry trains into <folder>/<entry name>.
+std::string comparison_folder(const nlohmann::json& config, const RunOptions& options);
+/// The names of config.runs, in order (checked: a non-empty list, every entry named).
+std::vector<std::string> comparison_entries(const nlohmann::json& config);
+/// The result a finished run left in its output folder (summary.json).
+RunResult read_run_result(const std::string& output);
+/// results.md, results.csv and results.png for these runs, into folder.
+void write_comparison(const std::string& folder, const std::string& name,
+                      const std::vector<RunResult>& results);
 /// The run config for one named entry of `runs` (or the base config when run is "").
 nlohmann::json select_run(const nlohmann::json& config, const std::string& run);
 /// Applies "--set a.b.c=value" overrides (value parsed as YAML scalar/flow).
