@@ -4,9 +4,8 @@
 //                  [--stop-after STEPS] [--quiet]
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
-// process (N at a time, cores/N intra-op threads each: small models scale poorly across
-// threads, so two single-thread runs on 2 cores finish sooner than two 2-thread runs in a row),
-// then builds the same comparison from the runs' summary.json files.
+// process (N at a time, cores/N intra-op threads each; for machines with more cores than one
+// small run uses well), then builds the same comparison from the runs' summary.json files.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
