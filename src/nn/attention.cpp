@@ -5,7 +5,6 @@
 
 #include <cmath>
 
-#include "posenc/encoders/rope.h"
 #include "posenc/kernels/attention.h"
 
 namespace posenc {
@@ -60,27 +59,6 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
   at::Tensor q, k, v = parts[2];
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   const auto spec = encoder->bias_spec();
-  // RoPE inside the fused kernel's tiles: q and k are never rotated in memory. Without a cache
-  // (which keeps rotated keys) and prefix tokens; the bias is none, so positions are not needed.
-  auto* rope = dynamic_cast<RopeImpl*>(encoder.ptr().get());
-  if (options.fused() && rope != nullptr && rope->options.fused() && cache == nullptr &&
-      prefix == 0 && !positions.batched() && spec.form == BiasForm::kNone) {
-    auto index = torch::arange(n, torch::kFloat64);
-    if (attention_fused_supported(spec, parts[0], index, index)) {
-      if (key_padding.defined()) {
-        TORCH_CHECK(key_padding.sizes() == torch::IntArrayRef({b, n}),
-                    "attention: key_padding must be [B, Nk] = [", b, ", ", n, "], got ",
-                    key_padding.sizes());
-      }
-      auto t = rope->tables(positions, positions);
-      AttentionRotary rotary{t.q_cos, t.q_sin, t.k_cos, t.k_sin, rope->options.layout()};
-      AttentionMasks masks;
-      masks.causal = options.causal();
-      masks.key_padding = key_padding;
-      auto y = attention_fused(parts[0], parts[1], v, spec, index, index, masks, scale, rotary);
-      return out->forward(y.reshape({b, n, options.dim()}));
-    }
-  }
   if (prefix == 0) {
     std::tie(q, k) = encoder->rotate(parts[0], parts[1], positions, positions);
   } else {
@@ -106,6 +84,16 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
     TORCH_CHECK(key_padding.sizes() == torch::IntArrayRef({b, nk}),
                 "attention: key_padding must be [B, Nk] = [", b, ", ", nk, "], got ",
                 key_padding.sizes());
+  }
+  // No bias and no key padding: torch's fused attention (at::scaled_dot_product_attention),
+  // whose CPU flash kernel measured 1.4-1.75x faster than ours for forward + backward at
+  // training sizes ([32, 128, 4, 32]: 29.5 vs 45.3 ms). Its causal mask is aligned top-left,
+  // so with cached keys (Nk > Nq) ours takes over; prefix tokens need no care without a bias.
+  if (options.fused() && encoder->kind() != EncodingKind::kBias && !key_padding.defined() &&
+      (!options.causal() || n == nk)) {
+    auto y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                              v.transpose(1, 2), {}, 0.0, options.causal(), scale);
+    return out->forward(y.transpose(1, 2).reshape({b, n, options.dim()}));
   }
   // The fused kernel computes the bias from its description; an encoder that biases without
   // describing it (form kNone) keeps the materialized path.
