@@ -132,10 +132,10 @@ int run_compare_parallel(const TrainArgs& args) {
 
 int run_compare(const TrainArgs& args) {
   if (args.jobs > 1) return run_compare_parallel(args);
-  auto results = train::run_comparison(load_config(args.config), run_options(args));
-  const std::string folder =
-      args.output.empty() ? results.front().output.substr(0, results.front().output.rfind('/'))
-                          : args.output;
+  const auto config = load_config(args.config);
+  const auto options = run_options(args);
+  auto results = train::run_comparison(config, options);
+  const std::string folder = train::comparison_folder(config, options);
   std::cout << "comparison written to " << folder << "/results.md\n";
   for (const auto& r : results) {
     if (!r.finished) return 130;

@@ -47,17 +47,6 @@ void check_qk(const at::Tensor& t, const char* name, int64_t head_dim, int64_t n
 }
 }  // namespace
 
-RopeImpl::Tables RopeImpl::tables(const Positions& q_positions,
-                                  const Positions& k_positions) const {
-  int64_t seq_len = -1;
-  if (k_positions.size() > 0) seq_len = static_cast<int64_t>(std::floor(k_positions.max())) + 1;
-  const auto f = frequencies(seq_len);
-  Tables t;
-  std::tie(t.q_cos, t.q_sin) = cos_sin(q_positions, f, /*is_key=*/false);
-  std::tie(t.k_cos, t.k_sin) = cos_sin(k_positions, f, /*is_key=*/true);
-  return t;
-}
-
 std::pair<at::Tensor, at::Tensor> RopeImpl::rotate(const at::Tensor& q, const at::Tensor& k,
                                                    const Positions& q_positions,
                                                    const Positions& k_positions) {

@@ -27,12 +27,6 @@ class RopeImpl : public PositionalEncodingImpl {
   std::pair<at::Tensor, at::Tensor> cos_sin(const Positions& positions, const RopeFrequencies& f,
                                             bool is_key = false) const;
   int64_t rotary_dim() const { return rope_rotary_dim(options); }
-  /// The per-pair tables rotate() applies: q's [.., Nq, r/2] and k's [.., Nk, r/2] (the same
-  /// frequency set for both, chosen from the longest key position as rotate() does).
-  struct Tables {
-    at::Tensor q_cos, q_sin, k_cos, k_sin;
-  };
-  Tables tables(const Positions& q_positions, const Positions& k_positions) const;
 
   RopeOptions options;
 };
