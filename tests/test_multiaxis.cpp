@@ -94,13 +94,13 @@ TEST(SectionedRope, AxialScoresDependOnlyOnOffsetsPerAxis) {
 
 TEST(SectionedRope, ConfigAndErrors) {
   // Qwen2-VL's config block, as it is
-  auto qwen = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128,
+  auto qwen = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 1e6,
       "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}})"),
                             {});
   EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen).options.mrope_section(),
             (std::vector<int64_t>{16, 24, 24}));
   // Qwen3-VL: interleaved
-  auto qwen3 = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128,
+  auto qwen3 = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 5e6,
       "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": true}})"),
                              {});
   EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen3).options.section_layout(),

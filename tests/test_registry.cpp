@@ -19,13 +19,15 @@ bool contains(const std::string& text, const std::string& part) {
 TEST(Registry, BuildsEveryType) {
   const ModelContext model{64, 4, 0};
   for (const auto& type : encoder_types()) {
+    if (type == "hf") continue;  // needs a model's config.json (tests/test_hf_config.cpp)
     auto encoder = build_encoder(json{{"type", type}}, model);
     EXPECT_EQ(encoder->type(), type);
   }
-  EXPECT_EQ(encoder_types(), (std::vector<std::string>{
-                                 "alibi", "axial_sincos", "calendar", "learned", "learned_grid",
-                                 "learned_spacetime", "nope", "relative_2d", "rope", "rope_mixed",
-                                 "shaw", "sinusoidal", "t5", "time2vec", "time_sinusoidal"}));
+  EXPECT_EQ(encoder_types(),
+            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "hf", "learned",
+                                      "learned_grid", "learned_spacetime", "nope", "relative_2d",
+                                      "rope", "rope_mixed", "shaw", "sinusoidal", "t5", "time2vec",
+                                      "time_sinusoidal"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -44,12 +46,13 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(contains(error_of([] {
-                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-                       }),
-                       "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, learned, "
-                       "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
-                       "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+  EXPECT_TRUE(
+      contains(error_of([] {
+                 build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+               }),
+               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, hf, learned, "
+               "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
+               "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),
@@ -61,13 +64,19 @@ TEST(Registry, UnknownKeysAreNamed) {
                          build_encoder(json{{"type", "rope"}, {"rope_thetta", 1e4}}, {64, 1, 0});
                        }),
                        "rope config: unknown key 'rope_thetta'"));
+  // In a pasted HF block a key transformers does not read only warns (as transformers does);
+  // here the typo leaves yarn without 'factor', and without the context lengths that would
+  // replace it, which is an error.
   EXPECT_TRUE(contains(error_of([] {
-                         build_encoder(
-                             json{{"type", "rope"},
-                                  {"rope_scaling", {{"rope_type", "yarn"}, {"fctor", 2}}}},
-                             {64, 1, 0});
+                         build_encoder(json{{"type", "rope"},
+                                            {"rope_theta", 1e4},
+                                            {"rope_scaling",
+                                             {{"rope_type", "yarn"},
+                                              {"original_max_position_embeddings", 4096},
+                                              {"fctor", 2}}}},
+                                       {64, 1, 0});
                        }),
-                       "rope config.rope_scaling: unknown key 'fctor'"));
+                       "'max_position_embeddings' is not given; without 'factor'"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"type", "t5"}, {"num_buckets", "many"}}, {64, 1, 0});
                        }),
@@ -92,6 +101,7 @@ TEST(Registry, PastedHfBlocks) {
   // DeepSeek-V3's legacy block says "type".
   auto deepseek = build_encoder(json{{"type", "rope"},
                                      {"head_dim", 64},
+                                     {"rope_theta", 10000.0},
                                      {"rope_scaling",
                                       {{"type", "yarn"},
                                        {"factor", 40},

@@ -130,6 +130,66 @@ TEST(Trainer, ResumeRefusesAnotherConfig) {
   EXPECT_NE(message.find("was written by a different config"), std::string::npos) << message;
 }
 
+// checkpoint.pt: torch.save's format with Python's state_dict layout, no TorchScript type tag
+// (torch.load(weights_only=True) refuses restore_type_tag), a checksum checked on resume, and the
+// previous checkpoint kept as checkpoint.prev.pt.
+TEST(Trainer, CheckpointIsPythonReadableAndChecked) {
+  auto config = smoke("lm");
+  RunOptions options;
+  options.output = temp_folder("checkpoint_layout");
+  options.quiet = true;
+  options.stop_after = 3;
+  run_training(config, options);
+  const std::string path = options.output + "/checkpoint.pt";
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // No TorchScript globals (restore_type_tag, build_intlist...): weights_only refuses them.
+  EXPECT_EQ(bytes.find("torch.jit"), std::string::npos);
+  EXPECT_EQ(bytes.find("__torch__"), std::string::npos);
+  auto dict = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  std::vector<std::string> keys;
+  for (const auto& item : dict) keys.push_back(item.key().toStringRef());
+  EXPECT_EQ(keys, (std::vector<std::string>{"format", "model", "optimizer", "step", "elapsed",
+                                            "log_window", "config", "checksum"}));
+  EXPECT_EQ(dict.at("step").toInt(), 3);
+  auto optimizer = dict.at("optimizer").toGenericDict();
+  auto groups = optimizer.at("param_groups").toList();
+  ASSERT_EQ(groups.size(), 2u);  // matrices with weight decay, the rest without
+  auto group = groups.get(0).toGenericDict();
+  EXPECT_TRUE(group.at("betas").isTuple());
+  auto first = optimizer.at("state").toGenericDict().at(0).toGenericDict();
+  EXPECT_EQ(first.at("step").toTensor().item<double>(), 3.0);
+  EXPECT_EQ(first.at("step").toTensor().scalar_type(), torch::kFloat32);  // as Python's AdamW
+
+  // A second save keeps the first as checkpoint.prev.pt.
+  options.stop_after = 5;
+  options.resume = true;
+  run_training(config, options);
+  EXPECT_TRUE(fs::exists(options.output + "/checkpoint.prev.pt"));
+
+  // One flipped byte in a tensor: refused on resume, naming the file and the previous one.
+  std::string corrupt = bytes;
+  const auto at = corrupt.size() / 2;
+  corrupt[at] = static_cast<char>(corrupt[at] ^ 0x10);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << corrupt;
+  }
+  options.stop_after = 7;
+  auto message = test::error_of([&] { run_training(config, options); });
+  EXPECT_NE(message.find(path), std::string::npos) << message;
+  EXPECT_TRUE(message.find("is corrupt") != std::string::npos ||
+              message.find("not a readable torch.save file") != std::string::npos)
+      << message;
+  // Truncated: refused too.
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes.substr(0, bytes.size() / 3);
+  }
+  message = test::error_of([&] { run_training(config, options); });
+  EXPECT_NE(message.find("not a readable torch.save file"), std::string::npos) << message;
+}
+
 TEST(Trainer, BadConfigsNameTheKey) {
   auto config = smoke("vit");
   config["model"]["dimm"] = 3;

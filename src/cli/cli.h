@@ -14,7 +14,10 @@
 namespace posenc::cli {
 
 struct EncoderArgs {
-  std::string config;     ///< literal JSON/YAML object, or a file path
+  std::string config;      ///< literal JSON/YAML object, or a file path
+  std::string hf_config;   ///< a model's config.json (instead of config), resolved as HF does
+  std::string layer_type;  ///< hf_config: which per-layer-type RoPE ("" = the only one)
+  std::string angle_dtype = "float64";  ///< hf_config: float64 (exact) or float32 (HF's)
   std::string positions;  ///< "0:50", "0:100:10" or a JSON array ([0, 3, 7] or [[0, 0], [0, 1]])
   std::string axes;       ///< comma-separated axis names ("" -> t / h,w / t,h,w by count)
   int64_t dim = 0;        ///< model width D
@@ -26,8 +29,10 @@ struct EncoderArgs {
 Positions parse_positions(const std::string& text, const std::string& axes);
 /// A tensor as nested JSON arrays of numbers (a 0-dim tensor as a number).
 nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor);
-/// Builds the encoder the arguments describe.
-PositionalEncoding build_from_args(const EncoderArgs& args);
+/// Builds the encoder the arguments describe; with --hf-config, `resolution` (if given) receives
+/// the resolved config and where each value came from.
+PositionalEncoding build_from_args(const EncoderArgs& args,
+                                   nlohmann::ordered_json* resolution = nullptr);
 
 struct TrainArgs {
   std::string config;                  ///< a run config file (YAML/JSON)

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "posenc/config/hf_config.h"
 #include "posenc/posenc.h"
 #include "timeseries/csv_series.h"
 
@@ -175,16 +176,33 @@ nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor) {
   return out;
 }
 
-PositionalEncoding build_from_args(const EncoderArgs& args) {
-  auto config = config_from_argument(args.config);
-  return build_encoder(config, ModelContext{args.dim, args.heads, 0});
+PositionalEncoding build_from_args(const EncoderArgs& args, nlohmann::ordered_json* resolution) {
+  TORCH_CHECK(args.config.empty() != args.hf_config.empty(),
+              "give exactly one of --config (a posenc encoder config) and --hf-config (a model's "
+              "config.json)");
+  if (args.hf_config.empty()) {
+    TORCH_CHECK(args.layer_type.empty() && args.angle_dtype == "float64",
+                "--layer-type and --angle-dtype go with --hf-config (in --config, set "
+                "'angle_dtype' in the config)");
+    return build_encoder(config_from_argument(args.config), ModelContext{args.dim, args.heads, 0});
+  }
+  HfConfigOptions options;
+  options.layer_type = args.layer_type;
+  options.angle_dtype = args.angle_dtype;
+  auto resolved = load_hf_config(args.hf_config, options);
+  for (const auto& warning : resolved.warnings) TORCH_WARN(warning);
+  if (resolution) *resolution = to_json(resolved);
+  return build_encoder(nlohmann::json::parse(resolved.config.dump()),
+                       ModelContext{args.dim, args.heads, 0});
 }
 
 int run_inspect(const EncoderArgs& args, const std::string& input) {
-  auto encoder = build_from_args(args);
+  nlohmann::ordered_json resolution;
+  auto encoder = build_from_args(args, &resolution);
   auto positions = parse_positions(args.positions, args.axes);
   torch::NoGradGuard no_grad;
   nlohmann::ordered_json out;  // keys in the order written: type and kind first
+  if (!resolution.is_null()) out["hf"] = resolution;  // what posenc uses, and from where
   out["type"] = encoder->type();
   out["kind"] = to_string(encoder->kind());
   out["axes"] = positions.axes();

@@ -1,5 +1,6 @@
 // posenc — command-line tool.
 //   posenc inspect --config C --positions P [--dim D] [--heads H] [--seq-len L] [--input V]
+//   posenc inspect --hf-config config.json --positions P [--layer-type T] [--angle-dtype float32]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
 //   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
@@ -11,13 +12,47 @@
 
 #include "cli.h"
 #include "posenc/core/encoder.h"
+#include "posenc/version.h"
 
 namespace {
 
+// Positive integers, with a message that says so (CLI11's PositiveNumber prints a 300-digit range).
+const CLI::Validator kPositiveInteger(
+    [](std::string& text) -> std::string {
+      size_t used = 0;
+      long long value = 0;
+      try {
+        value = std::stoll(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != text.size() || value <= 0)
+        return "expected a positive integer, got '" + text + "'";
+      return "";
+    },
+    "POSITIVE");
+
+// Warnings from the library (TORCH_WARN) as one line each on stderr.
+class LineWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    std::cerr << "posenc: warning: " << warning.msg() << "\n";
+  }
+};
+
 void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
+  command->add_option("--config", args.config,
+                      "encoder config: a JSON/YAML file or a literal {...} (or --hf-config)");
+  command->add_option("--hf-config", args.hf_config,
+                      "a model's config.json as it ships (HF transformers), resolved the way "
+                      "transformers resolves it");
+  command->add_option("--layer-type", args.layer_type,
+                      "--hf-config with per-layer-type rope_parameters: which layer type");
   command
-      ->add_option("--config", args.config, "encoder config: a JSON/YAML file or a literal {...}")
-      ->required();
+      ->add_option(
+          "--angle-dtype", args.angle_dtype,
+          "--hf-config: float64 (exact, default) or float32 (HF's arithmetic, bit for bit)")
+      ->check(CLI::IsMember({"float64", "float32"}));
   command
       ->add_option("--positions", args.positions,
                    "positions: start:stop[:step], grid:HxW, volume:TxHxW, "
@@ -27,18 +62,21 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
       ->required();
   command->add_option("--axes", args.axes, "axis names, comma-separated (default t / h,w / t,h,w)");
   command->add_option("--dim", args.dim, "model width D (rotary: D / heads per head)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
   command
       ->add_option("--heads", args.heads,
                    "attention heads H (bias encoders; rotary uses D / H per head)")
-      ->check(CLI::PositiveNumber);
+      ->check(kPositiveInteger);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   posenc::use_all_cores();
+  LineWarnings warnings;
+  c10::WarningUtils::WarningHandlerGuard warning_guard(&warnings);
   CLI::App app{"posenc: positional encodings for transformers"};
+  app.set_version_flag("--version", std::string("posenc ") + POSENC_VERSION);
   app.require_subcommand(1);
   posenc::cli::EncoderArgs args;
   std::string input, out;
@@ -82,8 +120,18 @@ int main(int argc, char** argv) {
 
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // One line and exit 2, as for every other bad input (CLI11's own codes are 100+).
+    std::string message = e.what();
+    if (auto cut = message.find('\n'); cut != std::string::npos) message = message.substr(0, cut);
+    std::cerr << "posenc: error: " << message << " (posenc --help)\n";
+    return 2;
   }
   try {
     if (inspect->parsed()) return posenc::cli::run_inspect(args, input);

@@ -122,6 +122,13 @@ std::optional<nlohmann::json> ConfigReader::object(const std::string& key) {
   return *v;
 }
 
+std::vector<std::string> ConfigReader::unread() const {
+  std::vector<std::string> out;
+  for (const auto& item : object_.items())
+    if (!known_.count(item.key())) out.push_back(item.key());
+  return out;
+}
+
 void ConfigReader::finish() const {
   for (const auto& item : object_.items()) {
     if (known_.count(item.key())) continue;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "posenc/config/config_reader.h"
+#include "posenc/config/hf_config.h"
 #include "posenc/posenc.h"
 
 namespace posenc {
@@ -195,6 +196,61 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
     r.allow("long_factor");
 }
 
+// The values a scaling depends on that HF reads from elsewhere in config.json. A pasted block
+// without them would silently take posenc's defaults (theta 10000, context 2048): an error naming
+// the key and where transformers reads it, or a warning when use_posenc_defaults is true.
+void check_dependencies(const nlohmann::json& config, const std::string& where, bool pasted,
+                        bool use_defaults) {
+  auto given = [&](const std::string& key) {
+    if (config.contains(key) && !config[key].is_null()) return true;
+    for (const char* block : {"rope_parameters", "rope_scaling"})
+      if (config.contains(block) && config[block].is_object() && config[block].contains(key) &&
+          !config[block][key].is_null())
+        return true;
+    return false;
+  };
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"}) {
+    if (config.contains(key) && config[key].is_string() && std::string(key) != "type")
+      type = config[key].get<std::string>();
+    for (const char* block : {"rope_parameters", "rope_scaling"})
+      if (config.contains(block) && config[block].is_object() && config[block].contains(key) &&
+          config[block][key].is_string())
+        type = config[block][key].get<std::string>();
+  }
+  std::vector<std::string> missing;
+  auto need = [&](const std::string& key, const std::string& why) {
+    if (given(key)) return;
+    std::ostringstream m;
+    m << where << ": '" << key << "' is not given; " << why;
+    missing.push_back(m.str());
+  };
+  const bool scaled = type != "default" && type != "mrope" && type != "proportional";
+  if (pasted || scaled)
+    need("rope_theta",
+         "transformers reads it from the model's config.json (top-level 'rope_theta', or "
+         "'rotary_emb_base' for GPT-NeoX); posenc's default would be 10000");
+  if (type == "dynamic")
+    need("max_position_embeddings",
+         "dynamic NTK grows theta past the model's context, which transformers reads from the "
+         "top-level 'max_position_embeddings'; posenc's default would be 2048");
+  if (type == "llama3" || type == "yarn" || type == "longrope" || type == "su")
+    need("original_max_position_embeddings",
+         "transformers reads the pre-training context from the block or from the top level of "
+         "config.json (Phi-3 keeps it there), else from 'max_position_embeddings'");
+  if ((type == "yarn" || type == "longrope" || type == "su") && !given("factor"))
+    need("max_position_embeddings",
+         "without 'factor', transformers takes max_position_embeddings / "
+         "original_max_position_embeddings; posenc's default would be 2048");
+  if (missing.empty()) return;
+  std::ostringstream all;
+  for (size_t i = 0; i < missing.size(); ++i) all << (i ? "; " : "") << missing[i];
+  TORCH_CHECK(use_defaults, all.str(),
+              " (add it, read the whole config.json with {type: hf}, or set use_posenc_defaults: "
+              "true to accept posenc's defaults)");
+  TORCH_WARN(all.str(), " (use_posenc_defaults: true, posenc's default taken)");
+}
+
 PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
   RopeOptions o(model_size(r, "head_dim", head_dim_of(c)));
   o.layout(rope_layout_from_string(r.string("layout", "half")));
@@ -202,10 +258,14 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
   o.xpos_scale_base(r.number("xpos_scale_base", o.xpos_scale_base()));
   o.min_period(r.number("min_period", o.min_period()));
   o.max_period(r.number("max_period", o.max_period()));
+  o.angle_dtype(rope_angle_dtype_from_string(r.string("angle_dtype", "float64")));
+  const bool use_defaults = r.boolean("use_posenc_defaults", false);
   read_rope_scaling(r, o, /*nested=*/false);
   // A model's rope_parameters (HF v5) or legacy rope_scaling block, pasted as it is.
+  bool pasted = false;
   for (const char* block : {"rope_parameters", "rope_scaling"}) {
     if (auto nested = r.object(block)) {
+      pasted = true;
       ConfigReader inner(*nested, r.where() + "." + block);
       for (const auto& item : nested->items()) {
         const std::string key = item.key() == "type" ? "rope_type" : item.key();
@@ -213,10 +273,39 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
                     block, "'");
       }
       read_rope_scaling(inner, o, /*nested=*/true);
-      inner.finish();
+      // Keys transformers does not read in a RoPE block (YaRN scripts write finetuned: true)
+      // are ignored with one warning, as transformers does; posenc's own keys stay strict.
+      const auto extra = inner.unread();
+      if (!extra.empty()) {
+        std::ostringstream names;
+        for (size_t i = 0; i < extra.size(); ++i)
+          names << (i ? ", " : "") << "'" << extra[i] << "'";
+        TORCH_WARN(inner.where(), ": ignoring key(s) that are not RoPE parameters: ", names.str());
+      }
     }
   }
+  check_dependencies(r.json(), r.where(), pasted, use_defaults);
   return as_encoding(Rope(o));
+}
+
+// A model's whole config.json (a path or the object itself), resolved as transformers does.
+PositionalEncoding build_hf(ConfigReader& r, const ModelContext& c) {
+  HfConfigOptions options;
+  options.layer_type = r.string("layer_type", "");
+  options.angle_dtype = r.string("angle_dtype", "float64");
+  TORCH_CHECK(r.has("config"), r.where(),
+              ": 'config' is required: the path of a model's config.json, or its object");
+  HfResolution resolution;
+  if (auto path = r.has("config") && r.json()["config"].is_string() ? r.optional_string("config")
+                                                                    : std::nullopt) {
+    resolution = load_hf_config(*path, options);
+  } else {
+    auto object = r.object("config");
+    options.origin = r.where() + ".config";
+    resolution = from_hf_config(*object, options);
+  }
+  for (const auto& warning : resolution.warnings) TORCH_WARN(warning);
+  return build_encoder(nlohmann::json::parse(resolution.config.dump()), c);
 }
 
 const std::map<std::string, Builder>& builders() {
@@ -234,7 +323,8 @@ const std::map<std::string, Builder>& builders() {
                                                     {"t5", build_t5},
                                                     {"time2vec", build_time2vec},
                                                     {"time_sinusoidal", build_time_sinusoidal},
-                                                    {"calendar", build_calendar}};
+                                                    {"calendar", build_calendar},
+                                                    {"hf", build_hf}};
   return table;
 }
 

@@ -41,8 +41,20 @@ std::string to_string(RopeScaling scaling) {
       return "llama3";
     case RopeScaling::kLongRope:
       return "longrope";
+    case RopeScaling::kProportional:
+      return "proportional";
   }
   return "unknown";
+}
+
+std::string to_string(RopeAngleDtype dtype) {
+  return dtype == RopeAngleDtype::kFloat32 ? "float32" : "float64";
+}
+
+RopeAngleDtype rope_angle_dtype_from_string(const std::string& name) {
+  if (name == "float64") return RopeAngleDtype::kFloat64;
+  if (name == "float32") return RopeAngleDtype::kFloat32;
+  TORCH_CHECK(false, "rope: unknown angle_dtype '", name, "'; expected one of: float64, float32");
 }
 
 RopeScaling rope_scaling_from_string(const std::string& name) {
@@ -52,11 +64,13 @@ RopeScaling rope_scaling_from_string(const std::string& name) {
   if (name == "yarn") return RopeScaling::kYarn;
   if (name == "llama3") return RopeScaling::kLlama3;
   if (name == "longrope" || name == "su") return RopeScaling::kLongRope;
+  if (name == "proportional") return RopeScaling::kProportional;
   TORCH_CHECK(false, "rope: unknown rope_type '", name,
-              "'; expected one of: default, linear, dynamic, yarn, llama3, longrope");
+              "'; expected one of: default, linear, dynamic, yarn, llama3, longrope, proportional");
 }
 
 int64_t rope_rotary_dim(const RopeOptions& o) {
+  if (o.rope_type() == RopeScaling::kProportional) return o.head_dim();
   return static_cast<int64_t>(static_cast<double>(o.head_dim()) * o.partial_rotary_factor());
 }
 
@@ -74,6 +88,8 @@ double rope_factor(const RopeOptions& o) {
              static_cast<double>(rope_original_context(o));
     case RopeScaling::kDefault:
       return 1.0;
+    case RopeScaling::kProportional:
+      return o.factor().value_or(1.0);
     default:
       TORCH_CHECK(false, "rope: rope_type '", to_string(o.rope_type()), "' needs a 'factor'");
   }
@@ -95,7 +111,15 @@ void rope_validate(const RopeOptions& o) {
   TORCH_CHECK(o.original_max_position_embeddings() >= 0,
               "rope: original_max_position_embeddings must be >= 0, got ",
               o.original_max_position_embeddings());
-  const bool scaled = o.rope_type() != RopeScaling::kDefault;
+  if (o.rope_type() == RopeScaling::kProportional) {
+    TORCH_CHECK(o.head_dim() % 2 == 0,
+                "rope: proportional rotates the whole head; head_dim must be ", "even, got ",
+                o.head_dim());
+    TORCH_CHECK(o.mrope_section().empty() && !o.xpos(),
+                "rope: proportional does not combine with mrope_section or xpos");
+  }
+  const bool scaled =
+      o.rope_type() != RopeScaling::kDefault && o.rope_type() != RopeScaling::kProportional;
   if (scaled) {
     const double f = rope_factor(o);
     TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
@@ -226,11 +250,100 @@ RopeFrequencies longrope(const RopeOptions& o, int64_t r, int64_t seq_len) {
   return {inv, attention};
 }
 
+// ---- HF transformers' float32 arithmetic, op for op (modeling_rope_utils.py, transformers 5) ----
+// Python's `1.0 / t` is t.reciprocal() * 1.0 and `base ** t` is torch.pow(base, t); the same ATen
+// ops on the same float32 values give the same bits.
+
+// 1.0 / (base ** (arange(0, dim, 2).float() / denominator)): [dim/2] float32
+at::Tensor hf32_ladder(double base, int64_t dim, int64_t denominator) {
+  auto exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat32) / denominator;
+  return torch::pow(at::Scalar(base), exponents).reciprocal();
+}
+
+RopeFrequencies hf32_frequencies(const RopeOptions& o, int64_t r, int64_t seq_len) {
+  const double theta = o.rope_theta();
+  switch (o.rope_type()) {
+    case RopeScaling::kDefault:
+      return {hf32_ladder(theta, r, r), 1.0};
+    case RopeScaling::kLinear:
+      return {hf32_ladder(theta, r, r) / rope_factor(o), 1.0};
+    case RopeScaling::kProportional: {
+      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
+      auto inv = torch::cat({hf32_ladder(theta, 2 * rotating, o.head_dim()),
+                             torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat32)});
+      return {inv / rope_factor(o), 1.0};
+    }
+    case RopeScaling::kDynamic: {
+      // At or below the context, HF keeps the frequencies made at init (python floats: theta);
+      // beyond it, dynamic_rope_update passes seq_len as a tensor and the base is float32.
+      const int64_t context = o.max_position_embeddings();
+      if (seq_len <= context) return {hf32_ladder(theta, r, r), 1.0};
+      const double f = rope_factor(o);
+      auto length = torch::scalar_tensor(seq_len, torch::kLong);
+      auto grown = torch::pow(length.mul(f) / context - (f - 1),
+                              static_cast<double>(r) / static_cast<double>(r - 2))
+                       .mul(theta);
+      auto exponents = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
+      return {torch::pow(grown, exponents).reciprocal(), 1.0};
+    }
+    case RopeScaling::kYarn: {
+      auto full = yarn(o, r);  // attention scaling and the ramp bounds: python floats in HF too
+      const double f = rope_factor(o);
+      const int64_t context = rope_original_context(o);
+      double low = yarn_correction_dim(o.beta_fast(), r, theta, context);
+      double high = yarn_correction_dim(o.beta_slow(), r, theta, context);
+      if (o.truncate()) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(low, 0.0);
+      high = std::min(high, static_cast<double>(r - 1));
+      if (low == high) high += 0.001;
+      auto pos_freqs =
+          torch::pow(at::Scalar(theta), torch::arange(0, r, 2).to(torch::kFloat32) / r);
+      auto extrapolation = pos_freqs.reciprocal();
+      auto interpolation = pos_freqs.mul(f).reciprocal();
+      auto ramp = ((torch::arange(r / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
+      auto extrapolation_weight = 1 - ramp;
+      auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
+      return {inv, full.attention_scaling};
+    }
+    case RopeScaling::kLlama3: {
+      auto inv = hf32_ladder(theta, r, r);
+      const double f = rope_factor(o);
+      const double context = static_cast<double>(rope_original_context(o));
+      const double low_wavelen = context / o.low_freq_factor();
+      const double high_wavelen = context / o.high_freq_factor();
+      auto wavelen = inv.reciprocal().mul(2 * M_PI);
+      auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
+      auto smooth = (wavelen.reciprocal().mul(context) - o.low_freq_factor()) /
+                    (o.high_freq_factor() - o.low_freq_factor());
+      auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
+      auto medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
+      return {torch::where(medium, smoothed, scaled), 1.0};
+    }
+    case RopeScaling::kLongRope: {
+      auto full = longrope(o, r, seq_len);
+      const auto& ext = seq_len > rope_original_context(o) ? o.long_factor() : o.short_factor();
+      auto ext_t = torch::tensor(ext, torch::kFloat64).to(torch::kFloat32);
+      auto shape = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
+      return {(ext_t * torch::pow(at::Scalar(theta), shape)).reciprocal(), full.attention_scaling};
+    }
+  }
+  TORCH_CHECK(false, "rope: unhandled rope_type");
+}
+
 }  // namespace
 
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
+  if (o.angle_dtype() == RopeAngleDtype::kFloat32) {
+    TORCH_CHECK(o.min_period() == 0 && !o.per_axis_frequencies(),
+                "rope: angle_dtype float32 reproduces HF's ladders; it does not apply to "
+                "min_period/max_period or per_axis_frequencies");
+    return hf32_frequencies(o, r, seq_len);
+  }
   if (o.min_period() > 0)
     return {2 * M_PI / time_periods(o.min_period(), o.max_period(), r / 2), 1.0};
   if (o.per_axis_frequencies() && !o.mrope_section().empty()) {
@@ -258,6 +371,13 @@ RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
       return llama3(o, r);
     case RopeScaling::kLongRope:
       return longrope(o, r, seq_len);
+    case RopeScaling::kProportional: {
+      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
+      auto ladder = torch::pow(o.rope_theta(), -torch::arange(0, 2 * rotating, 2, torch::kFloat64) /
+                                                   static_cast<double>(o.head_dim()));
+      auto inv = torch::cat({ladder, torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat64)});
+      return {inv / rope_factor(o), 1.0};
+    }
   }
   TORCH_CHECK(false, "rope: unhandled rope_type");
 }
@@ -265,6 +385,10 @@ RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling) {
   TORCH_CHECK(inv_freq.dim() == 1, "rope: inv_freq must be 1-D [F], got shape ", inv_freq.sizes());
+  if (inv_freq.scalar_type() == torch::kFloat32) {  // HF's arithmetic: float32 p * inv_freq
+    auto angles = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;
+    return {angles.cos().mul(scaling), angles.sin().mul(scaling)};
+  }
   // Exact products in float64, then reduced: fp32 angles lose positions above 2^24 and round
   // large angles badly (anchors survey, user need 1).
   auto angles = positions.to(torch::kFloat64).unsqueeze(-1) * inv_freq.to(torch::kFloat64);
@@ -314,6 +438,10 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords
   auto axes = rope_section_axes(sections, layout);
   TORCH_CHECK(axes.size(0) == inv_freq.size(0), "rope: sections cover ", axes.size(0),
               " pairs but inv_freq has ", inv_freq.size(0));
+  if (inv_freq.scalar_type() == torch::kFloat32) {  // HF's arithmetic, as in rope_cos_sin
+    auto angles = coords.to(torch::kFloat32).index_select(-1, axes) * inv_freq;
+    return {angles.cos().mul(scaling), angles.sin().mul(scaling)};
+  }
   auto angles = coords.to(torch::kFloat64).index_select(-1, axes) * inv_freq.to(torch::kFloat64);
   auto cos = angles.cos(), sin = angles.sin();
   if (scaling != 1.0) {

@@ -2,10 +2,15 @@
 #include "posenc/train/plot.h"
 
 #include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <opencv2/imgcodecs.hpp>
@@ -83,17 +88,62 @@ cv::Mat draw_panel(const Panel& panel) {
 
 }  // namespace
 
-void write_file_atomically(const std::string& path, const std::string& contents) {
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    TORCH_CHECK(out.good(), "cannot write '", temp, "'");
-    out << contents;
-    out.flush();
-    TORCH_CHECK(out.good(), "writing '", temp, "' failed");
+namespace {
+std::string folder_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, const std::string& contents,
+                           const std::string& keep_previous) {
+  struct stat info {};
+  if (::lstat(path.c_str(), &info) == 0) {
+    TORCH_CHECK(S_ISREG(info.st_mode), "'", path,
+                "' exists and is not a regular file (a link, FIFO, device or folder); refusing to "
+                "replace it");
   }
-  TORCH_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "cannot move '", temp, "' to '", path,
-              "'");
+  const std::string temp = path + ".tmp";
+  const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  TORCH_CHECK(fd >= 0, "cannot write '", temp, "': ", std::strerror(errno));
+  const char* data = contents.data();
+  size_t left = contents.size();
+  int error = 0;
+  while (left > 0 && error == 0) {
+    const ssize_t written = ::write(fd, data, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      error = written < 0 ? errno : EIO;
+      break;
+    }
+    data += written;
+    left -= static_cast<size_t>(written);
+  }
+  if (error == 0 && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error != 0) {
+    ::unlink(temp.c_str());
+    TORCH_CHECK(false, "cannot write '", path, "': ", std::strerror(error));
+  }
+  if (!keep_previous.empty() && ::lstat(path.c_str(), &info) == 0) {
+    ::unlink(keep_previous.c_str());
+    if (::link(path.c_str(), keep_previous.c_str()) != 0) {
+      const int why = errno;
+      ::unlink(temp.c_str());
+      TORCH_CHECK(false, "cannot keep '", path, "' as '", keep_previous, "': ", std::strerror(why));
+    }
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int why = errno;
+    ::unlink(temp.c_str());
+    TORCH_CHECK(false, "cannot move '", temp, "' to '", path, "': ", std::strerror(why));
+  }
+  const int dir = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {  // the rename is durable once the folder is
+    ::fsync(dir);
+    ::close(dir);
+  }
 }
 
 void plot_panels(const std::string& path, const std::vector<Panel>& panels) {

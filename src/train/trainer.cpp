@@ -26,6 +26,7 @@
 #include "log.h"
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
+#include "posenc/train/checkpoint.h"
 #include "posenc/train/plot.h"
 
 namespace posenc::train {
@@ -64,9 +65,12 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
+// SIGINT (Ctrl-C) and SIGTERM (what SLURM, Kubernetes and systemd send before a kill) both
+// save a checkpoint at the end of the step and stop; a second signal kills at once.
 extern "C" void on_interrupt(int) {
   g_interrupted = true;
-  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C kills at once
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
 }
 
 struct TrainSettings {
@@ -204,79 +208,6 @@ struct LogWindow {
   }
 };
 
-void save_checkpoint(const std::string& path, torch::nn::Module& model,
-                     torch::optim::Optimizer& optimizer, int64_t step, double elapsed,
-                     const LogWindow& window, const std::string& config) {
-  torch::serialize::OutputArchive archive, model_archive, optimizer_archive;
-  model.save(model_archive);
-  optimizer.save(optimizer_archive);
-  archive.write("model", model_archive);
-  archive.write("optimizer", optimizer_archive);
-  archive.write("step", torch::tensor(step, torch::kLong));
-  archive.write("elapsed", torch::tensor(elapsed, torch::kDouble));
-  archive.write("log_window", window.to_tensor());
-  archive.write("config", c10::IValue(config));
-  const std::string temp = path + ".tmp";
-  archive.save_to(temp);
-  TORCH_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "cannot move '", temp, "' to '", path,
-              "'");
-}
-
-struct Resumed {
-  int64_t step = 0;
-  double elapsed = 0;
-  LogWindow window;
-};
-
-Resumed load_checkpoint(const std::string& path, torch::nn::Module& model,
-                        torch::optim::Optimizer& optimizer, const std::string& config) {
-  torch::serialize::InputArchive archive, model_archive, optimizer_archive;
-  archive.load_from(path);
-  c10::IValue saved_config;
-  archive.read("config", saved_config);
-  TORCH_CHECK(saved_config.toStringRef() == config, "resume: '", path,
-              "' was written by a different config; start afresh (without --resume) or use "
-              "another output folder");
-  archive.read("model", model_archive);
-  model.load(model_archive);
-  archive.read("optimizer", optimizer_archive);
-  optimizer.load(optimizer_archive);
-  at::Tensor step, elapsed, window;
-  archive.read("step", step);
-  archive.read("elapsed", elapsed);
-  archive.read("log_window", window);
-  return {step.item<int64_t>(), elapsed.item<double>(), LogWindow::from_tensor(window)};
-}
-
-// {name: tensor} of parameters and buffers in the zip + pickle format of torch.save, so that
-// Python's torch.load reads it, also with weights_only=True (its default since torch 2.6). As
-// torch::pickle_save, but without the TorchScript type tag on the dict, which weights_only
-// refuses (torch.jit._pickle.restore_type_tag is not an allowed global).
-void save_weights(const std::string& path, torch::nn::Module& model) {
-  c10::Dict<std::string, at::Tensor> weights;
-  for (const auto& item : model.named_parameters())
-    weights.insert(item.key(), item.value().detach());
-  for (const auto& item : model.named_buffers()) weights.insert(item.key(), item.value().detach());
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler(
-      [&pickle](const char* bytes, size_t size) {
-        pickle.insert(pickle.end(), bytes, bytes + size);
-      },
-      nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(weights));
-  pickler.stop();
-  std::string container;
-  caffe2::serialize::PyTorchStreamWriter writer([&container](const void* bytes, size_t size) {
-    container.append(static_cast<const char*>(bytes), size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
-                                     writer);
-  writer.writeEndOfFile();
-  write_file_atomically(path, container);
-}
-
 // Runs `what` with the task's model in eval mode and without gradients, then back to training.
 template <typename Fn>
 auto in_eval_mode(Task& task, Fn what) {
@@ -366,13 +297,14 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     auto resumed = load_checkpoint(checkpoint, *model, optimizer, config_text);
     step = resumed.step;
     elapsed_before = resumed.elapsed;
-    window = resumed.window;
+    window = LogWindow::from_tensor(resumed.log_window);
     if (fs::exists(csv)) log.read_csv(csv, step);
     std::cerr << result.name << ": resuming at step " << step << " of " << total << "\n";
   }
 
   g_interrupted = false;
   auto previous_handler = std::signal(SIGINT, on_interrupt);
+  auto previous_term_handler = std::signal(SIGTERM, on_interrupt);
   const auto begin = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return elapsed_before +
@@ -445,9 +377,12 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     }
     const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after);
     if (evaluate_now || stop) {
-      save_checkpoint(checkpoint, *model, optimizer, step, elapsed(), window, config_text);
-      save_weights(result.output + "/weights.pt", *model);
+      // The log rows first: a checkpoint never covers rows that are not on disk (resume truncates
+      // metrics.csv to the checkpoint's step, so rows past it are neither lost nor doubled).
       log.write_csv(csv);
+      save_checkpoint(checkpoint, *model, optimizer,
+                      {step, elapsed(), window.to_tensor(), config_text});
+      save_weights(result.output + "/weights.pt", *model);
       write_curves(result.output + "/curves.png", log, task->metric_name(), result.name);
     }
     if (stop && step < total) {
@@ -457,6 +392,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   }
   bar.finish();
   std::signal(SIGINT, previous_handler == SIG_ERR ? SIG_DFL : previous_handler);
+  std::signal(SIGTERM, previous_term_handler == SIG_ERR ? SIG_DFL : previous_term_handler);
   result.steps = step;
   result.seconds = elapsed();
   if (stopped) {

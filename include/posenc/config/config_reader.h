@@ -33,6 +33,10 @@ class ConfigReader {
   std::optional<nlohmann::json> object(const std::string& key);
   /// Throws if a key was neither read nor allowed.
   void finish() const;
+  /// The keys neither read nor allowed so far (for blocks where extra keys only warn).
+  std::vector<std::string> unread() const;
+  /// The object being read.
+  const nlohmann::json& json() const { return object_; }
   const std::string& where() const { return where_; }
 
  private:

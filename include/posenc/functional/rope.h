@@ -19,11 +19,18 @@
 //   llama3    wavelength bands: keep high frequencies, divide low ones by f, smooth in between
 //   longrope  inv_freq_i = 1 / (ext_i theta^(2i/r)), ext = long_factor if L > L0 else short_factor;
 //             attention_scaling sqrt(1 + ln f / ln L0)   (Ding et al. 2024, "LongRoPE")
+//   proportional  the whole head rotates in pairs (i, i + Dh/2); the first p Dh/2 pairs turn at
+//             theta^(-2i/Dh) / f, the rest at 0 (HF _compute_proportional_rope_parameters)
 // xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): q scaled by
 // zeta_i^(p/scale_base), k by zeta_i^(-p/scale_base), zeta_i = (2i + 0.4 r) / (1.4 r).
 //
-// Angles: positions and inv_freq in float64, cos/sin returned in float32; x of any float dtype is
-// rotated in float32 and cast back.
+// Angles (angle_dtype): float64 (default) computes inv_freq and p * inv_freq in float64 and rounds
+// cos/sin to float32 once: exact to half a float32 ulp at any position. float32 computes them the
+// way HF transformers does (float32 inv_freq from the same ATen ops as modeling_rope_utils, float32
+// products, float32 cos/sin times attention_scaling), so a porter matches HF bit for bit; at
+// position 65535 the two differ by up to ~2e-3 in cos/sin (HF's float32 rounding, not ours).
+// rope_cos_sin follows the dtype of the inv_freq it is given. x of any float dtype is rotated in
+// float32 and cast back.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,9 +47,9 @@ enum class RopeLayout { kHalf, kInterleaved };
 std::string to_string(RopeLayout layout);
 RopeLayout rope_layout_from_string(const std::string& name);
 
-enum class RopeScaling { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope };
+enum class RopeScaling { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope, kProportional };
 std::string to_string(RopeScaling scaling);
-/// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su").
+/// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su"), proportional.
 RopeScaling rope_scaling_from_string(const std::string& name);
 
 /// How rotary pairs are split among position axes (multi-axis RoPE: 2D/3D axial, M-RoPE).
@@ -52,6 +59,12 @@ RopeScaling rope_scaling_from_string(const std::string& name);
 ///                used up (Qwen3-VL interleaved M-RoPE, ggml IMROPE)
 enum class RopeSectionLayout { kContiguous, kInterleaved };
 std::string to_string(RopeSectionLayout layout);
+
+/// The arithmetic of the angles: kFloat64 (exact; default) or kFloat32 (HF transformers' own).
+enum class RopeAngleDtype { kFloat64, kFloat32 };
+std::string to_string(RopeAngleDtype dtype);
+RopeAngleDtype rope_angle_dtype_from_string(const std::string& name);
+
 struct RopeOptions {
   explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
   /// Per-head dimension Dh. No default in configs: it comes from the model.
@@ -110,6 +123,8 @@ struct RopeOptions {
   TORCH_ARG(double, min_period) = 0.0;
   /// Longest period for min_period (default 0).
   TORCH_ARG(double, max_period) = 0.0;
+  /// Angle arithmetic (default kFloat64; kFloat32 reproduces HF transformers bit for bit).
+  TORCH_ARG(RopeAngleDtype, angle_dtype) = RopeAngleDtype::kFloat64;
   /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
   /// the reference rope_apply.
   TORCH_ARG(bool, fused) = true;
@@ -117,7 +132,7 @@ struct RopeOptions {
 
 /// Checks every option; errors name the option, the expected and the actual value.
 void rope_validate(const RopeOptions& options);
-/// r = int(Dh * partial_rotary_factor).
+/// r = int(Dh * partial_rotary_factor); Dh for proportional (its non-rotating pairs turn at 0).
 int64_t rope_rotary_dim(const RopeOptions& options);
 /// L0: original_max_position_embeddings, or max_position_embeddings when unset.
 int64_t rope_original_context(const RopeOptions& options);
@@ -125,14 +140,15 @@ int64_t rope_original_context(const RopeOptions& options);
 double rope_factor(const RopeOptions& options);
 
 struct RopeFrequencies {
-  at::Tensor inv_freq;  ///< [r/2] float64, after scaling
+  at::Tensor inv_freq;  ///< [r/2] float64 (float32 with angle_dtype kFloat32), after scaling
   double attention_scaling = 1.0;
 };
 /// inv_freq and attention scaling for a sequence of length seq_len (dynamic and longrope depend
 /// on it; -1 means "no longer than the original context").
 RopeFrequencies rope_frequencies(const RopeOptions& options, int64_t seq_len = -1);
 
-/// positions [...] x inv_freq [F] -> (cos, sin) [..., F] float32, each times `scaling`.
+/// positions [...] x inv_freq [F] -> (cos, sin) [..., F] float32, each times `scaling`. Angles in
+/// float64, or in float32 as HF computes them when inv_freq is float32.
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling = 1.0);
 /// The axis of each of the F = sum(sections) pairs: [F] int64.

@@ -21,7 +21,12 @@ struct Panel {
 
 /// Draws the panels into one PNG at `path` (temp file + rename); errors name the path.
 void plot_panels(const std::string& path, const std::vector<Panel>& panels);
-/// Writes `text` to `path` atomically (temp file in the same folder, then rename).
-void write_file_atomically(const std::string& path, const std::string& text);
+/// Writes `text` to `path` atomically and durably: a temp file in the same folder, written and
+/// fsync'ed, renamed over `path`, then the folder fsync'ed. `path` must be a regular file or new
+/// (a symlink, FIFO or device is refused, not replaced). With `keep_previous`, the file being
+/// replaced stays reachable under that name (a hard link made before the rename). On failure
+/// (disk full, no permission) the temp file is removed and the error names the path and cause.
+void write_file_atomically(const std::string& path, const std::string& text,
+                           const std::string& keep_previous = "");
 
 }  // namespace posenc::train

@@ -1,0 +1,54 @@
+// Files a training run writes that hold tensors, in the zip + pickle format of Python's
+// torch.save, readable by torch.load(path, weights_only=True) (no TorchScript type tags):
+//
+//   weights.pt     {name: tensor} for every parameter and buffer (model.state_dict() in Python)
+//   checkpoint.pt  {"format": "posenc-checkpoint-1",
+//                   "model": {name: tensor},                       as state_dict()
+//                   "optimizer": {"state": {i: {"step", "exp_avg", "exp_avg_sq"}},
+//                                 "param_groups": [{"lr", "betas", "eps", "weight_decay",
+//                                                   "amsgrad", ..., "params": [i, ...]}]},
+//                                                                  torch.optim.AdamW's layout
+//                   "step": int, "elapsed": float seconds, "log_window": [4] float64,
+//                   "config": the run config as JSON text,
+//                   "checksum": "fnv1a64:<16 hex>" over everything above}
+//
+// The checksum (FNV-1a, 64 bit) covers every key, number, string and tensor byte in order; a
+// checkpoint whose content does not match is refused on resume, naming the file. Saving keeps
+// the previous checkpoint as checkpoint.prev.pt; both are written to a temporary file, synced,
+// renamed into place and the folder synced.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <string>
+
+namespace posenc::train {
+
+/// The training state beside the weights.
+struct CheckpointState {
+  int64_t step = 0;
+  double elapsed = 0;     ///< seconds of training before this point
+  at::Tensor log_window;  ///< [4] float64: loss/metric sums and counts since the last log row
+  std::string config;     ///< the run config as JSON text
+};
+
+/// torch.save's container for a value (dicts, lists, tuples, tensors, numbers, strings).
+std::string torch_save_bytes(const c10::IValue& value);
+/// torch.load's reading of such a container; errors name `origin`.
+c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin);
+
+/// weights.pt: {name: tensor} of parameters and buffers, written atomically.
+void save_weights(const std::string& path, torch::nn::Module& model);
+/// checkpoint.pt as above; the previous one (if any) becomes <path without .pt>.prev.pt.
+void save_checkpoint(const std::string& path, torch::nn::Module& model,
+                     torch::optim::AdamW& optimizer, const CheckpointState& state);
+/// Reads and checks a checkpoint (format, checksum, config == expected_config), then loads the
+/// model's tensors (names and shapes must match) and the optimizer's state. Errors name the file.
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
+                                torch::optim::AdamW& optimizer, const std::string& expected_config);
+/// The path save_checkpoint keeps the previous checkpoint under (checkpoint.prev.pt).
+std::string previous_checkpoint_path(const std::string& path);
+
+}  // namespace posenc::train

@@ -1,0 +1,471 @@
+// config.json -> posenc RoPE config, the rules of posenc/config/hf_config.h. Every value the
+// result holds is recorded with its source, so `posenc inspect --hf-config` shows where each
+// number came from; nothing falls back to a posenc default without a warning.
+#include "posenc/config/hf_config.h"
+
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "posenc/config/registry.h"
+
+namespace posenc {
+
+namespace {
+
+// Model families whose modelling code pairs dimensions (2i, 2i+1) instead of (i, i + r/2).
+// transformers 5, src/transformers/models/<model_type>/modeling_<model_type>.py:
+struct LayoutRow {
+  const char* model_type;
+  const char* layout;
+  const char* source;
+};
+constexpr LayoutRow kInterleavedFamilies[] = {
+    {"gptj", "interleaved", "models/gptj/modeling_gptj.py: rotate_every_two"},
+    {"codegen", "interleaved", "models/codegen/modeling_codegen.py: rotate_every_two"},
+    {"glm", "interleaved",
+     "models/glm/modeling_glm.py: rotate_half over x[..., 0::2], x[..., 1::2]"},
+    {"glm4", "interleaved",
+     "models/glm4/modeling_glm4.py: rotate_half over x[..., 0::2], x[..., 1::2]"},
+    {"cohere", "interleaved", "models/cohere/modeling_cohere.py: repeat_interleave(freqs, 2)"},
+    {"cohere2", "interleaved", "models/cohere2/modeling_cohere2.py: repeat_interleave(freqs, 2)"},
+    {"deepseek_v2", "interleaved",
+     "models/deepseek_v2/modeling_deepseek_v2.py: view_as_complex over (2i, 2i+1)"},
+};
+
+// Top-level keys the resolution reads; every other key is listed as ignored.
+const std::set<std::string> kPositionKeys{"model_type",
+                                          "rope_theta",
+                                          "rotary_emb_base",
+                                          "rope_scaling",
+                                          "rope_parameters",
+                                          "head_dim",
+                                          "hidden_size",
+                                          "num_attention_heads",
+                                          "qk_rope_head_dim",
+                                          "qk_nope_head_dim",
+                                          "partial_rotary_factor",
+                                          "rotary_pct",
+                                          "rotary_dim",
+                                          "max_position_embeddings",
+                                          "original_max_position_embeddings",
+                                          "rope_interleave",
+                                          "layer_types",
+                                          "text_config",
+                                          "rope_local_base_freq",
+                                          "global_head_dim"};
+
+// Keys of a rope_scaling / rope_parameters block that posenc's rope encoder takes.
+const std::set<std::string> kBlockKeys{"rope_type",        "type",
+                                       "rope_theta",       "partial_rotary_factor",
+                                       "factor",           "original_max_position_embeddings",
+                                       "beta_fast",        "beta_slow",
+                                       "attention_factor", "mscale",
+                                       "mscale_all_dim",   "truncate",
+                                       "low_freq_factor",  "high_freq_factor",
+                                       "short_factor",     "long_factor",
+                                       "mrope_section",    "mrope_interleaved"};
+
+std::string describe(const nlohmann::json& v) {
+  std::string text = v.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  return std::string(v.type_name()) + " " + text;
+}
+
+class Resolver {
+ public:
+  Resolver(const nlohmann::json& config, const HfConfigOptions& options)
+      : options_(options), origin_(options.origin) {
+    TORCH_CHECK(config.is_object(), origin_,
+                ": expected a JSON object (a model's config.json), got ", describe(config));
+    root_ = &config;
+    // Multimodal configs keep the text model's RoPE under text_config (Qwen2-VL in transformers 5).
+    if (!has(config, "rope_theta") && !has(config, "rope_scaling") &&
+        !has(config, "rope_parameters") && has(config, "text_config") &&
+        config["text_config"].is_object()) {
+      text_ = &config["text_config"];
+      prefix_ = "text_config.";
+    }
+  }
+
+  HfResolution run() {
+    HfResolution out;
+    const auto& c = model();
+    out.model_type = string_or(c, "model_type", string_or(*root_, "model_type", ""));
+    for (const auto& item : root_->items())
+      if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
+
+    const nlohmann::json block = scaling_block(out);
+    const std::string block_name = block_name_;
+    auto from_block = [&](const std::string& key) { return block_name + "." + key; };
+
+    // rope_type
+    std::string rope_type = "default";
+    if (has(block, "rope_type")) {
+      rope_type = string_at(block, "rope_type", from_block("rope_type"));
+    } else if (has(block, "type")) {
+      rope_type = string_at(block, "type", from_block("type"));
+    }
+    std::vector<int64_t> sections;
+    if (has(block, "mrope_section")) {
+      sections = integers_at(block, "mrope_section", from_block("mrope_section"));
+    }
+    if (rope_type == "mrope") {
+      TORCH_CHECK(!sections.empty(), origin_, ": ", from_block("rope_type"),
+                  " is 'mrope' but the block has no 'mrope_section'");
+      rope_type = "default";
+    }
+    set("rope_type", rope_type,
+        has(block, "rope_type") || has(block, "type") ? where(block_name) : "transformers default");
+
+    // head size
+    int64_t head_dim = 0;
+    if (has(c, "qk_rope_head_dim")) {
+      head_dim = integer_at(c, "qk_rope_head_dim");
+      set("head_dim", head_dim, where("qk_rope_head_dim") + " (the rotary part of each head)");
+    } else if (layer_type_ == "full_attention" && has(c, "global_head_dim")) {
+      head_dim = integer_at(c, "global_head_dim");
+      set("head_dim", head_dim,
+          where("global_head_dim") + " (full-attention layers; transformers' per_layer_config)");
+    } else if (has(c, "head_dim")) {
+      head_dim = integer_at(c, "head_dim");
+      set("head_dim", head_dim, where("head_dim"));
+    } else {
+      TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads"), origin_,
+                  ": cannot tell the head size: expected 'head_dim', 'qk_rope_head_dim' or "
+                  "'hidden_size' with 'num_attention_heads' (transformers' rule)");
+      const int64_t hidden = integer_at(c, "hidden_size"),
+                    heads = integer_at(c, "num_attention_heads");
+      TORCH_CHECK(heads > 0, origin_, ": '", prefix_, "num_attention_heads' must be positive, got ",
+                  heads);
+      head_dim = hidden / heads;
+      std::ostringstream s;
+      s << "derived: " << prefix_ << "hidden_size / num_attention_heads = " << hidden << " / "
+        << heads;
+      set("head_dim", head_dim, s.str());
+    }
+    TORCH_CHECK(head_dim > 0, origin_, ": the head size must be positive, got ", head_dim);
+
+    // layout
+    std::string layout = "half", layout_source = "transformers default (rotate_half)";
+    if (has(c, "rope_interleave")) {
+      TORCH_CHECK(c["rope_interleave"].is_boolean(), origin_, ": '", prefix_,
+                  "rope_interleave' must be true or false, got ", describe(c["rope_interleave"]));
+      layout = c["rope_interleave"].get<bool>() ? "interleaved" : "half";
+      layout_source = where("rope_interleave");
+    } else if (out.model_type == "deepseek_v3") {
+      layout = "interleaved";
+      layout_source =
+          "transformers default rope_interleave=true (models/deepseek_v3/"
+          "configuration_deepseek_v3.py; apply_rotary_pos_emb_interleave)";
+    } else {
+      for (const auto& row : kInterleavedFamilies)
+        if (out.model_type == row.model_type) {
+          layout = row.layout;
+          layout_source = std::string("model_type '") + row.model_type + "': " + row.source;
+        }
+    }
+    set("layout", layout, layout_source);
+
+    // theta
+    if (has(block, "rope_theta")) {
+      set("rope_theta", number_at(block, "rope_theta", from_block("rope_theta")),
+          where(from_block("rope_theta")));
+    } else if (has(c, "rope_theta")) {
+      set("rope_theta", number_at(c, "rope_theta"), where("rope_theta"));
+    } else if (has(c, "rotary_emb_base")) {
+      set("rope_theta", number_at(c, "rotary_emb_base"), where("rotary_emb_base") + " (GPT-NeoX)");
+    } else {
+      set("rope_theta", 10000.0, "transformers default (RotaryEmbeddingConfigMixin.default_theta)");
+      out.warnings.push_back(origin_ +
+                             ": no rope_theta: using 10000, transformers' default_theta for "
+                             "configs without one");
+    }
+
+    // partial rotary
+    if (has(block, "partial_rotary_factor")) {
+      set("partial_rotary_factor",
+          number_at(block, "partial_rotary_factor", from_block("partial_rotary_factor")),
+          where(from_block("partial_rotary_factor")));
+    } else if (has(c, "partial_rotary_factor")) {
+      set("partial_rotary_factor", number_at(c, "partial_rotary_factor"),
+          where("partial_rotary_factor"));
+    } else if (has(c, "rotary_pct")) {
+      set("partial_rotary_factor", number_at(c, "rotary_pct"), where("rotary_pct") + " (GPT-NeoX)");
+    } else if (out.model_type == "gpt_neox") {
+      set("partial_rotary_factor", 0.25,
+          "transformers default rotary_pct 0.25 (models/gpt_neox/configuration_gpt_neox.py)");
+      out.warnings.push_back(origin_ +
+                             ": gpt_neox without rotary_pct: using 0.25, transformers' "
+                             "default");
+    } else if (has(c, "rotary_dim") && !c["rotary_dim"].is_null()) {
+      const int64_t rotary = integer_at(c, "rotary_dim");
+      set("partial_rotary_factor", static_cast<double>(rotary) / static_cast<double>(head_dim),
+          "derived: " + prefix_ + "rotary_dim / head_dim (GPT-J, CodeGen)");
+    } else {
+      set("partial_rotary_factor", 1.0, "transformers default");
+    }
+
+    // context lengths
+    const bool has_max = has(c, "max_position_embeddings");
+    if (has_max)
+      set("max_position_embeddings", integer_at(c, "max_position_embeddings"),
+          where("max_position_embeddings"));
+    const bool needs_original =
+        rope_type == "llama3" || rope_type == "yarn" || rope_type == "longrope";
+    if (needs_original) {
+      if (has(c, "original_max_position_embeddings")) {
+        set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
+            where("original_max_position_embeddings") +
+                " (top level; transformers prefers it over the block's, as Phi-3 needs)");
+      } else if (has(block, "original_max_position_embeddings")) {
+        set("original_max_position_embeddings",
+            integer_at(block, "original_max_position_embeddings",
+                       from_block("original_max_position_embeddings")),
+            where(from_block("original_max_position_embeddings")));
+      } else {
+        TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
+                    "' needs 'original_max_position_embeddings' (in ", block_name,
+                    " or at the top level) or 'max_position_embeddings', which transformers "
+                    "takes in its place; neither is given");
+        set("original_max_position_embeddings", resolved_["max_position_embeddings"],
+            "max_position_embeddings (transformers' standardize_rope_params when the block has "
+            "none)");
+      }
+    }
+    if (rope_type == "dynamic")
+      TORCH_CHECK(has_max, origin_,
+                  ": rope_type 'dynamic' grows theta past "
+                  "'max_position_embeddings' (top level), which is not given");
+
+    // the block's scaling values
+    for (const char* key : {"factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+                            "mscale_all_dim", "low_freq_factor", "high_freq_factor"}) {
+      if (has(block, key)) set(key, number_at(block, key, from_block(key)), where(from_block(key)));
+    }
+    if (!has(block, "factor") && (rope_type == "yarn" || rope_type == "longrope")) {
+      TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
+                  "' without 'factor' takes max_position_embeddings / "
+                  "original_max_position_embeddings, and max_position_embeddings is not given");
+      const double f = resolved_["max_position_embeddings"].get<double>() /
+                       resolved_["original_max_position_embeddings"].get<double>();
+      set("factor", f, "derived: max_position_embeddings / original_max_position_embeddings");
+    }
+    if (has(block, "truncate")) {
+      TORCH_CHECK(block["truncate"].is_boolean(), origin_, ": '", where(from_block("truncate")),
+                  "' must be true or false, got ", describe(block["truncate"]));
+      set("truncate", block["truncate"].get<bool>(), where(from_block("truncate")));
+    }
+    for (const char* key : {"short_factor", "long_factor"}) {
+      if (has(block, key)) {
+        TORCH_CHECK(block[key].is_array(), origin_, ": '", from_block(key),
+                    "' must be a list of numbers, got ", describe(block[key]));
+        set(key, block[key], where(from_block(key)));
+      }
+    }
+    if (!sections.empty()) {
+      set("mrope_section", sections, where(from_block("mrope_section")));
+      if (has(block, "mrope_interleaved") && block["mrope_interleaved"].is_boolean() &&
+          block["mrope_interleaved"].get<bool>())
+        set("section_layout", "interleaved", where(from_block("mrope_interleaved")));
+    }
+    for (const auto& item : block.items()) {
+      if (kBlockKeys.count(item.key())) continue;
+      out.warnings.push_back(origin_ + ": '" + from_block(item.key()) +
+                             "' is not a RoPE parameter transformers reads; ignored (transformers "
+                             "ignores it with a warning too)");
+    }
+    set("angle_dtype", options_.angle_dtype, "option (float64: exact; float32: HF's arithmetic)");
+
+    // DeepSeek's softmax scale (yarn_apply_mscale): outside RoPE, reported for the attention.
+    if (rope_type != "default" && has(block, "mscale_all_dim") && has(block, "factor")) {
+      const double m_all = number_at(block, "mscale_all_dim", from_block("mscale_all_dim"));
+      const double f = number_at(block, "factor", from_block("factor"));
+      if (m_all != 0) {
+        const double m = f <= 1 ? 1.0 : 0.1 * m_all * std::log(f) + 1.0;
+        out.softmax_scale_multiplier = m * m;
+      }
+    }
+
+    nlohmann::ordered_json config{{"type", "rope"}};
+    for (const auto& item : resolved_.items()) config[item.key()] = item.value();
+    out.config = config;
+    out.sources = sources_;
+    out.layer_type = layer_type_;
+    // The resolved config must build (the encoder's own checks: even rotary dim, list sizes).
+    build_encoder(nlohmann::json::parse(config.dump()), {});
+    return out;
+  }
+
+ private:
+  const nlohmann::json& model() const { return text_ ? *text_ : *root_; }
+  static bool has(const nlohmann::json& o, const std::string& key) {
+    return o.is_object() && o.contains(key) && !o.at(key).is_null();
+  }
+  std::string where(const std::string& key) const { return origin_ + ": " + prefix_ + key; }
+
+  static std::string string_or(const nlohmann::json& o, const std::string& key,
+                               const std::string& fallback) {
+    return has(o, key) && o[key].is_string() ? o[key].get<std::string>() : fallback;
+  }
+  std::string string_at(const nlohmann::json& o, const std::string& key,
+                        const std::string& name) const {
+    TORCH_CHECK(o[key].is_string(), origin_, ": '", prefix_, name, "' must be a string, got ",
+                describe(o[key]));
+    return o[key].get<std::string>();
+  }
+  double number_at(const nlohmann::json& o, const std::string& key,
+                   const std::string& name = "") const {
+    const std::string shown = prefix_ + (name.empty() ? key : name);
+    TORCH_CHECK(o[key].is_number(), origin_, ": '", shown, "' must be a number, got ",
+                describe(o[key]));
+    const double v = o[key].get<double>();
+    TORCH_CHECK(std::isfinite(v), origin_, ": '", shown, "' must be finite, got ", v);
+    return v;
+  }
+  int64_t integer_at(const nlohmann::json& o, const std::string& key,
+                     const std::string& name = "") const {
+    const double v = number_at(o, key, name);
+    TORCH_CHECK(std::floor(v) == v && std::abs(v) < 9.0e15, origin_, ": '", prefix_,
+                name.empty() ? key : name, "' must be an integer, got ", describe(o[key]));
+    return static_cast<int64_t>(v);
+  }
+  std::vector<int64_t> integers_at(const nlohmann::json& o, const std::string& key,
+                                   const std::string& name) const {
+    TORCH_CHECK(o[key].is_array(), origin_, ": '", prefix_, name,
+                "' must be a list of integers, got ", describe(o[key]));
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < o[key].size(); ++i) {
+      const auto& v = o[key][i];
+      TORCH_CHECK(v.is_number_integer() ||
+                      (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()),
+                  origin_, ": '", prefix_, name, "'[", i, "] must be an integer, got ",
+                  describe(v));
+      out.push_back(static_cast<int64_t>(v.get<double>()));
+    }
+    return out;
+  }
+  template <typename T>
+  void set(const std::string& key, const T& value, const std::string& source) {
+    resolved_[key] = value;
+    sources_[key] = source;
+  }
+
+  // The scaling block: rope_parameters (v5) or rope_scaling (legacy), flat or per layer type.
+  nlohmann::json scaling_block(HfResolution& out) {
+    const auto& c = model();
+    const bool v5 = has(c, "rope_parameters"), legacy = has(c, "rope_scaling");
+    // Gemma 3 ships flat keys that transformers turns into one RoPE per layer type
+    // (models/gemma3/configuration_gemma3.py): full_attention takes rope_theta and any
+    // rope_scaling, sliding_attention takes rope_local_base_freq without scaling.
+    if (has(c, "rope_local_base_freq") &&
+        !(v5 && c["rope_parameters"].contains("sliding_attention"))) {
+      nlohmann::json full =
+          legacy ? c["rope_scaling"] : (v5 ? c["rope_parameters"] : nlohmann::json::object());
+      TORCH_CHECK(full.is_object(), origin_, ": '", prefix_,
+                  legacy ? "rope_scaling" : "rope_parameters", "' must be an object, got ",
+                  describe(full));
+      if (!full.contains("rope_theta"))
+        full["rope_theta"] = has(c, "rope_theta") ? c["rope_theta"] : nlohmann::json(1000000.0);
+      synthesized_ = {{"full_attention", full},
+                      {"sliding_attention",
+                       {{"rope_type", "default"}, {"rope_theta", c["rope_local_base_freq"]}}}};
+      block_name_ =
+          "rope_parameters (from rope_theta, rope_local_base_freq as transformers' "
+          "Gemma3TextConfig)";
+      return pick_layer_type(synthesized_, {"full_attention", "sliding_attention"});
+    }
+    if (!v5 && !legacy) {
+      block_name_ = "rope_parameters";
+      return nlohmann::json::object();
+    }
+    if (v5 && legacy)
+      out.warnings.push_back(origin_ + ": both rope_parameters and rope_scaling are given; " +
+                             "transformers reads rope_scaling first, and so does posenc");
+    block_name_ = legacy ? "rope_scaling" : "rope_parameters";
+    const auto& block = c[block_name_];
+    TORCH_CHECK(block.is_object(), origin_, ": '", prefix_, block_name_,
+                "' must be an object, got ", describe(block));
+    // Nested per layer type: keys named in layer_types, or every value an object/null.
+    std::vector<std::string> nested;
+    std::set<std::string> layer_types;
+    if (has(c, "layer_types") && c["layer_types"].is_array())
+      for (const auto& t : c["layer_types"])
+        if (t.is_string()) layer_types.insert(t.get<std::string>());
+    bool all_objects = !block.empty();
+    for (const auto& item : block.items()) {
+      if (layer_types.count(item.key())) nested.push_back(item.key());
+      if (!item.value().is_object() && !item.value().is_null()) all_objects = false;
+    }
+    if (nested.empty() && all_objects)
+      for (const auto& item : block.items()) nested.push_back(item.key());
+    if (nested.empty()) {
+      TORCH_CHECK(options_.layer_type.empty(), origin_, ": --layer-type '", options_.layer_type,
+                  "' was given but ", prefix_, block_name_, " is not nested per layer type");
+      return block;
+    }
+    return pick_layer_type(block, nested);
+  }
+
+  nlohmann::json pick_layer_type(const nlohmann::json& block,
+                                 const std::vector<std::string>& nested) {
+    std::string chosen = options_.layer_type;
+    std::ostringstream names;
+    for (size_t i = 0; i < nested.size(); ++i) names << (i ? ", " : "") << nested[i];
+    if (chosen.empty()) {
+      TORCH_CHECK(nested.size() == 1, origin_, ": ", prefix_, block_name_,
+                  " holds one RoPE per layer type (", names.str(),
+                  "); choose one with --layer-type (or 'layer_type' in the hf config)");
+      chosen = nested.front();
+    }
+    TORCH_CHECK(block.contains(chosen), origin_, ": layer type '", chosen, "' is not in ", prefix_,
+                block_name_, "; it has: ", names.str());
+    TORCH_CHECK(block[chosen].is_object(), origin_, ": ", prefix_, block_name_, ".", chosen,
+                " has no RoPE (null: a layer without positions)");
+    layer_type_ = chosen;
+    block_name_ = block_name_ + "." + chosen;
+    return block[chosen];
+  }
+
+  HfConfigOptions options_;
+  std::string origin_;
+  const nlohmann::json* root_ = nullptr;
+  const nlohmann::json* text_ = nullptr;
+  std::string prefix_;
+  std::string block_name_;
+  std::string layer_type_;
+  nlohmann::json synthesized_;
+  nlohmann::ordered_json resolved_ = nlohmann::ordered_json::object();
+  nlohmann::ordered_json sources_ = nlohmann::ordered_json::object();
+};
+
+}  // namespace
+
+HfResolution from_hf_config(const nlohmann::json& config, const HfConfigOptions& options) {
+  TORCH_CHECK(options.angle_dtype == "float64" || options.angle_dtype == "float32",
+              "hf config: unknown angle_dtype '", options.angle_dtype,
+              "'; expected one of: float64, float32");
+  return Resolver(config, options).run();
+}
+
+HfResolution load_hf_config(const std::string& path, HfConfigOptions options) {
+  options.origin = path;
+  return from_hf_config(load_config(path), options);
+}
+
+nlohmann::ordered_json to_json(const HfResolution& r) {
+  nlohmann::ordered_json out;
+  out["model_type"] = r.model_type;
+  if (!r.layer_type.empty()) out["layer_type"] = r.layer_type;
+  out["config"] = r.config;
+  out["sources"] = r.sources;
+  out["ignored_keys"] = r.ignored_keys;
+  out["warnings"] = r.warnings;
+  out["softmax_scale_multiplier"] = r.softmax_scale_multiplier;
+  return out;
+}
+
+}  // namespace posenc

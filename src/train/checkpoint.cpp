@@ -1,0 +1,304 @@
+// weights.pt and checkpoint.pt in torch.save's format; the layout and checksum are described in
+// posenc/train/checkpoint.h. Python's torch.optim.AdamW.state_dict() layout is mirrored so that
+// `torch.load(path, weights_only=True)` gives a state_dict a Python AdamW can load.
+#include "posenc/train/checkpoint.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "posenc/train/plot.h"
+
+namespace posenc::train {
+
+namespace {
+
+constexpr const char* kFormat = "posenc-checkpoint-1";
+
+// FNV-1a, 64 bit, over a canonical walk of a value (kind tag, sizes, bytes), so that the same
+// content read back from the file gives the same sum.
+class Checksum {
+ public:
+  void bytes(const void* data, size_t size) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) {
+      hash_ ^= p[i];
+      hash_ *= 1099511628211ULL;
+    }
+  }
+  template <typename T>
+  void pod(const T& value) {
+    bytes(&value, sizeof(value));
+  }
+  void value(const c10::IValue& v) {
+    if (v.isNone()) {
+      pod('N');
+    } else if (v.isBool()) {
+      pod('B');
+      pod(static_cast<unsigned char>(v.toBool()));
+    } else if (v.isInt()) {
+      pod('I');
+      pod(v.toInt());
+    } else if (v.isDouble()) {
+      pod('D');
+      pod(v.toDouble());
+    } else if (v.isString()) {
+      pod('S');
+      const auto& s = v.toStringRef();
+      pod(s.size());
+      bytes(s.data(), s.size());
+    } else if (v.isTensor()) {
+      auto t = v.toTensor().contiguous().cpu();
+      pod('T');
+      pod(static_cast<int>(t.scalar_type()));
+      pod(t.dim());
+      for (auto s : t.sizes()) pod(s);
+      bytes(t.data_ptr(), t.numel() * t.element_size());
+    } else if (v.isTuple() || v.isList()) {
+      pod('L');
+      const auto items = v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
+      pod(items.size());
+      for (const auto& item : items) value(item);
+    } else if (v.isGenericDict()) {
+      pod('M');
+      const auto dict = v.toGenericDict();
+      pod(dict.size());
+      for (const auto& item : dict) {
+        value(item.key());
+        value(item.value());
+      }
+    } else {
+      TORCH_CHECK(false, "checkpoint: cannot checksum a value of type ", v.tagKind());
+    }
+  }
+  std::string text() const {
+    char out[32];
+    std::snprintf(out, sizeof(out), "fnv1a64:%016llx", static_cast<unsigned long long>(hash_));
+    return out;
+  }
+
+ private:
+  uint64_t hash_ = 14695981039346656037ULL;
+};
+
+c10::impl::GenericDict string_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+c10::impl::GenericDict state_dict(torch::nn::Module& model) {
+  auto out = string_dict();
+  for (const auto& item : model.named_parameters()) out.insert(item.key(), item.value().detach());
+  for (const auto& item : model.named_buffers()) out.insert(item.key(), item.value().detach());
+  return out;
+}
+
+// torch.optim.AdamW.state_dict(): state keyed by the parameter's index over all groups.
+c10::impl::GenericDict optimizer_state(torch::optim::AdamW& optimizer) {
+  auto state = c10::impl::GenericDict(c10::IntType::get(), c10::AnyType::get());
+  auto groups = c10::impl::GenericList(c10::AnyType::get());
+  int64_t index = 0;
+  for (auto& group : optimizer.param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    // AnyType, not IntType: a typed int list pickles as torch.jit._pickle.build_intlist, which
+    // torch.load(weights_only=True) refuses.
+    auto params = c10::impl::GenericList(c10::AnyType::get());
+    for (const auto& p : group.params()) {
+      auto found = optimizer.state().find(p.unsafeGetTensorImpl());
+      if (found != optimizer.state().end()) {
+        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*found->second);
+        auto entry = string_dict();
+        entry.insert("step", torch::tensor(static_cast<float>(s.step())));  // float32, as Python
+        entry.insert("exp_avg", s.exp_avg().detach());
+        entry.insert("exp_avg_sq", s.exp_avg_sq().detach());
+        if (o.amsgrad()) entry.insert("max_exp_avg_sq", s.max_exp_avg_sq().detach());
+        state.insert(index, entry);
+      }
+      params.push_back(index++);
+    }
+    auto g = string_dict();
+    g.insert("lr", o.lr());
+    g.insert("betas", c10::ivalue::Tuple::create(std::get<0>(o.betas()), std::get<1>(o.betas())));
+    g.insert("eps", o.eps());
+    g.insert("weight_decay", o.weight_decay());
+    g.insert("amsgrad", o.amsgrad());
+    g.insert("maximize", false);
+    g.insert("foreach", c10::IValue());
+    g.insert("capturable", false);
+    g.insert("differentiable", false);
+    g.insert("fused", c10::IValue());
+    g.insert("decoupled_weight_decay", true);
+    g.insert("params", params);
+    groups.push_back(g);
+  }
+  auto out = string_dict();
+  out.insert("state", state);
+  out.insert("param_groups", groups);
+  return out;
+}
+
+c10::IValue entry(const c10::impl::GenericDict& dict, const std::string& key,
+                  const std::string& origin) {
+  auto found = dict.find(key);
+  TORCH_CHECK(found != dict.end(), origin, ": no '", key, "' entry (not a posenc checkpoint?)");
+  return found->value();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), "cannot read '", path, "'");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  TORCH_CHECK(!in.bad(), "reading '", path, "' failed");
+  return buffer.str();
+}
+
+}  // namespace
+
+std::string torch_save_bytes(const c10::IValue& value) {
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler(
+      [&pickle](const char* bytes, size_t size) {
+        pickle.insert(pickle.end(), bytes, bytes + size);
+      },
+      nullptr, nullptr, nullptr, nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(value);
+  pickler.stop();
+  std::string container;
+  caffe2::serialize::PyTorchStreamWriter writer([&container](const void* bytes, size_t size) {
+    container.append(static_cast<const char*>(bytes), size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(),
+                                     writer);
+  writer.writeEndOfFile();
+  return container;
+}
+
+c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin) {
+  TORCH_CHECK(!bytes.empty(), "'", origin, "' is empty");
+  try {
+    return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  } catch (const c10::Error& e) {
+    std::string why = e.what_without_backtrace();
+    if (auto cut = why.find('\n'); cut != std::string::npos) why = why.substr(0, cut);
+    TORCH_CHECK(false, "'", origin,
+                "' is not a readable torch.save file (corrupt or truncated): ", why);
+  }
+}
+
+void save_weights(const std::string& path, torch::nn::Module& model) {
+  write_file_atomically(path, torch_save_bytes(state_dict(model)));
+}
+
+std::string previous_checkpoint_path(const std::string& path) {
+  const std::string stem = path.size() > 3 && path.substr(path.size() - 3) == ".pt"
+                               ? path.substr(0, path.size() - 3)
+                               : path;
+  return stem + ".prev.pt";
+}
+
+void save_checkpoint(const std::string& path, torch::nn::Module& model,
+                     torch::optim::AdamW& optimizer, const CheckpointState& state) {
+  auto dict = string_dict();
+  dict.insert("format", std::string(kFormat));
+  dict.insert("model", state_dict(model));
+  dict.insert("optimizer", optimizer_state(optimizer));
+  dict.insert("step", state.step);
+  dict.insert("elapsed", state.elapsed);
+  dict.insert("log_window",
+              state.log_window.defined() ? state.log_window : torch::zeros({4}, torch::kFloat64));
+  dict.insert("config", state.config);
+  Checksum sum;
+  sum.value(dict);
+  dict.insert("checksum", sum.text());
+  write_file_atomically(path, torch_save_bytes(dict), previous_checkpoint_path(path));
+}
+
+CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
+                                torch::optim::AdamW& optimizer,
+                                const std::string& expected_config) {
+  const auto loaded = torch_load_bytes(read_file(path), path);
+  TORCH_CHECK(loaded.isGenericDict(), "'", path, "' is not a posenc checkpoint (a ",
+              loaded.tagKind(), ", expected a dict)");
+  auto dict = loaded.toGenericDict();
+  const auto format = entry(dict, "format", path);
+  TORCH_CHECK(format.isString() && format.toStringRef() == kFormat, "'", path, "' has format ",
+              format.isString() ? format.toStringRef() : format.tagKind(), ", expected ", kFormat,
+              " (written by another posenc version?)");
+  const auto stored = entry(dict, "checksum", path);
+  auto content = dict.copy();
+  (void)content.erase("checksum");
+  Checksum sum;
+  sum.value(content);
+  TORCH_CHECK(stored.isString() && stored.toStringRef() == sum.text(), "'", path,
+              "' is corrupt: its checksum is ", stored.isString() ? stored.toStringRef() : "absent",
+              " but its content sums to ", sum.text(), "; the previous checkpoint is '",
+              previous_checkpoint_path(path), "' (copy it over '", path,
+              "' to resume from there), or start afresh without --resume");
+  CheckpointState state;
+  state.config = entry(dict, "config", path).toStringRef();
+  TORCH_CHECK(state.config == expected_config, "resume: '", path,
+              "' was written by a different config; start afresh (without --resume) or use "
+              "another output folder");
+  // model: every tensor by name, shapes checked
+  const auto weights = entry(dict, "model", path).toGenericDict();
+  auto own = state_dict(model);
+  TORCH_CHECK(weights.size() == own.size(), "'", path, "' holds ", weights.size(),
+              " model tensors but the model has ", own.size());
+  torch::NoGradGuard no_grad;
+  for (const auto& item : own) {
+    const auto& name = item.key().toStringRef();
+    auto found = weights.find(name);
+    TORCH_CHECK(found != weights.end(), "'", path, "' has no tensor '", name, "'");
+    auto target = item.value().toTensor();
+    const auto source = found->value().toTensor();
+    TORCH_CHECK(source.sizes() == target.sizes(), "'", path, "': tensor '", name, "' has shape ",
+                source.sizes(), " but the model's is ", target.sizes());
+    target.copy_(source);
+  }
+  // optimizer: Python's layout back into LibTorch's per-parameter states
+  const auto saved = entry(dict, "optimizer", path).toGenericDict();
+  const auto saved_state = entry(saved, "state", path).toGenericDict();
+  const auto saved_groups = entry(saved, "param_groups", path).toList();
+  TORCH_CHECK(saved_groups.size() == optimizer.param_groups().size(), "'", path, "' has ",
+              saved_groups.size(), " optimizer groups, expected ", optimizer.param_groups().size());
+  int64_t index = 0;
+  for (size_t g = 0; g < saved_groups.size(); ++g) {
+    auto& group = optimizer.param_groups()[g];
+    const auto params = entry(saved_groups.get(g).toGenericDict(), "params", path).toList();
+    TORCH_CHECK(params.size() == group.params().size(), "'", path, "': optimizer group ", g,
+                " has ", params.size(), " parameters, expected ", group.params().size());
+    for (auto& p : group.params()) {
+      auto found = saved_state.find(index++);
+      if (found == saved_state.end()) continue;
+      const auto s = found->value().toGenericDict();
+      auto restored = std::make_unique<torch::optim::AdamWParamState>();
+      restored->step(static_cast<int64_t>(entry(s, "step", path).toTensor().item<double>()));
+      auto exp_avg = entry(s, "exp_avg", path).toTensor();
+      auto exp_avg_sq = entry(s, "exp_avg_sq", path).toTensor();
+      TORCH_CHECK(exp_avg.sizes() == p.sizes() && exp_avg_sq.sizes() == p.sizes(), "'", path,
+                  "': optimizer state ", index - 1, " has shape ", exp_avg.sizes(),
+                  " but its parameter's is ", p.sizes());
+      restored->exp_avg(exp_avg.clone());
+      restored->exp_avg_sq(exp_avg_sq.clone());
+      if (s.contains("max_exp_avg_sq"))
+        restored->max_exp_avg_sq(entry(s, "max_exp_avg_sq", path).toTensor().clone());
+      optimizer.state()[p.unsafeGetTensorImpl()] = std::move(restored);
+    }
+  }
+  state.step = entry(dict, "step", path).toInt();
+  state.elapsed = entry(dict, "elapsed", path).toDouble();
+  state.log_window = entry(dict, "log_window", path).toTensor();
+  return state;
+}
+
+}  // namespace posenc::train
