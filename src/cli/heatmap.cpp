@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "../draw/text.h"
+#include "posenc/train/plot.h"
 
 namespace posenc::cli {
 
@@ -110,23 +111,21 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
   auto gradient = torch::linspace(hi, lo, 256, torch::kFloat64).unsqueeze(1);
   colour(gradient, lo, hi, bar.size()).copyTo(image(bar));
   cv::rectangle(image, bar, kInk);
-  put_text(image, format_number(hi), {bar.x + bar_w + 5, bar.y + 10}, 0.4);
-  put_text(image, format_number((lo + hi) / 2), {bar.x + bar_w + 5, bar.y + bar.height / 2 + 4},
-           0.4);
-  put_text(image, format_number(lo), {bar.x + bar_w + 5, bar.y + bar.height}, 0.4);
+  // round values on the bar (1-2-5 steps; 0 printed as 0, never as rounding noise)
+  auto [step, ticks] = draw::nice_ticks(lo, hi, 5);
+  for (double v : ticks) {
+    const int y = bar.y + static_cast<int>((hi - v) / (hi > lo ? hi - lo : 1.0) * bar.height);
+    cv::line(image, {bar.x + bar_w, y}, {bar.x + bar_w + 4, y}, kInk, 1);
+    put_text(image, draw::format_tick(v, step), {bar.x + bar_w + 7, y + 4}, 0.4);
+  }
 
   std::vector<uchar> png;
   TORCH_CHECK(cv::imencode(".png", image, png), "plot: PNG encoding failed");
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary);
-    TORCH_CHECK(out.good(), "plot: cannot write '", temp, "'");
-    out.write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
-    out.close();
-    TORCH_CHECK(out.good(), "plot: writing '", temp, "' failed");
+  try {  // durable, atomic, and never over a device, FIFO or link (posenc/train/plot.h)
+    train::write_file_atomically(path, std::string(png.begin(), png.end()));
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "plot: ", e.what_without_backtrace());
   }
-  TORCH_CHECK(std::rename(temp.c_str(), path.c_str()) == 0, "plot: cannot move '", temp, "' to '",
-              path, "'");
 }
 
 }  // namespace posenc::cli

@@ -119,7 +119,9 @@ class Resolver {
       rope_type = "default";
     }
     set("rope_type", rope_type,
-        has(block, "rope_type") || has(block, "type") ? where(block_name) : "transformers default");
+        has(block, "rope_type")
+            ? where(from_block("rope_type"))
+            : (has(block, "type") ? where(from_block("type")) : "transformers default"));
 
     // head size
     int64_t head_dim = 0;

@@ -22,11 +22,16 @@
 namespace posenc::train {
 namespace {
 
-constexpr int kWidth = 520, kHeight = 380, kLeft = 70, kRight = 20, kTop = 40, kBottom = 50;
+// Margins: y tick labels right-aligned left of the frame, the legend in a row above it (off the
+// data), x tick labels and the axis title below.
+constexpr int kWidth = 520, kHeight = 390, kLeft = 64, kRight = 24, kTop = 58, kBottom = 50;
 const cv::Scalar kGrid(225, 225, 225);
 using draw::format_number;
+using draw::format_tick;
 using draw::kInk;
+using draw::nice_ticks;
 using draw::put_text;
+using draw::text_width;
 // Tableau-like colours (BGR).
 const std::vector<cv::Scalar> kColours = {{180, 119, 31},  {14, 127, 255},  {44, 160, 44},
                                           {40, 39, 214},   {189, 103, 148}, {75, 86, 140},
@@ -52,25 +57,40 @@ cv::Mat draw_panel(const Panel& panel) {
   }
   if (x1 == x0) x1 = x0 + 1;
   if (y1 == y0) y1 = y0 + 1;
-  const double pad = 0.05 * (y1 - y0);
-  y0 -= pad;
-  y1 += pad;
+  // y: the frame spans whole tick steps, so the top and bottom lines carry round labels
+  auto [y_step, y_ticks] = nice_ticks(y0, y1, 5);
+  y0 = std::floor(y0 / y_step) * y_step;
+  y1 = std::ceil(y1 / y_step) * y_step;
+  std::tie(y_step, y_ticks) = nice_ticks(y0, y1, 6);
   const int w = kWidth - kLeft - kRight, h = kHeight - kTop - kBottom;
   auto px = [&](double x) { return kLeft + static_cast<int>((fx(x) - x0) / (x1 - x0) * w); };
   auto py = [&](double y) { return kTop + h - static_cast<int>((y - y0) / (y1 - y0) * h); };
-  for (int i = 0; i <= 4; ++i) {
-    const double y = y0 + (y1 - y0) * i / 4.0;
+  for (double y : y_ticks) {
     cv::line(image, {kLeft, py(y)}, {kLeft + w, py(y)}, kGrid, 1);
-    put_text(image, format_number(y), {4, py(y) + 4}, 0.42);
-    const double xv = x0 + (x1 - x0) * i / 4.0;
-    const double label = panel.log_x ? std::exp2(xv) : xv;
+    const auto label = format_tick(y, y_step);
+    put_text(image, label, {std::max(2, kLeft - 6 - text_width(label, 0.42)), py(y) + 4}, 0.42);
+  }
+  // x: round values (log scale: powers of two)
+  std::vector<std::pair<double, std::string>> x_ticks;  // (position on the axis, label)
+  if (panel.log_x) {
+    for (double e = std::ceil(x0 - 1e-9); e <= x1 + 1e-9; e += 1)
+      x_ticks.emplace_back(e, format_number(std::exp2(e)));
+  } else {
+    auto [x_step, values] = nice_ticks(x0, x1, 5);
+    for (double v : values) x_ticks.emplace_back(v, format_tick(v, x_step));
+  }
+  for (const auto& [xv, label] : x_ticks) {
     const int at = kLeft + static_cast<int>((xv - x0) / (x1 - x0) * w);
-    put_text(image, format_number(label), {at, kTop + h + 16}, 0.42, true);
+    cv::line(image, {at, kTop + h}, {at, kTop + h + 4}, kInk, 1);
+    const int half = text_width(label, 0.42) / 2;
+    put_text(image, label, {std::clamp(at, half + 2, kWidth - half - 2), kTop + h + 18}, 0.42,
+             true);
   }
   cv::rectangle(image, {kLeft, kTop}, {kLeft + w, kTop + h}, kInk, 1);
   put_text(image, panel.x_label, {kLeft + w / 2, kHeight - 10}, 0.45, true);
-  put_text(image, panel.y_label, {kLeft + 4, kTop - 6}, 0.42);
-  for (size_t k = 0; k < panel.series.size(); ++k) {
+  put_text(image, panel.y_label, {4, kTop - 24}, 0.42);
+  int legend_right = kLeft + w;  // legend entries right to left, above the frame
+  for (size_t k = panel.series.size(); k-- > 0;) {
     const auto& s = panel.series[k];
     const auto colour = kColours[k % kColours.size()];
     std::vector<cv::Point> points;
@@ -79,9 +99,11 @@ cv::Mat draw_panel(const Panel& panel) {
     }
     if (points.size() > 1) cv::polylines(image, points, false, colour, 2, cv::LINE_AA);
     for (const auto& p : points) cv::circle(image, p, points.size() < 30 ? 3 : 1, colour, -1);
-    const int ly = kTop + 14 + 16 * static_cast<int>(k);
-    cv::line(image, {kLeft + w - 150, ly - 4}, {kLeft + w - 130, ly - 4}, colour, 2);
-    put_text(image, s.name, {kLeft + w - 125, ly}, 0.42);
+    const int label_width = text_width(s.name, 0.42);
+    const int x = legend_right - label_width;
+    put_text(image, s.name, {x, kTop - 8}, 0.42);
+    cv::line(image, {x - 24, kTop - 12}, {x - 4, kTop - 12}, colour, 2);
+    legend_right = x - 34;
   }
   return image;
 }
@@ -106,7 +128,7 @@ void write_file_atomically(const std::string& path, const std::string& contents,
   }
   const std::string temp = path + ".tmp";
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot write '", temp, "': ", std::strerror(errno));
+  TORCH_CHECK(fd >= 0, "cannot write '", path, "': ", std::strerror(errno));
   const char* data = contents.data();
   size_t left = contents.size();
   int error = 0;
