@@ -121,6 +121,45 @@ TEST(Registry, PastedHfBlocks) {
                        "'factor' is given both at the top level and in 'rope_scaling'"));
 }
 
+// Hostile config text: one clear error each, never a crash, a hang or the last of two keys.
+TEST(Registry, ConfigTextLimits) {
+  // 100000-deep nesting (a stack overflow before the depth check existed)
+  const std::string deep = "{\"type\":\"rope\",\"head_dim\":" + std::string(100000, '[') +
+                           std::string(100000, ']') + "}";
+  EXPECT_TRUE(contains(error_of([&] { parse_config(deep, "d.json"); }),
+                       "d.json: nested 100001 levels deep; configs are limited to 64 levels"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         parse_config("a: " + std::string(5000, '[') + "1" + std::string(5000, ']'),
+                                      "d.yaml");
+                       }),
+                       "the config depth limit"));
+  // "billion laughs": nested aliases expand exponentially
+  std::string laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'j'; ++c)
+    laughs += std::string(1, c) + ": &" + c + " [*" + char(c - 1) + ", *" + char(c - 1) + ", *" +
+              char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) +
+              ", *" + char(c - 1) + ", *" + char(c - 1) + ", *" + char(c - 1) + ", *" +
+              char(c - 1) + "]\n";
+  EXPECT_TRUE(contains(error_of([&] { parse_config(laughs, "laughs.yaml"); }),
+                       "laughs.yaml: more than 1000000 values once aliases are expanded"));
+  // size
+  EXPECT_TRUE(contains(error_of([] { parse_config(std::string(kMaxConfigBytes + 1, ' '), "big"); }),
+                       "configs are limited to 4194304 bytes"));
+  // duplicate keys, in both syntaxes, and a second YAML document
+  EXPECT_TRUE(contains(error_of([] { parse_config(R"({"type": "rope", "type": "alibi"})", "c"); }),
+                       "c: key 'type' appears twice in one object"));
+  EXPECT_TRUE(
+      contains(error_of([] { parse_config("type: rope\nrope_theta: 1\nrope_theta: 2\n", "c"); }),
+               "c: line 3: key 'rope_theta' appears twice in one mapping"));
+  EXPECT_TRUE(contains(error_of([] { parse_config("type: rope\n---\ntype: alibi\n", "c"); }),
+                       "c: 2 YAML documents"));
+  // overflow, a folder given as a config
+  EXPECT_TRUE(contains(error_of([] { parse_config("x: 1e400\n", "c"); }), "out of the range"));
+  EXPECT_TRUE(contains(error_of([] { load_config("/tmp"); }), "'/tmp' is a folder, not a file"));
+  // nested, but within the limits: fine
+  EXPECT_EQ(parse_config("a: [[[1]]]\n")["a"][0][0][0], 1);
+}
+
 TEST(Registry, YamlAndJsonAgree) {
   auto from_yaml = parse_config("type: alibi\nnum_heads: 6\nform: symmetric\n");
   auto from_json = parse_config(R"({"type": "alibi", "num_heads": 6, "form": "symmetric"})");
@@ -129,7 +168,7 @@ TEST(Registry, YamlAndJsonAgree) {
   EXPECT_EQ(dynamic_cast<AlibiImpl&>(*alibi).options.form(), AlibiForm::kSymmetric);
   EXPECT_TRUE(contains(error_of([] { parse_config("{\"type\": "); }), "invalid JSON"));
   EXPECT_TRUE(contains(error_of([] { load_config("/nonexistent/x.yaml"); }),
-                       "cannot read config file '/nonexistent/x.yaml'"));
+                       "cannot read config file '/nonexistent/x.yaml': no such file"));
 }
 
 }  // namespace

@@ -192,8 +192,7 @@ PositionalEncoding build_from_args(const EncoderArgs& args, nlohmann::ordered_js
   auto resolved = load_hf_config(args.hf_config, options);
   for (const auto& warning : resolved.warnings) TORCH_WARN(warning);
   if (resolution) *resolution = to_json(resolved);
-  return build_encoder(nlohmann::json::parse(resolved.config.dump()),
-                       ModelContext{args.dim, args.heads, 0});
+  return build_encoder(resolved, ModelContext{args.dim, args.heads, 0});
 }
 
 int run_inspect(const EncoderArgs& args, const std::string& input) {

@@ -298,7 +298,7 @@ class Resolver {
     out.sources = sources_;
     out.layer_type = layer_type_;
     // The resolved config must build (the encoder's own checks: even rotary dim, list sizes).
-    build_encoder(nlohmann::json::parse(config.dump()), {});
+    build_encoder(out);
     return out;
   }
 
@@ -456,6 +456,10 @@ HfResolution from_hf_config(const nlohmann::json& config, const HfConfigOptions&
 HfResolution load_hf_config(const std::string& path, HfConfigOptions options) {
   options.origin = path;
   return from_hf_config(load_config(path), options);
+}
+
+PositionalEncoding build_encoder(const HfResolution& resolution, const ModelContext& context) {
+  return build_encoder(nlohmann::json::parse(resolution.config.dump()), context);
 }
 
 nlohmann::ordered_json to_json(const HfResolution& r) {

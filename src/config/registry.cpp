@@ -4,9 +4,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "posenc/config/config_reader.h"
@@ -305,7 +307,7 @@ PositionalEncoding build_hf(ConfigReader& r, const ModelContext& c) {
     resolution = from_hf_config(*object, options);
   }
   for (const auto& warning : resolution.warnings) TORCH_WARN(warning);
-  return build_encoder(nlohmann::json::parse(resolution.config.dump()), c);
+  return build_encoder(resolution, c);
 }
 
 const std::map<std::string, Builder>& builders() {
@@ -334,43 +336,133 @@ std::string join(const std::vector<std::string>& names) {
   return out.str();
 }
 
-nlohmann::json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      return nullptr;
-    case YAML::NodeType::Sequence: {
-      auto out = nlohmann::json::array();
-      for (const auto& item : node) out.push_back(yaml_to_json(item));
-      return out;
-    }
-    case YAML::NodeType::Map: {
-      auto out = nlohmann::json::object();
-      for (const auto& item : node) out[item.first.as<std::string>()] = yaml_to_json(item.second);
-      return out;
-    }
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() == "!") return s;  // quoted: a string
-      if (s == "true" || s == "True") return true;
-      if (s == "false" || s == "False") return false;
-      if (s == "null" || s == "~") return nullptr;
-      try {
-        size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return i;
-      } catch (const std::exception&) {
+// YAML -> the JSON tree, with the limits below checked as it goes (aliases are expanded, so a
+// few hundred bytes of nested aliases, "billion laughs", would otherwise grow without bound).
+class YamlToJson {
+ public:
+  explicit YamlToJson(const std::string& origin) : origin_(origin) {}
+  nlohmann::json convert(const YAML::Node& node, int depth = 0) {
+    TORCH_CHECK(depth <= kMaxConfigDepth, origin_, ": nested deeper than ", kMaxConfigDepth,
+                " levels (the config depth limit)");
+    TORCH_CHECK(++nodes_ <= kMaxConfigNodes, origin_, ": more than ", kMaxConfigNodes,
+                " values once aliases are expanded (the config size limit)");
+    switch (node.Type()) {
+      case YAML::NodeType::Null:
+      case YAML::NodeType::Undefined:
+        return nullptr;
+      case YAML::NodeType::Sequence: {
+        auto out = nlohmann::json::array();
+        for (const auto& item : node) out.push_back(convert(item, depth + 1));
+        return out;
       }
-      try {
-        size_t used = 0;
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
-      } catch (const std::exception&) {
+      case YAML::NodeType::Map: {
+        auto out = nlohmann::json::object();
+        for (const auto& item : node) {
+          TORCH_CHECK(item.first.IsScalar(), origin_, ": line ", item.first.Mark().line + 1,
+                      ": a key must be a plain value");
+          const auto key = item.first.as<std::string>();
+          TORCH_CHECK(!out.contains(key), origin_, ": line ", item.first.Mark().line + 1, ": key '",
+                      key, "' appears twice in one mapping");
+          out[key] = convert(item.second, depth + 1);
+        }
+        return out;
       }
-      return s;
+      case YAML::NodeType::Scalar:
+        return scalar(node);
+    }
+    return nullptr;
+  }
+
+ private:
+  nlohmann::json scalar(const YAML::Node& node) {
+    const std::string& s = node.Scalar();
+    if (node.Tag() == "!") return s;  // quoted: a string
+    if (s == "true" || s == "True") return true;
+    if (s == "false" || s == "False") return false;
+    if (s == "null" || s == "~") return nullptr;
+    try {
+      size_t used = 0;
+      const long long i = std::stoll(s, &used);
+      if (used == s.size()) return i;
+    } catch (const std::out_of_range&) {
+      TORCH_CHECK(false, origin_, ": line ", node.Mark().line + 1, ": the integer ", s,
+                  " does not fit in 64 bits");
+    } catch (const std::exception&) {
+    }
+    try {
+      size_t used = 0;
+      const double d = std::stod(s, &used);
+      if (used == s.size()) return d;
+    } catch (const std::out_of_range&) {
+      TORCH_CHECK(false, origin_, ": line ", node.Mark().line + 1, ": the number ", s,
+                  " is out of the range of a double");
+    } catch (const std::exception&) {
+    }
+    return s;
+  }
+
+  const std::string& origin_;
+  int64_t nodes_ = 0;
+};
+
+// Deepest run of '[' / '{' outside quotes: yaml-cpp parses flow collections recursively, so a
+// 100000-deep "[[[[...]]]]" would overflow the stack before any check could run.
+int flow_depth(const std::string& text) {
+  int depth = 0, deepest = 0;
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (quote) {
+      if (c == '\\' && quote == '"')
+        ++i;
+      else if (c == quote)
+        quote = 0;
+    } else if (c == '"' || c == '\'') {
+      quote = c;
+    } else if (c == '#' && (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\n')) {
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
     }
   }
-  return nullptr;
+  return deepest;
+}
+
+nlohmann::json parse_json(const std::string& text, const std::string& origin) {
+  // Depth and duplicate keys checked while parsing (nlohmann keeps the last of two equal keys).
+  std::vector<std::set<std::string>> keys;
+  std::string duplicate;
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    TORCH_CHECK(depth <= kMaxConfigDepth, origin, ": nested deeper than ", kMaxConfigDepth,
+                " levels (the config depth limit)");
+    switch (event) {
+      case nlohmann::json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case nlohmann::json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case nlohmann::json::parse_event_t::key: {
+        const auto key = parsed.get<std::string>();
+        TORCH_CHECK(keys.empty() || keys.back().insert(key).second, origin, ": key '", key,
+                    "' appears twice in one object");
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  try {
+    return nlohmann::json::parse(text, callback);
+  } catch (const nlohmann::json::exception& e) {
+    std::string why = e.what();
+    // "[json.exception.parse_error.101] parse error at line 1, column 9: ..." -> from "line"
+    if (auto at = why.find("line "); at != std::string::npos) why = why.substr(at);
+    TORCH_CHECK(false, origin, ": invalid JSON: ", why);
+  }
 }
 
 }  // namespace
@@ -398,27 +490,55 @@ PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContex
 }
 
 nlohmann::json parse_config(const std::string& text, const std::string& origin) {
+  TORCH_CHECK(text.size() <= kMaxConfigBytes, origin, ": ", text.size(),
+              " bytes; configs are limited to ", kMaxConfigBytes, " bytes (the config size limit)");
+  TORCH_CHECK(text.find('\0') == std::string::npos, origin, ": a NUL byte; a config is text");
+  const int depth = flow_depth(text);
+  TORCH_CHECK(depth <= kMaxConfigDepth, origin, ": nested ", depth,
+              " levels deep; configs are limited to ", kMaxConfigDepth,
+              " levels (the config depth limit)");
   const auto first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && (text[first] == '{' || text[first] == '[')) {
-    try {
-      return nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-      TORCH_CHECK(false, origin, ": invalid JSON: ", e.what());
-    }
-  }
+  if (first != std::string::npos && (text[first] == '{' || text[first] == '['))
+    return parse_json(text, origin);
+  std::vector<YAML::Node> documents;
   try {
-    return yaml_to_json(YAML::Load(text));
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK(false, origin, ": invalid YAML: ", e.what());
+  }
+  TORCH_CHECK(documents.size() <= 1, origin, ": ", documents.size(),
+              " YAML documents ('---'); a config is one document");
+  if (documents.empty()) return nullptr;
+  try {
+    return YamlToJson(origin).convert(documents.front());
   } catch (const YAML::Exception& e) {
     TORCH_CHECK(false, origin, ": invalid YAML: ", e.what());
   }
 }
 
 nlohmann::json load_config(const std::string& path) {
-  std::ifstream in(path);
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  TORCH_CHECK(!error && std::filesystem::exists(status), "cannot read config file '", path,
+              "': no such file");
+  TORCH_CHECK(!std::filesystem::is_directory(status), "config file '", path,
+              "' is a folder, not a file");
+  if (std::filesystem::is_regular_file(status)) {
+    const auto size = std::filesystem::file_size(path, error);
+    TORCH_CHECK(error || size <= kMaxConfigBytes, "config file '", path, "' has ", size,
+                " bytes; configs are limited to ", kMaxConfigBytes,
+                " bytes (the config size limit)");
+  }
+  std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "cannot read config file '", path, "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return parse_config(buffer.str(), path);
+  std::string text;
+  char buffer[65536];
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    TORCH_CHECK(text.size() <= kMaxConfigBytes, "config file '", path,
+                "' is over the config size limit of ", kMaxConfigBytes, " bytes");
+  }
+  return parse_config(text, path);
 }
 
 nlohmann::json config_from_argument(const std::string& argument) {

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
             << " " << slopes[1] << std::endl;
   // posenc::config: a model's config.json as it ships
   auto hf = posenc::load_hf_config(source + "/tests/fixtures/hf_configs/llama-3.1-8b.json");
-  auto llama = posenc::build_encoder(nlohmann::json::parse(hf.config.dump()), {});
+  auto llama = posenc::build_encoder(hf);
   // posenc::vision, ::video, ::text, ::timeseries
   auto patches = posenc::vision::patchify(torch::zeros({1, 1, 28, 28}), 7);
   auto tubelets = posenc::video::tubeletize(torch::zeros({1, 4, 1, 8, 8}), 2, 4);

@@ -28,6 +28,8 @@
 #include <string>
 #include <vector>
 
+#include "posenc/config/registry.h"
+
 namespace posenc {
 
 struct HfConfigOptions {
@@ -61,6 +63,8 @@ struct HfResolution {
 HfResolution from_hf_config(const nlohmann::json& config, const HfConfigOptions& options = {});
 /// Reads a config.json file (JSON or YAML) and resolves it; options.origin becomes the path.
 HfResolution load_hf_config(const std::string& path, HfConfigOptions options = {});
+/// The encoder the resolution describes (a Rope); `context` sizes must agree with it if given.
+PositionalEncoding build_encoder(const HfResolution& resolution, const ModelContext& context = {});
 /// The resolution as one JSON object: {model_type, layer_type, config, sources, ignored_keys,
 /// warnings, softmax_scale_multiplier}.
 nlohmann::ordered_json to_json(const HfResolution& resolution);

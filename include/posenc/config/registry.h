@@ -27,7 +27,14 @@ PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContex
 /// The registered type names, sorted.
 std::vector<std::string> encoder_types();
 
-/// Parses config text: JSON, or YAML (converted to the same JSON tree).
+/// Limits on config text, each named in its error: size in bytes, nesting depth, and values
+/// after YAML aliases are expanded.
+inline constexpr int64_t kMaxConfigBytes = 4 << 20;
+inline constexpr int kMaxConfigDepth = 64;
+inline constexpr int64_t kMaxConfigNodes = 1000000;
+
+/// Parses config text: JSON, or YAML (one document, converted to the same JSON tree). Duplicate
+/// keys, several YAML documents and text over the limits are errors naming `origin`.
 nlohmann::json parse_config(const std::string& text, const std::string& origin = "config");
 /// Reads a config file (.json, .yaml, .yml); errors name the file.
 nlohmann::json load_config(const std::string& path);
