@@ -28,7 +28,16 @@ TEST(Timestamps, FormatsAndInvalidDates) {
   EXPECT_FALSE(parse_timestamp("2010-01-01 25:00").has_value());
   EXPECT_FALSE(parse_timestamp("yesterday").has_value());
   EXPECT_EQ(parse_timestamp("19580329"), *parse_timestamp("1958-03-29"));  // compact date
-  EXPECT_EQ(parse_timestamp("19581399"), 19581399.0);  // not a date: epoch seconds
+  // 8 digits that are no date (month 13) are refused, not read as epoch seconds
+  EXPECT_FALSE(parse_timestamp("20101301").has_value());
+  EXPECT_FALSE(parse_timestamp("19581399").has_value());
+  // fractional seconds and UTC offsets (hand-derived: 13:45:30+02:00 is 11:45:30 UTC)
+  EXPECT_EQ(parse_timestamp("2010-03-15T13:45:30.25Z"), 1268660730.25);
+  EXPECT_EQ(parse_timestamp("2010-03-15T13:45:30+02:00"), 1268660730.0 - 7200);
+  EXPECT_EQ(parse_timestamp("2010-03-15 13:45-0530"), 1268660700.0 + 19800);
+  EXPECT_FALSE(parse_timestamp("2010-03-15T13:45:30+25:00").has_value());
+  EXPECT_FALSE(parse_timestamp("2010-03-15T13:45:30.").has_value());
+  EXPECT_FALSE(parse_timestamp("2010-03-15T13:45:30 UTC").has_value());
 }
 
 TEST(VegaTemperatures, RealHourlySeriesWithItsGap) {

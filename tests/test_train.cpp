@@ -2,10 +2,15 @@
 // task trains for a few steps on its real data and its loss falls; an interrupted run resumed from
 // its checkpoint ends with exactly the weights of an uninterrupted one; weights.pt is the zip +
 // pickle format Python's torch.load reads; bad configs name the bad key.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 
@@ -188,6 +193,90 @@ TEST(Trainer, CheckpointIsPythonReadableAndChecked) {
   }
   message = test::error_of([&] { run_training(config, options); });
   EXPECT_NE(message.find("not a readable torch.save file"), std::string::npos) << message;
+}
+
+// Hostile or careless run configs: one clear error each, before any training.
+TEST(Trainer, RunConfigsAreCheckedUpFront) {
+  auto error = [](nlohmann::json config) {
+    RunOptions options;
+    options.output = temp_folder("upfront");
+    options.quiet = true;
+    return test::error_of([&] { run_training(config, options); });
+  };
+  auto config = smoke("vit");
+  config["train"]["threads"] = -1;
+  EXPECT_NE(error(config).find("'threads' must be 0 (all cores) or 1 to 1024, got -1"),
+            std::string::npos);
+  config = smoke("vit");
+  config["train"]["threads"] = 4294967297LL;
+  EXPECT_NE(error(config).find("got 4294967297"), std::string::npos);
+  config = smoke("vit");
+  config["seed"] = 1e300;
+  EXPECT_NE(error(config).find("'seed' is 1e+300, outside the 64-bit integer range"),
+            std::string::npos)
+      << error(config);
+  config = smoke("vit");
+  config["task"]["train_limit"] = -64;
+  EXPECT_NE(error(config).find("train_limit and eval_limit must be >= 0"), std::string::npos);
+  for (double scale : {0.0, -1.5, 1000.0}) {
+    config = smoke("vit");
+    config["task"]["eval_scales"] = {scale};
+    EXPECT_NE(error(config).find("eval_scales must be in [0.25, 8]"), std::string::npos) << scale;
+  }
+  config = smoke("vit");
+  config["model"]["num_layers"] = 2147483648LL;
+  EXPECT_NE(error(config).find("(the model size limit)"), std::string::npos) << error(config);
+  config = smoke("vit");
+  config["name"] = "../../x";
+  EXPECT_NE(error(config).find("run name '../../x' must be"), std::string::npos);
+  config = smoke("video");
+  config["runs"] = nlohmann::json::parse(R"([{"name": "a"}, {"name": "a"}])");
+  EXPECT_NE(test::error_of([&] { comparison_entries(config); }).find("two entries are named 'a'"),
+            std::string::npos);
+}
+
+// A second run into a folder that a run holds is refused with the holder's PID.
+TEST(Trainer, RunFolderIsLocked) {
+  const auto folder = temp_folder("locked");
+  fs::create_directories(folder);
+  const int fd = ::open((folder + "/.posenc.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
+  const pid_t child = ::fork();
+  if (child == 0) {  // holds the lock as another process would
+    const int own = ::open((folder + "/.posenc.lock").c_str(), O_RDWR);
+    ::flock(own, LOCK_EX);
+    ::sleep(30);
+    ::_exit(0);
+  }
+  ::usleep(300000);
+  RunOptions options;
+  options.output = folder;
+  options.quiet = true;
+  auto message = test::error_of([&] { run_training(smoke("lm"), options); });
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::close(fd);
+  EXPECT_NE(message.find("is in use by another posenc run (PID 4242)"), std::string::npos)
+      << message;
+  options.stop_after = 1;  // the holder is gone: the lock is free again
+  EXPECT_EQ(run_training(smoke("lm"), options).steps, 1);
+}
+
+// Resume compares configs by value: 1 == 1.0, and threads / log_every may change.
+TEST(Trainer, ResumeComparesConfigsByValue) {
+  auto config = smoke("lm");
+  RunOptions options;
+  options.output = temp_folder("by_value");
+  options.quiet = true;
+  options.stop_after = 2;
+  run_training(config, options);
+  config["train"]["lr"] = config["train"]["lr"].get<double>();                  // the same value
+  config["train"]["batch_size"] = config["train"]["batch_size"].get<double>();  // 32 -> 32.0
+  config["train"]["threads"] = 1;
+  options.resume = true;
+  options.stop_after = 4;
+  EXPECT_EQ(run_training(config, options).steps, 4);
 }
 
 TEST(Trainer, BadConfigsNameTheKey) {

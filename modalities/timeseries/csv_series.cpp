@@ -48,29 +48,56 @@ std::optional<double> parse_timestamp(const std::string& raw) {
     mo = std::stoi(text.substr(4, 2));
     d = std::stoi(text.substr(6, 2));
     if (valid_date(y, mo, d)) return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0;
+    return std::nullopt;  // 8 digits that are no date (month 13): refused, never epoch seconds
   }
   char sep1 = 0, sep2 = 0, t = 0;
   int consumed = 0;
   const int fields =
       std::sscanf(text.c_str(), "%4d%c%2d%c%2d%n", &y, &sep1, &mo, &sep2, &d, &consumed);
   if (fields == 5 && sep1 == sep2 && (sep1 == '-' || sep1 == '/')) {
+    // [ T]HH:MM[:SS[.fraction]] then Z or a UTC offset +HH:MM / -HH:MM / +HHMM
     std::string rest = text.substr(static_cast<size_t>(consumed));
-    if (!rest.empty() && rest.back() == 'Z') rest.pop_back();
+    double seconds = 0, offset = 0;
     if (!rest.empty()) {
       int used = 0;
       const int n = std::sscanf(rest.c_str(), "%c%2d:%2d%n", &t, &h, &mi, &used);
       if (n != 3 || (t != ' ' && t != 'T')) return std::nullopt;
       std::string tail = rest.substr(static_cast<size_t>(used));
-      if (!tail.empty()) {
-        int used_s = 0;
-        if (std::sscanf(tail.c_str(), ":%2d%n", &s, &used_s) != 1 ||
-            used_s != static_cast<int>(tail.size()))
+      if (!tail.empty() && tail[0] == ':') {
+        size_t end = 1;
+        while (end < tail.size() &&
+               (std::isdigit(static_cast<unsigned char>(tail[end])) || tail[end] == '.'))
+          ++end;
+        const std::string field = tail.substr(1, end - 1);
+        if (field.size() < 2 || !std::isdigit(static_cast<unsigned char>(field[0])) ||
+            !std::isdigit(static_cast<unsigned char>(field[1])) ||
+            (field.size() > 2 &&
+             (field[2] != '.' || field.size() == 3 || field.find('.', 3) != std::string::npos)))
           return std::nullopt;
+        s = std::stoi(field.substr(0, 2));
+        seconds = std::stod(field);
+        tail = tail.substr(end);
       }
+      if (tail == "Z") {
+        tail.clear();
+      } else if (!tail.empty() && (tail[0] == '+' || tail[0] == '-')) {
+        int oh = 0, om = 0, used_o = 0;
+        const bool colon = std::sscanf(tail.c_str() + 1, "%2d:%2d%n", &oh, &om, &used_o) == 2 &&
+                           used_o == static_cast<int>(tail.size()) - 1 && tail.size() == 6;
+        const bool compact = !colon && tail.size() == 5 &&
+                             std::all_of(tail.begin() + 1, tail.end(), ::isdigit) &&
+                             std::sscanf(tail.c_str() + 1, "%2d%2d", &oh, &om) == 2;
+        if ((!colon && !compact) || oh > 23 || om > 59) return std::nullopt;
+        offset = (tail[0] == '+' ? 1 : -1) * (oh * 3600.0 + om * 60.0);
+        tail.clear();
+      }
+      if (!tail.empty()) return std::nullopt;
     }
     if (!valid_date(y, mo, d) || h > 23 || mi > 59 || s > 60 || h < 0 || mi < 0 || s < 0)
       return std::nullopt;
-    return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 + s;
+    // local time at a UTC offset: UTC = local - offset
+    return static_cast<double>(days_from_civil(y, mo, d)) * 86400.0 + h * 3600.0 + mi * 60.0 +
+           seconds - offset;
   }
   // plain epoch seconds
   try {
@@ -147,6 +174,8 @@ Series load_csv(const std::string& path, const std::string& time_column,
       }
       TORCH_CHECK(used > 0 && used == cell.size(), "csv: ", path, ":", line_number, ": column '",
                   names[c], "' holds '", cell, "', not a number");
+      TORCH_CHECK(std::isfinite(v), "csv: ", path, ":", line_number, ": column '", names[c],
+                  "' holds '", cell, "', not a finite number (it would reach training as NaN)");
       values.push_back(v);
     }
   }

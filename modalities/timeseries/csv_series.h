@@ -1,8 +1,10 @@
 // Time series from CSV with a timestamp column: values + real-time Positions (axis "time",
 // float64 UTC epoch seconds; gaps kept as they are, never rounded to indices).
-// Timestamps: "YYYY-MM-DD", "YYYY-MM-DD HH:MM", "YYYY-MM-DD HH:MM:SS", the same with '/' between
-// date fields or 'T' before the time (an optional trailing 'Z'), compact "YYYYMMDD" (exactly eight
-// digits forming a valid date: read as a date, not as epoch seconds), or plain epoch seconds.
+// Timestamps: "YYYY-MM-DD", "YYYY-MM-DD HH:MM", "YYYY-MM-DD HH:MM:SS[.fraction]", the same with
+// '/' between date fields or 'T' before the time, then optionally 'Z' or a UTC offset ("+02:00",
+// "-0530": the instant is converted to UTC); compact "YYYYMMDD" (exactly eight digits: read as a
+// date, and refused when they are none, e.g. month 13 — never as epoch seconds), or plain epoch
+// seconds. NaN and infinite values are errors naming file and line.
 // An empty value cell is a missing reading: an error, or (MissingPolicy::kDropRow) the row is
 // dropped and the gap stays in the timestamps.
 // A bad row is an error naming file and line; timestamps out of order are sorted (kSort, stable)

@@ -55,6 +55,7 @@ std::vector<int64_t> parse_extent(const std::string& text, const std::string& sp
 namespace {
 // "video=3x2x2,text=5" -> a mixed stream with M-RoPE positions (posenc/core/stream.h).
 Positions parse_stream(const std::string& spec, const std::string& text) {
+  TORCH_CHECK(!spec.empty(), "--positions '", text, "': no segments after 'stream:'");
   std::vector<Segment> segments;
   std::stringstream in(spec);
   for (std::string part; std::getline(in, part, ',');) {
@@ -82,6 +83,7 @@ Positions parse_stream(const std::string& spec, const std::string& text) {
 
 // "2010-01-01 00:00,2010-01-01 03:30" -> epoch seconds on the axis "time".
 Positions parse_times(const std::string& spec, const std::string& text) {
+  TORCH_CHECK(!spec.empty(), "--positions '", text, "': no timestamps after 'times:'");
   std::vector<double> seconds;
   std::stringstream in(spec);
   for (std::string part; std::getline(in, part, ',');) {

@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "posenc/core/encoder.h"
+#include "posenc/core/errors.h"
 #include "posenc/version.h"
 
 namespace {
@@ -138,6 +139,16 @@ int main(int argc, char** argv) {
     if (train->parsed()) return posenc::cli::run_train(train_args);
     if (compare->parsed()) return posenc::cli::run_compare(train_args);
     return posenc::cli::run_plot(args, out, reference_patch);
+  } catch (const posenc::EnvironmentError& e) {  // disk full, no permission: exit 1
+    std::cerr << "posenc: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "posenc: error: out of memory\n";
+    return 1;
+  } catch (const c10::OutOfMemoryError& e) {
+    std::string message = e.what_without_backtrace();
+    std::cerr << "posenc: error: out of memory: " << message.substr(0, message.find('\n')) << "\n";
+    return 1;
   } catch (const c10::Error& e) {
     std::string message = e.what_without_backtrace();
     if (auto cut = message.find('\n'); cut != std::string::npos) message = message.substr(0, cut);

@@ -52,6 +52,12 @@ std::optional<int64_t> ConfigReader::optional_integer(const std::string& key) {
   const bool integral = v->is_number_integer() ||
                         (v->is_number_float() && std::floor(v->get<double>()) == v->get<double>());
   TORCH_CHECK(integral, where_, ": key '", key, "' must be an integer, got ", describe(*v));
+  if (v->is_number_unsigned())
+    TORCH_CHECK(v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), where_, ": key '", key,
+                "' is ", v->get<uint64_t>(), ", over the largest integer ", INT64_MAX);
+  if (v->is_number_float())  // 1e300 is "integral" but no int64 holds it
+    TORCH_CHECK(std::abs(v->get<double>()) < 9.2e18, where_, ": key '", key, "' is ",
+                v->get<double>(), ", outside the 64-bit integer range");
   return v->is_number_integer() ? v->get<int64_t>() : static_cast<int64_t>(v->get<double>());
 }
 

@@ -4,9 +4,29 @@
 
 #include <torch/torch.h>
 
+#include <cerrno>
 #include <thread>
 
+#include "posenc/core/errors.h"
+
 namespace posenc {
+
+bool is_environment_errno(int error) {
+  switch (error) {
+    case ENOSPC:
+    case EDQUOT:
+    case EIO:
+    case EROFS:
+    case EACCES:
+    case EPERM:
+    case ENOMEM:
+    case EMFILE:
+    case ENFILE:
+      return true;
+    default:
+      return false;
+  }
+}
 
 std::string to_string(EncodingKind kind) {
   switch (kind) {

@@ -9,10 +9,12 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "posenc/train/plot.h"
@@ -151,6 +153,43 @@ c10::IValue entry(const c10::impl::GenericDict& dict, const std::string& key,
   return found->value();
 }
 
+// The run config as resume compares it: parsed (so JSON and YAML spellings agree), integral
+// floats as integers (threads: 1.0 == 1), without the keys that do not change what is computed
+// (train.threads, train.log_every); dumped with sorted keys.
+nlohmann::json normalized(const nlohmann::json& v) {
+  if (v.is_object()) {
+    auto out = nlohmann::json::object();
+    for (const auto& item : v.items()) out[item.key()] = normalized(item.value());
+    return out;
+  }
+  if (v.is_array()) {
+    auto out = nlohmann::json::array();
+    for (const auto& item : v) out.push_back(normalized(item));
+    return out;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && std::floor(d) == d && std::abs(d) < 9.0e15)
+      return static_cast<int64_t>(d);
+  }
+  if (v.is_number_unsigned()) return v;
+  return v;
+}
+
+std::string comparable_config(const std::string& text) {
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception&) {
+    return text;
+  }
+  if (config.is_object() && config.contains("train") && config["train"].is_object()) {
+    config["train"].erase("threads");
+    config["train"].erase("log_every");
+  }
+  return normalized(config).dump();
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), "cannot read '", path, "'");
@@ -246,7 +285,8 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& mode
               "' to resume from there), or start afresh without --resume");
   CheckpointState state;
   state.config = entry(dict, "config", path).toStringRef();
-  TORCH_CHECK(state.config == expected_config, "resume: '", path,
+  TORCH_CHECK(comparable_config(state.config) == comparable_config(expected_config), "resume: '",
+              path,
               "' was written by a different config; start afresh (without --resume) or use "
               "another output folder");
   // model: every tensor by name, shapes checked

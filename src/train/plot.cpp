@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -18,6 +19,7 @@
 #include <sstream>
 
 #include "../draw/text.h"
+#include "posenc/core/errors.h"
 
 namespace posenc::train {
 namespace {
@@ -111,6 +113,28 @@ cv::Mat draw_panel(const Panel& panel) {
 }  // namespace
 
 namespace {
+// Bad input (a missing folder) is a c10::Error; a failing disk an EnvironmentError.
+[[noreturn]] void fail_write(const std::string& what, int error) {
+  const std::string message = what + ": " + std::strerror(error);
+  if (is_environment_errno(error)) throw EnvironmentError(message);
+  TORCH_CHECK(false, message);
+}
+
+// Fault injection for tests (tests/fault_injection.sh): POSENC_FAULT_AT="before_rename:NAME:K"
+// or "after_rename:NAME:K" ends the process at once, as kill -9 would (_exit: no destructors, no
+// flush), at the K-th atomic write of a file named NAME. Unset, it costs one getenv per write.
+void fault_point(const char* when, const std::string& path) {
+  static const char* spec = std::getenv("POSENC_FAULT_AT");
+  if (!spec) return;
+  static int count = 0;
+  const auto slash = path.find_last_of('/');
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string prefix = std::string(when) + ":" + name + ":";
+  const std::string wanted(spec);
+  if (wanted.rfind(prefix, 0) != 0) return;
+  if (++count == std::atoi(wanted.c_str() + prefix.size())) _exit(137);
+}
+
 std::string folder_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -128,7 +152,7 @@ void write_file_atomically(const std::string& path, const std::string& contents,
   }
   const std::string temp = path + ".tmp";
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  TORCH_CHECK(fd >= 0, "cannot write '", path, "': ", std::strerror(errno));
+  if (fd < 0) fail_write("cannot write '" + path + "'", errno);
   const char* data = contents.data();
   size_t left = contents.size();
   int error = 0;
@@ -146,26 +170,28 @@ void write_file_atomically(const std::string& path, const std::string& contents,
   if (::close(fd) != 0 && error == 0) error = errno;
   if (error != 0) {
     ::unlink(temp.c_str());
-    TORCH_CHECK(false, "cannot write '", path, "': ", std::strerror(error));
+    fail_write("cannot write '" + path + "'", error);
   }
   if (!keep_previous.empty() && ::lstat(path.c_str(), &info) == 0) {
     ::unlink(keep_previous.c_str());
     if (::link(path.c_str(), keep_previous.c_str()) != 0) {
       const int why = errno;
       ::unlink(temp.c_str());
-      TORCH_CHECK(false, "cannot keep '", path, "' as '", keep_previous, "': ", std::strerror(why));
+      fail_write("cannot keep '" + path + "' as '" + keep_previous + "'", why);
     }
   }
+  fault_point("before_rename", path);
   if (std::rename(temp.c_str(), path.c_str()) != 0) {
     const int why = errno;
     ::unlink(temp.c_str());
-    TORCH_CHECK(false, "cannot move '", temp, "' to '", path, "': ", std::strerror(why));
+    fail_write("cannot move '" + temp + "' to '" + path + "'", why);
   }
   const int dir = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dir >= 0) {  // the rename is durable once the folder is
     ::fsync(dir);
     ::close(dir);
   }
+  fault_point("after_rename", path);
 }
 
 void plot_panels(const std::string& path, const std::vector<Panel>& panels) {

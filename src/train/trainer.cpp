@@ -6,6 +6,8 @@
 #include "posenc/train/trainer.h"
 
 #include <caffe2/serialize/inline_container.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/serialize.h>
@@ -13,9 +15,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -26,6 +30,7 @@
 #include "log.h"
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
+#include "posenc/core/errors.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/plot.h"
 
@@ -73,6 +78,54 @@ extern "C" void on_interrupt(int) {
   std::signal(SIGTERM, SIG_DFL);
 }
 
+constexpr int64_t kMaxThreads = 1024;  // intra-op threads a run may ask for
+
+// One run per folder at a time: an advisory flock on <folder>/.posenc.lock, held for the run's
+// life (released by the kernel if the process dies). A second run is refused with the PID of
+// the first, which the lock file holds.
+class RunFolderLock {
+ public:
+  explicit RunFolderLock(const std::string& folder) {
+    const std::string path = folder + "/.posenc.lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      const int why = errno;
+      const std::string message = "cannot open '" + path + "': " + std::strerror(why);
+      if (is_environment_errno(why)) throw EnvironmentError(message);
+      TORCH_CHECK(false, message);
+    }
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      char holder[32] = {0};
+      const auto n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+      ::close(fd_);
+      std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      TORCH_CHECK(false, "'", folder, "' is in use by another posenc run (PID ", pid,
+                  "); wait for it to finish, or train into another folder (--out)");
+    }
+    const std::string pid = std::to_string(::getpid()) + "\n";
+    if (::ftruncate(fd_, 0) == 0) {
+      [[maybe_unused]] auto written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+    }
+  }
+  ~RunFolderLock() { ::close(fd_); }
+  RunFolderLock(const RunFolderLock&) = delete;
+  RunFolderLock& operator=(const RunFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Run and comparison entry names become folder names: one path component, no '..'.
+void check_run_name(const std::string& name, const std::string& where) {
+  TORCH_CHECK(!name.empty() && name.size() <= 128 && name != "." && name != ".." &&
+                  name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+                  name.find('\0') == std::string::npos && name.front() != '-',
+              where, ": run name '", name,
+              "' must be 1 to 128 characters, not start with '-', and hold no '/', '\\' or '..' "
+              "(it names a folder)");
+}
+
 struct TrainSettings {
   int64_t epochs = 1, batch_size = 64, warmup_steps = 0, max_steps = 0, log_every = 50;
   int64_t eval_every = 1, threads = 0;
@@ -96,7 +149,10 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
   r.finish();
   TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
-              "train: epochs, batch_size, log_every and eval_every must be >= 1");
+              "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,
+              ", ", s.batch_size, ", ", s.log_every, ", ", s.eval_every);
+  TORCH_CHECK(s.threads >= 0 && s.threads <= kMaxThreads,
+              "train: 'threads' must be 0 (all cores) or 1 to ", kMaxThreads, ", got ", s.threads);
   TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&
                   s.max_steps >= 0 && s.weight_decay >= 0 && s.clip_grad_norm >= 0,
               "train: lr must be > 0, min_lr_ratio in [0, 1], the others >= 0");
@@ -258,7 +314,9 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   ConfigReader top(config, "config");
   RunResult result;
   result.name = top.string("name", "run");
-  const auto seed = static_cast<uint64_t>(top.integer("seed", 0));
+  const int64_t seed_value = top.integer("seed", 0);
+  TORCH_CHECK(seed_value >= 0, "config: 'seed' must be >= 0, got ", seed_value);
+  const auto seed = static_cast<uint64_t>(seed_value);
   const auto configured_output = top.string("output", "runs/" + result.name);
   result.output = options.output.empty() ? configured_output : options.output;
   for (const char* key :
@@ -272,7 +330,9 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   } else {
     use_all_cores();
   }
+  check_run_name(result.name, "config");
   fs::create_directories(result.output);
+  RunFolderLock lock(result.output);
 
   torch::manual_seed(seed);
   auto task = make_task(config);
@@ -493,8 +553,12 @@ std::vector<std::string> comparison_entries(const nlohmann::json& config) {
               "compare: the config needs a non-empty 'runs' list");
   std::vector<std::string> names;
   for (const auto& entry : config.at("runs")) {
-    const auto name = entry.is_object() ? entry.value("name", std::string()) : std::string();
-    TORCH_CHECK(!name.empty(), "config: every entry of 'runs' needs a 'name'");
+    TORCH_CHECK(entry.is_object() && entry.contains("name") && entry.at("name").is_string(),
+                "config: every entry of 'runs' needs a 'name' (a string)");
+    const auto name = entry.at("name").get<std::string>();
+    check_run_name(name, "config: runs");
+    TORCH_CHECK(std::find(names.begin(), names.end(), name) == names.end(),
+                "config: runs: two entries are named '", name, "'; each needs its own name");
     names.push_back(name);
   }
   return names;

@@ -44,7 +44,8 @@ void save_weights(const std::string& path, torch::nn::Module& model);
 /// checkpoint.pt as above; the previous one (if any) becomes <path without .pt>.prev.pt.
 void save_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::AdamW& optimizer, const CheckpointState& state);
-/// Reads and checks a checkpoint (format, checksum, config == expected_config), then loads the
+/// Reads and checks a checkpoint (format, checksum, config equal to expected_config by value:
+/// 1 == 1.0, key order free, train.threads and train.log_every ignored), then loads the
 /// model's tensors (names and shapes must match) and the optimizer's state. Errors name the file.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
                                 torch::optim::AdamW& optimizer, const std::string& expected_config);

@@ -2,6 +2,7 @@
 #include "common.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -23,6 +24,21 @@ TransformerOptions transformer_options(ConfigReader& r) {
   TORCH_CHECK(o.dim() > 0 && o.num_heads() > 0 && o.dim() % o.num_heads() == 0, r.where(),
               ": dim (", o.dim(), ") must be a positive multiple of num_heads (", o.num_heads(),
               ")");
+  TORCH_CHECK(o.num_layers() >= 1 && o.mlp_ratio() > 0 && o.dropout() >= 0 && o.dropout() < 1,
+              r.where(), ": num_layers must be >= 1, mlp_ratio > 0 and dropout in [0, 1), got ",
+              o.num_layers(), ", ", o.mlp_ratio(), ", ", o.dropout());
+  // Model size limit, checked before anything is allocated: parameters of the blocks
+  // (attention 4 D^2, MLP 2 r D^2) times 16 bytes (weights, gradients, two AdamW moments) must
+  // fit in the memory the machine has.
+  const double d = static_cast<double>(o.dim());
+  const double parameters = static_cast<double>(o.num_layers()) * (4 + 2 * o.mlp_ratio()) * d * d;
+  const double bytes = parameters * 16;
+  const double memory =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  TORCH_CHECK(bytes <= memory, r.where(), ": dim ", o.dim(), ", num_layers ", o.num_layers(),
+              ", mlp_ratio ", o.mlp_ratio(), " is ~", parameters / 1e6, "M parameters, ~",
+              bytes / 1e9, " GB to train (16 bytes each), over this machine's ", memory / 1e9,
+              " GB (the model size limit)");
   return o;
 }
 

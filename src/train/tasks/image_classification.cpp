@@ -43,6 +43,16 @@ class ImageClassification : public Task {
     task.finish();
     TORCH_CHECK(pad_ >= 0 && patch_ > 0 && crop_padding_ >= 0 && eval_batch_ > 0,
                 "task: pad, crop_padding must be >= 0 and patch, eval_batch > 0");
+    TORCH_CHECK(train_limit >= 0 && eval_limit >= 0,
+                "task: train_limit and eval_limit must be >= 0 (0: all), got ", train_limit,
+                " and ", eval_limit);
+    // Checked before training, not after it: each scale must give a patch grid.
+    for (double scale : scales_) {
+      TORCH_CHECK(scale >= 0.25 && scale <= 8, "task: eval_scales must be in [0.25, 8], got ",
+                  scale);
+      TORCH_CHECK(side_at(scale) % patch_ == 0, "task: eval scale ", scale, " gives ",
+                  side_at(scale), " px, not a multiple of patch = ", patch_);
+    }
     train_ = vision::load_fashion_mnist(true, dir);
     test_ = vision::load_fashion_mnist(false, dir);
     if (train_limit > 0)

@@ -43,6 +43,9 @@ class LanguageModelTask : public Task {
                 "task: eval_fraction must be in (0, 1), got ", eval_fraction);
     TORCH_CHECK(context_ > 0 && windows_per_epoch_ > 0 && eval_windows_ > 0 && eval_batch_ > 0,
                 "task: context, windows_per_epoch, eval_windows, eval_batch must be > 0");
+    for (int64_t length : contexts_)
+      TORCH_CHECK(length > 0 && length <= (int64_t{1} << 20),
+                  "task: eval_contexts must be in [1, 1048576], got ", length);
     std::vector<at::Tensor> train_parts, eval_parts;
     text::ByteTokenizer tokenizer;
     for (const auto& file : files) {
