@@ -160,6 +160,24 @@ TEST(VideoFiles, MissingAndCorruptFilesAreErrors) {
   EXPECT_TRUE(contains(message, "read_video: cannot open '" + truncated.string() + "'") ||
               contains(message, "read_video: '" + truncated.string() + "' opened but no frame"))
       << message;
+  // cut after a third of its bytes: the container still declares 28 frames; a silently shorter
+  // clip was returned before the frame count was checked
+  {
+    std::ifstream whole(kMecavideo + "/Principe_inertie.avi", std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+    const auto cut = temp_path("cut.avi");
+    std::ofstream(cut, std::ios::binary)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 3));
+    message = test::error_of([&] { read_video(cut.string()); });
+    EXPECT_TRUE(contains(message, "of the 28 frames its container declares (truncated or corrupt)"))
+        << message;
+    const auto taken = read_video(cut.string(), -1, false, /*allow_short=*/true);
+    EXPECT_GT(taken.frames.size(0), 0);
+    EXPECT_LT(taken.frames.size(0), 28);
+  }
+  // both real clips decode every frame their containers declare
+  EXPECT_EQ(read_video(kMecavideo + "/Principe_inertie.avi").frames.size(0), 28);
+  EXPECT_GT(read_video(kMecavideo + "/Effet_force_magnetique.ogv").frames.size(0), 0);
   message = test::error_of([] { read_video("/nonexistent/clip.avi", 0); });
   EXPECT_TRUE(contains(message, "max_frames must be positive (or < 0 for all), got 0")) << message;
 }

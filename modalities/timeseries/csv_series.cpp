@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
@@ -25,13 +26,40 @@ std::string trim(const std::string& s) {
   return s.substr(a, b - a + 1);
 }
 
-std::vector<std::string> split_csv(const std::string& line) {
+// One CSV record (RFC 4180): fields separated by commas; a field in double quotes may hold
+// commas and "" for a quote ("Seattle, WA"). nullopt when a quote is left open.
+std::optional<std::vector<std::string>> split_csv(const std::string& line) {
   std::vector<std::string> out;
-  std::stringstream in(line);
-  for (std::string cell; std::getline(in, cell, ',');) out.push_back(trim(cell));
-  if (!line.empty() && line.back() == ',') out.emplace_back();
+  std::string cell;
+  bool quoted = false, was_quoted = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quoted) {
+      if (c == '"' && i + 1 < line.size() && line[i + 1] == '"') {
+        cell += '"';
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      } else {
+        cell += c;
+      }
+    } else if (c == '"') {
+      quoted = was_quoted = true;
+    } else if (c == ',') {
+      out.push_back(was_quoted ? cell : trim(cell));
+      cell.clear();
+      was_quoted = false;
+    } else {
+      cell += c;
+    }
+  }
+  if (quoted) return std::nullopt;
+  out.push_back(was_quoted ? cell : trim(cell));
   return out;
 }
+
+// Plain epoch numbers past the year 9999 are refused: most likely milliseconds or microseconds.
+constexpr double kMaxEpochSeconds = 253402300799.0;  // 9999-12-31 23:59:59 UTC
 
 }  // namespace
 
@@ -103,7 +131,7 @@ std::optional<double> parse_timestamp(const std::string& raw) {
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
-    if (used == text.size() && std::isfinite(v)) return v;
+    if (used == text.size() && std::isfinite(v) && std::abs(v) <= kMaxEpochSeconds) return v;
   } catch (const std::exception&) {
   }
   return std::nullopt;
@@ -114,11 +142,20 @@ Positions Series::positions() const { return Positions(times.unsqueeze(1), {"tim
 Series load_csv(const std::string& path, const std::string& time_column,
                 const std::vector<std::string>& value_columns, OrderPolicy order,
                 MissingPolicy missing) {
+  std::error_code error;
+  TORCH_CHECK(!std::filesystem::is_directory(path, error), "csv: '", path,
+              "' is a folder, not a CSV file");
   std::ifstream in(path);
   TORCH_CHECK(in.good(), "csv: cannot read '", path, "'");
   std::string line;
   TORCH_CHECK(static_cast<bool>(std::getline(in, line)), "csv: '", path, "' is empty");
-  const auto header = split_csv(line);
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line = line.substr(3);  // a UTF-8 byte order mark
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  TORCH_CHECK(line.find('\r') == std::string::npos, "csv: '", path,
+              "' uses CR-only line endings (old Mac); convert them to LF or CRLF");
+  const auto parsed_header = split_csv(line);
+  TORCH_CHECK(parsed_header.has_value(), "csv: ", path, ":1: a quote is not closed");
+  const auto header = *parsed_header;
   auto column_of = [&](const std::string& name) {
     auto it = std::find(header.begin(), header.end(), name);
     std::string names;
@@ -142,14 +179,19 @@ Series load_csv(const std::string& path, const std::string& time_column,
   while (std::getline(in, line)) {
     ++line_number;
     if (trim(line).empty()) continue;
-    const auto cells = split_csv(line);
+    if (line.back() == '\r') line.pop_back();
+    const auto parsed = split_csv(line);
+    TORCH_CHECK(parsed.has_value(), "csv: ", path, ":", line_number,
+                ": a quote is not closed (fields spanning lines are not supported)");
+    const auto& cells = *parsed;
     TORCH_CHECK(cells.size() == header.size(), "csv: ", path, ":", line_number, ": expected ",
                 header.size(), " fields, got ", cells.size());
     auto t = parse_timestamp(cells[time_index]);
     TORCH_CHECK(t.has_value(), "csv: ", path, ":", line_number, ": cannot parse timestamp '",
                 cells[time_index],
-                "' (expected YYYY-MM-DD[ HH:MM[:SS]], '/' or 'T' variants, or "
-                "epoch seconds)");
+                "' (expected YYYY-MM-DD[ HH:MM[:SS[.f]]][Z|+HH:MM], '/' or 'T' variants, "
+                "YYYYMMDD, or epoch seconds up to the year 9999 — milliseconds must be "
+                "converted)");
     bool any_missing = false;
     for (size_t c = 0; c < value_index.size(); ++c) {
       if (!cells[value_index[c]].empty()) continue;
@@ -190,6 +232,23 @@ Series load_csv(const std::string& path, const std::string& time_column,
     auto sorted = std::get<1>(series.times.sort(/*stable=*/true, 0, false));
     series.times = series.times.index_select(0, sorted);
     series.values = series.values.index_select(0, sorted);
+  }
+  // Two readings at one instant that disagree cannot both be true: refused, naming the time.
+  if (n > 1) {
+    auto same = series.times.narrow(0, 1, n - 1).eq(series.times.narrow(0, 0, n - 1));
+    TORCH_CHECK(!same.all().item<bool>(), "csv: '", path, "': all ", n,
+                " rows share one timestamp; a series needs its readings at different times");
+    auto differ = series.values.narrow(0, 1, n - 1).ne(series.values.narrow(0, 0, n - 1)).any(1);
+    auto conflict = (same & differ).nonzero();
+    if (conflict.numel() > 0) {
+      const auto i = conflict[0][0].item<int64_t>();
+      std::ostringstream when;
+      when.precision(15);
+      when << series.times[i].item<double>();
+      TORCH_CHECK(false, "csv: '", path, "': two rows at timestamp ", when.str(),
+                  " (epoch seconds) hold different values; ",
+                  conflict.size(0), " such conflict(s)");
+    }
   }
   return series;
 }

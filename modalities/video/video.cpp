@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <opencv2/imgproc.hpp>
 #include <opencv2/videoio.hpp>
 #include <opencv2/videoio/registry.hpp>
@@ -47,7 +48,7 @@ at::Tensor frame_to_tensor(const cv::Mat& frame, bool grayscale) {
 
 }  // namespace
 
-Clip read_video(const std::string& path, int64_t max_frames, bool grayscale) {
+Clip read_video(const std::string& path, int64_t max_frames, bool grayscale, bool allow_short) {
   TORCH_CHECK(max_frames != 0, "read_video: max_frames must be positive (or < 0 for all), got 0");
   std::error_code error;
   TORCH_CHECK(std::filesystem::is_regular_file(path, error), "read_video: cannot open '", path,
@@ -66,6 +67,19 @@ Clip read_video(const std::string& path, int64_t max_frames, bool grayscale) {
   }
   TORCH_CHECK(!frames.empty(), "read_video: '", path,
               "' opened but no frame could be decoded (truncated or corrupt stream?)");
+  // A truncated or damaged file decodes short without an error from OpenCV: compare with the
+  // frame count the container declares (never a silently shorter clip).
+  const double declared = capture.get(cv::CAP_PROP_FRAME_COUNT);
+  const auto decoded = static_cast<int64_t>(frames.size());
+  if ((max_frames < 0 || decoded < max_frames) && std::isfinite(declared) && declared > 0 &&
+      static_cast<double>(decoded) < declared) {
+    std::ostringstream why;
+    why << "read_video: '" << path << "' decoded " << decoded << " of the "
+        << static_cast<int64_t>(declared)
+        << " frames its container declares (truncated or corrupt)";
+    TORCH_CHECK(allow_short, why.str(), "; pass allow_short to take the decoded frames");
+    TORCH_WARN(why.str(), "; taking the ", decoded, " decoded frames (allow_short)");
+  }
   const double scale = frames.front().scalar_type() == torch::kUInt16 ? 65535.0 : 255.0;
   Clip clip;
   // [T, H, W, C] -> [T, C, H, W]

@@ -26,8 +26,11 @@ struct Clip {
 
 /// Reads a video file with cv::VideoCapture: up to `max_frames` frames (< 0: all), RGB or, with
 /// `grayscale`, one channel. Errors name the file: missing, not a video OpenCV can open
-/// (unreadable or corrupt container), no frame decoded, frames changing size mid-stream.
-Clip read_video(const std::string& path, int64_t max_frames = -1, bool grayscale = false);
+/// (unreadable or corrupt container), no frame decoded, frames changing size mid-stream, and
+/// fewer frames decoded than the container declares (a truncated or damaged file; with
+/// `allow_short` a warning instead, and the decoded frames are returned).
+Clip read_video(const std::string& path, int64_t max_frames = -1, bool grayscale = false,
+                bool allow_short = false);
 
 /// Writes frames [T, C, H, W] float in [0, 1] (clamped; C = 1 or 3) as Motion-JPEG in an AVI
 /// container at `fps`. Atomic: writes `path` + ".tmp.avi", then renames it to `path`. Gray
