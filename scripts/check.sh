@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Sanitized test runs (not part of scripts/test.sh: a sanitized build takes ~20+ minutes on 2 cores).
+#   bash scripts/check.sh            # AddressSanitizer + UndefinedBehaviorSanitizer: unit suite
+#   bash scripts/check.sh thread     # ThreadSanitizer: the kernel tests (fused RoPE, attention)
+# Builds into build-asan/ or build-tsan/ (LibTorch itself is not instrumented: reports come from
+# posenc's code and what it calls), runs the GoogleTest binary, fails on the first report.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+bash "${POSENC_ROOT}/scripts/setup.sh"
+mode=${1:-address}
+case "$mode" in
+  address)
+    dir="${POSENC_ROOT}/build-asan"
+    flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
+    filter="*"
+    export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_odr_violation=0"
+    export LSAN_OPTIONS="suppressions=${POSENC_ROOT}/scripts/lsan.supp:print_suppressions=0"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+    ;;
+  thread)
+    dir="${POSENC_ROOT}/build-tsan"
+    flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
+    filter="RopeFused*:AttentionFused*:Fused*"
+    export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0"
+    ;;
+  *)
+    echo "usage: bash scripts/check.sh [address|thread]" >&2
+    exit 2
+    ;;
+esac
+start=$(date +%s)
+POSENC_BUILD_DIR="$dir" posenc_configure -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
+  -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_WITH_CUDA=OFF
+cmake --build "$dir" -j "$(nproc)" --target posenc_tests
+built=$(date +%s)
+"$dir/tests/posenc_tests" --gtest_filter="$filter"
+end=$(date +%s)
+echo "check ($mode): build $((built - start)) s, tests $((end - built)) s, no sanitizer report"

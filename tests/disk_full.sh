@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Disk full: a training run whose folder sits on a 600 KiB tmpfs fails with one line naming the
+# file and the cause, exit code 1 (an environment failure, not bad input), and leaves no
+# temporary file. Needs root to mount the tmpfs: skipped (77) otherwise.
+#   tests/disk_full.sh POSENC_BINARY CONFIG WORK_DIR
+set -uo pipefail
+posenc=$1 config=$2 work=$3
+if [[ $(id -u) -ne 0 ]]; then
+  echo "disk_full: skipped: mounting a tmpfs needs root" >&2
+  exit 77
+fi
+mkdir -p "$work"
+umount "$work" 2>/dev/null
+if ! mount -t tmpfs -o size=600k tmpfs "$work" 2>/dev/null; then
+  echo "disk_full: skipped: cannot mount a tmpfs here" >&2
+  exit 77
+fi
+trap 'umount "$work"' EXIT
+"$posenc" train "$config" --out "$work/run" --quiet > "$work/../disk_full.out" 2> "$work/../disk_full.err"
+code=$?
+err=$(cat "$work/../disk_full.err")
+echo "exit=$code"
+echo "$err"
+leftover=$(find "$work" -name '*.tmp' | wc -l)
+echo "tmp files left: $leftover"
+[[ $code -eq 1 && $(echo "$err" | wc -l) -eq 1 && $leftover -eq 0 ]]
