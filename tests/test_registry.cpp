@@ -156,6 +156,23 @@ TEST(Registry, ConfigTextLimits) {
   // overflow, a folder given as a config
   EXPECT_TRUE(contains(error_of([] { parse_config("x: 1e400\n", "c"); }), "out of the range"));
   EXPECT_TRUE(contains(error_of([] { load_config("/tmp"); }), "'/tmp' is a folder, not a file"));
+  // non-finite list entries and integers out of range name the key
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(
+                             parse_config("type: rope\nhead_dim: 8\nmrope_section: [inf]\n"), {});
+                       }),
+                       "key 'mrope_section'[0] must be finite, got inf"));
+  EXPECT_TRUE(
+      contains(error_of([] { build_encoder(parse_config("type: sinusoidal\ndim: 1e300\n"), {}); }),
+               "outside the 64-bit integer range"));
+  // found by tests/fuzz: yaml-cpp 0.7 ran out of memory on these; invalid UTF-8 escaped as an
+  // exception of the JSON library
+  for (const char* text : {",", ", a\nb: c\n", "# c\n,", "!x ,", "&a ,"})
+    EXPECT_TRUE(contains(error_of([&] { parse_config(text, "f.yaml"); }),
+                         "f.yaml: invalid YAML: the document starts with ','"))
+        << text;
+  EXPECT_TRUE(contains(error_of([] { parse_config("type: \"r\xB1pe\"\n", "u.yaml"); }),
+                       "u.yaml: byte 8 is not valid UTF-8"));
   // nested, but within the limits: fine
   EXPECT_EQ(parse_config("a: [[[1]]]\n")["a"][0][0][0], 1);
 }

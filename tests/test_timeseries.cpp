@@ -118,14 +118,16 @@ TEST(CsvErrors, BadRowsNameFileAndLine) {
       << message;
   // legitimate CSV a spreadsheet writes: a byte order mark, quoted fields with commas, CRLF
   auto excel = write("excel.csv",
-                     "\xEF\xBB\xBF" "date,\"place, state\",temp\r\n"
+                     "\xEF\xBB\xBF"
+                     "date,\"place, state\",temp\r\n"
                      "2010-01-01 00:00,\"Seattle, WA\",40.5\r\n"
                      "2010-01-01 01:00,\"Seattle, \"\"the\"\" city\",41\r\n");
   auto series = load_csv(excel, "date", {"temp"});
   EXPECT_EQ(series.values.size(0), 2);
   EXPECT_EQ(series.values[1][0].item<float>(), 41.0f);
   // silent-garbage cases, now errors naming file (and line)
-  message = test::error_of([&] { load_csv(write("cr.csv", "time,value\r2010-01-01,1\r"), "time"); });
+  message =
+      test::error_of([&] { load_csv(write("cr.csv", "time,value\r2010-01-01,1\r"), "time"); });
   EXPECT_NE(message.find("CR-only line endings"), std::string::npos) << message;
   message = test::error_of(
       [&] { load_csv(write("nan.csv", "time,value\n2010-01-01,1\n2010-01-02,nan\n"), "time"); });
@@ -144,8 +146,8 @@ TEST(CsvErrors, BadRowsNameFileAndLine) {
       [&] { load_csv(write("ms.csv", "time,value\n1262304000000,1\n1262307600000,2\n"), "time"); });
   EXPECT_NE(message.find(":2: cannot parse timestamp '1262304000000'"), std::string::npos)
       << message;
-  message = test::error_of(
-      [&] { load_csv(write("open.csv", "time,value\n2010-01-01,\"1\n"), "time"); });
+  message =
+      test::error_of([&] { load_csv(write("open.csv", "time,value\n2010-01-01,\"1\n"), "time"); });
   EXPECT_NE(message.find(":2: a quote is not closed"), std::string::npos) << message;
   message = test::error_of([&] { load_csv(dir.string(), "time"); });
   EXPECT_NE(message.find("is a folder, not a CSV file"), std::string::npos) << message;

@@ -164,7 +164,8 @@ TEST(VideoFiles, MissingAndCorruptFilesAreErrors) {
   // clip was returned before the frame count was checked
   {
     std::ifstream whole(kMecavideo + "/Principe_inertie.avi", std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(whole)), std::istreambuf_iterator<char>());
+    std::vector<char> bytes((std::istreambuf_iterator<char>(whole)),
+                            std::istreambuf_iterator<char>());
     const auto cut = temp_path("cut.avi");
     std::ofstream(cut, std::ios::binary)
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 3));

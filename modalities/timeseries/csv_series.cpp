@@ -246,8 +246,8 @@ Series load_csv(const std::string& path, const std::string& time_column,
       when.precision(15);
       when << series.times[i].item<double>();
       TORCH_CHECK(false, "csv: '", path, "': two rows at timestamp ", when.str(),
-                  " (epoch seconds) hold different values; ",
-                  conflict.size(0), " such conflict(s)");
+                  " (epoch seconds) hold different values; ", conflict.size(0),
+                  " such conflict(s)");
     }
   }
   return series;

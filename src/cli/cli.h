@@ -25,6 +25,10 @@ struct EncoderArgs {
   int64_t seq_len = -1;   ///< for dynamic scalings
 };
 
+/// The positions limit of --positions (a range, grid, volume or stream larger than this is an
+/// error with the count, before anything is allocated).
+inline constexpr double kMaxPositions = 1 << 24;
+
 /// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
 Positions parse_positions(const std::string& text, const std::string& axes);
 /// A tensor as nested JSON arrays of numbers (a 0-dim tensor as a number).

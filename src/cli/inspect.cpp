@@ -2,6 +2,7 @@
 // Output: one JSON object {type, kind, axes, positions, <what the encoder computes>, [output]}.
 #include <torch/torch.h>
 
+#include <cmath>
 #include <iostream>
 #include <sstream>
 
@@ -48,6 +49,10 @@ std::vector<int64_t> parse_extent(const std::string& text, const std::string& sp
   }
   TORCH_CHECK(sizes.size() == count, "--positions '", spec, "': expected ", count,
               " sizes separated by 'x', got ", sizes.size());
+  double total = 1;
+  for (auto s : sizes) total *= static_cast<double>(s);
+  TORCH_CHECK(total <= kMaxPositions, "--positions '", spec, "': ", total,
+              " positions; the limit is ", kMaxPositions);
   return sizes;
 }
 }  // namespace
@@ -57,6 +62,7 @@ namespace {
 Positions parse_stream(const std::string& spec, const std::string& text) {
   TORCH_CHECK(!spec.empty(), "--positions '", text, "': no segments after 'stream:'");
   std::vector<Segment> segments;
+  double total = 0;
   std::stringstream in(spec);
   for (std::string part; std::getline(in, part, ',');) {
     const auto equals = part.find('=');
@@ -77,6 +83,13 @@ Positions parse_stream(const std::string& spec, const std::string& text) {
       TORCH_CHECK(false, "--positions '", text, "': unknown segment kind '", kind,
                   "' (text, pad, image, video)");
     }
+    const auto& s = segments.back();
+    total += s.kind == SegmentKind::kText || s.kind == SegmentKind::kPadding
+                 ? static_cast<double>(s.tokens)
+                 : static_cast<double>(s.frames) * static_cast<double>(s.height) *
+                       static_cast<double>(s.width);
+    TORCH_CHECK(total <= kMaxPositions, "--positions '", text, "': more than ", kMaxPositions,
+                " positions (the positions limit)");
   }
   return build_stream(segments).positions;
 }
@@ -129,13 +142,16 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
     TORCH_CHECK(step > 0, "--positions '", text, "': step must be positive, got ", step);
     TORCH_CHECK(parts[1] > parts[0], "--positions '", text, "': stop (", parts[1],
                 ") must be greater than start (", parts[0], ")");
+    const double count = std::ceil((parts[1] - parts[0]) / step);
+    TORCH_CHECK(std::isfinite(parts[0]) && std::isfinite(parts[1]) && count <= kMaxPositions,
+                "--positions '", text, "': ", count, " positions; the limit is ", kMaxPositions);
     auto values = torch::arange(parts[0], parts[1], step, torch::kFloat64);
     return Positions(values.unsqueeze(1), split_axes(axes, 1));
   }
   nlohmann::json parsed;
   try {
     parsed = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error&) {
+  } catch (const nlohmann::json::exception&) {  // parse errors, and numbers out of range
     TORCH_CHECK(false, "--positions '", text,
                 "': expected start:stop[:step], grid:HxW, volume:TxHxW, stream:..., times:... or a "
                 "JSON array");

@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   plot->add_option("--out", out, "output PNG file")->required();
   plot->add_option("--seq-len", args.seq_len, "sequence length for dynamic scalings");
   plot->add_option("--similarity-to", reference_patch,
-                   "additive encoders: plot each position's cosine similarity to this position");
+                   "additive encoders: plot each position's cosine similarity to this position")
+      ->check(CLI::NonNegativeNumber);
 
   posenc::cli::TrainArgs train_args;
   auto add_train_options = [&train_args](CLI::App* command) {

@@ -93,7 +93,9 @@ std::vector<double> ConfigReader::numbers(const std::string& key) {
   for (size_t i = 0; i < v->size(); ++i) {
     TORCH_CHECK((*v)[i].is_number(), where_, ": key '", key, "'[", i, "] must be a number, got ",
                 describe((*v)[i]));
-    out.push_back((*v)[i].get<double>());
+    const double x = (*v)[i].get<double>();
+    TORCH_CHECK(std::isfinite(x), where_, ": key '", key, "'[", i, "] must be finite, got ", x);
+    out.push_back(x);
   }
   return out;
 }
@@ -101,7 +103,8 @@ std::vector<double> ConfigReader::numbers(const std::string& key) {
 std::vector<int64_t> ConfigReader::integers(const std::string& key) {
   std::vector<int64_t> out;
   for (double v : numbers(key)) {
-    TORCH_CHECK(std::floor(v) == v, where_, ": key '", key, "' must hold integers, got ", v);
+    TORCH_CHECK(std::floor(v) == v && std::abs(v) < 9.2e18, where_, ": key '", key,
+                "' must hold integers, got ", v);
     out.push_back(static_cast<int64_t>(v));
   }
   return out;

@@ -430,6 +430,63 @@ int flow_depth(const std::string& text) {
   return deepest;
 }
 
+// Offset of the first byte that breaks UTF-8 (npos when the text is valid): the JSON library
+// refuses to print such strings, so they must not get into a config tree.
+size_t invalid_utf8_at(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    size_t extra = 0;
+    uint32_t code = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      extra = 1;
+      code = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      extra = 2;
+      code = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      extra = 3;
+      code = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + extra >= text.size()) return i;  // cut short
+    for (size_t k = 1; k <= extra; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if ((b & 0xC0) != 0x80) return i;
+      code = (code << 6) | (b & 0x3F);
+    }
+    static const uint32_t smallest[4] = {0, 0x80, 0x800, 0x10000};
+    if (code < smallest[extra] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return i;
+    i += extra + 1;
+  }
+  return std::string::npos;
+}
+
+// yaml-cpp 0.7 (Debian 12) allocates without bound on a document whose first token is ',' (also
+// after a comment, tag or anchor): found by tests/fuzz. Such text is no valid YAML anyway.
+bool yaml_starts_with_comma(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+      ++i;
+    } else if (c == '#' || c == '%') {  // comment or directive: to the end of the line
+      while (i < text.size() && text[i] != '\n') ++i;
+    } else if (c == '!' || c == '&') {  // tag or anchor: a word
+      while (i < text.size() && text[i] != ' ' && text[i] != '\t' && text[i] != '\n') ++i;
+    } else if (text.compare(i, 3, "---") == 0) {
+      i += 3;
+    } else {
+      return c == ',';
+    }
+  }
+  return false;
+}
+
 nlohmann::json parse_json(const std::string& text, const std::string& origin) {
   // Depth and duplicate keys checked while parsing (nlohmann keeps the last of two equal keys).
   std::vector<std::set<std::string>> keys;
@@ -493,6 +550,9 @@ nlohmann::json parse_config(const std::string& text, const std::string& origin) 
   TORCH_CHECK(text.size() <= kMaxConfigBytes, origin, ": ", text.size(),
               " bytes; configs are limited to ", kMaxConfigBytes, " bytes (the config size limit)");
   TORCH_CHECK(text.find('\0') == std::string::npos, origin, ": a NUL byte; a config is text");
+  const auto bad = invalid_utf8_at(text);
+  TORCH_CHECK(bad == std::string::npos, origin, ": byte ", bad,
+              " is not valid UTF-8; a config is UTF-8 text");
   const int depth = flow_depth(text);
   TORCH_CHECK(depth <= kMaxConfigDepth, origin, ": nested ", depth,
               " levels deep; configs are limited to ", kMaxConfigDepth,
@@ -500,6 +560,8 @@ nlohmann::json parse_config(const std::string& text, const std::string& origin) 
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (text[first] == '{' || text[first] == '['))
     return parse_json(text, origin);
+  TORCH_CHECK(!yaml_starts_with_comma(text), origin,
+              ": invalid YAML: the document starts with ','");
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
