@@ -167,10 +167,13 @@ TEST(Registry, ConfigTextLimits) {
                "outside the 64-bit integer range"));
   // found by tests/fuzz: yaml-cpp 0.7 ran out of memory on these; invalid UTF-8 escaped as an
   // exception of the JSON library
-  for (const char* text : {",", ", a\nb: c\n", "# c\n,", "!x ,", "&a ,"})
+  for (const char* text : {",", ", a\nb: c\n", "# c\n,", "!x ,", "&a ,", " \"rope\", rue\n",
+                           "\"a\",", "a: 1\n'b', c\n"})
     EXPECT_TRUE(contains(error_of([&] { parse_config(text, "f.yaml"); }),
-                         "f.yaml: invalid YAML: the document starts with ','"))
+                         "f.yaml: invalid YAML: a ',' outside [...] or {...}"))
         << text;
+  // a comma inside plain text, quotes or flow collections is fine
+  EXPECT_EQ(parse_config("a: x, y\nb: [1, 2]\nc: \"p, q\"\nd: {e: 1, f: 2}\n")["a"], "x, y");
   EXPECT_TRUE(contains(error_of([] { parse_config("type: \"r\xB1pe\"\n", "u.yaml"); }),
                        "u.yaml: byte 8 is not valid UTF-8"));
   // nested, but within the limits: fine

@@ -466,22 +466,52 @@ size_t invalid_utf8_at(const std::string& text) {
   return std::string::npos;
 }
 
-// yaml-cpp 0.7 (Debian 12) allocates without bound on a document whose first token is ',' (also
-// after a comment, tag or anchor): found by tests/fuzz. Such text is no valid YAML anyway.
-bool yaml_starts_with_comma(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size()) {
+// yaml-cpp 0.7 (Debian 12) allocates without bound when a ',' outside any flow collection starts
+// a token: at the start of the document or of a line, after a quoted scalar ("a", b), or after a
+// tag or anchor (found by tests/fuzz; it took 24 GB before the OOM killer). Such a ',' is no
+// valid YAML; inside a plain scalar ("a, b") it is text and fine.
+bool yaml_stray_comma(const std::string& text) {
+  int depth = 0;
+  char quote = 0;
+  bool token_start = true;  // no plain-scalar character since the line began or a quote closed
+  for (size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
-      ++i;
-    } else if (c == '#' || c == '%') {  // comment or directive: to the end of the line
-      while (i < text.size() && text[i] != '\n') ++i;
-    } else if (c == '!' || c == '&') {  // tag or anchor: a word
-      while (i < text.size() && text[i] != ' ' && text[i] != '\t' && text[i] != '\n') ++i;
-    } else if (text.compare(i, 3, "---") == 0) {
-      i += 3;
+    if (quote) {
+      if (quote == '"' && c == '\\') {
+        ++i;
+      } else if (c == quote) {
+        if (quote == '\'' && i + 1 < text.size() && text[i + 1] == '\'') {
+          ++i;
+        } else {
+          quote = 0;
+          token_start = true;
+        }
+      }
+      continue;
+    }
+    if (c == '\n') {
+      token_start = true;
+    } else if (c == ' ' || c == '\t' || c == '\r') {
+    } else if (c == '#' &&
+               (i == 0 || text[i - 1] == ' ' || text[i - 1] == '\t' || text[i - 1] == '\n')) {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+    } else if ((c == '"' || c == '\'') && token_start) {
+      quote = c;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+      token_start = true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    } else if (c == ',') {
+      if (depth == 0 && token_start) return true;
+      token_start = depth > 0;
+    } else if ((c == '!' || c == '&' || c == '*') && token_start) {  // tag, anchor, alias word
+      while (i + 1 < text.size() && text[i + 1] != ' ' && text[i + 1] != '\n') ++i;
+    } else if (c == '-' && token_start && i + 1 < text.size() && text[i + 1] == ' ') {
+    } else if (c == ':' && i + 1 < text.size() && (text[i + 1] == ' ' || text[i + 1] == '\n')) {
+      token_start = true;
     } else {
-      return c == ',';
+      token_start = false;
     }
   }
   return false;
@@ -560,8 +590,8 @@ nlohmann::json parse_config(const std::string& text, const std::string& origin) 
   const auto first = text.find_first_not_of(" \t\r\n");
   if (first != std::string::npos && (text[first] == '{' || text[first] == '['))
     return parse_json(text, origin);
-  TORCH_CHECK(!yaml_starts_with_comma(text), origin,
-              ": invalid YAML: the document starts with ','");
+  TORCH_CHECK(!yaml_stray_comma(text), origin,
+              ": invalid YAML: a ',' outside [...] or {...} where a value should start");
   std::vector<YAML::Node> documents;
   try {
     documents = YAML::LoadAll(text);
