@@ -202,7 +202,7 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
 // without them would silently take posenc's defaults (theta 10000, context 2048): an error naming
 // the key and where transformers reads it, or a warning when use_posenc_defaults is true.
 void check_dependencies(const nlohmann::json& config, const std::string& where, bool pasted,
-                        bool use_defaults) {
+                        bool use_defaults, RopeScaling type) {
   auto given = [&](const std::string& key) {
     if (config.contains(key) && !config[key].is_null()) return true;
     for (const char* block : {"rope_parameters", "rope_scaling"})
@@ -211,15 +211,6 @@ void check_dependencies(const nlohmann::json& config, const std::string& where, 
         return true;
     return false;
   };
-  std::string type = "default";
-  for (const char* key : {"rope_type", "type"}) {
-    if (config.contains(key) && config[key].is_string() && std::string(key) != "type")
-      type = config[key].get<std::string>();
-    for (const char* block : {"rope_parameters", "rope_scaling"})
-      if (config.contains(block) && config[block].is_object() && config[block].contains(key) &&
-          config[block][key].is_string())
-        type = config[block][key].get<std::string>();
-  }
   std::vector<std::string> missing;
   auto need = [&](const std::string& key, const std::string& why) {
     if (given(key)) return;
@@ -227,20 +218,20 @@ void check_dependencies(const nlohmann::json& config, const std::string& where, 
     m << where << ": '" << key << "' is not given; " << why;
     missing.push_back(m.str());
   };
-  const bool scaled = type != "default" && type != "mrope" && type != "proportional";
+  const bool scaled = type != RopeScaling::kDefault && type != RopeScaling::kProportional;
   if (pasted || scaled)
     need("rope_theta",
          "transformers reads it from the model's config.json (top-level 'rope_theta', or "
          "'rotary_emb_base' for GPT-NeoX); posenc's default would be 10000");
-  if (type == "dynamic")
+  if (type == RopeScaling::kDynamic)
     need("max_position_embeddings",
          "dynamic NTK grows theta past the model's context, which transformers reads from the "
          "top-level 'max_position_embeddings'; posenc's default would be 2048");
-  if (type == "llama3" || type == "yarn" || type == "longrope" || type == "su")
+  if (type == RopeScaling::kLlama3 || type == RopeScaling::kYarn || type == RopeScaling::kLongRope)
     need("original_max_position_embeddings",
          "transformers reads the pre-training context from the block or from the top level of "
          "config.json (Phi-3 keeps it there), else from 'max_position_embeddings'");
-  if ((type == "yarn" || type == "longrope" || type == "su") && !given("factor"))
+  if ((type == RopeScaling::kYarn || type == RopeScaling::kLongRope) && !given("factor"))
     need("max_position_embeddings",
          "without 'factor', transformers takes max_position_embeddings / "
          "original_max_position_embeddings; posenc's default would be 2048");
@@ -286,7 +277,7 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
       }
     }
   }
-  check_dependencies(r.json(), r.where(), pasted, use_defaults);
+  check_dependencies(r.json(), r.where(), pasted, use_defaults, o.rope_type());
   return as_encoding(Rope(o));
 }
 

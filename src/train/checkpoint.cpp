@@ -172,7 +172,6 @@ nlohmann::json normalized(const nlohmann::json& v) {
     if (std::isfinite(d) && std::floor(d) == d && std::abs(d) < 9.0e15)
       return static_cast<int64_t>(d);
   }
-  if (v.is_number_unsigned()) return v;
   return v;
 }
 
