@@ -13,6 +13,7 @@ case "$mode" in
     dir="${POSENC_ROOT}/build-asan"
     flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g1"
     filter="*"
+    target=posenc_tests
     export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:detect_odr_violation=0"
     export LSAN_OPTIONS="suppressions=${POSENC_ROOT}/scripts/lsan.supp:print_suppressions=0"
     export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
@@ -20,7 +21,8 @@ case "$mode" in
   thread)
     dir="${POSENC_ROOT}/build-tsan"
     flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
-    filter="RopeFused*:AttentionFused*:Fused*"
+    filter="*"
+    target=posenc_kernel_tests
     export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0"
     ;;
   *)
@@ -32,8 +34,8 @@ start=$(date +%s)
 POSENC_BUILD_DIR="$dir" posenc_configure -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
   -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_WITH_CUDA=OFF
-cmake --build "$dir" -j "$(nproc)" --target posenc_tests
+cmake --build "$dir" -j "${POSENC_JOBS:-$(nproc)}" --target "$target"
 built=$(date +%s)
-"$dir/tests/posenc_tests" --gtest_filter="$filter"
+"$dir/tests/$target" --gtest_filter="$filter"
 end=$(date +%s)
 echo "check ($mode): build $((built - start)) s, tests $((end - built)) s, no sanitizer report"

@@ -242,7 +242,7 @@ TEST(Nope, AllEntriesAreIdentities) {
   auto p = Positions::sequence(3);
   EXPECT_TRUE(torch::equal(nope->add(x, p), x));
   EXPECT_FALSE(nope->bias(p, p, {}).defined());
-  EXPECT_EQ(nope->bias_spec().form, BiasForm::kNone);
+  EXPECT_TRUE(nope->plan(p).parts().empty());
 }
 
 }  // namespace

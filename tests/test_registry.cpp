@@ -20,11 +20,13 @@ TEST(Registry, BuildsEveryType) {
   const ModelContext model{64, 4, 0};
   for (const auto& type : encoder_types()) {
     if (type == "hf") continue;  // needs a model's config.json (tests/test_hf_config.cpp)
-    auto encoder = build_encoder(json{{"type", type}}, model);
+    auto config = json{{"type", type}};
+    if (type == "compose") config["encoders"] = json::array({json{{"type", "rope"}}});
+    auto encoder = build_encoder(config, model);
     EXPECT_EQ(encoder->type(), type);
   }
   EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "hf", "learned",
+            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "hf", "learned",
                                       "learned_grid", "learned_spacetime", "nope", "relative_2d",
                                       "rope", "rope_mixed", "shaw", "sinusoidal", "t5", "time2vec",
                                       "time_sinusoidal"}));
@@ -50,7 +52,7 @@ TEST(Registry, UnknownTypeListsKnownOnes) {
       contains(error_of([] {
                  build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
                }),
-               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, hf, learned, "
+               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, hf, learned, "
                "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
                "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {

@@ -7,6 +7,7 @@
 #include "posenc/core/stream.h"
 #include "posenc/encoders/alibi.h"
 #include "posenc/encoders/axial_sincos.h"
+#include "posenc/encoders/compose.h"
 #include "posenc/encoders/learned.h"
 #include "posenc/encoders/learned_grid.h"
 #include "posenc/encoders/learned_spacetime.h"

@@ -31,6 +31,11 @@ inline constexpr double kMaxPositions = 1 << 24;
 
 /// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
 Positions parse_positions(const std::string& text, const std::string& axes);
+/// The same as a plan request: a stream ("stream:...") also gives each token's modality.
+PlanRequest parse_plan_request(const std::string& text, const std::string& axes);
+/// Each part of a plan and what it holds, as JSON: parts (encoder, role, tokens), the additive
+/// embedding, the rotary tables, the ALiBi slopes and the summed bias over `heads` heads.
+nlohmann::ordered_json plan_to_json(const EncodingPlan& plan, int64_t heads);
 /// A tensor as nested JSON arrays of numbers (a 0-dim tensor as a number).
 nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor);
 /// Builds the encoder the arguments describe; with --hf-config, `resolution` (if given) receives

@@ -2,6 +2,7 @@
 // Output: one JSON object {type, kind, axes, positions, <what the encoder computes>, [output]}.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <sstream>
@@ -59,7 +60,7 @@ std::vector<int64_t> parse_extent(const std::string& text, const std::string& sp
 
 namespace {
 // "video=3x2x2,text=5" -> a mixed stream with M-RoPE positions (posenc/core/stream.h).
-Positions parse_stream(const std::string& spec, const std::string& text) {
+StreamLayout parse_stream(const std::string& spec, const std::string& text) {
   TORCH_CHECK(!spec.empty(), "--positions '", text, "': no segments after 'stream:'");
   std::vector<Segment> segments;
   double total = 0;
@@ -91,7 +92,7 @@ Positions parse_stream(const std::string& spec, const std::string& text) {
     TORCH_CHECK(total <= kMaxPositions, "--positions '", text, "': more than ", kMaxPositions,
                 " positions (the positions limit)");
   }
-  return build_stream(segments).positions;
+  return build_stream(segments);
 }
 
 // "2010-01-01 00:00,2010-01-01 03:30" -> epoch seconds on the axis "time".
@@ -111,7 +112,7 @@ Positions parse_times(const std::string& spec, const std::string& text) {
 
 Positions parse_positions(const std::string& text, const std::string& axes) {
   TORCH_CHECK(!text.empty(), "--positions is empty; expected start:stop[:step] or a JSON array");
-  if (text.rfind("stream:", 0) == 0) return parse_stream(text.substr(7), text);
+  if (text.rfind("stream:", 0) == 0) return parse_stream(text.substr(7), text).positions;
   if (text.rfind("times:", 0) == 0) return parse_times(text.substr(6), text);
   if (text.rfind("grid:", 0) == 0) {
     auto s = parse_extent(text.substr(5), text, 2);
@@ -194,6 +195,85 @@ nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor) {
   return out;
 }
 
+PlanRequest parse_plan_request(const std::string& text, const std::string& axes) {
+  if (text.rfind("stream:", 0) == 0) {
+    auto layout = parse_stream(text.substr(7), text);
+    PlanRequest request{layout.positions};
+    request.token_kinds = layout.kinds;
+    return request;
+  }
+  return PlanRequest{parse_positions(text, axes)};
+}
+
+namespace {
+// Which tokens a part touched: for an additive part, the rows its embedding is non-zero on.
+nlohmann::ordered_json token_ranges(const at::Tensor& touched) {
+  auto out = nlohmann::ordered_json::array();
+  const auto flags = touched.to(torch::kBool).contiguous();
+  const auto* f = flags.data_ptr<bool>();
+  for (int64_t i = 0, n = flags.numel(); i < n;) {
+    if (!f[i]) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j < n && f[j]) ++j;
+    out.push_back({i, j});  // [begin, end)
+    i = j;
+  }
+  return out;
+}
+}  // namespace
+
+nlohmann::ordered_json plan_to_json(const EncodingPlan& plan, int64_t heads) {
+  nlohmann::ordered_json out;
+  const auto& request = plan.request();
+  const int64_t n = request.queries.size();
+  auto parts = nlohmann::ordered_json::array();
+  for (const auto& part : plan.parts()) {
+    nlohmann::ordered_json p{{"encoder", part.encoder}, {"role", part.role}};
+    auto all = torch::ones({n}, torch::kBool);
+    if (part.role == "additive" && part.encoder.find(" on ") != std::string::npos) {
+      // a per-modality part: the tokens of that modality
+      const auto modality = part.encoder.substr(part.encoder.find(" on ") + 4);
+      auto touched = torch::zeros({n}, torch::kBool);
+      for (int64_t i = 0; i < static_cast<int64_t>(request.token_kinds.size()); ++i)
+        if (to_string(request.token_kinds[i]) == modality) touched[i] = true;
+      all = touched;
+    }
+    p["tokens"] = token_ranges(all);
+    parts.push_back(p);
+  }
+  out["parts"] = parts;
+  if (plan.has_additive()) out["embedding"] = tensor_to_json(plan.embedding().detach());
+  if (plan.has_rotary()) {
+    const auto& r = plan.rotary();
+    out["rotary"] = {{"layout", to_string(r.layout)},
+                     {"shared", r.shared},
+                     {"cos", tensor_to_json(r.q_cos.detach())},
+                     {"sin", tensor_to_json(r.q_sin.detach())}};
+    if (!r.shared) {
+      out["rotary"]["k_cos"] = tensor_to_json(r.k_cos.detach());
+      out["rotary"]["k_sin"] = tensor_to_json(r.k_sin.detach());
+    }
+  }
+  if (plan.has_bias()) {
+    auto forms = nlohmann::ordered_json::array();
+    for (const auto& spec : plan.bias_specs()) {
+      forms.push_back(to_string(spec.form));
+      if (spec.form == BiasForm::kAlibi) out["alibi_slopes"] = tensor_to_json(spec.slopes);
+    }
+    out["bias_forms"] = forms;
+    if (plan.num_query_biases() == 0 &&
+        std::none_of(plan.bias_specs().begin(), plan.bias_specs().end(),
+                     [](const BiasSpec& s) { return s.form == BiasForm::kRelativeTable; })) {
+      auto bias = plan.materialize_bias(heads);
+      out["bias"] = tensor_to_json(bias.detach());
+    }
+  }
+  return out;
+}
+
 PositionalEncoding build_from_args(const EncoderArgs& args, nlohmann::ordered_json* resolution) {
   TORCH_CHECK(args.config.empty() != args.hf_config.empty(),
               "give exactly one of --config (a posenc encoder config) and --hf-config (a model's "
@@ -213,23 +293,41 @@ PositionalEncoding build_from_args(const EncoderArgs& args, nlohmann::ordered_js
   return build_encoder(resolved, ModelContext{args.dim, args.heads, 0});
 }
 
+// The roles a plan holds, joined: "additive", "rotary", "bias", "rotary+bias", or "none".
+std::string plan_kind(const EncodingPlan& plan) {
+  std::string kind;
+  auto add = [&](bool present, const char* name) {
+    if (!present) return;
+    if (!kind.empty()) kind += "+";
+    kind += name;
+  };
+  add(plan.has_additive(), "additive");
+  add(plan.has_rotary(), "rotary");
+  add(plan.has_bias(), "bias");
+  return kind.empty() ? "none" : kind;
+}
+
 int run_inspect(const EncoderArgs& args, const std::string& input) {
   nlohmann::ordered_json resolution;
   auto encoder = build_from_args(args, &resolution);
-  auto positions = parse_positions(args.positions, args.axes);
+  auto request = parse_plan_request(args.positions, args.axes);
+  const auto& positions = request.queries;
   torch::NoGradGuard no_grad;
+  auto plan = encoder->plan(request);
   nlohmann::ordered_json out;  // keys in the order written: type and kind first
   if (!resolution.is_null()) out["hf"] = resolution;  // what posenc uses, and from where
   out["type"] = encoder->type();
-  out["kind"] = to_string(encoder->kind());
+  out["kind"] = plan_kind(plan);
   out["axes"] = positions.axes();
   out["positions"] = tensor_to_json(positions.coords());
-  if (encoder->kind() == EncodingKind::kBias)
-    out["bias_form"] = to_string(encoder->bias_spec().form);
+  if (plan.has_bias() && plan.bias_specs().size() == 1)
+    out["bias_form"] = to_string(plan.bias_specs()[0].form);
   DescribeOptions options;
   options.seq_len = args.seq_len;
   for (const auto& [name, value] : encoder->describe(positions, options))
     out[name] = tensor_to_json(value);
+  if (plan.parts().size() > 1 || !request.token_kinds.empty())
+    out["plan"] = plan_to_json(plan, args.heads > 0 ? args.heads : -1);
   if (!input.empty()) {
     auto vector = nlohmann::json::parse(input, nullptr, false);
     TORCH_CHECK(vector.is_array() && !vector.empty(),
@@ -239,25 +337,23 @@ int run_inspect(const EncoderArgs& args, const std::string& input) {
       TORCH_CHECK(v.is_number(), "--input: expected numbers, got ", v.dump());
       values.push_back(v.get<double>());
     }
+    TORCH_CHECK(plan.has_additive() || plan.has_rotary() || !plan.has_bias(),
+                "--input applies to additive and rotary encoders; '", encoder->type(),
+                "' biases attention logits (see 'bias')");
     const int64_t n = positions.size(), d = static_cast<int64_t>(values.size());
     auto x = torch::tensor(values, torch::kFloat32).expand({n, d}).contiguous();
-    switch (encoder->kind()) {
-      case EncodingKind::kAdditive:
-        out["output"] = tensor_to_json(encoder->add(x.unsqueeze(0), positions)[0]);
-        break;
-      case EncodingKind::kRotary: {
-        auto q = x.view({1, n, 1, d});
-        out["output"] =
-            tensor_to_json(encoder->rotate(q, q, positions, positions).first.view({n, d}));
-        break;
-      }
-      case EncodingKind::kNone:
-        out["output"] = tensor_to_json(x);
-        break;
-      case EncodingKind::kBias:
-        TORCH_CHECK(false, "--input applies to additive and rotary encoders; '", encoder->type(),
-                    "' biases attention logits (see 'bias')");
+    // the plan applied as a model would: embedding added, then q rotated (one head of width d)
+    if (plan.has_additive()) {
+      const auto& rows = plan.prefix_embedding();
+      TORCH_CHECK(!rows.defined(), "--input: '", encoder->type(),
+                  "' has prefix rows (CLS); inspect its table instead");
+      x = plan.apply_additive(x.unsqueeze(0))[0];
     }
+    if (plan.has_rotary()) {
+      auto q = x.view({1, n, 1, d});
+      x = plan.apply_rotary(q, q).first.view({n, d});
+    }
+    out["output"] = tensor_to_json(x);
   }
   std::cout << out.dump() << "\n";
   return 0;

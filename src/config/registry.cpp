@@ -301,6 +301,50 @@ PositionalEncoding build_hf(ConfigReader& r, const ModelContext& c) {
   return build_encoder(resolution, c);
 }
 
+SegmentKind modality_from_string(const std::string& name, const std::string& where) {
+  for (auto kind : {SegmentKind::kText, SegmentKind::kImage, SegmentKind::kVideo}) {
+    if (to_string(kind) == name) return kind;
+  }
+  TORCH_CHECK(false, where, ": unknown modality '", name, "'; expected one of: text, image, video");
+}
+
+// {"type": "compose", "encoders": [{...}, ...]}: each part built with the model's sizes; a part
+// may name the modality it acts on and the axes it reads.
+PositionalEncoding build_compose(ConfigReader& r, const ModelContext& c) {
+  r.allow("encoders");
+  TORCH_CHECK(r.has("encoders") && r.json()["encoders"].is_array() && !r.json()["encoders"].empty(),
+              r.where(), ": 'encoders' must be a non-empty list of encoder configs");
+  std::vector<ComposePart> parts;
+  const auto& list = r.json()["encoders"];
+  for (size_t i = 0; i < list.size(); ++i) {
+    const auto where = r.where() + ".encoders[" + std::to_string(i) + "]";
+    TORCH_CHECK(list[i].is_object(), where, ": expected an encoder config object, got ",
+                list[i].type_name());
+    auto config = list[i];
+    ComposePart part;
+    if (config.contains("modality")) {
+      TORCH_CHECK(config["modality"].is_string(), where, ".modality: expected a string, got ",
+                  config["modality"].type_name());
+      part.modality =
+          modality_from_string(config["modality"].get<std::string>(), where + ".modality");
+      config.erase("modality");
+    }
+    if (config.contains("axes")) {
+      ConfigReader axes(config, where);
+      part.axes = axes.strings("axes");
+      TORCH_CHECK(!part.axes.empty(), where, ".axes: expected a non-empty list of axis names");
+      config.erase("axes");
+    }
+    try {
+      part.encoder = build_encoder(config, c);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, where, ": ", e.msg());
+    }
+    parts.push_back(std::move(part));
+  }
+  return as_encoding(Compose(std::move(parts)));
+}
+
 const std::map<std::string, Builder>& builders() {
   static const std::map<std::string, Builder> table{{"alibi", build_alibi},
                                                     {"axial_sincos", build_axial_sincos},
@@ -317,6 +361,7 @@ const std::map<std::string, Builder>& builders() {
                                                     {"time2vec", build_time2vec},
                                                     {"time_sinusoidal", build_time_sinusoidal},
                                                     {"calendar", build_calendar},
+                                                    {"compose", build_compose},
                                                     {"hf", build_hf}};
   return table;
 }

@@ -1,5 +1,4 @@
-// Default entry points of the encoder interface: identities, so an attention layer may call all
-// three on any encoder (include/posenc/core/encoder.h).
+// The encoder interface's entry points, each through a plan (include/posenc/core/encoder.h).
 #include "posenc/core/encoder.h"
 
 #include <torch/torch.h>
@@ -28,55 +27,39 @@ bool is_environment_errno(int error) {
   }
 }
 
-std::string to_string(EncodingKind kind) {
-  switch (kind) {
-    case EncodingKind::kNone:
-      return "none";
-    case EncodingKind::kAdditive:
-      return "additive";
-    case EncodingKind::kRotary:
-      return "rotary";
-    case EncodingKind::kBias:
-      return "bias";
-  }
-  return "unknown";
+EncodingPlan PositionalEncodingImpl::plan(const PlanRequest& request) {
+  EncodingPlan plan(request);
+  contribute(plan, request);
+  return plan;
 }
 
-std::string to_string(BiasForm form) {
-  switch (form) {
-    case BiasForm::kNone:
-      return "none";
-    case BiasForm::kAlibi:
-      return "alibi";
-    case BiasForm::kBucketTable:
-      return "bucket_table";
-    case BiasForm::kRelativeTable:
-      return "relative_table";
-  }
-  return "unknown";
-}
-
-at::Tensor PositionalEncodingImpl::add(const at::Tensor& x, const Positions& /*positions*/) {
-  return x;
+at::Tensor PositionalEncodingImpl::add(const at::Tensor& x, const Positions& positions) {
+  auto p = plan(positions);
+  const auto& rows = p.prefix_embedding();
+  return p.apply_additive(x, rows.defined() ? rows.size(0) : 0);
 }
 
 std::pair<at::Tensor, at::Tensor> PositionalEncodingImpl::rotate(const at::Tensor& q,
                                                                  const at::Tensor& k,
-                                                                 const Positions& /*q_positions*/,
-                                                                 const Positions& /*k_positions*/) {
-  return {q, k};
+                                                                 const Positions& q_positions,
+                                                                 const Positions& k_positions) {
+  return plan(PlanRequest{q_positions, k_positions, k_positions, q.device()}).apply_rotary(q, k);
 }
 
-at::Tensor PositionalEncodingImpl::bias(const Positions& /*q_positions*/,
-                                        const Positions& /*k_positions*/, const at::Tensor& /*q*/) {
-  return {};
+at::Tensor PositionalEncodingImpl::bias(const Positions& q_positions, const Positions& k_positions,
+                                        const at::Tensor& q, int64_t heads) {
+  PlanRequest request{q_positions, k_positions, k_positions};
+  if (q.defined()) request.device = q.device();
+  return plan(request).materialize_bias(heads, q);
 }
-
-BiasSpec PositionalEncodingImpl::bias_spec() const { return {}; }
 
 Description PositionalEncodingImpl::describe(const Positions& /*positions*/,
                                              const DescribeOptions& /*options*/) {
   return {};
+}
+
+Restore PositionalEncodingImpl::adapt(const Extent& /*extent*/) {
+  return [] {};
 }
 
 void use_all_cores() {

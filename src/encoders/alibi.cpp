@@ -27,8 +27,20 @@ void AlibiImpl::reset() {
   slopes = register_buffer("slopes", (values * options.slope_scale()).to(torch::kFloat32));
 }
 
-at::Tensor AlibiImpl::bias(const Positions& q_positions, const Positions& k_positions,
-                           const at::Tensor&) {
+void AlibiImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  const auto& q = request.queries;
+  const auto& k = request.key_positions();
+  q.check_num_axes("alibi", 1);
+  k.check_num_axes("alibi", 1);
+  if (!q.batched() && !k.batched()) {
+    plan.add_bias_spec(type(), bias_spec());
+  } else {
+    plan.add_bias(type(), bias_at(q, k).to(request.device));
+  }
+}
+
+at::Tensor AlibiImpl::bias_at(const Positions& q_positions, const Positions& k_positions,
+                              const at::Tensor&) const {
   q_positions.check_num_axes("alibi", 1);
   k_positions.check_num_axes("alibi", 1);
   // distance p_m - p_n = -(p_n - p_m): [.., Nq, Nk] in float64, then one slope per head
@@ -47,7 +59,7 @@ BiasSpec AlibiImpl::bias_spec() const {
 }
 
 Description AlibiImpl::describe(const Positions& positions, const DescribeOptions&) {
-  return {{"slopes", slopes}, {"bias", bias(positions, positions, {})}};
+  return {{"slopes", slopes}, {"bias", bias_at(positions, positions)}};
 }
 
 }  // namespace posenc

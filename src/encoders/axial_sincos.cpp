@@ -28,9 +28,8 @@ at::Tensor AxialSincosImpl::table(const Positions& positions) const {
       .to(torch::kFloat32);
 }
 
-at::Tensor AxialSincosImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("axial_sincos", x, positions.size(), options.dim());
-  return x + table(positions).to(x.device(), x.scalar_type());
+void AxialSincosImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), table(request.queries).to(request.device));
 }
 
 Description AxialSincosImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -37,9 +37,22 @@ at::Tensor LearnedImpl::lookup(const Positions& positions) const {
   return weight.index_select(0, index.flatten()).view(sizes);
 }
 
-at::Tensor LearnedImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("learned", x, positions.size(), options.dim());
-  return x + lookup(positions).to(x.scalar_type());
+void LearnedImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), lookup(request.queries));
+}
+
+Restore LearnedImpl::adapt(const Extent& extent) {
+  TORCH_CHECK(extent.size() == 1, "learned: adapt takes one extent (the context length), got ",
+              extent.size());
+  if (extent[0] <= options.max_positions()) return [] {};
+  auto saved = weight.detach().clone();
+  auto before = options;
+  // Stretch the table over the longer context: position p reads the table at p * L / length.
+  resize(extent[0]);
+  return [this, saved, before] {
+    weight.set_data(saved);
+    options = before;
+  };
 }
 
 Description LearnedImpl::describe(const Positions& positions, const DescribeOptions&) {

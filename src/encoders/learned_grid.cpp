@@ -67,19 +67,23 @@ at::Tensor LearnedGridImpl::lookup(const Positions& positions) const {
   return weight.index_select(0, index.flatten()).view(sizes);
 }
 
-at::Tensor LearnedGridImpl::add(const at::Tensor& x, const Positions& positions) {
+void LearnedGridImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
   const int64_t prefix = options.num_prefix_tokens();
-  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "learned_grid: x must be [N, D] or [B, N, D], got ",
-              x.sizes());
-  TORCH_CHECK(x.size(-1) == options.dim(), "learned_grid: x has width ", x.size(-1),
-              " but the encoder has dim=", options.dim());
-  TORCH_CHECK(x.size(-2) == prefix + positions.size(), "learned_grid: x has ", x.size(-2),
-              " tokens but ", prefix, " prefix + ", positions.size(), " positions were given");
-  auto patches = lookup(positions).to(x.scalar_type());                // [N, D] or [B, N, D]
-  auto prefix_rows = weight.narrow(0, 0, prefix).to(x.scalar_type());  // [P, D]
-  if (patches.dim() == 3)  // batched positions: the prefix rows for every sequence
-    prefix_rows = prefix_rows.unsqueeze(0).expand({patches.size(0), prefix, options.dim()});
-  return x + torch::cat({prefix_rows, patches}, patches.dim() - 2);
+  auto patches = lookup(request.queries);  // [N, D] or [B, N, D]
+  plan.add_embedding(type(), patches, prefix > 0 ? weight.narrow(0, 0, prefix) : at::Tensor());
+}
+
+Restore LearnedGridImpl::adapt(const Extent& extent) {
+  TORCH_CHECK(extent.size() == 2, "learned_grid: adapt takes two extents (rows, columns), got ",
+              extent.size());
+  if (extent[0] == options.grid_height() && extent[1] == options.grid_width()) return [] {};
+  auto saved = weight.detach().clone();
+  auto before = options;
+  resize(extent[0], extent[1]);
+  return [this, saved, before] {
+    weight.set_data(saved);
+    options = before;
+  };
 }
 
 Description LearnedGridImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -45,9 +45,8 @@ at::Tensor LearnedSpacetimeImpl::lookup(const Positions& positions) const {
   return spatial.index_select(0, h * options.grid_width() + w) + temporal.index_select(0, t);
 }
 
-at::Tensor LearnedSpacetimeImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("learned_spacetime", x, positions.size(), options.dim());
-  return x + lookup(positions).to(x.scalar_type());
+void LearnedSpacetimeImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), lookup(request.queries));
 }
 
 Description LearnedSpacetimeImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -40,8 +40,26 @@ at::Tensor Relative2dImpl::relative_index(const Positions& q_positions,
   return (dh + gh - 1) * (2 * gw - 1) + (dw + gw - 1);
 }
 
-at::Tensor Relative2dImpl::bias(const Positions& q_positions, const Positions& k_positions,
-                                const at::Tensor&) {
+void Relative2dImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_bias(type(), bias_at(request.queries, request.key_positions()));
+}
+
+Restore Relative2dImpl::adapt(const Extent& extent) {
+  TORCH_CHECK(extent.size() == 2, "relative_2d: adapt takes two extents (rows, columns), got ",
+              extent.size());
+  // the table must cover offsets up to extent - 1; a larger one is kept as it is
+  if (extent[0] <= options.grid_height() && extent[1] <= options.grid_width()) return [] {};
+  auto saved = weight.detach().clone();
+  auto before = options;
+  resize(std::max(extent[0], options.grid_height()), std::max(extent[1], options.grid_width()));
+  return [this, saved, before] {
+    weight.set_data(saved);
+    options = before;
+  };
+}
+
+at::Tensor Relative2dImpl::bias_at(const Positions& q_positions, const Positions& k_positions,
+                                   const at::Tensor&) const {
   auto index = relative_index(q_positions, k_positions).to(weight.device());
   return torch::embedding(weight, index).permute({2, 0, 1});  // [H, Nq, Nk]
 }
@@ -49,7 +67,7 @@ at::Tensor Relative2dImpl::bias(const Positions& q_positions, const Positions& k
 Description Relative2dImpl::describe(const Positions& positions, const DescribeOptions&) {
   torch::NoGradGuard no_grad;
   return {{"relative_index", relative_index(positions, positions)},
-          {"bias", bias(positions, positions, {})}};
+          {"bias", bias_at(positions, positions)}};
 }
 
 void Relative2dImpl::resize(int64_t grid_height, int64_t grid_width) {

@@ -38,43 +38,32 @@ std::pair<at::Tensor, at::Tensor> RopeImpl::cos_sin(const Positions& positions,
 }
 
 namespace {
-void check_qk(const at::Tensor& t, const char* name, int64_t head_dim, int64_t n) {
-  TORCH_CHECK(t.dim() == 4, "rope: ", name, " must be [B, N, H, Dh], got shape ", t.sizes());
-  TORCH_CHECK(t.size(3) == head_dim, "rope: ", name, " has head_dim ", t.size(3),
-              " but the encoder was built for head_dim=", head_dim);
-  TORCH_CHECK(t.size(1) == n, "rope: ", name, " has N=", t.size(1), " tokens but ", n,
-              " positions were given");
+bool same_positions(const Positions& a, const Positions& b) {
+  return a.coords().sizes() == b.coords().sizes() &&
+         (a.coords().is_same(b.coords()) || at::equal(a.coords(), b.coords()));
 }
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> RopeImpl::rotate(const at::Tensor& q, const at::Tensor& k,
-                                                   const Positions& q_positions,
-                                                   const Positions& k_positions) {
-  check_qk(q, "q", options.head_dim(), q_positions.size());
-  check_qk(k, "k", options.head_dim(), k_positions.size());
+void RopeImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  const auto& qp = request.queries;
+  const auto& kp = request.rotated_key_positions();
+  // dynamic NTK / LongRoPE: frequencies for the longest rotated key, as HF's dynamic_rope_update
   int64_t seq_len = -1;
-  if (k_positions.size() > 0) seq_len = static_cast<int64_t>(std::floor(k_positions.max())) + 1;
+  if (kp.size() > 0) seq_len = static_cast<int64_t>(std::floor(kp.max())) + 1;
   const auto f = frequencies(seq_len);
-  auto [qc, qs] = cos_sin(q_positions, f, /*is_key=*/false);
-  qc = qc.to(q.device());
-  qs = qs.to(q.device());
-  const bool shared = !options.xpos() &&
-                      q_positions.coords().sizes() == k_positions.coords().sizes() &&
-                      (q_positions.coords().is_same(k_positions.coords()) ||
-                       at::equal(q_positions.coords(), k_positions.coords()));
-  const bool fused = options.fused() && rope_fused_supported(q, qc) && rope_fused_supported(k, qc);
-  if (shared && fused && q.scalar_type() == k.scalar_type()) {
-    return rope_fused_qk(q, k, qc, qs, options.layout());  // one pass, tables read once per token
+  RotaryTables tables;
+  std::tie(tables.q_cos, tables.q_sin) = cos_sin(qp, f, /*is_key=*/false);
+  tables.q_cos = tables.q_cos.to(request.device);
+  tables.q_sin = tables.q_sin.to(request.device);
+  if (options.xpos() || !same_positions(qp, kp)) {  // xPos scales keys by the inverse
+    std::tie(tables.k_cos, tables.k_sin) = cos_sin(kp, f, /*is_key=*/true);
+    tables.k_cos = tables.k_cos.to(request.device);
+    tables.k_sin = tables.k_sin.to(request.device);
   }
-  at::Tensor kc = qc, ks = qs;
-  if (!shared) {
-    std::tie(kc, ks) = cos_sin(k_positions, f, /*is_key=*/true);
-    kc = kc.to(k.device());
-    ks = ks.to(k.device());
-  }
-  if (fused)
-    return {rope_fused(q, qc, qs, options.layout()), rope_fused(k, kc, ks, options.layout())};
-  return {rope_apply(q, qc, qs, options.layout()), rope_apply(k, kc, ks, options.layout())};
+  tables.layout = options.layout();
+  tables.fused = options.fused();
+  tables.head_dim = options.head_dim();
+  plan.set_rotary(type(), std::move(tables));
 }
 
 Description RopeImpl::describe(const Positions& positions, const DescribeOptions& d) {

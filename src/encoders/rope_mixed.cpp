@@ -45,16 +45,17 @@ std::pair<at::Tensor, at::Tensor> RopeMixedImpl::cos_sin(const Positions& positi
   return {angles.cos(), angles.sin()};
 }
 
-std::pair<at::Tensor, at::Tensor> RopeMixedImpl::rotate(const at::Tensor& q, const at::Tensor& k,
-                                                        const Positions& q_positions,
-                                                        const Positions& k_positions) {
-  TORCH_CHECK(q.dim() == 4 && q.size(2) == options.num_heads() && q.size(3) == options.head_dim(),
-              "rope_mixed: q must be [B, N, ", options.num_heads(), ", ", options.head_dim(),
-              "], got ", q.sizes());
-  auto [qc, qs] = cos_sin(q_positions);
-  auto [kc, ks] = cos_sin(k_positions);
-  return {rope_apply_per_head(q, qc, qs, options.layout()),
-          rope_apply_per_head(k, kc, ks, options.layout())};
+void RopeMixedImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  const auto& qp = request.queries;
+  const auto& kp = request.rotated_key_positions();
+  RotaryTables tables;
+  std::tie(tables.q_cos, tables.q_sin) = cos_sin(qp);  // [N, H, F], learned: gradients flow
+  if (!qp.coords().is_same(kp.coords())) std::tie(tables.k_cos, tables.k_sin) = cos_sin(kp);
+  tables.layout = options.layout();
+  tables.per_head = true;
+  tables.fused = false;
+  tables.head_dim = options.head_dim();
+  plan.set_rotary(type(), std::move(tables));
 }
 
 Description RopeMixedImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -28,8 +28,20 @@ at::Tensor ShawImpl::relative_index(const Positions& q_positions,
                              options.max_relative_position());
 }
 
-at::Tensor ShawImpl::bias(const Positions& q_positions, const Positions& k_positions,
-                          const at::Tensor& q) {
+void ShawImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  const auto& qp = request.queries;
+  const auto& kp = request.key_positions();
+  qp.check_num_axes("shaw", 1);
+  kp.check_num_axes("shaw", 1);
+  if (!qp.batched() && !kp.batched()) {
+    plan.add_bias_spec(type(), bias_spec());
+  } else {
+    plan.add_query_bias(type(), [this, qp, kp](const at::Tensor& q) { return bias_at(qp, kp, q); });
+  }
+}
+
+at::Tensor ShawImpl::bias_at(const Positions& q_positions, const Positions& k_positions,
+                             const at::Tensor& q) const {
   TORCH_CHECK(q.defined(), "shaw: the bias depends on the queries; q [B, Nq, H, Dh] is required");
   TORCH_CHECK(q.dim() == 4, "shaw: q must be [B, Nq, H, Dh], got shape ", q.sizes());
   TORCH_CHECK(q.size(3) == options.head_dim(), "shaw: q has head_dim ", q.size(3),

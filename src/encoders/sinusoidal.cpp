@@ -30,9 +30,8 @@ at::Tensor SinusoidalImpl::table(const Positions& positions) const {
       .to(torch::kFloat32);
 }
 
-at::Tensor SinusoidalImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("sinusoidal", x, positions.size(), options.dim());
-  return x + table(positions).to(x.device(), x.scalar_type());
+void SinusoidalImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), table(request.queries).to(request.device));
 }
 
 Description SinusoidalImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -30,8 +30,20 @@ at::Tensor T5Impl::buckets(const Positions& q_positions, const Positions& k_posi
                                      options.max_distance());
 }
 
-at::Tensor T5Impl::bias(const Positions& q_positions, const Positions& k_positions,
-                        const at::Tensor&) {
+void T5Impl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  const auto& q = request.queries;
+  const auto& k = request.key_positions();
+  q.check_num_axes("t5", 1);
+  k.check_num_axes("t5", 1);
+  if (!q.batched() && !k.batched()) {
+    plan.add_bias_spec(type(), bias_spec());
+  } else {
+    plan.add_bias(type(), bias_at(q, k));
+  }
+}
+
+at::Tensor T5Impl::bias_at(const Positions& q_positions, const Positions& k_positions,
+                           const at::Tensor&) const {
   auto b = buckets(q_positions, k_positions).to(weight.device());  // [.., Nq, Nk]
   auto values = torch::embedding(weight, b);                       // [.., Nq, Nk, H]
   return values.movedim(-1, -3);                                   // [.., H, Nq, Nk]
@@ -49,7 +61,7 @@ BiasSpec T5Impl::bias_spec() const {
 
 Description T5Impl::describe(const Positions& positions, const DescribeOptions&) {
   torch::NoGradGuard no_grad;
-  return {{"buckets", buckets(positions, positions)}, {"bias", bias(positions, positions, {})}};
+  return {{"buckets", buckets(positions, positions)}, {"bias", bias_at(positions, positions)}};
 }
 
 }  // namespace posenc

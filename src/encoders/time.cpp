@@ -33,9 +33,8 @@ at::Tensor TimeSinusoidalImpl::table(const Positions& positions) const {
   return torch::stack({angles.sin(), angles.cos()}, -1).flatten(-2);
 }
 
-at::Tensor TimeSinusoidalImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("time_sinusoidal", x, positions.size(), options.dim());
-  return x + table(positions).to(x.device(), x.scalar_type());
+void TimeSinusoidalImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), table(request.queries).to(request.device));
 }
 
 Description TimeSinusoidalImpl::describe(const Positions& positions, const DescribeOptions&) {
@@ -66,9 +65,8 @@ at::Tensor Time2VecImpl::encode(const Positions& positions) const {
   return torch::cat({z.narrow(-1, 0, 1), z.narrow(-1, 1, options.dim() - 1).sin()}, -1);
 }
 
-at::Tensor Time2VecImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("time2vec", x, positions.size(), options.dim());
-  return x + encode(positions).to(x.scalar_type());
+void Time2VecImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  plan.add_embedding(type(), encode(request.queries));
 }
 
 Description Time2VecImpl::describe(const Positions& positions, const DescribeOptions&) {
@@ -94,10 +92,9 @@ at::Tensor CalendarImpl::features(const Positions& positions) const {
   return calendar_features(positions.axis(0), options.features());
 }
 
-at::Tensor CalendarImpl::add(const at::Tensor& x, const Positions& positions) {
-  check_additive_input("calendar", x, positions.size(), options.dim());
-  auto f = features(positions).to(projection->weight.scalar_type());
-  return x + projection->forward(f).to(x.scalar_type());
+void CalendarImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
+  auto f = features(request.queries).to(projection->weight.scalar_type());
+  plan.add_embedding(type(), projection->forward(f));
 }
 
 Description CalendarImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -24,9 +24,6 @@ void SelfAttentionImpl::reset() {
   register_module("encoder", encoder);
 }
 
-namespace {
-
-// Positions of cached keys followed by the new ones.
 Positions append_positions(const Positions& cached, const Positions& fresh) {
   if (!cached.defined()) return fresh;
   TORCH_CHECK(cached.axes() == fresh.axes() && cached.batched() == fresh.batched(),
@@ -35,16 +32,43 @@ Positions append_positions(const Positions& cached, const Positions& fresh) {
   return Positions(torch::cat({cached.coords(), fresh.coords()}, -2), fresh.axes());
 }
 
+PlanRequest plan_request(const at::Tensor& x, const Positions& positions, const KVCache* cache) {
+  PlanRequest request{positions};
+  request.device = x.device();
+  if (cache != nullptr && cache->positions.defined()) {
+    request.keys = append_positions(cache->positions, positions);
+    request.rotated_keys = positions;  // cached keys are stored rotated
+  }
+  return request;
+}
+
+namespace {
+
 // [.., H, Nq - P, Nk - P] -> [.., H, Nq, Nk]: zero bias in the prefix rows and columns.
 at::Tensor pad_prefix(const at::Tensor& bias, int64_t prefix) {
   if (prefix == 0) return bias;
   return torch::constant_pad_nd(bias, {prefix, 0, prefix, 0}, 0.0);
 }
 
+// RoPE inside the fused kernel's tiles: CPU, constant [N, F] tables, no Shaw table.
+bool rotary_inside(const EncodingPlan& plan, const at::Tensor& q, const FusedBias& bias) {
+  const auto& r = plan.rotary();
+  return r.defined() && r.fused && !r.per_head && q.device().is_cpu() && r.q_cos.dim() == 2 &&
+         r.k_cos.dim() == 2 && !r.q_cos.requires_grad() && !r.k_cos.requires_grad() &&
+         (r.head_dim <= 0 || r.head_dim == q.size(3)) &&
+         bias.table.form != BiasForm::kRelativeTable;
+}
+
 }  // namespace
 
 at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& positions,
                                       const at::Tensor& key_padding, KVCache* cache) {
+  return forward_plan(x, encoder->plan(plan_request(x, positions, cache)), key_padding, cache);
+}
+
+at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPlan& plan,
+                                           const at::Tensor& key_padding, KVCache* cache) {
+  const auto& positions = plan.request().queries;
   TORCH_CHECK(x.dim() == 3 && x.size(2) == options.dim(), "attention: x must be [B, N, ",
               options.dim(), "], got shape ", x.sizes());
   const int64_t prefix = options.num_prefix_tokens();
@@ -55,27 +79,41 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
               "attention: a key-value cache cannot be used with prefix tokens");
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads();
   const int64_t dh = options.dim() / h;
+  const int64_t cached = cache != nullptr ? cache->size() : 0;
+  TORCH_CHECK(plan.request().key_positions().size() == cached + positions.size(),
+              "attention: the plan covers ", plan.request().key_positions().size(),
+              " key positions but the layer has ", cached, " cached + ", positions.size(),
+              " new keys (build the plan with the cache's positions)");
   auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
-  at::Tensor q, k, v = parts[2];
-  if (prefix == 0) {
-    std::tie(q, k) = encoder->rotate(parts[0], parts[1], positions, positions);
-  } else {
-    auto [q_rest, k_rest] =
-        encoder->rotate(parts[0].narrow(1, prefix, n - prefix),
-                        parts[1].narrow(1, prefix, n - prefix), positions, positions);
-    q = torch::cat({parts[0].narrow(1, 0, prefix), q_rest}, 1);
-    k = torch::cat({parts[1].narrow(1, 0, prefix), k_rest}, 1);
+  at::Tensor q = parts[0], k = parts[1], v = parts[2];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  // Fused kernel with the bias (and RoPE) computed inside it: the plan's describable parts.
+  const bool fusable_bias = !plan.has_bias() || plan.bias_describable();
+  std::shared_ptr<const FusedBias> fused;
+  if (options.fused() && prefix == 0 && fusable_bias &&
+      (plan.has_bias() || key_padding.defined() || (options.causal() && cached > 0))) {
+    fused = plan.fused_bias();
+    if (!attention_fused_supported(*fused, q)) fused.reset();
   }
-  Positions key_positions = positions;
+  const bool inside = fused && cache == nullptr && rotary_inside(plan, q, *fused);
+  if (!inside) {
+    if (prefix == 0) {
+      std::tie(q, k) = plan.apply_rotary(q, k);
+    } else {
+      auto [q_rest, k_rest] =
+          plan.apply_rotary(q.narrow(1, prefix, n - prefix), k.narrow(1, prefix, n - prefix));
+      q = torch::cat({q.narrow(1, 0, prefix), q_rest}, 1);
+      k = torch::cat({k.narrow(1, 0, prefix), k_rest}, 1);
+    }
+  }
   if (cache != nullptr) {
-    key_positions = append_positions(cache->positions, positions);
+    cache->positions = append_positions(cache->positions, positions);
     if (cache->k.defined()) {
       k = torch::cat({cache->k, k}, 1);
       v = torch::cat({cache->v, v}, 1);
     }
     cache->k = k.detach();
     cache->v = v.detach();
-    cache->positions = key_positions;
   }
   const int64_t nk = k.size(1);
   if (key_padding.defined()) {
@@ -83,35 +121,30 @@ at::Tensor SelfAttentionImpl::forward(const at::Tensor& x, const Positions& posi
                 "attention: key_padding must be [B, Nk] = [", b, ", ", nk, "], got ",
                 key_padding.sizes());
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  const auto spec = encoder->bias_spec();
   // No bias and no key padding: torch's fused attention (at::scaled_dot_product_attention),
   // whose CPU flash kernel measured 1.4-1.75x faster than ours for forward + backward at
   // training sizes ([32, 128, 4, 32]: 29.5 vs 45.3 ms). Its causal mask is aligned top-left,
   // so with cached keys (Nk > Nq) ours takes over; prefix tokens need no care without a bias.
-  if (options.fused() && encoder->kind() != EncodingKind::kBias && !key_padding.defined() &&
+  if (options.fused() && !plan.has_bias() && !key_padding.defined() &&
       (!options.causal() || n == nk)) {
     auto y = at::scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                               v.transpose(1, 2), {}, 0.0, options.causal(), scale);
     return out->forward(y.transpose(1, 2).reshape({b, n, options.dim()}));
   }
-  // The fused kernel computes the bias from its description; an encoder that biases without
-  // describing it (form kNone) keeps the materialized path.
-  const bool describable = spec.form != BiasForm::kNone || encoder->kind() != EncodingKind::kBias;
-  if (options.fused() && describable && prefix == 0 && positions.num_axes() == 1 &&
-      !positions.batched()) {
-    auto pq = positions.axis(0), pk = key_positions.axis(0);
-    if (attention_fused_supported(spec, q, pq, pk)) {
-      AttentionMasks masks;
-      masks.causal = options.causal();
-      masks.key_padding = key_padding;
-      auto y = attention_fused(q, k, v, spec, pq, pk, masks, scale);
-      return out->forward(y.reshape({b, n, options.dim()}));
+  if (fused) {
+    AttentionMasks masks;
+    masks.causal = options.causal();
+    masks.key_padding = key_padding;
+    AttentionRotary rotary;
+    if (inside) {
+      const auto& r = plan.rotary();
+      rotary = {r.q_cos, r.q_sin, r.k_cos, r.k_sin, r.layout};
     }
+    auto y = attention_fused(q, k, v, fused, masks, scale, rotary);
+    return out->forward(y.reshape({b, n, options.dim()}));
   }
   auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) * scale;  // [B, H, N, Nk]
-  auto bias =
-      encoder->bias(positions, key_positions, prefix == 0 ? q : q.narrow(1, prefix, n - prefix));
+  auto bias = plan.materialize_bias(h, prefix == 0 ? q : q.narrow(1, prefix, n - prefix));
   if (bias.defined()) {
     TORCH_CHECK(bias.size(-3) == h, "attention: the encoder's bias has ", bias.size(-3),
                 " heads but the attention has ", h);

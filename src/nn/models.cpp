@@ -45,7 +45,7 @@ at::Tensor TokenClassifierImpl::forward(const at::Tensor& tokens, const Position
   if (options.pooling() == Pooling::kCls) {
     x = torch::cat({cls.expand({x.size(0), 1, x.size(2)}), x}, 1);
   }
-  auto y = transformer(x, positions);
+  auto y = transformer->forward(x, positions);
   auto pooled = options.pooling() == Pooling::kCls ? y.select(1, 0) : y.mean(1);
   return head(pooled);
 }
@@ -104,7 +104,7 @@ at::Tensor ForecasterImpl::forward(const at::Tensor& values, const at::Tensor& o
               observed.sizes());
   auto seen = observed.to(torch::kBool).unsqueeze(-1);  // [B, N, 1]
   auto x = torch::where(seen, embed(values.masked_fill(~seen, 0.0)), query.view({1, 1, -1}));
-  return head(transformer(x, positions));
+  return head(transformer->forward(x, positions));
 }
 
 TextVideoMatcherImpl::TextVideoMatcherImpl(TextVideoMatcherOptions options_,
@@ -140,7 +140,7 @@ at::Tensor TextVideoMatcherImpl::forward(const MatchInput& in) {
   if (!text_encoder.is_empty()) text = text_encoder->add(text, in.text_positions);
   auto real = torch::ones({b, nv + nt}, torch::dtype(torch::kBool));
   if (in.text_padding.defined()) real.narrow(1, nv, nt).copy_(in.text_padding);
-  auto y = transformer(torch::cat({video, text}, 1), in.stream_positions, real);
+  auto y = transformer->forward(torch::cat({video, text}, 1), in.stream_positions, real);
   auto weight = real.unsqueeze(-1).to(y.scalar_type());
   auto pooled = (y * weight).sum(1) / weight.sum(1);
   return head(pooled).squeeze(-1);

@@ -27,9 +27,9 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
   dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
 }
 
-at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const Positions& positions,
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan& plan,
                                          const at::Tensor& key_padding, KVCache* cache) {
-  auto y = x + dropout(attention(norm1(x), positions, key_padding, cache));
+  auto y = x + dropout(attention->forward_plan(norm1(x), plan, key_padding, cache));
   return y + dropout(fc2(torch::gelu(fc1(norm2(y)))));
 }
 
@@ -47,23 +47,22 @@ TransformerImpl::TransformerImpl(TransformerOptions options_, PositionalEncoding
       register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.dim()})));
 }
 
-at::Tensor add_positions(PositionalEncodingImpl& encoder, const at::Tensor& x,
-                         const Positions& positions, int64_t prefix) {
-  if (encoder.kind() != EncodingKind::kAdditive) return x;
-  if (prefix == 0) return encoder.add(x, positions);
-  const int64_t n = x.size(1);
-  return torch::cat(
-      {x.narrow(1, 0, prefix), encoder.add(x.narrow(1, prefix, n - prefix), positions)}, 1);
-}
-
 at::Tensor TransformerImpl::forward(const at::Tensor& x, const Positions& positions,
                                     const at::Tensor& key_padding, std::vector<KVCache>* caches) {
+  const KVCache* cache = caches != nullptr && !caches->empty() ? &caches->front() : nullptr;
+  return forward_plan(x, encoder->plan(plan_request(x, positions, cache)), key_padding, caches);
+}
+
+at::Tensor TransformerImpl::forward_plan(const at::Tensor& x, const EncodingPlan& plan,
+                                         const at::Tensor& key_padding,
+                                         std::vector<KVCache>* caches) {
   TORCH_CHECK(caches == nullptr || options.causal(),
               "transformer: a key-value cache is for causal (decoder) stacks");
   if (caches != nullptr && caches->size() != blocks->size()) caches->resize(blocks->size());
-  auto y = add_positions(*encoder, x, positions, options.num_prefix_tokens());
+  // one plan for every block: tables, buckets and the additive embedding computed once
+  auto y = plan.apply_additive(x, options.num_prefix_tokens());
   for (size_t i = 0; i < blocks->size(); ++i) {
-    y = blocks->at<TransformerBlockImpl>(i).forward(y, positions, key_padding,
+    y = blocks->at<TransformerBlockImpl>(i).forward(y, plan, key_padding,
                                                     caches ? &(*caches)[i] : nullptr);
   }
   return norm(y);

@@ -4,51 +4,29 @@
 //   additive  x_n + E(p_n)                       added to token embeddings (sinusoidal, learned)
 //   rotary    q_m -> R(p_m) q_m, k_n -> R(p_n) k_n  rotates queries and keys (RoPE and scalings)
 //   bias      logits_mn + b(p_m, p_n)            biases attention logits (T5, Shaw, ALiBi)
-// The attention layer calls all three entry points on whatever encoder it holds; the defaults
-// are identities, so it never switches on the encoder's type.
+// An encoder compiles positions into its part of a plan (posenc/core/plan.h): an embedding, the
+// rotary tables, a bias (describable: ALiBi slopes, a T5 bucket table, a clipped relative table,
+// so a fused kernel computes it on the fly; or materialized [H, Nq, Nk]). Encoders compose (the
+// "compose" encoder: several additive and bias parts, one rotary part). The model builds the plan
+// once per forward and every block reads it; nothing asks which encoder it holds.
 //
 // Layout conventions (as flash-attention / flashinfer):
 //   x: [B, N, D]   q: [B, Nq, H, Dh]   k: [B, Nk, H, Dh]   bias: [H, Nq, Nk] or [B, H, Nq, Nk]
 // A bias is added to the *scaled* logits q.k / sqrt(Dh).
-//
-// A bias is also describable (BiasSpec: ALiBi slopes, a T5 bucket table, a clipped relative
-// table) so that a fused attention kernel can compute it on the fly; bias() materializes
-// [H, Nq, Nk] as the fallback.
 #pragma once
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "posenc/core/plan.h"
 #include "posenc/core/positions.h"
 
 namespace posenc {
-
-enum class EncodingKind { kNone, kAdditive, kRotary, kBias };
-std::string to_string(EncodingKind kind);
-
-/// What a bias is, so a kernel can compute b(p_m, p_n) without materializing it.
-enum class BiasForm {
-  kNone,
-  kAlibi,          ///< b_h(m, n) = -slope_h * (p_m - p_n) (causal) or -slope_h * |p_m - p_n|
-  kBucketTable,    ///< b_h(m, n) = table[bucket(p_n - p_m), h] (T5)
-  kRelativeTable,  ///< b_h(m, n) = q_m,h . table[clip(p_n - p_m, -K, K) + K] / sqrt(Dh) (Shaw)
-};
-std::string to_string(BiasForm form);
-
-struct BiasSpec {
-  BiasForm form = BiasForm::kNone;
-  at::Tensor slopes;          ///< kAlibi: [H], float32
-  bool symmetric = false;     ///< kAlibi: |p_m - p_n| instead of (p_m - p_n)
-  at::Tensor table;           ///< kBucketTable: [num_buckets, H]; kRelativeTable: [2K+1, Dh]
-  int64_t num_buckets = 0;    ///< kBucketTable
-  int64_t max_distance = 0;   ///< kBucketTable
-  bool bidirectional = true;  ///< kBucketTable
-  int64_t max_relative_position = 0;  ///< kRelativeTable: K
-};
 
 /// Named tensors describing what an encoder computes at given positions (`posenc inspect`).
 using Description = std::vector<std::pair<std::string, at::Tensor>>;
@@ -57,26 +35,40 @@ struct DescribeOptions {
   int64_t seq_len = -1;  ///< for dynamic scalings; -1: max position + 1
 };
 
+/// What a model evaluated on new positions asks of its encoder: the extent the positions reach
+/// on each axis (e.g. {length} for text, {rows, columns} for a patch grid).
+using Extent = std::vector<int64_t>;
+/// Puts an adapted encoder back as it was.
+using Restore = std::function<void()>;
+
 class PositionalEncodingImpl : public torch::nn::Module {
  public:
-  /// The registry name ("sinusoidal", "rope", ...).
+  /// The registry name ("sinusoidal", "rope", "compose", ...).
   virtual std::string type() const = 0;
-  virtual EncodingKind kind() const = 0;
-
-  /// Additive entry: x [B, N, D] or [N, D] -> x + E(positions). Default: x unchanged.
-  virtual at::Tensor add(const at::Tensor& x, const Positions& positions);
-  /// Rotary entry: q [B, Nq, H, Dh], k [B, Nk, H, Dh]. Default: unchanged.
-  virtual std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
-                                                   const Positions& q_positions,
-                                                   const Positions& k_positions);
-  /// Bias entry: [H, Nq, Nk] or [B, H, Nq, Nk], or an undefined tensor for no bias.
-  /// q [B, Nq, H, Dh] is passed for query-dependent biases (Shaw); others ignore it.
-  virtual at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
-                          const at::Tensor& q);
-  /// The bias in describable form (form kNone when there is none).
-  virtual BiasSpec bias_spec() const;
+  /// Writes this encoder's part of the plan for the positions in `request` (once per forward).
+  virtual void contribute(EncodingPlan& plan, const PlanRequest& request) = 0;
   /// What the encoder computes at `positions`, for inspection and cross-checks.
   virtual Description describe(const Positions& positions, const DescribeOptions& options);
+  /// Adapts position-bound tables to positions reaching `extent` (learned tables resampled,
+  /// relative tables resized; formulas need nothing). Returns how to undo it. Default: nothing.
+  virtual Restore adapt(const Extent& extent);
+
+  /// The plan for one forward: every part this encoder contributes.
+  EncodingPlan plan(const PlanRequest& request);
+  EncodingPlan plan(const Positions& positions) { return plan(PlanRequest{positions}); }
+
+  // The three entry points, each through a plan (for use outside a model and in tests):
+  /// x [B, N, D] or [N, D] -> x + E(positions) (an encoder with prefix rows, e.g. a learned
+  /// grid's CLS row, takes x with those P tokens first: [B, P + N, D]).
+  at::Tensor add(const at::Tensor& x, const Positions& positions);
+  /// q [B, Nq, H, Dh], k [B, Nk, H, Dh] rotated (unchanged without a rotary part).
+  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
+                                           const Positions& q_positions,
+                                           const Positions& k_positions);
+  /// The bias [H, Nq, Nk] or [B, H, Nq, Nk], or undefined without one; q [B, Nq, H, Dh] for
+  /// query-dependent biases (Shaw). heads: the attention's heads (-1: the encoder's own).
+  at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
+                  const at::Tensor& q = {}, int64_t heads = -1);
 };
 TORCH_MODULE(PositionalEncoding);
 
@@ -91,7 +83,7 @@ PositionalEncoding as_encoding(const Holder& module) {
 class NopeImpl : public PositionalEncodingImpl {
  public:
   std::string type() const override { return "nope"; }
-  EncodingKind kind() const override { return EncodingKind::kNone; }
+  void contribute(EncodingPlan&, const PlanRequest&) override {}
 };
 TORCH_MODULE(Nope);
 

@@ -30,10 +30,11 @@ class AlibiImpl : public PositionalEncodingImpl {
   explicit AlibiImpl(AlibiOptions options = AlibiOptions());
   void reset();
   std::string type() const override { return "alibi"; }
-  EncodingKind kind() const override { return EncodingKind::kBias; }
-  at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
-                  const at::Tensor& q) override;
-  BiasSpec bias_spec() const override;
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
+  /// The bias at these positions, materialized.
+  at::Tensor bias_at(const Positions& q_positions, const Positions& k_positions,
+                     const at::Tensor& q = {}) const;
+  BiasSpec bias_spec() const;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   AlibiOptions options;

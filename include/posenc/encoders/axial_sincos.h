@@ -28,10 +28,9 @@ class AxialSincosImpl : public PositionalEncodingImpl {
   explicit AxialSincosImpl(AxialSincosOptions options = AxialSincosOptions());
   void reset();
   std::string type() const override { return "axial_sincos"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// positions (num_axes axes) -> [N, D] or [B, N, D] float32.
   at::Tensor table(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   AxialSincosOptions options;

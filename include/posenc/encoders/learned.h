@@ -31,10 +31,10 @@ class LearnedImpl : public PositionalEncodingImpl {
   explicit LearnedImpl(LearnedOptions options = LearnedOptions());
   void reset();
   std::string type() const override { return "learned"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
+  Restore adapt(const Extent& extent) override;
   /// positions (1 axis, integers in range) -> [N, D] or [B, N, D].
   at::Tensor lookup(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
   /// Resamples the table to `new_length` positions (the parameter is replaced, values kept
   /// as a function of relative position); max_positions becomes new_length.

@@ -47,11 +47,11 @@ class LearnedGridImpl : public PositionalEncodingImpl {
   explicit LearnedGridImpl(LearnedGridOptions options = LearnedGridOptions());
   void reset();
   std::string type() const override { return "learned_grid"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
+  Restore adapt(const Extent& extent) override;
   /// positions (h, w integers inside the grid) -> [N, D] or [B, N, D] (without prefix rows).
   at::Tensor lookup(const Positions& positions) const;
   /// x: [B, prefix + N, D] or [prefix + N, D].
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
   /// Resamples the table to a new grid (the parameter keeps its identity, new shape).
   void resize(int64_t grid_height, int64_t grid_width,

@@ -31,10 +31,9 @@ class LearnedSpacetimeImpl : public PositionalEncodingImpl {
   explicit LearnedSpacetimeImpl(LearnedSpacetimeOptions options = LearnedSpacetimeOptions());
   void reset();
   std::string type() const override { return "learned_spacetime"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// [N, D]: S[h * G_w + w] + T[t]
   at::Tensor lookup(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   LearnedSpacetimeOptions options;

@@ -31,12 +31,14 @@ class Relative2dImpl : public PositionalEncodingImpl {
   explicit Relative2dImpl(Relative2dOptions options = Relative2dOptions());
   void reset();
   std::string type() const override { return "relative_2d"; }
-  EncodingKind kind() const override { return EncodingKind::kBias; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
+  Restore adapt(const Extent& extent) override;
   /// Table rows [Nq, Nk] for pairs of (h, w) positions.
   at::Tensor relative_index(const Positions& q_positions, const Positions& k_positions) const;
   /// [H, Nq, Nk]
-  at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
-                  const at::Tensor& q) override;
+  /// The bias at these positions, materialized.
+  at::Tensor bias_at(const Positions& q_positions, const Positions& k_positions,
+                     const at::Tensor& q = {}) const;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
   /// Resamples the table to a new window (bicubic over the offset plane).
   void resize(int64_t grid_height, int64_t grid_width);

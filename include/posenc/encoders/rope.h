@@ -14,10 +14,7 @@ class RopeImpl : public PositionalEncodingImpl {
   explicit RopeImpl(RopeOptions options = RopeOptions());
   void reset();
   std::string type() const override { return "rope"; }
-  EncodingKind kind() const override { return EncodingKind::kRotary; }
-  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
-                                           const Positions& q_positions,
-                                           const Positions& k_positions) override;
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   /// Frequencies for sequences of length seq_len (-1: within the original context).

@@ -34,12 +34,9 @@ class RopeMixedImpl : public PositionalEncodingImpl {
   explicit RopeMixedImpl(RopeMixedOptions options = RopeMixedOptions());
   void reset();
   std::string type() const override { return "rope_mixed"; }
-  EncodingKind kind() const override { return EncodingKind::kRotary; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// Per-head (cos, sin): [N, H, Dh/2] from positions with axes (h, w).
   std::pair<at::Tensor, at::Tensor> cos_sin(const Positions& positions) const;
-  std::pair<at::Tensor, at::Tensor> rotate(const at::Tensor& q, const at::Tensor& k,
-                                           const Positions& q_positions,
-                                           const Positions& k_positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   RopeMixedOptions options;

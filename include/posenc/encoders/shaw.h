@@ -27,13 +27,14 @@ class ShawImpl : public PositionalEncodingImpl {
   explicit ShawImpl(ShawOptions options = ShawOptions());
   void reset();
   std::string type() const override { return "shaw"; }
-  EncodingKind kind() const override { return EncodingKind::kBias; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// Table index [.., Nq, Nk] (int64).
   at::Tensor relative_index(const Positions& q_positions, const Positions& k_positions) const;
   /// Needs q [B, Nq, H, Dh]; returns [B, H, Nq, Nk].
-  at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
-                  const at::Tensor& q) override;
-  BiasSpec bias_spec() const override;
+  /// The bias at these positions, materialized.
+  at::Tensor bias_at(const Positions& q_positions, const Positions& k_positions,
+                     const at::Tensor& q = {}) const;
+  BiasSpec bias_spec() const;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   ShawOptions options;

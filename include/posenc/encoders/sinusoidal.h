@@ -24,10 +24,9 @@ class SinusoidalImpl : public PositionalEncodingImpl {
   explicit SinusoidalImpl(SinusoidalOptions options = SinusoidalOptions());
   void reset();
   std::string type() const override { return "sinusoidal"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// positions (1 axis) -> [N, D] or [B, N, D] float32.
   at::Tensor table(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   SinusoidalOptions options;

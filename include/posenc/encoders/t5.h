@@ -29,12 +29,13 @@ class T5Impl : public PositionalEncodingImpl {
   explicit T5Impl(T5Options options = T5Options());
   void reset();
   std::string type() const override { return "t5"; }
-  EncodingKind kind() const override { return EncodingKind::kBias; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// Buckets [.., Nq, Nk] (int64) for the pairs of positions.
   at::Tensor buckets(const Positions& q_positions, const Positions& k_positions) const;
-  at::Tensor bias(const Positions& q_positions, const Positions& k_positions,
-                  const at::Tensor& q) override;
-  BiasSpec bias_spec() const override;
+  /// The bias at these positions, materialized.
+  at::Tensor bias_at(const Positions& q_positions, const Positions& k_positions,
+                     const at::Tensor& q = {}) const;
+  BiasSpec bias_spec() const;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   T5Options options;

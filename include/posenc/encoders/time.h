@@ -39,10 +39,9 @@ class TimeSinusoidalImpl : public PositionalEncodingImpl {
   explicit TimeSinusoidalImpl(TimeSinusoidalOptions options = TimeSinusoidalOptions());
   void reset();
   std::string type() const override { return "time_sinusoidal"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// [N, D] or [B, N, D] float64.
   at::Tensor table(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   TimeSinusoidalOptions options;
@@ -64,10 +63,9 @@ class Time2VecImpl : public PositionalEncodingImpl {
   explicit Time2VecImpl(Time2VecOptions options = Time2VecOptions());
   void reset();
   std::string type() const override { return "time2vec"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// [N, D] or [B, N, D] float32, differentiable in omega and phi.
   at::Tensor encode(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   Time2VecOptions options;
@@ -89,10 +87,9 @@ class CalendarImpl : public PositionalEncodingImpl {
   explicit CalendarImpl(CalendarOptions options = CalendarOptions());
   void reset();
   std::string type() const override { return "calendar"; }
-  EncodingKind kind() const override { return EncodingKind::kAdditive; }
+  void contribute(EncodingPlan& plan, const PlanRequest& request) override;
   /// The raw features [N, F] or [B, N, F] (float64).
   at::Tensor features(const Positions& positions) const;
-  at::Tensor add(const at::Tensor& x, const Positions& positions) override;
   Description describe(const Positions& positions, const DescribeOptions& options) override;
 
   CalendarOptions options;

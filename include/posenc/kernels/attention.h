@@ -2,7 +2,8 @@
 // online softmax, Dao et al. 2022/2023), so no [H, Nq, Nk] tensor is ever materialized.
 //
 //   out_i = sum_j softmax_j(q_i . k_j * scale + b_h(p_i, p_j) + mask_ij) v_j
-//   b_h from the encoder's BiasSpec:
+//   b_h from the plan's describable bias parts (FusedBias: ALiBi and at most one table form,
+//   summed in one pass, e.g. ALiBi + T5), each a BiasSpec:
 //     kNone         0
 //     kAlibi        -slope_h (p_i - p_j)   or  -slope_h |p_i - p_j|      (Press et al. 2022)
 //     kBucketTable  table[bucket(p_j - p_i), h]                          (T5; learnable table)
@@ -26,7 +27,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "posenc/core/encoder.h"
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "posenc/core/plan.h"
 #include "posenc/functional/rope.h"
 
 namespace posenc {
@@ -45,10 +50,39 @@ struct AttentionRotary {
   bool defined() const { return q_cos.defined(); }
 };
 
+/// The describable bias parts of one forward, prepared once for the kernel (and shared by every
+/// layer): ALiBi parts folded into one slope per head, at most one table part (T5 or Shaw), the
+/// positions as the kernel reads them, T5's bucket for every relative offset that occurs.
+struct FusedBias {
+  bool alibi = false;
+  bool symmetric = false;
+  at::Tensor slopes;  ///< [H] float32: the ALiBi parts' slopes summed
+  BiasSpec table;     ///< the kBucketTable or kRelativeTable part (form kNone: none)
+  at::Tensor q_positions, k_positions;  ///< float64 [Nq], [Nk]
+  std::vector<double> pq, pk;           ///< the same as vectors
+  std::vector<int64_t> iq, ik;          ///< rounded, for the table forms
+  int64_t rel_min = 0;                  ///< kBucketTable: smallest offset p_k - p_q
+  at::Tensor buckets;                   ///< kBucketTable: [R] int64, bucket of offset rel_min + r
+  std::string unsupported;  ///< why the fused kernel cannot take these parts ("" = it can)
+};
+
+/// Prepares parts (describable biases, any number) at 1D positions q_positions [Nq] and
+/// k_positions [Nk] for attention_fused. What the kernel cannot take (two table parts, ALiBi
+/// parts of different forms, non-integer positions for a table) is recorded in `unsupported`.
+std::shared_ptr<const FusedBias> fused_bias(const std::vector<BiasSpec>& parts,
+                                            const at::Tensor& q_positions,
+                                            const at::Tensor& k_positions);
+
 /// Whether attention_fused takes this bias and these positions (else use the reference).
+bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q);
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions);
 /// Fused attention, autograd-aware (gradients for q, k, v and a T5 or Shaw table).
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::shared_ptr<const FusedBias>& bias,
+                           const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary = {});
+/// The same for one bias part (prepared on each call).
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const BiasSpec& bias, const at::Tensor& q_positions,
                            const at::Tensor& k_positions, const AttentionMasks& masks, double scale,

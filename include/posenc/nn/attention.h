@@ -1,12 +1,15 @@
-// Multi-head self-attention that takes any positional encoding through the interface
-// (posenc/core/encoder.h): it calls rotate() on q and k and adds bias() to the scaled logits,
-// never asking which encoder it holds. Additive encoders act on the embeddings before the first
-// layer (encoder->add), which the model does.
+// Multi-head self-attention over a position plan (posenc/core/plan.h): it rotates q and k by
+// the plan's rotary part and adds its bias parts to the scaled logits, choosing the kernel by
+// what the plan holds, never by which encoder built it. Additive parts act on the embeddings
+// before the first layer, which the model does.
 //
 //   q, k, v = x W_q, x W_k, x W_v                     x: [B, N, D] -> [B, N, H, Dh]
-//   q, k    = encoder.rotate(q, k, p, p)
-//   logits  = q k^T / sqrt(Dh) + encoder.bias(p, p, q) [B, H, N, N]
+//   q, k    = plan.rotary(q, k)
+//   logits  = q k^T / sqrt(Dh) + plan.bias(q)         [B, H, N, N]
 //   out     = softmax(logits + masks) v W_o          [B, N, D]
+// Kernels: no bias and no padding -> torch's scaled_dot_product_attention; describable bias
+// parts (and padding, cached keys) -> posenc's fused kernel (RoPE applied inside its tiles on
+// the CPU when there is no cache); anything else -> the materialized reference.
 //
 // Prefix tokens (a ViT's CLS, registers): the first P tokens carry no position. Positions cover
 // the N - P others; rotation skips the prefix and the bias is zero in the prefix rows and columns
@@ -55,11 +58,21 @@ class SelfAttentionImpl : public torch::nn::Module {
   /// and values are appended to it.
   at::Tensor forward(const at::Tensor& x, const Positions& positions,
                      const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
+  /// The same with a plan built by the caller (plan_request: the cache's key positions too).
+  at::Tensor forward_plan(const at::Tensor& x, const EncodingPlan& plan,
+                          const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
 
   AttentionOptions options;
   PositionalEncoding encoder{nullptr};
   torch::nn::Linear qkv{nullptr}, out{nullptr};
 };
 TORCH_MODULE(SelfAttention);
+
+/// Positions of cached keys followed by the new ones.
+Positions append_positions(const Positions& cached, const Positions& fresh);
+/// The plan request for a forward over x at `positions`: with a cache, every key position
+/// (cached + new) for the bias and the new ones for the rotation; tables on x's device.
+PlanRequest plan_request(const at::Tensor& x, const Positions& positions,
+                         const KVCache* cache = nullptr);
 
 }  // namespace posenc

@@ -1,8 +1,9 @@
 // Pre-norm transformer blocks over the encoder interface (Xiong et al. 2020, "On Layer
 // Normalization in the Transformer Architecture"; GPT-2 / ViT layout):
 //
-//   x = encoder.add(x, p)                       additive encoders, once, before the first block
-//   x = x + Attention(LN(x), p)                 rotary / bias encoders inside every attention
+//   plan = encoder.plan(p)                      once per forward (posenc/core/plan.h)
+//   x = plan.additive(x)                        additive parts, once, before the first block
+//   x = x + Attention(LN(x), plan)              rotary / bias parts inside every attention
 //   x = x + W2 GELU(W1 LN(x))                   MLP of width mlp_ratio * D
 //   y = LN(x)                                   final norm
 //
@@ -50,7 +51,7 @@ struct TransformerOptions {
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(const TransformerOptions& options, PositionalEncoding encoder);
-  at::Tensor forward(const at::Tensor& x, const Positions& positions,
+  at::Tensor forward(const at::Tensor& x, const EncodingPlan& plan,
                      const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
@@ -67,6 +68,11 @@ class TransformerImpl : public torch::nn::Module {
   /// (resized on first use), only for causal stacks.
   at::Tensor forward(const at::Tensor& x, const Positions& positions,
                      const at::Tensor& key_padding = {}, std::vector<KVCache>* caches = nullptr);
+  /// The same with a plan built by the caller (e.g. with token kinds for per-modality parts:
+  /// encoder->plan(request)); with caches, plan_request(x, positions, &caches->front()).
+  at::Tensor forward_plan(const at::Tensor& x, const EncodingPlan& plan,
+                          const at::Tensor& key_padding = {},
+                          std::vector<KVCache>* caches = nullptr);
 
   TransformerOptions options;
   PositionalEncoding encoder{nullptr};
@@ -74,9 +80,5 @@ class TransformerImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm{nullptr};
 };
 TORCH_MODULE(Transformer);
-
-/// The encoder's additive entry applied to the positioned tokens only (after `prefix` tokens).
-at::Tensor add_positions(PositionalEncodingImpl& encoder, const at::Tensor& x,
-                         const Positions& positions, int64_t prefix);
 
 }  // namespace posenc

@@ -27,14 +27,11 @@ std::vector<double> to_vector(const at::Tensor& t) {
   return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
 }
 
-// qh, kh, vh: contiguous float32 [B, H, N, D]; table: the T5 table or empty.
+// qh, kh, vh: contiguous float32 [B, H, N, D]; table: the bias's table (T5 or Shaw) or empty.
 detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh,
-                                      const at::Tensor& vh, int64_t form, bool symmetric,
-                                      const at::Tensor& slopes, const at::Tensor& table,
-                                      int64_t num_buckets, int64_t max_distance, bool bidirectional,
-                                      int64_t max_relative, const at::Tensor& q_positions,
-                                      const at::Tensor& k_positions, bool causal,
-                                      const at::Tensor& key_padding, double scale) {
+                                      const at::Tensor& vh, const FusedBias& bias,
+                                      const at::Tensor& table, const AttentionMasks& masks,
+                                      double scale) {
   detail::AttentionProblem p;
   p.q = qh;
   p.k = kh;
@@ -46,39 +43,36 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
   p.dim = qh.size(3);
   p.dim_v = vh.size(3);
   p.scale = static_cast<float>(scale);
-  p.form = static_cast<BiasForm>(form);
-  p.symmetric = symmetric;
-  p.causal = causal;
-  p.pq = to_vector(q_positions);
-  p.pk = to_vector(k_positions);
-  if (p.form == BiasForm::kAlibi) {
-    auto s = slopes.to(torch::kFloat32).contiguous();
+  p.alibi = bias.alibi;
+  p.table_form = bias.table.form;
+  p.symmetric = bias.symmetric;
+  p.causal = masks.causal;
+  p.pq = bias.pq;
+  p.pk = bias.pk;
+  p.iq = bias.iq;
+  p.ik = bias.ik;
+  if (p.alibi) {
+    auto s = bias.slopes.to(torch::kFloat32).contiguous();
     p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
   }
-  if (p.form == BiasForm::kBucketTable || p.form == BiasForm::kRelativeTable) {
-    for (double x : p.pq) p.iq.push_back(static_cast<int64_t>(std::llround(x)));
-    for (double x : p.pk) p.ik.push_back(static_cast<int64_t>(std::llround(x)));
-  }
-  if (p.form == BiasForm::kRelativeTable) {  // qr = q a^T / sqrt(D): [B, H, Nq, 2K+1]
-    p.max_relative = max_relative;
+  if (p.table_form == BiasForm::kRelativeTable) {  // qr = q a^T / sqrt(D): [B, H, Nq, 2K+1]
+    p.max_relative = bias.table.max_relative_position;
     p.rel_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
     p.rel_table = table.detach().to(torch::kFloat32).contiguous();
     p.qr = (torch::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();
   }
-  if (p.form == BiasForm::kBucketTable) {
-    auto offsets =
-        t5_offset_buckets(q_positions, k_positions, bidirectional, num_buckets, max_distance);
-    auto bucket = offsets.buckets;
-    p.rel_min = offsets.offset_min;
+  if (p.table_form == BiasForm::kBucketTable) {
+    const auto& bucket = bias.buckets;
+    p.rel_min = bias.rel_min;
     p.rel_count = bucket.numel();
     p.bucket.assign(bucket.data_ptr<int64_t>(), bucket.data_ptr<int64_t>() + bucket.numel());
-    p.num_buckets = num_buckets;
+    p.num_buckets = bias.table.num_buckets;
     auto lut =
         table.detach().to(torch::kFloat32).index_select(0, bucket).t().contiguous();  // [H, R]
     p.lut.assign(lut.data_ptr<float>(), lut.data_ptr<float>() + lut.numel());
   }
-  if (key_padding.defined() && key_padding.numel() > 0) {
-    auto keep = key_padding.to(torch::kUInt8).contiguous();
+  if (masks.key_padding.defined() && masks.key_padding.numel() > 0) {
+    auto keep = masks.key_padding.to(torch::kUInt8).contiguous();
     p.key_keep.assign(keep.data_ptr<uint8_t>(), keep.data_ptr<uint8_t>() + keep.numel());
   }
   return p;
@@ -104,77 +98,68 @@ at::Tensor heads_first(const at::Tensor& x) {
   return x.detach().to(torch::kFloat32).transpose(1, 2).contiguous();
 }
 
+// Everything the backward needs besides the tensors saved for backward, as one object: the
+// forward's prepared bias (shared with the plan), masks, scale, float32 rotary tables.
+struct SavedAttention : torch::CustomClassHolder {
+  std::shared_ptr<const FusedBias> bias;
+  AttentionMasks masks;
+  double scale = 1.0;
+  AttentionRotary rotary;
+  at::ScalarType dtype = at::kFloat;
+};
+
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
-                               const at::Tensor& q_positions, const at::Tensor& k_positions,
+                               const at::Tensor& v, const at::Tensor& table,
+                               const std::shared_ptr<const FusedBias>& bias,
                                const AttentionMasks& masks, double scale,
                                const AttentionRotary& rotary) {
     auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
-    at::Tensor slopes = bias.slopes.defined() ? bias.slopes : torch::empty({0});
-    at::Tensor padding = masks.key_padding.defined() ? masks.key_padding : torch::empty({0});
-    auto p = make_problem(qh, kh, vh, static_cast<int64_t>(bias.form), bias.symmetric, slopes,
-                          table, bias.num_buckets, bias.max_distance, bias.bidirectional,
-                          bias.max_relative_position, q_positions, k_positions, masks.causal,
-                          padding, scale);
+    auto p = make_problem(qh, kh, vh, *bias, table, masks, scale);
     const bool interleaved = rotary.layout == RopeLayout::kInterleaved;
     set_rotary(p, rotary.q_cos, rotary.q_sin, rotary.k_cos, rotary.k_sin, interleaved);
     auto out = torch::empty({p.batch, p.heads, p.nq, p.dim_v}, torch::kFloat32);
     auto lse = torch::empty({p.batch, p.heads, p.nq}, torch::kFloat32);
     detail::attention_forward_cpu(p, out, lse);
-    auto none = torch::empty({0});
-    ctx->saved_data["q_cos"] = p.rotary ? p.q_cos : none;
-    ctx->saved_data["q_sin"] = p.rotary ? p.q_sin : none;
-    ctx->saved_data["k_cos"] = p.rotary ? p.k_cos : none;
-    ctx->saved_data["k_sin"] = p.rotary ? p.k_sin : none;
-    ctx->saved_data["interleaved"] = interleaved;
+    auto saved = c10::make_intrusive<SavedAttention>();
+    saved->bias = bias;
+    saved->masks = masks;
+    saved->scale = scale;
+    if (p.rotary) saved->rotary = {p.q_cos, p.q_sin, p.k_cos, p.k_sin, rotary.layout};
+    saved->dtype = q.scalar_type();
+    ctx->saved_data["attention"] = c10::IValue::make_capsule(std::move(saved));
     ctx->save_for_backward({qh, kh, vh, out, lse, table});
-    ctx->saved_data["form"] = static_cast<int64_t>(bias.form);
-    ctx->saved_data["symmetric"] = bias.symmetric;
-    ctx->saved_data["slopes"] = slopes;
-    ctx->saved_data["num_buckets"] = bias.num_buckets;
-    ctx->saved_data["max_distance"] = bias.max_distance;
-    ctx->saved_data["bidirectional"] = bias.bidirectional;
-    ctx->saved_data["max_relative"] = bias.max_relative_position;
-    ctx->saved_data["q_positions"] = q_positions;
-    ctx->saved_data["k_positions"] = k_positions;
-    ctx->saved_data["causal"] = masks.causal;
-    ctx->saved_data["key_padding"] = padding;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["dtype"] = static_cast<int64_t>(q.scalar_type());
     return {out.transpose(1, 2).contiguous().to(q.scalar_type())};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto& d = ctx->saved_data;
+    const auto state = c10::static_intrusive_pointer_cast<SavedAttention>(
+        ctx->saved_data["attention"].toCapsule());
     const auto& qh = saved[0];
     const auto& kh = saved[1];
     const auto& vh = saved[2];
-    auto p = make_problem(
-        qh, kh, vh, d["form"].toInt(), d["symmetric"].toBool(), d["slopes"].toTensor(), saved[5],
-        d["num_buckets"].toInt(), d["max_distance"].toInt(), d["bidirectional"].toBool(),
-        d["max_relative"].toInt(), d["q_positions"].toTensor(), d["k_positions"].toTensor(),
-        d["causal"].toBool(), d["key_padding"].toTensor(), d["scale"].toDouble());
-    set_rotary(p, d["q_cos"].toTensor(), d["q_sin"].toTensor(), d["k_cos"].toTensor(),
-               d["k_sin"].toTensor(), d["interleaved"].toBool());
+    auto p = make_problem(qh, kh, vh, *state->bias, saved[5], state->masks, state->scale);
+    const auto& r = state->rotary;
+    set_rotary(p, r.q_cos, r.q_sin, r.k_cos, r.k_sin, r.layout == RopeLayout::kInterleaved);
     auto grad_out = heads_first(grads[0]);
     auto dq = torch::zeros_like(qh), dk = torch::zeros_like(kh), dv = torch::zeros_like(vh);
     at::Tensor dtable;
     detail::attention_backward_cpu(p, saved[3], saved[4], grad_out, dq, dk, dv, dtable);
-    const auto dtype = static_cast<at::ScalarType>(d["dtype"].toInt());
-    auto back = [&](const at::Tensor& t) { return t.transpose(1, 2).contiguous().to(dtype); };
+    auto back = [&](const at::Tensor& t) {
+      return t.transpose(1, 2).contiguous().to(state->dtype);
+    };
     at::Tensor table_grad;
     if (dtable.defined() && saved[5].requires_grad())
       table_grad = dtable.to(saved[5].scalar_type());
-    return {back(dq),     back(dk),     back(dv),     table_grad,   at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {back(dq),     back(dk),     back(dv),     table_grad,
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 void check_rotary(const AttentionRotary& r, const at::Tensor& q, const at::Tensor& k,
-                  const BiasSpec& bias) {
+                  const FusedBias& bias) {
   TORCH_CHECK(r.q_sin.defined() && r.k_cos.defined() && r.k_sin.defined(),
               "attention_fused: rotary needs q_cos, q_sin, k_cos and k_sin");
   TORCH_CHECK(
@@ -192,7 +177,7 @@ void check_rotary(const AttentionRotary& r, const at::Tensor& q, const at::Tenso
                 r.k_sin.requires_grad()),
               "attention_fused: rotary tables are constants here; rotate q, k outside "
               "(rope_fused) when the frequencies are learned");
-  TORCH_CHECK(bias.form != BiasForm::kRelativeTable,
+  TORCH_CHECK(bias.table.form != BiasForm::kRelativeTable,
               "attention_fused: rotary inside and a relative table (Shaw) together are not "
               "supported; rotate q, k outside");
 }
@@ -211,56 +196,117 @@ void check_attention_shapes(const at::Tensor& q, const at::Tensor& k, const at::
 
 }  // namespace
 
-bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
-                               const at::Tensor& q_positions, const at::Tensor& k_positions) {
+std::shared_ptr<const FusedBias> fused_bias(const std::vector<BiasSpec>& parts,
+                                            const at::Tensor& q_positions,
+                                            const at::Tensor& k_positions) {
+  auto out = std::make_shared<FusedBias>();
+  auto& f = *out;
+  TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1,
+              "fused_bias: positions must be [Nq] and [Nk], got ", q_positions.sizes(), " and ",
+              k_positions.sizes());
+  f.q_positions = q_positions.to(torch::kFloat64).contiguous();
+  f.k_positions = k_positions.to(torch::kFloat64).contiguous();
+  f.pq = to_vector(f.q_positions);
+  f.pk = to_vector(f.k_positions);
+  for (const auto& part : parts) {
+    switch (part.form) {
+      case BiasForm::kNone:
+        break;
+      case BiasForm::kAlibi: {
+        auto slopes = part.slopes.detach().to(at::kCPU, torch::kFloat32);
+        if (!f.alibi) {
+          f.alibi = true;
+          f.symmetric = part.symmetric;
+          f.slopes = slopes.clone();
+        } else if (f.symmetric != part.symmetric) {
+          f.unsupported = "two ALiBi parts of different forms (causal and symmetric)";
+        } else if (f.slopes.numel() != slopes.numel()) {
+          f.unsupported = "two ALiBi parts with different head counts";
+        } else {
+          f.slopes = f.slopes + slopes;  // -m1 d - m2 d = -(m1 + m2) d
+        }
+        break;
+      }
+      case BiasForm::kBucketTable:
+      case BiasForm::kRelativeTable:
+        if (f.table.form != BiasForm::kNone) {
+          f.unsupported =
+              "two table parts (" + to_string(f.table.form) + " and " + to_string(part.form) + ")";
+        } else {
+          f.table = part;
+        }
+        break;
+    }
+  }
+  if (f.table.form != BiasForm::kNone) {
+    if (!integer_valued(f.q_positions) || !integer_valued(f.k_positions)) {
+      f.unsupported = to_string(f.table.form) + " needs integer positions";
+    } else {
+      for (double x : f.pq) f.iq.push_back(static_cast<int64_t>(std::llround(x)));
+      for (double x : f.pk) f.ik.push_back(static_cast<int64_t>(std::llround(x)));
+    }
+  }
+  if (f.table.form == BiasForm::kBucketTable && f.unsupported.empty()) {
+    auto offsets = t5_offset_buckets(f.q_positions, f.k_positions, f.table.bidirectional,
+                                     f.table.num_buckets, f.table.max_distance);
+    f.rel_min = offsets.offset_min;
+    f.buckets = offsets.buckets.contiguous();
+  }
+  return out;
+}
+
+bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q) {
+  if (!bias.unsupported.empty()) return false;
   // float64 stays on the (exact) reference path: the kernel computes in float32.
   const auto dtype = q.scalar_type();
-  bool device_ok = q.device().is_cpu();
+  if (!(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
+  if (q.device().is_cpu()) return true;
 #if POSENC_HAS_CUDA_GLUE
-  device_ok = device_ok || detail::attention_cuda_supported(q);
-#endif
-  if (!device_ok || !(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf))
-    return false;
-  if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
-  switch (bias.form) {
-    case BiasForm::kNone:
-    case BiasForm::kAlibi:
-      return true;
-    case BiasForm::kBucketTable:
-      return integer_valued(q_positions) && integer_valued(k_positions);
-    case BiasForm::kRelativeTable:  // query-dependent: the CPU kernel only
-      return q.device().is_cpu() && integer_valued(q_positions) && integer_valued(k_positions);
-  }
+  // the CUDA kernel takes one part; Shaw's query-dependent bias is CPU only
+  const bool one_part = !(bias.alibi && bias.table.form != BiasForm::kNone);
+  return detail::attention_cuda_supported(q) && one_part &&
+         bias.table.form != BiasForm::kRelativeTable;
+#else
   return false;
+#endif
+}
+
+bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
+                               const at::Tensor& q_positions, const at::Tensor& k_positions) {
+  if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
+  return attention_fused_supported(*fused_bias({bias}, q_positions, k_positions), q);
 }
 
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const BiasSpec& bias, const at::Tensor& q_positions,
-                           const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
+                           const std::shared_ptr<const FusedBias>& prepared,
+                           const AttentionMasks& masks, double scale,
                            const AttentionRotary& rotary) {
+  TORCH_CHECK(prepared != nullptr, "attention_fused: no prepared bias (use fused_bias({}, ...))");
+  const FusedBias& bias = *prepared;
   check_attention_shapes(q, k, v);
-  TORCH_CHECK(attention_fused_supported(bias, q, q_positions, k_positions),
-              "attention_fused: unsupported input (bias form ", to_string(bias.form), ", device ",
-              q.device(), ", positions ", q_positions.sizes(), "/", k_positions.sizes(),
-              "); use attention_reference");
-  TORCH_CHECK(q_positions.size(0) == q.size(1) && k_positions.size(0) == k.size(1),
-              "attention_fused: ", q_positions.size(0), " query and ", k_positions.size(0),
-              " key positions for Nq=", q.size(1), " and Nk=", k.size(1));
-  if (bias.form == BiasForm::kAlibi)
+  TORCH_CHECK(attention_fused_supported(bias, q), "attention_fused: unsupported input (",
+              bias.unsupported.empty() ? "" : bias.unsupported + ", ", "bias ",
+              bias.alibi ? "alibi + " : "", to_string(bias.table.form), ", device ", q.device(),
+              ", dtype ", q.scalar_type(), "); use attention_reference");
+  TORCH_CHECK(bias.q_positions.size(0) == q.size(1) && bias.k_positions.size(0) == k.size(1),
+              "attention_fused: ", bias.q_positions.size(0), " query and ",
+              bias.k_positions.size(0), " key positions for Nq=", q.size(1), " and Nk=", k.size(1));
+  if (bias.alibi)
     TORCH_CHECK(bias.slopes.numel() == q.size(2), "attention_fused: ", bias.slopes.numel(),
                 " ALiBi slopes for ", q.size(2), " heads");
-  if (bias.form == BiasForm::kBucketTable)
-    TORCH_CHECK(bias.table.dim() == 2 && bias.table.size(1) == q.size(2),
+  const auto& t = bias.table;
+  if (t.form == BiasForm::kBucketTable)
+    TORCH_CHECK(t.table.dim() == 2 && t.table.size(1) == q.size(2),
                 "attention_fused: the bucket table must be [num_buckets, ", q.size(2), "], got ",
-                bias.table.sizes());
-  if (bias.form == BiasForm::kRelativeTable) {
-    TORCH_CHECK(bias.max_relative_position >= 1,
+                t.table.sizes());
+  if (t.form == BiasForm::kRelativeTable) {
+    TORCH_CHECK(t.max_relative_position >= 1,
                 "attention_fused: max_relative_position must be >= 1, got ",
-                bias.max_relative_position);
-    TORCH_CHECK(bias.table.dim() == 2 && bias.table.size(0) == 2 * bias.max_relative_position + 1 &&
-                    bias.table.size(1) == q.size(3),
+                t.max_relative_position);
+    TORCH_CHECK(t.table.dim() == 2 && t.table.size(0) == 2 * t.max_relative_position + 1 &&
+                    t.table.size(1) == q.size(3),
                 "attention_fused: the relative table must be [2K+1, D] = [",
-                2 * bias.max_relative_position + 1, ", ", q.size(3), "], got ", bias.table.sizes());
+                2 * t.max_relative_position + 1, ", ", q.size(3), "], got ", t.table.sizes());
   }
   if (masks.key_padding.defined())
     TORCH_CHECK(masks.key_padding.sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
@@ -269,18 +315,32 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
   if (rotary.defined()) check_rotary(rotary, q, k, bias);
 #if POSENC_HAS_CUDA_GLUE
   if (q.is_cuda()) {  // the one dispatch point to the CUDA kernel (RoPE: one pass before it)
-    if (rotary.defined())
-      return detail::attention_fused_cuda(rope_fused(q, rotary.q_cos, rotary.q_sin, rotary.layout),
-                                          rope_fused(k, rotary.k_cos, rotary.k_sin, rotary.layout),
-                                          v, bias, q_positions, k_positions, masks, scale);
-    return detail::attention_fused_cuda(q, k, v, bias, q_positions, k_positions, masks, scale);
+    BiasSpec spec = t;
+    if (bias.alibi) {
+      spec = BiasSpec{};
+      spec.form = BiasForm::kAlibi;
+      spec.slopes = bias.slopes.to(q.device());
+      spec.symmetric = bias.symmetric;
+    }
+    auto qr = rotary.defined() ? rope_fused(q, rotary.q_cos, rotary.q_sin, rotary.layout) : q;
+    auto kr = rotary.defined() ? rope_fused(k, rotary.k_cos, rotary.k_sin, rotary.layout) : k;
+    return detail::attention_fused_cuda(qr, kr, v, spec, bias.q_positions, bias.k_positions, masks,
+                                        scale);
   }
 #endif
-  const bool has_table =
-      bias.form == BiasForm::kBucketTable || bias.form == BiasForm::kRelativeTable;
-  at::Tensor table = has_table ? bias.table : torch::empty({0});
-  return AttentionFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks, scale,
-                                  rotary)[0];
+  at::Tensor table = t.form != BiasForm::kNone ? t.table : torch::empty({0});
+  return AttentionFunction::apply(q, k, v, table, prepared, masks, scale, rotary)[0];
+}
+
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const BiasSpec& bias, const at::Tensor& q_positions,
+                           const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary) {
+  TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1,
+              "attention_fused: positions must be [Nq] and [Nk], got ", q_positions.sizes(),
+              " and ", k_positions.sizes());
+  return attention_fused(q, k, v, fused_bias({bias}, q_positions, k_positions), masks, scale,
+                         rotary);
 }
 
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -322,7 +382,8 @@ at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
     }
     case BiasForm::kRelativeTable: {  // q_i . a[clip(p_j - p_i)] / sqrt(D): [B, H, Nq, Nk]
       TORCH_CHECK(q.defined() && q.dim() == 4,
-                  "bias_from_spec: a relative table (Shaw) depends on q; pass q [B, Nq, H, D]");
+                  "bias_from_spec: a relative table (Shaw) depends on the queries; q [B, Nq, H, "
+                  "Dh] is required");
       auto scores = torch::einsum("bqhd,rd->bhqr", {q, bias.table.to(q.scalar_type())}) /
                     std::sqrt(static_cast<double>(q.size(3)));
       auto index = shaw_relative_index(rel, bias.max_relative_position).to(q.device());

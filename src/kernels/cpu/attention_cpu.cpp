@@ -34,13 +34,15 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
                    int64_t i0, int64_t j0, int64_t b, int64_t h) {
   const int64_t offset = p.nk - p.nq;  // causal: keys j <= i + offset
   const uint8_t* keep = p.key_keep.empty() ? nullptr : p.key_keep.data() + b * p.nk;
-  const float slope = p.form == BiasForm::kAlibi ? p.slopes[h] : 0.0f;
-  const float* lut = p.form == BiasForm::kBucketTable ? p.lut.data() + h * p.rel_count : nullptr;
+  const float slope = p.alibi ? p.slopes[h] : 0.0f;
+  const float* lut =
+      p.table_form == BiasForm::kBucketTable ? p.lut.data() + h * p.rel_count : nullptr;
+  const bool relative = p.table_form == BiasForm::kRelativeTable;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     float* row = s + r * ld;
     for (int64_t c = 0; c < cols; ++c) row[c] *= p.scale;
-    if (p.form == BiasForm::kAlibi) {
+    if (p.alibi) {
       const double pi = p.pq[i];
       const double* pk = p.pk.data() + j0;
       if (p.symmetric) {
@@ -49,11 +51,12 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
       } else {
         for (int64_t c = 0; c < cols; ++c) row[c] -= slope * static_cast<float>(pi - pk[c]);
       }
-    } else if (lut) {
+    }
+    if (lut) {
       const int64_t base = -p.iq[i] - p.rel_min;
       const int64_t* ik = p.ik.data() + j0;
       for (int64_t c = 0; c < cols; ++c) row[c] += lut[ik[c] + base];
-    } else if (p.form == BiasForm::kRelativeTable) {
+    } else if (relative) {
       const float* qr = p.qr.data_ptr<float>() + ((b * p.heads + h) * p.nq + i) * p.qr.size(3);
       const int64_t pi = p.iq[i], kmax = p.max_relative;
       const int64_t* ik = p.ik.data() + j0;
@@ -191,8 +194,8 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
 void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
                             at::Tensor& dv, at::Tensor& dtable) {
-  const bool table_grad = p.form == BiasForm::kBucketTable;
-  const bool relative = p.form == BiasForm::kRelativeTable;
+  const bool table_grad = p.table_form == BiasForm::kBucketTable;
+  const bool relative = p.table_form == BiasForm::kRelativeTable;
   const int64_t rel_width = relative ? 2 * p.max_relative + 1 : 0;
   // per (b, h) partial table gradients, summed over b (and h) afterwards:
   // [B, H, num_buckets] (T5) or [B, H, 2K+1, D] (Shaw)

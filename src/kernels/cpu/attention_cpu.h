@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "posenc/core/encoder.h"
+#include "posenc/core/plan.h"
 
 namespace posenc::detail {
 
@@ -14,9 +14,11 @@ struct AttentionProblem {
   at::Tensor q, k, v;  ///< contiguous float32 [B, H, N, D]
   int64_t batch = 0, heads = 0, nq = 0, nk = 0, dim = 0, dim_v = 0;
   float scale = 1.0f;
-  BiasForm form = BiasForm::kNone;
+  // Bias parts, summed: ALiBi (alibi) plus at most one table form (T5 or Shaw).
+  bool alibi = false;
+  BiasForm table_form = BiasForm::kNone;  ///< kNone, kBucketTable or kRelativeTable
   bool symmetric = false;
-  std::vector<float> slopes;    ///< kAlibi: [H]
+  std::vector<float> slopes;    ///< alibi: [H]
   std::vector<double> pq, pk;   ///< positions
   std::vector<int64_t> iq, ik;  ///< kBucketTable, kRelativeTable: integer positions
   int64_t rel_min = 0, rel_count = 0;

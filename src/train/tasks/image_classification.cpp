@@ -16,8 +16,6 @@
 #include <sstream>
 
 #include "common.h"
-#include "posenc/encoders/learned_grid.h"
-#include "posenc/encoders/relative_2d.h"
 #include "vision/idx.h"
 #include "vision/images.h"
 
@@ -139,32 +137,10 @@ class ImageClassification : public Task {
             {"accuracy", correct / static_cast<double>(n)}};
   }
 
-  // Resizes grid-bound encoders to a grid x grid patch grid; returns how to undo it.
+  // Grid-bound tables (learned grid, Swin's relative table) fitted to a grid x grid patch grid,
+  // through the interface; returns how to undo it.
   std::function<void()> fit_encoder_to_grid(int64_t grid) {
-    auto* encoder = model_->transformer->encoder.get();
-    if (auto* learned = dynamic_cast<LearnedGridImpl*>(encoder)) {
-      auto saved = learned->weight.detach().clone();
-      auto options = learned->options;
-      if (options.grid_height() != grid || options.grid_width() != grid) {
-        learned->resize(grid, grid);
-      }
-      return [learned, saved, options] {
-        learned->weight.set_data(saved);
-        learned->options = options;
-      };
-    }
-    if (auto* relative = dynamic_cast<Relative2dImpl*>(encoder)) {
-      auto saved = relative->weight.detach().clone();
-      auto options = relative->options;
-      if (options.grid_height() < grid || options.grid_width() < grid) {
-        relative->resize(grid, grid);
-      }
-      return [relative, saved, options] {
-        relative->weight.set_data(saved);
-        relative->options = options;
-      };
-    }
-    return [] {};
+    return model_->transformer->encoder->adapt({grid, grid});
   }
 
   vision::FashionMnist train_, test_;

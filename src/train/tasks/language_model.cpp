@@ -16,7 +16,6 @@
 #include <functional>
 
 #include "common.h"
-#include "posenc/encoders/learned.h"
 #include "text/gutenberg.h"
 
 namespace posenc::train {
@@ -120,17 +119,10 @@ class LanguageModelTask : public Task {
     return {{"loss", loss}, {"ppl", std::exp(loss)}, {"bpb", loss / std::log(2.0)}};
   }
 
+  // Position-bound tables (a learned table) stretched over a longer context, through the
+  // interface: position p then reads the table at p * L / length. Returns the undo.
   std::function<void()> fit_encoder_to_length(int64_t length) {
-    auto* learned = dynamic_cast<LearnedImpl*>(model_->transformer->encoder.get());
-    if (learned == nullptr || learned->options.max_positions() >= length) return [] {};
-    auto saved = learned->weight.detach().clone();
-    auto options = learned->options;
-    // Stretch the table over the longer context: position p reads the table at p * L / length.
-    learned->resize(length);
-    return [learned, saved, options] {
-      learned->weight.set_data(saved);
-      learned->options = options;
-    };
+    return model_->transformer->encoder->adapt({length});
   }
 
   at::Tensor train_tokens_, eval_tokens_;

@@ -1,0 +1,208 @@
+// The position plan: builders that encoders call, and the three ways the plan is applied
+// (include/posenc/core/plan.h).
+#include "posenc/core/plan.h"
+
+#include <torch/torch.h>
+
+#include "posenc/kernels/attention.h"
+#include "posenc/kernels/rope.h"
+
+namespace posenc {
+
+std::string to_string(BiasForm form) {
+  switch (form) {
+    case BiasForm::kNone:
+      return "none";
+    case BiasForm::kAlibi:
+      return "alibi";
+    case BiasForm::kBucketTable:
+      return "bucket_table";
+    case BiasForm::kRelativeTable:
+      return "relative_table";
+  }
+  return "unknown";
+}
+
+EncodingPlan::EncodingPlan(PlanRequest request) : request_(std::move(request)) {
+  TORCH_CHECK(request_.queries.defined(), "plan: query positions are required");
+}
+
+void EncodingPlan::add_embedding(const std::string& encoder, const at::Tensor& embedding,
+                                 const at::Tensor& prefix_rows) {
+  const int64_t n = request_.queries.size();
+  TORCH_CHECK(embedding.dim() == 2 || embedding.dim() == 3, "plan: ", encoder,
+              "'s embedding must be [N, D] or [B, N, D], got shape ", embedding.sizes());
+  TORCH_CHECK(embedding.size(-2) == n, "plan: ", encoder, "'s embedding has ", embedding.size(-2),
+              " rows for ", n, " positions");
+  if (embedding_.defined()) {
+    TORCH_CHECK(embedding_.size(-1) == embedding.size(-1),
+                "plan: additive parts of different "
+                "widths: ",
+                embedding_.size(-1), " and ", embedding.size(-1), " (", encoder, ")");
+    embedding_ = embedding_ + embedding.to(embedding_.device());
+  } else {
+    embedding_ = embedding;
+  }
+  if (prefix_rows.defined()) {
+    TORCH_CHECK(prefix_rows.dim() == 2 && prefix_rows.size(1) == embedding.size(-1),
+                "plan: ", encoder, "'s prefix rows must be [P, ", embedding.size(-1), "], got ",
+                prefix_rows.sizes());
+    if (prefix_embedding_.defined()) {
+      TORCH_CHECK(prefix_embedding_.sizes() == prefix_rows.sizes(), "plan: prefix rows ",
+                  prefix_embedding_.sizes(), " and ", prefix_rows.sizes(), " (", encoder,
+                  ") differ");
+      prefix_embedding_ = prefix_embedding_ + prefix_rows;
+    } else {
+      prefix_embedding_ = prefix_rows;
+    }
+  }
+  additive_owner_ += (additive_owner_.empty() ? "" : " + ") + encoder;
+  parts_.push_back({encoder, "additive"});
+}
+
+void EncodingPlan::set_rotary(const std::string& encoder, RotaryTables tables) {
+  TORCH_CHECK(!rotary_.defined(), "plan: two rotary parts (", rotary_owner_, " and ", encoder,
+              "); a plan rotates q and k once: keep one rotary encoder (give it per-axis "
+              "sections for several axes)");
+  TORCH_CHECK(tables.q_cos.defined() && tables.q_sin.defined(), "plan: ", encoder,
+              " set rotary tables without q_cos/q_sin");
+  if (!tables.k_cos.defined()) {
+    tables.k_cos = tables.q_cos;
+    tables.k_sin = tables.q_sin;
+    tables.shared = true;
+  }
+  rotary_ = std::move(tables);
+  rotary_owner_ = encoder;
+  parts_.push_back({encoder, "rotary"});
+}
+
+void EncodingPlan::add_bias_spec(const std::string& encoder, BiasSpec spec) {
+  const auto& q = request_.queries;
+  const auto& k = request_.key_positions();
+  TORCH_CHECK(q.num_axes() == 1 && k.num_axes() == 1 && !q.batched() && !k.batched(),
+              "plan: ", encoder, "'s describable bias needs one-axis, unbatched positions, got ",
+              q.describe(), " and ", k.describe(), "; add the bias materialized instead");
+  if (!bias_q_.defined()) {
+    bias_q_ = q.axis(0).to(torch::kFloat64).contiguous();
+    bias_k_ = k.axis(0).to(torch::kFloat64).contiguous();
+  }
+  parts_.push_back({encoder, "bias (" + to_string(spec.form) + ")"});
+  bias_specs_.push_back(std::move(spec));
+  fused_.reset();
+}
+
+void EncodingPlan::add_bias(const std::string& encoder, const at::Tensor& bias) {
+  TORCH_CHECK(bias.dim() == 3 || bias.dim() == 4, "plan: ", encoder,
+              "'s bias must be [H, Nq, Nk] or [B, H, Nq, Nk], got shape ", bias.sizes());
+  TORCH_CHECK(
+      bias.size(-2) == request_.queries.size() && bias.size(-1) == request_.key_positions().size(),
+      "plan: ", encoder, "'s bias is ", bias.sizes(), " for ", request_.queries.size(),
+      " queries and ", request_.key_positions().size(), " keys");
+  materialized_bias_ = materialized_bias_.defined() ? materialized_bias_ + bias : bias;
+  parts_.push_back({encoder, "bias (materialized)"});
+}
+
+void EncodingPlan::add_query_bias(const std::string& encoder,
+                                  std::function<at::Tensor(const at::Tensor& q)> bias) {
+  query_biases_.push_back(std::move(bias));
+  parts_.push_back({encoder, "bias (query-dependent)"});
+}
+
+at::Tensor EncodingPlan::apply_additive(const at::Tensor& x, int64_t prefix) const {
+  if (!has_additive()) return x;
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "plan: x must be [N, D] or [B, N, D], got shape ",
+              x.sizes());
+  const int64_t n = request_.queries.size();
+  const auto& who = additive_owner_;
+  if (prefix == 0) {
+    TORCH_CHECK(x.size(-2) == n, who, ": x has ", x.size(-2), " tokens but ", n,
+                " positions were given");
+  } else {
+    TORCH_CHECK(prefix > 0 && x.size(-2) == prefix + n, who, ": x has ", x.size(-2), " tokens but ",
+                prefix, " prefix + ", n, " positions were given");
+  }
+  const auto width = embedding_.size(-1);
+  TORCH_CHECK(x.size(-1) == width, who, ": x has width ", x.size(-1),
+              " but the encoder has dim=", width);
+  const int64_t rows = prefix_embedding_.defined() ? prefix_embedding_.size(0) : 0;
+  TORCH_CHECK(rows == 0 || rows == prefix, "plan: the additive encoding has ", rows,
+              " prefix row(s) (CLS, registers) but the input has ", prefix, " prefix token(s)");
+  const auto options = x.options();
+  auto positioned = x.narrow(-2, prefix, n) + embedding_.to(options);
+  if (prefix == 0) return positioned;
+  auto head = x.narrow(-2, 0, prefix);
+  if (rows > 0) head = head + prefix_embedding_.to(options);
+  if (positioned.dim() > head.dim())  // batched embedding over unbatched x
+    head = head.unsqueeze(0).expand({positioned.size(0), prefix, width});
+  return torch::cat({head, positioned}, -2);
+}
+
+namespace {
+
+void check_rotary_input(const at::Tensor& t, const char* name, const RotaryTables& r, int64_t n) {
+  TORCH_CHECK(t.dim() == 4, "rope: ", name, " must be [B, N, H, Dh], got shape ", t.sizes());
+  TORCH_CHECK(r.head_dim <= 0 || t.size(3) == r.head_dim, "rope: ", name, " has head_dim ",
+              t.size(3), " but the encoder was built for head_dim=", r.head_dim);
+  TORCH_CHECK(t.size(1) == n, "rope: ", name, " has N=", t.size(1), " tokens but ", n,
+              " positions were given");
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> EncodingPlan::apply_rotary(const at::Tensor& q,
+                                                             const at::Tensor& k) const {
+  if (!rotary_.defined()) return {q, k};
+  const auto& r = rotary_;
+  const int64_t nq = r.per_head ? r.q_cos.size(0) : r.q_cos.size(-2);
+  const int64_t nk = r.per_head ? r.k_cos.size(0) : r.k_cos.size(-2);
+  check_rotary_input(q, "q", r, nq);
+  check_rotary_input(k, "k", r, nk);
+  if (r.per_head) {  // [N, H, F] per head: broadcast over the batch
+    TORCH_CHECK(r.q_cos.size(1) == q.size(2), "rope: per-head tables for ", r.q_cos.size(1),
+                " heads but q has ", q.size(2));
+    return {rope_rotate_pairs(q, r.q_cos.unsqueeze(0), r.q_sin.unsqueeze(0), r.layout),
+            rope_rotate_pairs(k, r.k_cos.unsqueeze(0), r.k_sin.unsqueeze(0), r.layout)};
+  }
+  auto qc = r.q_cos.to(q.device()), qs = r.q_sin.to(q.device());
+  const bool fused = r.fused && rope_fused_supported(q, qc) && rope_fused_supported(k, qc);
+  if (r.shared && fused && q.scalar_type() == k.scalar_type())
+    return rope_fused_qk(q, k, qc, qs, r.layout);  // one pass, tables read once per token
+  auto kc = r.k_cos.to(k.device()), ks = r.k_sin.to(k.device());
+  if (fused) return {rope_fused(q, qc, qs, r.layout), rope_fused(k, kc, ks, r.layout)};
+  return {rope_apply(q, qc, qs, r.layout), rope_apply(k, kc, ks, r.layout)};
+}
+
+at::Tensor EncodingPlan::materialize_bias(int64_t heads, const at::Tensor& q) const {
+  at::Tensor total;
+  auto accumulate = [&](at::Tensor part) {
+    if (!part.defined()) return;
+    if (q.defined()) part = part.to(q.device());
+    total = total.defined() ? total + part : part;
+  };
+  for (const auto& spec : bias_specs_) {
+    const int64_t h = heads >= 0 || !spec.slopes.defined() ? heads : spec.slopes.numel();
+    accumulate(bias_from_spec(spec, bias_q_, bias_k_, h, q));
+  }
+  accumulate(materialized_bias_);
+  for (const auto& fn : query_biases_) {
+    TORCH_CHECK(q.defined(), "plan: a query-dependent bias needs q [B, Nq, H, Dh]");
+    accumulate(fn(q));
+  }
+  return total;
+}
+
+std::shared_ptr<const FusedBias> EncodingPlan::fused_bias() const {
+  TORCH_CHECK(bias_describable() || !has_bias(),
+              "plan: the fused kernel takes describable bias parts only");
+  if (!fused_) {
+    at::Tensor q = bias_q_, k = bias_k_;
+    if (!q.defined()) {  // no bias: the kernel still reads the (1D) positions' count
+      q = torch::zeros({request_.queries.size()}, torch::kFloat64);
+      k = torch::zeros({request_.key_positions().size()}, torch::kFloat64);
+    }
+    fused_ = posenc::fused_bias(bias_specs_, q, k);
+  }
+  return fused_;
+}
+
+}  // namespace posenc
