@@ -3,7 +3,7 @@
 # builds the core, the CUDA kernels and the glue against the LibTorch inside Python's torch
 # (TorchConfig.cmake, POSENC_TORCH_USE_CONFIG=ON) in build-gpu/, then runs posenc_cuda_tests,
 # posenc_tests and bench_cuda. What it needs besides (GoogleTest, Google Benchmark, yaml-cpp,
-# Eigen, nlohmann-json) it builds from the sources scripts/pack_gpu_deps.sh packs into
+# nlohmann-json) it builds from the sources scripts/pack_gpu_deps.sh packs into
 # .gpu-deps/ (no apt, no internet needed here).
 #
 # Through the device `run` tool (pack first, on the dev machine: bash scripts/pack_gpu_deps.sh):
@@ -74,8 +74,6 @@ if step deps; then
     -DBENCHMARK_ENABLE_GTEST_TESTS=OFF -DBENCHMARK_ENABLE_WERROR=OFF -DBENCHMARK_ENABLE_LTO=OFF
   build_dep yaml-cpp "$(unpack yaml-cpp)" -DYAML_CPP_BUILD_TESTS=OFF -DYAML_CPP_BUILD_TOOLS=OFF \
     -DYAML_CPP_BUILD_CONTRIB=OFF -DYAML_BUILD_SHARED_LIBS=OFF
-  build_dep eigen3 "$(unpack eigen3)" -DEIGEN_BUILD_DOC=OFF -DEIGEN_BUILD_PKGCONFIG=OFF \
-    -DEIGEN_TEST_NOQT=ON
   build_dep nlohmann-json "$(unpack nlohmann-json3)" -DJSON_BuildTests=OFF -DJSON_Install=ON
 fi
 

@@ -3,7 +3,7 @@
 # Python's torch (no apt, no internet) into .gpu-deps/ (git-ignored; ~15 MB), for the device
 # `run` tool to carry: run(command="bash scripts/gpu.sh", carry=[".gpu-deps"]).
 #   googletest    /usr/src/googletest (Debian's libgtest-dev, installed by scripts/setup.sh)
-#   benchmark, yaml-cpp, eigen3, nlohmann-json3
+#   benchmark, yaml-cpp, nlohmann-json3
 #                 Debian's upstream source tarballs (*.orig.tar.*), fetched with `apt-get source
 #                 --download-only` through a private deb-src list: the system's apt config and
 #                 package state are left as they are.
@@ -37,9 +37,9 @@ say "fetching the deb-src index"
 apt-get "${apt_opts[@]}" update -qq >&2
 mkdir -p "${DEPS}/tarballs"
 ( cd "${apt_dir}" && apt-get "${apt_opts[@]}" source --download-only -qq \
-    benchmark yaml-cpp eigen3 nlohmann-json3 >&2 )
+    benchmark yaml-cpp nlohmann-json3 >&2 )
 rm -f "${DEPS}"/tarballs/*
-for name in benchmark yaml-cpp eigen3 nlohmann-json3; do
+for name in benchmark yaml-cpp nlohmann-json3; do
   src=$(ls "${apt_dir}/${name}"_*.orig.tar.* | head -1)
   cp "${src}" "${DEPS}/tarballs/${name}.orig.tar.${src##*.orig.tar.}"
 done

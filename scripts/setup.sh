@@ -3,7 +3,7 @@
 #
 #   bash scripts/setup.sh          # idempotent; prints only what it installs
 #
-# - Debian packages: compiler tools, Eigen, OpenCV, zlib, CLI11, yaml-cpp, nlohmann-json,
+# - Debian packages: compiler tools, OpenCV, zlib, CLI11, yaml-cpp, nlohmann-json,
 #   spdlog/fmt, GoogleTest and Google Benchmark; data: Fashion-MNIST (dataset-fashion-mnist).
 # - LibTorch: the C++ libraries, headers and CMake config inside PyPI's `torch` wheel (pinned
 #   below), unpacked into ${POSENC_DEPS:-~/.cache/posenc}. Only the CPU libraries are taken
@@ -32,7 +32,7 @@ say() { echo "[setup] $*" >&2; }
 
 # ---- Debian packages ------------------------------------------------------------------------
 APT_PACKAGES=(cmake ninja-build g++ ccache unzip python3 python3-pip
-  libeigen3-dev libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
+  libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
   dataset-fashion-mnist)
 missing=()

@@ -1,6 +1,6 @@
 // CUDA kernels vs the CPU references (rope_apply, attention_reference: the specifications).
 // Two groups:
-//  - raw kernels (rope_rotate_inplace, rope_rotate_tables, attention_forward/backward) through
+//  - raw kernels (rope_rotate_tables, attention_forward/backward) through
 //    cudaMalloc: built whenever nvcc is there, even against a CPU-only LibTorch;
 //  - the public functions on CUDA tensors (rope_fused*, attention_fused), built only with the glue
 //    (POSENC_HAS_CUDA_GLUE): layouts x dtypes x odd sizes, non-contiguous views, position
@@ -81,38 +81,6 @@ class DeviceBuffer {
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };
-
-TEST(CudaRawKernel, RopeRotateInplaceMatchesReference) {
-  SKIP_WITHOUT_DEVICE();
-  torch::manual_seed(3);
-  const int64_t b = 2, n = 19, h = 3, dh = 20, f = 8;  // partial: dims 16..19 pass through
-  auto x = torch::randn({b, n, h, dh});
-  auto positions = torch::arange(n, torch::kFloat64) + 4000;  // an offset
-  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * f, 2, torch::kFloat64) / (2.0 * f));
-  for (bool interleaved : {false, true}) {
-    DeviceBuffer dx(x), dp(positions), di(inv.to(torch::kFloat32));
-    cuda::RopeLaunch a;
-    a.x = dx.get<float>();
-    a.batch = b;
-    a.tokens = n;
-    a.heads = h;
-    a.head_dim = dh;
-    a.stride_batch = n * h * dh;
-    a.stride_token = h * dh;
-    a.stride_head = dh;
-    a.positions = dp.get<double>();
-    a.inv_freq = di.get<float>();
-    a.pairs = f;
-    a.interleaved = interleaved;
-    ASSERT_EQ(cuda::rope_rotate_inplace(a, nullptr), cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    auto got = torch::empty_like(x);
-    dx.read(got);
-    auto [cos, sin] = rope_cos_sin(positions, inv);
-    auto want = rope_apply(x, cos, sin, interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf);
-    EXPECT_LT(max_abs_diff(got, want), kRopeFloat32Tolerance) << "interleaved=" << interleaved;
-  }
-}
 
 TEST(CudaRawKernel, RopeRotateTablesQkOutOfPlaceAndInverse) {
   SKIP_WITHOUT_DEVICE();

@@ -173,7 +173,7 @@ void write_comparison(const std::string& folder, const std::string& name,
     md << "\n";
     csv << "\n";
     sweep.series.push_back(point);
-    TrainingLog log(metric);
+    TrainingLog log;
     if (std::filesystem::exists(r.output + "/metrics.csv")) {
       log.read_csv(r.output + "/metrics.csv", std::numeric_limits<int64_t>::max());
       auto steps = log.column("step"), values = log.column("eval_" + metric);

@@ -14,7 +14,7 @@ using LogRow = std::vector<std::pair<std::string, double>>;
 
 class TrainingLog {
  public:
-  explicit TrainingLog(std::string metric) : metric_(std::move(metric)) {}
+  TrainingLog() = default;
   void add(const LogRow& row);
   /// The values of one column over the rows (NaN where a row has none).
   std::vector<double> column(const std::string& name) const;
@@ -24,7 +24,6 @@ class TrainingLog {
   void read_csv(const std::string& path, int64_t max_step);
 
  private:
-  std::string metric_;
   std::vector<std::string> columns_;
   std::vector<LogRow> rows_;
 };

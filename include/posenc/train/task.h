@@ -50,9 +50,8 @@ class Task {
   virtual Metrics evaluate() = 0;
   /// After training: the task's generalization test (other resolutions, longer contexts).
   virtual std::vector<GeneralizationRow> generalization() { return {}; }
-  /// The metric that summarizes a run ("accuracy", "ppl", "mae") and whether higher is better.
+  /// The metric that summarizes a run ("accuracy", "ppl", "mae").
   virtual std::string metric_name() const = 0;
-  virtual bool higher_is_better() const = 0;
 };
 
 /// Builds the task of a run config (sections task, model, encoder; the data is loaded here).

@@ -1,6 +1,5 @@
 // CUDA RoPE kernels; interface and math in include/posenc/kernels/rope_cuda.h.
 // Reference (specification, test oracle): rope_apply in src/functional/rope.cpp.
-//   rope_rotate_inplace: angles from positions x inv_freq, computed per token in shared memory
 //   rope_rotate_tables:  cos/sin tables (the path behind rope_fused* on CUDA tensors), q and k in
 //                        one launch, 16-byte vector loads and stores where alignment allows
 #include "posenc/kernels/rope_cuda.h"
@@ -9,48 +8,6 @@
 namespace posenc::cuda {
 
 namespace {
-
-// grid: one block per token (b, n); shared: cos[F], sin[F]
-template <typename T>
-__global__ void rope_kernel(RopeLaunch a) {
-  extern __shared__ float shared[];
-  float* cos_table = shared;
-  float* sin_table = shared + a.pairs;
-  const int64_t token = blockIdx.x;  // b * tokens + n
-  const int64_t b = token / a.tokens, n = token % a.tokens;
-  const double p = a.positions[a.positions_batched ? token : n];
-  for (int64_t i = threadIdx.x; i < a.pairs; i += blockDim.x) {
-    // exact product in float64, reduced to [-pi, pi] before the float32 trig
-    const double angle = remainder(p * static_cast<double>(a.inv_freq[i]), 2.0 * M_PI);
-    float s, c;
-    sincosf(static_cast<float>(angle), &s, &c);
-    cos_table[i] = c * a.scaling;
-    sin_table[i] = s * a.scaling * a.sign;
-  }
-  __syncthreads();
-  T* base = static_cast<T*>(a.x) + b * a.stride_batch + n * a.stride_token;
-  const int64_t work = a.heads * a.pairs;
-  for (int64_t w = threadIdx.x; w < work; w += blockDim.x) {
-    const int64_t h = w / a.pairs, i = w % a.pairs;
-    T* row = base + h * a.stride_head;
-    const int64_t ia = a.interleaved ? 2 * i : i;
-    const int64_t ib = a.interleaved ? 2 * i + 1 : i + a.pairs;
-    const float xa = load(row + ia), xb = load(row + ib);
-    const float c = cos_table[i], s = sin_table[i];
-    store(row + ia, xa * c - xb * s);
-    store(row + ib, xb * c + xa * s);
-  }
-}
-
-template <typename T>
-cudaError_t launch(const RopeLaunch& a, cudaStream_t stream) {
-  const int64_t blocks = a.batch * a.tokens;
-  if (blocks == 0 || a.heads == 0 || a.pairs == 0) return cudaSuccess;
-  const int threads = 128;
-  const size_t shared = 2 * a.pairs * sizeof(float);
-  rope_kernel<T><<<static_cast<unsigned>(blocks), threads, shared, stream>>>(a);
-  return cudaGetLastError();
-}
 
 // ---- table-driven rotation (rope_fused* on CUDA tensors) ---------------------------------------
 
@@ -177,21 +134,6 @@ cudaError_t launch_tables(const RopeTableLaunch& a, cudaStream_t stream) {
 }
 
 }  // namespace
-
-cudaError_t rope_rotate_inplace(const RopeLaunch& a, cudaStream_t stream) {
-  if (a.x == nullptr || a.positions == nullptr || a.inv_freq == nullptr)
-    return cudaErrorInvalidValue;
-  if (2 * a.pairs > a.head_dim) return cudaErrorInvalidValue;
-  switch (a.storage) {
-    case Storage::kFloat32:
-      return launch<float>(a, stream);
-    case Storage::kBFloat16:
-      return launch<__nv_bfloat16>(a, stream);
-    case Storage::kFloat16:
-      return launch<__half>(a, stream);
-  }
-  return cudaErrorInvalidValue;
-}
 
 cudaError_t rope_rotate_tables(const RopeTableLaunch& a, cudaStream_t stream) {
   if (a.count < 1 || a.count > 2 || a.cos == nullptr || a.sin == nullptr || a.pairs < 0)

@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include "common.h"
+#include "tasks.h"
 #include "timeseries/csv_series.h"
 
 namespace posenc::train {
@@ -84,7 +85,6 @@ class ForecastTask : public Task {
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   int64_t train_size() const override { return train_starts_.size(0); }
   std::string metric_name() const override { return "mae"; }
-  bool higher_is_better() const override { return false; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     auto [prediction, target] = predict(train_starts_.index_select(0, indices));

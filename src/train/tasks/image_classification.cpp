@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "common.h"
+#include "tasks.h"
 #include "vision/idx.h"
 #include "vision/images.h"
 
@@ -74,7 +75,6 @@ class ImageClassification : public Task {
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   int64_t train_size() const override { return train_.images.size(0); }
   std::string metric_name() const override { return "accuracy"; }
-  bool higher_is_better() const override { return true; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     auto images = prepare(train_.images.index_select(0, indices), 1.0, true);

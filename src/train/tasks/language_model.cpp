@@ -16,6 +16,7 @@
 #include <functional>
 
 #include "common.h"
+#include "tasks.h"
 #include "text/gutenberg.h"
 
 namespace posenc::train {
@@ -72,7 +73,6 @@ class LanguageModelTask : public Task {
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   int64_t train_size() const override { return windows_per_epoch_; }
   std::string metric_name() const override { return "ppl"; }
-  bool higher_is_better() const override { return false; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     auto windows = text::sample_windows(train_tokens_, context_, indices.size(0));

@@ -23,6 +23,7 @@
 
 #include "common.h"
 #include "posenc/core/stream.h"
+#include "tasks.h"
 #include "video/moving_fashion.h"
 #include "video/video.h"
 
@@ -97,7 +98,6 @@ class VideoClassification : public Task {
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   int64_t train_size() const override { return data_.train.tokens.size(0); }
   std::string metric_name() const override { return "accuracy"; }
-  bool higher_is_better() const override { return true; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     auto logits = model_(data_.train.tokens.index_select(0, indices), positions_);
@@ -170,7 +170,6 @@ class TextVideoMatching : public Task {
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
   int64_t train_size() const override { return data_.train.tokens.size(0); }
   std::string metric_name() const override { return "accuracy"; }
-  bool higher_is_better() const override { return true; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     // Negatives drawn from torch's generator, which the trainer seeds per step.

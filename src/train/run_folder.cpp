@@ -1,0 +1,50 @@
+// Run folder lock and run names; see run_folder.h.
+#include "run_folder.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "posenc/core/errors.h"
+
+namespace posenc::train {
+
+RunFolderLock::RunFolderLock(const std::string& folder) {
+  const std::string path = folder + "/.posenc.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const int why = errno;
+    const std::string message = "cannot open '" + path + "': " + std::strerror(why);
+    if (is_environment_errno(why)) throw EnvironmentError(message);
+    TORCH_CHECK(false, message);
+  }
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    char holder[32] = {0};
+    const auto n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ::close(fd_);
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    TORCH_CHECK(false, "'", folder, "' is in use by another posenc run (PID ", pid,
+                "); wait for it to finish, or train into another folder (--out)");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] auto written = ::pwrite(fd_, pid.data(), pid.size(), 0);
+  }
+}
+RunFolderLock::~RunFolderLock() { ::close(fd_); }
+
+void check_run_name(const std::string& name, const std::string& where) {
+  TORCH_CHECK(!name.empty() && name.size() <= 128 && name != "." && name != ".." &&
+                  name.find('/') == std::string::npos && name.find('\\') == std::string::npos &&
+                  name.find('\0') == std::string::npos && name.front() != '-',
+              where, ": run name '", name,
+              "' must be 1 to 128 characters, not start with '-', and hold no '/', '\\' or '..' "
+              "(it names a folder)");
+}
+
+}  // namespace posenc::train

@@ -1,0 +1,63 @@
+// Training settings and schedule; see schedule.h.
+#include "schedule.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "posenc/config/config_reader.h"
+
+namespace posenc::train {
+
+TrainSettings read_settings(const nlohmann::json& config) {
+  TrainSettings s;
+  if (!config.contains("train")) return s;
+  ConfigReader r(config.at("train"), "train");
+  s.epochs = r.integer("epochs", s.epochs);
+  s.batch_size = r.integer("batch_size", s.batch_size);
+  s.warmup_steps = r.integer("warmup_steps", s.warmup_steps);
+  s.max_steps = r.integer("max_steps", s.max_steps);
+  s.log_every = r.integer("log_every", s.log_every);
+  s.eval_every = r.integer("eval_every", s.eval_every);
+  s.threads = r.integer("threads", s.threads);
+  s.lr = r.number("lr", s.lr);
+  s.min_lr_ratio = r.number("min_lr_ratio", s.min_lr_ratio);
+  s.weight_decay = r.number("weight_decay", s.weight_decay);
+  s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
+  r.finish();
+  TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
+              "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,
+              ", ", s.batch_size, ", ", s.log_every, ", ", s.eval_every);
+  TORCH_CHECK(s.threads >= 0 && s.threads <= kMaxThreads,
+              "train: 'threads' must be 0 (all cores) or 1 to ", kMaxThreads, ", got ", s.threads);
+  TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&
+                  s.max_steps >= 0 && s.weight_decay >= 0 && s.clip_grad_norm >= 0,
+              "train: lr must be > 0, min_lr_ratio in [0, 1], the others >= 0");
+  return s;
+}
+
+double learning_rate(const TrainSettings& s, int64_t step, int64_t total) {
+  if (step < s.warmup_steps) {
+    return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);
+  }
+  const double span = static_cast<double>(std::max<int64_t>(1, total - s.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - s.warmup_steps) / span);
+  return s.lr * (s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * progress)));
+}
+
+std::vector<torch::optim::OptimizerParamGroup> parameter_groups(torch::nn::Module& model,
+                                                                double weight_decay, double lr) {
+  std::vector<at::Tensor> decay, no_decay;
+  for (auto& p : model.parameters()) {
+    if (!p.requires_grad()) continue;
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(lr).weight_decay(weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(
+                                    torch::optim::AdamWOptions(lr).weight_decay(0.0)));
+  return groups;
+}
+
+}  // namespace posenc::train

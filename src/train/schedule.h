@@ -1,0 +1,32 @@
+// Training settings (the config's `train` section) and the optimization schedule:
+//   lr(step) = lr * (step + 1) / warmup                                     step < warmup
+//            = lr * (r + (1 - r) * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2)  after
+// (linear warmup, then cosine decay to r = min_lr_ratio; Loshchilov & Hutter 2017), AdamW
+// (Loshchilov & Hutter 2019) with weight decay on matrices only. Internal to the trainer.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/adamw.h>
+
+#include <nlohmann/json.hpp>
+#include <vector>
+
+namespace posenc::train {
+
+inline constexpr int64_t kMaxThreads = 1024;  // intra-op threads a run may ask for
+
+struct TrainSettings {
+  int64_t epochs = 1, batch_size = 64, warmup_steps = 0, max_steps = 0, log_every = 50;
+  int64_t eval_every = 1, threads = 0;
+  double lr = 1e-3, min_lr_ratio = 0.0, weight_decay = 0.05, clip_grad_norm = 1.0;
+};
+
+/// The `train` section, checked (unknown keys and out-of-range values are errors).
+TrainSettings read_settings(const nlohmann::json& config);
+/// The learning rate at `step` of `total`.
+double learning_rate(const TrainSettings& s, int64_t step, int64_t total);
+/// Parameters in two AdamW groups: matrices decay, vectors (biases, norms, tokens) do not.
+std::vector<torch::optim::OptimizerParamGroup> parameter_groups(torch::nn::Module& model,
+                                                                double weight_decay, double lr);
+
+}  // namespace posenc::train

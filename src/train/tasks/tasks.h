@@ -1,0 +1,17 @@
+// The built-in tasks' factories (each in its own file here), for the registry (registry.cpp).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "posenc/train/task.h"
+
+namespace posenc::train {
+
+std::unique_ptr<Task> make_image_classification(const nlohmann::json& config);
+std::unique_ptr<Task> make_language_model(const nlohmann::json& config);
+std::unique_ptr<Task> make_forecast(const nlohmann::json& config);
+std::unique_ptr<Task> make_video_classification(const nlohmann::json& config);
+std::unique_ptr<Task> make_text_video_matching(const nlohmann::json& config);
+
+}  // namespace posenc::train
