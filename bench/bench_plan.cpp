@@ -29,11 +29,11 @@ Model make(int which) {
   torch::manual_seed(0);
   Model m;
   if (which == 2) {  // the main job's ViT
-    auto encoder = build_encoder(
-        nlohmann::json::parse(
-            R"({"type": "rope", "mrope_section": [8, 8], "per_axis_frequencies": true,
+    auto encoder =
+        build_encoder(nlohmann::json::parse(
+                          R"({"type": "rope", "mrope_section": [8, 8], "per_axis_frequencies": true,
                 "rope_theta": 100})"),
-        {128, 4, 0});
+                      {128, 4, 0});
     m.stack = Transformer(TransformerOptions(128, 4, 4).mlp_ratio(2), encoder);
     m.x = torch::randn({128, 16, 128});
     m.positions = Positions::grid(4, 4);
@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
       const double work = r.time("BM_PositionWork" + id);
       if (one <= 0 || per <= 0 || work <= 0) continue;
       r.row(std::string(names[i]) + ": step, one plan / plan per block", one / per, "<= 1.00");
-      r.row(std::string(names[i]) + ": position work / step, one plan", work / one, "<= 0.02");
-      r.row(std::string(names[i]) + ": position work / step, per block", 4 * work / per, "-");
+      r.percent(std::string(names[i]) + ": position work, one plan", work / one, "<= 2%");
+      r.percent(std::string(names[i]) + ": position work, plan per block", 4 * work / per, "-");
     }
   });
 }

@@ -38,6 +38,12 @@ class RatioReporter : public benchmark::ConsoleReporter {
     return 0.0;
   }
 
+  /// A share as a percentage.
+  void percent(const std::string& what, double share, const std::string& goal) const {
+    std::cout << "| " << std::left << std::setw(48) << what << " | " << std::right << std::fixed
+              << std::setprecision(3) << std::setw(6) << 100.0 * share << "% | " << goal << " |\n";
+  }
+
   void row(const std::string& what, double ratio, const std::string& goal) const {
     std::cout << "| " << std::left << std::setw(48) << what << " | " << std::right << std::fixed
               << std::setprecision(2) << std::setw(6) << ratio << "x | " << goal << " |\n";
