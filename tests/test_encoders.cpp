@@ -245,5 +245,13 @@ TEST(Nope, AllEntriesAreIdentities) {
   EXPECT_TRUE(nope->plan(p).parts().empty());
 }
 
+// Issue #14 item 13: positions +-1e300 apart biased by +-inf (printed as null) before.
+TEST(Alibi, SpanBeyondFloat32IsAnError) {
+  Alibi alibi(AlibiOptions(2));
+  auto p = Positions::values({-1e300, 1e300});
+  EXPECT_TRUE(contains(error_of([&] { alibi->bias(p, p); }), "beyond the float32 logits' range"));
+  EXPECT_NO_THROW(alibi->bias(Positions::values({0, 1e9}), Positions::values({0, 1e9})));
+}
+
 }  // namespace
 }  // namespace posenc

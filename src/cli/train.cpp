@@ -34,10 +34,19 @@ train::RunOptions run_options(const TrainArgs& args) {
   return options;
 }
 
+// A run config: a mapping of sections (an empty file reads as null).
+nlohmann::json load_run_config(const std::string& path) {
+  auto config = load_config(path);
+  TORCH_CHECK(config.is_object(), "config '", path,
+              "': expected a mapping with 'task', 'model' and 'train' sections, got ",
+              config.is_null() ? std::string("nothing (an empty file)") : std::string(config.type_name()));
+  return config;
+}
+
 }  // namespace
 
 int run_train(const TrainArgs& args) {
-  auto config = train::select_run(load_config(args.config), args.run);
+  auto config = train::select_run(load_run_config(args.config), args.run);
   auto result = train::run_training(config, run_options(args));
   return result.finished || args.stop_after > 0 ? 0 : 130;
 }
@@ -79,7 +88,7 @@ pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string
 }
 
 int run_compare_parallel(const TrainArgs& args) {
-  const auto config = load_config(args.config);
+  const auto config = load_run_config(args.config);
   const auto entries = train::comparison_entries(config);
   const auto options = run_options(args);
   const std::string folder = train::comparison_folder(config, options);
@@ -132,7 +141,7 @@ int run_compare_parallel(const TrainArgs& args) {
 
 int run_compare(const TrainArgs& args) {
   if (args.jobs > 1) return run_compare_parallel(args);
-  const auto config = load_config(args.config);
+  const auto config = load_run_config(args.config);
   const auto options = run_options(args);
   auto results = train::run_comparison(config, options);
   const std::string folder = train::comparison_folder(config, options);

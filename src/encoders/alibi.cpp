@@ -32,6 +32,16 @@ void AlibiImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
   const auto& k = request.key_positions();
   q.check_num_axes("alibi", 1);
   k.check_num_axes("alibi", 1);
+  // -slope * distance must stay a float32 number: a larger span would bias by +-inf (NaN after
+  // the softmax), so it is an error rather than silent garbage.
+  if (q.size() > 0 && k.size() > 0) {
+    const double span = std::max(q.coords().max().item<double>(), k.coords().max().item<double>()) -
+                        std::min(q.coords().min().item<double>(), k.coords().min().item<double>());
+    const double slope = slopes.abs().max().item<double>();
+    TORCH_CHECK(span * slope <= 1e30, "alibi: positions span ", span, " times the largest slope ",
+                slope, " is ", span * slope,
+                ", beyond the float32 logits' range (1e30); scale the positions or slope_scale");
+  }
   if (!q.batched() && !k.batched()) {
     plan.add_bias_spec(type(), bias_spec());
   } else {

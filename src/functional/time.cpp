@@ -77,6 +77,15 @@ at::Tensor calendar_features(const at::Tensor& epoch_seconds,
   }
   auto t = epoch_seconds.to(torch::kFloat64).contiguous();
   TORCH_CHECK(at::isfinite(t).all().item<bool>(), "calendar: timestamps must be finite");
+  // The proleptic Gregorian years 1..9999 (as ISO 8601 and Python's datetime): beyond them an
+  // int64 day count overflows and every date would read as the same garbage.
+  constexpr double kFirst = -62135596800.0;  // 0001-01-01 00:00:00 UTC
+  constexpr double kLast = 253402300799.0;   // 9999-12-31 23:59:59 UTC
+  if (t.numel() > 0) {
+    const double lo = t.min().item<double>(), hi = t.max().item<double>();
+    TORCH_CHECK(lo >= kFirst && hi <= kLast, "calendar: timestamp ", lo < kFirst ? lo : hi,
+                " s is outside the years 1 to 9999 (epoch seconds ", kFirst, " to ", kLast, ")");
+  }
   auto out = torch::empty({t.numel(), static_cast<int64_t>(names.size())}, torch::kFloat64);
   const double* src = t.data_ptr<double>();
   double* dst = out.data_ptr<double>();

@@ -164,6 +164,9 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   torch::optim::AdamW optimizer(parameter_groups(*model, settings.weight_decay, settings.lr));
 
+  TORCH_CHECK(settings.batch_size <= task->train_size(), "train: batch_size (",
+              settings.batch_size, ") is larger than the training set (", task->train_size(),
+              " examples)");
   const int64_t steps_per_epoch = std::max<int64_t>(1, task->train_size() / settings.batch_size);
   const int64_t epochs = settings.max_steps > 0
                              ? (settings.max_steps + steps_per_epoch - 1) / steps_per_epoch
