@@ -23,7 +23,7 @@ case "$mode" in
     flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
     filter="*"
     target=posenc_kernel_tests
-    export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0"
+    export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=${POSENC_ROOT}/scripts/tsan.supp"
     ;;
   *)
     echo "usage: bash scripts/check.sh [address|thread]" >&2

@@ -20,6 +20,8 @@
 #include <cmath>
 #include <limits>
 
+#include "parallel.h"
+
 namespace posenc::detail {
 
 namespace {
@@ -124,7 +126,7 @@ int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, i
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
   const int64_t units = p.batch * p.heads * q_blocks;
-  at::parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
     auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
@@ -204,7 +206,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   if (relative) partial = at::zeros({p.batch, p.heads, rel_width, p.dim}, at::kFloat);
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
-  at::parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();

@@ -10,6 +10,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "parallel.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -167,7 +169,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   const int64_t grain =
       std::max<int64_t>(1, 16384 / std::max<int64_t>(1, first.size(2) * first.size(3)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
-    at::parallel_for(0, batch * tokens, grain, [&](int64_t begin, int64_t end) {
+    detail::parallel_for(0, batch * tokens, grain, [&](int64_t begin, int64_t end) {
       for (int64_t token = begin; token < end; ++token) {
         const int64_t b = token / tokens, n = token % tokens;
         const int64_t row = (batched_table ? token : n) * f;
