@@ -55,7 +55,38 @@ struct LogWindow {
     auto a = t.accessor<double, 1>();
     return {a[0], a[1], static_cast<int64_t>(a[2]), static_cast<int64_t>(a[3])};
   }
+  /// The metrics.csv row of the interval ending at `step`; starts the next interval.
+  LogRow take_row(int64_t step, int64_t steps_per_epoch, double lr, const std::string& metric) {
+    LogRow row{{"step", static_cast<double>(step)},
+               {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)},
+               {"lr", lr},
+               {"train_loss", loss_sum / static_cast<double>(loss_count)},
+               {"train_" + metric, metric_count ? metric_sum / static_cast<double>(metric_count)
+                                                : std::numeric_limits<double>::quiet_NaN()}};
+    loss_sum = metric_sum = 0;
+    loss_count = metric_count = 0;
+    return row;
+  }
 };
+
+// One optimizer step at learning rate lr on the batch `indices`; returns the loss (a non-finite
+// loss is an error naming the run and the step).
+double optimizer_step(Task& task, torch::optim::AdamW& optimizer, const TrainSettings& settings,
+                      const at::Tensor& indices, double lr, double* metric, const std::string& name,
+                      int64_t step) {
+  for (auto& group : optimizer.param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  auto loss = task.train_loss(indices, metric);
+  const double value = loss.item<double>();
+  TORCH_CHECK(std::isfinite(value), name, ": the loss is ", value, " at step ", step,
+              "; lower the learning rate");
+  optimizer.zero_grad();
+  loss.backward();
+  if (settings.clip_grad_norm > 0)
+    torch::nn::utils::clip_grad_norm_(task.model()->parameters(), settings.clip_grad_norm);
+  optimizer.step();
+  return value;
+}
 
 // Runs `what` with the task's model in eval mode and without gradients, then back to training.
 template <typename Fn>
@@ -164,9 +195,8 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   torch::optim::AdamW optimizer(parameter_groups(*model, settings.weight_decay, settings.lr));
 
-  TORCH_CHECK(settings.batch_size <= task->train_size(), "train: batch_size (",
-              settings.batch_size, ") is larger than the training set (", task->train_size(),
-              " examples)");
+  TORCH_CHECK(settings.batch_size <= task->train_size(), "train: batch_size (", settings.batch_size,
+              ") is larger than the training set (", task->train_size(), " examples)");
   const int64_t steps_per_epoch = std::max<int64_t>(1, task->train_size() / settings.batch_size);
   const int64_t epochs = settings.max_steps > 0
                              ? (settings.max_steps + steps_per_epoch - 1) / steps_per_epoch
@@ -211,21 +241,10 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     }
     torch::manual_seed(seed * 7919 + 1000000007ULL + static_cast<uint64_t>(step));
     const double lr = learning_rate(settings, step, total);
-    for (auto& group : optimizer.param_groups()) {
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
-    }
     double metric = std::numeric_limits<double>::quiet_NaN();
     auto indices = order.narrow(0, in_epoch * settings.batch_size, settings.batch_size);
-    auto loss = task->train_loss(indices, &metric);
-    const double loss_value = loss.item<double>();
-    TORCH_CHECK(std::isfinite(loss_value), result.name, ": the loss is ", loss_value, " at step ",
-                step, "; lower the learning rate");
-    optimizer.zero_grad();
-    loss.backward();
-    if (settings.clip_grad_norm > 0) {
-      torch::nn::utils::clip_grad_norm_(model->parameters(), settings.clip_grad_norm);
-    }
-    optimizer.step();
+    const double loss_value =
+        optimizer_step(*task, optimizer, settings, indices, lr, &metric, result.name, step);
     ++step;
     loss_sum += loss_value;
     ++loss_count;
@@ -239,15 +258,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     const bool evaluate_now =
         (epoch_end && ((epoch + 1) % settings.eval_every == 0)) || step == total;
     if (step % settings.log_every == 0 || evaluate_now) {
-      LogRow row{
-          {"step", static_cast<double>(step)},
-          {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)},
-          {"lr", lr},
-          {"train_loss", loss_sum / loss_count},
-          {"train_" + task->metric_name(),
-           metric_count ? metric_sum / metric_count : std::numeric_limits<double>::quiet_NaN()}};
-      loss_sum = metric_sum = 0;
-      loss_count = metric_count = 0;
+      auto row = window.take_row(step, steps_per_epoch, lr, task->metric_name());
       if (evaluate_now) {
         auto metrics = evaluate(*task);
         std::ostringstream text;
