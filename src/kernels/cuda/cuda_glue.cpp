@@ -206,6 +206,16 @@ PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_
   return p;
 }
 
+// What the backward needs besides the saved tensors, as one object (the bias part without its
+// table, which is a saved variable so autograd tracks it; positions, masks, scale).
+struct SavedCudaAttention : torch::CustomClassHolder {
+  bool empty = true;
+  BiasSpec bias;
+  at::Tensor q_positions, k_positions;
+  AttentionMasks masks;
+  double scale = 1.0;
+};
+
 class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunction> {
  public:
   // table: the T5 table (kBucketTable) or empty, an input so that autograd tracks it.
@@ -229,8 +239,9 @@ class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunc
     const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
     auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
     auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
+    auto state = c10::make_intrusive<SavedCudaAttention>();
     if (out.numel() == 0) {
-      ctx->saved_data["empty"] = true;
+      ctx->saved_data["attention"] = c10::IValue::make_capsule(std::move(state));
       return {out};
     }
     auto prepared =
@@ -241,44 +252,30 @@ class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunc
                  "attention_fused");
 
     ctx->save_for_backward({q_in, k_in, v_in, table, out, lse});
-    auto& d = ctx->saved_data;
-    d["empty"] = false;
-    d["form"] = static_cast<int64_t>(bias.form);
-    d["symmetric"] = bias.symmetric;
-    d["slopes"] = bias.slopes.defined() ? bias.slopes : torch::empty({0});
-    d["num_buckets"] = bias.num_buckets;
-    d["max_distance"] = bias.max_distance;
-    d["bidirectional"] = bias.bidirectional;
-    d["q_positions"] = q_positions;
-    d["k_positions"] = k_positions;
-    d["causal"] = masks.causal;
-    d["key_padding"] = masks.key_padding.defined() ? masks.key_padding : torch::empty({0});
-    d["scale"] = scale;
+    state->empty = false;
+    state->bias = bias;
+    state->bias.table = at::Tensor();  // saved above as a variable
+    state->q_positions = q_positions;
+    state->k_positions = k_positions;
+    state->masks = masks;
+    state->scale = scale;
+    ctx->saved_data["attention"] = c10::IValue::make_capsule(std::move(state));
     return {out};
   }
 
   // The backward kernels (attention_cuda.h): tiles recomputed from the saved log-sum-exp.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     variable_list none(9);
-    auto& d = ctx->saved_data;
-    if (d["empty"].toBool() || !grads[0].defined()) return none;
+    const auto state = c10::static_intrusive_pointer_cast<SavedCudaAttention>(
+        ctx->saved_data["attention"].toCapsule());
+    if (state->empty || !grads[0].defined()) return none;
     auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &table = saved[3], &out = saved[4],
                &lse = saved[5];
     c10::cuda::CUDAGuard guard(q.device());
-    BiasSpec spec;
-    spec.form = static_cast<BiasForm>(d["form"].toInt());
-    spec.symmetric = d["symmetric"].toBool();
-    spec.slopes = d["slopes"].toTensor();
-    spec.num_buckets = d["num_buckets"].toInt();
-    spec.max_distance = d["max_distance"].toInt();
-    spec.bidirectional = d["bidirectional"].toBool();
-    AttentionMasks masks;
-    masks.causal = d["causal"].toBool();
-    auto padding = d["key_padding"].toTensor();
-    if (padding.numel() > 0) masks.key_padding = padding;
-    auto prepared = prepare_attention(q, k, v, table, spec, d["q_positions"].toTensor(),
-                                      d["k_positions"].toTensor(), masks, d["scale"].toDouble());
+    const BiasSpec& spec = state->bias;
+    auto prepared = prepare_attention(q, k, v, table, spec, state->q_positions, state->k_positions,
+                                      state->masks, state->scale);
     auto dout = grads[0].to(q.scalar_type()).contiguous();  // [B, Nq, H, Dv]
     // delta_i = dO_i . O_i: [B, Nq, H] -> [B, H, Nq]
     auto delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2).contiguous();
