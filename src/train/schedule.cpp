@@ -36,6 +36,14 @@ TrainSettings read_settings(const nlohmann::json& config) {
   return s;
 }
 
+StepCounts step_counts(const TrainSettings& s, int64_t train_size) {
+  TORCH_CHECK(s.batch_size <= train_size, "train: batch_size (", s.batch_size,
+              ") is larger than the training set (", train_size, " examples)");
+  const int64_t per_epoch = std::max<int64_t>(1, train_size / s.batch_size);
+  const int64_t epochs = s.max_steps > 0 ? (s.max_steps + per_epoch - 1) / per_epoch : s.epochs;
+  return {per_epoch, epochs, s.max_steps > 0 ? s.max_steps : epochs * per_epoch};
+}
+
 double learning_rate(const TrainSettings& s, int64_t step, int64_t total) {
   if (step < s.warmup_steps) {
     return s.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup_steps);

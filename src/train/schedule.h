@@ -23,6 +23,12 @@ struct TrainSettings {
 
 /// The `train` section, checked (unknown keys and out-of-range values are errors).
 TrainSettings read_settings(const nlohmann::json& config);
+struct StepCounts {
+  int64_t steps_per_epoch, epochs, total;
+};
+/// Steps per epoch, epochs and total steps for a training set of `train_size` examples
+/// (max_steps, when set, wins over epochs); a batch larger than the set is an error.
+StepCounts step_counts(const TrainSettings& s, int64_t train_size);
 /// The learning rate at `step` of `total`.
 double learning_rate(const TrainSettings& s, int64_t step, int64_t total);
 /// Parameters in two AdamW groups: matrices decay, vectors (biases, norms, tokens) do not.

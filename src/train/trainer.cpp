@@ -160,17 +160,12 @@ void print_result(const RunResult& result) {
   }
 }
 
-}  // namespace
-
-RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
-  nlohmann::json config = run_config;
-  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+// The run's name, seed and output folder from the config's top level (unknown keys refused).
+uint64_t read_identity(const nlohmann::json& config, const RunOptions& options, RunResult& result) {
   ConfigReader top(config, "config");
-  RunResult result;
   result.name = top.string("name", "run");
-  const int64_t seed_value = top.integer("seed", 0);
-  TORCH_CHECK(seed_value >= 0, "config: 'seed' must be >= 0, got ", seed_value);
-  const auto seed = static_cast<uint64_t>(seed_value);
+  const int64_t seed = top.integer("seed", 0);
+  TORCH_CHECK(seed >= 0, "config: 'seed' must be >= 0, got ", seed);
   const auto configured_output = top.string("output", "runs/" + result.name);
   result.output = options.output.empty() ? configured_output : options.output;
   for (const char* key :
@@ -178,6 +173,16 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
     top.allow(key);
   }
   top.finish();
+  return static_cast<uint64_t>(seed);
+}
+
+}  // namespace
+
+RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  RunResult result;
+  const uint64_t seed = read_identity(config, options, result);
   const auto settings = read_settings(config);
   if (settings.threads > 0) {
     at::set_num_threads(static_cast<int>(settings.threads));
@@ -195,13 +200,9 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   torch::optim::AdamW optimizer(parameter_groups(*model, settings.weight_decay, settings.lr));
 
-  TORCH_CHECK(settings.batch_size <= task->train_size(), "train: batch_size (", settings.batch_size,
-              ") is larger than the training set (", task->train_size(), " examples)");
-  const int64_t steps_per_epoch = std::max<int64_t>(1, task->train_size() / settings.batch_size);
-  const int64_t epochs = settings.max_steps > 0
-                             ? (settings.max_steps + steps_per_epoch - 1) / steps_per_epoch
-                             : settings.epochs;
-  const int64_t total = settings.max_steps > 0 ? settings.max_steps : epochs * steps_per_epoch;
+  const auto counts = step_counts(settings, task->train_size());
+  const int64_t steps_per_epoch = counts.steps_per_epoch, epochs = counts.epochs,
+                total = counts.total;
   const std::string checkpoint = result.output + "/checkpoint.pt";
   const std::string csv = result.output + "/metrics.csv";
   const std::string config_text = config.dump();
