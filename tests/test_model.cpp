@@ -141,6 +141,31 @@ TEST(Model, MatcherIgnoresPaddedBytes) {
   EXPECT_LT(test::max_abs_diff(a, model(in)), 1e-5);
 }
 
+// A compose encoder with per-modality parts inside the matcher: the stream's token kinds reach the
+// plan (video then text), so the text part adds to the text tokens only.
+TEST(Model, MatcherTakesPerModalityComposeParts) {
+  torch::manual_seed(4);
+  const char* config = R"({"type": "compose", "encoders": [
+      {"type": "rope", "mrope_section": [1, 1, 2]},
+      {"type": "sinusoidal", "modality": "text", "axes": ["t"], "base": 100},
+      {"type": "axial_sincos", "modality": "video", "num_axes": 3}]})";
+  TextVideoMatcher model(TextVideoMatcherOptions(8, TransformerOptions(24, 3, 1)),
+                         encoder_of(config, 24, 3));
+  MatchInput in;
+  in.video = torch::randn({2, 8, 8});
+  in.video_positions = Positions::volume(2, 2, 2);
+  in.text = torch::randint(256, {2, 6}, torch::kLong);
+  in.text_positions = Positions::sequence(6);
+  in.stream_positions = build_stream({Segment::video(2, 2, 2), Segment::text(6)}).positions;
+  auto a = model(in);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2}));
+  EXPECT_TRUE(torch::isfinite(a).all().item<bool>());
+  // wrong kinds are an error, not a silent misassignment
+  in.stream_kinds.assign(3, SegmentKind::kText);
+  EXPECT_NE(test::error_of([&] { model(in); }).find("token kinds for 14 tokens"),
+            std::string::npos);
+}
+
 TEST(Model, BadShapesNameExpectedAndActual) {
   TokenClassifier model(TokenClassifierOptions(16, 10, TransformerOptions(32, 2, 1)),
                         as_encoding(Nope()));

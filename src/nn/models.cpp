@@ -140,7 +140,17 @@ at::Tensor TextVideoMatcherImpl::forward(const MatchInput& in) {
   if (!text_encoder.is_empty()) text = text_encoder->add(text, in.text_positions);
   auto real = torch::ones({b, nv + nt}, torch::dtype(torch::kBool));
   if (in.text_padding.defined()) real.narrow(1, nv, nt).copy_(in.text_padding);
-  auto y = transformer->forward(torch::cat({video, text}, 1), in.stream_positions, real);
+  // One plan for the stream: with token kinds, so per-modality parts of a composite find theirs.
+  auto x = torch::cat({video, text}, 1);
+  PlanRequest request(in.stream_positions);
+  request.device = x.device();
+  request.token_kinds = in.stream_kinds;
+  if (request.token_kinds.empty()) {
+    request.token_kinds.assign(static_cast<size_t>(nv), SegmentKind::kVideo);
+    request.token_kinds.insert(request.token_kinds.end(), static_cast<size_t>(nt),
+                               SegmentKind::kText);
+  }
+  auto y = transformer->forward_plan(x, transformer->encoder->plan(request), real);
   auto weight = real.unsqueeze(-1).to(y.scalar_type());
   auto pooled = (y * weight).sum(1) / weight.sum(1);
   return head(pooled).squeeze(-1);

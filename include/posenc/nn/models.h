@@ -119,6 +119,9 @@ struct MatchInput {
   at::Tensor text_padding;     ///< [B, Nt] bool, true where a byte is real (optional)
   Positions text_positions;    ///< 1D positions of the bytes, for a per-modality encoder
   Positions stream_positions;  ///< Nv + Nt positions of the joined stream (e.g. M-RoPE's t,h,w)
+  /// Each stream token's modality (video first, then text), for a compose encoder's
+  /// per-modality parts; empty: filled in as Nv video then Nt text tokens.
+  std::vector<SegmentKind> stream_kinds;
 };
 
 class TextVideoMatcherImpl : public torch::nn::Module {
