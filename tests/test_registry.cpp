@@ -26,10 +26,10 @@ TEST(Registry, BuildsEveryType) {
     EXPECT_EQ(encoder->type(), type);
   }
   EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "hf", "learned",
-                                      "learned_grid", "learned_spacetime", "nope", "relative_2d",
-                                      "rope", "rope_mixed", "shaw", "sinusoidal", "t5", "time2vec",
-                                      "time_sinusoidal"}));
+            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "hf",
+                                      "learned", "learned_grid", "learned_spacetime", "nope",
+                                      "relative_2d", "rope", "rope_mixed", "shaw", "sinusoidal",
+                                      "t5", "time2vec", "time_sinusoidal"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -48,13 +48,13 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(
-      contains(error_of([] {
-                 build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-               }),
-               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, hf, learned, "
-               "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
-               "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+  EXPECT_TRUE(contains(
+      error_of([] {
+        build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+      }),
+      "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, hf, learned, "
+      "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
+      "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),

@@ -95,9 +95,11 @@ TEST(TimeRope, PeriodsOverRealTimeKeepTheRelativeProperty) {
 
 // Issue #14 item 13: +-1e300 s gave identical (garbage) features before.
 TEST(Calendar, TimestampsOutsideYears1To9999AreAnError) {
-  auto message = test::error_of([] { calendar_features(torch::tensor({1e300}, torch::kFloat64), {"hour"}); });
+  auto message =
+      test::error_of([] { calendar_features(torch::tensor({1e300}, torch::kFloat64), {"hour"}); });
   EXPECT_NE(message.find("outside the years 1 to 9999"), std::string::npos) << message;
-  EXPECT_NO_THROW(calendar_features(torch::tensor({253402300799.0, -62135596800.0}, torch::kFloat64), {"month"}));
+  EXPECT_NO_THROW(calendar_features(
+      torch::tensor({253402300799.0, -62135596800.0}, torch::kFloat64), {"month"}));
 }
 
 }  // namespace

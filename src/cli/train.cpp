@@ -37,9 +37,10 @@ train::RunOptions run_options(const TrainArgs& args) {
 // A run config: a mapping of sections (an empty file reads as null).
 nlohmann::json load_run_config(const std::string& path) {
   auto config = load_config(path);
-  TORCH_CHECK(config.is_object(), "config '", path,
-              "': expected a mapping with 'task', 'model' and 'train' sections, got ",
-              config.is_null() ? std::string("nothing (an empty file)") : std::string(config.type_name()));
+  TORCH_CHECK(
+      config.is_object(), "config '", path,
+      "': expected a mapping with 'task', 'model' and 'train' sections, got ",
+      config.is_null() ? std::string("nothing (an empty file)") : std::string(config.type_name()));
   return config;
 }
 

@@ -45,14 +45,10 @@ Restore LearnedImpl::adapt(const Extent& extent) {
   TORCH_CHECK(extent.size() == 1, "learned: adapt takes one extent (the context length), got ",
               extent.size());
   if (extent[0] <= options.max_positions()) return [] {};
-  auto saved = weight.detach().clone();
-  auto before = options;
+  auto restore = restore_weight_and_options(*this);
   // Stretch the table over the longer context: position p reads the table at p * L / length.
   resize(extent[0]);
-  return [this, saved, before] {
-    weight.set_data(saved);
-    options = before;
-  };
+  return restore;
 }
 
 Description LearnedImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -77,13 +77,9 @@ Restore LearnedGridImpl::adapt(const Extent& extent) {
   TORCH_CHECK(extent.size() == 2, "learned_grid: adapt takes two extents (rows, columns), got ",
               extent.size());
   if (extent[0] == options.grid_height() && extent[1] == options.grid_width()) return [] {};
-  auto saved = weight.detach().clone();
-  auto before = options;
+  auto restore = restore_weight_and_options(*this);
   resize(extent[0], extent[1]);
-  return [this, saved, before] {
-    weight.set_data(saved);
-    options = before;
-  };
+  return restore;
 }
 
 Description LearnedGridImpl::describe(const Positions& positions, const DescribeOptions&) {

@@ -49,13 +49,9 @@ Restore Relative2dImpl::adapt(const Extent& extent) {
               extent.size());
   // the table must cover offsets up to extent - 1; a larger one is kept as it is
   if (extent[0] <= options.grid_height() && extent[1] <= options.grid_width()) return [] {};
-  auto saved = weight.detach().clone();
-  auto before = options;
+  auto restore = restore_weight_and_options(*this);
   resize(std::max(extent[0], options.grid_height()), std::max(extent[1], options.grid_width()));
-  return [this, saved, before] {
-    weight.set_data(saved);
-    options = before;
-  };
+  return restore;
 }
 
 at::Tensor Relative2dImpl::bias_at(const Positions& q_positions, const Positions& k_positions,

@@ -5,15 +5,6 @@
 
 namespace posenc {
 
-void check_additive_input(const std::string& who, const at::Tensor& x, int64_t n, int64_t dim) {
-  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, who, ": x must be [N, D] or [B, N, D], got shape ",
-              x.sizes());
-  TORCH_CHECK(x.size(-1) == dim, who, ": x has width ", x.size(-1),
-              " but the encoder has dim=", dim);
-  TORCH_CHECK(x.size(-2) == n, who, ": x has ", x.size(-2), " tokens but ", n,
-              " positions were given");
-}
-
 SinusoidalImpl::SinusoidalImpl(SinusoidalOptions options_) : options(std::move(options_)) {
   reset();
 }

@@ -41,6 +41,18 @@ using Extent = std::vector<int64_t>;
 /// Puts an adapted encoder back as it was.
 using Restore = std::function<void()>;
 
+/// How to undo a change to an encoder whose position-bound state is its `weight` table and its
+/// `options` (the learned tables' adapt): take it before resizing.
+template <typename Impl>
+Restore restore_weight_and_options(Impl& encoder) {
+  auto saved = encoder.weight.detach().clone();
+  auto before = encoder.options;
+  return [&encoder, saved, before] {
+    encoder.weight.set_data(saved);
+    encoder.options = before;
+  };
+}
+
 class PositionalEncodingImpl : public torch::nn::Module {
  public:
   /// The registry name ("sinusoidal", "rope", "compose", ...).

@@ -33,7 +33,4 @@ class SinusoidalImpl : public PositionalEncodingImpl {
 };
 TORCH_MODULE(Sinusoidal);
 
-/// Checks x [.., N, D] against an additive table's N and D; `who` names the encoder.
-void check_additive_input(const std::string& who, const at::Tensor& x, int64_t n, int64_t dim);
-
 }  // namespace posenc

@@ -47,10 +47,10 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
   p.table_form = bias.table.form;
   p.symmetric = bias.symmetric;
   p.causal = masks.causal;
-  p.pq = bias.pq;
-  p.pk = bias.pk;
-  p.iq = bias.iq;
-  p.ik = bias.ik;
+  p.pq = bias.pq.data();
+  p.pk = bias.pk.data();
+  p.iq = bias.iq.data();
+  p.ik = bias.ik.data();
   if (p.alibi) {
     auto s = bias.slopes.to(torch::kFloat32).contiguous();
     p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
@@ -65,7 +65,7 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
     const auto& bucket = bias.buckets;
     p.rel_min = bias.rel_min;
     p.rel_count = bucket.numel();
-    p.bucket.assign(bucket.data_ptr<int64_t>(), bucket.data_ptr<int64_t>() + bucket.numel());
+    p.bucket = bucket.const_data_ptr<int64_t>();
     p.num_buckets = bias.table.num_buckets;
     auto lut =
         table.detach().to(torch::kFloat32).index_select(0, bucket).t().contiguous();  // [H, R]

@@ -46,7 +46,7 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
     for (int64_t c = 0; c < cols; ++c) row[c] *= p.scale;
     if (p.alibi) {
       const double pi = p.pq[i];
-      const double* pk = p.pk.data() + j0;
+      const double* pk = p.pk + j0;
       if (p.symmetric) {
         for (int64_t c = 0; c < cols; ++c)
           row[c] -= slope * static_cast<float>(std::abs(pi - pk[c]));
@@ -56,12 +56,12 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
     }
     if (lut) {
       const int64_t base = -p.iq[i] - p.rel_min;
-      const int64_t* ik = p.ik.data() + j0;
+      const int64_t* ik = p.ik + j0;
       for (int64_t c = 0; c < cols; ++c) row[c] += lut[ik[c] + base];
     } else if (relative) {
       const float* qr = p.qr.data_ptr<float>() + ((b * p.heads + h) * p.nq + i) * p.qr.size(3);
       const int64_t pi = p.iq[i], kmax = p.max_relative;
-      const int64_t* ik = p.ik.data() + j0;
+      const int64_t* ik = p.ik + j0;
       for (int64_t c = 0; c < cols; ++c) row[c] += qr[std::clamp(ik[c] - pi, -kmax, kmax) + kmax];
     }
     if (p.causal) {
@@ -259,7 +259,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             if (relative) {
               float* g = dqr.data_ptr<float>() + (i0 + r) * rel_width;
               const int64_t pi = p.iq[i0 + r], kmax = p.max_relative;
-              const int64_t* ik = p.ik.data() + j0;
+              const int64_t* ik = p.ik + j0;
               for (int64_t c = 0; c < cols; ++c)
                 g[std::clamp(ik[c] - pi, -kmax, kmax) + kmax] += row[c];
             }

@@ -18,12 +18,15 @@ struct AttentionProblem {
   bool alibi = false;
   BiasForm table_form = BiasForm::kNone;  ///< kNone, kBucketTable or kRelativeTable
   bool symmetric = false;
-  std::vector<float> slopes;    ///< alibi: [H]
-  std::vector<double> pq, pk;   ///< positions
-  std::vector<int64_t> iq, ik;  ///< kBucketTable, kRelativeTable: integer positions
+  std::vector<float> slopes;  ///< alibi: [H]
+  // Position data read from the forward's FusedBias (prepared once per forward, alive for the call)
+  const double* pq = nullptr;   ///< [Nq] positions
+  const double* pk = nullptr;   ///< [Nk]
+  const int64_t* iq = nullptr;  ///< kBucketTable, kRelativeTable: integer positions [Nq]
+  const int64_t* ik = nullptr;  ///< [Nk]
   int64_t rel_min = 0, rel_count = 0;
-  std::vector<float> lut;       ///< kBucketTable: [H, rel_count] bias per relative offset
-  std::vector<int64_t> bucket;  ///< kBucketTable: [rel_count] bucket per relative offset
+  std::vector<float> lut;           ///< kBucketTable: [H, rel_count] bias per relative offset
+  const int64_t* bucket = nullptr;  ///< kBucketTable: [rel_count] bucket per relative offset
   int64_t num_buckets = 0;
   // kRelativeTable (Shaw): bias(i, j) = qr[b, h, i, clip(ik_j - iq_i, -K, K) + K], where
   // qr = q . table^T / sqrt(D) is [B, H, Nq, 2K+1]: O(Nq K) per head instead of O(Nq Nk).
