@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
       {"time_sinusoidal",
        as_encoding(TimeSinusoidal(TimeSinusoidalOptions(kDim).t_min(1).t_max(168)))},
       {"calendar", as_encoding(Calendar(CalendarOptions(kDim)))},
-      {"rope_time", as_encoding(Rope(RopeOptions(kDim / 2).min_period(1).max_period(168)))}};
+      {"rope_time", as_encoding(Rope(RopeOptions(kDim / 2).frequencies(
+                        RopeFrequencyOptions::periods(1, 168))))}};
   for (auto& [name, encoder] : encoders) {
     torch::manual_seed(0);
     Forecaster model(ForecasterOptions(1, TransformerOptions(kDim, 2, 2).mlp_ratio(2)), encoder);

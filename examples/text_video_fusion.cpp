@@ -65,10 +65,10 @@ int main(int argc, char** argv) {
   auto layout = build_stream({Segment::video(4, 4, 4), Segment::text(kCaption)});
 
   // Head dim 16 = 8 rotary pairs: 2 for t, 3 for h, 3 for w, each axis its own ladder.
-  auto stream_rope = as_encoding(Rope(RopeOptions(kDim / kHeads)
-                                          .mrope_section({2, 3, 3})
-                                          .per_axis_frequencies(true)
-                                          .rope_theta(100)));
+  auto stream_rope =
+      as_encoding(Rope(RopeOptions(kDim / kHeads)
+                           .sections(RopeSectionMap().sections({2, 3, 3}))
+                           .frequencies(RopeFrequencyOptions::per_axis_ladders(100))));
   auto text_table = as_encoding(Sinusoidal(SinusoidalOptions(kDim)));
   TextVideoMatcher model(TextVideoMatcherOptions(tubelets.tokens.size(2),
                                                  TransformerOptions(kDim, kHeads, 2).mlp_ratio(2)),

@@ -51,10 +51,10 @@ int main(int argc, char** argv) {
   // Head dim 16 = 8 rotary pairs: 4 for rows, 4 for columns, each with its own ladder.
   std::vector<std::pair<std::string, PositionalEncoding>> encoders{
       {"learned_grid", as_encoding(LearnedGrid(LearnedGridOptions(4, 4, kDim)))},
-      {"axial_rope", as_encoding(Rope(RopeOptions(kDim / kHeads)
-                                          .mrope_section({4, 4})
-                                          .per_axis_frequencies(true)
-                                          .rope_theta(100)))}};
+      {"axial_rope",
+       as_encoding(Rope(RopeOptions(kDim / kHeads)
+                            .sections(RopeSectionMap().sections({4, 4}))
+                            .frequencies(RopeFrequencyOptions::per_axis_ladders(100))))}};
   for (auto& [name, encoder] : encoders) {
     torch::manual_seed(0);
     TokenClassifier model(TokenClassifierOptions(kPatch * kPatch, 10,

@@ -127,10 +127,16 @@ TEST(Rope, BadInputNamesExpectedAndActual) {
                        "must be even and >= 2, got 97 (head_dim=97"));
   EXPECT_TRUE(contains(error_of([] { Rope(RopeOptions(64).partial_rotary_factor(0.3)); }),
                        "got 19 (head_dim=64, partial_rotary_factor=0.3)"));
-  EXPECT_TRUE(contains(error_of([] { Rope(RopeOptions(64).rope_type(RopeScaling::kLinear)); }),
+  EXPECT_TRUE(contains(error_of([] {
+                         Rope(RopeOptions(64).frequencies(RopeFrequencyOptions::ladder(
+                             10000, RopeScalingOptions().rope_type(RopeScaling::kLinear))));
+                       }),
                        "rope_type 'linear' needs a 'factor'"));
   EXPECT_TRUE(contains(
-      error_of([] { Rope(RopeOptions(64).rope_type(RopeScaling::kLongRope).short_factor({1.0})); }),
+      error_of([] {
+        Rope(RopeOptions(64).frequencies(RopeFrequencyOptions::ladder(
+            10000, RopeScalingOptions().rope_type(RopeScaling::kLongRope).short_factor({1.0}))));
+      }),
       "short_factor must have r/2 = 32 values, got 1"));
   Rope rope(RopeOptions(64));
   auto q = torch::zeros({1, 4, 2, 32});

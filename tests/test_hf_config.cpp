@@ -127,8 +127,9 @@ TEST(HfConfig, WholeConfigJsonIgnoresOtherKeysAndNamesSources) {
   // The same through the registry: {"type": "hf", "config": path}.
   auto encoder = build_encoder(
       json{{"type", "hf"}, {"config", fixture_path("hf_configs/llama-3.1-8b.json")}}, {});
-  EXPECT_EQ(as_rope(encoder).options.rope_theta(), 500000.0);
-  EXPECT_EQ(as_rope(encoder).options.original_max_position_embeddings(), 8192);
+  EXPECT_EQ(as_rope(encoder).options.frequencies().theta(), 500000.0);
+  EXPECT_EQ(as_rope(encoder).options.frequencies().scaling().original_max_position_embeddings(),
+            8192);
 }
 
 TEST(HfConfig, Phi3TakesTheTopLevelOriginalContext) {
@@ -178,7 +179,7 @@ TEST(HfConfig, PartialBlocksAreRefused) {
                                     {"use_posenc_defaults", true},
                                     {"rope_scaling", llama_block}},
                                {});
-  EXPECT_EQ(as_rope(encoder).options.rope_theta(), 10000.0);
+  EXPECT_EQ(as_rope(encoder).options.frequencies().theta(), 10000.0);
   EXPECT_TRUE(contains(warnings.all(), "'rope_theta' is not given")) << warnings.all();
 }
 
@@ -252,9 +253,9 @@ TEST(HfConfig, BadConfigsNameTheKey) {
 TEST(HfConfig, Float32AnglesFollowHfArithmetic) {
   // Hand-derived: at p = 65535 the float32 product p * inv_freq rounds; float64 does not.
   RopeOptions o(128);
-  o.rope_theta(500000.0);
+  o.frequencies().theta(500000.0);
   auto exact = rope_frequencies(o);
-  o.angle_dtype(RopeAngleDtype::kFloat32);
+  o.frequencies().angle_dtype(RopeAngleDtype::kFloat32);
   auto hf = rope_frequencies(o);
   EXPECT_EQ(hf.inv_freq.scalar_type(), torch::kFloat32);
   EXPECT_EQ(exact.inv_freq.scalar_type(), torch::kFloat64);

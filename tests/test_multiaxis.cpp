@@ -59,7 +59,7 @@ TEST(SectionedRope, TextTokensMakeMropeEqualTo1dRope) {
   // M-RoPE (Qwen2-VL): a text token has the same index on t, h and w, so with the global
   // frequency ladder its rotation is exactly 1D RoPE.
   torch::manual_seed(31);
-  Rope mrope(RopeOptions(16).mrope_section({2, 3, 3}));
+  Rope mrope(RopeOptions(16).sections(RopeSectionMap().sections({2, 3, 3})));
   Rope plain(RopeOptions(16));
   auto q = torch::randn({1, 5, 2, 16});
   auto p1 = Positions::sequence(5, 3);
@@ -68,14 +68,16 @@ TEST(SectionedRope, TextTokensMakeMropeEqualTo1dRope) {
   auto b = plain->rotate(q, q, p1, p1).first;
   EXPECT_LT(max_abs_diff(a, b), 1e-6);
   // interleaved sections too
-  Rope imrope(
-      RopeOptions(16).mrope_section({2, 3, 3}).section_layout(RopeSectionLayout::kInterleaved));
+  Rope imrope(RopeOptions(16).sections(
+      RopeSectionMap().sections({2, 3, 3}).layout(RopeSectionLayout::kInterleaved)));
   EXPECT_LT(max_abs_diff(imrope->rotate(q, q, p3, p3).first, b), 1e-6);
 }
 
 TEST(SectionedRope, AxialScoresDependOnlyOnOffsetsPerAxis) {
   torch::manual_seed(32);
-  Rope axial(RopeOptions(16).mrope_section({4, 4}).per_axis_frequencies(true));
+  Rope axial(RopeOptions(16)
+                 .sections(RopeSectionMap().sections({4, 4}))
+                 .frequencies(RopeFrequencyOptions::per_axis_ladders()));
   auto q = torch::randn({1, 1, 1, 16}, torch::kFloat64),
        k = torch::randn({1, 1, 1, 16}, torch::kFloat64);
   auto score = [&](double h1, double w1, double h2, double w2) {
@@ -97,19 +99,19 @@ TEST(SectionedRope, ConfigAndErrors) {
   auto qwen = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 1e6,
       "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}})"),
                             {});
-  EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen).options.mrope_section(),
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen).options.sections().sections(),
             (std::vector<int64_t>{16, 24, 24}));
   // Qwen3-VL: interleaved
   auto qwen3 = build_encoder(parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 5e6,
       "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": true}})"),
                              {});
-  EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen3).options.section_layout(),
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*qwen3).options.sections().layout(),
             RopeSectionLayout::kInterleaved);
   EXPECT_NE(error_of([] {
-              Rope(RopeOptions(16).mrope_section({2, 2, 2}));
+              Rope(RopeOptions(16).sections(RopeSectionMap().sections({2, 2, 2})));
             }).find("mrope_section sums to 6 pairs but the rotary dimension has r/2 = 8"),
             std::string::npos);
-  Rope mrope(RopeOptions(16).mrope_section({2, 3, 3}));
+  Rope mrope(RopeOptions(16).sections(RopeSectionMap().sections({2, 3, 3})));
   auto q = torch::zeros({1, 4, 1, 16});
   EXPECT_NE(error_of([&] {
               mrope->rotate(q, q, Positions::grid(2, 2), Positions::grid(2, 2));

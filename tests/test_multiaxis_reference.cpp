@@ -134,9 +134,10 @@ TEST(StreamReference, MropeRotation) {
   const auto fixture = load_fixture("mrope.json");
   const auto& c = fixture["cases"][7];
   ASSERT_EQ(c["name"], "rotation_stream_text3_image_1x4x6_text4");
-  Rope rope(RopeOptions(c["head_dim"].get<int64_t>())
-                .rope_theta(c["rope_theta"].get<double>())
-                .mrope_section(c["mrope_section"].get<std::vector<int64_t>>()));
+  Rope rope(
+      RopeOptions(c["head_dim"].get<int64_t>())
+          .frequencies(RopeFrequencyOptions::ladder(c["rope_theta"].get<double>()))
+          .sections(RopeSectionMap().sections(c["mrope_section"].get<std::vector<int64_t>>())));
   Positions positions(to_tensor(c["position_ids"]).t().contiguous(), {"t", "h", "w"});
   auto d = rope->describe(positions, {});
   EXPECT_LT(max_abs_diff(d[0].second, to_tensor(c["inv_freq"])), 1e-7);

@@ -90,6 +90,62 @@ TEST(Registry, UnknownKeysAreNamed) {
                "unknown layout 'zigzag'; expected one of: interleaved, concat"));
 }
 
+// The config keys users paste choose RoPE's frequency source and section map; values
+// hand-derived: theta^(-2i/r) per ladder, 2 pi / period for log-spaced periods.
+TEST(Registry, RopeKeysChooseFrequencySourceAndSectionMap) {
+  auto options_of = [](const std::string& text) {
+    auto encoder = build_encoder(parse_config(text), {});
+    return dynamic_cast<RopeImpl&>(*encoder).options;
+  };
+  auto ladder = options_of(R"({"type": "rope", "head_dim": 8, "rope_theta": 100})");
+  EXPECT_EQ(ladder.frequencies().source(), RopeFrequencySource::kLadder);
+  EXPECT_TRUE(ladder.sections().sections().empty());
+  // theta 100, r 8: 1, 100^-0.25, 100^-0.5, 100^-0.75
+  EXPECT_TRUE(torch::allclose(
+      rope_frequencies(ladder).inv_freq,
+      torch::tensor({1.0, 0.31622776601683794, 0.1, 0.031622776601683794}, torch::kFloat64)));
+  auto axial = options_of(
+      R"({"type": "rope", "head_dim": 8, "rope_theta": 100, "mrope_section": [2, 2],
+          "per_axis_frequencies": true})");
+  EXPECT_EQ(axial.frequencies().source(), RopeFrequencySource::kPerAxisLadders);
+  EXPECT_EQ(axial.sections().sections(), (std::vector<int64_t>{2, 2}));
+  // one ladder over 2 s = 4 dims per axis: 1, 100^-0.5, 1, 100^-0.5
+  EXPECT_TRUE(torch::allclose(rope_frequencies(axial).inv_freq,
+                              torch::tensor({1.0, 0.1, 1.0, 0.1}, torch::kFloat64)));
+  auto mrope = options_of(
+      R"({"type": "rope", "head_dim": 8, "rope_scaling": {"type": "mrope", "mrope_section": [1, 3]},
+          "rope_theta": 100})");
+  EXPECT_EQ(mrope.frequencies().source(), RopeFrequencySource::kLadder);  // one ladder, sectioned
+  EXPECT_TRUE(torch::equal(rope_frequencies(mrope).inv_freq, rope_frequencies(ladder).inv_freq));
+  auto periods =
+      options_of(R"({"type": "rope", "head_dim": 4, "min_period": 1, "max_period": 100})");
+  EXPECT_EQ(periods.frequencies().source(), RopeFrequencySource::kPeriods);
+  EXPECT_TRUE(torch::allclose(rope_frequencies(periods).inv_freq,
+                              torch::tensor({2 * M_PI, 2 * M_PI / 100}, torch::kFloat64)));
+  // A key of another source is an error, never ignored.
+  EXPECT_TRUE(contains(error_of([&] {
+                         options_of(R"({"type": "rope", "head_dim": 4, "min_period": 1,
+                                        "max_period": 100, "rope_theta": 500})");
+                       }),
+                       "rope_theta (500) would be ignored"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         options_of(R"({"type": "rope", "head_dim": 8, "min_period": 1,
+                                        "max_period": 9, "mrope_section": [2, 2],
+                                        "per_axis_frequencies": true})");
+                       }),
+                       "two frequency sources; give one"));
+  EXPECT_TRUE(
+      contains(error_of([&] {
+                 options_of(R"({"type": "rope", "head_dim": 8, "per_axis_frequencies": true})");
+               }),
+               "per_axis_frequencies deals one ladder per section; it needs mrope_section"));
+  EXPECT_TRUE(contains(error_of([&] {
+                         options_of(R"({"type": "rope", "head_dim": 4, "min_period": 1,
+                                        "max_period": 9, "rope_type": "linear", "factor": 2})");
+                       }),
+                       "rope_type must be default, got linear"));
+}
+
 TEST(Registry, PastedHfBlocks) {
   // Llama 3.1's config.json rope_scaling block, as it is.
   auto llama = parse_config(R"({"type": "rope", "head_dim": 128, "rope_theta": 500000.0,
@@ -98,8 +154,8 @@ TEST(Registry, PastedHfBlocks) {
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
   auto rope = build_encoder(llama, {});
   auto& options = dynamic_cast<RopeImpl&>(*rope).options;
-  EXPECT_EQ(options.rope_type(), RopeScaling::kLlama3);
-  EXPECT_EQ(options.original_max_position_embeddings(), 8192);
+  EXPECT_EQ(options.frequencies().scaling().rope_type(), RopeScaling::kLlama3);
+  EXPECT_EQ(options.frequencies().scaling().original_max_position_embeddings(), 8192);
   // DeepSeek-V3's legacy block says "type".
   auto deepseek = build_encoder(json{{"type", "rope"},
                                      {"head_dim", 64},

@@ -75,7 +75,7 @@ TEST(Time2Vec, LinearFirstThenPeriodicAndGradients) {
 }
 
 TEST(TimeRope, PeriodsOverRealTimeKeepTheRelativeProperty) {
-  Rope rope(RopeOptions(8).min_period(1).max_period(1000));
+  Rope rope(RopeOptions(8).frequencies(RopeFrequencyOptions::periods(1, 1000)));
   auto inv = rope->frequencies().inv_freq;
   EXPECT_NEAR(inv[0].item<double>(), 2 * M_PI, 1e-12);
   EXPECT_NEAR(inv[3].item<double>(), 2 * M_PI / 1000, 1e-12);
@@ -90,7 +90,9 @@ TEST(TimeRope, PeriodsOverRealTimeKeepTheRelativeProperty) {
   EXPECT_NEAR(score(1.5, 4.25), score(101.5, 104.25), 1e-6);  // real gaps, not indices
   auto built = build_encoder(
       parse_config(R"({"type": "rope", "min_period": 60, "max_period": 86400})"), {32, 1, 0});
-  EXPECT_EQ(dynamic_cast<RopeImpl&>(*built).options.max_period(), 86400);
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*built).options.frequencies().max_period(), 86400);
+  EXPECT_EQ(dynamic_cast<RopeImpl&>(*built).options.frequencies().source(),
+            RopeFrequencySource::kPeriods);
 }
 
 // Issue #14 item 13: +-1e300 s gave identical (garbage) features before.

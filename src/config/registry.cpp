@@ -160,40 +160,48 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
     TORCH_CHECK(r.has("mrope_section"), r.where(), ": rope_type 'mrope' needs 'mrope_section'");
     type = "default";
   }
-  if (type) o.rope_type(rope_scaling_from_string(*type));
+  auto& f = o.frequencies();
+  auto& s = f.scaling();
+  if (type) s.rope_type(rope_scaling_from_string(*type));
   if (r.has("mrope_section"))
-    o.mrope_section(r.integers("mrope_section"));
+    o.sections().sections(r.integers("mrope_section"));
   else
     r.allow("mrope_section");
   if (auto layout = r.optional_string("section_layout")) {
     TORCH_CHECK(*layout == "contiguous" || *layout == "interleaved", r.where(),
                 ": unknown section_layout '", *layout,
                 "'; expected one of: contiguous, interleaved");
-    o.section_layout(*layout == "contiguous" ? RopeSectionLayout::kContiguous
-                                             : RopeSectionLayout::kInterleaved);
+    o.sections().layout(*layout == "contiguous" ? RopeSectionLayout::kContiguous
+                                                : RopeSectionLayout::kInterleaved);
   }
-  if (r.boolean("mrope_interleaved", false)) o.section_layout(RopeSectionLayout::kInterleaved);
-  o.per_axis_frequencies(r.boolean("per_axis_frequencies", o.per_axis_frequencies()));
-  if (auto v = r.optional_number("rope_theta")) o.rope_theta(*v);
+  if (r.boolean("mrope_interleaved", false)) o.sections().layout(RopeSectionLayout::kInterleaved);
+  // per_axis_frequencies: true switches the frequency source to one ladder per section.
+  if (r.boolean("per_axis_frequencies", false)) {
+    TORCH_CHECK(f.source() != RopeFrequencySource::kPeriods, r.where(),
+                ": min_period/max_period and per_axis_frequencies are two frequency sources; "
+                "give one");
+    f.source(RopeFrequencySource::kPerAxisLadders);
+  }
+  if (auto v = r.optional_number("rope_theta")) f.theta(*v);
   if (auto v = r.optional_number("partial_rotary_factor")) o.partial_rotary_factor(*v);
-  if (auto v = r.optional_number("factor")) o.factor(*v);
+  if (auto v = r.optional_number("factor")) s.factor(*v);
   if (auto v = r.optional_integer("original_max_position_embeddings"))
-    o.original_max_position_embeddings(*v);
-  if (auto v = r.optional_integer("max_position_embeddings")) o.max_position_embeddings(*v);
-  if (auto v = r.optional_number("beta_fast")) o.beta_fast(*v);
-  if (auto v = r.optional_number("beta_slow")) o.beta_slow(*v);
-  if (auto v = r.optional_number("attention_factor")) o.attention_factor(*v);
-  if (auto v = r.optional_number("mscale")) o.mscale(*v);
-  if (auto v = r.optional_number("mscale_all_dim")) o.mscale_all_dim(*v);
-  o.truncate(r.boolean("truncate", o.truncate()));
-  if (auto v = r.optional_number("low_freq_factor")) o.low_freq_factor(*v);
-  if (auto v = r.optional_number("high_freq_factor")) o.high_freq_factor(*v);
+    s.original_max_position_embeddings(*v);
+  if (auto v = r.optional_integer("max_position_embeddings")) s.max_position_embeddings(*v);
+  if (auto v = r.optional_number("beta_fast")) s.beta_fast(*v);
+  if (auto v = r.optional_number("beta_slow")) s.beta_slow(*v);
+  if (auto v = r.optional_number("attention_factor")) s.attention_factor(*v);
+  if (auto v = r.optional_number("mscale")) s.mscale(*v);
+  if (auto v = r.optional_number("mscale_all_dim")) s.mscale_all_dim(*v);
+  s.truncate(r.boolean("truncate", s.truncate()));
+  if (auto v = r.optional_number("low_freq_factor")) s.low_freq_factor(*v);
+  if (auto v = r.optional_number("high_freq_factor")) s.high_freq_factor(*v);
   if (r.has("short_factor"))
-    o.short_factor(r.numbers("short_factor"));
+    s.short_factor(r.numbers("short_factor"));
   else
     r.allow("short_factor");
   if (r.has("long_factor"))
-    o.long_factor(r.numbers("long_factor"));
+    s.long_factor(r.numbers("long_factor"));
   else
     r.allow("long_factor");
 }
@@ -249,9 +257,11 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
   o.layout(rope_layout_from_string(r.string("layout", "half")));
   o.xpos(r.boolean("xpos", o.xpos()));
   o.xpos_scale_base(r.number("xpos_scale_base", o.xpos_scale_base()));
-  o.min_period(r.number("min_period", o.min_period()));
-  o.max_period(r.number("max_period", o.max_period()));
-  o.angle_dtype(rope_angle_dtype_from_string(r.string("angle_dtype", "float64")));
+  // min_period/max_period (either non-zero) choose the real-time periods as frequency source.
+  const double min_period = r.number("min_period", 0.0), max_period = r.number("max_period", 0.0);
+  if (min_period != 0 || max_period != 0)
+    o.frequencies(RopeFrequencyOptions::periods(min_period, max_period));
+  o.frequencies().angle_dtype(rope_angle_dtype_from_string(r.string("angle_dtype", "float64")));
   const bool use_defaults = r.boolean("use_posenc_defaults", false);
   read_rope_scaling(r, o, /*nested=*/false);
   // A model's rope_parameters (HF v5) or legacy rope_scaling block, pasted as it is.
@@ -277,7 +287,10 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
       }
     }
   }
-  check_dependencies(r.json(), r.where(), pasted, use_defaults, o.rope_type());
+  // HF's dependencies concern the theta ladder; another source with HF keys fails validation.
+  if (o.frequencies().source() == RopeFrequencySource::kLadder)
+    check_dependencies(r.json(), r.where(), pasted, use_defaults,
+                       o.frequencies().scaling().rope_type());
   return as_encoding(Rope(o));
 }
 

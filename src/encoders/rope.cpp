@@ -19,11 +19,11 @@ RopeFrequencies RopeImpl::frequencies(int64_t seq_len) const {
 
 std::pair<at::Tensor, at::Tensor> RopeImpl::cos_sin(const Positions& positions,
                                                     const RopeFrequencies& f, bool is_key) const {
-  const auto& sections = options.mrope_section();
+  const auto& sections = options.sections().sections();
   if (!sections.empty()) {  // multi-axis: pair i rotates by the coordinate of its section's axis
     positions.check_num_axes("rope", static_cast<int64_t>(sections.size()));
-    return rope_cos_sin_sections(positions.coords(), f.inv_freq, sections, options.section_layout(),
-                                 f.attention_scaling);
+    return rope_cos_sin_sections(positions.coords(), f.inv_freq, sections,
+                                 options.sections().layout(), f.attention_scaling);
   }
   positions.check_num_axes("rope", 1);
   auto p = positions.axis(0);

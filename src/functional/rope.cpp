@@ -69,31 +69,106 @@ RopeScaling rope_scaling_from_string(const std::string& name) {
               "'; expected one of: default, linear, dynamic, yarn, llama3, longrope, proportional");
 }
 
+std::string to_string(RopeFrequencySource source) {
+  switch (source) {
+    case RopeFrequencySource::kLadder:
+      return "ladder";
+    case RopeFrequencySource::kPerAxisLadders:
+      return "per_axis_ladders";
+    case RopeFrequencySource::kPeriods:
+      return "periods";
+  }
+  return "unknown";
+}
+
+RopeFrequencyOptions RopeFrequencyOptions::ladder(double theta, RopeScalingOptions scaling) {
+  return RopeFrequencyOptions().theta(theta).scaling(std::move(scaling));
+}
+
+RopeFrequencyOptions RopeFrequencyOptions::per_axis_ladders(double theta) {
+  return RopeFrequencyOptions().source(RopeFrequencySource::kPerAxisLadders).theta(theta);
+}
+
+RopeFrequencyOptions RopeFrequencyOptions::periods(double min_period, double max_period) {
+  return RopeFrequencyOptions()
+      .source(RopeFrequencySource::kPeriods)
+      .min_period(min_period)
+      .max_period(max_period);
+}
+
 int64_t rope_rotary_dim(const RopeOptions& o) {
-  if (o.rope_type() == RopeScaling::kProportional) return o.head_dim();
+  if (o.frequencies().source() == RopeFrequencySource::kLadder &&
+      o.frequencies().scaling().rope_type() == RopeScaling::kProportional)
+    return o.head_dim();
   return static_cast<int64_t>(static_cast<double>(o.head_dim()) * o.partial_rotary_factor());
 }
 
-int64_t rope_original_context(const RopeOptions& o) {
-  return o.original_max_position_embeddings() > 0 ? o.original_max_position_embeddings()
-                                                  : o.max_position_embeddings();
+int64_t rope_original_context(const RopeScalingOptions& s) {
+  return s.original_max_position_embeddings() > 0 ? s.original_max_position_embeddings()
+                                                  : s.max_position_embeddings();
 }
 
-double rope_factor(const RopeOptions& o) {
-  if (o.factor()) return *o.factor();
-  switch (o.rope_type()) {
+double rope_factor(const RopeScalingOptions& s) {
+  if (s.factor()) return *s.factor();
+  switch (s.rope_type()) {
     case RopeScaling::kYarn:
     case RopeScaling::kLongRope:
-      return static_cast<double>(o.max_position_embeddings()) /
-             static_cast<double>(rope_original_context(o));
+      return static_cast<double>(s.max_position_embeddings()) /
+             static_cast<double>(rope_original_context(s));
     case RopeScaling::kDefault:
-      return 1.0;
     case RopeScaling::kProportional:
-      return o.factor().value_or(1.0);
+      return 1.0;
     default:
-      TORCH_CHECK(false, "rope: rope_type '", to_string(o.rope_type()), "' needs a 'factor'");
+      TORCH_CHECK(false, "rope: rope_type '", to_string(s.rope_type()), "' needs a 'factor'");
   }
 }
+
+namespace {
+
+// The HF scaling of a theta ladder over r rotary dims.
+void validate_scaling(const RopeScalingOptions& s, const RopeOptions& o, int64_t r) {
+  TORCH_CHECK(s.max_position_embeddings() > 0,
+              "rope: max_position_embeddings must be positive, got ", s.max_position_embeddings());
+  TORCH_CHECK(s.original_max_position_embeddings() >= 0,
+              "rope: original_max_position_embeddings must be >= 0, got ",
+              s.original_max_position_embeddings());
+  if (s.rope_type() == RopeScaling::kProportional) {
+    TORCH_CHECK(o.head_dim() % 2 == 0,
+                "rope: proportional rotates the whole head; head_dim must be ", "even, got ",
+                o.head_dim());
+    TORCH_CHECK(o.sections().sections().empty() && !o.xpos(),
+                "rope: proportional does not combine with mrope_section or xpos");
+  }
+  const bool scaled =
+      s.rope_type() != RopeScaling::kDefault && s.rope_type() != RopeScaling::kProportional;
+  if (scaled) {
+    const double f = rope_factor(s);
+    TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
+    TORCH_CHECK(
+        f >= 1 || s.rope_type() == RopeScaling::kLinear || s.rope_type() == RopeScaling::kLongRope,
+        "rope: ", to_string(s.rope_type()), " needs factor >= 1, got ", f);
+  }
+  if (s.rope_type() == RopeScaling::kYarn) {
+    TORCH_CHECK(s.beta_fast() > 0 && s.beta_slow() > 0,
+                "rope: yarn beta_fast and beta_slow must be positive, got ", s.beta_fast(), " and ",
+                s.beta_slow());
+  }
+  if (s.rope_type() == RopeScaling::kLlama3) {
+    TORCH_CHECK(s.high_freq_factor() > s.low_freq_factor(),
+                "rope: llama3 needs high_freq_factor > low_freq_factor, got ", s.high_freq_factor(),
+                " and ", s.low_freq_factor());
+  }
+  if (s.rope_type() == RopeScaling::kLongRope) {
+    const size_t half = static_cast<size_t>(r / 2);
+    TORCH_CHECK(s.short_factor().size() == half,
+                "rope: longrope short_factor must have r/2 = ", half, " values, got ",
+                s.short_factor().size());
+    TORCH_CHECK(s.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
+                " values, got ", s.long_factor().size());
+  }
+}
+
+}  // namespace
 
 void rope_validate(const RopeOptions& o) {
   TORCH_CHECK(o.head_dim() > 0, "rope: head_dim must be positive, got ", o.head_dim());
@@ -104,71 +179,62 @@ void rope_validate(const RopeOptions& o) {
               "rope: the rotary dimension int(head_dim * partial_rotary_factor)",
               " must be even and >= 2, got ", r, " (head_dim=", o.head_dim(),
               ", partial_rotary_factor=", o.partial_rotary_factor(), ")");
-  TORCH_CHECK(o.rope_theta() > 1 && std::isfinite(o.rope_theta()),
-              "rope: rope_theta must be > 1, got ", o.rope_theta());
-  TORCH_CHECK(o.max_position_embeddings() > 0,
-              "rope: max_position_embeddings must be positive, got ", o.max_position_embeddings());
-  TORCH_CHECK(o.original_max_position_embeddings() >= 0,
-              "rope: original_max_position_embeddings must be >= 0, got ",
-              o.original_max_position_embeddings());
-  if (o.rope_type() == RopeScaling::kProportional) {
-    TORCH_CHECK(o.head_dim() % 2 == 0,
-                "rope: proportional rotates the whole head; head_dim must be ", "even, got ",
-                o.head_dim());
-    TORCH_CHECK(o.mrope_section().empty() && !o.xpos(),
-                "rope: proportional does not combine with mrope_section or xpos");
+  const auto& f = o.frequencies();
+  const auto& sections = o.sections().sections();
+  // Fields of another source: an error, never silently ignored.
+  const std::string source = to_string(f.source());
+  const bool unscaled = f.scaling().rope_type() == RopeScaling::kDefault;
+  switch (f.source()) {
+    case RopeFrequencySource::kLadder:
+      TORCH_CHECK(f.theta() > 1 && std::isfinite(f.theta()), "rope: rope_theta must be > 1, got ",
+                  f.theta());
+      TORCH_CHECK(f.min_period() == 0 && f.max_period() == 0,
+                  "rope: min_period/max_period belong to the periods frequency source, not the ",
+                  source, " (got min_period=", f.min_period(), ", max_period=", f.max_period(),
+                  ")");
+      validate_scaling(f.scaling(), o, r);
+      break;
+    case RopeFrequencySource::kPerAxisLadders:
+      TORCH_CHECK(f.theta() > 1 && std::isfinite(f.theta()), "rope: rope_theta must be > 1, got ",
+                  f.theta());
+      TORCH_CHECK(!sections.empty(),
+                  "rope: per_axis_frequencies deals one ladder per section; it needs "
+                  "mrope_section (one entry per axis), got none");
+      TORCH_CHECK(o.sections().layout() == RopeSectionLayout::kContiguous && unscaled,
+                  "rope: per_axis_frequencies needs section_layout contiguous and rope_type "
+                  "default, got ",
+                  to_string(o.sections().layout()), " and ", to_string(f.scaling().rope_type()));
+      TORCH_CHECK(f.min_period() == 0 && f.max_period() == 0,
+                  "rope: min_period/max_period and per_axis_frequencies are two frequency "
+                  "sources; give one");
+      break;
+    case RopeFrequencySource::kPeriods:
+      TORCH_CHECK(
+          f.min_period() > 0 && f.max_period() >= f.min_period() && std::isfinite(f.max_period()),
+          "rope: periods need 0 < min_period <= max_period, got min_period=", f.min_period(),
+          ", max_period=", f.max_period());
+      TORCH_CHECK(unscaled,
+                  "rope: min_period/max_period replace the frequency ladder; rope_type must be "
+                  "default, got ",
+                  to_string(f.scaling().rope_type()));
+      TORCH_CHECK(f.theta() == RopeFrequencyOptions().theta(),
+                  "rope: min_period/max_period replace the frequency ladder; rope_theta (",
+                  f.theta(), ") would be ignored: remove it");
+      break;
   }
-  const bool scaled =
-      o.rope_type() != RopeScaling::kDefault && o.rope_type() != RopeScaling::kProportional;
-  if (scaled) {
-    const double f = rope_factor(o);
-    TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
-    TORCH_CHECK(
-        f >= 1 || o.rope_type() == RopeScaling::kLinear || o.rope_type() == RopeScaling::kLongRope,
-        "rope: ", to_string(o.rope_type()), " needs factor >= 1, got ", f);
-  }
-  if (o.rope_type() == RopeScaling::kYarn) {
-    TORCH_CHECK(o.beta_fast() > 0 && o.beta_slow() > 0,
-                "rope: yarn beta_fast and beta_slow must be positive, got ", o.beta_fast(), " and ",
-                o.beta_slow());
-  }
-  if (o.rope_type() == RopeScaling::kLlama3) {
-    TORCH_CHECK(o.high_freq_factor() > o.low_freq_factor(),
-                "rope: llama3 needs high_freq_factor > low_freq_factor, got ", o.high_freq_factor(),
-                " and ", o.low_freq_factor());
-  }
-  if (o.rope_type() == RopeScaling::kLongRope) {
-    const size_t half = static_cast<size_t>(r / 2);
-    TORCH_CHECK(o.short_factor().size() == half,
-                "rope: longrope short_factor must have r/2 = ", half, " values, got ",
-                o.short_factor().size());
-    TORCH_CHECK(o.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
-                " values, got ", o.long_factor().size());
-  }
-  if (!o.mrope_section().empty()) {
+  TORCH_CHECK(
+      f.angle_dtype() == RopeAngleDtype::kFloat64 || f.source() == RopeFrequencySource::kLadder,
+      "rope: angle_dtype float32 reproduces HF's ladders; it does not apply to the ", source,
+      " frequency source (min_period/max_period or per_axis_frequencies)");
+  if (!sections.empty()) {
     int64_t pairs = 0;
-    for (auto section : o.mrope_section()) {
+    for (auto section : sections) {
       TORCH_CHECK(section >= 0, "rope: mrope_section entries must be >= 0, got ", section);
       pairs += section;
     }
     TORCH_CHECK(pairs == r / 2, "rope: mrope_section sums to ", pairs,
                 " pairs but the rotary dimension has r/2 = ", r / 2);
     TORCH_CHECK(!o.xpos(), "rope: xpos is not supported with mrope_section");
-    TORCH_CHECK(
-        !o.per_axis_frequencies() || (o.section_layout() == RopeSectionLayout::kContiguous &&
-                                      o.rope_type() == RopeScaling::kDefault),
-        "rope: per_axis_frequencies needs section_layout contiguous and rope_type default, "
-        "got ",
-        to_string(o.section_layout()), " and ", to_string(o.rope_type()));
-  }
-  if (o.min_period() != 0 || o.max_period() != 0) {
-    TORCH_CHECK(o.min_period() > 0 && o.max_period() >= o.min_period(),
-                "rope: periods need 0 < min_period <= max_period, got min_period=", o.min_period(),
-                ", max_period=", o.max_period());
-    TORCH_CHECK(o.rope_type() == RopeScaling::kDefault && !o.per_axis_frequencies(),
-                "rope: min_period/max_period replace the frequency ladder; rope_type must be "
-                "default, got ",
-                to_string(o.rope_type()));
   }
   TORCH_CHECK(!o.xpos() || o.xpos_scale_base() > 0, "rope: xpos_scale_base must be positive, got ",
               o.xpos_scale_base());
@@ -191,63 +257,93 @@ double yarn_correction_dim(double rotations, int64_t r, double theta, int64_t co
          (2 * std::log(theta));
 }
 
-RopeFrequencies yarn(const RopeOptions& o, int64_t r) {
-  const double f = rope_factor(o);
-  const int64_t context = rope_original_context(o);
-  double attention = 0;
-  if (o.attention_factor()) {
-    attention = *o.attention_factor();
-  } else if (o.mscale() && o.mscale_all_dim() && *o.mscale() != 0 && *o.mscale_all_dim() != 0) {
-    attention = yarn_mscale(f, *o.mscale()) / yarn_mscale(f, *o.mscale_all_dim());
-  } else {
-    attention = yarn_mscale(f, 1.0);
-  }
-  double low = yarn_correction_dim(o.beta_fast(), r, o.rope_theta(), context);
-  double high = yarn_correction_dim(o.beta_slow(), r, o.rope_theta(), context);
-  if (o.truncate()) {
+// YaRN's ramp bounds [low, high] over the r/2 pairs.
+std::pair<double, double> yarn_ramp(const RopeScalingOptions& s, int64_t r, double theta) {
+  const int64_t context = rope_original_context(s);
+  double low = yarn_correction_dim(s.beta_fast(), r, theta, context);
+  double high = yarn_correction_dim(s.beta_slow(), r, theta, context);
+  if (s.truncate()) {
     low = std::floor(low);
     high = std::ceil(high);
   }
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(r - 1));
   if (low == high) high += 0.001;  // avoid a zero-width ramp
-  auto extrapolation = base_inv_freq(o.rope_theta(), r);
-  auto interpolation = extrapolation / f;
-  // gamma_i = clamp((i - low) / (high - low), 0, 1); weight of extrapolation = 1 - gamma
-  auto ramp = ((torch::arange(r / 2, torch::kFloat64) - low) / (high - low)).clamp(0, 1);
-  auto extrapolation_weight = 1 - ramp;
-  auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
-  return {inv, attention};
+  return {low, high};
 }
 
-RopeFrequencies llama3(const RopeOptions& o, int64_t r) {
-  auto inv = base_inv_freq(o.rope_theta(), r);
-  const double f = rope_factor(o);
-  const double context = static_cast<double>(rope_original_context(o));
-  const double low_wavelen = context / o.low_freq_factor();
-  const double high_wavelen = context / o.high_freq_factor();
-  auto wavelen = 2 * M_PI / inv;
-  auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
-  auto smooth =
-      (context / wavelen - o.low_freq_factor()) / (o.high_freq_factor() - o.low_freq_factor());
-  auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
-  auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-  return {torch::where(medium, smoothed, scaled), 1.0};
+double yarn_attention(const RopeScalingOptions& s) {
+  const double f = rope_factor(s);
+  if (s.attention_factor()) return *s.attention_factor();
+  if (s.mscale() && s.mscale_all_dim() && *s.mscale() != 0 && *s.mscale_all_dim() != 0)
+    return yarn_mscale(f, *s.mscale()) / yarn_mscale(f, *s.mscale_all_dim());
+  return yarn_mscale(f, 1.0);
 }
 
-RopeFrequencies longrope(const RopeOptions& o, int64_t r, int64_t seq_len) {
-  const int64_t context = rope_original_context(o);
-  double attention = 1.0;
-  if (o.attention_factor()) {
-    attention = *o.attention_factor();
-  } else if (rope_factor(o) > 1) {
-    attention = std::sqrt(1 + std::log(rope_factor(o)) / std::log(static_cast<double>(context)));
+double longrope_attention(const RopeScalingOptions& s) {
+  if (s.attention_factor()) return *s.attention_factor();
+  const double f = rope_factor(s);
+  if (f <= 1) return 1.0;
+  return std::sqrt(1 + std::log(f) / std::log(static_cast<double>(rope_original_context(s))));
+}
+
+// theta ladder with an HF scaling, float64.
+RopeFrequencies scaled_ladder(const RopeOptions& o, int64_t r, int64_t seq_len) {
+  const auto& s = o.frequencies().scaling();
+  const double theta = o.frequencies().theta();
+  switch (s.rope_type()) {
+    case RopeScaling::kDefault:
+      return {base_inv_freq(theta, r), 1.0};
+    case RopeScaling::kLinear:
+      return {base_inv_freq(theta, r) / rope_factor(s), 1.0};
+    case RopeScaling::kDynamic: {
+      const double f = rope_factor(s);
+      const int64_t context = s.max_position_embeddings();
+      const double length = static_cast<double>(std::max(seq_len, context));
+      const double grown =
+          theta * std::pow(f * length / context - (f - 1), static_cast<double>(r) / (r - 2));
+      return {base_inv_freq(grown, r), 1.0};
+    }
+    case RopeScaling::kYarn: {
+      const auto [low, high] = yarn_ramp(s, r, theta);
+      auto extrapolation = base_inv_freq(theta, r);
+      auto interpolation = extrapolation / rope_factor(s);
+      // gamma_i = clamp((i - low) / (high - low), 0, 1); weight of extrapolation = 1 - gamma
+      auto ramp = ((torch::arange(r / 2, torch::kFloat64) - low) / (high - low)).clamp(0, 1);
+      auto extrapolation_weight = 1 - ramp;
+      auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
+      return {inv, yarn_attention(s)};
+    }
+    case RopeScaling::kLlama3: {
+      auto inv = base_inv_freq(theta, r);
+      const double f = rope_factor(s);
+      const double context = static_cast<double>(rope_original_context(s));
+      const double low_wavelen = context / s.low_freq_factor();
+      const double high_wavelen = context / s.high_freq_factor();
+      auto wavelen = 2 * M_PI / inv;
+      auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
+      auto smooth =
+          (context / wavelen - s.low_freq_factor()) / (s.high_freq_factor() - s.low_freq_factor());
+      auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
+      auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+      return {torch::where(medium, smoothed, scaled), 1.0};
+    }
+    case RopeScaling::kLongRope: {
+      const auto& ext = seq_len > rope_original_context(s) ? s.long_factor() : s.short_factor();
+      auto ext_t = torch::tensor(ext, torch::kFloat64);
+      auto inv = 1.0 / (ext_t * torch::pow(theta, torch::arange(0, r, 2, torch::kFloat64) /
+                                                      static_cast<double>(r)));
+      return {inv, longrope_attention(s)};
+    }
+    case RopeScaling::kProportional: {
+      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
+      auto ladder = torch::pow(theta, -torch::arange(0, 2 * rotating, 2, torch::kFloat64) /
+                                          static_cast<double>(o.head_dim()));
+      auto inv = torch::cat({ladder, torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat64)});
+      return {inv / rope_factor(s), 1.0};
+    }
   }
-  const auto& ext = seq_len > context ? o.long_factor() : o.short_factor();
-  auto ext_t = torch::tensor(ext, torch::kFloat64);
-  auto inv = 1.0 / (ext_t * torch::pow(o.rope_theta(), torch::arange(0, r, 2, torch::kFloat64) /
-                                                           static_cast<double>(r)));
-  return {inv, attention};
+  TORCH_CHECK(false, "rope: unhandled rope_type");
 }
 
 // ---- HF transformers' float32 arithmetic, op for op (modeling_rope_utils.py, transformers 5) ----
@@ -260,25 +356,26 @@ at::Tensor hf32_ladder(double base, int64_t dim, int64_t denominator) {
   return torch::pow(at::Scalar(base), exponents).reciprocal();
 }
 
-RopeFrequencies hf32_frequencies(const RopeOptions& o, int64_t r, int64_t seq_len) {
-  const double theta = o.rope_theta();
-  switch (o.rope_type()) {
+RopeFrequencies hf32_scaled_ladder(const RopeOptions& o, int64_t r, int64_t seq_len) {
+  const auto& s = o.frequencies().scaling();
+  const double theta = o.frequencies().theta();
+  switch (s.rope_type()) {
     case RopeScaling::kDefault:
       return {hf32_ladder(theta, r, r), 1.0};
     case RopeScaling::kLinear:
-      return {hf32_ladder(theta, r, r) / rope_factor(o), 1.0};
+      return {hf32_ladder(theta, r, r) / rope_factor(s), 1.0};
     case RopeScaling::kProportional: {
       const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
       auto inv = torch::cat({hf32_ladder(theta, 2 * rotating, o.head_dim()),
                              torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat32)});
-      return {inv / rope_factor(o), 1.0};
+      return {inv / rope_factor(s), 1.0};
     }
     case RopeScaling::kDynamic: {
       // At or below the context, HF keeps the frequencies made at init (python floats: theta);
       // beyond it, dynamic_rope_update passes seq_len as a tensor and the base is float32.
-      const int64_t context = o.max_position_embeddings();
+      const int64_t context = s.max_position_embeddings();
       if (seq_len <= context) return {hf32_ladder(theta, r, r), 1.0};
-      const double f = rope_factor(o);
+      const double f = rope_factor(s);
       auto length = torch::scalar_tensor(seq_len, torch::kLong);
       auto grown = torch::pow(length.mul(f) / context - (f - 1),
                               static_cast<double>(r) / static_cast<double>(r - 2))
@@ -286,19 +383,9 @@ RopeFrequencies hf32_frequencies(const RopeOptions& o, int64_t r, int64_t seq_le
       auto exponents = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
       return {torch::pow(grown, exponents).reciprocal(), 1.0};
     }
-    case RopeScaling::kYarn: {
-      auto full = yarn(o, r);  // attention scaling and the ramp bounds: python floats in HF too
-      const double f = rope_factor(o);
-      const int64_t context = rope_original_context(o);
-      double low = yarn_correction_dim(o.beta_fast(), r, theta, context);
-      double high = yarn_correction_dim(o.beta_slow(), r, theta, context);
-      if (o.truncate()) {
-        low = std::floor(low);
-        high = std::ceil(high);
-      }
-      low = std::max(low, 0.0);
-      high = std::min(high, static_cast<double>(r - 1));
-      if (low == high) high += 0.001;
+    case RopeScaling::kYarn: {  // attention scaling and the ramp bounds: python floats in HF too
+      const double f = rope_factor(s);
+      const auto [low, high] = yarn_ramp(s, r, theta);
       auto pos_freqs =
           torch::pow(at::Scalar(theta), torch::arange(0, r, 2).to(torch::kFloat32) / r);
       auto extrapolation = pos_freqs.reciprocal();
@@ -306,28 +393,27 @@ RopeFrequencies hf32_frequencies(const RopeOptions& o, int64_t r, int64_t seq_le
       auto ramp = ((torch::arange(r / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
       auto extrapolation_weight = 1 - ramp;
       auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
-      return {inv, full.attention_scaling};
+      return {inv, yarn_attention(s)};
     }
     case RopeScaling::kLlama3: {
       auto inv = hf32_ladder(theta, r, r);
-      const double f = rope_factor(o);
-      const double context = static_cast<double>(rope_original_context(o));
-      const double low_wavelen = context / o.low_freq_factor();
-      const double high_wavelen = context / o.high_freq_factor();
+      const double f = rope_factor(s);
+      const double context = static_cast<double>(rope_original_context(s));
+      const double low_wavelen = context / s.low_freq_factor();
+      const double high_wavelen = context / s.high_freq_factor();
       auto wavelen = inv.reciprocal().mul(2 * M_PI);
       auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
-      auto smooth = (wavelen.reciprocal().mul(context) - o.low_freq_factor()) /
-                    (o.high_freq_factor() - o.low_freq_factor());
+      auto smooth = (wavelen.reciprocal().mul(context) - s.low_freq_factor()) /
+                    (s.high_freq_factor() - s.low_freq_factor());
       auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
       auto medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
       return {torch::where(medium, smoothed, scaled), 1.0};
     }
     case RopeScaling::kLongRope: {
-      auto full = longrope(o, r, seq_len);
-      const auto& ext = seq_len > rope_original_context(o) ? o.long_factor() : o.short_factor();
+      const auto& ext = seq_len > rope_original_context(s) ? s.long_factor() : s.short_factor();
       auto ext_t = torch::tensor(ext, torch::kFloat64).to(torch::kFloat32);
       auto shape = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
-      return {(ext_t * torch::pow(at::Scalar(theta), shape)).reciprocal(), full.attention_scaling};
+      return {(ext_t * torch::pow(at::Scalar(theta), shape)).reciprocal(), longrope_attention(s)};
     }
   }
   TORCH_CHECK(false, "rope: unhandled rope_type");
@@ -338,48 +424,21 @@ RopeFrequencies hf32_frequencies(const RopeOptions& o, int64_t r, int64_t seq_le
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
-  if (o.angle_dtype() == RopeAngleDtype::kFloat32) {
-    TORCH_CHECK(o.min_period() == 0 && !o.per_axis_frequencies(),
-                "rope: angle_dtype float32 reproduces HF's ladders; it does not apply to "
-                "min_period/max_period or per_axis_frequencies");
-    return hf32_frequencies(o, r, seq_len);
-  }
-  if (o.min_period() > 0)
-    return {2 * M_PI / time_periods(o.min_period(), o.max_period(), r / 2), 1.0};
-  if (o.per_axis_frequencies() && !o.mrope_section().empty()) {
-    std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
-    for (auto section : o.mrope_section())
-      if (section > 0) ladders.push_back(base_inv_freq(o.rope_theta(), 2 * section));
-    return {torch::cat(ladders), 1.0};
-  }
-  switch (o.rope_type()) {
-    case RopeScaling::kDefault:
-      return {base_inv_freq(o.rope_theta(), r), 1.0};
-    case RopeScaling::kLinear:
-      return {base_inv_freq(o.rope_theta(), r) / rope_factor(o), 1.0};
-    case RopeScaling::kDynamic: {
-      const double f = rope_factor(o);
-      const int64_t context = o.max_position_embeddings();
-      const double length = static_cast<double>(std::max(seq_len, context));
-      const double theta = o.rope_theta() * std::pow(f * length / context - (f - 1),
-                                                     static_cast<double>(r) / (r - 2));
-      return {base_inv_freq(theta, r), 1.0};
+  const auto& f = o.frequencies();
+  switch (f.source()) {
+    case RopeFrequencySource::kLadder:
+      return f.angle_dtype() == RopeAngleDtype::kFloat32 ? hf32_scaled_ladder(o, r, seq_len)
+                                                         : scaled_ladder(o, r, seq_len);
+    case RopeFrequencySource::kPerAxisLadders: {
+      std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
+      for (auto section : o.sections().sections())
+        if (section > 0) ladders.push_back(base_inv_freq(f.theta(), 2 * section));
+      return {torch::cat(ladders), 1.0};
     }
-    case RopeScaling::kYarn:
-      return yarn(o, r);
-    case RopeScaling::kLlama3:
-      return llama3(o, r);
-    case RopeScaling::kLongRope:
-      return longrope(o, r, seq_len);
-    case RopeScaling::kProportional: {
-      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
-      auto ladder = torch::pow(o.rope_theta(), -torch::arange(0, 2 * rotating, 2, torch::kFloat64) /
-                                                   static_cast<double>(o.head_dim()));
-      auto inv = torch::cat({ladder, torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat64)});
-      return {inv / rope_factor(o), 1.0};
-    }
+    case RopeFrequencySource::kPeriods:
+      return {2 * M_PI / time_periods(f.min_period(), f.max_period(), r / 2), 1.0};
   }
-  TORCH_CHECK(false, "rope: unhandled rope_type");
+  TORCH_CHECK(false, "rope: unhandled frequency source");
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,

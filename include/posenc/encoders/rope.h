@@ -1,7 +1,8 @@
 // RoPE module: rotates q and k by angles p * inv_freq (math, layouts and scalings in
 // posenc/functional/rope.h). No parameters. Dynamic NTK and LongRoPE choose their frequencies per
 // call from the longest key position (seq_len = max p_k + 1), as HF's dynamic_rope_update does.
-// With mrope_section the positions have one axis per section (M-RoPE t, h, w; axial 2D/3D RoPE).
+// With a section map the positions have one axis per section (M-RoPE t, h, w; axial 2D/3D RoPE);
+// the frequency source (theta ladder, per-axis ladders, real-time periods) is independent of it.
 #pragma once
 
 #include "posenc/core/encoder.h"

@@ -65,16 +65,17 @@ enum class RopeAngleDtype { kFloat64, kFloat32 };
 std::string to_string(RopeAngleDtype dtype);
 RopeAngleDtype rope_angle_dtype_from_string(const std::string& name);
 
-struct RopeOptions {
-  explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
-  /// Per-head dimension Dh. No default in configs: it comes from the model.
-  TORCH_ARG(int64_t, head_dim);
-  /// Pairing convention (default kHalf, as HF/Llama).
-  TORCH_ARG(RopeLayout, layout) = RopeLayout::kHalf;
-  /// theta, the frequency base (default 10000).
-  TORCH_ARG(double, rope_theta) = 10000.0;
-  /// Fraction of Dh that rotates (default 1.0); int(Dh * factor) must be even.
-  TORCH_ARG(double, partial_rotary_factor) = 1.0;
+/// Where the r/2 rotary frequencies come from. rope_frequencies is the one dispatch point.
+///   kLadder          theta^(-2i/r), reshaped by an HF rope_type scaling (RopeScalingOptions)
+///   kPerAxisLadders  one ladder theta^(-2i/(2 s_a)) per section s_a of the section map, restarting
+///                    in each (axial vision RoPE: timm's RotaryEmbeddingCat, ggml VISION)
+///   kPeriods         2 pi / period for r/2 periods log-spaced over [min_period, max_period] in the
+///                    positions' unit (real-time RoPE: torch_brain's RotaryTimeEmbedding)
+enum class RopeFrequencySource { kLadder, kPerAxisLadders, kPeriods };
+std::string to_string(RopeFrequencySource source);
+
+/// HF transformers' rope_type scaling of the theta ladder (rope_parameters / legacy rope_scaling).
+struct RopeScalingOptions {
   /// Scaling type (HF rope_type; default kDefault).
   TORCH_ARG(RopeScaling, rope_type) = RopeScaling::kDefault;
   /// Scaling factor f. Required by linear, dynamic and llama3; yarn and longrope default it to
@@ -104,27 +105,63 @@ struct RopeOptions {
   TORCH_ARG(std::vector<double>, short_factor);
   /// LongRoPE: per-frequency divisors for L > L0 (r/2 values).
   TORCH_ARG(std::vector<double>, long_factor);
-  /// xPos length-extrapolation scaling (default false).
+};
+
+/// The frequency source and its parameters. Only the source's own fields are read; a field of
+/// another source left at a non-default value is an error (rope_validate), never ignored.
+struct RopeFrequencyOptions {
+  /// theta^(-2i/r) with an optional HF scaling.
+  static RopeFrequencyOptions ladder(double theta = 10000.0, RopeScalingOptions scaling = {});
+  /// One theta ladder per section of the section map.
+  static RopeFrequencyOptions per_axis_ladders(double theta = 10000.0);
+  /// Log-spaced periods in [min_period, max_period].
+  static RopeFrequencyOptions periods(double min_period, double max_period);
+
+  /// Which source (default kLadder).
+  TORCH_ARG(RopeFrequencySource, source) = RopeFrequencySource::kLadder;
+  /// theta, the ladder base (kLadder, kPerAxisLadders; default 10000).
+  TORCH_ARG(double, theta) = 10000.0;
+  /// The HF scaling of the ladder (kLadder only).
+  TORCH_ARG(RopeScalingOptions, scaling);
+  /// Shortest period (kPeriods only; > 0).
+  TORCH_ARG(double, min_period) = 0.0;
+  /// Longest period (kPeriods only; >= min_period).
+  TORCH_ARG(double, max_period) = 0.0;
+  /// Angle arithmetic (default kFloat64; kFloat32 reproduces HF transformers bit for bit: kLadder
+  /// only).
+  TORCH_ARG(RopeAngleDtype, angle_dtype) = RopeAngleDtype::kFloat64;
+};
+
+/// How rotary pairs are dealt to position axes. No sections (default): 1D RoPE on one axis.
+struct RopeSectionMap {
+  /// Rotary pairs per position axis (HF mrope_section, e.g. {16, 24, 24} for t, h, w; they sum to
+  /// r/2). Empty: one axis.
+  TORCH_ARG(std::vector<int64_t>, sections);
+  /// How the sections are laid over the pairs (default kContiguous; kInterleaved as Qwen3-VL).
+  TORCH_ARG(RopeSectionLayout, layout) = RopeSectionLayout::kContiguous;
+};
+
+/// RoPE = frequency source (what each pair turns at) + section map (which axis each pair reads)
+/// + how pairs sit in the head (layout, partial rotary) + xPos. Config keys (registry): HF's
+/// rope_theta/rope_type/... fill frequencies().scaling(); min_period/max_period choose kPeriods;
+/// per_axis_frequencies: true chooses kPerAxisLadders; mrope_section/section_layout fill
+/// sections().
+struct RopeOptions {
+  explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
+  /// Per-head dimension Dh. No default in configs: it comes from the model.
+  TORCH_ARG(int64_t, head_dim);
+  /// Pairing convention (default kHalf, as HF/Llama).
+  TORCH_ARG(RopeLayout, layout) = RopeLayout::kHalf;
+  /// Fraction of Dh that rotates (default 1.0); int(Dh * factor) must be even.
+  TORCH_ARG(double, partial_rotary_factor) = 1.0;
+  /// Where the frequencies come from (default: the theta=10000 ladder, unscaled).
+  TORCH_ARG(RopeFrequencyOptions, frequencies);
+  /// Which axis each pair reads (default: one axis).
+  TORCH_ARG(RopeSectionMap, sections);
+  /// xPos length-extrapolation scaling (default false; one axis only).
   TORCH_ARG(bool, xpos) = false;
   /// xPos scale base (default 512).
   TORCH_ARG(double, xpos_scale_base) = 512.0;
-  /// Multi-axis RoPE: rotary pairs per position axis (HF mrope_section, e.g. {16, 24, 24} for
-  /// t, h, w; they sum to r/2). Empty (default): 1D RoPE on a single axis.
-  TORCH_ARG(std::vector<int64_t>, mrope_section);
-  /// How the sections are laid over the pairs (default kContiguous; kInterleaved as Qwen3-VL).
-  TORCH_ARG(RopeSectionLayout, section_layout) = RopeSectionLayout::kContiguous;
-  /// false (default): one frequency ladder theta^(-2i/r) across all pairs (M-RoPE, ggml MROPE);
-  /// true: the ladder restarts in each section, theta^(-2i/(2 s_a)) (axial vision RoPE, timm's
-  /// RotaryEmbeddingCat, ggml VISION). Needs contiguous sections and rope_type default.
-  TORCH_ARG(bool, per_axis_frequencies) = false;
-  /// Real-time RoPE: with min_period > 0 the frequencies are 2 pi / period for periods
-  /// log-spaced over [min_period, max_period] in the positions' unit (torch_brain's
-  /// RotaryTimeEmbedding) instead of theta^(-2i/r). Default 0: off. Needs rope_type default.
-  TORCH_ARG(double, min_period) = 0.0;
-  /// Longest period for min_period (default 0).
-  TORCH_ARG(double, max_period) = 0.0;
-  /// Angle arithmetic (default kFloat64; kFloat32 reproduces HF transformers bit for bit).
-  TORCH_ARG(RopeAngleDtype, angle_dtype) = RopeAngleDtype::kFloat64;
   /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
   /// the reference rope_apply.
   TORCH_ARG(bool, fused) = true;
@@ -135,9 +172,9 @@ void rope_validate(const RopeOptions& options);
 /// r = int(Dh * partial_rotary_factor); Dh for proportional (its non-rotating pairs turn at 0).
 int64_t rope_rotary_dim(const RopeOptions& options);
 /// L0: original_max_position_embeddings, or max_position_embeddings when unset.
-int64_t rope_original_context(const RopeOptions& options);
+int64_t rope_original_context(const RopeScalingOptions& scaling);
 /// f: the factor option, or (yarn, longrope) max_position_embeddings / L0; 1 for default.
-double rope_factor(const RopeOptions& options);
+double rope_factor(const RopeScalingOptions& scaling);
 
 struct RopeFrequencies {
   at::Tensor inv_freq;  ///< [r/2] float64 (float32 with angle_dtype kFloat32), after scaling
