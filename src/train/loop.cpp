@@ -1,0 +1,188 @@
+// The training loop; contract in loop.h.
+#include "loop.h"
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <limits>
+#include <sstream>
+
+#include "posenc/train/checkpoint.h"
+#include "progress.h"
+#include "summary.h"
+
+namespace posenc::train {
+
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+
+// SIGINT (Ctrl-C) and SIGTERM (what SLURM, Kubernetes and systemd send before a kill) both
+// save a checkpoint at the end of the step and stop; a second signal kills at once.
+extern "C" void on_interrupt(int) {
+  g_interrupted = true;
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
+// Installs the handlers for the loop's life and restores the previous ones after.
+class InterruptScope {
+ public:
+  InterruptScope() {
+    g_interrupted = false;
+    int_ = std::signal(SIGINT, on_interrupt);
+    term_ = std::signal(SIGTERM, on_interrupt);
+  }
+  ~InterruptScope() {
+    std::signal(SIGINT, int_ == SIG_ERR ? SIG_DFL : int_);
+    std::signal(SIGTERM, term_ == SIG_ERR ? SIG_DFL : term_);
+  }
+
+ private:
+  void (*int_)(int) = SIG_DFL;
+  void (*term_)(int) = SIG_DFL;
+};
+
+// One optimizer step at learning rate lr on the batch `indices`; returns the loss (a non-finite
+// loss is an error naming the run and the step).
+double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* metric,
+                      int64_t step) {
+  for (auto& group : run.optimizer->param_groups())
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  auto loss = run.task->train_loss(indices, metric);
+  const double value = loss.item<double>();
+  TORCH_CHECK(std::isfinite(value), run.name, ": the loss is ", value, " at step ", step,
+              "; lower the learning rate");
+  run.optimizer->zero_grad();
+  loss.backward();
+  if (run.settings.clip_grad_norm > 0)
+    torch::nn::utils::clip_grad_norm_(run.task->model()->parameters(), run.settings.clip_grad_norm);
+  run.optimizer->step();
+  return value;
+}
+
+template <typename Fn>
+auto in_eval_mode(Task& task, Fn what) {
+  auto model = task.model();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto result = what();
+  model->train();
+  return result;
+}
+
+// Logs, then saves: the rows first, so a checkpoint never covers rows that are not on disk
+// (resume truncates metrics.csv to the checkpoint's step: rows past it are neither lost nor
+// doubled).
+void save_all(Run& run, const LoopState& state) {
+  state.log.write_csv(run.csv);
+  save_checkpoint(run.checkpoint, *run.task->model(), *run.optimizer,
+                  {state.step, state.elapsed, state.window.to_tensor(), run.config_text});
+  save_weights(run.output + "/weights.pt", *run.task->model());
+  write_curves(run.output + "/curves.png", state.log, run.task->metric_name(), run.name);
+}
+
+}  // namespace
+
+at::Tensor LogWindow::to_tensor() const {
+  return torch::tensor(
+      {loss_sum, metric_sum, static_cast<double>(loss_count), static_cast<double>(metric_count)},
+      torch::kDouble);
+}
+
+LogWindow LogWindow::from_tensor(const at::Tensor& t) {
+  auto a = t.accessor<double, 1>();
+  return {a[0], a[1], static_cast<int64_t>(a[2]), static_cast<int64_t>(a[3])};
+}
+
+LogRow LogWindow::take_row(int64_t step, int64_t steps_per_epoch, double lr,
+                           const std::string& metric) {
+  LogRow row{{"step", static_cast<double>(step)},
+             {"epoch", static_cast<double>(step) / static_cast<double>(steps_per_epoch)},
+             {"lr", lr},
+             {"train_loss", loss_sum / static_cast<double>(loss_count)},
+             {"train_" + metric, metric_count ? metric_sum / static_cast<double>(metric_count)
+                                              : std::numeric_limits<double>::quiet_NaN()}};
+  loss_sum = metric_sum = 0;
+  loss_count = metric_count = 0;
+  return row;
+}
+
+Metrics evaluate(Task& task) {
+  return in_eval_mode(task, [&task] { return task.evaluate(); });
+}
+
+std::vector<GeneralizationRow> generalization(Task& task) {
+  return in_eval_mode(task, [&task] { return task.generalization(); });
+}
+
+bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
+  const auto& [steps_per_epoch, epochs, total] = run.counts;
+  const auto& s = run.settings;
+  const auto metric_name = run.task->metric_name();
+  InterruptScope interrupts;
+  const double elapsed_before = state.elapsed;
+  const auto begin = std::chrono::steady_clock::now();
+  auto clock = [&] {
+    state.elapsed = elapsed_before +
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  };
+  ProgressBar bar(run.name, total, state.step, options.quiet);
+  auto& w = state.window;
+  at::Tensor order;
+  int64_t order_epoch = -1;
+  run.task->model()->train();
+  while (state.step < total) {
+    const int64_t epoch = state.step / steps_per_epoch, in_epoch = state.step % steps_per_epoch;
+    if (epoch != order_epoch) {  // the epoch's order depends on (seed, epoch) only
+      torch::manual_seed(run.seed * 1000003 + static_cast<uint64_t>(epoch));
+      order = torch::randperm(run.task->train_size(), torch::kLong);
+      order_epoch = epoch;
+    }
+    torch::manual_seed(run.seed * 7919 + 1000000007ULL + static_cast<uint64_t>(state.step));
+    const double lr = learning_rate(s, state.step, total);
+    double metric = std::numeric_limits<double>::quiet_NaN();
+    auto indices = order.narrow(0, in_epoch * s.batch_size, s.batch_size);
+    w.loss_sum += optimizer_step(run, indices, lr, &metric, state.step);
+    ++w.loss_count;
+    if (std::isfinite(metric)) {
+      w.metric_sum += metric;
+      ++w.metric_count;
+    }
+    const int64_t step = ++state.step;
+    bar.update(step, epoch, epochs, w.loss_sum / w.loss_count,
+               w.metric_count ? w.metric_sum / w.metric_count : metric, metric_name);
+    const bool epoch_end = step % steps_per_epoch == 0 || step == total;
+    const bool evaluate_now = (epoch_end && ((epoch + 1) % s.eval_every == 0)) || step == total;
+    if (step % s.log_every == 0 || evaluate_now) {
+      auto row = w.take_row(step, steps_per_epoch, lr, metric_name);
+      if (evaluate_now) {
+        std::ostringstream text;
+        text << run.name << " step " << step << " eval:";
+        for (const auto& [k, v] : evaluate(*run.task)) {
+          row.emplace_back("eval_" + k, v);
+          text << " " << k << " " << format_metric(v);
+        }
+        bar.message(text.str());
+      }
+      clock();
+      row.emplace_back("elapsed_s", state.elapsed);
+      state.log.add(row);
+    }
+    const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after);
+    clock();
+    if (evaluate_now || stop) save_all(run, state);
+    if (stop && step < total) {
+      bar.finish();
+      return false;
+    }
+  }
+  bar.finish();
+  clock();
+  return true;
+}
+
+}  // namespace posenc::train

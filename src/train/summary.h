@@ -1,0 +1,24 @@
+// What a run leaves behind for people: curves.png (loss and metric over steps), summary.json
+// (what it reached, at what cost, with which encoder) and the result lines on stdout. Internal to
+// the trainer.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "log.h"
+#include "posenc/train/trainer.h"
+
+namespace posenc::train {
+
+/// A metric with 4 significant digits.
+std::string format_metric(double value);
+/// curves.png: train and eval loss, train and eval metric, over steps.
+void write_curves(const std::string& path, const TrainingLog& log, const std::string& metric,
+                  const std::string& title);
+/// summary.json in result.output, written atomically.
+void write_summary(const RunResult& result, const nlohmann::json& config);
+/// "name: N steps in mm:ss, P parameters; metrics" and one line per generalization setting.
+void print_result(const RunResult& result);
+
+}  // namespace posenc::train
