@@ -50,6 +50,7 @@ struct TrainArgs {
   std::string output;                  ///< output folder ("" = the config's)
   bool resume = false;
   int64_t stop_after = 0;
+  int64_t profile_steps = 0;  ///< train: profile this many steps, then stop
   bool quiet = false;
   int64_t jobs = 1;  ///< compare: entries trained at once, each in its own process
 };

@@ -3,6 +3,7 @@
 //   posenc inspect --hf-config config.json --positions P [--layer-type T] [--angle-dtype float32]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
 //   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
+//                  [--profile N]
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
@@ -111,6 +112,11 @@ int main(int argc, char** argv) {
   train->add_option("--run", train_args.run, "train this named entry of the config's runs");
   train->add_option("--stop-after", train_args.stop_after,
                     "save a checkpoint and stop after this many steps (as Ctrl-C does)");
+  train
+      ->add_option("--profile", train_args.profile_steps,
+                   "profile this many steps after 10 of warm-up: print where the step's time "
+                   "goes (also to OUTPUT/profile.md), save and stop")
+      ->check(CLI::Range(int64_t{1}, int64_t{100000}));
   auto* compare = app.add_subcommand(
       "compare", "train one model per entry of the config's runs; write a table and a plot");
   add_train_options(compare);

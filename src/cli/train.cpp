@@ -1,7 +1,7 @@
 // `posenc train` and `posenc compare`: the config-driven trainer (posenc/train/trainer.h) from
 // the command line.
 //   posenc train   CONFIG [--run NAME] [--set key.path=value]... [--out DIR] [--resume]
-//                  [--stop-after STEPS] [--quiet]
+//                  [--stop-after STEPS] [--profile STEPS] [--quiet]
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
 // process (N at a time, cores/N intra-op threads each; for machines with more cores than one
@@ -29,6 +29,7 @@ train::RunOptions run_options(const TrainArgs& args) {
   options.output = args.output;
   options.resume = args.resume;
   options.stop_after = args.stop_after;
+  options.profile_steps = args.profile_steps;
   options.quiet = args.quiet;
   options.overrides = args.overrides;
   return options;
@@ -49,7 +50,7 @@ nlohmann::json load_run_config(const std::string& path) {
 int run_train(const TrainArgs& args) {
   auto config = train::select_run(load_run_config(args.config), args.run);
   auto result = train::run_training(config, run_options(args));
-  return result.finished || args.stop_after > 0 ? 0 : 130;
+  return result.finished || args.stop_after > 0 || args.profile_steps > 0 ? 0 : 130;
 }
 
 namespace {

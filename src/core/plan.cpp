@@ -2,6 +2,7 @@
 // (include/posenc/core/plan.h).
 #include "posenc/core/plan.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include "posenc/kernels/attention.h"
@@ -152,6 +153,7 @@ void check_rotary_input(const at::Tensor& t, const char* name, const RotaryTable
 std::pair<at::Tensor, at::Tensor> EncodingPlan::apply_rotary(const at::Tensor& q,
                                                              const at::Tensor& k) const {
   if (!rotary_.defined()) return {q, k};
+  RECORD_USER_SCOPE("posenc::rotary");  // a category of `posenc train --profile`
   const auto& r = rotary_;
   const int64_t nq = r.per_head ? r.q_cos.size(0) : r.q_cos.size(-2);
   const int64_t nk = r.per_head ? r.k_cos.size(0) : r.k_cos.size(-2);

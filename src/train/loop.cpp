@@ -1,6 +1,7 @@
 // The training loop; contract in loop.h.
 #include "loop.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -11,6 +12,8 @@
 #include <sstream>
 
 #include "posenc/train/checkpoint.h"
+#include "posenc/train/plot.h"
+#include "profile.h"
 #include "progress.h"
 #include "summary.h"
 
@@ -56,10 +59,16 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
   const double value = loss.item<double>();
   TORCH_CHECK(std::isfinite(value), run.name, ": the loss is ", value, " at step ", step,
               "; lower the learning rate");
-  run.optimizer->zero_grad();
+  {
+    RECORD_USER_SCOPE("posenc::zero_grad");
+    run.optimizer->zero_grad();
+  }
   loss.backward();
-  if (run.settings.clip_grad_norm > 0)
+  if (run.settings.clip_grad_norm > 0) {
+    RECORD_USER_SCOPE("posenc::clip");
     torch::nn::utils::clip_grad_norm_(run.task->model()->parameters(), run.settings.clip_grad_norm);
+  }
+  RECORD_USER_SCOPE("posenc::optimizer");
   run.optimizer->step();
   return value;
 }
@@ -135,7 +144,13 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
   at::Tensor order;
   int64_t order_epoch = -1;
   run.task->model()->train();
+  // --profile N: steps [first + kProfileWarmup, + N) under the profiler, then a stop.
+  constexpr int64_t kProfileWarmup = 10;
+  const int64_t profile_from = options.profile_steps > 0 ? state.step + kProfileWarmup : -1;
+  const int64_t profile_to = profile_from + options.profile_steps;
+  StepProfiler profiler;
   while (state.step < total) {
+    if (state.step == profile_from) profiler.start();
     const int64_t epoch = state.step / steps_per_epoch, in_epoch = state.step % steps_per_epoch;
     if (epoch != order_epoch) {  // the epoch's order depends on (seed, epoch) only
       torch::manual_seed(run.seed * 1000003 + static_cast<uint64_t>(epoch));
@@ -172,7 +187,15 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
       row.emplace_back("elapsed_s", state.elapsed);
       state.log.add(row);
     }
-    const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after);
+    if (step == profile_to) {
+      const auto text = format_profile(profiler.stop(options.profile_steps), options.profile_steps);
+      write_file_atomically(run.output + "/profile.md", text);
+      bar.message(run.name + ": profile of steps " + std::to_string(profile_from) + ".." +
+                  std::to_string(profile_to) + " (written to " + run.output + "/profile.md)\n" +
+                  text);
+    }
+    const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after) ||
+                      step == profile_to;
     clock();
     if (evaluate_now || stop) save_all(run, state);
     if (stop && step < total) {

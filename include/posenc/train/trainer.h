@@ -33,6 +33,9 @@ struct RunOptions {
   bool resume = false;     ///< continue from output/checkpoint.pt if it exists
   int64_t stop_after = 0;  ///< > 0: save and stop after this many steps (as Ctrl-C would)
   bool quiet = false;      ///< no progress bar
+  /// > 0: profile this many steps after 10 of warm-up, print where the step's time goes, write
+  /// it to the output's profile.md and stop (as stop_after).
+  int64_t profile_steps = 0;
   /// "key.path=value" assignments applied to the run config (after a run's own encoder and
   /// overrides), e.g. "train.epochs=1".
   std::vector<std::string> overrides;

@@ -9,6 +9,7 @@
 // Keys (task): data_dir, train_limit, eval_limit, pad (2), patch (4), crop_padding (2),
 //              flip (true), eval_scales ([1.0]), eval_batch (500)
 // Keys (model): transformer keys + pooling (mean | cls)
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -77,9 +78,14 @@ class ImageClassification : public Task {
   std::string metric_name() const override { return "accuracy"; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
-    auto images = prepare(train_.images.index_select(0, indices), 1.0, true);
-    auto labels = train_.labels.index_select(0, indices);
-    auto patches = vision::patchify(images, patch_);
+    vision::Patches patches;
+    at::Tensor labels;
+    {
+      RECORD_USER_SCOPE("posenc::data");  // a category of `posenc train --profile`
+      auto images = prepare(train_.images.index_select(0, indices), 1.0, true);
+      labels = train_.labels.index_select(0, indices);
+      patches = vision::patchify(images, patch_);
+    }
     auto logits = model_(patches.tokens, patches.positions);
     *metric = accuracy(logits.detach(), labels);
     return torch::cross_entropy_loss(logits, labels);

@@ -1,0 +1,140 @@
+// attention_short: checks, the autograd function around the short-sequence CPU kernel
+// (src/kernels/cpu/short_attention_cpu.cpp); contract in include/posenc/kernels/short_attention.h.
+#include <torch/torch.h>
+
+#include "../cpu/short_attention_cpu.h"
+#include "posenc/kernels/short_attention.h"
+
+namespace posenc {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+bool constant_table(const at::Tensor& t, int64_t n) {
+  return t.defined() && t.device().is_cpu() && t.dim() == 2 && t.size(0) == n &&
+         !t.requires_grad();
+}
+
+// The rotation is applied to q and k alike: one pair of tables.
+bool rotary_fits(const AttentionRotary& r, const at::Tensor& q) {
+  if (!r.defined()) return true;
+  const int64_t n = q.size(1);
+  return constant_table(r.q_cos, n) && constant_table(r.q_sin, n) &&
+         r.q_cos.sizes() == r.q_sin.sizes() && 2 * r.q_cos.size(1) <= q.size(3) &&
+         r.k_cos.defined() && r.k_sin.defined() &&
+         (r.k_cos.is_same(r.q_cos) || r.k_cos.equal(r.q_cos)) &&
+         (r.k_sin.is_same(r.q_sin) || r.k_sin.equal(r.q_sin));
+}
+
+void set_strides(const at::Tensor& x, int64_t* stride) {
+  stride[0] = x.stride(0);
+  stride[1] = x.stride(1);
+  stride[2] = x.stride(2);
+}
+
+// Tensors and settings of one call; the tables as float32 contiguous.
+detail::ShortAttentionProblem problem(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, double scale, bool causal,
+                                      const at::Tensor& cos, const at::Tensor& sin,
+                                      bool interleaved) {
+  detail::ShortAttentionProblem p;
+  p.q = q.data_ptr<float>();
+  p.k = k.data_ptr<float>();
+  p.v = v.data_ptr<float>();
+  set_strides(q, p.q_stride);
+  set_strides(k, p.k_stride);
+  set_strides(v, p.v_stride);
+  p.batch = q.size(0);
+  p.n = q.size(1);
+  p.heads = q.size(2);
+  p.dim = q.size(3);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal;
+  if (cos.numel() > 0) {  // an empty table: no rotation
+    p.cos = cos.data_ptr<float>();
+    p.sin = sin.data_ptr<float>();
+    p.pairs = cos.size(1);
+    p.interleaved = interleaved;
+  }
+  return p;
+}
+
+// A contiguous last dim, as the kernel reads rows in place (detached: only data is read).
+at::Tensor rows(const at::Tensor& x) {
+  auto d = x.detach();
+  return d.stride(3) == 1 ? d : d.contiguous();
+}
+
+class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, double scale, bool causal,
+                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+    auto qr = rows(q), kr = rows(k), vr = rows(v);
+    auto p = problem(qr, kr, vr, scale, causal, cos, sin, interleaved);
+    auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
+    auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
+    detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
+    ctx->save_for_backward({qr, kr, vr, out, lse, cos, sin});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["interleaved"] = interleaved;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    auto p = problem(s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
+                     ctx->saved_data["causal"].toBool(), s[5], s[6],
+                     ctx->saved_data["interleaved"].toBool());
+    auto grad_out = grads[0].to(torch::kFloat32).contiguous();
+    auto dq = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
+    auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
+    detail::short_attention_backward_cpu(p, s[3].data_ptr<float>(), s[4].data_ptr<float>(),
+                                         grad_out.data_ptr<float>(), dq.data_ptr<float>(),
+                                         dk.data_ptr<float>(), dv.data_ptr<float>());
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool attention_short_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const AttentionRotary& rotary) {
+  auto fits = [&](const at::Tensor& x) {
+    return x.defined() && x.dim() == 4 && x.device().is_cpu() &&
+           x.scalar_type() == at::kFloat && x.sizes() == q.sizes();
+  };
+  return fits(q) && fits(k) && fits(v) && q.size(1) >= 1 &&
+         q.size(1) <= kShortAttentionMaxTokens && q.size(3) >= 1 &&
+         q.size(3) <= kShortAttentionMaxHeadDim && rotary_fits(rotary, q);
+}
+
+at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale, const AttentionRotary& rotary, bool causal) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "attention_short: q, k, v must be [B, N, H, D] of one shape, got ", q.sizes(), ", ",
+              k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(q.size(1) <= kShortAttentionMaxTokens && q.size(3) <= kShortAttentionMaxHeadDim,
+              "attention_short: N=", q.size(1), " and D=", q.size(3), " exceed the limits N <= ",
+              kShortAttentionMaxTokens, ", D <= ", kShortAttentionMaxHeadDim,
+              " (use attention_fused)");
+  TORCH_CHECK(attention_short_supported(q, k, v, rotary),
+              "attention_short: needs CPU float32 q, k, v and constant rotary tables [N, F] "
+              "shared by q and k (2F <= D); got ",
+              q.scalar_type(), " on ", q.device(),
+              rotary.defined() ? ", tables " + std::to_string(rotary.q_cos.dim()) + "-D"
+                               : std::string());
+  // autograd inputs must be defined tensors: no rotation is an empty table
+  at::Tensor cos = torch::empty({0}, torch::kFloat32), sin = cos;
+  if (rotary.defined()) {
+    cos = rotary.q_cos.detach().to(torch::kFloat32).contiguous();
+    sin = rotary.q_sin.detach().to(torch::kFloat32).contiguous();
+  }
+  return ShortAttentionFunction::apply(q, k, v, scale, causal, cos, sin,
+                                       rotary.layout == RopeLayout::kInterleaved)[0];
+}
+
+}  // namespace posenc

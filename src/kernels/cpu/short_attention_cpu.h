@@ -1,0 +1,29 @@
+// Internal: the short-sequence attention kernel (public contract in
+// include/posenc/kernels/short_attention.h). Raw pointers and element strides.
+#pragma once
+
+#include <cstdint>
+
+namespace posenc::detail {
+
+struct ShortAttentionProblem {
+  const float *q = nullptr, *k = nullptr, *v = nullptr;
+  int64_t q_stride[3] = {0, 0, 0};  ///< elements between batches, tokens, heads (last dim: 1)
+  int64_t k_stride[3] = {0, 0, 0};
+  int64_t v_stride[3] = {0, 0, 0};
+  int64_t batch = 0, n = 0, heads = 0, dim = 0;
+  float scale = 1.0f;
+  bool causal = false;
+  const float *cos = nullptr, *sin = nullptr;  ///< [N, pairs] contiguous; null: no rotation
+  int64_t pairs = 0;
+  bool interleaved = false;
+};
+
+/// out: [B, N, H, D] contiguous; lse: [B, H, N] (log-sum-exp of each row of S).
+void short_attention_forward_cpu(const ShortAttentionProblem& p, float* out, float* lse);
+/// grad_out, out: [B, N, H, D] contiguous; dq, dk, dv: [B, N, H, D] contiguous, overwritten.
+void short_attention_backward_cpu(const ShortAttentionProblem& p, const float* out,
+                                  const float* lse, const float* grad_out, float* dq, float* dk,
+                                  float* dv);
+
+}  // namespace posenc::detail

@@ -1,0 +1,142 @@
+// The short-sequence kernel (attention_short) vs its specification: rope_apply on q and k, then
+// attention_reference; forward and gradients for q, k, v over sizes (N = 1, 16, 36, 64), head
+// dims (8, 32, 36: a tail after the 8-wide sums; partial rotary), both layouts, causal, strided
+// views of one qkv tensor; the attention layer on the short path equals the layer without fused
+// kernels; what the kernel refuses.
+#include <gtest/gtest.h>
+
+#include "posenc/kernels/attention.h"
+#include "posenc/kernels/short_attention.h"
+#include "posenc/posenc.h"
+#include "support/fixtures.h"
+
+namespace posenc {
+namespace {
+
+using test::max_abs_diff;
+
+constexpr double kForwardTolerance = 2e-5;
+constexpr double kGradientTolerance = 2e-5;  // relative to the largest gradient entry
+
+struct ShortCase {
+  int64_t n, d, pairs;  // pairs 0: no rotation
+  bool interleaved, causal;
+};
+
+class AttentionShort : public ::testing::TestWithParam<ShortCase> {};
+
+TEST_P(AttentionShort, MatchesRopeThenReference) {
+  const auto& c = GetParam();
+  torch::manual_seed(5);
+  const int64_t b = 3, h = 2;
+  // q, k, v as the model has them: strided views of one [B, N, 3, H, D] projection
+  auto qkv = torch::randn({b, c.n, 3, h, c.d}, torch::requires_grad());
+  auto parts = qkv.unbind(2);
+  AttentionRotary rotary;
+  at::Tensor cos, sin;
+  if (c.pairs > 0) {
+    auto angles = torch::rand({c.n, c.pairs}, torch::kFloat64) * 6.0;
+    cos = angles.cos().to(torch::kFloat32);
+    sin = angles.sin().to(torch::kFloat32);
+    rotary = {cos, sin, cos, sin, c.interleaved ? RopeLayout::kInterleaved : RopeLayout::kHalf};
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  ASSERT_TRUE(attention_short_supported(parts[0], parts[1], parts[2], rotary));
+  auto fast = attention_short(parts[0], parts[1], parts[2], scale, rotary, c.causal);
+
+  auto qkv_ref = qkv.detach().clone().requires_grad_(true);
+  auto ref_parts = qkv_ref.unbind(2);
+  at::Tensor q = ref_parts[0], k = ref_parts[1];
+  if (c.pairs > 0) {  // the specification: rope_apply with the [N, F] tables
+    q = rope_apply(q, cos, sin, rotary.layout);
+    k = rope_apply(k, cos, sin, rotary.layout);
+  }
+  AttentionMasks masks;
+  masks.causal = c.causal;
+  auto reference = attention_reference(q, k, ref_parts[2], {}, masks, scale);
+  ASSERT_EQ(fast.sizes(), reference.sizes());
+  EXPECT_LT(max_abs_diff(fast, reference), kForwardTolerance);
+
+  auto probe = torch::randn_like(reference);
+  fast.backward(probe);
+  reference.backward(probe);
+  const double largest = qkv_ref.grad().abs().max().item<double>();
+  EXPECT_LT(max_abs_diff(qkv.grad(), qkv_ref.grad()), kGradientTolerance * std::max(1.0, largest))
+      << "n=" << c.n << " d=" << c.d << " pairs=" << c.pairs;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, AttentionShort,
+                         ::testing::Values(ShortCase{16, 32, 16, false, false},
+                                           ShortCase{16, 32, 16, true, false},
+                                           ShortCase{36, 32, 16, false, false},
+                                           ShortCase{64, 8, 4, false, true},
+                                           ShortCase{1, 32, 16, false, false},
+                                           ShortCase{7, 36, 10, true, true},  // tail, partial
+                                           ShortCase{16, 32, 0, false, false},
+                                           ShortCase{16, 36, 0, false, true}));
+
+TEST(AttentionShort, ResultDoesNotDependOnThreads) {
+  torch::manual_seed(9);
+  auto q = torch::randn({8, 16, 4, 32}), k = torch::randn({8, 16, 4, 32}),
+       v = torch::randn({8, 16, 4, 32});
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto one = attention_short(q, k, v, 0.2);
+  at::set_num_threads(std::max(2, threads));
+  auto many = attention_short(q, k, v, 0.2);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(one.equal(many));
+}
+
+TEST(AttentionShort, RefusesWhatItCannotTake) {
+  auto q = torch::randn({2, 65, 2, 8});
+  EXPECT_FALSE(attention_short_supported(q, q, q));  // N > kShortAttentionMaxTokens
+  try {
+    attention_short(q, q, q, 1.0);
+    FAIL() << "N=65 was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("N=65"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+  auto d = torch::randn({2, 16, 2, 8}, torch::kFloat64);
+  EXPECT_FALSE(attention_short_supported(d, d, d));  // float64 takes the reference path
+  auto f = torch::randn({2, 16, 2, 8});
+  auto learned = torch::ones({16, 4}, torch::requires_grad());
+  EXPECT_FALSE(attention_short_supported(f, f, f, {learned, learned, learned, learned}));
+  auto other = torch::zeros({16, 4});
+  auto cos = torch::ones({16, 4});
+  EXPECT_FALSE(attention_short_supported(f, f, f, {cos, other, cos, cos}));  // k's sin differs
+  auto wide = torch::ones({16, 5});
+  EXPECT_FALSE(attention_short_supported(f, f, f, {wide, wide, wide, wide}));  // 2F > D
+}
+
+// The layer: a ViT-style stack with 2D axial RoPE takes the short path (fused on) and equals
+// the same weights without fused kernels (rope_apply + einsum/softmax), outputs and gradients.
+TEST(AttentionShort, LayerEqualsUnfusedLayer) {
+  torch::manual_seed(13);
+  auto make = [](bool fused) {
+    torch::manual_seed(13);
+    auto rope = RopeOptions(16)
+                    .frequencies(RopeFrequencyOptions::per_axis_ladders(100))
+                    .sections(RopeSectionMap().sections({4, 4}))
+                    .fused(fused);
+    return Transformer(TransformerOptions(64, 4, 2).fused(fused), as_encoding(Rope(rope)));
+  };
+  auto fast = make(true), slow = make(false);
+  auto x = torch::randn({5, 16, 64});
+  auto positions = Positions::grid(4, 4);
+  auto xa = x.clone().requires_grad_(true), xb = x.clone().requires_grad_(true);
+  auto ya = fast(xa, positions), yb = slow(xb, positions);
+  EXPECT_LT(max_abs_diff(ya, yb), 5e-5);
+  auto probe = torch::randn_like(ya);
+  ya.backward(probe);
+  yb.backward(probe);
+  EXPECT_LT(max_abs_diff(xa.grad(), xb.grad()), 5e-5);
+  auto pa = fast->parameters(), pb = slow->parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i)
+    EXPECT_LT(max_abs_diff(pa[i].grad(), pb[i].grad()), 1e-4) << "parameter " << i;
+}
+
+}  // namespace
+}  // namespace posenc

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The main job's model in Python PyTorch, side by side with `posenc train` (issue 16).
+
+Same model, data, optimizer and threads as configs/vit_fashion.yaml's rope_2d run:
+  Fashion-MNIST 28x28 -> /255 -> normalize (0.2860, 0.3530) -> random horizontal flip
+  -> 7x7 patches (a 4x4 grid, 49 values each) -> Linear(49, 128)
+  -> 4 pre-norm blocks: x + out(SDPA(rope(q), rope(k), v)) ; x + fc2(gelu(fc1(ln(x))))
+     D 128, 4 heads (head_dim 32), MLP ratio 2
+     axial 2D RoPE (timm's axial layout as posenc's rope_2d): head_dim 32 = 16 pairs, rotated as
+     two halves (x[i], x[i + 16]); pairs 0..7 turn with the row, 8..15 with the column, each
+     axis with its own ladder theta^(-2j/16), j = 0..7, theta = 100
+  -> final LayerNorm -> mean over tokens -> Linear(128, 10); 537,866 parameters.
+  AdamW(lr 2e-3, betas 0.9/0.999, eps 1e-8) with weight decay 0.05 on matrices only,
+  gradient clipping at norm 1.0, batch 128.
+Measured: steps/s over the steps after a warm-up, for Python eager, Python torch.compile (on the
+model) and `posenc train ... --stop-after` (from its metrics.csv's elapsed_s column), with the
+same number of threads. Only speed is compared; the learning-rate schedule is held constant here.
+
+  pip install torch numpy
+  python3 tools/side_by_side.py --posenc build/posenc --threads 2 --steps 300
+Run it alone on the machine: anything else running changes the ratios.
+"""
+import argparse
+import csv
+import gzip
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MEAN, STD = 0.2860, 0.3530
+
+
+def load_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    dims = magic & 0xFF
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def axial_rope_tables(grid, head_dim, theta):
+    """cos/sin [N, head_dim/2] for a grid x grid patch grid, row-major tokens."""
+    pairs = head_dim // 2
+    per_axis = pairs // 2
+    inv = theta ** (-torch.arange(per_axis, dtype=torch.float64) * 2 / pairs)
+    rows = torch.arange(grid, dtype=torch.float64).repeat_interleave(grid)
+    cols = torch.arange(grid, dtype=torch.float64).repeat(grid)
+    angles = torch.cat([rows[:, None] * inv, cols[:, None] * inv], dim=1)  # [N, pairs]
+    return angles.cos().float(), angles.sin().float()
+
+
+def rotate(x, cos, sin):
+    # x [B, H, N, Dh] in halves: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, dim, heads, mlp_ratio):
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, int(mlp_ratio * dim))
+        self.fc2 = nn.Linear(int(mlp_ratio * dim), dim)
+
+    def forward(self, x, cos, sin):
+        b, n, d = x.shape
+        h = self.heads
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, h, d // h).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(rotate(q, cos, sin), rotate(k, cos, sin), v)
+        x = x + self.out(y.transpose(1, 2).reshape(b, n, d))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class ViT(nn.Module):
+    def __init__(self, patch=7, dim=128, heads=4, layers=4, mlp_ratio=2, classes=10, theta=100):
+        super().__init__()
+        self.patch = patch
+        self.embed = nn.Linear(patch * patch, dim)
+        self.blocks = nn.ModuleList(Block(dim, heads, mlp_ratio) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+        cos, sin = axial_rope_tables(28 // patch, dim // heads, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, tokens):  # [B, N, p*p]
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        return self.head(self.norm(x).mean(1))
+
+
+def patchify(images, p):  # [B, 1, S, S] -> [B, (S/p)^2, p*p]
+    b, _, s, _ = images.shape
+    g = s // p
+    return images.view(b, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(b, g * g, p * p)
+
+
+def python_steps_per_second(model, images, labels, steps, warmup, batch, seed):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=2e-3)
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(images.shape[0], generator=gen)
+    start = None
+    for step in range(steps):
+        if step == warmup:
+            start = time.perf_counter()
+        idx = order[step * batch:(step + 1) * batch]
+        x = images[idx].float().div_(255).unsqueeze(1)
+        flip = torch.rand(batch, generator=gen) < 0.5
+        x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
+        x = (x - MEAN) / STD
+        loss = F.cross_entropy(model(patchify(x, 7)), labels[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        loss.item()  # as posenc reads the loss every step
+    return (steps - warmup) / (time.perf_counter() - start)
+
+
+def posenc_steps_per_second(binary, config, threads, steps, warmup):
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [binary, "train", config, "--out", out, "--quiet", "--stop-after", str(steps),
+               "--set", f"train.threads={threads}", "--set", "train.log_every=50",
+               "--set", "train.eval_every=1000"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(out, "metrics.csv")) as f:
+            rows = {int(float(r["step"])): float(r["elapsed_s"]) for r in csv.DictReader(f)}
+    first = min(s for s in rows if s >= warmup)
+    last = max(rows)
+    return (last - first) / (rows[last] - rows[first])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--posenc", default="build/posenc", help="the posenc binary ('' to skip)")
+    ap.add_argument("--config", default="configs/vit_fashion.yaml")
+    ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--no-compile", action="store_true")
+    args = ap.parse_args()
+    if args.steps <= args.warmup:
+        sys.exit("side_by_side: --steps must exceed --warmup")
+    torch.set_num_threads(args.threads)
+    images = torch.from_numpy(load_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).copy())
+    labels = torch.from_numpy(load_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz")).copy()).long()
+    results = []
+    torch.manual_seed(0)
+    model = ViT()
+    params = sum(p.numel() for p in model.parameters())
+    results.append(("Python eager", python_steps_per_second(
+        model, images, labels, args.steps, args.warmup, 128, 0)))
+    if not args.no_compile:
+        torch.manual_seed(0)
+        compiled = torch.compile(ViT())
+        results.append(("Python torch.compile", python_steps_per_second(
+            compiled, images, labels, args.steps, args.warmup, 128, 0)))
+    if args.posenc:
+        results.append(("posenc train", posenc_steps_per_second(
+            args.posenc, args.config, args.threads, args.steps, args.warmup)))
+    load = os.getloadavg()[0]
+    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; "
+          f"torch {torch.__version__}; load average before the last run {load:.2f}")
+    print("| trainer | steps/s | posenc / this |")
+    print("|---|---:|---:|")
+    mine = dict(results).get("posenc train")
+    for name, sps in results:
+        ratio = f"{mine / sps:.2f}x" if mine else "-"
+        print(f"| {name} | {sps:.2f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
