@@ -17,7 +17,7 @@ model) and `posenc train ... --stop-after` (from its metrics.csv's elapsed_s col
 same number of threads. Only speed is compared; the learning-rate schedule is held constant here.
 
   pip install torch numpy
-  python3 tools/side_by_side.py --posenc build/posenc --threads 2 --steps 300
+  python3 tools/side_by_side.py --posenc build/posenc --threads 2 --steps 300 --rounds 3
 Run it alone on the machine: anything else running changes the ratios.
 """
 import argparse
@@ -157,28 +157,38 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="rounds in alternating order; the median per trainer is reported")
     args = ap.parse_args()
     if args.steps <= args.warmup:
         sys.exit("side_by_side: --steps must exceed --warmup")
     torch.set_num_threads(args.threads)
     images = torch.from_numpy(load_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).copy())
     labels = torch.from_numpy(load_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz")).copy()).long()
-    results = []
+    # Rounds in alternating order (eager, compiled, posenc, then reversed, ...), median per
+    # trainer: a VM's speed drifts within minutes, and back-to-back alternation spreads it.
     torch.manual_seed(0)
-    model = ViT()
-    params = sum(p.numel() for p in model.parameters())
-    results.append(("Python eager", python_steps_per_second(
-        model, images, labels, args.steps, args.warmup, 128, 0)))
+    eager = ViT()
+    params = sum(p.numel() for p in eager.parameters())
+    trainers = [("Python eager", lambda: python_steps_per_second(
+        eager, images, labels, args.steps, args.warmup, 128, 0))]
     if not args.no_compile:
         torch.manual_seed(0)
         compiled = torch.compile(ViT())
-        results.append(("Python torch.compile", python_steps_per_second(
+        trainers.append(("Python torch.compile", lambda: python_steps_per_second(
             compiled, images, labels, args.steps, args.warmup, 128, 0)))
     if args.posenc:
-        results.append(("posenc train", posenc_steps_per_second(
+        trainers.append(("posenc train", lambda: posenc_steps_per_second(
             args.posenc, args.config, args.threads, args.steps, args.warmup)))
+    measured = {name: [] for name, _ in trainers}
+    for r in range(args.rounds):
+        for name, run in (trainers if r % 2 == 0 else trainers[::-1]):
+            measured[name].append(run())
+    results = [(name, sorted(v)[len(v) // 2]) for name, v in measured.items()]
+    print("all rounds (steps/s): " + "; ".join(
+        f"{name} " + ", ".join(f"{x:.2f}" for x in v) for name, v in measured.items()))
     load = os.getloadavg()[0]
-    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; "
+    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; median of {args.rounds} rounds; "
           f"torch {torch.__version__}; load average before the last run {load:.2f}")
     print("| trainer | steps/s | posenc / this |")
     print("|---|---:|---:|")
