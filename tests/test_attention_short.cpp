@@ -65,15 +65,13 @@ TEST_P(AttentionShort, MatchesRopeThenReference) {
       << "n=" << c.n << " d=" << c.d << " pairs=" << c.pairs;
 }
 
-INSTANTIATE_TEST_SUITE_P(Sizes, AttentionShort,
-                         ::testing::Values(ShortCase{16, 32, 16, false, false},
-                                           ShortCase{16, 32, 16, true, false},
-                                           ShortCase{36, 32, 16, false, false},
-                                           ShortCase{64, 8, 4, false, true},
-                                           ShortCase{1, 32, 16, false, false},
-                                           ShortCase{7, 36, 10, true, true},  // tail, partial
-                                           ShortCase{16, 32, 0, false, false},
-                                           ShortCase{16, 36, 0, false, true}));
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, AttentionShort,
+    ::testing::Values(ShortCase{16, 32, 16, false, false}, ShortCase{16, 32, 16, true, false},
+                      ShortCase{36, 32, 16, false, false}, ShortCase{64, 8, 4, false, true},
+                      ShortCase{1, 32, 16, false, false},
+                      ShortCase{7, 36, 10, true, true},  // tail, partial
+                      ShortCase{16, 32, 0, false, false}, ShortCase{16, 36, 0, false, true}));
 
 TEST(AttentionShort, ResultDoesNotDependOnThreads) {
   torch::manual_seed(9);

@@ -122,6 +122,31 @@ TEST(Trainer, ResumeContinuesExactly) {
   EXPECT_EQ(train_losses(straight.output), train_losses(interrupted.output));
 }
 
+// --profile: 10 steps of warm-up, N profiled, a table in profile.md whose matmul and attention
+// lines are non-zero, a checkpoint at the stopping step.
+TEST(Trainer, ProfileWritesWhereTheStepGoes) {
+  auto config = smoke("vit");
+  RunOptions options;
+  options.output = temp_folder("profile");
+  options.quiet = true;
+  options.profile_steps = 4;
+  auto result = run_training(config, options);
+  EXPECT_FALSE(result.finished);
+  EXPECT_EQ(result.steps, 14);
+  std::ifstream in(options.output + "/profile.md");
+  ASSERT_TRUE(in.good());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* line : {"| matmuls (linear layers) | ", "| attention (SDPA, fused kernel) | ",
+                           "| optimizer step (AdamW) | ", "| layer norms | ", "**step (wall)**"}) {
+    const auto at = text.find(line);
+    ASSERT_NE(at, std::string::npos) << line << " missing from\n" << text;
+    if (std::string(line).rfind("| ", 0) == 0) {
+      const double ms = std::stod(text.substr(at + std::string(line).size()));
+      EXPECT_GT(ms, 0.0) << line;
+    }
+  }
+}
+
 TEST(Trainer, ResumeRefusesAnotherConfig) {
   auto config = smoke("lm");
   RunOptions options;

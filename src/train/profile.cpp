@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <sstream>
 
@@ -18,8 +19,7 @@ namespace prof = torch::autograd::profiler;
 namespace impl = torch::profiler::impl;
 
 double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
@@ -47,7 +47,8 @@ const char* op_category(const std::string& name) {
     return "loss (cross-entropy)";
   if (contains(name, "addmm") || contains(name, "Addmm") || name == "aten::mm" ||
       contains(name, "MmBackward") || contains(name, "aten::linear") ||
-      contains(name, "aten::matmul") || contains(name, "aten::bmm") || contains(name, "BmmBackward"))
+      contains(name, "aten::matmul") || contains(name, "aten::bmm") ||
+      contains(name, "BmmBackward"))
     return "matmuls (linear layers)";
   return nullptr;
 }
@@ -73,6 +74,9 @@ std::string profile_category(const std::vector<std::string>& names) {
 
 void StepProfiler::start() {
   TORCH_CHECK(!running_, "profile: the profiler is already running");
+  // Kineto logs its start/stop and a failed GPU probe to stderr; keep the terminal for the table
+  // (a user's own KINETO_LOG_LEVEL wins).
+  setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
   const impl::ProfilerConfig config(impl::ProfilerState::KINETO);
   const std::set<impl::ActivityType> activities{impl::ActivityType::CPU};
   prof::prepareProfiler(config, activities);

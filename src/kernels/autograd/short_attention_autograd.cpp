@@ -13,8 +13,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 bool constant_table(const at::Tensor& t, int64_t n) {
-  return t.defined() && t.device().is_cpu() && t.dim() == 2 && t.size(0) == n &&
-         !t.requires_grad();
+  return t.defined() && t.device().is_cpu() && t.dim() == 2 && t.size(0) == n && !t.requires_grad();
 }
 
 // The rotation is applied to q and k alike: one pair of tables.
@@ -35,10 +34,9 @@ void set_strides(const at::Tensor& x, int64_t* stride) {
 }
 
 // Tensors and settings of one call; the tables as float32 contiguous.
-detail::ShortAttentionProblem problem(const at::Tensor& q, const at::Tensor& k,
-                                      const at::Tensor& v, double scale, bool causal,
-                                      const at::Tensor& cos, const at::Tensor& sin,
-                                      bool interleaved) {
+detail::ShortAttentionProblem problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                      double scale, bool causal, const at::Tensor& cos,
+                                      const at::Tensor& sin, bool interleaved) {
   detail::ShortAttentionProblem p;
   p.q = q.data_ptr<float>();
   p.k = k.data_ptr<float>();
@@ -104,12 +102,11 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
 bool attention_short_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const AttentionRotary& rotary) {
   auto fits = [&](const at::Tensor& x) {
-    return x.defined() && x.dim() == 4 && x.device().is_cpu() &&
-           x.scalar_type() == at::kFloat && x.sizes() == q.sizes();
+    return x.defined() && x.dim() == 4 && x.device().is_cpu() && x.scalar_type() == at::kFloat &&
+           x.sizes() == q.sizes();
   };
-  return fits(q) && fits(k) && fits(v) && q.size(1) >= 1 &&
-         q.size(1) <= kShortAttentionMaxTokens && q.size(3) >= 1 &&
-         q.size(3) <= kShortAttentionMaxHeadDim && rotary_fits(rotary, q);
+  return fits(q) && fits(k) && fits(v) && q.size(1) >= 1 && q.size(1) <= kShortAttentionMaxTokens &&
+         q.size(3) >= 1 && q.size(3) <= kShortAttentionMaxHeadDim && rotary_fits(rotary, q);
 }
 
 at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -118,15 +115,15 @@ at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::T
               "attention_short: q, k, v must be [B, N, H, D] of one shape, got ", q.sizes(), ", ",
               k.sizes(), ", ", v.sizes());
   TORCH_CHECK(q.size(1) <= kShortAttentionMaxTokens && q.size(3) <= kShortAttentionMaxHeadDim,
-              "attention_short: N=", q.size(1), " and D=", q.size(3), " exceed the limits N <= ",
-              kShortAttentionMaxTokens, ", D <= ", kShortAttentionMaxHeadDim,
-              " (use attention_fused)");
-  TORCH_CHECK(attention_short_supported(q, k, v, rotary),
-              "attention_short: needs CPU float32 q, k, v and constant rotary tables [N, F] "
-              "shared by q and k (2F <= D); got ",
-              q.scalar_type(), " on ", q.device(),
-              rotary.defined() ? ", tables " + std::to_string(rotary.q_cos.dim()) + "-D"
-                               : std::string());
+              "attention_short: N=", q.size(1), " and D=", q.size(3),
+              " exceed the limits N <= ", kShortAttentionMaxTokens,
+              ", D <= ", kShortAttentionMaxHeadDim, " (use attention_fused)");
+  TORCH_CHECK(
+      attention_short_supported(q, k, v, rotary),
+      "attention_short: needs CPU float32 q, k, v and constant rotary tables [N, F] "
+      "shared by q and k (2F <= D); got ",
+      q.scalar_type(), " on ", q.device(),
+      rotary.defined() ? ", tables " + std::to_string(rotary.q_cos.dim()) + "-D" : std::string());
   // autograd inputs must be defined tensors: no rotation is an empty table
   at::Tensor cos = torch::empty({0}, torch::kFloat32), sin = cos;
   if (rotary.defined()) {

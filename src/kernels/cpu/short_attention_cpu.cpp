@@ -7,9 +7,9 @@
 // partial sums in a fixed order, so a result does not depend on the thread count.
 #include "short_attention_cpu.h"
 
-#include <algorithm>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -59,8 +59,8 @@ struct Avx2Ops {
     x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
   }
-  static inline __attribute__((target("avx2,fma"))) float dot(const float* a,
-                                                                      const float* b, int64_t d) {
+  static inline __attribute__((target("avx2,fma"))) float dot(const float* a, const float* b,
+                                                              int64_t d) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= d; i += 16) {
@@ -75,9 +75,10 @@ struct Avx2Ops {
     for (; i < d; ++i) s += a[i] * b[i];
     return s;
   }
-  static inline __attribute__((target("avx2,fma"))) void weighted_sum(
-      const float* w, int64_t ws, const float* rows, int64_t rs, int64_t count, int64_t d,
-      float* dst) {
+  static inline __attribute__((target("avx2,fma"))) void weighted_sum(const float* w, int64_t ws,
+                                                                      const float* rows, int64_t rs,
+                                                                      int64_t count, int64_t d,
+                                                                      float* dst) {
     int64_t e = 0;
     for (; e + 32 <= d; e += 32) {  // 4 independent accumulators in registers
       __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -153,8 +154,7 @@ POSENC_INLINE const float* v_row(const ShortAttentionProblem& p, int64_t b, int6
 }
 
 // [B, N, H, D] contiguous: row i of head (b, h).
-POSENC_INLINE int64_t row_offset(const ShortAttentionProblem& p, int64_t b, int64_t i,
-                                 int64_t h) {
+POSENC_INLINE int64_t row_offset(const ShortAttentionProblem& p, int64_t b, int64_t i, int64_t h) {
   return ((b * p.n + i) * p.heads + h) * p.dim;
 }
 
@@ -263,9 +263,8 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
   }
 }
 
-__attribute__((target("avx2,fma"))) void forward_avx2(const ShortAttentionProblem& p,
-                                                      int64_t begin, int64_t end, float* out,
-                                                      float* lse) {
+__attribute__((target("avx2,fma"))) void forward_avx2(const ShortAttentionProblem& p, int64_t begin,
+                                                      int64_t end, float* out, float* lse) {
   forward_items<Avx2Ops>(p, begin, end, out, lse);
 }
 void forward_generic(const ShortAttentionProblem& p, int64_t begin, int64_t end, float* out,
@@ -273,15 +272,13 @@ void forward_generic(const ShortAttentionProblem& p, int64_t begin, int64_t end,
   forward_items<PlainOps>(p, begin, end, out, lse);
 }
 __attribute__((target("avx2,fma"))) void backward_avx2(const ShortAttentionProblem& p,
-                                                       int64_t begin, int64_t end,
-                                                       const float* out, const float* lse,
-                                                       const float* grad_out, float* dq,
-                                                       float* dk, float* dv) {
+                                                       int64_t begin, int64_t end, const float* out,
+                                                       const float* lse, const float* grad_out,
+                                                       float* dq, float* dk, float* dv) {
   backward_items<Avx2Ops>(p, begin, end, out, lse, grad_out, dq, dk, dv);
 }
-void backward_generic(const ShortAttentionProblem& p, int64_t begin, int64_t end,
-                      const float* out, const float* lse, const float* grad_out, float* dq,
-                      float* dk, float* dv) {
+void backward_generic(const ShortAttentionProblem& p, int64_t begin, int64_t end, const float* out,
+                      const float* lse, const float* grad_out, float* dq, float* dk, float* dv) {
   backward_items<PlainOps>(p, begin, end, out, lse, grad_out, dq, dk, dv);
 }
 
