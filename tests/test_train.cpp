@@ -25,8 +25,7 @@ namespace fs = std::filesystem;
 
 std::string temp_folder(const std::string& name) {
   // per process: two checkouts' suites (or a CI clone beside a work tree) may run at once
-  auto path =
-      fs::temp_directory_path() / ("posenc_train_" + std::to_string(getpid()) + "_" + name);
+  auto path = fs::temp_directory_path() / ("posenc_train_" + std::to_string(getpid()) + "_" + name);
   fs::remove_all(path);
   return path.string();
 }

@@ -21,6 +21,7 @@
 #include <limits>
 
 #include "parallel.h"
+#include "rotate_row.h"
 
 namespace posenc::detail {
 
@@ -74,32 +75,12 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   }
 }
 
-// RoPE on rows: y[r] = x[r] rotated by the pair tables cos/sin [n, F] (sign -1: the inverse).
-// half: pairs (i, i + F); interleaved: pairs (2i, 2i + 1); dims from 2F on pass through.
-// y may be x (in place).
+// RoPE on rows: y[r] = x[r] rotated by the pair tables cos/sin [n, F] (rotate_row.h).
 void rotate_rows(const float* x, float* y, int64_t n, int64_t dim, const float* cos,
                  const float* sin, int64_t pairs, bool interleaved, float sign) {
-  for (int64_t r = 0; r < n; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    const float* c = cos + r * pairs;
-    const float* s = sin + r * pairs;
-    if (interleaved) {
-      for (int64_t i = 0; i < pairs; ++i) {
-        const float a = xr[2 * i], b = xr[2 * i + 1], si = sign * s[i];
-        yr[2 * i] = a * c[i] - b * si;
-        yr[2 * i + 1] = b * c[i] + a * si;
-      }
-    } else {
-      for (int64_t i = 0; i < pairs; ++i) {
-        const float a = xr[i], b = xr[i + pairs], si = sign * s[i];
-        yr[i] = a * c[i] - b * si;
-        yr[i + pairs] = b * c[i] + a * si;
-      }
-    }
-    if (yr != xr)
-      for (int64_t d = 2 * pairs; d < dim; ++d) yr[d] = xr[d];
-  }
+  for (int64_t r = 0; r < n; ++r)
+    rotate_row(x + r * dim, y + r * dim, dim, cos + r * pairs, sin + r * pairs, pairs, interleaved,
+               sign);
 }
 
 // A block of rows [row0, row0 + n) of q or k ([n, D] contiguous), rotated into scratch when the

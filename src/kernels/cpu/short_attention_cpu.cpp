@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "parallel.h"
+#include "rotate_row.h"
 
 namespace posenc::detail {
 
@@ -114,27 +115,6 @@ struct Avx2Ops {
     }
   }
 };
-
-// y = x rotated by one row of pair tables c, s (sign -1: the inverse rotation); dims from 2F on
-// pass through. y may be x.
-POSENC_INLINE void rotate_row(const float* x, float* y, int64_t dim, const float* c, const float* s,
-                              int64_t pairs, bool interleaved, float sign) {
-  if (interleaved) {
-    for (int64_t i = 0; i < pairs; ++i) {
-      const float a = x[2 * i], b = x[2 * i + 1], si = sign * s[i];
-      y[2 * i] = a * c[i] - b * si;
-      y[2 * i + 1] = b * c[i] + a * si;
-    }
-  } else {
-    for (int64_t i = 0; i < pairs; ++i) {
-      const float a = x[i], b = x[i + pairs], si = sign * s[i];
-      y[i] = a * c[i] - b * si;
-      y[i + pairs] = b * c[i] + a * si;
-    }
-  }
-  if (y != x)
-    for (int64_t d = 2 * pairs; d < dim; ++d) y[d] = x[d];
-}
 
 // Rows of q or k of head (b, h) into dst [N, D], rotated when the problem has tables.
 POSENC_INLINE void load_rows(const ShortAttentionProblem& p, const float* base,
