@@ -107,5 +107,37 @@ TEST(Images, FilesThroughOpenCvAndAugmentation) {
     EXPECT_TRUE(torch::equal(flipped[i], batch[i]) || torch::equal(flipped[i], batch[i].flip({2})));
 }
 
+TEST(Vision, RandomErasingSetsOneRectanglePerErasedImage) {
+  torch::manual_seed(7);
+  auto batch = torch::rand({400, 2, 28, 28}) + 1.0f;  // every pixel in [1, 2): none is 0
+  auto out = random_erasing(batch, 0.5, 0.0);
+  int64_t erased = 0;
+  for (int64_t i = 0; i < batch.size(0); ++i) {
+    auto zero = out[i][0].eq(0);
+    EXPECT_TRUE(torch::equal(out[i][1].eq(0), zero)) << "every channel erased alike, image " << i;
+    const int64_t count = zero.sum().item<int64_t>();
+    if (count == 0) {
+      EXPECT_TRUE(torch::equal(out[i], batch[i]));
+      continue;
+    }
+    ++erased;
+    // One rectangle: the zero pixels fill their bounding box, area and aspect within limits.
+    auto rows = zero.any(1).nonzero(), cols = zero.any(0).nonzero();
+    const int64_t h = rows.max().item<int64_t>() - rows.min().item<int64_t>() + 1;
+    const int64_t w = cols.max().item<int64_t>() - cols.min().item<int64_t>() + 1;
+    EXPECT_EQ(count, h * w) << i;
+    EXPECT_GE(count, std::floor(kEraseMinArea * 784 * 0.5)) << i;
+    EXPECT_LE(count, std::ceil(kEraseMaxArea * 784 * 1.5)) << i;
+    EXPECT_TRUE(torch::equal(out[i].masked_select(zero.logical_not().expand({2, 28, 28})),
+                             batch[i].masked_select(zero.logical_not().expand({2, 28, 28}))));
+  }
+  EXPECT_GT(erased, 150);  // 200 expected of 400 at p = 1/2
+  EXPECT_LT(erased, 250);
+  EXPECT_TRUE(torch::equal(random_erasing(batch, 0.0), batch));
+  EXPECT_EQ(random_erasing(batch, 1.0).eq(0).flatten(1).any(1).sum().item<int64_t>(), 400);
+  auto message = test::error_of([&] { random_erasing(batch, 1.5); });
+  EXPECT_NE(message.find("probability must be in [0, 1], got 1.5"), std::string::npos) << message;
+}
+
 }  // namespace
 }  // namespace posenc::vision

@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -76,6 +77,38 @@ at::Tensor random_horizontal_flip(const at::Tensor& images) {
               images.sizes());
   auto flip = torch::rand({images.size(0)}) < 0.5;
   return torch::where(flip.view({-1, 1, 1, 1}), images.flip({3}), images);
+}
+
+at::Tensor random_erasing(const at::Tensor& images, double probability, double value) {
+  TORCH_CHECK(images.dim() == 4, "random_erasing: images must be [B, C, H, W], got ",
+              images.sizes());
+  TORCH_CHECK(probability >= 0 && probability <= 1,
+              "random_erasing: probability must be in [0, 1], got ", probability);
+  if (probability == 0) return images;
+  const int64_t b = images.size(0), h = images.size(2), w = images.size(3);
+  // All random numbers in two draws: [B] (erase or not) and [B, attempts, 4] uniforms.
+  auto erase = (torch::rand({b}, torch::kDouble) < probability).contiguous();
+  auto u = torch::rand({b, kEraseAttempts, 4}, torch::kDouble).contiguous();
+  auto e = erase.accessor<bool, 1>();
+  auto a = u.accessor<double, 3>();
+  auto out = images.clone();
+  const double log_min = std::log(kEraseMinAspect), log_max = std::log(kEraseMaxAspect);
+  for (int64_t i = 0; i < b; ++i) {
+    if (!e[i]) continue;
+    for (int64_t k = 0; k < kEraseAttempts; ++k) {
+      const double area = static_cast<double>(h * w) *
+                          (kEraseMinArea + (kEraseMaxArea - kEraseMinArea) * a[i][k][0]);
+      const double aspect = std::exp(log_min + (log_max - log_min) * a[i][k][1]);
+      const int64_t eh = std::lround(std::sqrt(area * aspect));
+      const int64_t ew = std::lround(std::sqrt(area / aspect));
+      if (eh < 1 || ew < 1 || eh >= h || ew >= w) continue;
+      const int64_t top = std::min(h - eh, static_cast<int64_t>(a[i][k][2] * (h - eh + 1)));
+      const int64_t left = std::min(w - ew, static_cast<int64_t>(a[i][k][3] * (w - ew + 1)));
+      out[i].narrow(1, top, eh).narrow(2, left, ew).fill_(value);
+      break;
+    }
+  }
+  return out;
 }
 
 }  // namespace posenc::vision

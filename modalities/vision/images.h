@@ -27,5 +27,13 @@ at::Tensor resize_images(const at::Tensor& images, int64_t height, int64_t width
 at::Tensor random_crop(const at::Tensor& images, int64_t padding);
 /// Flips each image left-right with probability 1/2.
 at::Tensor random_horizontal_flip(const at::Tensor& images);
+/// Random erasing (Zhong et al. 2020; timm's RandomErasing, mode "const"): with `probability`,
+/// each image gets one rectangle set to `value` (all channels), its area a uniform fraction of
+/// [kEraseMinArea, kEraseMaxArea] of the image and its aspect ratio log-uniform in
+/// [kEraseMinAspect, kEraseMaxAspect]; up to kEraseAttempts draws for a rectangle that fits.
+inline constexpr double kEraseMinArea = 0.02, kEraseMaxArea = 1.0 / 3.0;
+inline constexpr double kEraseMinAspect = 0.3, kEraseMaxAspect = 1.0 / 0.3;
+inline constexpr int64_t kEraseAttempts = 10;
+at::Tensor random_erasing(const at::Tensor& images, double probability, double value = 0.0);
 
 }  // namespace posenc::vision

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "posenc/train/checkpoint.h"
+#include "posenc/train/fused_adamw.h"
 #include "posenc/train/plot.h"
 #include "profile.h"
 #include "progress.h"
@@ -66,7 +67,11 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
   loss.backward();
   if (run.settings.clip_grad_norm > 0) {
     RECORD_USER_SCOPE("posenc::clip");
-    torch::nn::utils::clip_grad_norm_(run.task->model()->parameters(), run.settings.clip_grad_norm);
+    if (run.settings.fused_optimizer)
+      clip_grad_norm_fused(run.task->model()->parameters(), run.settings.clip_grad_norm);
+    else
+      torch::nn::utils::clip_grad_norm_(run.task->model()->parameters(),
+                                        run.settings.clip_grad_norm);
   }
   RECORD_USER_SCOPE("posenc::optimizer");
   run.optimizer->step();

@@ -24,6 +24,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.min_lr_ratio = r.number("min_lr_ratio", s.min_lr_ratio);
   s.weight_decay = r.number("weight_decay", s.weight_decay);
   s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
+  s.fused_optimizer = r.boolean("fused_optimizer", s.fused_optimizer);
   r.finish();
   TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
               "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,

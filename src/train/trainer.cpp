@@ -16,6 +16,7 @@
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
 #include "posenc/train/checkpoint.h"
+#include "posenc/train/fused_adamw.h"
 #include "summary.h"
 
 namespace posenc::train {
@@ -63,8 +64,11 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   auto model = run.task->model();
   result.metric_name = run.task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
-  run.optimizer = std::make_unique<torch::optim::AdamW>(
-      parameter_groups(*model, run.settings.weight_decay, run.settings.lr));
+  auto groups = parameter_groups(*model, run.settings.weight_decay, run.settings.lr);
+  if (run.settings.fused_optimizer)
+    run.optimizer = std::make_unique<FusedAdamW>(std::move(groups));
+  else
+    run.optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
   run.counts = step_counts(run.settings, run.task->train_size());
   return run;
 }
