@@ -17,6 +17,7 @@
 #include "posenc/config/registry.h"
 #include "posenc/train/trainer.h"
 #include "support/fixtures.h"
+#include "train/ema.h"  // the trainer's internal weight average (src/train)
 
 namespace posenc::train {
 namespace {
@@ -121,6 +122,66 @@ TEST(Trainer, ResumeContinuesExactly) {
     EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
   }
   EXPECT_EQ(train_losses(straight.output), train_losses(interrupted.output));
+}
+
+// train.ema_decay on the ViT smoke run with label smoothing and random erasing: the average is
+// what is evaluated and written (weights.pt differs from the checkpoint's raw weights), it follows
+// the hand-computed recursion, and an interrupted run resumed continues it exactly.
+TEST(Trainer, WeightAverageIsEvaluatedSavedAndResumed) {
+  auto config = smoke("vit");
+  config["train"]["ema_decay"] = 0.9;
+  config["task"]["label_smoothing"] = 0.1;
+  config["task"]["erase_probability"] = 0.5;
+  RunOptions straight;
+  straight.output = temp_folder("ema_straight");
+  straight.quiet = true;
+  auto full = run_training(config, straight);
+  ASSERT_TRUE(full.finished);
+
+  RunOptions interrupted = straight;
+  interrupted.output = temp_folder("ema_interrupted");
+  interrupted.stop_after = 5;  // mid-epoch (16 steps per epoch)
+  EXPECT_FALSE(run_training(config, interrupted).finished);
+  interrupted.stop_after = 0;
+  interrupted.resume = true;
+  auto resumed = run_training(config, interrupted);
+  ASSERT_TRUE(resumed.finished);
+  auto a = read_weights(straight.output + "/weights.pt");
+  auto b = read_weights(interrupted.output + "/weights.pt");
+  for (const auto& [name, tensor] : a) EXPECT_TRUE(torch::equal(tensor, b.at(name))) << name;
+  EXPECT_EQ(full.final_metrics, resumed.final_metrics);
+
+  // weights.pt holds the average; the checkpoint the raw weights and the average.
+  std::ifstream in(straight.output + "/checkpoint.pt", std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto checkpoint = torch::pickle_load(bytes).toGenericDict();
+  auto raw = checkpoint.at("model").toGenericDict();
+  auto ema = checkpoint.at("ema").toGenericDict();
+  const auto embed = std::string("embed.weight");
+  EXPECT_TRUE(torch::equal(ema.at(embed).toTensor(), a.at(embed)));
+  EXPECT_FALSE(torch::equal(raw.at(embed).toTensor(), a.at(embed)));
+
+  // The recursion by hand on one tensor: d_t = min(0.9, (1 + t) / (10 + t)).
+  torch::nn::Linear layer(3, 2);
+  WeightAverage average(*layer, 0.9);
+  auto expected = layer->weight.detach().clone().to(torch::kFloat64);
+  for (int64_t t = 1; t <= 30; ++t) {
+    torch::NoGradGuard no_grad;
+    layer->weight.add_(0.1 * static_cast<double>(t % 7));
+    const double d = std::min(0.9, (1.0 + t) / (10.0 + t));
+    expected = d * expected + (1 - d) * layer->weight.detach().to(torch::kFloat64);
+    average.update(t);
+  }
+  EXPECT_LT(
+      (average.named().at("weight").to(torch::kFloat64) - expected).abs().max().item<double>(),
+      1e-5);
+  {
+    WeightAverage::Swap swap(&average);  // the model holds the average while the swap lives
+    EXPECT_LT((layer->weight.detach().to(torch::kFloat64) - expected).abs().max().item<double>(),
+              1e-5);
+  }
+  EXPECT_GT((layer->weight.detach().to(torch::kFloat64) - expected).abs().max().item<double>(),
+            1e-2);
 }
 
 // --profile: 10 steps of warm-up, N profiled, a table in profile.md whose matmul and attention

@@ -255,6 +255,11 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
   dict.insert("log_window",
               state.log_window.defined() ? state.log_window : torch::zeros({4}, torch::kFloat64));
   dict.insert("config", state.config);
+  if (!state.ema.empty()) {
+    auto ema = string_dict();
+    for (const auto& [name, tensor] : state.ema) ema.insert(name, tensor.detach());
+    dict.insert("ema", ema);
+  }
   Checksum sum;
   sum.value(dict);
   dict.insert("checksum", sum.text());
@@ -337,6 +342,9 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& mode
   state.step = entry(dict, "step", path).toInt();
   state.elapsed = entry(dict, "elapsed", path).toDouble();
   state.log_window = entry(dict, "log_window", path).toTensor();
+  if (dict.contains("ema"))
+    for (const auto& item : entry(dict, "ema", path).toGenericDict())
+      state.ema[item.key().toStringRef()] = item.value().toTensor();
   return state;
 }
 

@@ -94,7 +94,9 @@ auto in_eval_mode(Task& task, Fn what) {
 void save_all(Run& run, const LoopState& state) {
   state.log.write_csv(run.csv);
   save_checkpoint(run.checkpoint, *run.task->model(), *run.optimizer,
-                  {state.step, state.elapsed, state.window.to_tensor(), run.config_text});
+                  {state.step, state.elapsed, state.window.to_tensor(), run.config_text,
+                   run.ema ? run.ema->named() : std::map<std::string, at::Tensor>{}});
+  WeightAverage::Swap averaged(run.ema.get());  // weights.pt: the weights evaluations use
   save_weights(run.output + "/weights.pt", *run.task->model());
   write_curves(run.output + "/curves.png", state.log, run.task->metric_name(), run.name);
 }
@@ -167,6 +169,7 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
     double metric = std::numeric_limits<double>::quiet_NaN();
     auto indices = order.narrow(0, in_epoch * s.batch_size, s.batch_size);
     w.loss_sum += optimizer_step(run, indices, lr, &metric, state.step);
+    if (run.ema) run.ema->update(state.step + 1);
     ++w.loss_count;
     if (std::isfinite(metric)) {
       w.metric_sum += metric;
@@ -182,6 +185,7 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
       if (evaluate_now) {
         std::ostringstream text;
         text << run.name << " step " << step << " eval:";
+        WeightAverage::Swap averaged(run.ema.get());
         for (const auto& [k, v] : evaluate(*run.task)) {
           row.emplace_back("eval_" + k, v);
           text << " " << k << " " << format_metric(v);

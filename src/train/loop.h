@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "ema.h"
 #include "log.h"
 #include "posenc/train/task.h"
 #include "posenc/train/trainer.h"
@@ -38,6 +39,7 @@ struct Run {
   std::unique_ptr<RunFolderLock> lock;  ///< held for the run's life
   std::unique_ptr<Task> task;
   std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::unique_ptr<WeightAverage> ema;  ///< with train.ema_decay > 0
 };
 
 /// Where the loop stands: restored from a checkpoint on resume, advanced by train_loop.

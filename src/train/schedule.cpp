@@ -25,6 +25,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.weight_decay = r.number("weight_decay", s.weight_decay);
   s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
   s.fused_optimizer = r.boolean("fused_optimizer", s.fused_optimizer);
+  s.ema_decay = r.number("ema_decay", s.ema_decay);
   r.finish();
   TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
               "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,
@@ -34,6 +35,8 @@ TrainSettings read_settings(const nlohmann::json& config) {
   TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&
                   s.max_steps >= 0 && s.weight_decay >= 0 && s.clip_grad_norm >= 0,
               "train: lr must be > 0, min_lr_ratio in [0, 1], the others >= 0");
+  TORCH_CHECK(s.ema_decay >= 0 && s.ema_decay < 1,
+              "train: ema_decay must be in [0, 1) (0: off), got ", s.ema_decay);
   return s;
 }
 

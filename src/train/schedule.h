@@ -19,6 +19,7 @@ struct TrainSettings {
   int64_t epochs = 1, batch_size = 64, warmup_steps = 0, max_steps = 0, log_every = 50;
   int64_t eval_every = 1, threads = 0;
   double lr = 1e-3, min_lr_ratio = 0.0, weight_decay = 0.05, clip_grad_norm = 1.0;
+  double ema_decay = 0;         ///< weight average (ema.h); 0: off
   bool fused_optimizer = true;  ///< FusedAdamW + clip_grad_norm_fused (false: LibTorch's own)
 };
 

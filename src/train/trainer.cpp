@@ -69,6 +69,8 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
     run.optimizer = std::make_unique<FusedAdamW>(std::move(groups));
   else
     run.optimizer = std::make_unique<torch::optim::AdamW>(std::move(groups));
+  if (run.settings.ema_decay > 0)
+    run.ema = std::make_unique<WeightAverage>(*model, run.settings.ema_decay);
   run.counts = step_counts(run.settings, run.task->train_size());
   return run;
 }
@@ -82,6 +84,11 @@ LoopState resume(Run& run, const RunOptions& options) {
   state.step = resumed.step;
   state.elapsed = resumed.elapsed;
   state.window = LogWindow::from_tensor(resumed.log_window);
+  if (run.ema) {
+    TORCH_CHECK(!resumed.ema.empty(), "resume: '", run.checkpoint,
+                "' holds no weight average but train.ema_decay is set; start afresh");
+    run.ema->load(resumed.ema, run.checkpoint);
+  }
   if (fs::exists(run.csv)) state.log.read_csv(run.csv, state.step);
   std::cerr << run.name << ": resuming at step " << state.step << " of " << run.counts.total
             << "\n";
@@ -104,10 +111,13 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
               << "; checkpoint saved to " << run.checkpoint << " (continue with --resume)\n";
     return result;
   }
-  result.final_metrics = evaluate(*run.task);
-  result.generalization = generalization(*run.task);
+  {
+    WeightAverage::Swap averaged(run.ema.get());  // with train.ema_decay: the average's results
+    result.final_metrics = evaluate(*run.task);
+    result.generalization = generalization(*run.task);
+    save_weights(run.output + "/weights.pt", *run.task->model());
+  }
   result.finished = true;
-  save_weights(run.output + "/weights.pt", *run.task->model());
   write_summary(result, config);
   print_result(result);
   return result;

@@ -10,6 +10,7 @@
 //                                                                  torch.optim.AdamW's layout
 //                   "step": int, "elapsed": float seconds, "log_window": [4] float64,
 //                   "config": the run config as JSON text,
+//                   "ema": {name: tensor}  (only with train.ema_decay: the weight average),
 //                   "checksum": "fnv1a64:<16 hex>" over everything above}
 //
 // The checksum (FNV-1a, 64 bit) covers every key, number, string and tensor byte in order; a
@@ -22,6 +23,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
 
+#include <map>
 #include <string>
 
 namespace posenc::train {
@@ -32,6 +34,7 @@ struct CheckpointState {
   double elapsed = 0;     ///< seconds of training before this point
   at::Tensor log_window;  ///< [4] float64: loss/metric sums and counts since the last log row
   std::string config;     ///< the run config as JSON text
+  std::map<std::string, at::Tensor> ema;  ///< averaged weights by name (train.ema_decay)
 };
 
 /// torch.save's container for a value (dicts, lists, tuples, tensors, numbers, strings).
