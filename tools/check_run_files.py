@@ -41,6 +41,10 @@ def main():
 
     ckpt = torch.load(f"{folder}/checkpoint.pt", weights_only=True)
     expected = {"format", "model", "optimizer", "step", "elapsed", "log_window", "config", "checksum"}
+    if json.loads(ckpt.get("config", "{}")).get("train", {}).get("ema_decay", 0):
+        expected.add("ema")  # the weight average, by parameter name
+        if not set(ckpt["ema"]) <= set(weights):
+            fail("checkpoint.pt: ema tensors are not named as weights.pt's")
     if set(ckpt) != expected:
         fail(f"checkpoint.pt: keys {sorted(ckpt)}, expected {sorted(expected)}")
     if ckpt["format"] != "posenc-checkpoint-1":
