@@ -3,15 +3,16 @@
 
 Same model, data, optimizer and threads as configs/vit_fashion.yaml's rope_2d run:
   Fashion-MNIST 28x28 -> /255 -> normalize (0.2860, 0.3530) -> random horizontal flip
-  -> 7x7 patches (a 4x4 grid, 49 values each) -> Linear(49, 128)
-  -> 4 pre-norm blocks: x + out(SDPA(rope(q), rope(k), v)) ; x + fc2(gelu(fc1(ln(x))))
-     D 128, 4 heads (head_dim 32), MLP ratio 2
+  -> 7x7 patches (a 4x4 grid, 49 values each) -> Linear(49, D)
+  -> L pre-norm blocks: x + out(SDPA(rope(q), rope(k), v)) ; x + fc2(gelu(fc1(ln(x))))
+     D 96, 3 heads (head_dim 32), 6 blocks, MLP ratio 2 (--dim, --heads, --layers, --mlp-ratio;
+     the same values are passed to posenc with --set, so both sides train the same model)
      axial 2D RoPE (timm's axial layout as posenc's rope_2d): head_dim 32 = 16 pairs, rotated as
      two halves (x[i], x[i + 16]); pairs 0..7 turn with the row, 8..15 with the column, each
      axis with its own ladder theta^(-2j/16), j = 0..7, theta = 100
-  -> final LayerNorm -> mean over tokens -> Linear(128, 10); 537,866 parameters.
-  AdamW(lr 2e-3, betas 0.9/0.999, eps 1e-8) with weight decay 0.05 on matrices only,
-  gradient clipping at norm 1.0, batch 128.
+  -> final LayerNorm -> mean over tokens -> Linear(D, 10); 454,666 parameters at the defaults.
+  Cross-entropy with label smoothing 0.1; AdamW(lr 2e-3, betas 0.9/0.999, eps 1e-8) with weight
+  decay 0.05 on matrices only, gradient clipping at norm 1.0, batch 128.
 Measured: steps/s over the steps after a warm-up, for Python eager, Python torch.compile (on the
 model) and `posenc train ... --stop-after` (from its metrics.csv's elapsed_s column), with the
 same number of threads. Only speed is compared; the learning-rate schedule is held constant here.
@@ -110,7 +111,7 @@ def patchify(images, p):  # [B, 1, S, S] -> [B, (S/p)^2, p*p]
     return images.view(b, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(b, g * g, p * p)
 
 
-def python_steps_per_second(model, images, labels, steps, warmup, batch, seed):
+def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, smoothing):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
@@ -126,7 +127,7 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed):
         flip = torch.rand(batch, generator=gen) < 0.5
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
         x = (x - MEAN) / STD
-        loss = F.cross_entropy(model(patchify(x, 7)), labels[idx])
+        loss = F.cross_entropy(model(patchify(x, 7)), labels[idx], label_smoothing=smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -135,11 +136,11 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed):
     return (steps - warmup) / (time.perf_counter() - start)
 
 
-def posenc_steps_per_second(binary, config, threads, steps, warmup):
+def posenc_steps_per_second(binary, config, threads, steps, warmup, model_sets):
     with tempfile.TemporaryDirectory() as out:
         cmd = [binary, "train", config, "--out", out, "--quiet", "--stop-after", str(steps),
                "--set", f"train.threads={threads}", "--set", "train.log_every=50",
-               "--set", "train.eval_every=1000"]
+               "--set", "train.eval_every=1000"] + model_sets
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(out, "metrics.csv")) as f:
             rows = {int(float(r["step"])): float(r["elapsed_s"]) for r in csv.DictReader(f)}
@@ -157,6 +158,11 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--dim", type=int, default=96)
+    ap.add_argument("--heads", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--mlp-ratio", type=float, default=2.0)
+    ap.add_argument("--label-smoothing", type=float, default=0.1)
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds in alternating order; the median per trainer is reported")
     args = ap.parse_args()
@@ -167,19 +173,25 @@ def main():
     labels = torch.from_numpy(load_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz")).copy()).long()
     # Rounds in alternating order (eager, compiled, posenc, then reversed, ...), median per
     # trainer: a VM's speed drifts within minutes, and back-to-back alternation spreads it.
+    shape = dict(dim=args.dim, heads=args.heads, layers=args.layers, mlp_ratio=args.mlp_ratio)
+    model_sets = []
+    for key, value in [("model.dim", args.dim), ("model.num_heads", args.heads),
+                       ("model.num_layers", args.layers), ("model.mlp_ratio", args.mlp_ratio),
+                       ("task.label_smoothing", args.label_smoothing)]:
+        model_sets += ["--set", f"{key}={value}"]
     torch.manual_seed(0)
-    eager = ViT()
+    eager = ViT(**shape)
     params = sum(p.numel() for p in eager.parameters())
     trainers = [("Python eager", lambda: python_steps_per_second(
-        eager, images, labels, args.steps, args.warmup, 128, 0))]
+        eager, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing))]
     if not args.no_compile:
         torch.manual_seed(0)
-        compiled = torch.compile(ViT())
+        compiled = torch.compile(ViT(**shape))
         trainers.append(("Python torch.compile", lambda: python_steps_per_second(
-            compiled, images, labels, args.steps, args.warmup, 128, 0)))
+            compiled, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing)))
     if args.posenc:
         trainers.append(("posenc train", lambda: posenc_steps_per_second(
-            args.posenc, args.config, args.threads, args.steps, args.warmup)))
+            args.posenc, args.config, args.threads, args.steps, args.warmup, model_sets)))
     measured = {name: [] for name, _ in trainers}
     for r in range(args.rounds):
         for name, run in (trainers if r % 2 == 0 else trainers[::-1]):
