@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: train a small ViT with 2D axial RoPE on Fashion-MNIST on the CPU (about 7 minutes
+# The main job: train a small ViT with 2D axial RoPE on Fashion-MNIST on the CPU (about 9 minutes
 # on 2 cores), then evaluate it at the training resolution and at 1.5x. Writes
 # runs/vit_fashion/rope_2d/ (metrics.csv, curves.png, summary.json, weights.pt, checkpoint.pt).
 #   bash scripts/run.sh              # extra arguments go to `posenc train`, e.g. --resume
