@@ -51,12 +51,17 @@ std::vector<double> train_losses(const std::string& folder) {
   return losses;
 }
 
-std::map<std::string, at::Tensor> read_weights(const std::string& path) {
+// A file written by torch.save / posenc's run files, as the dict it holds.
+c10::impl::GenericDict read_pickled_dict(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto dict = torch::pickle_load(bytes).toGenericDict();
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+std::map<std::string, at::Tensor> read_weights(const std::string& path) {
   std::map<std::string, at::Tensor> weights;
-  for (const auto& item : dict) weights[item.key().toStringRef()] = item.value().toTensor();
+  for (const auto& item : read_pickled_dict(path))
+    weights[item.key().toStringRef()] = item.value().toTensor();
   return weights;
 }
 
@@ -152,9 +157,7 @@ TEST(Trainer, WeightAverageIsEvaluatedSavedAndResumed) {
   EXPECT_EQ(full.final_metrics, resumed.final_metrics);
 
   // weights.pt holds the average; the checkpoint the raw weights and the average.
-  std::ifstream in(straight.output + "/checkpoint.pt", std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto checkpoint = torch::pickle_load(bytes).toGenericDict();
+  auto checkpoint = read_pickled_dict(straight.output + "/checkpoint.pt");
   auto raw = checkpoint.at("model").toGenericDict();
   auto ema = checkpoint.at("ema").toGenericDict();
   const auto embed = std::string("embed.weight");

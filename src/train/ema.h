@@ -42,7 +42,8 @@ class WeightAverage {
  private:
   double decay_;
   std::vector<std::string> names_;
-  std::vector<at::Tensor> params_, average_;  // params_: the model's own (aliases)
+  // params_: the model's own tensors, detached at each use (an encoder's adapt() may set_data them)
+  std::vector<at::Tensor> params_, average_;
 };
 
 }  // namespace posenc::train

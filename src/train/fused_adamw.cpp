@@ -10,62 +10,52 @@
 namespace posenc::train {
 
 torch::Tensor FusedAdamW::step(LossClosure closure) {
-  // Decided before the closure runs, so a fallback does not evaluate it twice.
-  bool fusable = true;
-  for (auto& group : param_groups()) {
-    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
-    if (o.amsgrad()) fusable = false;
-    for (auto& p : group.params()) {
-      if (!p.grad().defined()) continue;
-      const auto& g = p.grad();
-      if (!p.device().is_cpu() || p.scalar_type() != at::kFloat || !p.is_contiguous() ||
-          g.is_sparse() || !g.is_contiguous() || g.scalar_type() != at::kFloat)
-        fusable = false;
-      auto found = state_.find(p.unsafeGetTensorImpl());
-      if (found != state_.end()) {
-        const auto& s = static_cast<const torch::optim::AdamWParamState&>(*found->second);
-        if (!s.exp_avg().is_contiguous() || !s.exp_avg_sq().is_contiguous() ||
-            s.exp_avg().scalar_type() != at::kFloat || s.exp_avg_sq().scalar_type() != at::kFloat)
-          fusable = false;
-      }
-    }
-  }
-  if (!fusable) {
-    last_step_fused_ = false;
-    return torch::optim::AdamW::step(closure);
-  }
-  torch::NoGradGuard no_grad;
   torch::Tensor loss;
-  if (closure) {
+  if (closure) {  // first, as torch::optim::AdamW: the closure makes the gradients
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  torch::NoGradGuard no_grad;
+  bool amsgrad = false;
+  for (auto& group : param_groups())
+    amsgrad |= static_cast<const torch::optim::AdamWOptions&>(group.options()).amsgrad();
+  if (amsgrad) {
+    last_step_fused_ = false;
+    torch::optim::AdamW::step();  // the closure has run
+    return loss;
+  }
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<torch::optim::AdamWParamState*> states;
   std::vector<AdamWHyper> hyper;
   for (auto& group : param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
       auto& slot = state_[p.unsafeGetTensorImpl()];
-      if (!slot) {  // as torch::optim::AdamW: zero moments at the first step
+      if (!slot) {  // torch::optim::AdamW's first-step state: zero moments, step 0
         auto created = std::make_unique<torch::optim::AdamWParamState>();
         created->step(0);
         created->exp_avg(torch::zeros_like(p, at::MemoryFormat::Preserve));
         created->exp_avg_sq(torch::zeros_like(p, at::MemoryFormat::Preserve));
         slot = std::move(created);
       }
-      auto& s = static_cast<torch::optim::AdamWParamState&>(*slot);
+      auto* s = static_cast<torch::optim::AdamWParamState*>(slot.get());
       params.push_back(p);
       grads.push_back(p.grad());
-      exp_avgs.push_back(s.exp_avg());
-      exp_avg_sqs.push_back(s.exp_avg_sq());
+      exp_avgs.push_back(s->exp_avg());
+      exp_avg_sqs.push_back(s->exp_avg_sq());
+      states.push_back(s);
       hyper.push_back({o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(),
-                       o.weight_decay(), s.step()});
-      s.step(s.step() + 1);
+                       o.weight_decay(), s->step()});
     }
   }
+  last_step_fused_ = adamw_step_fused_supported(params, grads, exp_avgs, exp_avg_sqs);
+  if (!last_step_fused_) {  // LibTorch's step continues from the same states
+    torch::optim::AdamW::step();
+    return loss;
+  }
   adamw_step_fused(params, grads, exp_avgs, exp_avg_sqs, hyper);
-  last_step_fused_ = true;
+  for (auto* s : states) s->step(s->step() + 1);
   return loss;
 }
 
