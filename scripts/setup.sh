@@ -34,7 +34,7 @@ say() { echo "[setup] $*" >&2; }
 APT_PACKAGES=(cmake ninja-build g++ ccache unzip python3 python3-pip
   libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-  dataset-fashion-mnist)
+  dataset-fashion-mnist libgloo-dev)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -117,6 +117,11 @@ int main(int argc, char** argv) {
                    "profile this many steps after 10 of warm-up: print where the step's time "
                    "goes (also to OUTPUT/profile.md), save and stop")
       ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  train
+      ->add_option("--nproc", train_args.nproc,
+                   "data-parallel training: start this many ranks on this machine (c10d/Gloo), "
+                   "cores split between them; torchrun's variables work as well")
+      ->check(CLI::Range(int64_t{1}, int64_t{256}));
   auto* compare = app.add_subcommand(
       "compare", "train one model per entry of the config's runs; write a table and a plot");
   add_train_options(compare);

@@ -1,7 +1,9 @@
 // `posenc train` and `posenc compare`: the config-driven trainer (posenc/train/trainer.h) from
 // the command line.
 //   posenc train   CONFIG [--run NAME] [--set key.path=value]... [--out DIR] [--resume]
-//                  [--stop-after STEPS] [--profile STEPS] [--quiet]
+//                  [--stop-after STEPS] [--profile STEPS] [--quiet] [--nproc N]
+// A data-parallel run: `--nproc N` (launch.cpp), or one process per rank started by torchrun or
+// SLURM with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
 // process (N at a time, cores/N intra-op threads each; for machines with more cores than one
@@ -48,8 +50,11 @@ nlohmann::json load_run_config(const std::string& path) {
 }  // namespace
 
 int run_train(const TrainArgs& args) {
+  if (args.nproc > 1) return launch_ranks(args);
   auto config = train::select_run(load_run_config(args.config), args.run);
-  auto result = train::run_training(config, run_options(args));
+  auto options = run_options(args);
+  options.distributed = train::distributed_from_environment();  // torchrun's, or --nproc's
+  auto result = train::run_training(config, options);
   return result.finished || args.stop_after > 0 || args.profile_steps > 0 ? 0 : 130;
 }
 

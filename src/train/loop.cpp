@@ -50,21 +50,32 @@ class InterruptScope {
   void (*term_)(int) = SIG_DFL;
 };
 
-// One optimizer step at learning rate lr on the batch `indices`; returns the loss (a non-finite
-// loss is an error naming the run and the step).
+// One optimizer step at learning rate lr on this rank's part `indices` of the batch; returns the
+// batch's loss (the mean over the ranks; a non-finite loss is an error naming the run and the
+// step). `stop` receives whether any rank has been asked to stop (so all stop after this step).
 double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* metric,
-                      int64_t step) {
+                      int64_t step, bool* stop) {
   for (auto& group : run.optimizer->param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  auto& ranks = *run.ranks;
+  ranks.before_forward();
   auto loss = run.task->train_loss(indices, metric);
-  const double value = loss.item<double>();
+  double value = loss.item<double>();
+  *stop = g_interrupted;
+  if (ranks.active()) {  // equal shards: the batch's mean is the mean of the ranks' means
+    const auto sums = ranks.sum({value, *metric, *stop ? 1.0 : 0.0},
+                                "step " + std::to_string(step) + "'s loss");
+    value = sums[0] / ranks.world_size();
+    *metric = sums[1] / ranks.world_size();
+    *stop = sums[2] > 0;
+  }
   TORCH_CHECK(std::isfinite(value), run.name, ": the loss is ", value, " at step ", step,
               "; lower the learning rate");
   {
     RECORD_USER_SCOPE("posenc::zero_grad");
     run.optimizer->zero_grad();
   }
-  loss.backward();
+  ranks.backward(loss, "step " + std::to_string(step));
   if (run.settings.clip_grad_norm > 0) {
     RECORD_USER_SCOPE("posenc::clip");
     if (run.settings.fused_optimizer)
@@ -88,10 +99,30 @@ auto in_eval_mode(Task& task, Fn what) {
   return result;
 }
 
+// Every rank must hold the same weights (and weight average): a difference is a bug, never a
+// result, and stops the run before anything is saved.
+void check_ranks_agree(Run& run, int64_t step) {
+  if (!run.ranks->active()) return;
+  int64_t sum = module_checksum(*run.task->model());
+  if (run.ema) {
+    WeightAverage::Swap averaged(run.ema.get());
+    sum = sum * 31 + module_checksum(*run.task->model());
+  }
+  const auto sums = run.ranks->gather(sum, "comparing the ranks' weights at step " +
+                                               std::to_string(step));
+  for (size_t r = 1; r < sums.size(); ++r) {
+    TORCH_CHECK(sums[r] == sums[0], run.name, ": at step ", step, " rank ", r,
+                "'s weights differ from rank 0's (checksums ", sums[r], " vs ", sums[0],
+                "); the ranks must stay equal: this is a bug, please report it");
+  }
+}
+
 // Logs, then saves: the rows first, so a checkpoint never covers rows that are not on disk
 // (resume truncates metrics.csv to the checkpoint's step: rows past it are neither lost nor
 // doubled).
 void save_all(Run& run, const LoopState& state) {
+  check_ranks_agree(run, state.step);
+  if (!run.ranks->lead()) return;
   state.log.write_csv(run.csv);
   save_checkpoint(run.checkpoint, *run.task->model(), *run.optimizer,
                   {state.step, state.elapsed, state.window.to_tensor(), run.config_text,
@@ -164,11 +195,17 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
       order = torch::randperm(run.task->train_size(), torch::kLong);
       order_epoch = epoch;
     }
-    torch::manual_seed(run.seed * 7919 + 1000000007ULL + static_cast<uint64_t>(state.step));
+    // a step's randomness: (seed, step), and the rank in a data-parallel run (each rank draws its
+    // own crops and dropout masks; rank 0 draws what one process would)
+    torch::manual_seed(run.seed * 7919 + 1000000007ULL + static_cast<uint64_t>(state.step) +
+                       static_cast<uint64_t>(run.ranks->rank()) * 0x9E3779B97F4A7C15ULL);
     const double lr = learning_rate(s, state.step, total);
     double metric = std::numeric_limits<double>::quiet_NaN();
-    auto indices = order.narrow(0, in_epoch * s.batch_size, s.batch_size);
-    w.loss_sum += optimizer_step(run, indices, lr, &metric, state.step);
+    // this rank's slice of the global batch (ranks in order: together the one-process batch)
+    auto indices = order.narrow(
+        0, in_epoch * s.batch_size + run.ranks->rank() * run.rank_batch, run.rank_batch);
+    bool asked_to_stop = false;
+    w.loss_sum += optimizer_step(run, indices, lr, &metric, state.step, &asked_to_stop);
     if (run.ema) run.ema->update(state.step + 1);
     ++w.loss_count;
     if (std::isfinite(metric)) {
@@ -198,12 +235,12 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
     }
     if (step == profile_to) {
       const auto text = format_profile(profiler.stop(options.profile_steps), options.profile_steps);
-      write_file_atomically(run.output + "/profile.md", text);
+      if (run.ranks->lead()) write_file_atomically(run.output + "/profile.md", text);
       bar.message(run.name + ": profile of steps " + std::to_string(profile_from) + ".." +
                   std::to_string(profile_to) + " (written to " + run.output + "/profile.md)\n" +
                   text);
     }
-    const bool stop = g_interrupted || (options.stop_after > 0 && step >= options.stop_after) ||
+    const bool stop = asked_to_stop || (options.stop_after > 0 && step >= options.stop_after) ||
                       step == profile_to;
     clock();
     if (evaluate_now || stop) save_all(run, state);

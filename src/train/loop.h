@@ -2,7 +2,9 @@
 // a metrics.csv row every log_every steps, evaluation and a checkpoint at the end of every
 // eval_every-th epoch, and a clean stop (checkpoint saved) on SIGINT/SIGTERM or --stop-after. The
 // epoch's order depends on (seed, epoch) and a step's randomness on (seed, step) only, so a resumed
-// run continues bit for bit. Internal to the trainer.
+// run continues bit for bit. In a data-parallel run (distributed/data_parallel.h) every rank runs
+// this loop on its shard of each global batch; the ranks agree on each step's loss and on
+// stopping, and only rank 0 writes. Internal to the trainer.
 #pragma once
 
 #include <torch/optim/adamw.h>
@@ -10,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "distributed/data_parallel.h"
 #include "ema.h"
 #include "log.h"
 #include "posenc/train/task.h"
@@ -40,6 +43,8 @@ struct Run {
   std::unique_ptr<Task> task;
   std::unique_ptr<torch::optim::AdamW> optimizer;
   std::unique_ptr<WeightAverage> ema;  ///< with train.ema_decay > 0
+  std::shared_ptr<DataParallel> ranks;  ///< this process's place in the run (world 1: alone)
+  int64_t rank_batch = 0;               ///< examples per step on this rank: batch_size / world
 };
 
 /// Where the loop stands: restored from a checkpoint on resume, advanced by train_loop.

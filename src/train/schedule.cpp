@@ -26,6 +26,10 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
   s.fused_optimizer = r.boolean("fused_optimizer", s.fused_optimizer);
   s.ema_decay = r.number("ema_decay", s.ema_decay);
+  s.rank_timeout_s = r.number("rank_timeout_s", s.rank_timeout_s);
+  s.gradient_sync = r.string("gradient_sync", s.gradient_sync);
+  s.bucket_mb = r.number("bucket_mb", s.bucket_mb);
+  s.find_unused_parameters = r.boolean("find_unused_parameters", s.find_unused_parameters);
   r.finish();
   TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
               "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,
@@ -35,6 +39,14 @@ TrainSettings read_settings(const nlohmann::json& config) {
   TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&
                   s.max_steps >= 0 && s.weight_decay >= 0 && s.clip_grad_norm >= 0,
               "train: lr must be > 0, min_lr_ratio in [0, 1], the others >= 0");
+  TORCH_CHECK(s.rank_timeout_s >= 1 && s.rank_timeout_s <= kMaxRankTimeoutS,
+              "train: rank_timeout_s must be in [1, ", kMaxRankTimeoutS, "] seconds, got ",
+              s.rank_timeout_s);
+  TORCH_CHECK(s.bucket_mb > 0 && s.bucket_mb <= kMaxBucketMb, "train: bucket_mb must be in (0, ",
+              kMaxBucketMb, "], got ", s.bucket_mb);
+  TORCH_CHECK(s.gradient_sync == "overlap" || s.gradient_sync == "after_backward",
+              "train: gradient_sync must be 'overlap' or 'after_backward', got '", s.gradient_sync,
+              "'");
   TORCH_CHECK(s.ema_decay >= 0 && s.ema_decay < 1,
               "train: ema_decay must be in [0, 1) (0: off), got ", s.ema_decay);
   return s;

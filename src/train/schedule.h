@@ -9,6 +9,7 @@
 #include <torch/optim/adamw.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 namespace posenc::train {
@@ -21,7 +22,15 @@ struct TrainSettings {
   double lr = 1e-3, min_lr_ratio = 0.0, weight_decay = 0.05, clip_grad_norm = 1.0;
   double ema_decay = 0;         ///< weight average (ema.h); 0: off
   bool fused_optimizer = true;  ///< FusedAdamW + clip_grad_norm_fused (false: LibTorch's own)
+  // Data-parallel runs (distributed/data_parallel.h); ignored by one process.
+  double rank_timeout_s = 300;              ///< rendezvous and every collective; a lost rank
+  std::string gradient_sync = "overlap";    ///< "overlap" (c10d Reducer) or "after_backward"
+  double bucket_mb = 25;                    ///< gradient bucket size (DDP's default)
+  bool find_unused_parameters = false;      ///< reduce parameters a step did not use (DDP's flag)
 };
+
+inline constexpr double kMaxRankTimeoutS = 86400;  // train.rank_timeout_s: at most a day
+inline constexpr double kMaxBucketMb = 1024;       // train.bucket_mb
 
 /// The `train` section, checked (unknown keys and out-of-range values are errors).
 TrainSettings read_settings(const nlohmann::json& config);

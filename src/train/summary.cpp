@@ -52,6 +52,10 @@ void write_summary(const RunResult& result, const nlohmann::json& config) {
                             {"metric", result.metric_name},
                             {"final", metrics_json(result.final_metrics)},
                             {"encoder", config.value("encoder", nlohmann::json(nullptr))}};
+  if (result.world_size > 1) {
+    summary["ranks"] = {{"world_size", result.world_size},
+                        {"weight_checksums", result.rank_checksums}};
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (const auto& row : result.generalization) {
     rows.push_back(

@@ -14,6 +14,7 @@
 
 #include "loop.h"
 #include "posenc/config/config_reader.h"
+#include "posenc/core/errors.h"
 #include "posenc/core/encoder.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
@@ -41,11 +42,19 @@ uint64_t read_identity(const nlohmann::json& config, const RunOptions& options, 
   return static_cast<uint64_t>(seed);
 }
 
-// Everything a run holds before its first step; the folder is locked for the run's life.
-Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult& result) {
+// Everything a run holds before its first step; the folder is locked for the run's life (by rank
+// 0 alone in a data-parallel run: the other ranks write nothing).
+Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult& result,
+             std::shared_ptr<DataParallel> ranks) {
   Run run;
+  run.ranks = std::move(ranks);
   run.seed = read_identity(config, options, result);
   run.settings = read_settings(config);
+  const int world = run.ranks->world_size();
+  TORCH_CHECK(run.settings.batch_size % world == 0, "train: batch_size (",
+              run.settings.batch_size, ") must be a multiple of the number of ranks (", world,
+              "): each rank takes batch_size / ranks examples of every batch");
+  run.rank_batch = run.settings.batch_size / world;
   if (run.settings.threads > 0) {
     at::set_num_threads(static_cast<int>(run.settings.threads));
   } else {
@@ -54,8 +63,10 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   check_run_name(result.name, "config");
   run.name = result.name;
   run.output = result.output;
-  fs::create_directories(run.output);
-  run.lock = std::make_unique<RunFolderLock>(run.output);
+  if (run.ranks->lead()) {
+    fs::create_directories(run.output);
+    run.lock = std::make_unique<RunFolderLock>(run.output);
+  }
   run.checkpoint = run.output + "/checkpoint.pt";
   run.csv = run.output + "/metrics.csv";
   run.config_text = config.dump();
@@ -72,6 +83,12 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   if (run.settings.ema_decay > 0)
     run.ema = std::make_unique<WeightAverage>(*model, run.settings.ema_decay);
   run.counts = step_counts(run.settings, run.task->train_size());
+  if (run.ranks->active()) {
+    auto* group = run.ranks.get();
+    run.task->set_eval_ranks({run.ranks->rank(), world, [group](std::vector<double> sums) {
+                                return group->sum(std::move(sums), "evaluation");
+                              }});
+  }
   return run;
 }
 
@@ -89,10 +106,66 @@ LoopState resume(Run& run, const RunOptions& options) {
                 "' holds no weight average but train.ema_decay is set; start afresh");
     run.ema->load(resumed.ema, run.checkpoint);
   }
-  if (fs::exists(run.csv)) state.log.read_csv(run.csv, state.step);
-  std::cerr << run.name << ": resuming at step " << state.step << " of " << run.counts.total
-            << "\n";
+  if (run.ranks->lead() && fs::exists(run.csv)) state.log.read_csv(run.csv, state.step);
+  if (run.ranks->lead())
+    std::cerr << run.name << ": resuming at step " << state.step << " of " << run.counts.total
+              << "\n";
   return state;
+}
+
+// A data-parallel run starts every rank from rank 0's weights, at the same step; then the
+// gradients of every backward are averaged across the ranks.
+void join_ranks(Run& run, const LoopState& state) {
+  auto& ranks = *run.ranks;
+  if (!ranks.active()) return;
+  const auto steps = ranks.gather(state.step, "agreeing on the step to start from");
+  for (size_t r = 0; r < steps.size(); ++r) {
+    if (steps[r] == steps[0]) continue;
+    throw EnvironmentError(run.name + ": rank " + std::to_string(r) + " starts at step " +
+                           std::to_string(steps[r]) + " but rank 0 at step " +
+                           std::to_string(steps[0]) + "; every rank resumes from '" +
+                           run.checkpoint + "', which must be in a folder they all read");
+  }
+  auto& model = *run.task->model();
+  ranks.broadcast_module(model);
+  const auto& s = run.settings;
+  ranks.sync_gradients(model, gradient_sync_from_string(s.gradient_sync),
+                       static_cast<int64_t>(s.bucket_mb * 1024 * 1024), s.find_unused_parameters);
+}
+
+RunResult train_run(const nlohmann::json& config, RunOptions options,
+                    std::shared_ptr<DataParallel> ranks) {
+  RunResult result;
+  const bool lead = ranks->lead();
+  if (!lead) options.quiet = true;  // one progress bar: rank 0's
+  Run run = open_run(config, options, result, ranks);
+  LoopState state = resume(run, options);
+  join_ranks(run, state);
+  const bool finished = train_loop(run, state, options);
+  result.steps = state.step;
+  result.seconds = state.elapsed;
+  result.world_size = ranks->world_size();
+  if (!finished) {
+    if (lead)
+      std::cerr << run.name << ": stopped at step " << state.step << " of " << run.counts.total
+                << "; checkpoint saved to " << run.checkpoint << " (continue with --resume)\n";
+    return result;
+  }
+  {
+    WeightAverage::Swap averaged(run.ema.get());  // with train.ema_decay: the average's results
+    result.final_metrics = evaluate(*run.task);
+    result.generalization = generalization(*run.task);
+    if (ranks->active())
+      result.rank_checksums =
+          ranks->gather(module_checksum(*run.task->model()), "comparing the final weights");
+    if (lead) save_weights(run.output + "/weights.pt", *run.task->model());
+  }
+  result.finished = true;
+  if (lead) {
+    write_summary(result, config);
+    print_result(result);
+  }
+  return result;
 }
 
 }  // namespace
@@ -100,27 +173,18 @@ LoopState resume(Run& run, const RunOptions& options) {
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
   nlohmann::json config = run_config;
   for (const auto& assignment : options.overrides) apply_override(config, assignment);
-  RunResult result;
-  Run run = open_run(config, options, result);
-  LoopState state = resume(run, options);
-  const bool finished = train_loop(run, state, options);
-  result.steps = state.step;
-  result.seconds = state.elapsed;
-  if (!finished) {
-    std::cerr << run.name << ": stopped at step " << state.step << " of " << run.counts.total
-              << "; checkpoint saved to " << run.checkpoint << " (continue with --resume)\n";
-    return result;
-  }
+  std::shared_ptr<DataParallel> ranks;
   {
-    WeightAverage::Swap averaged(run.ema.get());  // with train.ema_decay: the average's results
-    result.final_metrics = evaluate(*run.task);
-    result.generalization = generalization(*run.task);
-    save_weights(run.output + "/weights.pt", *run.task->model());
+    const auto timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(read_settings(config).rank_timeout_s * 1000));
+    ranks = std::make_shared<DataParallel>(options.distributed, timeout);
   }
-  result.finished = true;
-  write_summary(result, config);
-  print_result(result);
-  return result;
+  try {
+    return train_run(config, options, ranks);
+  } catch (const std::exception& e) {  // the other ranks quote it instead of "lost rank"
+    ranks->report_failure(e.what());
+    throw;
+  }
 }
 
 }  // namespace posenc::train

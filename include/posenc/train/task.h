@@ -17,6 +17,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -36,6 +37,20 @@ struct GeneralizationRow {
   Metrics metrics;
 };
 
+/// Evaluation split over the ranks of a data-parallel run: each rank evaluates every
+/// world_size-th batch and the sums are added up across ranks before they are divided. The
+/// trainer sets it (set_eval_ranks); by default one process evaluates everything.
+struct EvalRanks {
+  int rank = 0, world_size = 1;
+  /// Element-wise sums over the ranks (the same on every rank); empty: one process.
+  std::function<std::vector<double>(std::vector<double>)> sum;
+  /// Whether evaluation batch number `batch` is this rank's.
+  bool mine(int64_t batch) const { return batch % world_size == rank; }
+  std::vector<double> total(std::vector<double> values) const {
+    return sum ? sum(std::move(values)) : values;
+  }
+};
+
 class Task {
  public:
   virtual ~Task() = default;
@@ -52,6 +67,11 @@ class Task {
   virtual std::vector<GeneralizationRow> generalization() { return {}; }
   /// The metric that summarizes a run ("accuracy", "ppl", "mae").
   virtual std::string metric_name() const = 0;
+  /// Data-parallel runs: which evaluation batches are this rank's, and how sums are combined.
+  void set_eval_ranks(EvalRanks ranks) { ranks_ = std::move(ranks); }
+
+ protected:
+  EvalRanks ranks_;
 };
 
 /// Builds the task of a run config (sections task, model, encoder; the data is loaded here).

@@ -28,6 +28,25 @@
 
 namespace posenc::train {
 
+/// Where this process sits in a data-parallel run (src/train/distributed/): one process when
+/// world_size is 1. Filled from torchrun's variables by distributed_from_environment, or by
+/// `posenc train --nproc N` for its children.
+struct DistributedOptions {
+  int rank = 0, world_size = 1;              ///< RANK, WORLD_SIZE
+  int local_rank = 0, local_world_size = 1;  ///< LOCAL_RANK, LOCAL_WORLD_SIZE
+  std::string master_addr;                   ///< MASTER_ADDR: the TCPStore's host
+  int master_port = 0;                       ///< MASTER_PORT
+  /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts the store; every rank, rank 0
+  /// too, is a client under /worker/attempt_<restart_count>.
+  bool agent_store = false;
+  int restart_count = 0;   ///< TORCHELASTIC_RESTART_COUNT
+  std::string store_file;  ///< POSENC_STORE_FILE: a FileStore instead (`--nproc` uses one)
+};
+
+/// The variables torchrun (or a SLURM script) sets, checked: a malformed or missing one is an
+/// error naming it and its value. No RANK and no WORLD_SIZE: one process.
+DistributedOptions distributed_from_environment();
+
 struct RunOptions {
   std::string output;      ///< overrides the config's output folder ("" keeps it)
   bool resume = false;     ///< continue from output/checkpoint.pt if it exists
@@ -39,6 +58,7 @@ struct RunOptions {
   /// "key.path=value" assignments applied to the run config (after a run's own encoder and
   /// overrides), e.g. "train.epochs=1".
   std::vector<std::string> overrides;
+  DistributedOptions distributed;  ///< world_size > 1: this process is one rank of a run
 };
 
 struct RunResult {
@@ -51,6 +71,8 @@ struct RunResult {
   std::string metric_name;
   Metrics final_metrics;
   std::vector<GeneralizationRow> generalization;
+  int world_size = 1;                  ///< ranks that trained it (data-parallel runs)
+  std::vector<int64_t> rank_checksums;  ///< each rank's final weights, hashed (all equal)
 };
 
 /// Trains the run `config` describes (a plain run config; see above).

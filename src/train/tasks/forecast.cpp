@@ -96,7 +96,8 @@ class ForecastTask : public Task {
     double squared = 0, absolute = 0, persistence = 0;
     const int64_t count = eval_starts_.size(0);
     const double scale = stats_.std[0].item<double>();
-    for (int64_t begin = 0; begin < count; begin += eval_batch_) {
+    for (int64_t begin = 0, batch = 0; begin < count; begin += eval_batch_, ++batch) {
+      if (!ranks_.mine(batch)) continue;
       auto starts = eval_starts_.narrow(0, begin, std::min(eval_batch_, count - begin));
       auto [prediction, target] = predict(starts);
       auto last = window_values(starts).select(1, context_ - 1).unsqueeze(1);  // [b, 1, 1]
@@ -104,6 +105,10 @@ class ForecastTask : public Task {
       absolute += (prediction - target).abs().sum().item<double>();
       persistence += (last - target).abs().sum().item<double>();
     }
+    const auto sums = ranks_.total({squared, absolute, persistence});
+    squared = sums[0];
+    absolute = sums[1];
+    persistence = sums[2];
     const double values = static_cast<double>(count * horizon_);
     return {{"loss", squared / values},
             {"mae", absolute / values * scale},

@@ -143,7 +143,8 @@ class ImageClassification : public Task {
   Metrics evaluate_at(double scale) {
     const int64_t n = test_.images.size(0);
     double loss = 0, correct = 0;
-    for (int64_t begin = 0; begin < n; begin += eval_batch_) {
+    for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
+      if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(eval_batch_, n - begin);
       auto patches =
           vision::patchify(prepare(test_.images.narrow(0, begin, size), scale, false), patch_);
@@ -152,6 +153,9 @@ class ImageClassification : public Task {
       loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
       correct += logits.argmax(-1).eq(labels).sum().item<double>();
     }
+    const auto sums = ranks_.total({loss, correct});
+    loss = sums[0];
+    correct = sums[1];
     return {{"loss", loss / static_cast<double>(n)},
             {"accuracy", correct / static_cast<double>(n)}};
   }

@@ -102,7 +102,8 @@ class LanguageModelTask : public Task {
     std::vector<int64_t> starts(static_cast<size_t>(eval_windows_));
     for (auto& s : starts) s = start(rng);
     double total = 0;
-    for (int64_t begin = 0; begin < eval_windows_; begin += eval_batch_) {
+    for (int64_t begin = 0, batch = 0; begin < eval_windows_; begin += eval_batch_, ++batch) {
+      if (!ranks_.mine(batch)) continue;
       const int64_t count = std::min(eval_batch_, eval_windows_ - begin);
       auto first = torch::tensor(
                        std::vector<int64_t>(starts.begin() + begin, starts.begin() + begin + count))
@@ -115,6 +116,7 @@ class LanguageModelTask : public Task {
                                     {}, at::Reduction::Sum)
               .item<double>();
     }
+    total = ranks_.total({total})[0];
     const double loss = total / static_cast<double>(eval_windows_ * length);
     return {{"loss", loss}, {"ppl", std::exp(loss)}, {"bpb", loss / std::log(2.0)}};
   }

@@ -109,13 +109,17 @@ class VideoClassification : public Task {
   Metrics evaluate() override {
     const int64_t n = data_.eval.tokens.size(0);
     double loss = 0, correct = 0;
-    for (int64_t begin = 0; begin < n; begin += data_.eval_batch) {
+    for (int64_t begin = 0, batch = 0; begin < n; begin += data_.eval_batch, ++batch) {
+      if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(data_.eval_batch, n - begin);
       auto logits = model_(data_.eval.tokens.narrow(0, begin, size), positions_);
       auto labels = data_.eval.direction.narrow(0, begin, size);
       loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
       correct += logits.argmax(-1).eq(labels).sum().item<double>();
     }
+    const auto sums = ranks_.total({loss, correct});
+    loss = sums[0];
+    correct = sums[1];
     return {{"loss", loss / static_cast<double>(n)},
             {"accuracy", correct / static_cast<double>(n)}};
   }
@@ -186,12 +190,19 @@ class TextVideoMatching : public Task {
     const int64_t n = data_.eval.tokens.size(0);
     const int64_t batch = std::max<int64_t>(1, data_.eval_batch / candidates_);
     double loss = 0, correct = 0;
-    for (int64_t begin = 0; begin < n; begin += batch) {
+    for (int64_t begin = 0, number = 0; begin < n; begin += batch, ++number) {
+      if (!ranks_.mine(number)) {  // another rank's batch: draw its candidates all the same
+        for (int64_t i = begin; i < std::min(n, begin + batch); ++i) candidates_of(data_.eval, i, draw);
+        continue;
+      }
       auto indices = torch::arange(begin, std::min(n, begin + batch), torch::kLong);
       auto [scores, labels] = score(data_.eval, indices, draw);
       loss += torch::cross_entropy_loss(scores, labels, {}, at::Reduction::Sum).item<double>();
       correct += scores.argmax(-1).eq(labels).sum().item<double>();
     }
+    const auto sums = ranks_.total({loss, correct});
+    loss = sums[0];
+    correct = sums[1];
     return {{"loss", loss / static_cast<double>(n)},
             {"accuracy", correct / static_cast<double>(n)}};
   }
