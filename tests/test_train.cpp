@@ -17,6 +17,7 @@
 #include "posenc/config/registry.h"
 #include "posenc/train/trainer.h"
 #include "support/fixtures.h"
+#include "support/run_files.h"
 #include "train/ema.h"  // the trainer's internal weight average (src/train)
 
 namespace posenc::train {
@@ -33,36 +34,6 @@ std::string temp_folder(const std::string& name) {
 
 nlohmann::json smoke(const std::string& name) {
   return load_config(std::string(POSENC_CONFIGS_DIR) + "/smoke/" + name + ".yaml");
-}
-
-// train_loss column of metrics.csv.
-std::vector<double> train_losses(const std::string& folder) {
-  std::ifstream in(folder + "/metrics.csv");
-  std::string line;
-  std::getline(in, line);
-  std::vector<double> losses;
-  while (std::getline(in, line)) {
-    std::stringstream cells(line);
-    std::string cell;
-    for (int i = 0; i < 4 && std::getline(cells, cell, ','); ++i) {
-    }
-    losses.push_back(std::stod(cell));  // step, epoch, lr, train_loss
-  }
-  return losses;
-}
-
-// A file written by torch.save / posenc's run files, as the dict it holds.
-c10::impl::GenericDict read_pickled_dict(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return torch::pickle_load(bytes).toGenericDict();
-}
-
-std::map<std::string, at::Tensor> read_weights(const std::string& path) {
-  std::map<std::string, at::Tensor> weights;
-  for (const auto& item : read_pickled_dict(path))
-    weights[item.key().toStringRef()] = item.value().toTensor();
-  return weights;
 }
 
 class SmokeTest : public ::testing::TestWithParam<std::string> {};

@@ -54,13 +54,15 @@ std::string ByteTokenizer::decode(const at::Tensor& tokens) const {
                      static_cast<size_t>(bytes.numel()));
 }
 
-TextWindows sample_windows(const at::Tensor& tokens, int64_t length, int64_t count) {
+TextWindows sample_windows(const at::Tensor& tokens, int64_t length, int64_t count,
+                           std::optional<at::Generator> generator) {
   TORCH_CHECK(tokens.dim() == 1, "text: tokens must be [N], got ", tokens.sizes());
   TORCH_CHECK(length > 0 && count > 0, "text: length and count must be positive, got ", length,
               " and ", count);
   TORCH_CHECK(tokens.size(0) > length, "text: ", tokens.size(0), " tokens cannot hold a window of ",
               length, " plus its next-token target");
-  auto starts = torch::randint(0, tokens.size(0) - length, {count, 1}, torch::kLong);
+  auto starts = torch::randint(0, tokens.size(0) - length, {count, 1}, generator,
+                               torch::TensorOptions(torch::kLong));
   auto index = starts + torch::arange(length + 1, torch::kLong);  // [count, length + 1]
   auto windows = tokens.index_select(0, index.flatten()).view({count, length + 1});
   return {windows.narrow(1, 0, length).contiguous(), windows.narrow(1, 1, length).contiguous(),

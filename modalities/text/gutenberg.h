@@ -8,8 +8,10 @@
 // "End of the Project Gutenberg" (the license and the producer's footer).
 #pragma once
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 
 #include "posenc/core/positions.h"
@@ -34,7 +36,8 @@ struct TextWindows {
   Positions positions;  ///< Positions::sequence(length)
 };
 /// `count` windows of `length` tokens at random offsets (torch's generator, so seeded by
-/// torch::manual_seed), each with its next-token targets.
-TextWindows sample_windows(const at::Tensor& tokens, int64_t length, int64_t count);
+/// torch::manual_seed, or `generator`), each with its next-token targets.
+TextWindows sample_windows(const at::Tensor& tokens, int64_t length, int64_t count,
+                           std::optional<at::Generator> generator = std::nullopt);
 
 }  // namespace posenc::text

@@ -69,7 +69,8 @@ std::vector<std::string> rank_arguments(const TrainArgs& args, int rank, int64_t
   if (threads > 0) words.insert(words.end(), {"--set", "train.threads=" + std::to_string(threads)});
   for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
   if (args.resume) words.push_back("--resume");
-  if (args.stop_after > 0) words.insert(words.end(), {"--stop-after", std::to_string(args.stop_after)});
+  if (args.stop_after > 0)
+    words.insert(words.end(), {"--stop-after", std::to_string(args.stop_after)});
   if (args.profile_steps > 0)
     words.insert(words.end(), {"--profile", std::to_string(args.profile_steps)});
   if (args.quiet || rank > 0) words.push_back("--quiet");
@@ -106,10 +107,13 @@ int launch_ranks(const TrainArgs& args) {
                            std::filesystem::temp_directory_path().string() +
                            "': " + std::strerror(errno));
   const std::string store_file = folder + "/store";
-  std::cerr << "train: " << world << " ranks, " << (threads ? std::to_string(threads) : "given")
-            << " thread(s) each" << std::endl;
+  std::cerr << "train: " << world << " ranks, "
+            << (threads ? std::to_string(threads) + " thread(s) each (cores / ranks)"
+                        : std::string("threads as --set gives them"))
+            << std::endl;
 
-  struct sigaction pass {}, previous_int{}, previous_term{};
+  struct sigaction pass {
+  }, previous_int{}, previous_term{};
   pass.sa_handler = pass_signal_on;
   sigemptyset(&pass.sa_mask);
   sigaction(SIGINT, &pass, &previous_int);

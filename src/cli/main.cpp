@@ -7,8 +7,10 @@
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli.h"
@@ -75,6 +77,9 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
 
 int main(int argc, char** argv) {
   posenc::use_all_cores();
+  // c10d logs its socket errors (with stack traces) before it throws them; the exception becomes
+  // our one line, so its log is only wanted when asked for (TORCH_CPP_LOG_LEVEL=INFO/WARNING).
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // FATAL only
   LineWarnings warnings;
   c10::WarningUtils::WarningHandlerGuard warning_guard(&warnings);
   CLI::App app{"posenc: positional encodings for transformers"};

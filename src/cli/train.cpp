@@ -50,8 +50,11 @@ nlohmann::json load_run_config(const std::string& path) {
 }  // namespace
 
 int run_train(const TrainArgs& args) {
-  if (args.nproc > 1) return launch_ranks(args);
   auto config = train::select_run(load_run_config(args.config), args.run);
+  if (args.nproc > 1) {  // a config error is one line here, not one per rank
+    train::check_run_config(config, args.overrides, static_cast<int>(args.nproc));
+    return launch_ranks(args);
+  }
   auto options = run_options(args);
   options.distributed = train::distributed_from_environment();  // torchrun's, or --nproc's
   auto result = train::run_training(config, options);

@@ -183,8 +183,10 @@ std::string comparable_config(const std::string& text) {
     return text;
   }
   if (config.is_object() && config.contains("train") && config["train"].is_object()) {
-    config["train"].erase("threads");
-    config["train"].erase("log_every");
+    // how a run is executed, not what it computes: a resume may change them
+    for (const char* key : {"threads", "log_every", "rank_timeout_s", "gradient_sync", "bucket_mb",
+                            "find_unused_parameters"})
+      config["train"].erase(key);
   }
   return normalized(config).dump();
 }

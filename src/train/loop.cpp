@@ -53,8 +53,8 @@ class InterruptScope {
 // One optimizer step at learning rate lr on this rank's part `indices` of the batch; returns the
 // batch's loss (the mean over the ranks; a non-finite loss is an error naming the run and the
 // step). `stop` receives whether any rank has been asked to stop (so all stop after this step).
-double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* metric,
-                      int64_t step, bool* stop) {
+double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* metric, int64_t step,
+                      bool* stop) {
   for (auto& group : run.optimizer->param_groups())
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   auto& ranks = *run.ranks;
@@ -63,8 +63,8 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
   double value = loss.item<double>();
   *stop = g_interrupted;
   if (ranks.active()) {  // equal shards: the batch's mean is the mean of the ranks' means
-    const auto sums = ranks.sum({value, *metric, *stop ? 1.0 : 0.0},
-                                "step " + std::to_string(step) + "'s loss");
+    const auto sums =
+        ranks.sum({value, *metric, *stop ? 1.0 : 0.0}, "step " + std::to_string(step) + "'s loss");
     value = sums[0] / ranks.world_size();
     *metric = sums[1] / ranks.world_size();
     *stop = sums[2] > 0;
@@ -108,8 +108,8 @@ void check_ranks_agree(Run& run, int64_t step) {
     WeightAverage::Swap averaged(run.ema.get());
     sum = sum * 31 + module_checksum(*run.task->model());
   }
-  const auto sums = run.ranks->gather(sum, "comparing the ranks' weights at step " +
-                                               std::to_string(step));
+  const auto sums =
+      run.ranks->gather(sum, "comparing the ranks' weights at step " + std::to_string(step));
   for (size_t r = 1; r < sums.size(); ++r) {
     TORCH_CHECK(sums[r] == sums[0], run.name, ": at step ", step, " rank ", r,
                 "'s weights differ from rank 0's (checksums ", sums[r], " vs ", sums[0],
@@ -197,13 +197,15 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
     }
     // a step's randomness: (seed, step), and the rank in a data-parallel run (each rank draws its
     // own crops and dropout masks; rank 0 draws what one process would)
-    torch::manual_seed(run.seed * 7919 + 1000000007ULL + static_cast<uint64_t>(state.step) +
+    const uint64_t step_seed = run.seed * 7919 + 1000000007ULL + static_cast<uint64_t>(state.step);
+    torch::manual_seed(step_seed +
                        static_cast<uint64_t>(run.ranks->rank()) * 0x9E3779B97F4A7C15ULL);
+    run.task->set_step_seed(step_seed);
     const double lr = learning_rate(s, state.step, total);
     double metric = std::numeric_limits<double>::quiet_NaN();
     // this rank's slice of the global batch (ranks in order: together the one-process batch)
-    auto indices = order.narrow(
-        0, in_epoch * s.batch_size + run.ranks->rank() * run.rank_batch, run.rank_batch);
+    auto indices = order.narrow(0, in_epoch * s.batch_size + run.ranks->rank() * run.rank_batch,
+                                run.rank_batch);
     bool asked_to_stop = false;
     w.loss_sum += optimizer_step(run, indices, lr, &metric, state.step, &asked_to_stop);
     if (run.ema) run.ema->update(state.step + 1);

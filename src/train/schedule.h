@@ -23,10 +23,10 @@ struct TrainSettings {
   double ema_decay = 0;         ///< weight average (ema.h); 0: off
   bool fused_optimizer = true;  ///< FusedAdamW + clip_grad_norm_fused (false: LibTorch's own)
   // Data-parallel runs (distributed/data_parallel.h); ignored by one process.
-  double rank_timeout_s = 300;              ///< rendezvous and every collective; a lost rank
-  std::string gradient_sync = "overlap";    ///< "overlap" (c10d Reducer) or "after_backward"
-  double bucket_mb = 25;                    ///< gradient bucket size (DDP's default)
-  bool find_unused_parameters = false;      ///< reduce parameters a step did not use (DDP's flag)
+  double rank_timeout_s = 300;            ///< rendezvous and every collective; a lost rank
+  std::string gradient_sync = "overlap";  ///< "overlap" (c10d Reducer) or "after_backward"
+  double bucket_mb = 25;                  ///< gradient bucket size (DDP's default)
+  bool find_unused_parameters = false;    ///< reduce parameters a step did not use (DDP's flag)
 };
 
 inline constexpr double kMaxRankTimeoutS = 86400;  // train.rank_timeout_s: at most a day

@@ -14,8 +14,8 @@
 
 #include "loop.h"
 #include "posenc/config/config_reader.h"
-#include "posenc/core/errors.h"
 #include "posenc/core/encoder.h"
+#include "posenc/core/errors.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
 #include "summary.h"
@@ -42,6 +42,12 @@ uint64_t read_identity(const nlohmann::json& config, const RunOptions& options, 
   return static_cast<uint64_t>(seed);
 }
 
+void check_batch_split(const TrainSettings& settings, int world) {
+  TORCH_CHECK(settings.batch_size % world == 0, "train: batch_size (", settings.batch_size,
+              ") must be a multiple of the number of ranks (", world,
+              "): each rank takes batch_size / ranks examples of every batch");
+}
+
 // Everything a run holds before its first step; the folder is locked for the run's life (by rank
 // 0 alone in a data-parallel run: the other ranks write nothing).
 Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult& result,
@@ -51,9 +57,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   run.seed = read_identity(config, options, result);
   run.settings = read_settings(config);
   const int world = run.ranks->world_size();
-  TORCH_CHECK(run.settings.batch_size % world == 0, "train: batch_size (",
-              run.settings.batch_size, ") must be a multiple of the number of ranks (", world,
-              "): each rank takes batch_size / ranks examples of every batch");
+  check_batch_split(run.settings, world);
   run.rank_batch = run.settings.batch_size / world;
   if (run.settings.threads > 0) {
     at::set_num_threads(static_cast<int>(run.settings.threads));
@@ -85,9 +89,9 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   run.counts = step_counts(run.settings, run.task->train_size());
   if (run.ranks->active()) {
     auto* group = run.ranks.get();
-    run.task->set_eval_ranks({run.ranks->rank(), world, [group](std::vector<double> sums) {
-                                return group->sum(std::move(sums), "evaluation");
-                              }});
+    run.task->set_ranks({run.ranks->rank(), world, [group](std::vector<double> sums) {
+                           return group->sum(std::move(sums), "evaluation");
+                         }});
   }
   return run;
 }
@@ -169,6 +173,13 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
 }
 
 }  // namespace
+
+void check_run_config(const nlohmann::json& run_config, const std::vector<std::string>& overrides,
+                      int world_size) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : overrides) apply_override(config, assignment);
+  check_batch_split(read_settings(config), world_size);
+}
 
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
   nlohmann::json config = run_config;

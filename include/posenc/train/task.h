@@ -37,10 +37,13 @@ struct GeneralizationRow {
   Metrics metrics;
 };
 
-/// Evaluation split over the ranks of a data-parallel run: each rank evaluates every
-/// world_size-th batch and the sums are added up across ranks before they are divided. The
-/// trainer sets it (set_eval_ranks); by default one process evaluates everything.
-struct EvalRanks {
+/// The ranks of a data-parallel run as a task sees them. Evaluation: each rank evaluates every
+/// world_size-th batch and the sums are added up across ranks before they are divided.
+/// Training: train_loss gets this rank's slice of the global batch; a task whose data is drawn
+/// per batch (the LM's windows) draws the whole batch from step_seed and takes its slice, so the
+/// ranks together see what one process would. The trainer sets it (set_ranks); by default one
+/// process does everything.
+struct TaskRanks {
   int rank = 0, world_size = 1;
   /// Element-wise sums over the ranks (the same on every rank); empty: one process.
   std::function<std::vector<double>(std::vector<double>)> sum;
@@ -67,11 +70,15 @@ class Task {
   virtual std::vector<GeneralizationRow> generalization() { return {}; }
   /// The metric that summarizes a run ("accuracy", "ppl", "mae").
   virtual std::string metric_name() const = 0;
-  /// Data-parallel runs: which evaluation batches are this rank's, and how sums are combined.
-  void set_eval_ranks(EvalRanks ranks) { ranks_ = std::move(ranks); }
+  /// Data-parallel runs: this rank, the evaluation batches that are its, how sums combine.
+  void set_ranks(TaskRanks ranks) { ranks_ = std::move(ranks); }
+  /// Before every train_loss: the seed of this step's global batch, the same on every rank (the
+  /// trainer has seeded torch's generator with it, plus the rank in a data-parallel run).
+  void set_step_seed(uint64_t seed) { step_seed_ = seed; }
 
  protected:
-  EvalRanks ranks_;
+  TaskRanks ranks_;
+  uint64_t step_seed_ = 0;
 };
 
 /// Builds the task of a run config (sections task, model, encoder; the data is loaded here).

@@ -71,10 +71,14 @@ struct RunResult {
   std::string metric_name;
   Metrics final_metrics;
   std::vector<GeneralizationRow> generalization;
-  int world_size = 1;                  ///< ranks that trained it (data-parallel runs)
+  int world_size = 1;                   ///< ranks that trained it (data-parallel runs)
   std::vector<int64_t> rank_checksums;  ///< each rank's final weights, hashed (all equal)
 };
 
+/// Checks what can be checked of a run config without loading data, for a run of `world_size`
+/// ranks (the train section; a batch the ranks do not divide); an error names the key.
+void check_run_config(const nlohmann::json& config, const std::vector<std::string>& overrides,
+                      int world_size);
 /// Trains the run `config` describes (a plain run config; see above).
 RunResult run_training(const nlohmann::json& config, const RunOptions& options);
 /// Trains one model per entry of config.runs; writes results.md, results.csv and results.png

@@ -115,13 +115,13 @@ int64_t module_checksum(torch::nn::Module& module) {
 bool distributed_available() { return true; }
 
 struct DataParallel::Impl {
-  std::string store_name;                   // "the store at host:port" (for errors)
-  bool store_on_rank0 = false;              // rank 0 hosts the TCPStore
-  c10::intrusive_ptr<c10d::Store> words;    // the ranks' word after a failure
+  std::string store_name;                 // "the store at host:port" (for errors)
+  bool store_on_rank0 = false;            // rank 0 hosts the TCPStore
+  c10::intrusive_ptr<c10d::Store> words;  // the ranks' word after a failure
   c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::shared_ptr<c10d::Reducer> reducer;   // kOverlap
+  std::shared_ptr<c10d::Reducer> reducer;  // kOverlap
   GradientSync mode = GradientSync::kOverlap;
-  std::vector<at::Tensor> params;           // kAfterBackward
+  std::vector<at::Tensor> params;  // kAfterBackward
   double exposed_seconds = 0;
   int64_t bytes = 0;
 };
@@ -156,8 +156,10 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(options.master_port);
     store_options.isServer = !options.agent_store && options.rank == 0;
-    if (store_options.isServer) store_options.numWorkers = options.world_size;
-    store_options.waitWorkers = store_options.isServer;
+    // as torch.distributed's env:// rendezvous: every rank counts itself in and waits for the
+    // others (the agent's store: the agent has gathered the workers already)
+    if (!options.agent_store) store_options.numWorkers = options.world_size;
+    store_options.waitWorkers = !options.agent_store;
     store_options.timeout = timeout;
     impl_->store_on_rank0 = store_options.isServer || !options.agent_store;
     impl_->store_name = "the store at " + options.master_addr + ":" +
@@ -166,9 +168,8 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
     try {
       base = c10::make_intrusive<c10d::TCPStore>(options.master_addr, store_options);
     } catch (const std::exception& e) {
-      throw EnvironmentError(me + ": cannot " +
-                             (store_options.isServer ? "host " : "reach ") + impl_->store_name +
-                             " (MASTER_ADDR, MASTER_PORT) within " +
+      throw EnvironmentError(me + ": cannot " + (store_options.isServer ? "host " : "reach ") +
+                             impl_->store_name + " (MASTER_ADDR, MASTER_PORT) within " +
                              std::to_string(timeout.count() / 1000) +
                              " s: " + first_line(e.what()));
     }
@@ -185,14 +186,12 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
                                                                options.world_size, gloo_options);
     impl_->group =
         c10::make_intrusive<c10d::ProcessGroup>(gloo_store, options.rank, options.world_size);
-    impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO,
-                             backend);
+    impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
     impl_->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   } catch (const std::exception& e) {
     throw EnvironmentError(me + ": the " + std::to_string(options.world_size) +
-                           " ranks did not all connect through " + impl_->store_name +
-                           " within " + std::to_string(timeout.count() / 1000) +
-                           " s: " + first_line(e.what()));
+                           " ranks did not all connect through " + impl_->store_name + " within " +
+                           std::to_string(timeout.count() / 1000) + " s: " + first_line(e.what()));
   }
 }
 
@@ -223,8 +222,8 @@ std::string lost_ranks(c10d::Store& words, const DistributedOptions& o, bool sto
         const auto failed = "failed/" + std::to_string(r);
         if (words.check({failed})) {
           const auto message = words.get(failed);
-          return "rank " + std::to_string(r) + " failed: " +
-                 std::string(message.begin(), message.end());
+          return "rank " + std::to_string(r) +
+                 " failed: " + std::string(message.begin(), message.end());
         }
         if (!words.check({"alive/" + std::to_string(r)})) silent.push_back(r);
       }
@@ -245,14 +244,14 @@ std::string lost_ranks(c10d::Store& words, const DistributedOptions& o, bool sto
 
 }  // namespace
 
-#define POSENC_COLLECTIVE(action, ...)                                                            \
-  try {                                                                                         \
-    __VA_ARGS__;                                                                                \
-  } catch (const std::exception& e) {                                                           \
-    throw EnvironmentError("rank " + std::to_string(options_.rank) + ": " + (action) + ": " +   \
-                           lost_ranks(*impl_->words, options_, impl_->store_on_rank0,           \
-                                      impl_->store_name) +                                      \
-                           " [" + first_line(e.what()) + "]");                                  \
+#define POSENC_COLLECTIVE(action, ...)                                                         \
+  try {                                                                                        \
+    __VA_ARGS__;                                                                               \
+  } catch (const std::exception& e) {                                                          \
+    throw EnvironmentError(                                                                    \
+        "rank " + std::to_string(options_.rank) + ": " + (action) + ": " +                     \
+        lost_ranks(*impl_->words, options_, impl_->store_on_rank0, impl_->store_name) + " [" + \
+        first_line(e.what()) + "]");                                                           \
   }
 
 void DataParallel::broadcast_module(torch::nn::Module& module) {
@@ -265,8 +264,8 @@ void DataParallel::broadcast_module(torch::nn::Module& module) {
                     c10d::broadcast_coalesced(impl_->group, tensors, 16 * 1024 * 1024, 0));
 }
 
-void DataParallel::sync_gradients(torch::nn::Module& model, GradientSync mode,
-                                  int64_t bucket_bytes, bool find_unused) {
+void DataParallel::sync_gradients(torch::nn::Module& model, GradientSync mode, int64_t bucket_bytes,
+                                  bool find_unused) {
   if (!active()) return;
   impl_->mode = mode;
   std::vector<at::Tensor> params;

@@ -11,6 +11,7 @@
 // Keys (task): files (["${data}/gutenberg/..."]), eval_fraction (0.1), context (128),
 //              windows_per_epoch (8192), eval_windows (64), eval_contexts ([context]),
 //              eval_batch (16)
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -75,7 +76,16 @@ class LanguageModelTask : public Task {
   std::string metric_name() const override { return "ppl"; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
-    auto windows = text::sample_windows(train_tokens_, context_, indices.size(0));
+    const int64_t count = indices.size(0);
+    text::TextWindows windows;
+    if (ranks_.world_size == 1) {
+      windows = text::sample_windows(train_tokens_, context_, count);
+    } else {  // the global batch's windows, as one process draws them; this rank's slice
+      auto all = text::sample_windows(train_tokens_, context_, count * ranks_.world_size,
+                                      at::detail::createCPUGenerator(step_seed_));
+      windows = {all.inputs.narrow(0, ranks_.rank * count, count),
+                 all.targets.narrow(0, ranks_.rank * count, count), all.positions};
+    }
     auto logits = model_(windows.inputs, windows.positions);
     *metric = std::numeric_limits<double>::quiet_NaN();
     return torch::cross_entropy_loss(logits.flatten(0, 1), windows.targets.flatten());

@@ -192,7 +192,8 @@ class TextVideoMatching : public Task {
     double loss = 0, correct = 0;
     for (int64_t begin = 0, number = 0; begin < n; begin += batch, ++number) {
       if (!ranks_.mine(number)) {  // another rank's batch: draw its candidates all the same
-        for (int64_t i = begin; i < std::min(n, begin + batch); ++i) candidates_of(data_.eval, i, draw);
+        for (int64_t i = begin; i < std::min(n, begin + batch); ++i)
+          candidates_of(data_.eval, i, draw);
         continue;
       }
       auto indices = torch::arange(begin, std::min(n, begin + batch), torch::kLong);
