@@ -63,6 +63,7 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
   double value = loss.item<double>();
   *stop = g_interrupted;
   if (ranks.active()) {  // equal shards: the batch's mean is the mean of the ranks' means
+    RECORD_USER_SCOPE("posenc::ranks");
     const auto sums =
         ranks.sum({value, *metric, *stop ? 1.0 : 0.0}, "step " + std::to_string(step) + "'s loss");
     value = sums[0] / ranks.world_size();

@@ -31,6 +31,8 @@ const char* scope_category(const std::string& name) {
   if (name == "posenc::clip") return "gradient clipping";
   if (name == "posenc::optimizer") return "optimizer step (AdamW)";
   if (name == "posenc::zero_grad") return "optimizer step (AdamW)";
+  if (name == "posenc::allreduce") return "gradient all-reduce (data-parallel, after backward)";
+  if (name == "posenc::ranks") return "ranks agreeing on the loss and on stopping";
   return nullptr;
 }
 

@@ -7,7 +7,8 @@
 //   model:   {dim, num_heads, num_layers, mlp_ratio, dropout, pooling, fused}
 //   encoder: {type: rope, ...}                     the encoder registry's config
 //   train:   {epochs, batch_size, lr, min_lr_ratio, weight_decay, warmup_steps, clip_grad_norm,
-//             max_steps, log_every, eval_every}
+//             max_steps, log_every, eval_every, threads, ema_decay, fused_optimizer,
+//             rank_timeout_s, gradient_sync, bucket_mb, find_unused_parameters}
 //   runs:    [{name, encoder, overrides}]          for compare: one model per entry, each the
 //                                                  config merged with its overrides (RFC 7396)
 // Training: AdamW (no decay on biases and norms), linear warmup then cosine decay to
@@ -18,6 +19,9 @@
 // weights.pt (a {name: tensor} dict that Python's torch.load reads), metrics.csv, curves.png,
 // summary.json (final metrics and the generalization table). Ctrl-C finishes the step, saves a
 // checkpoint and exits; `--resume` continues from it.
+// Data-parallel (RunOptions::distributed, world_size > 1): this process is one rank; each rank
+// trains on batch_size / world_size examples of every batch, gradients are averaged over the
+// ranks (c10d, Gloo), evaluation is sharded, and only rank 0 writes (src/train/distributed/).
 #pragma once
 
 #include <nlohmann/json.hpp>

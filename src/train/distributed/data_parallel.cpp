@@ -9,6 +9,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include "posenc/core/errors.h"
@@ -276,6 +277,14 @@ void DataParallel::sync_gradients(torch::nn::Module& model, GradientSync mode, i
     params.push_back(item.value());
     impl_->bytes += item.value().numel() * item.value().element_size();
   }
+  if (lead())
+    std::cerr << "data-parallel: " << world_size() << " ranks, " << params.size()
+              << " gradients of " << impl_->bytes << " bytes all-reduced per step ("
+              << (mode == GradientSync::kAfterBackward
+                      ? std::string("one flat all-reduce after backward")
+                      : "c10d Reducer, buckets of " + std::to_string(bucket_bytes >> 20) +
+                            " MiB overlapped with backward") +
+              ")\n";
   if (mode == GradientSync::kAfterBackward) {
     impl_->params = params;
     return;
