@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "loop.h"
 #include "posenc/config/config_reader.h"
@@ -61,6 +62,14 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   run.rank_batch = run.settings.batch_size / world;
   if (run.settings.threads > 0) {
     at::set_num_threads(static_cast<int>(run.settings.threads));
+  } else if (run.ranks->active()) {  // the cores shared by the ranks on this machine, unless
+    // OMP_NUM_THREADS says otherwise (torchrun sets it to 1), as a PyTorch job would run
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = omp != nullptr && std::atoi(omp) > 0
+                            ? std::atoi(omp)
+                            : std::max(1, cores / options.distributed.local_world_size);
+    at::set_num_threads(threads);
   } else {
     use_all_cores();
   }
