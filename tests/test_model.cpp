@@ -176,5 +176,127 @@ TEST(Model, BadShapesNameExpectedAndActual) {
   EXPECT_NE(message.find("4 positions are needed, but 9 were given"), std::string::npos) << message;
 }
 
+// The attention temperature (issue #12): τ by the formula on a hand-built case; every attention
+// path (SDPA, the short kernel with RoPE inside, the fused kernel with a bias or padding, the
+// materialized reference) gives the same output; incremental decoding with a cache equals the
+// full pass (the cached keys count in n_i); below the training length logn changes nothing.
+struct TemperatureCase {
+  std::string encoder;
+  AttentionTemperature temperature;
+  bool causal, padding;
+  int64_t n;
+};
+
+class TemperatureTest : public ::testing::TestWithParam<TemperatureCase> {};
+
+TEST_P(TemperatureTest, EveryPathAgreesWithTheMaterializedReference) {
+  const auto& c = GetParam();
+  torch::manual_seed(3);
+  auto encoder = encoder_of(c.encoder, 32, 4);
+  auto options = AttentionOptions(32, 4).causal(c.causal).temperature(c.temperature).logn_length(4);
+  SelfAttention fused(options, encoder), reference(AttentionOptions(options).fused(false), encoder);
+  torch::NoGradGuard no_grad;
+  if (fused->temperature.defined()) fused->temperature.uniform_(-0.5, 0.5);  // τ away from 1
+  auto copy_into = [](SelfAttention& from, SelfAttention& to) {
+    auto source = from->named_parameters();
+    for (auto& item : to->named_parameters()) item.value().copy_(source[item.key()]);
+  };
+  copy_into(fused, reference);
+  auto x = torch::randn({2, c.n, 32});
+  at::Tensor padding;
+  if (c.padding) {
+    padding = torch::ones({2, c.n}, torch::kBool);
+    padding[1].narrow(0, c.n - 2, 2).fill_(false);
+  }
+  auto positions = Positions::sequence(c.n);
+  auto a = fused(x, positions, padding), b = reference(x, positions, padding);
+  EXPECT_LT(test::max_abs_diff(a, b), 2e-5);
+  auto plain =
+      SelfAttention(AttentionOptions(options).temperature(AttentionTemperature::kNone), encoder);
+  copy_into(reference, plain);
+  EXPECT_GT(test::max_abs_diff(plain(x, positions, padding), b), 1e-4);  // τ did something
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Paths, TemperatureTest,
+    ::testing::Values(
+        TemperatureCase{R"({"type": "nope"})", AttentionTemperature::kLogN, true, false, 24},
+        TemperatureCase{R"({"type": "rope"})", AttentionTemperature::kLogN, false, false, 9},
+        TemperatureCase{R"({"type": "rope"})", AttentionTemperature::kLearned, false, false, 9},
+        TemperatureCase{R"({"type": "alibi"})", AttentionTemperature::kLogN, true, false, 24},
+        TemperatureCase{R"({"type": "t5", "num_buckets": 8, "max_distance": 16})",
+                        AttentionTemperature::kLearned, true, false, 24},
+        TemperatureCase{R"({"type": "rope"})", AttentionTemperature::kLogN, true, true, 24},
+        TemperatureCase{R"({"type": "nope"})", AttentionTemperature::kLearned, true, false, 24}));
+
+TEST(Temperature, LognByHand) {
+  // causal, L = 2: query i (1-based) sees i keys, τ_i = max(1, log i / log 2) = 1, 1, log2(3), 2
+  AttentionOptions causal(8, 2);
+  causal.causal(true).temperature(AttentionTemperature::kLogN).logn_length(2);
+  auto tau = attention_temperature(causal, 0, 4, 4, {}, torch::kFloat).flatten();
+  auto expected = torch::tensor({1.0f, 1.0f, static_cast<float>(std::log2(3.0)), 2.0f});
+  EXPECT_TRUE(torch::allclose(tau, expected)) << tau;
+  // with 5 cached keys the new query is the 6th: log2(6)
+  auto later = attention_temperature(causal, 5, 1, 6, {}, torch::kFloat).flatten();
+  EXPECT_NEAR(later.item<float>(), std::log2(6.0), 1e-6);
+  // not causal: every query sees all 8 keys: log 8 / log 2 = 3
+  AttentionOptions full = causal;
+  full.causal(false);
+  auto all = attention_temperature(full, 0, 8, 8, {}, torch::kFloat).flatten();
+  EXPECT_TRUE(torch::allclose(all, torch::full({8}, 3.0f)));
+  // learned: exp(t) per head
+  AttentionOptions learned(8, 2);
+  learned.temperature(AttentionTemperature::kLearned);
+  auto per_head =
+      attention_temperature(learned, 0, 3, 3, torch::tensor({0.0f, std::log(2.0f)}), torch::kFloat);
+  EXPECT_EQ(per_head.sizes(), (std::vector<int64_t>{1, 1, 2, 1}));
+  EXPECT_TRUE(torch::allclose(per_head.flatten(), torch::tensor({1.0f, 2.0f})));
+  // the materialized logits by hand: one head, q k^T / sqrt(Dh) * τ_i, softmax, v, out
+  torch::manual_seed(5);
+  SelfAttention attention(AttentionOptions(4, 1)
+                              .causal(true)
+                              .fused(false)
+                              .temperature(AttentionTemperature::kLogN)
+                              .logn_length(2),
+                          as_encoding(Nope()));
+  torch::NoGradGuard no_grad;
+  auto x = torch::randn({1, 4, 4});
+  auto qkv = attention->qkv(x).view({4, 3, 4});
+  auto q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
+  auto logits = q.matmul(k.t()) / 2.0 * expected.view({4, 1});
+  logits = logits.masked_fill(torch::ones({4, 4}, torch::kBool).triu(1), -INFINITY);
+  auto by_hand = attention->out(torch::softmax(logits, -1).matmul(v)).unsqueeze(0);
+  EXPECT_LT(test::max_abs_diff(attention(x, Positions::sequence(4)), by_hand), 1e-6);
+}
+
+TEST(Temperature, CachedDecodingAndShortContexts) {
+  torch::manual_seed(2);
+  TransformerOptions t(32, 4, 2);
+  t.mlp_ratio(2).temperature(AttentionTemperature::kLogN).logn_length(4);
+  LanguageModel model(LanguageModelOptions(t), encoder_of(R"({"type": "rope"})", 32, 4));
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto tokens = torch::randint(256, {1, 10}, torch::kLong);
+  auto full = model(tokens, Positions::sequence(10));
+  std::vector<KVCache> caches;
+  model->forward(tokens.narrow(1, 0, 3), Positions::sequence(3), &caches);
+  for (int64_t i = 3; i < 10; ++i) {
+    auto step = model->forward(tokens.narrow(1, i, 1), Positions::sequence(1, i), &caches);
+    EXPECT_LT(test::max_abs_diff(step, full.narrow(1, i, 1)), kCacheTolerance) << i;
+  }
+  // up to the training length (4 tokens) logn is the identity
+  TransformerOptions plain_options = t;
+  plain_options.temperature(AttentionTemperature::kNone);
+  LanguageModel plain(LanguageModelOptions(plain_options),
+                      encoder_of(R"({"type": "rope"})", 32, 4));
+  plain->eval();
+  auto source = model->named_parameters();
+  for (auto& item : plain->named_parameters()) item.value().copy_(source[item.key()]);
+  EXPECT_LT(test::max_abs_diff(plain(tokens.narrow(1, 0, 4), Positions::sequence(4)),
+                               full.narrow(1, 0, 4)),
+            1e-6);
+  EXPECT_GT(test::max_abs_diff(plain(tokens, Positions::sequence(10)), full), 1e-4);
+}
+
 }  // namespace
 }  // namespace posenc

@@ -199,6 +199,82 @@ TEST(Trainer, ResumeRefusesAnotherConfig) {
 // checkpoint.pt: torch.save's format with Python's state_dict layout, no TorchScript type tag
 // (torch.load(weights_only=True) refuses restore_type_tag), a checksum checked on resume, and the
 // previous checkpoint kept as checkpoint.prev.pt.
+// The message of the error `what` throws ("" when it throws none).
+template <typename Fn>
+std::string error_of(Fn what) {
+  try {
+    what();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// `posenc eval` and `--init-from` (issue #12): evaluating a run's weights gives the run's own
+// final numbers; the encoder config may change (a rope_scaling block: its tables come from the
+// new config, not from the file, so the long-context numbers move); a run initialized from
+// trained weights starts where they left off; mismatches name the tensor and both shapes.
+TEST(Trainer, EvalAndInitFromReadTrainedWeights) {
+  auto config = smoke("lm");
+  RunOptions base;
+  base.output = temp_folder("init_base");
+  base.quiet = true;
+  const auto trained = run_training(config, base);
+  const auto weights = base.output + "/weights.pt";
+
+  RunOptions eval;
+  eval.output = temp_folder("init_eval");
+  auto again = run_evaluation(config, eval, weights);
+  ASSERT_EQ(again.final_metrics.size(), trained.final_metrics.size());
+  for (size_t i = 0; i < again.final_metrics.size(); ++i)
+    EXPECT_DOUBLE_EQ(again.final_metrics[i].second, trained.final_metrics[i].second);
+  ASSERT_EQ(again.generalization.size(), 2u);  // contexts 32 and 64
+  EXPECT_DOUBLE_EQ(metric_value(again.generalization[1].metrics, "ppl"),
+                   metric_value(trained.generalization[1].metrics, "ppl"));
+  EXPECT_TRUE(fs::exists(eval.output + "/summary.json"));
+  // also from the checkpoint's model tensors
+  auto from_checkpoint = run_evaluation(config, eval, base.output + "/checkpoint.pt");
+  EXPECT_DOUBLE_EQ(from_checkpoint.final_metrics[0].second, trained.final_metrics[0].second);
+
+  // another encoder config: linear position interpolation by 2 changes the tables
+  RunOptions scaled = eval;
+  scaled.overrides = {R"(encoder.rope_scaling={"rope_type": "linear", "factor": 2})"};
+  auto interpolated = run_evaluation(config, scaled, weights);
+  EXPECT_NE(metric_value(interpolated.generalization[1].metrics, "ppl"),
+            metric_value(trained.generalization[1].metrics, "ppl"));
+
+  // a fine-tune from the trained weights starts at their loss, not at a fresh model's
+  RunOptions fresh;
+  fresh.output = temp_folder("init_fresh");
+  fresh.quiet = true;
+  fresh.overrides = {"train.max_steps=4"};
+  run_training(config, fresh);
+  RunOptions tuned = fresh;
+  tuned.output = temp_folder("init_tuned");
+  tuned.init_from = weights;
+  tuned.overrides.push_back(R"(encoder.rope_scaling={"rope_type": "linear", "factor": 2})");
+  run_training(config, tuned);
+  ASSERT_FALSE(train_losses(fresh.output).empty());
+  ASSERT_FALSE(train_losses(tuned.output).empty());
+  EXPECT_LT(train_losses(tuned.output)[0], train_losses(fresh.output)[0] - 0.5);
+
+  // mismatches: a wider model, a model with a learned table the file lacks, not a weights file
+  RunOptions wide = eval;
+  wide.overrides = {"model.dim=48", "model.num_heads=2"};
+  const auto shape = error_of([&] { run_evaluation(config, wide, weights); });
+  EXPECT_NE(shape.find("init: '" + weights + "': '"), std::string::npos) << shape;
+  EXPECT_NE(shape.find("' has shape [256, 32] in the file but [256, 48] in the model"),
+            std::string::npos)
+      << shape;
+  RunOptions learned = eval;
+  learned.overrides = {R"(encoder={"type": "learned", "max_positions": 64})"};
+  const auto missing = error_of([&] { run_evaluation(config, learned, weights); });
+  EXPECT_NE(missing.find("' has no tensor '"), std::string::npos) << missing;
+  const auto not_weights =
+      error_of([&] { run_evaluation(config, eval, base.output + "/metrics.csv"); });
+  EXPECT_NE(not_weights.find(base.output + "/metrics.csv"), std::string::npos) << not_weights;
+}
+
 TEST(Trainer, CheckpointIsPythonReadableAndChecked) {
   auto config = smoke("lm");
   RunOptions options;

@@ -52,8 +52,10 @@ struct TrainArgs {
   int64_t stop_after = 0;
   int64_t profile_steps = 0;  ///< train: profile this many steps, then stop
   bool quiet = false;
-  int64_t jobs = 1;  ///< compare: entries trained at once, each in its own process
-  int64_t nproc = 1;  ///< train: ranks of a data-parallel run on this machine (launch.cpp)
+  int64_t jobs = 1;       ///< compare: entries trained at once, each in its own process
+  int64_t nproc = 1;      ///< train: ranks of a data-parallel run on this machine (launch.cpp)
+  std::string init_from;  ///< train: start from these weights (weights.pt / checkpoint.pt)
+  std::string weights;    ///< eval: the weights to evaluate
 };
 
 /// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.
@@ -64,6 +66,8 @@ int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference_
 /// `posenc train`: trains one run; 0 when it finished (or stopped by --stop-after), 130 when
 /// interrupted.
 int run_train(const TrainArgs& args);
+/// `posenc eval`: a config's model with given weights, evaluated without training; 0.
+int run_eval(const TrainArgs& args);
 /// `posenc train --nproc N`: starts N ranks of the run and waits for them; the first failing
 /// rank's exit code, 130 when they stopped on a signal, else 0.
 int launch_ranks(const TrainArgs& args);

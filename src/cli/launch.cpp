@@ -69,6 +69,7 @@ std::vector<std::string> rank_arguments(const TrainArgs& args, int rank, int64_t
   if (threads > 0) words.insert(words.end(), {"--set", "train.threads=" + std::to_string(threads)});
   for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
   if (args.resume) words.push_back("--resume");
+  if (!args.init_from.empty()) words.insert(words.end(), {"--init-from", args.init_from});
   if (args.stop_after > 0)
     words.insert(words.end(), {"--stop-after", std::to_string(args.stop_after)});
   if (args.profile_steps > 0)

@@ -3,8 +3,9 @@
 //   posenc inspect --hf-config config.json --positions P [--layer-type T] [--angle-dtype float32]
 //   posenc plot    --config C --positions P [--dim D] [--heads H] --out FILE.png
 //   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
-//                  [--profile N]
+//                  [--profile N] [--nproc N]
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
+//   posenc eval    CONFIG.yaml --weights W [--run NAME] [--set k=v]... [--out DIR]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -122,6 +123,9 @@ int main(int argc, char** argv) {
                    "profile this many steps after 10 of warm-up: print where the step's time "
                    "goes (also to OUTPUT/profile.md), save and stop")
       ->check(CLI::Range(int64_t{1}, int64_t{100000}));
+  train->add_option("--init-from", train_args.init_from,
+                    "start from the parameters of this weights.pt or checkpoint.pt (names and "
+                    "shapes must match; the encoder config may differ)");
   train
       ->add_option("--nproc", train_args.nproc,
                    "data-parallel training: start this many ranks on this machine (c10d/Gloo), "
@@ -136,6 +140,14 @@ int main(int argc, char** argv) {
                    "threads (default 1: one after another, all cores each)")
       ->check(CLI::Range(1, 64));
 
+  auto* eval = app.add_subcommand(
+      "eval", "evaluate a config's model with trained weights, without training (summary.json)");
+  eval->add_option("config", train_args.config, "run config (YAML or JSON)")->required();
+  eval->add_option("--weights", train_args.weights, "weights.pt or checkpoint.pt")->required();
+  eval->add_option("--run", train_args.run, "the named entry of the config's runs");
+  eval->add_option("--set", train_args.overrides,
+                   "override a config key: key.path=value (repeatable)");
+  eval->add_option("--out", train_args.output, "output folder (default: the config's + /eval)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -155,6 +167,7 @@ int main(int argc, char** argv) {
     if (inspect->parsed()) return posenc::cli::run_inspect(args, input);
     if (train->parsed()) return posenc::cli::run_train(train_args);
     if (compare->parsed()) return posenc::cli::run_compare(train_args);
+    if (eval->parsed()) return posenc::cli::run_eval(train_args);
     return posenc::cli::run_plot(args, out, reference_patch);
   } catch (const posenc::EnvironmentError& e) {  // disk full, no permission: exit 1
     std::cerr << "posenc: error: " << e.what() << "\n";

@@ -5,6 +5,9 @@
 // A data-parallel run: `--nproc N` (launch.cpp), or one process per rank started by torchrun or
 // SLURM with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
+//   posenc eval    CONFIG --weights W [--run NAME] [--set key.path=value]... [--out DIR]
+// `train --init-from W` starts from the parameters of W (weights.pt or checkpoint.pt; the encoder
+// config may differ from the one W was trained with); `eval` evaluates W without training.
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
 // process (N at a time, cores/N intra-op threads each; for machines with more cores than one
 // small run uses well), then builds the same comparison from the runs' summary.json files.
@@ -34,6 +37,7 @@ train::RunOptions run_options(const TrainArgs& args) {
   options.profile_steps = args.profile_steps;
   options.quiet = args.quiet;
   options.overrides = args.overrides;
+  options.init_from = args.init_from;
   return options;
 }
 
@@ -59,6 +63,12 @@ int run_train(const TrainArgs& args) {
   options.distributed = train::distributed_from_environment();  // torchrun's, or --nproc's
   auto result = train::run_training(config, options);
   return result.finished || args.stop_after > 0 || args.profile_steps > 0 ? 0 : 130;
+}
+
+int run_eval(const TrainArgs& args) {
+  auto config = train::select_run(load_run_config(args.config), args.run);
+  train::run_evaluation(config, run_options(args), args.weights);
+  return 0;
 }
 
 namespace {
@@ -150,6 +160,10 @@ int run_compare_parallel(const TrainArgs& args) {
 }  // namespace
 
 int run_compare(const TrainArgs& args) {
+  TORCH_CHECK(train::distributed_from_environment().world_size == 1,
+              "compare: this process is one rank of a data-parallel run (RANK/WORLD_SIZE are "
+              "set); compare trains its entries one process each: train one entry per launch "
+              "(posenc train CONFIG --run NAME) under torchrun instead");
   if (args.jobs > 1) return run_compare_parallel(args);
   const auto config = load_run_config(args.config);
   const auto options = run_options(args);

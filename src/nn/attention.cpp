@@ -23,6 +23,41 @@ void SelfAttentionImpl::reset() {
   qkv = register_module("qkv", torch::nn::Linear(options.dim(), 3 * options.dim()));
   out = register_module("out", torch::nn::Linear(options.dim(), options.dim()));
   register_module("encoder", encoder);
+  if (options.temperature() == AttentionTemperature::kLogN) {
+    TORCH_CHECK(options.logn_length() >= 2,
+                "attention: the logn temperature needs the training length (logn_length >= 2), "
+                "got ",
+                options.logn_length());
+  }
+  if (options.temperature() == AttentionTemperature::kLearned)
+    temperature = register_parameter("temperature", torch::zeros({options.num_heads()}));
+}
+
+AttentionTemperature attention_temperature_from_string(const std::string& name) {
+  if (name == "none") return AttentionTemperature::kNone;
+  if (name == "logn") return AttentionTemperature::kLogN;
+  if (name == "learned") return AttentionTemperature::kLearned;
+  TORCH_CHECK(false, "attention temperature must be 'none', 'logn' or 'learned', got '", name, "'");
+}
+
+at::Tensor attention_temperature(const AttentionOptions& options, int64_t cached, int64_t n,
+                                 int64_t nk, const at::Tensor& learned,
+                                 const at::TensorOptions& like) {
+  switch (options.temperature()) {
+    case AttentionTemperature::kNone:
+      return {};
+    case AttentionTemperature::kLogN: {
+      // keys seen by query i: cached + i + 1 when causal, all nk otherwise
+      auto seen = options.causal()
+                      ? torch::arange(cached + 1, cached + n + 1, like.dtype(torch::kDouble))
+                      : torch::full({n}, static_cast<double>(nk), like.dtype(torch::kDouble));
+      auto tau = (seen.log() / std::log(static_cast<double>(options.logn_length()))).clamp_min(1.0);
+      return tau.to(like.dtype()).view({1, n, 1, 1});
+    }
+    case AttentionTemperature::kLearned:
+      return learned.exp().to(like.dtype()).view({1, 1, -1, 1});
+  }
+  return {};
 }
 
 Positions append_positions(const Positions& cached, const Positions& fresh) {
@@ -97,6 +132,11 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
               " new keys (build the plan with the cache's positions)");
   auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
   at::Tensor q = parts[0], k = parts[1], v = parts[2];
+  // τ on q scales q k^T alone (rotations are linear, so before or after RoPE is the same)
+  if (auto tau = attention_temperature(options, cached, n, cached + n, temperature,
+                                       q.options().device(torch::kCPU));
+      tau.defined())
+    q = q * tau.to(q.device());
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
   // Short sequences (a ViT's patch grid) without bias, padding or cache: the short kernel, with
   // the plan's RoPE inside it when it can take the tables; measured 2-3x faster than SDPA's CPU

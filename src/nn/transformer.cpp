@@ -16,7 +16,9 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
       register_module("attention", SelfAttention(AttentionOptions(o.dim(), o.num_heads())
                                                      .causal(o.causal())
                                                      .fused(o.fused())
-                                                     .num_prefix_tokens(o.num_prefix_tokens()),
+                                                     .num_prefix_tokens(o.num_prefix_tokens())
+                                                     .temperature(o.temperature())
+                                                     .logn_length(o.logn_length()),
                                                  std::move(encoder)));
   // The stack registers the shared encoder once; registered in every block too, its parameters
   // would be listed (and stepped by an optimizer) once per block.

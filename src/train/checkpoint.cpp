@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -266,6 +267,40 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
   sum.value(dict);
   dict.insert("checksum", sum.text());
   write_file_atomically(path, torch_save_bytes(dict), previous_checkpoint_path(path));
+}
+
+void load_parameters(const std::string& path, torch::nn::Module& model) {
+  TORCH_CHECK(std::filesystem::is_regular_file(path), "init: '", path,
+              "' is not a file (expected a run's weights.pt or checkpoint.pt)");
+  const auto loaded = torch_load_bytes(read_file(path), path);
+  TORCH_CHECK(loaded.isGenericDict(), "init: '", path, "' holds a ", loaded.tagKind(),
+              ", expected a {name: tensor} dict (weights.pt)");
+  auto dict = loaded.toGenericDict();
+  if (dict.contains("format") && dict.contains("model"))  // a checkpoint: its model tensors
+    dict = dict.at("model").toGenericDict();
+  std::map<std::string, at::Tensor> params, buffers;
+  for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
+  for (const auto& item : model.named_buffers()) buffers[item.key()] = item.value();
+  for (const auto& item : dict) {
+    TORCH_CHECK(item.key().isString() && item.value().isTensor(), "init: '", path,
+                "' holds a non-tensor entry; expected a {name: tensor} dict (weights.pt)");
+    const auto& name = item.key().toStringRef();
+    TORCH_CHECK(params.count(name) || buffers.count(name), "init: '", path, "' holds '", name,
+                "', which is not a tensor of this model (a different model config?)");
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& [name, target] : params) {
+    auto found = dict.find(name);
+    TORCH_CHECK(found != dict.end(), "init: '", path, "' has no tensor '", name,
+                "', a parameter of this model (shape ", target.sizes(), ")");
+    const auto source = found->value().toTensor();
+    TORCH_CHECK(source.sizes() == target.sizes(), "init: '", path, "': '", name, "' has shape ",
+                source.sizes(), " in the file but ", target.sizes(), " in the model");
+    TORCH_CHECK(source.scalar_type() == target.scalar_type(), "init: '", path, "': '", name,
+                "' is ", source.scalar_type(), " in the file but ", target.scalar_type(),
+                " in the model");
+    target.copy_(source);
+  }
 }
 
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,

@@ -86,6 +86,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   torch::manual_seed(run.seed);
   run.task = make_task(config);
   auto model = run.task->model();
+  if (!options.init_from.empty()) load_parameters(options.init_from, *model);
   result.metric_name = run.task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   auto groups = parameter_groups(*model, run.settings.weight_decay, run.settings.lr);
@@ -188,6 +189,35 @@ void check_run_config(const nlohmann::json& run_config, const std::vector<std::s
   nlohmann::json config = run_config;
   for (const auto& assignment : overrides) apply_override(config, assignment);
   check_batch_split(read_settings(config), world_size);
+}
+
+RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& options,
+                         const std::string& weights) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  RunResult result;
+  const uint64_t seed = read_identity(config, options, result);
+  if (options.output.empty()) result.output += "/eval";  // never over the run's summary.json
+  const auto settings = read_settings(config);
+  if (settings.threads > 0)
+    at::set_num_threads(static_cast<int>(settings.threads));
+  else
+    use_all_cores();
+  check_run_name(result.name, "config");
+  fs::create_directories(result.output);
+  RunFolderLock lock(result.output);
+  torch::manual_seed(seed);
+  auto task = make_task(config);
+  auto model = task->model();
+  load_parameters(weights, *model);
+  result.metric_name = task->metric_name();
+  for (const auto& p : model->parameters()) result.parameters += p.numel();
+  result.final_metrics = evaluate(*task);
+  result.generalization = generalization(*task);
+  result.finished = true;
+  write_summary(result, config);
+  print_result(result);
+  return result;
 }
 
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {

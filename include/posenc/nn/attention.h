@@ -5,11 +5,20 @@
 //
 //   q, k, v = x W_q, x W_k, x W_v                     x: [B, N, D] -> [B, N, H, Dh]
 //   q, k    = plan.rotary(q, k)
-//   logits  = q k^T / sqrt(Dh) + plan.bias(q)         [B, H, N, N]
+//   logits  = τ_i,h q k^T / sqrt(Dh) + plan.bias(q)   [B, H, N, N]
 //   out     = softmax(logits + masks) v W_o          [B, N, D]
 // Kernels: no bias and no padding -> torch's scaled_dot_product_attention; describable bias
 // parts (and padding, cached keys) -> posenc's fused kernel (RoPE applied inside its tiles on
 // the CPU when there is no cache); anything else -> the materialized reference.
+//
+// The temperature τ scales the content logits of query i in head h (the bias parts are not
+// scaled), applied to q before any kernel, so every path (SDPA, the short and fused kernels, the
+// materialized reference) sees the same: kNone τ = 1; kLogN τ_i = max(1, log n_i / log L), n_i
+// the keys query i sees (its 1-based position when causal, counting cached keys; all keys
+// otherwise) and L the training length — Qwen's use_logn_attn (Qwen-7B modeling_qwen.py:
+// logn_list = [log_L(i) if i > L else 1]), the "length-aware temperature" of NoPE length
+// generalization (Wang et al. 2024) and scalable softmax; kLearned τ_h = exp(t_h), one learned
+// scalar per head (t = 0 at initialization).
 //
 // Prefix tokens (a ViT's CLS, registers): the first P tokens carry no position. Positions cover
 // the N - P others; rotation skips the prefix and the bias is zero in the prefix rows and columns
@@ -22,9 +31,16 @@
 #include <torch/arg.h>
 #include <torch/nn/modules/linear.h>
 
+#include <string>
+
 #include "posenc/core/encoder.h"
 
 namespace posenc {
+
+/// A length- or head-dependent scale of the content logits (see above).
+enum class AttentionTemperature { kNone, kLogN, kLearned };
+/// "none" / "logn" / "learned"; anything else is an error naming the value.
+AttentionTemperature attention_temperature_from_string(const std::string& name);
 
 struct AttentionOptions {
   AttentionOptions(int64_t dim, int64_t num_heads) : dim_(dim), num_heads_(num_heads) {}
@@ -40,6 +56,10 @@ struct AttentionOptions {
   TORCH_ARG(bool, fused) = true;
   /// Leading tokens without a position (CLS, registers; default 0).
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;
+  /// Scale of the content logits (default kNone).
+  TORCH_ARG(AttentionTemperature, temperature) = AttentionTemperature::kNone;
+  /// kLogN: the training length L (>= 2); queries that see more keys than L are sharpened.
+  TORCH_ARG(int64_t, logn_length) = 0;
 };
 
 /// Keys and values of earlier steps, for incremental decoding. Starts empty.
@@ -65,8 +85,16 @@ class SelfAttentionImpl : public torch::nn::Module {
   AttentionOptions options;
   PositionalEncoding encoder{nullptr};
   torch::nn::Linear qkv{nullptr}, out{nullptr};
+  at::Tensor temperature;  ///< kLearned: [H], τ_h = exp(temperature_h)
 };
 TORCH_MODULE(SelfAttention);
+
+/// τ for the queries [cached, cached + n) of a layer with these options, shaped to multiply
+/// q [B, n, H, Dh]: [1, n, 1, 1] (kLogN), [1, 1, H, 1] (kLearned: `learned` [H]), or undefined
+/// (kNone: nothing to scale). nk: the keys each query may see in total (non-causal kLogN).
+at::Tensor attention_temperature(const AttentionOptions& options, int64_t cached, int64_t n,
+                                 int64_t nk, const at::Tensor& learned,
+                                 const at::TensorOptions& like);
 
 /// Positions of cached keys followed by the new ones.
 Positions append_positions(const Positions& cached, const Positions& fresh);

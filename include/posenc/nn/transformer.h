@@ -46,6 +46,10 @@ struct TransformerOptions {
   TORCH_ARG(bool, fused) = true;
   /// Leading tokens without a position, e.g. CLS (default 0).
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;
+  /// Scale of the attention's content logits (posenc/nn/attention.h; default kNone).
+  TORCH_ARG(AttentionTemperature, temperature) = AttentionTemperature::kNone;
+  /// kLogN: the training length.
+  TORCH_ARG(int64_t, logn_length) = 0;
 };
 
 class TransformerBlockImpl : public torch::nn::Module {

@@ -52,6 +52,13 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
 /// model's tensors (names and shapes must match) and the optimizer's state. Errors name the file.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
                                 torch::optim::AdamW& optimizer, const std::string& expected_config);
+/// `--init-from` / `posenc eval --weights`: the parameters of a weights.pt (or of a
+/// checkpoint.pt's "model") copied into the model's, strictly: every parameter of the model must
+/// be in the file with its shape, and every tensor of the file must be a parameter or buffer of
+/// the model; an error names the file, the tensor and both shapes. Buffers are not read: they are
+/// tables the current config computes (RoPE's inverse frequencies, a scaling's attention factor),
+/// so a model trained with one encoder config is evaluated or fine-tuned with another.
+void load_parameters(const std::string& path, torch::nn::Module& model);
 /// The path save_checkpoint keeps the previous checkpoint under (checkpoint.prev.pt).
 std::string previous_checkpoint_path(const std::string& path);
 

@@ -63,6 +63,10 @@ struct RunOptions {
   /// overrides), e.g. "train.epochs=1".
   std::vector<std::string> overrides;
   DistributedOptions distributed;  ///< world_size > 1: this process is one rank of a run
+  /// A weights.pt (or checkpoint.pt) whose parameters start the run (checkpoint.h's
+  /// load_parameters: strict names and shapes; the encoder config may differ, e.g. a
+  /// rope_scaling block added for a fine-tune at a longer context). A resumed run ignores it.
+  std::string init_from;
 };
 
 struct RunResult {
@@ -85,6 +89,11 @@ void check_run_config(const nlohmann::json& config, const std::vector<std::strin
                       int world_size);
 /// Trains the run `config` describes (a plain run config; see above).
 RunResult run_training(const nlohmann::json& config, const RunOptions& options);
+/// `posenc eval`: the model of `config` with the parameters of `weights`, evaluated without
+/// training (the task's metrics and its generalization rows: eval_contexts, eval_scales);
+/// writes summary.json into options.output (default: the config's output + "/eval").
+RunResult run_evaluation(const nlohmann::json& config, const RunOptions& options,
+                         const std::string& weights);
 /// Trains one model per entry of config.runs; writes results.md, results.csv and results.png
 /// into the output folder. Returns the runs' results in order.
 std::vector<RunResult> run_comparison(const nlohmann::json& config, const RunOptions& options);

@@ -21,6 +21,8 @@ TransformerOptions transformer_options(ConfigReader& r) {
   o.mlp_ratio(r.number("mlp_ratio", o.mlp_ratio()));
   o.dropout(r.number("dropout", o.dropout()));
   o.fused(r.boolean("fused", o.fused()));
+  o.temperature(attention_temperature_from_string(r.string("attention_temperature", "none")));
+  o.logn_length(r.integer("logn_length", 0));
   TORCH_CHECK(o.dim() > 0 && o.num_heads() > 0 && o.dim() % o.num_heads() == 0, r.where(),
               ": dim (", o.dim(), ") must be a positive multiple of num_heads (", o.num_heads(),
               ")");

@@ -68,6 +68,7 @@ class LanguageModelTask : public Task {
     auto t = transformer_options(model);
     model.finish();
     t.causal(true);
+    if (t.logn_length() == 0) t.logn_length(context_);  // logn: the trained context
     model_ = LanguageModel(LanguageModelOptions(t), encoder_from(config, "encoder", t));
   }
 
