@@ -109,7 +109,8 @@ void write_comparison(const std::string& folder, const std::string& name,
                       const std::vector<RunResult>& results);
 /// The run config for one named entry of `runs` (or the base config when run is "").
 nlohmann::json select_run(const nlohmann::json& config, const std::string& run);
-/// Applies "--set a.b.c=value" overrides (value parsed as YAML scalar/flow).
+/// Applies "--set a.b.c=value" overrides (value parsed as JSON: numbers, booleans, lists,
+/// objects; anything else is a string).
 void apply_override(nlohmann::json& config, const std::string& assignment);
 
 }  // namespace posenc::train
