@@ -82,6 +82,7 @@ class Checksum {
       TORCH_CHECK(false, "checkpoint: cannot checksum a value of type ", v.tagKind());
     }
   }
+  uint64_t hash() const { return hash_; }
   std::string text() const {
     char out[32];
     std::snprintf(out, sizeof(out), "fnv1a64:%016llx", static_cast<unsigned long long>(hash_));
@@ -234,6 +235,12 @@ c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin
     TORCH_CHECK(false, "'", origin,
                 "' is not a readable torch.save file (corrupt or truncated): ", why);
   }
+}
+
+int64_t weights_checksum(torch::nn::Module& model) {
+  Checksum sum;
+  sum.value(state_dict(model));
+  return static_cast<int64_t>(sum.hash());
 }
 
 void save_weights(const std::string& path, torch::nn::Module& model) {

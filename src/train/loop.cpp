@@ -76,7 +76,7 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
     RECORD_USER_SCOPE("posenc::zero_grad");
     run.optimizer->zero_grad();
   }
-  ranks.backward(loss, "step " + std::to_string(step));
+  ranks.backward(loss, step);
   if (run.settings.clip_grad_norm > 0) {
     RECORD_USER_SCOPE("posenc::clip");
     if (run.settings.fused_optimizer)
@@ -104,10 +104,10 @@ auto in_eval_mode(Task& task, Fn what) {
 // result, and stops the run before anything is saved.
 void check_ranks_agree(Run& run, int64_t step) {
   if (!run.ranks->active()) return;
-  int64_t sum = module_checksum(*run.task->model());
+  int64_t sum = weights_checksum(*run.task->model());
   if (run.ema) {
     WeightAverage::Swap averaged(run.ema.get());
-    sum = sum * 31 + module_checksum(*run.task->model());
+    sum = sum * 31 + weights_checksum(*run.task->model());
   }
   const auto sums =
       run.ranks->gather(sum, "comparing the ranks' weights at step " + std::to_string(step));

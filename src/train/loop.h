@@ -42,7 +42,7 @@ struct Run {
   std::unique_ptr<RunFolderLock> lock;  ///< held for the run's life
   std::unique_ptr<Task> task;
   std::unique_ptr<torch::optim::AdamW> optimizer;
-  std::unique_ptr<WeightAverage> ema;  ///< with train.ema_decay > 0
+  std::unique_ptr<WeightAverage> ema;   ///< with train.ema_decay > 0
   std::shared_ptr<DataParallel> ranks;  ///< this process's place in the run (world 1: alone)
   int64_t rank_batch = 0;               ///< examples per step on this rank: batch_size / world
 };

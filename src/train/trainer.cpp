@@ -43,6 +43,24 @@ uint64_t read_identity(const nlohmann::json& config, const RunOptions& options, 
   return static_cast<uint64_t>(seed);
 }
 
+// Intra-op threads: train.threads; else, for one rank of several, the cores shared by the ranks
+// on this machine unless OMP_NUM_THREADS says otherwise (torchrun sets it to 1), as a PyTorch job
+// runs; else every core.
+void use_threads(const TrainSettings& settings, const DistributedOptions& distributed) {
+  if (settings.threads > 0) {
+    at::set_num_threads(static_cast<int>(settings.threads));
+  } else if (distributed.world_size > 1) {
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int threads = omp != nullptr && std::atoi(omp) > 0
+                            ? std::atoi(omp)
+                            : std::max(1, cores / distributed.local_world_size);
+    at::set_num_threads(threads);
+  } else {
+    use_all_cores();
+  }
+}
+
 void check_batch_split(const TrainSettings& settings, int world) {
   TORCH_CHECK(settings.batch_size % world == 0, "train: batch_size (", settings.batch_size,
               ") must be a multiple of the number of ranks (", world,
@@ -60,19 +78,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   const int world = run.ranks->world_size();
   check_batch_split(run.settings, world);
   run.rank_batch = run.settings.batch_size / world;
-  if (run.settings.threads > 0) {
-    at::set_num_threads(static_cast<int>(run.settings.threads));
-  } else if (run.ranks->active()) {  // the cores shared by the ranks on this machine, unless
-    // OMP_NUM_THREADS says otherwise (torchrun sets it to 1), as a PyTorch job would run
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int threads = omp != nullptr && std::atoi(omp) > 0
-                            ? std::atoi(omp)
-                            : std::max(1, cores / options.distributed.local_world_size);
-    at::set_num_threads(threads);
-  } else {
-    use_all_cores();
-  }
+  use_threads(run.settings, options.distributed);
   check_run_name(result.name, "config");
   run.name = result.name;
   run.output = result.output;
@@ -171,7 +177,7 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
     result.generalization = generalization(*run.task);
     if (ranks->active())
       result.rank_checksums =
-          ranks->gather(module_checksum(*run.task->model()), "comparing the final weights");
+          ranks->gather(weights_checksum(*run.task->model()), "comparing the final weights");
     if (lead) save_weights(run.output + "/weights.pt", *run.task->model());
   }
   result.finished = true;
@@ -199,10 +205,7 @@ RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& opt
   const uint64_t seed = read_identity(config, options, result);
   if (options.output.empty()) result.output += "/eval";  // never over the run's summary.json
   const auto settings = read_settings(config);
-  if (settings.threads > 0)
-    at::set_num_threads(static_cast<int>(settings.threads));
-  else
-    use_all_cores();
+  use_threads(settings, DistributedOptions{});
   check_run_name(result.name, "config");
   fs::create_directories(result.output);
   RunFolderLock lock(result.output);

@@ -42,6 +42,9 @@ std::string torch_save_bytes(const c10::IValue& value);
 /// torch.load's reading of such a container; errors name `origin`.
 c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin);
 
+/// The checkpoint checksum's walk (FNV-1a, 64 bit) over the model's parameters and buffers by
+/// name: equal exactly when two models hold the same weights (data-parallel ranks compare it).
+int64_t weights_checksum(torch::nn::Module& model);
 /// weights.pt: {name: tensor} of parameters and buffers, written atomically.
 void save_weights(const std::string& path, torch::nn::Module& model);
 /// checkpoint.pt as above; the previous one (if any) becomes <path without .pt>.prev.pt.

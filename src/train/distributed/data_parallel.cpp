@@ -92,25 +92,6 @@ DistributedOptions distributed_from_environment() {
   return o;
 }
 
-int64_t module_checksum(torch::nn::Module& module) {
-  uint64_t hash = 14695981039346656037ULL;
-  auto mix = [&hash](const void* data, size_t size) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < size; ++i) {
-      hash ^= p[i];
-      hash *= 1099511628211ULL;
-    }
-  };
-  auto add = [&](const std::string& name, const at::Tensor& tensor) {
-    mix(name.data(), name.size());
-    auto t = tensor.detach().contiguous().cpu();
-    mix(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
-  };
-  for (const auto& item : module.named_parameters()) add(item.key(), item.value());
-  for (const auto& item : module.named_buffers()) add(item.key(), item.value());
-  return static_cast<int64_t>(hash);
-}
-
 #ifdef POSENC_HAS_DISTRIBUTED
 
 bool distributed_available() { return true; }
@@ -123,8 +104,6 @@ struct DataParallel::Impl {
   std::shared_ptr<c10d::Reducer> reducer;  // kOverlap
   GradientSync mode = GradientSync::kOverlap;
   std::vector<at::Tensor> params;  // kAfterBackward
-  double exposed_seconds = 0;
-  int64_t bytes = 0;
 };
 
 namespace {
@@ -271,20 +250,21 @@ void DataParallel::sync_gradients(torch::nn::Module& model, GradientSync mode, i
   impl_->mode = mode;
   std::vector<at::Tensor> params;
   std::unordered_map<size_t, std::string> names;
+  int64_t bytes = 0;
   for (const auto& item : model.named_parameters()) {
     if (!item.value().requires_grad()) continue;
     names[params.size()] = item.key();
     params.push_back(item.value());
-    impl_->bytes += item.value().numel() * item.value().element_size();
+    bytes += item.value().numel() * item.value().element_size();
   }
   if (lead())
     std::cerr << "data-parallel: " << world_size() << " ranks, " << params.size()
-              << " gradients of " << impl_->bytes << " bytes all-reduced per step ("
+              << " gradients of " << bytes << " bytes all-reduced per step ("
               << (mode == GradientSync::kAfterBackward
                       ? std::string("one flat all-reduce after backward")
                       : "c10d Reducer, buckets of " + std::to_string(bucket_bytes >> 20) +
                             " MiB overlapped with backward") +
-              ")\n";
+                     ")\n";
   if (mode == GradientSync::kAfterBackward) {
     impl_->params = params;
     return;
@@ -308,16 +288,16 @@ void DataParallel::before_forward() {
   POSENC_COLLECTIVE("agreeing on the gradient buckets", impl_->reducer->rebuild_buckets());
 }
 
-void DataParallel::backward(const at::Tensor& loss, const std::string& what) {
+void DataParallel::backward(const at::Tensor& loss, int64_t step) {
   if (!active()) {
     loss.backward();
     return;
   }
+  const auto what = "step " + std::to_string(step);
   if (impl_->reducer) impl_->reducer->prepare_for_backward({loss});
   POSENC_COLLECTIVE(what + " (backward and its gradient all-reduce)", loss.backward());
   if (impl_->mode != GradientSync::kAfterBackward) return;
   RECORD_USER_SCOPE("posenc::allreduce");
-  const auto begin = std::chrono::steady_clock::now();
   torch::NoGradGuard no_grad;
   std::vector<at::Tensor> pieces;
   for (auto& p : impl_->params) {
@@ -333,14 +313,7 @@ void DataParallel::backward(const at::Tensor& loss, const std::string& what) {
     p.mutable_grad().copy_(flat.narrow(0, offset, n).view_as(p));
     offset += n;
   }
-  impl_->exposed_seconds +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }
-
-double DataParallel::exposed_allreduce_seconds() const {
-  return impl_ ? impl_->exposed_seconds : 0.0;
-}
-int64_t DataParallel::allreduce_bytes_per_step() const { return impl_ ? impl_->bytes : 0; }
 
 std::vector<double> DataParallel::sum(std::vector<double> values, const std::string& what) {
   if (!active() || values.empty()) return values;
@@ -386,9 +359,7 @@ DataParallel::~DataParallel() = default;
 void DataParallel::broadcast_module(torch::nn::Module&) {}
 void DataParallel::sync_gradients(torch::nn::Module&, GradientSync, int64_t, bool) {}
 void DataParallel::before_forward() {}
-void DataParallel::backward(const at::Tensor& loss, const std::string&) { loss.backward(); }
-double DataParallel::exposed_allreduce_seconds() const { return 0; }
-int64_t DataParallel::allreduce_bytes_per_step() const { return 0; }
+void DataParallel::backward(const at::Tensor& loss, int64_t) { loss.backward(); }
 std::vector<double> DataParallel::sum(std::vector<double> values, const std::string&) {
   return values;
 }

@@ -47,10 +47,6 @@ inline constexpr std::chrono::seconds kLostRankWait{3};
 /// The gradient bucket of DDP's first bucket (small, so the first all-reduce starts early).
 inline constexpr int64_t kFirstBucketBytes = 1024 * 1024;
 
-/// FNV-1a (64 bit) of the bytes of every parameter and buffer of `module`, in name order: equal
-/// exactly when the ranks hold the same weights.
-int64_t module_checksum(torch::nn::Module& module);
-
 /// True when this posenc was built with the distributed backend (Gloo headers found).
 bool distributed_available();
 
@@ -79,13 +75,8 @@ class DataParallel {
                       bool find_unused);
   /// Around every training step: before the forward, then backward through this.
   void before_forward();
-  /// Runs loss.backward() with the gradient all-reduce; `what` names the step in errors.
-  void backward(const at::Tensor& loss, const std::string& what);
-  /// Seconds spent in gradient all-reduces that backward did not hide (kAfterBackward: all of it;
-  /// kOverlap: the wait at the end of backward is not separable and counts 0), and the bytes
-  /// all-reduced per step.
-  double exposed_allreduce_seconds() const;
-  int64_t allreduce_bytes_per_step() const;
+  /// Runs loss.backward() of training step `step` with the gradient all-reduce.
+  void backward(const at::Tensor& loss, int64_t step);
 
   /// The element-wise sums of `values` over the ranks (float64; the same on every rank).
   std::vector<double> sum(std::vector<double> values, const std::string& what);
