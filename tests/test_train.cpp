@@ -275,6 +275,67 @@ TEST(Trainer, EvalAndInitFromReadTrainedWeights) {
   EXPECT_NE(not_weights.find(base.output + "/metrics.csv"), std::string::npos) << not_weights;
 }
 
+// Entries of a comparison that start from an earlier entry's weights (issue #12, experiment 2b):
+// evaluate_only under the same config gives the trained entry's own numbers; an inference-time
+// scaling moves them; a fine-tune starts at the trained loss; the logn temperature leaves the
+// trained length alone and changes the longer one; an entry naming a later or unknown one, and
+// evaluate_only without weights, are errors before anything trains.
+TEST(Trainer, CompareEntriesStartFromEarlierEntries) {
+  auto config = smoke("lm_extend");
+  RunOptions options;
+  options.output = temp_folder("extend");
+  options.quiet = true;
+  const auto results = run_comparison(config, options);
+  ASSERT_EQ(results.size(), 6u);
+  const auto& rope = results[0];
+  const auto& nope = results[1];
+  const auto& same = results[2];
+  const auto& pi = results[3];
+  const auto& logn = results[4];
+  const auto& tuned = results[5];
+  EXPECT_EQ(same.steps, 0);
+  EXPECT_EQ(pi.steps, 0);
+  for (size_t row = 0; row < 2; ++row) {
+    EXPECT_DOUBLE_EQ(metric_value(same.generalization[row].metrics, "ppl"),
+                     metric_value(rope.generalization[row].metrics, "ppl"));
+    EXPECT_NE(metric_value(pi.generalization[row].metrics, "ppl"),
+              metric_value(rope.generalization[row].metrics, "ppl"));
+  }
+  // logn: scale 1 at 32 (the trained length), log 64 / log 32 = 1.2 at 64
+  EXPECT_DOUBLE_EQ(metric_value(logn.generalization[0].metrics, "ppl"),
+                   metric_value(nope.generalization[0].metrics, "ppl"));
+  EXPECT_NE(metric_value(logn.generalization[1].metrics, "ppl"),
+            metric_value(nope.generalization[1].metrics, "ppl"));
+  EXPECT_EQ(tuned.steps, 4);
+  const auto rope_losses = train_losses(options.output + "/rope");
+  const auto tuned_losses = train_losses(options.output + "/rope_pi_ft");
+  ASSERT_FALSE(rope_losses.empty());
+  ASSERT_FALSE(tuned_losses.empty());
+  EXPECT_LT(tuned_losses[0], rope_losses[0] - 0.5);  // from trained weights, not from scratch
+  EXPECT_TRUE(fs::exists(options.output + "/rope_pi_zero/summary.json"));
+  EXPECT_FALSE(fs::exists(options.output + "/rope_pi_zero/weights.pt"));  // nothing trained
+
+  // errors, before anything trains
+  auto later = config;
+  later["runs"][0]["init_from"] = "nope";
+  const auto order = error_of([&] { comparison_entries(later); });
+  EXPECT_NE(order.find("runs entry 'rope': init_from 'nope' is not an earlier entry (entries run "
+                       "in order; the earlier ones are: none)"),
+            std::string::npos)
+      << order;
+  auto no_weights = select_run(config, "rope_pi_zero");
+  no_weights.erase("init_from");
+  const auto nothing = error_of([&] { run_training(no_weights, options); });
+  EXPECT_NE(nothing.find("evaluate_only needs weights to evaluate"), std::string::npos) << nothing;
+  RunOptions elsewhere = options;
+  elsewhere.output = temp_folder("extend_missing") + "/rope_pi_zero";
+  const auto missing =
+      error_of([&] { run_training(select_run(config, "rope_pi_zero"), elsewhere); });
+  EXPECT_NE(missing.find("config: init_from 'rope': no '"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("(the entry 'rope' must finish training first"), std::string::npos)
+      << missing;
+}
+
 TEST(Trainer, CheckpointIsPythonReadableAndChecked) {
   auto config = smoke("lm");
   RunOptions options;

@@ -124,12 +124,27 @@ int run_compare_parallel(const TrainArgs& args) {
   sigaction(SIGINT, &ignore, &previous);
   std::map<pid_t, std::string> running;
   std::map<std::string, int> status_of;
-  size_t next = 0;
-  while (next < entries.size() || !running.empty()) {
-    while (next < entries.size() && static_cast<int64_t>(running.size()) < args.jobs) {
-      const auto& run = entries[next++];
-      running[spawn_run(args, run, folder + "/" + run, threads)] = run;
+  // An entry that starts from another's weights (init_from: NAME) waits for it; if that one
+  // failed, it does not start (exit status 2, said below).
+  std::vector<std::string> waiting(entries.begin(), entries.end());
+  while (!waiting.empty() || !running.empty()) {
+    for (auto it = waiting.begin();
+         it != waiting.end() && static_cast<int64_t>(running.size()) < args.jobs;) {
+      const auto from = train::entry_dependency(config, *it);
+      if (!from.empty() && !status_of.count(from)) {
+        ++it;  // still training (or waiting itself)
+        continue;
+      }
+      if (!from.empty() && status_of[from] != 0) {
+        std::cerr << "compare: run '" << *it << "' not started: it starts from '" << from
+                  << "', which did not finish\n";
+        status_of[*it] = 2;
+      } else {
+        running[spawn_run(args, *it, folder + "/" + *it, threads)] = *it;
+      }
+      it = waiting.erase(it);
     }
+    if (running.empty()) continue;  // every entry left was just resolved (init_from: earlier only)
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
     if (pid < 0) break;

@@ -13,6 +13,36 @@ namespace posenc::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+std::string join(const std::vector<std::string>& words) {
+  std::string text;
+  for (const auto& w : words) text += (text.empty() ? "" : ", ") + w;
+  return text;
+}
+
+}  // namespace
+
+bool is_entry_reference(const std::string& init_from) {
+  return init_from.find('/') == std::string::npos && init_from.find('.') == std::string::npos;
+}
+
+std::string entry_dependency(const nlohmann::json& config, const std::string& run) {
+  for (const auto& entry : config.at("runs")) {
+    if (!entry.is_object() || entry.value("name", std::string()) != run) continue;
+    if (!entry.contains("init_from") || !entry.at("init_from").is_string()) return "";
+    const auto from = entry.at("init_from").get<std::string>();
+    return is_entry_reference(from) ? from : "";
+  }
+  return "";
+}
+
+std::string resolve_init_from(const std::string& init_from, const std::string& output) {
+  if (!is_entry_reference(init_from)) return init_from;
+  const auto parent = fs::path(output).parent_path();
+  return ((parent.empty() ? fs::path(".") : parent) / init_from / "weights.pt").string();
+}
+
 nlohmann::json select_run(const nlohmann::json& config, const std::string& run) {
   nlohmann::json base = config;
   base.erase("runs");
@@ -31,6 +61,8 @@ nlohmann::json select_run(const nlohmann::json& config, const std::string& run) 
     if (name != wanted) continue;
     if (auto encoder = r.object("encoder")) base["encoder"] = *encoder;
     if (auto overrides = r.object("overrides")) base.merge_patch(*overrides);
+    if (auto from = r.optional_string("init_from")) base["init_from"] = *from;
+    if (r.has("evaluate_only")) base["evaluate_only"] = r.boolean("evaluate_only", false);
     r.finish();
     const std::string parent =
         config.value("output", "runs/" + config.value("name", std::string("run")));
@@ -82,6 +114,18 @@ std::vector<std::string> comparison_entries(const nlohmann::json& config) {
     check_run_name(name, "config: runs");
     TORCH_CHECK(std::find(names.begin(), names.end(), name) == names.end(),
                 "config: runs: two entries are named '", name, "'; each needs its own name");
+    // An entry that starts from another entry's weights must come after it (entries train in
+    // order; --jobs waits for it), so a typo or a cycle is an error before anything trains.
+    if (entry.contains("init_from")) {
+      TORCH_CHECK(entry.at("init_from").is_string(), "config: runs entry '", name,
+                  "': init_from must be a string (an earlier entry's name or a weights path)");
+      const auto from = entry.at("init_from").get<std::string>();
+      if (is_entry_reference(from))
+        TORCH_CHECK(std::find(names.begin(), names.end(), from) != names.end(),
+                    "config: runs entry '", name, "': init_from '", from,
+                    "' is not an earlier entry (entries run in order; the earlier ones are: ",
+                    names.empty() ? std::string("none") : join(names), ")");
+    }
     names.push_back(name);
   }
   return names;

@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -27,20 +28,42 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The run's name, seed and output folder from the config's top level (unknown keys refused).
-uint64_t read_identity(const nlohmann::json& config, const RunOptions& options, RunResult& result) {
+// The top level of a run config (unknown keys refused): name, seed, output folder, and where its
+// parameters come from.
+struct Identity {
+  uint64_t seed = 0;
+  std::string init_from;  ///< resolved weights path ("" for a fresh start)
+  bool evaluate_only = false;
+};
+
+Identity read_identity(const nlohmann::json& config, const RunOptions& options, RunResult& result) {
   ConfigReader top(config, "config");
+  Identity identity;
   result.name = top.string("name", "run");
   const int64_t seed = top.integer("seed", 0);
   TORCH_CHECK(seed >= 0, "config: 'seed' must be >= 0, got ", seed);
+  identity.seed = static_cast<uint64_t>(seed);
   const auto configured_output = top.string("output", "runs/" + result.name);
   result.output = options.output.empty() ? configured_output : options.output;
+  const auto from = top.string("init_from", "");
+  identity.evaluate_only = top.boolean("evaluate_only", false);
   for (const char* key :
        {"task", "model", "encoder", "train", "description", "runs", "default_run"}) {
     top.allow(key);
   }
   top.finish();
-  return static_cast<uint64_t>(seed);
+  // --init-from wins over the config's; an entry name is resolved next to this run's folder.
+  if (!options.init_from.empty()) {
+    identity.init_from = options.init_from;
+  } else if (!from.empty()) {
+    identity.init_from = resolve_init_from(from, result.output);
+    TORCH_CHECK(!is_entry_reference(from) || fs::exists(identity.init_from), "config: init_from '",
+                from, "': no '", identity.init_from, "' (the entry '", from,
+                "' must finish training first; `posenc compare` runs the entries in order)");
+  }
+  TORCH_CHECK(!identity.evaluate_only || !identity.init_from.empty(), "config: run '", result.name,
+              "': evaluate_only needs weights to evaluate (init_from: an entry or a weights.pt)");
+  return identity;
 }
 
 // Intra-op threads: train.threads; else, for one rank of several, the cores shared by the ranks
@@ -73,7 +96,8 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
              std::shared_ptr<DataParallel> ranks) {
   Run run;
   run.ranks = std::move(ranks);
-  run.seed = read_identity(config, options, result);
+  const auto identity = read_identity(config, options, result);
+  run.seed = identity.seed;
   run.settings = read_settings(config);
   const int world = run.ranks->world_size();
   check_batch_split(run.settings, world);
@@ -92,7 +116,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   torch::manual_seed(run.seed);
   run.task = make_task(config);
   auto model = run.task->model();
-  if (!options.init_from.empty()) load_parameters(options.init_from, *model);
+  if (!identity.init_from.empty()) load_parameters(identity.init_from, *model);
   result.metric_name = run.task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   auto groups = parameter_groups(*model, run.settings.weight_decay, run.settings.lr);
@@ -197,25 +221,27 @@ void check_run_config(const nlohmann::json& run_config, const std::vector<std::s
   check_batch_split(read_settings(config), world_size);
 }
 
-RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& options,
-                         const std::string& weights) {
-  nlohmann::json config = run_config;
-  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+namespace {
+
+// The model of `config` with the parameters of `weights`, evaluated; summary.json into the run's
+// output folder (+ suffix).
+RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& options,
+                           const std::string& weights, const std::string& suffix) {
   RunResult result;
-  const uint64_t seed = read_identity(config, options, result);
-  if (options.output.empty()) result.output += "/eval";  // never over the run's summary.json
+  const auto identity = read_identity(config, options, result);
+  result.output += suffix;
   const auto settings = read_settings(config);
   use_threads(settings, DistributedOptions{});
   check_run_name(result.name, "config");
   fs::create_directories(result.output);
   RunFolderLock lock(result.output);
-  torch::manual_seed(seed);
+  torch::manual_seed(identity.seed);
   auto task = make_task(config);
   auto model = task->model();
-  load_parameters(weights, *model);
+  load_parameters(weights.empty() ? identity.init_from : weights, *model);
   result.metric_name = task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
-  result.final_metrics = evaluate(*task);
+  result.final_metrics = evaluate(*task);  // seconds stays 0: the time columns are training's
   result.generalization = generalization(*task);
   result.finished = true;
   write_summary(result, config);
@@ -223,9 +249,27 @@ RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& opt
   return result;
 }
 
+}  // namespace
+
+RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& options,
+                         const std::string& weights) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  // never over the run's own summary.json unless --out says where
+  return evaluate_weights(config, options, weights, options.output.empty() ? "/eval" : "");
+}
+
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
   nlohmann::json config = run_config;
   for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  if (config.contains("evaluate_only") && config.at("evaluate_only").is_boolean() &&
+      config.at("evaluate_only").get<bool>()) {
+    TORCH_CHECK(options.distributed.world_size == 1, "config: run '",
+                config.value("name", std::string("run")),
+                "' is evaluate_only: run it in one process, not as one rank of ",
+                options.distributed.world_size);
+    return evaluate_weights(config, options, "", "");
+  }
   std::shared_ptr<DataParallel> ranks;
   {
     const auto timeout = std::chrono::milliseconds(

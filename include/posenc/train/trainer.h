@@ -9,8 +9,14 @@
 //   train:   {epochs, batch_size, lr, min_lr_ratio, weight_decay, warmup_steps, clip_grad_norm,
 //             max_steps, log_every, eval_every, threads, ema_decay, fused_optimizer,
 //             rank_timeout_s, gradient_sync, bucket_mb, find_unused_parameters}
-//   runs:    [{name, encoder, overrides}]          for compare: one model per entry, each the
-//                                                  config merged with its overrides (RFC 7396)
+//   runs:    [{name, encoder, overrides,           for compare: one model per entry, each the
+//             init_from, evaluate_only}]           config merged with its overrides (RFC 7396)
+//   init_from: NAME | PATH    start from the parameters of another entry of the same comparison
+//                             (<comparison folder>/NAME/weights.pt; an earlier entry) or of a
+//                             weights.pt / checkpoint.pt path (a name with '/' or '.')
+//   evaluate_only: true       no training: the init_from weights evaluated under this entry's
+//                             config (e.g. a trained RoPE model with a rope_scaling block added:
+//                             inference-time context extension)
 // Training: AdamW (no decay on biases and norms), linear warmup then cosine decay to
 // min_lr_ratio * lr, global-norm gradient clipping. Reproducible: the epoch's order and each
 // step's randomness (augmentation, dropout) are seeded from (seed, epoch) and (seed, step), so a
@@ -107,6 +113,14 @@ RunResult read_run_result(const std::string& output);
 /// results.md, results.csv and results.png for these runs, into folder.
 void write_comparison(const std::string& folder, const std::string& name,
                       const std::vector<RunResult>& results);
+/// Whether a config's init_from names an entry of the comparison (no '/' and no '.') rather
+/// than a weights file.
+bool is_entry_reference(const std::string& init_from);
+/// The weights file an init_from value means for a run writing into `output`: an entry name is
+/// the sibling folder's weights.pt (<parent of output>/NAME/weights.pt); a path is itself.
+std::string resolve_init_from(const std::string& init_from, const std::string& output);
+/// The entry that `run` starts from (its init_from, when it names an entry), or "".
+std::string entry_dependency(const nlohmann::json& config, const std::string& run);
 /// The run config for one named entry of `runs` (or the base config when run is "").
 nlohmann::json select_run(const nlohmann::json& config, const std::string& run);
 /// Applies "--set a.b.c=value" overrides (value parsed as JSON: numbers, booleans, lists,

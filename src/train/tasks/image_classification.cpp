@@ -5,13 +5,17 @@
 // (a rectangle set to 0 = the mean pixel after normalization; Zhong et al. 2020).
 // Loss: cross-entropy, with label smoothing eps (Szegedy et al. 2016): targets (1 - eps) on the
 // label + eps / K on every class; evaluation reports the plain cross-entropy.
+// Test-time flip averaging (eval_flip): the class probabilities of an image and of its mirror
+// image are averaged, p = (softmax(f(x)) + softmax(f(flip(x)))) / 2, and the reported loss is
+// -log p[label] (the usual flip test-time augmentation; a model trained with flips is invariant
+// to the mirror in distribution, so the two views are two samples of the same prediction).
 // Generalization: accuracy at the eval_scales (e.g. 1.5: 28 -> 42 px + 3 px border = 48, a
 // 12 x 12 grid instead of 8 x 8): a learned table is resampled to the new grid (bicubic, as timm),
 // a 2D relative table is resized, sin-cos and RoPE are evaluated at the new positions.
 //
 // Keys (task): data_dir, train_limit, eval_limit, pad (2), patch (4), crop_padding (2),
 //              flip (true), erase_probability (0), label_smoothing (0), eval_scales ([1.0]),
-//              eval_batch (500)
+//              eval_batch (500), eval_flip (false)
 // Keys (model): transformer keys + pooling (mean | cls)
 #include <ATen/record_function.h>
 #include <torch/torch.h>
@@ -45,6 +49,7 @@ class ImageClassification : public Task {
     erase_probability_ = task.number("erase_probability", 0.0);
     label_smoothing_ = task.number("label_smoothing", 0.0);
     eval_batch_ = task.integer("eval_batch", 500);
+    eval_flip_ = task.boolean("eval_flip", false);
     if (task.has("eval_scales")) scales_ = task.numbers("eval_scales");
     task.finish();
     TORCH_CHECK(pad_ >= 0 && patch_ > 0 && crop_padding_ >= 0 && eval_batch_ > 0,
@@ -146,12 +151,23 @@ class ImageClassification : public Task {
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(eval_batch_, n - begin);
-      auto patches =
-          vision::patchify(prepare(test_.images.narrow(0, begin, size), scale, false), patch_);
+      auto images = prepare(test_.images.narrow(0, begin, size), scale, false);
       auto labels = test_.labels.narrow(0, begin, size);
-      auto logits = model_(patches.tokens, patches.positions);
-      loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
-      correct += logits.argmax(-1).eq(labels).sum().item<double>();
+      auto patches = vision::patchify(images, patch_);
+      auto logits = model_(patches.tokens, patches.positions);  // [size, classes]
+      at::Tensor log_p;                                         // [size, classes]
+      if (eval_flip_) {
+        auto mirrored = vision::patchify(images.flip({-1}), patch_);
+        auto logits_mirrored = model_(mirrored.tokens, mirrored.positions);
+        // log((p1 + p2) / 2) = logsumexp(log p1, log p2) - log 2, stable for small p.
+        log_p = torch::stack({logits.log_softmax(-1), logits_mirrored.log_softmax(-1)})
+                    .logsumexp(0)
+                    .sub_(std::log(2.0));
+      } else {
+        log_p = logits.log_softmax(-1);
+      }
+      loss += torch::nll_loss(log_p, labels, {}, at::Reduction::Sum).item<double>();
+      correct += log_p.argmax(-1).eq(labels).sum().item<double>();
     }
     const auto sums = ranks_.total({loss, correct});
     loss = sums[0];
@@ -168,7 +184,7 @@ class ImageClassification : public Task {
 
   vision::FashionMnist train_, test_;
   int64_t pad_, patch_, crop_padding_, eval_batch_;
-  bool flip_;
+  bool flip_, eval_flip_ = false;
   double erase_probability_ = 0, label_smoothing_ = 0;
   std::vector<double> scales_{1.0};
   TokenClassifier model_{nullptr};
