@@ -59,7 +59,65 @@ TEST_P(SmokeTest, LossFallsAndOutputsAreWritten) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Experiments, SmokeTest,
-                         ::testing::Values("vit", "lm", "forecast", "video", "text_video"));
+                         ::testing::Values("vit", "lm", "forecast", "video", "text_video",
+                                           "retrieval"));
+
+// The retrieval task (experiment 6): a depth x length table of recall in [0, 1], written per run
+// (recall_by_depth.md/.png, summary.json) and across runs by compare (a panel per run); the text
+// haystack variant trains too.
+TEST(Trainer, RetrievalWritesItsDepthTable) {
+  auto config = smoke("retrieval");
+  config["runs"] = nlohmann::json::parse(R"([{"name": "rope"},
+      {"name": "alibi_text", "encoder": {"type": "alibi"}, "overrides": {"task": {"haystack": "text"}}}])");
+  RunOptions options;
+  options.output = temp_folder("retrieval_compare");
+  options.quiet = true;
+  const auto results = run_comparison(config, options);
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    ASSERT_EQ(r.details.size(), 1u) << r.name;
+    const auto& table = r.details[0];
+    EXPECT_EQ(table.name, "recall_by_depth");
+    EXPECT_EQ(table.rows, (std::vector<std::string>{"0%", "50%", "100%"}));
+    EXPECT_EQ(table.cols, (std::vector<std::string>{"4 (30)", "8 (54)"}));
+    double sum = 0;
+    for (const auto& row : table.values) {
+      ASSERT_EQ(row.size(), 2u);
+      for (double v : row) {
+        EXPECT_GE(v, 0.0);
+        EXPECT_LE(v, 1.0);
+        EXPECT_EQ(v * 8, std::round(v * 8));  // 8 prompts per cell
+        sum += v;
+      }
+    }
+    // the generalization rows are the columns' means
+    ASSERT_EQ(r.generalization.size(), 2u);
+    EXPECT_EQ(r.generalization[0].setting, "4 records (30 bytes)");
+    double column = 0;
+    for (const auto& row : table.values) column += row[0];
+    EXPECT_NEAR(metric_value(r.generalization[0].metrics, "recall"), column / 3, 1e-12);
+    EXPECT_TRUE(fs::exists(r.output + "/recall_by_depth.md"));
+    EXPECT_TRUE(fs::exists(r.output + "/recall_by_depth.png"));
+    // read back from summary.json as compare --jobs does
+    const auto again = read_run_result(r.output);
+    ASSERT_EQ(again.details.size(), 1u);
+    EXPECT_EQ(again.details[0].values, table.values);
+  }
+  std::ifstream in(options.output + "/results_recall_by_depth.md");
+  std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(md.find("### rope\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("### alibi_text\n"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 50% |"), std::string::npos) << md;
+  EXPECT_TRUE(fs::exists(options.output + "/results_recall_by_depth.png"));
+
+  auto bad = config;
+  bad["task"]["depth_bins"] = 1;
+  RunOptions elsewhere = options;
+  elsewhere.output = temp_folder("retrieval_bad");
+  const auto message = test::error_of([&] { run_training(bad, elsewhere); });
+  EXPECT_NE(message.find("task: depth_bins must be in [2, 101], got 1"), std::string::npos)
+      << message;
+}
 
 TEST(Trainer, SmokeGeneralizationRows) {
   RunOptions options;

@@ -5,11 +5,14 @@
 
 #include <iostream>
 
+#include "../draw/heatmap.h"
 #include "cli.h"
-#include "heatmap.h"
 #include "posenc/posenc.h"
 
 namespace posenc::cli {
+
+using draw::Figure;
+using draw::write_heatmap_png;
 
 namespace {
 

@@ -8,6 +8,7 @@
 #include "posenc/config/config_reader.h"
 #include "posenc/train/trainer.h"
 #include "run_folder.h"
+#include "summary.h"
 
 namespace posenc::train {
 
@@ -158,6 +159,7 @@ RunResult read_run_result(const std::string& output) {
     for (const auto& [k, v] : row.at("metrics").items()) g.metrics.emplace_back(k, v.get<double>());
     r.generalization.push_back(g);
   }
+  r.details = details_from_json(summary, path);
   return r;
 }
 

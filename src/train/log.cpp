@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "posenc/train/plot.h"
+#include "summary.h"
 
 namespace posenc::train {
 namespace {
@@ -195,6 +196,7 @@ void write_comparison(const std::string& folder, const std::string& name,
     panels.push_back(sweep);
   }
   plot_panels(folder + "/results.png", panels);
+  write_detail_comparison(folder, results);
 }
 
 }  // namespace posenc::train

@@ -199,6 +199,7 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
     WeightAverage::Swap averaged(run.ema.get());  // with train.ema_decay: the average's results
     result.final_metrics = evaluate(*run.task);
     result.generalization = generalization(*run.task);
+    result.details = run.task->details();
     if (ranks->active())
       result.rank_checksums =
           ranks->gather(weights_checksum(*run.task->model()), "comparing the final weights");
@@ -207,6 +208,7 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
   result.finished = true;
   if (lead) {
     write_summary(result, config);
+    write_details(result);
     print_result(result);
   }
   return result;
@@ -243,8 +245,10 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   result.final_metrics = evaluate(*task);  // seconds stays 0: the time columns are training's
   result.generalization = generalization(*task);
+  result.details = task->details();
   result.finished = true;
   write_summary(result, config);
+  write_details(result);
   print_result(result);
   return result;
 }

@@ -13,6 +13,8 @@
 //   video_classification   direction of motion of moving Fashion-MNIST clips, tubelets with
 //                          (t, h, w) positions (or a subset of the axes)
 //   text_video_matching    which of K captions describes a clip, one mixed stream per pair
+//   retrieval              key-value retrieval over bytes ("lost in the middle"): exact-match
+//                          recall of a record by its depth in the prompt and the prompt's length
 #pragma once
 
 #include <torch/nn/module.h>
@@ -35,6 +37,19 @@ struct GeneralizationRow {
   std::string setting;  ///< "context 512", "scale 1.5x"
   double x = 0;         ///< the setting as a number (512, 1.5), for plots
   Metrics metrics;
+};
+
+/// A two-way table of one metric a task measures after training (e.g. recall by the depth of the
+/// record x the length of the prompt). The trainer writes it into the run folder as <name>.md and
+/// a heatmap <name>.png and into summary.json; `posenc compare` puts every run's side by side
+/// (results_<name>.md, results_<name>.png).
+struct DetailTable {
+  std::string name;                  ///< file stem, e.g. "recall_by_depth"
+  std::string title;                 ///< what the values are, e.g. "exact-match recall"
+  std::string row_label, col_label;  ///< "depth of the record", "records in the prompt"
+  std::vector<std::string> rows, cols;
+  std::vector<std::vector<double>> values;  ///< [rows][cols]
+  double lo = 0, hi = 1;                    ///< the colour scale, the same for every run
 };
 
 /// The ranks of a data-parallel run as a task sees them. Evaluation: each rank evaluates every
@@ -68,6 +83,8 @@ class Task {
   virtual Metrics evaluate() = 0;
   /// After training: the task's generalization test (other resolutions, longer contexts).
   virtual std::vector<GeneralizationRow> generalization() { return {}; }
+  /// After generalization(): two-way tables of what it measured (none by default).
+  virtual std::vector<DetailTable> details() { return {}; }
   /// The metric that summarizes a run ("accuracy", "ppl", "mae").
   virtual std::string metric_name() const = 0;
   /// Data-parallel runs: this rank, the evaluation batches that are its, how sums combine.

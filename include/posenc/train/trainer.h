@@ -85,6 +85,7 @@ struct RunResult {
   std::string metric_name;
   Metrics final_metrics;
   std::vector<GeneralizationRow> generalization;
+  std::vector<DetailTable> details;     ///< the task's two-way tables (Task::details)
   int world_size = 1;                   ///< ranks that trained it (data-parallel runs)
   std::vector<int64_t> rank_checksums;  ///< each rank's final weights, hashed (all equal)
 };

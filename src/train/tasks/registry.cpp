@@ -23,6 +23,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"forecast", make_forecast},
       {"image_classification", make_image_classification},
       {"language_model", make_language_model},
+      {"retrieval", make_retrieval},
       {"text_video_matching", make_text_video_matching},
       {"video_classification", make_video_classification}};
   return tasks;

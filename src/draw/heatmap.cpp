@@ -9,18 +9,14 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 #include <sstream>
+#include <tuple>
 
-#include "../draw/text.h"
 #include "posenc/train/plot.h"
+#include "text.h"
 
-namespace posenc::cli {
+namespace posenc::draw {
 
 namespace {
-
-using draw::format_number;
-using draw::kFont;
-using draw::kInk;
-using draw::put_text;
 
 void put_vertical_text(cv::Mat& image, const std::string& text, cv::Point center) {
   int baseline = 0;
@@ -49,24 +45,49 @@ cv::Mat colour(const at::Tensor& values, double lo, double hi, cv::Size size) {
   return big;
 }
 
-void draw_ticks(cv::Mat& image, cv::Rect area, int64_t rows, int64_t cols) {
-  auto ticks = [](int64_t n) {
-    std::vector<int64_t> out;
+// Tick labels: the figure's own (every row / column), else indices thinned to about 5.
+void draw_ticks(cv::Mat& image, cv::Rect area, int64_t rows, int64_t cols,
+                const std::vector<std::string>& row_labels,
+                const std::vector<std::string>& col_labels) {
+  auto ticks = [](int64_t n, const std::vector<std::string>& labels) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    if (static_cast<int64_t>(labels.size()) == n) {
+      for (int64_t i = 0; i < n; ++i) out.emplace_back(i, labels[static_cast<size_t>(i)]);
+      return out;
+    }
     const int64_t step = std::max<int64_t>(1, (n + 4) / 5);
-    for (int64_t i = 0; i < n; i += step) out.push_back(i);
-    if (out.back() != n - 1) out.push_back(n - 1);
+    for (int64_t i = 0; i < n; i += step) out.emplace_back(i, std::to_string(i));
+    if (out.back().first != n - 1) out.emplace_back(n - 1, std::to_string(n - 1));
     return out;
   };
-  for (int64_t c : ticks(cols)) {
+  for (const auto& [c, label] : ticks(cols, col_labels)) {
     const int x = area.x + static_cast<int>((c + 0.5) * area.width / cols);
     cv::line(image, {x, area.y + area.height}, {x, area.y + area.height + 4}, kInk);
-    put_text(image, std::to_string(c), {x, area.y + area.height + 17}, 0.38, true);
+    put_text(image, label, {x, area.y + area.height + 17}, 0.38, true);
   }
-  for (int64_t r : ticks(rows)) {
+  for (const auto& [r, label] : ticks(rows, row_labels)) {
     const int y = area.y + static_cast<int>((r + 0.5) * area.height / rows);
     cv::line(image, {area.x - 4, y}, {area.x, y}, kInk);
-    auto label = std::to_string(r);
-    put_text(image, label, {area.x - 8 - 7 * static_cast<int>(label.size()), y + 4}, 0.38);
+    put_text(image, label, {area.x - 8 - text_width(label, 0.38), y + 4}, 0.38);
+  }
+}
+
+// Each cell's value, in dark ink on light cells and white on dark ones.
+void annotate_cells(cv::Mat& image, cv::Rect area, const at::Tensor& values, double lo, double hi) {
+  auto v = values.to(torch::kFloat64).contiguous();
+  const int64_t rows = v.size(0), cols = v.size(1);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const double value = v[r][c].item<double>();
+      const double shade = hi > lo ? (value - lo) / (hi - lo) : 0.5;
+      const int x = area.x + static_cast<int>((c + 0.5) * area.width / cols);
+      const int y = area.y + static_cast<int>((r + 0.5) * area.height / rows) + 4;
+      char text[16];
+      std::snprintf(text, sizeof(text), "%.2f", value);
+      const cv::Scalar ink = shade > 0.6 ? kInk : cv::Scalar(255, 255, 255);
+      cv::putText(image, text, {x - text_width(text, 0.35) / 2, y}, kFont, 0.35, ink, 1,
+                  cv::LINE_AA);
+    }
   }
 }
 
@@ -81,6 +102,7 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
     lo = std::min(lo, p.values.min().item<double>());
     hi = std::max(hi, p.values.max().item<double>());
   }
+  if (figure.range) std::tie(lo, hi) = *figure.range;
   const int n = static_cast<int>(figure.panels.size());
   const int grid_cols = n <= 4 ? n : static_cast<int>(std::ceil(std::sqrt(n)));
   const int grid_rows = (n + grid_cols - 1) / grid_cols;
@@ -98,7 +120,8 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
                   panel_h);
     colour(p.values, lo, hi, area.size()).copyTo(image(area));
     cv::rectangle(image, area, kInk);
-    draw_ticks(image, area, p.values.size(0), p.values.size(1));
+    draw_ticks(image, area, p.values.size(0), p.values.size(1), figure.row_ticks, figure.col_ticks);
+    if (figure.annotate) annotate_cells(image, area, p.values, lo, hi);
     if (!p.title.empty())
       put_text(image, p.title, {area.x + area.width / 2, area.y - 8}, 0.45, true);
   }
@@ -128,4 +151,4 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
   }
 }
 
-}  // namespace posenc::cli
+}  // namespace posenc::draw
