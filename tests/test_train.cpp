@@ -68,18 +68,24 @@ INSTANTIATE_TEST_SUITE_P(Experiments, SmokeTest,
 TEST(Trainer, RetrievalWritesItsDepthTable) {
   auto config = smoke("retrieval");
   config["runs"] = nlohmann::json::parse(R"([{"name": "rope"},
-      {"name": "alibi_text", "encoder": {"type": "alibi"}, "overrides": {"task": {"haystack": "text"}}}])");
+      {"name": "alibi_text", "encoder": {"type": "alibi"}, "overrides": {"task": {"haystack": "text"}}},
+      {"name": "learned", "encoder": {"type": "learned", "max_positions": 29}}])");
   RunOptions options;
   options.output = temp_folder("retrieval_compare");
   options.quiet = true;
   const auto results = run_comparison(config, options);
-  ASSERT_EQ(results.size(), 2u);
+  ASSERT_EQ(results.size(), 3u);
   for (const auto& r : results) {
     ASSERT_EQ(r.details.size(), 1u) << r.name;
+    // at the trained length the table is the evaluation's recall (a learned table of 29 rows,
+    // prompt + one answer byte, is not stretched there)
+    EXPECT_DOUBLE_EQ(metric_value(r.generalization[0].metrics, "recall"),
+                     metric_value(r.final_metrics, "recall"))
+        << r.name;
     const auto& table = r.details[0];
     EXPECT_EQ(table.name, "recall_by_depth");
     EXPECT_EQ(table.rows, (std::vector<std::string>{"0%", "50%", "100%"}));
-    EXPECT_EQ(table.cols, (std::vector<std::string>{"4 (30)", "8 (54)"}));
+    EXPECT_EQ(table.cols, (std::vector<std::string>{"4 (28)", "8 (52)"}));
     double sum = 0;
     for (const auto& row : table.values) {
       ASSERT_EQ(row.size(), 2u);
@@ -92,7 +98,7 @@ TEST(Trainer, RetrievalWritesItsDepthTable) {
     }
     // the generalization rows are the columns' means
     ASSERT_EQ(r.generalization.size(), 2u);
-    EXPECT_EQ(r.generalization[0].setting, "4 records (30 bytes)");
+    EXPECT_EQ(r.generalization[0].setting, "4 records (28-byte prompts)");
     double column = 0;
     for (const auto& row : table.values) column += row[0];
     EXPECT_NEAR(metric_value(r.generalization[0].metrics, "recall"), column / 3, 1e-12);

@@ -226,10 +226,12 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
         std::ostringstream text;
         text << run.name << " step " << step << " eval:";
         WeightAverage::Swap averaged(run.ema.get());
-        for (const auto& [k, v] : evaluate(*run.task)) {
+        const auto metrics = evaluate(*run.task);
+        for (const auto& [k, v] : metrics) {
           row.emplace_back("eval_" + k, v);
           text << " " << k << " " << format_metric(v);
         }
+        if (step == total) state.final_eval = metrics;
         bar.message(text.str());
       }
       clock();

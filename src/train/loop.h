@@ -53,6 +53,9 @@ struct LoopState {
   double elapsed = 0;  ///< seconds of training so far, across resumes
   LogWindow window;
   TrainingLog log;
+  /// The evaluation at the last step (empty until the loop reaches it): the run's final metrics,
+  /// not computed a second time.
+  Metrics final_eval;
 };
 
 /// Trains from state.step to run.counts.total; returns false when stopped early (a signal or

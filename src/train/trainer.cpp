@@ -197,7 +197,8 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
   }
   {
     WeightAverage::Swap averaged(run.ema.get());  // with train.ema_decay: the average's results
-    result.final_metrics = evaluate(*run.task);
+    // the loop's evaluation at the last step when it ran (not when resumed at the end)
+    result.final_metrics = state.final_eval.empty() ? evaluate(*run.task) : state.final_eval;
     result.generalization = generalization(*run.task);
     result.details = run.task->details();
     if (ranks->active())

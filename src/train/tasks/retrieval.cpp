@@ -140,13 +140,15 @@ class RetrievalTask : public Task {
     table_.title = std::string("exact-match recall by depth (") +
                    (haystack_ == text::Haystack::kText ? "a record in book text" : "records") + ")";
     table_.row_label = "depth of the gold record";
-    table_.col_label = "records in the prompt (bytes)";
+    table_.col_label = "records in the prompt (prompt bytes)";
     table_.values.assign(static_cast<size_t>(depth_bins_), {});
     for (int64_t b = 0; b < depth_bins_; ++b)
       table_.rows.push_back(std::to_string(std::lround(100.0 * depth_of(b))) + "%");
     for (int64_t n : eval_records_) {
-      const int64_t bytes = text::retrieval_prompt_bytes(n) + text::kAnswerBytes;
-      auto restore = model_->transformer->encoder->adapt({bytes});
+      const int64_t bytes = text::retrieval_prompt_bytes(n);
+      // the longest input is the prompt and one answer byte (positions 0 .. bytes): a learned
+      // table of that many rows is left as it is at the trained length
+      auto restore = model_->transformer->encoder->adapt({bytes + 1});
       const auto sums = evaluate_records(n, /*with_loss=*/false);
       restore();
       double correct = 0;
@@ -156,7 +158,7 @@ class RetrievalTask : public Task {
         correct += sums[static_cast<size_t>(b)];
       }
       table_.cols.push_back(std::to_string(n) + " (" + std::to_string(bytes) + ")");
-      rows.push_back({std::to_string(n) + " records (" + std::to_string(bytes) + " bytes)",
+      rows.push_back({std::to_string(n) + " records (" + std::to_string(bytes) + "-byte prompts)",
                       static_cast<double>(n),
                       {{"recall", correct / static_cast<double>(depth_bins_ * eval_examples_)}}});
     }
