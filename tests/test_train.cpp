@@ -123,6 +123,18 @@ TEST(Trainer, RetrievalWritesItsDepthTable) {
   const auto message = test::error_of([&] { run_training(bad, elsewhere); });
   EXPECT_NE(message.find("task: depth_bins must be in [2, 101], got 1"), std::string::npos)
       << message;
+  auto mixed = config;
+  mixed["task"]["min_records"] = 5;  // more than records = 4
+  const auto range = test::error_of([&] { run_training(mixed, elsewhere); });
+  EXPECT_NE(range.find("task: min_records must be in [1, records = 4], got 5"), std::string::npos)
+      << range;
+  // prompts of 2..4 records, one N per step from the step's seed: trains, evaluates at 4 and 8
+  mixed["task"]["min_records"] = 2;
+  RunOptions varied = options;
+  varied.output = temp_folder("retrieval_mixed");
+  const auto trained = run_training(mixed, varied);
+  EXPECT_TRUE(trained.finished);
+  EXPECT_EQ(trained.details.size(), 1u);
 }
 
 TEST(Trainer, SmokeGeneralizationRows) {

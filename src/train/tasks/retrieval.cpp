@@ -4,14 +4,17 @@
 //   loss: cross-entropy on the two answer bytes only (teacher-forced: the input is the prompt
 //         and the first answer byte; logits at the last two positions)
 //   recall: exact match of both bytes under greedy decoding (a key-value cache), the metric
-// Training draws the gold record at a uniform depth. Evaluation: depth_bins bins (0, 10, ...,
-// 100% for 11), eval_examples prompts per bin, at each of eval_records (N records; prompts of
-// 6 N + 4 bytes); the same prompts for every run (seeded by N and bin). After training: a row
-// per N (recall averaged over the bins) and the depth x N table (details: recall_by_depth.md,
-// recall_by_depth.png). A learned table shorter than a prompt is stretched over it (adapt), as
-// in the language_model task.
+// Training draws the gold record at a uniform depth; with min_records < records, each step's
+// prompts hold N records, N uniform in [min_records, records] (the same N for the whole batch,
+// drawn from the step's seed): short prompts teach the lookup before long ones dilute it.
+// Evaluation: depth_bins bins (0, 10, ..., 100% for 11), eval_examples prompts per bin, at each of
+// eval_records (N records; prompts of 6 N + 4 bytes); the same prompts for every run (seeded by N
+// and bin). After training: a row per N (recall averaged over the bins) and the depth x N table
+// (details: recall_by_depth.md, recall_by_depth.png). A learned table shorter than a prompt is
+// stretched over it (adapt), as in the language_model task.
 //
-// Keys (task): records (20), eval_records ([records]), haystack (records | text),
+// Keys (task): records (20), min_records (records), eval_records ([records]),
+//              haystack (records | text),
 //              examples_per_epoch (16384), depth_bins (11), eval_examples (200),
 //              eval_batch (200), files (the Gutenberg books; text haystack), eval_fraction (0.1)
 // Keys (model): transformer keys (causal is forced on)
@@ -37,12 +40,20 @@ constexpr uint64_t kEvalSeed = 20230706;  // arXiv 2307.03172's date
 // The most records one prompt may hold and depth bins one table may have.
 constexpr int64_t kMaxDepthBins = 101;
 
+// SplitMix64's finalizer (Steele et al. 2014): consecutive step seeds -> unrelated numbers.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
 class RetrievalTask : public Task {
  public:
   explicit RetrievalTask(const nlohmann::json& config) {
     ConfigReader task(config.at("task"), "task");
     task.allow("type");
     records_ = task.integer("records", 20);
+    min_records_ = task.integer("min_records", records_);
     eval_records_ = {records_};
     if (task.has("eval_records")) eval_records_ = task.integers("eval_records");
     haystack_ = text::haystack_from_string(task.string("haystack", "records"));
@@ -62,6 +73,8 @@ class RetrievalTask : public Task {
                   "] (distinct two-letter keys), got ", n);
     TORCH_CHECK(records_ >= 1 && records_ <= text::kMaxRecords, "task: records must be in [1, ",
                 text::kMaxRecords, "], got ", records_);
+    TORCH_CHECK(min_records_ >= 1 && min_records_ <= records_,
+                "task: min_records must be in [1, records = ", records_, "], got ", min_records_);
     TORCH_CHECK(depth_bins_ >= 2 && depth_bins_ <= kMaxDepthBins,
                 "task: depth_bins must be in [2, ", kMaxDepthBins, "], got ", depth_bins_);
     TORCH_CHECK(examples_per_epoch_ > 0 && eval_examples_ > 0 && eval_batch_ > 0,
@@ -101,13 +114,19 @@ class RetrievalTask : public Task {
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     const int64_t count = indices.size(0);
+    // this step's N: from the step seed, the same on every rank
+    int64_t records = records_;
+    if (min_records_ < records_)
+      records =
+          min_records_ + static_cast<int64_t>(mix(step_seed_) %
+                                              static_cast<uint64_t>(records_ - min_records_ + 1));
     text::RetrievalBatch batch;
     if (ranks_.world_size == 1) {  // torch's generator, seeded by the trainer for this step
-      batch = text::make_retrieval_batch(count, records_, haystack_, std::nullopt,
+      batch = text::make_retrieval_batch(count, records, haystack_, std::nullopt,
                                          at::detail::getDefaultCPUGenerator(), train_filler_);
     } else {  // the global batch as one process draws it; this rank's slice
       auto all =
-          text::make_retrieval_batch(count * ranks_.world_size, records_, haystack_, std::nullopt,
+          text::make_retrieval_batch(count * ranks_.world_size, records, haystack_, std::nullopt,
                                      at::detail::createCPUGenerator(step_seed_), train_filler_);
       const int64_t first = ranks_.rank * count;
       batch = {all.prompts.narrow(0, first, count), all.answers.narrow(0, first, count),
@@ -212,7 +231,7 @@ class RetrievalTask : public Task {
     return ranks_.total(sums);
   }
 
-  int64_t records_, examples_per_epoch_, depth_bins_, eval_examples_, eval_batch_;
+  int64_t records_, min_records_, examples_per_epoch_, depth_bins_, eval_examples_, eval_batch_;
   std::vector<int64_t> eval_records_;
   text::Haystack haystack_;
   at::Tensor train_filler_, eval_filler_;
