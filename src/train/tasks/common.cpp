@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 
 namespace posenc::train {
@@ -58,6 +59,13 @@ Positions select_axes(const Positions& positions, const std::vector<std::string>
   std::vector<at::Tensor> columns;
   for (const auto& axis : axes) columns.push_back(positions.axis(axis));
   return Positions(torch::stack(columns, -1), axes);
+}
+
+at::Tensor mean_probability_log(const std::vector<at::Tensor>& logits) {
+  TORCH_CHECK(!logits.empty(), "mean_probability_log: no views");
+  std::vector<at::Tensor> views;
+  for (const auto& l : logits) views.push_back(l.log_softmax(-1));
+  return torch::stack(views).logsumexp(0).sub_(std::log(static_cast<double>(views.size())));
 }
 
 double accuracy(const at::Tensor& logits, const at::Tensor& labels) {

@@ -22,6 +22,10 @@ PositionalEncoding encoder_from(const nlohmann::json& config, const std::string&
                                 const TransformerOptions& model);
 /// The same coordinates restricted to the named axes, in the order given.
 Positions select_axes(const Positions& positions, const std::vector<std::string>& axes);
+/// Test-time averaging of several views' predictions: log of the mean of their class
+/// probabilities, log((softmax(l_1) + ... + softmax(l_V)) / V) = logsumexp_v log_softmax(l_v) -
+/// log V, for logits [V][B, K] -> [B, K] (numerically stable for tiny probabilities).
+at::Tensor mean_probability_log(const std::vector<at::Tensor>& logits);
 /// Accuracy of logits [B, K] against labels [B].
 double accuracy(const at::Tensor& logits, const at::Tensor& labels);
 /// A config file's directory-relative path resolved, with `${data}` replaced by the data folder

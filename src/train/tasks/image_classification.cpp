@@ -158,11 +158,7 @@ class ImageClassification : public Task {
       at::Tensor log_p;                                         // [size, classes]
       if (eval_flip_) {
         auto mirrored = vision::patchify(images.flip({-1}), patch_);
-        auto logits_mirrored = model_(mirrored.tokens, mirrored.positions);
-        // log((p1 + p2) / 2) = logsumexp(log p1, log p2) - log 2, stable for small p.
-        log_p = torch::stack({logits.log_softmax(-1), logits_mirrored.log_softmax(-1)})
-                    .logsumexp(0)
-                    .sub_(std::log(2.0));
+        log_p = mean_probability_log({logits, model_(mirrored.tokens, mirrored.positions)});
       } else {
         log_p = logits.log_softmax(-1);
       }
