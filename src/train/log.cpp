@@ -156,7 +156,8 @@ void write_comparison(const std::string& folder, const std::string& name,
       md << " | |";
       csv << ",,";
     }
-    Series point{r.name, {}, {}};
+    const int colour = static_cast<int>(&r - results.data());  // one colour per run, every panel
+    Series point{r.name, {}, {}, colour};
     for (const auto& s : settings) {
       double v = kMissing;
       for (const auto& row : r.generalization) {
@@ -178,7 +179,7 @@ void write_comparison(const std::string& folder, const std::string& name,
     if (std::filesystem::exists(r.output + "/metrics.csv")) {
       log.read_csv(r.output + "/metrics.csv", std::numeric_limits<int64_t>::max());
       auto steps = log.column("step"), values = log.column("eval_" + metric);
-      Series s{r.name, {}, {}};
+      Series s{r.name, {}, {}, colour};
       for (size_t i = 0; i < steps.size(); ++i) {
         if (std::isfinite(values[i])) {
           s.x.push_back(steps[i]);

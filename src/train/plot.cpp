@@ -111,7 +111,9 @@ cv::Mat draw_panel(const Panel& panel) {
   int legend_right = kLeft + w;  // legend entries right to left, above the frame
   for (size_t k = panel.series.size(); k-- > 0;) {
     const auto& s = panel.series[k];
-    const auto colour = kColours[k % kColours.size()];
+    const auto colour =
+        kColours[static_cast<size_t>(s.colour >= 0 ? s.colour : static_cast<int>(k)) %
+                 kColours.size()];
     std::vector<cv::Point> points;
     for (size_t i = 0; i < s.x.size() && i < s.y.size(); ++i) {
       if (std::isfinite(s.y[i])) points.emplace_back(px(s.x[i]), py(s.y[i]));

@@ -11,6 +11,9 @@ namespace posenc::train {
 struct Series {
   std::string name;
   std::vector<double> x, y;
+  /// Index into the palette; -1: the series' position in its panel. A comparison gives each run
+  /// its own, so a run has one colour in every panel.
+  int colour = -1;
 };
 
 struct Panel {
