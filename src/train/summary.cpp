@@ -80,6 +80,7 @@ void write_summary(const RunResult& result, const nlohmann::json& config) {
     summary["details"] = details;
   }
   write_file_atomically(result.output + "/summary.json", summary.dump(2) + "\n");
+  write_details(result);
 }
 
 std::string detail_markdown(const DetailTable& table) {

@@ -16,7 +16,8 @@ std::string format_metric(double value);
 /// curves.png: train and eval loss, train and eval metric, over steps.
 void write_curves(const std::string& path, const TrainingLog& log, const std::string& metric,
                   const std::string& title);
-/// summary.json in result.output, written atomically.
+/// summary.json in result.output, written atomically, and the task's two-way tables beside it
+/// (write_details).
 void write_summary(const RunResult& result, const nlohmann::json& config);
 /// Each of result.details as <name>.md and <name>.png in result.output.
 void write_details(const RunResult& result);

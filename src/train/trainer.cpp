@@ -209,7 +209,6 @@ RunResult train_run(const nlohmann::json& config, RunOptions options,
   result.finished = true;
   if (lead) {
     write_summary(result, config);
-    write_details(result);
     print_result(result);
   }
   return result;
@@ -226,10 +225,10 @@ void check_run_config(const nlohmann::json& run_config, const std::vector<std::s
 
 namespace {
 
-// The model of `config` with the parameters of `weights`, evaluated; summary.json into the run's
-// output folder (+ suffix).
+// The model of `config` with the parameters its init_from names (or options.init_from),
+// evaluated; summary.json into the run's output folder (+ suffix).
 RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& options,
-                           const std::string& weights, const std::string& suffix) {
+                           const std::string& suffix) {
   RunResult result;
   const auto identity = read_identity(config, options, result);
   result.output += suffix;
@@ -241,7 +240,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   torch::manual_seed(identity.seed);
   auto task = make_task(config);
   auto model = task->model();
-  load_parameters(weights.empty() ? identity.init_from : weights, *model);
+  load_parameters(identity.init_from, *model);
   result.metric_name = task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
   result.final_metrics = evaluate(*task);  // seconds stays 0: the time columns are training's
@@ -249,7 +248,6 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   result.details = task->details();
   result.finished = true;
   write_summary(result, config);
-  write_details(result);
   print_result(result);
   return result;
 }
@@ -260,8 +258,10 @@ RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& opt
                          const std::string& weights) {
   nlohmann::json config = run_config;
   for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  RunOptions from_weights = options;
+  from_weights.init_from = weights;
   // never over the run's own summary.json unless --out says where
-  return evaluate_weights(config, options, weights, options.output.empty() ? "/eval" : "");
+  return evaluate_weights(config, from_weights, options.output.empty() ? "/eval" : "");
 }
 
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {
@@ -273,7 +273,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
                 config.value("name", std::string("run")),
                 "' is evaluate_only: run it in one process, not as one rank of ",
                 options.distributed.world_size);
-    return evaluate_weights(config, options, "", "");
+    return evaluate_weights(config, options, "");
   }
   std::shared_ptr<DataParallel> ranks;
   {

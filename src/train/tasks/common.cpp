@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "text/gutenberg.h"
+
 namespace posenc::train {
 
 double metric_value(const Metrics& metrics, const std::string& name) {
@@ -59,6 +61,30 @@ Positions select_axes(const Positions& positions, const std::vector<std::string>
   std::vector<at::Tensor> columns;
   for (const auto& axis : axes) columns.push_back(positions.axis(axis));
   return Positions(torch::stack(columns, -1), axes);
+}
+
+BookSource book_source(ConfigReader& task) {
+  BookSource source;
+  source.files = {"${data}/gutenberg/moby-dick.txt", "${data}/gutenberg/sherlock-holmes.txt",
+                  "${data}/gutenberg/tom-sawyer.txt"};
+  if (task.has("files")) source.files = task.strings("files");
+  source.eval_fraction = task.number("eval_fraction", 0.1);
+  TORCH_CHECK(source.eval_fraction > 0 && source.eval_fraction < 1,
+              "task: eval_fraction must be in (0, 1), got ", source.eval_fraction);
+  return source;
+}
+
+BookBytes load_books(const BookSource& source) {
+  std::vector<at::Tensor> train_parts, held_parts;
+  text::ByteTokenizer tokenizer;
+  for (const auto& file : source.files) {
+    auto tokens = tokenizer.encode(text::strip_gutenberg(text::read_text(resolve_data_path(file))));
+    const int64_t held =
+        static_cast<int64_t>(static_cast<double>(tokens.size(0)) * source.eval_fraction);
+    train_parts.push_back(tokens.narrow(0, 0, tokens.size(0) - held));
+    held_parts.push_back(tokens.narrow(0, tokens.size(0) - held, held));
+  }
+  return {torch::cat(train_parts), torch::cat(held_parts)};
 }
 
 at::Tensor mean_probability_log(const std::vector<at::Tensor>& logits) {

@@ -22,6 +22,18 @@ PositionalEncoding encoder_from(const nlohmann::json& config, const std::string&
                                 const TransformerOptions& model);
 /// The same coordinates restricted to the named axes, in the order given.
 Positions select_axes(const Positions& positions, const std::vector<std::string>& axes);
+/// Where a text task's books come from: task keys `files` (the three Gutenberg books under
+/// `${data}/gutenberg/`) and `eval_fraction` (0.1, checked to be in (0, 1)).
+struct BookSource {
+  std::vector<std::string> files;
+  double eval_fraction = 0.1;
+};
+BookSource book_source(ConfigReader& task);
+/// The books as bytes, headers and footers stripped; the last eval_fraction of each held out.
+struct BookBytes {
+  at::Tensor train, held_out;  ///< [bytes] int64 each, the books concatenated
+};
+BookBytes load_books(const BookSource& source);
 /// Test-time averaging of several views' predictions: log of the mean of their class
 /// probabilities, log((softmax(l_1) + ... + softmax(l_V)) / V) = logsumexp_v log_softmax(l_v) -
 /// log V, for logits [V][B, K] -> [B, K] (numerically stable for tiny probabilities).

@@ -28,11 +28,7 @@ class LanguageModelTask : public Task {
   explicit LanguageModelTask(const nlohmann::json& config) {
     ConfigReader task(config.at("task"), "task");
     task.allow("type");
-    std::vector<std::string> files = {"${data}/gutenberg/moby-dick.txt",
-                                      "${data}/gutenberg/sherlock-holmes.txt",
-                                      "${data}/gutenberg/tom-sawyer.txt"};
-    if (task.has("files")) files = task.strings("files");
-    const double eval_fraction = task.number("eval_fraction", 0.1);
+    const auto books = book_source(task);
     context_ = task.integer("context", 128);
     windows_per_epoch_ = task.integer("windows_per_epoch", 8192);
     eval_windows_ = task.integer("eval_windows", 64);
@@ -40,25 +36,14 @@ class LanguageModelTask : public Task {
     contexts_ = {context_};
     if (task.has("eval_contexts")) contexts_ = task.integers("eval_contexts");
     task.finish();
-    TORCH_CHECK(eval_fraction > 0 && eval_fraction < 1,
-                "task: eval_fraction must be in (0, 1), got ", eval_fraction);
     TORCH_CHECK(context_ > 0 && windows_per_epoch_ > 0 && eval_windows_ > 0 && eval_batch_ > 0,
                 "task: context, windows_per_epoch, eval_windows, eval_batch must be > 0");
     for (int64_t length : contexts_)
       TORCH_CHECK(length > 0 && length <= (int64_t{1} << 20),
                   "task: eval_contexts must be in [1, 1048576], got ", length);
-    std::vector<at::Tensor> train_parts, eval_parts;
-    text::ByteTokenizer tokenizer;
-    for (const auto& file : files) {
-      auto tokens =
-          tokenizer.encode(text::strip_gutenberg(text::read_text(resolve_data_path(file))));
-      const int64_t held =
-          static_cast<int64_t>(static_cast<double>(tokens.size(0)) * eval_fraction);
-      train_parts.push_back(tokens.narrow(0, 0, tokens.size(0) - held));
-      eval_parts.push_back(tokens.narrow(0, tokens.size(0) - held, held));
-    }
-    train_tokens_ = torch::cat(train_parts);
-    eval_tokens_ = torch::cat(eval_parts);
+    auto bytes = load_books(books);
+    train_tokens_ = bytes.train;
+    eval_tokens_ = bytes.held_out;
     for (int64_t length : contexts_) {
       TORCH_CHECK(length > 0 && eval_tokens_.size(0) > length + 1, "task: eval context ", length,
                   " does not fit the ", eval_tokens_.size(0), " held-out bytes");

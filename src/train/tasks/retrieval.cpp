@@ -30,7 +30,6 @@
 
 #include "common.h"
 #include "tasks.h"
-#include "text/gutenberg.h"
 
 namespace posenc::train {
 namespace {
@@ -61,11 +60,7 @@ class RetrievalTask : public Task {
     depth_bins_ = task.integer("depth_bins", 11);
     eval_examples_ = task.integer("eval_examples", 200);
     eval_batch_ = task.integer("eval_batch", 200);
-    std::vector<std::string> files = {"${data}/gutenberg/moby-dick.txt",
-                                      "${data}/gutenberg/sherlock-holmes.txt",
-                                      "${data}/gutenberg/tom-sawyer.txt"};
-    if (task.has("files")) files = task.strings("files");
-    const double eval_fraction = task.number("eval_fraction", 0.1);
+    const auto books = book_source(task);
     task.finish();
     for (int64_t n : eval_records_)
       TORCH_CHECK(n >= 1 && n <= text::kMaxRecords,
@@ -79,21 +74,10 @@ class RetrievalTask : public Task {
                 "task: depth_bins must be in [2, ", kMaxDepthBins, "], got ", depth_bins_);
     TORCH_CHECK(examples_per_epoch_ > 0 && eval_examples_ > 0 && eval_batch_ > 0,
                 "task: examples_per_epoch, eval_examples and eval_batch must be > 0");
-    TORCH_CHECK(eval_fraction > 0 && eval_fraction < 1,
-                "task: eval_fraction must be in (0, 1), got ", eval_fraction);
     if (haystack_ == text::Haystack::kText) {
-      std::vector<at::Tensor> train_parts, eval_parts;
-      text::ByteTokenizer tokenizer;
-      for (const auto& file : files) {
-        auto tokens =
-            tokenizer.encode(text::strip_gutenberg(text::read_text(resolve_data_path(file))));
-        const int64_t held =
-            static_cast<int64_t>(static_cast<double>(tokens.size(0)) * eval_fraction);
-        train_parts.push_back(tokens.narrow(0, 0, tokens.size(0) - held));
-        eval_parts.push_back(tokens.narrow(0, tokens.size(0) - held, held));
-      }
-      train_filler_ = torch::cat(train_parts);
-      eval_filler_ = torch::cat(eval_parts);
+      auto bytes = load_books(books);
+      train_filler_ = bytes.train;
+      eval_filler_ = bytes.held_out;
       for (int64_t n : eval_records_)
         TORCH_CHECK(eval_filler_.size(0) >= text::kRecordBytes * n, "task: ", n,
                     " records' haystack (", text::kRecordBytes * n,
