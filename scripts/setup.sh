@@ -4,14 +4,15 @@
 #   bash scripts/setup.sh          # idempotent; prints only what it installs
 #
 # - Debian packages: compiler tools, OpenCV, zlib, CLI11, yaml-cpp, nlohmann-json,
-#   spdlog/fmt, GoogleTest and Google Benchmark; data: Fashion-MNIST (dataset-fashion-mnist).
+#   spdlog/fmt, GoogleTest and Google Benchmark, Gloo, libsndfile and libsamplerate (audio),
+#   espeak-ng (spoken words for experiment 8); data: Fashion-MNIST (dataset-fashion-mnist).
 # - LibTorch: the C++ libraries, headers and CMake config inside PyPI's `torch` wheel (pinned
 #   below), unpacked into ${POSENC_DEPS:-~/.cache/posenc}. Only the CPU libraries are taken
 #   (libtorch_cpu, libc10, libgomp) plus the two small CUDA runtime libraries that libtorch_cpu
 #   links against (libcudart, libcupti, from their own pinned PyPI wheels); the 500 MB CUDA
 #   kernel library is left out. Prints the LibTorch root on stdout with --print-torch-root.
 # - Data from Debian packages that are downloaded and unpacked, not installed
-#   (python3-vega-datasets' CSVs; statsmodels' CO2 series; Gutenberg books from two Go packages' test data; pymecavideo's example videos) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
+#   (python3-vega-datasets' CSVs; statsmodels' CO2 series; Gutenberg books from two Go packages' test data; pymecavideo's example videos; Asterisk's spoken prompts in five languages) into ${POSENC_DEPS:-~/.cache/posenc}/data (--print-data-dir).
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -34,7 +35,7 @@ say() { echo "[setup] $*" >&2; }
 APT_PACKAGES=(cmake ninja-build g++ ccache unzip python3 python3-pip
   libopencv-dev libcli11-dev libyaml-cpp-dev nlohmann-json3-dev
   libspdlog-dev libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev zlib1g-dev
-  dataset-fashion-mnist libgloo-dev)
+  dataset-fashion-mnist libgloo-dev libsndfile1-dev libsamplerate0-dev espeak-ng)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -126,4 +127,27 @@ if [[ ! -f "${DATA}/mecavideo/.complete" ]]; then
     "${DATA}/mecavideo/"
   rm -rf "$(dirname "$x")"
   touch "${DATA}/mecavideo/.complete"
+fi
+# asterisk-core-sounds-{en,es,fr,it,ru}-wav: Asterisk's spoken prompts, 8 kHz mono 16-bit WAV
+# (CC-BY-SA 3.0; each language's Debian copyright file is copied beside it). Speakers: en_US and
+# es_MX Allison (the same voice), fr_CA June, it_IT Carlo, ru_RU IvrvoiceRU. Checked counts below.
+if [[ ! -f "${DATA}/asterisk/.complete" ]]; then
+  say "extracting Asterisk's spoken prompts (en, es, fr, it, ru) into ${DATA}/asterisk"
+  x=$(unpack_debs asterisk-core-sounds-{en,es,fr,it,ru}-wav)
+  rm -rf "${DATA}/asterisk"
+  mkdir -p "${DATA}/asterisk"
+  declare -A voice=([en]=en_US_f_Allison [es]=es_MX_f_Allison [fr]=fr_CA_f_June
+    [it]=it_IT_m_Carlo [ru]=ru_RU_f_IvrvoiceRU)
+  declare -A count=([en]=568 [es]=527 [fr]=561 [it]=599 [ru]=576)  # WAV files in 1.6.1-1
+  for lang in en es fr it ru; do
+    src="$x/usr/share/asterisk/sounds/${voice[$lang]}"
+    [[ -d "$src" ]] || { echo "setup: asterisk-core-sounds-${lang}-wav has no ${src#"$x"}" >&2; exit 1; }
+    n=$(find "$src" -name '*.wav' | wc -l)
+    [[ "$n" == "${count[$lang]}" ]] ||
+      { echo "setup: asterisk-core-sounds-${lang}-wav: expected ${count[$lang]} WAV files, found $n" >&2; exit 1; }
+    cp -r "$src" "${DATA}/asterisk/${lang}"
+    cp "$x/usr/share/doc/asterisk-core-sounds-${lang}-wav/copyright" "${DATA}/asterisk/${lang}/COPYRIGHT"
+  done
+  rm -rf "$(dirname "$x")"
+  touch "${DATA}/asterisk/.complete"
 fi

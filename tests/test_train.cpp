@@ -61,7 +61,7 @@ TEST_P(SmokeTest, LossFallsAndOutputsAreWritten) {
 
 INSTANTIATE_TEST_SUITE_P(Experiments, SmokeTest,
                          ::testing::Values("vit", "lm", "forecast", "video", "text_video",
-                                           "retrieval"));
+                                           "retrieval", "audio_language"));
 
 // The retrieval task (experiment 6): a depth x length table of recall in [0, 1], written per run
 // (recall_by_depth.md/.png, summary.json) and across runs by compare (a panel per run); the text

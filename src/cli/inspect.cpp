@@ -59,16 +59,54 @@ std::vector<int64_t> parse_extent(const std::string& text, const std::string& sp
 }  // namespace
 
 namespace {
+// "2.5" (or "2.5s") -> 2.5: a positive, finite number of seconds.
+double parse_seconds(const std::string& part, const std::string& text) {
+  const auto number = !part.empty() && part.back() == 's' ? part.substr(0, part.size() - 1) : part;
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(number, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  TORCH_CHECK(used > 0 && used == number.size() && std::isfinite(value) && value > 0,
+              "--positions '", text, "': '", part, "' is not a positive number of seconds");
+  return value;
+}
+
+// Qwen2.5-Omni audio: "12" -> 12 audio tokens; "2.0s" -> an audio of that length at 16 kHz:
+// ceil(samples / 160) mel frames (the Whisper feature extractor's attention mask, hop 160, i.e.
+// 100 frames per second) -> omni_audio_tokens (25 tokens per second).
+int64_t parse_audio(const std::string& size, const std::string& text) {
+  if (size.empty() || size.back() != 's') return parse_extent(size, text, 1)[0];
+  const double seconds = parse_seconds(size, text);
+  TORCH_CHECK(seconds * 25 <= kMaxPositions, "--positions '", text, "': audio=", size, " is ",
+              seconds * 25, " audio tokens; the limit is ", kMaxPositions);
+  const double samples = std::round(seconds * 16000);
+  const auto mel_frames = static_cast<int64_t>(std::ceil(samples / 160));
+  const int64_t tokens = omni_audio_tokens(mel_frames);
+  TORCH_CHECK(tokens >= 1, "--positions '", text, "': audio=", size, " is ", mel_frames,
+              " mel frames, which give no audio token (at least 3 mel frames: more than 0.02 s)");
+  return tokens;
+}
+
 // "video=3x2x2,text=5" -> a mixed stream with M-RoPE positions (posenc/core/stream.h).
+// "omni:text=2,audio=2.0s,video=4x2x2@1.0+audio=4.0s" -> Qwen2.5-Omni TMRoPE positions, marker
+// tokens included. Sizes are token grids (spatial_merge_size 1) under both rules; @S is a video's
+// seconds per temporal grid step (HF second_per_grid(s) = 2 / fps), required under omni.
 StreamLayout parse_stream(const std::string& spec, const std::string& text) {
-  TORCH_CHECK(!spec.empty(), "--positions '", text, "': no segments after 'stream:'");
+  const bool omni = spec.rfind("omni:", 0) == 0;
+  const std::string body = omni ? spec.substr(5) : spec;
+  TORCH_CHECK(!body.empty(), "--positions '", text, "': no segments after '",
+              omni ? "stream:omni:" : "stream:", "'");
   std::vector<Segment> segments;
   double total = 0;
-  std::stringstream in(spec);
+  std::stringstream in(body);
   for (std::string part; std::getline(in, part, ',');) {
     const auto equals = part.find('=');
     TORCH_CHECK(equals != std::string::npos, "--positions '", text, "': segment '", part,
-                "' is not kind=size (text=N, pad=N, image=HxW, video=TxHxW)");
+                "' is not kind=size (text=N, pad=N, image=HxW, video=TxHxW[@S]; after "
+                "stream:omni: also audio=N|Ss and video=TxHxW@S+audio=N|Ss)");
     const auto kind = part.substr(0, equals), size = part.substr(equals + 1);
     if (kind == "text") {
       segments.push_back(Segment::text(parse_extent(size, text, 1)[0]));
@@ -77,22 +115,59 @@ StreamLayout parse_stream(const std::string& spec, const std::string& text) {
     } else if (kind == "image") {
       auto s = parse_extent(size, text, 2);
       segments.push_back(Segment::image(s[0], s[1]));
+    } else if (kind == "audio") {
+      TORCH_CHECK(omni, "--positions '", text, "': segment '", part,
+                  "': audio needs the Qwen2.5-Omni rule; write stream:omni:...");
+      segments.push_back(Segment::audio(parse_audio(size, text)));
     } else if (kind == "video") {
-      auto s = parse_extent(size, text, 3);
-      segments.push_back(Segment::video(s[0], s[1], s[2]));
+      // TxHxW[@S][+audio=N|Ss]
+      std::string grid = size, seconds, audio;
+      const auto plus = grid.find("+audio=");
+      if (plus != std::string::npos) {
+        TORCH_CHECK(omni, "--positions '", text, "': segment '", part,
+                    "': a video with its audio needs the Qwen2.5-Omni rule; write "
+                    "stream:omni:...");
+        audio = grid.substr(plus + 7);
+        grid = grid.substr(0, plus);
+      }
+      const auto at = grid.find('@');
+      if (at != std::string::npos) {
+        seconds = grid.substr(at + 1);
+        grid = grid.substr(0, at);
+      }
+      TORCH_CHECK(!omni || at != std::string::npos, "--positions '", text, "': segment '", part,
+                  "' needs its seconds per grid under stream:omni: (video=TxHxW@S, e.g. @1.0 ",
+                  "for 2 fps)");
+      auto s = parse_extent(grid, text, 3);
+      const double seconds_per_grid = at == std::string::npos ? 0.0 : parse_seconds(seconds, text);
+      if (plus != std::string::npos) {
+        const int64_t audio_tokens = parse_audio(audio, text);
+        segments.push_back(
+            Segment::video_with_audio(s[0], s[1], s[2], seconds_per_grid, audio_tokens));
+      } else {
+        segments.push_back(Segment::video(s[0], s[1], s[2], seconds_per_grid));
+      }
     } else {
       TORCH_CHECK(false, "--positions '", text, "': unknown segment kind '", kind,
-                  "' (text, pad, image, video)");
+                  "' (text, pad, image, video", omni ? ", audio)" : "; audio after stream:omni:)");
     }
     const auto& s = segments.back();
-    total += s.kind == SegmentKind::kText || s.kind == SegmentKind::kPadding
+    const double markers = omni && s.kind != SegmentKind::kText && s.kind != SegmentKind::kPadding
+                               ? (s.audio_tokens > 0 ? 4.0 : 2.0)
+                               : 0.0;
+    total += s.kind == SegmentKind::kText || s.kind == SegmentKind::kPadding ||
+                     s.kind == SegmentKind::kAudio
                  ? static_cast<double>(s.tokens)
                  : static_cast<double>(s.frames) * static_cast<double>(s.height) *
                        static_cast<double>(s.width);
+    total += markers + static_cast<double>(s.audio_tokens);
     TORCH_CHECK(total <= kMaxPositions, "--positions '", text, "': more than ", kMaxPositions,
                 " positions (the positions limit)");
   }
-  return build_stream(segments);
+  if (!omni) return build_stream(segments);
+  StreamOptions options = StreamOptions::qwen2_5_omni();
+  options.spatial_merge_size = 1;  // sizes are token grids, as for stream:
+  return build_stream(segments, options);
 }
 
 // "2010-01-01 00:00,2010-01-01 03:30" -> epoch seconds on the axis "time".

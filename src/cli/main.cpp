@@ -61,7 +61,10 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
   command
       ->add_option("--positions", args.positions,
                    "positions: start:stop[:step], grid:HxW, volume:TxHxW, "
-                   "stream:video=TxHxW,image=HxW,text=N,pad=N (M-RoPE ids), "
+                   "stream:video=TxHxW[@S],image=HxW,text=N,pad=N (M-RoPE ids; token grids, "
+                   "S seconds per grid step), "
+                   "stream:omni:text=N,audio=N|Ss,image=HxW,video=TxHxW@S[+audio=N|Ss] "
+                   "(Qwen2.5-Omni TMRoPE ids with marker tokens; audio as tokens or seconds), "
                    "times:2010-01-01 00:00,... (epoch seconds) or a JSON array "
                    "([0,3,7], [[0,0],[0,1]])")
       ->required();

@@ -315,10 +315,12 @@ PositionalEncoding build_hf(ConfigReader& r, const ModelContext& c) {
 }
 
 SegmentKind modality_from_string(const std::string& name, const std::string& where) {
-  for (auto kind : {SegmentKind::kText, SegmentKind::kImage, SegmentKind::kVideo}) {
+  for (auto kind :
+       {SegmentKind::kText, SegmentKind::kImage, SegmentKind::kVideo, SegmentKind::kAudio}) {
     if (to_string(kind) == name) return kind;
   }
-  TORCH_CHECK(false, where, ": unknown modality '", name, "'; expected one of: text, image, video");
+  TORCH_CHECK(false, where, ": unknown modality '", name,
+              "'; expected one of: text, image, video, audio");
 }
 
 // {"type": "compose", "encoders": [{...}, ...]}: each part built with the model's sizes; a part
@@ -358,6 +360,35 @@ PositionalEncoding build_compose(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Compose(std::move(parts)));
 }
 
+// {"type": "freq_time", "frequency": {...}, "time": {...}}: audio patches absolute along
+// frequency (pitch matters; default sinusoidal) and rotary along time (shift invariant; default
+// RoPE): a composite over the axes "freq" and "time" (ast_positions' axes).
+PositionalEncoding build_freq_time(ConfigReader& r, const ModelContext& c) {
+  r.allow("frequency");
+  r.allow("time");
+  auto part_config = [&](const char* key, const char* type) {
+    nlohmann::json config = {{"type", type}};
+    if (r.has(key)) {
+      TORCH_CHECK(r.json()[key].is_object(), r.where(), ".", key,
+                  ": expected an encoder config object, got ", r.json()[key].type_name());
+      config = r.json()[key];
+    }
+    return config;
+  };
+  std::vector<ComposePart> parts(2);
+  const std::pair<const char*, const char*> axes[] = {{"frequency", "sinusoidal"},
+                                                      {"time", "rope"}};
+  for (size_t i = 0; i < 2; ++i) {
+    try {
+      parts[i].encoder = build_encoder(part_config(axes[i].first, axes[i].second), c);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, r.where(), ".", axes[i].first, ": ", e.msg());
+    }
+    parts[i].axes = {i == 0 ? "freq" : "time"};
+  }
+  return as_encoding(Compose(std::move(parts)));
+}
+
 const std::map<std::string, Builder>& builders() {
   static const std::map<std::string, Builder> table{{"alibi", build_alibi},
                                                     {"axial_sincos", build_axial_sincos},
@@ -375,6 +406,7 @@ const std::map<std::string, Builder>& builders() {
                                                     {"time_sinusoidal", build_time_sinusoidal},
                                                     {"calendar", build_calendar},
                                                     {"compose", build_compose},
+                                                    {"freq_time", build_freq_time},
                                                     {"hf", build_hf}};
   return table;
 }

@@ -42,20 +42,40 @@ void ComposeImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
       part.encoder->contribute(plan, request);
       continue;
     }
+    if (!part.modality) {
+      // Every token, some axes (e.g. RoPE on an audio patch's time axis beside a sinusoidal
+      // embedding of its frequency row): the part plans over those axes of the queries and keys;
+      // its embedding and rotary tables apply to the whole sequence as they are.
+      auto axes_of = [&](const Positions& p) {
+        return select(p, torch::arange(p.size(), torch::kLong), part.axes);
+      };
+      PlanRequest sub(axes_of(request.queries),
+                      request.keys.defined() ? axes_of(request.keys) : Positions{},
+                      request.rotated_keys.defined() ? axes_of(request.rotated_keys) : Positions{},
+                      request.device);
+      sub.token_kinds = request.token_kinds;
+      EncodingPlan own(sub);
+      part.encoder->contribute(own, sub);
+      const auto name = part_name(part);
+      TORCH_CHECK(!own.has_bias(), "compose: ", name,
+                  " reads some axes only and biases the logits; a bias part must read every "
+                  "axis (give it no 'axes')");
+      if (own.has_additive()) plan.add_embedding(name, own.embedding(), own.prefix_embedding());
+      if (own.has_rotary()) plan.set_rotary(name, own.rotary());
+      continue;
+    }
     // A part on some tokens / axes: its own plan over those, then its embedding scattered into
     // the stream's rows (zeros elsewhere).
     const auto name = part_name(part);
     const int64_t n = request.queries.size();
     std::vector<int64_t> rows;
-    if (part.modality) {
+    {
       TORCH_CHECK(static_cast<int64_t>(request.token_kinds.size()) == n, "compose: ", name,
                   " acts on ", to_string(*part.modality), " tokens, but the positions carry ",
                   request.token_kinds.size(), " token kinds for ", n,
                   " tokens (mixed streams: positions and kinds from build_stream)");
       for (int64_t i = 0; i < n; ++i)
         if (request.token_kinds[i] == *part.modality) rows.push_back(i);
-    } else {
-      for (int64_t i = 0; i < n; ++i) rows.push_back(i);
     }
     auto index = torch::tensor(rows, torch::kLong);
     PlanRequest sub;
@@ -64,7 +84,7 @@ void ComposeImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
     EncodingPlan own(sub);
     part.encoder->contribute(own, sub);
     TORCH_CHECK(!own.has_rotary() && !own.has_bias() && !own.prefix_embedding().defined(),
-                "compose: ", name, " acts on part of the tokens, so it must be additive (it ",
+                "compose: ", name, " acts on some tokens only, so it must be additive (it ",
                 own.has_rotary() ? "rotates" : "biases the logits",
                 "); give rotary and bias encoders the whole stream");
     if (!own.has_additive()) continue;

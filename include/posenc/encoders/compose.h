@@ -11,6 +11,11 @@
 // modality only: its encoder sees the positions of that modality's tokens (optionally some axes
 // of them) and adds its embedding to those tokens, e.g. 1D sinusoidal on the text (axis t) and
 // 3D sin-cos on the video while one M-RoPE spans the stream. Such a part must be additive.
+// A part on some axes of every token may also rotate: e.g. audio patches with axes (freq, time),
+// absolute along frequency (pitch matters) and rotary along time (shift invariant):
+// {"type": "compose", "encoders": [{"type": "sinusoidal", "axes": ["freq"]},
+//                                  {"type": "rope", "axes": ["time"]}]}  (registry: "freq_time").
+// Logit-bias parts read every axis.
 // Config: {"type": "compose", "encoders": [{...}, {"type": "sinusoidal", "modality": "text",
 // "axes": ["t"]}]}.
 #pragma once
