@@ -136,6 +136,28 @@ TEST(Trainer, RetrievalWritesItsDepthTable) {
   const auto trained = run_training(mixed, varied);
   EXPECT_TRUE(trained.finished);
   EXPECT_EQ(trained.details.size(), 1u);
+  // several answered queries per training prompt (up to N for a prompt of N records): trains;
+  // the evaluation still asks one, and reports each answer byte's accuracy
+  auto queries = mixed;
+  queries["task"]["train_queries"] = 3;
+  RunOptions asked = options;
+  asked.output = temp_folder("retrieval_queries");
+  const auto multi = run_training(queries, asked);
+  EXPECT_TRUE(multi.finished);
+  EXPECT_TRUE(std::isfinite(metric_value(multi.final_metrics, "first_byte")));
+  EXPECT_TRUE(std::isfinite(metric_value(multi.final_metrics, "second_byte")));
+  EXPECT_GE(metric_value(multi.final_metrics, "first_byte"),
+            metric_value(multi.final_metrics, "recall"));
+  queries["task"]["train_queries"] = 5;
+  EXPECT_NE(test::error_of([&] { run_training(queries, elsewhere); })
+                .find("task: train_queries must be in [1, records = 4] (distinct records per "
+                      "prompt), got 5"),
+            std::string::npos);
+  queries["task"]["train_queries"] = 2;
+  queries["task"]["haystack"] = "text";
+  EXPECT_NE(test::error_of([&] { run_training(queries, elsewhere); })
+                .find("train_queries > 1 needs haystack: records"),
+            std::string::npos);
 }
 
 // Test-time flip averaging (task.eval_flip, issue #16): the views' probabilities averaged, by

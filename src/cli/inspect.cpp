@@ -395,6 +395,11 @@ int run_inspect(const EncoderArgs& args, const std::string& input) {
   out["kind"] = plan_kind(plan);
   out["axes"] = positions.axes();
   out["positions"] = tensor_to_json(positions.coords());
+  if (!request.token_kinds.empty()) {  // a stream: what each token is (text, audio, markers, ...)
+    std::vector<std::string> kinds;
+    for (auto kind : request.token_kinds) kinds.push_back(to_string(kind));
+    out["tokens"] = kinds;
+  }
   if (plan.has_bias() && plan.bias_specs().size() == 1)
     out["bias_form"] = to_string(plan.bias_specs()[0].form);
   DescribeOptions options;
