@@ -104,9 +104,13 @@ TEST(LogMel, MelScalesAndErrors) {
   EXPECT_TRUE(contains(error_of([&] { options.validate(); }), "f_max 9000"));
   options = LogMelOptions{};
   options.win_length = 512;
-  EXPECT_TRUE(contains(error_of([&] { options.validate(); }), "win_length must be in [0, n_fft = 400]"));
-  EXPECT_TRUE(contains(error_of([] { mel_scale_from_string("bark"); }), "unknown mel_scale 'bark'"));
-  EXPECT_TRUE(contains(error_of([] { log_mel_spectrogram(torch::zeros({2, 3, 400}), {}); }),
+  EXPECT_TRUE(
+      contains(error_of([&] { options.validate(); }), "win_length must be in [0, n_fft = 400]"));
+  EXPECT_TRUE(
+      contains(error_of([] { mel_scale_from_string("bark"); }), "unknown mel_scale 'bark'"));
+  EXPECT_TRUE(contains(error_of([] {
+                         log_mel_spectrogram(torch::zeros({2, 3, 400}), {});
+                       }),
                        "must be [T] or [B, T]"));
 }
 
@@ -238,8 +242,9 @@ TEST(AudioFile, ResamplesBandLimited) {
   ASSERT_EQ(down.size(0), 8000);
   EXPECT_LT(down.narrow(0, 500, 7000).abs().max().item<double>(), 5e-3);
   auto kept = resample(tone(1000, 16000, 16000), 16000, 8000);
-  EXPECT_LT(test::max_abs_diff(kept.narrow(0, 500, 7000), tone(1000, 8000, 8000).narrow(0, 500, 7000)),
-            2e-3);
+  EXPECT_LT(
+      test::max_abs_diff(kept.narrow(0, 500, 7000), tone(1000, 8000, 8000).narrow(0, 500, 7000)),
+      2e-3);
   EXPECT_EQ(resample(torch::zeros({1001}), 44100, 16000).size(0), 363);  // round(1001 * 16 / 44.1)
   EXPECT_TRUE(contains(error_of([] { resample(torch::zeros({10}), 8000, 8000 * 300); }),
                        "outside libsamplerate's [1/256, 256]"));
@@ -270,7 +275,8 @@ TEST(AudioFile, ReadsEveryAsteriskPrompt) {
       if (entry.path().extension() != ".wav") continue;
       if (entry.path() == root / "ru" / "is.wav") {
         const auto path = entry.path().string();
-        EXPECT_TRUE(contains(error_of([&] { read_audio(path); }), "holds no samples (zero length)"));
+        EXPECT_TRUE(
+            contains(error_of([&] { read_audio(path); }), "holds no samples (zero length)"));
         AudioReadOptions allow;
         allow.allow_empty = true;
         EXPECT_EQ(read_audio(path, allow).samples.size(0), 0);
@@ -310,8 +316,7 @@ TEST(AstPatches, GridOrderAndPositionsInSeconds) {
   // positions: (freq row, start time in seconds): 10 frames of 10 ms per patch step
   auto p = ast_positions(small, {}, 0.01, TimeUnit::kSeconds, 2.5);
   EXPECT_EQ(p.axes(), (std::vector<std::string>{"freq", "time"}));
-  auto want = torch::tensor({0., 2.5, 0., 2.6, 0., 2.7, 1., 2.5, 1., 2.6, 1., 2.7},
-                            torch::kDouble)
+  auto want = torch::tensor({0., 2.5, 0., 2.6, 0., 2.7, 1., 2.5, 1., 2.6, 1., 2.7}, torch::kDouble)
                   .view({6, 2});
   EXPECT_LT(test::max_abs_diff(p.coords(), want), 1e-12);
   auto index = ast_positions(small, {}, 0.01, TimeUnit::kIndex);
@@ -321,8 +326,11 @@ TEST(AstPatches, GridOrderAndPositionsInSeconds) {
   auto w = frame_positions(1500, 0.02);
   EXPECT_EQ(w.axes(), (std::vector<std::string>{"time"}));
   EXPECT_NEAR(w.coords()[1499][0].item<double>(), 29.98, 1e-9);
-  EXPECT_TRUE(contains(error_of([] { ast_patch_grid(10, 100); }), "smaller than one 16 x 16 patch"));
-  EXPECT_TRUE(contains(error_of([] { ast_patch_grid(128, 100, {16, 20}); }),
+  EXPECT_TRUE(
+      contains(error_of([] { ast_patch_grid(10, 100); }), "smaller than one 16 x 16 patch"));
+  EXPECT_TRUE(contains(error_of([] {
+                         ast_patch_grid(128, 100, {16, 20});
+                       }),
                        "stride must be in [1, patch = 16]"));
 }
 
@@ -355,18 +363,18 @@ TEST(FreqTimeHybrid, InvariantToATimeShift) {
   EXPECT_GT(test::max_abs_diff(logits(absolute, here), logits(absolute, later)),
             1e-2 * a.abs().max().item<double>());
   // custom parts: a learned frequency table and RoPE with another base
-  auto custom = build_encoder(
-      nlohmann::json{{"type", "freq_time"},
-                     {"frequency", {{"type", "learned"}, {"max_positions", 8}}},
-                     {"time", {{"type", "rope"}, {"rope_theta", 100.0}}}},
-      {dim, heads, 0});
+  auto custom =
+      build_encoder(nlohmann::json{{"type", "freq_time"},
+                                   {"frequency", {{"type", "learned"}, {"max_positions", 8}}},
+                                   {"time", {{"type", "rope"}, {"rope_theta", 100.0}}}},
+                    {dim, heads, 0});
   EXPECT_LT(test::max_abs_diff(logits(custom, here), logits(custom, later)),
             1e-3 * logits(custom, here).abs().max().item<double>());
-  EXPECT_TRUE(contains(error_of([&] {
-                         build_encoder(nlohmann::json{{"type", "freq_time"}, {"time", 3}},
-                                       {dim, heads, 0});
-                       }),
-                       "time: expected an encoder config object"));
+  EXPECT_TRUE(
+      contains(error_of([&] {
+                 build_encoder(nlohmann::json{{"type", "freq_time"}, {"time", 3}}, {dim, heads, 0});
+               }),
+               "time: expected an encoder config object"));
   // a bias encoder on some axes is refused with a reason
   auto bias = build_encoder(
       nlohmann::json{{"type", "compose"}, {"encoders", {{{"type", "alibi"}, {"axes", {"time"}}}}}},

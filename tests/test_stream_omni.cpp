@@ -53,8 +53,8 @@ std::vector<Segment> omni_segments_of(const nlohmann::json& row, double per_seco
                                                 s["width"].get<int64_t>(), seconds_per_grid,
                                                 audio));
       } else {
-        out.push_back(Segment::video(frames, s["height"].get<int64_t>(),
-                                     s["width"].get<int64_t>(), seconds_per_grid));
+        out.push_back(Segment::video(frames, s["height"].get<int64_t>(), s["width"].get<int64_t>(),
+                                     seconds_per_grid));
       }
     } else {
       ADD_FAILURE() << "unknown segment kind '" << kind << "' in the fixture";
@@ -176,13 +176,19 @@ void expect_error(const std::function<void()>& fn, const std::string& expected) 
 
 TEST(Stream, OmniErrorsNameTheSegment) {
   const auto omni = StreamOptions::qwen2_5_omni();
-  expect_error([&] { build_stream({Segment::text(1), Segment::video(2, 2, 2)}, omni); },
-               "stream: segment 1 (video) has no seconds per grid (seconds_per_frame 0); rule "
-               "qwen2_5_omni needs it");
+  expect_error(
+      [&] {
+        build_stream({Segment::text(1), Segment::video(2, 2, 2)}, omni);
+      },
+      "stream: segment 1 (video) has no seconds per grid (seconds_per_frame 0); rule "
+      "qwen2_5_omni needs it");
   expect_error([&] { build_stream({Segment::video_with_audio(0, 2, 2, 1.0, 5)}, omni); },
                "stream: segment 0 (video) has grid 0x2x2");
-  expect_error([&] { build_stream({Segment::text(2), Segment::image(3, 4)}, omni); },
-               "stream: segment 1 grid 3x4 is not divisible by spatial_merge_size 2");
+  expect_error(
+      [&] {
+        build_stream({Segment::text(2), Segment::image(3, 4)}, omni);
+      },
+      "stream: segment 1 grid 3x4 is not divisible by spatial_merge_size 2");
   expect_error([&] { build_stream({Segment::audio(0)}, omni); },
                "stream: segment 0 (audio) has 0 audio tokens");
   expect_error([&] { build_stream({Segment::video_with_audio(2, 2, 2, 1.0, -1)}, omni); },
@@ -206,8 +212,11 @@ TEST(Stream, OmniErrorsNameTheSegment) {
       },
       "stream: segment 0 (video) has seconds per grid");
   // audio under the Qwen2-VL rule
-  expect_error([&] { build_stream({Segment::text(1), Segment::audio(4)}); },
-               "stream: segment 1 (audio) needs rule qwen2_5_omni; rule qwen2_vl has no audio");
+  expect_error(
+      [&] {
+        build_stream({Segment::text(1), Segment::audio(4)});
+      },
+      "stream: segment 1 (audio) needs rule qwen2_5_omni; rule qwen2_vl has no audio");
   expect_error([&] { build_stream({Segment::video_with_audio(2, 2, 2, 1.0, 4)}); },
                "stream: segment 0 (video with audio) needs rule qwen2_5_omni");
   // options

@@ -155,8 +155,9 @@ TEST(Trainer, RetrievalWritesItsDepthTable) {
             std::string::npos);
   queries["task"]["train_queries"] = 2;
   queries["task"]["haystack"] = "text";
-  EXPECT_NE(test::error_of([&] { run_training(queries, elsewhere); })
-                .find("train_queries > 1 needs haystack: records"),
+  EXPECT_NE(test::error_of([&] {
+              run_training(queries, elsewhere);
+            }).find("train_queries > 1 needs haystack: records"),
             std::string::npos);
 }
 

@@ -6,9 +6,8 @@
 #include <samplerate.h>
 #include <sndfile.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -32,10 +31,14 @@ namespace {
 
 int converter_of(ResampleQuality quality) {
   switch (quality) {
-    case ResampleQuality::kBest: return SRC_SINC_BEST_QUALITY;
-    case ResampleQuality::kMedium: return SRC_SINC_MEDIUM_QUALITY;
-    case ResampleQuality::kFastest: return SRC_SINC_FASTEST;
-    case ResampleQuality::kLinear: return SRC_LINEAR;
+    case ResampleQuality::kBest:
+      return SRC_SINC_BEST_QUALITY;
+    case ResampleQuality::kMedium:
+      return SRC_SINC_MEDIUM_QUALITY;
+    case ResampleQuality::kFastest:
+      return SRC_SINC_FASTEST;
+    case ResampleQuality::kLinear:
+      return SRC_LINEAR;
   }
   return SRC_SINC_BEST_QUALITY;
 }
@@ -59,8 +62,8 @@ std::string truncation_in_log(SNDFILE* file) {
 }  // namespace
 
 AudioClip read_audio(const std::string& path, const AudioReadOptions& options) {
-  TORCH_CHECK(options.target_rate >= 0, "audio: target_rate must be >= 0 (0 keeps the file's), got ",
-              options.target_rate);
+  TORCH_CHECK(options.target_rate >= 0,
+              "audio: target_rate must be >= 0 (0 keeps the file's), got ", options.target_rate);
   struct stat status {};
   TORCH_CHECK(::stat(path.c_str(), &status) == 0, "audio: cannot read '", path,
               "': ", std::strerror(errno));
@@ -91,9 +94,9 @@ AudioClip read_audio(const std::string& path, const AudioReadOptions& options) {
   sf_command(file.get(), SFC_SET_NORM_FLOAT, nullptr, SF_TRUE);
   auto interleaved = torch::empty({info.frames, info.channels}, torch::kFloat);
   const sf_count_t read = sf_readf_float(file.get(), interleaved.data_ptr<float>(), info.frames);
-  TORCH_CHECK(read == info.frames, "audio: '", path, "' is truncated or corrupt: its header announces ",
-              info.frames, " frames, ", read, " could be decoded (libsndfile: ",
-              sf_strerror(file.get()), ")");
+  TORCH_CHECK(read == info.frames, "audio: '", path,
+              "' is truncated or corrupt: its header announces ", info.frames, " frames, ", read,
+              " could be decoded (libsndfile: ", sf_strerror(file.get()), ")");
   TORCH_CHECK(torch::isfinite(interleaved).all().item<bool>(), "audio: '", path,
               "' holds samples that are NaN or infinite");
 

@@ -28,7 +28,8 @@ constexpr int64_t kMaxAudioFrames = int64_t{1} << 28;
 
 /// Resampling quality (libsamplerate's converters).
 enum class ResampleQuality { kBest, kMedium, kFastest, kLinear };
-ResampleQuality resample_quality_from_string(const std::string& name);  ///< best|medium|fastest|linear
+ResampleQuality resample_quality_from_string(
+    const std::string& name);  ///< best|medium|fastest|linear
 
 struct AudioReadOptions {
   int64_t target_rate = 0;  ///< 0 = keep the file's rate
@@ -40,10 +41,10 @@ struct AudioReadOptions {
 };
 
 struct AudioClip {
-  at::Tensor samples;        ///< [T] float32, mono
-  int64_t sample_rate = 0;   ///< of `samples` (the target rate when resampled)
-  int64_t file_rate = 0;     ///< the file's own rate
-  int64_t channels = 0;      ///< the file's channel count (mixed down to 1)
+  at::Tensor samples;       ///< [T] float32, mono
+  int64_t sample_rate = 0;  ///< of `samples` (the target rate when resampled)
+  int64_t file_rate = 0;    ///< the file's own rate
+  int64_t channels = 0;     ///< the file's channel count (mixed down to 1)
   double seconds() const { return static_cast<double>(samples.size(0)) / sample_rate; }
 };
 

@@ -33,7 +33,7 @@ at::Tensor ast_patches(const at::Tensor& log_mel, const AstPatchOptions& options
               "ast: log_mel must be [frames, mels] or [B, frames, mels], got shape ",
               log_mel.sizes());
   const bool batched = log_mel.dim() == 3;
-  auto x = batched ? log_mel : log_mel.unsqueeze(0);                  // [B, T, M]
+  auto x = batched ? log_mel : log_mel.unsqueeze(0);  // [B, T, M]
   const auto grid = ast_patch_grid(x.size(2), x.size(1), options);
   const int64_t p = options.patch, s = options.stride;
   // [B, M, T] -> unfold bands then frames: [B, F', T', p (band), p (frame)]
@@ -53,7 +53,7 @@ Positions ast_positions(const PatchGridSize& grid, const AstPatchOptions& option
               offset_seconds);
   const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
   auto f = torch::arange(grid.freq, f64).repeat_interleave(grid.time);  // [F' T']
-  auto t = torch::arange(grid.time, f64).repeat({grid.freq});          // [F' T']
+  auto t = torch::arange(grid.time, f64).repeat({grid.freq});           // [F' T']
   if (unit == TimeUnit::kSeconds)
     t = t * (static_cast<double>(options.stride) * frame_seconds) + offset_seconds;
   return Positions(torch::stack({f, t}, 1), {"freq", "time"});

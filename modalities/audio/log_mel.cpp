@@ -73,12 +73,11 @@ at::Tensor mel_filterbank(const LogMelOptions& options) {
   const double hi = hz_to_mel(top, options.scale);
   std::vector<double> points(static_cast<size_t>(n + 2));
   for (int64_t i = 0; i < n + 2; ++i)
-    points[static_cast<size_t>(i)] =
-        mel_to_hz(lo + (hi - lo) * static_cast<double>(i) / static_cast<double>(n + 1),
-                  options.scale);
-  auto hz = torch::tensor(points, f64);                    // [n + 2]
+    points[static_cast<size_t>(i)] = mel_to_hz(
+        lo + (hi - lo) * static_cast<double>(i) / static_cast<double>(n + 1), options.scale);
+  auto hz = torch::tensor(points, f64);                          // [n + 2]
   auto width = hz.narrow(0, 1, n + 1) - hz.narrow(0, 0, n + 1);  // [n + 1]
-  auto ramps = hz.unsqueeze(1) - fft_hz.unsqueeze(0);           // [n + 2, bins]
+  auto ramps = hz.unsqueeze(1) - fft_hz.unsqueeze(0);            // [n + 2, bins]
   auto lower = -ramps.narrow(0, 0, n) / width.narrow(0, 0, n).unsqueeze(1);
   auto upper = ramps.narrow(0, 2, n) / width.narrow(0, 1, n).unsqueeze(1);
   auto bank = torch::clamp_min(torch::minimum(lower, upper), 0.0);  // [n, bins]
@@ -97,8 +96,9 @@ at::Tensor log_mel_spectrogram(const at::Tensor& samples, const LogMelOptions& o
   TORCH_CHECK(options.frames(length) >= 1, "log_mel: ", length,
               " samples make no frame (an uncentred window needs n_fft = ", options.n_fft, ")");
   if (options.center && options.pad == PadMode::kReflect)
-    TORCH_CHECK(length > options.n_fft / 2, "log_mel: reflect padding needs more than n_fft / 2 = ",
-                options.n_fft / 2, " samples, got ", length);
+    TORCH_CHECK(length > options.n_fft / 2,
+                "log_mel: reflect padding needs more than n_fft / 2 = ", options.n_fft / 2,
+                " samples, got ", length);
   const int64_t win = options.win_length > 0 ? options.win_length : options.n_fft;
   auto x = samples.to(torch::kFloat);
   auto window = torch::hann_window(win, /*periodic=*/true, torch::dtype(torch::kFloat));
@@ -108,7 +108,7 @@ at::Tensor log_mel_spectrogram(const at::Tensor& samples, const LogMelOptions& o
                               /*return_complex=*/true);  // [..., bins, frames]
   auto power = spectrum.abs();
   if (options.power != 1.0) power = power.pow(options.power);
-  auto bank = mel_filterbank(options).to(torch::kFloat);  // [bins, n_mels]
+  auto bank = mel_filterbank(options).to(torch::kFloat);    // [bins, n_mels]
   auto mel = torch::matmul(power.transpose(-1, -2), bank);  // [..., frames, n_mels]
   return mel.clamp_min(options.log_floor).log();
 }

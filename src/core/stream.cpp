@@ -138,11 +138,11 @@ struct Tokens {
 StreamLayout finish(Tokens& out, int64_t rope_delta) {
   StreamLayout layout;
   const auto n = static_cast<int64_t>(out.t.size());
-  auto coords = torch::stack({torch::tensor(out.t, torch::kFloat64),
-                              torch::tensor(out.h, torch::kFloat64),
-                              torch::tensor(out.w, torch::kFloat64)},
-                             1)
-                    .view({n, 3});
+  auto coords =
+      torch::stack({torch::tensor(out.t, torch::kFloat64), torch::tensor(out.h, torch::kFloat64),
+                    torch::tensor(out.w, torch::kFloat64)},
+                   1)
+          .view({n, 3});
   layout.positions = Positions(coords, {"t", "h", "w"});
   layout.kinds = std::move(out.kinds);
   layout.segment_index = std::move(out.segment_index);
@@ -191,9 +191,9 @@ StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
     const auto& s = segments[index];
     check_segment(index, s, options);
     TORCH_CHECK(s.kind != SegmentKind::kAudio && s.audio_tokens == 0, "stream: segment ", index,
-                " (", to_string(s.kind), s.audio_tokens > 0 ? " with audio" : "",
-                ") needs rule ", to_string(StreamRule::kQwen25Omni), "; rule ",
-                to_string(options.rule), " has no audio");
+                " (", to_string(s.kind), s.audio_tokens > 0 ? " with audio" : "", ") needs rule ",
+                to_string(StreamRule::kQwen25Omni), "; rule ", to_string(options.rule),
+                " has no audio");
     switch (s.kind) {
       case SegmentKind::kPadding:
       case SegmentKind::kText: {
@@ -280,8 +280,7 @@ std::vector<std::pair<size_t, size_t>> omni_chunks(const std::vector<int64_t>& v
   return bounds;
 }
 
-StreamLayout build_stream_omni(const std::vector<Segment>& segments,
-                               const StreamOptions& options) {
+StreamLayout build_stream_omni(const std::vector<Segment>& segments, const StreamOptions& options) {
   const double per_second = options.position_id_per_seconds;
   TORCH_CHECK(std::isfinite(per_second) && per_second > 0,
               "stream: position_id_per_seconds must be positive and finite, got ", per_second);
@@ -300,8 +299,7 @@ StreamLayout build_stream_omni(const std::vector<Segment>& segments,
   int64_t top = -1;  // max over the real tokens so far, all axes (for rope_delta)
   int64_t real = 0;
   auto emit = [&](int64_t t, int64_t h, int64_t w, SegmentKind kind, size_t segment) {
-    out.push(static_cast<double>(t), static_cast<double>(h), static_cast<double>(w), kind,
-             segment);
+    out.push(static_cast<double>(t), static_cast<double>(h), static_cast<double>(w), kind, segment);
     top = std::max({top, t, h, w});
     ++real;
   };

@@ -114,8 +114,8 @@ struct StreamOptions {
 };
 
 struct StreamLayout {
-  Positions positions;             ///< [N, 3], axes (t, h, w)
-  std::vector<SegmentKind> kinds;  ///< per token (Omni: markers included)
+  Positions positions;                 ///< [N, 3], axes (t, h, w)
+  std::vector<SegmentKind> kinds;      ///< per token (Omni: markers included)
   std::vector<int64_t> segment_index;  ///< per token: the index of the segment it belongs to
   int64_t rope_delta = 0;
 };

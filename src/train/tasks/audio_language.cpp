@@ -7,13 +7,13 @@
 //   `stride` bands and frames -> tokens with positions (freq row, time) where time is the
 //   patch's start in seconds (time_unit seconds) or its column (index: for learned tables)
 // Files with a header and no samples are skipped with a warning naming them (Debian's
-// asterisk-core-sounds-ru-wav 1.6.1 ships one: is.wav). Split by prompt name: a prompt (its path inside the language folder, e.g. digits/7.wav) is in
-// the test set when FNV-1a(name) mod 1000 < 1000 test_fraction, the same for every language, so
-// the same sentence in another voice never sits on the other side of the split.
-// Generalization: the test clips as recorded, and each with a random 0..shift_seconds of leading
-// silence (seeded per clip): the content moves in time while the positions stay. An encoding
-// that is relative in time should hold; an absolute one may not (the training clips always
-// start at 0).
+// asterisk-core-sounds-ru-wav 1.6.1 ships one: is.wav). Split by prompt name: a prompt (its path
+// inside the language folder, e.g. digits/7.wav) is in the test set when FNV-1a(name) mod 1000 <
+// 1000 test_fraction, the same for every language, so the same sentence in another voice never sits
+// on the other side of the split. Generalization: the test clips as recorded, and each with a
+// random 0..shift_seconds of leading silence (seeded per clip): the content moves in time while the
+// positions stay. An encoding that is relative in time should hold; an absolute one may not (the
+// training clips always start at 0).
 //
 // Keys (task): data_dir (${data}/asterisk), languages ([en, es, fr, it, ru]),
 //              test_fraction (0.2), seconds (3.0), n_mels (64), patch (16), stride (10),
@@ -37,10 +37,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kSampleRate = 8000;         // the prompts' rate (checked per file)
-constexpr uint64_t kShiftSeed = 20211006;     // the shifted test: one draw per clip
-constexpr int64_t kMaxClips = 100000;         // files one language folder may hold
-constexpr double kMaxSeconds = 60.0;          // the longest clip length a config may ask for
+constexpr int64_t kSampleRate = 8000;      // the prompts' rate (checked per file)
+constexpr uint64_t kShiftSeed = 20211006;  // the shifted test: one draw per clip
+constexpr int64_t kMaxClips = 100000;      // files one language folder may hold
+constexpr double kMaxSeconds = 60.0;       // the longest clip length a config may ask for
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 14695981039346656037ULL;
@@ -98,11 +98,10 @@ class AudioLanguage : public Task {
     auto t = transformer_options(model);
     const auto pooling = pooling_from_string(model.string("pooling", "mean"));
     model.finish();
-    model_ = TokenClassifier(
-        TokenClassifierOptions(patch_.patch * patch_.patch, static_cast<int64_t>(languages_.size()),
-                               t)
-            .pooling(pooling),
-        encoder_from(config, "encoder", t));
+    model_ = TokenClassifier(TokenClassifierOptions(patch_.patch * patch_.patch,
+                                                    static_cast<int64_t>(languages_.size()), t)
+                                 .pooling(pooling),
+                             encoder_from(config, "encoder", t));
     positions_ = audio::ast_positions(grid_, patch_, mel_.frame_seconds(), unit_);
   }
 
@@ -137,8 +136,8 @@ class AudioLanguage : public Task {
     for (size_t label = 0; label < languages_.size(); ++label) {
       const fs::path root = fs::path(dir) / languages_[label];
       TORCH_CHECK(fs::is_directory(root), "task: no folder '", root.string(), "' for language '",
-                  languages_[label], "' (scripts/setup.sh unpacks the Asterisk prompts into ",
-                  dir, ")");
+                  languages_[label], "' (scripts/setup.sh unpacks the Asterisk prompts into ", dir,
+                  ")");
       std::vector<std::string> names;
       for (const auto& entry : fs::recursive_directory_iterator(root))
         if (entry.is_regular_file() && entry.path().extension() == ".wav")
@@ -159,13 +158,11 @@ class AudioLanguage : public Task {
           continue;
         }
         auto wave = fit(samples);  // [samples_]
-        const bool test =
-            static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction_;
+        const bool test = static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction_;
         if (test) {
           test_wave.push_back(wave);
           test_labels.push_back(static_cast<int64_t>(label));
-          const double shift =
-              shift_seconds_ * torch::rand({1}, shift_generator).item<double>();
+          const double shift = shift_seconds_ * torch::rand({1}, shift_generator).item<double>();
           auto silence = torch::zeros({std::llround(shift * kSampleRate)});
           shifted_wave.push_back(fit(torch::cat({silence, wave})));
         } else {

@@ -10,8 +10,8 @@
 // With train_queries Q > 1 (records haystack only), a training prompt asks Q queries after its
 // records, each "?KK=VV" with its answer, for Q distinct records (the first one's answer is the
 // prompt an evaluation asks; later ones see the earlier queries; at most N queries for a prompt
-// of N records): 2 Q supervised bytes per prompt instead of 2 (the multi-query associative recall of Arora et al. 2023, "Zoology"), for
-// 6 (Q - 1) more bytes. Evaluation always asks one query.
+// of N records): 2 Q supervised bytes per prompt instead of 2 (the multi-query associative recall
+// of Arora et al. 2023, "Zoology"), for 6 (Q - 1) more bytes. Evaluation always asks one query.
 // Evaluation: depth_bins bins (0, 10, ..., 100% for 11), eval_examples prompts per bin, at each of
 // eval_records (N records; prompts of 6 N + 4 bytes); the same prompts for every run (seeded by N
 // and bin). After training: a row per N (recall averaged over the bins) and the depth x N table
@@ -79,10 +79,11 @@ class RetrievalTask : public Task {
     TORCH_CHECK(train_queries_ >= 1 && train_queries_ <= records_,
                 "task: train_queries must be in [1, records = ", records_,
                 "] (distinct records per prompt), got ", train_queries_);
-    TORCH_CHECK(train_queries_ == 1 || haystack_ == text::Haystack::kRecords,
-                "task: train_queries > 1 needs haystack: records (a text haystack holds one record), "
-                "got ",
-                train_queries_);
+    TORCH_CHECK(
+        train_queries_ == 1 || haystack_ == text::Haystack::kRecords,
+        "task: train_queries > 1 needs haystack: records (a text haystack holds one record), "
+        "got ",
+        train_queries_);
     TORCH_CHECK(depth_bins_ >= 2 && depth_bins_ <= kMaxDepthBins,
                 "task: depth_bins must be in [2, ", kMaxDepthBins, "], got ", depth_bins_);
     TORCH_CHECK(examples_per_epoch_ > 0 && eval_examples_ > 0 && eval_batch_ > 0,
@@ -229,7 +230,7 @@ class RetrievalTask : public Task {
     auto order = torch::rand({count, records}, generator)
                      .scatter_(1, gold.view({count, 1}), 2.0)
                      .argsort(-1, false)
-                     .narrow(1, 0, asks - 1);                          // [B, Q - 1]
+                     .narrow(1, 0, asks - 1);                                    // [B, Q - 1]
     auto asked = torch::cat({gold.view({count, 1}), order}, 1);                  // [B, Q]
     auto picked = body.gather(1, asked.unsqueeze(-1).expand({count, asks, 6}));  // [B,Q,6]
     auto key = picked.narrow(2, 0, 2);
@@ -262,22 +263,23 @@ class RetrievalTask : public Task {
                                   all.answers.narrow(0, begin, count),
                                   all.depths.narrow(0, begin, count)};
         auto answer = model_->generate(part.prompts, text::kAnswerBytes);  // [count, 2]
-        auto right = answer.eq(part.answers);  // [count, 2]
+        auto right = answer.eq(part.answers);                              // [count, 2]
         sums[static_cast<size_t>(b)] += right.all(-1).sum().item<double>();
         sums[extra] += right.select(1, 0).sum().item<double>();
         sums[extra + 1] += right.select(1, 1).sum().item<double>();
         if (with_loss) {
           auto logits = answer_logits(part);
-          sums[extra + 2] += torch::cross_entropy_loss(logits.flatten(0, 1), part.answers.flatten(), {},
-                                                   at::Reduction::Sum)
-                             .item<double>();
+          sums[extra + 2] += torch::cross_entropy_loss(logits.flatten(0, 1), part.answers.flatten(),
+                                                       {}, at::Reduction::Sum)
+                                 .item<double>();
         }
       }
     }
     return ranks_.total(sums);
   }
 
-  int64_t records_, min_records_, train_queries_, examples_per_epoch_, depth_bins_, eval_examples_, eval_batch_;
+  int64_t records_, min_records_, train_queries_, examples_per_epoch_, depth_bins_, eval_examples_,
+      eval_batch_;
   std::vector<int64_t> eval_records_;
   text::Haystack haystack_;
   at::Tensor train_filler_, eval_filler_;
