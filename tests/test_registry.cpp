@@ -23,11 +23,12 @@ TEST(Registry, BuildsEveryType) {
     auto config = json{{"type", type}};
     if (type == "compose") config["encoders"] = json::array({json{{"type", "rope"}}});
     auto encoder = build_encoder(config, model);
-    EXPECT_EQ(encoder->type(), type);
+    // freq_time is a preset: a compose of a part on axis freq and a part on axis time
+    EXPECT_EQ(encoder->type(), type == "freq_time" ? "compose" : type);
   }
   EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "hf",
-                                      "learned", "learned_grid", "learned_spacetime", "nope",
+            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "freq_time",
+                                      "hf", "learned", "learned_grid", "learned_spacetime", "nope",
                                       "relative_2d", "rope", "rope_mixed", "shaw", "sinusoidal",
                                       "t5", "time2vec", "time_sinusoidal"}));
 }
@@ -48,13 +49,13 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(contains(
-      error_of([] {
-        build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-      }),
-      "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, hf, learned, "
-      "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
-      "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+  EXPECT_TRUE(contains(error_of([] {
+                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+                       }),
+                       "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, "
+                       "freq_time, hf, learned, "
+                       "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
+                       "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),
