@@ -49,18 +49,22 @@ int64_t LogMelOptions::frames(int64_t samples) const {
   return samples < n_fft ? 0 : 1 + (samples - n_fft) / hop_length;
 }
 
+namespace {
+// Slaney's scale: linear (200/3 Hz per mel) below 1 kHz, logarithmic (ln 6.4 / 27 per mel) above.
+constexpr double kSlaneyHzPerMel = 200.0 / 3, kMinLogHz = 1000.0,
+                 kMinLogMel = kMinLogHz / kSlaneyHzPerMel;
+const double kLogStep = std::log(6.4) / 27.0;
+}  // namespace
+
 double hz_to_mel(double hz, MelScale scale) {
   if (scale == MelScale::kHtk) return 2595.0 * std::log10(1.0 + hz / 700.0);
-  constexpr double f_sp = 200.0 / 3, min_log_hz = 1000.0, min_log_mel = min_log_hz / f_sp;
-  const double logstep = std::log(6.4) / 27.0;
-  return hz >= min_log_hz ? min_log_mel + std::log(hz / min_log_hz) / logstep : hz / f_sp;
+  return hz >= kMinLogHz ? kMinLogMel + std::log(hz / kMinLogHz) / kLogStep : hz / kSlaneyHzPerMel;
 }
 
 double mel_to_hz(double mel, MelScale scale) {
   if (scale == MelScale::kHtk) return 700.0 * (std::pow(10.0, mel / 2595.0) - 1.0);
-  constexpr double f_sp = 200.0 / 3, min_log_hz = 1000.0, min_log_mel = min_log_hz / f_sp;
-  const double logstep = std::log(6.4) / 27.0;
-  return mel >= min_log_mel ? min_log_hz * std::exp(logstep * (mel - min_log_mel)) : f_sp * mel;
+  return mel >= kMinLogMel ? kMinLogHz * std::exp(kLogStep * (mel - kMinLogMel))
+                           : kSlaneyHzPerMel * mel;
 }
 
 at::Tensor mel_filterbank(const LogMelOptions& options) {

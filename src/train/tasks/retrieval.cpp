@@ -223,9 +223,8 @@ class RetrievalTask : public Task {
     const int64_t count = batch.prompts.size(0), hay = text::kRecordBytes * records;
     const int64_t asks = std::min(train_queries_, records);  // Q
     auto body = batch.prompts.narrow(1, 0, hay).view({count, records, text::kRecordBytes});
-    auto gold_key = batch.prompts.narrow(1, hay + 1, 2);  // [B, 2]
-    // the gold record's index: the one whose key bytes match the query
-    auto gold = body.narrow(2, 0, 2).eq(gold_key.unsqueeze(1)).all(-1).to(torch::kLong).argmax(1);
+    // the gold record's index: its depth is index / (N - 1) (records > 1 here)
+    auto gold = (batch.depths * static_cast<double>(records - 1)).round().to(torch::kLong);
     // Q - 1 other records: a random order of the rest (the gold one sorted last)
     auto order = torch::rand({count, records}, generator)
                      .scatter_(1, gold.view({count, 1}), 2.0)
