@@ -151,3 +151,28 @@ if [[ ! -f "${DATA}/asterisk/.complete" ]]; then
   rm -rf "$(dirname "$x")"
   touch "${DATA}/asterisk/.complete"
 fi
+# Spoken direction words for experiment 8, synthesized with espeak-ng 1.51 (GPL-3; its output is
+# free to use): "right", "left", "down", "up" in 8 English accents x 3 voice variants x 3 speeds =
+# 72 voices, 288 WAV files (22050 Hz mono 16-bit), one folder per voice (<accent>+<variant>_s<wpm>).
+if [[ ! -f "${DATA}/spoken_directions/.complete" ]]; then
+  say "synthesizing spoken direction words with espeak-ng into ${DATA}/spoken_directions"
+  rm -rf "${DATA}/spoken_directions"
+  tmp="${DATA}/spoken_directions.tmp"
+  rm -rf "$tmp"
+  for accent in en-gb en-us en-gb-scotland en-gb-x-rp en-gb-x-gbclan en-gb-x-gbcwmd en-029 en-us-nyc; do
+    for variant in m1 f2 m3; do
+      for wpm in 150 180 210; do
+        folder="$tmp/${accent}+${variant}_s${wpm}"
+        mkdir -p "$folder"
+        for word in right left down up; do
+          espeak-ng -v "${accent}+${variant}" -s "$wpm" -w "$folder/$word.wav" "$word" ||
+            { echo "setup: espeak-ng failed on voice ${accent}+${variant}, word '$word'" >&2; exit 1; }
+        done
+      done
+    done
+  done
+  n=$(find "$tmp" -name '*.wav' -size +1k | wc -l)
+  [[ "$n" == 288 ]] || { echo "setup: espeak-ng wrote $n non-empty WAV files, expected 288" >&2; exit 1; }
+  mv "$tmp" "${DATA}/spoken_directions"
+  touch "${DATA}/spoken_directions/.complete"
+fi

@@ -166,6 +166,60 @@ TEST(Model, MatcherTakesPerModalityComposeParts) {
             std::string::npos);
 }
 
+// The stream classifier (experiment 8) gathers each modality's tokens into the layout's order.
+// NoPE + mean pooling cannot see order, so the time-aligned layout (video and audio interleaved in
+// chunks, markers around them) and the sequential one give the same logits iff every input token
+// lands in the stream exactly once; with M-RoPE the two layouts differ. Padded bytes are ignored.
+TEST(Model, StreamClassifierGathersTheLayoutsTokens) {
+  auto omni = StreamOptions::qwen2_5_omni();
+  omni.spatial_merge_size = 1;
+  // 6 frames at 1 s each: 3 chunks of 2 s, each 2 frames then 50 audio tokens (150 in all)
+  auto aligned = build_stream({Segment::video_with_audio(6, 2, 2, 1.0, 150), Segment::text(5)}, omni);
+  auto sequential = build_stream(
+      {Segment::video(6, 2, 2, 1.0), Segment::audio(150), Segment::text(5)}, omni);
+  ASSERT_EQ(aligned.kinds.size(), sequential.kinds.size());
+  EXPECT_EQ(aligned.kinds[0], SegmentKind::kVisionBos);
+  EXPECT_EQ(aligned.kinds[10], SegmentKind::kAudio);  // 2 markers, 2 frames x 4 tubelets, audio
+  StreamInput in;
+  in.video = torch::randn({2, 24, 8});
+  in.audio = torch::randn({2, 150, 12});
+  in.text = torch::randint(256, {2, 5}, torch::kLong);
+  in.text_padding = torch::arange(5).lt(3).expand({2, 5}).contiguous();
+  auto run = [&](StreamClassifier& model, const StreamLayout& layout) {
+    in.kinds = layout.kinds;
+    in.positions = layout.positions;
+    return model(in);
+  };
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  StreamClassifier nope(StreamClassifierOptions(8, 12, 3, TransformerOptions(16, 2, 1)),
+                        as_encoding(Nope()));
+  nope->eval();
+  auto a = run(nope, aligned);
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 3}));
+  EXPECT_LT(test::max_abs_diff(a, run(nope, sequential)), 1e-5);
+  torch::manual_seed(5);
+  StreamClassifier rope(StreamClassifierOptions(8, 12, 3, TransformerOptions(24, 2, 1)),
+                        encoder_of(R"({"type": "rope", "mrope_section": [2, 2, 2]})", 24, 2));
+  rope->eval();
+  auto b = run(rope, aligned);
+  EXPECT_GT(test::max_abs_diff(b, run(rope, sequential)), 1e-4);
+  in.text.narrow(1, 3, 2).fill_(9);  // padded bytes
+  EXPECT_LT(test::max_abs_diff(b, run(rope, aligned)), 1e-5);
+  // a layout that does not match the inputs is an error naming both counts
+  in.audio = torch::randn({2, 149, 12});
+  auto message = test::error_of([&] { run(rope, aligned); });
+  EXPECT_NE(message.find("the stream holds 24 video, 150 audio and 5 text tokens, the inputs 24, "
+                         "149 and 5"),
+            std::string::npos)
+      << message;
+  in.audio = torch::randn({2, 150, 12});
+  in.kinds = build_stream({Segment::padding(2), Segment::text(1)}).kinds;
+  in.positions = Positions::sequence(3);
+  message = test::error_of([&] { rope(in); });
+  EXPECT_NE(message.find("stream token 0 is 'padding'"), std::string::npos) << message;
+}
+
 TEST(Model, BadShapesNameExpectedAndActual) {
   TokenClassifier model(TokenClassifierOptions(16, 10, TransformerOptions(32, 2, 1)),
                         as_encoding(Nope()));

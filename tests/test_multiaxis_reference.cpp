@@ -4,6 +4,7 @@
 // Qwen2.5-VL M-RoPE position ids (HF get_rope_index) and the M-RoPE rotation.
 #include <gtest/gtest.h>
 
+#include "posenc/config/registry.h"
 #include "posenc/posenc.h"
 #include "support/fixtures.h"
 
@@ -57,6 +58,60 @@ TEST(LearnedGridReference, ResampleMatchesTimm) {
     grid->resize(new_grid[0], new_grid[1], options);
     EXPECT_LT(max_abs_diff(grid->weight, to_tensor(c["output_float64"])), 1e-5);
   }
+}
+
+// AST's per-axis adaptation (mode "ast"), hand-derived on a 3 x 4 table whose entry (r, c) is
+// 4r + c (one channel, one CLS row = -1): columns first, then rows.
+//   4 -> 6 columns grow: bilinear, align_corners false, source x = (j + 0.5) 4/6 - 0.5 clamped to
+//     [0, 3]: j = 0..5 -> 0, 0.5, 7/6, 11/6, 2.5, 3, so row r reads 4r + {0, 0.5, 7/6, 11/6, 2.5, 3}
+//   3 -> 2 rows shrink: cut from the middle, start 3/2 - 2/2 = 0: rows 0 and 1
+//   4 -> 2 columns shrink: start 4/2 - 2/2 = 1: columns 1, 2; 3 -> 5 rows grow: source y = (i +
+//     0.5) 3/5 - 0.5 clamped: i = 0..4 -> 0, 0.4, 1, 1.6, 2, so column c reads {0, 1.6, 4, 6.4, 8} + c
+TEST(LearnedGrid, AstPerAxisCutOrInterpolate) {
+  auto table = torch::cat({torch::full({1, 1}, -1.0, torch::kFloat64),
+                           torch::arange(12, torch::kFloat64).view({12, 1})});
+  const auto ast = GridResample().mode("ast");
+  auto wide = resample_grid_table(table, 3, 4, 2, 6, 1, ast).view(-1);
+  std::vector<double> expected{-1};
+  for (int r = 0; r < 2; ++r)
+    for (double x : {0.0, 0.5, 7.0 / 6, 11.0 / 6, 2.5, 3.0}) expected.push_back(4 * r + x);
+  EXPECT_LT(max_abs_diff(wide, torch::tensor(expected, torch::kFloat64)), 1e-12) << wide;
+  auto tall = resample_grid_table(table, 3, 4, 5, 2, 1, ast).view(-1);
+  expected = {-1};
+  for (double y : {0.0, 1.6, 4.0, 6.4, 8.0})
+    for (int c = 1; c <= 2; ++c) expected.push_back(y + c);
+  EXPECT_LT(max_abs_diff(tall, torch::tensor(expected, torch::kFloat64)), 1e-12) << tall;
+  // an odd cut: 5 -> 2 columns start at 5/2 - 2/2 = 1 (AST's int halves)
+  auto five = torch::arange(5, torch::kFloat64).view({5, 1});
+  EXPECT_TRUE(torch::equal(resample_grid_table(five, 1, 5, 1, 2, 0, ast).view(-1),
+                           torch::tensor({1.0, 2.0}, torch::kFloat64)));
+  // the config key reaches adapt(): a grid of 3 x 2 read through a 3 x 4 table cuts the middle
+  ModelContext context;
+  context.dim = 1;
+  auto encoder = build_encoder(
+      nlohmann::json::parse(R"({"type": "learned_grid", "grid_height": 3, "grid_width": 4,
+                                "resample": "ast"})"),
+      context);
+  auto* grid = dynamic_cast<LearnedGridImpl*>(encoder.get());
+  ASSERT_NE(grid, nullptr);
+  {
+    torch::NoGradGuard no_grad;
+    grid->weight.copy_(torch::arange(12, torch::kFloat32).view({12, 1}));
+  }
+  {
+    auto restore = grid->adapt({3, 2});
+    EXPECT_TRUE(torch::equal(grid->weight.view(-1),
+                             torch::tensor({1.f, 2.f, 5.f, 6.f, 9.f, 10.f})));
+    restore();
+  }
+  EXPECT_EQ(grid->weight.size(0), 12);
+  auto message = test::error_of([&] {
+    build_encoder(nlohmann::json::parse(R"({"type": "learned_grid", "resample": "nearest"})"),
+                  context);
+  });
+  EXPECT_NE(message.find("resample must be bicubic, bilinear or ast, got 'nearest'"),
+            std::string::npos)
+      << message;
 }
 
 TEST(LearnedGrid, PrefixTokensAndMismatchedGrid) {

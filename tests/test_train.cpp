@@ -61,7 +61,7 @@ TEST_P(SmokeTest, LossFallsAndOutputsAreWritten) {
 
 INSTANTIATE_TEST_SUITE_P(Experiments, SmokeTest,
                          ::testing::Values("vit", "lm", "forecast", "video", "text_video",
-                                           "retrieval", "audio_language"));
+                                           "retrieval", "audio_language", "audio_video_text"));
 
 // The retrieval task (experiment 6): a depth x length table of recall in [0, 1], written per run
 // (recall_by_depth.md/.png, summary.json) and across runs by compare (a panel per run); the text
@@ -623,7 +623,7 @@ TEST(Trainer, BadConfigsNameTheKey) {
   config = smoke("vit");
   config["task"]["type"] = "regression";
   message = test::error_of([&] { run_training(config, {}); });
-  EXPECT_NE(message.find("unknown type 'regression'; known types: audio_language, forecast"),
+  EXPECT_NE(message.find("unknown type 'regression'; known types: audio_language, audio_video_text, forecast"),
             std::string::npos)
       << message;
   config = smoke("forecast");

@@ -294,6 +294,51 @@ TEST(VideoMovingFashion, Captions) {
   EXPECT_EQ(MovingClips::direction_names(8)[7], "up-left");
 }
 
+TEST(VideoMovingFashion, TurningClipsChangeDirectionAtTheTurnFrame) {
+  MovingOptions options;
+  options.turn = true;
+  options.min_phase_frames = 2;
+  options.seed = 5;
+  const auto items = synthetic_items();
+  auto clips = generate_moving_clips(items, 64, options);
+  ASSERT_EQ(clips.direction2.sizes(), torch::IntArrayRef({64}));
+  ASSERT_EQ(clips.turn_frame.sizes(), torch::IntArrayRef({64}));
+  EXPECT_FALSE(clips.direction.eq(clips.direction2).any().item<bool>());
+  EXPECT_EQ(clips.turn_frame.min().item<int64_t>(), 2);  // 8 frames: k in [2, 5], all drawn
+  EXPECT_EQ(clips.turn_frame.max().item<int64_t>(), 5);
+  // the centroid moves along the first direction up to frame k, along the second after it
+  auto mass = clips.frames.sum({2, 3, 4});  // [N, T]
+  auto coordinate = torch::arange(32, torch::kFloat32);
+  auto cx = (clips.frames.sum({2, 3}) * coordinate).sum(-1) / mass;
+  auto cy = (clips.frames.sum({2, 4}) * coordinate).sum(-1) / mass;
+  const double step_x[4] = {1, -1, 0, 0}, step_y[4] = {0, 0, 1, -1};
+  const auto& names = MovingClips::direction_names(4);
+  for (int64_t n = 0; n < 64; ++n) {
+    const int64_t d1 = clips.direction[n].item<int64_t>(), d2 = clips.direction2[n].item<int64_t>();
+    const int64_t k = clips.turn_frame[n].item<int64_t>();
+    auto along = [&](int64_t from, int64_t to, int64_t d) {
+      return (cx[n][to] - cx[n][from]).item<double>() * step_x[d] +
+             (cy[n][to] - cy[n][from]).item<double>() * step_y[d];
+    };
+    const double first = along(0, k, d1), second = along(k, 7, d2);
+    EXPECT_GE(first, options.min_speed * k - 1.0) << n;
+    EXPECT_LE(first, options.max_speed * k + 1.0) << n;
+    EXPECT_GE(second, options.min_speed * (7 - k) - 1.0) << n;
+    EXPECT_LE(second, options.max_speed * (7 - k) + 1.0) << n;
+    EXPECT_TRUE(contains(clips.captions[n], " moves " + names[d1] + ", then " + names[d2]))
+        << clips.captions[n];
+  }
+  // clips without a turn are the ones drawn before turning existed
+  options.turn = false;
+  auto straight = generate_moving_clips(items, 64, options);
+  EXPECT_FALSE(straight.direction2.defined());
+  EXPECT_TRUE(torch::equal(straight.direction, clips.direction));
+  options.turn = true;
+  options.min_phase_frames = 4;  // 8 frames = 7 steps < 2 x 4
+  auto message = test::error_of([&] { generate_moving_clips(items, 1, options); });
+  EXPECT_TRUE(contains(message, "8 frames with min_phase_frames = 4 do not fit")) << message;
+}
+
 TEST(VideoMovingFashion, OptionErrors) {
   const auto items = synthetic_items();
   MovingOptions options;

@@ -24,4 +24,5 @@
 #include "posenc/functional/time.h"
 #include "posenc/nn/attention.h"
 #include "posenc/nn/models.h"
+#include "posenc/nn/stream_classifier.h"
 #include "posenc/nn/transformer.h"

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "video.h"
 #include "vision/images.h"
@@ -39,6 +40,11 @@ void check_options(const vision::FashionMnist& source, int64_t count, const Movi
               ", max_speed=", o.max_speed);
   TORCH_CHECK(o.num_directions == 4 || o.num_directions == 8, who,
               "num_directions must be 4 or 8, got ", o.num_directions);
+  TORCH_CHECK(!o.turn || (o.min_phase_frames >= 1 && o.num_frames - 1 >= 2 * o.min_phase_frames),
+              who, "a turning clip needs min_phase_frames >= 1 frame steps on each side of the ",
+              "turn: ", o.num_frames, " frames with min_phase_frames = ", o.min_phase_frames,
+              " do not fit (need num_frames >= 2 min_phase_frames + 1)");
+  // A turn keeps every axis's travel within speed * (T - 1): the two phases add up to T - 1 steps.
   const double travel = o.max_speed * static_cast<double>(o.num_frames - 1);
   TORCH_CHECK(travel <= static_cast<double>(o.canvas - o.item_size), who, "an item of ",
               o.item_size, " px moving up to ", o.max_speed, " px/frame for ", o.num_frames,
@@ -47,31 +53,59 @@ void check_options(const vision::FashionMnist& source, int64_t count, const Movi
               " px; use a larger canvas, a smaller item, fewer frames or a lower max_speed");
 }
 
-std::string caption_of(int64_t item, int64_t direction, int64_t num_directions) {
+// "a sneaker moves left"; with a second direction (>= 0) "a sneaker moves left, then up".
+std::string caption_of(int64_t item, int64_t direction, int64_t direction2,
+                       int64_t num_directions) {
   const std::string noun = vision::FashionMnist::class_names().at(static_cast<size_t>(item));
   const std::string article = std::string("aeiou").find(noun[0]) != std::string::npos ? "an" : "a";
-  return article + " " + noun + " moves " +
-         MovingClips::direction_names(num_directions)[static_cast<size_t>(direction)];
+  const auto& names = MovingClips::direction_names(num_directions);
+  auto caption = article + " " + noun + " moves " + names[static_cast<size_t>(direction)];
+  if (direction2 >= 0) caption += ", then " + names[static_cast<size_t>(direction2)];
+  return caption;
 }
 
 // Pastes items [N, 1, S, S] into zero frames [N, T, 1, canvas, canvas]; start [N, 2] in [0, 1)
-// picks each clip's first offset among those that keep the item inside for all T frames.
+// picks each clip's first offset among those that keep the item inside for all T frames. The
+// offset from the start at frame t is v1 * min(t, k) + v2 * max(0, t - k): without a turn k is
+// T - 1 and v2 is 0, which is v1 * t.
 at::Tensor render(const at::Tensor& items, const at::Tensor& direction, const at::Tensor& speed,
-                  const at::Tensor& start, const MovingOptions& o) {
-  const int64_t count = items.size(0), size = o.item_size;
-  const double room = static_cast<double>(o.canvas - size), steps = double(o.num_frames - 1);
+                  const at::Tensor& start, const at::Tensor& direction2,
+                  const at::Tensor& turn_frame, const MovingOptions& o) {
+  const int64_t count = items.size(0), size = o.item_size, steps = o.num_frames - 1;
+  const double room = static_cast<double>(o.canvas - size);
   auto frames = torch::zeros({count, o.num_frames, 1, o.canvas, o.canvas}, torch::kFloat32);
+  std::vector<double> dx(static_cast<size_t>(o.num_frames)), dy(dx.size());
   for (int64_t n = 0; n < count; ++n) {
     const int64_t d = direction[n].item<int64_t>();
-    const double vx = kStepX[d] * speed[n].item<double>(), vy = kStepY[d] * speed[n].item<double>();
-    // offset x0 in [max(0, -vx * steps), room - max(0, vx * steps)], likewise y0
-    const double lo_x = std::max(0.0, -vx * steps), hi_x = room - std::max(0.0, vx * steps);
-    const double lo_y = std::max(0.0, -vy * steps), hi_y = room - std::max(0.0, vy * steps);
+    const double s = speed[n].item<double>();
+    const double vx = kStepX[d] * s, vy = kStepY[d] * s;
+    double wx = 0, wy = 0;
+    int64_t k = steps;
+    if (o.turn) {
+      const int64_t d2 = direction2[n].item<int64_t>();
+      wx = kStepX[d2] * s;
+      wy = kStepY[d2] * s;
+      k = turn_frame[n].item<int64_t>();
+    }
+    // offset x0 in [-min_t dx(t), room - max_t dx(t)], likewise y0 (dx(0) = 0)
+    double lo_x = 0, hi_x = room, lo_y = 0, hi_y = room;
+    for (int64_t t = 0; t < o.num_frames; ++t) {
+      const auto i = static_cast<size_t>(t);
+      const double before = static_cast<double>(std::min(t, k));
+      const double after = static_cast<double>(std::max<int64_t>(0, t - k));
+      dx[i] = vx * before + wx * after;
+      dy[i] = vy * before + wy * after;
+      lo_x = std::max(lo_x, -dx[i]);
+      hi_x = std::min(hi_x, room - dx[i]);
+      lo_y = std::max(lo_y, -dy[i]);
+      hi_y = std::min(hi_y, room - dy[i]);
+    }
     const double x0 = lo_x + start[n][0].item<double>() * (hi_x - lo_x);
     const double y0 = lo_y + start[n][1].item<double>() * (hi_y - lo_y);
     for (int64_t t = 0; t < o.num_frames; ++t) {
-      const auto x = std::clamp<int64_t>(std::lround(x0 + vx * double(t)), 0, o.canvas - size);
-      const auto y = std::clamp<int64_t>(std::lround(y0 + vy * double(t)), 0, o.canvas - size);
+      const auto i = static_cast<size_t>(t);
+      const auto x = std::clamp<int64_t>(std::lround(x0 + dx[i]), 0, o.canvas - size);
+      const auto y = std::clamp<int64_t>(std::lround(y0 + dy[i]), 0, o.canvas - size);
       frames[n][t][0].narrow(0, y, size).narrow(1, x, size).copy_(items[n][0]);
     }
   }
@@ -109,10 +143,21 @@ MovingClips generate_moving_clips(const vision::FashionMnist& source, int64_t co
   if (count > 0) {
     items = vision::resize_images(items, options.item_size, options.item_size).clamp(0, 1);
   }
-  clips.frames = render(items, clips.direction, speed, start, options);
+  if (options.turn) {  // drawn after the rest, so clips without a turn stay as they were
+    const int64_t nd = options.num_directions, steps = options.num_frames - 1;
+    clips.direction2 =
+        (clips.direction + torch::randint(1, nd, {count}, generator, torch::kLong)).remainder(nd);
+    clips.turn_frame = torch::randint(options.min_phase_frames,
+                                      steps - options.min_phase_frames + 1, {count}, generator,
+                                      torch::kLong);
+  }
+  clips.frames =
+      render(items, clips.direction, speed, start, clips.direction2, clips.turn_frame, options);
   for (int64_t n = 0; n < count; ++n) {
-    clips.captions.push_back(caption_of(
-        clips.item[n].item<int64_t>(), clips.direction[n].item<int64_t>(), options.num_directions));
+    clips.captions.push_back(caption_of(clips.item[n].item<int64_t>(),
+                                        clips.direction[n].item<int64_t>(),
+                                        options.turn ? clips.direction2[n].item<int64_t>() : -1,
+                                        options.num_directions));
   }
   return clips;
 }

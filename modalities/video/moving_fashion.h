@@ -10,6 +10,12 @@
 // moves split it over the two axes); and a start drawn uniformly among the points that keep the
 // item fully inside the canvas in every frame (no bouncing). The item's offset is rounded to whole
 // pixels in each frame, so every frame holds the whole item: its mass is constant over time.
+// Turning clips (turn = true, experiment 8): each clip changes direction once, at a turn frame k
+// uniform in [min_phase_frames, T - 1 - min_phase_frames], to a second direction uniform among the
+// other num_directions - 1 at the same speed: the offset at frame t is
+// p0 + v1 * min(t, k) + v2 * max(0, t - k), and p0 keeps the whole path inside the canvas. The
+// caption names both: "a sneaker moves left, then up". Clips without a turn are drawn exactly as
+// before (the turn's random draws come after the others).
 // Image axes: x grows to the right (columns), y grows downward (rows).
 // Deterministic for a seed (a torch CPU generator seeded with it).
 // Geometry: an item travels up to max_speed * (num_frames - 1) px along an axis, which must fit in
@@ -34,13 +40,18 @@ struct MovingOptions {
   double max_speed = 2.5;      ///< px per frame, >= min_speed
   int64_t num_directions = 4;  ///< 4 (right, left, down, up) or 8 (adds the diagonals)
   uint64_t seed = 0;           ///< same seed, same clips
+  bool turn = false;           ///< each clip changes direction once (see above)
+  int64_t min_phase_frames = 2;  ///< with turn: frame steps before and after the turn, >= 1
 };
 
 struct MovingClips {
   at::Tensor frames;     ///< [N, T, 1, canvas, canvas] float32 in [0, 1]
   at::Tensor direction;  ///< [N] int64 in [0, num_directions), indexes direction_names()
   at::Tensor item;       ///< [N] int64 Fashion-MNIST class, indexes FashionMnist::class_names()
-  std::vector<std::string> captions;  ///< N captions, "a sneaker moves left"
+  at::Tensor direction2;  ///< turn only: [N] int64, the direction after the turn (!= direction)
+  at::Tensor turn_frame;  ///< turn only: [N] int64, the frame k where the direction changes
+  /// N captions, "a sneaker moves left" (turning: "a sneaker moves left, then up")
+  std::vector<std::string> captions;
   /// {"right", "left", "down", "up"} for 4; 8 adds {"down-right", "down-left", "up-right",
   /// "up-left"}.
   static const std::vector<std::string>& direction_names(int64_t num_directions);

@@ -71,6 +71,14 @@ PositionalEncoding build_learned_grid(ConfigReader& r, const ModelContext& c) {
                        model_size(r, "dim", c.dim));
   o.num_prefix_tokens(r.integer("num_prefix_tokens", 0));
   o.init_std(r.number("init_std", o.init_std()));
+  GridResample resample;
+  resample.mode(r.string("resample", resample.mode()));
+  resample.antialias(r.boolean("antialias", resample.antialias()));
+  TORCH_CHECK(resample.mode() == "bicubic" || resample.mode() == "bilinear" ||
+                  resample.mode() == "ast",
+              "learned_grid: resample must be bicubic, bilinear or ast, got '", resample.mode(),
+              "'");
+  o.resample(resample);
   return as_encoding(LearnedGrid(o));
 }
 

@@ -15,21 +15,33 @@ at::Tensor resample_grid_table(const at::Tensor& table, int64_t old_h, int64_t o
               prefix + old_h * old_w);
   TORCH_CHECK(new_h > 0 && new_w > 0, "learned_grid: new grid must be positive, got ", new_h, "x",
               new_w);
-  TORCH_CHECK(o.mode() == "bicubic" || o.mode() == "bilinear",
-              "learned_grid: unknown resample mode '", o.mode(), "'; expected bicubic or bilinear");
+  TORCH_CHECK(o.mode() == "bicubic" || o.mode() == "bilinear" || o.mode() == "ast",
+              "learned_grid: unknown resample mode '", o.mode(),
+              "'; expected bicubic, bilinear or ast");
   if (old_h == new_h && old_w == new_w) return table.clone();
   namespace F = torch::nn::functional;
   const int64_t dim = table.size(1);
   auto grid = table.narrow(0, prefix, old_h * old_w).t().reshape({1, dim, old_h, old_w});
-  auto options = F::InterpolateFuncOptions()
-                     .size(std::vector<int64_t>{new_h, new_w})
-                     .align_corners(o.align_corners())
-                     .antialias(o.antialias());
-  if (o.mode() == "bicubic")
-    options.mode(torch::kBicubic);
-  else
-    options.mode(torch::kBilinear);
-  auto resized = F::interpolate(grid, options).reshape({dim, new_h * new_w}).t();
+  auto interpolate = [&](const at::Tensor& x, int64_t h, int64_t w, bool bicubic, bool antialias) {
+    auto options = F::InterpolateFuncOptions()
+                       .size(std::vector<int64_t>{h, w})
+                       .align_corners(o.align_corners())
+                       .antialias(antialias);
+    options.mode(bicubic ? F::InterpolateFuncOptions::mode_t(torch::kBicubic)
+                         : F::InterpolateFuncOptions::mode_t(torch::kBilinear));
+    return F::interpolate(x, options);
+  };
+  at::Tensor resized;  // [1, D, new_h, new_w]
+  if (o.mode() == "ast") {
+    // AST: columns first (a bilinear resize that keeps the row count leaves rows as they are)
+    resized = new_w <= old_w ? grid.narrow(3, old_w / 2 - new_w / 2, new_w)
+                             : interpolate(grid, old_h, new_w, false, false);
+    resized = new_h <= old_h ? resized.narrow(2, old_h / 2 - new_h / 2, new_h)
+                             : interpolate(resized, new_h, new_w, false, false);
+  } else {
+    resized = interpolate(grid, new_h, new_w, o.mode() == "bicubic", o.antialias());
+  }
+  resized = resized.reshape({dim, new_h * new_w}).t();
   return torch::cat({table.narrow(0, 0, prefix), resized}, 0).contiguous();
 }
 
@@ -78,7 +90,7 @@ Restore LearnedGridImpl::adapt(const Extent& extent) {
               extent.size());
   if (extent[0] == options.grid_height() && extent[1] == options.grid_width()) return [] {};
   auto restore = restore_weight_and_options(*this);
-  resize(extent[0], extent[1]);
+  resize(extent[0], extent[1], options.resample());
   return restore;
 }
 

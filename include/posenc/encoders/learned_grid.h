@@ -3,8 +3,12 @@
 // apart: x is [B, prefix + N, D] and its first `prefix` tokens get the prefix rows.
 // Resampling to a new grid follows timm's resample_abs_pos_embed: prefix rows unchanged, the grid
 // rows reshaped to [1, D, G_h, G_w] and interpolated (bicubic or bilinear, optional antialias,
-// align_corners), non-square grids allowed. A grid that does not match the table is an error
-// naming both grids: resample first (no silent interpolation).
+// align_corners), non-square grids allowed. Mode "ast" is AST's per-axis rule (Gong et al. 2021,
+// ast_models.py, adapting DeiT's 24 x 24 table to a spectrogram's patch grid): each axis on its
+// own, columns (time) first, then rows (frequency): an axis that shrinks or stays is cut from the
+// middle (the n entries starting at old / 2 - n / 2, integer halves), an axis that grows is
+// interpolated bilinearly along that axis alone (no antialias). A grid that does not match the
+// table is an error naming both grids: resample first (no silent interpolation).
 #pragma once
 
 #include <torch/arg.h>
@@ -14,7 +18,7 @@
 namespace posenc {
 
 struct GridResample {
-  /// "bicubic" (default, as timm and HF ViT) or "bilinear".
+  /// "bicubic" (default, as timm and HF ViT), "bilinear", or "ast" (per-axis cut or bilinear).
   TORCH_ARG(std::string, mode) = "bicubic";
   /// Antialias when resizing (default true, as timm; HF ViT uses false).
   TORCH_ARG(bool, antialias) = true;
@@ -40,6 +44,8 @@ struct LearnedGridOptions {
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;
   /// Initial table standard deviation (default 0.02).
   TORCH_ARG(double, init_std) = 0.02;
+  /// How adapt() (a new grid at evaluation) resamples the table (default: timm's bicubic).
+  TORCH_ARG(GridResample, resample) = GridResample();
 };
 
 class LearnedGridImpl : public PositionalEncodingImpl {

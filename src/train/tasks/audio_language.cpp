@@ -13,12 +13,16 @@
 // on the other side of the split. Generalization: the test clips as recorded, and each with a
 // random 0..shift_seconds of leading silence (seeded per clip): the content moves in time while the
 // positions stay. An encoding that is relative in time should hold; an absolute one may not (the
-// training clips always start at 0).
+// training clips always start at 0 unless train_shift_seconds > 0: then every training clip of a
+// step is moved by a random 0..train_shift_seconds, drawn per clip from the step's seeded
+// generator, in whole 10 ms frames on the log-mel (silence frames in front, the end cut off, as the
+// shifted test does), so a model sees content at every time; what then remains of the shifted
+// test's drop is content cut off at the end, not position).
 //
 // Keys (task): data_dir (${data}/asterisk), languages ([en, es, fr, it, ru]),
 //              test_fraction (0.2), seconds (3.0), n_mels (64), patch (16), stride (10),
-//              time_unit (seconds | index), shift_seconds (1.0), eval_batch (256),
-//              train_limit (0: all)
+//              time_unit (seconds | index), shift_seconds (1.0), train_shift_seconds (0),
+//              eval_batch (256), train_limit (0: all)
 // Keys (model): transformer keys + pooling (mean | cls)
 #include <torch/torch.h>
 
@@ -68,6 +72,7 @@ class AudioLanguage : public Task {
     patch_.stride = task.integer("stride", 10);
     unit_ = audio::time_unit_from_string(task.string("time_unit", "seconds"));
     shift_seconds_ = task.number("shift_seconds", 1.0);
+    train_shift_seconds_ = task.number("train_shift_seconds", 0.0);
     eval_batch_ = task.integer("eval_batch", 256);
     const int64_t train_limit = task.integer("train_limit", 0);
     task.finish();
@@ -80,6 +85,9 @@ class AudioLanguage : public Task {
     TORCH_CHECK(shift_seconds_ >= 0 && shift_seconds_ <= seconds_,
                 "task: shift_seconds must be in [0, seconds = ", seconds_, "], got ",
                 shift_seconds_);
+    TORCH_CHECK(train_shift_seconds_ >= 0 && train_shift_seconds_ <= seconds_,
+                "task: train_shift_seconds must be in [0, seconds = ", seconds_, "], got ",
+                train_shift_seconds_);
     TORCH_CHECK(eval_batch_ > 0 && train_limit >= 0,
                 "task: eval_batch must be > 0 and train_limit >= 0");
     mel_.sample_rate = kSampleRate;
@@ -110,7 +118,9 @@ class AudioLanguage : public Task {
   std::string metric_name() const override { return "accuracy"; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
-    auto tokens = audio::ast_patches(train_.mel.index_select(0, indices), patch_);
+    auto mel = train_.mel.index_select(0, indices);  // [b, T, M]
+    if (train_shift_seconds_ > 0) mel = shift_in_time(mel);
+    auto tokens = audio::ast_patches(mel, patch_);
     auto labels = train_.labels.index_select(0, indices);
     auto logits = model_(tokens, positions_);
     *metric = accuracy(logits.detach(), labels);
@@ -189,12 +199,26 @@ class AudioLanguage : public Task {
     }
     mean_ = train_mel.mean().item<double>();
     std_ = train_mel.std().item<double>();
+    silence_ = (std::log(mel_.log_floor) - mean_) / std_;  // a silent frame, normalized
     train_ = {(train_mel - mean_) / std_, labels};
     auto test_labels_t = torch::tensor(test_labels, torch::kLong);
     test_ = {(audio::log_mel_spectrogram(torch::stack(test_wave), mel_) - mean_) / std_,
              test_labels_t};
     shifted_ = {(audio::log_mel_spectrogram(torch::stack(shifted_wave), mel_) - mean_) / std_,
                 test_labels_t};
+  }
+
+  // Each clip [b, T, M] delayed by a random whole number of frames in [0, train_shift_seconds]
+  // (torch's generator, seeded per step by the trainer): silence in front, the end cut off.
+  at::Tensor shift_in_time(const at::Tensor& mel) const {
+    const int64_t b = mel.size(0), frames = mel.size(1);
+    const int64_t most = std::min<int64_t>(
+        frames, static_cast<int64_t>(std::floor(train_shift_seconds_ / mel_.frame_seconds())));
+    auto shift = torch::randint(0, most + 1, {b, 1}, torch::kLong);  // [b, 1] frames
+    auto source = torch::arange(frames, torch::kLong).unsqueeze(0) - shift;  // [b, T]
+    auto inside = source.ge(0).unsqueeze(-1);                                // [b, T, 1]
+    auto moved = mel.gather(1, source.clamp_min(0).unsqueeze(-1).expand({b, frames, mel.size(2)}));
+    return torch::where(inside, moved, torch::full({}, silence_, mel.options()));
   }
 
   // The first samples_ samples; silence after a shorter clip.
@@ -222,6 +246,7 @@ class AudioLanguage : public Task {
 
   std::vector<std::string> languages_;
   double test_fraction_ = 0.2, seconds_ = 3.0, shift_seconds_ = 1.0, mean_ = 0, std_ = 1;
+  double train_shift_seconds_ = 0, silence_ = 0;
   int64_t eval_batch_ = 256, samples_ = 0, frames_ = 0;
   audio::LogMelOptions mel_;
   audio::AstPatchOptions patch_;

@@ -21,6 +21,7 @@ using Factory = std::function<std::unique_ptr<Task>(const nlohmann::json&)>;
 const std::vector<std::pair<std::string, Factory>>& registry() {
   static const std::vector<std::pair<std::string, Factory>> tasks{
       {"audio_language", make_audio_language},
+      {"audio_video_text", make_audio_video_text},
       {"forecast", make_forecast},
       {"image_classification", make_image_classification},
       {"language_model", make_language_model},

@@ -15,5 +15,6 @@ std::unique_ptr<Task> make_video_classification(const nlohmann::json& config);
 std::unique_ptr<Task> make_text_video_matching(const nlohmann::json& config);
 std::unique_ptr<Task> make_retrieval(const nlohmann::json& config);
 std::unique_ptr<Task> make_audio_language(const nlohmann::json& config);
+std::unique_ptr<Task> make_audio_video_text(const nlohmann::json& config);
 
 }  // namespace posenc::train

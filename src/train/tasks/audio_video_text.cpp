@@ -1,0 +1,364 @@
+// audio_video_text (experiment 8): one stream of three modalities. A moving Fashion-MNIST clip
+// turns once ("a sneaker moves left, then up"); a voice says one direction word at some moment of
+// it; a caption names the item and both directions. The question: does the spoken word name the
+// motion at the moment it is spoken, and does the caption describe the clip? Binary, 50%
+// positives; the negatives are of two kinds:
+//   timing   the word names the direction of the OTHER phase (caption true): only the time of the
+//            word against the time of the turn tells it from a positive, so audio time has to be
+//            matched with video time
+//   caption  the word is right but the caption swaps the two directions ("up, then left"): the
+//            order of the caption against the order of the frames
+// Data:
+//   video  T frames at `fps` (8 at 2.5 fps = 3.2 s), turn at frame k in [min_phase_frames,
+//          T - 1 - min_phase_frames]; phase 1 spans [0, k / fps) s, phase 2 [k / fps, T / fps) s;
+//          tubelets of 1 frame x patch x patch (16 per frame on the 32 px canvas)
+//   audio  espeak-ng's words (scripts/setup.sh: 72 voices x "right", "left", "down", "up" under
+//          ${data}/spoken_directions/<voice>/<word>.wav), resampled to 8 kHz, trimmed to the
+//          samples above kTrimLevel of the peak, placed at a uniform onset inside its phase with
+//          kMarginSeconds to spare on both sides, silence elsewhere; log-mel (n_fft 256, hop 80 =
+//          10 ms, n_mels bands in [20, 3800] Hz, Slaney, ln with a 1e-8 floor) normalized by the
+//          training set's mean and std; audio_token_frames (4) frames = 40 ms per audio token, as
+//          Qwen2.5-Omni's audio encoder emits them (80 tokens for 3.2 s). Voices split by name:
+//          a voice is a test voice when FNV-1a(name) mod 1000 < 1000 test_fraction
+//   text   the caption's bytes, caption_length slots, padding masked
+// Stream (task.layout; posenc/core/stream.h, the Qwen2.5-Omni rule, spatial merge 1, 25
+// positions per second, 2 s chunks):
+//   aligned     TMRoPE: <|vision_bos|> <|audio_bos|> video + its audio interleaved in 2 s chunks,
+//               video frame f at t = f / fps * 25 and audio token j at t = j (both 40 ms units, one
+//               clock) <|audio_eos|> <|vision_eos|>, then the caption
+//   sequential  the video, then the audio as its own segment (its t continues after the video's:
+//               no shared clock), then the caption
+// task.positions: mrope (the layout's (t, h, w)) or sequence (one index per token in the layout's
+// order: 1D RoPE over the flattened stream).
+//
+// Keys (task): data_dir (Fashion-MNIST), words_dir (${data}/spoken_directions), train_clips
+//   (4096), eval_clips (1024), frames (8), fps (2.5), canvas (32), item_size (14), min_speed (1.5),
+//   max_speed (2.0), min_phase_frames (2), patch (8), n_mels (32), audio_token_frames (4),
+//   caption_length (40), test_fraction (0.25), timing_negatives (0.25), caption_negatives (0.25),
+//   layout (aligned | sequential), positions (mrope | sequence), eval_batch (256)
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "audio/audio_file.h"
+#include "audio/log_mel.h"
+#include "common.h"
+#include "posenc/core/stream.h"
+#include "posenc/nn/stream_classifier.h"
+#include "tasks.h"
+#include "video/moving_fashion.h"
+#include "video/video.h"
+
+namespace posenc::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kSampleRate = 8000;  // the audio track's rate
+constexpr double kTrimLevel = 0.05;    // a word's samples: from the first to the last above 5% peak
+constexpr double kMarginSeconds = 0.05;  // a word keeps this far from its phase's ends
+constexpr int64_t kMaxVoices = 10000;    // voice folders words_dir may hold
+constexpr int64_t kMaxClips = 1000000;   // clips a set may ask for
+enum Kind : int64_t { kPositive = 0, kTiming = 1, kCaption = 2 };
+const char* const kKindNames[3] = {"positive", "timing", "caption"};
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 14695981039346656037ULL;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+struct Examples {
+  at::Tensor video;    // [N, Nv, Dv]
+  at::Tensor audio;    // [N, Na, Da], normalized log-mel
+  at::Tensor text;     // [N, L] int64
+  at::Tensor padding;  // [N, L] bool, true where real
+  at::Tensor label;    // [N] float 0/1
+  at::Tensor kind;     // [N] int64 Kind
+};
+
+class AudioVideoText : public Task {
+ public:
+  explicit AudioVideoText(const nlohmann::json& config) {
+    const uint64_t seed = config.value("seed", uint64_t{0});
+    ConfigReader task(config.at("task"), "task");
+    task.allow("type");
+    const auto data_dir = task.string("data_dir", "/usr/share/datasets/fashion-mnist");
+    const auto words_dir = resolve_data_path(task.string("words_dir", "${data}/spoken_directions"));
+    const int64_t train_clips = task.integer("train_clips", 4096);
+    const int64_t eval_clips = task.integer("eval_clips", 1024);
+    video::MovingOptions o;
+    o.num_frames = task.integer("frames", 8);
+    fps_ = task.number("fps", 2.5);
+    o.canvas = task.integer("canvas", o.canvas);
+    o.item_size = task.integer("item_size", o.item_size);
+    o.min_speed = task.number("min_speed", 1.5);
+    o.max_speed = task.number("max_speed", 2.0);
+    o.min_phase_frames = task.integer("min_phase_frames", 2);
+    o.turn = true;
+    patch_ = task.integer("patch", 8);
+    mel_.n_mels = task.integer("n_mels", 32);
+    token_frames_ = task.integer("audio_token_frames", 4);
+    caption_length_ = task.integer("caption_length", 40);
+    const double test_fraction = task.number("test_fraction", 0.25);
+    timing_ = task.number("timing_negatives", 0.25);
+    caption_ = task.number("caption_negatives", 0.25);
+    const auto layout = task.string("layout", "aligned");
+    const auto positions = task.string("positions", "mrope");
+    eval_batch_ = task.integer("eval_batch", 256);
+    task.finish();
+    TORCH_CHECK(layout == "aligned" || layout == "sequential",
+                "task: layout must be 'aligned' or 'sequential', got '", layout, "'");
+    TORCH_CHECK(positions == "mrope" || positions == "sequence",
+                "task: positions must be 'mrope' or 'sequence', got '", positions, "'");
+    TORCH_CHECK(train_clips > 0 && train_clips <= kMaxClips && eval_clips > 0 &&
+                    eval_clips <= kMaxClips,
+                "task: train_clips and eval_clips must be in [1, kMaxClips = ", kMaxClips,
+                "], got ", train_clips, " and ", eval_clips);
+    TORCH_CHECK(fps_ > 0 && fps_ <= 60, "task: fps must be in (0, 60], got ", fps_);
+    TORCH_CHECK(patch_ > 0 && o.canvas % patch_ == 0, "task: patch must divide canvas = ",
+                o.canvas, ", got ", patch_);
+    TORCH_CHECK(token_frames_ >= 1 && caption_length_ >= 1 && eval_batch_ >= 1,
+                "task: audio_token_frames, caption_length and eval_batch must be >= 1, got ",
+                token_frames_, ", ", caption_length_, ", ", eval_batch_);
+    TORCH_CHECK(test_fraction > 0 && test_fraction < 1,
+                "task: test_fraction must be in (0, 1), got ", test_fraction);
+    TORCH_CHECK(timing_ >= 0 && caption_ >= 0 && timing_ + caption_ < 1,
+                "task: timing_negatives and caption_negatives must be >= 0 and sum below 1, got ",
+                timing_, " and ", caption_);
+    mel_.sample_rate = kSampleRate;
+    mel_.n_fft = 256;
+    mel_.hop_length = 80;
+    mel_.f_min = 20.0;
+    mel_.f_max = 3800.0;
+    mel_.log_floor = 1e-8;
+    mel_.validate();
+    samples_ = std::llround(static_cast<double>(o.num_frames) / fps_ * kSampleRate);
+    audio_tokens_ = mel_.frames(samples_) / token_frames_;
+    TORCH_CHECK(audio_tokens_ >= 1, "task: a clip of ", samples_, " samples gives no audio token");
+
+    load_words(words_dir, test_fraction);
+    auto fashion_train = vision::load_fashion_mnist(true, data_dir);
+    auto fashion_test = vision::load_fashion_mnist(false, data_dir);
+    o.seed = seed * 1000 + 1;
+    train_ = make_examples(fashion_train, train_clips, o, train_words_, seed * 1000 + 11);
+    o.seed = seed * 1000 + 2;
+    eval_ = make_examples(fashion_test, eval_clips, o, test_words_, seed * 1000 + 12);
+    // log-mel normalized by the training set's statistics
+    mean_ = train_.audio.mean().item<double>();
+    std_ = train_.audio.std().item<double>();
+    train_.audio = (train_.audio - mean_) / std_;
+    eval_.audio = (eval_.audio - mean_) / std_;
+
+    auto stream_options = StreamOptions::qwen2_5_omni();
+    stream_options.spatial_merge_size = 1;
+    const int64_t grid = o.canvas / patch_;
+    const double seconds_per_frame = 1.0 / fps_;
+    std::vector<Segment> segments;
+    if (layout == "aligned") {
+      segments = {Segment::video_with_audio(o.num_frames, grid, grid, seconds_per_frame,
+                                            audio_tokens_),
+                  Segment::text(caption_length_)};
+    } else {
+      segments = {Segment::video(o.num_frames, grid, grid, seconds_per_frame),
+                  Segment::audio(audio_tokens_), Segment::text(caption_length_)};
+    }
+    auto stream = build_stream(segments, stream_options);
+    kinds_ = stream.kinds;
+    positions_ = positions == "mrope"
+                     ? stream.positions
+                     : Positions::sequence(static_cast<int64_t>(stream.kinds.size()));
+
+    ConfigReader model(config.at("model"), "model");
+    auto t = transformer_options(model);
+    model.finish();
+    model_ = StreamClassifier(
+        StreamClassifierOptions(train_.video.size(2), train_.audio.size(2), 1, t),
+        encoder_from(config, "encoder", t));
+  }
+
+  std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
+  int64_t train_size() const override { return train_.label.size(0); }
+  std::string metric_name() const override { return "accuracy"; }
+
+  at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
+    auto logits = forward(train_, indices);
+    auto labels = train_.label.index_select(0, indices);
+    *metric = logits.detach().gt(0).eq(labels.gt(0.5)).to(torch::kDouble).mean().item<double>();
+    return torch::binary_cross_entropy_with_logits(logits, labels);
+  }
+
+  Metrics evaluate() override {
+    const int64_t n = eval_.label.size(0);
+    // loss, correct, then (correct, count) per kind
+    std::vector<double> sums(2 + 2 * 3, 0.0);
+    for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
+      if (!ranks_.mine(batch)) continue;
+      auto indices = torch::arange(begin, std::min(n, begin + eval_batch_), torch::kLong);
+      auto logits = forward(eval_, indices);
+      auto labels = eval_.label.index_select(0, indices);
+      sums[0] += torch::binary_cross_entropy_with_logits(logits, labels, {}, {},
+                                                         at::Reduction::Sum)
+                     .item<double>();
+      auto right = logits.gt(0).eq(labels.gt(0.5));
+      sums[1] += right.sum().item<double>();
+      auto kind = eval_.kind.index_select(0, indices);
+      for (int64_t k = 0; k < 3; ++k) {
+        auto of_kind = kind.eq(k);
+        sums[static_cast<size_t>(2 + 2 * k)] += right.logical_and(of_kind).sum().item<double>();
+        sums[static_cast<size_t>(3 + 2 * k)] += of_kind.sum().item<double>();
+      }
+    }
+    sums = ranks_.total(sums);
+    Metrics metrics{{"loss", sums[0] / static_cast<double>(n)},
+                    {"accuracy", sums[1] / static_cast<double>(n)}};
+    for (int64_t k = 0; k < 3; ++k) {
+      const double count = sums[static_cast<size_t>(3 + 2 * k)];
+      metrics.emplace_back(std::string("accuracy_") + kKindNames[k],
+                           count > 0 ? sums[static_cast<size_t>(2 + 2 * k)] / count : NAN);
+    }
+    return metrics;
+  }
+
+ private:
+  struct Word {
+    at::Tensor samples;  // [S] float32 at kSampleRate, trimmed
+    int64_t direction;   // index into direction_names(4)
+  };
+  using Voice = std::vector<Word>;  // the four words of one voice, in direction order
+
+  // Reads every voice folder of words_dir, splits the voices by name.
+  void load_words(const std::string& dir, double test_fraction) {
+    TORCH_CHECK(fs::is_directory(dir), "task: no folder '", dir,
+                "' of spoken words (scripts/setup.sh synthesizes them with espeak-ng)");
+    std::vector<std::string> voices;
+    for (const auto& entry : fs::directory_iterator(dir))
+      if (entry.is_directory()) voices.push_back(entry.path().filename().string());
+    std::sort(voices.begin(), voices.end());
+    TORCH_CHECK(!voices.empty() && static_cast<int64_t>(voices.size()) <= kMaxVoices, "task: '",
+                dir, "' holds ", voices.size(), " voice folders, expected 1 to kMaxVoices = ",
+                kMaxVoices);
+    const auto& names = video::MovingClips::direction_names(4);
+    for (const auto& name : voices) {
+      Voice voice;
+      for (int64_t d = 0; d < 4; ++d) {
+        const auto path = (fs::path(dir) / name / (names[static_cast<size_t>(d)] + ".wav")).string();
+        audio::AudioReadOptions options;
+        options.target_rate = kSampleRate;
+        auto samples = audio::read_audio(path, options).samples;  // errors name the file
+        auto loud = samples.abs().ge(kTrimLevel * samples.abs().max().item<double>()).nonzero();
+        TORCH_CHECK(loud.size(0) > 0 && samples.abs().max().item<double>() > 0, "task: '", path,
+                    "' is silent");
+        const int64_t first = loud[0][0].item<int64_t>(), last = loud[-1][0].item<int64_t>();
+        voice.push_back({samples.narrow(0, first, last - first + 1).contiguous(), d});
+      }
+      const bool test = static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction;
+      (test ? test_words_ : train_words_).push_back(std::move(voice));
+    }
+    TORCH_CHECK(!train_words_.empty() && !test_words_.empty(), "task: the voice split left ",
+                train_words_.size(), " training and ", test_words_.size(),
+                " test voices; change test_fraction");
+  }
+
+  Examples make_examples(const vision::FashionMnist& source, int64_t count,
+                         const video::MovingOptions& o, const std::vector<Voice>& voices,
+                         uint64_t seed) {
+    auto clips = video::generate_moving_clips(source, count, o);
+    Examples ex;
+    ex.video = video::tubeletize(clips.frames, 1, patch_).tokens;  // [N, T * g * g, p * p]
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
+    auto uniform = [&] { return torch::rand({1}, generator, torch::kFloat64).item<double>(); };
+    auto pick = [&](int64_t n) {
+      return torch::randint(0, n, {1}, generator, torch::kLong).item<int64_t>();
+    };
+    const auto& names = video::MovingClips::direction_names(4);
+    const double clip_seconds = static_cast<double>(samples_) / kSampleRate;
+    auto tracks = torch::zeros({count, samples_}, torch::kFloat32);
+    ex.text = torch::zeros({count, caption_length_}, torch::kLong);
+    ex.padding = torch::zeros({count, caption_length_}, torch::kBool);
+    ex.label = torch::zeros({count}, torch::kFloat32);
+    ex.kind = torch::zeros({count}, torch::kLong);
+    auto bytes = ex.text.accessor<int64_t, 2>();
+    auto real = ex.padding.accessor<bool, 2>();
+    for (int64_t n = 0; n < count; ++n) {
+      const int64_t d1 = clips.direction[n].item<int64_t>();
+      const int64_t d2 = clips.direction2[n].item<int64_t>();
+      const double turn = static_cast<double>(clips.turn_frame[n].item<int64_t>()) / fps_;
+      const double r = uniform();
+      const Kind kind = r < timing_ ? kTiming : r < timing_ + caption_ ? kCaption : kPositive;
+      const int64_t phase = pick(2);
+      const int64_t spoken_phase_direction = phase == 0 ? d1 : d2;
+      const int64_t word = kind == kTiming ? (phase == 0 ? d2 : d1) : spoken_phase_direction;
+      const auto& voice = voices[static_cast<size_t>(pick(static_cast<int64_t>(voices.size())))];
+      const auto& samples = voice[static_cast<size_t>(word)].samples;
+      const double duration = static_cast<double>(samples.size(0)) / kSampleRate;
+      const double lo = (phase == 0 ? 0.0 : turn) + kMarginSeconds;
+      const double hi = (phase == 0 ? turn : clip_seconds) - kMarginSeconds - duration;
+      TORCH_CHECK(hi >= lo, "task: the word '", names[static_cast<size_t>(word)], "' (",
+                  duration, " s) does not fit in a phase of ",
+                  (phase == 0 ? turn : clip_seconds - turn), " s with ", kMarginSeconds,
+                  " s margins; use a lower fps, more frames or a larger min_phase_frames");
+      const double onset = lo + uniform() * (hi - lo);
+      const int64_t at = std::min<int64_t>(std::llround(onset * kSampleRate),
+                                           samples_ - samples.size(0));
+      tracks[n].narrow(0, at, samples.size(0)).copy_(samples);
+      // the caption: true, or its two directions swapped
+      auto caption = clips.captions[static_cast<size_t>(n)];
+      if (kind == kCaption) {
+        caption = caption.substr(0, caption.find(" moves ") + 7) +
+                  names[static_cast<size_t>(d2)] + ", then " + names[static_cast<size_t>(d1)];
+      }
+      TORCH_CHECK(static_cast<int64_t>(caption.size()) <= caption_length_, "task: the caption '",
+                  caption, "' has ", caption.size(), " bytes, more than caption_length = ",
+                  caption_length_);
+      for (size_t j = 0; j < caption.size(); ++j) {
+        bytes[n][static_cast<int64_t>(j)] = static_cast<unsigned char>(caption[j]);
+        real[n][static_cast<int64_t>(j)] = true;
+      }
+      ex.label[n] = kind == kPositive ? 1.0f : 0.0f;
+      ex.kind[n] = static_cast<int64_t>(kind);
+    }
+    // log-mel in slices (the STFT of thousands of clips at once is large), 40 ms per token
+    std::vector<at::Tensor> mels;
+    constexpr int64_t kSlice = 512;
+    for (int64_t begin = 0; begin < count; begin += kSlice) {
+      auto mel = audio::log_mel_spectrogram(tracks.narrow(0, begin, std::min(kSlice, count - begin)),
+                                            mel_);  // [b, frames, M]
+      mels.push_back(mel.narrow(1, 0, audio_tokens_ * token_frames_)
+                         .reshape({mel.size(0), audio_tokens_, token_frames_ * mel_.n_mels}));
+    }
+    ex.audio = torch::cat(mels, 0);  // [N, Na, frames per token * M]
+    return ex;
+  }
+
+  at::Tensor forward(const Examples& set, const at::Tensor& indices) {
+    StreamInput input;
+    input.video = set.video.index_select(0, indices);
+    input.audio = set.audio.index_select(0, indices);
+    input.text = set.text.index_select(0, indices);
+    input.text_padding = set.padding.index_select(0, indices);
+    input.kinds = kinds_;
+    input.positions = positions_;
+    return model_(input).squeeze(-1);  // [b]
+  }
+
+  double fps_ = 2.5, timing_ = 0.25, caption_ = 0.25, mean_ = 0, std_ = 1;
+  int64_t patch_ = 8, token_frames_ = 4, caption_length_ = 40, eval_batch_ = 256;
+  int64_t samples_ = 0, audio_tokens_ = 0;
+  audio::LogMelOptions mel_;
+  std::vector<Voice> train_words_, test_words_;
+  Examples train_, eval_;
+  std::vector<SegmentKind> kinds_;
+  Positions positions_;
+  StreamClassifier model_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<Task> make_audio_video_text(const nlohmann::json& config) {
+  return std::make_unique<AudioVideoText>(config);
+}
+
+}  // namespace posenc::train
