@@ -1,5 +1,5 @@
 // Uses the installed posenc, one call through each exported target: the core (RoPE, ALiBi), the
-// config registry with a real HF config.json, the four modalities and the trainer's config helpers.
+// config registry with a real HF config.json, the five modalities and the trainer's config helpers.
 #include <posenc/config/hf_config.h>
 #include <posenc/config/registry.h>
 #include <posenc/posenc.h>
@@ -9,6 +9,7 @@
 
 #include <iostream>
 
+#include "audio/audio_positions.h"
 #include "text/gutenberg.h"
 #include "timeseries/csv_series.h"
 #include "video/video.h"
@@ -36,14 +37,17 @@ int main(int argc, char** argv) {
   posenc::text::ByteTokenizer tokenizer;
   auto tokens = tokenizer.encode("the dog bit the man");
   auto when = posenc::timeseries::parse_timestamp("2010-01-01 00:00");
+  // posenc::audio: AST's patch grid over 128 mels x 1024 frames is 12 x 101
+  auto grid = posenc::audio::ast_patch_grid(128, 1024);
   // posenc::train
   auto run = posenc::train::select_run(nlohmann::json{{"name", "x"}}, "");
   std::cout << "consumer: posenc " << POSENC_VERSION << "; " << llama->type() << " theta "
             << hf.config["rope_theta"].get<double>() << "; " << patches.positions.size()
             << " patches, " << tubelets.positions.size() << " tubelets, " << tokens.size(0)
-            << " bytes, t=" << when.value_or(-1) << ", run " << run["name"].get<std::string>()
-            << std::endl;
-  return rq.sizes() == q.sizes() && patches.positions.size() == 16 && tubelets.positions.size() == 8
+            << " bytes, t=" << when.value_or(-1) << ", AST grid " << grid.freq << "x" << grid.time
+            << ", run " << run["name"].get<std::string>() << std::endl;
+  return rq.sizes() == q.sizes() && patches.positions.size() == 16 &&
+                 tubelets.positions.size() == 8 && grid.freq == 12 && grid.time == 101
              ? 0
              : 1;
 }

@@ -45,13 +45,18 @@
 //   max_speed (2.0), min_phase_frames (2), patch (8), n_mels (32), audio_token_frames (4),
 //   caption_length (40), test_fraction (0.25), timing_negatives (0.25), caption_negatives (0.25),
 //   aux_weight (1.0; 0: agreement only), layout (aligned | sequential), positions (mrope |
-//   sequence), eval_batch (256)
+//   sequence), eval_frames ([frames]: the generalization rows, clips of other lengths), eval_batch
+//   (256)
+// Generalization: the same test at other clip lengths (eval_frames, at the same fps): the stream
+// gets longer or shorter, so in the sequential layout the audio starts at another position than in
+// training, while the aligned layout keeps every audio token on its video frame's clock.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <sstream>
 
 #include "audio/audio_file.h"
 #include "audio/log_mel.h"
@@ -72,6 +77,7 @@ constexpr double kTrimLevel = 0.05;    // a word's samples: from the first to th
 constexpr double kMarginSeconds = 0.05;  // a word keeps this far from its phase's ends
 constexpr int64_t kMaxVoices = 10000;    // voice folders words_dir may hold
 constexpr int64_t kMaxClips = 1000000;   // clips a set may ask for
+constexpr int64_t kMaxFrames = 1000;     // frames a clip may have
 enum Kind : int64_t { kPositive = 0, kTiming = 1, kCaption = 2 };
 constexpr int64_t kOutputs = 9;  // agreement, direction at the word x 4, spoken word x 4
 const char* const kKindNames[3] = {"positive", "timing", "caption"};
@@ -91,6 +97,8 @@ struct Examples {
   at::Tensor kind;     // [N] int64 Kind
   at::Tensor direction;  // [N] int64: the direction of motion while the word is spoken
   at::Tensor word;       // [N] int64: the spoken word (a direction index)
+  std::vector<SegmentKind> kinds;  // the stream's tokens (the same for every example of a set)
+  Positions positions;             // one per stream token
 };
 
 class AudioVideoText : public Task {
@@ -120,14 +128,16 @@ class AudioVideoText : public Task {
     timing_ = task.number("timing_negatives", 0.25);
     caption_ = task.number("caption_negatives", 0.25);
     aux_weight_ = task.number("aux_weight", 1.0);
-    const auto layout = task.string("layout", "aligned");
-    const auto positions = task.string("positions", "mrope");
+    layout_ = task.string("layout", "aligned");
+    positions_ = task.string("positions", "mrope");
+    std::vector<int64_t> eval_frames;
+    if (task.has("eval_frames")) eval_frames = task.integers("eval_frames");
     eval_batch_ = task.integer("eval_batch", 256);
     task.finish();
-    TORCH_CHECK(layout == "aligned" || layout == "sequential",
-                "task: layout must be 'aligned' or 'sequential', got '", layout, "'");
-    TORCH_CHECK(positions == "mrope" || positions == "sequence",
-                "task: positions must be 'mrope' or 'sequence', got '", positions, "'");
+    TORCH_CHECK(layout_ == "aligned" || layout_ == "sequential",
+                "task: layout must be 'aligned' or 'sequential', got '", layout_, "'");
+    TORCH_CHECK(positions_ == "mrope" || positions_ == "sequence",
+                "task: positions must be 'mrope' or 'sequence', got '", positions_, "'");
     TORCH_CHECK(train_clips > 0 && train_clips <= kMaxClips && eval_clips > 0 &&
                     eval_clips <= kMaxClips,
                 "task: train_clips and eval_clips must be in [1, kMaxClips = ", kMaxClips,
@@ -152,41 +162,29 @@ class AudioVideoText : public Task {
     mel_.f_max = 3800.0;
     mel_.log_floor = 1e-8;
     mel_.validate();
-    samples_ = std::llround(static_cast<double>(o.num_frames) / fps_ * kSampleRate);
-    audio_tokens_ = mel_.frames(samples_) / token_frames_;
-    TORCH_CHECK(audio_tokens_ >= 1, "task: a clip of ", samples_, " samples gives no audio token");
+    if (eval_frames.empty()) eval_frames = {o.num_frames};
+    for (const int64_t f : eval_frames) {
+      TORCH_CHECK(f >= 2 * o.min_phase_frames + 1 && f <= kMaxFrames, "task: eval_frames entry ",
+                  f, " must be in [2 min_phase_frames + 1 = ", 2 * o.min_phase_frames + 1,
+                  ", kMaxFrames = ", kMaxFrames, "]");
+    }
+    TORCH_CHECK(o.num_frames <= kMaxFrames, "task: frames must be <= kMaxFrames = ", kMaxFrames,
+                ", got ", o.num_frames);
 
     load_words(words_dir, test_fraction);
     auto fashion_train = vision::load_fashion_mnist(true, data_dir);
-    auto fashion_test = vision::load_fashion_mnist(false, data_dir);
-    o.seed = seed * 1000 + 1;
-    train_ = make_examples(fashion_train, train_clips, o, train_words_, seed * 1000 + 11);
-    o.seed = seed * 1000 + 2;
-    eval_ = make_examples(fashion_test, eval_clips, o, test_words_, seed * 1000 + 12);
+    fashion_test_ = vision::load_fashion_mnist(false, data_dir);
+    moving_ = o;
+    moving_.seed = seed * 1000 + 1;
+    train_ = make_examples(fashion_train, train_clips, moving_, train_words_, seed * 1000 + 11);
     // log-mel normalized by the training set's statistics
     mean_ = train_.audio.mean().item<double>();
     std_ = train_.audio.std().item<double>();
     train_.audio = (train_.audio - mean_) / std_;
-    eval_.audio = (eval_.audio - mean_) / std_;
-
-    auto stream_options = StreamOptions::qwen2_5_omni();
-    stream_options.spatial_merge_size = 1;
-    const int64_t grid = o.canvas / patch_;
-    const double seconds_per_frame = 1.0 / fps_;
-    std::vector<Segment> segments;
-    if (layout == "aligned") {
-      segments = {Segment::video_with_audio(o.num_frames, grid, grid, seconds_per_frame,
-                                            audio_tokens_),
-                  Segment::text(caption_length_)};
-    } else {
-      segments = {Segment::video(o.num_frames, grid, grid, seconds_per_frame),
-                  Segment::audio(audio_tokens_), Segment::text(caption_length_)};
-    }
-    auto stream = build_stream(segments, stream_options);
-    kinds_ = stream.kinds;
-    positions_ = positions == "mrope"
-                     ? stream.positions
-                     : Positions::sequence(static_cast<int64_t>(stream.kinds.size()));
+    eval_seed_ = seed;
+    eval_clips_ = eval_clips;
+    eval_ = make_eval(o.num_frames);
+    eval_frames_ = eval_frames;
 
     ConfigReader model(config.at("model"), "model");
     auto t = transformer_options(model);
@@ -215,26 +213,52 @@ class AudioVideoText : public Task {
     return loss;
   }
 
-  Metrics evaluate() override {
-    const int64_t n = eval_.label.size(0);
+  Metrics evaluate() override { return evaluate_on(eval_); }
+
+  std::vector<GeneralizationRow> generalization() override {
+    std::vector<GeneralizationRow> rows;
+    for (const int64_t f : eval_frames_) {
+      std::ostringstream setting;
+      setting << f << " frames (" << static_cast<double>(f) / fps_ << " s)";
+      rows.push_back({setting.str(), static_cast<double>(f),
+                      f == moving_.num_frames ? evaluate_on(eval_) : evaluate_on(make_eval(f))});
+    }
+    return rows;
+  }
+
+ private:
+  // The test set at `frames` frames: its own clips (seeded by the length), the test voices,
+  // normalized with the training statistics.
+  Examples make_eval(int64_t frames) {
+    auto o = moving_;
+    o.num_frames = frames;
+    o.seed = eval_seed_ * 1000 + 2 +
+             (frames == moving_.num_frames ? 0 : 7919 * static_cast<uint64_t>(frames));
+    auto set = make_examples(fashion_test_, eval_clips_, o, test_words_, o.seed + 10);
+    set.audio = (set.audio - mean_) / std_;
+    return set;
+  }
+
+  Metrics evaluate_on(const Examples& set) {
+    const int64_t n = set.label.size(0);
     // loss, correct, then (correct, count) per kind, then direction and word correct
     std::vector<double> sums(2 + 2 * 3 + 2, 0.0);
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       auto indices = torch::arange(begin, std::min(n, begin + eval_batch_), torch::kLong);
       auto logits = forward(eval_, indices);
-      auto labels = eval_.label.index_select(0, indices);
+      auto labels = set.label.index_select(0, indices);
       auto agree = logits.select(1, 0);
       sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {},
                                                          at::Reduction::Sum)
                      .item<double>();
       auto right = agree.gt(0).eq(labels.gt(0.5));
-      sums[8] += logits.narrow(1, 1, 4).argmax(1).eq(eval_.direction.index_select(0, indices))
+      sums[8] += logits.narrow(1, 1, 4).argmax(1).eq(set.direction.index_select(0, indices))
                      .sum().item<double>();
-      sums[9] += logits.narrow(1, 5, 4).argmax(1).eq(eval_.word.index_select(0, indices))
+      sums[9] += logits.narrow(1, 5, 4).argmax(1).eq(set.word.index_select(0, indices))
                      .sum().item<double>();
       sums[1] += right.sum().item<double>();
-      auto kind = eval_.kind.index_select(0, indices);
+      auto kind = set.kind.index_select(0, indices);
       for (int64_t k = 0; k < 3; ++k) {
         auto of_kind = kind.eq(k);
         sums[static_cast<size_t>(2 + 2 * k)] += right.logical_and(of_kind).sum().item<double>();
@@ -254,7 +278,6 @@ class AudioVideoText : public Task {
     return metrics;
   }
 
- private:
   struct Word {
     at::Tensor samples;  // [S] float32 at kSampleRate, trimmed
     int64_t direction;   // index into direction_names(4)
@@ -297,6 +320,9 @@ class AudioVideoText : public Task {
   Examples make_examples(const vision::FashionMnist& source, int64_t count,
                          const video::MovingOptions& o, const std::vector<Voice>& voices,
                          uint64_t seed) {
+    const int64_t clip_samples = std::llround(static_cast<double>(o.num_frames) / fps_ * kSampleRate);
+    const int64_t audio_tokens = mel_.frames(clip_samples) / token_frames_;
+    TORCH_CHECK(audio_tokens >= 1, "task: a clip of ", clip_samples, " samples gives no audio token");
     auto clips = video::generate_moving_clips(source, count, o);
     Examples ex;
     ex.video = video::tubeletize(clips.frames, 1, patch_).tokens;  // [N, T * g * g, p * p]
@@ -306,8 +332,8 @@ class AudioVideoText : public Task {
       return torch::randint(0, n, {1}, generator, torch::kLong).item<int64_t>();
     };
     const auto& names = video::MovingClips::direction_names(4);
-    const double clip_seconds = static_cast<double>(samples_) / kSampleRate;
-    auto tracks = torch::zeros({count, samples_}, torch::kFloat32);
+    const double clip_seconds = static_cast<double>(clip_samples) / kSampleRate;
+    auto tracks = torch::zeros({count, clip_samples}, torch::kFloat32);
     ex.text = torch::zeros({count, caption_length_}, torch::kLong);
     ex.padding = torch::zeros({count, caption_length_}, torch::kBool);
     ex.label = torch::zeros({count}, torch::kFloat32);
@@ -326,8 +352,8 @@ class AudioVideoText : public Task {
       const int64_t spoken_phase_direction = phase == 0 ? d1 : d2;
       const int64_t word = kind == kTiming ? (phase == 0 ? d2 : d1) : spoken_phase_direction;
       const auto& voice = voices[static_cast<size_t>(pick(static_cast<int64_t>(voices.size())))];
-      const auto& samples = voice[static_cast<size_t>(word)].samples;
-      const double duration = static_cast<double>(samples.size(0)) / kSampleRate;
+      const auto& wave = voice[static_cast<size_t>(word)].samples;
+      const double duration = static_cast<double>(wave.size(0)) / kSampleRate;
       const double lo = (phase == 0 ? 0.0 : turn) + kMarginSeconds;
       const double hi = (phase == 0 ? turn : clip_seconds) - kMarginSeconds - duration;
       TORCH_CHECK(hi >= lo, "task: the word '", names[static_cast<size_t>(word)], "' (",
@@ -336,8 +362,8 @@ class AudioVideoText : public Task {
                   " s margins; use a lower fps, more frames or a larger min_phase_frames");
       const double onset = lo + uniform() * (hi - lo);
       const int64_t at = std::min<int64_t>(std::llround(onset * kSampleRate),
-                                           samples_ - samples.size(0));
-      tracks[n].narrow(0, at, samples.size(0)).copy_(samples);
+                                           clip_samples - wave.size(0));
+      tracks[n].narrow(0, at, wave.size(0)).copy_(wave);
       // the caption: true, or its two directions swapped
       auto caption = clips.captions[static_cast<size_t>(n)];
       if (kind == kCaption) {
@@ -362,10 +388,29 @@ class AudioVideoText : public Task {
     for (int64_t begin = 0; begin < count; begin += kSlice) {
       auto mel = audio::log_mel_spectrogram(tracks.narrow(0, begin, std::min(kSlice, count - begin)),
                                             mel_);  // [b, frames, M]
-      mels.push_back(mel.narrow(1, 0, audio_tokens_ * token_frames_)
-                         .reshape({mel.size(0), audio_tokens_, token_frames_ * mel_.n_mels}));
+      mels.push_back(mel.narrow(1, 0, audio_tokens * token_frames_)
+                         .reshape({mel.size(0), audio_tokens, token_frames_ * mel_.n_mels}));
     }
     ex.audio = torch::cat(mels, 0);  // [N, Na, frames per token * M]
+    // the stream: the Qwen2.5-Omni rule without spatial merging
+    auto stream_options = StreamOptions::qwen2_5_omni();
+    stream_options.spatial_merge_size = 1;
+    const int64_t grid = o.canvas / patch_;
+    const double seconds_per_frame = 1.0 / fps_;
+    std::vector<Segment> segments;
+    if (layout_ == "aligned") {
+      segments = {Segment::video_with_audio(o.num_frames, grid, grid, seconds_per_frame,
+                                            audio_tokens),
+                  Segment::text(caption_length_)};
+    } else {
+      segments = {Segment::video(o.num_frames, grid, grid, seconds_per_frame),
+                  Segment::audio(audio_tokens), Segment::text(caption_length_)};
+    }
+    auto stream = build_stream(segments, stream_options);
+    ex.kinds = stream.kinds;
+    ex.positions = positions_ == "mrope"
+                       ? stream.positions
+                       : Positions::sequence(static_cast<int64_t>(stream.kinds.size()));
     return ex;
   }
 
@@ -375,19 +420,22 @@ class AudioVideoText : public Task {
     input.audio = set.audio.index_select(0, indices);
     input.text = set.text.index_select(0, indices);
     input.text_padding = set.padding.index_select(0, indices);
-    input.kinds = kinds_;
-    input.positions = positions_;
+    input.kinds = set.kinds;
+    input.positions = set.positions;
     return model_(input);  // [b, 9]
   }
 
   double fps_ = 2.5, timing_ = 0.25, caption_ = 0.25, aux_weight_ = 1.0, mean_ = 0, std_ = 1;
   int64_t patch_ = 8, token_frames_ = 4, caption_length_ = 40, eval_batch_ = 256;
-  int64_t samples_ = 0, audio_tokens_ = 0;
+  int64_t eval_clips_ = 0;
+  uint64_t eval_seed_ = 0;
+  std::string layout_, positions_;
+  std::vector<int64_t> eval_frames_;
+  video::MovingOptions moving_;
+  vision::FashionMnist fashion_test_;
   audio::LogMelOptions mel_;
   std::vector<Voice> train_words_, test_words_;
   Examples train_, eval_;
-  std::vector<SegmentKind> kinds_;
-  Positions positions_;
   StreamClassifier model_{nullptr};
 };
 
