@@ -246,7 +246,7 @@ class AudioVideoText : public Task {
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       auto indices = torch::arange(begin, std::min(n, begin + eval_batch_), torch::kLong);
-      auto logits = forward(eval_, indices);
+      auto logits = forward(set, indices);
       auto labels = set.label.index_select(0, indices);
       auto agree = logits.select(1, 0);
       sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {},
