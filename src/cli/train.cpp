@@ -11,11 +11,16 @@
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
 // process (N at a time, cores/N intra-op threads each; for machines with more cores than one
 // small run uses well), then builds the same comparison from the runs' summary.json files.
+// Stopping it: Ctrl-C reaches the children through the process group; SIGTERM or SIGHUP sent to
+// the compare process alone (kill PID, a scheduler) is passed on to every running child, no new
+// run starts, and compare exits 130 once they have saved their checkpoints (continue with
+// --resume). A child is never left training on its own.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -28,6 +33,26 @@
 namespace posenc::cli {
 
 namespace {
+
+// compare --jobs: the running children, for the signal handler (kMaxJobs = --jobs's limit).
+constexpr int kMaxJobs = 64;
+volatile sig_atomic_t g_compare_stop = 0;
+volatile pid_t g_compare_children[kMaxJobs] = {};
+
+void pass_stop_to_children(int signal) {
+  g_compare_stop = 1;
+  for (int i = 0; i < kMaxJobs; ++i)
+    if (g_compare_children[i] > 0) kill(g_compare_children[i], signal == SIGHUP ? SIGTERM : signal);
+}
+
+void track_child(pid_t pid, bool running) {
+  for (int i = 0; i < kMaxJobs; ++i) {
+    if (running ? g_compare_children[i] == 0 : g_compare_children[i] == pid) {
+      g_compare_children[i] = running ? pid : 0;
+      return;
+    }
+  }
+}
 
 train::RunOptions run_options(const TrainArgs& args) {
   train::RunOptions options;
@@ -118,10 +143,17 @@ int run_compare_parallel(const TrainArgs& args) {
   std::cout << "compare: " << entries.size() << " runs, " << args.jobs << " at a time, " << threads
             << " thread(s) each" << std::endl;  // flushed before the children write
   // Ctrl-C reaches the children (same process group); they save a checkpoint and exit 130.
+  // SIGTERM / SIGHUP to this process alone: passed on (pass_stop_to_children).
+  TORCH_CHECK(args.jobs <= kMaxJobs, "compare: --jobs must be <= ", kMaxJobs, ", got ", args.jobs);
   struct sigaction ignore {
-  }, previous{};
+  }, pass{}, previous{}, previous_term{}, previous_hup{};
   ignore.sa_handler = SIG_IGN;
   sigaction(SIGINT, &ignore, &previous);
+  pass.sa_handler = pass_stop_to_children;
+  sigemptyset(&pass.sa_mask);
+  sigaction(SIGTERM, &pass, &previous_term);
+  sigaction(SIGHUP, &pass, &previous_hup);
+  g_compare_stop = 0;
   std::map<pid_t, std::string> running;
   std::map<std::string, int> status_of;
   // An entry that starts from another's weights (init_from: NAME) waits for it; if that one
@@ -135,25 +167,35 @@ int run_compare_parallel(const TrainArgs& args) {
         ++it;  // still training (or waiting itself)
         continue;
       }
-      if (!from.empty() && status_of[from] != 0) {
+      if (g_compare_stop) {
+        std::cerr << "compare: run '" << *it << "' not started: stopped by a signal\n";
+        status_of[*it] = 130;
+      } else if (!from.empty() && status_of[from] != 0) {
         std::cerr << "compare: run '" << *it << "' not started: it starts from '" << from
                   << "', which did not finish\n";
         status_of[*it] = 2;
       } else {
-        running[spawn_run(args, *it, folder + "/" + *it, threads)] = *it;
+        const pid_t pid = spawn_run(args, *it, folder + "/" + *it, threads);
+        running[pid] = *it;
+        track_child(pid, true);
+        if (g_compare_stop) kill(pid, SIGTERM);  // the signal came while it was starting
       }
       it = waiting.erase(it);
     }
     if (running.empty()) continue;  // every entry left was just resolved (init_from: earlier only)
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0 && errno == EINTR) continue;  // a signal passed on: keep waiting for them
     if (pid < 0) break;
+    track_child(pid, false);
     auto it = running.find(pid);
     if (it == running.end()) continue;
     status_of[it->second] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     running.erase(it);
   }
   sigaction(SIGINT, &previous, nullptr);
+  sigaction(SIGTERM, &previous_term, nullptr);
+  sigaction(SIGHUP, &previous_hup, nullptr);
   std::vector<train::RunResult> results;
   int worst = 0;
   for (const auto& run : entries) {
