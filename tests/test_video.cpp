@@ -328,6 +328,15 @@ TEST(VideoMovingFashion, TurningClipsChangeDirectionAtTheTurnFrame) {
     EXPECT_TRUE(contains(clips.captions[n], " moves " + names[d1] + ", then " + names[d2]))
         << clips.captions[n];
   }
+  // turn frames chosen by the caller: the same clips otherwise; out of range is an error
+  options.turn_frames.assign(64, 3);
+  auto chosen = generate_moving_clips(items, 64, options);
+  EXPECT_TRUE(chosen.turn_frame.eq(3).all().item<bool>());
+  EXPECT_TRUE(torch::equal(chosen.direction2, clips.direction2));
+  options.turn_frames[5] = 6;
+  auto message = test::error_of([&] { generate_moving_clips(items, 64, options); });
+  EXPECT_TRUE(contains(message, "turn_frames[5] = 6 is outside [2, 5]")) << message;
+  options.turn_frames.clear();
   // clips without a turn are the ones drawn before turning existed
   options.turn = false;
   auto straight = generate_moving_clips(items, 64, options);
@@ -335,7 +344,7 @@ TEST(VideoMovingFashion, TurningClipsChangeDirectionAtTheTurnFrame) {
   EXPECT_TRUE(torch::equal(straight.direction, clips.direction));
   options.turn = true;
   options.min_phase_frames = 4;  // 8 frames = 7 steps < 2 x 4
-  auto message = test::error_of([&] { generate_moving_clips(items, 1, options); });
+  message = test::error_of([&] { generate_moving_clips(items, 1, options); });
   EXPECT_TRUE(contains(message, "8 frames with min_phase_frames = 4 do not fit")) << message;
 }
 

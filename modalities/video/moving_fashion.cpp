@@ -150,6 +150,21 @@ MovingClips generate_moving_clips(const vision::FashionMnist& source, int64_t co
     clips.turn_frame = torch::randint(options.min_phase_frames,
                                       steps - options.min_phase_frames + 1, {count}, generator,
                                       torch::kLong);
+    if (!options.turn_frames.empty()) {
+      TORCH_CHECK(static_cast<int64_t>(options.turn_frames.size()) == count,
+                  "generate_moving_clips: turn_frames has ", options.turn_frames.size(),
+                  " entries for ", count, " clips");
+      for (int64_t n = 0; n < count; ++n) {
+        const int64_t k = options.turn_frames[static_cast<size_t>(n)];
+        TORCH_CHECK(k >= options.min_phase_frames && k <= steps - options.min_phase_frames,
+                    "generate_moving_clips: turn_frames[", n, "] = ", k, " is outside [",
+                    options.min_phase_frames, ", ", steps - options.min_phase_frames, "]");
+        clips.turn_frame[n] = k;
+      }
+    }
+  } else {
+    TORCH_CHECK(options.turn_frames.empty(),
+                "generate_moving_clips: turn_frames given without turn = true");
   }
   clips.frames =
       render(items, clips.direction, speed, start, clips.direction2, clips.turn_frame, options);

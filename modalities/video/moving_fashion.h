@@ -42,6 +42,10 @@ struct MovingOptions {
   uint64_t seed = 0;           ///< same seed, same clips
   bool turn = false;           ///< each clip changes direction once (see above)
   int64_t min_phase_frames = 2;  ///< with turn: frame steps before and after the turn, >= 1
+  /// With turn: each clip's turn frame, chosen by the caller (empty: drawn uniformly). One per
+  /// clip, each in [min_phase_frames, T - 1 - min_phase_frames]; the draws happen all the same, so
+  /// everything else about the clips stays as without it.
+  std::vector<int64_t> turn_frames;
 };
 
 struct MovingClips {

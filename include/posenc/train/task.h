@@ -15,6 +15,12 @@
 //   text_video_matching    which of K captions describes a clip, one mixed stream per pair
 //   retrieval              key-value retrieval over bytes ("lost in the middle"): exact-match
 //                          recall of a record by its depth in the prompt and the prompt's length
+//   audio_language         spoken-language identification from AST patches of log-mel spectrograms
+//                          (frequency, time in seconds); after training, the test with the speech
+//                          moved later in time
+//   audio_video_text       one stream of a turning clip, a spoken direction word and a caption
+//                          (TMRoPE's time-aligned layout or a sequential one): does the word name
+//                          the motion while it is spoken? After training, clips of other lengths
 #pragma once
 
 #include <torch/nn/module.h>
