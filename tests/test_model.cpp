@@ -174,9 +174,10 @@ TEST(Model, StreamClassifierGathersTheLayoutsTokens) {
   auto omni = StreamOptions::qwen2_5_omni();
   omni.spatial_merge_size = 1;
   // 6 frames at 1 s each: 3 chunks of 2 s, each 2 frames then 50 audio tokens (150 in all)
-  auto aligned = build_stream({Segment::video_with_audio(6, 2, 2, 1.0, 150), Segment::text(5)}, omni);
-  auto sequential = build_stream(
-      {Segment::video(6, 2, 2, 1.0), Segment::audio(150), Segment::text(5)}, omni);
+  auto aligned =
+      build_stream({Segment::video_with_audio(6, 2, 2, 1.0, 150), Segment::text(5)}, omni);
+  auto sequential =
+      build_stream({Segment::video(6, 2, 2, 1.0), Segment::audio(150), Segment::text(5)}, omni);
   ASSERT_EQ(aligned.kinds.size(), sequential.kinds.size());
   EXPECT_EQ(aligned.kinds[0], SegmentKind::kVisionBos);
   EXPECT_EQ(aligned.kinds[10], SegmentKind::kAudio);  // 2 markers, 2 frames x 4 tubelets, audio

@@ -63,10 +63,12 @@ TEST(LearnedGridReference, ResampleMatchesTimm) {
 // AST's per-axis adaptation (mode "ast"), hand-derived on a 3 x 4 table whose entry (r, c) is
 // 4r + c (one channel, one CLS row = -1): columns first, then rows.
 //   4 -> 6 columns grow: bilinear, align_corners false, source x = (j + 0.5) 4/6 - 0.5 clamped to
-//     [0, 3]: j = 0..5 -> 0, 0.5, 7/6, 11/6, 2.5, 3, so row r reads 4r + {0, 0.5, 7/6, 11/6, 2.5, 3}
+//     [0, 3]: j = 0..5 -> 0, 0.5, 7/6, 11/6, 2.5, 3, so row r reads 4r + {0, 0.5, 7/6, 11/6, 2.5,
+//     3}
 //   3 -> 2 rows shrink: cut from the middle, start 3/2 - 2/2 = 0: rows 0 and 1
 //   4 -> 2 columns shrink: start 4/2 - 2/2 = 1: columns 1, 2; 3 -> 5 rows grow: source y = (i +
-//     0.5) 3/5 - 0.5 clamped: i = 0..4 -> 0, 0.4, 1, 1.6, 2, so column c reads {0, 1.6, 4, 6.4, 8} + c
+//     0.5) 3/5 - 0.5 clamped: i = 0..4 -> 0, 0.4, 1, 1.6, 2, so column c reads {0, 1.6, 4, 6.4, 8}
+//     + c
 TEST(LearnedGrid, AstPerAxisCutOrInterpolate) {
   auto table = torch::cat({torch::full({1, 1}, -1.0, torch::kFloat64),
                            torch::arange(12, torch::kFloat64).view({12, 1})});
@@ -100,8 +102,8 @@ TEST(LearnedGrid, AstPerAxisCutOrInterpolate) {
   }
   {
     auto restore = grid->adapt({3, 2});
-    EXPECT_TRUE(torch::equal(grid->weight.view(-1),
-                             torch::tensor({1.f, 2.f, 5.f, 6.f, 9.f, 10.f})));
+    EXPECT_TRUE(
+        torch::equal(grid->weight.view(-1), torch::tensor({1.f, 2.f, 5.f, 6.f, 9.f, 10.f})));
     restore();
   }
   EXPECT_EQ(grid->weight.size(0), 12);

@@ -623,8 +623,10 @@ TEST(Trainer, BadConfigsNameTheKey) {
   config = smoke("vit");
   config["task"]["type"] = "regression";
   message = test::error_of([&] { run_training(config, {}); });
-  EXPECT_NE(message.find("unknown type 'regression'; known types: audio_language, audio_video_text, forecast"),
-            std::string::npos)
+  EXPECT_NE(
+      message.find(
+          "unknown type 'regression'; known types: audio_language, audio_video_text, forecast"),
+      std::string::npos)
       << message;
   config = smoke("forecast");
   config["task"]["file"] = "/nonexistent.csv";

@@ -147,9 +147,9 @@ MovingClips generate_moving_clips(const vision::FashionMnist& source, int64_t co
     const int64_t nd = options.num_directions, steps = options.num_frames - 1;
     clips.direction2 =
         (clips.direction + torch::randint(1, nd, {count}, generator, torch::kLong)).remainder(nd);
-    clips.turn_frame = torch::randint(options.min_phase_frames,
-                                      steps - options.min_phase_frames + 1, {count}, generator,
-                                      torch::kLong);
+    clips.turn_frame =
+        torch::randint(options.min_phase_frames, steps - options.min_phase_frames + 1, {count},
+                       generator, torch::kLong);
     if (!options.turn_frames.empty()) {
       TORCH_CHECK(static_cast<int64_t>(options.turn_frames.size()) == count,
                   "generate_moving_clips: turn_frames has ", options.turn_frames.size(),
@@ -169,10 +169,9 @@ MovingClips generate_moving_clips(const vision::FashionMnist& source, int64_t co
   clips.frames =
       render(items, clips.direction, speed, start, clips.direction2, clips.turn_frame, options);
   for (int64_t n = 0; n < count; ++n) {
-    clips.captions.push_back(caption_of(clips.item[n].item<int64_t>(),
-                                        clips.direction[n].item<int64_t>(),
-                                        options.turn ? clips.direction2[n].item<int64_t>() : -1,
-                                        options.num_directions));
+    clips.captions.push_back(caption_of(
+        clips.item[n].item<int64_t>(), clips.direction[n].item<int64_t>(),
+        options.turn ? clips.direction2[n].item<int64_t>() : -1, options.num_directions));
   }
   return clips;
 }

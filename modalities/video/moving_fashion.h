@@ -33,14 +33,14 @@
 namespace posenc::video {
 
 struct MovingOptions {
-  int64_t num_frames = 8;      ///< T, frames per clip
-  int64_t canvas = 32;         ///< square canvas side, px
-  int64_t item_size = 14;      ///< item resized to item_size x item_size (14: half of 28)
-  double min_speed = 1.5;      ///< px per frame, > 0
-  double max_speed = 2.5;      ///< px per frame, >= min_speed
-  int64_t num_directions = 4;  ///< 4 (right, left, down, up) or 8 (adds the diagonals)
-  uint64_t seed = 0;           ///< same seed, same clips
-  bool turn = false;           ///< each clip changes direction once (see above)
+  int64_t num_frames = 8;        ///< T, frames per clip
+  int64_t canvas = 32;           ///< square canvas side, px
+  int64_t item_size = 14;        ///< item resized to item_size x item_size (14: half of 28)
+  double min_speed = 1.5;        ///< px per frame, > 0
+  double max_speed = 2.5;        ///< px per frame, >= min_speed
+  int64_t num_directions = 4;    ///< 4 (right, left, down, up) or 8 (adds the diagonals)
+  uint64_t seed = 0;             ///< same seed, same clips
+  bool turn = false;             ///< each clip changes direction once (see above)
   int64_t min_phase_frames = 2;  ///< with turn: frame steps before and after the turn, >= 1
   /// With turn: each clip's turn frame, chosen by the caller (empty: drawn uniformly). One per
   /// clip, each in [min_phase_frames, T - 1 - min_phase_frames]; the draws happen all the same, so
@@ -49,9 +49,9 @@ struct MovingOptions {
 };
 
 struct MovingClips {
-  at::Tensor frames;     ///< [N, T, 1, canvas, canvas] float32 in [0, 1]
-  at::Tensor direction;  ///< [N] int64 in [0, num_directions), indexes direction_names()
-  at::Tensor item;       ///< [N] int64 Fashion-MNIST class, indexes FashionMnist::class_names()
+  at::Tensor frames;      ///< [N, T, 1, canvas, canvas] float32 in [0, 1]
+  at::Tensor direction;   ///< [N] int64 in [0, num_directions), indexes direction_names()
+  at::Tensor item;        ///< [N] int64 Fashion-MNIST class, indexes FashionMnist::class_names()
   at::Tensor direction2;  ///< turn only: [N] int64, the direction after the turn (!= direction)
   at::Tensor turn_frame;  ///< turn only: [N] int64, the frame k where the direction changes
   /// N captions, "a sneaker moves left" (turning: "a sneaker moves left, then up")

@@ -74,10 +74,9 @@ PositionalEncoding build_learned_grid(ConfigReader& r, const ModelContext& c) {
   GridResample resample;
   resample.mode(r.string("resample", resample.mode()));
   resample.antialias(r.boolean("antialias", resample.antialias()));
-  TORCH_CHECK(resample.mode() == "bicubic" || resample.mode() == "bilinear" ||
-                  resample.mode() == "ast",
-              "learned_grid: resample must be bicubic, bilinear or ast, got '", resample.mode(),
-              "'");
+  TORCH_CHECK(
+      resample.mode() == "bicubic" || resample.mode() == "bilinear" || resample.mode() == "ast",
+      "learned_grid: resample must be bicubic, bilinear or ast, got '", resample.mode(), "'");
   o.resample(resample);
   return as_encoding(LearnedGrid(o));
 }

@@ -24,11 +24,11 @@ StreamClassifierImpl::StreamClassifierImpl(StreamClassifierOptions options_,
     : options(std::move(options_)) {
   TORCH_CHECK(!encoder.is_empty(), "stream classifier: an encoder is required (use Nope for none)");
   TORCH_CHECK(options.video_dim() > 0 && options.audio_dim() > 0 && options.num_outputs() > 0 &&
-                  options.vocab_size() > 0,
-              "stream classifier: video_dim, audio_dim, num_outputs and vocab_size must be > 0, "
-              "got ",
+                  options.vocab_size() > 0 && options.head_hidden() >= 0,
+              "stream classifier: video_dim, audio_dim, num_outputs and vocab_size must be > 0 "
+              "and head_hidden >= 0, got ",
               options.video_dim(), ", ", options.audio_dim(), ", ", options.num_outputs(), ", ",
-              options.vocab_size());
+              options.vocab_size(), ", ", options.head_hidden());
   const int64_t d = options.transformer().dim();
   video_embed = register_module("video_embed", torch::nn::Linear(options.video_dim(), d));
   audio_embed = register_module("audio_embed", torch::nn::Linear(options.audio_dim(), d));
@@ -37,7 +37,9 @@ StreamClassifierImpl::StreamClassifierImpl(StreamClassifierOptions options_,
   marker_embed = register_module("marker_embed", torch::nn::Embedding(4, d));
   transformer =
       register_module("transformer", Transformer(options.transformer(), std::move(encoder)));
-  head = register_module("head", torch::nn::Linear(d, options.num_outputs()));
+  const int64_t h = options.head_hidden();
+  if (h > 0) head_hidden = register_module("head_hidden", torch::nn::Linear(d, h));
+  head = register_module("head", torch::nn::Linear(h > 0 ? h : d, options.num_outputs()));
 }
 
 at::Tensor StreamClassifierImpl::forward(const StreamInput& in) {
@@ -100,6 +102,7 @@ at::Tensor StreamClassifierImpl::forward(const StreamInput& in) {
   auto y = transformer->forward_plan(x, transformer->encoder->plan(request), real);
   auto weight = real.unsqueeze(-1).to(y.scalar_type());
   auto pooled = (y * weight).sum(1) / weight.sum(1);  // [B, D]
+  if (!head_hidden.is_empty()) pooled = torch::gelu(head_hidden(pooled));
   return head(pooled);
 }
 

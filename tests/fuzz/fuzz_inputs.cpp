@@ -76,10 +76,10 @@ const std::vector<std::string>& dictionary(const std::string& target) {
                                                "[1, 2, 3]",
                                                "{\"type\": \"rope\"}"};
   static const std::vector<std::string> positions{
-      ":",       ",",          "x",        "[",    "]",      "stream:", "times:", "grid:",
-      "volume:", "video=",     "text=",    "pad=", "image=", "0",       "-1",     "1e308",
-      "nan",     "2010-13-01", "20101301", "T",    "Z",      "+02:00",  " ",
-      "omni:",   "audio=",     "s",        "@",    "+audio=", "1.5s",    "4x2x2@1.0"};
+      ":",       ",",          "x",        "[",       "]",      "stream:",  "times:", "grid:",
+      "volume:", "video=",     "text=",    "pad=",    "image=", "0",        "-1",     "1e308",
+      "nan",     "2010-13-01", "20101301", "T",       "Z",      "+02:00",   " ",      "omni:",
+      "audio=",  "s",          "@",        "+audio=", "1.5s",   "4x2x2@1.0"};
   static const std::vector<std::string> csv{
       ",",   "\"",     "\"\"",  "\r",         "\n",       "\r\n",          "\xEF\xBB\xBF",
       "nan", "inf",    "1e400", "2010-01-01", "20101301", "1262304000000", "T",

@@ -7,7 +7,7 @@
 //   text bytes     [B, Nt]     -> Embedding + modality row 2 +    (the n-th kVideo token of the
 //   markers (<|vision_bos|>, ...) -> one learned row per kind-+     layout is video[:, n], ...)
 //   -> transformer (the stream's positions, token kinds to the encoder's plan) -> mean over real
-//   tokens -> Linear -> logits [B, K]
+//   tokens -> Linear (or Linear -> GELU -> Linear with head_hidden > 0) -> logits [B, K]
 //
 // The layout decides the order and the positions decide what attention sees, so the same tokens
 // can be placed time-aligned (TMRoPE: a video carrying its audio, chunks interleaved) or one
@@ -40,6 +40,10 @@ struct StreamClassifierOptions {
   TORCH_ARG(TransformerOptions, transformer);
   /// Text vocabulary (default 256: bytes).
   TORCH_ARG(int64_t, vocab_size) = 256;
+  /// Hidden width of a two-layer head (0: one linear layer). A decision that compares two
+  /// things the pooled features hold (is the spoken word the direction seen?) is not linear in
+  /// them; a hidden layer makes it so.
+  TORCH_ARG(int64_t, head_hidden) = 0;
 };
 
 struct StreamInput {
@@ -61,6 +65,7 @@ class StreamClassifierImpl : public torch::nn::Module {
 
   StreamClassifierOptions options;
   torch::nn::Linear video_embed{nullptr}, audio_embed{nullptr}, head{nullptr};
+  torch::nn::Linear head_hidden{nullptr};  ///< with options.head_hidden() > 0
   torch::nn::Embedding text_embed{nullptr}, modality_embed{nullptr}, marker_embed{nullptr};
   Transformer transformer{nullptr};
 };

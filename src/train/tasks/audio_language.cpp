@@ -214,7 +214,7 @@ class AudioLanguage : public Task {
     const int64_t b = mel.size(0), frames = mel.size(1);
     const int64_t most = std::min<int64_t>(
         frames, static_cast<int64_t>(std::floor(train_shift_seconds_ / mel_.frame_seconds())));
-    auto shift = torch::randint(0, most + 1, {b, 1}, torch::kLong);  // [b, 1] frames
+    auto shift = torch::randint(0, most + 1, {b, 1}, torch::kLong);          // [b, 1] frames
     auto source = torch::arange(frames, torch::kLong).unsqueeze(0) - shift;  // [b, T]
     auto inside = source.ge(0).unsqueeze(-1);                                // [b, T, 1]
     auto moved = mel.gather(1, source.clamp_min(0).unsqueeze(-1).expand({b, frames, mel.size(2)}));

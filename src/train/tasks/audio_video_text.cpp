@@ -30,11 +30,11 @@
 //          at others
 //   audio  espeak-ng's words (scripts/setup.sh: 72 voices x "right", "left", "down", "up" under
 //          ${data}/spoken_directions/<voice>/<word>.wav), resampled to 8 kHz, trimmed to the
-//          samples above kTrimLevel of the peak, placed at its onset, silence elsewhere; log-mel (n_fft 256, hop 80 =
-//          10 ms, n_mels bands in [20, 3800] Hz, Slaney, ln with a 1e-8 floor) normalized by the
-//          training set's mean and std; audio_token_frames (4) frames = 40 ms per audio token, as
-//          Qwen2.5-Omni's audio encoder emits them (80 tokens for 3.2 s). Voices split by name:
-//          a voice is a test voice when FNV-1a(name) mod 1000 < 1000 test_fraction
+//          samples above kTrimLevel of the peak, placed at its onset, silence elsewhere; log-mel
+//          (n_fft 256, hop 80 = 10 ms, n_mels bands in [20, 3800] Hz, Slaney, ln with a 1e-8 floor)
+//          normalized by the training set's mean and std; audio_token_frames (4) frames = 40 ms per
+//          audio token, as Qwen2.5-Omni's audio encoder emits them (80 tokens for 3.2 s). Voices
+//          split by name: a voice is a test voice when FNV-1a(name) mod 1000 < 1000 test_fraction
 //   text   the caption's bytes, caption_length slots, padding masked
 // Stream (task.layout; posenc/core/stream.h, the Qwen2.5-Omni rule, spatial merge 1, 25
 // positions per second, 2 s chunks):
@@ -54,6 +54,7 @@
 //   aux_weight (1.0; 0: agreement only), layout (aligned | sequential), positions (mrope |
 //   sequence), eval_frames ([frames]: the generalization rows, clips of other lengths), eval_batch
 //   (256)
+// Keys (model): transformer keys + head_hidden (0: a linear head; > 0: Linear -> GELU -> Linear)
 // Generalization: the same test at other clip lengths (eval_frames, at the same fps): the stream
 // gets longer or shorter, so in the sequential layout the audio starts at another position than in
 // training, while the aligned layout keeps every audio token on its video frame's clock.
@@ -96,14 +97,14 @@ uint64_t fnv1a(const std::string& text) {
 }
 
 struct Examples {
-  at::Tensor video;    // [N, Nv, Dv]
-  at::Tensor audio;    // [N, Na, Da], normalized log-mel
-  at::Tensor text;     // [N, L] int64
-  at::Tensor padding;  // [N, L] bool, true where real
-  at::Tensor label;    // [N] float 0/1
-  at::Tensor kind;     // [N] int64 Kind
-  at::Tensor direction;  // [N] int64: the direction of motion while the word is spoken
-  at::Tensor word;       // [N] int64: the spoken word (a direction index)
+  at::Tensor video;                // [N, Nv, Dv]
+  at::Tensor audio;                // [N, Na, Da], normalized log-mel
+  at::Tensor text;                 // [N, L] int64
+  at::Tensor padding;              // [N, L] bool, true where real
+  at::Tensor label;                // [N] float 0/1
+  at::Tensor kind;                 // [N] int64 Kind
+  at::Tensor direction;            // [N] int64: the direction of motion while the word is spoken
+  at::Tensor word;                 // [N] int64: the spoken word (a direction index)
   std::vector<SegmentKind> kinds;  // the stream's tokens (the same for every example of a set)
   Positions positions;             // one per stream token
 };
@@ -146,13 +147,13 @@ class AudioVideoText : public Task {
                 "task: layout must be 'aligned' or 'sequential', got '", layout_, "'");
     TORCH_CHECK(positions_ == "mrope" || positions_ == "sequence",
                 "task: positions must be 'mrope' or 'sequence', got '", positions_, "'");
-    TORCH_CHECK(train_clips > 0 && train_clips <= kMaxClips && eval_clips > 0 &&
-                    eval_clips <= kMaxClips,
-                "task: train_clips and eval_clips must be in [1, kMaxClips = ", kMaxClips,
-                "], got ", train_clips, " and ", eval_clips);
+    TORCH_CHECK(
+        train_clips > 0 && train_clips <= kMaxClips && eval_clips > 0 && eval_clips <= kMaxClips,
+        "task: train_clips and eval_clips must be in [1, kMaxClips = ", kMaxClips, "], got ",
+        train_clips, " and ", eval_clips);
     TORCH_CHECK(fps_ > 0 && fps_ <= 60, "task: fps must be in (0, 60], got ", fps_);
-    TORCH_CHECK(patch_ > 0 && o.canvas % patch_ == 0, "task: patch must divide canvas = ",
-                o.canvas, ", got ", patch_);
+    TORCH_CHECK(patch_ > 0 && o.canvas % patch_ == 0, "task: patch must divide canvas = ", o.canvas,
+                ", got ", patch_);
     TORCH_CHECK(token_frames_ >= 1 && caption_length_ >= 1 && eval_batch_ >= 1,
                 "task: audio_token_frames, caption_length and eval_batch must be >= 1, got ",
                 token_frames_, ", ", caption_length_, ", ", eval_batch_);
@@ -172,14 +173,13 @@ class AudioVideoText : public Task {
     mel_.validate();
     if (eval_frames.empty()) eval_frames = {o.num_frames};
     if (train_frames.empty()) train_frames = {o.num_frames};
-    TORCH_CHECK(static_cast<int64_t>(train_frames.size()) <= train_clips,
-                "task: train_frames has ", train_frames.size(), " lengths for ", train_clips,
-                " training clips");
-    for (const auto& [key, list] : {std::pair{"eval_frames", &eval_frames},
-                                    std::pair{"train_frames", &train_frames}}) {
+    TORCH_CHECK(static_cast<int64_t>(train_frames.size()) <= train_clips, "task: train_frames has ",
+                train_frames.size(), " lengths for ", train_clips, " training clips");
+    for (const auto& [key, list] :
+         {std::pair{"eval_frames", &eval_frames}, std::pair{"train_frames", &train_frames}}) {
       for (const int64_t f : *list) {
-        TORCH_CHECK(f >= 2 * o.min_phase_frames + 1 && f <= kMaxFrames, "task: ", key, " entry ",
-                    f, " must be in [2 min_phase_frames + 1 = ", 2 * o.min_phase_frames + 1,
+        TORCH_CHECK(f >= 2 * o.min_phase_frames + 1 && f <= kMaxFrames, "task: ", key, " entry ", f,
+                    " must be in [2 min_phase_frames + 1 = ", 2 * o.min_phase_frames + 1,
                     ", kMaxFrames = ", kMaxFrames, "]");
       }
     }
@@ -199,8 +199,7 @@ class AudioVideoText : public Task {
       o_i.seed = moving_.seed + 7919 * static_cast<uint64_t>(i);
       const int64_t count = train_clips / lengths + (i < train_clips % lengths ? 1 : 0);
       train_offsets_.push_back(train_size_);
-      train_sets_.push_back(
-          make_examples(fashion_train, count, o_i, train_words_, o_i.seed + 10));
+      train_sets_.push_back(make_examples(fashion_train, count, o_i, train_words_, o_i.seed + 10));
       train_size_ += count;
     }
     // log-mel normalized by the training set's statistics (every length together)
@@ -217,11 +216,12 @@ class AudioVideoText : public Task {
 
     ConfigReader model(config.at("model"), "model");
     auto t = transformer_options(model);
+    const int64_t head_hidden = model.integer("head_hidden", 0);
     model.finish();
-    model_ = StreamClassifier(
-        StreamClassifierOptions(train_sets_[0].video.size(2), train_sets_[0].audio.size(2),
-                                kOutputs, t),
-        encoder_from(config, "encoder", t));
+    model_ = StreamClassifier(StreamClassifierOptions(train_sets_[0].video.size(2),
+                                                      train_sets_[0].audio.size(2), kOutputs, t)
+                                  .head_hidden(head_hidden),
+                              encoder_from(config, "encoder", t));
   }
 
   std::shared_ptr<torch::nn::Module> model() override { return model_.ptr(); }
@@ -245,10 +245,11 @@ class AudioVideoText : public Task {
       correct += agree.detach().gt(0).eq(labels.gt(0.5)).sum().item<double>();
       auto part = torch::binary_cross_entropy_with_logits(agree, labels);
       if (aux_weight_ > 0) {
-        part = part + aux_weight_ * (torch::cross_entropy_loss(logits.narrow(1, 1, 4),
-                                                               set.direction.index_select(0, local)) +
-                                     torch::cross_entropy_loss(logits.narrow(1, 5, 4),
-                                                               set.word.index_select(0, local)));
+        part =
+            part + aux_weight_ * (torch::cross_entropy_loss(logits.narrow(1, 1, 4),
+                                                            set.direction.index_select(0, local)) +
+                                  torch::cross_entropy_loss(logits.narrow(1, 5, 4),
+                                                            set.word.index_select(0, local)));
       }
       part = part * (static_cast<double>(local.numel()) / b);
       loss = loss.defined() ? loss + part : part;
@@ -293,14 +294,19 @@ class AudioVideoText : public Task {
       auto logits = forward(set, indices);
       auto labels = set.label.index_select(0, indices);
       auto agree = logits.select(1, 0);
-      sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {},
-                                                         at::Reduction::Sum)
+      sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {}, at::Reduction::Sum)
                      .item<double>();
       auto right = agree.gt(0).eq(labels.gt(0.5));
-      sums[8] += logits.narrow(1, 1, 4).argmax(1).eq(set.direction.index_select(0, indices))
-                     .sum().item<double>();
-      sums[9] += logits.narrow(1, 5, 4).argmax(1).eq(set.word.index_select(0, indices))
-                     .sum().item<double>();
+      sums[8] += logits.narrow(1, 1, 4)
+                     .argmax(1)
+                     .eq(set.direction.index_select(0, indices))
+                     .sum()
+                     .item<double>();
+      sums[9] += logits.narrow(1, 5, 4)
+                     .argmax(1)
+                     .eq(set.word.index_select(0, indices))
+                     .sum()
+                     .item<double>();
       sums[1] += right.sum().item<double>();
       auto kind = set.kind.index_select(0, indices);
       for (int64_t k = 0; k < 3; ++k) {
@@ -340,13 +346,14 @@ class AudioVideoText : public Task {
       if (entry.is_directory()) voices.push_back(entry.path().filename().string());
     std::sort(voices.begin(), voices.end());
     TORCH_CHECK(!voices.empty() && static_cast<int64_t>(voices.size()) <= kMaxVoices, "task: '",
-                dir, "' holds ", voices.size(), " voice folders, expected 1 to kMaxVoices = ",
-                kMaxVoices);
+                dir, "' holds ", voices.size(),
+                " voice folders, expected 1 to kMaxVoices = ", kMaxVoices);
     const auto& names = video::MovingClips::direction_names(4);
     for (const auto& name : voices) {
       Voice voice;
       for (int64_t d = 0; d < 4; ++d) {
-        const auto path = (fs::path(dir) / name / (names[static_cast<size_t>(d)] + ".wav")).string();
+        const auto path =
+            (fs::path(dir) / name / (names[static_cast<size_t>(d)] + ".wav")).string();
         audio::AudioReadOptions options;
         options.target_rate = kSampleRate;
         auto samples = audio::read_audio(path, options).samples;  // errors name the file
@@ -355,7 +362,8 @@ class AudioVideoText : public Task {
                     "' is silent");
         const int64_t first = loud[0][0].item<int64_t>(), last = loud[-1][0].item<int64_t>();
         voice.words.push_back({samples.narrow(0, first, last - first + 1).contiguous(), d});
-        voice.longest = std::max(voice.longest, static_cast<double>(last - first + 1) / kSampleRate);
+        voice.longest =
+            std::max(voice.longest, static_cast<double>(last - first + 1) / kSampleRate);
       }
       const bool test = static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction;
       (test ? test_words_ : train_words_).push_back(std::move(voice));
@@ -368,9 +376,11 @@ class AudioVideoText : public Task {
   Examples make_examples(const vision::FashionMnist& source, int64_t count,
                          const video::MovingOptions& o, const std::vector<Voice>& voices,
                          uint64_t seed) {
-    const int64_t clip_samples = std::llround(static_cast<double>(o.num_frames) / fps_ * kSampleRate);
+    const int64_t clip_samples =
+        std::llround(static_cast<double>(o.num_frames) / fps_ * kSampleRate);
     const int64_t audio_tokens = mel_.frames(clip_samples) / token_frames_;
-    TORCH_CHECK(audio_tokens >= 1, "task: a clip of ", clip_samples, " samples gives no audio token");
+    TORCH_CHECK(audio_tokens >= 1, "task: a clip of ", clip_samples,
+                " samples gives no audio token");
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seed);
     auto uniform = [&] { return torch::rand({1}, generator, torch::kFloat64).item<double>(); };
     auto pick = [&](int64_t n) {
@@ -400,7 +410,8 @@ class AudioVideoText : public Task {
                              : at <= onset_of[n] - kMarginSeconds)
           turns.push_back(k);
       }
-      moving.turn_frames[n] = turns.at(static_cast<size_t>(pick(static_cast<int64_t>(turns.size()))));
+      moving.turn_frames[n] =
+          turns.at(static_cast<size_t>(pick(static_cast<int64_t>(turns.size()))));
     }
     // 2. the clips with those turns; 3. what is said, and the caption
     auto clips = video::generate_moving_clips(source, count, moving);
@@ -427,18 +438,18 @@ class AudioVideoText : public Task {
       const int64_t word = kind == kTiming ? (phase == 0 ? d2 : d1) : spoken_phase_direction;
       const auto& wave =
           voices[static_cast<size_t>(voice_of[i])].words[static_cast<size_t>(word)].samples;
-      const int64_t at = std::min<int64_t>(std::llround(onset_of[i] * kSampleRate),
-                                           clip_samples - wave.size(0));
+      const int64_t at =
+          std::min<int64_t>(std::llround(onset_of[i] * kSampleRate), clip_samples - wave.size(0));
       tracks[n].narrow(0, at, wave.size(0)).copy_(wave);
       // the caption: true, or its two directions swapped
       auto caption = clips.captions[static_cast<size_t>(n)];
       if (kind == kCaption) {
-        caption = caption.substr(0, caption.find(" moves ") + 7) +
-                  names[static_cast<size_t>(d2)] + ", then " + names[static_cast<size_t>(d1)];
+        caption = caption.substr(0, caption.find(" moves ") + 7) + names[static_cast<size_t>(d2)] +
+                  ", then " + names[static_cast<size_t>(d1)];
       }
       TORCH_CHECK(static_cast<int64_t>(caption.size()) <= caption_length_, "task: the caption '",
-                  caption, "' has ", caption.size(), " bytes, more than caption_length = ",
-                  caption_length_);
+                  caption, "' has ", caption.size(),
+                  " bytes, more than caption_length = ", caption_length_);
       for (size_t j = 0; j < caption.size(); ++j) {
         bytes[n][static_cast<int64_t>(j)] = static_cast<unsigned char>(caption[j]);
         real[n][static_cast<int64_t>(j)] = true;
@@ -452,8 +463,9 @@ class AudioVideoText : public Task {
     std::vector<at::Tensor> mels;
     constexpr int64_t kSlice = 512;
     for (int64_t begin = 0; begin < count; begin += kSlice) {
-      auto mel = audio::log_mel_spectrogram(tracks.narrow(0, begin, std::min(kSlice, count - begin)),
-                                            mel_);  // [b, frames, M]
+      auto mel =
+          audio::log_mel_spectrogram(tracks.narrow(0, begin, std::min(kSlice, count - begin)),
+                                     mel_);  // [b, frames, M]
       mels.push_back(mel.narrow(1, 0, audio_tokens * token_frames_)
                          .reshape({mel.size(0), audio_tokens, token_frames_ * mel_.n_mels}));
     }
@@ -465,9 +477,9 @@ class AudioVideoText : public Task {
     const double seconds_per_frame = 1.0 / fps_;
     std::vector<Segment> segments;
     if (layout_ == "aligned") {
-      segments = {Segment::video_with_audio(o.num_frames, grid, grid, seconds_per_frame,
-                                            audio_tokens),
-                  Segment::text(caption_length_)};
+      segments = {
+          Segment::video_with_audio(o.num_frames, grid, grid, seconds_per_frame, audio_tokens),
+          Segment::text(caption_length_)};
     } else {
       segments = {Segment::video(o.num_frames, grid, grid, seconds_per_frame),
                   Segment::audio(audio_tokens), Segment::text(caption_length_)};
@@ -501,7 +513,7 @@ class AudioVideoText : public Task {
   vision::FashionMnist fashion_test_;
   audio::LogMelOptions mel_;
   std::vector<Voice> train_words_, test_words_;
-  std::vector<Examples> train_sets_;   // one per training length
+  std::vector<Examples> train_sets_;    // one per training length
   std::vector<int64_t> train_offsets_;  // each set's first index in [0, train_size_)
   int64_t train_size_ = 0;
   Examples eval_;
