@@ -15,19 +15,23 @@
 //              audio time: the alignment itself; chance 25%, the caption's two directions 50%)
 //   word       the spoken word (audio alone)
 // Loss = BCE(agreement) + aux_weight (CE(direction) + CE(word)); the model's 9 logits are
-// [agreement, direction x 4, word x 4]. Evaluation reports all three accuracies and the
-// agreement accuracy per kind.
+// [agreement, direction x 4, word x 4]. Evaluation reports all three accuracies, the
+// agreement accuracy per kind, and heads_agree_accuracy: on positives and timing negatives, the
+// decision "agree iff the word head's answer is the direction head's answer" (the timing question
+// answered by the auxiliary heads, without the agreement head).
 // Data:
 //   video  T frames at `fps` (8 at 2.5 fps = 3.2 s), turn at frame k in [min_phase_frames,
 //          T - 1 - min_phase_frames]; phase 1 spans [0, k / fps) s, phase 2 [k / fps, T / fps) s;
 //          tubelets of 1 frame x patch x patch
-//   when   the word's time carries no hint of its phase: first a voice and an onset uniform among
-//          the moments that leave room for a turn both before it (kMarginSeconds) and after the
-//          word's end (the voice's longest word + kMarginSeconds), then the phase (50/50), then
-//          the turn frame uniform among those on that side. Placing the word inside a drawn phase
-//          instead lets the onset alone tell the phase (early words are in phase 1, late ones in
-//          phase 2): a probe reached 93% at one clip length with every layout and fell to 43-71%
-//          at others
+//   when   the turn frame k uniform in [min_phase_frames, T - 1 - min_phase_frames], the phase
+//          50/50, then the word kMarginSeconds + gap before the turn (ending there) or after it,
+//          gap uniform in [0, min(kMaxGapSeconds, the room left)]: the turn frame alone says
+//          nothing about the phase (NoPE sees it in the lengths of the path's two legs, without
+//          any order). The onset alone says a little (an early word is more often before the turn)
+//          and every model with positions on the audio sees it; beyond that, only comparing the
+//          word's time with the turn's time helps. A first version drew the turn after the onset
+//          and phase, which made the turn frame predict the phase (92-100%): NoPE reached 62% on
+//          it while the rotary runs sat at chance
 //   audio  espeak-ng's words (scripts/setup.sh: 72 voices x "right", "left", "down", "up" under
 //          ${data}/spoken_directions/<voice>/<word>.wav), resampled to 8 kHz, trimmed to the
 //          samples above kTrimLevel of the peak, placed at its onset, silence elsewhere; log-mel
@@ -83,6 +87,7 @@ namespace fs = std::filesystem;
 constexpr int64_t kSampleRate = 8000;  // the audio track's rate
 constexpr double kTrimLevel = 0.05;    // a word's samples: from the first to the last above 5% peak
 constexpr double kMarginSeconds = 0.05;  // a word keeps this far from its phase's ends
+constexpr double kMaxGapSeconds = 0.6;   // the word lies at most this much further from the turn
 constexpr int64_t kMaxVoices = 10000;    // voice folders words_dir may hold
 constexpr int64_t kMaxClips = 1000000;   // clips a set may ask for
 constexpr int64_t kMaxFrames = 1000;     // frames a clip may have
@@ -286,8 +291,9 @@ class AudioVideoText : public Task {
 
   Metrics evaluate_on(const Examples& set) {
     const int64_t n = set.label.size(0);
-    // loss, correct, then (correct, count) per kind, then direction and word correct
-    std::vector<double> sums(2 + 2 * 3 + 2, 0.0);
+    // loss, correct, then (correct, count) per kind, then direction and word correct, then the
+    // heads' composed decision on positives and timing negatives: (correct, count)
+    std::vector<double> sums(2 + 2 * 3 + 2 + 2, 0.0);
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       auto indices = torch::arange(begin, std::min(n, begin + eval_batch_), torch::kLong);
@@ -297,16 +303,14 @@ class AudioVideoText : public Task {
       sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {}, at::Reduction::Sum)
                      .item<double>();
       auto right = agree.gt(0).eq(labels.gt(0.5));
-      sums[8] += logits.narrow(1, 1, 4)
-                     .argmax(1)
-                     .eq(set.direction.index_select(0, indices))
-                     .sum()
-                     .item<double>();
-      sums[9] += logits.narrow(1, 5, 4)
-                     .argmax(1)
-                     .eq(set.word.index_select(0, indices))
-                     .sum()
-                     .item<double>();
+      auto seen = logits.narrow(1, 1, 4).argmax(1), heard = logits.narrow(1, 5, 4).argmax(1);
+      sums[8] += seen.eq(set.direction.index_select(0, indices)).sum().item<double>();
+      sums[9] += heard.eq(set.word.index_select(0, indices)).sum().item<double>();
+      // "the word names the motion" read off the two auxiliary heads: heard == seen
+      auto timed = set.kind.index_select(0, indices).ne(kCaption);
+      auto composed = heard.eq(seen).eq(labels.gt(0.5));
+      sums[10] += composed.logical_and(timed).sum().item<double>();
+      sums[11] += timed.sum().item<double>();
       sums[1] += right.sum().item<double>();
       auto kind = set.kind.index_select(0, indices);
       for (int64_t k = 0; k < 3; ++k) {
@@ -325,6 +329,7 @@ class AudioVideoText : public Task {
     }
     metrics.emplace_back("direction_accuracy", sums[8] / static_cast<double>(n));
     metrics.emplace_back("word_accuracy", sums[9] / static_cast<double>(n));
+    metrics.emplace_back("heads_agree_accuracy", sums[11] > 0 ? sums[10] / sums[11] : NAN);
     return metrics;
   }
 
@@ -386,8 +391,9 @@ class AudioVideoText : public Task {
     auto pick = [&](int64_t n) {
       return torch::randint(0, n, {1}, generator, torch::kLong).item<int64_t>();
     };
-    // 1. when: a voice, an onset with room for a turn on either side, the phase, the turn frame
+    // 1. when: a voice, the turn frame, the phase, the gap between the word and the turn
     const int64_t k_lo = o.min_phase_frames, k_hi = o.num_frames - 1 - o.min_phase_frames;
+    const double clip_seconds = static_cast<double>(clip_samples) / kSampleRate;
     std::vector<int64_t> voice_of(static_cast<size_t>(count)), phase_of(voice_of.size());
     std::vector<double> onset_of(voice_of.size());
     auto moving = o;
@@ -395,23 +401,21 @@ class AudioVideoText : public Task {
     for (size_t n = 0; n < voice_of.size(); ++n) {
       voice_of[n] = pick(static_cast<int64_t>(voices.size()));
       const double longest = voices[static_cast<size_t>(voice_of[n])].longest;
-      const double lo = static_cast<double>(k_lo) / fps_ + kMarginSeconds;  // a turn before it
-      const double hi = static_cast<double>(k_hi) / fps_ - kMarginSeconds - longest;  // after it
-      TORCH_CHECK(hi >= lo, "task: clips of ", o.num_frames, " frames at ", fps_,
-                  " fps leave no moment for a word of ", longest, " s with a possible turn ",
-                  kMarginSeconds, " s before it and after it (turns at frames ", k_lo, "..", k_hi,
-                  "); use more frames or a lower fps");
-      onset_of[n] = lo + uniform() * (hi - lo);
+      const int64_t k = k_lo + pick(k_hi - k_lo + 1);
+      const double turn = static_cast<double>(k) / fps_;
       phase_of[n] = pick(2);
-      std::vector<int64_t> turns;  // phase 0: the turn after the word; phase 1: before it
-      for (int64_t k = k_lo; k <= k_hi; ++k) {
-        const double at = static_cast<double>(k) / fps_;
-        if (phase_of[n] == 0 ? at >= onset_of[n] + longest + kMarginSeconds
-                             : at <= onset_of[n] - kMarginSeconds)
-          turns.push_back(k);
-      }
-      moving.turn_frames[n] =
-          turns.at(static_cast<size_t>(pick(static_cast<int64_t>(turns.size()))));
+      // room for the gap: phase 0 ends the word kMarginSeconds + gap before the turn and starts
+      // it kMarginSeconds after 0 at the earliest; phase 1 mirrors it after the turn
+      const double room = phase_of[n] == 0 ? turn - 2 * kMarginSeconds - longest
+                                           : clip_seconds - turn - 2 * kMarginSeconds - longest;
+      TORCH_CHECK(room >= 0, "task: clips of ", o.num_frames, " frames at ", fps_,
+                  " fps leave no room for a word of ", longest, " s ",
+                  phase_of[n] == 0 ? "before" : "after", " a turn at frame ", k,
+                  " with margins of ", kMarginSeconds, " s; use more frames or a lower fps");
+      const double gap = uniform() * std::min(kMaxGapSeconds, room);
+      onset_of[n] = phase_of[n] == 0 ? turn - kMarginSeconds - gap - longest
+                                     : turn + kMarginSeconds + gap;
+      moving.turn_frames[n] = k;
     }
     // 2. the clips with those turns; 3. what is said, and the caption
     auto clips = video::generate_moving_clips(source, count, moving);
