@@ -310,10 +310,8 @@ class AudioVideoText : public Task {
       sums[9] += heard.eq(set.word.index_select(0, indices)).sum().item<double>();
       // on timing negatives the word names the other phase: "say the word" is wrong there
       auto timing = set.kind.index_select(0, indices).eq(kTiming);
-      sums[10] += seen.eq(set.direction.index_select(0, indices))
-                      .logical_and(timing)
-                      .sum()
-                      .item<double>();
+      sums[10] +=
+          seen.eq(set.direction.index_select(0, indices)).logical_and(timing).sum().item<double>();
       sums[11] += timing.sum().item<double>();
       sums[1] += right.sum().item<double>();
       auto kind = set.kind.index_select(0, indices);
@@ -417,8 +415,8 @@ class AudioVideoText : public Task {
                   phase_of[n] == 0 ? "before" : "after", " a turn at frame ", k,
                   " with margins of ", kMarginSeconds, " s; use more frames or a lower fps");
       const double gap = uniform() * std::min(kMaxGapSeconds, room);
-      onset_of[n] = phase_of[n] == 0 ? turn - kMarginSeconds - gap - longest
-                                     : turn + kMarginSeconds + gap;
+      onset_of[n] =
+          phase_of[n] == 0 ? turn - kMarginSeconds - gap - longest : turn + kMarginSeconds + gap;
       moving.turn_frames[n] = k;
     }
     // 2. the clips with those turns; 3. what is said, and the caption
