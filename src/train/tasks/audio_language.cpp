@@ -46,12 +46,6 @@ constexpr uint64_t kShiftSeed = 20211006;  // the shifted test: one draw per cli
 constexpr int64_t kMaxClips = 100000;      // files one language folder may hold
 constexpr double kMaxSeconds = 60.0;       // the longest clip length a config may ask for
 
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
 struct Clips {
   at::Tensor mel;     // [N, T, M] float32, normalized
   at::Tensor labels;  // [N] int64
@@ -90,13 +84,7 @@ class AudioLanguage : public Task {
                 train_shift_seconds_);
     TORCH_CHECK(eval_batch_ > 0 && train_limit >= 0,
                 "task: eval_batch must be > 0 and train_limit >= 0");
-    mel_.sample_rate = kSampleRate;
-    mel_.n_fft = 256;
-    mel_.hop_length = 80;
-    mel_.f_min = 20.0;
-    mel_.f_max = 3800.0;
-    mel_.log_floor = 1e-8;
-    mel_.validate();
+    mel_ = speech_log_mel(mel_.n_mels);
     samples_ = std::llround(seconds_ * kSampleRate);
     frames_ = mel_.frames(samples_);
     grid_ = audio::ast_patch_grid(mel_.n_mels, frames_, patch_);
@@ -168,7 +156,7 @@ class AudioLanguage : public Task {
           continue;
         }
         auto wave = fit(samples);  // [samples_]
-        const bool test = static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction_;
+        const bool test = held_out_by_name(name, test_fraction_);
         if (test) {
           test_wave.push_back(wave);
           test_labels.push_back(static_cast<int64_t>(label));

@@ -97,12 +97,6 @@ enum Kind : int64_t { kPositive = 0, kTiming = 1, kCaption = 2 };
 constexpr int64_t kOutputs = 9;  // agreement, direction at the word x 4, spoken word x 4
 const char* const kKindNames[3] = {"positive", "timing", "caption"};
 
-uint64_t fnv1a(const std::string& text) {
-  uint64_t h = 14695981039346656037ULL;
-  for (unsigned char c : text) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
 struct Examples {
   at::Tensor video;                // [N, Nv, Dv]
   at::Tensor audio;                // [N, Na, Da], normalized log-mel
@@ -171,13 +165,7 @@ class AudioVideoText : public Task {
     TORCH_CHECK(timing_ >= 0 && caption_ >= 0 && timing_ + caption_ < 1,
                 "task: timing_negatives and caption_negatives must be >= 0 and sum below 1, got ",
                 timing_, " and ", caption_);
-    mel_.sample_rate = kSampleRate;
-    mel_.n_fft = 256;
-    mel_.hop_length = 80;
-    mel_.f_min = 20.0;
-    mel_.f_max = 3800.0;
-    mel_.log_floor = 1e-8;
-    mel_.validate();
+    mel_ = speech_log_mel(mel_.n_mels);
     if (eval_frames.empty()) eval_frames = {o.num_frames};
     if (train_frames.empty()) train_frames = {o.num_frames};
     TORCH_CHECK(static_cast<int64_t>(train_frames.size()) <= train_clips, "task: train_frames has ",
@@ -372,7 +360,7 @@ class AudioVideoText : public Task {
         voice.longest =
             std::max(voice.longest, static_cast<double>(last - first + 1) / kSampleRate);
       }
-      const bool test = static_cast<double>(fnv1a(name) % 1000) < 1000.0 * test_fraction;
+      const bool test = held_out_by_name(name, test_fraction);
       (test ? test_words_ : train_words_).push_back(std::move(voice));
     }
     TORCH_CHECK(!train_words_.empty() && !test_words_.empty(), "task: the voice split left ",

@@ -118,4 +118,23 @@ std::mt19937_64 data_rng(uint64_t seed, uint64_t stream) {
   return std::mt19937_64(sequence);
 }
 
+bool held_out_by_name(const std::string& name, double fraction) {
+  uint64_t h = 14695981039346656037ULL;  // FNV-1a, 64 bit
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return static_cast<double>(h % 1000) < 1000.0 * fraction;
+}
+
+audio::LogMelOptions speech_log_mel(int64_t n_mels) {
+  audio::LogMelOptions mel;
+  mel.sample_rate = 8000;
+  mel.n_fft = 256;
+  mel.hop_length = 80;
+  mel.n_mels = n_mels;
+  mel.f_min = 20.0;
+  mel.f_max = 3800.0;
+  mel.log_floor = 1e-8;
+  mel.validate();
+  return mel;
+}
+
 }  // namespace posenc::train

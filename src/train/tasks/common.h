@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "audio/log_mel.h"
 #include "posenc/config/config_reader.h"
 #include "posenc/config/registry.h"
 #include "posenc/nn/models.h"
@@ -43,6 +44,12 @@ double accuracy(const at::Tensor& logits, const at::Tensor& labels);
 /// A config file's directory-relative path resolved, with `${data}` replaced by the data folder
 /// that scripts/setup.sh fills (POSENC_DATA_DIR at build time, or the env var POSENC_DATA_DIR).
 std::string resolve_data_path(const std::string& path);
+/// A split by name that does not depend on file order or language: `name` (a prompt's path, a
+/// voice) is held out when FNV-1a(name) mod 1000 < 1000 fraction.
+bool held_out_by_name(const std::string& name, double fraction);
+/// Log-mel options for 8 kHz telephone speech (the audio tasks): n_fft 256 (32 ms), hop 80
+/// (10 ms), n_mels bands in [20, 3800] Hz, Slaney, ln with a 1e-8 floor; validated.
+audio::LogMelOptions speech_log_mel(int64_t n_mels);
 /// Seeded generator for data that must not depend on the training step (held-out windows).
 std::mt19937_64 data_rng(uint64_t seed, uint64_t stream);
 
