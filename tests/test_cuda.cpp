@@ -10,8 +10,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
 #include <vector>
 
+#include "posenc/config/registry.h"
 #include "posenc/kernels/attention.h"
 #include "posenc/kernels/attention_cuda.h"
 #include "posenc/kernels/rope.h"
@@ -413,6 +415,73 @@ TEST(CudaAttention, NonContiguousInputs) {
 }
 
 #endif  // POSENC_HAS_CUDA_GLUE
+
+// Every registered encoder inside a transformer on the GPU (the trainer's train.device: cuda),
+// its positions in host memory (as the trainer keeps them) or on the GPU: the same outputs and
+// the same parameter gradients as the same model on the CPU. Catches any table, index or mask
+// built on one device and used on the other.
+struct DeviceCase {
+  std::string type;
+  Positions positions;
+};
+
+std::vector<DeviceCase> device_cases() {
+  const auto seq = Positions::sequence(10);
+  // 2024-02-28 23:59:00 UTC onwards, a reading every 7 hours (calendar, time encoders)
+  std::vector<double> stamps;
+  for (int i = 0; i < 10; ++i) stamps.push_back(1709164740.0 + 7 * 3600.0 * i);
+  const auto times = Positions::values(stamps, "time");
+  const auto grid = Positions::grid(3, 4);
+  auto freq_time =
+      Positions(torch::stack({torch::arange(12, torch::kFloat64).remainder(3),
+                              torch::arange(12, torch::kFloat64).div(3, "floor") * 0.01},
+                             -1),
+                {"freq", "time"});
+  std::vector<DeviceCase> out;
+  for (const char* type :
+       {"alibi", "learned", "nope", "rope", "shaw", "sinusoidal", "t5", "compose"})
+    out.push_back({type, seq});
+  for (const char* type : {"time2vec", "time_sinusoidal", "calendar"}) out.push_back({type, times});
+  for (const char* type : {"axial_sincos", "learned_grid", "relative_2d", "rope_mixed"})
+    out.push_back({type, grid});
+  out.push_back({"learned_spacetime", Positions::volume(2, 2, 3)});
+  out.push_back({"freq_time", freq_time});
+  return out;
+}
+
+TEST(CudaModel, EveryEncoderOnTheGpuMatchesTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
+  const int64_t dim = 32, heads = 4;
+  for (const auto& c : device_cases()) {
+    SCOPED_TRACE(c.type);
+    nlohmann::json config = {{"type", c.type}};
+    if (c.type == "compose")
+      config["encoders"] = nlohmann::json::array({nlohmann::json{{"type", "rope"}}});
+    torch::manual_seed(5);
+    Transformer model(TransformerOptions(dim, heads, 1), build_encoder(config, {dim, heads, 0}));
+    auto x = torch::randn({2, c.positions.size(), dim});
+    auto run = [&](const at::Tensor& input, const Positions& positions) {
+      for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+      auto y = model(input, positions);
+      y.pow(2).sum().backward();
+      std::vector<at::Tensor> grads;
+      for (auto& p : model->parameters())
+        grads.push_back(p.grad().defined() ? p.grad().cpu() : torch::zeros_like(p).cpu());
+      return std::make_pair(y.detach().cpu(), grads);
+    };
+    const auto [want, want_grads] = run(x, c.positions);
+    model->to(torch::kCUDA);
+    const auto on_host = run(x.cuda(), c.positions);
+    const auto on_gpu = run(x.cuda(), c.positions.to(torch::Device(torch::kCUDA)));
+    for (const auto* got : {&on_host, &on_gpu}) {
+      EXPECT_LT(max_abs_diff(got->first, want), 1e-4 * (1 + want.abs().max().item<double>()));
+      for (size_t i = 0; i < want_grads.size(); ++i) {
+        const double scale = 1 + want_grads[i].abs().max().item<double>();
+        EXPECT_LT(max_abs_diff(got->second[i], want_grads[i]), kGradientTolerance * scale) << i;
+      }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace posenc

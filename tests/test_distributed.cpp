@@ -15,6 +15,7 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -323,6 +324,44 @@ TEST(DataParallel, BadInputsAreOneLine) {
   EXPECT_EQ(read_text(out + "_env3.log"),
             "posenc: error: environment: WORLD_SIZE is 2 but MASTER_ADDR is not set (the host of "
             "rank 0, or of torchrun's store)\n");
+  // train.device: a misspelling, and cuda:N for ranks, refused by the launcher (exit 2)
+  EXPECT_EQ(run(train_args(config, out, {"--set", "train.device=gpu"}), out + "_dev.log"), 2);
+  EXPECT_EQ(read_text(out + "_dev.log"),
+            "posenc: error: train: device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'\n");
+  EXPECT_EQ(run(train_args(config, out, {"--nproc", "2", "--set", "train.device=cuda:1"}),
+                out + "_dev2.log"),
+            2);
+  EXPECT_EQ(read_text(out + "_dev2.log"),
+            "posenc: error: train: device 'cuda:1' in a data-parallel run of 2 ranks: use 'cuda' "
+            "(each rank takes the GPU of its LOCAL_RANK)\n");
+  if (torch::cuda::is_available()) return;
+  // a GPU asked for where there is none: the environment's failure (exit 1), one line
+  EXPECT_EQ(run(train_args(config, out, {"--set", "train.device=cuda"}), out + "_dev3.log"), 1);
+  const auto no_gpu = read_text(out + "_dev3.log");
+  EXPECT_EQ(no_gpu.rfind("posenc: error: train: device is 'cuda' but ", 0), 0u) << no_gpu;
+  EXPECT_EQ(std::count(no_gpu.begin(), no_gpu.end(), '\n'), 1) << no_gpu;
+}
+
+// Two ranks on two GPUs (NCCL for the gradients, Gloo for the host tensors) train as one process
+// on one GPU does. Needs two GPUs: NCCL refuses two ranks on one device.
+TEST(DataParallel, NcclRanksOnTwoGpusEqualOneGpu) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs two CUDA devices";
+  const auto config = smoke("lm");
+  const auto one = folder("nccl_one"), two = folder("nccl_two");
+  const std::vector<std::string> gpu = {"--set", "train.max_steps=20", "--set",
+                                        "train.device=cuda"};
+  ASSERT_EQ(run(train_args(config, one, gpu), one + ".log"), 0) << read_text(one + ".log");
+  auto ranks = gpu;
+  ranks.insert(ranks.end(), {"--nproc", "2"});
+  ASSERT_EQ(run(train_args(config, two, ranks), two + ".log"), 0) << read_text(two + ".log");
+  auto a = read_weights(one + "/weights.pt"), b = read_weights(two + "/weights.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, tensor] : a)
+    EXPECT_LE((tensor - b.at(name)).abs().max().item<double>(), 1e-3) << name;
+  const auto sums = checksums(two);
+  ASSERT_EQ(sums.size(), 2u);
+  EXPECT_EQ(sums[0], sums[1]);
 }
 
 }  // namespace

@@ -15,11 +15,13 @@
 #include <fstream>
 
 #include "posenc/config/registry.h"
+#include "posenc/core/errors.h"
 #include "posenc/train/trainer.h"
 #include "support/fixtures.h"
 #include "support/run_files.h"
-#include "train/ema.h"
-#include "train/tasks/common.h"  // the tasks' shared helpers (src/train/tasks)  // the trainer's internal weight average (src/train)
+#include "train/device.h"        // train.device resolved (src/train)
+#include "train/ema.h"           // the trainer's internal weight average (src/train)
+#include "train/tasks/common.h"  // the tasks' shared helpers (src/train/tasks)
 
 namespace posenc::train {
 namespace {
@@ -595,6 +597,111 @@ TEST(Trainer, RunFolderIsLocked) {
   EXPECT_EQ(run_training(smoke("lm"), options).steps, 1);
 }
 
+// train.device: the spellings, a data-parallel run's rule (a rank's GPU is its LOCAL_RANK), and
+// on a machine without a GPU one clear environment error before anything is written.
+TEST(Trainer, DeviceSettingIsChecked) {
+  const DistributedOptions one;
+  EXPECT_TRUE(training_device("cpu", one).is_cpu());
+  for (const std::string bad :
+       {"gpu", "CUDA", "cuda0", "cuda:", "cuda:x", "cuda:-1", "cuda:1024", "cuda:0 ", "cpu:0"}) {
+    const auto message = error_of([&] { training_device(bad, one); });
+    EXPECT_NE(message.find("train: device must be 'cpu', 'cuda' or 'cuda:N'"), std::string::npos)
+        << bad << ": " << message;
+    EXPECT_NE(message.find("got '" + bad + "'"), std::string::npos) << message;
+  }
+  DistributedOptions two;
+  two.world_size = two.local_world_size = 2;
+  two.rank = two.local_rank = 1;
+  const auto ranks = error_of([&] { training_device("cuda:1", two); });
+  EXPECT_NE(ranks.find("train: device 'cuda:1' in a data-parallel run of 2 ranks: use 'cuda' (each "
+                       "rank takes the GPU of its LOCAL_RANK)"),
+            std::string::npos)
+      << ranks;
+  auto config = smoke("lm");
+  config["train"]["device"] = "cuda:0";  // refused before any rank starts
+  EXPECT_NE(error_of([&] { check_run_config(config, {}, 2); }).find("use 'cuda'"),
+            std::string::npos);
+  EXPECT_NO_THROW(check_run_config(config, {}, 1));
+  config["train"]["device"] = "tpu";
+  EXPECT_NE(error_of([&] { check_run_config(config, {}, 1); }).find("got 'tpu'"),
+            std::string::npos);
+  if (torch::cuda::is_available()) {  // more GPUs asked for than there are
+    const auto count = torch::cuda::device_count();
+    const auto setting = "cuda:" + std::to_string(count);
+    try {
+      training_device(setting, one);
+      ADD_FAILURE() << setting << " accepted with " << count << " GPUs";
+    } catch (const EnvironmentError& e) {
+      EXPECT_NE(std::string(e.what()).find("visible"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  for (const std::string setting : {"cuda", "cuda:0"}) {
+    try {
+      training_device(setting, one);
+      ADD_FAILURE() << setting << " accepted without a GPU";
+    } catch (const EnvironmentError& e) {
+      EXPECT_NE(std::string(e.what()).find("train: device is '" + setting + "' but "),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  RunOptions options;
+  options.output = temp_folder("no_gpu");
+  options.quiet = true;
+  config = smoke("lm");
+  config["train"]["device"] = "cuda";
+  EXPECT_THROW(run_training(config, options), EnvironmentError);
+  EXPECT_FALSE(fs::exists(options.output)) << "a run that cannot start wrote its folder";
+}
+
+// On a GPU (skipped without one): every task trains on cuda:0 as on the CPU — the same first
+// losses (the weights are initialized on the CPU and moved, the data drawn on the CPU; only the
+// kernels' rounding differs), falling losses, files in host memory (weights.pt loads anywhere),
+// and a run stopped on the GPU resumes on the CPU.
+class CudaSmokeTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaSmokeTest, TrainsOnTheGpuAsOnTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto config = smoke(GetParam());
+  config["train"]["max_steps"] = 8;
+  config["train"]["log_every"] = 1;
+  RunOptions cpu, gpu;
+  cpu.quiet = gpu.quiet = true;
+  cpu.output = temp_folder(GetParam() + "_cpu");
+  gpu.output = temp_folder(GetParam() + "_gpu");
+  const auto on_cpu = run_training(config, cpu);
+  config["train"]["device"] = "cuda";
+  const auto on_gpu = run_training(config, gpu);
+  ASSERT_TRUE(on_gpu.finished);
+  const auto a = train_losses(cpu.output), b = train_losses(gpu.output);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GE(a.size(), 8u);
+  EXPECT_NEAR(b[0], a[0], 1e-4 * std::abs(a[0]) + 1e-5) << "the first step's loss";
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 2e-2 * std::abs(a[i]) + 1e-3) << i;
+  const double metric_cpu = metric_value(on_cpu.final_metrics, on_cpu.metric_name);
+  const double metric_gpu = metric_value(on_gpu.final_metrics, on_gpu.metric_name);
+  EXPECT_TRUE(std::isfinite(metric_gpu));
+  EXPECT_NEAR(metric_gpu, metric_cpu, 0.05 * std::abs(metric_cpu) + 0.05);
+  for (const auto& [name, tensor] : read_weights(gpu.output + "/weights.pt"))
+    EXPECT_TRUE(tensor.device().is_cpu()) << name << " saved on " << tensor.device();
+
+  RunOptions moved = gpu;  // stopped on the GPU, resumed on the CPU
+  moved.output = temp_folder(GetParam() + "_moved");
+  moved.stop_after = 3;
+  EXPECT_FALSE(run_training(config, moved).finished);
+  config["train"]["device"] = "cpu";
+  moved.stop_after = 0;
+  moved.resume = true;
+  const auto resumed = run_training(config, moved);
+  EXPECT_TRUE(resumed.finished);
+  EXPECT_EQ(resumed.steps, on_cpu.steps);
+}
+
+INSTANTIATE_TEST_SUITE_P(Experiments, CudaSmokeTest,
+                         ::testing::Values("vit", "lm", "forecast", "video", "text_video",
+                                           "retrieval", "audio_language", "audio_video_text"));
+
 // Resume compares configs by value: 1 == 1.0, and threads / log_every may change.
 TEST(Trainer, ResumeComparesConfigsByValue) {
   auto config = smoke("lm");
@@ -606,6 +713,7 @@ TEST(Trainer, ResumeComparesConfigsByValue) {
   config["train"]["lr"] = config["train"]["lr"].get<double>();                  // the same value
   config["train"]["batch_size"] = config["train"]["batch_size"].get<double>();  // 32 -> 32.0
   config["train"]["threads"] = 1;
+  config["train"]["device"] = "cpu";  // how a run executes, not what it is: a resume may change it
   options.resume = true;
   options.stop_after = 4;
   EXPECT_EQ(run_training(config, options).steps, 4);

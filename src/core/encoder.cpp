@@ -34,7 +34,9 @@ EncodingPlan PositionalEncodingImpl::plan(const PlanRequest& request) {
 }
 
 at::Tensor PositionalEncodingImpl::add(const at::Tensor& x, const Positions& positions) {
-  auto p = plan(positions);
+  PlanRequest request(positions);
+  request.device = x.device();  // the table built where x is, not in host memory and copied
+  auto p = plan(request);
   const auto& rows = p.prefix_embedding();
   return p.apply_additive(x, rows.defined() ? rows.size(0) : 0);
 }

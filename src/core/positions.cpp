@@ -93,6 +93,13 @@ at::Tensor Positions::axis(int64_t index) const {
   return coords_.select(-1, index);
 }
 
+Positions Positions::to(c10::Device device) const {
+  if (!coords_.defined() || coords_.device() == device) return *this;
+  Positions moved = *this;
+  moved.coords_ = coords_.to(device);
+  return moved;
+}
+
 Positions Positions::shifted(double offset) const {
   TORCH_CHECK(std::isfinite(offset), "Positions::shifted: offset must be finite, got ", offset);
   return Positions(coords_ + offset, axes_);

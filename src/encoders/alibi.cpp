@@ -57,7 +57,7 @@ at::Tensor AlibiImpl::bias_at(const Positions& q_positions, const Positions& k_p
   auto distance = -relative_positions(q_positions.axis(0), k_positions.axis(0));
   if (options.form() == AlibiForm::kSymmetric) distance = distance.abs();
   auto m = slopes.to(torch::kFloat64).view({-1, 1, 1});  // [H, 1, 1]
-  return (-m * distance.unsqueeze(-3)).to(torch::kFloat32).to(slopes.device());
+  return (-m * distance.to(slopes.device()).unsqueeze(-3)).to(torch::kFloat32);
 }
 
 BiasSpec AlibiImpl::bias_spec() const {

@@ -27,11 +27,12 @@ std::string part_name(const ComposePart& part) {
 // [B, n, A'].
 Positions select(const Positions& positions, const at::Tensor& tokens,
                  const std::vector<std::string>& axes) {
-  auto coords = positions.coords().index_select(-2, tokens);
+  const auto device = positions.coords().device();  // the positions may be on a GPU
+  auto coords = positions.coords().index_select(-2, tokens.to(device));
   if (axes.empty()) return Positions(coords, positions.axes());
   std::vector<int64_t> index;
   for (const auto& name : axes) index.push_back(positions.axis_index(name));
-  return Positions(coords.index_select(-1, torch::tensor(index, torch::kLong)), axes);
+  return Positions(coords.index_select(-1, torch::tensor(index, torch::kLong).to(device)), axes);
 }
 
 }  // namespace

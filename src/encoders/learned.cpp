@@ -31,7 +31,7 @@ void LearnedImpl::reset() {
 at::Tensor LearnedImpl::lookup(const Positions& positions) const {
   positions.check_num_axes("learned", 1);
   positions.check_integer_range("learned", options.max_positions());
-  auto index = positions.axis(0).to(torch::kLong);
+  auto index = positions.axis(0).to(weight.device(), torch::kLong);  // positions may be on the host
   auto sizes = index.sizes().vec();
   sizes.push_back(options.dim());
   return weight.index_select(0, index.flatten()).view(sizes);

@@ -73,7 +73,8 @@ at::Tensor LearnedGridImpl::lookup(const Positions& positions) const {
                 " but the table is a ", options.grid_height(), "x", options.grid_width(),
                 " grid; resize() the table to the new grid first");
   }
-  auto index = (h * options.grid_width() + w).to(torch::kLong) + options.num_prefix_tokens();
+  auto index = (h * options.grid_width() + w).to(weight.device(), torch::kLong) +
+               options.num_prefix_tokens();
   auto sizes = index.sizes().vec();
   sizes.push_back(options.dim());
   return weight.index_select(0, index.flatten()).view(sizes);

@@ -42,7 +42,9 @@ at::Tensor LearnedSpacetimeImpl::lookup(const Positions& positions) const {
                 w.max().item<int64_t>(), ") is outside the ", options.grid_height(), "x",
                 options.grid_width(), " spatial table");
   }
-  return spatial.index_select(0, h * options.grid_width() + w) + temporal.index_select(0, t);
+  const auto device = spatial.device();  // the positions may be on the host
+  return spatial.index_select(0, (h * options.grid_width() + w).to(device)) +
+         temporal.index_select(0, t.to(device));
 }
 
 void LearnedSpacetimeImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {

@@ -39,8 +39,9 @@ void RopeMixedImpl::reset() {
 std::pair<at::Tensor, at::Tensor> RopeMixedImpl::cos_sin(const Positions& positions) const {
   positions.check_num_axes("rope_mixed", 2);
   TORCH_CHECK(!positions.batched(), "rope_mixed: batched positions are not supported");
-  auto h = positions.axis(0).to(freqs.scalar_type()).view({-1, 1, 1});
-  auto w = positions.axis(1).to(freqs.scalar_type()).view({-1, 1, 1});
+  // the positions may be on the host; the learned frequencies are where the model is
+  auto h = positions.axis(0).to(freqs.device(), freqs.scalar_type()).view({-1, 1, 1});
+  auto w = positions.axis(1).to(freqs.device(), freqs.scalar_type()).view({-1, 1, 1});
   auto angles = w * freqs[0] + h * freqs[1];  // [N, H, F]
   return {angles.cos(), angles.sin()};
 }

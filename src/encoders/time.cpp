@@ -26,7 +26,9 @@ void TimeSinusoidalImpl::reset() {
 
 at::Tensor TimeSinusoidalImpl::table(const Positions& positions) const {
   positions.check_num_axes("time_sinusoidal", 1);
-  auto omega = 2 * M_PI / time_periods(options.t_min(), options.t_max(), options.dim() / 2);
+  auto omega = 2 * M_PI /
+               time_periods(options.t_min(), options.t_max(), options.dim() / 2)
+                   .to(positions.coords().device());
   auto angles = (positions.axis(0).to(torch::kFloat64) - options.origin()).unsqueeze(-1) * omega;
   if (options.layout() == SinusoidalLayout::kConcat)
     return torch::cat({angles.sin(), angles.cos()}, -1);
@@ -59,7 +61,7 @@ at::Tensor Time2VecImpl::encode(const Positions& positions) const {
   positions.check_num_axes("time2vec", 1);
   // tau in float64 from the raw timestamps, then float32 for the learned part
   auto tau = ((positions.axis(0).to(torch::kFloat64) - options.origin()) / options.time_scale())
-                 .to(omega.scalar_type())
+                 .to(omega.device(), omega.scalar_type())  // positions may be on the host
                  .unsqueeze(-1);
   auto z = tau * omega + phi;  // [.., N, D]
   return torch::cat({z.narrow(-1, 0, 1), z.narrow(-1, 1, options.dim() - 1).sin()}, -1);
@@ -93,7 +95,7 @@ at::Tensor CalendarImpl::features(const Positions& positions) const {
 }
 
 void CalendarImpl::contribute(EncodingPlan& plan, const PlanRequest& request) {
-  auto f = features(request.queries).to(projection->weight.scalar_type());
+  auto f = features(request.queries).to(projection->weight.options());
   plan.add_embedding(type(), projection->forward(f));
 }
 

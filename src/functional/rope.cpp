@@ -445,12 +445,14 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling) {
   TORCH_CHECK(inv_freq.dim() == 1, "rope: inv_freq must be 1-D [F], got shape ", inv_freq.sizes());
   if (inv_freq.scalar_type() == torch::kFloat32) {  // HF's arithmetic: float32 p * inv_freq
-    auto angles = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq;
+    // the tables are built where the positions are (host or GPU)
+    auto angles = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq.to(positions.device());
     return {angles.cos().mul(scaling), angles.sin().mul(scaling)};
   }
   // Exact products in float64, then reduced: fp32 angles lose positions above 2^24 and round
   // large angles badly (anchors survey, user need 1).
-  auto angles = positions.to(torch::kFloat64).unsqueeze(-1) * inv_freq.to(torch::kFloat64);
+  auto angles = positions.to(torch::kFloat64).unsqueeze(-1) *
+                inv_freq.to(positions.device(), torch::kFloat64);
   auto cos = angles.cos();
   auto sin = angles.sin();
   if (scaling != 1.0) {
@@ -497,11 +499,13 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords
   auto axes = rope_section_axes(sections, layout);
   TORCH_CHECK(axes.size(0) == inv_freq.size(0), "rope: sections cover ", axes.size(0),
               " pairs but inv_freq has ", inv_freq.size(0));
+  axes = axes.to(coords.device());                  // built where the coordinates are (host or GPU)
   if (inv_freq.scalar_type() == torch::kFloat32) {  // HF's arithmetic, as in rope_cos_sin
-    auto angles = coords.to(torch::kFloat32).index_select(-1, axes) * inv_freq;
+    auto angles = coords.to(torch::kFloat32).index_select(-1, axes) * inv_freq.to(coords.device());
     return {angles.cos().mul(scaling), angles.sin().mul(scaling)};
   }
-  auto angles = coords.to(torch::kFloat64).index_select(-1, axes) * inv_freq.to(torch::kFloat64);
+  auto angles = coords.to(torch::kFloat64).index_select(-1, axes) *
+                inv_freq.to(coords.device(), torch::kFloat64);
   auto cos = angles.cos(), sin = angles.sin();
   if (scaling != 1.0) {
     cos.mul_(scaling);
@@ -511,7 +515,7 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords
 }
 
 at::Tensor xpos_scale(const at::Tensor& positions, int64_t rotary_dim, double scale_base) {
-  auto i = torch::arange(0, rotary_dim, 2, torch::kFloat64);
+  auto i = torch::arange(0, rotary_dim, 2, positions.options().dtype(torch::kFloat64));
   auto zeta = (i + 0.4 * rotary_dim) / (1.4 * rotary_dim);                // [r/2]
   auto power = positions.to(torch::kFloat64).unsqueeze(-1) / scale_base;  // [..., 1]
   return torch::pow(zeta, power).to(torch::kFloat32);

@@ -27,8 +27,8 @@ at::Tensor sinusoidal_table(const at::Tensor& positions, int64_t dim, double bas
   TORCH_CHECK(dim > 0 && dim % 2 == 0, "sinusoidal: dim must be positive and even, got ", dim);
   TORCH_CHECK(base > 0 && std::isfinite(base), "sinusoidal: base must be positive, got ", base);
   // omega: [D/2]
-  auto omega =
-      torch::pow(base, -torch::arange(0, dim, 2, torch::kFloat64) / static_cast<double>(dim));
+  const auto doubles = positions.options().dtype(torch::kFloat64);  // where the positions are
+  auto omega = torch::pow(base, -torch::arange(0, dim, 2, doubles) / static_cast<double>(dim));
   auto angles = positions.to(torch::kFloat64).unsqueeze(-1) * omega;  // [..., D/2]
   auto s = angles.sin();
   auto c = angles.cos();
@@ -54,7 +54,8 @@ at::Tensor axial_sincos_table(const at::Tensor& coords, int64_t dim, double temp
               "axial_sincos: dim must be divisible by 2 * axes = ", 2 * axes, ", got ", dim);
   TORCH_CHECK(temperature > 0, "axial_sincos: temperature must be positive, got ", temperature);
   const int64_t f = dim / (2 * axes);
-  auto omega = torch::pow(temperature, -torch::arange(f, torch::kFloat64) / static_cast<double>(f));
+  auto omega = torch::pow(temperature, -torch::arange(f, coords.options().dtype(torch::kFloat64)) /
+                                           static_cast<double>(f));
   auto angles = coords.to(torch::kFloat64).unsqueeze(-1) * omega;  // [..., N, A, F]
   if (layout == AxialSincosLayout::kTimm)
     return torch::cat({angles.sin().flatten(-2), angles.cos().flatten(-2)}, -1);

@@ -75,7 +75,8 @@ at::Tensor calendar_features(const at::Tensor& epoch_seconds,
     TORCH_CHECK(it != known.end(), "calendar: unknown feature '", name, "'; known: ", list);
     which.push_back(static_cast<int>(it - known.begin()));
   }
-  auto t = epoch_seconds.to(torch::kFloat64).contiguous();
+  // a loop over dates in host memory (the timestamps may be on a GPU: read them back)
+  auto t = epoch_seconds.to(torch::kCPU, torch::kFloat64).contiguous();
   TORCH_CHECK(at::isfinite(t).all().item<bool>(), "calendar: timestamps must be finite");
   // The proleptic Gregorian years 1..9999 (as ISO 8601 and Python's datetime): beyond them an
   // int64 day count overflows and every date would read as the same garbage.
@@ -104,7 +105,7 @@ at::Tensor calendar_features(const at::Tensor& epoch_seconds,
   }
   auto sizes = epoch_seconds.sizes().vec();
   sizes.push_back(static_cast<int64_t>(names.size()));
-  return out.view(sizes);
+  return out.view(sizes).to(epoch_seconds.device());
 }
 
 }  // namespace posenc

@@ -138,7 +138,7 @@ at::Tensor TextVideoMatcherImpl::forward(const MatchInput& in) {
   auto text = text_embed(in.text) + modality_embed->weight[1];
   if (!video_encoder.is_empty()) video = video_encoder->add(video, in.video_positions);
   if (!text_encoder.is_empty()) text = text_encoder->add(text, in.text_positions);
-  auto real = torch::ones({b, nv + nt}, torch::dtype(torch::kBool));
+  auto real = torch::ones({b, nv + nt}, torch::dtype(torch::kBool).device(video.device()));
   if (in.text_padding.defined()) real.narrow(1, nv, nt).copy_(in.text_padding);
   // One plan for the stream: with token kinds, so per-modality parts of a composite find theirs.
   auto x = torch::cat({video, text}, 1);

@@ -97,10 +97,23 @@ c10::impl::GenericDict string_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
 }
 
+// The model's own tensors (detached views: loading copies into them).
 c10::impl::GenericDict state_dict(torch::nn::Module& model) {
   auto out = string_dict();
   for (const auto& item : model.named_parameters()) out.insert(item.key(), item.value().detach());
   for (const auto& item : model.named_buffers()) out.insert(item.key(), item.value().detach());
+  return out;
+}
+
+// A tensor as files hold it: in host memory, whatever device the run computed on, so a
+// checkpoint or weights.pt written on a GPU loads anywhere (torch.load without map_location).
+at::Tensor host(const at::Tensor& t) { return t.detach().cpu(); }
+
+// state_dict with every tensor in host memory, for writing.
+c10::impl::GenericDict saved_state_dict(torch::nn::Module& model) {
+  auto out = string_dict();
+  for (const auto& item : model.named_parameters()) out.insert(item.key(), host(item.value()));
+  for (const auto& item : model.named_buffers()) out.insert(item.key(), host(item.value()));
   return out;
 }
 
@@ -120,9 +133,9 @@ c10::impl::GenericDict optimizer_state(torch::optim::AdamW& optimizer) {
         const auto& s = static_cast<const torch::optim::AdamWParamState&>(*found->second);
         auto entry = string_dict();
         entry.insert("step", torch::tensor(static_cast<float>(s.step())));  // float32, as Python
-        entry.insert("exp_avg", s.exp_avg().detach());
-        entry.insert("exp_avg_sq", s.exp_avg_sq().detach());
-        if (o.amsgrad()) entry.insert("max_exp_avg_sq", s.max_exp_avg_sq().detach());
+        entry.insert("exp_avg", host(s.exp_avg()));
+        entry.insert("exp_avg_sq", host(s.exp_avg_sq()));
+        if (o.amsgrad()) entry.insert("max_exp_avg_sq", host(s.max_exp_avg_sq()));
         state.insert(index, entry);
       }
       params.push_back(index++);
@@ -157,7 +170,8 @@ c10::IValue entry(const c10::impl::GenericDict& dict, const std::string& key,
 
 // The run config as resume compares it: parsed (so JSON and YAML spellings agree), integral
 // floats as integers (threads: 1.0 == 1), without the keys that do not change what is computed
-// (train.threads, train.log_every); dumped with sorted keys.
+// (train.threads, train.log_every, the ranks' settings, train.device: a run may resume on another
+// device, with that device's rounding); dumped with sorted keys.
 nlohmann::json normalized(const nlohmann::json& v) {
   if (v.is_object()) {
     auto out = nlohmann::json::object();
@@ -187,7 +201,7 @@ std::string comparable_config(const std::string& text) {
   if (config.is_object() && config.contains("train") && config["train"].is_object()) {
     // how a run is executed, not what it computes: a resume may change them
     for (const char* key : {"threads", "log_every", "rank_timeout_s", "gradient_sync", "bucket_mb",
-                            "find_unused_parameters"})
+                            "find_unused_parameters", "device"})
       config["train"].erase(key);
   }
   return normalized(config).dump();
@@ -244,7 +258,7 @@ int64_t weights_checksum(torch::nn::Module& model) {
 }
 
 void save_weights(const std::string& path, torch::nn::Module& model) {
-  write_file_atomically(path, torch_save_bytes(state_dict(model)));
+  write_file_atomically(path, torch_save_bytes(saved_state_dict(model)));
 }
 
 std::string previous_checkpoint_path(const std::string& path) {
@@ -258,7 +272,7 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::AdamW& optimizer, const CheckpointState& state) {
   auto dict = string_dict();
   dict.insert("format", std::string(kFormat));
-  dict.insert("model", state_dict(model));
+  dict.insert("model", saved_state_dict(model));
   dict.insert("optimizer", optimizer_state(optimizer));
   dict.insert("step", state.step);
   dict.insert("elapsed", state.elapsed);
@@ -267,7 +281,7 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
   dict.insert("config", state.config);
   if (!state.ema.empty()) {
     auto ema = string_dict();
-    for (const auto& [name, tensor] : state.ema) ema.insert(name, tensor.detach());
+    for (const auto& [name, tensor] : state.ema) ema.insert(name, host(tensor));
     dict.insert("ema", ema);
   }
   Checksum sum;
@@ -376,10 +390,12 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& mode
       TORCH_CHECK(exp_avg.sizes() == p.sizes() && exp_avg_sq.sizes() == p.sizes(), "'", path,
                   "': optimizer state ", index - 1, " has shape ", exp_avg.sizes(),
                   " but its parameter's is ", p.sizes());
-      restored->exp_avg(exp_avg.clone());
-      restored->exp_avg_sq(exp_avg_sq.clone());
+      // copies on the parameter's device (the file's tensors are in host memory)
+      auto beside = [&p](const at::Tensor& t) { return t.to(p.device(), false, /*copy=*/true); };
+      restored->exp_avg(beside(exp_avg));
+      restored->exp_avg_sq(beside(exp_avg_sq));
       if (s.contains("max_exp_avg_sq"))
-        restored->max_exp_avg_sq(entry(s, "max_exp_avg_sq", path).toTensor().clone());
+        restored->max_exp_avg_sq(beside(entry(s, "max_exp_avg_sq", path).toTensor()));
       optimizer.state()[p.unsafeGetTensorImpl()] = std::move(restored);
     }
   }

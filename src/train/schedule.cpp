@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "device.h"
 #include "posenc/config/config_reader.h"
 
 namespace posenc::train {
@@ -26,6 +27,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.clip_grad_norm = r.number("clip_grad_norm", s.clip_grad_norm);
   s.fused_optimizer = r.boolean("fused_optimizer", s.fused_optimizer);
   s.ema_decay = r.number("ema_decay", s.ema_decay);
+  s.device = r.string("device", s.device);
   s.rank_timeout_s = r.number("rank_timeout_s", s.rank_timeout_s);
   s.gradient_sync = r.string("gradient_sync", s.gradient_sync);
   s.bucket_mb = r.number("bucket_mb", s.bucket_mb);
@@ -47,6 +49,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
   TORCH_CHECK(s.gradient_sync == "overlap" || s.gradient_sync == "after_backward",
               "train: gradient_sync must be 'overlap' or 'after_backward', got '", s.gradient_sync,
               "'");
+  check_device_setting(s.device);
   TORCH_CHECK(s.ema_decay >= 0 && s.ema_decay < 1,
               "train: ema_decay must be in [0, 1) (0: off), got ", s.ema_decay);
   return s;

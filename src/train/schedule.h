@@ -22,6 +22,7 @@ struct TrainSettings {
   double lr = 1e-3, min_lr_ratio = 0.0, weight_decay = 0.05, clip_grad_norm = 1.0;
   double ema_decay = 0;         ///< weight average (ema.h); 0: off
   bool fused_optimizer = true;  ///< FusedAdamW + clip_grad_norm_fused (false: LibTorch's own)
+  std::string device = "cpu";   ///< "cpu", "cuda" or "cuda:N" (device.h)
   // Data-parallel runs (distributed/data_parallel.h); ignored by one process.
   double rank_timeout_s = 300;            ///< rendezvous and every collective; a lost rank
   std::string gradient_sync = "overlap";  ///< "overlap" (c10d Reducer) or "after_backward"

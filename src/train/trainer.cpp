@@ -14,6 +14,7 @@
 #include <iostream>
 #include <thread>
 
+#include "device.h"
 #include "loop.h"
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
@@ -84,6 +85,14 @@ void use_threads(const TrainSettings& settings, const DistributedOptions& distri
   }
 }
 
+// The model's parameters and buffers moved to `device` (the seeded initialization happened on
+// the CPU, so a run starts from the same weights on every device); the task told.
+void place_on_device(Task& task, c10::Device device) {
+  task.set_device(device);
+  if (device.is_cpu()) return;
+  task.model()->to(device);
+}
+
 void check_batch_split(const TrainSettings& settings, int world) {
   TORCH_CHECK(settings.batch_size % world == 0, "train: batch_size (", settings.batch_size,
               ") must be a multiple of the number of ranks (", world,
@@ -116,6 +125,8 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   torch::manual_seed(run.seed);
   run.task = make_task(config);
   auto model = run.task->model();
+  // before the optimizer and the weight average take their tensors
+  place_on_device(*run.task, run.ranks->device());
   if (!identity.init_from.empty()) load_parameters(identity.init_from, *model);
   result.metric_name = run.task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
@@ -220,7 +231,9 @@ void check_run_config(const nlohmann::json& run_config, const std::vector<std::s
                       int world_size) {
   nlohmann::json config = run_config;
   for (const auto& assignment : overrides) apply_override(config, assignment);
-  check_batch_split(read_settings(config), world_size);
+  const auto settings = read_settings(config);
+  check_batch_split(settings, world_size);
+  check_device_setting(settings.device, world_size);
 }
 
 namespace {
@@ -240,6 +253,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   torch::manual_seed(identity.seed);
   auto task = make_task(config);
   auto model = task->model();
+  place_on_device(*task, training_device(settings.device, DistributedOptions{}));
   load_parameters(identity.init_from, *model);
   result.metric_name = task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
@@ -277,9 +291,11 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   }
   std::shared_ptr<DataParallel> ranks;
   {
-    const auto timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(read_settings(config).rank_timeout_s * 1000));
-    ranks = std::make_shared<DataParallel>(options.distributed, timeout);
+    const auto settings = read_settings(config);
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(settings.rank_timeout_s * 1000));
+    ranks = std::make_shared<DataParallel>(options.distributed, timeout,
+                                           training_device(settings.device, options.distributed));
   }
   try {
     return train_run(config, options, ranks);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
@@ -52,6 +53,9 @@ class Positions {
   at::Tensor axis(const std::string& name) const { return axis(axis_index(name)); }
   /// The same positions moved by `offset` on every axis (e.g. the cache length during decoding).
   Positions shifted(double offset) const;
+  /// The same positions with their coordinates on `device` (no copy when they are there; the
+  /// values were checked when built, so no new check: no device sync).
+  Positions to(c10::Device device) const;
   /// The largest coordinate over all axes (for dynamic scaling: seq_len = max + 1).
   double max() const;
   /// "Positions[N=5, axes=(t)]" — for error messages.

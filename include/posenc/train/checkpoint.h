@@ -1,5 +1,7 @@
 // Files a training run writes that hold tensors, in the zip + pickle format of Python's
-// torch.save, readable by torch.load(path, weights_only=True) (no TorchScript type tags):
+// torch.save, readable by torch.load(path, weights_only=True) (no TorchScript type tags). Every
+// tensor is written from host memory, whatever device the run computed on (train.device), so a
+// file written on a GPU loads on a machine without one; loading copies onto the model's device.
 //
 //   weights.pt     {name: tensor} for every parameter and buffer (model.state_dict() in Python)
 //   checkpoint.pt  {"format": "posenc-checkpoint-1",

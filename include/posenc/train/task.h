@@ -23,6 +23,7 @@
 //                          the motion while it is spoken? After training, clips of other lengths
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
 #include <functional>
@@ -95,13 +96,25 @@ class Task {
   virtual std::string metric_name() const = 0;
   /// Data-parallel runs: this rank, the evaluation batches that are its, how sums combine.
   void set_ranks(TaskRanks ranks) { ranks_ = std::move(ranks); }
+  /// Where the model computes (train.device; the trainer has moved the model there). The task's
+  /// data stays in host memory and each batch's tensors move at the model's door (on_device);
+  /// Positions stay in host memory: encoders build their tables from them there, in float64, and
+  /// move the tables to the device of the tensors they meet.
+  void set_device(c10::Device device) { device_ = device; }
+  c10::Device device() const { return device_; }
   /// Before every train_loss: the seed of this step's global batch, the same on every rank (the
   /// trainer has seeded torch's generator with it, plus the rank in a data-parallel run).
   void set_step_seed(uint64_t seed) { step_seed_ = seed; }
 
  protected:
+  /// `t` on the model's device (itself when it is there already).
+  at::Tensor on_device(const at::Tensor& t) const {
+    return t.device() == device_ ? t : t.to(device_);
+  }
+
   TaskRanks ranks_;
   uint64_t step_seed_ = 0;
+  c10::Device device_{c10::kCPU};
 };
 
 /// Builds the task of a run config (sections task, model, encoder; the data is loaded here).

@@ -7,7 +7,7 @@
 //   model:   {dim, num_heads, num_layers, mlp_ratio, dropout, pooling, fused}
 //   encoder: {type: rope, ...}                     the encoder registry's config
 //   train:   {epochs, batch_size, lr, min_lr_ratio, weight_decay, warmup_steps, clip_grad_norm,
-//             max_steps, log_every, eval_every, threads, ema_decay, fused_optimizer,
+//             max_steps, log_every, eval_every, threads, ema_decay, fused_optimizer, device,
 //             rank_timeout_s, gradient_sync, bucket_mb, find_unused_parameters}
 //   runs:    [{name, encoder, overrides,           for compare: one model per entry, each the
 //             init_from, evaluate_only}]           config merged with its overrides (RFC 7396)
@@ -27,7 +27,10 @@
 // checkpoint and exits; `--resume` continues from it.
 // Data-parallel (RunOptions::distributed, world_size > 1): this process is one rank; each rank
 // trains on batch_size / world_size examples of every batch, gradients are averaged over the
-// ranks (c10d, Gloo), evaluation is sharded, and only rank 0 writes (src/train/distributed/).
+// ranks (c10d: Gloo, or NCCL for a run on GPUs), evaluation is sharded, and only rank 0 writes
+// (src/train/distributed/).
+// train.device (cpu | cuda | cuda:N; src/train/device.h): where the model computes; the data and
+// the positions stay in host memory, checkpoints and weights.pt hold host tensors.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -23,7 +23,7 @@ using torch::autograd::variable_list;
 bool integer_valued(const at::Tensor& t) { return t.numel() == 0 || at::equal(t, t.round()); }
 
 std::vector<double> to_vector(const at::Tensor& t) {
-  auto c = t.to(torch::kFloat64).contiguous();
+  auto c = t.to(torch::kCPU, torch::kFloat64).contiguous();  // read in host memory
   return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
 }
 
@@ -352,7 +352,8 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
   const int64_t nq = q.size(1), nk = k.size(1);
   const auto inf = -std::numeric_limits<double>::infinity();
   if (masks.causal) {  // key j visible to query i when j <= i + nk - nq
-    auto i = torch::arange(nq).unsqueeze(1), j = torch::arange(nk).unsqueeze(0);
+    const auto longs = q.options().dtype(torch::kLong);
+    auto i = torch::arange(nq, longs).unsqueeze(1), j = torch::arange(nk, longs).unsqueeze(0);
     logits = logits.masked_fill(j > i + (nk - nq), inf);
   }
   if (masks.key_padding.defined())
@@ -372,13 +373,13 @@ at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
     case BiasForm::kAlibi: {
       TORCH_CHECK(bias.slopes.numel() == heads, "bias_from_spec: ", bias.slopes.numel(),
                   " ALiBi slopes for ", heads, " heads");
-      auto distance = bias.symmetric ? rel.abs() : -rel;
+      auto distance = (bias.symmetric ? rel.abs() : -rel).to(bias.slopes.device());
       return (-bias.slopes.to(torch::kFloat64).view({-1, 1, 1}) * distance).to(torch::kFloat32);
     }
     case BiasForm::kBucketTable: {
       auto b =
           t5_relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance);
-      return torch::embedding(bias.table, b).movedim(-1, -3);
+      return torch::embedding(bias.table, b.to(bias.table.device())).movedim(-1, -3);
     }
     case BiasForm::kRelativeTable: {  // q_i . a[clip(p_j - p_i)] / sqrt(D): [B, H, Nq, Nk]
       TORCH_CHECK(q.defined() && q.dim() == 4,

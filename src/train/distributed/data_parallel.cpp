@@ -21,6 +21,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include "nccl_backend.h"
 #endif
 
 namespace posenc::train {
@@ -122,8 +124,9 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistributedOptions&
 
 }  // namespace
 
-DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milliseconds timeout)
-    : options_(options) {
+DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milliseconds timeout,
+                           c10::Device device)
+    : options_(options), device_(device) {
   if (!active()) return;
   impl_ = std::make_unique<Impl>();
   const std::string me = "rank " + std::to_string(options.rank);
@@ -168,6 +171,13 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
         c10::make_intrusive<c10d::ProcessGroup>(gloo_store, options.rank, options.world_size);
     impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
     impl_->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    if (device.is_cuda()) {  // the CUDA tensors' collectives: NCCL ("cpu:gloo,cuda:nccl")
+      auto nccl = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("posenc/nccl", base),
+                                    options.rank, options.world_size, timeout, device);
+      impl_->group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+    }
+  } catch (const EnvironmentError&) {
+    throw;
   } catch (const std::exception& e) {
     throw EnvironmentError(me + ": the " + std::to_string(options.world_size) +
                            " ranks did not all connect through " + impl_->store_name + " within " +
@@ -349,8 +359,9 @@ bool distributed_available() { return false; }
 
 struct DataParallel::Impl {};
 
-DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milliseconds)
-    : options_(options) {
+DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milliseconds,
+                           c10::Device device)
+    : options_(options), device_(device) {
   TORCH_CHECK(!active(), "WORLD_SIZE is ", options.world_size,
               " but this posenc was built without distributed training (no Gloo headers: run "
               "scripts/setup.sh, which installs libgloo-dev, and rebuild)");

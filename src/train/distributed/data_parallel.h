@@ -1,4 +1,5 @@
-// Data-parallel training on PyTorch's own distributed engine, c10d (Gloo on CPU): the ranks of a
+// Data-parallel training on PyTorch's own distributed engine, c10d (Gloo on CPU, NCCL for the CUDA
+// tensors of a run on GPUs: nccl_backend.h): the ranks of a
 // run, their rendezvous and their collectives. Internal to the trainer; no c10d type leaves the
 // .cpp, so the rest of the trainer compiles without the distributed headers.
 //
@@ -22,6 +23,7 @@
 // first, so the survivors can quote it.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <torch/nn/module.h>
 
 #include <chrono>
@@ -55,7 +57,10 @@ class DataParallel {
   /// Joins the run `options` describes, waiting up to `timeout` for the other ranks (the same
   /// timeout bounds every collective after). world_size 1: a group of one, no store, no sockets;
   /// every collective returns its input.
-  DataParallel(const DistributedOptions& options, std::chrono::milliseconds timeout);
+  /// `device`: where the model computes (device.h's training_device): a CUDA device gives the
+  /// group an NCCL backend for CUDA tensors (nccl_backend.h) beside Gloo for host tensors.
+  DataParallel(const DistributedOptions& options, std::chrono::milliseconds timeout,
+               c10::Device device = c10::Device(c10::kCPU));
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -65,6 +70,8 @@ class DataParallel {
   bool active() const { return options_.world_size > 1; }
   /// Rank 0: the one that writes logs, checkpoints, plots and weights.
   bool lead() const { return options_.rank == 0; }
+  /// Where this rank's model computes (train.device).
+  c10::Device device() const { return device_; }
 
   /// Copies rank 0's parameters and buffers to every rank.
   void broadcast_module(torch::nn::Module& module);
@@ -89,6 +96,7 @@ class DataParallel {
  private:
   struct Impl;
   DistributedOptions options_;
+  c10::Device device_;
   std::unique_ptr<Impl> impl_;
 };
 

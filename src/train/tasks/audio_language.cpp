@@ -108,8 +108,8 @@ class AudioLanguage : public Task {
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     auto mel = train_.mel.index_select(0, indices);  // [b, T, M]
     if (train_shift_seconds_ > 0) mel = shift_in_time(mel);
-    auto tokens = audio::ast_patches(mel, patch_);
-    auto labels = train_.labels.index_select(0, indices);
+    auto tokens = on_device(audio::ast_patches(mel, patch_));
+    auto labels = on_device(train_.labels.index_select(0, indices));
     auto logits = model_(tokens, positions_);
     *metric = accuracy(logits.detach(), labels);
     return torch::cross_entropy_loss(logits, labels);
@@ -221,8 +221,8 @@ class AudioLanguage : public Task {
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(eval_batch_, n - begin);
-      auto tokens = audio::ast_patches(clips.mel.narrow(0, begin, size), patch_);
-      auto labels = clips.labels.narrow(0, begin, size);
+      auto tokens = on_device(audio::ast_patches(clips.mel.narrow(0, begin, size), patch_));
+      auto labels = on_device(clips.labels.narrow(0, begin, size));
       auto logits = model_(tokens, positions_);
       loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
       correct += logits.argmax(-1).eq(labels).sum().item<double>();

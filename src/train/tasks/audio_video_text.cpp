@@ -235,16 +235,15 @@ class AudioVideoText : public Task {
       auto local = indices.masked_select(indices.ge(begin).logical_and(indices.lt(end))) - begin;
       if (local.numel() == 0) continue;
       auto logits = forward(set, local);  // [b_s, 9]
-      auto labels = set.label.index_select(0, local);
+      auto pick = [&](const at::Tensor& t) { return on_device(t.index_select(0, local)); };
+      auto labels = pick(set.label);
       auto agree = logits.select(1, 0);
       correct += agree.detach().gt(0).eq(labels.gt(0.5)).sum().item<double>();
       auto part = torch::binary_cross_entropy_with_logits(agree, labels);
       if (aux_weight_ > 0) {
-        part =
-            part + aux_weight_ * (torch::cross_entropy_loss(logits.narrow(1, 1, 4),
-                                                            set.direction.index_select(0, local)) +
-                                  torch::cross_entropy_loss(logits.narrow(1, 5, 4),
-                                                            set.word.index_select(0, local)));
+        part = part + aux_weight_ *
+                          (torch::cross_entropy_loss(logits.narrow(1, 1, 4), pick(set.direction)) +
+                           torch::cross_entropy_loss(logits.narrow(1, 5, 4), pick(set.word)));
       }
       part = part * (static_cast<double>(local.numel()) / b);
       loss = loss.defined() ? loss + part : part;
@@ -288,21 +287,21 @@ class AudioVideoText : public Task {
       if (!ranks_.mine(batch)) continue;
       auto indices = torch::arange(begin, std::min(n, begin + eval_batch_), torch::kLong);
       auto logits = forward(set, indices);
-      auto labels = set.label.index_select(0, indices);
+      auto pick = [&](const at::Tensor& t) { return on_device(t.index_select(0, indices)); };
+      auto labels = pick(set.label);
       auto agree = logits.select(1, 0);
       sums[0] += torch::binary_cross_entropy_with_logits(agree, labels, {}, {}, at::Reduction::Sum)
                      .item<double>();
       auto right = agree.gt(0).eq(labels.gt(0.5));
       auto seen = logits.narrow(1, 1, 4).argmax(1), heard = logits.narrow(1, 5, 4).argmax(1);
-      sums[8] += seen.eq(set.direction.index_select(0, indices)).sum().item<double>();
-      sums[9] += heard.eq(set.word.index_select(0, indices)).sum().item<double>();
+      const auto direction = pick(set.direction), kind = pick(set.kind);
+      sums[8] += seen.eq(direction).sum().item<double>();
+      sums[9] += heard.eq(pick(set.word)).sum().item<double>();
       // on timing negatives the word names the other phase: "say the word" is wrong there
-      auto timing = set.kind.index_select(0, indices).eq(kTiming);
-      sums[10] +=
-          seen.eq(set.direction.index_select(0, indices)).logical_and(timing).sum().item<double>();
+      auto timing = kind.eq(kTiming);
+      sums[10] += seen.eq(direction).logical_and(timing).sum().item<double>();
       sums[11] += timing.sum().item<double>();
       sums[1] += right.sum().item<double>();
-      auto kind = set.kind.index_select(0, indices);
       for (int64_t k = 0; k < 3; ++k) {
         auto of_kind = kind.eq(k);
         sums[static_cast<size_t>(2 + 2 * k)] += right.logical_and(of_kind).sum().item<double>();
@@ -488,10 +487,10 @@ class AudioVideoText : public Task {
 
   at::Tensor forward(const Examples& set, const at::Tensor& indices) {
     StreamInput input;
-    input.video = set.video.index_select(0, indices);
-    input.audio = set.audio.index_select(0, indices);
-    input.text = set.text.index_select(0, indices);
-    input.text_padding = set.padding.index_select(0, indices);
+    input.video = on_device(set.video.index_select(0, indices));
+    input.audio = on_device(set.audio.index_select(0, indices));
+    input.text = on_device(set.text.index_select(0, indices));
+    input.text_padding = on_device(set.padding.index_select(0, indices));
     input.kinds = set.kinds;
     input.positions = set.positions;
     return model_(input);  // [b, 9]

@@ -100,7 +100,7 @@ class ForecastTask : public Task {
       if (!ranks_.mine(batch)) continue;
       auto starts = eval_starts_.narrow(0, begin, std::min(eval_batch_, count - begin));
       auto [prediction, target] = predict(starts);
-      auto last = window_values(starts).select(1, context_ - 1).unsqueeze(1);  // [b, 1, 1]
+      auto last = on_device(window_values(starts)).select(1, context_ - 1).unsqueeze(1);  // [b,1,1]
       squared += (prediction - target).pow(2).sum().item<double>();
       absolute += (prediction - target).abs().sum().item<double>();
       persistence += (last - target).abs().sum().item<double>();
@@ -128,7 +128,7 @@ class ForecastTask : public Task {
   std::pair<at::Tensor, at::Tensor> predict(const at::Tensor& starts) {
     auto index = window_index(starts);
     const int64_t b = index.size(0), w = index.size(1);
-    auto values = window_values(starts);
+    auto values = on_device(window_values(starts));
     Positions positions = Positions::sequence(w, 0.0, "time");
     if (use_time_) {
       auto times = times_.index_select(0, index.flatten()).view({b, w});
@@ -136,8 +136,9 @@ class ForecastTask : public Task {
       positions = Positions(elapsed.unsqueeze(-1), {"time"});
     }
     auto level = center_ ? values.narrow(1, 0, context_).mean(1, true)  // [b, 1, C]
-                         : torch::zeros({b, 1, values.size(2)});
-    auto prediction = model_(values - level, observed_.expand({b, w}), positions) + level;
+                         : torch::zeros({b, 1, values.size(2)}, values.options());
+    auto prediction =
+        model_(values - level, on_device(observed_).expand({b, w}), positions) + level;
     return {prediction.narrow(1, context_, horizon_), values.narrow(1, context_, horizon_)};
   }
 

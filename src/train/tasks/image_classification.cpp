@@ -98,8 +98,8 @@ class ImageClassification : public Task {
     {
       RECORD_USER_SCOPE("posenc::data");  // a category of `posenc train --profile`
       auto images = prepare(train_.images.index_select(0, indices), 1.0, true);
-      labels = train_.labels.index_select(0, indices);
-      patches = vision::patchify(images, patch_);
+      labels = on_device(train_.labels.index_select(0, indices));
+      patches = vision::patchify(on_device(images), patch_);
     }
     auto logits = model_(patches.tokens, patches.positions);
     *metric = accuracy(logits.detach(), labels);
@@ -151,8 +151,8 @@ class ImageClassification : public Task {
     for (int64_t begin = 0, batch = 0; begin < n; begin += eval_batch_, ++batch) {
       if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(eval_batch_, n - begin);
-      auto images = prepare(test_.images.narrow(0, begin, size), scale, false);
-      auto labels = test_.labels.narrow(0, begin, size);
+      auto images = on_device(prepare(test_.images.narrow(0, begin, size), scale, false));
+      auto labels = on_device(test_.labels.narrow(0, begin, size));
       auto patches = vision::patchify(images, patch_);
       auto logits = model_(patches.tokens, patches.positions);  // [size, classes]
       at::Tensor log_p;                                         // [size, classes]

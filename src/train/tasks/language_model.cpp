@@ -72,9 +72,9 @@ class LanguageModelTask : public Task {
       windows = {all.inputs.narrow(0, ranks_.rank * count, count),
                  all.targets.narrow(0, ranks_.rank * count, count), all.positions};
     }
-    auto logits = model_(windows.inputs, windows.positions);
+    auto logits = model_(on_device(windows.inputs), windows.positions);
     *metric = std::numeric_limits<double>::quiet_NaN();
-    return torch::cross_entropy_loss(logits.flatten(0, 1), windows.targets.flatten());
+    return torch::cross_entropy_loss(logits.flatten(0, 1), on_device(windows.targets).flatten());
   }
 
   Metrics evaluate() override { return evaluate_at(context_); }
@@ -105,7 +105,8 @@ class LanguageModelTask : public Task {
                        std::vector<int64_t>(starts.begin() + begin, starts.begin() + begin + count))
                        .view({count, 1});
       auto index = first + torch::arange(length + 1, torch::kLong);
-      auto windows = eval_tokens_.index_select(0, index.flatten()).view({count, length + 1});
+      auto windows =
+          on_device(eval_tokens_.index_select(0, index.flatten()).view({count, length + 1}));
       auto logits = model_(windows.narrow(1, 0, length), Positions::sequence(length));
       total +=
           torch::cross_entropy_loss(logits.flatten(0, 1), windows.narrow(1, 1, length).flatten(),

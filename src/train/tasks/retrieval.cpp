@@ -133,6 +133,7 @@ class RetrievalTask : public Task {
       batch = {all.prompts.narrow(0, first, count), all.answers.narrow(0, first, count),
                all.depths.narrow(0, first, count)};
     }
+    batch = {on_device(batch.prompts), on_device(batch.answers), batch.depths};
     auto logits = answer_logits(batch);  // [B, 2 Q, 256]
     *metric = logits.detach()
                   .argmax(-1)
@@ -211,8 +212,8 @@ class RetrievalTask : public Task {
     if (queries == 1) return logits.narrow(1, prompt - 1, 2);
     // query j's answer bytes sit at hay + 6 j + 4 and + 5: predicted from the positions before
     const int64_t hay = prompt - 6 * (queries - 1) - text::kQueryBytes;
-    auto at = torch::arange(queries, torch::kLong) * 6 + (hay + text::kQueryBytes - 1);  // [Q]
-    at = torch::stack({at, at + 1}, -1).flatten();                                       // [2 Q]
+    auto at = torch::arange(queries, input.options()) * 6 + (hay + text::kQueryBytes - 1);  // [Q]
+    at = torch::stack({at, at + 1}, -1).flatten();                                          // [2 Q]
     return logits.index_select(1, at);
   }
 
@@ -258,8 +259,8 @@ class RetrievalTask : public Task {
       for (int64_t begin = 0; begin < eval_examples_; begin += eval_batch_, ++batch_number) {
         if (!ranks_.mine(batch_number)) continue;
         const int64_t count = std::min(eval_batch_, eval_examples_ - begin);
-        text::RetrievalBatch part{all.prompts.narrow(0, begin, count),
-                                  all.answers.narrow(0, begin, count),
+        text::RetrievalBatch part{on_device(all.prompts.narrow(0, begin, count)),
+                                  on_device(all.answers.narrow(0, begin, count)),
                                   all.depths.narrow(0, begin, count)};
         auto answer = model_->generate(part.prompts, text::kAnswerBytes);  // [count, 2]
         auto right = answer.eq(part.answers);                              // [count, 2]

@@ -100,8 +100,8 @@ class VideoClassification : public Task {
   std::string metric_name() const override { return "accuracy"; }
 
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
-    auto logits = model_(data_.train.tokens.index_select(0, indices), positions_);
-    auto labels = data_.train.direction.index_select(0, indices);
+    auto logits = model_(on_device(data_.train.tokens.index_select(0, indices)), positions_);
+    auto labels = on_device(data_.train.direction.index_select(0, indices));
     *metric = accuracy(logits.detach(), labels);
     return torch::cross_entropy_loss(logits, labels);
   }
@@ -112,8 +112,8 @@ class VideoClassification : public Task {
     for (int64_t begin = 0, batch = 0; begin < n; begin += data_.eval_batch, ++batch) {
       if (!ranks_.mine(batch)) continue;
       const int64_t size = std::min(data_.eval_batch, n - begin);
-      auto logits = model_(data_.eval.tokens.narrow(0, begin, size), positions_);
-      auto labels = data_.eval.direction.narrow(0, begin, size);
+      auto logits = model_(on_device(data_.eval.tokens.narrow(0, begin, size)), positions_);
+      auto labels = on_device(data_.eval.direction.narrow(0, begin, size));
       loss += torch::cross_entropy_loss(logits, labels, {}, at::Reduction::Sum).item<double>();
       correct += logits.argmax(-1).eq(labels).sum().item<double>();
     }
@@ -262,13 +262,13 @@ class TextVideoMatching : public Task {
       }
     }
     MatchInput input;
-    input.video = set.tokens.index_select(0, indices).repeat_interleave(k, 0);
+    input.video = on_device(set.tokens.index_select(0, indices)).repeat_interleave(k, 0);
     input.video_positions = data_.positions;
-    input.text = text;
-    input.text_padding = padding;
+    input.text = on_device(text);
+    input.text_padding = on_device(padding);
     input.text_positions = text_positions_;
     input.stream_positions = stream_positions_;
-    return {model_(input).view({b, k}), torch::tensor(labels, torch::kLong)};
+    return {model_(input).view({b, k}), on_device(torch::tensor(labels, torch::kLong))};
   }
 
   uint64_t seed_;
