@@ -246,6 +246,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   const auto identity = read_identity(config, options, result);
   result.output += suffix;
   const auto settings = read_settings(config);
+  const auto device = training_device(settings.device, DistributedOptions{});  // before any file
   use_threads(settings, DistributedOptions{});
   check_run_name(result.name, "config");
   fs::create_directories(result.output);
@@ -253,7 +254,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   torch::manual_seed(identity.seed);
   auto task = make_task(config);
   auto model = task->model();
-  place_on_device(*task, training_device(settings.device, DistributedOptions{}));
+  place_on_device(*task, device);
   load_parameters(identity.init_from, *model);
   result.metric_name = task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
