@@ -362,6 +362,8 @@ TEST(DataParallel, NcclRanksOnTwoGpusEqualOneGpu) {
   const auto sums = checksums(two);
   ASSERT_EQ(sums.size(), 2u);
   EXPECT_EQ(sums[0], sums[1]);
+  for (const auto& out : {one, two})
+    EXPECT_EQ(nlohmann::json::parse(read_text(out + "/summary.json")).at("device"), "cuda:0");
 }
 
 }  // namespace

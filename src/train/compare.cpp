@@ -150,6 +150,7 @@ RunResult read_run_result(const std::string& output) {
   r.seconds = summary.at("seconds").get<double>();
   r.parameters = summary.at("parameters").get<int64_t>();
   r.metric_name = summary.at("metric").get<std::string>();
+  r.device = summary.value("device", std::string("cpu"));  // runs before train.device: the CPU
   for (const auto& [k, v] : summary.at("final").items())
     r.final_metrics.emplace_back(k, v.get<double>());
   for (const auto& row : summary.at("generalization")) {

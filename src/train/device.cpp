@@ -45,7 +45,9 @@ c10::Device training_device(const std::string& setting, const DistributedOptions
   if (setting == "cpu") return c10::Device(c10::kCPU);
   const bool ranks = distributed.world_size > 1;
   int index = cuda_index(setting);
-  if (index < 0) index = ranks ? distributed.local_rank : 0;
+  // a rank's GPU is cuda:LOCAL_RANK (torchrun), or the one GPU it sees when the scheduler binds one
+  // per task (SLURM's --gpus-per-task: CUDA_VISIBLE_DEVICES names one device)
+  if (index < 0) index = ranks && torch::cuda::device_count() != 1 ? distributed.local_rank : 0;
   if (!torch::cuda::is_available()) {
     throw EnvironmentError(
         "train: device is '" + setting + "' but " +

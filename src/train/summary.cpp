@@ -52,6 +52,7 @@ void write_summary(const RunResult& result, const nlohmann::json& config) {
                             {"seconds", result.seconds},
                             {"parameters", result.parameters},
                             {"metric", result.metric_name},
+                            {"device", result.device},
                             {"final", metrics_json(result.final_metrics)},
                             {"encoder", config.value("encoder", nlohmann::json(nullptr))}};
   if (result.world_size > 1) {

@@ -93,6 +93,13 @@ void place_on_device(Task& task, c10::Device device) {
   task.model()->to(device);
 }
 
+// Where the model's parameters are, as summary.json reports it (read off the tensors, not the
+// config: what a run says is where it ran).
+std::string model_device(torch::nn::Module& model) {
+  const auto params = model.parameters();
+  return params.empty() ? "cpu" : params.front().device().str();
+}
+
 void check_batch_split(const TrainSettings& settings, int world) {
   TORCH_CHECK(settings.batch_size % world == 0, "train: batch_size (", settings.batch_size,
               ") must be a multiple of the number of ranks (", world,
@@ -130,6 +137,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   if (!identity.init_from.empty()) load_parameters(identity.init_from, *model);
   result.metric_name = run.task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
+  result.device = model_device(*model);
   auto groups = parameter_groups(*model, run.settings.weight_decay, run.settings.lr);
   if (run.settings.fused_optimizer)
     run.optimizer = std::make_unique<FusedAdamW>(std::move(groups));
@@ -258,6 +266,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   load_parameters(identity.init_from, *model);
   result.metric_name = task->metric_name();
   for (const auto& p : model->parameters()) result.parameters += p.numel();
+  result.device = model_device(*model);
   result.final_metrics = evaluate(*task);  // seconds stays 0: the time columns are training's
   result.generalization = generalization(*task);
   result.details = task->details();

@@ -89,6 +89,7 @@ struct RunResult {
   Metrics final_metrics;
   std::vector<GeneralizationRow> generalization;
   std::vector<DetailTable> details;     ///< the task's two-way tables (Task::details)
+  std::string device = "cpu";           ///< where it computed ("cpu", "cuda:0"; train.device)
   int world_size = 1;                   ///< ranks that trained it (data-parallel runs)
   std::vector<int64_t> rank_checksums;  ///< each rank's final weights, hashed (all equal)
 };

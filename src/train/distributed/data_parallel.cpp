@@ -103,6 +103,7 @@ struct DataParallel::Impl {
   bool store_on_rank0 = false;            // rank 0 hosts the TCPStore
   c10::intrusive_ptr<c10d::Store> words;  // the ranks' word after a failure
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Backend> nccl;  // with a CUDA device: the group's CUDA backend
   std::shared_ptr<c10d::Reducer> reducer;  // kOverlap
   GradientSync mode = GradientSync::kOverlap;
   std::vector<at::Tensor> params;  // kAfterBackward
@@ -171,24 +172,33 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
         c10::make_intrusive<c10d::ProcessGroup>(gloo_store, options.rank, options.world_size);
     impl_->group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
     impl_->group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-    if (device.is_cuda()) {  // the CUDA tensors' collectives: NCCL ("cpu:gloo,cuda:nccl")
-      auto nccl = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("posenc/nccl", base),
-                                    options.rank, options.world_size, timeout, device);
-      impl_->group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
-    }
-  } catch (const EnvironmentError&) {
-    throw;
   } catch (const std::exception& e) {
     throw EnvironmentError(me + ": the " + std::to_string(options.world_size) +
                            " ranks did not all connect through " + impl_->store_name + " within " +
                            std::to_string(timeout.count() / 1000) + " s: " + first_line(e.what()));
   }
+  if (!device.is_cuda()) return;
+  // the CUDA tensors' collectives: NCCL beside Gloo ("cpu:gloo,cuda:nccl")
+  c10::intrusive_ptr<c10d::Backend> nccl;
+  try {
+    nccl = make_nccl_backend(c10::make_intrusive<c10d::PrefixStore>("posenc/nccl", base),
+                             options.rank, options.world_size, timeout, device);
+  } catch (const EnvironmentError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw EnvironmentError(me + ": cannot create the NCCL group on " + device.str() + ": " +
+                           first_line(e.what()));
+  }
+  impl_->group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  impl_->nccl = nccl;
 }
 
 DataParallel::~DataParallel() {
   if (!impl_) return;
   try {  // c10d's Reducer may throw from its destructor after a failed step
     impl_->reducer.reset();
+    if (impl_->nccl) impl_->nccl->shutdown();  // NCCL's communicators, before the group goes
+    impl_->nccl.reset();
     impl_->group.reset();
   } catch (...) {
   }

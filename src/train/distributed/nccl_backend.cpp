@@ -7,6 +7,7 @@
 // `timeout`.
 #include "nccl_backend.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "posenc/core/errors.h"
@@ -30,6 +31,10 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   TORCH_CHECK(device.is_cuda() && device.has_index(), "make_nccl_backend: a cuda:N device, got ",
               device.str());
   c10::cuda::set_device(device.index());
+  // Blocking waits: a collective's wait() returns when NCCL is done and throws when it failed or
+  // ran past `timeout`, so a lost rank reaches the caller's error path (DataParallel names it)
+  // instead of ProcessGroupNCCL's watchdog aborting the process. Whoever set it keeps theirs.
+  setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world, options);
