@@ -71,6 +71,18 @@ int run_eval(const TrainArgs& args);
 /// `posenc train --nproc N`: starts N ranks of the run and waits for them; the first failing
 /// rank's exit code, 130 when they stopped on a signal, else 0.
 int launch_ranks(const TrainArgs& args);
+
+/// The variable a spawning posenc (`train --nproc`, `compare --jobs`) gives each child: its own
+/// pid. A child that finds it asks the kernel for SIGHUP when that parent dies (kill -9, OOM
+/// killer), so it saves its checkpoint and stops instead of training on unseen.
+inline constexpr const char* kParentPidVariable = "POSENC_PARENT_PID";
+/// "POSENC_PARENT_PID=<this process's pid>", for a child's environment.
+std::string parent_pid_entry();
+/// The environment of this process without any POSENC_PARENT_PID, plus `more`.
+std::vector<std::string> child_environment(const std::vector<std::string>& more);
+/// In a child started by a posenc (POSENC_PARENT_PID set): SIGHUP on the parent's death; a
+/// parent already gone is an error (exit 1). Nothing when the variable is absent.
+void follow_parent();
 /// `posenc compare`: trains every run of the config and writes the comparison.
 int run_compare(const TrainArgs& args);
 

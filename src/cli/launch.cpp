@@ -46,7 +46,8 @@ std::vector<std::string> rank_environment(int rank, int world, const std::string
                                          "MASTER_ADDR=",
                                          "MASTER_PORT=",
                                          "TORCHELASTIC_USE_AGENT_STORE=",
-                                         "TORCHELASTIC_RESTART_COUNT="};
+                                         "TORCHELASTIC_RESTART_COUNT=",
+                                         std::string(kParentPidVariable) + "="};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
@@ -59,6 +60,7 @@ std::vector<std::string> rank_environment(int rank, int world, const std::string
   env.push_back("LOCAL_RANK=" + std::to_string(rank));
   env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(world));
   env.push_back("POSENC_STORE_FILE=" + store_file);
+  env.push_back(parent_pid_entry());  // a rank stops (checkpoint saved) when the launcher dies
   return env;
 }
 

@@ -17,6 +17,7 @@
 // --resume). A child is never left training on its own.
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +29,7 @@
 #include <thread>
 
 #include "cli.h"
+#include "posenc/core/errors.h"
 #include "posenc/train/trainer.h"
 
 namespace posenc::cli {
@@ -78,7 +80,32 @@ nlohmann::json load_run_config(const std::string& path) {
 
 }  // namespace
 
+std::string parent_pid_entry() {
+  return std::string(kParentPidVariable) + "=" + std::to_string(getpid());
+}
+
+std::vector<std::string> child_environment(const std::vector<std::string>& more) {
+  const std::string prefix = std::string(kParentPidVariable) + "=";
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e)
+    if (std::string(*e).rfind(prefix, 0) != 0) env.emplace_back(*e);
+  env.insert(env.end(), more.begin(), more.end());
+  return env;
+}
+
+void follow_parent() {
+  const char* text = std::getenv(kParentPidVariable);
+  if (text == nullptr) return;
+  const pid_t parent = static_cast<pid_t>(std::atol(text));
+  // PR_SET_PDEATHSIG first, then the check: a parent that died in between is caught by getppid
+  if (prctl(PR_SET_PDEATHSIG, SIGHUP) != 0 || getppid() != parent) {
+    throw EnvironmentError(std::string("train: the posenc that started this run (pid ") + text +
+                           ") is gone; not starting");
+  }
+}
+
 int run_train(const TrainArgs& args) {
+  follow_parent();
   auto config = train::select_run(load_run_config(args.config), args.run);
   if (args.nproc > 1) {  // a config error is one line here, not one per rank
     train::check_run_config(config, args.overrides, static_cast<int>(args.nproc));
@@ -115,9 +142,12 @@ pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string
                                     "output=" + output};
   for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
   if (args.resume) words.push_back("--resume");
-  std::vector<char*> argv;
+  auto env = child_environment({parent_pid_entry()});  // a child stops when compare dies
+  std::vector<char*> argv, envp;
   for (auto& w : words) argv.push_back(w.data());
   argv.push_back(nullptr);
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   sigset_t defaults;
@@ -126,7 +156,7 @@ pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
   pid_t pid = 0;
-  const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), environ);
+  const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   TORCH_CHECK(err == 0, "compare: cannot start the run '", run, "': ", std::strerror(err));
   return pid;

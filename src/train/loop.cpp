@@ -32,6 +32,11 @@ extern "C" void on_interrupt(int) {
   std::signal(SIGTERM, SIG_DFL);
 }
 
+// SIGHUP: the terminal or the posenc that started this run is gone (a child of `train --nproc` or
+// `compare --jobs` gets it when its parent dies: PR_SET_PDEATHSIG, which the kernel may deliver
+// more than once); save and stop, however many arrive.
+extern "C" void on_hangup(int) { g_interrupted = true; }
+
 // Installs the handlers for the loop's life and restores the previous ones after.
 class InterruptScope {
  public:
@@ -39,15 +44,18 @@ class InterruptScope {
     g_interrupted = false;
     int_ = std::signal(SIGINT, on_interrupt);
     term_ = std::signal(SIGTERM, on_interrupt);
+    hup_ = std::signal(SIGHUP, on_hangup);
   }
   ~InterruptScope() {
     std::signal(SIGINT, int_ == SIG_ERR ? SIG_DFL : int_);
     std::signal(SIGTERM, term_ == SIG_ERR ? SIG_DFL : term_);
+    std::signal(SIGHUP, hup_ == SIG_ERR ? SIG_DFL : hup_);
   }
 
  private:
   void (*int_)(int) = SIG_DFL;
   void (*term_)(int) = SIG_DFL;
+  void (*hup_)(int) = SIG_DFL;
 };
 
 // One optimizer step at learning rate lr on this rank's part `indices` of the batch; returns the
