@@ -334,6 +334,16 @@ TEST(DataParallel, BadInputsAreOneLine) {
   EXPECT_EQ(read_text(out + "_dev2.log"),
             "posenc: error: train: device 'cuda:1' in a data-parallel run of 2 ranks: use 'cuda' "
             "(each rank takes the GPU of its LOCAL_RANK)\n");
+  // the variable --nproc and compare give their children: malformed (exit 2), or naming a process
+  // that is not the parent (exit 1: the one that started it is gone)
+  EXPECT_EQ(run(train_args(config, out), out + "_ppid.log", {"POSENC_PARENT_PID=x1"}), 2);
+  EXPECT_EQ(read_text(out + "_ppid.log"),
+            "posenc: error: environment: POSENC_PARENT_PID='x1' must be the pid of the posenc that "
+            "started this run (set by --nproc and compare --jobs; unset it to run on your own)\n");
+  EXPECT_EQ(run(train_args(config, out), out + "_ppid2.log", {"POSENC_PARENT_PID=999999999"}), 1);
+  EXPECT_EQ(read_text(out + "_ppid2.log"),
+            "posenc: error: train: the posenc that started this run (pid 999999999) is gone; not "
+            "starting\n");
   if (torch::cuda::is_available()) return;
   // a GPU asked for where there is none: the environment's failure (exit 1), one line
   EXPECT_EQ(run(train_args(config, out, {"--set", "train.device=cuda"}), out + "_dev3.log"), 1);

@@ -76,12 +76,13 @@ int launch_ranks(const TrainArgs& args);
 /// pid. A child that finds it asks the kernel for SIGHUP when that parent dies (kill -9, OOM
 /// killer), so it saves its checkpoint and stops instead of training on unseen.
 inline constexpr const char* kParentPidVariable = "POSENC_PARENT_PID";
-/// "POSENC_PARENT_PID=<this process's pid>", for a child's environment.
-std::string parent_pid_entry();
-/// The environment of this process without any POSENC_PARENT_PID, plus `more`.
-std::vector<std::string> child_environment(const std::vector<std::string>& more);
+/// A spawned child's environment: this process's, without the variables named in `unset` and
+/// those `set` gives ("NAME=value"), then `set` and POSENC_PARENT_PID=<this process's pid>.
+std::vector<std::string> child_environment(const std::vector<std::string>& unset,
+                                           const std::vector<std::string>& set);
 /// In a child started by a posenc (POSENC_PARENT_PID set): SIGHUP on the parent's death; a
-/// parent already gone is an error (exit 1). Nothing when the variable is absent.
+/// parent already gone is an error (exit 1), a malformed value too (exit 2). Nothing when the
+/// variable is absent.
 void follow_parent();
 /// `posenc compare`: trains every run of the config and writes the comparison.
 int run_compare(const TrainArgs& args);

@@ -36,32 +36,14 @@ extern "C" void pass_signal_on(int signal) {
   if (g_ranks_group > 0) kill(-static_cast<pid_t>(g_ranks_group), signal);
 }
 
-// The variables a rank runs with: ours, and the launcher's environment without any of them.
+// The variables a rank runs with: ours, and the launcher's environment without any of them
+// (nor torchrun's rendezvous variables, which would point a rank at another run's store).
 std::vector<std::string> rank_environment(int rank, int world, const std::string& store_file) {
-  const std::vector<std::string> ours = {"RANK=",
-                                         "WORLD_SIZE=",
-                                         "LOCAL_RANK=",
-                                         "LOCAL_WORLD_SIZE=",
-                                         "POSENC_STORE_FILE=",
-                                         "MASTER_ADDR=",
-                                         "MASTER_PORT=",
-                                         "TORCHELASTIC_USE_AGENT_STORE=",
-                                         "TORCHELASTIC_RESTART_COUNT=",
-                                         std::string(kParentPidVariable) + "="};
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    bool replaced = false;
-    for (const auto& prefix : ours) replaced = replaced || entry.rfind(prefix, 0) == 0;
-    if (!replaced) env.push_back(entry);
-  }
-  env.push_back("RANK=" + std::to_string(rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(world));
-  env.push_back("LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(world));
-  env.push_back("POSENC_STORE_FILE=" + store_file);
-  env.push_back(parent_pid_entry());  // a rank stops (checkpoint saved) when the launcher dies
-  return env;
+  return child_environment(
+      {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT"},
+      {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+       "LOCAL_RANK=" + std::to_string(rank), "LOCAL_WORLD_SIZE=" + std::to_string(world),
+       "POSENC_STORE_FILE=" + store_file});
 }
 
 std::vector<std::string> rank_arguments(const TrainArgs& args, int rank, int64_t threads) {

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
@@ -80,23 +81,35 @@ nlohmann::json load_run_config(const std::string& path) {
 
 }  // namespace
 
-std::string parent_pid_entry() {
-  return std::string(kParentPidVariable) + "=" + std::to_string(getpid());
-}
-
-std::vector<std::string> child_environment(const std::vector<std::string>& more) {
-  const std::string prefix = std::string(kParentPidVariable) + "=";
+std::vector<std::string> child_environment(const std::vector<std::string>& unset,
+                                           const std::vector<std::string>& set) {
+  std::vector<std::string> added = set;
+  added.push_back(std::string(kParentPidVariable) + "=" + std::to_string(getpid()));
+  std::vector<std::string> prefixes;  // "NAME=" of every variable replaced or removed
+  for (const auto& name : unset) prefixes.push_back(name + "=");
+  for (const auto& entry : added) prefixes.push_back(entry.substr(0, entry.find('=') + 1));
   std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e)
-    if (std::string(*e).rfind(prefix, 0) != 0) env.emplace_back(*e);
-  env.insert(env.end(), more.begin(), more.end());
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    bool dropped = false;
+    for (const auto& prefix : prefixes) dropped = dropped || entry.rfind(prefix, 0) == 0;
+    if (!dropped) env.push_back(entry);
+  }
+  env.insert(env.end(), added.begin(), added.end());
   return env;
 }
 
 void follow_parent() {
   const char* text = std::getenv(kParentPidVariable);
   if (text == nullptr) return;
-  const pid_t parent = static_cast<pid_t>(std::atol(text));
+  const std::string value(text);
+  pid_t parent = 0;
+  const auto [end, error] = std::from_chars(value.data(), value.data() + value.size(), parent);
+  TORCH_CHECK(
+      !value.empty() && error == std::errc() && end == value.data() + value.size() && parent > 1,
+      "environment: ", kParentPidVariable, "='", value,
+      "' must be the pid of the posenc that started this run (set by --nproc and "
+      "compare --jobs; unset it to run on your own)");
   // PR_SET_PDEATHSIG first, then the check: a parent that died in between is caught by getppid
   if (prctl(PR_SET_PDEATHSIG, SIGHUP) != 0 || getppid() != parent) {
     throw EnvironmentError(std::string("train: the posenc that started this run (pid ") + text +
@@ -142,7 +155,7 @@ pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string
                                     "output=" + output};
   for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
   if (args.resume) words.push_back("--resume");
-  auto env = child_environment({parent_pid_entry()});  // a child stops when compare dies
+  auto env = child_environment({}, {});  // with POSENC_PARENT_PID: a child stops when compare dies
   std::vector<char*> argv, envp;
   for (auto& w : words) argv.push_back(w.data());
   argv.push_back(nullptr);

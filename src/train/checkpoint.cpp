@@ -97,23 +97,17 @@ c10::impl::GenericDict string_dict() {
   return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
 }
 
-// The model's own tensors (detached views: loading copies into them).
-c10::impl::GenericDict state_dict(torch::nn::Module& model) {
-  auto out = string_dict();
-  for (const auto& item : model.named_parameters()) out.insert(item.key(), item.value().detach());
-  for (const auto& item : model.named_buffers()) out.insert(item.key(), item.value().detach());
-  return out;
-}
-
 // A tensor as files hold it: in host memory, whatever device the run computed on, so a
 // checkpoint or weights.pt written on a GPU loads anywhere (torch.load without map_location).
 at::Tensor host(const at::Tensor& t) { return t.detach().cpu(); }
 
-// state_dict with every tensor in host memory, for writing.
-c10::impl::GenericDict saved_state_dict(torch::nn::Module& model) {
+// The model's parameters and buffers by name: its own tensors (detached views: loading copies
+// into them), or with `for_file` their host copies (for writing).
+c10::impl::GenericDict state_dict(torch::nn::Module& model, bool for_file = false) {
   auto out = string_dict();
-  for (const auto& item : model.named_parameters()) out.insert(item.key(), host(item.value()));
-  for (const auto& item : model.named_buffers()) out.insert(item.key(), host(item.value()));
+  auto as = [for_file](const at::Tensor& t) { return for_file ? host(t) : t.detach(); };
+  for (const auto& item : model.named_parameters()) out.insert(item.key(), as(item.value()));
+  for (const auto& item : model.named_buffers()) out.insert(item.key(), as(item.value()));
   return out;
 }
 
@@ -258,7 +252,7 @@ int64_t weights_checksum(torch::nn::Module& model) {
 }
 
 void save_weights(const std::string& path, torch::nn::Module& model) {
-  write_file_atomically(path, torch_save_bytes(saved_state_dict(model)));
+  write_file_atomically(path, torch_save_bytes(state_dict(model, /*for_file=*/true)));
 }
 
 std::string previous_checkpoint_path(const std::string& path) {
@@ -272,7 +266,7 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::AdamW& optimizer, const CheckpointState& state) {
   auto dict = string_dict();
   dict.insert("format", std::string(kFormat));
-  dict.insert("model", saved_state_dict(model));
+  dict.insert("model", state_dict(model, /*for_file=*/true));
   dict.insert("optimizer", optimizer_state(optimizer));
   dict.insert("step", state.step);
   dict.insert("elapsed", state.elapsed);

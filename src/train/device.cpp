@@ -43,11 +43,6 @@ void check_device_setting(const std::string& setting, int world_size) {
 c10::Device training_device(const std::string& setting, const DistributedOptions& distributed) {
   check_device_setting(setting, distributed.world_size);
   if (setting == "cpu") return c10::Device(c10::kCPU);
-  const bool ranks = distributed.world_size > 1;
-  int index = cuda_index(setting);
-  // a rank's GPU is cuda:LOCAL_RANK (torchrun), or the one GPU it sees when the scheduler binds one
-  // per task (SLURM's --gpus-per-task: CUDA_VISIBLE_DEVICES names one device)
-  if (index < 0) index = ranks && torch::cuda::device_count() != 1 ? distributed.local_rank : 0;
   if (!torch::cuda::is_available()) {
     throw EnvironmentError(
         "train: device is '" + setting + "' but " +
@@ -56,6 +51,11 @@ c10::Device training_device(const std::string& setting, const DistributedOptions
                                      "missing); use device: cpu")));
   }
   const auto count = static_cast<int>(torch::cuda::device_count());
+  const bool ranks = distributed.world_size > 1;
+  int index = cuda_index(setting);
+  // a rank's GPU is cuda:LOCAL_RANK (torchrun), or the one GPU it sees when the scheduler binds one
+  // per task (SLURM's --gpus-per-task: CUDA_VISIBLE_DEVICES names one device)
+  if (index < 0) index = ranks && count != 1 ? distributed.local_rank : 0;
   if (index >= count) {
     throw EnvironmentError(
         "train: device '" + setting + "' needs cuda:" + std::to_string(index) +

@@ -101,16 +101,13 @@ class Task {
   /// Positions stay in host memory: encoders build their tables from them there, in float64, and
   /// move the tables to the device of the tensors they meet.
   void set_device(c10::Device device) { device_ = device; }
-  c10::Device device() const { return device_; }
   /// Before every train_loss: the seed of this step's global batch, the same on every rank (the
   /// trainer has seeded torch's generator with it, plus the rank in a data-parallel run).
   void set_step_seed(uint64_t seed) { step_seed_ = seed; }
 
  protected:
   /// `t` on the model's device (itself when it is there already).
-  at::Tensor on_device(const at::Tensor& t) const {
-    return t.device() == device_ ? t : t.to(device_);
-  }
+  at::Tensor on_device(const at::Tensor& t) const { return t.to(device_); }
 
   TaskRanks ranks_;
   uint64_t step_seed_ = 0;

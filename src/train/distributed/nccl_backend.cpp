@@ -2,9 +2,8 @@
 // torch.distributed.init_process_group(backend="cpu:gloo,cuda:nccl") with torchrun: each rank
 // first binds its GPU (torch.cuda.set_device(LOCAL_RANK)), then creates the group over the
 // run's store; the NCCL communicator itself is made at the first collective (ncclCommInitRank
-// with the unique id rank 0 leaves in the store), and the collectives run on NCCL's own stream
-// with the watchdog of ProcessGroupNCCL turning a hung or lost rank into an error after
-// `timeout`.
+// with the unique id rank 0 leaves in the store), and the collectives run on NCCL's own stream;
+// with blocking waits a hung or lost rank is an error from wait() after `timeout`.
 #include "nccl_backend.h"
 
 #include <cstdlib>
@@ -21,8 +20,6 @@
 namespace posenc::train {
 
 #ifdef POSENC_HAS_NCCL
-
-bool nccl_available() { return true; }
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank, int world,
@@ -41,8 +38,6 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
 }
 
 #else
-
-bool nccl_available() { return false; }
 
 c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10d::Store>&, int,
                                                     int, std::chrono::milliseconds,

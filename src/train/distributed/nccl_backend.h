@@ -15,9 +15,6 @@
 
 namespace posenc::train {
 
-/// True when this posenc was built with ProcessGroupNCCL.
-bool nccl_available();
-
 /// Makes `device` (cuda:LOCAL_RANK) the current CUDA device of this process and returns a
 /// ProcessGroupNCCL of `world` ranks over `store` whose collectives time out after `timeout`.
 /// Without NCCL in the build: an EnvironmentError saying so.
