@@ -10,31 +10,12 @@
 #include <set>
 #include <sstream>
 
+#include "posenc/config/hf_architectures.h"
 #include "posenc/config/registry.h"
 
 namespace posenc {
 
 namespace {
-
-// Model families whose modelling code pairs dimensions (2i, 2i+1) instead of (i, i + r/2).
-// transformers 5, src/transformers/models/<model_type>/modeling_<model_type>.py:
-struct LayoutRow {
-  const char* model_type;
-  const char* layout;
-  const char* source;
-};
-constexpr LayoutRow kInterleavedFamilies[] = {
-    {"gptj", "interleaved", "models/gptj/modeling_gptj.py: rotate_every_two"},
-    {"codegen", "interleaved", "models/codegen/modeling_codegen.py: rotate_every_two"},
-    {"glm", "interleaved",
-     "models/glm/modeling_glm.py: rotate_half over x[..., 0::2], x[..., 1::2]"},
-    {"glm4", "interleaved",
-     "models/glm4/modeling_glm4.py: rotate_half over x[..., 0::2], x[..., 1::2]"},
-    {"cohere", "interleaved", "models/cohere/modeling_cohere.py: repeat_interleave(freqs, 2)"},
-    {"cohere2", "interleaved", "models/cohere2/modeling_cohere2.py: repeat_interleave(freqs, 2)"},
-    {"deepseek_v2", "interleaved",
-     "models/deepseek_v2/modeling_deepseek_v2.py: view_as_complex over (2i, 2i+1)"},
-};
 
 // Top-level keys the resolution reads; every other key is listed as ignored.
 const std::set<std::string> kPositionKeys{"model_type",
@@ -56,7 +37,14 @@ const std::set<std::string> kPositionKeys{"model_type",
                                           "layer_types",
                                           "text_config",
                                           "rope_local_base_freq",
-                                          "global_head_dim"};
+                                          "global_head_dim",
+                                          "kv_channels",
+                                          "attention_head_dim",
+                                          "d_model",
+                                          "n_heads",
+                                          "decoder_num_attention_heads",
+                                          "n_embd",
+                                          "n_head"};
 
 // Keys of a rope_scaling / rope_parameters block that posenc's rope encoder takes.
 const std::set<std::string> kBlockKeys{"rope_type",        "type",
@@ -94,7 +82,12 @@ class Resolver {
   HfResolution run() {
     HfResolution out;
     const auto& c = model();
+    for (const auto* o : {&c, root_})
+      if (has(*o, "model_type"))
+        TORCH_CHECK((*o)["model_type"].is_string(), origin_, ": '", o == root_ ? "" : prefix_,
+                    "model_type' must be a string, got ", describe((*o)["model_type"]));
     out.model_type = string_or(c, "model_type", string_or(*root_, "model_type", ""));
+    const HfArchitecture& arch = architecture(out);
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
 
@@ -113,6 +106,10 @@ class Resolver {
     if (has(block, "mrope_section")) {
       sections = integers_at(block, "mrope_section", from_block("mrope_section"));
     }
+    TORCH_CHECK(rope_type != "axial", origin_, ": ", from_block("rope_type"),
+                " is 'axial', a vision tower's 2D rotary (frequencies per patch row and column, "
+                "laid out by the model's own code): posenc does not resolve it from config.json; "
+                "build a rope encoder with grid:HxW positions and mrope_section instead");
     if (rope_type == "mrope") {
       TORCH_CHECK(!sections.empty(), origin_, ": ", from_block("rope_type"),
                   " is 'mrope' but the block has no 'mrope_section'");
@@ -123,52 +120,83 @@ class Resolver {
             ? where(from_block("rope_type"))
             : (has(block, "type") ? where(from_block("type")) : "transformers default"));
 
-    // head size
+    // head size: the model type's own rule (hf_architectures.cpp), else the generic one
     int64_t head_dim = 0;
-    if (has(c, "qk_rope_head_dim")) {
-      head_dim = integer_at(c, "qk_rope_head_dim");
-      set("head_dim", head_dim, where("qk_rope_head_dim") + " (the rotary part of each head)");
-    } else if (layer_type_ == "full_attention" && has(c, "global_head_dim")) {
-      head_dim = integer_at(c, "global_head_dim");
-      set("head_dim", head_dim,
-          where("global_head_dim") + " (full-attention layers; transformers' per_layer_config)");
-    } else if (has(c, "head_dim")) {
-      head_dim = integer_at(c, "head_dim");
-      set("head_dim", head_dim, where("head_dim"));
-    } else {
-      TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads"), origin_,
-                  ": cannot tell the head size: expected 'head_dim', 'qk_rope_head_dim' or "
-                  "'hidden_size' with 'num_attention_heads' (transformers' rule)");
-      const int64_t hidden = integer_at(c, "hidden_size"),
-                    heads = integer_at(c, "num_attention_heads");
-      TORCH_CHECK(heads > 0, origin_, ": '", prefix_, "num_attention_heads' must be positive, got ",
-                  heads);
+    const std::string rule =
+        "model type '" + out.model_type + "' (" + std::string(arch.source) + ")";
+    auto per_head = [&](const char* size_key, const char* heads_key) {
+      TORCH_CHECK(has(c, size_key) && has(c, heads_key), origin_,
+                  ": cannot tell the head size: expected '", size_key, "' and '", heads_key, "' (",
+                  rule, ")");
+      const int64_t hidden = integer_at(c, size_key), heads = integer_at(c, heads_key);
+      TORCH_CHECK(heads > 0, origin_, ": '", prefix_, heads_key, "' must be positive, got ", heads);
       head_dim = hidden / heads;
       std::ostringstream s;
-      s << "derived: " << prefix_ << "hidden_size / num_attention_heads = " << hidden << " / "
+      s << "derived: " << prefix_ << size_key << " / " << heads_key << " = " << hidden << " / "
         << heads;
       set("head_dim", head_dim, s.str());
+    };
+    auto from_key = [&](const char* key, const std::string& why) {
+      TORCH_CHECK(has(c, key), origin_, ": cannot tell the head size: expected '", key, "' (", rule,
+                  ")");
+      head_dim = integer_at(c, key);
+      set("head_dim", head_dim, where(key) + why);
+    };
+    switch (arch.head) {
+      case HfHeadSize::kKvChannels:
+        from_key("kv_channels", " (" + rule + ")");
+        break;
+      case HfHeadSize::kAttentionHeadDim:
+        from_key("attention_head_dim", " (" + rule + ")");
+        break;
+      case HfHeadSize::kDModelPerHead:
+        per_head("d_model", "n_heads");
+        break;
+      case HfHeadSize::kDecoderHeads:
+        per_head("hidden_size", "decoder_num_attention_heads");
+        break;
+      case HfHeadSize::kRotaryDim:
+        if (has(c, "n_embd")) {
+          per_head("n_embd", "n_head");
+          break;
+        }
+        [[fallthrough]];
+      default:
+        if (arch.head == HfHeadSize::kGeneric && has(c, "qk_rope_head_dim")) {
+          head_dim = integer_at(c, "qk_rope_head_dim");
+          set("head_dim", head_dim, where("qk_rope_head_dim") + " (the rotary part of each head)");
+        } else if (layer_type_ == "full_attention" && has(c, "global_head_dim")) {
+          head_dim = integer_at(c, "global_head_dim");
+          set("head_dim", head_dim,
+              where("global_head_dim") +
+                  " (full-attention layers; transformers' per_layer_config)");
+        } else if (layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim) {
+          head_dim = 512;
+          set("head_dim", head_dim,
+              "transformers default global_head_dim 512 for full-attention layers, absent from "
+              "the file (" +
+                  rule + ")");
+        } else if (has(c, "head_dim")) {
+          head_dim = integer_at(c, "head_dim");
+          set("head_dim", head_dim, where("head_dim"));
+        } else {
+          TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads"), origin_,
+                      ": cannot tell the head size: expected 'head_dim', 'qk_rope_head_dim' or "
+                      "'hidden_size' with 'num_attention_heads' (transformers' rule)");
+          per_head("hidden_size", "num_attention_heads");
+        }
     }
     TORCH_CHECK(head_dim > 0, origin_, ": the head size must be positive, got ", head_dim);
 
-    // layout
-    std::string layout = "half", layout_source = "transformers default (rotate_half)";
+    // layout: rope_interleave where the config sets it, else the model type's modeling code
+    std::string layout(arch.layout);
+    std::string layout_source =
+        arch.model_type.empty() ? std::string("transformers default (rotate_half)") : rule;
     if (has(c, "rope_interleave")) {
       TORCH_CHECK(c["rope_interleave"].is_boolean(), origin_, ": '", prefix_,
                   "rope_interleave' must be true or false, got ", describe(c["rope_interleave"]));
       layout = c["rope_interleave"].get<bool>() ? "interleaved" : "half";
       layout_source = where("rope_interleave");
-    } else if (out.model_type == "deepseek_v3") {
-      layout = "interleaved";
-      layout_source =
-          "transformers default rope_interleave=true (models/deepseek_v3/"
-          "configuration_deepseek_v3.py; apply_rotary_pos_emb_interleave)";
-    } else {
-      for (const auto& row : kInterleavedFamilies)
-        if (out.model_type == row.model_type) {
-          layout = row.layout;
-          layout_source = std::string("model_type '") + row.model_type + "': " + row.source;
-        }
     }
     set("layout", layout, layout_source);
 
@@ -203,7 +231,7 @@ class Resolver {
       out.warnings.push_back(origin_ +
                              ": gpt_neox without rotary_pct: using 0.25, transformers' "
                              "default");
-    } else if (has(c, "rotary_dim") && !c["rotary_dim"].is_null()) {
+    } else if (arch.head == HfHeadSize::kRotaryDim && has(c, "rotary_dim")) {
       const int64_t rotary = integer_at(c, "rotary_dim");
       set("partial_rotary_factor", static_cast<double>(rotary) / static_cast<double>(head_dim),
           "derived: " + prefix_ + "rotary_dim / head_dim (GPT-J, CodeGen)");
@@ -298,16 +326,51 @@ class Resolver {
     out.sources = sources_;
     out.layer_type = layer_type_;
     // The resolved config must build (the encoder's own checks: even rotary dim, list sizes).
-    build_encoder(out);
+    try {
+      build_encoder(out);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, origin_, ": ", e.what_without_backtrace());
+    }
     return out;
   }
 
  private:
   const nlohmann::json& model() const { return text_ ? *text_ : *root_; }
+
+  // The model type's row; refusals and model types posenc has not checked are said here. From
+  // here on every message names the model type.
+  const HfArchitecture& architecture(HfResolution& out) {
+    const std::string& type = out.model_type;
+    const std::string version(kHfArchitecturesTransformers);
+    if (!type.empty()) origin_ += " (model type '" + type + "')";
+    const auto status = hf_model_type_status(type);
+    TORCH_CHECK(status != HfModelTypeStatus::kNoRotary, origin_, ": transformers ", version,
+                " has no rotary embedding for model type '", type,
+                "' (its modeling file defines no rotary class: its positions are learned, "
+                "sinusoidal, relative or absent), so there is no RoPE table to resolve");
+    const HfArchitecture* row = find_hf_architecture(type);
+    TORCH_CHECK(row, origin_, ": no architecture row");  // kNoRotary handled above
+    TORCH_CHECK(row->refusal.empty(), origin_, ": refused: ", std::string(row->refusal), " (",
+                std::string(row->source), ")");
+    if (type.empty()) {
+      out.warnings.push_back(origin_ +
+                             ": no model_type: resolved by the generic rule (head_dim or "
+                             "hidden_size / num_attention_heads, rotate_half pairs)");
+    } else if (status != HfModelTypeStatus::kRotary) {
+      out.warnings.push_back(
+          origin_ + ": model type '" + type +
+          "' is not one posenc has checked against transformers " + version +
+          (status == HfModelTypeStatus::kUnknown ? " (not a model type of that version)"
+                                                 : " (no modeling file of its own)") +
+          "; resolved by the generic rule (head_dim or hidden_size / num_attention_heads, "
+          "rotate_half pairs): check the table against the model's own code");
+    }
+    return *row;
+  }
   static bool has(const nlohmann::json& o, const std::string& key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
   }
-  std::string where(const std::string& key) const { return origin_ + ": " + prefix_ + key; }
+  std::string where(const std::string& key) const { return options_.origin + ": " + prefix_ + key; }
 
   static std::string string_or(const nlohmann::json& o, const std::string& key,
                                const std::string& fallback) {

@@ -4,9 +4,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -605,7 +607,77 @@ bool yaml_stray_comma(const std::string& text) {
   return false;
 }
 
-nlohmann::json parse_json(const std::string& text, const std::string& origin) {
+// config.json as Python writes it: json.dump writes the non-finite floats as the bare words NaN,
+// Infinity and -Infinity, which Python's json.load (and so transformers) reads back; transformers 5
+// writes them as {"__float__": "Infinity"} (PreTrainedConfig._encode_special_floats). Both become
+// numbers here; a key posenc reads then says it must be finite, naming itself.
+// The words are swapped for a marker string before nlohmann parses (the marker is a prefix the text
+// does not contain) and the marker strings turned into numbers after.
+struct NonFiniteWords {
+  std::string marker;
+  std::string text;
+};
+NonFiniteWords mark_non_finite_words(const std::string& text) {
+  std::string marker = "posenc:non-finite:";
+  for (int k = 0; text.find(marker) != std::string::npos; ++k)
+    marker = "posenc:non-finite-" + std::to_string(k) + ":";
+  NonFiniteWords out{marker, {}};
+  out.text.reserve(text.size());
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      out.text += c;
+      if (c == '\\' && i + 1 < text.size()) {
+        out.text += text[++i];
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    bool replaced = false;
+    for (const char* word : {"-Infinity", "Infinity", "NaN"}) {
+      const size_t n = std::char_traits<char>::length(word);
+      const bool starts_token = i == 0 || std::strchr(" \t\r\n:,[", text[i - 1]) != nullptr;
+      const bool ends_token = i + n >= text.size() || std::strchr(" \t\r\n,]}", text[i + n]);
+      if (starts_token && ends_token && text.compare(i, n, word) == 0) {
+        out.text += "\"" + marker + word + "\"";
+        i += n - 1;
+        replaced = true;
+        break;
+      }
+    }
+    if (!replaced) out.text += c;
+  }
+  return out;
+}
+double non_finite(const std::string& word) {
+  if (word == "NaN") return std::numeric_limits<double>::quiet_NaN();
+  return word == "-Infinity" ? -std::numeric_limits<double>::infinity()
+                             : std::numeric_limits<double>::infinity();
+}
+void restore_non_finite(nlohmann::json& value, const std::string& marker) {
+  if (value.is_string()) {
+    const auto& s = value.get_ref<const std::string&>();
+    if (!marker.empty() && s.rfind(marker, 0) == 0) value = non_finite(s.substr(marker.size()));
+  } else if (value.is_object()) {
+    if (value.size() == 1 && value.contains("__float__") && value["__float__"].is_string()) {
+      const auto tag = value["__float__"].get<std::string>();
+      if (tag == "NaN" || tag == "Infinity" || tag == "-Infinity") {
+        value = non_finite(tag);
+        return;
+      }
+    }
+    for (auto& item : value.items()) restore_non_finite(item.value(), marker);
+  } else if (value.is_array()) {
+    for (auto& item : value) restore_non_finite(item, marker);
+  }
+}
+
+nlohmann::json parse_json(const std::string& raw, const std::string& origin) {
+  const auto marked = mark_non_finite_words(raw);
+  const std::string& text = marked.text;
   // Depth and duplicate keys checked while parsing (nlohmann keeps the last of two equal keys).
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
@@ -631,7 +703,9 @@ nlohmann::json parse_json(const std::string& text, const std::string& origin) {
     return true;
   };
   try {
-    return nlohmann::json::parse(text, callback);
+    auto parsed = nlohmann::json::parse(text, callback);
+    restore_non_finite(parsed, marked.marker);
+    return parsed;
   } catch (const nlohmann::json::exception& e) {
     std::string why = e.what();
     // "[json.exception.parse_error.101] parse error at line 1, column 9: ..." -> from "line"

@@ -1,0 +1,421 @@
+#!/usr/bin/env python3
+"""Every architecture transformers ships with a rotary embedding: its default config.json and its own
+rotary class's numbers, as committed fixtures (tests/fixtures/hf_architectures/).
+
+For each model type in transformers' CONFIG_MAPPING whose modeling file defines a rotary embedding class
+taking a config (`<Family>RotaryEmbedding(config)`):
+
+  <model_type>.config.json   the config class's defaults written as save_pretrained writes them
+                             (to_json_string(use_diff=True): what a user's config.json holds);
+  <model_type>.rotary.json   for each rotary class of the modeling file, the (sub)config it is built from
+                             (found by the class's `config` annotation: the root config, text_config,
+                             vision_config, ...) and, per layer type where the class has them:
+                             - inv_freq and attention_scaling read from the instance (float32 buffers,
+                               written as the float64 value of each float32: exact);
+                             - cos and sin from the class's own forward(x, position_ids[, layer_type]) at
+                               POSITIONS (1D; M-RoPE classes get the same position on every axis), one
+                               value per rotary pair, attention scaling included;
+                             - the pair layout the modeling file's own apply_rotary_pos_emb uses, found by
+                               running it on a probe vector ("half": pairs (i, i + r/2); "interleaved":
+                               pairs (2i, 2i + 1); "other" when neither matches; absent when the file
+                               has no such function with a (q, k, cos, sin) signature);
+                             - errors met on the way (a class whose defaults do not build, ...).
+
+  index.json                 one row per model type: its rotary classes, the sub-config path of each,
+                             and why a type has no fixture (no default config, no config-taking rotary
+                             class).
+
+Every number comes from calling transformers' code; nothing is re-derived here.  posenc's CTest entry
+hf_architectures (tests/test_hf_architectures.cpp) resolves every <model_type>.config.json with posenc's
+rules and compares with these numbers, or expects the refusal that tests/fixtures/hf_architectures/
+refusals.json lists for it.
+
+Regenerate (from the repository root; the pinned version is PINNED_TRANSFORMERS below):
+
+    V/bin/python tools/gen_hf_architectures.py            # writes tests/fixtures/hf_architectures/
+    V/bin/python tools/gen_hf_architectures.py --check    # compares a (newer) transformers with the
+                                                          # committed fixtures: which model types changed
+
+Making such a venv:  python3 -m venv V && V/bin/pip install torch==2.15.0 && \\
+    V/bin/pip install --no-deps transformers==5.24.0 && V/bin/pip install huggingface_hub tokenizers \\
+    safetensors regex pyyaml tqdm packaging numpy
+"""
+
+import argparse
+import contextlib
+import importlib
+import inspect
+import io
+import json
+import logging
+import math
+import os
+import re
+import sys
+import tempfile
+import typing
+import warnings
+
+import torch
+
+import transformers
+from transformers import CONFIG_MAPPING, PreTrainedConfig
+
+PINNED_TRANSFORMERS = "5.24.0"
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_architectures")
+POSITIONS = [0, 1, 2, 7, 100, 1023, 4097, 32767]
+MAX_SUBCONFIG_DEPTH = 2
+
+
+def floats(t):
+    return [float(v) for v in t.detach().to(torch.float64).reshape(-1).tolist()]
+
+
+def sub_configs(cfg, path="", depth=0):
+    """(path, config) for the config and every nested PreTrainedConfig attribute (text_config, ...)."""
+    yield path, cfg
+    if depth >= MAX_SUBCONFIG_DEPTH:
+        return
+    for key, value in sorted(vars(cfg).items()):
+        if isinstance(value, PreTrainedConfig):
+            yield from sub_configs(value, f"{path}.{key}" if path else key, depth + 1)
+
+
+def config_annotation(cls, module):
+    try:
+        hints = typing.get_type_hints(cls.__init__, globalns=vars(module))
+    except Exception:
+        hints = {}
+    ann = hints.get("config")
+    if ann is None:
+        ann = inspect.signature(cls.__init__).parameters["config"].annotation
+        if isinstance(ann, str):
+            ann = vars(module).get(ann)
+    return ann if inspect.isclass(ann) else None
+
+
+def modeling_module(cfg_cls):
+    """configuration_<x>.py's sibling modeling_<x>.py (data2vec-audio: modeling_data2vec_audio)."""
+    package, leaf = cfg_cls.__module__.rsplit(".", 1)
+    return importlib.import_module(f"{package}.{leaf.replace('configuration_', 'modeling_', 1)}")
+
+
+def rotary_classes(module):
+    out = []
+    for name, obj in sorted(vars(module).items()):
+        if not (inspect.isclass(obj) and "Rotary" in name and obj.__module__ == module.__name__):
+            continue
+        if not issubclass(obj, torch.nn.Module):
+            continue
+        try:
+            params = inspect.signature(obj.__init__).parameters
+        except (TypeError, ValueError):
+            continue
+        out.append((name, obj, "config" in params))
+    return out
+
+
+def layout_of(module, config, c, s, dup):
+    """Which pairs the modeling file's own rotation turns, given per-pair tables c, s [N, r/2]:
+    'half' (i, i + r/2), 'interleaved' (2i, 2i + 1) or 'other' (neither: a different rotation).
+    The function probed is apply_rotary_pos_emb_interleave where the config asks for it (DeepSeek's
+    rope_interleave) or the file has no other, else apply_rotary_pos_emb, else _apply_rotary_emb
+    (GPT-OSS); it gets cos/sin duplicated as the class's forward returns them. Signatures
+    (q, k, cos, sin, ...) and (x, cos, sin, ...) (Gemma 3n, Gemma 4) are probed; others are not."""
+    fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None)
+    interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
+    if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)):
+        fn = interleave
+    if fn is None:
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    n, half_r = c.shape
+    r = 2 * half_r
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, r, generator=g)
+    if dup == "cat":  # [1, N, r] duplicated as the class's forward returns them
+        cos, sin = torch.cat([c, c], dim=-1)[None], torch.cat([s, s], dim=-1)[None]
+    elif dup == "repeat_interleave":
+        cos, sin = c.repeat_interleave(2, dim=-1)[None], s.repeat_interleave(2, dim=-1)[None]
+    else:  # one value per pair
+        cos, sin = c[None], s[None]
+    try:
+        if params[:4] == ["q", "k", "cos", "sin"]:
+            out, _ = fn(x[None, None], x[None, None].clone(), cos, sin)
+        elif params[:3] == ["x", "cos", "sin"]:
+            out = fn(x[None, None], cos[:, None] if dup == "none" else cos, sin[:, None] if dup == "none" else sin)
+        else:
+            return None
+    except Exception:
+        return "unknown"
+    o = out.reshape(n, r)
+    a, b = x[:, :half_r], x[:, half_r:]
+    half = torch.cat([a * c - b * s, b * c + a * s], dim=-1)
+    inter = torch.empty_like(x)
+    inter[:, 0::2] = x[:, 0::2] * c - x[:, 1::2] * s
+    inter[:, 1::2] = x[:, 1::2] * c + x[:, 0::2] * s
+    if torch.allclose(o, half, atol=1e-5):
+        return "half"
+    if torch.allclose(o, inter, atol=1e-5):
+        return "interleaved"
+    # DeepSeek's apply_rotary_pos_emb_interleave: pairs (2i, 2i + 1), the result left de-interleaved
+    # (the same permutation on q and k, so the scores are those of the interleaved rotation)
+    if torch.allclose(o, torch.cat([inter[:, 0::2], inter[:, 1::2]], dim=-1), atol=1e-5):
+        return "interleaved"
+    return "other"
+
+
+def per_pair(t, pairs=None):
+    """[N, r] -> [N, r/2]: one value per pair, whichever of the two duplications the class uses;
+    [N, r/2] as it is when the class returns one value per pair (GPT-OSS)."""
+    r = t.shape[-1]
+    if pairs == r:
+        return t, "none"
+    if torch.equal(t[:, : r // 2], t[:, r // 2 :]):
+        return t[:, : r // 2], "cat"
+    if torch.equal(t[:, 0::2], t[:, 1::2]):
+        return t[:, 0::2], "repeat_interleave"
+    return t, "none"
+
+
+def probe(cls, config, module, layer_types):
+    """The class's own numbers for one config, per layer type."""
+    with torch.device("cpu"):
+        emb = cls(config=config)
+    params = inspect.signature(emb.forward).parameters
+    takes_layer = "layer_type" in params
+    if list(params)[:2] != ["x", "position_ids"]:
+        return [{"error": f"forward{tuple(params)} is not forward(x, position_ids, ...)"}]
+    types = sorted({t for t in (layer_types or []) if t}) if takes_layer else [None]
+    rows = []
+    for lt in types:
+        row = {"layer_type": lt}
+        name = f"{lt}_inv_freq" if lt else "inv_freq"
+        inv = getattr(emb, name, None)
+        if inv is None and lt:
+            row["error"] = f"no {name}: the class has no RoPE for layer type {lt}"
+            rows.append(row)
+            continue
+        if isinstance(inv, torch.Tensor):
+            row["inv_freq"] = floats(inv)
+        scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
+        if isinstance(scaling, (int, float)):
+            row["attention_scaling"] = float(scaling)
+        # classes with a fixed table (GPT-J's embed_positions) take positions inside it
+        limit = getattr(config, "max_position_embeddings", None)
+        positions = [p for p in POSITIONS if not (isinstance(limit, int) and getattr(emb, "embed_positions", None)
+                                                   is not None and p >= limit)]
+        pos = torch.tensor([positions], dtype=torch.long)
+        x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
+        try:
+            out = emb(x, pos, lt) if lt else emb(x, pos)
+        except Exception as first:
+            try:  # M-RoPE classes that want [axes, B, N] position ids
+                out = emb(x, pos[None].expand(3, -1, -1)) if not lt else emb(x, pos[None].expand(3, -1, -1), lt)
+                row["position_ids"] = "3 axes, equal"
+            except Exception:
+                row["error"] = f"forward failed: {type(first).__name__}: {str(first)[:200]}"
+                rows.append(row)
+                continue
+        cos, sin = out[0], out[1]
+        if positions[0] == 0 and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum()):
+            cos, sin = sin, cos  # GPT-J and CodeGen return (sin, cos): cos(0) is 1, sin(0) is 0
+            row["returns"] = "sin, cos"
+        if cos.dim() == 4:  # per-axis tables [axes, B, N, r] (Qwen2-VL): equal positions -> axis 0
+            cos, sin = cos[0], sin[0]
+            row["position_ids"] = "per-axis output, equal"
+        cos2 = cos.reshape(-1, cos.shape[-1]).to(torch.float32)
+        sin2 = sin.reshape(-1, sin.shape[-1]).to(torch.float32)
+        pairs = len(row["inv_freq"]) if "inv_freq" in row else None
+        c, dup = per_pair(cos2, pairs)
+        s, _ = per_pair(sin2, pairs)
+        row["rotary_dim"] = 2 * int(c.shape[-1])
+        row["duplication"] = dup
+        row["positions"] = positions
+        row["cos"] = [floats(r) for r in c]
+        row["sin"] = [floats(r) for r in s]
+        layout = layout_of(module, config, c, s, dup)
+        if layout:
+            row["layout"] = layout
+        rows.append(row)
+    return rows
+
+
+def dump(record):
+    """JSON with one line per list of numbers (readable diffs, a third of the size of one per line)."""
+    text = json.dumps(record, indent=1, allow_nan=False)
+    return re.sub(r"\[\s*(-?[0-9][^\[\]{}\"]*?)\s*\]",
+                  lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text) + "\n"
+
+
+def config_json(cfg):
+    with tempfile.TemporaryDirectory() as d:
+        cfg.save_pretrained(d)
+        with open(os.path.join(d, "config.json")) as f:
+            return f.read()
+
+
+def architecture(model_type):
+    """The model type's rotary classes: those of its own modeling file, and those of each sub-config's
+    model type (a composite such as LLaVA builds its text model, and its rotary, from text_config)."""
+    cfg_cls = CONFIG_MAPPING[model_type]
+    try:
+        module = modeling_module(cfg_cls)
+    except Exception as e:
+        return None, {"model_type": model_type, "skipped": f"no modeling module ({type(e).__name__})"}
+    try:
+        cfg = cfg_cls()
+    except Exception as e:
+        cfg = None
+        config_error = f"default config does not build: {str(e)[:200]}"
+    own = [(name, cls, takes, module, None) for name, cls, takes in rotary_classes(module)]
+    borrowed = []
+    if cfg is not None:
+        for path, sub in list(sub_configs(cfg))[1:]:
+            sub_type = getattr(sub, "model_type", "")
+            if not sub_type or sub_type not in CONFIG_MAPPING or type(sub).__module__ == cfg_cls.__module__:
+                continue
+            try:
+                sub_module = modeling_module(type(sub))
+            except Exception:
+                continue
+            if sub_module is module:
+                continue
+            borrowed += [(name, cls, takes, sub_module, path) for name, cls, takes in rotary_classes(sub_module)]
+    if not own and not borrowed:
+        return None, {"model_type": model_type, "skipped": "no rotary class"}
+    if cfg is None:
+        return None, {"model_type": model_type, "skipped": config_error}
+    tables = []
+    subs = dict(sub_configs(cfg))
+    for name, cls, takes_config, mod, fixed_path in own + borrowed:
+        entry = {"class": name}
+        if not takes_config:
+            entry["skipped"] = "constructor takes no config (built by the model from computed sizes)"
+            tables.append(entry)
+            continue
+        ann = config_annotation(cls, mod)
+        if fixed_path is not None:  # a sub-config's own model type: built from that sub-config
+            matches = [(fixed_path, subs[fixed_path])] if ann is not None and isinstance(subs[fixed_path], ann) else []
+        else:
+            matches = [(p, c) for p, c in sub_configs(cfg) if ann is not None and isinstance(c, ann)]
+        if not matches:
+            entry["skipped"] = f"no {getattr(ann, '__name__', ann)} in this model type's config"
+            tables.append(entry)
+            continue
+        # The annotated class first; a multimodal model builds its text rotary from text_config even
+        # where the annotation names the composite config (Qwen2-VL).
+        candidates = matches + ([(p, subs[p]) for p in ("text_config",) if p in subs] if fixed_path is None else [])
+        errors = []
+        for path, sub in candidates:
+            try:
+                rows = probe(cls, sub, mod, getattr(sub, "layer_types", None))
+            except Exception as e:
+                errors.append(f"{path or 'config'}: {type(e).__name__}: {str(e)[:200]}")
+                continue
+            entry["config_path"] = path
+            entry["config_model_type"] = getattr(sub, "model_type", "")
+            entry["layer_types"] = rows
+            break
+        if "layer_types" not in entry:
+            entry["error"] = "; ".join(errors)
+        tables.append(entry)
+    if not any("layer_types" in t for t in tables):
+        return None, {"model_type": model_type, "classes": tables,
+                      "skipped": "no rotary class builds from this model type's config"}
+    record = {"model_type": model_type, "config_class": cfg_cls.__name__, "tables": tables}
+    return (config_json(cfg), record), {"model_type": model_type,
+                                        "classes": [{k: t[k] for k in ("class", "config_path") if k in t}
+                                                    for t in tables]}
+
+
+MODEL_TYPES_INC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "config",
+                               "hf_model_types.inc")
+
+
+def model_types_inc(index):
+    """src/config/hf_model_types.inc: the model types of this transformers by status."""
+    def array(name, names):
+        lines, line = [], "   "
+        for n in names:
+            item = f' "{n}",'
+            if len(line) + len(item) > 98:
+                lines.append(line)
+                line = "   "
+            line += item
+        lines.append(line)
+        return f"constexpr std::string_view {name}[] = {{\n" + "\n".join(lines) + "\n};\n"
+    rotary = [r["model_type"] for r in index if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
+    none = [r["model_type"] for r in index if r.get("skipped") == "no rotary class"]
+    unchecked = [r["model_type"] for r in index if r.get("skipped", "").startswith("no modeling")]
+    return (f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}'s\n"
+            "// CONFIG_MAPPING; tests/test_hf_architectures.cpp checks it against the fixtures' index.json.\n"
+            "//   kRotaryModelTypes    the modeling file defines a rotary embedding class\n"
+            "//   kNoRotaryModelTypes  the modeling file defines none (learned, sinusoidal, relative or no\n"
+            "//                        positions)\n"
+            "//   kNoModelingModelTypes  no generated modeling file (only a modular one): not checked\n"
+            + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
+            + array("kNoModelingModelTypes", unchecked))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true", help="compare with the committed fixtures; write nothing")
+    ap.add_argument("--only", nargs="*", help="model types to (re)generate")
+    ap.add_argument("--out", default=OUT)
+    args = ap.parse_args()
+    if not args.check and transformers.__version__ != PINNED_TRANSFORMERS:
+        sys.exit(f"gen_hf_architectures: transformers {transformers.__version__} is installed; the fixtures "
+                 f"are generated with {PINNED_TRANSFORMERS} (use --check to compare a newer one)")
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    types = args.only or sorted(CONFIG_MAPPING.keys())
+    index, changed = [], []
+    os.makedirs(args.out, exist_ok=True)
+    for mt in types:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                result, row = architecture(mt)
+            except Exception as e:
+                result, row = None, {"model_type": mt, "skipped": f"generator error: {type(e).__name__}: {str(e)[:200]}"}
+        index.append(row)
+        if result is None:
+            continue
+        text, record = result
+        record_text = dump(record)
+        paths = {os.path.join(args.out, f"{mt}.config.json"): text,
+                 os.path.join(args.out, f"{mt}.rotary.json"): record_text}
+        if args.check:
+            for p, t in paths.items():
+                old = open(p).read() if os.path.exists(p) else None
+                if old is None:
+                    changed.append(f"{mt}: new model type")
+                    break
+                if p.endswith("rotary.json") and json.loads(old)["tables"] != record["tables"]:
+                    changed.append(f"{mt}: rotary numbers differ")
+        else:
+            for p, t in paths.items():
+                with open(p, "w") as f:
+                    f.write(t)
+        print(f"{mt}: {len(record['tables'])} rotary classes", file=sys.stderr)
+    if args.check:
+        print("\n".join(changed) if changed else "no model type changed")
+        return 1 if changed else 0
+    if not args.only:
+        meta = {"transformers": transformers.__version__, "torch": torch.__version__, "positions": POSITIONS,
+                "model_types": index}
+        with open(os.path.join(args.out, "index.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+            f.write("\n")
+        with open(MODEL_TYPES_INC, "w") as f:
+            f.write(model_types_inc(index))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
