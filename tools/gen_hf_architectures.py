@@ -64,6 +64,7 @@ from transformers import CONFIG_MAPPING, PreTrainedConfig
 PINNED_TRANSFORMERS = "5.24.0"
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_architectures")
 POSITIONS = [0, 1, 2, 7, 100, 1023, 4097, 32767]
+GRID = [[0, 0], [0, 1], [1, 0], [2, 3], [7, 5], [31, 17]]  # (row, column) of patches, vision towers
 MAX_SUBCONFIG_DEPTH = 2
 
 
@@ -115,7 +116,7 @@ def rotary_classes(module):
     return out
 
 
-def layout_of(module, config, c, s, dup):
+def layout_of(module, config, c, s, dup, vision=False):
     """Which pairs the modeling file's own rotation turns, given per-pair tables c, s [N, r/2]:
     'half' (i, i + r/2), 'interleaved' (2i, 2i + 1) or 'other' (neither: a different rotation).
     The function probed is apply_rotary_pos_emb_interleave where the config asks for it (DeepSeek's
@@ -123,6 +124,8 @@ def layout_of(module, config, c, s, dup):
     (GPT-OSS); it gets cos/sin duplicated as the class's forward returns them. Signatures
     (q, k, cos, sin, ...) and (x, cos, sin, ...) (Gemma 3n, Gemma 4) are probed; others are not."""
     fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None)
+    if vision:  # a tower's own rotation where the file has one
+        fn = getattr(module, "apply_rotary_pos_emb_vision", None) or fn
     interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
     if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)):
         fn = interleave
@@ -143,7 +146,9 @@ def layout_of(module, config, c, s, dup):
     else:  # one value per pair
         cos, sin = c[None], s[None]
     try:
-        if params[:4] == ["q", "k", "cos", "sin"]:
+        if params[:4] == ["q", "k", "cos", "sin"] and vision:  # q [N, heads, r], cos [N, r]
+            out, _ = fn(x[:, None], x[:, None].clone(), cos[0], sin[0])
+        elif params[:4] == ["q", "k", "cos", "sin"]:
             out, _ = fn(x[None, None], x[None, None].clone(), cos, sin)
         elif params[:3] == ["x", "cos", "sin"]:
             out = fn(x[None, None], cos[:, None] if dup == "none" else cos, sin[:, None] if dup == "none" else sin)
@@ -210,9 +215,30 @@ def probe(cls, config, module, layer_types):
                                                    is not None and p >= limit)]
         pos = torch.tensor([positions], dtype=torch.long)
         x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
+        axial = isinstance(getattr(config, "rope_parameters", None), dict) and \
+            config.rope_parameters.get("rope_type") == "axial"
+        if axial:  # vision towers: position_ids (N, 2), one (row, column) per patch
+            positions = GRID
+            pos = torch.tensor(GRID, dtype=torch.long)
+            x = torch.zeros(1, len(GRID), 8, dtype=torch.float32)
         try:
-            out = emb(x, pos, lt) if lt else emb(x, pos)
+            if axial:
+                out = None
+                for ids in (pos, pos[None], pos.T):
+                    try:
+                        out = emb(x, ids)
+                        break
+                    except Exception as e:
+                        first = e
+                if out is None:
+                    raise first
+            else:
+                out = emb(x, pos, lt) if lt else emb(x, pos)
         except Exception as first:
+            if axial:
+                row["error"] = f"forward failed: {type(first).__name__}: {str(first)[:200]}"
+                rows.append(row)
+                continue
             try:  # M-RoPE classes that want [axes, B, N] position ids
                 out = emb(x, pos[None].expand(3, -1, -1)) if not lt else emb(x, pos[None].expand(3, -1, -1), lt)
                 row["position_ids"] = "3 axes, equal"
@@ -221,7 +247,7 @@ def probe(cls, config, module, layer_types):
                 rows.append(row)
                 continue
         cos, sin = out[0], out[1]
-        if positions[0] == 0 and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum()):
+        if not axial and positions[0] == 0 and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum()):
             cos, sin = sin, cos  # GPT-J and CodeGen return (sin, cos): cos(0) is 1, sin(0) is 0
             row["returns"] = "sin, cos"
         if cos.dim() == 4:  # per-axis tables [axes, B, N, r] (Qwen2-VL): equal positions -> axis 0
@@ -229,7 +255,7 @@ def probe(cls, config, module, layer_types):
             row["position_ids"] = "per-axis output, equal"
         cos2 = cos.reshape(-1, cos.shape[-1]).to(torch.float32)
         sin2 = sin.reshape(-1, sin.shape[-1]).to(torch.float32)
-        pairs = len(row["inv_freq"]) if "inv_freq" in row else None
+        pairs = len(row["inv_freq"]) if "inv_freq" in row and not axial else None
         c, dup = per_pair(cos2, pairs)
         s, _ = per_pair(sin2, pairs)
         row["rotary_dim"] = 2 * int(c.shape[-1])
@@ -237,7 +263,7 @@ def probe(cls, config, module, layer_types):
         row["positions"] = positions
         row["cos"] = [floats(r) for r in c]
         row["sin"] = [floats(r) for r in s]
-        layout = layout_of(module, config, c, s, dup)
+        layout = layout_of(module, config, c, s, dup, vision=axial)
         if layout:
             row["layout"] = layout
         rows.append(row)
@@ -385,6 +411,10 @@ def main():
                 result, row = None, {"model_type": mt, "skipped": f"generator error: {type(e).__name__}: {str(e)[:200]}"}
         index.append(row)
         if result is None:
+            if not args.check:  # no stale fixture of an earlier run stays behind
+                for suffix in (".config.json", ".rotary.json"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(os.path.join(args.out, mt + suffix))
             continue
         text, record = result
         record_text = dump(record)
@@ -408,6 +438,7 @@ def main():
         return 1 if changed else 0
     if not args.only:
         meta = {"transformers": transformers.__version__, "torch": torch.__version__, "positions": POSITIONS,
+                "grid_positions": GRID,
                 "model_types": index}
         with open(os.path.join(args.out, "index.json"), "w") as f:
             json.dump(meta, f, indent=1)

@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "posenc/core/input_file.h"
+
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -10,11 +12,7 @@
 namespace posenc::text {
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "text: cannot read '", path, "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  return read_regular_file(path, "text file", kMaxTextBytes, "the text file limit");
 }
 
 std::string strip_gutenberg(const std::string& raw) {

@@ -19,6 +19,8 @@
 namespace posenc::text {
 
 /// The whole file as bytes; an unreadable file is an error naming it.
+/// A text file's bytes, at most kMaxTextBytes (a regular file; a FIFO or device is refused).
+inline constexpr int64_t kMaxTextBytes = int64_t{1} << 30;  // the text file limit: 1 GiB
 std::string read_text(const std::string& path);
 /// The book without the Gutenberg header and footer (see above).
 std::string strip_gutenberg(const std::string& text);

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "posenc/core/input_file.h"
 #include "posenc/functional/time.h"
 
 namespace posenc::timeseries {
@@ -145,6 +146,7 @@ Series load_csv(const std::string& path, const std::string& time_column,
   std::error_code error;
   TORCH_CHECK(!std::filesystem::is_directory(path, error), "csv: '", path,
               "' is a folder, not a CSV file");
+  require_regular_file(path, "csv file");  // a FIFO or device: one line, no blocking read
   std::ifstream in(path);
   TORCH_CHECK(in.good(), "csv: cannot read '", path, "'");
   std::string line;

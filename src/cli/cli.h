@@ -28,6 +28,9 @@ struct EncoderArgs {
 /// The positions limit of --positions (a range, grid, volume or stream larger than this is an
 /// error with the count, before anything is allocated).
 inline constexpr double kMaxPositions = 1 << 24;
+/// The exact-position limit: float64 holds every integer up to 2^53 and no odd one above it, so
+/// a range or an integer position past it would repeat or round (9007199254740992).
+inline constexpr double kMaxExactPosition = 9007199254740992.0;
 
 /// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
 Positions parse_positions(const std::string& text, const std::string& axes);

@@ -221,6 +221,9 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
     const double count = std::ceil((parts[1] - parts[0]) / step);
     TORCH_CHECK(std::isfinite(parts[0]) && std::isfinite(parts[1]) && count <= kMaxPositions,
                 "--positions '", text, "': ", count, " positions; the limit is ", kMaxPositions);
+    TORCH_CHECK(std::max(std::abs(parts[0]), std::abs(parts[1])) < kMaxExactPosition, "--positions '",
+                text, "': positions must stay below 2^53 = 9007199254740992 (the exact-position "
+                "limit: float64 repeats or rounds integers past it)");
     auto values = torch::arange(parts[0], parts[1], step, torch::kFloat64);
     return Positions(values.unsqueeze(1), split_axes(axes, 1));
   }
@@ -239,12 +242,20 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   for (size_t i = 0; i < parsed.size(); ++i) {
     const auto& item = parsed[i];
     std::vector<double> row;
+    // an integer past 2^53 would round to a neighbour's value
+    auto exact = [&](const nlohmann::json& v) {
+      TORCH_CHECK(!v.is_number_integer() || std::abs(v.get<double>()) < kMaxExactPosition,
+                  "--positions[", i, "]: ", v.dump(),
+                  " is past 2^53 = 9007199254740992 (the exact-position limit): float64 would "
+                  "round it");
+      return v.get<double>();
+    };
     if (item.is_number()) {
-      row.push_back(item.get<double>());
+      row.push_back(exact(item));
     } else if (item.is_array()) {
       for (const auto& v : item) {
         TORCH_CHECK(v.is_number(), "--positions[", i, "]: expected numbers, got ", v.dump());
-        row.push_back(v.get<double>());
+        row.push_back(exact(v));
       }
     } else {
       TORCH_CHECK(false, "--positions[", i, "]: expected a number or a list of numbers, got ",

@@ -157,6 +157,40 @@ const HfArchitecture kRows[] = {
      "models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb over "
      "0::2, 1::2"},
     // refused: no posenc rotation is that model's
+    {"pixtral", H::kGeneric, kHalf,
+     "its 2D rotary gives rows the even and columns the odd frequencies of one ladder "
+     "theta^(-2i/d) (not the per-axis ladders of rope_type 'axial' elsewhere)",
+     "models/pixtral/modeling_pixtral.py: PixtralVisionRotaryEmbedding"},
+    {"inkling2_vision", H::kGeneric, kHalf,
+     "its 2D rotary pairs dimensions (2i, 2i+1) in its own order of rows and columns (cos/sin "
+     "differ from the axial per-axis ladders in either layout)",
+     "models/inkling2/modeling_inkling2.py: Inkling2VisionRotaryEmbedding"},
+    {"edgetam_video", H::kGeneric, kHalf,
+     "the 2D rotary of its memory attention is sized by the tracker's own keys, not a tower's "
+     "head size posenc maps",
+     "models/edgetam_video/modeling_edgetam_video.py: EdgeTamVideoVisionRotaryEmbedding"},
+    {"sam2_video", H::kGeneric, kHalf,
+     "the 2D rotary of its memory attention is sized by the tracker's own keys, not a tower's "
+     "head size posenc maps",
+     "models/sam2_video/modeling_sam2_video.py: Sam2VideoVisionRotaryEmbedding"},
+    {"sam3_tracker_video", H::kGeneric, kHalf,
+     "the 2D rotary of its memory attention is sized by the tracker's own keys, not a tower's "
+     "head size posenc maps",
+     "models/sam3_tracker_video: Sam3TrackerVideoVisionRotaryEmbedding"},
+    {"gemma4_vision", H::kGeneric, kHalf,
+     "its 2D rotary turns 16 of each head's 64 dimensions with its own split",
+     "models/gemma4/modeling_gemma4.py: Gemma4VisionRotaryEmbedding"},
+    {"kimi_k25_vision", H::kGeneric, kHalf,
+     "its 2D rotary lays rows and columns out its own way (cos/sin differ from the axial "
+     "per-axis ladders)",
+     "models/kimi_k25/modeling_kimi_k25.py: Kimi_K25VisionRotaryEmbedding"},
+    {"minimax_m3_vl_vision", H::kGeneric, kHalf,
+     "its 2D rotary turns 52 of each head's 80 dimensions with its own split",
+     "models/minimax_m3_vl/modeling_minimax_m3_vl.py: MiniMaxM3VLVisionRotaryEmbedding"},
+    {"step3p5_vision", H::kGeneric, kHalf,
+     "its 2D rotary lays rows and columns out its own way (cos/sin differ from the axial "
+     "per-axis ladders)",
+     "models/step3p7/modeling_step3p7.py: Step3p7VisionRotaryEmbedding"},
     {"ernie4_5_vl_moe", H::kGeneric, kInter,
      "its 3D rotary gives the frequencies to t, h and w its own way (a different inv_freq "
      "ladder), which posenc's mrope_section does not express",

@@ -44,7 +44,9 @@ const std::set<std::string> kPositionKeys{"model_type",
                                           "n_heads",
                                           "decoder_num_attention_heads",
                                           "n_embd",
-                                          "n_head"};
+                                          "n_head",
+                                          "num_heads",
+                                          "embed_dim"};
 
 // Keys of a rope_scaling / rope_parameters block that posenc's rope encoder takes.
 const std::set<std::string> kBlockKeys{"rope_type",        "type",
@@ -106,17 +108,24 @@ class Resolver {
     if (has(block, "mrope_section")) {
       sections = integers_at(block, "mrope_section", from_block("mrope_section"));
     }
-    TORCH_CHECK(rope_type != "axial", origin_, ": ", from_block("rope_type"),
-                " is 'axial', a vision tower's 2D rotary (frequencies per patch row and column, "
-                "laid out by the model's own code): posenc does not resolve it from config.json; "
-                "build a rope encoder with grid:HxW positions and mrope_section instead");
+    // A vision tower's 2D rotary (transformers 5's rope_type "axial", Qwen2-VL's
+    // compute_axial_rope_parameters): the head's pairs split in two halves, rows then columns,
+    // each with the ladder theta^(-2i/(r/2)): posenc's per-axis ladders over grid:HxW positions.
+    const bool axial = rope_type == "axial";
+    if (axial) {
+      TORCH_CHECK(sections.empty(), origin_, ": ", from_block("rope_type"),
+                  " is 'axial' and the block has an mrope_section; transformers takes none");
+      rope_type = "default";
+    }
     if (rope_type == "mrope") {
       TORCH_CHECK(!sections.empty(), origin_, ": ", from_block("rope_type"),
                   " is 'mrope' but the block has no 'mrope_section'");
       rope_type = "default";
     }
     set("rope_type", rope_type,
-        has(block, "rope_type")
+        axial ? where(from_block("rope_type")) +
+                    " 'axial': a vision tower's 2D rotary, default frequencies per axis"
+        : has(block, "rope_type")
             ? where(from_block("rope_type"))
             : (has(block, "type") ? where(from_block("type")) : "transformers default"));
 
@@ -179,6 +188,9 @@ class Resolver {
         } else if (has(c, "head_dim")) {
           head_dim = integer_at(c, "head_dim");
           set("head_dim", head_dim, where("head_dim"));
+        } else if (axial) {  // compute_axial_rope_parameters: embed_dim or hidden_size per head
+          const char* heads = has(c, "num_heads") ? "num_heads" : "num_attention_heads";
+          per_head(has(c, "embed_dim") ? "embed_dim" : "hidden_size", heads);
         } else {
           TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads"), origin_,
                       ": cannot tell the head size: expected 'head_dim', 'qk_rope_head_dim' or "
@@ -295,6 +307,19 @@ class Resolver {
                     "' must be a list of numbers, got ", describe(block[key]));
         set(key, block[key], where(from_block(key)));
       }
+    }
+    if (axial) {
+      const double partial = resolved_["partial_rotary_factor"].get<double>();
+      const auto rotary = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+      TORCH_CHECK(rotary % 4 == 0, origin_,
+                  ": rope_type 'axial' splits the rotary part in two "
+                  "axes of whole pairs; its size must be a multiple of 4, got ",
+                  rotary);
+      set("mrope_section", std::vector<int64_t>{rotary / 4, rotary / 4},
+          "derived: 'axial' gives rows and columns r/4 pairs each (r = " + std::to_string(rotary) +
+              "; transformers' recomposition_frequencies: cat(rows, cols))");
+      set("per_axis_frequencies", true,
+          "derived: 'axial' restarts the ladder theta^(-2i/(r/2)) on each axis");
     }
     if (!sections.empty()) {
       set("mrope_section", sections, where(from_block("mrope_section")));

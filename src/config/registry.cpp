@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "posenc/config/config_reader.h"
+#include "posenc/core/input_file.h"
 #include "posenc/config/hf_config.h"
 #include "posenc/posenc.h"
 
@@ -194,8 +195,13 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
   if (auto v = r.optional_number("rope_theta")) f.theta(*v);
   if (auto v = r.optional_number("partial_rotary_factor")) o.partial_rotary_factor(*v);
   if (auto v = r.optional_number("factor")) s.factor(*v);
-  if (auto v = r.optional_integer("original_max_position_embeddings"))
+  if (auto v = r.optional_integer("original_max_position_embeddings")) {
+    // 0 is posenc's "unset" internally; given in a config it would divide llama3's and yarn's
+    // wavelength bounds by zero in transformers' formula: refused, as any context below 1
+    TORCH_CHECK(*v >= 1, r.where(), ": 'original_max_position_embeddings' must be >= 1 (a context "
+                "length in tokens), got ", *v);
     s.original_max_position_embeddings(*v);
+  }
   if (auto v = r.optional_integer("max_position_embeddings")) s.max_position_embeddings(*v);
   if (auto v = r.optional_number("beta_fast")) s.beta_fast(*v);
   if (auto v = r.optional_number("beta_slow")) s.beta_slow(*v);
@@ -777,22 +783,9 @@ nlohmann::json load_config(const std::string& path) {
               "': no such file");
   TORCH_CHECK(!std::filesystem::is_directory(status), "config file '", path,
               "' is a folder, not a file");
-  if (std::filesystem::is_regular_file(status)) {
-    const auto size = std::filesystem::file_size(path, error);
-    TORCH_CHECK(error || size <= kMaxConfigBytes, "config file '", path, "' has ", size,
-                " bytes; configs are limited to ", kMaxConfigBytes,
-                " bytes (the config size limit)");
-  }
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "cannot read config file '", path, "'");
-  std::string text;
-  char buffer[65536];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    text.append(buffer, static_cast<size_t>(in.gcount()));
-    TORCH_CHECK(text.size() <= kMaxConfigBytes, "config file '", path,
-                "' is over the config size limit of ", kMaxConfigBytes, " bytes");
-  }
-  return parse_config(text, path);
+  // a FIFO or a device is refused without blocking; the size limit holds before reading
+  return parse_config(
+      read_regular_file(path, "config file", kMaxConfigBytes, "the config size limit"), path);
 }
 
 nlohmann::json config_from_argument(const std::string& argument) {

@@ -223,9 +223,9 @@ void rope_validate(const RopeOptions& o) {
       break;
   }
   TORCH_CHECK(
-      f.angle_dtype() == RopeAngleDtype::kFloat64 || f.source() == RopeFrequencySource::kLadder,
+      f.angle_dtype() == RopeAngleDtype::kFloat64 || f.source() != RopeFrequencySource::kPeriods,
       "rope: angle_dtype float32 reproduces HF's ladders; it does not apply to the ", source,
-      " frequency source (min_period/max_period or per_axis_frequencies)");
+      " frequency source (min_period/max_period)");
   if (!sections.empty()) {
     int64_t pairs = 0;
     for (auto section : sections) {
@@ -431,8 +431,12 @@ RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
                                                          : scaled_ladder(o, r, seq_len);
     case RopeFrequencySource::kPerAxisLadders: {
       std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
+      const bool hf32 =
+          f.angle_dtype() == RopeAngleDtype::kFloat32;  // compute_axial_rope_parameters
       for (auto section : o.sections().sections())
-        if (section > 0) ladders.push_back(base_inv_freq(f.theta(), 2 * section));
+        if (section > 0)
+          ladders.push_back(hf32 ? hf32_ladder(f.theta(), 2 * section, 2 * section)
+                                 : base_inv_freq(f.theta(), 2 * section));
       return {torch::cat(ladders), 1.0};
     }
     case RopeFrequencySource::kPeriods:

@@ -9,6 +9,7 @@
 #include <torch/serialize.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "posenc/core/input_file.h"
 #include "posenc/train/plot.h"
 
 namespace posenc::train {
@@ -202,12 +204,8 @@ std::string comparable_config(const std::string& text) {
 }
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), "cannot read '", path, "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  TORCH_CHECK(!in.bad(), "reading '", path, "' failed");
-  return buffer.str();
+  return read_regular_file(path, "weights or checkpoint file", kMaxCheckpointBytes,
+                           "the checkpoint size limit");
 }
 
 }  // namespace
@@ -233,8 +231,104 @@ std::string torch_save_bytes(const c10::IValue& value) {
   return container;
 }
 
+namespace {
+
+// CRC-32 (IEEE 802.3, zip's): the reflected polynomial 0xEDB88320, one table byte at a time.
+uint32_t crc32_of(const char* data, size_t size) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < size; ++i)
+    c = table[(c ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+// Little-endian fields of the zip format (APPNOTE.TXT 4.3), bounds-checked.
+struct ZipView {
+  const std::string& bytes;
+  const std::string& origin;
+  uint64_t at(size_t offset, int width) const {
+    TORCH_CHECK(offset + width <= bytes.size(), "'", origin,
+                "' is not a readable torch.save file (corrupt or truncated): a zip field at byte ",
+                offset, " lies past its end (", bytes.size(), " bytes)");
+    uint64_t v = 0;
+    for (int i = width - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(bytes[offset + i]);
+    return v;
+  }
+};
+
+// Every stored (uncompressed: torch.save's) record's data against the CRC-32 of its central
+// directory entry. Files that are not zip archives are left to the reader's own error.
+void verify_zip_crcs(const std::string& bytes, const std::string& origin) {
+  const ZipView z{bytes, origin};
+  if (bytes.size() < 22) return;
+  size_t eocd = std::string::npos;  // end of central directory: at most 64 KiB of comment
+  const size_t lowest = bytes.size() > 22 + 65535 ? bytes.size() - 22 - 65535 : 0;
+  for (size_t i = bytes.size() - 22 + 1; i-- > lowest;)
+    if (z.at(i, 4) == 0x06054b50) {
+      eocd = i;
+      break;
+    }
+  if (eocd == std::string::npos) return;
+  uint64_t entries = z.at(eocd + 10, 2), directory = z.at(eocd + 16, 4);
+  if ((entries == 0xFFFF || directory == 0xFFFFFFFF) && eocd >= 20 &&
+      z.at(eocd - 20, 4) == 0x07064b50) {  // ZIP64 end of central directory locator
+    const uint64_t record = z.at(eocd - 20 + 8, 8);
+    TORCH_CHECK(z.at(record, 4) == 0x06064b50, "'", origin,
+                "' is corrupt: its ZIP64 directory record is not where the locator says");
+    entries = z.at(record + 32, 8);
+    directory = z.at(record + 48, 8);
+  }
+  size_t p = directory;
+  for (uint64_t e = 0; e < entries; ++e) {
+    TORCH_CHECK(z.at(p, 4) == 0x02014b50, "'", origin,
+                "' is corrupt: zip directory entry ", e, " has a bad signature");
+    const uint64_t method = z.at(p + 10, 2), crc = z.at(p + 16, 4);
+    uint64_t size = z.at(p + 20, 4), local = z.at(p + 42, 4);
+    const uint64_t name_len = z.at(p + 28, 2), extra_len = z.at(p + 30, 2),
+                   comment_len = z.at(p + 32, 2);
+    const std::string name = bytes.substr(p + 46, name_len);
+    for (size_t x = p + 46 + name_len; x + 4 <= p + 46 + name_len + extra_len;) {
+      const uint64_t id = z.at(x, 2), len = z.at(x + 2, 2);
+      if (id == 0x0001) {  // ZIP64 extra: the 32-bit fields that are 0xFFFFFFFF, in order
+        size_t f = x + 4;
+        if (z.at(p + 24, 4) == 0xFFFFFFFF) f += 8;  // uncompressed size
+        if (size == 0xFFFFFFFF) size = z.at(f, 8), f += 8;
+        if (local == 0xFFFFFFFF) local = z.at(f, 8);
+      }
+      x += 4 + len;
+    }
+    TORCH_CHECK(z.at(local, 4) == 0x04034b50, "'", origin, "' is corrupt: record '", name,
+                "' has no local header where the directory says");
+    const size_t data = local + 30 + z.at(local + 26, 2) + z.at(local + 28, 2);
+    TORCH_CHECK(data + size <= bytes.size(), "'", origin, "' is truncated: record '", name,
+                "' ends at byte ", data + size, " of ", bytes.size());
+    if (method == 0) {
+      const uint32_t computed = crc32_of(bytes.data() + data, size);
+      TORCH_CHECK(computed == crc, "'", origin, "' is corrupt: record '", name,
+                  "' fails its CRC-32 check (stored ", crc, ", computed ", computed,
+                  "): the file changed after it was written");
+    }
+    p += 46 + name_len + extra_len + comment_len;
+  }
+}
+
+}  // namespace
+
+std::string run_config_for_comparison(const std::string& config_text) {
+  return comparable_config(config_text);
+}
+
 c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin) {
   TORCH_CHECK(!bytes.empty(), "'", origin, "' is empty");
+  verify_zip_crcs(bytes, origin);
   try {
     return torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
   } catch (const c10::Error& e) {

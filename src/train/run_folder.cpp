@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,7 +16,18 @@ namespace posenc::train {
 
 RunFolderLock::RunFolderLock(const std::string& folder) {
   const std::string path = folder + "/.posenc.lock";
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a lock that is a symbolic link is refused, never written through (its target
+  // could be any file the user can write); O_NONBLOCK: a FIFO there cannot stall the open.
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+  if (fd_ < 0 && errno == ELOOP)
+    TORCH_CHECK(false, "'", path,
+                "' is a symbolic link; posenc writes nothing in a run folder through a link: "
+                "remove it");
+  struct stat st {};
+  if (fd_ >= 0 && (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))) {
+    ::close(fd_);
+    TORCH_CHECK(false, "'", path, "' is not a regular file; remove it");
+  }
   if (fd_ < 0) {
     const int why = errno;
     const std::string message = "cannot open '" + path + "': " + std::strerror(why);

@@ -59,8 +59,15 @@ StepCounts step_counts(const TrainSettings& s, int64_t train_size) {
   TORCH_CHECK(s.batch_size <= train_size, "train: batch_size (", s.batch_size,
               ") is larger than the training set (", train_size, " examples)");
   const int64_t per_epoch = std::max<int64_t>(1, train_size / s.batch_size);
+  TORCH_CHECK(s.max_steps <= kMaxTrainSteps, "train: max_steps is ", s.max_steps,
+              "; the step limit is ", kMaxTrainSteps);
   const int64_t epochs = s.max_steps > 0 ? (s.max_steps + per_epoch - 1) / per_epoch : s.epochs;
-  return {per_epoch, epochs, s.max_steps > 0 ? s.max_steps : epochs * per_epoch};
+  int64_t total = s.max_steps;
+  if (s.max_steps == 0)  // epochs x steps per epoch, in int64 with the overflow checked
+    TORCH_CHECK(!__builtin_mul_overflow(epochs, per_epoch, &total) && total <= kMaxTrainSteps,
+                "train: epochs (", epochs, ") x steps per epoch (", per_epoch,
+                ") is over the step limit of ", kMaxTrainSteps, " steps");
+  return {per_epoch, epochs, total};
 }
 
 double learning_rate(const TrainSettings& s, int64_t step, int64_t total) {

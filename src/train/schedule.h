@@ -15,6 +15,8 @@
 namespace posenc::train {
 
 inline constexpr int64_t kMaxThreads = 1024;  // intra-op threads a run may ask for
+/// The step limit: epochs x steps per epoch, or train.max_steps (10^12: years at any speed).
+inline constexpr int64_t kMaxTrainSteps = 1'000'000'000'000;
 
 struct TrainSettings {
   int64_t epochs = 1, batch_size = 64, warmup_steps = 0, max_steps = 0, log_every = 50;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <iostream>
+#include <set>
 #include <thread>
 
 #include "device.h"
@@ -21,6 +22,7 @@
 #include "posenc/core/errors.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
+#include "posenc/version.h"
 #include "summary.h"
 
 namespace posenc::train {
@@ -178,9 +180,66 @@ LoopState resume(Run& run, const RunOptions& options) {
 
 // A data-parallel run starts every rank from rank 0's weights, at the same step; then the
 // gradients of every backward are averaged across the ranks.
+// The first key (a dotted path) where two configs differ, with both values.
+std::string first_difference(const nlohmann::json& a, const nlohmann::json& b,
+                             const std::string& path) {
+  if (a.is_object() && b.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& item : a.items()) keys.insert(item.key());
+    for (const auto& item : b.items()) keys.insert(item.key());
+    for (const auto& k : keys) {
+      const std::string at = path.empty() ? k : path + "." + k;
+      if (!a.contains(k) || !b.contains(k))
+        return "'" + at + "': " + (a.contains(k) ? a[k].dump() : "absent") + " vs " +
+               (b.contains(k) ? b[k].dump() : "absent");
+      if (a[k] != b[k]) return first_difference(a[k], b[k], at);
+    }
+    return "";
+  }
+  auto shown = [](const nlohmann::json& v) {
+    auto text = v.dump();
+    return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+  };
+  return "'" + (path.empty() ? std::string("(the config)") : path) + "': " + shown(a) + " vs " +
+         shown(b);
+}
+
+// Before any tensor moves, the ranks agree on what they compute: the run config as a resume
+// compares it (seed, model, task, train, data) and posenc's version. A mismatch is bad input
+// (exit 2) on every rank, naming the first key that differs; without this, ranks with other
+// seeds trained apart and exited 0, and ranks with other model shapes died inside Gloo.
+void agree_on_the_config(Run& run) {
+  const std::string mine =
+      std::string("posenc " POSENC_VERSION "\n") + run_config_for_comparison(run.config_text);
+  const auto all = run.ranks->gather_text("config", mine, "agreeing on the run config");
+  const int64_t me = run.ranks->rank();
+  for (size_t r = 1; r < all.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    const auto cut0 = all[0].find('\n'), cut = all[r].find('\n');
+    const std::string v0 = all[0].substr(0, cut0), v = all[r].substr(0, cut);
+    std::string why;
+    if (v0 != v) {
+      why = "runs " + v + ", rank 0 " + v0;
+    } else {
+      nlohmann::json a, b;
+      try {
+        a = nlohmann::json::parse(all[r].substr(cut + 1));
+        b = nlohmann::json::parse(all[0].substr(cut0 + 1));
+        why = "differs at " + first_difference(a, b, "");
+      } catch (const nlohmann::json::exception&) {
+        why = "differs";
+      }
+    }
+    TORCH_CHECK(false, run.name, ": rank ", me, ": rank ", r, "'s config ", why,
+                " (rank ", r, "'s value first); every rank must run the same config with the "
+                "same posenc; nothing was trained");
+  }
+}
+
 void join_ranks(Run& run, const LoopState& state) {
   auto& ranks = *run.ranks;
   if (!ranks.active()) return;
+  agree_on_the_config(run);
   const auto steps = ranks.gather(state.step, "agreeing on the step to start from");
   for (size_t r = 0; r < steps.size(); ++r) {
     if (steps[r] == steps[0]) continue;

@@ -39,10 +39,17 @@ struct CheckpointState {
   std::map<std::string, at::Tensor> ema;  ///< averaged weights by name (train.ema_decay)
 };
 
+/// The run config as a resume (and the ranks of a data-parallel run) compare it: parsed, integral
+/// floats as integers, without the keys that only say how a run is executed; sorted JSON.
+std::string run_config_for_comparison(const std::string& config_text);
 /// torch.save's container for a value (dicts, lists, tuples, tensors, numbers, strings).
 std::string torch_save_bytes(const c10::IValue& value);
-/// torch.load's reading of such a container; errors name `origin`.
+/// torch.load's reading of such a container; errors name `origin`. Every stored record's CRC-32
+/// is checked against the zip's central directory first (torch's reader does not), so a file
+/// damaged after it was written is refused, naming the record, instead of loading wrong weights.
 c10::IValue torch_load_bytes(const std::string& bytes, const std::string& origin);
+/// The checkpoint size limit: weights.pt and checkpoint.pt files posenc reads (16 GiB).
+inline constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 
 /// The checkpoint checksum's walk (FNV-1a, 64 bit) over the model's parameters and buffers by
 /// name: equal exactly when two models hold the same weights (data-parallel ranks compare it).

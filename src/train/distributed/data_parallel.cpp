@@ -354,6 +354,22 @@ std::vector<int64_t> DataParallel::gather(int64_t value, const std::string& what
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + world_size());
 }
 
+std::vector<std::string> DataParallel::gather_text(const std::string& key,
+                                                   const std::string& value,
+                                                   const std::string& what) {
+  if (!active()) return {value};
+  std::vector<std::string> out;
+  POSENC_COLLECTIVE(what, {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("posenc/texts/" + key, impl_->words);
+    store->set(std::to_string(rank()), std::vector<uint8_t>(value.begin(), value.end()));
+    for (int64_t r = 0; r < world_size(); ++r) {
+      const auto bytes = store->get(std::to_string(r));
+      out.emplace_back(bytes.begin(), bytes.end());
+    }
+  });
+  return out;
+}
+
 void DataParallel::report_failure(const std::string& message) noexcept {
   if (!active() || !impl_ || !impl_->words) return;
   try {
@@ -385,6 +401,10 @@ std::vector<double> DataParallel::sum(std::vector<double> values, const std::str
   return values;
 }
 std::vector<int64_t> DataParallel::gather(int64_t value, const std::string&) { return {value}; }
+std::vector<std::string> DataParallel::gather_text(const std::string&, const std::string& value,
+                                                   const std::string&) {
+  return {value};
+}
 void DataParallel::report_failure(const std::string&) noexcept {}
 
 #endif

@@ -89,6 +89,10 @@ class DataParallel {
   std::vector<double> sum(std::vector<double> values, const std::string& what);
   /// Every rank's `value`, in rank order.
   std::vector<int64_t> gather(int64_t value, const std::string& what);
+  /// Every rank's text under `key` (through the store, not a collective: ranks whose models
+  /// differ in shape can still compare their configs before any tensor is sent), in rank order.
+  std::vector<std::string> gather_text(const std::string& key, const std::string& value,
+                                       const std::string& what);
 
   /// Leaves this rank's error in the store for the others to quote (best effort; no throw).
   void report_failure(const std::string& message) noexcept;

@@ -1,0 +1,92 @@
+// Regular-file reads that cannot block; see posenc/core/input_file.h.
+#include "posenc/core/input_file.h"
+
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "posenc/core/errors.h"
+
+namespace posenc {
+
+namespace {
+
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+[[noreturn]] void fail(int why, const std::string& path, const std::string& what,
+                       const char* doing) {
+  const std::string message =
+      std::string("cannot ") + doing + " " + what + " '" + path + "': " + std::strerror(why);
+  if (why == ENOENT || why == ENOTDIR || why == ENAMETOOLONG || why == ELOOP)
+    TORCH_CHECK(false, message);
+  if (is_environment_errno(why)) throw EnvironmentError(message);
+  TORCH_CHECK(false, message);
+}
+
+// An open descriptor of a regular file, closed on scope exit.
+struct RegularFile {
+  RegularFile(const std::string& path, const std::string& what) {
+    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) fail(errno, path, what, "open");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int why = errno;
+      ::close(fd);
+      fail(why, path, what, "inspect");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      TORCH_CHECK(false, what, " '", path, "' is ", kind_of(st.st_mode),
+                  ", not a regular file; posenc reads ", what, "s from regular files only");
+    }
+    size = static_cast<int64_t>(st.st_size);
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  }
+  ~RegularFile() { ::close(fd); }
+  RegularFile(const RegularFile&) = delete;
+  RegularFile& operator=(const RegularFile&) = delete;
+  int fd = -1;
+  int64_t size = 0;
+};
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& what) {
+  RegularFile file(path, what);
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what, int64_t max_bytes,
+                              const std::string& limit_name) {
+  RegularFile file(path, what);
+  TORCH_CHECK(file.size <= max_bytes, what, " '", path, "' has ", file.size, " bytes; ",
+              limit_name, " is ", max_bytes, " bytes");
+  std::string text;
+  text.reserve(static_cast<size_t>(file.size));
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(file.fd, buffer, sizeof(buffer));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(errno, path, what, "read");
+    }
+    if (n == 0) break;
+    text.append(buffer, static_cast<size_t>(n));
+    TORCH_CHECK(static_cast<int64_t>(text.size()) <= max_bytes, what, " '", path,
+                "' grew past ", limit_name, " (", max_bytes, " bytes) while being read");
+  }
+  return text;
+}
+
+}  // namespace posenc

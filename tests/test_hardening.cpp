@@ -1,0 +1,128 @@
+// Hostile inputs, by class (issue: hardening round 3): each test fails on a build without the
+// mechanism it names and passes with it.
+//   escape        a run folder's lock that is a symbolic link is refused, its target untouched
+//   blocking      a FIFO or a device given as a config or data file is one line, never a read
+//                 that waits forever
+//   silent wrong  a weights file with flipped bytes is refused by its zip CRC-32; an epoch count
+//                 whose step total overflows int64 is refused (it trained 0 steps and exited 0);
+//                 llama3/yarn with original_max_position_embeddings 0 is refused
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "posenc/config/registry.h"
+#include "posenc/core/input_file.h"
+#include "posenc/train/checkpoint.h"
+#include "support/fixtures.h"
+#include "train/run_folder.h"  // the run folder lock (src/train)
+#include "train/schedule.h"    // step counts and their limit (src/train)
+
+namespace posenc {
+namespace {
+
+namespace fs = std::filesystem;
+using test::error_of;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+fs::path fresh_folder(const std::string& name) {
+  const auto dir = fs::temp_directory_path() / ("posenc_hardening_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_all(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(Hardening, ALockThatIsASymlinkIsRefusedAndItsTargetUntouched) {
+  const auto dir = fresh_folder("lock");
+  const auto target = dir / "precious.txt";
+  std::ofstream(target) << "root:x:0:0\n";
+  fs::create_directories(dir / "run");
+  fs::create_symlink(target, dir / "run" / ".posenc.lock");
+  const auto error = error_of([&] { train::RunFolderLock lock((dir / "run").string()); });
+  EXPECT_TRUE(contains(error, ".posenc.lock' is a symbolic link")) << error;
+  EXPECT_EQ(read_all(target), "root:x:0:0\n");
+  fs::remove_all(dir);
+}
+
+TEST(Hardening, FifosAndDevicesAreRefusedWithoutBlocking) {
+  const auto dir = fresh_folder("fifo");
+  const auto fifo = (dir / "config.json").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Nobody writes the FIFO: a blocking open would wait forever (the test's timeout says so).
+  const auto config = error_of([&] { load_config(fifo); });
+  EXPECT_TRUE(contains(config, "is a FIFO (named pipe), not a regular file")) << config;
+  const auto data = error_of([&] { require_regular_file(fifo, "csv file"); });
+  EXPECT_TRUE(contains(data, "csv file '" + fifo + "' is a FIFO")) << data;
+  const auto device = error_of([] { load_config("/dev/zero"); });  // would stream without end
+  EXPECT_TRUE(contains(device, "is a character device")) << device;
+  const auto weights = error_of([&] {
+    read_regular_file(fifo, "weights file", 1 << 20, "the checkpoint size limit");
+  });
+  EXPECT_TRUE(contains(weights, "is a FIFO")) << weights;
+  fs::remove_all(dir);
+}
+
+TEST(Hardening, AWeightsFileWithFlippedBytesFailsItsCrc) {
+  const auto dir = fresh_folder("crc");
+  const auto path = (dir / "weights.pt").string();
+  torch::nn::Linear model(16, 16);
+  train::save_weights(path, *model);
+  train::load_parameters(path, *model);  // intact: loads
+  std::string bytes = read_all(path);
+  // flip 20 bytes inside the weight's data record (torch.save stores it uncompressed)
+  const auto weight = model->weight.contiguous();
+  const std::string raw(static_cast<const char*>(weight.data_ptr()), weight.nbytes());
+  const auto at = bytes.find(raw);
+  ASSERT_NE(at, std::string::npos);
+  for (size_t i = 0; i < 20; ++i) bytes[at + 100 + i] ^= 0x5A;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const auto error = error_of([&] { train::load_parameters(path, *model); });
+  EXPECT_TRUE(contains(error, "fails its CRC-32 check")) << error;
+  EXPECT_TRUE(contains(error, path)) << error;
+  // a truncated file: one line too
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() - 100);
+  EXPECT_FALSE(error_of([&] { train::load_parameters(path, *model); }).empty());
+  fs::remove_all(dir);
+}
+
+TEST(Hardening, StepTotalsThatOverflowAreRefused) {
+  train::TrainSettings s;
+  s.batch_size = 1;
+  s.epochs = 1'000'000'000'000'000'000;  // --set train.epochs=1e18 (was: 0 steps, exit 0)
+  const auto error = error_of([&] { train::step_counts(s, 1000); });
+  EXPECT_TRUE(contains(error, "over the step limit of 1000000000000 steps")) << error;
+  s.epochs = 3;
+  const auto counts = train::step_counts(s, 1000);
+  EXPECT_EQ(counts.total, 3000);
+  s.max_steps = train::kMaxTrainSteps + 1;
+  EXPECT_TRUE(contains(error_of([&] { train::step_counts(s, 1000); }), "the step limit"));
+}
+
+TEST(Hardening, AZeroOriginalContextIsRefused) {
+  const nlohmann::json block{{"rope_type", "llama3"},
+                             {"factor", 8.0},
+                             {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0},
+                             {"original_max_position_embeddings", 0}};
+  const auto error = error_of([&] {
+    build_encoder(
+        nlohmann::json{{"type", "rope"}, {"head_dim", 64}, {"rope_theta", 5e5}, {"rope_scaling", block}},
+        {});
+  });
+  EXPECT_TRUE(contains(error, "'original_max_position_embeddings' must be >= 1")) << error;
+}
+
+}  // namespace
+}  // namespace posenc
