@@ -200,6 +200,37 @@ TEST(DataParallel, TorchrunVariablesByHand) {
   EXPECT_EQ(checksums(out), checksums(reference));  // the same run, another rendezvous
 }
 
+// Ranks started with settings that change the run (a seed, the model's size) agree before any
+// tensor moves: every rank exits 2 with one line naming the first key that differs, nothing is
+// trained, no Gloo abort (before: other seeds trained apart and exited 0; other model shapes
+// died with "terminate called after throwing gloo::EnforceNotMet", exit 134).
+TEST(DataParallel, RanksWithDifferentConfigsAreRefusedBeforeStepOne) {
+  const auto config = smoke("lm");
+  for (const std::string key : {"seed=7", "model.dim=24"}) {
+    SCOPED_TRACE(key);
+    const auto out = folder("mismatch");
+    const auto port = std::to_string(free_port());
+    std::vector<pid_t> ranks;
+    for (int r = 0; r < 2; ++r) {
+      auto args = train_args(config, out);
+      if (r == 1) args.insert(args.end(), {"--set", key});
+      ranks.push_back(start(args,
+                            {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                             "MASTER_PORT=" + port},
+                            out + std::to_string(r) + ".log"));
+    }
+    const std::string name = key.substr(0, key.find('='));
+    for (int r = 0; r < 2; ++r) {
+      const int code = finish(ranks[r]);
+      const auto log = read_text(out + std::to_string(r) + ".log");
+      EXPECT_EQ(code, 2) << log;
+      EXPECT_NE(log.find("rank 1's config differs at '" + name + "'"), std::string::npos) << log;
+      EXPECT_EQ(log.find("terminate"), std::string::npos) << log;
+    }
+    EXPECT_FALSE(std::filesystem::exists(out + "/weights.pt"));
+  }
+}
+
 // torchrun's agent store: the agent (here, the test) hosts the store; every rank is a client
 // under /worker/attempt_<restart count>.
 TEST(DataParallel, TorchrunAgentStore) {

@@ -67,9 +67,8 @@ TEST(Hardening, FifosAndDevicesAreRefusedWithoutBlocking) {
   EXPECT_TRUE(contains(data, "csv file '" + fifo + "' is a FIFO")) << data;
   const auto device = error_of([] { load_config("/dev/zero"); });  // would stream without end
   EXPECT_TRUE(contains(device, "is a character device")) << device;
-  const auto weights = error_of([&] {
-    read_regular_file(fifo, "weights file", 1 << 20, "the checkpoint size limit");
-  });
+  const auto weights = error_of(
+      [&] { read_regular_file(fifo, "weights file", 1 << 20, "the checkpoint size limit"); });
   EXPECT_TRUE(contains(weights, "is a FIFO")) << weights;
   fs::remove_all(dir);
 }
@@ -118,7 +117,8 @@ TEST(Hardening, AZeroOriginalContextIsRefused) {
                              {"original_max_position_embeddings", 0}};
   const auto error = error_of([&] {
     build_encoder(
-        nlohmann::json{{"type", "rope"}, {"head_dim", 64}, {"rope_theta", 5e5}, {"rope_scaling", block}},
+        nlohmann::json{
+            {"type", "rope"}, {"head_dim", 64}, {"rope_theta", 5e5}, {"rope_scaling", block}},
         {});
   });
   EXPECT_TRUE(contains(error, "'original_max_position_embeddings' must be >= 1")) << error;

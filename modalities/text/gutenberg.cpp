@@ -3,11 +3,11 @@
 
 #include <torch/torch.h>
 
-#include "posenc/core/input_file.h"
-
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "posenc/core/input_file.h"
 
 namespace posenc::text {
 

@@ -221,8 +221,9 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
     const double count = std::ceil((parts[1] - parts[0]) / step);
     TORCH_CHECK(std::isfinite(parts[0]) && std::isfinite(parts[1]) && count <= kMaxPositions,
                 "--positions '", text, "': ", count, " positions; the limit is ", kMaxPositions);
-    TORCH_CHECK(std::max(std::abs(parts[0]), std::abs(parts[1])) < kMaxExactPosition, "--positions '",
-                text, "': positions must stay below 2^53 = 9007199254740992 (the exact-position "
+    TORCH_CHECK(std::max(std::abs(parts[0]), std::abs(parts[1])) < kMaxExactPosition,
+                "--positions '", text,
+                "': positions must stay below 2^53 = 9007199254740992 (the exact-position "
                 "limit: float64 repeats or rounds integers past it)");
     auto values = torch::arange(parts[0], parts[1], step, torch::kFloat64);
     return Positions(values.unsqueeze(1), split_axes(axes, 1));

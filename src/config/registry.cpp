@@ -14,8 +14,8 @@
 #include <sstream>
 
 #include "posenc/config/config_reader.h"
-#include "posenc/core/input_file.h"
 #include "posenc/config/hf_config.h"
+#include "posenc/core/input_file.h"
 #include "posenc/posenc.h"
 
 namespace posenc {
@@ -198,8 +198,10 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
   if (auto v = r.optional_integer("original_max_position_embeddings")) {
     // 0 is posenc's "unset" internally; given in a config it would divide llama3's and yarn's
     // wavelength bounds by zero in transformers' formula: refused, as any context below 1
-    TORCH_CHECK(*v >= 1, r.where(), ": 'original_max_position_embeddings' must be >= 1 (a context "
-                "length in tokens), got ", *v);
+    TORCH_CHECK(*v >= 1, r.where(),
+                ": 'original_max_position_embeddings' must be >= 1 (a context "
+                "length in tokens), got ",
+                *v);
     s.original_max_position_embeddings(*v);
   }
   if (auto v = r.optional_integer("max_position_embeddings")) s.max_position_embeddings(*v);

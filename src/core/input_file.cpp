@@ -70,8 +70,8 @@ void require_regular_file(const std::string& path, const std::string& what) {
 std::string read_regular_file(const std::string& path, const std::string& what, int64_t max_bytes,
                               const std::string& limit_name) {
   RegularFile file(path, what);
-  TORCH_CHECK(file.size <= max_bytes, what, " '", path, "' has ", file.size, " bytes; ",
-              limit_name, " is ", max_bytes, " bytes");
+  TORCH_CHECK(file.size <= max_bytes, what, " '", path, "' has ", file.size, " bytes; ", limit_name,
+              " is ", max_bytes, " bytes");
   std::string text;
   text.reserve(static_cast<size_t>(file.size));
   char buffer[1 << 16];
@@ -83,8 +83,8 @@ std::string read_regular_file(const std::string& path, const std::string& what, 
     }
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
-    TORCH_CHECK(static_cast<int64_t>(text.size()) <= max_bytes, what, " '", path,
-                "' grew past ", limit_name, " (", max_bytes, " bytes) while being read");
+    TORCH_CHECK(static_cast<int64_t>(text.size()) <= max_bytes, what, " '", path, "' grew past ",
+                limit_name, " (", max_bytes, " bytes) while being read");
   }
   return text;
 }

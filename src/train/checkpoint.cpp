@@ -288,8 +288,8 @@ void verify_zip_crcs(const std::string& bytes, const std::string& origin) {
   }
   size_t p = directory;
   for (uint64_t e = 0; e < entries; ++e) {
-    TORCH_CHECK(z.at(p, 4) == 0x02014b50, "'", origin,
-                "' is corrupt: zip directory entry ", e, " has a bad signature");
+    TORCH_CHECK(z.at(p, 4) == 0x02014b50, "'", origin, "' is corrupt: zip directory entry ", e,
+                " has a bad signature");
     const uint64_t method = z.at(p + 10, 2), crc = z.at(p + 16, 4);
     uint64_t size = z.at(p + 20, 4), local = z.at(p + 42, 4);
     const uint64_t name_len = z.at(p + 28, 2), extra_len = z.at(p + 30, 2),

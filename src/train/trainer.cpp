@@ -230,8 +230,8 @@ void agree_on_the_config(Run& run) {
         why = "differs";
       }
     }
-    TORCH_CHECK(false, run.name, ": rank ", me, ": rank ", r, "'s config ", why,
-                " (rank ", r, "'s value first); every rank must run the same config with the "
+    TORCH_CHECK(false, run.name, ": rank ", me, ": rank ", r, "'s config ", why, " (rank ", r,
+                "'s value first); every rank must run the same config with the "
                 "same posenc; nothing was trained");
   }
 }

@@ -354,8 +354,7 @@ std::vector<int64_t> DataParallel::gather(int64_t value, const std::string& what
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + world_size());
 }
 
-std::vector<std::string> DataParallel::gather_text(const std::string& key,
-                                                   const std::string& value,
+std::vector<std::string> DataParallel::gather_text(const std::string& key, const std::string& value,
                                                    const std::string& what) {
   if (!active()) return {value};
   std::vector<std::string> out;
