@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "posenc/config/registry.h"
-#include "posenc/core/input_file.h"
+#include "posenc/io/input_file.h"
 #include "posenc/train/checkpoint.h"
 #include "support/fixtures.h"
 #include "train/run_folder.h"  // the run folder lock (src/train)
@@ -122,6 +122,13 @@ TEST(Hardening, AZeroOriginalContextIsRefused) {
         {});
   });
   EXPECT_TRUE(contains(error, "'original_max_position_embeddings' must be >= 1")) << error;
+}
+
+TEST(Hardening, SizesPastTheModelSizeLimitAreRefusedBeforeAllocating) {
+  const auto error = error_of([] {
+    build_encoder(nlohmann::json{{"type", "rope"}, {"head_dim", int64_t{1} << 31}}, {});
+  });
+  EXPECT_TRUE(contains(error, "'head_dim' is 2147483648; the model size limit is 65536")) << error;
 }
 
 }  // namespace

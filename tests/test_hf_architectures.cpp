@@ -58,6 +58,25 @@ json config_for(const json& root, const std::string& path) {
   return node;
 }
 
+// A config.json as an older or hand-written one reads: every key posenc reads whose value is its
+// config class's default for an absent key (hf_absent_key_defaults) left out, also rope_theta
+// inside a flat rope_parameters block. transformers reads the same table from it.
+json without_defaults(json node) {
+  if (!node.is_object()) return node;
+  if (node.contains("text_config")) node["text_config"] = without_defaults(node["text_config"]);
+  const auto type = node.value("model_type", std::string());
+  const auto* defaults = hf_absent_key_defaults(type);
+  if (defaults == nullptr) return node;
+  for (const auto& item : defaults->items()) {
+    if (node.contains(item.key()) && node[item.key()] == item.value()) node.erase(item.key());
+    if (item.key() == "rope_theta" && node.contains("rope_parameters") &&
+        node["rope_parameters"].is_object() && node["rope_parameters"].contains("rope_theta") &&
+        node["rope_parameters"]["rope_theta"] == item.value())
+      node["rope_parameters"].erase("rope_theta");
+  }
+  return node;
+}
+
 std::vector<double> per_pair(const at::Tensor& t, RopeLayout layout, int64_t pairs) {
   auto v = layout == RopeLayout::kHalf ? t.narrow(-1, 0, pairs) : t.slice(-1, 0, 2 * pairs, 2);
   v = v.to(torch::kFloat64).contiguous();
@@ -72,9 +91,10 @@ double max_abs(const std::vector<double>& a, const json& b) {
   return k == a.size() ? worst : INFINITY;
 }
 
-Outcome compare(const std::string& model_type, const json& root, const json& table,
-                const json& row) {
-  const json config = config_for(root, table["config_path"].get<std::string>());
+Outcome compare(const std::string& model_type, const json& root, const json& table, const json& row,
+                bool strip_defaults = false) {
+  json config = config_for(root, table["config_path"].get<std::string>());
+  if (strip_defaults) config = without_defaults(config);
   std::ostringstream differs;
   for (const std::string dtype : {"float64", "float32"}) {
     HfConfigOptions options;
@@ -170,7 +190,7 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
   const json index = read_json(kDir + "/index.json");
   const json refusals = read_json(kDir + "/refusals.json")["refusals"];
   json report = json::object();
-  int matched = 0, refused = 0, tables = 0, unprobed = 0;
+  int matched = 0, refused = 0, tables = 0, unprobed = 0, stripped = 0;
   std::set<std::string> seen;
   for (const auto& entry : index["model_types"]) {
     const std::string mt = entry["model_type"].get<std::string>();
@@ -182,7 +202,18 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
       if (!table.contains("layer_types")) continue;
       for (const auto& row : table["layer_types"]) {
         if (row.contains("error") || !row.contains("cos")) {  // the class's own code failed
+          // nothing to match: posenc must refuse it rather than resolve a table unchecked
           ++unprobed;
+          HfConfigOptions options;
+          if (row["layer_type"].is_string())
+            options.layer_type = row["layer_type"].get<std::string>();
+          const auto error = test::error_of([&] {
+            build_encoder(
+                from_hf_config(config_for(root, table["config_path"].get<std::string>()), options));
+          });
+          EXPECT_FALSE(error.empty()) << mt << "/" << table["class"].get<std::string>()
+                                      << ": resolved a table no fixture checks ("
+                                      << row.value("error", std::string()) << ")";
           continue;
         }
         std::string key = mt + "/" + table["class"].get<std::string>();
@@ -193,6 +224,15 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
         Outcome o;
         try {
           o = compare(mt, root, table, row);
+          // the same config.json without the keys whose values are the class's defaults: the
+          // same outcome (the defaults table fills them as transformers does)
+          const json full = config_for(root, table["config_path"].get<std::string>());
+          if (o.verdict == "match" && without_defaults(full) != full) {
+            ++stripped;
+            const Outcome s = compare(mt, root, table, row, /*strip_defaults=*/true);
+            if (s.verdict != "match")
+              o = {"differs", "without its default-valued keys: " + s.verdict + ": " + s.detail};
+          }
         } catch (const c10::Error& e) {
           o = {"differs", std::string("resolved, then failed: ") + e.what_without_backtrace()};
         }
@@ -228,7 +268,8 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
   if (const char* path = std::getenv("POSENC_ARCH_REPORT")) std::ofstream(path) << report.dump(1);
   std::cout << "[hf_architectures] " << tables << " rotary tables of " << index["transformers"]
             << ": " << matched << " identical, " << refused << " refused with a listed reason; "
-            << unprobed << " the generator could not run (docs/hf_architectures.md)\n";
+            << unprobed << " the generator could not run, refused (docs/hf_architectures.md); "
+            << stripped << " also identical without their default-valued keys\n";
   EXPECT_GE(tables, 250);
 }
 

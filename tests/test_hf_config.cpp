@@ -107,7 +107,7 @@ TEST(HfConfig, RealConfigsMatchTransformers) {
                                                           : t.slice(-1, 0, 2 * pairs, 2);
       };
       // float32: HF's own arithmetic, to rounding. float64: exact angles, which differ from HF's
-      // float32 ones by up to ~5e-3 at p = 65535 (measured; the README's porting section).
+      // float32 ones by up to ~5e-3 at p = 65535 (measured; docs/porting.md).
       const double tolerance = dtype == "float32" ? 1e-6 : 1e-2;
       EXPECT_LE(max_abs_diff(per_pair(cos), to_tensor(c["cos"])), tolerance);
       EXPECT_LE(max_abs_diff(per_pair(sin), to_tensor(c["sin"])), tolerance);
@@ -203,6 +203,35 @@ TEST(HfConfig, KeysTransformersIgnoresWarnOnce) {
                  build_encoder(json{{"type", "rope"}, {"head_dim", 64}, {"finetuned", true}}, {});
                }),
                "unknown key 'finetuned'"));
+}
+
+TEST(HfConfig, KeysAScalingTypeDoesNotTakeWarn) {
+  // low_freq_factor is llama3's; in a yarn block transformers warns and ignores it.
+  const json config{{"model_type", "llama"},
+                    {"head_dim", 64},
+                    {"rope_theta", 1e4},
+                    {"max_position_embeddings", 32768},
+                    {"rope_scaling",
+                     {{"rope_type", "yarn"},
+                      {"factor", 4.0},
+                      {"original_max_position_embeddings", 8192},
+                      {"low_freq_factor", 1.0}}}};
+  const auto resolved = from_hf_config(config);
+  EXPECT_FALSE(resolved.config.contains("low_freq_factor"));
+  std::string all;
+  for (const auto& w : resolved.warnings) all += w + "\n";
+  EXPECT_TRUE(
+      contains(all, "'rope_scaling.low_freq_factor' is not a parameter of rope_type 'yarn'"))
+      << all;
+  // the same block pasted into a posenc rope config: one warning
+  CapturedWarnings warnings;
+  build_encoder(json{{"type", "rope"},
+                     {"head_dim", 64},
+                     {"rope_theta", 1e4},
+                     {"rope_scaling", config["rope_scaling"]}},
+                {});
+  EXPECT_TRUE(contains(warnings.all(), "'low_freq_factor' is not a parameter of rope_type 'yarn'"))
+      << warnings.all();
 }
 
 TEST(HfConfig, PerLayerTypeParameters) {

@@ -29,7 +29,7 @@ TEST(Gutenberg, BooksWithoutHeaderAndFooter) {
   auto sawyer = strip_gutenberg(read_text(kBooks + "/tom-sawyer.txt"));  // has no markers
   EXPECT_EQ(sawyer.size(), 387851u);
   auto message = test::error_of([] { read_text("/nonexistent/book.txt"); });
-  EXPECT_NE(message.find("cannot read '/nonexistent/book.txt'"), std::string::npos);
+  EXPECT_NE(message.find("cannot open text file '/nonexistent/book.txt'"), std::string::npos);
 }
 
 TEST(ByteTokens, LosslessAndWindowsShiftByOne) {

@@ -111,7 +111,8 @@ TEST(CsvErrors, BadRowsNameFileAndLine) {
   EXPECT_EQ(sorted.values[0][0].item<float>(), 2.0f);
   auto text = write("text.csv", "time,value\n2010-01-01,warm\n");
   message = test::error_of([&] { load_csv(text, "time"); });
-  EXPECT_NE(message.find(":2: column 'value' holds 'warm', not a number"), std::string::npos)
+  EXPECT_NE(message.find(":2: column 'value' holds 'warm', not a decimal number"),
+            std::string::npos)
       << message;
   message = test::error_of([&] { load_csv(text, "date"); });
   EXPECT_NE(message.find("has no column 'date'; columns: time, value"), std::string::npos)
@@ -131,8 +132,35 @@ TEST(CsvErrors, BadRowsNameFileAndLine) {
   EXPECT_NE(message.find("CR-only line endings"), std::string::npos) << message;
   message = test::error_of(
       [&] { load_csv(write("nan.csv", "time,value\n2010-01-01,1\n2010-01-02,nan\n"), "time"); });
-  EXPECT_NE(message.find(":3: column 'value' holds 'nan', not a finite number"), std::string::npos)
+  EXPECT_NE(message.find(":3: column 'value' holds 'nan', not a decimal number"), std::string::npos)
       << message;
+  // 1e39 overflows float: decimal, but not finite
+  message =
+      test::error_of([&] { load_csv(write("big.csv", "time,value\n2010-01-01,1e39\n"), "time"); });
+  EXPECT_NE(message.find("holds '1e39', not a finite number"), std::string::npos) << message;
+  // hostile files (hardening round 3): each was read, silently or with a 5 MB error line
+  message =
+      test::error_of([&] { load_csv(write("hex.csv", "time,value\n2010-01-01,0x1p3\n"), "time"); });
+  EXPECT_NE(message.find("holds '0x1p3', not a decimal number"), std::string::npos) << message;
+  message = test::error_of(
+      [&] { load_csv(write("dupcol.csv", "time,value,value\n2010-01-01,1,2\n"), "time"); });
+  EXPECT_NE(message.find(":1: column name 'value' appears twice (columns 2 and 3)"),
+            std::string::npos)
+      << message;
+  message = test::error_of(
+      [&] { load_csv(write("utf16.csv", std::string("\xFF\xFEt\0i\0m\0e\0\n\0", 12)), "time"); });
+  EXPECT_NE(message.find("is UTF-16 (its byte order mark is FF FE); save it as UTF-8"),
+            std::string::npos)
+      << message;
+  message = test::error_of(
+      [&] { load_csv(write("nul.csv", std::string("time,value\n2010-01-01,1\0\n", 25)), "time"); });
+  EXPECT_NE(message.find(":2: a NUL byte; a CSV is text"), std::string::npos) << message;
+  message = test::error_of([&] {
+    load_csv(write("long.csv", "time,value\n2010-01-01," + std::string(5'000'000, '7') + "x\n"),
+             "time");
+  });
+  EXPECT_LT(message.size(), 400u) << message.size();
+  EXPECT_NE(message.find("... (5000001 bytes)"), std::string::npos) << message.substr(0, 300);
   message = test::error_of([&] {
     load_csv(write("dup.csv", "time,value\n2010-01-01,1\n2010-01-02,2\n2010-01-01,3\n"), "time");
   });

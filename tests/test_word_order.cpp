@@ -1,4 +1,4 @@
-// The motivating failure (README, "Why"): self-attention without positions cannot tell
+// The motivating failure (docs/library.md, "Why"): self-attention without positions cannot tell
 // "the dog bit the man" from "the man bit the dog" — its outputs are the same up to the
 // permutation that swaps "dog" and "man", so any order-free pooling gives identical summaries.
 // With each encoder the two sentences get different summaries. NoPE is the control: it fails

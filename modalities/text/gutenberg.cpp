@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "posenc/core/input_file.h"
+#include "posenc/io/input_file.h"
 
 namespace posenc::text {
 

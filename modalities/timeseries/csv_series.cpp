@@ -6,15 +6,59 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <sstream>
 
-#include "posenc/core/input_file.h"
+#include "posenc/io/input_file.h"
 #include "posenc/functional/time.h"
 
 namespace posenc::timeseries {
+
+namespace {
+
+// A cell as an error message shows it: at most 80 characters, control bytes (a NUL) escaped.
+std::string shown(const std::string& cell) {
+  std::string out;
+  for (size_t i = 0; i < cell.size() && out.size() < 80; ++i) {
+    const auto c = static_cast<unsigned char>(cell[i]);
+    if (c < 0x20 || c == 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02X", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (out.size() >= 80 && cell.size() > 80)
+    out += "... (" + std::to_string(cell.size()) + " bytes)";
+  return out;
+}
+
+// A number written as a decimal: [+-] digits [. digits] [e [+-] digits]. strtod also reads hex
+// floats (0x1p3 = 8), "inf" and "nan"; a CSV of readings means none of them.
+bool decimal(const std::string& t) {
+  size_t i = 0, digits = 0;
+  if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+  while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  if (i < t.size() && t[i] == '.') {
+    ++i;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++digits;
+  }
+  if (digits == 0) return false;
+  if (i < t.size() && (t[i] == 'e' || t[i] == 'E')) {
+    ++i;
+    if (i < t.size() && (t[i] == '+' || t[i] == '-')) ++i;
+    size_t exponent = 0;
+    while (i < t.size() && std::isdigit(static_cast<unsigned char>(t[i]))) ++i, ++exponent;
+    if (exponent == 0) return false;
+  }
+  return i == t.size();
+}
+
+}  // namespace
 
 namespace {
 
@@ -129,6 +173,7 @@ std::optional<double> parse_timestamp(const std::string& raw) {
            seconds - offset;
   }
   // plain epoch seconds
+  if (!decimal(text)) return std::nullopt;
   try {
     size_t used = 0;
     const double v = std::stod(text, &used);
@@ -151,6 +196,12 @@ Series load_csv(const std::string& path, const std::string& time_column,
   TORCH_CHECK(in.good(), "csv: cannot read '", path, "'");
   std::string line;
   TORCH_CHECK(static_cast<bool>(std::getline(in, line)), "csv: '", path, "' is empty");
+  const bool utf16 = line.rfind("\xFF\xFE", 0) == 0 || line.rfind("\xFE\xFF", 0) == 0;
+  TORCH_CHECK(!utf16, "csv: '", path, "' is UTF-16 (its byte order mark is ",
+              line[0] == '\xFF' ? "FF FE" : "FE FF", "); save it as UTF-8");
+  TORCH_CHECK(line.find('\0') == std::string::npos, "csv: '", path,
+              "' has NUL bytes in its header (UTF-16 or UTF-32 without a byte order mark?); a CSV "
+              "is UTF-8 text");
   if (line.rfind("\xEF\xBB\xBF", 0) == 0) line = line.substr(3);  // a UTF-8 byte order mark
   if (!line.empty() && line.back() == '\r') line.pop_back();
   TORCH_CHECK(line.find('\r') == std::string::npos, "csv: '", path,
@@ -158,6 +209,11 @@ Series load_csv(const std::string& path, const std::string& time_column,
   const auto parsed_header = split_csv(line);
   TORCH_CHECK(parsed_header.has_value(), "csv: ", path, ":1: a quote is not closed");
   const auto header = *parsed_header;
+  for (size_t a = 0; a < header.size(); ++a)
+    for (size_t b = a + 1; b < header.size(); ++b)
+      TORCH_CHECK(header[a] != header[b], "csv: ", path, ":1: column name '", shown(header[a]),
+                  "' appears twice (columns ", a + 1, " and ", b + 1,
+                  "); which one is meant cannot be told");
   auto column_of = [&](const std::string& name) {
     auto it = std::find(header.begin(), header.end(), name);
     std::string names;
@@ -182,6 +238,8 @@ Series load_csv(const std::string& path, const std::string& time_column,
     ++line_number;
     if (trim(line).empty()) continue;
     if (line.back() == '\r') line.pop_back();
+    TORCH_CHECK(line.find('\0') == std::string::npos, "csv: ", path, ":", line_number,
+                ": a NUL byte; a CSV is text");
     const auto parsed = split_csv(line);
     TORCH_CHECK(parsed.has_value(), "csv: ", path, ":", line_number,
                 ": a quote is not closed (fields spanning lines are not supported)");
@@ -190,7 +248,7 @@ Series load_csv(const std::string& path, const std::string& time_column,
                 header.size(), " fields, got ", cells.size());
     auto t = parse_timestamp(cells[time_index]);
     TORCH_CHECK(t.has_value(), "csv: ", path, ":", line_number, ": cannot parse timestamp '",
-                cells[time_index],
+                shown(cells[time_index]),
                 "' (expected YYYY-MM-DD[ HH:MM[:SS[.f]]][Z|+HH:MM], '/' or 'T' variants, "
                 "YYYYMMDD, or epoch seconds up to the year 9999 — milliseconds must be "
                 "converted)");
@@ -205,21 +263,25 @@ Series load_csv(const std::string& path, const std::string& time_column,
     if (any_missing) continue;  // the gap stays in the timestamps
     if (order == OrderPolicy::kReject && !times.empty())
       TORCH_CHECK(*t >= times.back(), "csv: ", path, ":", line_number, ": timestamp '",
-                  cells[time_index], "' is earlier than the previous row's (order policy: reject)");
+                  shown(cells[time_index]),
+                  "' is earlier than the previous row's (order policy: reject)");
     times.push_back(*t);
     for (size_t c = 0; c < value_index.size(); ++c) {
       const auto& cell = cells[value_index[c]];
       size_t used = 0;
       float v = 0;
       try {
-        v = std::stof(cell, &used);
+        if (decimal(cell))
+          v = static_cast<float>(std::stod(cell, &used));  // 1e39: inf, refused below
       } catch (const std::exception&) {
         used = 0;
       }
       TORCH_CHECK(used > 0 && used == cell.size(), "csv: ", path, ":", line_number, ": column '",
-                  names[c], "' holds '", cell, "', not a number");
+                  names[c], "' holds '", shown(cell),
+                  "', not a decimal number (hex, inf and nan are not readings)");
       TORCH_CHECK(std::isfinite(v), "csv: ", path, ":", line_number, ": column '", names[c],
-                  "' holds '", cell, "', not a finite number (it would reach training as NaN)");
+                  "' holds '", shown(cell),
+                  "', not a finite number (it would reach training as NaN)");
       values.push_back(v);
     }
   }

@@ -31,6 +31,8 @@ inline constexpr double kMaxPositions = 1 << 24;
 /// The exact-position limit: float64 holds every integer up to 2^53 and no odd one above it, so
 /// a range or an integer position past it would repeat or round (9007199254740992).
 inline constexpr double kMaxExactPosition = 9007199254740992.0;
+/// The video length limit of stream positions: frames x seconds per grid (a year).
+inline constexpr double kMaxVideoSeconds = 31'536'000.0;
 
 /// "start:stop[:step]" or a JSON array -> Positions; errors say what was expected.
 Positions parse_positions(const std::string& text, const std::string& axes);

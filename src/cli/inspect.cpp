@@ -140,6 +140,10 @@ StreamLayout parse_stream(const std::string& spec, const std::string& text) {
                   "for 2 fps)");
       auto s = parse_extent(grid, text, 3);
       const double seconds_per_grid = at == std::string::npos ? 0.0 : parse_seconds(seconds, text);
+      TORCH_CHECK(seconds_per_grid * static_cast<double>(s[0]) <= kMaxVideoSeconds, "--positions '",
+                  text, "': '@", seconds, "' seconds per grid puts a ", s[0], "-grid video past ",
+                  kMaxVideoSeconds,
+                  " seconds (the video length limit; its positions would not stay finite)");
       if (plus != std::string::npos) {
         const int64_t audio_tokens = parse_audio(audio, text);
         segments.push_back(

@@ -12,6 +12,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "cli.h"
@@ -166,6 +167,12 @@ int main(int argc, char** argv) {
     std::cerr << "posenc: error: " << message << " (posenc --help)\n";
     return 2;
   }
+  for (auto* command : {train, compare, eval})  // '--out ""' used to mean the config's folder
+    if (command->parsed() && command->count("--out") > 0 && train_args.output.empty()) {
+      std::cerr << "posenc: error: --out is empty; give the output folder, or leave --out out "
+                   "for the config's\n";
+      return 2;
+    }
   try {
     if (inspect->parsed()) return posenc::cli::run_inspect(args, input);
     if (train->parsed()) return posenc::cli::run_train(train_args);
@@ -186,6 +193,11 @@ int main(int argc, char** argv) {
     std::string message = e.what_without_backtrace();
     if (auto cut = message.find('\n'); cut != std::string::npos) message = message.substr(0, cut);
     std::cerr << "posenc: error: " << message << "\n";
+  } catch (const std::filesystem::filesystem_error& e) {
+    // creating a run folder on a read-only or full filesystem is the environment (exit 1); a
+    // path that cannot be a folder (a file in the way) is the input (exit 2)
+    std::cerr << "posenc: error: " << e.what() << "\n";
+    return posenc::is_environment_errno(e.code().value()) ? 1 : 2;
   } catch (const std::exception& e) {
     std::cerr << "posenc: error: " << e.what() << "\n";
   }

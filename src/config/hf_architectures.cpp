@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <map>
+#include <utility>
 
 namespace posenc {
 
 namespace {
 
+#include "hf_defaults.inc"
 #include "hf_model_types.inc"
 
 using H = HfHeadSize;
@@ -157,6 +159,34 @@ const HfArchitecture kRows[] = {
      "models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb over "
      "0::2, 1::2"},
     // refused: no posenc rotation is that model's
+    {"llama4_vision_model", H::kGeneric, kHalf,
+     "not checked: its 2D vision rotary is computed inside the vision model (complex frequencies "
+     "over patch rows and columns), not by a class the generator can run on a config",
+     "models/llama4/modeling_llama4.py: Llama4VisionRotaryEmbedding(hidden_states)"},
+    {"efficientloftr", H::kGeneric, kHalf,
+     "not checked: its rotary is built from the feature map's shape in the model's forward, not "
+     "from a config.json alone",
+     "models/efficientloftr/modeling_efficientloftr.py: EfficientLoFTRRotaryEmbedding(x)"},
+    {"eomt_dinov3", H::kGeneric, kHalf,
+     "not checked: its rotary is built from the image size in the model's forward, not from a "
+     "config.json alone",
+     "models/eomt_dinov3/modeling_eomt_dinov3.py: EomtDinov3RotaryEmbedding(pixel_values)"},
+    {"hunyuan_vl_text", H::kGeneric, kHalf,
+     "not checked: its rotary class does not run on the default config (its xdrope sections are "
+     "unset), so posenc has nothing to match",
+     "models/hunyuan_vl/modeling_hunyuan_vl.py: HunYuanVLRotaryEmbedding"},
+    {"glm4v_text", H::kGeneric, kHalf,
+     "not checked: its M-RoPE class does not run on the default config (mrope_section covers 32 "
+     "pairs of a 64-wide rotary part), so posenc has nothing to match",
+     "models/glm4v/modeling_glm4v.py: Glm4vTextRotaryEmbedding"},
+    {"glm4v_moe_text", H::kGeneric, kHalf,
+     "not checked: its M-RoPE class does not run on the default config (mrope_section and the "
+     "rotary part disagree), so posenc has nothing to match",
+     "models/glm4v_moe/modeling_glm4v_moe.py: Glm4vMoeTextRotaryEmbedding"},
+    {"glm_image_text", H::kGeneric, kHalf,
+     "not checked: its M-RoPE class does not run on the default config (mrope_section covers 32 "
+     "pairs of a 64-wide rotary part), so posenc has nothing to match",
+     "models/glm_image/modeling_glm_image.py: GlmImageTextRotaryEmbedding"},
     {"pixtral", H::kGeneric, kHalf,
      "its 2D rotary gives rows the even and columns the odd frequencies of one ladder "
      "theta^(-2i/d) (not the per-axis ladders of rope_type 'axial' elsewhere)",
@@ -222,6 +252,17 @@ const HfArchitecture* find_hf_architecture(std::string_view model_type) {
   static const HfArchitecture kGenericRow{"", HfHeadSize::kGeneric, "half", {}, "the generic rule"};
   const auto status = hf_model_type_status(model_type);
   return status == HfModelTypeStatus::kNoRotary ? nullptr : &kGenericRow;
+}
+
+const nlohmann::json* hf_absent_key_defaults(std::string_view model_type) {
+  static const auto parsed = [] {
+    std::map<std::string, nlohmann::json, std::less<>> out;
+    for (const auto& [type, text] : kAbsentKeyDefaults)
+      out.emplace(std::string(type), nlohmann::json::parse(text));
+    return out;
+  }();
+  const auto it = parsed.find(model_type);
+  return it == parsed.end() ? nullptr : &it->second;
 }
 
 HfModelTypeStatus hf_model_type_status(std::string_view model_type) {

@@ -12,6 +12,7 @@
 
 #include "posenc/config/hf_architectures.h"
 #include "posenc/config/registry.h"
+#include "posenc/functional/rope.h"
 
 namespace posenc {
 
@@ -83,13 +84,15 @@ class Resolver {
 
   HfResolution run() {
     HfResolution out;
-    const auto& c = model();
-    for (const auto* o : {&c, root_})
+    const auto& c0 = model();
+    for (const auto* o : {&c0, root_})
       if (has(*o, "model_type"))
         TORCH_CHECK((*o)["model_type"].is_string(), origin_, ": '", o == root_ ? "" : prefix_,
                     "model_type' must be a string, got ", describe((*o)["model_type"]));
-    out.model_type = string_or(c, "model_type", string_or(*root_, "model_type", ""));
+    out.model_type = string_or(c0, "model_type", string_or(*root_, "model_type", ""));
     const HfArchitecture& arch = architecture(out);
+    fill_absent_defaults(out.model_type);
+    const auto& c = model();
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
 
@@ -237,12 +240,6 @@ class Resolver {
           where("partial_rotary_factor"));
     } else if (has(c, "rotary_pct")) {
       set("partial_rotary_factor", number_at(c, "rotary_pct"), where("rotary_pct") + " (GPT-NeoX)");
-    } else if (out.model_type == "gpt_neox") {
-      set("partial_rotary_factor", 0.25,
-          "transformers default rotary_pct 0.25 (models/gpt_neox/configuration_gpt_neox.py)");
-      out.warnings.push_back(origin_ +
-                             ": gpt_neox without rotary_pct: using 0.25, transformers' "
-                             "default");
     } else if (arch.head == HfHeadSize::kRotaryDim && has(c, "rotary_dim")) {
       const int64_t rotary = integer_at(c, "rotary_dim");
       set("partial_rotary_factor", static_cast<double>(rotary) / static_cast<double>(head_dim),
@@ -284,9 +281,22 @@ class Resolver {
                   "'max_position_embeddings' (top level), which is not given");
 
     // the block's scaling values
+    RopeScaling scaling = RopeScaling::kDefault;
+    try {
+      scaling = rope_scaling_from_string(rope_type);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, origin_, ": ", from_block("rope_type"), ": ", e.what_without_backtrace());
+    }
     for (const char* key : {"factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
                             "mscale_all_dim", "low_freq_factor", "high_freq_factor"}) {
-      if (has(block, key)) set(key, number_at(block, key, from_block(key)), where(from_block(key)));
+      if (!has(block, key)) continue;
+      if (!rope_scaling_takes(scaling, key)) {  // transformers: a warning, the key unread
+        out.warnings.push_back(options_.origin + ": '" + from_block(key) +
+                               "' is not a parameter of rope_type '" + rope_type +
+                               "'; ignored, as transformers ignores it with a warning");
+        continue;
+      }
+      set(key, number_at(block, key, from_block(key)), where(from_block(key)));
     }
     if (!has(block, "factor") && (rope_type == "yarn" || rope_type == "longrope")) {
       TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
@@ -360,7 +370,38 @@ class Resolver {
   }
 
  private:
-  const nlohmann::json& model() const { return text_ ? *text_ : *root_; }
+  const nlohmann::json& model() const {
+    if (patched_.is_object()) return patched_;
+    return text_ ? *text_ : *root_;
+  }
+
+  // Keys posenc reads that the file leaves out take the model type's config-class default
+  // (hf_defaults.inc, generated from transformers): Qwen3 without head_dim is 128, not
+  // hidden_size / num_attention_heads; Qwen2-VL's text model without rope_theta is 1e6.
+  void fill_absent_defaults(const std::string& type) {
+    const auto* defaults = hf_absent_key_defaults(type);
+    if (defaults == nullptr) return;
+    const auto& c = model();
+    nlohmann::json patched = c;
+    const bool block_theta = [&] {
+      for (const char* b : {"rope_parameters", "rope_scaling"})
+        if (has(c, b) && c[b].is_object() && c[b].contains("rope_theta")) return true;
+      return false;
+    }();
+    for (const auto& item : defaults->items()) {
+      const std::string& key = item.key();
+      if (has(c, key)) continue;
+      if (key == "rope_theta" && (block_theta || has(c, "rotary_emb_base"))) continue;
+      if (key == "partial_rotary_factor" &&
+          (has(c, "rotary_pct") || has(c, "rotary_dim") ||
+           (has(c, "rope_parameters") && c["rope_parameters"].is_object() &&
+            c["rope_parameters"].contains("partial_rotary_factor"))))
+        continue;
+      patched[key] = item.value();
+      defaulted_.insert(key);
+    }
+    if (!defaulted_.empty()) patched_ = std::move(patched);
+  }
 
   // The model type's row; refusals and model types posenc has not checked are said here. From
   // here on every message names the model type.
@@ -395,7 +436,15 @@ class Resolver {
   static bool has(const nlohmann::json& o, const std::string& key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
   }
-  std::string where(const std::string& key) const { return options_.origin + ": " + prefix_ + key; }
+  std::string where(const std::string& key) const {
+    if (defaulted_.count(key))
+      return "transformers default of model type '" + model_type_of_patch() + "' (" + prefix_ +
+             key + " is absent from " + options_.origin + "; its config class's value)";
+    return options_.origin + ": " + prefix_ + key;
+  }
+  std::string model_type_of_patch() const {
+    return string_or(patched_, "model_type", string_or(*root_, "model_type", ""));
+  }
 
   static std::string string_or(const nlohmann::json& o, const std::string& key,
                                const std::string& fallback) {
@@ -528,6 +577,8 @@ class Resolver {
   std::string block_name_;
   std::string layer_type_;
   nlohmann::json synthesized_;
+  nlohmann::json patched_;           // the model's config with absent keys' defaults filled
+  std::set<std::string> defaulted_;  // the keys filled
   nlohmann::ordered_json resolved_ = nlohmann::ordered_json::object();
   nlohmann::ordered_json sources_ = nlohmann::ordered_json::object();
 };

@@ -15,7 +15,7 @@
 
 #include "posenc/config/config_reader.h"
 #include "posenc/config/hf_config.h"
-#include "posenc/core/input_file.h"
+#include "posenc/io/input_file.h"
 #include "posenc/posenc.h"
 
 namespace posenc {
@@ -34,6 +34,10 @@ int64_t model_size(ConfigReader& r, const std::string& key, int64_t from_context
   const int64_t value = configured ? *configured : from_context;
   TORCH_CHECK(value > 0, r.where(), ": '", key,
               "' is required (set it in the config, or give the model's size: --dim, --heads)");
+  // checked before any table is allocated (2^31 from a config.json took minutes, then the
+  // allocator's own message)
+  TORCH_CHECK(value <= kMaxModelSize, r.where(), ": '", key, "' is ", value,
+              "; the model size limit is ", kMaxModelSize);
   return value;
 }
 
@@ -293,6 +297,20 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
                     block, "'");
       }
       read_rope_scaling(inner, o, /*nested=*/true);
+      // A scaling key its type does not take (low_freq_factor in a yarn block): transformers
+      // warns and ignores it; so does posenc, once, naming the key and the type.
+      const auto scaling = o.frequencies().scaling().rope_type();
+      std::vector<std::string> foreign;
+      for (const auto& key : rope_scaling_keys())
+        if (nested->contains(key) && !rope_scaling_takes(scaling, key)) foreign.push_back(key);
+      if (!foreign.empty()) {
+        std::ostringstream names;
+        for (size_t i = 0; i < foreign.size(); ++i)
+          names << (i ? ", " : "") << "'" << foreign[i] << "'";
+        TORCH_WARN(inner.where(), ": ", names.str(), " ", foreign.size() == 1 ? "is" : "are",
+                   " not a parameter of rope_type '", to_string(scaling),
+                   "'; ignored, as transformers ignores it with a warning");
+      }
       // Keys transformers does not read in a RoPE block (YaRN scripts write finetuned: true)
       // are ignored with one warning, as transformers does; posenc's own keys stay strict.
       const auto extra = inner.unread();

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <tuple>
 
-#include "posenc/train/plot.h"
+#include "posenc/io/durable_file.h"
 #include "text.h"
 
 namespace posenc::draw {
@@ -144,8 +144,8 @@ void write_heatmap_png(const Figure& figure, const std::string& path) {
 
   std::vector<uchar> png;
   TORCH_CHECK(cv::imencode(".png", image, png), "plot: PNG encoding failed");
-  try {  // durable, atomic, and never over a device, FIFO or link (posenc/train/plot.h)
-    train::write_file_atomically(path, std::string(png.begin(), png.end()));
+  try {  // durable, atomic, and never over a device, FIFO or link (posenc/io/durable_file.h)
+    write_file_atomically(path, std::string(png.begin(), png.end()));
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, "plot: ", e.what_without_backtrace());
   }

@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "posenc/functional/time.h"
@@ -55,6 +56,47 @@ RopeAngleDtype rope_angle_dtype_from_string(const std::string& name) {
   if (name == "float64") return RopeAngleDtype::kFloat64;
   if (name == "float32") return RopeAngleDtype::kFloat32;
   TORCH_CHECK(false, "rope: unknown angle_dtype '", name, "'; expected one of: float64, float32");
+}
+
+bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
+  static const std::vector<std::string> linear{"factor"},
+      yarn{"factor",           "original_max_position_embeddings",
+           "attention_factor", "beta_fast",
+           "beta_slow",        "mscale",
+           "mscale_all_dim",   "truncate"},
+      longrope{"short_factor", "long_factor", "factor", "original_max_position_embeddings",
+               "attention_factor"},
+      llama3{"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"};
+  const std::vector<std::string>* keys = nullptr;
+  switch (scaling) {
+    case RopeScaling::kDefault:
+      return false;
+    case RopeScaling::kLinear:
+    case RopeScaling::kDynamic:
+    case RopeScaling::kProportional:
+      keys = &linear;
+      break;
+    case RopeScaling::kYarn:
+      keys = &yarn;
+      break;
+    case RopeScaling::kLongRope:
+      keys = &longrope;
+      break;
+    case RopeScaling::kLlama3:
+      keys = &llama3;
+      break;
+  }
+  return std::find(keys->begin(), keys->end(), key) != keys->end();
+}
+
+const std::vector<std::string>& rope_scaling_keys() {
+  static const std::vector<std::string> keys{"factor",           "original_max_position_embeddings",
+                                             "attention_factor", "beta_fast",
+                                             "beta_slow",        "mscale",
+                                             "mscale_all_dim",   "truncate",
+                                             "short_factor",     "long_factor",
+                                             "low_freq_factor",  "high_freq_factor"};
+  return keys;
 }
 
 RopeScaling rope_scaling_from_string(const std::string& name) {

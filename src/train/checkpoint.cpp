@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "posenc/core/input_file.h"
-#include "posenc/train/plot.h"
+#include "posenc/io/durable_file.h"
+#include "posenc/io/input_file.h"
 
 namespace posenc::train {
 

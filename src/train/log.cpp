@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "posenc/io/durable_file.h"
 #include "posenc/train/plot.h"
 #include "summary.h"
 

@@ -11,9 +11,9 @@
 #include <limits>
 #include <sstream>
 
+#include "posenc/io/durable_file.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
-#include "posenc/train/plot.h"
 #include "profile.h"
 #include "progress.h"
 #include "summary.h"

@@ -10,6 +10,7 @@
 
 #include "../draw/heatmap.h"
 #include "posenc/core/errors.h"
+#include "posenc/io/durable_file.h"
 #include "posenc/train/plot.h"
 #include "progress.h"
 

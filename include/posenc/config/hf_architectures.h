@@ -12,6 +12,7 @@
 // has never seen resolves by the generic rule with a warning naming it.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,11 @@ HfModelTypeStatus hf_model_type_status(std::string_view model_type);
 
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
+/// What a model type's config class uses for keys posenc reads when a config.json leaves them out
+/// (rope_theta, partial_rotary_factor, head_dim, global_head_dim, max_position_embeddings,
+/// rope_interleave; only constants, not keys the class derives), as a JSON object; nullptr when
+/// none is known. Generated from transformers (src/config/hf_defaults.inc).
+const nlohmann::json* hf_absent_key_defaults(std::string_view model_type);
 /// Every row with more than the generic rule.
 std::vector<HfArchitecture> hf_architecture_rows();
 std::string to_string(HfHeadSize head);

@@ -32,6 +32,8 @@ std::vector<std::string> encoder_types();
 inline constexpr int64_t kMaxConfigBytes = 4 << 20;
 inline constexpr int kMaxConfigDepth = 64;
 inline constexpr int64_t kMaxConfigNodes = 1000000;
+/// The model size limit: an encoder's dim or head_dim (the largest shipped heads are 512 wide).
+inline constexpr int64_t kMaxModelSize = 65536;
 
 /// Parses config text: JSON, or YAML (one document, converted to the same JSON tree). Duplicate
 /// keys, several YAML documents and text over the limits are errors naming `origin`.

@@ -51,6 +51,16 @@ enum class RopeScaling { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope,
 std::string to_string(RopeScaling scaling);
 /// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su"), proportional.
 RopeScaling rope_scaling_from_string(const std::string& name);
+/// The block keys a scaling type takes, as transformers' validators list them (its required and
+/// optional keys; rope_type, rope_theta and partial_rotary_factor go with every type): linear and
+/// dynamic {factor}; yarn {factor, original_max_position_embeddings, attention_factor, beta_fast,
+/// beta_slow, mscale, mscale_all_dim, truncate}; longrope {short_factor, long_factor, factor,
+/// original_max_position_embeddings, attention_factor}; llama3 {factor,
+/// original_max_position_embeddings, low_freq_factor, high_freq_factor}; proportional {factor}.
+/// A scaling key outside its type's set is one warning and ignored, as in transformers.
+bool rope_scaling_takes(RopeScaling scaling, const std::string& key);
+/// The scaling-specific keys any type takes (the union of the sets above).
+const std::vector<std::string>& rope_scaling_keys();
 
 /// How rotary pairs are split among position axes (multi-axis RoPE: 2D/3D axial, M-RoPE).
 ///   kContiguous: axis a owns a run of sections[a] consecutive pairs (timm axial RoPE, Qwen2-VL

@@ -34,6 +34,7 @@
 #include <string>
 
 #include "posenc/core/encoder.h"
+#include "posenc/nn/attention_backend.h"
 
 namespace posenc {
 
@@ -67,6 +68,10 @@ struct KVCache {
   at::Tensor k, v;      ///< [B, Nc, H, Dh], keys already rotated
   Positions positions;  ///< the cached keys' positions (Nc)
   int64_t size() const { return k.defined() ? k.size(1) : 0; }
+  /// Appends new keys (rotated) and values [B, N, H, Dh] at `fresh` positions; returns all the
+  /// keys and values [B, Nc + N, H, Dh]. The one place a cache changes.
+  std::pair<at::Tensor, at::Tensor> append(const at::Tensor& k_new, const at::Tensor& v_new,
+                                           const Positions& fresh);
 };
 
 class SelfAttentionImpl : public torch::nn::Module {
@@ -81,11 +86,19 @@ class SelfAttentionImpl : public torch::nn::Module {
   /// The same with a plan built by the caller (plan_request: the cache's key positions too).
   at::Tensor forward_plan(const at::Tensor& x, const EncodingPlan& plan,
                           const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
+  /// The backend a call with these projected q, k, v [B, N, H, Dh] runs, and why the ones above
+  /// it were passed over (posenc/nn/attention_backend.h).
+  AttentionRoute route(const EncodingPlan& plan, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& key_padding = {},
+                       const KVCache* cache = nullptr) const;
 
   AttentionOptions options;
   PositionalEncoding encoder{nullptr};
   torch::nn::Linear qkv{nullptr}, out{nullptr};
   at::Tensor temperature;  ///< kLearned: [H], τ_h = exp(temperature_h)
+
+ private:
+  void check_inputs(const at::Tensor& x, const EncodingPlan& plan, const KVCache* cache) const;
 };
 TORCH_MODULE(SelfAttention);
 

@@ -1,4 +1,5 @@
-// Line charts for training curves and comparisons (OpenCV drawing, PNG written atomically).
+// Line charts for training curves and comparisons (OpenCV drawing, PNG written atomically by
+// posenc/io/durable_file.h).
 // Panels side by side, each with its own axes, ticks, and a legend; NaN points are skipped;
 // log_x for context-length sweeps.
 #pragma once
@@ -24,12 +25,4 @@ struct Panel {
 
 /// Draws the panels into one PNG at `path` (temp file + rename); errors name the path.
 void plot_panels(const std::string& path, const std::vector<Panel>& panels);
-/// Writes `text` to `path` atomically and durably: a temp file in the same folder, written and
-/// fsync'ed, renamed over `path`, then the folder fsync'ed. `path` must be a regular file or new
-/// (a symlink, FIFO or device is refused, not replaced). With `keep_previous`, the file being
-/// replaced stays reachable under that name (a hard link made before the rename). On failure
-/// (disk full, no permission) the temp file is removed and the error names the path and cause.
-void write_file_atomically(const std::string& path, const std::string& text,
-                           const std::string& keep_previous = "");
-
 }  // namespace posenc::train

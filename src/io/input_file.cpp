@@ -1,5 +1,5 @@
-// Regular-file reads that cannot block; see posenc/core/input_file.h.
-#include "posenc/core/input_file.h"
+// Regular-file reads that cannot block; see posenc/io/input_file.h.
+#include "posenc/io/input_file.h"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
