@@ -10,6 +10,18 @@ cd "${POSENC_ROOT}"
 [[ -f "${POSENC_BUILD_DIR}/compile_commands.json" ]] ||
   { echo "tidy: no ${POSENC_BUILD_DIR}/compile_commands.json; configure the build first" >&2; exit 2; }
 command -v clang-tidy >/dev/null || { echo "tidy: clang-tidy is not installed (apt-get install clang-tidy)" >&2; exit 1; }
+# clang cannot read GCC's precompiled headers: a copy of the compile commands without them
+db="${POSENC_BUILD_DIR}/tidy"
+mkdir -p "$db"
+python3 - "${POSENC_BUILD_DIR}/compile_commands.json" "$db/compile_commands.json" <<'PY'
+import json, re, sys
+entries = json.load(open(sys.argv[1]))
+for e in entries:
+    command = re.sub(r"-Xclang -include-pch -Xclang \S+|-include \S*cmake_pch\.hxx|-Winvalid-pch", "",
+                     e["command"])
+    e["command"] = command.replace("-fopenmp", "-fopenmp=libgomp")
+json.dump(entries, open(sys.argv[2], "w"))
+PY
 files=("$@")
 if ((${#files[@]} == 0)); then
   base=$(git rev-parse --verify -q origin/main || git rev-parse HEAD~1)
@@ -20,6 +32,6 @@ status=0
 for f in "${files[@]}"; do
   [[ -f "$f" ]] || continue
   echo "== $f"
-  clang-tidy -p "${POSENC_BUILD_DIR}" --quiet "$f" 2>/dev/null | grep -v "^[0-9]* warnings generated" || true
+  clang-tidy -p "$db" --quiet "$f" 2>/dev/null | grep -v "^[0-9]* warnings generated" || true
 done
 exit $status

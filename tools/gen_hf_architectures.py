@@ -104,7 +104,10 @@ def modeling_module(cfg_cls):
 def rotary_classes(module):
     out = []
     for name, obj in sorted(vars(module).items()):
-        if not (inspect.isclass(obj) and "Rotary" in name and obj.__module__ == module.__name__):
+        # "Rotary" classes, and the "Rope" ones that name it otherwise (DINOv3's
+        # RopePositionEmbedding, V-JEPA 2's RopeAttention)
+        if not (inspect.isclass(obj) and ("Rotary" in name or "Rope" in name)
+                and obj.__module__ == module.__name__):
             continue
         if not issubclass(obj, torch.nn.Module):
             continue

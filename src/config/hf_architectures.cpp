@@ -159,6 +159,22 @@ const HfArchitecture kRows[] = {
      "models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb over "
      "0::2, 1::2"},
     // refused: no posenc rotation is that model's
+    {"dinov3_vit", H::kGeneric, kHalf,
+     "not checked: its 2D RoPE is built from the image's patch grid in the model's forward "
+     "(coordinates in [-1, 1]), not from a config.json alone",
+     "models/dinov3_vit/modeling_dinov3_vit.py: DINOv3ViTRopePositionEmbedding(pixel_values)"},
+    {"chmv2", H::kGeneric, kHalf,
+     "not checked: its backbone's 2D RoPE (DINOv3's) is built from the image in the model's "
+     "forward, not from a config.json alone",
+     "models/chmv2: DINOv3ViTRopePositionEmbedding(pixel_values)"},
+    {"sapiens2", H::kGeneric, kHalf,
+     "not checked: its 2D RoPE is built from the image's patch grid in the model's forward, not "
+     "from a config.json alone",
+     "models/sapiens2/modeling_sapiens2.py: Sapiens2RopePositionEmbedding(pixel_values)"},
+    {"vjepa2", H::kGeneric, kHalf,
+     "not checked: its 3D RoPE is computed inside its attention from token positions, not by a "
+     "class that runs on a config.json alone",
+     "models/vjepa2/modeling_vjepa2.py: VJEPA2RopeAttention"},
     {"llama4_vision_model", H::kGeneric, kHalf,
      "not checked: its 2D vision rotary is computed inside the vision model (complex frequencies "
      "over patch rows and columns), not by a class the generator can run on a config",
