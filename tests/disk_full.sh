@@ -5,17 +5,8 @@
 #   tests/disk_full.sh POSENC_BINARY CONFIG WORK_DIR
 set -uo pipefail
 posenc=$1 config=$2 work=$3
-if [[ $(id -u) -ne 0 ]]; then
-  echo "disk_full: skipped: mounting a tmpfs needs root" >&2
-  exit 77
-fi
-mkdir -p "$work"
-umount "$work" 2>/dev/null
-if ! mount -t tmpfs -o size=600k tmpfs "$work" 2>/dev/null; then
-  echo "disk_full: skipped: cannot mount a tmpfs here" >&2
-  exit 77
-fi
-trap 'umount "$work"' EXIT
+source "$(dirname "$0")/tmpfs.sh"
+mount_tmpfs disk_full "$work" size=600k
 "$posenc" train "$config" --out "$work/run" --quiet > "$work/../disk_full.out" 2> "$work/../disk_full.err"
 code=$?
 err=$(cat "$work/../disk_full.err")

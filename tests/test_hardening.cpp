@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "posenc/config/registry.h"
+#include "posenc/io/durable_file.h"
 #include "posenc/io/input_file.h"
 #include "posenc/train/checkpoint.h"
 #include "support/fixtures.h"
@@ -53,6 +54,18 @@ TEST(Hardening, ALockThatIsASymlinkIsRefusedAndItsTargetUntouched) {
   const auto error = error_of([&] { train::RunFolderLock lock((dir / "run").string()); });
   EXPECT_TRUE(contains(error, ".posenc.lock' is a symbolic link")) << error;
   EXPECT_EQ(read_all(target), "root:x:0:0\n");
+  fs::remove_all(dir);
+}
+
+TEST(Hardening, AtomicWritesNeverWriteThroughALinkAtTheTempName) {
+  const auto dir = fresh_folder("temp_link");
+  const auto target = dir / "precious.txt";
+  std::ofstream(target) << "keep\n";
+  fs::create_symlink(target, dir / "summary.json.tmp");  // planted where the temp file goes
+  write_file_atomically((dir / "summary.json").string(), "{}\n");
+  EXPECT_EQ(read_all(target), "keep\n");
+  EXPECT_EQ(read_all(dir / "summary.json"), "{}\n");
+  EXPECT_FALSE(fs::exists(dir / "summary.json.tmp"));
   fs::remove_all(dir);
 }
 

@@ -15,6 +15,10 @@
 
 namespace posenc::train {
 
+/// The context limit: task.context, task.eval_contexts and a forecast's context + horizon, in
+/// tokens, checked before any data is prepared (2^20).
+inline constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
+
 /// The `model` section: dim, num_heads, num_layers, mlp_ratio, dropout, fused (+ pooling, read
 /// by the caller if it wants it: call before finish()).
 TransformerOptions transformer_options(ConfigReader& model);

@@ -46,6 +46,9 @@ class ForecastTask : public Task {
                 "task: 'file' and 'value_column' are required for forecast");
     TORCH_CHECK(mode == "time" || mode == "index",
                 "task: positions must be 'time' or 'index', got '", mode, "'");
+    TORCH_CHECK(context_ <= kMaxContextTokens && horizon_ <= kMaxContextTokens - context_,
+                "task: context + horizon is ", context_, " + ", horizon_,
+                " tokens; the context limit is ", kMaxContextTokens);
     TORCH_CHECK(context_ > 0 && horizon_ > 0 && stride > 0 && time_unit_ > 0,
                 "task: context, horizon, eval_stride and time_unit must be > 0");
     TORCH_CHECK(train_fraction > 0 && train_fraction < 1,

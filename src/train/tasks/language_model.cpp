@@ -38,9 +38,11 @@ class LanguageModelTask : public Task {
     task.finish();
     TORCH_CHECK(context_ > 0 && windows_per_epoch_ > 0 && eval_windows_ > 0 && eval_batch_ > 0,
                 "task: context, windows_per_epoch, eval_windows, eval_batch must be > 0");
+    TORCH_CHECK(context_ <= kMaxContextTokens, "task: context is ", context_,
+                " tokens; the context limit is ", kMaxContextTokens);
     for (int64_t length : contexts_)
-      TORCH_CHECK(length > 0 && length <= (int64_t{1} << 20),
-                  "task: eval_contexts must be in [1, 1048576], got ", length);
+      TORCH_CHECK(length > 0 && length <= kMaxContextTokens, "task: eval_contexts must be in [1, ",
+                  kMaxContextTokens, "] (the context limit), got ", length);
     auto bytes = load_books(books);
     train_tokens_ = bytes.train;
     eval_tokens_ = bytes.held_out;
