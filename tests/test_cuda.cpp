@@ -20,6 +20,7 @@
 #include "posenc/kernels/rope_cuda.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"
+#include "support/encoder_cases.h"
 
 namespace posenc {
 namespace {
@@ -420,45 +421,13 @@ TEST(CudaAttention, NonContiguousInputs) {
 // its positions in host memory (as the trainer keeps them) or on the GPU: the same outputs and
 // the same parameter gradients as the same model on the CPU. Catches any table, index or mask
 // built on one device and used on the other.
-struct DeviceCase {
-  std::string type;
-  Positions positions;
-};
-
-std::vector<DeviceCase> device_cases() {
-  const auto seq = Positions::sequence(10);
-  // 2024-02-28 23:59:00 UTC onwards, a reading every 7 hours (calendar, time encoders)
-  std::vector<double> stamps;
-  for (int i = 0; i < 10; ++i) stamps.push_back(1709164740.0 + 7 * 3600.0 * i);
-  const auto times = Positions::values(stamps, "time");
-  const auto grid = Positions::grid(3, 4);
-  auto freq_time =
-      Positions(torch::stack({torch::arange(12, torch::kFloat64).remainder(3),
-                              torch::arange(12, torch::kFloat64).div(3, "floor") * 0.01},
-                             -1),
-                {"freq", "time"});
-  std::vector<DeviceCase> out;
-  for (const char* type :
-       {"alibi", "learned", "nope", "rope", "shaw", "sinusoidal", "t5", "compose"})
-    out.push_back({type, seq});
-  for (const char* type : {"time2vec", "time_sinusoidal", "calendar"}) out.push_back({type, times});
-  for (const char* type : {"axial_sincos", "learned_grid", "relative_2d", "rope_mixed"})
-    out.push_back({type, grid});
-  out.push_back({"learned_spacetime", Positions::volume(2, 2, 3)});
-  out.push_back({"freq_time", freq_time});
-  return out;
-}
-
 TEST(CudaModel, EveryEncoderOnTheGpuMatchesTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (or a CPU-only LibTorch)";
   const int64_t dim = 32, heads = 4;
-  for (const auto& c : device_cases()) {
+  for (const auto& c : test::encoder_cases()) {
     SCOPED_TRACE(c.type);
-    nlohmann::json config = {{"type", c.type}};
-    if (c.type == "compose")
-      config["encoders"] = nlohmann::json::array({nlohmann::json{{"type", "rope"}}});
     torch::manual_seed(5);
-    Transformer model(TransformerOptions(dim, heads, 1), build_encoder(config, {dim, heads, 0}));
+    Transformer model(TransformerOptions(dim, heads, 1), build_encoder(c.config, {dim, heads, 0}));
     auto x = torch::randn({2, c.positions.size(), dim});
     auto run = [&](const at::Tensor& input, const Positions& positions) {
       for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
