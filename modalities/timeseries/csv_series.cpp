@@ -12,8 +12,8 @@
 #include <numeric>
 #include <sstream>
 
-#include "posenc/io/input_file.h"
 #include "posenc/functional/time.h"
+#include "posenc/io/input_file.h"
 
 namespace posenc::timeseries {
 

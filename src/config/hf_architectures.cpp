@@ -266,8 +266,7 @@ const HfArchitecture* find_hf_architecture(std::string_view model_type) {
   for (const auto& row : kRows)
     if (row.model_type == model_type) return &row;
   static const HfArchitecture kGenericRow{"", HfHeadSize::kGeneric, "half", {}, "the generic rule"};
-  const auto status = hf_model_type_status(model_type);
-  return status == HfModelTypeStatus::kNoRotary ? nullptr : &kGenericRow;
+  return &kGenericRow;
 }
 
 const nlohmann::json* hf_absent_key_defaults(std::string_view model_type) {

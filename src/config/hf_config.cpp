@@ -90,6 +90,7 @@ class Resolver {
         TORCH_CHECK((*o)["model_type"].is_string(), origin_, ": '", o == root_ ? "" : prefix_,
                     "model_type' must be a string, got ", describe((*o)["model_type"]));
     out.model_type = string_or(c0, "model_type", string_or(*root_, "model_type", ""));
+    model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
     fill_absent_defaults(out.model_type);
     const auto& c = model();
@@ -148,18 +149,18 @@ class Resolver {
         << heads;
       set("head_dim", head_dim, s.str());
     };
-    auto from_key = [&](const char* key, const std::string& why) {
+    auto from_key = [&](const char* key) {
       TORCH_CHECK(has(c, key), origin_, ": cannot tell the head size: expected '", key, "' (", rule,
                   ")");
       head_dim = integer_at(c, key);
-      set("head_dim", head_dim, where(key) + why);
+      set("head_dim", head_dim, where(key) + " (" + rule + ")");
     };
     switch (arch.head) {
       case HfHeadSize::kKvChannels:
-        from_key("kv_channels", " (" + rule + ")");
+        from_key("kv_channels");
         break;
       case HfHeadSize::kAttentionHeadDim:
-        from_key("attention_head_dim", " (" + rule + ")");
+        from_key("attention_head_dim");
         break;
       case HfHeadSize::kDModelPerHead:
         per_head("d_model", "n_heads");
@@ -415,7 +416,6 @@ class Resolver {
                 "' (its modeling file defines no rotary class: its positions are learned, "
                 "sinusoidal, relative or absent), so there is no RoPE table to resolve");
     const HfArchitecture* row = find_hf_architecture(type);
-    TORCH_CHECK(row, origin_, ": no architecture row");  // kNoRotary handled above
     TORCH_CHECK(row->refusal.empty(), origin_, ": refused: ", std::string(row->refusal), " (",
                 std::string(row->source), ")");
     if (type.empty()) {
@@ -438,12 +438,9 @@ class Resolver {
   }
   std::string where(const std::string& key) const {
     if (defaulted_.count(key))
-      return "transformers default of model type '" + model_type_of_patch() + "' (" + prefix_ +
-             key + " is absent from " + options_.origin + "; its config class's value)";
+      return "transformers default of model type '" + model_type_ + "' (" + prefix_ + key +
+             " is absent from " + options_.origin + "; its config class's value)";
     return options_.origin + ": " + prefix_ + key;
-  }
-  std::string model_type_of_patch() const {
-    return string_or(patched_, "model_type", string_or(*root_, "model_type", ""));
   }
 
   static std::string string_or(const nlohmann::json& o, const std::string& key,
@@ -577,6 +574,7 @@ class Resolver {
   std::string block_name_;
   std::string layer_type_;
   nlohmann::json synthesized_;
+  std::string model_type_;
   nlohmann::json patched_;           // the model's config with absent keys' defaults filled
   std::set<std::string> defaulted_;  // the keys filled
   nlohmann::ordered_json resolved_ = nlohmann::ordered_json::object();

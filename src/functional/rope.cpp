@@ -58,8 +58,10 @@ RopeAngleDtype rope_angle_dtype_from_string(const std::string& name) {
   TORCH_CHECK(false, "rope: unknown angle_dtype '", name, "'; expected one of: float64, float32");
 }
 
-bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
-  static const std::vector<std::string> linear{"factor"},
+namespace {
+// The block keys each scaling type takes (transformers' validators: required and optional keys).
+const std::vector<std::string>& scaling_keys_of(RopeScaling scaling) {
+  static const std::vector<std::string> none, linear{"factor"},
       yarn{"factor",           "original_max_position_embeddings",
            "attention_factor", "beta_fast",
            "beta_slow",        "mscale",
@@ -67,35 +69,38 @@ bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
       longrope{"short_factor", "long_factor", "factor", "original_max_position_embeddings",
                "attention_factor"},
       llama3{"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"};
-  const std::vector<std::string>* keys = nullptr;
   switch (scaling) {
     case RopeScaling::kDefault:
-      return false;
+      return none;
     case RopeScaling::kLinear:
     case RopeScaling::kDynamic:
     case RopeScaling::kProportional:
-      keys = &linear;
-      break;
+      return linear;
     case RopeScaling::kYarn:
-      keys = &yarn;
-      break;
+      return yarn;
     case RopeScaling::kLongRope:
-      keys = &longrope;
-      break;
+      return longrope;
     case RopeScaling::kLlama3:
-      keys = &llama3;
-      break;
+      return llama3;
   }
-  return std::find(keys->begin(), keys->end(), key) != keys->end();
+  return none;
+}
+}  // namespace
+
+bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
+  const auto& keys = scaling_keys_of(scaling);
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
 const std::vector<std::string>& rope_scaling_keys() {
-  static const std::vector<std::string> keys{"factor",           "original_max_position_embeddings",
-                                             "attention_factor", "beta_fast",
-                                             "beta_slow",        "mscale",
-                                             "mscale_all_dim",   "truncate",
-                                             "short_factor",     "long_factor",
-                                             "low_freq_factor",  "high_freq_factor"};
+  static const std::vector<std::string> keys = [] {  // the union of every type's keys
+    std::vector<std::string> all;
+    for (auto type :
+         {RopeScaling::kLinear, RopeScaling::kYarn, RopeScaling::kLongRope, RopeScaling::kLlama3})
+      for (const auto& key : scaling_keys_of(type))
+        if (std::find(all.begin(), all.end(), key) == all.end()) all.push_back(key);
+    return all;
+  }();
   return keys;
 }
 

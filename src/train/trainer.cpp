@@ -209,30 +209,21 @@ std::string first_difference(const nlohmann::json& a, const nlohmann::json& b,
 // (exit 2) on every rank, naming the first key that differs; without this, ranks with other
 // seeds trained apart and exited 0, and ranks with other model shapes died inside Gloo.
 void agree_on_the_config(Run& run) {
-  const std::string mine =
-      std::string("posenc " POSENC_VERSION "\n") + run_config_for_comparison(run.config_text);
-  const auto all = run.ranks->gather_text("config", mine, "agreeing on the run config");
+  auto mine = nlohmann::json::parse(run_config_for_comparison(run.config_text));
+  mine["(posenc version)"] = POSENC_VERSION;  // a key of its own: named like any other difference
+  const auto all = run.ranks->gather_text("config", mine.dump(), "agreeing on the run config");
   const int64_t me = run.ranks->rank();
   for (size_t r = 1; r < all.size(); ++r) {
     if (all[r] == all[0]) continue;
-    const auto cut0 = all[0].find('\n'), cut = all[r].find('\n');
-    const std::string v0 = all[0].substr(0, cut0), v = all[r].substr(0, cut);
-    std::string why;
-    if (v0 != v) {
-      why = "runs " + v + ", rank 0 " + v0;
-    } else {
-      nlohmann::json a, b;
-      try {
-        a = nlohmann::json::parse(all[r].substr(cut + 1));
-        b = nlohmann::json::parse(all[0].substr(cut0 + 1));
-        why = "differs at " + first_difference(a, b, "");
-      } catch (const nlohmann::json::exception&) {
-        why = "differs";
-      }
+    std::string why = "differs";
+    try {
+      why += " at " +
+             first_difference(nlohmann::json::parse(all[r]), nlohmann::json::parse(all[0]), "");
+    } catch (const nlohmann::json::exception&) {  // not a posenc rank's text
     }
     TORCH_CHECK(false, run.name, ": rank ", me, ": rank ", r, "'s config ", why, " (rank ", r,
-                "'s value first); every rank must run the same config with the "
-                "same posenc; nothing was trained");
+                "'s value first); every rank must run the same config with the same posenc; "
+                "nothing was trained");
   }
 }
 

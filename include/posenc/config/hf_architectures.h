@@ -44,8 +44,8 @@ struct HfArchitecture {
   std::string_view source;
 };
 
-/// The row for a model type: its own, or the generic rule's (nullptr when transformers has no such
-/// model type or it has no rotary class; see hf_model_type_status).
+/// The row for a model type: its own, or the generic rule's (whether transformers has the model
+/// type, and a rotary class for it, is hf_model_type_status's answer).
 const HfArchitecture* find_hf_architecture(std::string_view model_type);
 
 enum class HfModelTypeStatus { kRotary, kNoRotary, kUnchecked, kUnknown };
