@@ -24,6 +24,10 @@ if [[ "${1:-}" == "--print-data-dir" ]]; then
   echo "${DEPS}/data"
   exit 0
 fi
+if [[ "${1:-}" == "--print-venv" ]]; then
+  echo "${DEPS}/venv"
+  exit 0
+fi
 if [[ "${1:-}" == "--print-torch-root" ]]; then
   echo "${TORCH_ROOT}/torch"
   exit 0
@@ -69,6 +73,25 @@ if [[ ! -f "${TORCH_ROOT}/.complete" ]]; then
   unzip -q -o "$tmp"/nvidia_cuda_cupti-*.whl -d "${TORCH_ROOT}" 'nvidia/cu13/lib/libcupti.so.13'
   # libtorch_cpu's RPATH is $ORIGIN/../../nvidia/cu13/lib: the layout above satisfies it.
   touch "${TORCH_ROOT}/.complete"
+fi
+
+# ---- the Python test environment (tests/python: posenc's operators against transformers/timm) ----
+# A venv with the pinned set in python/requirements-test.txt (torch 2.15.0 with its CUDA
+# libraries as PyPI ships them: ~5 GB). Skipped with POSENC_NO_PYTHON=1; --print-venv prints it.
+VENV=${DEPS}/venv
+REQUIREMENTS="$(cd "$(dirname "$0")/.." && pwd)/python/requirements-test.txt"
+if [[ "${POSENC_NO_PYTHON:-0}" != 1 ]]; then
+  stamp="${VENV}/.complete-$(sha256sum "${REQUIREMENTS}" | cut -c1-16)"
+  if [[ ! -f "$stamp" ]]; then
+    say "installing the Python test environment (torch ${TORCH_VERSION}, transformers, timm) into ${VENV}"
+    rm -rf "${VENV}"
+    python3 -m venv "${VENV}"
+    "${VENV}/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      -r "${REQUIREMENTS}" 2>&1 | grep -v -i "notice" >&2 || true
+    "${VENV}/bin/python" -c "import torch, transformers, timm, pytest" 2>/dev/null ||
+      { echo "setup: the Python test environment in ${VENV} does not import torch/transformers/timm/pytest" >&2; exit 1; }
+    touch "$stamp"
+  fi
 fi
 
 # ---- real data shipped inside Debian packages (taken out, not installed) ------------------------

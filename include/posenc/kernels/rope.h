@@ -34,8 +34,12 @@ void rope_fused_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, Ro
 bool rope_fused_supported(const at::Tensor& x, const at::Tensor& cos);
 
 /// The raw CPU kernel: rotates each x[i] into out[i] (out[i] may be x[i]); all share B, N and
-/// cos/sin. inverse: rotate by -angle.
+/// cos/sin. inverse: rotate by -angle. Products and sums round separately (no fused
+/// multiply-add): float32/float64 results equal eager `x * cos + rotate_half(x) * sin` to the bit.
+/// round_each_op: bfloat16/float16 products are rounded to the storage type before the sum, as
+/// eager PyTorch rounds them (bit-exact with it); otherwise they round once, from float32.
 void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                     const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout, bool inverse);
+                     const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout, bool inverse,
+                     bool round_each_op = false);
 
 }  // namespace posenc

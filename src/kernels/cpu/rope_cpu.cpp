@@ -23,8 +23,11 @@ namespace posenc {
 namespace {
 
 // Scalar rotation of one row; s already carries the direction's sign. y may alias x (each pair
-// is read before it is written).
-template <typename T, typename Acc>
+// is read before it is written). kRoundEach: every product is rounded to T before the sum, as
+// eager PyTorch's `x * cos + rotate_half(x) * sin` rounds (three ops, each rounding to x's dtype);
+// otherwise reduced types are rotated in float32 and rounded once. float32 and float64 rows give
+// the same bits either way (this file is compiled with -ffp-contract=off: no fused multiply-add).
+template <typename T, typename Acc, bool kRoundEach>
 void rotate_row_scalar(const T* x, T* y, const float* c, const float* s, int64_t begin, int64_t f,
                        bool interleaved) {
   const int64_t step = interleaved ? 1 : f;
@@ -32,13 +35,21 @@ void rotate_row_scalar(const T* x, T* y, const float* c, const float* s, int64_t
     const int64_t ia = interleaved ? 2 * i : i;
     const int64_t ib = ia + step;
     const Acc a = static_cast<Acc>(x[ia]), b = static_cast<Acc>(x[ib]);
-    y[ia] = static_cast<T>(a * c[i] - b * s[i]);
-    y[ib] = static_cast<T>(b * c[i] + a * s[i]);
+    if constexpr (kRoundEach) {
+      const auto r = [](Acc v) { return static_cast<Acc>(static_cast<T>(v)); };
+      y[ia] = static_cast<T>(r(a * c[i]) - r(b * s[i]));
+      y[ib] = static_cast<T>(r(b * c[i]) + r(a * s[i]));
+    } else {
+      y[ia] = static_cast<T>(a * c[i] - b * s[i]);
+      y[ib] = static_cast<T>(b * c[i] + a * s[i]);
+    }
   }
 }
 
 #if defined(__x86_64__)
-// AVX2 + FMA, 8 floats at a time (y may alias x: every vector is loaded before it is stored).
+// AVX2, 8 floats at a time (y may alias x: every vector is loaded before it is stored). Products
+// and sums round separately (no fused multiply-add), as eager PyTorch's float32 ops do, so the
+// result equals `x * cos + rotate_half(x) * sin` to the bit.
 //   half:        a = x[i..i+8), b = x[i+F..); y_a = a c - b s, y_b = b c + a s
 //   interleaved: v = a0 b0 a1 b1 ..; y = v * (c0 c0 c1 c1 ..) -/+ swap(v) * (s0 s0 s1 s1 ..)
 // stream: non-temporal stores (out of place, 32-byte aligned rows): the output bypasses the cache
@@ -65,16 +76,16 @@ __attribute__((target("avx2,fma"))) void rotate_row_f32_avx2(const float* x, flo
       const __m256 b0 = _mm256_loadu_ps(x + i + f), b1 = _mm256_loadu_ps(x + i + f + 8);
       const __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
       const __m256 s0 = _mm256_loadu_ps(s + i), s1 = _mm256_loadu_ps(s + i + 8);
-      store8<kStream>(y + i, _mm256_fmsub_ps(a0, c0, _mm256_mul_ps(b0, s0)));
-      store8<kStream>(y + i + 8, _mm256_fmsub_ps(a1, c1, _mm256_mul_ps(b1, s1)));
-      store8<kStream>(y + i + f, _mm256_fmadd_ps(b0, c0, _mm256_mul_ps(a0, s0)));
-      store8<kStream>(y + i + f + 8, _mm256_fmadd_ps(b1, c1, _mm256_mul_ps(a1, s1)));
+      store8<kStream>(y + i, _mm256_sub_ps(_mm256_mul_ps(a0, c0), _mm256_mul_ps(b0, s0)));
+      store8<kStream>(y + i + 8, _mm256_sub_ps(_mm256_mul_ps(a1, c1), _mm256_mul_ps(b1, s1)));
+      store8<kStream>(y + i + f, _mm256_add_ps(_mm256_mul_ps(b0, c0), _mm256_mul_ps(a0, s0)));
+      store8<kStream>(y + i + f + 8, _mm256_add_ps(_mm256_mul_ps(b1, c1), _mm256_mul_ps(a1, s1)));
     }
     for (; i + 8 <= f; i += 8) {
       const __m256 a = _mm256_loadu_ps(x + i), b = _mm256_loadu_ps(x + i + f);
       const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
-      const __m256 ya = _mm256_fmsub_ps(a, cv, _mm256_mul_ps(b, sv));
-      const __m256 yb = _mm256_fmadd_ps(b, cv, _mm256_mul_ps(a, sv));
+      const __m256 ya = _mm256_sub_ps(_mm256_mul_ps(a, cv), _mm256_mul_ps(b, sv));
+      const __m256 yb = _mm256_add_ps(_mm256_mul_ps(b, cv), _mm256_mul_ps(a, sv));
       store8<kStream>(y + i, ya);
       store8<kStream>(y + i + f, yb);
     }
@@ -89,7 +100,7 @@ __attribute__((target("avx2,fma"))) void rotate_row_f32_avx2(const float* x, flo
                       _mm256_addsub_ps(_mm256_mul_ps(v, cd), _mm256_mul_ps(swapped, sd)));
     }
   }
-  rotate_row_scalar<float, float>(x, y, c, s, i, f, interleaved);
+  rotate_row_scalar<float, float, false>(x, y, c, s, i, f, interleaved);
 }
 // __builtin_cpu_init must run first when this is evaluated during static initialization.
 const bool kHasAvx2 = [] {
@@ -101,7 +112,8 @@ const bool kHasAvx2 = false;
 #endif
 
 template <typename T>
-void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f, bool interleaved) {
+void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f, bool interleaved,
+                    bool round_each_op) {
 #if defined(__x86_64__)
   if constexpr (std::is_same_v<T, float>) {
     if (kHasAvx2) {
@@ -117,7 +129,11 @@ void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f,
   }
 #endif
   using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
-  rotate_row_scalar<T, Acc>(x, y, c, s, 0, f, interleaved);
+  if (round_each_op) {
+    rotate_row_scalar<T, Acc, true>(x, y, c, s, 0, f, interleaved);
+  } else {
+    rotate_row_scalar<T, Acc, false>(x, y, c, s, 0, f, interleaved);
+  }
 }
 
 void check_input(const at::Tensor& x, const at::Tensor& reference, const at::Tensor& cos,
@@ -135,7 +151,7 @@ void check_input(const at::Tensor& x, const at::Tensor& reference, const at::Ten
 
 void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                      const at::Tensor& cos_in, const at::Tensor& sin_in, RopeLayout layout,
-                     bool inverse) {
+                     bool inverse, bool round_each_op) {
   TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(),
               "rope_fused: need as many outputs as inputs, got ", inputs.size(), " and ",
               outputs.size());
@@ -185,7 +201,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
           for (int64_t h = 0; h < heads; ++h) {
             const scalar_t* xr = xb + h * x.stride(2);
             scalar_t* yr = yb + h * y.stride(2);
-            rotate_any_row<scalar_t>(xr, yr, c, s, f, interleaved);
+            rotate_any_row<scalar_t>(xr, yr, c, s, f, interleaved, round_each_op);
             if (!alias)
               for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
           }

@@ -1,0 +1,29 @@
+"""posenc: positional encodings for transformers, in PyTorch's dispatcher.
+
+    import posenc
+    q, k = posenc.apply_rotary_pos_emb(q, k, cos, sin)            # transformers' function
+    rope = posenc.RotaryEmbedding.from_hf_config("config.json")    # transformers' module contract
+    cos, sin = rope(x, position_ids)
+    posenc.integrations.transformers.patch(model)                  # a loaded HF model, patched
+
+The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
+CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them).
+"""
+
+from . import _library
+
+_library.load()
+
+from . import integrations  # noqa: E402
+from .integrations import transformers as _transformers_integration  # noqa: E402,F401
+from .rotary import (  # noqa: E402
+    RotaryEmbedding,
+    apply_rotary_pos_emb,
+    apply_rotary_pos_emb_,
+    hf_rope,
+    rope_cos_sin,
+)
+
+__version__ = "0.1.0"
+__all__ = ["RotaryEmbedding", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
+           "rope_cos_sin", "integrations"]

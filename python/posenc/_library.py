@@ -1,0 +1,58 @@
+"""Loads libposenc_ops (the operators registered with TORCH_LIBRARY(posenc)) into torch.ops.
+
+The library sits in this package (pip install) or where POSENC_OPS_LIBRARY points (a build tree:
+build/libposenc_ops.so). Beside it, libposenc_ops.json names the torch it was compiled against;
+another torch is refused with one line before the library is loaded (a C++ ABI mismatch would
+otherwise fail with undefined symbols, or worse, not at all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+_LOADED: str | None = None
+
+
+def library_path() -> str:
+    """Where libposenc_ops.so is taken from."""
+    env = os.environ.get("POSENC_OPS_LIBRARY")
+    if env:
+        return env
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libposenc_ops.so")
+
+
+def _public(version: str) -> str:
+    return version.split("+", 1)[0]
+
+
+def load() -> str:
+    """Loads the operators once; returns the library's path. Raises ImportError (one line)."""
+    global _LOADED
+    if _LOADED is not None:
+        return _LOADED
+    path = library_path()
+    if not os.path.isfile(path):
+        raise ImportError(
+            f"posenc: its operator library {path} is missing "
+            "(pip install --no-build-isolation ./python, or set POSENC_OPS_LIBRARY)"
+        )
+    info_path = os.path.splitext(path)[0] + ".json"
+    try:
+        with open(info_path, encoding="utf-8") as f:
+            built_for = json.load(f)["torch_version"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ImportError(f"posenc: cannot read {info_path} (which torch the operators need): {e}") from None
+    if _public(built_for) != _public(torch.__version__):
+        raise ImportError(
+            f"posenc: its operators were built against torch {built_for} but torch "
+            f"{torch.__version__} is installed; rebuild posenc (pip install --no-build-isolation ./python)"
+        )
+    try:
+        torch.ops.load_library(path)
+    except OSError as e:
+        raise ImportError(f"posenc: cannot load {path}: {e}") from None
+    _LOADED = path
+    return path

@@ -1,0 +1,39 @@
+"""Fake (meta) kernels: shapes, dtypes and strides only, for torch.compile and torch.export.
+
+Each promises exactly what the C++ kernels return (src/ops/*.cpp): apply_rotary's outputs are laid
+out as empty_like(q) / empty_like(k) in the promoted dtype on every path; rope_cos_sin's are
+contiguous float32 [..., N, 2F].
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _result_dtype(x, cos, sin):
+    return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
+
+
+@torch.library.register_fake("posenc::apply_rotary")
+def _apply_rotary_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
+    torch._check(cos.shape == sin.shape, lambda: "posenc.apply_rotary: cos and sin shapes differ")
+    return (
+        torch.empty_like(q, dtype=_result_dtype(q, cos, sin)),
+        torch.empty_like(k, dtype=_result_dtype(k, cos, sin)),
+    )
+
+
+@torch.library.register_fake("posenc::apply_rotary_")
+def _apply_rotary_inplace_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
+    return None
+
+
+@torch.library.register_fake("posenc::rope_cos_sin")
+def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section=(),
+                       section_layout="contiguous", layout="half"):
+    lead = positions.shape if len(mrope_section) == 0 else positions.shape[:-1]
+    shape = (*lead, 2 * inv_freq.shape[0])
+    return (
+        positions.new_empty(shape, dtype=torch.float32),
+        positions.new_empty(shape, dtype=torch.float32),
+    )

@@ -1,0 +1,1 @@
+"""Drop-ins for the libraries posenc's users write in (transformers; timm to come)."""

@@ -1,0 +1,225 @@
+"""Rotary position embedding with transformers' contracts, computed by posenc's operators.
+
+apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
+    transformers' function (modeling_llama.py): q * cos + rotate_half(q) * sin, for q and k. The
+    same result to the bit (float32, float64, bfloat16, float16): posenc's fused kernel rounds
+    each product as eager PyTorch does, and any input it cannot take goes to the formula itself.
+
+RotaryEmbedding.from_hf_config(config, layer_type=None, angle_dtype="float32")
+    a rotary module like transformers' <Model>RotaryEmbedding: forward(x, position_ids) ->
+    (cos, sin) of shape [B, N, W] in x's dtype, built from a config.json (path, dict or a
+    transformers config) as transformers resolves it (posenc/config/hf_config.h): theta, head
+    size, partial rotary, every rope_type (linear, dynamic, yarn, longrope, llama3, ...), M-RoPE
+    sections (position_ids [3, B, N]), per-layer-type parameters (forward(x, position_ids,
+    layer_type)). `.resolved` holds every value with its source. angle_dtype "float32" computes
+    the angles as transformers does (equal to the bit); "float64" exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from . import _library
+
+_library.load()
+from . import _meta  # noqa: E402,F401  (fake kernels for torch.compile)
+
+__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_", "rope_cos_sin", "hf_rope",
+           "RotaryEmbedding"]
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         position_ids: Any = None, unsqueeze_dim: int = 1, *,
+                         layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' apply_rotary_pos_emb: returns (q * c + rot(q) * s, k * c + rot(k) * s).
+
+    q: [B, Hq, N, D], k: [B, Hk, N, D] (unsqueeze_dim=1) or [B, N, H, D] (unsqueeze_dim=2);
+    cos, sin: [B, N, W] with W <= D (dims W.. pass through: partial rotary). layout "half"
+    (rotate_half) or "interleaved" (rotate_every_two: GPT-J, GLM). position_ids: accepted for
+    the older signature and unused, as in transformers.
+    """
+    if isinstance(position_ids, int) and unsqueeze_dim == 1:  # called positionally, new signature
+        unsqueeze_dim, position_ids = position_ids, None
+    return torch.ops.posenc.apply_rotary(q, k, cos, sin, unsqueeze_dim, layout)
+
+
+def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                          sin: torch.Tensor, unsqueeze_dim: int = 1, *,
+                          layout: str = "half") -> None:
+    """In place (inference, KV-cache writes): q and k are overwritten; records no gradient."""
+    torch.ops.posenc.apply_rotary_(q, k, cos, sin, unsqueeze_dim, layout)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
+                 mrope_section: Sequence[int] = (), section_layout: str = "contiguous",
+                 layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables [..., N, 2F] float32 for positions [..., N] (or [..., N, A] with mrope_section)."""
+    return torch.ops.posenc.rope_cos_sin(positions, inv_freq, float(attention_scaling),
+                                         list(mrope_section), section_layout, layout)
+
+
+def _config_dict(config: Any) -> dict:
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"posenc: no config file at {path}")
+        with open(path, encoding="utf-8") as f:
+            try:
+                return json.load(f)
+            except ValueError as e:
+                raise ValueError(f"posenc: {path} is not JSON: {e}") from None
+    if isinstance(config, Mapping):
+        return dict(config)
+    if hasattr(config, "to_json_string"):  # a transformers PretrainedConfig
+        return json.loads(config.to_json_string(use_diff=False))
+    raise TypeError(f"posenc: a config is a path, a dict or a transformers config, got {type(config).__name__}")
+
+
+def hf_rope(config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
+            seq_len: int = -1) -> tuple[torch.Tensor, float, dict]:
+    """(inv_freq, attention_scaling, resolution) for a config.json, as transformers resolves it."""
+    origin = os.fspath(config) if isinstance(config, (str, os.PathLike)) else "config.json"
+    text = json.dumps(_config_dict(config), allow_nan=True)
+    inv_freq, scaling, resolution = torch.ops.posenc.hf_rope(text, layer_type or "", angle_dtype,
+                                                             int(seq_len), origin)
+    return inv_freq, scaling, json.loads(resolution)
+
+
+def _layer_types(cfg: dict) -> list[str]:
+    """The layer types with their own rope_parameters (Gemma 3, ...), sorted as transformers does."""
+    for c in (cfg, cfg.get("text_config") or {}):
+        params, types = c.get("rope_parameters"), c.get("layer_types")
+        if isinstance(params, dict) and types and params and set(params) <= set(types) and all(
+                isinstance(v, dict) or v is None for v in params.values()):
+            return sorted(t for t in set(types) if params.get(t) is not None)
+    return []
+
+
+class _Table:
+    """One layer type's frequencies and the state transformers' dynamic_rope_update keeps."""
+
+    def __init__(self, config_text: dict, layer_type: str, angle_dtype: str):
+        self.layer_type = layer_type
+        inv_freq, self.attention_scaling, self.resolved = hf_rope(config_text, layer_type,
+                                                                 angle_dtype)
+        self.inv_freq = inv_freq
+        self.original_inv_freq = inv_freq.clone()
+        c = self.resolved["config"]
+        self.rope_type = c.get("rope_type", "default")
+        self.layout = c.get("layout", "half")
+        self.mrope_section = list(c.get("mrope_section", []))
+        self.section_layout = c.get("section_layout", "contiguous")
+        self.max_position_embeddings = int(c.get("max_position_embeddings", 0) or 0)
+        self.original_max = int(c.get("original_max_position_embeddings", 0) or 0) or \
+            self.max_position_embeddings
+        self.max_seq_len_cached = self.max_position_embeddings
+        self.long_inv_freq = None
+
+
+class RotaryEmbedding(nn.Module):
+    """transformers' rotary-module contract: forward(x, position_ids[, layer_type]) -> (cos, sin).
+
+    Build it with from_hf_config. cos/sin: [B, N, W] in x's dtype (W = rotary_dim; the
+    layout's order: half = cat(t, t)); position_ids [B, N] (or [3, B, N] / [B, N] broadcast to
+    every axis for M-RoPE sections: Qwen2-VL's t, h, w).
+    """
+
+    def __init__(self, config: Any, layer_type: str | None = None, angle_dtype: str = "float32"):
+        super().__init__()
+        cfg = _config_dict(config)
+        self._config = cfg
+        self.angle_dtype = angle_dtype
+        types = [layer_type] if layer_type else _layer_types(cfg)
+        self.layer_types = types
+        self._tables = {t: _Table(cfg, t, angle_dtype) for t in (types or [""])}
+        for name, table in self._tables.items():
+            self.register_buffer(self._buffer(name), table.inv_freq, persistent=False)
+
+    @classmethod
+    def from_hf_config(cls, config: Any, layer_type: str | None = None,
+                       angle_dtype: str = "float32") -> "RotaryEmbedding":
+        """From a config.json path (or its folder), a dict, or a transformers config."""
+        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype)
+
+    @staticmethod
+    def _buffer(layer_type: str) -> str:
+        return f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+
+    def _table(self, layer_type: str | None) -> _Table:
+        if layer_type is None:
+            if len(self._tables) != 1:
+                raise ValueError(f"posenc.RotaryEmbedding: this config has per-layer-type rotary "
+                                 f"parameters; pass layer_type, one of {sorted(self._tables)}")
+            return next(iter(self._tables.values()))
+        if layer_type in self._tables:
+            return self._tables[layer_type]
+        if "" in self._tables:  # one table for every layer type
+            return self._tables[""]
+        raise ValueError(f"posenc.RotaryEmbedding: no rotary parameters for layer type "
+                         f"'{layer_type}'; known: {sorted(self._tables)}")
+
+    @property
+    def resolved(self) -> dict:
+        """The resolution (every value and its source, warnings), per layer type when nested."""
+        if len(self._tables) == 1:
+            return next(iter(self._tables.values())).resolved
+        return {t: table.resolved for t, table in self._tables.items()}
+
+    @property
+    def attention_scaling(self) -> float:
+        return self._table(None).attention_scaling
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(next(iter(self._tables.values())).resolved["rotary_dim"])
+
+    # transformers' dynamic_rope_update, for the two types that change with the sequence length.
+    def _update(self, table: _Table, name: str, position_ids: torch.Tensor, device) -> None:
+        if table.rope_type == "dynamic":
+            seq_len = int(torch.max(position_ids)) + 1
+            cached = table.max_seq_len_cached
+            if seq_len > cached:  # growth
+                inv_freq, table.attention_scaling, _ = hf_rope(self._config, table.layer_type,
+                                                               self.angle_dtype, seq_len)
+                setattr(self, name, inv_freq.to(device))
+                table.max_seq_len_cached = seq_len
+            if seq_len < table.max_position_embeddings and cached > table.max_position_embeddings:
+                setattr(self, name, table.original_inv_freq.to(device))  # reset
+                table.max_seq_len_cached = table.max_position_embeddings
+        elif table.rope_type == "longrope":
+            seq_len = torch.max(position_ids) + 1
+            if table.long_inv_freq is None:
+                table.long_inv_freq, _, _ = hf_rope(self._config, table.layer_type,
+                                                    self.angle_dtype, table.original_max + 1)
+            long_inv = table.long_inv_freq.to(device)
+            short_inv = table.original_inv_freq.to(device)
+            getattr(self, name).copy_(torch.where(seq_len > table.original_max, long_inv, short_inv))
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
+                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self._table(layer_type)
+        name = self._buffer(table.layer_type)
+        self._update(table, name, position_ids, x.device)
+        inv_freq = getattr(self, name)
+        positions = position_ids
+        if table.mrope_section:
+            axes = len(table.mrope_section)
+            if positions.dim() == 2:  # text only: the same position on every axis
+                positions = positions.unsqueeze(0).expand(axes, -1, -1)
+            positions = positions.permute(1, 2, 0)  # [A, B, N] -> [B, N, A]
+        cos, sin = rope_cos_sin(positions.to(inv_freq.device), inv_freq, 1.0,
+                                table.mrope_section, table.section_layout, table.layout)
+        # transformers' `emb.cos() * attention_scaling`, the same float32 product; outside the
+        # operator so that torch.compile keeps the scaling out of the operator's arguments (a
+        # symbolic float there specializes the backward's sizes: a recompile per length)
+        scaling = table.attention_scaling
+        if scaling != 1.0:
+            cos, sin = cos * scaling, sin * scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)

@@ -1,0 +1,127 @@
+// Autograd for posenc::apply_rotary (the formula in ../rotary.h):
+//   y = x * c + rot(x) * s   (first W dims; the rest copied)
+//   dx   = apply_rotary(dy, cos, -swap(sin))      rot's adjoint turns the table's pair members
+//                                                 round: half [s_a | s_b] -> [-s_b | -s_a]
+//   dcos = sum_to(dy * x, cos),  dsin = sum_to(dy * rot(x), sin)     (q's and k's terms added)
+// The backward calls the operator, not a kernel, so it is itself differentiable (gradgradcheck)
+// and torch.compile traces it. apply_rotary_ records no gradients: with autograd on and an input
+// that needs one, it is one line (use apply_rotary).
+#include <ATen/ExpandUtils.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "../rotary.h"
+
+namespace posenc::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using ApplyRotarySignature = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                const at::Tensor&,
+                                                                const at::Tensor&,
+                                                                const at::Tensor&, int64_t,
+                                                                c10::string_view);
+
+std::tuple<at::Tensor, at::Tensor> call_apply_rotary(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& cos, const at::Tensor& sin,
+                                                     int64_t unsqueeze_dim,
+                                                     const std::string& layout) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("posenc::apply_rotary", "")
+                             .typed<ApplyRotarySignature>();
+  return op.call(q, k, cos, sin, unsqueeze_dim, layout);
+}
+
+// dL/dtable for one of q, k: sum over the broadcast dims of g[..., :W] * term(x[..., :W]).
+at::Tensor table_grad(const at::Tensor& g, const at::Tensor& term, const at::Tensor& table,
+                      int64_t unsqueeze_dim) {
+  const auto unsqueezed = table.unsqueeze(unsqueeze_dim);
+  // symbolic sizes: under torch.compile(dynamic=True) the batch and token counts stay symbols
+  return at::sum_to(g * term, unsqueezed.sym_sizes()).squeeze(unsqueeze_dim);
+}
+
+class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
+                               const std::string& layout) {
+    ctx->save_for_backward({q, k, cos, sin});
+    ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
+    ctx->saved_data["layout"] = layout;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [yq, yk] = call_apply_rotary(q, k, cos, sin, unsqueeze_dim, layout);
+    return {yq, yk};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &cos = saved[2], &sin = saved[3];
+    const int64_t unsqueeze_dim = ctx->saved_data["unsqueeze_dim"].toInt();
+    const std::string layout = ctx->saved_data["layout"].toStringRef();
+    const RopeLayout parsed = rope_layout_from_string(layout);
+    const int64_t u = unsqueeze_dim < 0 ? unsqueeze_dim + cos.dim() + 1 : unsqueeze_dim;
+    const auto gq = grads[0].defined()
+                        ? grads[0]
+                        : at::zeros_like(q, q.options().dtype(at::result_type(q, cos)));
+    const auto gk = grads[1].defined()
+                        ? grads[1]
+                        : at::zeros_like(k, k.options().dtype(at::result_type(k, cos)));
+    variable_list result(6);
+    if (q.requires_grad() || k.requires_grad()) {
+      auto [dq, dk] = call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
+      result[0] = dq.to(q.scalar_type());
+      result[1] = dk.to(k.scalar_type());
+    }
+    const c10::SymInt width = cos.sym_size(-1);
+    const auto rotary = [&](const at::Tensor& t) { return t.narrow_symint(-1, 0, width); };
+    if (cos.requires_grad())
+      result[2] =
+          (table_grad(rotary(gq), rotary(q), cos, u) + table_grad(rotary(gk), rotary(k), cos, u))
+              .to(cos.scalar_type());
+    if (sin.requires_grad())
+      result[3] = (table_grad(rotary(gq), rotate_half_any(rotary(q), parsed), sin, u) +
+                   table_grad(rotary(gk), rotate_half_any(rotary(k), parsed), sin, u))
+                      .to(sin.scalar_type());
+    return result;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_autograd(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& cos,
+                                                         const at::Tensor& sin,
+                                                         int64_t unsqueeze_dim,
+                                                         c10::string_view layout) {
+  auto out = ApplyRotaryFunction::apply(q, k, cos, sin, unsqueeze_dim, std::string(layout));
+  return {out[0], out[1]};
+}
+
+void apply_rotary_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                                   const at::Tensor& sin, int64_t unsqueeze_dim,
+                                   c10::string_view layout) {
+  TORCH_CHECK(!(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() ||
+                                               cos.requires_grad() || sin.requires_grad())),
+              "posenc.apply_rotary_: in-place rotation records no gradients; use apply_rotary "
+              "(or run under torch.no_grad())");
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("posenc::apply_rotary_", "")
+                               .typed<void(at::Tensor&, at::Tensor&, const at::Tensor&,
+                                           const at::Tensor&, int64_t, c10::string_view)>();
+    op.call(q, k, cos, sin, unsqueeze_dim, layout);
+  }
+  torch::autograd::impl::bump_version(q);
+  torch::autograd::impl::bump_version(k);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
+  m.impl("apply_rotary", TORCH_FN(apply_rotary_autograd));
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_autograd));
+}
+
+}  // namespace posenc::ops

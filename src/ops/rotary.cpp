@@ -1,0 +1,266 @@
+// posenc::apply_rotary and posenc::apply_rotary_: schemas, the plain-ATen reference, and the
+// CPU implementation (fused kernel where it applies). The math and the conventions are in
+// rotary.h; autograd in autograd/rotary_autograd.cpp; CUDA tensors take the reference (the CUDA
+// kernel's glue is not a dispatcher kernel yet).
+#include "rotary.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "posenc/kernels/rope.h"
+
+namespace posenc::ops {
+
+namespace {
+
+int64_t normalized_unsqueeze_dim(int64_t unsqueeze_dim, const at::Tensor& cos) {
+  const int64_t rank = cos.dim() + 1;
+  TORCH_CHECK(unsqueeze_dim >= -rank && unsqueeze_dim < rank,
+              "posenc.apply_rotary: unsqueeze_dim must be in [", -rank, ", ", rank - 1,
+              "] for cos of shape ", cos.sizes(), ", got ", unsqueeze_dim);
+  return unsqueeze_dim < 0 ? unsqueeze_dim + rank : unsqueeze_dim;
+}
+
+// The two members of every rotary pair, as views of a [..., W] tensor. Symbolic sizes: the
+// backward runs this under torch.compile, where a concrete size() would specialize every dim.
+std::pair<at::Tensor, at::Tensor> pair_members(const at::Tensor& x, const c10::SymInt& width,
+                                               RopeLayout layout) {
+  if (layout == RopeLayout::kHalf)
+    return {x.narrow_symint(-1, 0, width / 2), x.narrow_symint(-1, width / 2, width / 2)};
+  return {x.slice_symint(-1, 0, width, 2), x.slice_symint(-1, 1, width, 2)};
+}
+
+at::ScalarType result_dtype(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return at::promote_types(at::result_type(x, cos), sin.scalar_type());
+}
+
+// y = formula(x) for one of q, k.
+at::Tensor rotate_reference(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s,
+                            RopeLayout layout) {
+  const int64_t width = c.size(-1), dim = x.size(-1);
+  const auto rotary = x.narrow(-1, 0, width);
+  auto y = rotary * c + rotate_half_any(rotary, layout) * s;
+  if (width == dim) return y;
+  const auto pass = x.narrow(-1, width, dim - width).to(y.scalar_type());
+  return at::cat({y, pass}, -1);
+}
+
+// The result laid out as empty_like(x) (what the fake kernel promises, whatever the path).
+at::Tensor as_output(const at::Tensor& x, const at::Tensor& y) {
+  auto out = at::empty_like(x, x.options().dtype(y.scalar_type()));
+  out.copy_(y);
+  return out;
+}
+
+bool is_kernel_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+}
+
+// [B, N, H, D] views of q/k for the kernel, whichever of HF's two layouts they are in.
+at::Tensor tokens_major(const at::Tensor& x, int64_t unsqueeze_dim) {
+  return unsqueeze_dim == 1 ? x.transpose(1, 2) : x;
+}
+
+// The per-pair table [N, F] or [B, N, F] the kernel reads (one member of each pair).
+at::Tensor per_pair(const at::Tensor& table, int64_t batch, RopeLayout layout) {
+  auto first = pair_members(table, table.size(-1), layout).first;
+  return (first.size(0) == 1 && batch != 1) ? first.squeeze(0) : first;
+}
+
+void run_kernel(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out,
+                const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
+                RopeLayout layout) {
+  std::vector<at::Tensor> x, y;
+  for (size_t i = 0; i < in.size(); ++i) {
+    x.push_back(tokens_major(in[i], unsqueeze_dim));
+    y.push_back(tokens_major(out[i], unsqueeze_dim));
+  }
+  const int64_t batch = in[0].size(0);
+  rope_rotate_cpu(x, y, per_pair(cos, batch, layout), per_pair(sin, batch, layout), layout,
+                  /*inverse=*/false, /*round_each_op=*/true);
+}
+
+}  // namespace
+
+at::Tensor rotate_half_any(const at::Tensor& x, RopeLayout layout) {
+  const c10::SymInt width = x.sym_size(-1);
+  if (layout == RopeLayout::kHalf) {
+    auto [a, b] = pair_members(x, width, layout);
+    return at::cat({-b, a}, -1);
+  }
+  auto [a, b] = pair_members(x, width, layout);
+  return at::stack({-b, a}, -1).flatten(-2);  // (-x1, x0, -x3, x2, ...)
+}
+
+at::Tensor swap_pair_members(const at::Tensor& table, RopeLayout layout) {
+  const c10::SymInt width = table.sym_size(-1);
+  auto [a, b] = pair_members(table, width, layout);
+  if (layout == RopeLayout::kHalf) return at::cat({b, a}, -1);
+  return at::stack({b, a}, -1).flatten(-2);
+}
+
+RopeLayout apply_rotary_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                              const at::Tensor& sin, int64_t unsqueeze_dim,
+                              const std::string& layout) {
+  const RopeLayout parsed = rope_layout_from_string(layout);
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"cos", cos}, {"sin", sin}}) {
+    TORCH_CHECK(at::isFloatingType(t.scalar_type()), "posenc.apply_rotary: ", name,
+                " must be a floating-point tensor, got ", t.scalar_type());
+    TORCH_CHECK(t.dim() >= 1, "posenc.apply_rotary: ", name, " must have a last dim, got a scalar");
+  }
+  TORCH_CHECK(cos.sizes() == sin.sizes(),
+              "posenc.apply_rotary: cos and sin shapes differ: ", cos.sizes(), " vs ", sin.sizes());
+  const int64_t width = cos.size(-1);
+  TORCH_CHECK(width % 2 == 0,
+              "posenc.apply_rotary: the rotary width cos.size(-1) must be even, got ", width);
+  TORCH_CHECK(width <= q.size(-1) && width <= k.size(-1), "posenc.apply_rotary: rotary width ",
+              width, " exceeds the head dim of q (", q.size(-1), ") or k (", k.size(-1), ")");
+  normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  return parsed;
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_reference(const at::Tensor& q, const at::Tensor& k,
+                                                          const at::Tensor& cos,
+                                                          const at::Tensor& sin,
+                                                          int64_t unsqueeze_dim,
+                                                          const std::string& layout) {
+  const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, layout);
+  const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  const auto c = cos.unsqueeze(u), s = sin.unsqueeze(u);
+  return {as_output(q, rotate_reference(q, c, s, parsed)),
+          as_output(k, rotate_reference(k, c, s, parsed))};
+}
+
+std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& cos, const at::Tensor& sin,
+                                       int64_t unsqueeze_dim, RopeLayout layout) {
+  if (!(q.device().is_cpu() && k.device().is_cpu() && cos.device().is_cpu() &&
+        sin.device().is_cpu()))
+    return "not every tensor is on the CPU";
+  if (q.dim() != 4 || k.dim() != 4) return "q and k are not 4-dimensional";
+  if (cos.dim() != 3) return "cos/sin are not [B, N, W]";
+  const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  if (u != 1 && u != 2) return "unsqueeze_dim is neither 1 ([B, H, N, D]) nor 2 ([B, N, H, D])";
+  const int64_t token_dim = u == 1 ? 2 : 1;
+  if (q.size(0) != k.size(0) || q.size(token_dim) != k.size(token_dim))
+    return "q and k differ in batch or tokens";
+  if (cos.size(0) != 1 && cos.size(0) != q.size(0)) return "cos/sin batch is neither 1 nor B";
+  if (cos.size(1) != q.size(token_dim)) return "cos/sin tokens differ from q's";
+  if (q.scalar_type() != k.scalar_type() || !is_kernel_dtype(q.scalar_type()))
+    return "q and k are not both float32, float64, bfloat16 or float16";
+  if (result_dtype(q, cos, sin) != q.scalar_type())
+    return "cos/sin are of a wider dtype than q (the result would be promoted)";
+  if (q.stride(-1) != 1 || k.stride(-1) != 1) return "the last dim of q or k is not contiguous";
+  if (q.numel() == 0 || k.numel() == 0) return "empty";
+  const int64_t width = cos.size(-1);
+  for (const auto* t : {&cos, &sin}) {
+    auto [a, b] = pair_members(*t, width, layout);
+    if (!at::equal(a, b)) return "the two members of a pair read different table values";
+  }
+  return "";
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& cos, const at::Tensor& sin,
+                                                    int64_t unsqueeze_dim,
+                                                    const std::string& layout) {
+  const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, layout);
+  if (!apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty())
+    return apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, layout);
+  const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  auto q_out = at::empty_like(q), k_out = at::empty_like(k);
+  run_kernel({q, k}, {q_out, k_out}, cos, sin, u, parsed);
+  return {q_out, k_out};
+}
+
+namespace {
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu_kernel(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& cos,
+                                                           const at::Tensor& sin,
+                                                           int64_t unsqueeze_dim,
+                                                           c10::string_view layout) {
+  return apply_rotary_cpu(q, k, cos, sin, unsqueeze_dim, std::string(layout));
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_reference_kernel(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t unsqueeze_dim, c10::string_view layout) {
+  return apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, std::string(layout));
+}
+
+// In place: the kernel writes over q and k; elsewhere the reference's result is copied back.
+void apply_rotary_inplace(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                          const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view layout,
+                          bool allow_fused) {
+  const std::string name(layout);
+  const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, name);
+  TORCH_CHECK(
+      result_dtype(q, cos, sin) == q.scalar_type() && result_dtype(k, cos, sin) == k.scalar_type(),
+      "posenc.apply_rotary_: the result's dtype (", result_dtype(q, cos, sin), ") is not q's (",
+      q.scalar_type(), "); in place needs cos/sin no wider than q and k");
+  TORCH_CHECK(!q.is_same(k), "posenc.apply_rotary_: q and k are the same tensor");
+  if (allow_fused && apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty()) {
+    run_kernel({q, k}, {q, k}, cos, sin, normalized_unsqueeze_dim(unsqueeze_dim, cos), parsed);
+    return;
+  }
+  auto [yq, yk] = apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, name);
+  q.copy_(yq);
+  k.copy_(yk);
+}
+
+// Which path apply_rotary takes for these inputs, and why: "fused" or "reference: <reason>".
+std::string apply_rotary_route_kernel(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& cos, const at::Tensor& sin,
+                                      int64_t unsqueeze_dim, c10::string_view layout) {
+  const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, std::string(layout));
+  const std::string why = apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed);
+  return why.empty() ? "fused" : "reference: " + why;
+}
+
+void apply_rotary_inplace_cpu(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                              const at::Tensor& sin, int64_t unsqueeze_dim,
+                              c10::string_view layout) {
+  apply_rotary_inplace(q, k, cos, sin, unsqueeze_dim, layout, /*allow_fused=*/true);
+}
+
+void apply_rotary_inplace_reference(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                                    const at::Tensor& sin, int64_t unsqueeze_dim,
+                                    c10::string_view layout) {
+  apply_rotary_inplace(q, k, cos, sin, unsqueeze_dim, layout, /*allow_fused=*/false);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(posenc, m) {
+  m.def(
+      "apply_rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+      "str layout=\"half\") -> (Tensor, Tensor)");
+  m.def(
+      "apply_rotary_(Tensor(a!) q, Tensor(b!) k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+      "str layout=\"half\") -> ()");
+  // The specification, callable on its own (tests compare every path with it).
+  m.def(
+      "apply_rotary_reference(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+      "str layout=\"half\") -> (Tensor, Tensor)");
+  m.impl("apply_rotary_reference", c10::DispatchKey::CompositeImplicitAutograd,
+         TORCH_FN(apply_rotary_reference_kernel));
+  // Which path apply_rotary takes and why (inspection; tests assert the fused one is taken).
+  m.def(
+      "apply_rotary_route(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+      "str layout=\"half\") -> str",
+      TORCH_FN(apply_rotary_route_kernel));
+}
+
+TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+  m.impl("apply_rotary", TORCH_FN(apply_rotary_cpu_kernel));
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_cpu));
+}
+
+TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
+  m.impl("apply_rotary", TORCH_FN(apply_rotary_reference_kernel));
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_reference));
+}
+
+}  // namespace posenc::ops

@@ -1,0 +1,59 @@
+// posenc::apply_rotary — transformers' apply_rotary_pos_emb (modeling_llama.py) as one operator
+// in PyTorch's dispatcher, for q and k together:
+//
+//   c = cos.unsqueeze(unsqueeze_dim), s = sin.unsqueeze(unsqueeze_dim)     W = cos.size(-1) <= D
+//   y[..., :W] = x[..., :W] * c + rot(x[..., :W]) * s                      (x = q, then k)
+//   y[..., W:] = x[..., W:]                                                (partial rotary)
+//   rot, half:        [x0 .. x(W/2-1) | x(W/2) .. x(W-1)] -> [-x(W/2) .. -x(W-1) | x0 .. x(W/2-1)]
+//                     (rotate_half: Llama, Qwen, Gemma, Mistral, ...)
+//   rot, interleaved: (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
+//                     (rotate_every_two / rotate_half_llm: GPT-J, GLM, DeepSeek's interleave)
+//
+// q: [B, Hq, N, D] and k: [B, Hk, N, D] with cos, sin: [B or 1, N, W] (unsqueeze_dim 1, HF's
+// default), or q/k: [B, N, H, D] (unsqueeze_dim 2); any shapes that broadcast as the formula says
+// are taken by the reference. Results have the dtype eager PyTorch's formula gives (q's, unless
+// cos is of a wider type). Head counts of q and k may differ (grouped-query attention).
+//
+// Paths (one dispatch point, apply_rotary_route): the fused CPU kernel (rope_rotate_cpu) where
+// its conditions hold — it computes the formula with the same roundings, so float32/float64
+// results are equal to the bit, and bfloat16/float16 too (each product rounded to the storage
+// type, as eager rounds it) — otherwise the reference below, which is the formula itself.
+// Backward (autograd/, differentiable, so gradgradcheck and torch.compile trace it):
+//   dq = apply_rotary(dy, cos, -swap(sin))          swap: exchange the halves (pairs) of the table
+//   dcos = sum over broadcast dims of dy * x,  dsin = sum of dy * rot(x)   (over q and k)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <tuple>
+
+#include "posenc/functional/rope.h"
+
+namespace posenc::ops {
+
+/// The formula in plain ATen (the specification and the test oracle); any device.
+std::tuple<at::Tensor, at::Tensor> apply_rotary_reference(const at::Tensor& q, const at::Tensor& k,
+                                                          const at::Tensor& cos,
+                                                          const at::Tensor& sin,
+                                                          int64_t unsqueeze_dim,
+                                                          const std::string& layout);
+/// rot(x) over the last dim (half or interleaved), as the formula's table.
+at::Tensor rotate_half_any(const at::Tensor& x, RopeLayout layout);
+/// The table with its two pair members exchanged (half: the halves; interleaved: even/odd).
+at::Tensor swap_pair_members(const at::Tensor& table, RopeLayout layout);
+/// Why the fused CPU kernel does not take these inputs ("" when it does).
+std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& cos, const at::Tensor& sin,
+                                       int64_t unsqueeze_dim, RopeLayout layout);
+/// The CPU implementation: the fused kernel where it applies, else the reference.
+std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& cos, const at::Tensor& sin,
+                                                    int64_t unsqueeze_dim,
+                                                    const std::string& layout);
+/// Checks shared by every path: the one-line errors (shapes, dtypes, layout name).
+RopeLayout apply_rotary_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                              const at::Tensor& sin, int64_t unsqueeze_dim,
+                              const std::string& layout);
+
+}  // namespace posenc::ops

@@ -1,0 +1,119 @@
+"""Small randomly initialised models of each supported family, run through transformers' own
+modeling code with and without posenc.integrations.transformers.patch(): logits equal (the
+rotation and the tables are equal to the bit in float32, so the logits are too) and gradients
+equal (rtol 1e-5: posenc's backward is the adjoint rotation, autograd's the formula's)."""
+
+import copy
+import importlib
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import posenc  # noqa: E402
+from posenc.integrations.transformers import SUPPORTED, patch, unpatch  # noqa: E402
+
+COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+              intermediate_size=96, vocab_size=101, max_position_embeddings=256, pad_token_id=0)
+
+FAMILIES = {
+    "llama": lambda: transformers.LlamaConfig(**COMMON, head_dim=16),
+    "llama-llama3": lambda: transformers.LlamaConfig(
+        **COMMON, head_dim=16, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+    "llama-yarn": lambda: transformers.LlamaConfig(
+        **COMMON, head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                                "factor": 4.0, "original_max_position_embeddings": 64}),
+    "mistral": lambda: transformers.MistralConfig(**COMMON, head_dim=16),
+    "qwen2": lambda: transformers.Qwen2Config(**COMMON),
+    "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=16),
+    "gemma3_text": lambda: transformers.Gemma3TextConfig(
+        **COMMON, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+    "phi3-longrope": lambda: transformers.Phi3Config(
+        **COMMON, original_max_position_embeddings=8, partial_rotary_factor=0.5,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0]}),
+    "glm": lambda: transformers.GlmConfig(**COMMON, head_dim=16, partial_rotary_factor=0.5),
+}
+
+
+def build(name):
+    config = FAMILIES[name]()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def run(model, ids, positions=None):
+    model.zero_grad()
+    out = model(input_ids=ids, position_ids=positions)
+    out.logits.square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), grads
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_patched_model_equals_transformers(name):
+    model = build(name)
+    assert model.config.model_type in SUPPORTED
+    torch.manual_seed(1)
+    ids = torch.randint(1, 101, (2, 13))
+    packed = torch.tensor([list(range(13)), list(range(6)) + list(range(7))])  # two sequences in a row
+    want = [run(model, ids), run(model, ids, packed)]
+    patched = patch(copy.deepcopy(model))
+    assert any(isinstance(m, posenc.RotaryEmbedding) for m in patched.modules())
+    modeling = importlib.import_module(SUPPORTED[model.config.model_type])
+    assert hasattr(modeling.apply_rotary_pos_emb, "posenc_layout")  # posenc's rotation is in
+    try:
+        got = [run(patched, ids), run(patched, ids, packed)]
+    finally:
+        unpatch(patched)
+    for (lw, gw), (lg, gg) in zip(want, got):
+        assert torch.equal(lw, lg), (lw - lg).abs().max()
+        assert gw.keys() == gg.keys()
+        for key in gw:
+            torch.testing.assert_close(gg[key], gw[key], rtol=1e-5, atol=1e-7, msg=key)
+
+
+def test_long_context_past_the_original_is_equal_too():
+    model = build("phi3-longrope")  # 8-token original context: 13 tokens take the long factors
+    ids = torch.randint(1, 101, (1, 13))
+    want = model(input_ids=ids).logits
+    got = patch(copy.deepcopy(model))(input_ids=ids).logits
+    unpatch(model)
+    assert torch.equal(want, got)
+
+
+def test_a_wrong_layout_would_be_seen():
+    # the comparison can fail: GLM's interleaved pairs rotated as halves change the logits
+    from posenc.integrations import transformers as integration
+    model = build("glm")
+    ids = torch.randint(1, 101, (1, 9))
+    want = model(input_ids=ids).logits
+    patched = patch(copy.deepcopy(model))
+    modeling = importlib.import_module(SUPPORTED["glm"])
+    modeling.apply_rotary_pos_emb = integration._rotation("half")
+    try:
+        assert not torch.equal(want, patched(input_ids=ids).logits)
+    finally:
+        unpatch(patched)
+
+
+def test_unchecked_family_is_refused_in_one_line():
+    config = transformers.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
+                                        intermediate_size=96, vocab_size=101)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="model type 'gpt_neox' is not one posenc has checked"):
+        patch(model)
+
+
+def test_unpatch_restores_transformers():
+    from transformers.models.llama import modeling_llama
+    original = modeling_llama.apply_rotary_pos_emb
+    model = patch(build("llama"))
+    assert modeling_llama.apply_rotary_pos_emb is not original
+    unpatch(model)
+    assert modeling_llama.apply_rotary_pos_emb is original
+    assert not any(isinstance(m, posenc.RotaryEmbedding) for m in model.modules())
