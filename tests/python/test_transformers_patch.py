@@ -36,6 +36,10 @@ FAMILIES = {
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
                          "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0]}),
     "glm": lambda: transformers.GlmConfig(**COMMON, head_dim=16, partial_rotary_factor=0.5),
+    "qwen2_vl": lambda: transformers.Qwen2VLConfig(
+        text_config=dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                  "mrope_section": [2, 3, 3]}),
+        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2)),
 }
 
 
@@ -43,6 +47,8 @@ def build(name):
     config = FAMILIES[name]()
     config._attn_implementation = "eager"
     torch.manual_seed(0)
+    if name == "qwen2_vl":
+        return transformers.Qwen2VLForConditionalGeneration(config).eval()
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
@@ -61,10 +67,14 @@ def test_patched_model_equals_transformers(name):
     torch.manual_seed(1)
     ids = torch.randint(1, 101, (2, 13))
     packed = torch.tensor([list(range(13)), list(range(6)) + list(range(7))])  # two sequences in a row
+    if name == "qwen2_vl":  # M-RoPE: (t, h, w) per token, as for a 1 x 3 x 4 grid after text
+        t = torch.arange(13)
+        packed = torch.stack([t, torch.where(t < 1, t, 1 + (t - 1) // 4), torch.where(t < 1, t, 1 + (t - 1) % 4)])
+        packed = packed[:, None].expand(3, 2, 13)
     want = [run(model, ids), run(model, ids, packed)]
     patched = patch(copy.deepcopy(model))
     assert any(isinstance(m, posenc.RotaryEmbedding) for m in patched.modules())
-    modeling = importlib.import_module(SUPPORTED[model.config.model_type])
+    modeling = importlib.import_module(SUPPORTED[model.config.model_type][0])
     assert hasattr(modeling.apply_rotary_pos_emb, "posenc_layout")  # posenc's rotation is in
     try:
         got = [run(patched, ids), run(patched, ids, packed)]
@@ -93,7 +103,7 @@ def test_a_wrong_layout_would_be_seen():
     ids = torch.randint(1, 101, (1, 9))
     want = model(input_ids=ids).logits
     patched = patch(copy.deepcopy(model))
-    modeling = importlib.import_module(SUPPORTED["glm"])
+    modeling = importlib.import_module(SUPPORTED["glm"][0])
     modeling.apply_rotary_pos_emb = integration._rotation("half")
     try:
         assert not torch.equal(want, patched(input_ids=ids).logits)

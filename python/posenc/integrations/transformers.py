@@ -24,15 +24,17 @@ import torch
 
 from ..rotary import RotaryEmbedding, apply_rotary_pos_emb
 
-# model_type -> the modeling file whose rotary classes and apply_rotary_pos_emb are replaced.
+# model_type -> (the modeling file, its text rotary classes replaced). A tower's rotary class
+# (Qwen2-VL's vision rotary) is left as it is.
 SUPPORTED = {
-    "llama": "transformers.models.llama.modeling_llama",
-    "mistral": "transformers.models.mistral.modeling_mistral",
-    "qwen2": "transformers.models.qwen2.modeling_qwen2",
-    "qwen3": "transformers.models.qwen3.modeling_qwen3",
-    "gemma3_text": "transformers.models.gemma3.modeling_gemma3",
-    "phi3": "transformers.models.phi3.modeling_phi3",
-    "glm": "transformers.models.glm.modeling_glm",
+    "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",)),
+    "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",)),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", ("Qwen2RotaryEmbedding",)),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", ("Qwen3RotaryEmbedding",)),
+    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", ("Qwen2VLRotaryEmbedding",)),
+    "gemma3_text": ("transformers.models.gemma3.modeling_gemma3", ("Gemma3RotaryEmbedding",)),
+    "phi3": ("transformers.models.phi3.modeling_phi3", ("Phi3RotaryEmbedding",)),
+    "glm": ("transformers.models.glm.modeling_glm", ("GlmRotaryEmbedding",)),
 }
 
 _ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
@@ -58,11 +60,12 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     if model_type not in SUPPORTED:
         raise ValueError(f"posenc.patch: model type '{model_type}' is not one posenc has checked "
                          f"against transformers' code; supported: {', '.join(sorted(SUPPORTED))}")
-    modeling = importlib.import_module(SUPPORTED[model_type])
+    module_name, classes = SUPPORTED[model_type]
+    modeling = importlib.import_module(module_name)
     layouts = set()
     replaced = 0
     for name, sub in list(model.named_modules()):
-        if type(sub).__module__ != modeling.__name__ or not type(sub).__name__.endswith("RotaryEmbedding"):
+        if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
         ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype)
         ours.to(_buffer_device(sub))
@@ -86,7 +89,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED:
         return model
-    modeling = importlib.import_module(SUPPORTED[model_type])
+    modeling = importlib.import_module(SUPPORTED[model_type][0])
     for name, sub in list(model.named_modules()):
         replaced = getattr(sub, "posenc_replaced", None)
         if replaced is None:

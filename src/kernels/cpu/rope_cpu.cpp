@@ -107,8 +107,75 @@ const bool kHasAvx2 = [] {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }();
+const bool kHasF16c = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("f16c");
+}();
+
+// bfloat16 and float16 rows (half layout), 8 at a time in float32. Conversions as ATen's:
+// bfloat16 <- float32 rounds to nearest even (a NaN stays a NaN), float16 through F16C.
+// round_each: every product is rounded to the storage type before the sum (eager's three ops).
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+// v rounded to bfloat16, still as float32 (low 16 bits zero)
+__attribute__((target("avx2,fma,f16c"))) inline __m256 round8(__m256 v, const c10::BFloat16*) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i bias = _mm256_add_epi32(
+      _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7FFF));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(u, bias), _mm256_set1_epi32(static_cast<int>(0xFFFF0000)));
+  const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded),
+                          _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)), nan);
+}
+__attribute__((target("avx2,fma,f16c"))) inline __m256 round8(__m256 v, const c10::Half*) {
+  return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+__attribute__((target("avx2,fma,f16c"))) inline void store8(c10::BFloat16* p, __m256 v) {
+  const __m256i bits = _mm256_srli_epi32(_mm256_castps_si256(round8(v, p)), 16);
+  const __m128i packed =
+      _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
+}
+__attribute__((target("avx2,fma,f16c"))) inline void store8(c10::Half* p, __m256 v) {
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+template <typename T>
+__attribute__((target("avx2,fma,f16c"))) void rotate_row_reduced_avx2(const T* x, T* y,
+                                                                      const float* c,
+                                                                      const float* s, int64_t f,
+                                                                      bool round_each_op) {
+  int64_t i = 0;
+  for (; i + 8 <= f; i += 8) {
+    const __m256 a = load8(x + i), b = load8(x + i + f);
+    const __m256 cv = _mm256_loadu_ps(c + i), sv = _mm256_loadu_ps(s + i);
+    __m256 ac = _mm256_mul_ps(a, cv), bs = _mm256_mul_ps(b, sv);
+    __m256 bc = _mm256_mul_ps(b, cv), as = _mm256_mul_ps(a, sv);
+    if (round_each_op) {
+      ac = round8(ac, x);
+      bs = round8(bs, x);
+      bc = round8(bc, x);
+      as = round8(as, x);
+    }
+    store8(y + i, _mm256_sub_ps(ac, bs));
+    store8(y + i + f, _mm256_add_ps(bc, as));
+  }
+  if (round_each_op) {
+    rotate_row_scalar<T, float, true>(x, y, c, s, i, f, /*interleaved=*/false);
+  } else {
+    rotate_row_scalar<T, float, false>(x, y, c, s, i, f, /*interleaved=*/false);
+  }
+}
 #else
 const bool kHasAvx2 = false;
+const bool kHasF16c = false;
 #endif
 
 template <typename T>
@@ -124,6 +191,14 @@ void rotate_any_row(const T* x, T* y, const float* c, const float* s, int64_t f,
       } else {
         rotate_row_f32_avx2<false>(x, y, c, s, f, interleaved);
       }
+      return;
+    }
+  }
+#endif
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>) {
+    if (kHasAvx2 && kHasF16c && !interleaved) {
+      rotate_row_reduced_avx2<T>(x, y, c, s, f, round_each_op);
       return;
     }
   }
@@ -184,6 +259,41 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   const float* sin_data = sin.data_ptr<float>();
   const int64_t grain =
       std::max<int64_t>(1, 16384 / std::max<int64_t>(1, first.size(2) * first.size(3)));
+  // Head-major storage ([B, H, N, Dh] contiguous, viewed as [B, N, H, Dh]): walk each head's
+  // tokens in memory order instead (one stream per thread, not H strided ones).
+  const bool head_major = first.size(2) > 1 && first.stride(2) > first.stride(1);
+  if (head_major) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
+          for (size_t t = 0; t < inputs.size(); ++t) {
+            const auto& x = inputs[t];
+            const auto& y = outputs[t];
+            const int64_t heads = x.size(2), dh = x.size(3);
+            const int64_t rows_grain = std::max<int64_t>(1, grain / std::max<int64_t>(1, heads));
+            detail::parallel_for(0, batch * heads, rows_grain, [&](int64_t begin, int64_t end) {
+              for (int64_t bh = begin; bh < end; ++bh) {
+                const int64_t b = bh / heads, h = bh % heads;
+                const scalar_t* xb =
+                    x.const_data_ptr<scalar_t>() + b * x.stride(0) + h * x.stride(2);
+                scalar_t* yb = y.data_ptr<scalar_t>() + b * y.stride(0) + h * y.stride(2);
+                for (int64_t n = 0; n < tokens; ++n) {
+                  const int64_t row = (batched_table ? b * tokens + n : n) * f;
+                  const scalar_t* xr = xb + n * x.stride(1);
+                  scalar_t* yr = yb + n * y.stride(1);
+                  rotate_any_row<scalar_t>(xr, yr, cos_data + row, sin_data + row, f, interleaved,
+                                           round_each_op);
+                  if (xr != yr)
+                    for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
+                }
+              }
+#if defined(__x86_64__)
+              _mm_sfence();
+#endif
+            });
+          }
+        });
+    return;
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
     detail::parallel_for(0, batch * tokens, grain, [&](int64_t begin, int64_t end) {
       for (int64_t token = begin; token < end; ++token) {

@@ -1,0 +1,35 @@
+"""The package's own contract: one-line refusal of a torch it was not built for, or a missing
+library, before anything is loaded."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import posenc._library as library
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(library.__file__)))
+
+
+def _import_in_child(lib):
+    env = dict(os.environ, POSENC_OPS_LIBRARY=lib, PYTHONPATH=PYTHON_DIR)
+    return subprocess.run([sys.executable, "-c", "import posenc"], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_another_torch_is_refused_in_one_line(tmp_path):
+    lib = tmp_path / "libposenc_ops.so"
+    shutil.copy(library.library_path(), lib)
+    (tmp_path / "libposenc_ops.json").write_text(json.dumps({"torch_version": "2.9.1+cpu"}))
+    r = _import_in_child(str(lib))
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: posenc: its operators were built against torch 2.9.1+cpu")
+    assert "rebuild posenc" in last
+
+
+def test_a_missing_library_is_one_line(tmp_path):
+    r = _import_in_child(str(tmp_path / "nowhere.so"))
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode != 0 and "its operator library" in last and "is missing" in last
