@@ -4,7 +4,7 @@
 What it writes (each file is a JSON object {"generator": {...}, "source": ..., "notes": [...], "cases": [...]}):
 
   tests/fixtures/rope.json            RoPE inverse frequencies + attention scaling for every HF rope_type
-                                      (default, linear, dynamic, yarn, llama3, longrope, partial rotary), and for
+                                      (default, linear, dynamic, yarn, llama3, longrope, proportional, partial rotary), and for
                                       a subset of cases the cos/sin tables and the rotate-half (Llama/NeoX) and
                                       rotate-every-two (GPT-J) rotation of a fixed input.
   tests/fixtures/t5_buckets.json      T5 relative-position buckets (HF T5Attention._relative_position_bucket).
@@ -21,11 +21,9 @@ function exists; values that are hand-derived are labelled so in a "source" fiel
 
 Regenerate (from the repository root):
 
-    /work/venv-tools/bin/python tools/gen_fixtures.py
+    ~/.cache/posenc/venv/bin/python tools/gen_fixtures.py
 
-Making such a venv:
-
-    python3 -m venv V && V/bin/pip install torch==2.15.0 transformers timm
+(the venv scripts/setup.sh installs: python/requirements-test.txt).
 
 The torch/transformers/timm/numpy versions used are recorded in each JSON file under "generator".
 The fixtures were generated with transformers 5.24.0; the RoPE semantics (rope_parameters layout, defaults) differ
@@ -330,6 +328,11 @@ def gen_rope():
     add("yarn_f4_partial0.75", 64, 16384, dict(yarn_base), partial_rotary_factor=0.75)
     # partial rotary with linear and llama3 (scaled types honour partial_rotary_factor)
     add("linear_f4_partial0.5", 64, 4096, {"rope_type": "linear", "rope_theta": T, "factor": 4.0},
+        partial_rotary_factor=0.5)
+    # o) proportional (Gemma 4): theta^(-2i/Dh) for the rotating pairs, 0 for the rest, / factor
+    add("proportional_partial0.25", 64, 4096, {"rope_type": "proportional", "rope_theta": T},
+        partial_rotary_factor=0.25)
+    add("proportional_f2", 64, 4096, {"rope_type": "proportional", "rope_theta": T, "factor": 2.0},
         partial_rotary_factor=0.5)
 
     by_name = {c["name"]: c for c in cases}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -139,6 +140,9 @@ class RotaryEmbedding(nn.Module):
         types = [layer_type] if layer_type else _layer_types(cfg)
         self.layer_types = types
         self._tables = {t: _Table(cfg, t, angle_dtype) for t in (types or [""])}
+        for table in self._tables.values():  # what `posenc inspect --hf-config` prints as warnings
+            for line in table.resolved.get("warnings", []):
+                warnings.warn(f"posenc: {line}", stacklevel=3)
         for name, table in self._tables.items():
             self.register_buffer(self._buffer(name), table.inv_freq, persistent=False)
 

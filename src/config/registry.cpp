@@ -13,6 +13,7 @@
 
 #include "posenc/config/config_reader.h"
 #include "posenc/config/hf_config.h"
+#include "posenc/functional/rope_scaling.h"
 #include "posenc/io/input_file.h"
 #include "posenc/posenc.h"
 
@@ -245,23 +246,13 @@ void check_dependencies(const nlohmann::json& config, const std::string& where, 
     m << where << ": '" << key << "' is not given; " << why;
     missing.push_back(m.str());
   };
-  const bool scaled = type != RopeScaling::kDefault && type != RopeScaling::kProportional;
-  if (pasted || scaled)
+  const auto& unit = rope_scaling_unit(type);  // what the type reads from elsewhere
+  if (pasted || unit.scales)
     need("rope_theta",
          "transformers reads it from the model's config.json (top-level 'rope_theta', or "
          "'rotary_emb_base' for GPT-NeoX); posenc's default would be 10000");
-  if (type == RopeScaling::kDynamic)
-    need("max_position_embeddings",
-         "dynamic NTK grows theta past the model's context, which transformers reads from the "
-         "top-level 'max_position_embeddings'; posenc's default would be 2048");
-  if (type == RopeScaling::kLlama3 || type == RopeScaling::kYarn || type == RopeScaling::kLongRope)
-    need("original_max_position_embeddings",
-         "transformers reads the pre-training context from the block or from the top level of "
-         "config.json (Phi-3 keeps it there), else from 'max_position_embeddings'");
-  if ((type == RopeScaling::kYarn || type == RopeScaling::kLongRope) && !given("factor"))
-    need("max_position_embeddings",
-         "without 'factor', transformers takes max_position_embeddings / "
-         "original_max_position_embeddings; posenc's default would be 2048");
+  for (const auto& dependency : unit.dependencies)
+    if (!dependency.unless_factor || !given("factor")) need(dependency.key, dependency.why);
   if (missing.empty()) return;
   std::ostringstream all;
   for (size_t i = 0; i < missing.size(); ++i) all << (i ? "; " : "") << missing[i];

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "posenc/functional/rope_scaling.h"
 #include "posenc/functional/time.h"
 
 namespace posenc {
@@ -28,25 +29,7 @@ RopeLayout rope_layout_from_string(const std::string& name) {
   TORCH_CHECK(false, "rope: unknown layout '", name, "'; expected one of: half, interleaved");
 }
 
-std::string to_string(RopeScaling scaling) {
-  switch (scaling) {
-    case RopeScaling::kDefault:
-      return "default";
-    case RopeScaling::kLinear:
-      return "linear";
-    case RopeScaling::kDynamic:
-      return "dynamic";
-    case RopeScaling::kYarn:
-      return "yarn";
-    case RopeScaling::kLlama3:
-      return "llama3";
-    case RopeScaling::kLongRope:
-      return "longrope";
-    case RopeScaling::kProportional:
-      return "proportional";
-  }
-  return "unknown";
-}
+std::string to_string(RopeScaling scaling) { return rope_scaling_unit(scaling).name; }
 
 std::string to_string(RopeAngleDtype dtype) {
   return dtype == RopeAngleDtype::kFloat32 ? "float32" : "float64";
@@ -58,46 +41,16 @@ RopeAngleDtype rope_angle_dtype_from_string(const std::string& name) {
   TORCH_CHECK(false, "rope: unknown angle_dtype '", name, "'; expected one of: float64, float32");
 }
 
-namespace {
-// The block keys each scaling type takes (transformers' validators: required and optional keys).
-const std::vector<std::string>& scaling_keys_of(RopeScaling scaling) {
-  static const std::vector<std::string> none, linear{"factor"},
-      yarn{"factor",           "original_max_position_embeddings",
-           "attention_factor", "beta_fast",
-           "beta_slow",        "mscale",
-           "mscale_all_dim",   "truncate"},
-      longrope{"short_factor", "long_factor", "factor", "original_max_position_embeddings",
-               "attention_factor"},
-      llama3{"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"};
-  switch (scaling) {
-    case RopeScaling::kDefault:
-      return none;
-    case RopeScaling::kLinear:
-    case RopeScaling::kDynamic:
-    case RopeScaling::kProportional:
-      return linear;
-    case RopeScaling::kYarn:
-      return yarn;
-    case RopeScaling::kLongRope:
-      return longrope;
-    case RopeScaling::kLlama3:
-      return llama3;
-  }
-  return none;
-}
-}  // namespace
-
 bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
-  const auto& keys = scaling_keys_of(scaling);
+  const auto& keys = rope_scaling_unit(scaling).keys;
   return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
 const std::vector<std::string>& rope_scaling_keys() {
   static const std::vector<std::string> keys = [] {  // the union of every type's keys
     std::vector<std::string> all;
-    for (auto type :
-         {RopeScaling::kLinear, RopeScaling::kYarn, RopeScaling::kLongRope, RopeScaling::kLlama3})
-      for (const auto& key : scaling_keys_of(type))
+    for (const auto& unit : rope_scaling_units())
+      for (const auto& key : unit.keys)
         if (std::find(all.begin(), all.end(), key) == all.end()) all.push_back(key);
     return all;
   }();
@@ -105,15 +58,14 @@ const std::vector<std::string>& rope_scaling_keys() {
 }
 
 RopeScaling rope_scaling_from_string(const std::string& name) {
-  if (name == "default") return RopeScaling::kDefault;
-  if (name == "linear") return RopeScaling::kLinear;
-  if (name == "dynamic") return RopeScaling::kDynamic;
-  if (name == "yarn") return RopeScaling::kYarn;
-  if (name == "llama3") return RopeScaling::kLlama3;
-  if (name == "longrope" || name == "su") return RopeScaling::kLongRope;
-  if (name == "proportional") return RopeScaling::kProportional;
-  TORCH_CHECK(false, "rope: unknown rope_type '", name,
-              "'; expected one of: default, linear, dynamic, yarn, llama3, longrope, proportional");
+  std::string known;
+  for (const auto& unit : rope_scaling_units()) {
+    if (unit.name == name) return unit.type;
+    for (const auto& alias : unit.aliases)
+      if (alias == name) return unit.type;
+    known += (known.empty() ? "" : ", ") + unit.name;
+  }
+  TORCH_CHECK(false, "rope: unknown rope_type '", name, "'; expected one of: ", known);
 }
 
 std::string to_string(RopeFrequencySource source) {
@@ -145,7 +97,7 @@ RopeFrequencyOptions RopeFrequencyOptions::periods(double min_period, double max
 
 int64_t rope_rotary_dim(const RopeOptions& o) {
   if (o.frequencies().source() == RopeFrequencySource::kLadder &&
-      o.frequencies().scaling().rope_type() == RopeScaling::kProportional)
+      rope_scaling_unit(o.frequencies().scaling().rope_type()).rotates_whole_head)
     return o.head_dim();
   return static_cast<int64_t>(static_cast<double>(o.head_dim()) * o.partial_rotary_factor());
 }
@@ -157,61 +109,28 @@ int64_t rope_original_context(const RopeScalingOptions& s) {
 
 double rope_factor(const RopeScalingOptions& s) {
   if (s.factor()) return *s.factor();
-  switch (s.rope_type()) {
-    case RopeScaling::kYarn:
-    case RopeScaling::kLongRope:
-      return static_cast<double>(s.max_position_embeddings()) /
-             static_cast<double>(rope_original_context(s));
-    case RopeScaling::kDefault:
-    case RopeScaling::kProportional:
-      return 1.0;
-    default:
-      TORCH_CHECK(false, "rope: rope_type '", to_string(s.rope_type()), "' needs a 'factor'");
-  }
+  const auto& unit = rope_scaling_unit(s.rope_type());
+  TORCH_CHECK(unit.default_factor != nullptr, "rope: rope_type '", unit.name, "' needs a 'factor'");
+  return unit.default_factor(s);
 }
 
 namespace {
 
-// The HF scaling of a theta ladder over r rotary dims.
+// The HF scaling of a theta ladder over r rotary dims: the checks every type shares, then the
+// type's own (its unit).
 void validate_scaling(const RopeScalingOptions& s, const RopeOptions& o, int64_t r) {
   TORCH_CHECK(s.max_position_embeddings() > 0,
               "rope: max_position_embeddings must be positive, got ", s.max_position_embeddings());
   TORCH_CHECK(s.original_max_position_embeddings() >= 0,
               "rope: original_max_position_embeddings must be >= 0, got ",
               s.original_max_position_embeddings());
-  if (s.rope_type() == RopeScaling::kProportional) {
-    TORCH_CHECK(o.head_dim() % 2 == 0,
-                "rope: proportional rotates the whole head; head_dim must be ", "even, got ",
-                o.head_dim());
-    TORCH_CHECK(o.sections().sections().empty() && !o.xpos(),
-                "rope: proportional does not combine with mrope_section or xpos");
-  }
-  const bool scaled =
-      s.rope_type() != RopeScaling::kDefault && s.rope_type() != RopeScaling::kProportional;
-  if (scaled) {
+  const auto& unit = rope_scaling_unit(s.rope_type());
+  if (unit.validate) unit.validate(s, o, r);
+  if (unit.scales) {
     const double f = rope_factor(s);
     TORCH_CHECK(f > 0 && std::isfinite(f), "rope: factor must be positive, got ", f);
-    TORCH_CHECK(
-        f >= 1 || s.rope_type() == RopeScaling::kLinear || s.rope_type() == RopeScaling::kLongRope,
-        "rope: ", to_string(s.rope_type()), " needs factor >= 1, got ", f);
-  }
-  if (s.rope_type() == RopeScaling::kYarn) {
-    TORCH_CHECK(s.beta_fast() > 0 && s.beta_slow() > 0,
-                "rope: yarn beta_fast and beta_slow must be positive, got ", s.beta_fast(), " and ",
-                s.beta_slow());
-  }
-  if (s.rope_type() == RopeScaling::kLlama3) {
-    TORCH_CHECK(s.high_freq_factor() > s.low_freq_factor(),
-                "rope: llama3 needs high_freq_factor > low_freq_factor, got ", s.high_freq_factor(),
-                " and ", s.low_freq_factor());
-  }
-  if (s.rope_type() == RopeScaling::kLongRope) {
-    const size_t half = static_cast<size_t>(r / 2);
-    TORCH_CHECK(s.short_factor().size() == half,
-                "rope: longrope short_factor must have r/2 = ", half, " values, got ",
-                s.short_factor().size());
-    TORCH_CHECK(s.long_factor().size() == half, "rope: longrope long_factor must have r/2 = ", half,
-                " values, got ", s.long_factor().size());
+    TORCH_CHECK(f >= 1 || unit.factor_below_one, "rope: ", unit.name, " needs factor >= 1, got ",
+                f);
   }
 }
 
@@ -287,203 +206,21 @@ void rope_validate(const RopeOptions& o) {
               o.xpos_scale_base());
 }
 
-namespace {
-
-// theta^(-2i/r) in float64: [r/2]
-at::Tensor base_inv_freq(double theta, int64_t r) {
-  return torch::pow(theta, -torch::arange(0, r, 2, torch::kFloat64) / static_cast<double>(r));
-}
-
-double yarn_mscale(double scale, double mscale) {
-  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-}
-
-// Dimension index whose wavelength makes `rotations` turns over the context L0.
-double yarn_correction_dim(double rotations, int64_t r, double theta, int64_t context) {
-  return r * std::log(static_cast<double>(context) / (rotations * 2 * M_PI)) /
-         (2 * std::log(theta));
-}
-
-// YaRN's ramp bounds [low, high] over the r/2 pairs.
-std::pair<double, double> yarn_ramp(const RopeScalingOptions& s, int64_t r, double theta) {
-  const int64_t context = rope_original_context(s);
-  double low = yarn_correction_dim(s.beta_fast(), r, theta, context);
-  double high = yarn_correction_dim(s.beta_slow(), r, theta, context);
-  if (s.truncate()) {
-    low = std::floor(low);
-    high = std::ceil(high);
-  }
-  low = std::max(low, 0.0);
-  high = std::min(high, static_cast<double>(r - 1));
-  if (low == high) high += 0.001;  // avoid a zero-width ramp
-  return {low, high};
-}
-
-double yarn_attention(const RopeScalingOptions& s) {
-  const double f = rope_factor(s);
-  if (s.attention_factor()) return *s.attention_factor();
-  if (s.mscale() && s.mscale_all_dim() && *s.mscale() != 0 && *s.mscale_all_dim() != 0)
-    return yarn_mscale(f, *s.mscale()) / yarn_mscale(f, *s.mscale_all_dim());
-  return yarn_mscale(f, 1.0);
-}
-
-double longrope_attention(const RopeScalingOptions& s) {
-  if (s.attention_factor()) return *s.attention_factor();
-  const double f = rope_factor(s);
-  if (f <= 1) return 1.0;
-  return std::sqrt(1 + std::log(f) / std::log(static_cast<double>(rope_original_context(s))));
-}
-
-// theta ladder with an HF scaling, float64.
-RopeFrequencies scaled_ladder(const RopeOptions& o, int64_t r, int64_t seq_len) {
-  const auto& s = o.frequencies().scaling();
-  const double theta = o.frequencies().theta();
-  switch (s.rope_type()) {
-    case RopeScaling::kDefault:
-      return {base_inv_freq(theta, r), 1.0};
-    case RopeScaling::kLinear:
-      return {base_inv_freq(theta, r) / rope_factor(s), 1.0};
-    case RopeScaling::kDynamic: {
-      const double f = rope_factor(s);
-      const int64_t context = s.max_position_embeddings();
-      const double length = static_cast<double>(std::max(seq_len, context));
-      const double grown =
-          theta * std::pow(f * length / context - (f - 1), static_cast<double>(r) / (r - 2));
-      return {base_inv_freq(grown, r), 1.0};
-    }
-    case RopeScaling::kYarn: {
-      const auto [low, high] = yarn_ramp(s, r, theta);
-      auto extrapolation = base_inv_freq(theta, r);
-      auto interpolation = extrapolation / rope_factor(s);
-      // gamma_i = clamp((i - low) / (high - low), 0, 1); weight of extrapolation = 1 - gamma
-      auto ramp = ((torch::arange(r / 2, torch::kFloat64) - low) / (high - low)).clamp(0, 1);
-      auto extrapolation_weight = 1 - ramp;
-      auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
-      return {inv, yarn_attention(s)};
-    }
-    case RopeScaling::kLlama3: {
-      auto inv = base_inv_freq(theta, r);
-      const double f = rope_factor(s);
-      const double context = static_cast<double>(rope_original_context(s));
-      const double low_wavelen = context / s.low_freq_factor();
-      const double high_wavelen = context / s.high_freq_factor();
-      auto wavelen = 2 * M_PI / inv;
-      auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
-      auto smooth =
-          (context / wavelen - s.low_freq_factor()) / (s.high_freq_factor() - s.low_freq_factor());
-      auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
-      auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
-      return {torch::where(medium, smoothed, scaled), 1.0};
-    }
-    case RopeScaling::kLongRope: {
-      const auto& ext = seq_len > rope_original_context(s) ? s.long_factor() : s.short_factor();
-      auto ext_t = torch::tensor(ext, torch::kFloat64);
-      auto inv = 1.0 / (ext_t * torch::pow(theta, torch::arange(0, r, 2, torch::kFloat64) /
-                                                      static_cast<double>(r)));
-      return {inv, longrope_attention(s)};
-    }
-    case RopeScaling::kProportional: {
-      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
-      auto ladder = torch::pow(theta, -torch::arange(0, 2 * rotating, 2, torch::kFloat64) /
-                                          static_cast<double>(o.head_dim()));
-      auto inv = torch::cat({ladder, torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat64)});
-      return {inv / rope_factor(s), 1.0};
-    }
-  }
-  TORCH_CHECK(false, "rope: unhandled rope_type");
-}
-
-// ---- HF transformers' float32 arithmetic, op for op (modeling_rope_utils.py, transformers 5) ----
-// Python's `1.0 / t` is t.reciprocal() * 1.0 and `base ** t` is torch.pow(base, t); the same ATen
-// ops on the same float32 values give the same bits.
-
-// 1.0 / (base ** (arange(0, dim, 2).float() / denominator)): [dim/2] float32
-at::Tensor hf32_ladder(double base, int64_t dim, int64_t denominator) {
-  auto exponents = torch::arange(0, dim, 2, torch::kLong).to(torch::kFloat32) / denominator;
-  return torch::pow(at::Scalar(base), exponents).reciprocal();
-}
-
-RopeFrequencies hf32_scaled_ladder(const RopeOptions& o, int64_t r, int64_t seq_len) {
-  const auto& s = o.frequencies().scaling();
-  const double theta = o.frequencies().theta();
-  switch (s.rope_type()) {
-    case RopeScaling::kDefault:
-      return {hf32_ladder(theta, r, r), 1.0};
-    case RopeScaling::kLinear:
-      return {hf32_ladder(theta, r, r) / rope_factor(s), 1.0};
-    case RopeScaling::kProportional: {
-      const int64_t rotating = static_cast<int64_t>(o.partial_rotary_factor() * o.head_dim()) / 2;
-      auto inv = torch::cat({hf32_ladder(theta, 2 * rotating, o.head_dim()),
-                             torch::zeros({o.head_dim() / 2 - rotating}, torch::kFloat32)});
-      return {inv / rope_factor(s), 1.0};
-    }
-    case RopeScaling::kDynamic: {
-      // At or below the context, HF keeps the frequencies made at init (python floats: theta);
-      // beyond it, dynamic_rope_update passes seq_len as a tensor and the base is float32.
-      const int64_t context = s.max_position_embeddings();
-      if (seq_len <= context) return {hf32_ladder(theta, r, r), 1.0};
-      const double f = rope_factor(s);
-      auto length = torch::scalar_tensor(seq_len, torch::kLong);
-      auto grown = torch::pow(length.mul(f) / context - (f - 1),
-                              static_cast<double>(r) / static_cast<double>(r - 2))
-                       .mul(theta);
-      auto exponents = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
-      return {torch::pow(grown, exponents).reciprocal(), 1.0};
-    }
-    case RopeScaling::kYarn: {  // attention scaling and the ramp bounds: python floats in HF too
-      const double f = rope_factor(s);
-      const auto [low, high] = yarn_ramp(s, r, theta);
-      auto pos_freqs =
-          torch::pow(at::Scalar(theta), torch::arange(0, r, 2).to(torch::kFloat32) / r);
-      auto extrapolation = pos_freqs.reciprocal();
-      auto interpolation = pos_freqs.mul(f).reciprocal();
-      auto ramp = ((torch::arange(r / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
-      auto extrapolation_weight = 1 - ramp;
-      auto inv = interpolation * (1 - extrapolation_weight) + extrapolation * extrapolation_weight;
-      return {inv, yarn_attention(s)};
-    }
-    case RopeScaling::kLlama3: {
-      auto inv = hf32_ladder(theta, r, r);
-      const double f = rope_factor(s);
-      const double context = static_cast<double>(rope_original_context(s));
-      const double low_wavelen = context / s.low_freq_factor();
-      const double high_wavelen = context / s.high_freq_factor();
-      auto wavelen = inv.reciprocal().mul(2 * M_PI);
-      auto scaled = torch::where(wavelen > low_wavelen, inv / f, inv);
-      auto smooth = (wavelen.reciprocal().mul(context) - s.low_freq_factor()) /
-                    (s.high_freq_factor() - s.low_freq_factor());
-      auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
-      auto medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
-      return {torch::where(medium, smoothed, scaled), 1.0};
-    }
-    case RopeScaling::kLongRope: {
-      const auto& ext = seq_len > rope_original_context(s) ? s.long_factor() : s.short_factor();
-      auto ext_t = torch::tensor(ext, torch::kFloat64).to(torch::kFloat32);
-      auto shape = torch::arange(0, r, 2, torch::kLong).to(torch::kFloat32) / r;
-      return {(ext_t * torch::pow(at::Scalar(theta), shape)).reciprocal(), longrope_attention(s)};
-    }
-  }
-  TORCH_CHECK(false, "rope: unhandled rope_type");
-}
-
-}  // namespace
-
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
   const int64_t r = rope_rotary_dim(o);
   const auto& f = o.frequencies();
   switch (f.source()) {
-    case RopeFrequencySource::kLadder:
-      return f.angle_dtype() == RopeAngleDtype::kFloat32 ? hf32_scaled_ladder(o, r, seq_len)
-                                                         : scaled_ladder(o, r, seq_len);
+    case RopeFrequencySource::kLadder: {  // the scaling type's unit (rope_scaling.cpp)
+      const auto& unit = rope_scaling_unit(f.scaling().rope_type());
+      const RopeScalingContext context{o, r, seq_len};
+      return f.angle_dtype() == RopeAngleDtype::kFloat32 ? unit.hf32(context) : unit.exact(context);
+    }
     case RopeFrequencySource::kPerAxisLadders: {
-      std::vector<at::Tensor> ladders;  // one theta^(-2i/(2 s)) ladder per section
-      const bool hf32 =
-          f.angle_dtype() == RopeAngleDtype::kFloat32;  // compute_axial_rope_parameters
-      for (auto section : o.sections().sections())
+      std::vector<at::Tensor> ladders;              // one theta^(-2i/(2 s)) ladder per section
+      for (auto section : o.sections().sections())  // transformers' compute_axial_rope_parameters
         if (section > 0)
-          ladders.push_back(hf32 ? hf32_ladder(f.theta(), 2 * section, 2 * section)
-                                 : base_inv_freq(f.theta(), 2 * section));
+          ladders.push_back(rope_ladder(f.theta(), 2 * section, 2 * section, f.angle_dtype()));
       return {torch::cat(ladders), 1.0};
     }
     case RopeFrequencySource::kPeriods:
