@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """No upward include: each layer of posenc includes only itself and the layers below it.
 
-    functional  <  core, io  <  kernels  <  encoders  <  nn  <  config  <  draw  <  train  <  cli
+    functional  <  core, io  <  kernels  <  encoders  <  nn  <  config  <  ops  <  draw  <  train  <  cli
 
+(ops: the operators in PyTorch's dispatcher, over the kernels and the config resolver.)
 (posenc/version.h is below everything; the umbrella posenc/posenc.h sits with config.) A file in
 src/<layer>/ or include/posenc/<layer>/ that includes "posenc/<higher layer>/..." is listed, with
 its line, and the exit code is 1. Standard library only; CTest runs it (layers).
@@ -11,9 +12,10 @@ import os
 import re
 import sys
 
-ORDER = ["functional", "core|io", "kernels", "encoders", "nn", "config", "draw", "train", "cli"]
+ORDER = ["functional", "core|io", "kernels", "encoders", "nn", "config", "ops", "draw", "train",
+         "cli"]
 RANK = {"functional": 0, "io": 1, "core": 1, "kernels": 2, "encoders": 3, "nn": 4, "config": 5,
-        "draw": 6, "train": 7, "cli": 8, "version.h": -1, "posenc.h": 5}
+        "ops": 6, "draw": 7, "train": 8, "cli": 9, "version.h": -1, "posenc.h": 5}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"posenc/([a-z_]+(?:\.h)?)')
 
@@ -36,7 +38,11 @@ def main():
                     continue
                 path = os.path.join(folder, name)
                 layer = layer_of(path)
-                if layer not in RANK:
+                if layer is None:
+                    continue
+                if layer not in RANK:  # a new folder is placed in the order, not skipped
+                    bad.append(f"{os.path.relpath(path, ROOT)}: folder '{layer}' is no layer of "
+                               f"tools/check_layers.py's order")
                     continue
                 for number, line in enumerate(open(path, encoding="utf-8"), 1):
                     m = INCLUDE.match(line)
