@@ -181,3 +181,17 @@ def test_glm_interleaved_partial_equals_transformers():
     p = posenc.apply_rotary_pos_emb(q, k, c2, s2, layout="interleaved")
     assert ours._table(None).layout == "interleaved" and ours.rotary_dim == 8
     assert torch.equal(a[0], p[0]) and torch.equal(a[1], p[1])
+
+
+# ---- rotary-embedding-torch (lucidrains): the interleaved layout, partial rotary --------------
+def test_rotary_embedding_torch_interleaved_layout():
+    rotary_embedding_torch = pytest.importorskip("rotary_embedding_torch")
+    torch.manual_seed(2)
+    rotary = rotary_embedding_torch.RotaryEmbedding(dim=32)
+    q, k = torch.randn(2, 4, 9, 64), torch.randn(2, 2, 9, 64)
+    want_q, want_k = rotary.rotate_queries_or_keys(q), rotary.rotate_queries_or_keys(k)
+    freqs = rotary(torch.arange(9))  # [N, 32]: each frequency twice, (2i, 2i+1)
+    cos, sin = freqs.cos()[None], freqs.sin()[None]
+    got_q, got_k = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")
+    assert torch.ops.posenc.apply_rotary_route(q, k, cos, sin, 1, "interleaved") == "fused"
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
