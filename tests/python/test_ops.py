@@ -77,6 +77,8 @@ def test_equals_the_formula_to_the_bit(dtype, layout, shape):
         route = torch.ops.posenc.apply_rotary_route(q, k, cos, sin, unsqueeze_dim, layout)
         if q.numel() == 0:
             assert route == "reference: empty"
+        elif dtype == torch.float64:  # float64 tables: the kernel would read them as float32
+            assert route == "reference: cos/sin are float64 (the kernel reads float32 tables)"
         elif equal_pairs:
             assert route == "fused", route
         else:

@@ -37,8 +37,8 @@ struct RopeScalingUnit {
   std::string reference;             ///< the transformers function it reproduces
   /// The block keys it takes (transformers' required and optional keys, beyond rope_type,
   /// rope_theta and partial_rotary_factor, which every type takes).
-  std::vector<std::string> keys;
-  std::vector<RopeScalingDependency> dependencies;
+  std::vector<std::string> keys = {};
+  std::vector<RopeScalingDependency> dependencies = {};
   /// Whether 'factor' scales (checked > 0 and finite); false: default and proportional.
   bool scales = true;
   /// Whether a factor below 1 is allowed (linear, longrope).
