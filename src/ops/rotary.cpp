@@ -151,10 +151,11 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
     return "q and k are not both float32, float64, bfloat16 or float16";
   if (result_dtype(q, cos, sin) != q.scalar_type())
     return "cos/sin are of a wider dtype than q (the result would be promoted)";
-  if (cos.scalar_type() == at::kDouble || sin.scalar_type() == at::kDouble)
-    return "cos/sin are float64 (the kernel reads float32 tables)";
   if (q.stride(-1) != 1 || k.stride(-1) != 1) return "the last dim of q or k is not contiguous";
   if (q.numel() == 0 || k.numel() == 0) return "empty";
+  for (const auto* t : {&cos, &sin})  // the kernel reads float32 tables: only lossless ones
+    if (t->scalar_type() == at::kDouble && !at::equal(t->to(at::kFloat).to(at::kDouble), *t))
+      return "cos/sin are float64 values float32 cannot hold (the kernel reads float32 tables)";
   const int64_t width = cos.size(-1);
   for (const auto* t : {&cos, &sin}) {
     auto [a, b] = pair_members(*t, width, layout);

@@ -77,8 +77,9 @@ def test_equals_the_formula_to_the_bit(dtype, layout, shape):
         route = torch.ops.posenc.apply_rotary_route(q, k, cos, sin, unsqueeze_dim, layout)
         if q.numel() == 0:
             assert route == "reference: empty"
-        elif dtype == torch.float64:  # float64 tables: the kernel would read them as float32
-            assert route == "reference: cos/sin are float64 (the kernel reads float32 tables)"
+        elif dtype == torch.float64 and not torch.equal(cos.float().double(), cos):
+            assert route == ("reference: cos/sin are float64 values float32 cannot hold (the "
+                             "kernel reads float32 tables)")
         elif equal_pairs:
             assert route == "fused", route
         else:
@@ -202,3 +203,14 @@ def test_tables_refuse_gradients():
     inv = torch.ones(4, requires_grad=True)
     with pytest.raises(RuntimeError, match="no gradient with respect to positions or inv_freq"):
         posenc.rope_cos_sin(torch.arange(3.0), inv)
+
+
+def test_float64_tables_keep_float64_precision():
+    # tables computed in float64 (values float32 cannot hold): the formula's float64 result
+    q, k = torch.randn(2, 4, 5, 64, dtype=torch.float64), torch.randn(2, 2, 5, 64, dtype=torch.float64)
+    inv = 1 / (1e4 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
+    f = torch.arange(5, dtype=torch.float64)[None, :, None] * inv
+    e = torch.cat([f, f], -1).expand(2, 5, 64)
+    cos, sin = e.cos(), e.sin()
+    got, want = posenc.apply_rotary_pos_emb(q, k, cos, sin), formula(q, k, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
