@@ -234,6 +234,44 @@ TEST(HfConfig, KeysAScalingTypeDoesNotTakeWarn) {
       << warnings.all();
 }
 
+TEST(HfConfig, HunYuanReadsDynamicWithAlphaAsNtkAlpha) {
+  // HunYuan's rotary class takes 'dynamic' + alpha as a fixed stretch of the base (ntk_alpha);
+  // other model types' classes run dynamic NTK and ignore alpha with a warning (transformers 5.24).
+  json config{{"model_type", "hunyuan_v1_dense"},
+              {"hidden_size", 2048},
+              {"num_attention_heads", 16},
+              {"head_dim", 128},
+              {"rope_theta", 1e4},
+              {"rope_scaling", {{"type", "dynamic"}, {"alpha", 1000.0}, {"factor", 1.0}}}};
+  const auto hunyuan = from_hf_config(config);
+  EXPECT_EQ(hunyuan.config["rope_type"].get<std::string>(), "ntk_alpha");
+  EXPECT_EQ(hunyuan.config["alpha"].get<double>(), 1000.0);
+  EXPECT_TRUE(contains(hunyuan.sources.dump(), "non-zero alpha: ntk_alpha")) << hunyuan.sources;
+  // theta' = 1e4 * 1000^(128/126): inv_freq[1] = theta'^(-2/128), by hand
+  auto encoder = build_encoder(json::parse(hunyuan.config.dump()), {});
+  const double grown = 1e4 * std::pow(1000.0, 128.0 / 126.0);
+  EXPECT_NEAR(as_rope(encoder).frequencies(-1).inv_freq[1].item<double>(),
+              std::pow(grown, -2.0 / 128.0), 1e-15);
+  // alpha 0 is falsy in transformers' check: dynamic NTK
+  config["rope_scaling"]["alpha"] = 0.0;
+  config["max_position_embeddings"] = 4096;
+  EXPECT_EQ(from_hf_config(config).config["rope_type"].get<std::string>(), "dynamic");
+  // without head_dim transformers' ntk_alpha fails (None - 2): refused, not derived
+  config["rope_scaling"]["alpha"] = 1000.0;
+  config.erase("head_dim");
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(config); }),
+                       "ntk_alpha ('dynamic' with alpha) reads 'head_dim'"));
+  // Llama's class has no such rule: dynamic NTK, alpha warned about and unread
+  config["model_type"] = "llama";
+  const auto llama = from_hf_config(config);
+  EXPECT_EQ(llama.config["rope_type"].get<std::string>(), "dynamic");
+  EXPECT_FALSE(llama.config.contains("alpha"));
+  std::string all;
+  for (const auto& w : llama.warnings) all += w + "\n";
+  EXPECT_TRUE(contains(all, "'rope_scaling.alpha' is not a parameter of rope_type 'dynamic'"))
+      << all;
+}
+
 TEST(HfConfig, PerLayerTypeParameters) {
   const json config{
       {"model_type", "gemma3_text"},

@@ -50,7 +50,7 @@ TEST(RopeScalingUnits, TheTableIsIndexedByTheEnumAndNamesRoundTrip) {
   EXPECT_EQ(rope_scaling_from_string("su"), RopeScaling::kLongRope);
   const std::string error = test::error_of([] { rope_scaling_from_string("ntk"); });
   EXPECT_NE(error.find("unknown rope_type 'ntk'; expected one of: default, linear, dynamic, yarn, "
-                       "llama3, longrope, proportional"),
+                       "llama3, longrope, proportional, ntk_alpha"),
             std::string::npos)
       << error;
 }

@@ -178,13 +178,40 @@ def make_rope_config(head_dim, max_position_embeddings, rope_parameters, partial
     return LlamaConfig(**kwargs)
 
 
+def ntk_alpha_rope(head_dim, max_position_embeddings, rope_parameters):
+    """HunYuan's ntk_alpha, as its model's own class reaches it: a config whose block says 'dynamic' with a
+    non-zero alpha makes HunYuanDenseV1RotaryEmbedding take compute_ntk_alpha_rope_parameters. Returns the
+    HunYuan config (rope_parameters in the posenc/fixture form: rope_type 'ntk_alpha'), inv_freq, scaling."""
+    from transformers import HunYuanDenseV1Config
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+    block = dict(rope_parameters, rope_type="dynamic", factor=1.0)
+    config = HunYuanDenseV1Config(head_dim=head_dim, hidden_size=head_dim * 4, num_attention_heads=4,
+                                  num_key_value_heads=4, num_hidden_layers=1, intermediate_size=4 * head_dim,
+                                  vocab_size=16, max_position_embeddings=max_position_embeddings,
+                                  rope_parameters=block)
+    module = HunYuanDenseV1RotaryEmbedding(config)
+    assert module.rope_type == "ntk_alpha", module.rope_type
+    inv_freq, scaling = HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters(config)
+    assert torch.equal(inv_freq, module.inv_freq)
+    return config, inv_freq, scaling
+
+
 def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor=None, seq_len=None,
               positions=ROPE_POSITIONS):
     _capture.records.clear()
     hf_logging.warning_once.cache_clear()  # so that every case records its own warn-once validation messages
-    config = make_rope_config(head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor)
-    rope_type = config.rope_parameters["rope_type"]
-    if rope_type == "default":
+    if rope_parameters["rope_type"] == "ntk_alpha":
+        config, inv_freq, attention_scaling = ntk_alpha_rope(head_dim, max_position_embeddings, rope_parameters)
+        config.rope_parameters = dict(rope_parameters)  # the fixture's block: posenc's name for the type
+        fn_name = ("transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense.HunYuanDenseV1RotaryEmbedding."
+                   "compute_ntk_alpha_rope_parameters (its class's rope_type for 'dynamic' with alpha)")
+        rope_type = "ntk_alpha"
+    else:
+        config = make_rope_config(head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor)
+        rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "ntk_alpha":
+        pass
+    elif rope_type == "default":
         # LlamaRotaryEmbedding.compute_default_rope_parameters ignores partial_rotary_factor in this version; the
         # GPT-NeoX one (also Phi, StableLM) honours it.  For partial_rotary_factor == 1 both must agree.
         fn_name = "transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding.compute_default_rope_parameters"
@@ -334,6 +361,9 @@ def gen_rope():
         partial_rotary_factor=0.25)
     add("proportional_f2", 64, 4096, {"rope_type": "proportional", "rope_theta": T, "factor": 2.0},
         partial_rotary_factor=0.5)
+    # p) ntk_alpha (HunYuan): theta * alpha^(r/(r-2)) at every length; HunYuan's released alpha 1000, and 50
+    add("ntk_alpha_1000_hd128", 128, 32768, {"rope_type": "ntk_alpha", "rope_theta": T, "alpha": 1000.0})
+    add("ntk_alpha_50", 64, 4096, {"rope_type": "ntk_alpha", "rope_theta": T, "alpha": 50.0})
 
     by_name = {c["name"]: c for c in cases}
 

@@ -137,6 +137,12 @@ FAMILIES = {
     "gemma3_text": _family(
         "transformers.models.gemma3.modeling_gemma3", "Gemma3RotaryEmbedding", "Gemma3Attention", "half",
         "transformers/models/gemma3/modeling_gemma3.py: apply_rotary_pos_emb + rotate_half (" + _HALF + ")"),
+    "hunyuan_v1_dense": _family(
+        "transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense", "HunYuanDenseV1RotaryEmbedding",
+        "HunYuanDenseV1Attention", "half",
+        "transformers/models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: apply_rotary_pos_emb + rotate_half ("
+        + _HALF + "); its rotary class reads rope_type 'dynamic' with a non-zero alpha as 'ntk_alpha' "
+        "(compute_ntk_alpha_rope_parameters: theta * alpha ** (head_dim / (head_dim - 2)), fixed)"),
     "gemma4": _family(
         "transformers.models.gemma4.modeling_gemma4", "Gemma4TextRotaryEmbedding", "Gemma4TextAttention", "half",
         "transformers/models/gemma4/modeling_gemma4.py: apply_rotary_pos_emb(x, cos, sin) + rotate_half "
@@ -253,7 +259,10 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
     with captured_warnings() as case_warnings:
         # 1. inv_freq / attention_scaling from HF's init function (at the sequence length used, where that matters)
         kwargs = {"layer_type": layer_type} if per_layer else {}
-        if rope_type == "default":
+        if getattr(rotary_cls(text_cfg), "rope_type", None) == "ntk_alpha":  # HunYuan: dynamic + alpha
+            fn_name = f"{fam['module']}.{fam['rotary']}.compute_ntk_alpha_rope_parameters"
+            inv_freq, attention_scaling = rotary_cls.compute_ntk_alpha_rope_parameters(init_cfg)
+        elif rope_type == "default":
             fn_name = f"{fam['module']}.{fam['rotary']}.compute_default_rope_parameters"
             # called exactly as <Family>RotaryEmbedding.__init__ calls it
             if per_layer:

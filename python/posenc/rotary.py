@@ -111,7 +111,6 @@ class _Table:
         inv_freq, self.attention_scaling, self.resolved = hf_rope(config_text, layer_type,
                                                                  angle_dtype)
         self.inv_freq = inv_freq
-        self.original_inv_freq = inv_freq.clone()
         c = self.resolved["config"]
         self.rope_type = c.get("rope_type", "default")
         self.layout = c.get("layout", "half")
@@ -127,34 +126,53 @@ class _Table:
 class RotaryEmbedding(nn.Module):
     """transformers' rotary-module contract: forward(x, position_ids[, layer_type]) -> (cos, sin).
 
-    Build it with from_hf_config. cos/sin: [B, N, W] in x's dtype (W = rotary_dim; the
-    layout's order: half = cat(t, t)); position_ids [B, N] (or [3, B, N] / [B, N] broadcast to
-    every axis for M-RoPE sections: Qwen2-VL's t, h, w).
+    Build it with from_hf_config. cos/sin: [B, N, W] in x's dtype (W = rotary_dim); position_ids
+    [B, N] (or [3, B, N] / [B, N] broadcast to every axis for M-RoPE sections: Qwen2-VL's t, h, w).
+    The tables' order: table_order "layout" (default) lays each pair's value where the layout
+    rotates it (half: cat(t, t); interleaved: t0 t0 t1 t1 ...), what posenc.apply_rotary_pos_emb
+    takes with that layout; "transformers" is cat(t, t) for every layout, what every transformers
+    rotary module returns (GLM's apply_rotary_pos_emb re-interleaves it itself).
+
+    The buffers follow model.to(dtype) as transformers' do: with float32 angles, inv_freq is read
+    as inv_freq.float() (a bfloat16-cast model turns at bfloat16-rounded frequencies, as its own
+    rotary module does). float64 angles need float64 frequencies: a buffer cast to another dtype
+    is refused with one line.
     """
 
-    def __init__(self, config: Any, layer_type: str | None = None, angle_dtype: str = "float32"):
+    def __init__(self, config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
+                 table_order: str = "layout"):
         super().__init__()
+        if angle_dtype not in ("float32", "float64"):
+            raise ValueError(f"posenc.RotaryEmbedding: angle_dtype must be 'float32' or 'float64', "
+                             f"got {angle_dtype!r}")
+        if table_order not in ("layout", "transformers"):
+            raise ValueError(f"posenc.RotaryEmbedding: table_order must be 'layout' or "
+                             f"'transformers', got {table_order!r}")
         cfg = _config_dict(config)
         self._config = cfg
         self.angle_dtype = angle_dtype
+        self.table_order = table_order
         types = [layer_type] if layer_type else _layer_types(cfg)
         self.layer_types = types
         self._tables = {t: _Table(cfg, t, angle_dtype) for t in (types or [""])}
         for table in self._tables.values():  # what `posenc inspect --hf-config` prints as warnings
             for line in table.resolved.get("warnings", []):
                 warnings.warn(f"posenc: {line}", stacklevel=3)
-        for name, table in self._tables.items():
+        for name, table in self._tables.items():  # transformers' buffer names
             self.register_buffer(self._buffer(name), table.inv_freq, persistent=False)
+            self.register_buffer(self._buffer(name, "original_inv_freq"), table.inv_freq.clone(),
+                                 persistent=False)
 
     @classmethod
     def from_hf_config(cls, config: Any, layer_type: str | None = None,
-                       angle_dtype: str = "float32") -> "RotaryEmbedding":
+                       angle_dtype: str = "float32", table_order: str = "layout"
+                       ) -> "RotaryEmbedding":
         """From a config.json path (or its folder), a dict, or a transformers config."""
-        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype)
+        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype, table_order=table_order)
 
     @staticmethod
-    def _buffer(layer_type: str) -> str:
-        return f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+    def _buffer(layer_type: str, what: str = "inv_freq") -> str:
+        return f"{layer_type}_{what}" if layer_type else what
 
     def _table(self, layer_type: str | None) -> _Table:
         if layer_type is None:
@@ -195,15 +213,16 @@ class RotaryEmbedding(nn.Module):
                 setattr(self, name, inv_freq.to(device))
                 table.max_seq_len_cached = seq_len
             if seq_len < table.max_position_embeddings and cached > table.max_position_embeddings:
-                setattr(self, name, table.original_inv_freq.to(device))  # reset
+                original = getattr(self, self._buffer(table.layer_type, "original_inv_freq"))
+                setattr(self, name, original.to(device))  # reset
                 table.max_seq_len_cached = table.max_position_embeddings
         elif table.rope_type == "longrope":
             seq_len = torch.max(position_ids) + 1
             if table.long_inv_freq is None:
                 table.long_inv_freq, _, _ = hf_rope(self._config, table.layer_type,
                                                     self.angle_dtype, table.original_max + 1)
-            long_inv = table.long_inv_freq.to(device)
-            short_inv = table.original_inv_freq.to(device)
+            long_inv = table.long_inv_freq.to(device)  # a plain attribute, as in transformers
+            short_inv = getattr(self, self._buffer(table.layer_type, "original_inv_freq")).to(device)
             getattr(self, name).copy_(torch.where(seq_len > table.original_max, long_inv, short_inv))
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
@@ -212,14 +231,22 @@ class RotaryEmbedding(nn.Module):
         name = self._buffer(table.layer_type)
         self._update(table, name, position_ids, x.device)
         inv_freq = getattr(self, name)
+        if self.angle_dtype == "float32":  # transformers' self.inv_freq[...].float()
+            inv_freq = inv_freq.float()
+        elif inv_freq.dtype != torch.float64:
+            raise ValueError(f"posenc.RotaryEmbedding: angle_dtype 'float64' needs float64 "
+                             f"frequencies, but the '{name}' buffer was cast to {inv_freq.dtype} "
+                             f"(model.to(dtype)); build the module after the cast, or use "
+                             f"angle_dtype='float32', which follows the cast as transformers does")
         positions = position_ids
         if table.mrope_section:
             axes = len(table.mrope_section)
             if positions.dim() == 2:  # text only: the same position on every axis
                 positions = positions.unsqueeze(0).expand(axes, -1, -1)
             positions = positions.permute(1, 2, 0)  # [A, B, N] -> [B, N, A]
+        order = "half" if self.table_order == "transformers" else table.layout
         cos, sin = rope_cos_sin(positions.to(inv_freq.device), inv_freq, 1.0,
-                                table.mrope_section, table.section_layout, table.layout)
+                                table.mrope_section, table.section_layout, order)
         # transformers' `emb.cos() * attention_scaling`, the same float32 product; outside the
         # operator so that torch.compile keeps the scaling out of the operator's arguments (a
         # symbolic float there specializes the backward's sizes: a recompile per length)

@@ -92,6 +92,15 @@ const HfArchitecture kRows[] = {
      kInter,
      {},
      "models/moonshine_streaming/modeling_moonshine_streaming.py: rotate_half 0::2"},
+    // rope_type 'dynamic' with a non-zero alpha read as ntk_alpha by the model type's own class
+    {"hunyuan_v1_dense", H::kHeadDim, kHalf, {},
+     "models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: HunYuanDenseV1RotaryEmbedding "
+     "(dynamic + alpha -> compute_ntk_alpha_rope_parameters over config.head_dim)",
+     true},
+    {"hunyuan_v1_moe", H::kHeadDim, kHalf, {},
+     "models/hunyuan_v1_moe/modeling_hunyuan_v1_moe.py: HunYuanMoEV1RotaryEmbedding "
+     "(dynamic + alpha -> compute_ntk_alpha_rope_parameters over config.head_dim)",
+     true},
     // head sizes from other keys
     {"jetmoe", H::kKvChannels, kHalf, {}, "models/jetmoe/modeling_jetmoe.py: kv_channels"},
     {"zamba2", H::kAttentionHeadDim, kHalf, {}, "models/zamba2: attention_head_dim"},

@@ -58,7 +58,8 @@ const std::set<std::string> kBlockKeys{"rope_type",        "type",
                                        "mscale_all_dim",   "truncate",
                                        "low_freq_factor",  "high_freq_factor",
                                        "short_factor",     "long_factor",
-                                       "mrope_section",    "mrope_interleaved"};
+                                       "mrope_section",    "mrope_interleaved",
+                                       "alpha"};
 
 std::string describe(const nlohmann::json& v) {
   std::string text = v.dump();
@@ -108,6 +109,12 @@ class Resolver {
     } else if (has(block, "type")) {
       rope_type = string_at(block, "type", from_block("type"));
     }
+    // HunYuan's rotary class reads 'dynamic' with a non-zero alpha as a fixed stretch of the base
+    // (its compute_ntk_alpha_rope_parameters), not as dynamic NTK.
+    const bool ntk_alpha = rope_type == "dynamic" && arch.dynamic_with_alpha_is_ntk_alpha &&
+                           has(block, "alpha") &&
+                           number_at(block, "alpha", from_block("alpha")) != 0;
+    if (ntk_alpha) rope_type = "ntk_alpha";
     std::vector<int64_t> sections;
     if (has(block, "mrope_section")) {
       sections = integers_at(block, "mrope_section", from_block("mrope_section"));
@@ -129,6 +136,9 @@ class Resolver {
     set("rope_type", rope_type,
         axial ? where(from_block("rope_type")) +
                     " 'axial': a vision tower's 2D rotary, default frequencies per axis"
+        : ntk_alpha ? where(from_block(has(block, "rope_type") ? "rope_type" : "type")) +
+                          " 'dynamic' with a non-zero alpha: ntk_alpha, as model type '" +
+                          out.model_type + "' reads it (" + std::string(arch.source) + ")"
         : has(block, "rope_type")
             ? where(from_block("rope_type"))
             : (has(block, "type") ? where(from_block("type")) : "transformers default"));
@@ -203,6 +213,10 @@ class Resolver {
         }
     }
     TORCH_CHECK(head_dim > 0, origin_, ": the head size must be positive, got ", head_dim);
+    TORCH_CHECK(!ntk_alpha || has(c, "head_dim"), origin_,
+                ": ntk_alpha ('dynamic' with alpha) reads '", prefix_,
+                "head_dim', which this config lacks; transformers' ",
+                std::string(arch.source), " fails on it (None - 2), so there is no table to match");
 
     // layout: rope_interleave where the config sets it, else the model type's modeling code
     std::string layout(arch.layout);
@@ -289,7 +303,7 @@ class Resolver {
       TORCH_CHECK(false, origin_, ": ", from_block("rope_type"), ": ", e.what_without_backtrace());
     }
     for (const char* key : {"factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
-                            "mscale_all_dim", "low_freq_factor", "high_freq_factor"}) {
+                            "mscale_all_dim", "low_freq_factor", "high_freq_factor", "alpha"}) {
       if (!has(block, key)) continue;
       if (!rope_scaling_takes(scaling, key)) {  // transformers: a warning, the key unread
         out.warnings.push_back(options_.origin + ": '" + from_block(key) +

@@ -216,6 +216,7 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
   s.truncate(r.boolean("truncate", s.truncate()));
   if (auto v = r.optional_number("low_freq_factor")) s.low_freq_factor(*v);
   if (auto v = r.optional_number("high_freq_factor")) s.high_freq_factor(*v);
+  if (auto v = r.optional_number("alpha")) s.alpha(*v);
   if (r.has("short_factor"))
     s.short_factor(r.numbers("short_factor"));
   else

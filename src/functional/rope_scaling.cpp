@@ -12,6 +12,9 @@
 //   longrope      1 / (ext_i theta^(2i/r)), ext = long_factor past L0, short_factor within;
 //                 attention scaling sqrt(1 + ln f / ln L0)
 //   proportional  theta^(-2i/Dh) for the rotating pairs, 0 for the rest, / f (Gemma 4)
+//   ntk_alpha     theta' = theta alpha^(r/(r-2)); inv_i = theta'^(-2i/r) at every length (HunYuan's
+//                 compute_ntk_alpha_rope_parameters, models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py:
+//                 the class reads a 'dynamic' block with a non-zero alpha as this type)
 //
 // Two arithmetics: Exact (float64) and Hf32 (transformers' float32, op for op, so its bits). A
 // unit's frequencies are one template over them where the formula is written the same way;
@@ -245,6 +248,28 @@ void proportional_validate(const RopeScalingOptions&, const RopeOptions& o, int6
               "rope: proportional does not combine with mrope_section or xpos");
 }
 
+// ---- NTK-alpha (HunYuan) -----------------------------------------------------------------------
+
+// theta' in Python floats, as transformers computes it (theta * alpha ** (dim / (dim - 2))); both
+// arithmetics then take the default ladder over theta'.
+double ntk_alpha_base(const RopeScalingContext& c) {
+  const int64_t r = c.rotary_dim;
+  return theta_of(c) *
+         std::pow(*scaling_of(c).alpha(), static_cast<double>(r) / static_cast<double>(r - 2));
+}
+
+template <typename A>
+RopeFrequencies ntk_alpha_frequencies(const RopeScalingContext& c) {
+  return {A::ladder(ntk_alpha_base(c), c.rotary_dim, c.rotary_dim), 1.0};
+}
+
+void ntk_alpha_validate(const RopeScalingOptions& s, const RopeOptions&, int64_t r) {
+  TORCH_CHECK(s.alpha().has_value(), "rope: ntk_alpha needs 'alpha' (theta' = theta alpha^(r/(r-2)))");
+  TORCH_CHECK(std::isfinite(*s.alpha()) && *s.alpha() > 0,
+              "rope: ntk_alpha 'alpha' must be a positive finite number, got ", *s.alpha());
+  TORCH_CHECK(r > 2, "rope: ntk_alpha needs a rotary dim above 2 (alpha^(r/(r-2))), got ", r);
+}
+
 // ---- the table ---------------------------------------------------------------------------------
 
 const RopeScalingDependency kOriginalContext{
@@ -333,6 +358,19 @@ std::vector<RopeScalingUnit> make_units() {
     u.validate = proportional_validate;
     u.exact = proportional_frequencies<Exact>;
     u.hf32 = proportional_frequencies<Hf32>;
+    units.push_back(u);
+  }
+  {
+    RopeScalingUnit u{RopeScaling::kNtkAlpha,
+                      "ntk_alpha",
+                      {},
+                      "HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters"};
+    u.keys = {"alpha"};
+    u.scales = false;
+    u.default_factor = one;
+    u.validate = ntk_alpha_validate;
+    u.exact = ntk_alpha_frequencies<Exact>;
+    u.hf32 = ntk_alpha_frequencies<Hf32>;
     units.push_back(u);
   }
   return units;

@@ -9,6 +9,7 @@
 """
 
 import glob
+import importlib
 import json
 import os
 
@@ -127,6 +128,26 @@ def test_rotary_module_equals_transformers(params):
         c2, s2 = ours(x, pos)
         assert torch.equal(c1, c2) and torch.equal(s1, s2), (params["rope_type"], n)
         assert ours.attention_scaling == pytest.approx(theirs.attention_scaling, rel=1e-7)
+
+
+@pytest.mark.parametrize("model_type", ["hunyuan_v1_dense", "hunyuan_v1_moe"])
+def test_hunyuan_dynamic_with_alpha_equals_its_class(model_type):
+    # HunYuan's class reads 'dynamic' + alpha as ntk_alpha (a fixed base): no growth past the context
+    config = transformers.AutoConfig.for_model(
+        model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_hidden_layers=1, intermediate_size=96, vocab_size=101, max_position_embeddings=32,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    cls = next(getattr(modeling, n) for n in dir(modeling) if n.endswith("RotaryEmbedding"))
+    theirs = cls(config)
+    assert theirs.rope_type == "ntk_alpha"
+    ours = posenc.RotaryEmbedding.from_hf_config(config)
+    x = torch.zeros(1, dtype=torch.float32)
+    for n in [5, 100, 20]:
+        pos = torch.arange(n)[None]
+        c1, s1 = theirs(x, pos)
+        c2, s2 = ours(x, pos)
+        assert torch.equal(c1, c2) and torch.equal(s1, s2), n
 
 
 def test_longrope_switches_tables_as_transformers_does():

@@ -42,6 +42,9 @@ struct HfArchitecture {
   std::string_view refusal;
   /// The transformers code the row follows (models/<type>/modeling_<type>.py: what).
   std::string_view source;
+  /// The model type's rotary class reads rope_type 'dynamic' with a non-zero 'alpha' as
+  /// 'ntk_alpha' (HunYuan: a fixed stretch of the base, not dynamic NTK).
+  bool dynamic_with_alpha_is_ntk_alpha = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model

@@ -21,6 +21,8 @@
 //             attention_scaling sqrt(1 + ln f / ln L0)   (Ding et al. 2024, "LongRoPE")
 //   proportional  the whole head rotates in pairs (i, i + Dh/2); the first p Dh/2 pairs turn at
 //             theta^(-2i/Dh) / f, the rest at 0 (HF _compute_proportional_rope_parameters)
+//   ntk_alpha theta' = theta alpha^(r/(r-2)), the default ladder over theta' at every length
+//             (HunYuan's compute_ntk_alpha_rope_parameters: its 'dynamic' blocks with an alpha)
 // xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer"): q scaled by
 // zeta_i^(p/scale_base), k by zeta_i^(-p/scale_base), zeta_i = (2i + 0.4 r) / (1.4 r).
 //
@@ -47,16 +49,27 @@ enum class RopeLayout { kHalf, kInterleaved };
 std::string to_string(RopeLayout layout);
 RopeLayout rope_layout_from_string(const std::string& name);
 
-enum class RopeScaling { kDefault, kLinear, kDynamic, kYarn, kLlama3, kLongRope, kProportional };
+enum class RopeScaling {
+  kDefault,
+  kLinear,
+  kDynamic,
+  kYarn,
+  kLlama3,
+  kLongRope,
+  kProportional,
+  kNtkAlpha
+};
 std::string to_string(RopeScaling scaling);
-/// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su"), proportional.
+/// HF names: default, linear, dynamic, yarn, llama3, longrope (legacy alias "su"), proportional,
+/// ntk_alpha.
 RopeScaling rope_scaling_from_string(const std::string& name);
 /// The block keys a scaling type takes, as transformers' validators list them (its required and
 /// optional keys; rope_type, rope_theta and partial_rotary_factor go with every type): linear and
 /// dynamic {factor}; yarn {factor, original_max_position_embeddings, attention_factor, beta_fast,
 /// beta_slow, mscale, mscale_all_dim, truncate}; longrope {short_factor, long_factor, factor,
 /// original_max_position_embeddings, attention_factor}; llama3 {factor,
-/// original_max_position_embeddings, low_freq_factor, high_freq_factor}; proportional {factor}.
+/// original_max_position_embeddings, low_freq_factor, high_freq_factor}; proportional {factor};
+/// ntk_alpha {alpha}.
 /// A scaling key outside its type's set is one warning and ignored, as in transformers.
 bool rope_scaling_takes(RopeScaling scaling, const std::string& key);
 /// The scaling-specific keys any type takes (the union of the sets above).
@@ -115,6 +128,8 @@ struct RopeScalingOptions {
   TORCH_ARG(std::vector<double>, short_factor);
   /// LongRoPE: per-frequency divisors for L > L0 (r/2 values).
   TORCH_ARG(std::vector<double>, long_factor);
+  /// NTK-alpha: the base's stretch, theta' = theta alpha^(r/(r-2)) (required by ntk_alpha).
+  TORCH_ARG(std::optional<double>, alpha) = std::nullopt;
 };
 
 /// The frequency source and its parameters. Only the source's own fields are read; a field of

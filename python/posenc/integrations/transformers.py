@@ -7,18 +7,24 @@
 What is replaced, for the model families listed in SUPPORTED (each checked against transformers'
 own modeling code by tests/python/test_transformers_patch.py, logits and gradients):
   - every <Model>RotaryEmbedding module of the family's modeling file -> posenc.RotaryEmbedding
-    built from the same config (the same contract: forward(x, position_ids[, layer_type]));
-  - the modeling file's apply_rotary_pos_emb -> posenc.apply_rotary_pos_emb in the layout the
-    config resolves to (GLM: interleaved, partial).
-The function is a global of the modeling file, so every model of that family in the process
-takes posenc's rotation until unpatch. A family not listed is refused with one line: its rotary
-code has not been compared with posenc's, and a silent difference is the one thing posenc must
-not give.
+    built from the same config, with the same contract: forward(x, position_ids[, layer_type])
+    returns the tables in transformers' order (cat(t, t)), its buffers carry transformers' names
+    and the dtypes of the buffers they replace (a model cast to bfloat16 before patch() keeps
+    turning at bfloat16-rounded frequencies, as transformers' module does);
+  - the modeling file's apply_rotary_pos_emb -> posenc's rotation with that function's contract
+    (GLM's re-interleaves the first half of each table, as its own does).
+The function is a global of the modeling file, so every model of that family in the process takes
+posenc's rotation until the last patched model of the family is unpatched. That rotation is the
+family's own function to the bit (the same tables in, the same rounding), so a model of the
+family that was not patched computes what it computed before. A family not listed is refused with
+one line: its rotary code has not been compared with posenc's, and a silent difference is the one
+thing posenc must not give.
 """
 
 from __future__ import annotations
 
 import importlib
+import weakref
 
 import torch
 
@@ -38,10 +44,20 @@ SUPPORTED = {
 }
 
 _ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
+_PATCHED = "_posenc_patched_models"  # weak references to the patched models of the modeling file
 
 
 def _rotation(layout: str):
+    """The family's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) computed by posenc.
+
+    Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
+    "interleaved" (GLM) takes each table's first half and repeats every value twice
+    (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
+    """
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        if layout == "interleaved":
+            cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=layout)
 
     posenc_apply_rotary_pos_emb.posenc_layout = layout
@@ -52,6 +68,10 @@ def _buffer_device(module: torch.nn.Module) -> torch.device:
     for b in module.buffers():
         return b.device
     return torch.device("cpu")
+
+
+def _live_patched(modeling) -> list:
+    return [r for r in getattr(modeling, _PATCHED, []) if r() is not None]
 
 
 def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Module:
@@ -67,8 +87,14 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     for name, sub in list(model.named_modules()):
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
-        ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype)
+        ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype,
+                                              table_order="transformers")
         ours.to(_buffer_device(sub))
+        if angle_dtype == "float32":  # the dtypes transformers' buffers have now (model.to(dtype))
+            theirs = dict(sub.named_buffers(recurse=False))
+            for buffer_name, buffer in list(ours.named_buffers(recurse=False)):
+                if buffer_name in theirs and theirs[buffer_name].dtype != buffer.dtype:
+                    setattr(ours, buffer_name, buffer.to(theirs[buffer_name].dtype))
         ours.posenc_replaced = (type(sub), sub.config)
         layouts.update(t.layout for t in ours._tables.values())
         parent_name, _, child = name.rpartition(".")
@@ -81,6 +107,7 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     if not hasattr(modeling, _ORIGINAL):
         setattr(modeling, _ORIGINAL, modeling.apply_rotary_pos_emb)
     modeling.apply_rotary_pos_emb = _rotation(layouts.pop())
+    setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
     return model
 
 
@@ -97,9 +124,15 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         cls, config = replaced
         theirs = cls(config)
         theirs.to(_buffer_device(sub))
+        ours = dict(sub.named_buffers(recurse=False))
+        for buffer_name, buffer in list(theirs.named_buffers(recurse=False)):
+            if buffer_name in ours and ours[buffer_name].dtype != buffer.dtype:
+                setattr(theirs, buffer_name, buffer.to(ours[buffer_name].dtype))
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, theirs)
-    if hasattr(modeling, _ORIGINAL):
+    others = [r for r in _live_patched(modeling) if r() is not model]
+    setattr(modeling, _PATCHED, others)
+    if hasattr(modeling, _ORIGINAL) and not others:  # the last patched model of the family
         modeling.apply_rotary_pos_emb = getattr(modeling, _ORIGINAL)
         delattr(modeling, _ORIGINAL)
     return model
