@@ -272,6 +272,46 @@ TEST(HfConfig, HunYuanReadsDynamicWithAlphaAsNtkAlpha) {
       << all;
 }
 
+TEST(HfConfig, KeysTheModelTypesCodeDoesNotReadAreIgnoredWithAWarning) {
+  // Llama's default rope takes the whole head and its rotation is rotate_half whatever
+  // partial_rotary_factor and rope_interleave say (transformers 5.24 reads neither there)
+  json config{{"model_type", "llama"},
+              {"head_dim", 64},
+              {"rope_theta", 1e4},
+              {"partial_rotary_factor", 0.5},
+              {"rope_interleave", true}};
+  const auto llama = from_hf_config(config);
+  EXPECT_EQ(llama.config["partial_rotary_factor"].get<double>(), 1.0);
+  EXPECT_EQ(llama.config["layout"].get<std::string>(), "half");
+  std::string all;
+  for (const auto& w : llama.warnings) all += w + "\n";
+  EXPECT_TRUE(contains(all, "'partial_rotary_factor' 0.5")) << all;
+  EXPECT_TRUE(contains(all, "'rope_interleave' is not read by model type 'llama'")) << all;
+  // a scaled type goes through ROPE_INIT_FUNCTIONS, which read the factor
+  config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_EQ(from_hf_config(config).config["partial_rotary_factor"].get<double>(), 0.5);
+  // GLM's own default rope reads it; DeepSeek-V3's code reads rope_interleave
+  config.erase("rope_scaling");
+  config["model_type"] = "glm";
+  EXPECT_EQ(from_hf_config(config).config["partial_rotary_factor"].get<double>(), 0.5);
+  config["model_type"] = "deepseek_v3";
+  config["rope_interleave"] = false;
+  EXPECT_EQ(from_hf_config(config).config["layout"].get<std::string>(), "half");
+  // ntk_alpha by name is HunYuan's only: elsewhere transformers fails on it
+  config["model_type"] = "llama";
+  config["rope_scaling"] = {{"rope_type", "ntk_alpha"}, {"alpha", 1000.0}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(config); }),
+                       "'ntk_alpha' is HunYuan's rotary classes' own type"));
+  // HunYuan's ntk_alpha takes config.head_dim whole
+  config["model_type"] = "hunyuan_v1_dense";
+  config["rope_scaling"] = {{"type", "dynamic"}, {"alpha", 1000.0}, {"factor", 1.0}};
+  const auto hunyuan = from_hf_config(config);
+  EXPECT_EQ(hunyuan.config["partial_rotary_factor"].get<double>(), 1.0);
+  all.clear();
+  for (const auto& w : hunyuan.warnings) all += w + "\n";
+  EXPECT_FALSE(contains(all, "'rope_scaling.factor'")) << all;  // dynamic takes it: no warning
+}
+
 TEST(HfConfig, PerLayerTypeParameters) {
   const json config{
       {"model_type", "gemma3_text"},

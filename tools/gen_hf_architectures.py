@@ -19,7 +19,12 @@ taking a config (`<Family>RotaryEmbedding(config)`):
                                running it on a probe vector ("half": pairs (i, i + r/2); "interleaved":
                                pairs (2i, 2i + 1); "other" when neither matches; absent when the file
                                has no such function with a (q, k, cos, sin) signature);
-                             - errors met on the way (a class whose defaults do not build, ...).
+                             - errors met on the way (a class whose defaults do not build, ...);
+                             - partial_probe: the number of frequencies the class gives when the config
+                               asks for half its partial_rotary_factor (set at the top level and in
+                               rope_parameters, where transformers 5 reads it): the same number as
+                               without it means the class ignores partial_rotary_factor (Llama's
+                               default rope does; GLM's does not).
 
   index.json                 one row per model type: its rotary classes, the sub-config path of each,
                              and why a type has no fixture (no default config, no config-taking rotary
@@ -43,6 +48,7 @@ Making such a venv:  python3 -m venv V && V/bin/pip install torch==2.15.0 && \\
 
 import argparse
 import contextlib
+import copy
 import importlib
 import inspect
 import io
@@ -189,6 +195,34 @@ def per_pair(t, pairs=None):
     return t, "none"
 
 
+def partial_probe(cls, config, layer_type):
+    """{partial_rotary_factor: f, pairs: n}: the class's frequencies with the config's factor halved."""
+    c2 = copy.deepcopy(config)
+    params = getattr(c2, "rope_parameters", None)
+    nested = isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())
+    block = params.get(layer_type) if nested and layer_type else params
+    if not isinstance(block, dict):
+        return {"error": "no rope_parameters block"}
+    rope_type = block.get("rope_type", "default")
+    current = block.get("partial_rotary_factor", getattr(c2, "partial_rotary_factor", None) or 1.0)
+    factor = float(current) / 2
+    block["partial_rotary_factor"] = factor
+    try:
+        setattr(c2, "partial_rotary_factor", factor)
+    except Exception:
+        pass
+    try:
+        with torch.device("cpu"):
+            emb = cls(config=c2)
+    except Exception as e:
+        return {"rope_type": rope_type, "partial_rotary_factor": factor,
+                "error": f"{type(e).__name__}: {str(e)[:120]}"}
+    inv = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
+    if not isinstance(inv, torch.Tensor):
+        return {"rope_type": rope_type, "partial_rotary_factor": factor, "error": "no inv_freq"}
+    return {"rope_type": rope_type, "partial_rotary_factor": factor, "pairs": int(inv.numel())}
+
+
 def probe(cls, config, module, layer_types):
     """The class's own numbers for one config, per layer type."""
     with torch.device("cpu"):
@@ -209,6 +243,7 @@ def probe(cls, config, module, layer_types):
             continue
         if isinstance(inv, torch.Tensor):
             row["inv_freq"] = floats(inv)
+            row["partial_probe"] = partial_probe(cls, config, lt)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -428,7 +463,27 @@ def defaults_inc(rows):
     return "\n".join(lines) + "\n"
 
 
-def model_types_inc(index):
+def partial_ignored(records):
+    """Model types (of the config a class is built from) whose default rope ignores
+    partial_rotary_factor: every probed 1D table of theirs keeps its frequencies when the factor is
+    halved (Llama's compute_default_rope_parameters takes the whole head_dim)."""
+    verdicts = {}
+    for record in records:
+        for table in record["tables"]:
+            for row in table.get("layer_types", []):
+                probe_row, inv = row.get("partial_probe") or {}, row.get("inv_freq")
+                if "pairs" not in probe_row or not inv or probe_row.get("rope_type") != "default":
+                    continue
+                if row.get("rotary_dim") != 2 * len(inv):  # a vision tower's per-axis ladder
+                    continue
+                key = table.get("config_model_type") or record["model_type"]
+                own = record["model_type"] == key  # the model type's own modeling file
+                verdicts.setdefault(key, {True: set(), False: set()})[own].add(probe_row["pairs"] == len(inv))
+    # a model type's own class decides (a Llama config also builds GLM-ASR's encoder rotary)
+    return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
+
+
+def model_types_inc(index, ignores_partial=()):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
     def array(name, names):
         lines, line = [], "   "
@@ -449,8 +504,11 @@ def model_types_inc(index):
             "//   kNoRotaryModelTypes  the modeling file defines none (learned, sinusoidal, relative or no\n"
             "//                        positions)\n"
             "//   kNoModelingModelTypes  no generated modeling file (only a modular one): not checked\n"
+            "//   kDefaultRopeIgnoresPartialModelTypes  the class's default rope takes the whole head\n"
+            "//                        whatever partial_rotary_factor says (its partial_probe)\n"
             + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
-            + array("kNoModelingModelTypes", unchecked))
+            + array("kNoModelingModelTypes", unchecked)
+            + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial))
 
 
 def main():
@@ -467,7 +525,7 @@ def main():
     transformers.utils.logging.set_verbosity_error()
     torch.manual_seed(0)
     types = args.only or sorted(CONFIG_MAPPING.keys())
-    index, changed = [], []
+    index, changed, records = [], [], []
     os.makedirs(args.out, exist_ok=True)
     for mt in types:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
@@ -483,6 +541,7 @@ def main():
                         os.remove(os.path.join(args.out, mt + suffix))
             continue
         text, record = result
+        records.append(record)
         record_text = dump(record)
         paths = {os.path.join(args.out, f"{mt}.config.json"): text,
                  os.path.join(args.out, f"{mt}.rotary.json"): record_text}
@@ -515,7 +574,7 @@ def main():
             json.dump(meta, f, indent=1)
             f.write("\n")
         with open(MODEL_TYPES_INC, "w") as f:
-            f.write(model_types_inc(index))
+            f.write(model_types_inc(index, partial_ignored(records)))
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -14,12 +14,22 @@ def _result_dtype(x, cos, sin):
     return torch.promote_types(torch.promote_types(x.dtype, cos.dtype), sin.dtype)
 
 
+def _result_like(x, cos, unsqueeze_dim, dtype):
+    # empty_like(x), or contiguous where the tables broadcast x to a larger shape
+    table = cos.unsqueeze(unsqueeze_dim)
+    rotary = torch.broadcast_shapes(tuple(x.shape[:-1]) + (cos.shape[-1],), tuple(table.shape))
+    shape = tuple(rotary[:-1]) + (x.shape[-1],)
+    if shape == tuple(x.shape):
+        return torch.empty_like(x, dtype=dtype)
+    return x.new_empty(shape, dtype=dtype)
+
+
 @torch.library.register_fake("posenc::apply_rotary")
 def _apply_rotary_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
     torch._check(cos.shape == sin.shape, lambda: "posenc.apply_rotary: cos and sin shapes differ")
     return (
-        torch.empty_like(q, dtype=_result_dtype(q, cos, sin)),
-        torch.empty_like(k, dtype=_result_dtype(k, cos, sin)),
+        _result_like(q, cos, unsqueeze_dim, _result_dtype(q, cos, sin)),
+        _result_like(k, cos, unsqueeze_dim, _result_dtype(k, cos, sin)),
     )
 
 

@@ -160,7 +160,10 @@ class RotaryEmbedding(nn.Module):
                 warnings.warn(f"posenc: {line}", stacklevel=3)
         for name, table in self._tables.items():  # transformers' buffer names
             self.register_buffer(self._buffer(name), table.inv_freq, persistent=False)
-            self.register_buffer(self._buffer(name, "original_inv_freq"), table.inv_freq.clone(),
+            # the frequencies at construction (transformers' original_inv_freq, which dynamic
+            # NTK returns to; named apart so that transformers' _init_weights, which recomputes
+            # any module with an `original_inv_freq` by its own rope functions, leaves this one be)
+            self.register_buffer(self._buffer(name, "initial_inv_freq"), table.inv_freq.clone(),
                                  persistent=False)
 
     @classmethod
@@ -213,7 +216,7 @@ class RotaryEmbedding(nn.Module):
                 setattr(self, name, inv_freq.to(device))
                 table.max_seq_len_cached = seq_len
             if seq_len < table.max_position_embeddings and cached > table.max_position_embeddings:
-                original = getattr(self, self._buffer(table.layer_type, "original_inv_freq"))
+                original = getattr(self, self._buffer(table.layer_type, "initial_inv_freq"))
                 setattr(self, name, original.to(device))  # reset
                 table.max_seq_len_cached = table.max_position_embeddings
         elif table.rope_type == "longrope":
@@ -222,7 +225,7 @@ class RotaryEmbedding(nn.Module):
                 table.long_inv_freq, _, _ = hf_rope(self._config, table.layer_type,
                                                     self.angle_dtype, table.original_max + 1)
             long_inv = table.long_inv_freq.to(device)  # a plain attribute, as in transformers
-            short_inv = getattr(self, self._buffer(table.layer_type, "original_inv_freq")).to(device)
+            short_inv = getattr(self, self._buffer(table.layer_type, "initial_inv_freq")).to(device)
             getattr(self, name).copy_(torch.where(seq_len > table.original_max, long_inv, short_inv))
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,

@@ -41,10 +41,10 @@ const HfArchitecture kRows[] = {
      H::kGeneric,
      kInter,
      {},
-     "models/deepseek_v3/configuration_deepseek_v3.py: rope_interleave=True"},
-    {"axk1", H::kGeneric, kInter, {}, "models/axk1/modeling_axk1.py: rope_interleave"},
-    {"youtu", H::kGeneric, kInter, {}, "models/youtu/modeling_youtu.py: rope_interleave"},
-    {"glm4_moe_lite", H::kGeneric, kInter, {}, "models/glm4_moe_lite: rope_interleave"},
+     "models/deepseek_v3/configuration_deepseek_v3.py: rope_interleave=True", false, true},
+    {"axk1", H::kGeneric, kInter, {}, "models/axk1/modeling_axk1.py: rope_interleave", false, true},
+    {"youtu", H::kGeneric, kInter, {}, "models/youtu/modeling_youtu.py: rope_interleave", false, true},
+    {"glm4_moe_lite", H::kGeneric, kInter, {}, "models/glm4_moe_lite: rope_interleave", false, true},
     {"bailing_hybrid",
      H::kGeneric,
      kInter,
@@ -110,7 +110,9 @@ const HfArchitecture kRows[] = {
      kHalf,
      {},
      "models/mistral4/modeling_mistral4.py: head_dim * partial_rotary_factor (not "
-     "qk_rope_head_dim)"},
+     "qk_rope_head_dim); reads rope_interleave",
+     false,
+     true},
     {"dots3_note",
      H::kHeadDim,
      kHalf,
@@ -196,6 +198,10 @@ const HfArchitecture kRows[] = {
      "not checked: its rotary is built from the image size in the model's forward, not from a "
      "config.json alone",
      "models/eomt_dinov3/modeling_eomt_dinov3.py: EomtDinov3RotaryEmbedding(pixel_values)"},
+    {"hunyuan_vl", H::kGeneric, kHalf,
+     "not checked: its text rotary (dynamic + alpha read as ntk_alpha, xdrope sections) does not "
+     "run on the default config, so posenc has nothing to match",
+     "models/hunyuan_vl/modeling_hunyuan_vl.py: HunYuanVLRotaryEmbedding"},
     {"hunyuan_vl_text", H::kGeneric, kHalf,
      "not checked: its rotary class does not run on the default config (its xdrope sections are "
      "unset), so posenc has nothing to match",
@@ -287,6 +293,10 @@ const nlohmann::json* hf_absent_key_defaults(std::string_view model_type) {
   }();
   const auto it = parsed.find(model_type);
   return it == parsed.end() ? nullptr : &it->second;
+}
+
+bool hf_default_rope_ignores_partial(std::string_view model_type) {
+  return listed(kDefaultRopeIgnoresPartialModelTypes, model_type);
 }
 
 HfModelTypeStatus hf_model_type_status(std::string_view model_type) {

@@ -115,6 +115,11 @@ class Resolver {
                            has(block, "alpha") &&
                            number_at(block, "alpha", from_block("alpha")) != 0;
     if (ntk_alpha) rope_type = "ntk_alpha";
+    TORCH_CHECK(rope_type != "ntk_alpha" || arch.dynamic_with_alpha_is_ntk_alpha, origin_, ": ",
+                from_block(has(block, "rope_type") ? "rope_type" : "type"),
+                " 'ntk_alpha' is HunYuan's rotary classes' own type; transformers' "
+                "ROPE_INIT_FUNCTIONS has none, so model type '",
+                out.model_type, "' fails on it (KeyError)");
     std::vector<int64_t> sections;
     if (has(block, "mrope_section")) {
       sections = integers_at(block, "mrope_section", from_block("mrope_section"));
@@ -213,7 +218,7 @@ class Resolver {
         }
     }
     TORCH_CHECK(head_dim > 0, origin_, ": the head size must be positive, got ", head_dim);
-    TORCH_CHECK(!ntk_alpha || has(c, "head_dim"), origin_,
+    TORCH_CHECK(rope_type != "ntk_alpha" || has(c, "head_dim"), origin_,
                 ": ntk_alpha ('dynamic' with alpha) reads '", prefix_,
                 "head_dim', which this config lacks; transformers' ",
                 std::string(arch.source), " fails on it (None - 2), so there is no table to match");
@@ -225,8 +230,20 @@ class Resolver {
     if (has(c, "rope_interleave")) {
       TORCH_CHECK(c["rope_interleave"].is_boolean(), origin_, ": '", prefix_,
                   "rope_interleave' must be true or false, got ", describe(c["rope_interleave"]));
-      layout = c["rope_interleave"].get<bool>() ? "interleaved" : "half";
-      layout_source = where("rope_interleave");
+      const std::string asked = c["rope_interleave"].get<bool>() ? "interleaved" : "half";
+      // only some modeling files read it (hf_architectures.cpp); a model type transformers does
+      // not ship is taken at its word
+      const auto status = hf_model_type_status(out.model_type);
+      if (arch.reads_rope_interleave || status == HfModelTypeStatus::kUnknown ||
+          status == HfModelTypeStatus::kUnchecked) {
+        layout = asked;
+        layout_source = where("rope_interleave");
+      } else if (asked != layout) {
+        out.warnings.push_back(origin_ + ": '" + where("rope_interleave") +
+                               "' is not read by model type '" + out.model_type +
+                               "' (its apply_rotary_pos_emb rotates " + layout +
+                               " pairs whatever it says); ignored, as transformers ignores it");
+      }
     }
     set("layout", layout, layout_source);
 
@@ -261,6 +278,22 @@ class Resolver {
           "derived: " + prefix_ + "rotary_dim / head_dim (GPT-J, CodeGen)");
     } else {
       set("partial_rotary_factor", 1.0, "transformers default");
+    }
+    // Llama's compute_default_rope_parameters (and the classes copied from it) take the whole
+    // head_dim whatever partial_rotary_factor says; HunYuan's ntk_alpha reads config.head_dim too.
+    const bool whole_head = !axial && ((rope_type == "default" &&
+                                        hf_default_rope_ignores_partial(out.model_type)) ||
+                                       rope_type == "ntk_alpha");
+    if (whole_head && resolved_["partial_rotary_factor"].get<double>() != 1.0) {
+      out.warnings.push_back(origin_ + ": 'partial_rotary_factor' " +
+                             resolved_["partial_rotary_factor"].dump() + " (" +
+                             sources_["partial_rotary_factor"].get<std::string>() +
+                             ") is not read by model type '" + out.model_type + "''s " +
+                             rope_type + " rope, which rotates the whole head; ignored, as "
+                             "transformers ignores it");
+      set("partial_rotary_factor", 1.0,
+          "model type '" + out.model_type + "': its " + rope_type +
+              " rope takes the whole head (tools/gen_hf_architectures.py's partial probe)");
     }
 
     // context lengths
@@ -306,6 +339,8 @@ class Resolver {
                             "mscale_all_dim", "low_freq_factor", "high_freq_factor", "alpha"}) {
       if (!has(block, key)) continue;
       if (!rope_scaling_takes(scaling, key)) {  // transformers: a warning, the key unread
+        // HunYuan's block says 'dynamic': transformers validates it as that (factor taken)
+        if (ntk_alpha && rope_scaling_takes(RopeScaling::kDynamic, key)) continue;
         out.warnings.push_back(options_.origin + ": '" + from_block(key) +
                                "' is not a parameter of rope_type '" + rope_type +
                                "'; ignored, as transformers ignores it with a warning");

@@ -5,6 +5,7 @@
 #include "rotary.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
 #include "posenc/kernels/rope.h"
@@ -45,11 +46,35 @@ at::Tensor rotate_reference(const at::Tensor& x, const at::Tensor& c, const at::
   return at::cat({y, pass}, -1);
 }
 
-// The result laid out as empty_like(x) (what the fake kernel promises, whatever the path).
+// The result laid out as empty_like(x) (what the fake kernel promises, whatever the path). Where
+// cos/sin broadcast x to a larger shape (q of batch 1 with tables of batch B, as transformers'
+// formula allows), the result has that shape, contiguous (the fake kernel says the same).
 at::Tensor as_output(const at::Tensor& x, const at::Tensor& y) {
+  if (y.sizes() != x.sizes()) return y.contiguous();
   auto out = at::empty_like(x, x.options().dtype(y.scalar_type()));
   out.copy_(y);
   return out;
+}
+
+// In place writes each element of q and k once, reading the tables: q and k must not overlap
+// themselves (an expanded tensor), each other, or the tables.
+void check_writable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                    const at::Tensor& sin) {
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}})
+    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "posenc.apply_rotary_: ", name,
+                " has elements that share memory (an expanded or overlapping view, strides ",
+                t.strides(), "); in place needs each element once: use apply_rotary");
+  const auto overlaps = [](const at::Tensor& a, const at::Tensor& b) {
+    const auto status = at::get_overlap_status(a, b);
+    return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
+  };
+  TORCH_CHECK(!overlaps(q, k), "posenc.apply_rotary_: q and k share memory; in place needs them "
+                               "apart: use apply_rotary");
+  for (const auto& [name, t] :
+       {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}})
+    TORCH_CHECK(!overlaps(q, t) && !overlaps(k, t), "posenc.apply_rotary_: ", name,
+                " shares memory with q or k, which are overwritten: use apply_rotary");
 }
 
 bool is_kernel_dtype(at::ScalarType t) {
@@ -204,11 +229,16 @@ void apply_rotary_inplace(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
       "posenc.apply_rotary_: the result's dtype (", result_dtype(q, cos, sin), ") is not q's (",
       q.scalar_type(), "); in place needs cos/sin no wider than q and k");
   TORCH_CHECK(!q.is_same(k), "posenc.apply_rotary_: q and k are the same tensor");
+  check_writable(q, k, cos, sin);
   if (allow_fused && apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty()) {
     run_kernel({q, k}, {q, k}, cos, sin, normalized_unsqueeze_dim(unsqueeze_dim, cos), parsed);
     return;
   }
   auto [yq, yk] = apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, name);
+  TORCH_CHECK(yq.sizes() == q.sizes() && yk.sizes() == k.sizes(),
+              "posenc.apply_rotary_: cos/sin of shape ", cos.sizes(),
+              " broadcast the result to a larger shape than q ", q.sizes(), " or k ", k.sizes(),
+              "; in place cannot grow them: use apply_rotary");
   q.copy_(yq);
   k.copy_(yk);
 }

@@ -139,6 +139,46 @@ def test_in_place_refuses_gradients_in_one_line():
         posenc.apply_rotary_pos_emb_(q, k, cos, sin)
 
 
+def test_in_place_refuses_memory_it_would_write_twice():
+    # an expanded q (one head's memory for four): the fused kernel would write each element four
+    # times, each time from a value already rotated
+    q0, k, cos, sin = inputs((1, 1, 2, 5, 8, 8), torch.float32)
+    q = q0.expand(1, 4, 5, 8)
+    with pytest.raises(RuntimeError, match="q has elements that share memory"):
+        posenc.apply_rotary_pos_emb_(q, k, cos, sin)
+    qkv = torch.randn(1, 2, 5, 8)
+    with pytest.raises(RuntimeError, match="q and k share memory"):  # the same memory, two views
+        posenc.apply_rotary_pos_emb_(qkv[:, :2], qkv.view(1, 2, 5, 8), cos, sin)
+    buffer = torch.randn(1, 2, 5, 8)
+    with pytest.raises(RuntimeError, match="cos shares memory with q or k"):
+        posenc.apply_rotary_pos_emb_(buffer, k.clone(), buffer[:, 0], sin)
+    # the same inputs out of place are fine and equal the formula
+    want = formula(q, k, cos, sin)
+    got = posenc.apply_rotary_pos_emb(q, k, cos, sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_tables_that_broadcast_q_larger_give_transformers_result(layout):
+    # q of batch 1 with tables of batch 3 (transformers' formula broadcasts), and k of one token
+    # with tables of five: the result takes the broadcast shape, as transformers' does
+    torch.manual_seed(4)
+    cos, sin = tables(3, 5, 8, layout)
+    q, k = torch.randn(1, 2, 5, 8, dtype=torch.float64), torch.randn(3, 2, 1, 8, dtype=torch.float64)
+    cos, sin = cos.double(), sin.double()
+    want = formula(q, k, cos, sin, 1, layout)
+    got = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout=layout)
+    assert got[0].shape == (3, 2, 5, 8) and got[1].shape == (3, 2, 5, 8)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.library.opcheck(torch.ops.posenc.apply_rotary.default, (q, k, cos, sin, 1, layout))
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    torch.autograd.gradcheck(lambda a, b: torch.ops.posenc.apply_rotary(a, b, cos, sin, 1, layout),
+                             (q, k))
+    with pytest.raises(RuntimeError, match="in place cannot grow them"):
+        posenc.apply_rotary_pos_emb_(q.detach().clone(), k.detach().clone(), cos, sin, layout=layout)
+
+
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("equal_pairs", [True, False])
 def test_gradcheck_and_gradgradcheck_float64(layout, equal_pairs):

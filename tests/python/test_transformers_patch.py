@@ -111,6 +111,59 @@ def test_a_wrong_layout_would_be_seen():
         unpatch(patched)
 
 
+def test_models_of_the_family_that_were_not_patched_are_unchanged():
+    # the rotation is a global of the modeling file: a GLM model left unpatched goes through
+    # posenc's rotation while another is patched, and must compute what it computed before
+    ids = torch.randint(1, 101, (2, 9))
+    other = build("glm")
+    with torch.no_grad():
+        before = other(input_ids=ids).logits
+    patched = patch(build("glm"))
+    try:
+        modeling = importlib.import_module(SUPPORTED["glm"][0])
+        assert hasattr(modeling.apply_rotary_pos_emb, "posenc_layout")
+        with torch.no_grad():
+            assert torch.equal(other(input_ids=ids).logits, before)
+        second = patch(build("glm"))
+        unpatch(second)  # another patched GLM model remains: posenc's rotation stays in
+        assert hasattr(modeling.apply_rotary_pos_emb, "posenc_layout")
+        with torch.no_grad():
+            assert torch.equal(patched(input_ids=ids).logits, before)
+    finally:
+        unpatch(patched)
+    assert not hasattr(modeling.apply_rotary_pos_emb, "posenc_layout")
+
+
+@pytest.mark.parametrize("name", ["llama", "glm", "phi3-longrope"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=str)
+def test_dtype_casts_before_and_after_patch_equal_transformers(name, dtype):
+    # transformers' inv_freq buffers follow model.to(dtype) (bfloat16-rounded frequencies); so do
+    # posenc's, whether the cast comes before patch() or after it
+    ids = torch.randint(1, 101, (1, 13))
+    theirs = build(name).to(dtype)
+    with torch.no_grad():
+        want = theirs(input_ids=ids).logits
+    for cast_first in (True, False):
+        model = build(name)
+        model = patch(model.to(dtype)) if cast_first else patch(model).to(dtype)
+        try:
+            with torch.no_grad():
+                got = model(input_ids=ids).logits
+        finally:
+            unpatch(model)
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want), (cast_first, (got.double() - want.double()).abs().max())
+
+
+def test_float64_angles_refuse_a_cast_buffer_in_one_line():
+    model = patch(build("llama"), angle_dtype="float64").to(torch.bfloat16)
+    try:
+        with pytest.raises(ValueError, match="angle_dtype 'float64' needs float64 frequencies"):
+            model(input_ids=torch.randint(1, 101, (1, 5)))
+    finally:
+        unpatch(model)
+
+
 def test_unchecked_family_is_refused_in_one_line():
     config = transformers.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
                                         intermediate_size=96, vocab_size=101)

@@ -30,17 +30,20 @@ import torch
 
 from ..rotary import RotaryEmbedding, apply_rotary_pos_emb
 
-# model_type -> (the modeling file, its text rotary classes replaced). A tower's rotary class
-# (Qwen2-VL's vision rotary) is left as it is.
+# model_type -> (the modeling file, its text rotary classes replaced, the pairs its
+# apply_rotary_pos_emb rotates: "half" is rotate_half, "interleaved" GLM's (2i, 2i+1); a constant of
+# the file, whatever the config says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
 SUPPORTED = {
-    "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",)),
-    "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",)),
-    "qwen2": ("transformers.models.qwen2.modeling_qwen2", ("Qwen2RotaryEmbedding",)),
-    "qwen3": ("transformers.models.qwen3.modeling_qwen3", ("Qwen3RotaryEmbedding",)),
-    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", ("Qwen2VLRotaryEmbedding",)),
-    "gemma3_text": ("transformers.models.gemma3.modeling_gemma3", ("Gemma3RotaryEmbedding",)),
-    "phi3": ("transformers.models.phi3.modeling_phi3", ("Phi3RotaryEmbedding",)),
-    "glm": ("transformers.models.glm.modeling_glm", ("GlmRotaryEmbedding",)),
+    "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
+    "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
+    "qwen2": ("transformers.models.qwen2.modeling_qwen2", ("Qwen2RotaryEmbedding",), "half"),
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", ("Qwen3RotaryEmbedding",), "half"),
+    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", ("Qwen2VLRotaryEmbedding",),
+                 "half"),
+    "gemma3_text": ("transformers.models.gemma3.modeling_gemma3", ("Gemma3RotaryEmbedding",),
+                    "half"),
+    "phi3": ("transformers.models.phi3.modeling_phi3", ("Phi3RotaryEmbedding",), "half"),
+    "glm": ("transformers.models.glm.modeling_glm", ("GlmRotaryEmbedding",), "interleaved"),
 }
 
 _ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
@@ -70,6 +73,19 @@ def _buffer_device(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _carry_dtypes(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Casts target's frequency buffers to the dtypes of source's same buffers (posenc names the
+    frequencies at construction initial_inv_freq where transformers says original_inv_freq)."""
+    def key(name):
+        return name.replace("initial_inv_freq", "original_inv_freq")
+
+    have = {key(n): b for n, b in source.named_buffers(recurse=False)}
+    for name, buffer in list(target.named_buffers(recurse=False)):
+        want = have.get(key(name))
+        if want is not None and want.dtype != buffer.dtype:
+            setattr(target, name, buffer.to(want.dtype))
+
+
 def _live_patched(modeling) -> list:
     return [r for r in getattr(modeling, _PATCHED, []) if r() is not None]
 
@@ -80,10 +96,9 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     if model_type not in SUPPORTED:
         raise ValueError(f"posenc.patch: model type '{model_type}' is not one posenc has checked "
                          f"against transformers' code; supported: {', '.join(sorted(SUPPORTED))}")
-    module_name, classes = SUPPORTED[model_type]
+    module_name, classes, layout = SUPPORTED[model_type]
     modeling = importlib.import_module(module_name)
-    layouts = set()
-    replaced = 0
+    replacements = []  # every module built and checked before the model is touched
     for name, sub in list(model.named_modules()):
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
@@ -91,22 +106,23 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
                                               table_order="transformers")
         ours.to(_buffer_device(sub))
         if angle_dtype == "float32":  # the dtypes transformers' buffers have now (model.to(dtype))
-            theirs = dict(sub.named_buffers(recurse=False))
-            for buffer_name, buffer in list(ours.named_buffers(recurse=False)):
-                if buffer_name in theirs and theirs[buffer_name].dtype != buffer.dtype:
-                    setattr(ours, buffer_name, buffer.to(theirs[buffer_name].dtype))
+            _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
-        layouts.update(t.layout for t in ours._tables.values())
+        layouts = {t.layout for t in ours._tables.values()}
+        if layouts != {layout}:  # posenc's resolver and the family's code disagree: refuse
+            raise ValueError(f"posenc.patch: {name or 'the model'}'s config resolves to the "
+                             f"{'/'.join(sorted(layouts))} pair layout, but "
+                             f"{modeling.__name__}.apply_rotary_pos_emb rotates {layout} pairs; "
+                             f"not patched")
+        replacements.append((name, ours))
+    if not replacements:
+        raise ValueError(f"posenc.patch: no rotary module of {modeling.__name__} in this model")
+    for name, ours in replacements:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, ours)
-        replaced += 1
-    if replaced == 0:
-        raise ValueError(f"posenc.patch: no rotary module of {modeling.__name__} in this model")
-    if len(layouts) != 1:
-        raise ValueError(f"posenc.patch: the rotary modules resolve to different layouts {sorted(layouts)}")
     if not hasattr(modeling, _ORIGINAL):
         setattr(modeling, _ORIGINAL, modeling.apply_rotary_pos_emb)
-    modeling.apply_rotary_pos_emb = _rotation(layouts.pop())
+    modeling.apply_rotary_pos_emb = _rotation(layout)
     setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
     return model
 
@@ -124,10 +140,7 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         cls, config = replaced
         theirs = cls(config)
         theirs.to(_buffer_device(sub))
-        ours = dict(sub.named_buffers(recurse=False))
-        for buffer_name, buffer in list(theirs.named_buffers(recurse=False)):
-            if buffer_name in ours and ours[buffer_name].dtype != buffer.dtype:
-                setattr(theirs, buffer_name, buffer.to(ours[buffer_name].dtype))
+        _carry_dtypes(sub, theirs)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, theirs)
     others = [r for r in _live_patched(modeling) if r() is not model]

@@ -72,8 +72,9 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     variable_list result(6);
     if (q.requires_grad() || k.requires_grad()) {
       auto [dq, dk] = call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
-      result[0] = dq.to(q.scalar_type());
-      result[1] = dk.to(k.scalar_type());
+      // a result that cos/sin broadcast to a larger shape than q or k: summed back to theirs
+      result[0] = at::sum_to(dq, q.sym_sizes()).to(q.scalar_type());
+      result[1] = at::sum_to(dk, k.sym_sizes()).to(k.scalar_type());
     }
     const c10::SymInt width = cos.sym_size(-1);
     const auto rotary = [&](const at::Tensor& t) { return t.narrow_symint(-1, 0, width); };
