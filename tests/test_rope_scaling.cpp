@@ -28,7 +28,7 @@ constexpr double kFloat32Rtol = 1.2e-7;
 
 TEST(RopeScalingUnits, TheTableIsIndexedByTheEnumAndNamesRoundTrip) {
   const auto& units = rope_scaling_units();
-  ASSERT_EQ(units.size(), 7u);
+  ASSERT_GE(units.size(), 7u);  // every unit at its enum value (a new one: CONTRIBUTING.md)
   for (size_t i = 0; i < units.size(); ++i) {
     const auto& u = units[i];
     SCOPED_TRACE(u.name);

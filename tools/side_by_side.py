@@ -136,6 +136,52 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, s
     return (steps - warmup) / (time.perf_counter() - start)
 
 
+# Python eager's step by category, as posenc's --profile prints its own (src/train/profile.cpp):
+# each op's self time (torch.profiler, CPU) summed by name; the rest of the wall time (the Python
+# interpreter, autograd engine, dispatch) as one line.
+CATEGORIES = [
+    ("optimizer step", ("Optimizer.step", "_foreach_", "adamw", "lerp")),
+    ("gradient clipping", ("clip_grad", "_foreach_norm", "linalg_vector_norm", "norm")),
+    ("matmuls", ("addmm", "aten::mm", "bmm", "matmul", "linear", "AddmmBackward", "MmBackward")),
+    ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "softmax")),
+    ("GELU", ("gelu",)),
+    ("layer norms", ("layer_norm",)),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+]
+
+
+def category(name):
+    lowered = name.lower()
+    for label, keys in CATEGORIES:
+        if any(k.lower() in lowered for k in keys):
+            return label
+    return "other ops (rotary, residual adds, reshapes, copies, means, data)"
+
+
+def python_profile(model, images, labels, steps, batch, smoothing):
+    """ms per step by category over `steps` profiled steps (after 10 unprofiled)."""
+    import torch.profiler as tp
+    python_steps_per_second(model, images, labels, 12, 2, batch, 1, smoothing)  # warm-up
+    with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        python_steps_per_second(model, images, labels, steps + 1, 1, batch, 2, smoothing)
+        wall = (time.perf_counter() - start) * 1e3 / steps
+    per = {}
+    for e in prof.key_averages():
+        if e.key.startswith("ProfilerStep"):
+            continue
+        label = category(e.key)
+        per[label] = per.get(label, 0.0) + e.self_cpu_time_total / 1e3 / steps
+    seen = sum(per.values())
+    rows = sorted(per.items(), key=lambda kv: -kv[1]) + [
+        ("outside ops (interpreter, autograd engine, dispatch)", max(wall - seen, 0.0))]
+    print(f"Python eager, {steps} steps profiled: {wall:.1f} ms per step (profiler on)")
+    print("| category | ms/step | share |")
+    print("|---|---:|---:|")
+    for label, ms in rows:
+        print(f"| {label} | {ms:.1f} | {100 * ms / wall:.1f}% |")
+
+
 def posenc_steps_per_second(binary, config, threads, steps, warmup, model_sets):
     with tempfile.TemporaryDirectory() as out:
         cmd = [binary, "train", config, "--out", out, "--quiet", "--stop-after", str(steps),
@@ -163,6 +209,9 @@ def main():
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--mlp-ratio", type=float, default=2.0)
     ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--profile", type=int, default=0,
+                    help="profile Python eager over this many steps by category (as `posenc train "
+                         "--profile`) and exit")
     ap.add_argument("--rounds", type=int, default=3,
                     help="rounds in alternating order; the median per trainer is reported")
     args = ap.parse_args()
@@ -182,6 +231,9 @@ def main():
     torch.manual_seed(0)
     eager = ViT(**shape)
     params = sum(p.numel() for p in eager.parameters())
+    if args.profile:
+        python_profile(eager, images, labels, args.profile, 128, args.label_smoothing)
+        return
     trainers = [("Python eager", lambda: python_steps_per_second(
         eager, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing))]
     if not args.no_compile:

@@ -239,8 +239,8 @@ class Resolver {
         layout = asked;
         layout_source = where("rope_interleave");
       } else if (asked != layout) {
-        out.warnings.push_back(origin_ + ": '" + where("rope_interleave") +
-                               "' is not read by model type '" + out.model_type +
+        out.warnings.push_back(origin_ + ": '" + prefix_ +
+                               "rope_interleave' is not read by model type '" + out.model_type +
                                "' (its apply_rotary_pos_emb rotates " + layout +
                                " pairs whatever it says); ignored, as transformers ignores it");
       }
@@ -288,8 +288,8 @@ class Resolver {
       out.warnings.push_back(origin_ + ": 'partial_rotary_factor' " +
                              resolved_["partial_rotary_factor"].dump() + " (" +
                              sources_["partial_rotary_factor"].get<std::string>() +
-                             ") is not read by model type '" + out.model_type + "''s " +
-                             rope_type + " rope, which rotates the whole head; ignored, as "
+                             ") is not read by the " + rope_type + " rope of model type '" +
+                             out.model_type + "', which rotates the whole head; ignored, as "
                              "transformers ignores it");
       set("partial_rotary_factor", 1.0,
           "model type '" + out.model_type + "': its " + rope_type +

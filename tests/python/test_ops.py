@@ -29,6 +29,8 @@ def formula(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
 
     def one(x):
         r = x[..., :w]
+        if w == x.shape[-1]:  # as Llama's apply_rotary_pos_emb (a result c/s may broadcast larger)
+            return r * c + rot(r) * s
         return torch.cat([r * c + rot(r) * s, x[..., w:]], dim=-1)
 
     return one(q), one(k)

@@ -26,6 +26,9 @@ FAMILIES = {
     "llama-yarn": lambda: transformers.LlamaConfig(
         **COMMON, head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                                 "factor": 4.0, "original_max_position_embeddings": 64}),
+    # keys Llama's code does not read: its default rope takes the whole head, rotate_half pairs
+    "llama-unread-keys": lambda: transformers.LlamaConfig(
+        **COMMON, head_dim=16, partial_rotary_factor=0.5, rope_interleave=True),
     "mistral": lambda: transformers.MistralConfig(**COMMON, head_dim=16),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON),
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=16),
@@ -153,6 +156,24 @@ def test_dtype_casts_before_and_after_patch_equal_transformers(name, dtype):
             unpatch(model)
         assert got.dtype == want.dtype
         assert torch.equal(got, want), (cast_first, (got.double() - want.double()).abs().max())
+
+
+def test_transformers_init_weights_leaves_a_patched_model_as_it_was():
+    # _init_weights recomputes any *RotaryEmbedding with an original_inv_freq by transformers'
+    # own functions: posenc's module keeps its construction-time table under another name
+    ids = torch.randint(1, 101, (1, 7))
+    model = build("llama")
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    patched = patch(copy.deepcopy(model))
+    try:
+        patched.apply(patched._init_weights)
+        for name, p in model.named_parameters():  # _init_weights re-drew the weights: restore them
+            patched.get_parameter(name).data.copy_(p.data)
+        with torch.no_grad():
+            assert torch.equal(patched(input_ids=ids).logits, want)
+    finally:
+        unpatch(patched)
 
 
 def test_float64_angles_refuse_a_cast_buffer_in_one_line():
