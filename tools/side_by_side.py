@@ -139,14 +139,14 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, s
 # Python eager's step by category, as posenc's --profile prints its own (src/train/profile.cpp):
 # each op's self time (torch.profiler, CPU) summed by name; the rest of the wall time (the Python
 # interpreter, autograd engine, dispatch) as one line.
-CATEGORIES = [
+CATEGORIES = [  # first match wins
+    ("layer norms", ("layer_norm",)),
+    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
+    ("gradient clipping", ("clip_grad", "_foreach_norm", "linalg_vector_norm")),
     ("optimizer step", ("Optimizer.step", "_foreach_", "adamw", "lerp")),
-    ("gradient clipping", ("clip_grad", "_foreach_norm", "linalg_vector_norm", "norm")),
     ("matmuls", ("addmm", "aten::mm", "bmm", "matmul", "linear", "AddmmBackward", "MmBackward")),
     ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "softmax")),
     ("GELU", ("gelu",)),
-    ("layer norms", ("layer_norm",)),
-    ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
 ]
 
 

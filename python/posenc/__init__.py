@@ -6,15 +6,18 @@
     cos, sin = rope(x, position_ids)
     posenc.integrations.transformers.patch(model)                  # a loaded HF model, patched
 
+    posenc.timm.resample_abs_pos_embed(posemb, (h, w))             # timm's functions
+
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
-CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them).
+CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
+and {resample_grid_table, axial_sincos_table}, compositions of ATen ops.
 """
 
 from . import _library
 
 _library.load()
 
-from . import integrations  # noqa: E402
+from . import integrations, timm  # noqa: E402
 from .integrations import transformers as _transformers_integration  # noqa: E402,F401
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
@@ -26,4 +29,4 @@ from .rotary import (  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["RotaryEmbedding", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
-           "rope_cos_sin", "integrations"]
+           "rope_cos_sin", "integrations", "timm"]

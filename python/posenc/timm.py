@@ -1,0 +1,75 @@
+"""timm's position-embedding functions with timm's signatures, computed by posenc's operators.
+
+resample_abs_pos_embed(posemb, new_size, old_size=None, num_prefix_tokens=1,
+                       interpolation="bicubic", antialias=True, verbose=False, align_corners=None)
+    timm.layers.resample_abs_pos_embed: a learned [1, prefix + H*W, D] table moved to a new patch
+    grid (prefix rows kept, the grid interpolated as an image in float32, cast back), through
+    torch.ops.posenc.resample_grid_table. Where timm returns the table unchanged (the size already
+    matches), so does this.
+
+build_sincos2d_pos_embed(feat_shape, dim=64, temperature=10000.0, reverse_coord=False,
+                         interleave_sin_cos=False, device=None, dtype=torch.float32)
+    timm.layers.build_sincos2d_pos_embed: the fixed 2D sin-cos table [H*W, dim], through
+    torch.ops.posenc.axial_sincos_table. Its angles are float64 and rounded once (timm's are
+    float32 products): the two agree to about 1e-6, posenc's is the exact one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from . import _library
+
+_library.load()
+
+__all__ = ["resample_abs_pos_embed", "build_sincos2d_pos_embed"]
+
+
+def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int],
+                           old_size: Optional[Sequence[int]] = None, num_prefix_tokens: int = 1,
+                           interpolation: str = "bicubic", antialias: bool = True,
+                           verbose: bool = False, align_corners: Optional[bool] = None
+                           ) -> torch.Tensor:
+    """posemb [1, prefix + H*W, D] -> [1, prefix + H'*W', D] (new_size = (H', W'))."""
+    if posemb.dim() != 3 or posemb.shape[0] != 1:
+        raise ValueError(f"posenc.timm.resample_abs_pos_embed: posemb must be [1, tokens, dim], "
+                         f"got shape {tuple(posemb.shape)}")
+    if interpolation not in ("bicubic", "bilinear"):
+        raise ValueError(f"posenc.timm.resample_abs_pos_embed: interpolation must be 'bicubic' or "
+                         f"'bilinear', got {interpolation!r}")
+    new_size = [int(s) for s in new_size]
+    num_pos_tokens = posemb.shape[1]
+    if new_size[0] * new_size[1] + num_prefix_tokens == num_pos_tokens:  # timm's early-outs
+        if old_size is not None and list(old_size) == new_size:
+            return posemb
+        if old_size is None and new_size[0] == new_size[1]:
+            return posemb
+    if old_size is None:  # square, as timm assumes
+        hw = int(math.sqrt(num_pos_tokens - num_prefix_tokens))
+        old_size = (hw, hw)
+    table = torch.ops.posenc.resample_grid_table(
+        posemb[0].float(), [int(s) for s in old_size], new_size, int(num_prefix_tokens),
+        interpolation, bool(antialias), bool(align_corners))
+    return table.to(posemb.dtype).unsqueeze(0)
+
+
+def build_sincos2d_pos_embed(feat_shape: Sequence[int], dim: int = 64, temperature: float = 10000.0,
+                             reverse_coord: bool = False, interleave_sin_cos: bool = False,
+                             device: Optional[torch.device] = None,
+                             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[H*W, dim]: timm's order of tokens (row-major over feat_shape, reversed with
+    reverse_coord) and of features (sin, sin, cos, cos; sin, cos, sin, cos interleaved)."""
+    if dim % 4 != 0:
+        raise ValueError(f"posenc.timm.build_sincos2d_pos_embed: dim must be divisible by 4, "
+                         f"got {dim}")
+    shape = list(feat_shape)[::-1] if reverse_coord else list(feat_shape)
+    coords = torch.stack(torch.meshgrid(*[torch.arange(s, dtype=torch.float64) for s in shape],
+                                        indexing="ij")).flatten(1).transpose(0, 1)  # [N, 2]
+    if interleave_sin_cos:  # per axis (sin, cos): posenc's "mae" layout lists the axes reversed
+        table = torch.ops.posenc.axial_sincos_table(coords.flip(-1), dim, float(temperature), "mae")
+    else:
+        table = torch.ops.posenc.axial_sincos_table(coords, dim, float(temperature), "timm")
+    return table.to(device=device, dtype=dtype)
