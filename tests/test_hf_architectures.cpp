@@ -191,8 +191,8 @@ Outcome compare(const std::string& model_type, const json& root, const json& tab
 // top level and the rope block, per layer type where the block is nested), as the generator's
 // partial probe gave it to the class.
 json with_partial(json config, const std::string& path, const json& layer_type, double factor) {
-  json& target = path == "text_config" && config.contains("text_config") ? config["text_config"]
-                                                                          : config;
+  json& target =
+      path == "text_config" && config.contains("text_config") ? config["text_config"] : config;
   target["partial_rotary_factor"] = factor;
   for (const char* block : {"rope_parameters", "rope_scaling"}) {
     if (!target.contains(block) || !target[block].is_object()) continue;
@@ -229,7 +229,8 @@ TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
         const json config = with_partial(config_for(root, path), path, row["layer_type"],
                                          probe["partial_rotary_factor"].get<double>());
         HfConfigOptions options;
-        if (row["layer_type"].is_string()) options.layer_type = row["layer_type"].get<std::string>();
+        if (row["layer_type"].is_string())
+          options.layer_type = row["layer_type"].get<std::string>();
         HfResolution resolved;
         try {
           resolved = from_hf_config(config, options);

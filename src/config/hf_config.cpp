@@ -50,15 +50,24 @@ const std::set<std::string> kPositionKeys{"model_type",
                                           "embed_dim"};
 
 // Keys of a rope_scaling / rope_parameters block that posenc's rope encoder takes.
-const std::set<std::string> kBlockKeys{"rope_type",        "type",
-                                       "rope_theta",       "partial_rotary_factor",
-                                       "factor",           "original_max_position_embeddings",
-                                       "beta_fast",        "beta_slow",
-                                       "attention_factor", "mscale",
-                                       "mscale_all_dim",   "truncate",
-                                       "low_freq_factor",  "high_freq_factor",
-                                       "short_factor",     "long_factor",
-                                       "mrope_section",    "mrope_interleaved",
+const std::set<std::string> kBlockKeys{"rope_type",
+                                       "type",
+                                       "rope_theta",
+                                       "partial_rotary_factor",
+                                       "factor",
+                                       "original_max_position_embeddings",
+                                       "beta_fast",
+                                       "beta_slow",
+                                       "attention_factor",
+                                       "mscale",
+                                       "mscale_all_dim",
+                                       "truncate",
+                                       "low_freq_factor",
+                                       "high_freq_factor",
+                                       "short_factor",
+                                       "long_factor",
+                                       "mrope_section",
+                                       "mrope_interleaved",
                                        "alpha"};
 
 std::string describe(const nlohmann::json& v) {
@@ -220,8 +229,8 @@ class Resolver {
     TORCH_CHECK(head_dim > 0, origin_, ": the head size must be positive, got ", head_dim);
     TORCH_CHECK(rope_type != "ntk_alpha" || has(c, "head_dim"), origin_,
                 ": ntk_alpha ('dynamic' with alpha) reads '", prefix_,
-                "head_dim', which this config lacks; transformers' ",
-                std::string(arch.source), " fails on it (None - 2), so there is no table to match");
+                "head_dim', which this config lacks; transformers' ", std::string(arch.source),
+                " fails on it (None - 2), so there is no table to match");
 
     // layout: rope_interleave where the config sets it, else the model type's modeling code
     std::string layout(arch.layout);
@@ -281,16 +290,16 @@ class Resolver {
     }
     // Llama's compute_default_rope_parameters (and the classes copied from it) take the whole
     // head_dim whatever partial_rotary_factor says; HunYuan's ntk_alpha reads config.head_dim too.
-    const bool whole_head = !axial && ((rope_type == "default" &&
-                                        hf_default_rope_ignores_partial(out.model_type)) ||
-                                       rope_type == "ntk_alpha");
+    const bool whole_head =
+        !axial && ((rope_type == "default" && hf_default_rope_ignores_partial(out.model_type)) ||
+                   rope_type == "ntk_alpha");
     if (whole_head && resolved_["partial_rotary_factor"].get<double>() != 1.0) {
-      out.warnings.push_back(origin_ + ": 'partial_rotary_factor' " +
-                             resolved_["partial_rotary_factor"].dump() + " (" +
-                             sources_["partial_rotary_factor"].get<std::string>() +
-                             ") is not read by the " + rope_type + " rope of model type '" +
-                             out.model_type + "', which rotates the whole head; ignored, as "
-                             "transformers ignores it");
+      out.warnings.push_back(
+          origin_ + ": 'partial_rotary_factor' " + resolved_["partial_rotary_factor"].dump() +
+          " (" + sources_["partial_rotary_factor"].get<std::string>() + ") is not read by the " +
+          rope_type + " rope of model type '" + out.model_type +
+          "', which rotates the whole head; ignored, as "
+          "transformers ignores it");
       set("partial_rotary_factor", 1.0,
           "model type '" + out.model_type + "': its " + rope_type +
               " rope takes the whole head (tools/gen_hf_architectures.py's partial probe)");

@@ -13,8 +13,9 @@
 //                 attention scaling sqrt(1 + ln f / ln L0)
 //   proportional  theta^(-2i/Dh) for the rotating pairs, 0 for the rest, / f (Gemma 4)
 //   ntk_alpha     theta' = theta alpha^(r/(r-2)); inv_i = theta'^(-2i/r) at every length (HunYuan's
-//                 compute_ntk_alpha_rope_parameters, models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py:
-//                 the class reads a 'dynamic' block with a non-zero alpha as this type)
+//                 compute_ntk_alpha_rope_parameters,
+//                 models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: the class reads a 'dynamic'
+//                 block with a non-zero alpha as this type)
 //
 // Two arithmetics: Exact (float64) and Hf32 (transformers' float32, op for op, so its bits). A
 // unit's frequencies are one template over them where the formula is written the same way;
@@ -264,7 +265,8 @@ RopeFrequencies ntk_alpha_frequencies(const RopeScalingContext& c) {
 }
 
 void ntk_alpha_validate(const RopeScalingOptions& s, const RopeOptions&, int64_t r) {
-  TORCH_CHECK(s.alpha().has_value(), "rope: ntk_alpha needs 'alpha' (theta' = theta alpha^(r/(r-2)))");
+  TORCH_CHECK(s.alpha().has_value(),
+              "rope: ntk_alpha needs 'alpha' (theta' = theta alpha^(r/(r-2)))");
   TORCH_CHECK(std::isfinite(*s.alpha()) && *s.alpha() > 0,
               "rope: ntk_alpha 'alpha' must be a positive finite number, got ", *s.alpha());
   TORCH_CHECK(r > 2, "rope: ntk_alpha needs a rotary dim above 2 (alpha^(r/(r-2))), got ", r);

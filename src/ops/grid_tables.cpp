@@ -45,11 +45,9 @@ at::Tensor resample_grid_table_op(const at::Tensor& table, c10::IntArrayRef old_
               num_prefix_tokens);
   const auto [old_h, old_w] = grid_size(old_size, "old_size");
   const auto [new_h, new_w] = grid_size(new_size, "new_size");
-  return resample_grid_table(table, old_h, old_w, new_h, new_w, num_prefix_tokens,
-                             GridResample()
-                                 .mode(std::string(mode))
-                                 .antialias(antialias)
-                                 .align_corners(align_corners));
+  return resample_grid_table(
+      table, old_h, old_w, new_h, new_w, num_prefix_tokens,
+      GridResample().mode(std::string(mode)).antialias(antialias).align_corners(align_corners));
 }
 
 at::Tensor axial_sincos_table_op(const at::Tensor& coords, int64_t dim, double temperature,

@@ -60,8 +60,7 @@ at::Tensor as_output(const at::Tensor& x, const at::Tensor& y) {
 // themselves (an expanded tensor), each other, or the tables.
 void check_writable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                     const at::Tensor& sin) {
-  for (const auto& [name, t] :
-       {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}})
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}})
     TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "posenc.apply_rotary_: ", name,
                 " has elements that share memory (an expanded or overlapping view, strides ",
                 t.strides(), "); in place needs each element once: use apply_rotary");
@@ -69,8 +68,9 @@ void check_writable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     const auto status = at::get_overlap_status(a, b);
     return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
   };
-  TORCH_CHECK(!overlaps(q, k), "posenc.apply_rotary_: q and k share memory; in place needs them "
-                               "apart: use apply_rotary");
+  TORCH_CHECK(!overlaps(q, k),
+              "posenc.apply_rotary_: q and k share memory; in place needs them "
+              "apart: use apply_rotary");
   for (const auto& [name, t] :
        {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}})
     TORCH_CHECK(!overlaps(q, t) && !overlaps(k, t), "posenc.apply_rotary_: ", name,
