@@ -189,26 +189,33 @@ Outcome compare(const std::string& model_type, const json& root, const json& tab
 
 // The config with its partial_rotary_factor set to `factor` where transformers 5 reads it (the
 // top level and the rope block, per layer type where the block is nested), as the generator's
-// partial probe gave it to the class.
-json with_partial(json config, const std::string& path, const json& layer_type, double factor) {
+// probes gave it to the class; force_default: the block made a plain default rope first (its
+// theta kept), as default_partial_probe did.
+json with_partial(json config, const std::string& path, const json& layer_type, double factor,
+                  bool force_default) {
   json& target =
       path == "text_config" && config.contains("text_config") ? config["text_config"] : config;
   target["partial_rotary_factor"] = factor;
   for (const char* block : {"rope_parameters", "rope_scaling"}) {
     if (!target.contains(block) || !target[block].is_object()) continue;
     json& b = target[block];
-    if (layer_type.is_string() && b.contains(layer_type.get<std::string>()) &&
-        b[layer_type.get<std::string>()].is_object())
-      b[layer_type.get<std::string>()]["partial_rotary_factor"] = factor;
-    else
-      b["partial_rotary_factor"] = factor;
+    const bool nested = layer_type.is_string() && b.contains(layer_type.get<std::string>()) &&
+                        b[layer_type.get<std::string>()].is_object();
+    json& one = nested ? b[layer_type.get<std::string>()] : b;
+    if (force_default) {
+      json plain{{"rope_type", "default"}};
+      if (one.contains("rope_theta")) plain["rope_theta"] = one["rope_theta"];
+      one = plain;
+    }
+    one["partial_rotary_factor"] = factor;
   }
   return config;
 }
 
 TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
   // Llama's default rope takes the whole head whatever partial_rotary_factor says, GLM's and
-  // Phi-3's take the part: with the factor halved, posenc's rotary dim must be the class's.
+  // Phi-3's take the part: with the factor halved, posenc's rotary dim must be the class's, for
+  // the table's own rope type and for a plain default rope.
   const json index = read_json(kDir + "/index.json");
   int probed = 0, ignored = 0;
   for (const auto& entry : index["model_types"]) {
@@ -219,48 +226,48 @@ TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
     const json rotary = read_json(stem + ".rotary.json");
     for (const auto& table : rotary["tables"]) {
       if (!table.contains("layer_types")) continue;
+      // GLM-ASR's encoder rotary reads the factor but is built from a config whose model type is
+      // 'llama' (whose own class does not): posenc resolves a config by its model type
+      if (mt == "glmasr" && table["class"] == "GlmAsrRotaryEmbedding") continue;
       for (const auto& row : table["layer_types"]) {
-        if (!row.contains("partial_probe") || !row["partial_probe"].contains("pairs") ||
-            !row.contains("inv_freq") || !row.contains("rotary_dim") ||
-            row["rotary_dim"].get<int64_t>() != 2 * static_cast<int64_t>(row["inv_freq"].size()))
-          continue;  // no probe, or a vision tower's per-axis ladder
-        const auto& probe = row["partial_probe"];
-        const std::string path = table["config_path"].get<std::string>();
-        const json config = with_partial(config_for(root, path), path, row["layer_type"],
-                                         probe["partial_rotary_factor"].get<double>());
-        HfConfigOptions options;
-        if (row["layer_type"].is_string())
-          options.layer_type = row["layer_type"].get<std::string>();
-        HfResolution resolved;
-        try {
-          resolved = from_hf_config(config, options);
-        } catch (const c10::Error&) {
-          continue;  // refused: no table to differ
+        for (const bool force_default : {false, true}) {
+          const char* key = force_default ? "default_partial_probe" : "partial_probe";
+          if (!row.contains(key) || !row[key].contains("pairs") || !row.contains("inv_freq") ||
+              !row.contains("rotary_dim") ||
+              row["rotary_dim"].get<int64_t>() != 2 * static_cast<int64_t>(row["inv_freq"].size()))
+            continue;  // no probe, or a vision tower's per-axis ladder
+          const auto& probe = row[key];
+          const std::string path = table["config_path"].get<std::string>();
+          const json config =
+              with_partial(config_for(root, path), path, row["layer_type"],
+                           probe["partial_rotary_factor"].get<double>(), force_default);
+          HfConfigOptions options;
+          if (row["layer_type"].is_string())
+            options.layer_type = row["layer_type"].get<std::string>();
+          int64_t r = 0;
+          try {
+            auto encoder = build_encoder(from_hf_config(config, options));
+            auto* rope = dynamic_cast<RopeImpl*>(encoder.get());
+            if (rope == nullptr) continue;
+            r = rope->rotary_dim();
+          } catch (const c10::Error&) {
+            continue;  // refused: no table to differ
+          }
+          const int64_t pairs = probe["pairs"].get<int64_t>();
+          ++probed;
+          ignored += pairs == probe["pairs_before"].get<int64_t>();
+          EXPECT_EQ(r, 2 * pairs) << mt << "/" << table["class"].get<std::string>()
+                                  << " with partial_rotary_factor "
+                                  << probe["partial_rotary_factor"]
+                                  << (force_default ? " (a plain default rope)" : "");
         }
-        const int64_t pairs = probe["pairs"].get<int64_t>();
-        ++probed;
-        ignored += pairs == static_cast<int64_t>(row["inv_freq"].size());
-        int64_t r = 0;
-        try {
-          auto encoder = build_encoder(resolved);
-          auto* rope = dynamic_cast<RopeImpl*>(encoder.get());
-          if (rope == nullptr) continue;
-          r = rope->rotary_dim();
-        } catch (const c10::Error&) {
-          continue;  // the encoder refuses the resolved factor
-        }
-        // GLM-ASR's encoder rotary reads the factor but is built from a config whose model type
-        // is 'llama' (whose own class does not): posenc resolves a config by its model type
-        if (mt == "glmasr" && table["class"] == "GlmAsrRotaryEmbedding") continue;
-        EXPECT_EQ(r, 2 * pairs) << mt << "/" << table["class"].get<std::string>() << " with "
-                                << "partial_rotary_factor " << probe["partial_rotary_factor"];
       }
     }
   }
-  std::cout << "[hf_architectures] partial probe: " << probed << " tables, " << ignored
-            << " whose class ignores partial_rotary_factor\n";
-  EXPECT_GE(probed, 300);
-  EXPECT_GE(ignored, 50);
+  std::cout << "[hf_architectures] partial probes: " << probed << ", " << ignored
+            << " where the class ignores partial_rotary_factor\n";
+  EXPECT_GE(probed, 600);
+  EXPECT_GE(ignored, 250);
 }
 
 TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {

@@ -22,9 +22,10 @@ taking a config (`<Family>RotaryEmbedding(config)`):
                              - errors met on the way (a class whose defaults do not build, ...);
                              - partial_probe: the number of frequencies the class gives when the config
                                asks for half its partial_rotary_factor (set at the top level and in
-                               rope_parameters, where transformers 5 reads it): the same number as
-                               without it means the class ignores partial_rotary_factor (Llama's
-                               default rope does; GLM's does not).
+                               rope_parameters, where transformers 5 reads it), and with the factor
+                               as it is; default_partial_probe the same with the block made a plain
+                               default rope: the same number both ways means the class's default
+                               rope ignores partial_rotary_factor (Llama's does; GLM's does not).
 
   index.json                 one row per model type: its rotary classes, the sub-config path of each,
                              and why a type has no fixture (no default config, no config-taking rotary
@@ -125,7 +126,7 @@ def rotary_classes(module):
     return out
 
 
-def layout_of(module, config, c, s, dup, vision=False):
+def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     """Which pairs the modeling file's own rotation turns, given per-pair tables c, s [N, r/2]:
     'half' (i, i + r/2), 'interleaved' (2i, 2i + 1) or 'other' (neither: a different rotation).
     The function probed is apply_rotary_pos_emb_interleave where the config asks for it (DeepSeek's
@@ -136,7 +137,8 @@ def layout_of(module, config, c, s, dup, vision=False):
     if vision:  # a tower's own rotation where the file has one
         fn = getattr(module, "apply_rotary_pos_emb_vision", None) or fn
     interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
-    if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)):
+    if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)
+                                   or attention_calls_interleave(module, rotary_name)):
         fn = interleave
     if fn is None:
         return None
@@ -195,32 +197,63 @@ def per_pair(t, pairs=None):
     return t, "none"
 
 
-def partial_probe(cls, config, layer_type):
-    """{partial_rotary_factor: f, pairs: n}: the class's frequencies with the config's factor halved."""
+def partial_probe(cls, config, layer_type, force_default=False):
+    """{partial_rotary_factor: f, pairs: n, pairs_before: m}: the class's frequencies with the
+    config's factor halved (n) and as it is (m). force_default: the block made a plain default rope
+    first (its theta kept), so that every class's default rope is classified, whatever its default
+    config's rope_type."""
     c2 = copy.deepcopy(config)
     params = getattr(c2, "rope_parameters", None)
-    nested = isinstance(params, dict) and params and all(isinstance(v, dict) for v in params.values())
-    block = params.get(layer_type) if nested and layer_type else params
+    nested = layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict)
+    block = params[layer_type] if nested else params
     if not isinstance(block, dict):
         return {"error": "no rope_parameters block"}
+    if force_default:
+        keep = {k: block[k] for k in ("rope_theta", "partial_rotary_factor") if k in block}
+        block.clear()
+        block.update(keep, rope_type="default")
     rope_type = block.get("rope_type", "default")
     current = block.get("partial_rotary_factor", getattr(c2, "partial_rotary_factor", None) or 1.0)
-    factor = float(current) / 2
-    block["partial_rotary_factor"] = factor
-    try:
-        setattr(c2, "partial_rotary_factor", factor)
-    except Exception:
-        pass
-    try:
+    name = f"{layer_type}_inv_freq" if layer_type else "inv_freq"
+
+    def pairs(factor):
+        block["partial_rotary_factor"] = factor
+        try:
+            setattr(c2, "partial_rotary_factor", factor)
+        except Exception:
+            pass
         with torch.device("cpu"):
-            emb = cls(config=c2)
+            inv = getattr(cls(config=c2), name, None)
+        if not isinstance(inv, torch.Tensor):
+            raise ValueError("no inv_freq")
+        return int(inv.numel())
+
+    factor = float(current) / 2
+    try:
+        before = pairs(float(current))
+        after = pairs(factor)
     except Exception as e:
         return {"rope_type": rope_type, "partial_rotary_factor": factor,
                 "error": f"{type(e).__name__}: {str(e)[:120]}"}
-    inv = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
-    if not isinstance(inv, torch.Tensor):
-        return {"rope_type": rope_type, "partial_rotary_factor": factor, "error": "no inv_freq"}
-    return {"rope_type": rope_type, "partial_rotary_factor": factor, "pairs": int(inv.numel())}
+    return {"rope_type": rope_type, "partial_rotary_factor": factor, "pairs": after,
+            "pairs_before": before}
+
+
+def attention_calls_interleave(module, rotary_name):
+    """Whether the attention class of this rotary class (the same name prefix: DeepseekV32Attention
+    for DeepseekV32RotaryEmbedding) rotates with apply_rotary_pos_emb_interleave whatever the config
+    says (DeepSeek-V3.2, AXK2, dots3's text model; their indexers use rotate_half)."""
+    prefix = rotary_name.split("RotaryEmbedding")[0]
+    for name, obj in vars(module).items():
+        if not (inspect.isclass(obj) and name == prefix + "Attention" and obj.__module__ == module.__name__):
+            continue
+        try:
+            src = inspect.getsource(obj.forward)
+        except (OSError, TypeError):
+            continue
+        if "apply_rotary_pos_emb_interleave(" in src and "rope_interleave" not in src:
+            return True
+    return False
 
 
 def probe(cls, config, module, layer_types):
@@ -244,6 +277,7 @@ def probe(cls, config, module, layer_types):
         if isinstance(inv, torch.Tensor):
             row["inv_freq"] = floats(inv)
             row["partial_probe"] = partial_probe(cls, config, lt)
+            row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -301,7 +335,7 @@ def probe(cls, config, module, layer_types):
         row["positions"] = positions
         row["cos"] = [floats(r) for r in c]
         row["sin"] = [floats(r) for r in s]
-        layout = layout_of(module, config, c, s, dup, vision=axial)
+        layout = layout_of(module, config, c, s, dup, vision=axial, rotary_name=cls.__name__)
         if layout:
             row["layout"] = layout
         rows.append(row)
@@ -471,14 +505,15 @@ def partial_ignored(records):
     for record in records:
         for table in record["tables"]:
             for row in table.get("layer_types", []):
-                probe_row, inv = row.get("partial_probe") or {}, row.get("inv_freq")
-                if "pairs" not in probe_row or not inv or probe_row.get("rope_type") != "default":
+                probe_row, inv = row.get("default_partial_probe") or {}, row.get("inv_freq")
+                if "pairs" not in probe_row or not inv:
                     continue
                 if row.get("rotary_dim") != 2 * len(inv):  # a vision tower's per-axis ladder
                     continue
                 key = table.get("config_model_type") or record["model_type"]
                 own = record["model_type"] == key  # the model type's own modeling file
-                verdicts.setdefault(key, {True: set(), False: set()})[own].add(probe_row["pairs"] == len(inv))
+                verdicts.setdefault(key, {True: set(), False: set()})[own].add(
+                    probe_row["pairs"] == probe_row["pairs_before"])
     # a model type's own class decides (a Llama config also builds GLM-ASR's encoder rotary)
     return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
 

@@ -137,8 +137,9 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, s
 
 
 # Python eager's step by category, as posenc's --profile prints its own (src/train/profile.cpp):
-# each op's self time (torch.profiler, CPU) summed by name; the rest of the wall time (the Python
-# interpreter, autograd engine, dispatch) as one line.
+# each op's self time (torch.profiler, CPU) filed under its own name's category, else its innermost
+# ancestor's (AddmmBackward0's sum and transposes are the matmul's); the rest of the wall time (the
+# Python interpreter, autograd engine, dispatch) as one line.
 CATEGORIES = [  # first match wins
     ("layer norms", ("layer_norm",)),
     ("loss", ("cross_entropy", "log_softmax", "nll_loss")),
@@ -150,12 +151,15 @@ CATEGORIES = [  # first match wins
 ]
 
 
+OTHER = "other ops (rotary, residual adds, reshapes, copies, means, data)"
+
+
 def category(name):
     lowered = name.lower()
     for label, keys in CATEGORIES:
         if any(k.lower() in lowered for k in keys):
             return label
-    return "other ops (rotary, residual adds, reshapes, copies, means, data)"
+    return OTHER
 
 
 def python_profile(model, images, labels, steps, batch, smoothing):
@@ -167,10 +171,12 @@ def python_profile(model, images, labels, steps, batch, smoothing):
         python_steps_per_second(model, images, labels, steps + 1, 1, batch, 2, smoothing)
         wall = (time.perf_counter() - start) * 1e3 / steps
     per = {}
-    for e in prof.key_averages():
-        if e.key.startswith("ProfilerStep"):
-            continue
-        label = category(e.key)
+    for e in prof.events():  # each op's self time, filed as posenc files it: its own name, else
+        names, parent = [e.name], e.cpu_parent  # its innermost ancestor's that has a category
+        while parent is not None:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        label = next((category(n) for n in names if category(n) != OTHER), OTHER)
         per[label] = per.get(label, 0.0) + e.self_cpu_time_total / 1e3 / steps
     seen = sum(per.values())
     rows = sorted(per.items(), key=lambda kv: -kv[1]) + [

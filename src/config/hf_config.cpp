@@ -250,7 +250,7 @@ class Resolver {
       } else if (asked != layout) {
         out.warnings.push_back(origin_ + ": '" + prefix_ +
                                "rope_interleave' is not read by model type '" + out.model_type +
-                               "' (its apply_rotary_pos_emb rotates " + layout +
+                               "' (its attention rotates " + layout +
                                " pairs whatever it says); ignored, as transformers ignores it");
       }
     }

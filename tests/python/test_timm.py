@@ -36,6 +36,13 @@ def test_resample_keeps_timms_early_outs_and_its_square_default():
     assert torch.equal(posenc.timm.resample_abs_pos_embed(posemb, (7, 7)), want)
 
 
+def test_resample_keeps_float64_prefix_rows_as_timm_does():
+    posemb = torch.randn(1, 1 + 49, 12, dtype=torch.float64)
+    want = timm_layers.resample_abs_pos_embed(posemb, [14, 14])
+    got = posenc.timm.resample_abs_pos_embed(posemb, (14, 14))
+    assert torch.equal(got, want) and torch.equal(got[:, :1], posemb[:, :1])
+
+
 def test_resample_refuses_in_one_line():
     with pytest.raises(RuntimeError, match="table has 17 rows but prefix 1 \\+ grid 3x3 needs 10"):
         posenc.timm.resample_abs_pos_embed(torch.randn(1, 17, 8), (5, 5), (3, 3))
@@ -58,6 +65,11 @@ def test_build_sincos2d_pos_embed_equals_timm(shape, reverse_coord, interleave):
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     exact = posenc.timm.build_sincos2d_pos_embed(shape, dtype=torch.float64, **kw)
     assert (exact - got.double()).abs().max() <= 2 ** -24  # posenc's: one rounding of the exact
+
+
+def test_sincos_takes_two_dimensional_grids_only():
+    with pytest.raises(ValueError, match="feat_shape must be \\[height, width\\]"):
+        posenc.timm.build_sincos2d_pos_embed([7], dim=24)
 
 
 def test_the_layouts_would_be_seen():
