@@ -297,6 +297,16 @@ TEST(HfConfig, KeysTheModelTypesCodeDoesNotReadAreIgnoredWithAWarning) {
   config["model_type"] = "deepseek_v3";
   config["rope_interleave"] = false;
   EXPECT_EQ(from_hf_config(config).config["layout"].get<std::string>(), "half");
+  // GPT-NeoX's config class leaves a top-level partial_rotary_factor out of rope_parameters
+  // (transformers' rotary class then takes rotary_pct's 0.25): refused, not read as 0.5
+  const json neox{{"model_type", "gpt_neox"},
+                  {"hidden_size", 256},
+                  {"num_attention_heads", 8},
+                  {"rotary_emb_base", 1e4},
+                  {"partial_rotary_factor", 0.5}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(neox); }),
+                       "is not carried into rope_parameters by the config class of model type "
+                       "'gpt_neox'"));
   // ntk_alpha by name is HunYuan's only: elsewhere transformers fails on it
   config["model_type"] = "llama";
   config["rope_scaling"] = {{"rope_type", "ntk_alpha"}, {"alpha", 1000.0}};

@@ -239,6 +239,64 @@ def partial_probe(cls, config, layer_type, force_default=False):
             "pairs_before": before}
 
 
+def rope_blocks(params):
+    """The rope_parameters blocks of a config dict: one, or one per layer type (None entries left)."""
+    if not isinstance(params, dict):
+        return []
+    if params and all(isinstance(v, dict) or v is None for v in params.values()):
+        return [v for v in params.values() if isinstance(v, dict)]
+    return [params]
+
+
+def top_level_partial_probe(cls, config, layer_type):
+    """{partial_rotary_factor: f, pairs: n}: the class's frequencies for a config.json whose
+    partial_rotary_factor f is at the top level only (as transformers 4 wrote it), loaded as
+    from_pretrained loads it (the config class's from_dict decides whether it reaches the block)."""
+    d = copy.deepcopy(config.to_dict())
+    for block in rope_blocks(d.get("rope_parameters")):
+        block.pop("partial_rotary_factor", None)
+    current = getattr(config, "partial_rotary_factor", None) or 1.0
+    params = getattr(config, "rope_parameters", None)
+    nested = layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict)
+    block = params[layer_type] if nested else params
+    if isinstance(block, dict) and isinstance(block.get("partial_rotary_factor"), (int, float)):
+        current = block["partial_rotary_factor"]
+    factor = float(current) / 2
+    d["partial_rotary_factor"] = factor
+    try:
+        c2 = type(config).from_dict(d)
+        with torch.device("cpu"):
+            inv = getattr(cls(config=c2), f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
+        if not isinstance(inv, torch.Tensor):
+            raise ValueError("no inv_freq")
+    except Exception as e:
+        return {"partial_rotary_factor": factor, "error": f"{type(e).__name__}: {str(e)[:120]}"}
+    return {"partial_rotary_factor": factor, "pairs": int(inv.numel())}
+
+
+def top_level_partial_unread(model_types):
+    """Model types whose config class does not carry a top-level partial_rotary_factor of a
+    config.json into rope_parameters, where every rotary class reads it (Gemma 3, GPT-NeoX, ...)."""
+    out = []
+    for mt in model_types:
+        try:
+            cfg_cls = CONFIG_MAPPING[mt]
+            d = copy.deepcopy(cfg_cls().to_dict())
+        except Exception:
+            continue
+        for block in rope_blocks(d.get("rope_parameters")):
+            block.pop("partial_rotary_factor", None)
+        d.pop("rope_scaling", None)
+        d["partial_rotary_factor"] = 0.375  # no class's default: its arrival is this key's doing
+        try:
+            blocks = rope_blocks(getattr(cfg_cls.from_dict(d), "rope_parameters", None))
+        except Exception:
+            continue
+        if not blocks or any(b.get("partial_rotary_factor") != 0.375 for b in blocks):
+            out.append(mt)
+    return out
+
+
 def attention_calls_interleave(module, rotary_name):
     """Whether the attention class of this rotary class (the same name prefix: DeepseekV32Attention
     for DeepseekV32RotaryEmbedding) rotates with apply_rotary_pos_emb_interleave whatever the config
@@ -278,6 +336,7 @@ def probe(cls, config, module, layer_types):
             row["inv_freq"] = floats(inv)
             row["partial_probe"] = partial_probe(cls, config, lt)
             row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
+            row["top_level_partial_probe"] = top_level_partial_probe(cls, config, lt)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -518,7 +577,7 @@ def partial_ignored(records):
     return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
 
 
-def model_types_inc(index, ignores_partial=()):
+def model_types_inc(index, ignores_partial=(), top_level_unread=()):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
     def array(name, names):
         lines, line = [], "   "
@@ -541,9 +600,12 @@ def model_types_inc(index, ignores_partial=()):
             "//   kNoModelingModelTypes  no generated modeling file (only a modular one): not checked\n"
             "//   kDefaultRopeIgnoresPartialModelTypes  the class's default rope takes the whole head\n"
             "//                        whatever partial_rotary_factor says (its partial_probe)\n"
+            "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
+            "//                        partial_rotary_factor out of rope_parameters (unread)\n"
             + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
             + array("kNoModelingModelTypes", unchecked)
-            + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial))
+            + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial)
+            + array("kTopLevelPartialUnreadModelTypes", top_level_unread))
 
 
 def main():
@@ -609,7 +671,9 @@ def main():
             json.dump(meta, f, indent=1)
             f.write("\n")
         with open(MODEL_TYPES_INC, "w") as f:
-            f.write(model_types_inc(index, partial_ignored(records)))
+            rotary_types = [r["model_type"] for r in index
+                            if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
+            f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types)))
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -333,6 +333,10 @@ bool hf_default_rope_ignores_partial(std::string_view model_type) {
   return listed(kDefaultRopeIgnoresPartialModelTypes, model_type);
 }
 
+bool hf_top_level_partial_unread(std::string_view model_type) {
+  return listed(kTopLevelPartialUnreadModelTypes, model_type);
+}
+
 HfModelTypeStatus hf_model_type_status(std::string_view model_type) {
   if (listed(kRotaryModelTypes, model_type)) return HfModelTypeStatus::kRotary;
   if (listed(kNoRotaryModelTypes, model_type)) return HfModelTypeStatus::kNoRotary;

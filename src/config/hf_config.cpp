@@ -102,6 +102,7 @@ class Resolver {
     out.model_type = string_or(c0, "model_type", string_or(*root_, "model_type", ""));
     model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
+    refuse_unread_partial(out);
     fill_absent_defaults(out.model_type);
     const auto& c = model();
     for (const auto& item : root_->items())
@@ -432,6 +433,23 @@ class Resolver {
   const nlohmann::json& model() const {
     if (patched_.is_object()) return patched_;
     return text_ ? *text_ : *root_;
+  }
+
+  // A top-level partial_rotary_factor (transformers 4's place for it) that the model type's config
+  // class does not carry into rope_parameters, where its rotary class reads the factor, is unread
+  // by transformers, whose rotary class then takes its own default for a block without one (GPT-
+  // NeoX: rotary_pct 0.25; MiMo-V2-Flash: 0.334): refused, naming where the factor must go.
+  void refuse_unread_partial(const HfResolution& out) const {
+    const auto& c = model();
+    if (!has(c, "partial_rotary_factor") || !hf_top_level_partial_unread(out.model_type)) return;
+    for (const char* b : {"rope_parameters", "rope_scaling"})
+      if (has(c, b) && c[b].is_object() && c[b].contains("partial_rotary_factor")) return;
+    TORCH_CHECK(false, origin_, ": '", prefix_,
+                "partial_rotary_factor' at the top level is not carried into rope_parameters by "
+                "the config class of model type '",
+                out.model_type,
+                "', so transformers does not read it and its rotary class takes its own default; "
+                "give the factor inside 'rope_parameters' (as transformers 5 writes it)");
   }
 
   // Keys posenc reads that the file leaves out take the model type's config-class default

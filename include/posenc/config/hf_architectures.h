@@ -66,6 +66,11 @@ HfModelTypeStatus hf_model_type_status(std::string_view model_type);
 /// tools/gen_hf_architectures.py's partial probe, src/config/hf_model_types.inc).
 bool hf_default_rope_ignores_partial(std::string_view model_type);
 
+/// Whether the model type's config class leaves a top-level partial_rotary_factor of a config.json
+/// out of rope_parameters, where its rotary class reads the factor (Gemma 3, GPT-NeoX, ...): such
+/// a key is unread by transformers (generated, src/config/hf_model_types.inc).
+bool hf_top_level_partial_unread(std::string_view model_type);
+
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
 /// What a model type's config class uses for keys posenc reads when a config.json leaves them out
