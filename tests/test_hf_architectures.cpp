@@ -219,60 +219,63 @@ json with_partial(json config, const std::string& path, const json& layer_type, 
   return config;
 }
 
-TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
-  // Llama's default rope takes the whole head whatever partial_rotary_factor says, GLM's and
-  // Phi-3's take the part: with the factor halved, posenc's rotary dim must be the class's, for
-  // the table's own rope type and for a plain default rope.
+// f(model type, its config.json, a rotary table, one of its rows) for every committed fixture.
+template <typename F>
+void for_each_fixture_row(F&& f) {
   const json index = read_json(kDir + "/index.json");
-  int probed = 0, ignored = 0;
   for (const auto& entry : index["model_types"]) {
     const std::string mt = entry["model_type"].get<std::string>();
     const std::string stem = kDir + "/" + mt;
     if (!std::filesystem::exists(stem + ".rotary.json")) continue;
     const json root = load_config(stem + ".config.json");
     const json rotary = read_json(stem + ".rotary.json");
-    for (const auto& table : rotary["tables"]) {
-      if (!table.contains("layer_types")) continue;
-      // GLM-ASR's encoder rotary reads the factor but is built from a config whose model type is
-      // 'llama' (whose own class does not): posenc resolves a config by its model type
-      if (mt == "glmasr" && table["class"] == "GlmAsrRotaryEmbedding") continue;
-      for (const auto& row : table["layer_types"]) {
-        for (const auto& [probe_kind, key] :
-             {std::pair<Probe, const char*>{Probe::kBoth, "partial_probe"},
-              {Probe::kPlainDefault, "default_partial_probe"},
-              {Probe::kTopLevelOnly, "top_level_partial_probe"}}) {
-          if (!row.contains(key) || !row[key].contains("pairs") || !row.contains("inv_freq") ||
-              !row.contains("rotary_dim") ||
-              row["rotary_dim"].get<int64_t>() != 2 * static_cast<int64_t>(row["inv_freq"].size()))
-            continue;  // no probe, or a vision tower's per-axis ladder
-          const auto& probe = row[key];
-          const std::string path = table["config_path"].get<std::string>();
-          const json config =
-              with_partial(config_for(root, path), path, row["layer_type"],
-                           probe["partial_rotary_factor"].get<double>(), probe_kind);
-          HfConfigOptions options;
-          if (row["layer_type"].is_string())
-            options.layer_type = row["layer_type"].get<std::string>();
-          int64_t r = 0;
-          try {
-            auto encoder = build_encoder(from_hf_config(config, options));
-            auto* rope = dynamic_cast<RopeImpl*>(encoder.get());
-            if (rope == nullptr) continue;
-            r = rope->rotary_dim();
-          } catch (const c10::Error&) {
-            continue;  // refused: no table to differ
-          }
-          const int64_t pairs = probe["pairs"].get<int64_t>();
-          ++probed;
-          ignored +=
-              probe.contains("pairs_before") && pairs == probe["pairs_before"].get<int64_t>();
-          EXPECT_EQ(r, 2 * pairs) << mt << "/" << table["class"].get<std::string>()
-                                  << " with partial_rotary_factor "
-                                  << probe["partial_rotary_factor"] << " (" << key << ")";
-        }
-      }
-    }
+    for (const auto& table : rotary["tables"])
+      for (const auto& row : table.contains("layer_types") ? table["layer_types"] : json::array())
+        f(mt, root, table, row);
   }
+}
+
+TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
+  // Llama's default rope takes the whole head whatever partial_rotary_factor says, GLM's and
+  // Phi-3's take the part: with the factor halved, posenc's rotary dim must be the class's, for
+  // the table's own rope type, for a plain default rope, and for the factor at the top level only.
+  int probed = 0, ignored = 0;
+  for_each_fixture_row([&](const std::string& mt, const json& root, const json& table,
+                           const json& row) {
+    // GLM-ASR's encoder rotary reads the factor but is built from a config whose model type
+    // is 'llama' (whose own class does not): posenc resolves a config by its model type
+    if (mt == "glmasr" && table["class"] == "GlmAsrRotaryEmbedding") return;
+    for (const auto& [probe_kind, key] :
+         {std::pair<Probe, const char*>{Probe::kBoth, "partial_probe"},
+          {Probe::kPlainDefault, "default_partial_probe"},
+          {Probe::kTopLevelOnly, "top_level_partial_probe"}}) {
+      if (!row.contains(key) || !row[key].contains("pairs") || !row.contains("inv_freq") ||
+          !row.contains("rotary_dim") ||
+          row["rotary_dim"].get<int64_t>() != 2 * static_cast<int64_t>(row["inv_freq"].size()))
+        continue;  // no probe, or a vision tower's per-axis ladder
+      const auto& probe = row[key];
+      const std::string path = table["config_path"].get<std::string>();
+      const json config = with_partial(config_for(root, path), path, row["layer_type"],
+                                       probe["partial_rotary_factor"].get<double>(), probe_kind);
+      HfConfigOptions options;
+      if (row["layer_type"].is_string()) options.layer_type = row["layer_type"].get<std::string>();
+      int64_t r = 0;
+      try {
+        auto encoder = build_encoder(from_hf_config(config, options));
+        auto* rope = dynamic_cast<RopeImpl*>(encoder.get());
+        if (rope == nullptr) continue;
+        r = rope->rotary_dim();
+      } catch (const c10::Error&) {
+        continue;  // refused: no table to differ
+      }
+      const int64_t pairs = probe["pairs"].get<int64_t>();
+      ++probed;
+      ignored += probe.contains("pairs_before") && pairs == probe["pairs_before"].get<int64_t>();
+      EXPECT_EQ(r, 2 * pairs) << mt << "/" << table["class"].get<std::string>()
+                              << " with partial_rotary_factor " << probe["partial_rotary_factor"]
+                              << " (" << key << ")";
+    }
+  });
   std::cout << "[hf_architectures] partial probes: " << probed << ", " << ignored
             << " where the class ignores partial_rotary_factor\n";
   EXPECT_GE(probed, 700);
@@ -285,15 +288,8 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
   json report = json::object();
   int matched = 0, refused = 0, tables = 0, unprobed = 0, stripped = 0;
   std::set<std::string> seen;
-  for (const auto& entry : index["model_types"]) {
-    const std::string mt = entry["model_type"].get<std::string>();
-    const std::string stem = kDir + "/" + mt;
-    if (!std::filesystem::exists(stem + ".rotary.json")) continue;
-    const json root = load_config(stem + ".config.json");
-    const json rotary = read_json(stem + ".rotary.json");
-    for (const auto& table : rotary["tables"]) {
-      if (!table.contains("layer_types")) continue;
-      for (const auto& row : table["layer_types"]) {
+  for_each_fixture_row(
+      [&](const std::string& mt, const json& root, const json& table, const json& row) {
         if (row.contains("error") || !row.contains("cos")) {  // the class's own code failed
           // nothing to match: posenc must refuse it rather than resolve a table unchecked
           ++unprobed;
@@ -307,7 +303,7 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
           EXPECT_FALSE(error.empty()) << mt << "/" << table["class"].get<std::string>()
                                       << ": resolved a table no fixture checks ("
                                       << row.value("error", std::string()) << ")";
-          continue;
+          return;
         }
         std::string key = mt + "/" + table["class"].get<std::string>();
         if (row["layer_type"].is_string()) key += ":" + row["layer_type"].get<std::string>();
@@ -334,16 +330,16 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
           ++matched;
           EXPECT_FALSE(refusals.contains(key))
               << "listed as refused in refusals.json, but posenc now matches transformers";
-          continue;
+          return;
         }
         if (o.verdict == "differs") {
           ADD_FAILURE() << "a different table than transformers': " << o.detail;
-          continue;
+          return;
         }
         ++refused;
         if (!refusals.contains(key)) {
           ADD_FAILURE() << "refused but not listed in refusals.json: " << o.detail;
-          continue;
+          return;
         }
         const std::string expected = refusals[key]["message"].get<std::string>();
         EXPECT_NE(o.detail.find(expected), std::string::npos)
@@ -353,9 +349,7 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
         EXPECT_TRUE(o.detail.find(named) != std::string::npos ||
                     o.detail.find("model type '" + mt + "'") != std::string::npos)
             << "the refusal does not name the model type: " << o.detail;
-      }
-    }
-  }
+      });
   for (const auto& item : refusals.items())
     EXPECT_TRUE(seen.count(item.key())) << item.key() << " is in refusals.json but has no fixture";
   if (const char* path = std::getenv("POSENC_ARCH_REPORT")) std::ofstream(path) << report.dump(1);
