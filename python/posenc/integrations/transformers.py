@@ -8,9 +8,12 @@ What is replaced, for the model families listed in SUPPORTED (each checked again
 own modeling code by tests/python/test_transformers_patch.py, logits and gradients):
   - every <Model>RotaryEmbedding module of the family's modeling file -> posenc.RotaryEmbedding
     built from the same config, with the same contract: forward(x, position_ids[, layer_type])
-    returns the tables in transformers' order (cat(t, t)), its buffers carry transformers' names
-    and the dtypes of the buffers they replace (a model cast to bfloat16 before patch() keeps
-    turning at bfloat16-rounded frequencies, as transformers' module does);
+    returns the tables in transformers' order (cat(t, t)), its frequencies are the buffer
+    `inv_freq` (`<layer_type>_inv_freq`) as transformers' are, with the dtypes of the buffers they
+    replace (a model cast to bfloat16 before patch() keeps turning at bfloat16-rounded
+    frequencies, as transformers' module does); the construction-time copy that dynamic NTK
+    returns to is `initial_inv_freq` (transformers' `original_inv_freq`, a name its _init_weights
+    recomputes by its own functions);
   - the modeling file's apply_rotary_pos_emb -> posenc's rotation with that function's contract
     (GLM's re-interleaves the first half of each table, as its own does).
 The function is a global of the modeling file, so every model of that family in the process takes
