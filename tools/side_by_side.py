@@ -204,6 +204,8 @@ def posenc_steps_per_second(binary, config, threads, steps, warmup, model_sets):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--posenc", default="build/posenc", help="the posenc binary ('' to skip)")
+    ap.add_argument("--baseline", default="",
+                    help="another posenc binary (an earlier build) run alongside, for before/after")
     ap.add_argument("--config", default="configs/vit_fashion.yaml")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--threads", type=int, default=2)
@@ -250,6 +252,9 @@ def main():
     if args.posenc:
         trainers.append(("posenc train", lambda: posenc_steps_per_second(
             args.posenc, args.config, args.threads, args.steps, args.warmup, model_sets)))
+    if args.baseline:
+        trainers.append(("posenc train (baseline build)", lambda: posenc_steps_per_second(
+            args.baseline, args.config, args.threads, args.steps, args.warmup, model_sets)))
     measured = {name: [] for name, _ in trainers}
     for r in range(args.rounds):
         for name, run in (trainers if r % 2 == 0 else trainers[::-1]):
