@@ -322,6 +322,24 @@ TEST(HfConfig, KeysTheModelTypesCodeDoesNotReadAreIgnoredWithAWarning) {
   EXPECT_FALSE(contains(all, "'rope_scaling.factor'")) << all;  // dynamic takes it: no warning
 }
 
+TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
+  // MiniMax-M2's released config.json says rotary_dim 64 of head_dim 128; its config class turns
+  // that into partial_rotary_factor 0.5 (transformers 5.24: MiniMaxM2RotaryEmbedding has 32
+  // frequencies); an explicit factor wins (0.25: 16 frequencies)
+  json config{{"model_type", "minimax_m2"},
+              {"hidden_size", 3072},
+              {"num_attention_heads", 48},
+              {"head_dim", 128},
+              {"rotary_dim", 64},
+              {"rope_theta", 5e6},
+              {"max_position_embeddings", 196608}};
+  auto encoder = build_encoder(json::parse(from_hf_config(config).config.dump()), {});
+  EXPECT_EQ(as_rope(encoder).rotary_dim(), 64);
+  config["partial_rotary_factor"] = 0.25;
+  encoder = build_encoder(json::parse(from_hf_config(config).config.dump()), {});
+  EXPECT_EQ(as_rope(encoder).rotary_dim(), 32);
+}
+
 TEST(HfConfig, PerLayerTypeParameters) {
   const json config{
       {"model_type", "gemma3_text"},

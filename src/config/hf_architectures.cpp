@@ -133,6 +133,16 @@ const HfArchitecture kRows[] = {
      "models/hunyuan_v1_moe/modeling_hunyuan_v1_moe.py: HunYuanMoEV1RotaryEmbedding "
      "(dynamic + alpha -> compute_ntk_alpha_rope_parameters over config.head_dim)",
      true},
+    // partial rotary from a legacy key
+    {"minimax_m2",
+     H::kGeneric,
+     kHalf,
+     {},
+     "models/minimax_m2/configuration_minimax_m2.py: convert_rope_params_to_dict sets "
+     "partial_rotary_factor = rotary_dim / head_dim when the file gives no factor",
+     false,
+     false,
+     true},
     // head sizes from other keys
     {"jetmoe", H::kKvChannels, kHalf, {}, "models/jetmoe/modeling_jetmoe.py: kv_channels"},
     {"zamba2", H::kAttentionHeadDim, kHalf, {}, "models/zamba2: attention_head_dim"},

@@ -282,10 +282,11 @@ class Resolver {
           where("partial_rotary_factor"));
     } else if (has(c, "rotary_pct")) {
       set("partial_rotary_factor", number_at(c, "rotary_pct"), where("rotary_pct") + " (GPT-NeoX)");
-    } else if (arch.head == HfHeadSize::kRotaryDim && has(c, "rotary_dim")) {
+    } else if ((arch.head == HfHeadSize::kRotaryDim || arch.rotary_dim_sets_partial) &&
+               has(c, "rotary_dim")) {  // GPT-J, CodeGen; MiniMax-M2's legacy key
       const int64_t rotary = integer_at(c, "rotary_dim");
       set("partial_rotary_factor", static_cast<double>(rotary) / static_cast<double>(head_dim),
-          "derived: " + prefix_ + "rotary_dim / head_dim (GPT-J, CodeGen)");
+          "derived: " + prefix_ + "rotary_dim / head_dim (" + rule + ")");
     } else {
       set("partial_rotary_factor", 1.0, "transformers default");
     }

@@ -49,6 +49,9 @@ struct HfArchitecture {
   /// The modeling file reads config.rope_interleave (DeepSeek-V3 and its kin); elsewhere the key
   /// is ignored, as transformers ignores it.
   bool reads_rope_interleave = false;
+  /// The config class turns a legacy `rotary_dim` into partial_rotary_factor = rotary_dim /
+  /// head_dim when no factor is given (MiniMax-M2's released checkpoints).
+  bool rotary_dim_sets_partial = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
