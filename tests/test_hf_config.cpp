@@ -322,6 +322,22 @@ TEST(HfConfig, KeysTheModelTypesCodeDoesNotReadAreIgnoredWithAWarning) {
   EXPECT_FALSE(contains(all, "'rope_scaling.factor'")) << all;  // dynamic takes it: no warning
 }
 
+TEST(HfConfig, ATextConfigWithoutModelTypeIsTheCompositesTextClass) {
+  // LLaVA builds a text_config that names no model type as a LlamaConfig, whose rotary class
+  // ignores partial_rotary_factor (transformers 5.24: 8 frequencies of head_dim 16)
+  const json config{{"model_type", "llava"},
+                    {"text_config",
+                     {{"hidden_size", 64},
+                      {"num_attention_heads", 4},
+                      {"head_dim", 16},
+                      {"rope_theta", 1e4},
+                      {"partial_rotary_factor", 0.5}}}};
+  const auto resolved = from_hf_config(config);
+  EXPECT_EQ(resolved.model_type, "llama");
+  auto encoder = build_encoder(json::parse(resolved.config.dump()), {});
+  EXPECT_EQ(as_rope(encoder).rotary_dim(), 16);
+}
+
 TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
   // MiniMax-M2's released config.json says rotary_dim 64 of head_dim 128; its config class turns
   // that into partial_rotary_factor 0.5 (transformers 5.24: MiniMaxM2RotaryEmbedding has 32

@@ -577,7 +577,19 @@ def partial_ignored(records):
     return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
 
 
-def model_types_inc(index, ignores_partial=(), top_level_unread=()):
+def text_config_types(records):
+    """(composite model type, its text_config's model type) where a class is built from text_config:
+    what transformers builds a text_config without a model_type as (LLaVA's: Llama)."""
+    pairs = {}
+    for record in records:
+        for table in record["tables"]:
+            sub = table.get("config_model_type")
+            if table.get("config_path") == "text_config" and sub and sub != record["model_type"]:
+                pairs.setdefault(record["model_type"], sub)
+    return sorted(pairs.items())
+
+
+def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=()):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
     def array(name, names):
         lines, line = [], "   "
@@ -602,10 +614,13 @@ def model_types_inc(index, ignores_partial=(), top_level_unread=()):
             "//                        whatever partial_rotary_factor says (its partial_probe)\n"
             "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
             "//                        partial_rotary_factor out of rope_parameters (unread)\n"
+            "//   kTextConfigModelTypes  a composite's text_config model type (its default class)\n"
             + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
             + array("kNoModelingModelTypes", unchecked)
             + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial)
-            + array("kTopLevelPartialUnreadModelTypes", top_level_unread))
+            + array("kTopLevelPartialUnreadModelTypes", top_level_unread)
+            + "constexpr std::pair<std::string_view, std::string_view> kTextConfigModelTypes[] = {\n"
+            + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types) + "};\n")
 
 
 def main():
@@ -673,7 +688,8 @@ def main():
         with open(MODEL_TYPES_INC, "w") as f:
             rotary_types = [r["model_type"] for r in index
                             if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
-            f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types)))
+            f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types),
+                                    text_config_types(records)))
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

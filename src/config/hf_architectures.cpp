@@ -343,6 +343,12 @@ bool hf_default_rope_ignores_partial(std::string_view model_type) {
   return listed(kDefaultRopeIgnoresPartialModelTypes, model_type);
 }
 
+std::string_view hf_text_config_model_type(std::string_view composite_model_type) {
+  for (const auto& [composite, text] : kTextConfigModelTypes)
+    if (composite == composite_model_type) return text;
+  return {};
+}
+
 bool hf_top_level_partial_unread(std::string_view model_type) {
   return listed(kTopLevelPartialUnreadModelTypes, model_type);
 }

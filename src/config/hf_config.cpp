@@ -99,7 +99,12 @@ class Resolver {
       if (has(*o, "model_type"))
         TORCH_CHECK((*o)["model_type"].is_string(), origin_, ": '", o == root_ ? "" : prefix_,
                     "model_type' must be a string, got ", describe((*o)["model_type"]));
-    out.model_type = string_or(c0, "model_type", string_or(*root_, "model_type", ""));
+    out.model_type = string_or(c0, "model_type", "");
+    // a composite's text_config without its own model_type is built by the composite's default
+    // text config class (LLaVA's: Llama), whose rules then apply
+    if (out.model_type.empty() && text_ != nullptr)
+      out.model_type = std::string(hf_text_config_model_type(string_or(*root_, "model_type", "")));
+    if (out.model_type.empty()) out.model_type = string_or(*root_, "model_type", "");
     model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
     refuse_unread_partial(out);

@@ -74,6 +74,10 @@ bool hf_default_rope_ignores_partial(std::string_view model_type);
 /// a key is unread by transformers (generated, src/config/hf_model_types.inc).
 bool hf_top_level_partial_unread(std::string_view model_type);
 
+/// The model type transformers builds a composite's text_config as when the file's text_config
+/// names none (LLaVA's: "llama"); empty when the composite has none (generated).
+std::string_view hf_text_config_model_type(std::string_view composite_model_type);
+
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
 /// What a model type's config class uses for keys posenc reads when a config.json leaves them out
