@@ -338,6 +338,45 @@ TEST(HfConfig, ATextConfigWithoutModelTypeIsTheCompositesTextClass) {
   EXPECT_EQ(as_rope(encoder).rotary_dim(), 16);
 }
 
+TEST(HfConfig, ConfigClassesThatRewriteFlatKeysAreMirroredOrRefused) {
+  // ModernBERT's flat global_rope_theta/local_rope_theta become per-layer-type blocks in its config
+  // class: a file without nested rope_parameters is refused (posenc took 10000 for both)
+  const json modernbert{{"model_type", "modernbert"},  {"hidden_size", 512},
+                        {"num_attention_heads", 8},    {"global_rope_theta", 160000.0},
+                        {"local_rope_theta", 10000.0}, {"max_position_embeddings", 8192}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(modernbert); }),
+                       "without per-layer-type 'rope_parameters' its config class builds"));
+  // Phi-3's legacy 'yarn' is longrope (transformers 5.24: attention scaling 1.19024, from
+  // sqrt(1 + ln 32 / ln 4096))
+  const json phi3{{"model_type", "phi3"},
+                  {"hidden_size", 512},
+                  {"num_attention_heads", 8},
+                  {"rope_theta", 1e4},
+                  {"max_position_embeddings", 131072},
+                  {"original_max_position_embeddings", 4096},
+                  {"rope_scaling",
+                   {{"type", "yarn"},
+                    {"short_factor", std::vector<double>(32, 1.0)},
+                    {"long_factor", std::vector<double>(32, 2.0)}}}};
+  const auto resolved = from_hf_config(phi3);
+  EXPECT_EQ(resolved.config["rope_type"].get<std::string>(), "longrope");
+  auto encoder = build_encoder(json::parse(resolved.config.dump()), {});
+  EXPECT_NEAR(as_rope(encoder).frequencies(-1).attention_scaling,
+              std::sqrt(1 + std::log(32.0) / std::log(4096.0)), 1e-12);
+  // Gemma 3's config class merges a legacy rope_scaling into a block that stays 'default': its
+  // 'type' is never read (transformers applies no scaling): refused, not guessed
+  const json gemma3{{"model_type", "gemma3_text"},
+                    {"head_dim", 64},
+                    {"rope_theta", 1e6},
+                    {"rope_local_base_freq", 1e4},
+                    {"layer_types", json::array({"sliding_attention", "full_attention"})},
+                    {"rope_scaling", {{"type", "linear"}, {"factor", 8.0}}}};
+  HfConfigOptions full;
+  full.layer_type = "full_attention";
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(gemma3, full); }),
+                       "with the legacy 'type' key, which model type 'gemma3_text'"));
+}
+
 TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
   // MiniMax-M2's released config.json says rotary_dim 64 of head_dim 128; its config class turns
   // that into partial_rotary_factor 0.5 (transformers 5.24: MiniMaxM2RotaryEmbedding has 32

@@ -22,7 +22,8 @@ constexpr const char* kInter = "interleaved";
 // Why vision towers with rope_type "axial" and other refusals are refused is said in hf_config.cpp;
 // the rows here are the model types whose own code differs from the generic rule.
 const HfArchitecture kRows[] = {
-    // pair layout (2i, 2i+1): the family's rotate function or its apply_rotary_pos_emb_interleave
+    // pair layout (2i, 2i+1): the family's rotate function or its
+    // apply_rotary_pos_emb_interleave
     {"gptj", H::kRotaryDim, kInter, {}, "models/gptj/modeling_gptj.py: rotate_every_two"},
     {"codegen", H::kRotaryDim, kInter, {}, "models/codegen/modeling_codegen.py: rotate_every_two"},
     {"glm", H::kGeneric, kInter, {}, "models/glm/modeling_glm.py: rotate_half over 0::2, 1::2"},
@@ -50,7 +51,8 @@ const HfArchitecture kRows[] = {
      kInter,
      {},
      "models/deepseek_v32/modeling_deepseek_v32.py: DeepseekV32Attention rotates with "
-     "apply_rotary_pos_emb_interleave whatever rope_interleave says (its indexer: rotate_half)"},
+     "apply_rotary_pos_emb_interleave whatever rope_interleave says (its indexer: "
+     "rotate_half)"},
     {"axk2",
      H::kGeneric,
      kInter,
@@ -143,6 +145,56 @@ const HfArchitecture kRows[] = {
      false,
      false,
      true},
+    // config classes that rewrite flat rope keys (convert_rope_params_to_dict) their own way
+    {.model_type = "modernbert",
+     .source = "models/modernbert/configuration_modernbert.py: convert_rope_params_to_dict",
+     .flat_refusal = "its config class builds each layer type's RoPE from global_rope_theta and "
+                     "local_rope_theta (defaults 160000 and 10000)"},
+    {.model_type = "modernbert-decoder",
+     .source = "models/modernbert_decoder/configuration_modernbert_decoder.py: "
+               "convert_rope_params_to_dict",
+     .flat_refusal = "its config class builds each layer type's RoPE from global_rope_theta and "
+                     "local_rope_theta"},
+    {.model_type = "laguna",
+     .source = "models/laguna/configuration_laguna.py: convert_rope_params_to_dict",
+     .flat_refusal = "its config class ignores a top-level rope_theta and fills each layer type's "
+                     "RoPE with its own defaults"},
+    {.model_type = "mimo_v2_flash",
+     .source = "models/mimo_v2_flash/configuration_mimo_v2_flash.py: convert_rope_params_to_dict",
+     .flat_refusal = "its config class ignores a top-level rope_theta and fills each layer type's "
+                     "RoPE with its own defaults (partial rotary 0.334)"},
+    {.model_type = "mellum",
+     .source = "models/mellum/configuration_mellum.py: convert_rope_params_to_dict",
+     .flat_refusal = "its config class ignores a top-level rope_theta and fills each layer type's "
+                     "RoPE with its own defaults"},
+    {.model_type = "beam",
+     .source = "models/beam/configuration_beam.py: convert_rope_params_to_dict",
+     .flat_refusal = "its config class ignores a top-level rope_theta and fills each layer type's "
+                     "RoPE with its own defaults"},
+    {.model_type = "neomme",
+     .source = "models/neomme/configuration_neomme.py: convert_rope_params_to_dict",
+     .flat_refusal =
+         "its config class gives each layer type its own partial_rotary_factor default"},
+    {.model_type = "phi3",
+     .source = "models/phi3/configuration_phi3.py: a legacy rope_type 'su' or 'yarn' is 'longrope'",
+     .yarn_is_longrope = true},
+    {.model_type = "phi4_multimodal",
+     .source = "models/phi4_multimodal/configuration_phi4_multimodal.py: a legacy rope_type 'su' "
+               "or 'yarn' is 'longrope'",
+     .yarn_is_longrope = true},
+    {.model_type = "gemma3_text",
+     .source = "models/gemma3/configuration_gemma3.py: rope_scaling merged into a default block",
+     .type_alias_unread = true},
+    {.model_type = "gemma3n_text",
+     .source = "models/gemma3n/configuration_gemma3n.py: rope_scaling merged into a default block",
+     .type_alias_unread = true},
+    {.model_type = "t5gemma2_text",
+     .source = "models/t5gemma2/configuration_t5gemma2.py: rope_scaling merged into a default "
+               "block",
+     .type_alias_unread = true},
+    {.model_type = "olmo3",
+     .source = "models/olmo3/configuration_olmo3.py: rope_scaling merged into a default block",
+     .type_alias_unread = true},
     // head sizes from other keys
     {"jetmoe", H::kKvChannels, kHalf, {}, "models/jetmoe/modeling_jetmoe.py: kv_channels"},
     {"zamba2", H::kAttentionHeadDim, kHalf, {}, "models/zamba2: attention_head_dim"},
@@ -161,32 +213,37 @@ const HfArchitecture kRows[] = {
      {},
      "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
      "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave"},
-    {"dots3_note_text",
-     H::kHeadDim,
-     kInter,
-     {},
-     "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
-     "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave"},
+    {.model_type = "dots3_note_text",
+     .head = H::kHeadDim,
+     .layout = kInter,
+     .source = "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
+               "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave",
+     .flat_refusal = "its config class derives each layer type's theta and partial rotary from "
+                     "swa_rope_theta, qk_rope_head_dim and the swa_* head sizes"},
     {"gemma4",
      H::kGlobalHeadDim,
      kHalf,
      {},
-     "models/gemma4/configuration_gemma4.py: full_attention layers take global_head_dim (512)"},
-    {"gemma4_text",
-     H::kGlobalHeadDim,
-     kHalf,
-     {},
-     "models/gemma4/configuration_gemma4.py: full_attention layers take global_head_dim (512)"},
+     "models/gemma4/configuration_gemma4.py: full_attention layers take "
+     "global_head_dim (512)"},
+    {.model_type = "gemma4_text",
+     .head = H::kGlobalHeadDim,
+     .layout = kHalf,
+     .source = "models/gemma4/configuration_gemma4.py: full_attention layers take "
+               "global_head_dim "
+               "(512)",
+     .flat_refusal = "its config class builds a proportional full-attention RoPE from flat "
+                     "keys"},
     {"gemma4_unified",
      H::kGlobalHeadDim,
      kHalf,
      {},
      "models/gemma4_unified: full_attention layers take global_head_dim (512)"},
-    {"gemma4_unified_text",
-     H::kGlobalHeadDim,
-     kHalf,
-     {},
-     "models/gemma4_unified: full_attention layers take global_head_dim (512)"},
+    {.model_type = "gemma4_unified_text",
+     .head = H::kGlobalHeadDim,
+     .layout = kHalf,
+     .source = "models/gemma4_unified: full_attention layers take global_head_dim (512)",
+     .flat_refusal = "its config class builds a proportional full-attention RoPE from flat keys"},
     {"diffusion_gemma",
      H::kGlobalHeadDim,
      kHalf,

@@ -113,16 +113,41 @@ class Resolver {
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
 
+    if (!arch.flat_refusal.empty()) {  // the config class's own rules for flat keys
+      const auto& cc = model();
+      bool nested = has(cc, "rope_parameters") && cc["rope_parameters"].is_object() &&
+                    !cc["rope_parameters"].empty();
+      if (nested)
+        for (const auto& item : cc["rope_parameters"].items())
+          nested = nested && (item.value().is_object() || item.value().is_null());
+      TORCH_CHECK(nested, origin_, ": refused: without per-layer-type 'rope_parameters' ",
+                  std::string(arch.flat_refusal), ", which posenc does not mirror (",
+                  std::string(arch.source),
+                  "); give 'rope_parameters' per layer type, as transformers 5 writes it");
+    }
     const nlohmann::json block = scaling_block(out);
     const std::string block_name = block_name_;
     auto from_block = [&](const std::string& key) { return block_name + "." + key; };
 
     // rope_type
     std::string rope_type = "default";
+    bool yarn_renamed = false;  // Phi-3's legacy 'yarn'
     if (has(block, "rope_type")) {
       rope_type = string_at(block, "rope_type", from_block("rope_type"));
     } else if (has(block, "type")) {
       rope_type = string_at(block, "type", from_block("type"));
+    }
+    TORCH_CHECK(!arch.type_alias_unread || has(block, "rope_type") || !has(block, "type"), origin_,
+                ": refused: ", from_block("type"),
+                " names the RoPE type with the legacy 'type' key, "
+                "which model type '",
+                out.model_type,
+                "''s config class never reads (it keeps rope_type 'default' and the scaling is "
+                "not applied: ",
+                std::string(arch.source), "); write 'rope_type'");
+    if (arch.yarn_is_longrope && (rope_type == "yarn" || rope_type == "su")) {
+      rope_type = "longrope";
+      yarn_renamed = true;
     }
     // HunYuan's rotary class reads 'dynamic' with a non-zero alpha as a fixed stretch of the base
     // (its compute_ntk_alpha_rope_parameters), not as dynamic NTK.
@@ -156,6 +181,9 @@ class Resolver {
     set("rope_type", rope_type,
         axial ? where(from_block("rope_type")) +
                     " 'axial': a vision tower's 2D rotary, default frequencies per axis"
+        : yarn_renamed
+            ? where(from_block(has(block, "rope_type") ? "rope_type" : "type")) +
+                  " (legacy 'yarn' or 'su': longrope, as " + std::string(arch.source) + ")"
         : ntk_alpha ? where(from_block(has(block, "rope_type") ? "rope_type" : "type")) +
                           " 'dynamic' with a non-zero alpha: ntk_alpha, as model type '" +
                           out.model_type + "' reads it (" + std::string(arch.source) + ")"

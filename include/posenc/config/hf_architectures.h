@@ -52,6 +52,14 @@ struct HfArchitecture {
   /// The config class turns a legacy `rotary_dim` into partial_rotary_factor = rotary_dim /
   /// head_dim when no factor is given (MiniMax-M2's released checkpoints).
   bool rotary_dim_sets_partial = false;
+  /// Non-empty: a config.json without per-layer-type rope_parameters is refused, for this reason
+  /// (the config class builds them from flat keys with rules posenc does not mirror).
+  std::string_view flat_refusal = {};
+  /// The config class renames a legacy rope_type 'yarn' (and 'su') to 'longrope' (Phi-3).
+  bool yarn_is_longrope = false;
+  /// The config class merges a legacy rope_scaling into a block that keeps rope_type 'default', so
+  /// its 'type' alias is never read (Gemma 3): such a block is refused, not guessed.
+  bool type_alias_unread = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
