@@ -377,6 +377,24 @@ TEST(HfConfig, ConfigClassesThatRewriteFlatKeysAreMirroredOrRefused) {
                        "with the legacy 'type' key, which model type 'gemma3_text'"));
 }
 
+TEST(HfConfig, OlmoThreesFlatScalingIsRefused) {
+  // OLMo 3's config class gives a flat rope_scaling to full attention only; posenc handed the
+  // scaled table to every layer when no layer type was asked
+  json olmo3{
+      {"model_type", "olmo3"},
+      {"hidden_size", 512},
+      {"num_attention_heads", 8},
+      {"rope_theta", 5e5},
+      {"max_position_embeddings", 65536},
+      {"layer_types", json::array({"sliding_attention", "full_attention"})},
+      {"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 8192}}}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(olmo3); }),
+                       "is flat with rope_type 'yarn', and its config class gives"));
+  olmo3.erase("rope_scaling");  // no scaling: one default RoPE for every layer, as transformers
+  EXPECT_EQ(from_hf_config(olmo3).config["rope_type"].get<std::string>(), "default");
+}
+
 TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
   // MiniMax-M2's released config.json says rotary_dim 64 of head_dim 128; its config class turns
   // that into partial_rotary_factor 0.5 (transformers 5.24: MiniMaxM2RotaryEmbedding has 32

@@ -194,6 +194,9 @@ const HfArchitecture kRows[] = {
      .type_alias_unread = true},
     {.model_type = "olmo3",
      .source = "models/olmo3/configuration_olmo3.py: rope_scaling merged into a default block",
+     .flat_scaling_refusal = "its config class gives a flat rope_scaling to full-attention layers "
+                             "only (sliding-window layers keep the default), one RoPE per layer "
+                             "type",
      .type_alias_unread = true},
     // head sizes from other keys
     {"jetmoe", H::kKvChannels, kHalf, {}, "models/jetmoe/modeling_jetmoe.py: kv_channels"},

@@ -125,6 +125,22 @@ class Resolver {
                   std::string(arch.source),
                   "); give 'rope_parameters' per layer type, as transformers 5 writes it");
     }
+    if (!arch.flat_scaling_refusal.empty()) {
+      const auto& cc = model();
+      for (const char* b : {"rope_scaling", "rope_parameters"}) {
+        if (!has(cc, b) || !cc[b].is_object()) continue;
+        const auto& flat = cc[b];
+        const std::string type = flat.contains("rope_type") && flat["rope_type"].is_string()
+                                     ? flat["rope_type"].get<std::string>()
+                                 : flat.contains("type") && flat["type"].is_string()
+                                     ? flat["type"].get<std::string>()
+                                     : "default";
+        TORCH_CHECK(type == "default", origin_, ": refused: '", prefix_, b,
+                    "' is flat with rope_type '", type, "', and ",
+                    std::string(arch.flat_scaling_refusal), " (", std::string(arch.source),
+                    "); give 'rope_parameters' per layer type, as transformers 5 writes it");
+      }
+    }
     const nlohmann::json block = scaling_block(out);
     const std::string block_name = block_name_;
     auto from_block = [&](const std::string& key) { return block_name + "." + key; };

@@ -55,6 +55,9 @@ struct HfArchitecture {
   /// Non-empty: a config.json without per-layer-type rope_parameters is refused, for this reason
   /// (the config class builds them from flat keys with rules posenc does not mirror).
   std::string_view flat_refusal = {};
+  /// Non-empty: a config.json whose flat (not per-layer-type) RoPE block scales (a rope_type
+  /// other than 'default') is refused, for this reason (OLMo 3 scales full attention only).
+  std::string_view flat_scaling_refusal = {};
   /// The config class renames a legacy rope_type 'yarn' (and 'su') to 'longrope' (Phi-3).
   bool yarn_is_longrope = false;
   /// The config class merges a legacy rope_scaling into a block that keeps rope_type 'default', so
