@@ -39,7 +39,10 @@ HEAD = {
 def rows_of_table():
     """model_type -> head size rule, from the C++ table's rows {"type", H::kRule, layout, ...}."""
     text = open(TABLE).read()
-    return {m.group(1): HEAD[m.group(2)] for m in re.finditer(r'\{"([^"]+)",\s*H::(k\w+),', text)}
+    positional = r'\{"([^"]+)",\s*H::(k\w+),'                          # {"type", H::kRule, ...}
+    designated = r'\{\.model_type = "([^"]+)",\s*\.head = H::(k\w+),'  # {.model_type = .., .head = ..}
+    return {m.group(1): HEAD[m.group(2)]
+            for pattern in (positional, designated) for m in re.finditer(pattern, text)}
 
 
 def rope_type(config, path, layer_type):

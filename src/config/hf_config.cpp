@@ -113,41 +113,14 @@ class Resolver {
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
 
-    if (!arch.flat_refusal.empty()) {  // the config class's own rules for flat keys
-      const auto& cc = model();
-      bool nested = has(cc, "rope_parameters") && cc["rope_parameters"].is_object() &&
-                    !cc["rope_parameters"].empty();
-      if (nested)
-        for (const auto& item : cc["rope_parameters"].items())
-          nested = nested && (item.value().is_object() || item.value().is_null());
-      TORCH_CHECK(nested, origin_, ": refused: without per-layer-type 'rope_parameters' ",
-                  std::string(arch.flat_refusal), ", which posenc does not mirror (",
-                  std::string(arch.source),
-                  "); give 'rope_parameters' per layer type, as transformers 5 writes it");
-    }
-    if (!arch.flat_scaling_refusal.empty()) {
-      const auto& cc = model();
-      for (const char* b : {"rope_scaling", "rope_parameters"}) {
-        if (!has(cc, b) || !cc[b].is_object()) continue;
-        const auto& flat = cc[b];
-        const std::string type = flat.contains("rope_type") && flat["rope_type"].is_string()
-                                     ? flat["rope_type"].get<std::string>()
-                                 : flat.contains("type") && flat["type"].is_string()
-                                     ? flat["type"].get<std::string>()
-                                     : "default";
-        TORCH_CHECK(type == "default", origin_, ": refused: '", prefix_, b,
-                    "' is flat with rope_type '", type, "', and ",
-                    std::string(arch.flat_scaling_refusal), " (", std::string(arch.source),
-                    "); give 'rope_parameters' per layer type, as transformers 5 writes it");
-      }
-    }
-    const nlohmann::json block = scaling_block(out);
+    const nlohmann::json block = scaling_block(out, arch);
     const std::string block_name = block_name_;
     auto from_block = [&](const std::string& key) { return block_name + "." + key; };
 
     // rope_type
     std::string rope_type = "default";
     bool yarn_renamed = false;  // Phi-3's legacy 'yarn'
+    const std::string type_key = has(block, "rope_type") ? "rope_type" : "type";
     if (has(block, "rope_type")) {
       rope_type = string_at(block, "rope_type", from_block("rope_type"));
     } else if (has(block, "type")) {
@@ -172,7 +145,7 @@ class Resolver {
                            number_at(block, "alpha", from_block("alpha")) != 0;
     if (ntk_alpha) rope_type = "ntk_alpha";
     TORCH_CHECK(rope_type != "ntk_alpha" || arch.dynamic_with_alpha_is_ntk_alpha, origin_, ": ",
-                from_block(has(block, "rope_type") ? "rope_type" : "type"),
+                from_block(type_key),
                 " 'ntk_alpha' is HunYuan's rotary classes' own type; transformers' "
                 "ROPE_INIT_FUNCTIONS has none, so model type '",
                 out.model_type, "' fails on it (KeyError)");
@@ -197,10 +170,9 @@ class Resolver {
     set("rope_type", rope_type,
         axial ? where(from_block("rope_type")) +
                     " 'axial': a vision tower's 2D rotary, default frequencies per axis"
-        : yarn_renamed
-            ? where(from_block(has(block, "rope_type") ? "rope_type" : "type")) +
-                  " (legacy 'yarn' or 'su': longrope, as " + std::string(arch.source) + ")"
-        : ntk_alpha ? where(from_block(has(block, "rope_type") ? "rope_type" : "type")) +
+        : yarn_renamed ? where(from_block(type_key)) + " (legacy 'yarn' or 'su': longrope, as " +
+                             std::string(arch.source) + ")"
+        : ntk_alpha ? where(from_block(type_key)) +
                           " 'dynamic' with a non-zero alpha: ntk_alpha, as model type '" +
                           out.model_type + "' reads it (" + std::string(arch.source) + ")"
         : has(block, "rope_type")
@@ -616,8 +588,27 @@ class Resolver {
     sources_[key] = source;
   }
 
+  // A flat RoPE layout (no block per layer type) for a model type whose config class builds the
+  // per-layer-type blocks from flat keys by rules of its own (hf_architectures.cpp): refused where
+  // posenc does not mirror them, or where the flat block scales and the class scales some layer
+  // types only.
+  void check_flat_layout(const HfArchitecture& arch, const nlohmann::json& flat,
+                         const std::string& name) const {
+    TORCH_CHECK(arch.flat_refusal.empty(), origin_,
+                ": refused: without per-layer-type 'rope_parameters' ",
+                std::string(arch.flat_refusal), ", which posenc does not mirror (",
+                std::string(arch.source),
+                "); give 'rope_parameters' per layer type, as transformers 5 writes it");
+    if (arch.flat_scaling_refusal.empty()) return;
+    const std::string type = string_or(flat, "rope_type", string_or(flat, "type", "default"));
+    TORCH_CHECK(type == "default", origin_, ": refused: '", prefix_, name,
+                "' is flat with rope_type '", type, "', and ",
+                std::string(arch.flat_scaling_refusal), " (", std::string(arch.source),
+                "); give 'rope_parameters' per layer type, as transformers 5 writes it");
+  }
+
   // The scaling block: rope_parameters (v5) or rope_scaling (legacy), flat or per layer type.
-  nlohmann::json scaling_block(HfResolution& out) {
+  nlohmann::json scaling_block(HfResolution& out, const HfArchitecture& arch) {
     const auto& c = model();
     const bool v5 = has(c, "rope_parameters"), legacy = has(c, "rope_scaling");
     // Gemma 3 ships flat keys that transformers turns into one RoPE per layer type
@@ -630,6 +621,7 @@ class Resolver {
       TORCH_CHECK(full.is_object(), origin_, ": '", prefix_,
                   legacy ? "rope_scaling" : "rope_parameters", "' must be an object, got ",
                   describe(full));
+      check_flat_layout(arch, full, legacy ? "rope_scaling" : "rope_parameters");
       if (!full.contains("rope_theta"))
         full["rope_theta"] = has(c, "rope_theta") ? c["rope_theta"] : nlohmann::json(1000000.0);
       synthesized_ = {{"full_attention", full},
@@ -642,6 +634,7 @@ class Resolver {
     }
     if (!v5 && !legacy) {
       block_name_ = "rope_parameters";
+      check_flat_layout(arch, nlohmann::json::object(), block_name_);
       return nlohmann::json::object();
     }
     if (v5 && legacy)
@@ -665,6 +658,7 @@ class Resolver {
     if (nested.empty() && all_objects)
       for (const auto& item : block.items()) nested.push_back(item.key());
     if (nested.empty()) {
+      check_flat_layout(arch, block, block_name_);
       TORCH_CHECK(options_.layer_type.empty(), origin_, ": --layer-type '", options_.layer_type,
                   "' was given but ", prefix_, block_name_, " is not nested per layer type");
       return block;

@@ -40,7 +40,7 @@ struct HfArchitecture {
   /// "half" (rotate_half) or "interleaved" (pairs (2i, 2i+1)); rope_interleave overrides it.
   std::string_view layout = "half";
   /// Non-empty: posenc refuses this model type, for this reason.
-  std::string_view refusal;
+  std::string_view refusal = {};
   /// The transformers code the row follows (models/<type>/modeling_<type>.py: what).
   std::string_view source;
   /// The model type's rotary class reads rope_type 'dynamic' with a non-zero 'alpha' as
