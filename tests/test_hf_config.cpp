@@ -395,6 +395,33 @@ TEST(HfConfig, OlmoThreesFlatScalingIsRefused) {
   EXPECT_EQ(from_hf_config(olmo3).config["rope_type"].get<std::string>(), "default");
 }
 
+TEST(HfConfig, CompositesReadTheirTextConfigAsTheirConfigClassDoes) {
+  // transformers 4's flat Qwen2-VL config.json: Qwen2VLConfig builds text_config from the top-level
+  // keys, and its text class's rope_theta default is 1e6 (posenc took 1e4: a different table)
+  json qwen{{"model_type", "qwen2_vl"},
+            {"hidden_size", 1536},
+            {"num_attention_heads", 12},
+            {"max_position_embeddings", 32768},
+            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {16, 24, 24}}}}};
+  const auto flat = from_hf_config(qwen);
+  EXPECT_EQ(flat.model_type, "qwen2_vl_text");
+  EXPECT_EQ(flat.config["rope_theta"].get<double>(), 1e6);
+  // LLaVA's config class ignores top-level text keys (its text model takes Llama's defaults)
+  json llava{{"model_type", "llava"},
+             {"hidden_size", 4096},
+             {"num_attention_heads", 32},
+             {"rope_theta", 5e5}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(llava); }), "from 'text_config' only"));
+  // beside a text_config the top-level keys are not the text model's: text_config is resolved
+  llava["text_config"] = {{"model_type", "llama"},
+                          {"hidden_size", 2048},
+                          {"num_attention_heads", 16},
+                          {"rope_theta", 1e4}};
+  const auto nested = from_hf_config(llava);
+  EXPECT_EQ(nested.config["rope_theta"].get<double>(), 1e4);
+  EXPECT_EQ(nested.config["head_dim"].get<int64_t>(), 128);
+}
+
 TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
   // MiniMax-M2's released config.json says rotary_dim 64 of head_dim 128; its config class turns
   // that into partial_rotary_factor 0.5 (transformers 5.24: MiniMaxM2RotaryEmbedding has 32

@@ -589,7 +589,33 @@ def text_config_types(records):
     return sorted(pairs.items())
 
 
-def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=()):
+def flat_text_carried(text_types):
+    """Composites whose config class builds text_config from text keys at the top level of a
+    config.json without one (transformers 4's flat layout: Qwen2-VL); the others ignore such keys and
+    take the text config class's defaults (LLaVA), so posenc refuses a flat config of theirs."""
+    out = []
+    for composite, _ in text_types:
+        try:
+            d = copy.deepcopy(CONFIG_MAPPING[composite]().to_dict())
+        except Exception:
+            continue
+        d.pop("text_config", None)
+        d.pop("rope_parameters", None)
+        d.pop("rope_scaling", None)
+        d["rope_theta"] = 123456.0  # no class's default: its arrival is this key's doing
+        d["max_position_embeddings"] = 12345
+        try:
+            text = CONFIG_MAPPING[composite].from_dict(d).get_text_config()
+        except Exception:
+            continue
+        params = getattr(text, "rope_parameters", None)
+        thetas = [b.get("rope_theta") for b in rope_blocks(params)] or [getattr(text, "rope_theta", None)]
+        if all(t == 123456.0 for t in thetas) and getattr(text, "max_position_embeddings", None) == 12345:
+            out.append(composite)
+    return out
+
+
+def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(), flat_carried=()):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
     def array(name, names):
         lines, line = [], "   "
@@ -615,12 +641,15 @@ def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(
             "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
             "//                        partial_rotary_factor out of rope_parameters (unread)\n"
             "//   kTextConfigModelTypes  a composite's text_config model type (its default class)\n"
+            "//   kFlatTextCarriedModelTypes  composites whose config class builds text_config from\n"
+            "//                        top-level text keys when there is none (the others ignore them)\n"
             + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
             + array("kNoModelingModelTypes", unchecked)
             + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial)
             + array("kTopLevelPartialUnreadModelTypes", top_level_unread)
             + "constexpr std::pair<std::string_view, std::string_view> kTextConfigModelTypes[] = {\n"
-            + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types) + "};\n")
+            + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types) + "};\n"
+            + array("kFlatTextCarriedModelTypes", flat_carried))
 
 
 def main():
@@ -688,8 +717,9 @@ def main():
         with open(MODEL_TYPES_INC, "w") as f:
             rotary_types = [r["model_type"] for r in index
                             if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
+            text_types = text_config_types(records)
             f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types),
-                                    text_config_types(records)))
+                                    text_types, flat_text_carried(text_types)))
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

@@ -99,11 +99,14 @@ class Resolver {
       if (has(*o, "model_type"))
         TORCH_CHECK((*o)["model_type"].is_string(), origin_, ": '", o == root_ ? "" : prefix_,
                     "model_type' must be a string, got ", describe((*o)["model_type"]));
-    out.model_type = string_or(c0, "model_type", "");
+    composite_text_config(out);
+    out.model_type = string_or(model(), "model_type", "");
     // a composite's text_config without its own model_type is built by the composite's default
-    // text config class (LLaVA's: Llama), whose rules then apply
+    // text config class (LLaVA's: Llama), whose rules then apply; so are the top-level text keys
+    // of a composite whose config class builds text_config from them
     if (out.model_type.empty() && text_ != nullptr)
       out.model_type = std::string(hf_text_config_model_type(string_or(*root_, "model_type", "")));
+    if (!flat_text_type_.empty()) out.model_type = flat_text_type_;
     if (out.model_type.empty()) out.model_type = string_or(*root_, "model_type", "");
     model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
@@ -457,6 +460,40 @@ class Resolver {
     return text_ ? *text_ : *root_;
   }
 
+  // A composite builds its text model, and the text rotary, from text_config (kTextConfigModelTypes
+  // in hf_model_types.inc): RoPE keys at the top level beside a text_config are not the text
+  // model's. Without a text_config (transformers 4's flat layout) Qwen2-VL's config class builds
+  // text_config from the top-level keys (kFlatTextCarriedModelTypes), resolved by the text model
+  // type's rules and defaults; LLaVA's ignores them and takes its text config class's defaults, a
+  // table posenc does not build from the file: refused. Composites refused by their row keep it.
+  void composite_text_config(HfResolution& out) {
+    if (!has(*root_, "model_type") || !(*root_)["model_type"].is_string()) return;
+    const std::string root_type = (*root_)["model_type"].get<std::string>();
+    const std::string_view text_type = hf_text_config_model_type(root_type);
+    if (text_type.empty() || !find_hf_architecture(root_type)->refusal.empty()) return;
+    if (has(*root_, "text_config") && (*root_)["text_config"].is_object()) {
+      if (text_ == nullptr) {
+        out.warnings.push_back(
+            origin_ + ": model type '" + root_type +
+            "' builds its text model from text_config; the RoPE keys at the top level are not "
+            "its (transformers ignores them), so text_config is resolved");
+        text_ = &(*root_)["text_config"];
+        prefix_ = "text_config.";
+      }
+      return;
+    }
+    TORCH_CHECK(hf_flat_text_carried(root_type), origin_, " (model type '", root_type,
+                "'): refused: no 'text_config', and transformers ",
+                std::string(kHfArchitecturesTransformers),
+                " builds this model type's text model from 'text_config' only: it ignores text "
+                "keys at the top level and takes its text config class's defaults, which are not "
+                "this file's; give the text model's keys under 'text_config'");
+    flat_text_type_ = std::string(text_type);
+    out.warnings.push_back(origin_ + ": model type '" + root_type +
+                           "' without text_config: its config class builds the text model (" +
+                           flat_text_type_ + ") from the top-level keys, and so does posenc");
+  }
+
   // A top-level partial_rotary_factor (transformers 4's place for it) that the model type's config
   // class does not carry into rope_parameters, where its rotary class reads the factor, is unread
   // by transformers, whose rotary class then takes its own default for a block without one (GPT-
@@ -690,6 +727,7 @@ class Resolver {
   std::string origin_;
   const nlohmann::json* root_ = nullptr;
   const nlohmann::json* text_ = nullptr;
+  std::string flat_text_type_;  ///< the text model type a flat composite's top level is read as
   std::string prefix_;
   std::string block_name_;
   std::string layer_type_;

@@ -89,6 +89,11 @@ bool hf_top_level_partial_unread(std::string_view model_type);
 /// names none (LLaVA's: "llama"); empty when the composite has none (generated).
 std::string_view hf_text_config_model_type(std::string_view composite_model_type);
 
+/// Whether the composite's config class builds text_config from text keys at the top level of a
+/// config.json without one (Qwen2-VL, transformers 4's layout); others ignore such keys
+/// (generated).
+bool hf_flat_text_carried(std::string_view composite_model_type);
+
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
 /// What a model type's config class uses for keys posenc reads when a config.json leaves them out
