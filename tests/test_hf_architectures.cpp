@@ -282,6 +282,65 @@ TEST(HfArchitectures, PartialRotaryFactorIsReadWhereTheClassReadsIt) {
   EXPECT_GE(ignored, 250);
 }
 
+TEST(HfArchitectures, LegacyLayoutsMatchTheConfigClassOrAreRefused) {
+  // The config as transformers 4 wrote it (legacy_probe: no rope_parameters, a top-level
+  // rope_theta, and a top-level rope_scaling for "linear") goes through each config class's own
+  // conversion: GPT-NeoX reads rotary_emb_base and not rope_theta, Cohere 2 MoE never reads
+  // rope_scaling, Moonshine Streaming's partial default lives in the default block a rope_scaling
+  // replaces. posenc's table must be the class's, bit for bit in float32, or be refused.
+  int compared = 0, refused = 0;
+  for_each_fixture_row([&](const std::string& mt, const json& root, const json& table,
+                           const json& row) {
+    if (!row.contains("legacy_probe") || !row.contains("inv_freq") || !row.contains("rotary_dim") ||
+        row["rotary_dim"].get<int64_t>() != 2 * static_cast<int64_t>(row["inv_freq"].size()))
+      return;  // no probe, or a vision tower's per-axis ladder
+    if (mt == "glmasr" && table["class"] == "GlmAsrRotaryEmbedding") return;  // see above
+    for (const auto& item : row["legacy_probe"].items()) {
+      const json& probe = item.value();
+      if (!probe.contains("inv_freq")) continue;  // the class itself fails on it
+      const std::string path = table["config_path"].get<std::string>();
+      json config = root;
+      json& target =
+          path == "text_config" && config.contains("text_config") ? config["text_config"] : config;
+      if (path != "" && path != "text_config") return;
+      target.erase("rope_parameters");
+      target.erase("rope_scaling");
+      target["rope_theta"] = 123456.0;
+      if (item.key() == "linear")
+        target["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 3.0}};
+      HfConfigOptions options;
+      options.angle_dtype = "float32";
+      if (row["layer_type"].is_string()) options.layer_type = row["layer_type"].get<std::string>();
+      RopeFrequencies f;
+      try {
+        auto encoder = build_encoder(from_hf_config(config, options));
+        auto* rope = dynamic_cast<RopeImpl*>(encoder.get());
+        if (rope == nullptr) continue;
+        f = rope->frequencies(-1);
+      } catch (const c10::Error&) {
+        ++refused;
+        continue;
+      }
+      ++compared;
+      const auto expected =
+          torch::tensor(probe["inv_freq"].get<std::vector<double>>(), torch::kFloat64)
+              .to(torch::kFloat32);
+      const std::string where = mt + "/" + table["class"].get<std::string>() + ":" +
+                                row["layer_type"].dump() + " legacy " + item.key();
+      ASSERT_EQ(f.inv_freq.numel(), expected.numel()) << where << ": a different rotary dim";
+      EXPECT_TRUE(torch::equal(f.inv_freq.to(torch::kFloat32), expected))
+          << where << ": a different table (first " << f.inv_freq[0].item<double>() << " vs "
+          << expected[0].item<double>() << ", second "
+          << (expected.numel() > 1 ? f.inv_freq[1].item<double>() : 0.0) << " vs "
+          << (expected.numel() > 1 ? expected[1].item<double>() : 0.0) << ")";
+      EXPECT_NEAR(f.attention_scaling, probe["attention_scaling"].get<double>(), 1e-7) << where;
+    }
+  });
+  std::cout << "[hf_architectures] legacy layouts: " << compared << " tables equal to the class's, "
+            << refused << " refused\n";
+  EXPECT_GE(compared, 300);
+}
+
 TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
   const json index = read_json(kDir + "/index.json");
   const json refusals = read_json(kDir + "/refusals.json")["refusals"];

@@ -239,6 +239,38 @@ def partial_probe(cls, config, layer_type, force_default=False):
             "pairs_before": before}
 
 
+LEGACY_THETA = 123456.0  # no class's default: a table built on it read the key
+LEGACY_VARIANTS = {"theta": {}, "linear": {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}}
+
+
+def legacy_probe(cls, config, layer_type):
+    """{variant: {inv_freq, attention_scaling} or {error}}: the class's frequencies for the config
+    as transformers 4 wrote it: no rope_parameters, a top-level rope_theta (LEGACY_THETA) and, for
+    "linear", a top-level rope_scaling block; loaded through the config class's from_dict, whose
+    own conversion decides what reaches the rotary class (GPT-NeoX reads rotary_emb_base, not
+    rope_theta; Cohere 2 MoE never reads rope_scaling; Moonshine Streaming's partial default lives
+    in the default rope_parameters a rope_scaling replaces)."""
+    out = {}
+    for variant, extra in LEGACY_VARIANTS.items():
+        d = copy.deepcopy(config.to_dict())
+        d.pop("rope_parameters", None)
+        d.pop("rope_scaling", None)
+        d["rope_theta"] = LEGACY_THETA
+        d.update(copy.deepcopy(extra))
+        try:
+            c2 = type(config).from_dict(d)
+            with torch.device("cpu"):
+                emb = cls(config=c2)
+            inv = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
+            if not isinstance(inv, torch.Tensor):
+                raise ValueError("no inv_freq")
+            scaling = getattr(emb, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling", 1.0)
+            out[variant] = {"inv_freq": floats(inv), "attention_scaling": float(scaling)}
+        except Exception as e:
+            out[variant] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+    return out
+
+
 def rope_blocks(params):
     """The rope_parameters blocks of a config dict: one, or one per layer type (None entries left)."""
     if not isinstance(params, dict):
@@ -337,6 +369,7 @@ def probe(cls, config, module, layer_types):
             row["partial_probe"] = partial_probe(cls, config, lt)
             row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
             row["top_level_partial_probe"] = top_level_partial_probe(cls, config, lt)
+            row["legacy_probe"] = legacy_probe(cls, config, lt)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -508,6 +541,145 @@ def safe_get(obj, key, default=None):
         return default
 
 
+def absent_rope_parameters(cfg_cls):
+    """The rope_parameters the config class builds for a config.json with neither rope_parameters
+    nor rope_scaling (transformers 4's files without scaling): its own default block(s) (Apertus:
+    llama3 scaling; Gemma 3: one per layer type; GPT-OSS: yarn), where a top-level rope_theta
+    reaches only some blocks, or none (setdefault under the class's own theta). Each block that
+    takes the file's top-level rope_theta says so with "rope_theta_from_file": true (its
+    "rope_theta" is the class's value for a file without one). None where the class builds no
+    rope_parameters, or only what posenc's generic rule gives (a default rope, the whole head)."""
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
+                "partial_rotary_factor"):
+        base.pop(key, None)
+    try:
+        p0 = copy.deepcopy(getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None))
+        p1 = getattr(cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
+                     "rope_parameters", None)
+    except Exception:
+        return None
+    if not isinstance(p0, dict) or not isinstance(p1, dict) or not p0:
+        return None
+    nested = all(isinstance(v, dict) or v is None for v in p0.values())
+    pairs = [(p0[k], p1.get(k)) for k in p0 if isinstance(p0[k], dict)] if nested else [(p0, p1)]
+    carried_everywhere = True
+    for b0, b1 in pairs:
+        b0.pop("type", None)
+        if isinstance(b1, dict) and b1.get("rope_theta") == LEGACY_THETA:
+            b0["rope_theta_from_file"] = True
+        else:
+            carried_everywhere = False
+    generic = not nested and carried_everywhere and set(p0) <= {"rope_type", "rope_theta",
+                                                               "rope_theta_from_file"} \
+        and p0.get("rope_type", "default") in ("default", "axial")  # axial: a vision tower's own
+    return None if generic else json.loads(json.dumps(p0))
+
+
+def legacy_scaling_rules(cfg_cls, absent_partial):
+    """How the config class reads transformers 4's top-level rope_scaling (and rope_theta) where it
+    departs from the standard conversion (the block is rope_scaling, rope_theta joins it, the
+    class's partial default applies): {"reads_scaling": false} (Cohere 2 MoE never reads it),
+    {"rope_theta_from_file": false, "rope_theta": x} (GPT-NeoX), {"partial_rotary_factor": f or
+    null} (Moonshine Streaming: its partial default lived in the default block the file's replaces).
+    None where the class converts as the standard does."""
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
+                "partial_rotary_factor"):
+        base.pop(key, None)
+    base["rope_theta"] = LEGACY_THETA
+    base["rope_scaling"] = {"rope_type": "linear", "factor": 3.0}
+    try:
+        params = getattr(cfg_cls.from_dict(base), "rope_parameters", None)
+    except Exception:
+        return None
+    blocks = rope_blocks(params)
+    if len(blocks) != 1:
+        return None  # per-layer conversions: the rows' flat rules (Gemma 3, OLMo 3, ...)
+    b = blocks[0]
+    out = {}
+    if b.get("rope_type") != "linear" or b.get("factor") != 3.0:
+        out["reads_scaling"] = False
+    if b.get("rope_theta") != LEGACY_THETA:
+        out["rope_theta_from_file"] = False
+        out["rope_theta"] = b.get("rope_theta")
+    partial = b.get("partial_rotary_factor")
+    if partial != absent_partial and not (partial is None and absent_partial == 1.0):
+        out["partial_rotary_factor"] = partial
+    return out or None
+
+
+def composite_text_defaults(model_type, own):
+    """The keys of DEFAULT_KEYS whose value the composite's text_config takes, for a file whose
+    text_config leaves them out, where that differs from the text config class's own defaults."""
+    try:
+        cfg_cls = CONFIG_MAPPING[model_type]
+        spec = (getattr(cfg_cls, "sub_configs_defaults", None) or {}).get("text_config")
+        if spec is None:
+            return None
+        d = copy.deepcopy(cfg_cls().to_dict())
+        text = d.get("text_config")
+        text_type = (text or {}).get("model_type") if isinstance(text, dict) else None
+        if not text_type or text_type not in CONFIG_MAPPING:
+            return None
+        d["text_config"] = {"model_type": text_type}
+        loaded = cfg_cls.from_dict(d).get_text_config()
+        bare = CONFIG_MAPPING[text_type].from_dict({"model_type": text_type})
+    except Exception:
+        return None
+    out = {}
+    for key in DEFAULT_KEYS:
+        a = vars(loaded).get(key, safe_get(loaded, key, None))
+        b = vars(bare).get(key, safe_get(bare, key, None))
+        if key == "rope_theta":
+            pa, pb = safe_get(loaded, "rope_parameters", None), safe_get(bare, "rope_parameters", None)
+            if isinstance(pa, dict) and "rope_theta" in pa:
+                a = pa["rope_theta"]
+            if isinstance(pb, dict) and "rope_theta" in pb:
+                b = pb["rope_theta"]
+        if key == "head_dim":  # a constant where it is not the loaded hidden_size / heads
+            hidden, heads = safe_get(loaded, "hidden_size", None), safe_get(loaded, "num_attention_heads", None)
+            if isinstance(a, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
+                    and a != hidden // heads:
+                out[key] = a
+            continue
+        if a != b and isinstance(a, (int, float)) and not isinstance(a, bool):
+            out[key] = a
+    return out or None
+
+
+def block_theta_defaults(cfg_cls):
+    """The rope_theta the class gives a rope_parameters block of the file that has none (and no
+    top-level rope_theta): per layer type for nested blocks ({"full_attention": 1e6, ...}), or one
+    number. The class's own default block with rope_theta removed, loaded through from_dict."""
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+        params = base.get("rope_parameters")
+        if not isinstance(params, dict) or not params:
+            return None
+        for b in rope_blocks(params):
+            b.pop("rope_theta", None)
+        base.pop("rope_theta", None)
+        base.pop("rope_scaling", None)
+        loaded = getattr(cfg_cls.from_dict(base), "rope_parameters", None)
+    except Exception:
+        return None
+    if not isinstance(loaded, dict):
+        return None
+    if all(isinstance(v, dict) or v is None for v in loaded.values()) and loaded:
+        out = {k: v.get("rope_theta") for k, v in loaded.items()
+               if isinstance(v, dict) and isinstance(v.get("rope_theta"), (int, float))}
+        return out or None
+    t = loaded.get("rope_theta")
+    return float(t) if isinstance(t, (int, float)) else None
+
+
 def absent_defaults(cfg_cls):
     """What the config class uses for each DEFAULT_KEYS key a config.json leaves out: a constant
     (read from a default instance), or nothing when the class derives it (head_dim from
@@ -526,21 +698,44 @@ def absent_defaults(cfg_cls):
         out["partial_rotary_factor"] = float(params["partial_rotary_factor"])
     elif isinstance(safe_get(cfg, "partial_rotary_factor", None), (int, float)):
         out["partial_rotary_factor"] = float(cfg.partial_rotary_factor)
+    block = absent_rope_parameters(cfg_cls)
+    if block is not None:
+        out["rope_parameters"] = block
+    block_theta = block_theta_defaults(cfg_cls)
+    if block_theta is not None:
+        out["block_rope_theta"] = block_theta
+    legacy = legacy_scaling_rules(cfg_cls, out.get("partial_rotary_factor"))
+    if legacy is not None:
+        out["legacy_rope_scaling"] = legacy
     for key in ("max_position_embeddings", "global_head_dim"):
         value = safe_get(cfg, key, None)
         if isinstance(value, int) and not isinstance(value, bool):
             out[key] = value
     if isinstance(safe_get(cfg, "rope_interleave", None), bool):
         out["rope_interleave"] = cfg.rope_interleave
-    head = safe_get(cfg, "head_dim", None)
+    head = vars(cfg).get("head_dim", safe_get(cfg, "head_dim", None))
     hidden, heads = safe_get(cfg, "hidden_size", None), safe_get(cfg, "num_attention_heads", None)
     if isinstance(head, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        # loaded as from_pretrained loads a file without head_dim: a constant, or hidden / heads
+        # (checked again at another hidden_size)
+        def head_without_key(hidden_size):
+            d = copy.deepcopy(cfg.to_dict())
+            d.pop("head_dim", None)
+            d["hidden_size"] = hidden_size
+            loaded = cfg_cls.from_dict(d)
+            # a per-layer attribute (Gemma 4) is stored all the same
+            return vars(loaded).get("head_dim", safe_get(loaded, "head_dim", None))
         try:
-            other = cfg_cls(hidden_size=hidden * 2)
-            if safe_get(other, "head_dim", None) == head:  # a constant, not hidden / heads
-                out["head_dim"] = head
+            h1 = head_without_key(hidden)
+            if isinstance(h1, int) and (h1 != hidden // heads or head_without_key(hidden * 2) == h1):
+                out["head_dim"] = h1
         except Exception:
-            pass
+            try:
+                other = cfg_cls(hidden_size=hidden * 2)
+                if safe_get(other, "head_dim", None) == head:  # a constant, not hidden / heads
+                    out["head_dim"] = head
+            except Exception:
+                pass
     return out
 
 
@@ -615,7 +810,31 @@ def flat_text_carried(text_types):
     return out
 
 
-def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(), flat_carried=()):
+def local_base_freq_readers(model_types):
+    """Model types whose config class turns a flat rope_local_base_freq into the sliding-window
+    layers' rope_theta (Gemma 3 and its kin); the others ignore the key."""
+    out = []
+    for mt in model_types:
+        try:
+            cfg_cls = CONFIG_MAPPING[mt]
+            d = copy.deepcopy(cfg_cls().to_dict())
+        except Exception:
+            continue
+        d.pop("rope_parameters", None)
+        d.pop("rope_scaling", None)
+        d["rope_theta"] = 123456.0
+        d["rope_local_base_freq"] = 7777.0  # no class's default: its arrival is this key's doing
+        try:
+            blocks = rope_blocks(getattr(cfg_cls.from_dict(d), "rope_parameters", None))
+        except Exception:
+            continue
+        if any(b.get("rope_theta") == 7777.0 for b in blocks):
+            out.append(mt)
+    return out
+
+
+def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(), flat_carried=(),
+                    local_base=()):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
     def array(name, names):
         lines, line = [], "   "
@@ -641,6 +860,8 @@ def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(
             "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
             "//                        partial_rotary_factor out of rope_parameters (unread)\n"
             "//   kTextConfigModelTypes  a composite's text_config model type (its default class)\n"
+            "//   kLocalBaseFreqModelTypes  the config class gives a flat rope_local_base_freq to the\n"
+            "//                        sliding-window layers (Gemma 3); the others ignore the key\n"
             "//   kFlatTextCarriedModelTypes  composites whose config class builds text_config from\n"
             "//                        top-level text keys when there is none (the others ignore them)\n"
             + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
@@ -649,7 +870,8 @@ def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(
             + array("kTopLevelPartialUnreadModelTypes", top_level_unread)
             + "constexpr std::pair<std::string_view, std::string_view> kTextConfigModelTypes[] = {\n"
             + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types) + "};\n"
-            + array("kFlatTextCarriedModelTypes", flat_carried))
+            + array("kFlatTextCarriedModelTypes", flat_carried)
+            + array("kLocalBaseFreqModelTypes", local_base))
 
 
 def main():
@@ -719,13 +941,24 @@ def main():
                             if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
             text_types = text_config_types(records)
             f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types),
-                                    text_types, flat_text_carried(text_types)))
+                                    text_types, flat_text_carried(text_types),
+                                    local_base_freq_readers(rotary_types)))
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 values = absent_defaults(CONFIG_MAPPING[mt])
             if values:
                 rows.append((mt, values))
+        # a composite may build its text_config with defaults of its own ({**init_kwargs, **file}:
+        # Voxtral's text model without rope_theta is 1e8, not Llama's 1e4); probed by loading the
+        # composite with a text_config that names only its model type: "<composite>/text_config"
+        own = dict(rows)
+        for mt in sorted(CONFIG_MAPPING.keys()):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                values = composite_text_defaults(mt, own)
+            if values:
+                rows.append((mt + "/text_config", values))
+        rows.sort()
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))
     return 0

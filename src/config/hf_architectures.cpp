@@ -390,6 +390,10 @@ std::string_view hf_text_config_model_type(std::string_view composite_model_type
   return {};
 }
 
+bool hf_reads_local_base_freq(std::string_view model_type) {
+  return listed(kLocalBaseFreqModelTypes, model_type);
+}
+
 bool hf_flat_text_carried(std::string_view composite_model_type) {
   return listed(kFlatTextCarriedModelTypes, composite_model_type);
 }

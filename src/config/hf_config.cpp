@@ -111,7 +111,7 @@ class Resolver {
     model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
     refuse_unread_partial(out);
-    fill_absent_defaults(out.model_type);
+    fill_absent_defaults(out, arch);
     const auto& c = model();
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
@@ -285,6 +285,13 @@ class Resolver {
     if (has(block, "rope_theta")) {
       set("rope_theta", number_at(block, "rope_theta", from_block("rope_theta")),
           where(from_block("rope_theta")));
+    } else if (!std::isnan(class_block_theta()) && !has(c, "rope_theta") &&
+               !has(c, "rotary_emb_base")) {
+      // a block without rope_theta takes the class's own for that layer type (Gemma 3's full
+      // attention 1e6, its sliding window 1e4)
+      set("rope_theta", class_block_theta(),
+          "transformers default of model type '" + out.model_type + "' for " + block_name_ +
+              " without rope_theta (its config class's value)");
     } else if (has(c, "rope_theta")) {
       set("rope_theta", number_at(c, "rope_theta"), where("rope_theta"));
     } else if (has(c, "rotary_emb_base")) {
@@ -514,9 +521,18 @@ class Resolver {
   // Keys posenc reads that the file leaves out take the model type's config-class default
   // (hf_defaults.inc, generated from transformers): Qwen3 without head_dim is 128, not
   // hidden_size / num_attention_heads; Qwen2-VL's text model without rope_theta is 1e6.
-  void fill_absent_defaults(const std::string& type) {
-    const auto* defaults = hf_absent_key_defaults(type);
-    if (defaults == nullptr) return;
+  void fill_absent_defaults(HfResolution& out, const HfArchitecture& arch) {
+    const std::string& type = out.model_type;
+    nlohmann::json merged = nlohmann::json::object();
+    if (const auto* own = hf_absent_key_defaults(type)) merged = *own;
+    // a composite merges its own defaults into the text_config dict (Voxtral: rope_theta 1e8)
+    if (text_ != nullptr && has(*root_, "model_type") && (*root_)["model_type"].is_string())
+      if (const auto* composite =
+              hf_absent_key_defaults((*root_)["model_type"].get<std::string>() + "/text_config"))
+        merged.update(*composite);
+    if (merged.empty()) return;
+    defaults_ = merged;
+    const nlohmann::json* defaults = &defaults_;
     const auto& c = model();
     nlohmann::json patched = c;
     const bool block_theta = [&] {
@@ -524,8 +540,75 @@ class Resolver {
         if (has(c, b) && c[b].is_object() && c[b].contains("rope_theta")) return true;
       return false;
     }();
+    // A file with neither rope_parameters nor rope_scaling gets the class's own block(s) (Apertus:
+    // llama3; GPT-OSS: yarn; Gemma 3: one per layer type); a top-level rope_theta reaches only
+    // the blocks that take it (setdefault under the class's own theta elsewhere). Gemma 3's flat
+    // rope_local_base_freq is synthesized by scaling_block instead.
+    // (Rows refusing a flat file, whose classes read flat keys of their own such as ModernBERT's
+    // global_rope_theta, keep their refusal when the file has any such key.)
+    const bool rope_keys = std::any_of(c.items().begin(), c.items().end(), [](const auto& item) {
+      const std::string& k = item.key();
+      return k.find("rope") != std::string::npos || k.find("rotary") != std::string::npos ||
+             k.find("theta") != std::string::npos;
+    });
+    if (defaults->contains("rope_parameters") && (arch.flat_refusal.empty() || !rope_keys) &&
+        !has(c, "rope_parameters") && !has(c, "rope_scaling") && !has(c, "rope_local_base_freq")) {
+      nlohmann::json params = (*defaults)["rope_parameters"];
+      auto fill = [&](nlohmann::json& b) {
+        if (!b.is_object()) return;
+        if (b.value("rope_theta_from_file", false) && has(c, "rope_theta"))
+          b["rope_theta"] = c["rope_theta"];
+        // GPT-NeoX's class sets its block from its own keys
+        if (!b.value("rope_theta_from_file", false) && has(c, "rotary_emb_base"))
+          b["rope_theta"] = c["rotary_emb_base"];
+        if (has(c, "rotary_pct")) b["partial_rotary_factor"] = c["rotary_pct"];
+        b.erase("rope_theta_from_file");
+      };
+      const bool nested = std::all_of(params.begin(), params.end(), [](const nlohmann::json& v) {
+        return v.is_object() || v.is_null();
+      });
+      if (nested)
+        for (auto& item : params.items()) fill(item.value());
+      else
+        fill(params);
+      patched["rope_parameters"] = params;
+      defaulted_.insert("rope_parameters");
+    }
+    // transformers 4's top-level rope_scaling, where the class departs from the standard
+    // conversion (legacy_rope_scaling, generated): Cohere 2 MoE never reads it; GPT-NeoX takes
+    // rotary_emb_base (or its default), not rope_theta; Moonshine Streaming's partial default
+    // belonged to the default block the file's replaces.
+    bool legacy_partial_set = false;
+    if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling") &&
+        !has(c, "rope_parameters")) {
+      const auto& legacy = (*defaults)["legacy_rope_scaling"];
+      TORCH_CHECK(legacy.value("reads_scaling", true), origin_, ": refused: model type '", type,
+                  "''s config class never reads '", prefix_,
+                  "rope_scaling' (transformers builds a default RoPE without the scaling); give "
+                  "'rope_parameters', as transformers 5 writes it");
+      if (!legacy.value("rope_theta_from_file", true) && legacy.contains("rope_theta") &&
+          legacy["rope_theta"].is_number() && !has(c, "rotary_emb_base")) {
+        if (has(c, "rope_theta") && c["rope_theta"] != legacy["rope_theta"])
+          out.warnings.push_back(origin_ + ": '" + prefix_ +
+                                 "rope_theta' beside 'rope_scaling' is " +
+                                 "not read by model type '" + type + "''s config class; ignored, " +
+                                 "as transformers ignores it");
+        patched["rope_theta"] = legacy["rope_theta"];
+        defaulted_.insert("rope_theta");
+      }
+      if (legacy.contains("partial_rotary_factor") && !has(c, "partial_rotary_factor") &&
+          !c["rope_scaling"].contains("partial_rotary_factor")) {
+        legacy_partial_set = true;
+        if (legacy["partial_rotary_factor"].is_number()) {
+          patched["partial_rotary_factor"] = legacy["partial_rotary_factor"];
+          defaulted_.insert("partial_rotary_factor");
+        }
+      }
+    }
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
+      if (key == "rope_parameters" || key == "legacy_rope_scaling") continue;
+      if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
       if (key == "rope_theta" && (block_theta || has(c, "rotary_emb_base"))) continue;
       if (key == "partial_rotary_factor" &&
@@ -651,7 +734,18 @@ class Resolver {
     // Gemma 3 ships flat keys that transformers turns into one RoPE per layer type
     // (models/gemma3/configuration_gemma3.py): full_attention takes rope_theta and any
     // rope_scaling, sliding_attention takes rope_local_base_freq without scaling.
-    if (has(c, "rope_local_base_freq") &&
+    // Other config classes ignore the key (kLocalBaseFreqModelTypes, generated); a model type
+    // this transformers does not ship is taken at its word.
+    const auto status = hf_model_type_status(out.model_type);
+    const bool reads_local_base = hf_reads_local_base_freq(out.model_type) ||
+                                  status == HfModelTypeStatus::kUnknown ||
+                                  status == HfModelTypeStatus::kUnchecked;
+    if (has(c, "rope_local_base_freq") && !reads_local_base)
+      out.warnings.push_back(origin_ + ": '" + prefix_ +
+                             "rope_local_base_freq' is not read by model type '" + out.model_type +
+                             "''s config class (only Gemma 3's kin give it to sliding-window "
+                             "layers); ignored, as transformers ignores it");
+    if (has(c, "rope_local_base_freq") && reads_local_base &&
         !(v5 && c["rope_parameters"].contains("sliding_attention"))) {
       nlohmann::json full =
           legacy ? c["rope_scaling"] : (v5 ? c["rope_parameters"] : nlohmann::json::object());
@@ -708,6 +802,12 @@ class Resolver {
     std::string chosen = options_.layer_type;
     std::ostringstream names;
     for (size_t i = 0; i < nested.size(); ++i) names << (i ? ", " : "") << nested[i];
+    // one RoPE for every layer type (a class's default blocks for a file without scaling: OLMo 3)
+    const bool identical = std::all_of(nested.begin(), nested.end(), [&](const std::string& t) {
+      return block[t] == block[nested.front()];
+    });
+    if (chosen.empty() && identical && block[nested.front()].is_object())
+      return block[nested.front()];
     if (chosen.empty()) {
       TORCH_CHECK(nested.size() == 1, origin_, ": ", prefix_, block_name_,
                   " holds one RoPE per layer type (", names.str(),
@@ -728,6 +828,19 @@ class Resolver {
   const nlohmann::json* root_ = nullptr;
   const nlohmann::json* text_ = nullptr;
   std::string flat_text_type_;  ///< the text model type a flat composite's top level is read as
+  nlohmann::json defaults_;     ///< the model type's config-class defaults (hf_defaults.inc)
+
+  // The rope_theta the class gives a block of the file without one, for the resolved layer type
+  // (hf_defaults.inc's block_rope_theta, probed per class); NaN when not known.
+  double class_block_theta() const {
+    if (!defaults_.is_object() || !defaults_.contains("block_rope_theta")) return NAN;
+    const auto& t = defaults_["block_rope_theta"];
+    if (t.is_number()) return layer_type_.empty() ? t.get<double>() : NAN;
+    if (!t.is_object() || layer_type_.empty() || !t.contains(layer_type_) ||
+        !t[layer_type_].is_number())
+      return NAN;
+    return t[layer_type_].get<double>();
+  }
   std::string prefix_;
   std::string block_name_;
   std::string layer_type_;

@@ -94,6 +94,10 @@ std::string_view hf_text_config_model_type(std::string_view composite_model_type
 /// (generated).
 bool hf_flat_text_carried(std::string_view composite_model_type);
 
+/// Whether the model type's config class gives a flat rope_local_base_freq to the sliding-window
+/// layers (Gemma 3 and its kin); others ignore the key (generated).
+bool hf_reads_local_base_freq(std::string_view model_type);
+
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
 /// What a model type's config class uses for keys posenc reads when a config.json leaves them out

@@ -1,0 +1,170 @@
+"""Every committed architecture's config.json, changed the ways real files differ from what
+transformers 5 saves, loaded by transformers' own config class and rotary class, against posenc.
+
+tests/fixtures/hf_architectures holds each model type's config.json as save_pretrained writes it
+(tools/gen_hf_architectures.py). Files in the wild are older or hand-written: a legacy
+rope_scaling, a rope_theta at the top level, no head_dim, a block without rope_theta, a stray
+Gemma-3 key. Each config class converts those its own way (GPT-NeoX reads rotary_emb_base, not
+rope_theta; Cohere 2 MoE never reads rope_scaling; Gemma 3's blocks have their own thetas).
+For every (model type, rotary class, layer type) and every change below, posenc.hf_rope must give
+the class's inv_freq and attention scaling to the bit, or refuse: never a different table.
+
+The few differences still open are listed in KNOWN (strict xfail: the test fails once one is
+fixed, so the list cannot go stale).
+"""
+
+import copy
+import glob
+import importlib
+import json
+import os
+
+import pytest
+import torch
+
+import posenc
+from conftest import FIXTURES
+
+transformers = pytest.importorskip("transformers")
+from transformers import CONFIG_MAPPING  # noqa: E402
+
+ARCH = os.path.join(FIXTURES, "hf_architectures")
+
+
+def _pop(n, *keys):
+    for k in keys:
+        n.pop(k, None)
+
+
+def _blocks(rp):
+    if not isinstance(rp, dict):
+        return []
+    if "rope_type" in rp or "rope_theta" in rp:
+        return [rp]
+    return [v for v in rp.values() if isinstance(v, dict)]
+
+
+def _legacy(kind):
+    def change(n):
+        _pop(n, "rope_parameters")
+        n["rope_theta"] = 20000.0 if kind != "llama3" else 500000.0
+        n["rope_scaling"] = {
+            "linear": {"rope_type": "linear", "factor": 2.0},
+            "legacy_type": {"type": "linear", "factor": 2.0},
+            "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+            "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        }[kind]
+    return change
+
+
+def _v5_yarn(n):
+    rp = n.get("rope_parameters")
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+    if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+        for v in rp.values():
+            v.update(yarn)
+    else:
+        n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **yarn}
+
+
+def _no_theta_in_block(n):
+    _pop(n, "rope_theta")
+    for b in _blocks(n.get("rope_parameters")):
+        b.pop("rope_theta", None)
+
+
+CHANGES = {
+    "legacy_linear": _legacy("linear"),
+    "legacy_type_key": _legacy("legacy_type"),
+    "legacy_dynamic": _legacy("dynamic"),
+    "legacy_llama3": _legacy("llama3"),
+    "v5_yarn": _v5_yarn,
+    "no_head_dim": lambda n: _pop(n, "head_dim"),
+    "no_rope_keys": lambda n: _pop(n, "rope_parameters", "rope_theta", "rope_scaling"),
+    "no_theta_in_block": _no_theta_in_block,
+    "stray_rope_local_base_freq": lambda n: n.__setitem__("rope_local_base_freq", 7777.0),
+}
+
+# (model type, layer type, change): posenc still resolves a different table. Each is a config
+# transformers 5 never writes (a block without its rope_theta, no head_dim where the class's
+# default is not hidden / heads).
+KNOWN = {
+    ("dots3_note", "indexed_attention", "no_head_dim"),
+    ("dots3_note", "sliding_attention", "no_head_dim"),
+    ("dots3_note_text", "indexed_attention", "no_head_dim"),
+    ("dots3_note_text", "sliding_attention", "no_head_dim"),
+    ("ultrabert", "full_attention", "no_rope_keys"),
+    ("ultravbert", "full_attention", "no_rope_keys"),
+    ("higgs_audio_v2", None, "no_theta_in_block"),
+    ("ministral3", None, "no_theta_in_block"),
+    ("muse_spark", None, "no_theta_in_block"),
+}
+
+
+def _rows():
+    for path in sorted(glob.glob(os.path.join(ARCH, "*.rotary.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        for table in record["tables"]:
+            if table.get("config_path", "") not in ("", "text_config"):
+                continue
+            rows = [r for r in table.get("layer_types", []) if "inv_freq" in r]
+            # a vision tower's per-axis ladder is checked on grid positions by test_hf_parity
+            rows = [r for r in rows if r.get("rotary_dim") == 2 * len(r["inv_freq"])]
+            if rows:
+                yield record["model_type"], table, rows
+
+
+def _rotary_class(model_type, table):
+    for config_type in (model_type, table.get("config_model_type") or model_type):
+        module = CONFIG_MAPPING[config_type].__module__.replace("configuration_", "modeling_")
+        try:
+            return getattr(importlib.import_module(module), table["class"])
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+CASES = [(mt, t, rows, ch) for mt, t, rows in _rows() for ch in CHANGES]
+
+
+@pytest.mark.parametrize("model_type,table,rows,change", CASES,
+                         ids=[f"{mt}-{t['class']}-{ch}" for mt, t, _, ch in CASES])
+def test_changed_configs_match_the_config_class_or_are_refused(model_type, table, rows, change):
+    with open(os.path.join(ARCH, model_type + ".config.json")) as f:
+        config = json.load(f)
+    path = table.get("config_path", "")
+    node = config["text_config"] if path == "text_config" else config
+    CHANGES[change](node)
+    cls = _rotary_class(model_type, table)
+    if cls is None:
+        pytest.skip(f"{table['class']} not importable")
+    try:
+        loaded = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+        sub = getattr(loaded, path) if path else loaded
+        with torch.device("cpu"):
+            emb = cls(config=sub)
+    except Exception as e:  # transformers itself refuses the file: nothing to match
+        pytest.skip(f"transformers: {type(e).__name__}")
+    differs = []
+    for row in rows:
+        lt = row.get("layer_type")
+        expected = getattr(emb, f"{lt}_inv_freq" if lt else "inv_freq", None)
+        if not isinstance(expected, torch.Tensor):
+            continue
+        try:
+            inv_freq, scaling, _ = posenc.hf_rope(config, layer_type=lt)
+        except RuntimeError:
+            continue  # refused: no table to differ
+        hf_scaling = float(getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", 1.0))
+        same = (inv_freq.shape == expected.shape
+                and torch.equal(inv_freq.to(expected.dtype), expected)
+                and abs(scaling - hf_scaling) <= 1e-12)
+        if not same and (model_type, lt, change) not in KNOWN:
+            differs.append(f"{lt}: posenc {inv_freq.numel()} frequencies "
+                           f"{inv_freq[:2].tolist()}, transformers {expected.numel()} "
+                           f"{expected[:2].tolist()}")
+        if (model_type, lt, change) in KNOWN and same:
+            differs.append(f"{lt}: listed in KNOWN but now equal: take it off the list")
+    assert not differs, f"{model_type} {table['class']} after {change}: " + "; ".join(differs)
