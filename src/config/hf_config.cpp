@@ -281,20 +281,38 @@ class Resolver {
     }
     set("layout", layout, layout_source);
 
+    const bool neox = is_neox(out.model_type);
     // theta
+    // A block without rope_theta beside a top-level one, where the class gives such a block its
+    // own theta for some layer types (Gemma 3's sliding window keeps 1e4) or reads another key
+    // (GPT-NeoX: rotary_emb_base): which blocks take the top-level value is the class's own rule.
+    const double class_theta = class_block_theta();
+    const bool neox_unread =
+        has(c, "rope_theta") && defaults_.is_object() &&
+        defaults_.contains("legacy_rope_scaling") &&
+        !defaults_["legacy_rope_scaling"].value("rope_theta_from_file", true) &&
+        defaults_["legacy_rope_scaling"].contains("rope_theta") &&
+        defaults_["legacy_rope_scaling"]["rope_theta"].is_number();
+    TORCH_CHECK(has(block, "rope_theta") || !has(c, "rope_theta") ||
+                    ((std::isnan(class_theta) || layer_type_.empty()) && !neox_unread),
+                origin_, ": refused: '", prefix_, block_name_,
+                "' has no rope_theta and the top level has one, and model type '", out.model_type,
+                "''s config class decides per block whether the top-level value applies (it "
+                "gives some blocks its own); put rope_theta in every block, as transformers 5 "
+                "writes it");
     if (has(block, "rope_theta")) {
       set("rope_theta", number_at(block, "rope_theta", from_block("rope_theta")),
           where(from_block("rope_theta")));
-    } else if (!std::isnan(class_block_theta()) && !has(c, "rope_theta") &&
-               !has(c, "rotary_emb_base")) {
+    } else if (!std::isnan(class_theta) && !has(c, "rope_theta") &&
+               !(neox && has(c, "rotary_emb_base"))) {
       // a block without rope_theta takes the class's own for that layer type (Gemma 3's full
       // attention 1e6, its sliding window 1e4)
-      set("rope_theta", class_block_theta(),
+      set("rope_theta", class_theta,
           "transformers default of model type '" + out.model_type + "' for " + block_name_ +
               " without rope_theta (its config class's value)");
     } else if (has(c, "rope_theta")) {
       set("rope_theta", number_at(c, "rope_theta"), where("rope_theta"));
-    } else if (has(c, "rotary_emb_base")) {
+    } else if (neox && has(c, "rotary_emb_base")) {
       set("rope_theta", number_at(c, "rotary_emb_base"), where("rotary_emb_base") + " (GPT-NeoX)");
     } else {
       set("rope_theta", 10000.0, "transformers default (RotaryEmbeddingConfigMixin.default_theta)");
@@ -311,7 +329,7 @@ class Resolver {
     } else if (has(c, "partial_rotary_factor")) {
       set("partial_rotary_factor", number_at(c, "partial_rotary_factor"),
           where("partial_rotary_factor"));
-    } else if (has(c, "rotary_pct")) {
+    } else if (neox && has(c, "rotary_pct")) {
       set("partial_rotary_factor", number_at(c, "rotary_pct"), where("rotary_pct") + " (GPT-NeoX)");
     } else if ((arch.head == HfHeadSize::kRotaryDim || arch.rotary_dim_sets_partial) &&
                has(c, "rotary_dim")) {  // GPT-J, CodeGen; MiniMax-M2's legacy key
@@ -530,6 +548,13 @@ class Resolver {
       if (const auto* composite =
               hf_absent_key_defaults((*root_)["model_type"].get<std::string>() + "/text_config"))
         merged.update(*composite);
+    // transformers reads `rope_scaling or rope_parameters`: an empty rope_scaling is absent
+    if (has(model(), "rope_scaling") && model()["rope_scaling"].is_object() &&
+        model()["rope_scaling"].empty()) {
+      nlohmann::json without = model();
+      without.erase("rope_scaling");
+      patched_ = std::move(without);
+    }
     if (merged.empty()) return;
     defaults_ = merged;
     const nlohmann::json* defaults = &defaults_;
@@ -558,10 +583,13 @@ class Resolver {
         if (!b.is_object()) return;
         if (b.value("rope_theta_from_file", false) && has(c, "rope_theta"))
           b["rope_theta"] = c["rope_theta"];
-        // GPT-NeoX's class sets its block from its own keys
-        if (!b.value("rope_theta_from_file", false) && has(c, "rotary_emb_base"))
+        // a top-level partial_rotary_factor reaches the block (classes that leave it out were
+        // refused by refuse_unread_partial); GPT-NeoX's class sets its block from its own keys
+        if (has(c, "partial_rotary_factor"))
+          b["partial_rotary_factor"] = c["partial_rotary_factor"];
+        if (is_neox(type) && !b.value("rope_theta_from_file", false) && has(c, "rotary_emb_base"))
           b["rope_theta"] = c["rotary_emb_base"];
-        if (has(c, "rotary_pct")) b["partial_rotary_factor"] = c["rotary_pct"];
+        if (is_neox(type) && has(c, "rotary_pct")) b["partial_rotary_factor"] = c["rotary_pct"];
         b.erase("rope_theta_from_file");
       };
       const bool nested = std::all_of(params.begin(), params.end(), [](const nlohmann::json& v) {
@@ -579,6 +607,11 @@ class Resolver {
     // rotary_emb_base (or its default), not rope_theta; Moonshine Streaming's partial default
     // belonged to the default block the file's replaces.
     bool legacy_partial_set = false;
+    if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling"))
+      TORCH_CHECK((*defaults)["legacy_rope_scaling"].value("reads_scaling", true), origin_,
+                  ": refused: model type '", type, "''s config class never reads '", prefix_,
+                  "rope_scaling' (transformers builds its RoPE without it); give only "
+                  "'rope_parameters', as transformers 5 writes it");
     if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling") &&
         !has(c, "rope_parameters")) {
       const auto& legacy = (*defaults)["legacy_rope_scaling"];
@@ -610,11 +643,15 @@ class Resolver {
       if (key == "rope_parameters" || key == "legacy_rope_scaling") continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
-      if (key == "rope_theta" && (block_theta || has(c, "rotary_emb_base"))) continue;
+      if (key == "rope_theta" && (block_theta || (is_neox(type) && has(c, "rotary_emb_base"))))
+        continue;
       if (key == "partial_rotary_factor" &&
-          (has(c, "rotary_pct") || has(c, "rotary_dim") ||
-           (has(c, "rope_parameters") && c["rope_parameters"].is_object() &&
-            c["rope_parameters"].contains("partial_rotary_factor"))))
+          ((is_neox(type) && has(c, "rotary_pct")) || has(c, "rotary_dim") ||
+           (!has(c, "rope_scaling") && has(c, "rope_parameters") &&
+            c["rope_parameters"].is_object() &&
+            c["rope_parameters"].contains("partial_rotary_factor")) ||
+           (has(c, "rope_scaling") && c["rope_scaling"].is_object() &&
+            c["rope_scaling"].contains("partial_rotary_factor"))))
         continue;
       patched[key] = item.value();
       defaulted_.insert(key);
@@ -745,7 +782,17 @@ class Resolver {
                              "rope_local_base_freq' is not read by model type '" + out.model_type +
                              "''s config class (only Gemma 3's kin give it to sliding-window "
                              "layers); ignored, as transformers ignores it");
-    if (has(c, "rope_local_base_freq") && reads_local_base &&
+    // Gemma 3's kin without the key take their class's own local base (its sliding-window
+    // block theta) for a flat rope_scaling, as their config class does.
+    const auto class_theta_of = [&](const char* layer) -> nlohmann::json {
+      if (!defaults_.is_object() || !defaults_.contains("block_rope_theta")) return nullptr;
+      const auto& t = defaults_["block_rope_theta"];
+      return t.is_object() && t.contains(layer) ? t[layer] : nlohmann::json(nullptr);
+    };
+    const bool class_local_base = !has(c, "rope_local_base_freq") &&
+                                  hf_reads_local_base_freq(out.model_type) && legacy && !v5 &&
+                                  class_theta_of("sliding_attention").is_number();
+    if ((has(c, "rope_local_base_freq") || class_local_base) && reads_local_base &&
         !(v5 && c["rope_parameters"].contains("sliding_attention"))) {
       nlohmann::json full =
           legacy ? c["rope_scaling"] : (v5 ? c["rope_parameters"] : nlohmann::json::object());
@@ -753,11 +800,15 @@ class Resolver {
                   legacy ? "rope_scaling" : "rope_parameters", "' must be an object, got ",
                   describe(full));
       check_flat_layout(arch, full, legacy ? "rope_scaling" : "rope_parameters");
+      const nlohmann::json full_default = class_theta_of("full_attention");
       if (!full.contains("rope_theta"))
-        full["rope_theta"] = has(c, "rope_theta") ? c["rope_theta"] : nlohmann::json(1000000.0);
+        full["rope_theta"] = has(c, "rope_theta")       ? c["rope_theta"]
+                             : full_default.is_number() ? full_default
+                                                        : nlohmann::json(1000000.0);
+      const nlohmann::json local =
+          class_local_base ? class_theta_of("sliding_attention") : c["rope_local_base_freq"];
       synthesized_ = {{"full_attention", full},
-                      {"sliding_attention",
-                       {{"rope_type", "default"}, {"rope_theta", c["rope_local_base_freq"]}}}};
+                      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", local}}}};
       block_name_ =
           "rope_parameters (from rope_theta, rope_local_base_freq as transformers' "
           "Gemma3TextConfig)";
@@ -829,6 +880,11 @@ class Resolver {
   const nlohmann::json* text_ = nullptr;
   std::string flat_text_type_;  ///< the text model type a flat composite's top level is read as
   nlohmann::json defaults_;     ///< the model type's config-class defaults (hf_defaults.inc)
+
+  // GPT-NeoX's config classes read rotary_emb_base and rotary_pct; no other class does.
+  static bool is_neox(const std::string& type) {
+    return type == "gpt_neox" || type == "gpt_neox_japanese";
+  }
 
   // The rope_theta the class gives a block of the file without one, for the resolved layer type
   // (hf_defaults.inc's block_rope_theta, probed per class); NaN when not known.

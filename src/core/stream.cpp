@@ -185,7 +185,8 @@ void check_segment(size_t index, const Segment& s, const StreamOptions& options)
 StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
                                    const StreamOptions& options) {
   Tokens out;
-  double next = 0;  // (max position so far) + 1
+  double next = 0;      // where the next segment starts: (max position so far) + 1, by default
+  double highest = -1;  // the largest position of a real token so far
   int64_t real = 0;
   for (size_t index = 0; index < segments.size(); ++index) {
     const auto& s = segments[index];
@@ -204,6 +205,7 @@ StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
         if (s.kind == SegmentKind::kText) {
           next += static_cast<double>(s.tokens);
           real += s.tokens;
+          if (s.tokens > 0) highest = std::max(highest, next - 1);
         }
         break;
       }
@@ -226,7 +228,9 @@ StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
               top = std::max({top, start + ft, start + r, start + c});
             }
         }
-        next = top + 1;
+        highest = std::max(highest, top);
+        next =
+            options.resume_at_grid_side ? start + static_cast<double>(std::max(gh, gw)) : top + 1;
         real += s.frames * gh * gw;
         break;
       }
@@ -238,7 +242,7 @@ StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
         break;  // rejected above
     }
   }
-  return finish(out, static_cast<int64_t>(next) - real);
+  return finish(out, static_cast<int64_t>(std::max(next, highest + 1)) - real);
 }
 
 // ---- StreamRule::kQwen25Omni ---------------------------------------------------------------

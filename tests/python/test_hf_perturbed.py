@@ -168,3 +168,65 @@ def test_changed_configs_match_the_config_class_or_are_refused(model_type, table
         if (model_type, lt, change) in KNOWN and same:
             differs.append(f"{lt}: listed in KNOWN but now equal: take it off the list")
     assert not differs, f"{model_type} {table['class']} after {change}: " + "; ".join(differs)
+
+
+# Files a hostile review found (each gave a different table before the fix beside it): the file's
+# top-level partial_rotary_factor with the class's default block (Phi-2), GPT-NeoX keys on other
+# types, a nested block without rope_theta beside a top-level one, rope_scaling beside
+# rope_parameters, an empty rope_scaling, Gemma 3's flat scaling without rope_local_base_freq.
+REVIEW = [
+    ("phi", {"hidden_size": 2560, "num_attention_heads": 32, "partial_rotary_factor": 0.4,
+             "rope_theta": 10000.0, "rope_scaling": None}, None),
+    ("phi3", {"hidden_size": 3072, "num_attention_heads": 24, "partial_rotary_factor": 0.75,
+              "rope_theta": 10000.0}, None),
+    ("apertus", {"hidden_size": 4096, "num_attention_heads": 32, "rotary_pct": 0.5}, None),
+    ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "rotary_emb_base": 20000}, None),
+    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+                     "rope_theta": 5e5, "rope_parameters": {
+                         "full_attention": {"rope_type": "default"},
+                         "sliding_attention": {"rope_type": "default"}}}, "sliding_attention"),
+    ("gpt_neox", {"hidden_size": 6144, "num_attention_heads": 64, "rope_theta": 2e4,
+                  "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}, None),
+    ("cohere2_moe", {"hidden_size": 8192, "num_attention_heads": 64, "head_dim": 128,
+                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                     "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
+    ("glm4", {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                  "partial_rotary_factor": 0.5},
+              "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
+    ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "rope_scaling": {},
+               "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}},
+     None),
+    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}, "full_attention"),
+    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
+     "sliding_attention"),
+]
+
+
+def _class_of(model_type):
+    with open(os.path.join(ARCH, model_type + ".rotary.json")) as f:
+        record = json.load(f)
+    for table in record["tables"]:
+        if table.get("config_path", "") == "" and "layer_types" in table:
+            return _rotary_class(model_type, table)
+    return None
+
+
+@pytest.mark.parametrize("model_type,config,layer_type", REVIEW,
+                         ids=[f"{i}-{mt}" for i, (mt, _, _) in enumerate(REVIEW)])
+def test_reviewed_files_match_or_are_refused(model_type, config, layer_type):
+    config = dict(config, model_type=model_type)
+    cls = _class_of(model_type)
+    loaded = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+    with torch.device("cpu"):
+        emb = cls(config=loaded)
+    expected = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq")
+    try:
+        inv_freq, _, _ = posenc.hf_rope(config, layer_type=layer_type)
+    except RuntimeError:
+        return  # refused
+    assert inv_freq.shape == expected.shape and torch.equal(inv_freq.to(expected.dtype), expected), (
+        f"posenc {inv_freq[:2].tolist()} ({inv_freq.numel()}), "
+        f"transformers {expected[:2].tolist()} ({expected.numel()})")

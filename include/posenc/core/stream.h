@@ -106,6 +106,10 @@ struct StreamOptions {
   int64_t spatial_merge_size = 1;  ///< vision grids shrink by this in h and w (Qwen2-VL/Omni: 2)
   double tokens_per_second = 4.0;  ///< Qwen2-VL rule: t-axis units per second of video (2.5-VL)
   bool floor_time = true;          ///< Qwen2-VL rule: HF floors t * interval to an integer
+  /// Qwen2-VL rule: text after a vision segment resumes at start + max(h, w) (transformers 5's
+  /// get_rope_index) instead of (max position so far) + 1 (transformers 4, Qwen's code); the two
+  /// differ after a video whose time extent is the longest. rope_delta stays max + 1 - tokens.
+  bool resume_at_grid_side = false;
   double position_id_per_seconds = 25.0;  ///< Omni rule: t positions per second (P)
   double seconds_per_chunk = 2.0;         ///< Omni rule: video/audio interleaving chunk length
 
