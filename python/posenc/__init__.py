@@ -7,10 +7,12 @@
     posenc.integrations.transformers.patch(model)                  # a loaded HF model, patched
 
     posenc.timm.resample_abs_pos_embed(posemb, (h, w))             # timm's functions
+    pos, deltas = posenc.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw)  # Qwen2-VL
 
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
 CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
-and {resample_grid_table, axial_sincos_table}, compositions of ATen ops.
+and {resample_grid_table, axial_sincos_table}, compositions of ATen ops, and
+qwen2_vl_rope_index (stream positions, integer bookkeeping on the CPU).
 """
 
 from . import _library
@@ -19,6 +21,7 @@ _library.load()
 
 from . import integrations, timm  # noqa: E402
 from .integrations import transformers as _transformers_integration  # noqa: E402,F401
+from .streams import get_rope_index  # noqa: E402
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
     apply_rotary_pos_emb,
@@ -28,5 +31,5 @@ from .rotary import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
-__all__ = ["RotaryEmbedding", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
+__all__ = ["RotaryEmbedding", "get_rope_index", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
            "rope_cos_sin", "integrations", "timm"]

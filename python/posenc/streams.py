@@ -1,0 +1,61 @@
+"""Multimodal stream positions: transformers' Qwen2-VL get_rope_index over posenc's stream builder.
+
+    position_ids, deltas = posenc.get_rope_index(input_ids, mm_token_type_ids,
+                                                 image_grid_thw, video_grid_thw, attention_mask)
+
+Each run of equal token types (0 text, 1 image, 2 video) is one segment: text runs get (s, s, s),
+an image or video run the next grid's (t, h, w) + start (h and w after spatial merging); text after
+a vision run resumes at start + max(h, w) as transformers 5.24's Qwen2VLModel.get_rope_index does
+(resume="transformers4": at (max so far) + 1, Qwen's original code). Padding (attention_mask 0)
+gets 0. deltas = max + 1 - real tokens, per row: the next generated token sits at
+cache_length + delta. The operator is torch.ops.posenc.qwen2_vl_rope_index (posenc/core/stream.h
+states the rules).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["get_rope_index"]
+
+
+def get_rope_index(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | None = None,
+                   image_grid_thw: torch.Tensor | None = None,
+                   video_grid_thw: torch.Tensor | None = None,
+                   attention_mask: torch.Tensor | None = None, *,
+                   second_per_grid_ts: torch.Tensor | None = None,
+                   spatial_merge_size: int = 2, tokens_per_second: float = 2.0,
+                   image_token_id: int | None = None, video_token_id: int | None = None,
+                   resume: str = "transformers5") -> tuple[torch.Tensor, torch.Tensor]:
+    """(position_ids [3, B, L] int64, deltas [B, 1]) as transformers' Qwen2-VL get_rope_index.
+
+    mm_token_type_ids: 0 text, 1 image, 2 video per token (transformers 5); without it, derived
+    from input_ids with image_token_id / video_token_id (transformers 4's way). second_per_grid_ts
+    (Qwen2.5-VL) puts seconds * tokens_per_second on the t axis of each video.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"posenc.get_rope_index: input_ids must be a [batch, length] tensor, got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if resume not in ("transformers5", "transformers4"):
+        raise ValueError(f"posenc.get_rope_index: resume must be 'transformers5' or "
+                         f"'transformers4', got {resume!r}")
+    if mm_token_type_ids is None:
+        if image_token_id is None and video_token_id is None:
+            raise ValueError("posenc.get_rope_index: give mm_token_type_ids, or image_token_id / "
+                             "video_token_id to find the vision tokens in input_ids")
+        mm_token_type_ids = torch.zeros_like(input_ids)
+        if image_token_id is not None:
+            mm_token_type_ids = mm_token_type_ids.masked_fill(input_ids == image_token_id, 1)
+        if video_token_id is not None:
+            mm_token_type_ids = mm_token_type_ids.masked_fill(input_ids == video_token_id, 2)
+    if mm_token_type_ids.shape != input_ids.shape:
+        raise ValueError(f"posenc.get_rope_index: mm_token_type_ids must be {tuple(input_ids.shape)}"
+                         f", got {tuple(mm_token_type_ids.shape)}")
+    empty = input_ids.new_empty(0)
+    position_ids, deltas = torch.ops.posenc.qwen2_vl_rope_index(
+        mm_token_type_ids, empty if attention_mask is None else attention_mask,
+        empty if image_grid_thw is None else image_grid_thw,
+        empty if video_grid_thw is None else video_grid_thw,
+        empty.double() if second_per_grid_ts is None else torch.as_tensor(second_per_grid_ts),
+        int(spatial_merge_size), float(tokens_per_second), resume == "transformers5")
+    return position_ids.to(input_ids.dtype), deltas
