@@ -579,7 +579,7 @@ def absent_rope_parameters(cfg_cls):
     return None if generic else json.loads(json.dumps(p0))
 
 
-def legacy_scaling_rules(cfg_cls, absent_partial):
+def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     """How the config class reads transformers 4's top-level rope_scaling (and rope_theta) where it
     departs from the standard conversion (the block is rope_scaling, rope_theta joins it, the
     class's partial default applies): {"reads_scaling": false} (Cohere 2 MoE never reads it),
@@ -612,6 +612,16 @@ def legacy_scaling_rules(cfg_cls, absent_partial):
     partial = b.get("partial_rotary_factor")
     if partial != absent_partial and not (partial is None and absent_partial == 1.0):
         out["partial_rotary_factor"] = partial
+    # the same file without a top-level rope_theta: the class's attribute default, which can
+    # differ from its default block's (Ministral 3: 1e4 beside a 1e6 block)
+    base.pop("rope_theta")
+    try:
+        bare = rope_blocks(getattr(cfg_cls.from_dict(base), "rope_parameters", None))
+    except Exception:
+        bare = []
+    if len(bare) == 1 and isinstance(bare[0].get("rope_theta"), (int, float)) \
+            and bare[0]["rope_theta"] != absent_theta:
+        out["absent_rope_theta"] = float(bare[0]["rope_theta"])
     return out or None
 
 
@@ -704,7 +714,7 @@ def absent_defaults(cfg_cls):
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta
-    legacy = legacy_scaling_rules(cfg_cls, out.get("partial_rotary_factor"))
+    legacy = legacy_scaling_rules(cfg_cls, out.get("partial_rotary_factor"), out.get("rope_theta"))
     if legacy is not None:
         out["legacy_rope_scaling"] = legacy
     for key in ("max_position_embeddings", "global_head_dim"):

@@ -47,3 +47,20 @@ def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section
         positions.new_empty(shape, dtype=torch.float32),
         positions.new_empty(shape, dtype=torch.float32),
     )
+
+
+@torch.library.register_fake("posenc::alibi_attention")
+def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_fake("posenc::_alibi_attention_forward")
+def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+            q.new_empty(q.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.register_fake("posenc::_alibi_attention_backward")
+def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=False,
+                                   symmetric=False, scale=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)

@@ -282,18 +282,22 @@ class Resolver {
     set("layout", layout, layout_source);
 
     const bool neox = is_neox(out.model_type);
+    // a rope_theta the file gives (not one filled from the class's defaults)
+    // (a composite's own text_config defaults are merged into the file's dict before the text
+    // class sees it: they count as the file's)
+    const bool file_theta = has(c, "rope_theta") && (!defaulted_.count("rope_theta") ||
+                                                     composite_keys_.count("rope_theta"));
     // theta
     // A block without rope_theta beside a top-level one, where the class gives such a block its
     // own theta for some layer types (Gemma 3's sliding window keeps 1e4) or reads another key
     // (GPT-NeoX: rotary_emb_base): which blocks take the top-level value is the class's own rule.
     const double class_theta = class_block_theta();
     const bool neox_unread =
-        has(c, "rope_theta") && defaults_.is_object() &&
-        defaults_.contains("legacy_rope_scaling") &&
+        file_theta && defaults_.is_object() && defaults_.contains("legacy_rope_scaling") &&
         !defaults_["legacy_rope_scaling"].value("rope_theta_from_file", true) &&
         defaults_["legacy_rope_scaling"].contains("rope_theta") &&
         defaults_["legacy_rope_scaling"]["rope_theta"].is_number();
-    TORCH_CHECK(has(block, "rope_theta") || !has(c, "rope_theta") ||
+    TORCH_CHECK(has(block, "rope_theta") || !file_theta ||
                     ((std::isnan(class_theta) || layer_type_.empty()) && !neox_unread),
                 origin_, ": refused: '", prefix_, block_name_,
                 "' has no rope_theta and the top level has one, and model type '", out.model_type,
@@ -303,8 +307,7 @@ class Resolver {
     if (has(block, "rope_theta")) {
       set("rope_theta", number_at(block, "rope_theta", from_block("rope_theta")),
           where(from_block("rope_theta")));
-    } else if (!std::isnan(class_theta) && !has(c, "rope_theta") &&
-               !(neox && has(c, "rotary_emb_base"))) {
+    } else if (!std::isnan(class_theta) && !file_theta && !(neox && has(c, "rotary_emb_base"))) {
       // a block without rope_theta takes the class's own for that layer type (Gemma 3's full
       // attention 1e6, its sliding window 1e4)
       set("rope_theta", class_theta,
@@ -547,7 +550,10 @@ class Resolver {
     if (text_ != nullptr && has(*root_, "model_type") && (*root_)["model_type"].is_string())
       if (const auto* composite =
               hf_absent_key_defaults((*root_)["model_type"].get<std::string>() + "/text_config"))
-        merged.update(*composite);
+        for (const auto& item : composite->items()) {
+          merged[item.key()] = item.value();
+          composite_keys_.insert(item.key());
+        }
     // transformers reads `rope_scaling or rope_parameters`: an empty rope_scaling is absent
     if (has(model(), "rope_scaling") && model()["rope_scaling"].is_object() &&
         model()["rope_scaling"].empty()) {
@@ -627,6 +633,13 @@ class Resolver {
                                  "not read by model type '" + type + "''s config class; ignored, " +
                                  "as transformers ignores it");
         patched["rope_theta"] = legacy["rope_theta"];
+        defaulted_.insert("rope_theta");
+      }
+      // without a top-level rope_theta the class's own attribute, not its default block's
+      if (!has(c, "rope_theta") && legacy.contains("absent_rope_theta") &&
+          legacy["absent_rope_theta"].is_number() && !has(c, "rotary_emb_base") &&
+          !c["rope_scaling"].contains("rope_theta")) {
+        patched["rope_theta"] = legacy["absent_rope_theta"];
         defaulted_.insert("rope_theta");
       }
       if (legacy.contains("partial_rotary_factor") && !has(c, "partial_rotary_factor") &&
@@ -879,7 +892,8 @@ class Resolver {
   const nlohmann::json* root_ = nullptr;
   const nlohmann::json* text_ = nullptr;
   std::string flat_text_type_;  ///< the text model type a flat composite's top level is read as
-  nlohmann::json defaults_;     ///< the model type's config-class defaults (hf_defaults.inc)
+  std::set<std::string> composite_keys_;  ///< keys filled from "<composite>/text_config"
+  nlohmann::json defaults_;  ///< the model type's config-class defaults (hf_defaults.inc)
 
   // GPT-NeoX's config classes read rotary_emb_base and rotary_pct; no other class does.
   static bool is_neox(const std::string& type) {

@@ -96,9 +96,6 @@ KNOWN = {
     ("dots3_note_text", "sliding_attention", "no_head_dim"),
     ("ultrabert", "full_attention", "no_rope_keys"),
     ("ultravbert", "full_attention", "no_rope_keys"),
-    ("higgs_audio_v2", None, "no_theta_in_block"),
-    ("ministral3", None, "no_theta_in_block"),
-    ("muse_spark", None, "no_theta_in_block"),
 }
 
 
