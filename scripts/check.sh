@@ -2,6 +2,8 @@
 # Sanitized test runs (not part of scripts/test.sh: a sanitized build takes ~20+ minutes on 2 cores).
 #   bash scripts/check.sh            # AddressSanitizer + UndefinedBehaviorSanitizer: unit suite
 #   bash scripts/check.sh thread     # ThreadSanitizer: the kernel tests (fused RoPE, attention)
+#   bash scripts/check.sh distributed  # ThreadSanitizer: the data-parallel tests (c10d Gloo ranks
+#                                      # as processes of the sanitized tool; a report fails a rank)
 # Builds into build-asan/ or build-tsan/ (LibTorch itself is not instrumented: reports come from
 # posenc's code and what it calls), runs the GoogleTest binary, fails on the first report.
 set -euo pipefail
@@ -25,8 +27,15 @@ case "$mode" in
     target=posenc_kernel_tests
     export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=${POSENC_ROOT}/scripts/tsan.supp"
     ;;
+  distributed)
+    dir="${POSENC_ROOT}/build-tsan"
+    flags="-fsanitize=thread -fno-omit-frame-pointer -g1"
+    filter="Smoke/TwoRanks.*:DataParallel.*-DataParallel.Nccl*"
+    target="posenc_tests posenc"
+    export TSAN_OPTIONS="halt_on_error=1:report_signal_unsafe=0:suppressions=${POSENC_ROOT}/scripts/tsan.supp"
+    ;;
   *)
-    echo "usage: bash scripts/check.sh [address|thread]" >&2
+    echo "usage: bash scripts/check.sh [address|thread|distributed]" >&2
     exit 2
     ;;
 esac
@@ -34,8 +43,9 @@ start=$(date +%s)
 POSENC_BUILD_DIR="$dir" posenc_configure -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
   -DPOSENC_BUILD_BENCH=OFF -DPOSENC_BUILD_EXAMPLES=OFF -DPOSENC_WITH_CUDA=OFF
-cmake --build "$dir" -j "${POSENC_JOBS:-$(nproc)}" --target "$target"
+# shellcheck disable=SC2086  # target may name two targets
+cmake --build "$dir" -j "${POSENC_JOBS:-$(nproc)}" --target $target
 built=$(date +%s)
-"$dir/tests/$target" --gtest_filter="$filter"
+"$dir/tests/${target%% *}" --gtest_filter="$filter"
 end=$(date +%s)
 echo "check ($mode): build $((built - start)) s, tests $((end - built)) s, no sanitizer report"

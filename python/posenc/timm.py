@@ -13,6 +13,13 @@ build_sincos2d_pos_embed(feat_shape, dim=64, temperature=10000.0, reverse_coord=
     torch.ops.posenc.axial_sincos_table. Its angles are float64 and rounded once (timm's are
     float32 products): the two agree to 2e-6 on a 14 x 14 grid (4e-6 at 64 x 64: timm's rounding
     grows with the positions); posenc's is the exact one.
+
+apply_rot_embed_cat(x, emb, half=False)
+    timm.layers.apply_rot_embed_cat (EVA, ViT-RoPE, Naver's RoPE-ViT): x [..., N, D] rotated by
+    emb = cat([sin, cos], -1) [N, 2D] from timm's RotaryEmbeddingCat (interleaved pairs
+    [f0, f0, f1, f1, ...], or half=True for its rotate_half layout), through
+    torch.ops.posenc.apply_rotary: the rotation in the promoted dtype, cast to x's, as timm's;
+    equal to it to the bit. apply_rot_embed_cat_qk(q, k, emb, half=False) rotates both in one pass.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from . import _library
 
 _library.load()
 
-__all__ = ["resample_abs_pos_embed", "build_sincos2d_pos_embed"]
+__all__ = ["resample_abs_pos_embed", "build_sincos2d_pos_embed", "apply_rot_embed_cat",
+           "apply_rot_embed_cat_qk"]
 
 
 def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int],
@@ -80,3 +88,39 @@ def build_sincos2d_pos_embed(feat_shape: Sequence[int], dim: int = 64, temperatu
     else:
         table = torch.ops.posenc.axial_sincos_table(coords, dim, float(temperature), "timm")
     return table.to(device=device, dtype=dtype)
+
+
+def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str):
+    if emb.shape[-1] != 2 * x.shape[-1]:
+        raise ValueError(f"posenc.timm.{name}: emb must be [..., N, 2D] = [..., "
+                         f"{x.shape[-2] if x.dim() > 1 else '?'}, {2 * x.shape[-1]}] for x of "
+                         f"shape {tuple(x.shape)}, got {tuple(emb.shape)}")
+    sin, cos = emb.chunk(2, -1)
+    if cos.dim() == 2:  # [N, D] -> [1, N, D], the tables' batch dim
+        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
+    return cos, sin
+
+
+def apply_rot_embed_cat_qk(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor,
+                           half: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's apply_rot_embed_cat on q and k [B, H, N, D] in one pass, each in its own dtype."""
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(f"posenc.timm.apply_rot_embed_cat_qk: q and k must be [B, H, N, D], got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    cos, sin = _split_emb(emb, q, "apply_rot_embed_cat_qk")
+    yq, yk = torch.ops.posenc.apply_rotary(q, k, cos, sin, 1,
+                                           "half" if half else "interleaved")
+    return yq.to(q.dtype), yk.to(k.dtype)
+
+
+def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) -> torch.Tensor:
+    """timm's apply_rot_embed_cat: x [B, H, N, D] (or [B, N, D]) rotated by emb [N, 2D]."""
+    if x.dim() == 3:  # [B, N, D]: one head
+        return apply_rot_embed_cat(x.unsqueeze(1), emb, half).squeeze(1)
+    if x.dim() != 4:
+        raise ValueError(f"posenc.timm.apply_rot_embed_cat: x must be [B, H, N, D] or [B, N, D], "
+                         f"got {tuple(x.shape)}")
+    cos, sin = _split_emb(emb, x, "apply_rot_embed_cat")
+    none = x.new_empty((x.shape[0], 0, x.shape[2], x.shape[3]))
+    y, _ = torch.ops.posenc.apply_rotary(x, none, cos, sin, 1, "half" if half else "interleaved")
+    return y.to(x.dtype)

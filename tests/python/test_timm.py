@@ -90,3 +90,33 @@ def test_opcheck_grid_operators():
     torch.autograd.gradcheck(
         lambda t: torch.ops.posenc.resample_grid_table(t, [4, 4], [3, 5], 1, "bilinear", False,
                                                        False), (table,))
+
+
+@pytest.mark.parametrize("half", [False, True])
+@pytest.mark.parametrize("dtype,emb_dtype", [(torch.float32, torch.float32),
+                                             (torch.bfloat16, torch.float32),
+                                             (torch.bfloat16, torch.bfloat16)])
+def test_apply_rot_embed_cat_is_timms(half, dtype, emb_dtype):
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
+    rope = RotaryEmbeddingCat(dim=32, in_pixels=False, feat_shape=[7, 9], rotate_half=half)
+    emb = rope.get_embed().to(emb_dtype)  # [63, 64]
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 3, 63, 32, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(2, 3, 63, 32, generator=g).to(dtype).requires_grad_()
+    want_q, want_k = apply_rot_embed_cat(q, emb, half=half), apply_rot_embed_cat(k, emb, half=half)
+    got_q, got_k = posenc.timm.apply_rot_embed_cat_qk(q, k, emb, half=half)
+    assert got_q.dtype == want_q.dtype
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(posenc.timm.apply_rot_embed_cat(q, emb, half=half), want_q)
+    gq = torch.randn_like(want_q)
+    want = torch.autograd.grad(want_q, q, gq)[0]
+    got = torch.autograd.grad(posenc.timm.apply_rot_embed_cat(q, emb, half=half), q, gq)[0]
+    # float32: to the bit; bfloat16 gradients: within one bfloat16 rounding (the backward's
+    # products round in another order)
+    exact = dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=0 if exact else 1e-2, atol=1e-6 if exact else 1.6e-2)
+
+
+def test_apply_rot_embed_cat_bad_shape_is_one_line():
+    with pytest.raises(ValueError, match=r"emb must be \[\.\.\., N, 2D\]"):
+        posenc.timm.apply_rot_embed_cat(torch.zeros(1, 2, 5, 8), torch.zeros(5, 8))
