@@ -612,6 +612,19 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     partial = b.get("partial_rotary_factor")
     if partial != absent_partial and not (partial is None and absent_partial == 1.0):
         out["partial_rotary_factor"] = partial
+    # a file's own flat rope_parameters block without partial_rotary_factor replaces the class's
+    # default block the same way (Moonshine Streaming: no factor, the whole head)
+    v5 = dict(base)
+    v5.pop("rope_scaling", None)
+    v5["rope_parameters"] = {"rope_type": "default", "rope_theta": LEGACY_THETA}
+    try:
+        v5_blocks = rope_blocks(getattr(cfg_cls.from_dict(v5), "rope_parameters", None))
+    except Exception:
+        v5_blocks = []
+    if len(v5_blocks) == 1:
+        p5 = v5_blocks[0].get("partial_rotary_factor")
+        if p5 != absent_partial and not (p5 is None and absent_partial == 1.0):
+            out["block_partial_rotary_factor"] = p5
     # the same file without a top-level rope_theta: the class's attribute default, which can
     # differ from its default block's (Ministral 3: 1e4 beside a 1e6 block)
     base.pop("rope_theta")

@@ -26,13 +26,21 @@ def get_rope_index(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | No
                    second_per_grid_ts: torch.Tensor | None = None,
                    spatial_merge_size: int = 2, tokens_per_second: float = 2.0,
                    image_token_id: int | None = None, video_token_id: int | None = None,
-                   resume: str = "transformers5") -> tuple[torch.Tensor, torch.Tensor]:
+                   resume: str = "transformers5",
+                   model: str = "qwen2_vl") -> tuple[torch.Tensor, torch.Tensor]:
     """(position_ids [3, B, L] int64, deltas [B, 1]) as transformers' Qwen2-VL get_rope_index.
 
     mm_token_type_ids: 0 text, 1 image, 2 video per token (transformers 5); without it, derived
     from input_ids with image_token_id / video_token_id (transformers 4's way). second_per_grid_ts
-    (Qwen2.5-VL) puts seconds * tokens_per_second on the t axis of each video.
+    (Qwen2.5-VL) puts seconds * tokens_per_second on the t axis of each video; model="qwen2_5_vl"
+    without it takes 1 second per grid step, as transformers' Qwen2_5_VLModel does (Qwen2-VL:
+    one position per grid step).
     """
+    if model not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ValueError(f"posenc.get_rope_index: model must be 'qwen2_vl' or 'qwen2_5_vl', got "
+                         f"{model!r}")
+    if model == "qwen2_5_vl" and second_per_grid_ts is None and video_grid_thw is not None:
+        second_per_grid_ts = torch.ones(len(video_grid_thw), dtype=torch.float32)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise ValueError(f"posenc.get_rope_index: input_ids must be a [batch, length] tensor, got "
                          f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")

@@ -367,7 +367,8 @@ class Resolver {
     const bool needs_original =
         rope_type == "llama3" || rope_type == "yarn" || rope_type == "longrope";
     if (needs_original) {
-      if (has(c, "original_max_position_embeddings")) {
+      // (per-layer-type blocks: transformers fills each from the block or max_position_embeddings)
+      if (has(c, "original_max_position_embeddings") && layer_type_.empty()) {
         set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
             where("original_max_position_embeddings") +
                 " (top level; transformers prefers it over the block's, as Phi-3 needs)");
@@ -419,7 +420,14 @@ class Resolver {
                        resolved_["original_max_position_embeddings"].get<double>();
       set("factor", f, "derived: max_position_embeddings / original_max_position_embeddings");
     }
-    if (has(block, "truncate")) {
+    // transformers' yarn reads truncate from config.rope_parameters itself: a per-layer-type
+    // block's own is unread (its default, true, applies)
+    if (has(block, "truncate") && !layer_type_.empty())
+      out.warnings.push_back(
+          origin_ + ": '" + prefix_ + block_name_ +
+          ".truncate' is not read by transformers' yarn (it reads the key "
+          "beside the per-layer-type blocks); ignored, as transformers ignores it");
+    if (has(block, "truncate") && layer_type_.empty()) {
       TORCH_CHECK(block["truncate"].is_boolean(), origin_, ": '", where(from_block("truncate")),
                   "' must be true or false, got ", describe(block["truncate"]));
       set("truncate", block["truncate"].get<bool>(), where(from_block("truncate")));
@@ -642,13 +650,34 @@ class Resolver {
         patched["rope_theta"] = legacy["absent_rope_theta"];
         defaulted_.insert("rope_theta");
       }
-      if (legacy.contains("partial_rotary_factor") && !has(c, "partial_rotary_factor") &&
-          !c["rope_scaling"].contains("partial_rotary_factor")) {
-        legacy_partial_set = true;
-        if (legacy["partial_rotary_factor"].is_number()) {
-          patched["partial_rotary_factor"] = legacy["partial_rotary_factor"];
-          defaulted_.insert("partial_rotary_factor");
-        }
+    }
+    // transformers reads `rope_scaling or rope_parameters`: a rope_scaling replaces the class's
+    // default block, and the factor it carried, beside a rope_parameters too (Mistral 4)
+    if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling") &&
+        c["rope_scaling"].is_object() &&
+        (*defaults)["legacy_rope_scaling"].contains("partial_rotary_factor") &&
+        !has(c, "partial_rotary_factor") && !c["rope_scaling"].contains("partial_rotary_factor")) {
+      const auto& v = (*defaults)["legacy_rope_scaling"]["partial_rotary_factor"];
+      legacy_partial_set = true;
+      if (v.is_number()) {
+        patched["partial_rotary_factor"] = v;
+        defaulted_.insert("partial_rotary_factor");
+      }
+    }
+    // the file's own flat rope_parameters block without a factor replaces the class's default
+    // block, and with it the factor that block carried (Moonshine Streaming: the whole head)
+    if (defaults->contains("legacy_rope_scaling") &&
+        (*defaults)["legacy_rope_scaling"].contains("block_partial_rotary_factor") &&
+        !has(c, "rope_scaling") && has(c, "rope_parameters") && c["rope_parameters"].is_object() &&
+        (c["rope_parameters"].contains("rope_type") || c["rope_parameters"].contains("type") ||
+         c["rope_parameters"].contains("rope_theta")) &&
+        !c["rope_parameters"].contains("partial_rotary_factor") &&
+        !has(c, "partial_rotary_factor")) {
+      const auto& v = (*defaults)["legacy_rope_scaling"]["block_partial_rotary_factor"];
+      legacy_partial_set = true;
+      if (v.is_number()) {
+        patched["partial_rotary_factor"] = v;
+        defaulted_.insert("partial_rotary_factor");
       }
     }
     for (const auto& item : defaults->items()) {

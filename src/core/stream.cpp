@@ -218,9 +218,17 @@ StreamLayout build_stream_qwen2_vl(const std::vector<Segment>& segments,
                                     : 1.0;
         const double start = next;
         double top = start;
+        // HF's arithmetic in float32: (arange(t) * fl32(tokens_per_second * seconds)).long(),
+        // so 25 fps (0.08 s per grid step, 2 tokens per second) puts grid step 25 at 4, where
+        // exact arithmetic gives 3.99999... -> 3; the real-time axis (floor_time false) is exact
+        const float interval32 = s.kind == SegmentKind::kVideo && s.seconds_per_frame > 0
+                                     ? static_cast<float>(options.tokens_per_second) *
+                                           static_cast<float>(s.seconds_per_frame)
+                                     : 1.0f;
         for (int64_t f = 0; f < s.frames; ++f) {
           double ft = static_cast<double>(f) * interval;
-          if (options.floor_time) ft = std::floor(ft);
+          if (options.floor_time)
+            ft = std::trunc(static_cast<double>(static_cast<float>(f) * interval32));
           for (int64_t r = 0; r < gh; ++r)
             for (int64_t c = 0; c < gw; ++c) {
               out.push(start + ft, start + static_cast<double>(r), start + static_cast<double>(c),

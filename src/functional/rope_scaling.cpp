@@ -195,12 +195,18 @@ RopeFrequencies llama3_frequencies(const RopeScalingContext& c) {
                 (s.high_freq_factor() - s.low_freq_factor());
   auto smoothed = (1 - smooth) * scaled / f + smooth * scaled;
   auto medium = (wavelen < high_wavelen).logical_not() * (wavelen > low_wavelen).logical_not();
+  TORCH_CHECK(s.high_freq_factor() > s.low_freq_factor() || !medium.any().template item<bool>(),
+              "rope: llama3 with high_freq_factor == low_freq_factor (", s.low_freq_factor(),
+              ") and a wavelength exactly at the band edge: transformers' smoothing divides by "
+              "zero there (NaN), so there is no table to match");
   return {torch::where(medium, smoothed, scaled), 1.0};
 }
 
+// Equal factors (Llama 4 Scout: 1.0 and 1.0) leave no medium band: every frequency is either
+// kept or divided by the factor, as in transformers (its smooth term, x / 0, is never selected).
 void llama3_validate(const RopeScalingOptions& s, const RopeOptions&, int64_t) {
-  TORCH_CHECK(s.high_freq_factor() > s.low_freq_factor(),
-              "rope: llama3 needs high_freq_factor > low_freq_factor, got ", s.high_freq_factor(),
+  TORCH_CHECK(s.high_freq_factor() >= s.low_freq_factor(),
+              "rope: llama3 needs high_freq_factor >= low_freq_factor, got ", s.high_freq_factor(),
               " and ", s.low_freq_factor());
 }
 

@@ -199,6 +199,34 @@ REVIEW = [
     ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
                      "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
      "sliding_attention"),
+    # second round: Llama 4 Scout's llama3 block (low = high = 1: no medium band), a block of the
+    # file's own without the factor the class's default block carried, rope_scaling beside
+    # rope_parameters, a per-layer yarn block's truncate and a top-level original context
+    ("llama", {"hidden_size": 5120, "num_attention_heads": 40, "head_dim": 128,
+               "rope_theta": 500000.0, "max_position_embeddings": 10485760,
+               "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
+                                "original_max_position_embeddings": 8192,
+                                "rope_type": "llama3"}}, None),
+    ("moonshine_streaming", {"hidden_size": 320, "num_attention_heads": 8,
+                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+     None),
+    ("mistral4", {"hidden_size": 4096, "num_attention_heads": 32, "qk_rope_head_dim": 64,
+                  "qk_nope_head_dim": 64, "head_dim": 128,
+                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+                  "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
+    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+                     "max_position_embeddings": 32768, "rope_parameters": {
+                         "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0,
+                                            "original_max_position_embeddings": 2048,
+                                            "truncate": False},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "full_attention"),
+    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+                     "max_position_embeddings": 32768, "original_max_position_embeddings": 2048,
+                     "rope_parameters": {
+                         "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+     "full_attention"),
 ]
 
 

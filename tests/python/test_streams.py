@@ -89,3 +89,25 @@ def test_token_ids_without_type_ids_and_bad_input():
         posenc.get_rope_index(ids, None, None, image_token_id=9)
     with pytest.raises(ValueError, match=r"mm_token_type_ids, or image_token_id"):
         posenc.get_rope_index(ids)
+
+
+@pytest.mark.parametrize("seconds", [None, [0.08], [2 / 29.97], [1.0]])
+def test_qwen2_5_vl_time_axis_is_transformers(seconds):
+    # 25 fps: 0.08 s per grid step, 2 tokens per second: HF's float32 arithmetic puts grid step 25
+    # at 4 (exact arithmetic: 3.999.. -> 3)
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
+    fake = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
+        spatial_merge_size=2, tokens_per_second=2)))
+    fake.get_vision_position_ids = lambda *a, **k: Qwen2_5_VLModel.get_vision_position_ids(
+        fake, *a, **k)
+    frames = 60
+    token_types = torch.tensor([[0] * 3 + [2] * (frames * 2) + [0] * 4])
+    grid = torch.tensor([[frames, 2, 4]])
+    spg = None if seconds is None else torch.tensor(seconds, dtype=torch.float32)
+    want_pos, want_delta = Qwen2_5_VLModel.get_rope_index(
+        fake, torch.zeros_like(token_types), token_types, None, grid, spg, None)
+    pos, delta = posenc.get_rope_index(torch.zeros_like(token_types), token_types, None, grid,
+                                       second_per_grid_ts=spg, tokens_per_second=2,
+                                       model="qwen2_5_vl")
+    assert torch.equal(pos, want_pos)
+    assert torch.equal(delta.view(-1), want_delta.view(-1).to(delta.dtype))

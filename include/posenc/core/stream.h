@@ -8,8 +8,10 @@
 //   vision segment   its token grid t x h x w (after spatial merging; t outer, then h, then w)
 //                    gets (t * interval, h, w) + start, start = (max position so far) + 1
 //   text after it    resumes at (max position so far) + 1
-//   interval         1, or for video seconds_per_frame * tokens_per_second (Qwen2.5-VL), floored
-//                    to an integer as HF does unless floor_time is false (real-time axis)
+//   interval         1, or for video seconds_per_frame * tokens_per_second (Qwen2.5-VL); t *
+//                    interval is truncated to an integer in HF's float32 arithmetic,
+//                    trunc(fl32(t * fl32(tps * spf))) (25 fps: step 25 -> 4, not 3), unless
+//                    floor_time is false (real-time axis, exact)
 //   left padding     pad slots get position 0 (as transformers 5.x); real tokens get the
 //                    positions of the unpadded stream
 // rope_delta = max + 1 - real tokens: the next generated token sits at cache_length + rope_delta.
