@@ -9,24 +9,12 @@ Shape: q, k, v [1, 16, N, 64] float32, causal; times are medians of --repeat cal
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
 
 import posenc
-
-
-def median_ms(fn, repeat):
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+from bench_util import median_ms
 
 
 def main():
@@ -61,9 +49,9 @@ def main():
                 out.sum().backward()
 
         for backward in (False, True):
-            t_none = median_ms(lambda: run("none", backward), args.repeat)
-            t_bias = median_ms(lambda: run("bias", backward), args.repeat)
-            t_ours = median_ms(lambda: run("posenc", backward), args.repeat)
+            t_none = median_ms(lambda: run("none", backward), args.repeat, 2)
+            t_bias = median_ms(lambda: run("bias", backward), args.repeat, 2)
+            t_ours = median_ms(lambda: run("posenc", backward), args.repeat, 2)
             mem = f"{bias.numel() * 4 / 2**20:.0f} MiB vs {slopes.numel() * 4} B"
             print(f"| {n} | {'fwd+bwd' if backward else 'fwd'} | {t_none:.1f} | {t_bias:.1f} | "
                   f"{t_ours:.1f} | {t_ours / t_none:.2f}x | {t_bias / t_ours:.2f}x | {mem} |",

@@ -9,24 +9,13 @@ as transformers makes it ([B, N, H, D] transposed). Times are medians of --repea
 """
 
 import argparse
-import statistics
-import time
 
 import torch
 
 import posenc
+from bench_util import median_ms
 from transformers.models.llama import modeling_llama
 
-
-def median_ms(fn, repeat):
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 def main():

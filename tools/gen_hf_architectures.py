@@ -541,6 +541,19 @@ def safe_get(obj, key, default=None):
         return default
 
 
+def without_rope_keys(cfg_cls):
+    """The class's default config as a dict, with every RoPE key a file may give left out (the
+    start of each probe file below); None where the class has no default instance."""
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
+                "partial_rotary_factor"):
+        base.pop(key, None)
+    return base
+
+
 def absent_rope_parameters(cfg_cls):
     """The rope_parameters the config class builds for a config.json with neither rope_parameters
     nor rope_scaling (transformers 4's files without scaling): its own default block(s) (Apertus:
@@ -549,13 +562,9 @@ def absent_rope_parameters(cfg_cls):
     takes the file's top-level rope_theta says so with "rope_theta_from_file": true (its
     "rope_theta" is the class's value for a file without one). None where the class builds no
     rope_parameters, or only what posenc's generic rule gives (a default rope, the whole head)."""
-    try:
-        base = copy.deepcopy(cfg_cls().to_dict())
-    except Exception:
+    base = without_rope_keys(cfg_cls)
+    if base is None:
         return None
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
-                "partial_rotary_factor"):
-        base.pop(key, None)
     try:
         p0 = copy.deepcopy(getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None))
         p1 = getattr(cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
@@ -586,13 +595,9 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     {"rope_theta_from_file": false, "rope_theta": x} (GPT-NeoX), {"partial_rotary_factor": f or
     null} (Moonshine Streaming: its partial default lived in the default block the file's replaces).
     None where the class converts as the standard does."""
-    try:
-        base = copy.deepcopy(cfg_cls().to_dict())
-    except Exception:
+    base = without_rope_keys(cfg_cls)
+    if base is None:
         return None
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
-                "partial_rotary_factor"):
-        base.pop(key, None)
     base["rope_theta"] = LEGACY_THETA
     base["rope_scaling"] = {"rope_type": "linear", "factor": 3.0}
     try:
