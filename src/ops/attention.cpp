@@ -72,16 +72,7 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
 void prepare(Prepared& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
              const at::Tensor& slopes, bool causal, bool symmetric, double scale) {
   auto& p = out.p;
-  p.q = qh;
-  p.k = kh;
-  p.v = vh;
-  p.batch = qh.size(0);
-  p.heads = qh.size(1);
-  p.nq = qh.size(2);
-  p.nk = kh.size(2);
-  p.dim = qh.size(3);
-  p.dim_v = vh.size(3);
-  p.scale = static_cast<float>(scale);
+  detail::set_tensors(p, qh, kh, vh, scale);
   p.alibi = true;
   p.symmetric = symmetric;
   p.causal = causal;

@@ -33,16 +33,7 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
                                       const at::Tensor& table, const AttentionMasks& masks,
                                       double scale) {
   detail::AttentionProblem p;
-  p.q = qh;
-  p.k = kh;
-  p.v = vh;
-  p.batch = qh.size(0);
-  p.heads = qh.size(1);
-  p.nq = qh.size(2);
-  p.nk = kh.size(2);
-  p.dim = qh.size(3);
-  p.dim_v = vh.size(3);
-  p.scale = static_cast<float>(scale);
+  detail::set_tensors(p, qh, kh, vh, scale);
   p.alibi = bias.alibi;
   p.table_form = bias.table.form;
   p.symmetric = bias.symmetric;

@@ -44,6 +44,22 @@ struct AttentionProblem {
   bool rotary_interleaved = false;
 };
 
+/// The problem's tensors and sizes from contiguous float32 qh, kh [B, H, N, D] and vh [B, H, Nk,
+/// Dv] (the bias, masks and rotary parts are the caller's).
+inline void set_tensors(AttentionProblem& p, const at::Tensor& qh, const at::Tensor& kh,
+                        const at::Tensor& vh, double scale) {
+  p.q = qh;
+  p.k = kh;
+  p.v = vh;
+  p.batch = qh.size(0);
+  p.heads = qh.size(1);
+  p.nq = qh.size(2);
+  p.nk = kh.size(2);
+  p.dim = qh.size(3);
+  p.dim_v = vh.size(3);
+  p.scale = static_cast<float>(scale);
+}
+
 /// out: [B, H, Nq, Dv] float32, lse: [B, H, Nq] float32 (log-sum-exp of each row; -inf when a
 /// row sees no key).
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse);
