@@ -843,13 +843,10 @@ def local_base_freq_readers(model_types):
     layers' rope_theta (Gemma 3 and its kin); the others ignore the key."""
     out = []
     for mt in model_types:
-        try:
-            cfg_cls = CONFIG_MAPPING[mt]
-            d = copy.deepcopy(cfg_cls().to_dict())
-        except Exception:
+        cfg_cls = CONFIG_MAPPING[mt]
+        d = without_rope_keys(cfg_cls)
+        if d is None:
             continue
-        d.pop("rope_parameters", None)
-        d.pop("rope_scaling", None)
         d["rope_theta"] = 123456.0
         d["rope_local_base_freq"] = 7777.0  # no class's default: its arrival is this key's doing
         try:
