@@ -243,13 +243,16 @@ LEGACY_THETA = 123456.0  # no class's default: a table built on it read the key
 LEGACY_VARIANTS = {"theta": {}, "linear": {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}}
 
 
-def legacy_probe(cls, config, layer_type):
+def legacy_probe(cls, config, layer_type, load=None):
     """{variant: {inv_freq, attention_scaling} or {error}}: the class's frequencies for the config
     as transformers 4 wrote it: no rope_parameters, a top-level rope_theta (LEGACY_THETA) and, for
     "linear", a top-level rope_scaling block; loaded through the config class's from_dict, whose
     own conversion decides what reaches the rotary class (GPT-NeoX reads rotary_emb_base, not
     rope_theta; Cohere 2 MoE never reads rope_scaling; Moonshine Streaming's partial default lives
-    in the default rope_parameters a rope_scaling replaces)."""
+    in the default rope_parameters a rope_scaling replaces). load(d): the config as
+    from_pretrained builds it from d (a composite's text_config goes through the composite's class,
+    which may merge defaults of its own into it: GLM-ASR)."""
+    load = load or type(config).from_dict
     out = {}
     for variant, extra in LEGACY_VARIANTS.items():
         d = copy.deepcopy(config.to_dict())
@@ -258,7 +261,7 @@ def legacy_probe(cls, config, layer_type):
         d["rope_theta"] = LEGACY_THETA
         d.update(copy.deepcopy(extra))
         try:
-            c2 = type(config).from_dict(d)
+            c2 = load(d)
             with torch.device("cpu"):
                 emb = cls(config=c2)
             inv = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
@@ -346,7 +349,7 @@ def attention_calls_interleave(module, rotary_name):
     return False
 
 
-def probe(cls, config, module, layer_types):
+def probe(cls, config, module, layer_types, load=None):
     """The class's own numbers for one config, per layer type."""
     with torch.device("cpu"):
         emb = cls(config=config)
@@ -369,7 +372,7 @@ def probe(cls, config, module, layer_types):
             row["partial_probe"] = partial_probe(cls, config, lt)
             row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
             row["top_level_partial_probe"] = top_level_partial_probe(cls, config, lt)
-            row["legacy_probe"] = legacy_probe(cls, config, lt)
+            row["legacy_probe"] = legacy_probe(cls, config, lt, load)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -502,7 +505,11 @@ def architecture(model_type):
         errors = []
         for path, sub in candidates:
             try:
-                rows = probe(cls, sub, mod, getattr(sub, "layer_types", None))
+                load = None
+                if path == "text_config":  # through the composite, as from_pretrained loads it
+                    def load(d, root=cfg.to_dict()):
+                        return cfg_cls.from_dict(dict(copy.deepcopy(root), text_config=d)).text_config
+                rows = probe(cls, sub, mod, getattr(sub, "layer_types", None), load)
             except Exception as e:
                 errors.append(f"{path or 'config'}: {type(e).__name__}: {str(e)[:200]}")
                 continue
@@ -679,6 +686,19 @@ def composite_text_defaults(model_type, own):
             continue
         if a != b and isinstance(a, (int, float)) and not isinstance(a, bool):
             out[key] = a
+    # a composite whose own text_config defaults hold a rope_parameters block keeps it over a
+    # file's top-level rope_theta (GLM-ASR: {**init_kwargs, **file} gives the text class both, and
+    # its conversion only setdefaults the theta): recorded as that block, the file's theta unread
+    try:
+        d["text_config"] = {"model_type": text_type, "rope_theta": LEGACY_THETA}
+        marked = cfg_cls.from_dict(copy.deepcopy(d)).get_text_config()
+        blocks = rope_blocks(safe_get(marked, "rope_parameters", None))
+    except Exception:
+        blocks = []
+    if len(blocks) == 1 and isinstance(blocks[0].get("rope_theta"), (int, float)) \
+            and blocks[0]["rope_theta"] != LEGACY_THETA:
+        block = {k: v for k, v in blocks[0].items() if k != "type"}
+        out["rope_parameters"] = json.loads(json.dumps(block))
     return out or None
 
 

@@ -221,6 +221,8 @@ REVIEW = [
                                             "truncate": False},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
      "full_attention"),
+    ("glmasr", {"text_config": {"model_type": "llama", "hidden_size": 2048,
+                                "num_attention_heads": 16, "rope_theta": 30000.0}}, None),
     ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
                      "max_position_embeddings": 32768, "original_max_position_embeddings": 2048,
                      "rope_parameters": {
@@ -234,7 +236,7 @@ def _class_of(model_type):
     with open(os.path.join(ARCH, model_type + ".rotary.json")) as f:
         record = json.load(f)
     for table in record["tables"]:
-        if table.get("config_path", "") == "" and "layer_types" in table:
+        if table.get("config_path", "") in ("", "text_config") and "layer_types" in table:
             return _rotary_class(model_type, table)
     return None
 
@@ -245,6 +247,8 @@ def test_reviewed_files_match_or_are_refused(model_type, config, layer_type):
     config = dict(config, model_type=model_type)
     cls = _class_of(model_type)
     loaded = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+    if "text_config" in config:
+        loaded = loaded.get_text_config()
     with torch.device("cpu"):
         emb = cls(config=loaded)
     expected = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq")
