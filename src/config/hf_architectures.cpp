@@ -161,6 +161,14 @@ const HfArchitecture kRows[] = {
      .source = "models/neomme/configuration_neomme.py: convert_rope_params_to_dict",
      .flat_refusal =
          "its config class gives each layer type its own partial_rotary_factor default"},
+    {.model_type = "gpt_neox",
+     .source = "models/gpt_neox/configuration_gpt_neox.py: convert_rope_params_to_dict reads "
+               "rotary_emb_base and rotary_pct",
+     .reads_neox_keys = true},
+    {.model_type = "gpt_neox_japanese",
+     .source = "models/gpt_neox_japanese/configuration_gpt_neox_japanese.py: "
+               "convert_rope_params_to_dict reads rotary_emb_base and rotary_pct",
+     .reads_neox_keys = true},
     {.model_type = "phi3",
      .source = "models/phi3/configuration_phi3.py: a legacy rope_type 'su' or 'yarn' is 'longrope'",
      .yarn_is_longrope = true},

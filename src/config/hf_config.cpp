@@ -281,7 +281,7 @@ class Resolver {
     }
     set("layout", layout, layout_source);
 
-    const bool neox = is_neox(out.model_type);
+    const bool neox = arch.reads_neox_keys;
     // a rope_theta the file gives (not one filled from the class's defaults)
     // (a composite's own text_config defaults are merged into the file's dict before the text
     // class sees it: they count as the file's)
@@ -291,7 +291,7 @@ class Resolver {
     // A block without rope_theta beside a top-level one, where the class gives such a block its
     // own theta for some layer types (Gemma 3's sliding window keeps 1e4) or reads another key
     // (GPT-NeoX: rotary_emb_base): which blocks take the top-level value is the class's own rule.
-    const double class_theta = class_block_theta();
+    const double class_theta = class_block_theta(layer_type_);
     const bool neox_unread =
         file_theta && defaults_.is_object() && defaults_.contains("legacy_rope_scaling") &&
         !defaults_["legacy_rope_scaling"].value("rope_theta_from_file", true) &&
@@ -601,9 +601,11 @@ class Resolver {
         // refused by refuse_unread_partial); GPT-NeoX's class sets its block from its own keys
         if (has(c, "partial_rotary_factor"))
           b["partial_rotary_factor"] = c["partial_rotary_factor"];
-        if (is_neox(type) && !b.value("rope_theta_from_file", false) && has(c, "rotary_emb_base"))
+        if (arch.reads_neox_keys && !b.value("rope_theta_from_file", false) &&
+            has(c, "rotary_emb_base"))
           b["rope_theta"] = c["rotary_emb_base"];
-        if (is_neox(type) && has(c, "rotary_pct")) b["partial_rotary_factor"] = c["rotary_pct"];
+        if (arch.reads_neox_keys && has(c, "rotary_pct"))
+          b["partial_rotary_factor"] = c["rotary_pct"];
         b.erase("rope_theta_from_file");
       };
       const bool nested = std::all_of(params.begin(), params.end(), [](const nlohmann::json& v) {
@@ -621,6 +623,14 @@ class Resolver {
     // rotary_emb_base (or its default), not rope_theta; Moonshine Streaming's partial default
     // belonged to the default block the file's replaces.
     bool legacy_partial_set = false;
+    // the factor the class gives a block that replaced its default one (null: none, the whole
+    // head); the class's plain partial default is then not filled in
+    auto take_replaced_partial = [&](const nlohmann::json& v) {
+      legacy_partial_set = true;
+      if (!v.is_number()) return;
+      patched["partial_rotary_factor"] = v;
+      defaulted_.insert("partial_rotary_factor");
+    };
     if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling"))
       TORCH_CHECK((*defaults)["legacy_rope_scaling"].value("reads_scaling", true), origin_,
                   ": refused: model type '", type, "''s config class never reads '", prefix_,
@@ -629,10 +639,6 @@ class Resolver {
     if (defaults->contains("legacy_rope_scaling") && has(c, "rope_scaling") &&
         !has(c, "rope_parameters")) {
       const auto& legacy = (*defaults)["legacy_rope_scaling"];
-      TORCH_CHECK(legacy.value("reads_scaling", true), origin_, ": refused: model type '", type,
-                  "''s config class never reads '", prefix_,
-                  "rope_scaling' (transformers builds a default RoPE without the scaling); give "
-                  "'rope_parameters', as transformers 5 writes it");
       if (!legacy.value("rope_theta_from_file", true) && legacy.contains("rope_theta") &&
           legacy["rope_theta"].is_number() && !has(c, "rotary_emb_base")) {
         if (has(c, "rope_theta") && c["rope_theta"] != legacy["rope_theta"])
@@ -657,12 +663,7 @@ class Resolver {
         c["rope_scaling"].is_object() &&
         (*defaults)["legacy_rope_scaling"].contains("partial_rotary_factor") &&
         !has(c, "partial_rotary_factor") && !c["rope_scaling"].contains("partial_rotary_factor")) {
-      const auto& v = (*defaults)["legacy_rope_scaling"]["partial_rotary_factor"];
-      legacy_partial_set = true;
-      if (v.is_number()) {
-        patched["partial_rotary_factor"] = v;
-        defaulted_.insert("partial_rotary_factor");
-      }
+      take_replaced_partial((*defaults)["legacy_rope_scaling"]["partial_rotary_factor"]);
     }
     // the file's own flat rope_parameters block without a factor replaces the class's default
     // block, and with it the factor that block carried (Moonshine Streaming: the whole head)
@@ -673,22 +674,18 @@ class Resolver {
          c["rope_parameters"].contains("rope_theta")) &&
         !c["rope_parameters"].contains("partial_rotary_factor") &&
         !has(c, "partial_rotary_factor")) {
-      const auto& v = (*defaults)["legacy_rope_scaling"]["block_partial_rotary_factor"];
-      legacy_partial_set = true;
-      if (v.is_number()) {
-        patched["partial_rotary_factor"] = v;
-        defaulted_.insert("partial_rotary_factor");
-      }
+      take_replaced_partial((*defaults)["legacy_rope_scaling"]["block_partial_rotary_factor"]);
     }
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling") continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
-      if (key == "rope_theta" && (block_theta || (is_neox(type) && has(c, "rotary_emb_base"))))
+      if (key == "rope_theta" &&
+          (block_theta || (arch.reads_neox_keys && has(c, "rotary_emb_base"))))
         continue;
       if (key == "partial_rotary_factor" &&
-          ((is_neox(type) && has(c, "rotary_pct")) || has(c, "rotary_dim") ||
+          ((arch.reads_neox_keys && has(c, "rotary_pct")) || has(c, "rotary_dim") ||
            (!has(c, "rope_scaling") && has(c, "rope_parameters") &&
             c["rope_parameters"].is_object() &&
             c["rope_parameters"].contains("partial_rotary_factor")) ||
@@ -826,14 +823,10 @@ class Resolver {
                              "layers); ignored, as transformers ignores it");
     // Gemma 3's kin without the key take their class's own local base (its sliding-window
     // block theta) for a flat rope_scaling, as their config class does.
-    const auto class_theta_of = [&](const char* layer) -> nlohmann::json {
-      if (!defaults_.is_object() || !defaults_.contains("block_rope_theta")) return nullptr;
-      const auto& t = defaults_["block_rope_theta"];
-      return t.is_object() && t.contains(layer) ? t[layer] : nlohmann::json(nullptr);
-    };
+    const double class_sliding_theta = class_block_theta("sliding_attention");
     const bool class_local_base = !has(c, "rope_local_base_freq") &&
                                   hf_reads_local_base_freq(out.model_type) && legacy && !v5 &&
-                                  class_theta_of("sliding_attention").is_number();
+                                  !std::isnan(class_sliding_theta);
     if ((has(c, "rope_local_base_freq") || class_local_base) && reads_local_base &&
         !(v5 && c["rope_parameters"].contains("sliding_attention"))) {
       nlohmann::json full =
@@ -842,13 +835,13 @@ class Resolver {
                   legacy ? "rope_scaling" : "rope_parameters", "' must be an object, got ",
                   describe(full));
       check_flat_layout(arch, full, legacy ? "rope_scaling" : "rope_parameters");
-      const nlohmann::json full_default = class_theta_of("full_attention");
+      const double full_default = class_block_theta("full_attention");
       if (!full.contains("rope_theta"))
-        full["rope_theta"] = has(c, "rope_theta")       ? c["rope_theta"]
-                             : full_default.is_number() ? full_default
-                                                        : nlohmann::json(1000000.0);
+        full["rope_theta"] = has(c, "rope_theta")        ? c["rope_theta"]
+                             : !std::isnan(full_default) ? nlohmann::json(full_default)
+                                                         : nlohmann::json(1000000.0);
       const nlohmann::json local =
-          class_local_base ? class_theta_of("sliding_attention") : c["rope_local_base_freq"];
+          class_local_base ? nlohmann::json(class_sliding_theta) : c["rope_local_base_freq"];
       synthesized_ = {{"full_attention", full},
                       {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", local}}}};
       block_name_ =
@@ -924,21 +917,15 @@ class Resolver {
   std::set<std::string> composite_keys_;  ///< keys filled from "<composite>/text_config"
   nlohmann::json defaults_;  ///< the model type's config-class defaults (hf_defaults.inc)
 
-  // GPT-NeoX's config classes read rotary_emb_base and rotary_pct; no other class does.
-  static bool is_neox(const std::string& type) {
-    return type == "gpt_neox" || type == "gpt_neox_japanese";
-  }
-
   // The rope_theta the class gives a block of the file without one, for the resolved layer type
   // (hf_defaults.inc's block_rope_theta, probed per class); NaN when not known.
-  double class_block_theta() const {
+  // `layer`: a layer type, or "" for a flat block.
+  double class_block_theta(const std::string& layer) const {
     if (!defaults_.is_object() || !defaults_.contains("block_rope_theta")) return NAN;
     const auto& t = defaults_["block_rope_theta"];
-    if (t.is_number()) return layer_type_.empty() ? t.get<double>() : NAN;
-    if (!t.is_object() || layer_type_.empty() || !t.contains(layer_type_) ||
-        !t[layer_type_].is_number())
-      return NAN;
-    return t[layer_type_].get<double>();
+    if (t.is_number()) return layer.empty() ? t.get<double>() : NAN;
+    if (!t.is_object() || layer.empty() || !t.contains(layer) || !t[layer].is_number()) return NAN;
+    return t[layer].get<double>();
   }
   std::string prefix_;
   std::string block_name_;

@@ -63,6 +63,9 @@ struct HfArchitecture {
   /// The config class merges a legacy rope_scaling into a block that keeps rope_type 'default', so
   /// its 'type' alias is never read (Gemma 3): such a block is refused, not guessed.
   bool type_alias_unread = false;
+  /// The config class reads GPT-NeoX's legacy keys rotary_emb_base (the theta) and rotary_pct
+  /// (the partial factor) and not a top-level rope_theta; no other class reads them.
+  bool reads_neox_keys = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
