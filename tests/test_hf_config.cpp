@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
+
 #include "posenc/config/hf_config.h"
 #include "posenc/config/registry.h"
 #include "posenc/encoders/rope.h"
@@ -438,6 +440,115 @@ TEST(HfConfig, MiniMaxM2TakesItsPartialRotaryFromRotaryDim) {
   config["partial_rotary_factor"] = 0.25;
   encoder = build_encoder(json::parse(from_hf_config(config).config.dump()), {});
   EXPECT_EQ(as_rope(encoder).rotary_dim(), 32);
+}
+
+TEST(HfConfig, HeadDimAsTheConfigClassTakesIt) {
+  // Each value below is transformers 5.24's own rotary class on the same dict (tools/
+  // gen_hf_architectures.py's head_dim_rules probe decides which rule a model type follows).
+  auto rotary = [](const json& config, const std::string& layer_type = "") {
+    HfConfigOptions options;
+    options.layer_type = layer_type;
+    auto encoder = build_encoder(json::parse(from_hf_config(config, options).config.dump()), {});
+    return as_rope(encoder).rotary_dim();
+  };
+  // JetMoE's head_dim is an alias of kv_channels, set last: 96 wins over kv_channels 128 (48
+  // frequencies)
+  json jetmoe{{"model_type", "jetmoe"},
+              {"hidden_size", 2048},
+              {"num_attention_heads", 16},
+              {"kv_channels", 128},
+              {"head_dim", 96},
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  EXPECT_EQ(rotary(jetmoe), 96);
+  // DeepSeek-V3 declares no head_dim: the file's 96 is kept for the rotary table (48 frequencies)
+  // while the attention rotates qk_rope_head_dim 64: transformers' own model fails; refused
+  json v3{{"model_type", "deepseek_v3"},
+          {"hidden_size", 7168},
+          {"num_attention_heads", 128},
+          {"qk_rope_head_dim", 64},
+          {"qk_nope_head_dim", 128},
+          {"head_dim", 96},
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(v3); }),
+                       "'head_dim' 96 is kept by model type 'deepseek_v3''s config class"));
+  v3["head_dim"] = 64;
+  EXPECT_EQ(rotary(v3), 64);
+  // DeepSeek-V2's class sets head_dim = qk_rope_head_dim itself: the file's 96 is unread (32
+  // frequencies)
+  v3["model_type"] = "deepseek_v2";
+  v3["head_dim"] = 96;
+  EXPECT_EQ(rotary(v3), 64);
+  // "head_dim": null: ERNIE 4.5 takes hidden / heads = 64 (its absent default is 128); Qwen3's
+  // typed field refuses the file; Mixtral's None fails in yarn (None * factor), absent or null
+  json ernie{{"model_type", "ernie4_5"},
+             {"hidden_size", 1024},
+             {"num_attention_heads", 16},
+             {"head_dim", nullptr},
+             {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}}}};
+  EXPECT_EQ(rotary(ernie), 64);
+  ernie.erase("head_dim");
+  EXPECT_EQ(rotary(ernie), 128);
+  json qwen3{{"model_type", "qwen3"},
+             {"hidden_size", 1024},
+             {"num_attention_heads", 16},
+             {"head_dim", nullptr},
+             {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(qwen3); }), "takes only an integer there"));
+  json mixtral{{"model_type", "mixtral"},
+               {"hidden_size", 4096},
+               {"num_attention_heads", 32},
+               {"max_position_embeddings", 32768},
+               {"rope_parameters",
+                {{"rope_type", "yarn"},
+                 {"factor", 4.0},
+                 {"rope_theta", 1e6},
+                 {"original_max_position_embeddings", 8192}}}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(mixtral); }),
+                       "leaves head_dim None for this file (head_dim absent), and transformers' "
+                       "yarn rope multiplies it"));
+  mixtral["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+  mixtral["head_dim"] = nullptr;
+  EXPECT_EQ(rotary(mixtral), 128);
+  // UltraBERT without RoPE keys: its class's own blocks (full attention 2.56e6: inv_freq[1] =
+  // 0.7940927744 at head_dim 128); a scalar top-level rope_theta fails in its class (TypeError)
+  json ultrabert{{"model_type", "ultrabert"},
+                 {"hidden_size", 4096},
+                 {"num_attention_heads", 32},
+                 {"head_dim", 128}};
+  HfConfigOptions full;
+  full.layer_type = "full_attention";
+  const auto resolved = from_hf_config(ultrabert, full);
+  EXPECT_EQ(resolved.config["rope_theta"].get<double>(), 2560000.0);
+  ultrabert["rope_theta"] = 5e5;
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(ultrabert, full); }),
+                       "a top-level 'rope_theta' without rope_parameters"));
+  // a layer type asked of a file (and class) without per-layer-type blocks: refused, not ignored
+  HfConfigOptions sliding;
+  sliding.layer_type = "sliding_attention";
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(jetmoe, sliding); }),
+                       "--layer-type 'sliding_attention' was given but"));
+  const json llama{{"model_type", "llama"}, {"hidden_size", 4096}, {"num_attention_heads", 32}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(llama, sliding); }),
+                       "has no rope_parameters per layer type"));
+}
+
+TEST(HfConfig, DotsThreeRecomputesEachBlocksPartialFactor) {
+  // dots3's config class sets every block's partial_rotary_factor to qk_rope_head_dim / head_dim
+  // (64 / 256): a block's own 0.5 is unread (transformers 5.24: 32 frequencies, not 64)
+  std::ifstream in(fixture_path("hf_architectures/dots3_note_text.config.json"));
+  json config = json::parse(in);
+  config["rope_parameters"]["indexed_attention"]["partial_rotary_factor"] = 0.5;
+  HfConfigOptions indexed;
+  indexed.layer_type = "indexed_attention";
+  const auto resolved = from_hf_config(config, indexed);
+  EXPECT_EQ(resolved.config["partial_rotary_factor"].get<double>(), 0.25);
+  std::string all;
+  for (const auto& w : resolved.warnings) all += w + "\n";
+  EXPECT_TRUE(contains(all, "is not read: model type 'dots3_note_text''s config class sets it"))
+      << all;
+  // without head_dim its class's default 256 (not hidden / heads = 40)
+  config.erase("head_dim");
+  EXPECT_EQ(from_hf_config(config, indexed).config["head_dim"].get<int64_t>(), 256);
 }
 
 TEST(HfConfig, PerLayerTypeParameters) {

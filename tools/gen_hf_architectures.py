@@ -574,10 +574,13 @@ def absent_rope_parameters(cfg_cls):
         return None
     try:
         p0 = copy.deepcopy(getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None))
-        p1 = getattr(cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
-                     "rope_parameters", None)
     except Exception:
         return None
+    try:
+        p1 = getattr(cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
+                     "rope_parameters", None)
+    except Exception:  # a scalar top-level rope_theta fails (UltraBERT zips a list of them)
+        p1 = {}
     if not isinstance(p0, dict) or not isinstance(p1, dict) or not p0:
         return None
     nested = all(isinstance(v, dict) or v is None for v in p0.values())
@@ -593,6 +596,78 @@ def absent_rope_parameters(cfg_cls):
                                                                "rope_theta_from_file"} \
         and p0.get("rope_type", "default") in ("default", "axial")  # axial: a vision tower's own
     return None if generic else json.loads(json.dumps(p0))
+
+
+def top_level_theta_raises(cfg_cls):
+    """Whether the class fails on a file with a scalar top-level rope_theta and no rope_parameters
+    (UltraBERT zips rope_theta with layer_types: TypeError), where it loads without it."""
+    base = without_rope_keys(cfg_cls)
+    if base is None:
+        return False
+    try:
+        cfg_cls.from_dict(copy.deepcopy(base))
+    except Exception:
+        return False
+    try:
+        cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA))
+    except Exception:
+        return True
+    return False
+
+
+ROTARY_HEAD_KEYS = ("qk_rope_head_dim", "kv_channels", "attention_head_dim")
+PROBE_HEAD = 88  # no class's default head size
+
+
+def head_dim_rules(cfg_cls):
+    """How the config class takes a config.json's head_dim where posenc's rule reads another key
+    or none (the resolver's head_dim_rules, src/config/hf_config.cpp):
+      head_dim_overridden: the class sets head_dim itself (DeepSeek-V2: qk_rope_head_dim), the
+        file's value is unread;
+      head_dim_alias_of: an attribute_map alias (JetMoE: kv_channels), the file's value is that key;
+      null_head_dim: what "head_dim": null gives: "raises" (a typed field: validation error),
+        "derived" (hidden_size / num_attention_heads where the absent key is a constant: ERNIE
+        4.5), "none" (the attribute stays None: the rope functions fall back to hidden / heads,
+        or fail);
+      absent_head_dim_none: leaving the key out also leaves None (Mixtral).
+    Loaded from the class's default dict without RoPE keys and head_dim, then with head_dim set
+    to PROBE_HEAD or null."""
+    base = without_rope_keys(cfg_cls)
+    if base is None:
+        return {}
+    base.pop("head_dim", None)
+
+    def load(**kw):
+        try:
+            return cfg_cls.from_dict(dict(copy.deepcopy(base), **kw))
+        except Exception:
+            return None
+
+    def head_of(cfg):
+        return vars(cfg).get("head_dim", safe_get(cfg, "head_dim", None))
+
+    c0 = load()
+    if c0 is None:
+        return {}
+    out = {}
+    c_h = load(head_dim=PROBE_HEAD)
+    if c_h is not None and head_of(c_h) == PROBE_HEAD:
+        alias = [k for k in ROTARY_HEAD_KEYS
+                 if safe_get(c_h, k, None) == PROBE_HEAD and safe_get(c0, k, None) != PROBE_HEAD]
+        if alias:
+            out["head_dim_alias_of"] = alias[0]
+    elif c_h is not None:
+        out["head_dim_overridden"] = True
+    c_null = load(head_dim=None)
+    if c_null is None:
+        out["null_head_dim"] = "raises"
+    elif head_of(c_null) is None:
+        out["null_head_dim"] = "none"
+    elif head_of(c_null) != head_of(c0):
+        out["null_head_dim"] = "derived"
+    if "head_dim" in vars(c0) and vars(c0)["head_dim"] is None:
+        out["absent_head_dim_none"] = True
+    return out
 
 
 def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
@@ -749,6 +824,8 @@ def absent_defaults(cfg_cls):
     block = absent_rope_parameters(cfg_cls)
     if block is not None:
         out["rope_parameters"] = block
+    if top_level_theta_raises(cfg_cls):
+        out["rope_theta_raises"] = True
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta
@@ -762,7 +839,10 @@ def absent_defaults(cfg_cls):
     if isinstance(safe_get(cfg, "rope_interleave", None), bool):
         out["rope_interleave"] = cfg.rope_interleave
     head = vars(cfg).get("head_dim", safe_get(cfg, "head_dim", None))
-    hidden, heads = safe_get(cfg, "hidden_size", None), safe_get(cfg, "num_attention_heads", None)
+    # (read from the instance first: a per-layer attribute such as dots3's num_attention_heads
+    # raises through getattr)
+    hidden = vars(cfg).get("hidden_size", safe_get(cfg, "hidden_size", None))
+    heads = vars(cfg).get("num_attention_heads", safe_get(cfg, "num_attention_heads", None))
     if isinstance(head, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
         # loaded as from_pretrained loads a file without head_dim: a constant, or hidden / heads
         # (checked again at another hidden_size)
@@ -1003,7 +1083,15 @@ def main():
                 values = composite_text_defaults(mt, own)
             if values:
                 rows.append((mt + "/text_config", values))
-        rows.sort()
+        # head_dim as each rotary model type's class takes it (head_dim_rules)
+        rotary_set = set(rotary_types)
+        by_type = dict(rows)
+        for mt in sorted(rotary_set & set(CONFIG_MAPPING.keys())):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                rules = head_dim_rules(CONFIG_MAPPING[mt])
+            if rules:
+                by_type.setdefault(mt, {})["head_dim_rules"] = rules
+        rows = sorted(by_type.items())
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))
     return 0

@@ -201,19 +201,20 @@ const HfArchitecture kRows[] = {
      .source = "models/mistral4/modeling_mistral4.py: head_dim * partial_rotary_factor (not "
                "qk_rope_head_dim); reads rope_interleave",
      .reads_rope_interleave = true},
-    {"dots3_note",
-     H::kHeadDim,
-     kInter,
-     {},
-     "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
-     "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave"},
+    {.model_type = "dots3_note",
+     .head = H::kHeadDim,
+     .layout = kInter,
+     .source = "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
+               "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave",
+     .partial_from_layer_heads = true},
     {.model_type = "dots3_note_text",
      .head = H::kHeadDim,
      .layout = kInter,
      .source = "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
                "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave",
      .flat_refusal = "its config class derives each layer type's theta and partial rotary from "
-                     "swa_rope_theta, qk_rope_head_dim and the swa_* head sizes"},
+                     "swa_rope_theta, qk_rope_head_dim and the swa_* head sizes",
+     .partial_from_layer_heads = true},
     {"gemma4",
      H::kGlobalHeadDim,
      kHalf,

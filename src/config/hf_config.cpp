@@ -112,6 +112,7 @@ class Resolver {
     const HfArchitecture& arch = architecture(out);
     refuse_unread_partial(out);
     fill_absent_defaults(out, arch);
+    apply_head_dim_rules(out);
     const auto& c = model();
     for (const auto& item : root_->items())
       if (!kPositionKeys.count(item.key())) out.ignored_keys.push_back(item.key());
@@ -184,6 +185,7 @@ class Resolver {
 
     // head size: the model type's own rule (hf_architectures.cpp), else the generic one
     int64_t head_dim = 0;
+    bool took_head_dim = false;  // the rule read head_dim itself
     const std::string rule =
         "model type '" + out.model_type + "' (" + std::string(arch.source) + ")";
     auto per_head = [&](const char* size_key, const char* heads_key) {
@@ -241,6 +243,7 @@ class Resolver {
         } else if (has(c, "head_dim")) {
           head_dim = integer_at(c, "head_dim");
           set("head_dim", head_dim, where("head_dim"));
+          took_head_dim = true;
         } else if (axial) {  // compute_axial_rope_parameters: embed_dim or hidden_size per head
           const char* heads = has(c, "num_heads") ? "num_heads" : "num_attention_heads";
           per_head(has(c, "embed_dim") ? "embed_dim" : "hidden_size", heads);
@@ -256,6 +259,10 @@ class Resolver {
                 ": ntk_alpha ('dynamic' with alpha) reads '", prefix_,
                 "head_dim', which this config lacks; transformers' ", std::string(arch.source),
                 " fails on it (None - 2), so there is no table to match");
+    check_head_dim_rules(
+        out, c, rope_type, head_dim, took_head_dim,
+        axial || (layer_type_ == "full_attention" &&
+                  (has(c, "global_head_dim") || arch.head == HfHeadSize::kGlobalHeadDim)));
 
     // layout: rope_interleave where the config sets it, else the model type's modeling code
     std::string layout(arch.layout);
@@ -342,6 +349,7 @@ class Resolver {
     } else {
       set("partial_rotary_factor", 1.0, "transformers default");
     }
+    if (arch.partial_from_layer_heads) partial_from_layer_heads(out, c, head_dim);
     // Llama's compute_default_rope_parameters (and the classes copied from it) take the whole
     // head_dim whatever partial_rotary_factor says; HunYuan's ntk_alpha reads config.head_dim too.
     const bool whole_head =
@@ -678,9 +686,14 @@ class Resolver {
     }
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
-      if (key == "rope_parameters" || key == "legacy_rope_scaling") continue;
+      if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
+          key == "rope_theta_raises")
+        continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
+      // a composite merges its defaults under the file's keys ({**defaults, **file}): a null in
+      // the file replaces the composite's value, and the text class sees None (Voxtral's head_dim)
+      if (composite_keys_.count(key) && c.contains(key) && c[key].is_null()) continue;
       if (key == "rope_theta" &&
           (block_theta || (arch.reads_neox_keys && has(c, "rotary_emb_base"))))
         continue;
@@ -696,6 +709,181 @@ class Resolver {
       defaulted_.insert(key);
     }
     if (!defaulted_.empty()) patched_ = std::move(patched);
+  }
+
+  // head_dim as the model type's config class takes it (hf_defaults.inc's generated
+  // "head_dim_rules", tools/gen_hf_architectures.py's head_dim_rules):
+  // - the class sets head_dim itself (DeepSeek-V2: qk_rope_head_dim): the file's value is unread;
+  // - an alias (JetMoE's head_dim is kv_channels): the file's value is that key's;
+  // - "head_dim": null: a validation error (Qwen3's typed field: refused), hidden_size /
+  //   num_attention_heads (ERNIE 4.5), or None, for which transformers' default, linear and
+  //   llama3 ropes take hidden / heads and the others fail (None * float): head_none_;
+  // - a file without head_dim whose class leaves None (Mixtral): the same as null.
+  // A head_dim the class keeps where posenc's rule reads another key (DeepSeek-V3 declares no
+  // head_dim: the file's is set last and the rotary class reads it, while the attention rotates
+  // qk_rope_head_dim) is checked against that key once the head size is known (head_dim_kept_).
+  void apply_head_dim_rules(HfResolution& out) {
+    const auto* own = hf_absent_key_defaults(out.model_type);
+    if (own == nullptr) return;
+    const auto& c = model();
+    const nlohmann::json& file = text_ ? *text_ : *root_;  // before any default was filled
+    if (own->value("rope_theta_raises", false))
+      TORCH_CHECK(
+          !has(file, "rope_theta") || has(file, "rope_parameters") || has(file, "rope_scaling"),
+          origin_, ": refused: a top-level '", prefix_,
+          "rope_theta' without rope_parameters: model type '", out.model_type,
+          "''s config class zips it with layer_types (a list of thetas) and fails on "
+          "this one (transformers ",
+          std::string(kHfArchitecturesTransformers),
+          ": TypeError); give per-layer-type 'rope_parameters'");
+    if (!own->contains("head_dim_rules")) return;
+    const auto& rules = (*own)["head_dim_rules"];
+    const bool given = file.is_object() && file.contains("head_dim");
+    const bool null = given && file["head_dim"].is_null();
+    nlohmann::json patched = c;
+    bool changed = false;
+    if (given && !null) {
+      if (rules.value("head_dim_overridden", false)) {
+        out.warnings.push_back(origin_ + ": '" + prefix_ + "head_dim' " + c["head_dim"].dump() +
+                               " is not read: model type '" + out.model_type +
+                               "''s config class sets head_dim itself; ignored, as transformers "
+                               "ignores it");
+        patched.erase("head_dim");
+        if (const auto* d = hf_absent_key_defaults(out.model_type); d && d->contains("head_dim")) {
+          patched["head_dim"] = (*d)["head_dim"];
+          defaulted_.insert("head_dim");
+        }
+        changed = true;
+      } else if (rules.contains("head_dim_alias_of") && rules["head_dim_alias_of"].is_string()) {
+        const std::string key = rules["head_dim_alias_of"].get<std::string>();
+        if (has(c, key) && c[key] != c["head_dim"])
+          out.warnings.push_back(origin_ + ": '" + prefix_ + "head_dim' " + c["head_dim"].dump() +
+                                 " is model type '" + out.model_type + "''s alias of '" + key +
+                                 "' and replaces its " + c[key].dump() +
+                                 ", as transformers sets it last");
+        patched[key] = c["head_dim"];
+        changed = true;
+      } else {
+        head_dim_kept_ = true;
+      }
+    }
+    if (null) {
+      const std::string outcome = rules.value("null_head_dim", "");
+      TORCH_CHECK(outcome != "raises", origin_, ": '", prefix_,
+                  "head_dim' is null, and model type '", out.model_type,
+                  "''s config class takes only an integer there (transformers ",
+                  std::string(kHfArchitecturesTransformers),
+                  " refuses the file); give the head size or leave the key out");
+      if (outcome == "derived") {
+        TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads") &&
+                        integer_at(c, "num_attention_heads") > 0,
+                    origin_, ": '", prefix_, "head_dim' is null: model type '", out.model_type,
+                    "' then takes hidden_size / num_attention_heads, which this config lacks");
+        patched["head_dim"] = integer_at(c, "hidden_size") / integer_at(c, "num_attention_heads");
+        head_null_derived_ = true;
+        changed = true;
+      } else if (outcome == "none") {
+        head_none_ = true;
+      }
+    }
+    if (!given && rules.value("absent_head_dim_none", false)) head_none_ = true;
+    if (head_none_ && defaulted_.count("head_dim")) {
+      patched.erase("head_dim");
+      defaulted_.erase("head_dim");
+      changed = true;
+    }
+    if (changed) patched_ = std::move(patched);
+  }
+
+  // dots3's config class sets each block's partial_rotary_factor to its layer type's
+  // qk_rope_head_dim / head_dim: from per_layer_config's entry for the first layer of that type,
+  // else the top level (its convert_rope_params_to_dict); a block's own factor is unread.
+  void partial_from_layer_heads(HfResolution& out, const nlohmann::json& c, int64_t head_dim) {
+    nlohmann::json entry = nlohmann::json::object();
+    const bool per_layer = has(c, "per_layer_config") && c["per_layer_config"].is_object();
+    if (!layer_type_.empty() && per_layer && has(c, "layer_types") && c["layer_types"].is_array()) {
+      const auto& types = c["layer_types"];
+      for (size_t i = 0; i < types.size(); ++i) {
+        if (!types[i].is_string() || types[i].get<std::string>() != layer_type_) continue;
+        for (const auto& item : c["per_layer_config"].items()) {
+          const std::string& k = item.key();
+          if (!k.empty() && k.size() < 10 &&
+              std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) &&
+              std::stoul(k) == i && item.value().is_object())
+            entry = item.value();
+        }
+        break;
+      }
+    }
+    TORCH_CHECK(per_layer || layer_type_ != "sliding_attention", origin_, ": refused: model type '",
+                out.model_type,
+                "' without 'per_layer_config': its config class builds the sliding layers' head "
+                "sizes from swa_* keys and defaults posenc does not mirror; give per_layer_config, "
+                "as transformers 5 writes it");
+    TORCH_CHECK(!has(entry, "head_dim") || integer_at(entry, "head_dim") == head_dim, origin_,
+                ": refused: per_layer_config gives ", layer_type_, " layers head_dim ",
+                has(entry, "head_dim") ? integer_at(entry, "head_dim") : 0,
+                " where the top level says ", head_dim,
+                "; posenc resolves one head size per model");
+    const bool own = has(entry, "qk_rope_head_dim");
+    TORCH_CHECK(own || has(c, "qk_rope_head_dim"), origin_, ": model type '", out.model_type,
+                "' takes each layer type's partial_rotary_factor as qk_rope_head_dim / head_dim, "
+                "and this config has no qk_rope_head_dim");
+    const int64_t rope =
+        own ? integer_at(entry, "qk_rope_head_dim") : integer_at(c, "qk_rope_head_dim");
+    const double factor = static_cast<double>(rope) / static_cast<double>(head_dim);
+    if (resolved_.contains("partial_rotary_factor") &&
+        resolved_["partial_rotary_factor"].get<double>() != factor &&
+        sources_["partial_rotary_factor"].get<std::string>() != "transformers default")
+      out.warnings.push_back(
+          origin_ + ": 'partial_rotary_factor' " + resolved_["partial_rotary_factor"].dump() +
+          " (" + sources_["partial_rotary_factor"].get<std::string>() +
+          ") is not read: model type '" + out.model_type +
+          "''s config class sets it to qk_rope_head_dim / head_dim = " + std::to_string(rope) +
+          " / " + std::to_string(head_dim));
+    set("partial_rotary_factor", factor,
+        "derived: " + prefix_ + (own ? "per_layer_config." : "") + "qk_rope_head_dim / head_dim (" +
+            std::to_string(rope) + " / " + std::to_string(head_dim) + "; model type '" +
+            out.model_type + "''s config class recomputes every block's factor)");
+  }
+
+  // What apply_head_dim_rules left for the head size: a None head_dim (transformers' rope then
+  // takes hidden / heads, or fails), a kept head_dim beside the key posenc's rule read.
+  void check_head_dim_rules(const HfResolution& out, const nlohmann::json& c,
+                            const std::string& rope_type, int64_t head_dim, bool took_head_dim,
+                            bool other_head) const {
+    const std::string source = sources_.contains("head_dim") && sources_["head_dim"].is_string()
+                                   ? sources_["head_dim"].get<std::string>()
+                                   : std::string("posenc's rule");
+    if (head_none_) {
+      TORCH_CHECK(rope_type == "default" || rope_type == "linear" || rope_type == "llama3" ||
+                      rope_type == "proportional",
+                  origin_, ": refused: model type '", out.model_type,
+                  "''s config class leaves head_dim None for this file (", prefix_, "head_dim ",
+                  (text_ ? *text_ : *root_).contains("head_dim") ? "null" : "absent",
+                  "), and transformers' ", rope_type,
+                  " rope multiplies it (TypeError: its own model fails); give head_dim");
+      TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads") &&
+                      integer_at(c, "num_attention_heads") > 0,
+                  origin_, ": model type '", out.model_type,
+                  "''s head_dim is None for this file, so transformers' rope takes hidden_size / "
+                  "num_attention_heads, which this config lacks");
+      const int64_t fallback = integer_at(c, "hidden_size") / integer_at(c, "num_attention_heads");
+      TORCH_CHECK(other_head || fallback == head_dim, origin_, ": refused: model type '",
+                  out.model_type,
+                  "''s head_dim is None for this file, so transformers' rotary table takes "
+                  "hidden_size / num_attention_heads = ",
+                  fallback, " while its attention rotates ", head_dim, " (", source,
+                  "): its own model fails; give head_dim");
+    }
+    if (head_dim_kept_ && !took_head_dim && !other_head && has(c, "head_dim") &&
+        integer_at(c, "head_dim") != head_dim)
+      TORCH_CHECK(false, origin_, ": refused: '", prefix_, "head_dim' ", integer_at(c, "head_dim"),
+                  " is kept by model type '", out.model_type,
+                  "''s config class for its rotary table, while its attention rotates ", head_dim,
+                  " (", source,
+                  "): transformers' own model fails on this file; leave head_dim out or make it ",
+                  head_dim);
   }
 
   // The model type's row; refusals and model types posenc has not checked are said here. From
@@ -852,6 +1040,10 @@ class Resolver {
     if (!v5 && !legacy) {
       block_name_ = "rope_parameters";
       check_flat_layout(arch, nlohmann::json::object(), block_name_);
+      TORCH_CHECK(options_.layer_type.empty(), origin_, ": --layer-type '", options_.layer_type,
+                  "' was given but the config has no rope_parameters per layer type (nor does "
+                  "model type '",
+                  out.model_type, "''s config class build any)");
       return nlohmann::json::object();
     }
     if (v5 && legacy)
@@ -934,6 +1126,9 @@ class Resolver {
   std::string model_type_;
   nlohmann::json patched_;           // the model's config with absent keys' defaults filled
   std::set<std::string> defaulted_;  // the keys filled
+  bool head_dim_kept_ = false;      // the file's head_dim, kept by the class (apply_head_dim_rules)
+  bool head_none_ = false;          // the class's head_dim is None (null or absent)
+  bool head_null_derived_ = false;  // "head_dim": null, taken as hidden / heads
   nlohmann::ordered_json resolved_ = nlohmann::ordered_json::object();
   nlohmann::ordered_json sources_ = nlohmann::ordered_json::object();
 };

@@ -84,19 +84,15 @@ CHANGES = {
     "no_rope_keys": lambda n: _pop(n, "rope_parameters", "rope_theta", "rope_scaling"),
     "no_theta_in_block": _no_theta_in_block,
     "stray_rope_local_base_freq": lambda n: n.__setitem__("rope_local_base_freq", 7777.0),
+    # head_dim as files carry it: null (saved from a None attribute), or another size beside the
+    # key the class's attention reads (qk_rope_head_dim, kv_channels, d_model / n_heads)
+    "null_head_dim": lambda n: n.__setitem__("head_dim", None),
+    "other_head_dim": lambda n: n.__setitem__("head_dim", 96 if n.get("head_dim") != 96 else 80),
 }
 
-# (model type, layer type, change): posenc still resolves a different table. Each is a config
-# transformers 5 never writes (a block without its rope_theta, no head_dim where the class's
-# default is not hidden / heads).
-KNOWN = {
-    ("dots3_note", "indexed_attention", "no_head_dim"),
-    ("dots3_note", "sliding_attention", "no_head_dim"),
-    ("dots3_note_text", "indexed_attention", "no_head_dim"),
-    ("dots3_note_text", "sliding_attention", "no_head_dim"),
-    ("ultrabert", "full_attention", "no_rope_keys"),
-    ("ultravbert", "full_attention", "no_rope_keys"),
-}
+# (model type, layer type, change): posenc still resolves a different table (none today; the
+# last six, dots3's absent head_dim and UltraBERT's default blocks, were generator defects).
+KNOWN = set()
 
 
 def _rows():

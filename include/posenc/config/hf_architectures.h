@@ -66,6 +66,10 @@ struct HfArchitecture {
   /// The config class reads GPT-NeoX's legacy keys rotary_emb_base (the theta) and rotary_pct
   /// (the partial factor) and not a top-level rope_theta; no other class reads them.
   bool reads_neox_keys = false;
+  /// The config class recomputes every block's partial_rotary_factor as its layer type's
+  /// qk_rope_head_dim / head_dim (per_layer_config, else the top level), whatever the block says
+  /// (dots3's convert_rope_params_to_dict).
+  bool partial_from_layer_heads = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
@@ -106,7 +110,9 @@ std::vector<std::string> hf_model_types(HfModelTypeStatus status);
 /// What a model type's config class uses for keys posenc reads when a config.json leaves them out
 /// (rope_theta, partial_rotary_factor, head_dim, global_head_dim, max_position_embeddings,
 /// rope_interleave; only constants, not keys the class derives), as a JSON object; nullptr when
-/// none is known. Generated from transformers (src/config/hf_defaults.inc).
+/// none is known. Also how the class takes a head_dim ("head_dim_rules": overridden, an alias,
+/// what null gives) and whether it fails on a scalar top-level rope_theta ("rope_theta_raises").
+/// Generated from transformers (src/config/hf_defaults.inc).
 const nlohmann::json* hf_absent_key_defaults(std::string_view model_type);
 /// Every row with more than the generic rule.
 std::vector<HfArchitecture> hf_architecture_rows();
