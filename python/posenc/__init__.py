@@ -8,12 +8,13 @@
 
     posenc.timm.resample_abs_pos_embed(posemb, (h, w))             # timm's functions
     pos, deltas = posenc.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw)  # Qwen2-VL
+    pos, deltas = posenc.get_rope_index_omni(input_ids, image_grid_thw, video_grid_thw)  # 2.5-Omni
 
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
 CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
 and {resample_grid_table, axial_sincos_table}, compositions of ATen ops, and
-qwen2_vl_rope_index (stream positions, integer bookkeeping on the CPU), and alibi_attention
-(the bias computed on the fly; CPU, Autograd and fake kernels).
+qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
+CPU), and alibi_attention (the bias computed on the fly; CPU, Autograd and fake kernels).
 """
 
 from . import _library
@@ -23,7 +24,7 @@ _library.load()
 from . import integrations, timm  # noqa: E402
 from .integrations import transformers as _transformers_integration  # noqa: E402,F401
 from .attention import alibi_attention, alibi_slopes  # noqa: E402
-from .streams import get_rope_index  # noqa: E402
+from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
     apply_rotary_pos_emb,
@@ -33,5 +34,6 @@ from .rotary import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
-__all__ = ["RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
+__all__ = ["RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
+           "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
            "rope_cos_sin", "integrations", "timm"]
