@@ -532,6 +532,44 @@ TEST(HfConfig, HeadDimAsTheConfigClassTakesIt) {
                        "has no rope_parameters per layer type"));
 }
 
+TEST(HfConfig, ContextLengthAsTheConfigClassReadsIt) {
+  // DBRX's class reads max_seq_len as max_position_embeddings (its dynamic NTK grows past 32768,
+  // not 2048); a yarn block without original_max_position_embeddings gets the class's default
+  // 2048 (filled before the file's max_position_embeddings is set); Bailing's model_max_length is
+  // its context, its yarn original the class's 262144; GPT-J's class never fills the original
+  // (transformers 5.24: KeyError): refused
+  json dbrx{{"model_type", "dbrx"},
+            {"d_model", 6144},
+            {"n_heads", 48},
+            {"max_seq_len", 32768},
+            {"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}, {"rope_theta", 5e5}}}};
+  EXPECT_EQ(from_hf_config(dbrx).config["max_position_embeddings"].get<int64_t>(), 32768);
+  dbrx["max_position_embeddings"] = 4096;
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(dbrx); }), "disagree"));
+  dbrx.erase("max_seq_len");
+  dbrx["max_position_embeddings"] = 32768;
+  dbrx["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 5e5}};
+  EXPECT_EQ(from_hf_config(dbrx).config["original_max_position_embeddings"].get<int64_t>(), 2048);
+  const json bailing{
+      {"model_type", "bailing_hybrid"},
+      {"hidden_size", 2048},
+      {"num_attention_heads", 16},
+      {"model_max_length", 8192},
+      {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 6e6}}}};
+  const auto b = from_hf_config(bailing);
+  EXPECT_EQ(b.config["max_position_embeddings"].get<int64_t>(), 8192);
+  EXPECT_EQ(b.config["original_max_position_embeddings"].get<int64_t>(), 262144);
+  const json gptj{
+      {"model_type", "gptj"},
+      {"n_embd", 4096},
+      {"n_head", 16},
+      {"rotary_dim", 64},
+      {"n_positions", 2048},
+      {"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}}}};
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(gptj); }),
+                       "which model type 'gptj''s config class does not fill from n_positions"));
+}
+
 TEST(HfConfig, DotsThreeRecomputesEachBlocksPartialFactor) {
   // dots3's config class sets every block's partial_rotary_factor to qk_rope_head_dim / head_dim
   // (64 / 256): a block's own 0.5 is unread (transformers 5.24: 32 frequencies, not 64)

@@ -670,6 +670,61 @@ def head_dim_rules(cfg_cls):
     return out
 
 
+MAX_POSITION_ALIASES = ("max_seq_len", "model_max_length", "n_positions", "max_sequence_length",
+                        "seq_length", "n_ctx", "max_seq_length")
+PROBE_MAX = 7777  # no class's default context length
+
+
+def max_position_rules(cfg_cls):
+    """Where the class takes max_position_embeddings from, and what original_max_position_embeddings
+    it gives a yarn/llama3/longrope block without one (the resolver's max_position_rules):
+      max_position_alias: a file key the class reads as max_position_embeddings (DBRX max_seq_len,
+        GPT-J n_positions; attribute_map or set last);
+      alias_original: the original the class fills when the file gives that alias: a constant (its
+        default, filled before the alias was set: Bailing's 262144), or null (none: yarn fails);
+      unset_original: the same for a file giving max_position_embeddings itself, where that is not
+        it (DBRX: 2048, its max_seq_len default at __post_init__).
+    Loaded from the class's default dict without RoPE keys and context lengths, with PROBE_MAX under
+    each key and a flat yarn block without original_max_position_embeddings."""
+    base = without_rope_keys(cfg_cls)
+    if base is None:
+        return {}
+    for key in ("max_position_embeddings",) + MAX_POSITION_ALIASES:
+        base.pop(key, None)
+
+    def load(**kw):
+        try:
+            return cfg_cls.from_dict(dict(copy.deepcopy(base), **kw))
+        except Exception:
+            return None
+
+    def original(key):  # (loaded, the yarn block's original); None where the class takes no flat yarn
+        cfg = load(**{key: PROBE_MAX, "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                                                         "rope_theta": 10000.0}})
+        params = safe_get(cfg, "rope_parameters", None) if cfg is not None else None
+        if not isinstance(params, dict) or params.get("rope_type") != "yarn":
+            return False, None
+        return True, params.get("original_max_position_embeddings")
+
+    c0 = load()
+    if c0 is None:
+        return {}
+    out = {}
+    loaded, value = original("max_position_embeddings")
+    if loaded and value != PROBE_MAX:
+        out["unset_original"] = value
+    for key in MAX_POSITION_ALIASES:
+        c = load(**{key: PROBE_MAX})
+        if c is not None and safe_get(c, "max_position_embeddings", None) == PROBE_MAX and \
+                safe_get(c0, "max_position_embeddings", None) != PROBE_MAX:
+            out["max_position_alias"] = key
+            loaded, value = original(key)
+            if not loaded or value != PROBE_MAX:
+                out["alias_original"] = value if loaded else None
+            break
+    return out
+
+
 def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     """How the config class reads transformers 4's top-level rope_scaling (and rope_theta) where it
     departs from the standard conversion (the block is rope_scaling, rope_theta joins it, the
@@ -1091,6 +1146,10 @@ def main():
                 rules = head_dim_rules(CONFIG_MAPPING[mt])
             if rules:
                 by_type.setdefault(mt, {})["head_dim_rules"] = rules
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                rules = max_position_rules(CONFIG_MAPPING[mt])
+            if rules:
+                by_type.setdefault(mt, {})["max_position_rules"] = rules
         rows = sorted(by_type.items())
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))

@@ -367,9 +367,30 @@ class Resolver {
               " rope takes the whole head (tools/gen_hf_architectures.py's partial probe)");
     }
 
-    // context lengths
-    const bool has_max = has(c, "max_position_embeddings");
-    if (has_max)
+    // context lengths: max_position_embeddings, or the key the model type's class reads as it
+    // (generated max_position_rules: DBRX's max_seq_len, GPT-J's n_positions)
+    const nlohmann::json* max_rules = nullptr;
+    if (const auto* d = hf_absent_key_defaults(out.model_type);
+        d != nullptr && d->contains("max_position_rules"))
+      max_rules = &(*d)["max_position_rules"];
+    const std::string alias = max_rules != nullptr && max_rules->contains("max_position_alias")
+                                  ? (*max_rules)["max_position_alias"].get<std::string>()
+                                  : std::string();
+    const bool file_max =
+        has(c, "max_position_embeddings") && !defaulted_.count("max_position_embeddings");
+    const bool by_alias = !alias.empty() && has(c, alias);
+    TORCH_CHECK(
+        !by_alias || !file_max || integer_at(c, alias) == integer_at(c, "max_position_embeddings"),
+        origin_, ": refused: '", prefix_, alias, "' ", integer_at(c, alias), " and '", prefix_,
+        "max_position_embeddings' ", integer_at(c, "max_position_embeddings"),
+        " disagree, and model type '", out.model_type, "''s config class reads '", alias,
+        "' as max_position_embeddings; give one of them");
+    const bool has_max = has(c, "max_position_embeddings") || by_alias;
+    if (by_alias)
+      set("max_position_embeddings", integer_at(c, alias),
+          where(alias) + " (model type '" + out.model_type +
+              "''s config class reads it as max_position_embeddings)");
+    else if (has_max)
       set("max_position_embeddings", integer_at(c, "max_position_embeddings"),
           where("max_position_embeddings"));
     const bool needs_original =
@@ -385,6 +406,23 @@ class Resolver {
             integer_at(block, "original_max_position_embeddings",
                        from_block("original_max_position_embeddings")),
             where(from_block("original_max_position_embeddings")));
+      } else if (const char* rule = by_alias ? "alias_original" : "unset_original";
+                 layer_type_.empty() && max_rules != nullptr && max_rules->contains(rule) &&
+                 ((*max_rules)[rule].is_null() || by_alias || file_max)) {
+        // the class fills the block's original before it sets the file's context length (or not
+        // at all: transformers then fails on the block, KeyError)
+        const auto& filled = (*max_rules)[rule];
+        TORCH_CHECK(filled.is_number_integer(), origin_, ": refused: rope_type '", rope_type,
+                    "' without 'original_max_position_embeddings', which model type '",
+                    out.model_type, "''s config class does not fill from ",
+                    by_alias ? alias : std::string("max_position_embeddings"), " (transformers ",
+                    std::string(kHfArchitecturesTransformers),
+                    " fails on it: KeyError); give original_max_position_embeddings in ",
+                    block_name);
+        set("original_max_position_embeddings", filled.get<int64_t>(),
+            "transformers: model type '" + out.model_type +
+                "''s config class fills it with its default before it sets the file's " +
+                (by_alias ? alias : std::string("max_position_embeddings")));
       } else {
         TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
                     "' needs 'original_max_position_embeddings' (in ", block_name,
@@ -687,7 +725,7 @@ class Resolver {
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
-          key == "rope_theta_raises")
+          key == "rope_theta_raises" || key == "max_position_rules")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
