@@ -8,6 +8,9 @@
 
     posenc.timm.resample_abs_pos_embed(posemb, (h, w))             # timm's functions
     pos, deltas = posenc.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw)  # Qwen2-VL
+
+    enc = posenc.build_encoder({"type": "alibi"}, num_heads=8)     # any encoder of the C++ library
+    plan = enc(posenc.Positions.sequence(n))                       # add / rotate / bias entries
     pos, deltas = posenc.get_rope_index_omni(input_ids, image_grid_thw, video_grid_thw)  # 2.5-Omni
 
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
@@ -24,6 +27,7 @@ _library.load()
 from . import integrations, timm  # noqa: E402
 from .integrations import transformers as _transformers_integration  # noqa: E402,F401
 from .attention import alibi_attention, alibi_slopes  # noqa: E402
+from .encoders import Encoder, Plan, Positions, build_encoder  # noqa: E402
 from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
@@ -34,6 +38,6 @@ from .rotary import (  # noqa: E402
 )
 
 __version__ = "0.1.0"
-__all__ = ["RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
+__all__ = ["Encoder", "Plan", "Positions", "build_encoder", "RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
            "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
            "rope_cos_sin", "integrations", "timm"]

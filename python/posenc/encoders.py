@@ -1,0 +1,218 @@
+"""posenc's encoders as nn.Modules: the same JSON/YAML configs as the C++ library and the tool.
+
+    enc = posenc.build_encoder({"type": "rope", "mrope_section": [8, 8]}, dim=64, num_heads=2)
+    plan = enc(posenc.Positions.grid(4, 4))      # one plan per set of positions
+    x = plan.add(x)                              # the additive entry: x [B, N, D]
+    q, k = plan.rotate(q, k)                     # the rotary entry: q, k [B, H, N, Dh] (layout="bhnd")
+    bias = plan.bias(heads)                      # the bias entry: [H, Nq, Nk] (or [B, H, Nq, Nk]), or None
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+An encoder enters attention in one of three places (added to the embeddings, rotating q and k,
+biasing the logits); a plan holds the parts of every encoder of the config (a "compose" config
+stacks several), so a model never asks which encoder it holds. The C++ module is built by
+torch.classes.posenc.Encoder (src/ops/encoders.cpp); its parameters and buffers are the tensors
+of this module (stepped in place by any torch.optim optimizer, moved by .to(), saved by
+state_dict under the C++ names with "." written "_"). Positions are float coordinates with named
+axes (posenc.Positions): a token index "t", a patch's "h" and "w", a timestamp, a frame.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable, Sequence
+
+import torch
+
+__all__ = ["Positions", "Plan", "Encoder", "build_encoder"]
+
+
+class Positions:
+    """Coordinates with named axes: coords [N, A] or [B, N, A] (float64), axes A distinct names.
+
+    Builders as in C++ (posenc/core/positions.h): sequence(n) on "t", grid(h, w) row-major on
+    ("h", "w"), volume(t, h, w) frame-major on ("t", "h", "w"), values([...]) on one axis.
+    """
+
+    def __init__(self, coords: torch.Tensor, axes: Sequence[str]):
+        if not isinstance(coords, torch.Tensor):
+            coords = torch.as_tensor(coords, dtype=torch.float64)
+        if coords.dim() not in (2, 3):
+            raise ValueError(f"posenc.Positions: coords must be [N, A] or [B, N, A], got shape "
+                             f"{tuple(coords.shape)}")
+        if not coords.is_floating_point():
+            coords = coords.to(torch.float64)
+        axes = tuple(axes) if not isinstance(axes, str) else (axes,)
+        if len(axes) != coords.shape[-1]:
+            raise ValueError(f"posenc.Positions: coords have {coords.shape[-1]} axes (last dim) "
+                             f"but {len(axes)} axis names were given {axes}")
+        if len(set(axes)) != len(axes) or not all(isinstance(a, str) and a for a in axes):
+            raise ValueError(f"posenc.Positions: axis names must be distinct non-empty strings, "
+                             f"got {axes}")
+        self.coords = coords
+        self.axes = axes
+
+    @staticmethod
+    def sequence(length: int, offset: float = 0.0, axis: str = "t") -> "Positions":
+        if length < 0:
+            raise ValueError(f"posenc.Positions.sequence: length must be >= 0, got {length}")
+        return Positions(torch.arange(length, dtype=torch.float64).add_(offset)[:, None], (axis,))
+
+    @staticmethod
+    def values(values: Iterable[float], axis: str = "t") -> "Positions":
+        return Positions(torch.as_tensor(list(values), dtype=torch.float64).reshape(-1, 1), (axis,))
+
+    @staticmethod
+    def grid(height: int, width: int) -> "Positions":
+        if height <= 0 or width <= 0:
+            raise ValueError(f"posenc.Positions.grid: height and width must be positive, got "
+                             f"{height} x {width}")
+        rows = torch.arange(height, dtype=torch.float64).repeat_interleave(width)
+        cols = torch.arange(width, dtype=torch.float64).repeat(height)
+        return Positions(torch.stack([rows, cols], 1), ("h", "w"))
+
+    @staticmethod
+    def volume(frames: int, height: int, width: int) -> "Positions":
+        if frames <= 0 or height <= 0 or width <= 0:
+            raise ValueError(f"posenc.Positions.volume: frames, height and width must be positive, "
+                             f"got {frames} x {height} x {width}")
+        plane = Positions.grid(height, width).coords.repeat(frames, 1)
+        t = torch.arange(frames, dtype=torch.float64).repeat_interleave(height * width)[:, None]
+        return Positions(torch.cat([t, plane], 1), ("t", "h", "w"))
+
+    def __len__(self) -> int:
+        return self.coords.shape[-2]
+
+    def __repr__(self) -> str:
+        return f"Positions[N={len(self)}, axes=({', '.join(self.axes)})]"
+
+
+def _to_cpp(t: torch.Tensor, layout: str) -> torch.Tensor:  # [B, H, N, Dh] -> [B, N, H, Dh] view
+    return t.transpose(1, 2) if layout == "bhnd" else t
+
+
+class Plan:
+    """One forward's parts of an encoder: add (embeddings), rotate (q, k), bias (logits)."""
+
+    def __init__(self, cpp, layout: str):
+        self._plan = cpp
+        self._layout = layout
+
+    def add(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
+        """x [B, N, D] plus the additive embedding; the first `prefix` tokens (a class token) as
+        they are. Without an additive part, x itself."""
+        return self._plan.add(x, int(prefix))
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k rotated by the plan's RoPE (q and k as they are without a rotary part); layout
+        "bhnd" [B, H, N, Dh] (SDPA's, transformers') or "bnhd" [B, N, H, Dh] (posenc's)."""
+        if q.dim() != 4 or k.dim() != 4:
+            raise ValueError(f"posenc Plan.rotate: q and k must be 4-D ({self._layout}), got "
+                             f"{tuple(q.shape)} and {tuple(k.shape)}")
+        qr, kr = self._plan.rotate(_to_cpp(q, self._layout), _to_cpp(k, self._layout))
+        return _to_cpp(qr, self._layout), _to_cpp(kr, self._layout)
+
+    def bias(self, heads: int, q: torch.Tensor | None = None) -> torch.Tensor | None:
+        """Every bias part summed: [H, Nq, Nk] (or [B, H, Nq, Nk]), an additive attn_mask for
+        scaled_dot_product_attention; None without one. q (in the plan's layout) for biases that
+        depend on it (Shaw's key-side term)."""
+        if not self._plan.has_bias():
+            return None
+        return self._plan.bias(int(heads), _to_cpp(q, self._layout) if q is not None else
+                               torch.empty(0))
+
+    @property
+    def parts(self) -> list[str]:
+        """"encoder: role" per contribution ("rope: rotary", "alibi: bias (alibi)", ...)."""
+        return list(self._plan.parts())
+
+
+class Encoder(torch.nn.Module):
+    """A posenc encoder (posenc.build_encoder); forward(positions, keys=None) -> Plan."""
+
+    def __init__(self, config: dict, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
+                 layout: str = "bhnd"):
+        super().__init__()
+        if layout not in ("bhnd", "bnhd"):
+            raise ValueError(f"posenc.build_encoder: layout must be 'bhnd' or 'bnhd', got "
+                             f"{layout!r}")
+        self.config = dict(config)
+        self.layout = layout
+        self._enc = torch.classes.posenc.Encoder(json.dumps(self.config), int(dim),
+                                                 int(num_heads), int(head_dim))
+        self.type = self._enc.type()
+        self._names = {}  # python name -> C++ name
+        for name, t in zip(self._enc.parameter_names(), self._enc.parameters()):
+            self._names[name.replace(".", "_")] = name
+            self._parameters[name.replace(".", "_")] = t  # the C++ module's own tensor
+        for name, t in zip(self._enc.buffer_names(), self._enc.buffers()):
+            self._names[name.replace(".", "_")] = name
+            self._buffers[name.replace(".", "_")] = t
+
+    def forward(self, positions: Positions, keys: Positions | None = None,
+                device: torch.device | str | None = None) -> Plan:
+        if not isinstance(positions, Positions):
+            raise ValueError(f"posenc Encoder: positions must be posenc.Positions, got "
+                             f"{type(positions).__name__}")
+        if keys is not None and keys.axes != positions.axes:
+            raise ValueError(f"posenc Encoder: keys have axes {keys.axes}, queries {positions.axes}")
+        if device is None:
+            tensors = list(self._parameters.values()) + list(self._buffers.values())
+            device = tensors[0].device if tensors else positions.coords.device
+        plan = self._enc.plan(positions.coords, list(positions.axes),
+                              keys.coords if keys is not None else torch.empty(0),
+                              str(torch.device(device)))
+        return Plan(plan, self.layout)
+
+    def train(self, mode: bool = True):
+        self._enc.train(bool(mode))
+        return super().train(mode)
+
+    def _apply(self, fn, recurse=True):
+        # the C++ module keeps its tensors: move them in place (set_data), as LibTorch's to() does
+        with torch.no_grad():
+            for store in (self._parameters, self._buffers):
+                for name, t in store.items():
+                    new = fn(t)
+                    if new is not t:
+                        self._enc.set_data(self._names[name], new)
+                    if isinstance(t, torch.Tensor) and t.grad is not None:
+                        t.grad = fn(t.grad)
+        return self
+
+    def extra_repr(self) -> str:
+        return f"type={self.type!r}, config={json.dumps(self.config)}"
+
+
+def build_encoder(config, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
+                  layout: str = "bhnd") -> Encoder:
+    """The encoder a config describes, as the C++ library and `posenc train` build it.
+
+    config: a dict ({"type": "rope", ...}; see docs/encoders.md for every type and key), its JSON
+    text, or a path to a .json file (.yaml/.yml with PyYAML installed). dim, num_heads, head_dim:
+    the model's width, heads and head size where the encoder needs them (0: unknown; additive
+    tables need dim, rotary ones head_dim or dim / num_heads, biases num_heads). layout: q and k of
+    Plan.rotate, "bhnd" [B, H, N, Dh] (SDPA's) or "bnhd" [B, N, H, Dh]. A config posenc refuses
+    gives the same one line as the tool (RuntimeError).
+    """
+    if isinstance(config, (str, os.PathLike)) and not str(config).lstrip().startswith("{"):
+        path = os.fspath(config)
+        if not os.path.isfile(path):
+            raise ValueError(f"posenc.build_encoder: {path!r} is neither JSON text nor a file")
+        with open(path) as f:
+            text = f.read()
+        if path.endswith((".yaml", ".yml")):
+            try:
+                import yaml
+            except ImportError as e:
+                raise ValueError("posenc.build_encoder: reading YAML needs PyYAML "
+                                 "(pip install pyyaml), or give a dict or JSON") from e
+            config = yaml.safe_load(text)
+        else:
+            config = json.loads(text)
+    elif isinstance(config, str):
+        config = json.loads(config)
+    if not isinstance(config, dict):
+        raise ValueError(f"posenc.build_encoder: the config must be a dict with a 'type', got "
+                         f"{type(config).__name__}")
+    return Encoder(config, dim, num_heads, head_dim, layout)

@@ -1,0 +1,151 @@
+// posenc's encoders in Python (posenc.build_encoder, python/posenc/encoders.py): TorchScript
+// custom classes in the dispatcher's library, no Python.h.
+//
+// torch.classes.posenc.Encoder(config_json, dim, num_heads, head_dim)
+//   One positional encoder built from the same JSON config as the C++ library and the tool
+//   (posenc/config/registry.h build_encoder: "type" plus the type's keys; unknown keys are one
+//   line). Its parameters and buffers are the C++ module's own tensors (named as its
+//   named_parameters / named_buffers): Python optimizers step them in place, autograd accumulates
+//   their .grad, set_data moves them (the Python module's .to()).
+// torch.classes.posenc.Plan = Encoder.plan(coords, axes, key_coords, device)
+//   The encoder's plan for one forward (posenc/core/plan.h): coords [N, A] or [B, N, A] float,
+//   axes A names (queries; key_coords: the keys when they differ, e.g. cached ones). Its entries:
+//     add(x [B, N, D], prefix)           x + the additive embedding (prefix tokens left as they
+//     are) rotate(q, k [B, N, H, Dh])         RoPE on q and k (the plan's rotary part) bias(heads,
+//     q)                     every bias part summed: [H, Nq, Nk] or [B, H, Nq, Nk]
+//                                        (None without one; q for query-dependent parts)
+//     parts()                            "encoder: role" per contribution
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+
+#include "posenc/config/registry.h"
+#include "posenc/core/encoder.h"
+#include "posenc/core/plan.h"
+#include "posenc/core/positions.h"
+
+namespace posenc::ops {
+
+namespace {
+
+constexpr const char* kWho = "posenc.build_encoder: ";
+
+struct PlanHolder : torch::CustomClassHolder {
+  explicit PlanHolder(EncodingPlan plan_) : plan(std::move(plan_)) {}
+  EncodingPlan plan;
+};
+
+struct EncoderHolder : torch::CustomClassHolder {
+  EncoderHolder(const std::string& config, int64_t dim, int64_t num_heads, int64_t head_dim) {
+    nlohmann::json parsed;
+    try {
+      parsed = nlohmann::json::parse(config);
+    } catch (const nlohmann::json::exception& e) {
+      TORCH_CHECK(false, kWho, "the config is not JSON: ", e.what());
+    }
+    TORCH_CHECK(parsed.is_object(), kWho, "the config must be an object with a \"type\", got ",
+                parsed.type_name());
+    TORCH_CHECK(dim >= 0 && num_heads >= 0 && head_dim >= 0, kWho,
+                "dim, num_heads and head_dim must be >= 0 (0: unknown), got ", dim, ", ", num_heads,
+                ", ", head_dim);
+    ModelContext context;
+    context.dim = dim;
+    context.num_heads = num_heads;
+    context.head_dim = head_dim;
+    encoder = build_encoder(parsed, context);
+  }
+
+  // One tensor of the module by its dotted name (parameters first, then buffers).
+  at::Tensor find(const std::string& name) const {
+    for (const auto& item : encoder->named_parameters())
+      if (item.key() == name) return item.value();
+    for (const auto& item : encoder->named_buffers())
+      if (item.key() == name) return item.value();
+    TORCH_CHECK(false, kWho, "the encoder has no parameter or buffer '", name, "'");
+  }
+
+  PositionalEncoding encoder = nullptr;
+};
+
+Positions positions_of(const at::Tensor& coords, const std::vector<std::string>& axes) {
+  TORCH_CHECK(coords.defined(), kWho, "coords is undefined");
+  return Positions(coords.scalar_type() == at::kDouble ? coords : coords.to(at::kDouble), axes);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(posenc, m) {
+  m.class_<PlanHolder>("Plan")
+      .def("add", [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& x,
+                     int64_t prefix) { return self->plan.apply_additive(x, prefix); })
+      .def(
+          "rotate",
+          [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& q, const at::Tensor& k) {
+            auto [qr, kr] = self->plan.apply_rotary(q, k);
+            return std::make_tuple(qr, kr);
+          })
+      .def("bias",
+           [](const c10::intrusive_ptr<PlanHolder>& self, int64_t heads, const at::Tensor& q) {
+             TORCH_CHECK(heads >= 1, kWho, "bias needs heads >= 1, got ", heads);
+             return self->plan.materialize_bias(heads, q);
+           })
+      .def("has_bias",
+           [](const c10::intrusive_ptr<PlanHolder>& self) { return self->plan.has_bias(); })
+      .def("parts", [](const c10::intrusive_ptr<PlanHolder>& self) {
+        std::vector<std::string> out;
+        for (const auto& part : self->plan.parts()) out.push_back(part.encoder + ": " + part.role);
+        return out;
+      });
+
+  m.class_<EncoderHolder>("Encoder")
+      .def(torch::init<std::string, int64_t, int64_t, int64_t>())
+      .def("type",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) { return self->encoder->type(); })
+      .def("parameter_names",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) {
+             std::vector<std::string> out;
+             for (const auto& item : self->encoder->named_parameters()) out.push_back(item.key());
+             return out;
+           })
+      .def("parameters",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) {
+             std::vector<at::Tensor> out;
+             for (const auto& item : self->encoder->named_parameters()) out.push_back(item.value());
+             return out;
+           })
+      .def("buffer_names",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) {
+             std::vector<std::string> out;
+             for (const auto& item : self->encoder->named_buffers()) out.push_back(item.key());
+             return out;
+           })
+      .def("buffers",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) {
+             std::vector<at::Tensor> out;
+             for (const auto& item : self->encoder->named_buffers()) out.push_back(item.value());
+             return out;
+           })
+      .def("set_data",
+           [](const c10::intrusive_ptr<EncoderHolder>& self, const std::string& name,
+              const at::Tensor& value) {
+             auto t = self->find(name);
+             TORCH_CHECK(value.sizes() == t.sizes(), kWho, "'", name, "' is ", t.sizes(),
+                         ", the new value ", value.sizes());
+             t.set_data(value);
+           })
+      .def("train",
+           [](const c10::intrusive_ptr<EncoderHolder>& self, bool on) { self->encoder->train(on); })
+      .def("plan", [](const c10::intrusive_ptr<EncoderHolder>& self, const at::Tensor& coords,
+                      const std::vector<std::string>& axes, const at::Tensor& key_coords,
+                      const std::string& device) {
+        PlanRequest request{positions_of(coords, axes)};
+        if (key_coords.defined() && key_coords.numel() > 0)
+          request.keys = positions_of(key_coords, axes);
+        request.device = c10::Device(device);
+        return c10::make_intrusive<PlanHolder>(self->encoder->plan(request));
+      });
+}
+
+}  // namespace posenc::ops
