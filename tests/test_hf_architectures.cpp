@@ -71,11 +71,13 @@ json without_defaults(json node) {
   for (const auto& item : defaults->items()) {
     if (node.contains(item.key()) && node[item.key()] == item.value()) node.erase(item.key());
     // a block's rope_theta is a default where the class gives a block without one that value
-    // (block_rope_theta: Ministral 3's block default is 1e4 beside a 1e6 class default)
+    // (block_rope_theta: Ministral 3's block default is 1e4 beside a 1e6 class default), and
+    // never where the class gives such a block none (block_theta_missing: Cohere 2 MoE fails)
     const json block_default =
         defaults->contains("block_rope_theta") ? (*defaults)["block_rope_theta"] : item.value();
-    if (item.key() == "rope_theta" && node.contains("rope_parameters") &&
-        node["rope_parameters"].is_object() && node["rope_parameters"].contains("rope_theta") &&
+    if (item.key() == "rope_theta" && !defaults->contains("block_theta_missing") &&
+        node.contains("rope_parameters") && node["rope_parameters"].is_object() &&
+        node["rope_parameters"].contains("rope_theta") &&
         node["rope_parameters"]["rope_theta"] == item.value() && block_default == item.value())
       node["rope_parameters"].erase("rope_theta");
   }

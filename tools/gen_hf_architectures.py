@@ -629,7 +629,8 @@ def head_dim_rules(cfg_cls):
         "derived" (hidden_size / num_attention_heads where the absent key is a constant: ERNIE
         4.5), "none" (the attribute stays None: the rope functions fall back to hidden / heads,
         or fail);
-      absent_head_dim_none: leaving the key out also leaves None (Mixtral).
+      absent_head_dim_none: leaving the key out also leaves None (Mixtral);
+      head_dim_raises: a file with head_dim fails to load (Falcon's is a read-only property).
     Loaded from the class's default dict without RoPE keys and head_dim, then with head_dim set
     to PROBE_HEAD or null."""
     base = without_rope_keys(cfg_cls)
@@ -658,6 +659,9 @@ def head_dim_rules(cfg_cls):
             out["head_dim_alias_of"] = alias[0]
     elif c_h is not None:
         out["head_dim_overridden"] = True
+    elif isinstance(head_of(c0), int) and load(head_dim=head_of(c0)) is None:
+        # the class refuses a head_dim key, even its own value (Falcon's is a read-only property)
+        out["head_dim_raises"] = True
     c_null = load(head_dim=None)
     if c_null is None:
         out["null_head_dim"] = "raises"
@@ -858,6 +862,84 @@ def block_theta_defaults(cfg_cls):
     return float(t) if isinstance(t, (int, float)) else None
 
 
+def block_theta_missing(cfg_cls):
+    """The layer types ("" for a flat block; "*": the class refuses the file) whose rope_parameters
+    block, given without rope_theta and with no top-level rope_theta, the class leaves without one:
+    transformers' rope functions then fail (KeyError 'rope_theta'; Gemma 4, MiMo-V2-Flash), where
+    most classes fill default_theta. The class's own default dict, thetas removed, loaded."""
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    params = base.get("rope_parameters")
+    if not isinstance(params, dict) or not params:
+        return None
+    for b in rope_blocks(params):
+        b.pop("rope_theta", None)
+    base.pop("rope_theta", None)
+    base.pop("rope_scaling", None)
+    try:
+        loaded = getattr(cfg_cls.from_dict(base), "rope_parameters", None)
+    except Exception:
+        return ["*"]
+    if not isinstance(loaded, dict) or not loaded:
+        return None
+    if "rope_type" not in loaded and all(isinstance(v, dict) or v is None for v in loaded.values()):
+        missing = sorted(k for k, v in loaded.items() if isinstance(v, dict) and "rope_theta" not in v)
+        return missing or None
+    return [""] if "rope_theta" not in loaded else None
+
+
+SCALED_BLOCKS = {  # one valid block of each scaling type (the rope functions' required keys)
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+}
+
+
+def rope_types_rejected(cfg_cls):
+    """The scaling types the model type's config class or rotary class refuses where it takes the
+    default rope (Phi-3's validate_rope: default and longrope only; RecurrentGemma's rotary class:
+    default only): a flat block of each type (SCALED_BLOCKS, with the class's own theta) on the
+    class's default dict, loaded and given to each rotary class of its modeling file that takes a
+    config. Per-layer-type classes (a nested default) are not probed."""
+    base = without_rope_keys(cfg_cls)
+    if base is None:
+        return None
+    base.setdefault("max_position_embeddings", 4096)
+    # a head size the rope functions can read (a class leaving head_dim None fails on dynamic and
+    # yarn for that reason alone: the resolver's head_dim rules say so)
+    hidden, heads = base.get("hidden_size"), base.get("num_attention_heads")
+    if base.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+        base["head_dim"] = hidden // heads
+    try:
+        rotary = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
+                  if takes_config]
+    except Exception:
+        rotary = []
+
+    def works(block):
+        try:
+            cfg = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_parameters=dict(block)))
+            params = safe_get(cfg, "rope_parameters", None)
+            if not isinstance(params, dict) or params.get("rope_type") != block["rope_type"]:
+                return None  # converted or nested: not this probe's question
+            for cls in rotary:
+                with torch.device("cpu"):
+                    cls(config=cfg)
+            return True
+        except Exception:
+            return False
+
+    theta = {"rope_theta": 10000.0}
+    if works({"rope_type": "default", **theta}) is not True:
+        return None
+    rejected = [t for t, b in SCALED_BLOCKS.items() if works({**b, **theta}) is False]
+    return rejected or None
+
+
 def absent_defaults(cfg_cls):
     """What the config class uses for each DEFAULT_KEYS key a config.json leaves out: a constant
     (read from a default instance), or nothing when the class derives it (head_dim from
@@ -884,6 +966,9 @@ def absent_defaults(cfg_cls):
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta
+    missing = block_theta_missing(cfg_cls)
+    if missing is not None:
+        out["block_theta_missing"] = missing
     legacy = legacy_scaling_rules(cfg_cls, out.get("partial_rotary_factor"), out.get("rope_theta"))
     if legacy is not None:
         out["legacy_rope_scaling"] = legacy
@@ -1150,6 +1235,10 @@ def main():
                 rules = max_position_rules(CONFIG_MAPPING[mt])
             if rules:
                 by_type.setdefault(mt, {})["max_position_rules"] = rules
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                rejected = rope_types_rejected(CONFIG_MAPPING[mt])
+            if rejected:
+                by_type.setdefault(mt, {})["rope_types_rejected"] = rejected
         rows = sorted(by_type.items())
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))

@@ -183,6 +183,17 @@ class Resolver {
             ? where(from_block("rope_type"))
             : (has(block, "type") ? where(from_block("type")) : "transformers default"));
 
+    // scaling types the model type's config or rotary class refuses (generated
+    // rope_types_rejected: Phi-3's validate_rope takes default and longrope only)
+    if (const auto* d = hf_absent_key_defaults(out.model_type);
+        d != nullptr && d->contains("rope_types_rejected"))
+      for (const auto& t : (*d)["rope_types_rejected"])
+        TORCH_CHECK(!t.is_string() || t.get<std::string>() != rope_type, origin_,
+                    ": refused: model type '", out.model_type, "' does not take rope_type '",
+                    rope_type, "' (", from_block(type_key), "): transformers ",
+                    std::string(kHfArchitecturesTransformers),
+                    "'s config or rotary class raises on it, so there is no table to match");
+
     // head size: the model type's own rule (hf_architectures.cpp), else the generic one
     int64_t head_dim = 0;
     bool took_head_dim = false;  // the rule read head_dim itself
@@ -311,6 +322,18 @@ class Resolver {
                 "''s config class decides per block whether the top-level value applies (it "
                 "gives some blocks its own); put rope_theta in every block, as transformers 5 "
                 "writes it");
+    // most classes fill default_theta into a block without one; some leave it without, and
+    // transformers' rope functions fail on it (generated block_theta_missing: Gemma 4,
+    // MiMo-V2-Flash, Laguna, Cohere 2 MoE)
+    if (!has(block, "rope_theta") && !file_theta && defaults_.is_object() &&
+        defaults_.contains("block_theta_missing") && defaults_["block_theta_missing"].is_array())
+      for (const auto& t : defaults_["block_theta_missing"])
+        TORCH_CHECK(!t.is_string() || (t != "*" && t.get<std::string>() != layer_type_), origin_,
+                    ": refused: ", prefix_, block_name_,
+                    " has no rope_theta, none is given at the top level, and model type '",
+                    out.model_type, "''s config class fills none (transformers ",
+                    std::string(kHfArchitecturesTransformers),
+                    " fails on it: KeyError 'rope_theta'); give rope_theta");
     if (has(block, "rope_theta")) {
       set("rope_theta", number_at(block, "rope_theta", from_block("rope_theta")),
           where(from_block("rope_theta")));
@@ -725,7 +748,8 @@ class Resolver {
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
-          key == "rope_theta_raises" || key == "max_position_rules")
+          key == "rope_theta_raises" || key == "max_position_rules" ||
+          key == "block_theta_missing" || key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
@@ -781,6 +805,10 @@ class Resolver {
     nlohmann::json patched = c;
     bool changed = false;
     if (given && !null) {
+      TORCH_CHECK(!rules.value("head_dim_raises", false), origin_, ": refused: model type '",
+                  out.model_type, "''s config class fails on a '", prefix_,
+                  "head_dim' key (transformers ", std::string(kHfArchitecturesTransformers),
+                  " cannot load this file); leave it out");
       if (rules.value("head_dim_overridden", false)) {
         out.warnings.push_back(origin_ + ": '" + prefix_ + "head_dim' " + c["head_dim"].dump() +
                                " is not read: model type '" + out.model_type +
