@@ -63,4 +63,27 @@ def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False
 @torch.library.register_fake("posenc::_alibi_attention_backward")
 def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=False,
                                    symmetric=False, scale=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # contiguous, as the kernel returns them (q, k, v may be transposed views)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+# t5_attention: outputs contiguous as the C++ kernels return them (backward: contiguous
+# float32 gradients converted to each input's dtype, dtable in the table's dtype).
+@torch.library.register_fake("posenc::t5_attention")
+def _t5_attention_fake(q, k, v, table, bidirectional=True, max_distance=128, causal=False,
+                       scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_fake("posenc::_t5_attention_forward")
+def _t5_attention_forward_fake(q, k, v, table, bidirectional=True, max_distance=128,
+                               causal=False, scale=None):
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+            q.new_empty(q.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.register_fake("posenc::_t5_attention_backward")
+def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectional=True,
+                                max_distance=128, causal=False, scale=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            table.new_empty(table.shape))

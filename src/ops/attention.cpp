@@ -14,6 +14,22 @@
 //   The tiled CPU kernel (src/kernels/cpu/attention_cpu.cpp; FlashAttention-style online softmax,
 //   backward recomputing tiles from lse), float32 inside, results in q's dtype. The plain-ATen
 //   specification is posenc::attention_reference (materialized bias), the tests' oracle.
+//
+// T5's relative-position bias the same way (Raffel et al. 2020; transformers' T5Attention):
+//
+//   out[b,h,i] = sum_j softmax_j(q_i . k_j * scale + table[bucket(j - p_i), h] + causal_ij) v_j
+//   bucket = T5's _relative_position_bucket(key minus query position, bidirectional,
+//            num_buckets = table.size(0), max_distance) (src/functional/relative.cpp, bit-equal
+//            to transformers'), the same positions and causal mask as above.
+//
+// posenc::t5_attention(q, k, v, table, bidirectional, max_distance, causal, scale) -> out
+//   table [num_buckets, H], float32 or q's dtype. scale None: 1/sqrt(D), as SDPA (T5 itself does
+//   not scale: pass 1.0). The kernel looks the bias up per key-minus-query offset, an
+//   [H, Nq + Nk - 1] table, instead of an [H, Nq, Nk] bias. CUDA: the plain-ATen reference.
+// posenc::_t5_attention_forward(...) -> (out, lse [B, H, Nq] float32)
+// posenc::_t5_attention_backward(grad_out, q, k, v, out, lse, table, bidirectional,
+//                                max_distance, causal, scale) -> (dq, dk, dv, dtable)
+//   dtable [num_buckets, H] in the table's dtype: dS summed per (bucket, head).
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -22,6 +38,7 @@
 #include <limits>
 
 #include "../kernels/cpu/attention_cpu.h"
+#include "posenc/functional/relative.h"
 
 namespace posenc::ops {
 
@@ -32,36 +49,62 @@ struct Prepared {
   std::vector<double> pq, pk;
 };
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& slopes) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "posenc.alibi_attention: q, k, v must be [B, H, N, D] (SDPA's layout), got ",
-              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0),
-              "posenc.alibi_attention: batch sizes differ: ", q.size(0), ", ", k.size(0), ", ",
-              v.size(0));
-  TORCH_CHECK(q.size(1) == k.size(1) && k.size(1) == v.size(1),
-              "posenc.alibi_attention: head counts differ: q ", q.size(1), ", k ", k.size(1),
-              ", v ", v.size(1), " (repeat grouped k, v heads first)");
-  TORCH_CHECK(q.size(3) == k.size(3), "posenc.alibi_attention: q has D=", q.size(3),
-              " but k has D=", k.size(3));
-  TORCH_CHECK(k.size(2) == v.size(2), "posenc.alibi_attention: k has Nk=", k.size(2), " but v has ",
-              v.size(2));
-  TORCH_CHECK(q.size(2) <= k.size(2), "posenc.alibi_attention: more queries (", q.size(2),
-              ") than keys (", k.size(2), "): the queries are the last keys' positions");
-  TORCH_CHECK(slopes.dim() == 1 && slopes.size(0) == q.size(1),
-              "posenc.alibi_attention: slopes must be [H] = [", q.size(1), "], got ",
-              slopes.sizes());
+// q, k, v in SDPA's layout, one dtype and device; `op` names the operator in the messages.
+void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
+              ": q, k, v must be [B, H, N, D] (SDPA's layout), got ", q.sizes(), ", ", k.sizes(),
+              ", ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0), op,
+              ": batch sizes differ: ", q.size(0), ", ", k.size(0), ", ", v.size(0));
+  TORCH_CHECK(q.size(1) == k.size(1) && k.size(1) == v.size(1), op, ": head counts differ: q ",
+              q.size(1), ", k ", k.size(1), ", v ", v.size(1),
+              " (repeat grouped k, v heads first)");
+  TORCH_CHECK(q.size(3) == k.size(3), op, ": q has D=", q.size(3), " but k has D=", k.size(3));
+  TORCH_CHECK(k.size(2) == v.size(2), op, ": k has Nk=", k.size(2), " but v has ", v.size(2));
+  TORCH_CHECK(q.size(2) <= k.size(2), op, ": more queries (", q.size(2), ") than keys (", k.size(2),
+              "): the queries are the last keys' positions");
   for (const auto* t : {&q, &k, &v})
     TORCH_CHECK(t->scalar_type() == q.scalar_type() &&
                     (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 ||
                      q.scalar_type() == at::kHalf),
-                "posenc.alibi_attention: q, k, v must share one of float32, bfloat16, float16; "
-                "got ",
-                q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type());
-  TORCH_CHECK(q.device() == k.device() && k.device() == v.device() && slopes.device() == q.device(),
+                op, ": q, k, v must share one of float32, bfloat16, float16; got ", q.scalar_type(),
+                ", ", k.scalar_type(), ", ", v.scalar_type());
+  TORCH_CHECK(q.device() == k.device() && k.device() == v.device(), op,
+              ": q, k, v must be on one device, got ", q.device(), ", ", k.device(), ", ",
+              v.device());
+}
+
+void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& slopes) {
+  check_qkv("posenc.alibi_attention", q, k, v);
+  TORCH_CHECK(slopes.dim() == 1 && slopes.size(0) == q.size(1),
+              "posenc.alibi_attention: slopes must be [H] = [", q.size(1), "], got ",
+              slopes.sizes());
+  TORCH_CHECK(slopes.device() == q.device(),
               "posenc.alibi_attention: q, k, v, slopes must be on one device, got ", q.device(),
               ", ", k.device(), ", ", v.device(), ", ", slopes.device());
+}
+
+// The table [num_buckets, H] and the bucket parameters T5's formula accepts (HF does not check:
+// max_distance <= the exact range gives NaN or negative buckets there).
+void check_t5(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& table, bool bidirectional, int64_t max_distance) {
+  check_qkv("posenc.t5_attention", q, k, v);
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == q.size(1),
+              "posenc.t5_attention: table must be [num_buckets, H] = [num_buckets, ", q.size(1),
+              "], got ", table.sizes());
+  const int64_t num_buckets = table.size(0);
+  const int64_t max_exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
+  TORCH_CHECK(max_exact >= 1, "posenc.t5_attention: table.size(0) (num_buckets) must be >= ",
+              bidirectional ? "4 with bidirectional=True" : "2", ", got ", num_buckets);
+  TORCH_CHECK(max_distance > max_exact, "posenc.t5_attention: max_distance must exceed the ",
+              "exact range ", max_exact, " (num_buckets=", num_buckets,
+              bidirectional ? ", bidirectional" : "", "), got ", max_distance);
+  TORCH_CHECK(table.scalar_type() == at::kFloat || table.scalar_type() == q.scalar_type(),
+              "posenc.t5_attention: table must be float32 or q's dtype (", q.scalar_type(),
+              "), got ", table.scalar_type());
+  TORCH_CHECK(table.device() == q.device(), "posenc.t5_attention: table must be on q's device (",
+              q.device(), "), got ", table.device());
 }
 
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
@@ -135,15 +178,37 @@ at::Tensor logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return logits;
 }
 
+// softmax(logits) v and the row log-sum-exp; rows that see no key give 0 (lse -inf).
+std::tuple<at::Tensor, at::Tensor> softmax_forward(const at::Tensor& q, const at::Tensor& v,
+                                                   const at::Tensor& logits) {
+  const auto lse = at::logsumexp(logits, -1);
+  const auto p = at::exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0);
+  return {at::matmul(p, v.to(at::kFloat)).to(q.scalar_type()), lse};
+}
+
+// The gradients of softmax_forward, and dS = dLoss/dlogits (float32 [B, H, Nq, Nk]).
+struct ReferenceGrads {
+  at::Tensor dq, dk, dv, ds;
+};
+ReferenceGrads softmax_backward(const at::Tensor& grad_out, const at::Tensor& q,
+                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                const at::Tensor& lse, const at::Tensor& logits, double s) {
+  const auto p = at::exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0);
+  const auto g = grad_out.to(at::kFloat);
+  const auto dv = at::matmul(p.transpose(-1, -2), g);
+  const auto dp = at::matmul(g, v.to(at::kFloat).transpose(-1, -2));
+  const auto ds = p * (dp - (g * out.to(at::kFloat)).sum(-1, true));
+  const auto dq = at::matmul(ds, k.to(at::kFloat)) * s;
+  const auto dk = at::matmul(ds.transpose(-1, -2), q.to(at::kFloat)) * s;
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), ds};
+}
+
 std::tuple<at::Tensor, at::Tensor> forward_reference(const at::Tensor& q, const at::Tensor& k,
                                                      const at::Tensor& v, const at::Tensor& slopes,
                                                      bool causal, bool symmetric,
                                                      std::optional<double> scale) {
   check_inputs(q, k, v, slopes);
-  const auto logits = logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale));
-  const auto lse = at::logsumexp(logits, -1);
-  const auto p = at::exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0);
-  return {at::matmul(p, v.to(at::kFloat)).to(q.scalar_type()), lse};
+  return softmax_forward(q, v, logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
@@ -152,15 +217,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
     bool symmetric, std::optional<double> scale) {
   check_inputs(q, k, v, slopes);
   const double s = scale_of(q, scale);
-  const auto p =
-      at::exp(logits_of(q, k, slopes, causal, symmetric, s) - lse.unsqueeze(-1)).nan_to_num(0.0);
-  const auto g = grad_out.to(at::kFloat);
-  const auto dv = at::matmul(p.transpose(-1, -2), g);
-  const auto dp = at::matmul(g, v.to(at::kFloat).transpose(-1, -2));
-  const auto ds = p * (dp - (g * out.to(at::kFloat)).sum(-1, true));
-  const auto dq = at::matmul(ds, k.to(at::kFloat)) * s;
-  const auto dk = at::matmul(ds.transpose(-1, -2), q.to(at::kFloat)) * s;
-  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
+  const auto g = softmax_backward(grad_out, q, k, v, out, lse,
+                                  logits_of(q, k, slopes, causal, symmetric, s), s);
+  return {g.dq, g.dk, g.dv};
 }
 
 at::Tensor alibi_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -173,6 +232,142 @@ at::Tensor alibi_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
                                const at::Tensor& slopes, bool causal, bool symmetric,
                                std::optional<double> scale) {
   return std::get<0>(forward_cpu(q, k, v, slopes, causal, symmetric, scale));
+}
+
+// ---- T5 -----------------------------------------------------------------------------------
+
+// The kernel's T5 problem; positions and the offset -> bucket row live in `out`.
+struct PreparedT5 {
+  detail::AttentionProblem p;
+  std::vector<int64_t> iq, ik;
+  at::Tensor buckets;  ///< [Nq + Nk - 1] int64: bucket of key-minus-query offset rel_min + r
+};
+
+void prepare_t5(PreparedT5& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
+                const at::Tensor& table, bool bidirectional, int64_t max_distance, bool causal,
+                double scale) {
+  auto& p = out.p;
+  detail::set_tensors(p, qh, kh, vh, scale);
+  p.table_form = BiasForm::kBucketTable;
+  p.causal = causal;
+  out.ik.resize(p.nk);
+  out.iq.resize(p.nq);
+  for (int64_t j = 0; j < p.nk; ++j) out.ik[j] = j;
+  for (int64_t i = 0; i < p.nq; ++i) out.iq[i] = p.nk - p.nq + i;
+  p.iq = out.iq.data();
+  p.ik = out.ik.data();
+  const auto offsets =
+      t5_offset_buckets(at::arange(p.nk - p.nq, p.nk, at::kLong), at::arange(p.nk, at::kLong),
+                        bidirectional, table.size(0), max_distance);
+  out.buckets = offsets.buckets.contiguous();
+  p.rel_min = offsets.offset_min;
+  p.rel_count = out.buckets.numel();
+  p.bucket = out.buckets.const_data_ptr<int64_t>();
+  p.num_buckets = table.size(0);
+  const auto lut = table.detach()
+                       .to(at::kCPU, at::kFloat)
+                       .index_select(0, out.buckets)
+                       .t()
+                       .contiguous();  // [H, rel_count]
+  p.lut.assign(lut.const_data_ptr<float>(), lut.const_data_ptr<float>() + lut.numel());
+}
+
+std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, const at::Tensor& table,
+                                                  bool bidirectional, int64_t max_distance,
+                                                  bool causal, std::optional<double> scale) {
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  PreparedT5 prepared;
+  prepare_t5(prepared, f32(q), f32(k), f32(v), table, bidirectional, max_distance, causal,
+             scale_of(q, scale));
+  const auto& p = prepared.p;
+  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
+  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
+  return {out.to(q.scalar_type()), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
+    int64_t max_distance, bool causal, std::optional<double> scale) {
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  PreparedT5 prepared;
+  auto qh = f32(q), kh = f32(k), vh = f32(v);
+  prepare_t5(prepared, qh, kh, vh, table, bidirectional, max_distance, causal, scale_of(q, scale));
+  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+  at::Tensor dtable;
+  if (qh.numel() > 0 && kh.numel() > 0)
+    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
+                                   dv, dtable);
+  if (!dtable.defined()) dtable = at::zeros({table.size(0), table.size(1)}, at::kFloat);
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+          dtable.to(table.scalar_type())};
+}
+
+// The plain-ATen T5 specification (bias [H, Nq, Nk] materialized): the CUDA registration.
+// bucket: [Nq, Nk] int64 on q's device; rel = key minus query position.
+at::Tensor t5_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
+                        const at::Tensor& bucket, const at::Tensor& rel, bool causal,
+                        double scale) {
+  const int64_t nq = q.size(2), nk = k.size(2), heads = q.size(1);
+  const auto bias = table.to(at::kFloat)
+                        .index_select(0, bucket.reshape({-1}))
+                        .view({nq, nk, heads})
+                        .permute({2, 0, 1});  // [H, Nq, Nk]
+  auto logits = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale + bias;
+  if (causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<float>::infinity());
+  return logits;
+}
+
+std::tuple<at::Tensor, at::Tensor> t5_rel_and_bucket(const at::Tensor& q, const at::Tensor& k,
+                                                     const at::Tensor& table, bool bidirectional,
+                                                     int64_t max_distance) {
+  const int64_t nq = q.size(2), nk = k.size(2);
+  const auto longs = q.options().dtype(at::kLong);
+  auto rel = at::arange(nk, longs).unsqueeze(0) - at::arange(nk - nq, nk, longs).unsqueeze(1);
+  auto bucket = t5_relative_position_bucket(rel, bidirectional, table.size(0), max_distance);
+  return {rel, bucket};
+}
+
+std::tuple<at::Tensor, at::Tensor> t5_forward_reference(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& v,
+                                                        const at::Tensor& table, bool bidirectional,
+                                                        int64_t max_distance, bool causal,
+                                                        std::optional<double> scale) {
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
+  return softmax_forward(q, v, t5_logits_of(q, k, table, bucket, rel, causal, scale_of(q, scale)));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
+    int64_t max_distance, bool causal, std::optional<double> scale) {
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  const double s = scale_of(q, scale);
+  const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
+  const auto g = softmax_backward(grad_out, q, k, v, out, lse,
+                                  t5_logits_of(q, k, table, bucket, rel, causal, s), s);
+  // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
+  const int64_t heads = q.size(1);
+  const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape({-1, heads});  // [Nq * Nk, H]
+  const auto dtable =
+      at::zeros({table.size(0), heads}, g.ds.options()).index_add_(0, bucket.reshape({-1}), dbias);
+  return {g.dq, g.dk, g.dv, dtable.to(table.scalar_type())};
+}
+
+at::Tensor t5_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& table, bool bidirectional, int64_t max_distance,
+                                  bool causal, std::optional<double> scale) {
+  return std::get<0>(
+      t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal, scale));
+}
+
+at::Tensor t5_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& table, bool bidirectional, int64_t max_distance,
+                            bool causal, std::optional<double> scale) {
+  return std::get<0>(t5_forward_cpu(q, k, v, table, bidirectional, max_distance, causal, scale));
 }
 
 }  // namespace
@@ -188,18 +383,34 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       "_alibi_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor slopes, bool causal=False, bool symmetric=False, float? scale=None) -> "
       "(Tensor, Tensor, Tensor)");
+  m.def(
+      "t5_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> Tensor");
+  m.def(
+      "_t5_attention_forward(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor)");
+  m.def(
+      "_t5_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor table, bool bidirectional=True, int max_distance=128, "
+      "bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_cpu));
   m.impl("_alibi_attention_forward", TORCH_FN(forward_cpu));
   m.impl("_alibi_attention_backward", TORCH_FN(backward_cpu));
+  m.impl("t5_attention", TORCH_FN(t5_attention_cpu));
+  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_cpu));
+  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_cpu));
 }
 
 TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_reference));
   m.impl("_alibi_attention_forward", TORCH_FN(forward_reference));
   m.impl("_alibi_attention_backward", TORCH_FN(backward_reference));
+  m.impl("t5_attention", TORCH_FN(t5_attention_reference));
+  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_reference));
+  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_reference));
 }
 
 }  // namespace posenc::ops

@@ -71,6 +71,12 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.posenc.alibi_attention, (q, k, v, slopes, True, False, None))
     torch.library.opcheck(torch.ops.posenc._alibi_attention_forward,
                           (q.detach(), k.detach(), v.detach(), slopes, False, True, 0.5))
+    # the backward on transposed views (a model's [B, N, H, D] projections): the fake kernel's
+    # strides are the kernel's (contiguous), not q's
+    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    out, lse = torch.ops.posenc._alibi_attention_forward(qt, kt, vt, slopes, True, False, None)
+    torch.library.opcheck(torch.ops.posenc._alibi_attention_backward,
+                          (torch.randn_like(out), qt, kt, vt, out, lse, slopes, True, False, None))
 
 
 def test_compiles_without_graph_breaks_or_recompiles():
