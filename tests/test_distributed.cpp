@@ -75,7 +75,10 @@ pid_t start(const std::vector<std::string>& args, const std::vector<std::string>
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
     if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
-    env.push_back(entry);
+    bool replaced = false;  // a variable given in extra_env replaces the inherited one
+    for (const auto& extra : extra_env)
+      replaced |= entry.rfind(extra.substr(0, extra.find('=') + 1), 0) == 0;
+    if (!replaced) env.push_back(entry);
   }
   env.insert(env.end(), extra_env.begin(), extra_env.end());
   std::vector<char*> argv, envp;
@@ -206,7 +209,7 @@ TEST(DataParallel, TorchrunVariablesByHand) {
 // died with "terminate called after throwing gloo::EnforceNotMet", exit 134).
 TEST(DataParallel, RanksWithDifferentConfigsAreRefusedBeforeStepOne) {
   const auto config = smoke("lm");
-  for (const std::string key : {"seed=7", "model.dim=24"}) {
+  for (const std::string key : {"seed=7", "model.dim=24", "train.gradient_sync=after_backward"}) {
     SCOPED_TRACE(key);
     const auto out = folder("mismatch");
     const auto port = std::to_string(free_port());
@@ -229,6 +232,42 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedBeforeStepOne) {
     }
     EXPECT_FALSE(std::filesystem::exists(out + "/weights.pt"));
   }
+}
+
+// Ranks given other data under the same config (another POSENC_DATA_DIR, one byte changed in
+// one book) are refused before step one: the digest of the bytes each rank read differs.
+TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
+  const auto config = smoke("lm");
+  const auto out = folder("other_data");
+  const char* env_data = std::getenv("POSENC_DATA_DIR");
+  const std::filesystem::path books =
+      std::filesystem::path(env_data != nullptr ? env_data : POSENC_DATA_DIR) / "gutenberg";
+  const std::filesystem::path copy = std::filesystem::path(out + "_data") / "gutenberg";
+  std::filesystem::remove_all(copy.parent_path());
+  std::filesystem::create_directories(copy);
+  for (const auto* name : {"moby-dick.txt", "sherlock-holmes.txt", "tom-sawyer.txt"})
+    std::filesystem::copy_file(books / name, copy / name);
+  {
+    std::fstream book(copy / "tom-sawyer.txt", std::ios::in | std::ios::out | std::ios::binary);
+    book.seekp(200000);
+    book.put('#');
+  }
+  const auto port = std::to_string(free_port());
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
+    if (r == 1) env.push_back("POSENC_DATA_DIR=" + copy.parent_path().string());
+    ranks.push_back(start(train_args(config, out), env, out + std::to_string(r) + ".log"));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const int code = finish(ranks[r]);
+    const auto log = read_text(out + std::to_string(r) + ".log");
+    EXPECT_EQ(code, 2) << log;
+    EXPECT_NE(log.find("rank 1's config differs at '(data read: bytes:hash)'"), std::string::npos)
+        << log;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out + "/weights.pt"));
 }
 
 // torchrun's agent store: the agent (here, the test) hosts the store; every rank is a client

@@ -57,6 +57,18 @@ TEST(Hardening, ALockThatIsASymlinkIsRefusedAndItsTargetUntouched) {
   fs::remove_all(dir);
 }
 
+TEST(Hardening, ALockThatIsAHardLinkIsRefusedAndItsTargetUntouched) {
+  const auto dir = fresh_folder("hard_lock");
+  const auto target = dir / "precious.txt";
+  std::ofstream(target) << "root:x:0:0\n";
+  fs::create_directories(dir / "run");
+  fs::create_hard_link(target, dir / "run" / ".posenc.lock");
+  const auto error = error_of([&] { train::RunFolderLock lock((dir / "run").string()); });
+  EXPECT_TRUE(contains(error, ".posenc.lock' is a hard link")) << error;
+  EXPECT_EQ(read_all(target), "root:x:0:0\n");
+  fs::remove_all(dir);
+}
+
 TEST(Hardening, AtomicWritesNeverWriteThroughALinkAtTheTempName) {
   const auto dir = fresh_folder("temp_link");
   const auto target = dir / "precious.txt";

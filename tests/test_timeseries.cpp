@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -179,6 +181,68 @@ TEST(CsvErrors, BadRowsNameFileAndLine) {
   EXPECT_NE(message.find(":2: a quote is not closed"), std::string::npos) << message;
   message = test::error_of([&] { load_csv(dir.string(), "time"); });
   EXPECT_NE(message.find("is a folder, not a CSV file"), std::string::npos) << message;
+}
+
+// Hardening round 4: a header of 5 MB (or of 200000 columns) gave a 5 MB error line (and took
+// 47 s to check for duplicate names); a Latin-1 byte reached the message raw.
+TEST(CsvErrors, LongHeadersAndNonUtf8BytesStayShortAndNamed) {
+  const auto dir = std::filesystem::temp_directory_path() / "posenc_timeseries_tests";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  };
+  auto wide = write("wide.csv", "date," + std::string(5'000'000, 'H') + "\n2010-01-01,1\n");
+  auto message = test::error_of([&] { load_csv(wide, "date", {"temp"}); });
+  EXPECT_LT(message.size(), 400u) << message.size();
+  EXPECT_NE(message.find("has no column 'temp'; columns: date, HHHH"), std::string::npos)
+      << message.substr(0, 300);
+  EXPECT_NE(message.find("... (5000000 bytes)"), std::string::npos) << message.substr(0, 300);
+  std::string header = "date";
+  for (int i = 0; i < 200'000; ++i) header += ",c" + std::to_string(i);
+  auto many = write("many.csv", header + "\n2010-01-01" + std::string(200'000, ',') + "\n");
+  const auto start = std::chrono::steady_clock::now();
+  message = test::error_of([&] { load_csv(many, "date", {"temp"}); });
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took.count(), 10.0) << "duplicate-name check is quadratic";
+  EXPECT_LT(message.size(), 400u) << message.size();
+  EXPECT_NE(message.find("columns: date, c0, c1, "), std::string::npos) << message;
+  EXPECT_NE(message.find(", c18 and 199981 more"), std::string::npos) << message;
+  // every column but the time column, each looked up: linear too
+  const auto all_start = std::chrono::steady_clock::now();
+  message = test::error_of([&] { load_csv(many, "date"); });
+  const std::chrono::duration<double> all_took = std::chrono::steady_clock::now() - all_start;
+  EXPECT_LT(all_took.count(), 10.0) << "column lookup is quadratic";
+  // Latin-1 0xE9 in a value, a timestamp and a header: escaped, and named as not UTF-8
+  auto ascii = [](const std::string& m) {
+    return std::none_of(m.begin(), m.end(), [](char c) { return c & 0x80; });
+  };
+  message = test::error_of(
+      [&] { load_csv(write("latin1.csv", "date,temp\n2010-01-01,3\xE9\n"), "date", {"temp"}); });
+  EXPECT_NE(message.find(":2: column 'temp' holds '3\\xE9', not a decimal number (byte 2 of the "
+                         "field, 0xE9, is not UTF-8: the file is not UTF-8 text; Latin-1"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(ascii(message)) << message;
+  message = test::error_of(
+      [&] { load_csv(write("latin1_time.csv", "date,temp\n2010-01-0\xE9,3\n"), "date"); });
+  EXPECT_NE(message.find("cannot parse timestamp '2010-01-0\\xE9' (byte 10 of the field, 0xE9, "
+                         "is not UTF-8"),
+            std::string::npos)
+      << message;
+  EXPECT_TRUE(ascii(message)) << message;
+  message = test::error_of([&] {
+    load_csv(write("latin1_header.csv", "date,temp\xE9\n2010-01-01,3\n"), "date", {"temp"});
+  });
+  EXPECT_NE(message.find("columns: date, temp\\xE9 (byte 10 of the header, 0xE9, is not UTF-8"),
+            std::string::npos)
+      << message;
+  // UTF-8 text stays as it is: no note, nothing escaped
+  message = test::error_of(
+      [&] { load_csv(write("utf8.csv", "date,temp\n2010-01-01,3\xC2\xB0\n"), "date", {"temp"}); });
+  EXPECT_NE(message.find("holds '3\xC2\xB0', not a decimal number (hex, inf and nan"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

@@ -560,7 +560,33 @@ TEST(Trainer, RunConfigsAreCheckedUpFront) {
   }
   config = smoke("vit");
   config["model"]["num_layers"] = 2147483648LL;
+  EXPECT_NE(error(config).find("num_layers must be <= kMaxLayers = 1024"), std::string::npos)
+      << error(config);
+  config = smoke("vit");
+  config["model"]["mlp_ratio"] = 65;
+  EXPECT_NE(error(config).find("mlp_ratio <= kMaxMlpRatio = 64, got 1 and 65"), std::string::npos)
+      << error(config);
+  config = smoke("vit");
+  config["model"]["num_layers"] = 1024;
+  config["model"]["dim"] = 8192;
   EXPECT_NE(error(config).find("(the model size limit)"), std::string::npos) << error(config);
+  config = smoke("vit");
+  config["train"]["batch_size"] = 1048577;
+  EXPECT_NE(
+      error(config).find("batch_size 1048577 is over the batch limit kMaxBatchSize = 1048576"),
+      std::string::npos)
+      << error(config);
+  for (auto [key, value, expected] :
+       {std::tuple{
+            "train_clips", 1000001LL,
+            "train_clips and eval_clips must be in [1, kMaxVideoClips = 1000000], got 1000001"},
+        std::tuple{"frames", 1001LL, "frames must be in [1, kMaxVideoFrames = 1000], got 1001"},
+        std::tuple{"canvas", 4097LL, "canvas must be in [1, kMaxCanvas = 4096] pixels, got 4097"},
+        std::tuple{"canvas", 4096LL, "over the video limit kMaxVideoBytes = 16 GiB"}}) {
+    config = smoke("video");
+    config["task"][key] = value;
+    EXPECT_NE(error(config).find(expected), std::string::npos) << key << ": " << error(config);
+  }
   config = smoke("vit");
   config["name"] = "../../x";
   EXPECT_NE(error(config).find("run name '../../x' must be"), std::string::npos);

@@ -16,6 +16,8 @@
 #include <memory>
 #include <regex>
 
+#include "posenc/io/input_digest.h"
+
 namespace posenc::audio {
 
 ResampleQuality resample_quality_from_string(const std::string& name) {
@@ -94,6 +96,9 @@ AudioClip read_audio(const std::string& path, const AudioReadOptions& options) {
   sf_command(file.get(), SFC_SET_NORM_FLOAT, nullptr, SF_TRUE);
   auto interleaved = torch::empty({info.frames, info.channels}, torch::kFloat);
   const sf_count_t read = sf_readf_float(file.get(), interleaved.data_ptr<float>(), info.frames);
+  if (read > 0)  // compared across the ranks of a run (posenc/io/input_digest.h)
+    note_input(interleaved.data_ptr<float>(),
+               static_cast<size_t>(read) * static_cast<size_t>(info.channels) * sizeof(float));
   TORCH_CHECK(read == info.frames, "audio: '", path,
               "' is truncated or corrupt: its header announces ", info.frames, " frames, ", read,
               " could be decoded (libsndfile: ", sf_strerror(file.get()), ")");

@@ -11,30 +11,91 @@
 #include <fstream>
 #include <numeric>
 #include <sstream>
+#include <unordered_map>
 
 #include "posenc/functional/time.h"
+#include "posenc/io/input_digest.h"
 #include "posenc/io/input_file.h"
 
 namespace posenc::timeseries {
 
 namespace {
 
-// A cell as an error message shows it: at most 80 characters, control bytes (a NUL) escaped.
+// The length of the valid UTF-8 sequence starting at s[i], or 0 when s[i] starts none (a Latin-1
+// byte, a stray continuation byte, an overlong or surrogate encoding, a cut sequence).
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) low = 0xA0;
+    if (c == 0xED) high = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) low = 0x90;
+    if (c == 0xF4) high = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < (k == 1 ? low : 0x80) || b > (k == 1 ? high : 0xBF)) return 0;
+  }
+  return n;
+}
+
+// A cell as an error message shows it: at most 80 characters (then its byte count), control
+// bytes (a NUL) and bytes that are not UTF-8 (Latin-1 0xE9) escaped as \xE9, never raw.
 std::string shown(const std::string& cell) {
   std::string out;
-  for (size_t i = 0; i < cell.size() && out.size() < 80; ++i) {
+  size_t i = 0;
+  while (i < cell.size() && out.size() < 80) {
     const auto c = static_cast<unsigned char>(cell[i]);
-    if (c < 0x20 || c == 0x7F) {
+    const size_t n = utf8_length(cell, i);
+    if (n == 0 || c < 0x20 || c == 0x7F) {
       char hex[8];
       std::snprintf(hex, sizeof(hex), "\\x%02X", c);
       out += hex;
+      ++i;
     } else {
-      out += static_cast<char>(c);
+      out.append(cell, i, n);
+      i += n;
     }
   }
-  if (out.size() >= 80 && cell.size() > 80)
-    out += "... (" + std::to_string(cell.size()) + " bytes)";
+  if (i < cell.size()) out += "... (" + std::to_string(cell.size()) + " bytes)";
   return out;
+}
+
+// `otherwise` for UTF-8 text; else why the text shows \xE9 (" (byte 2 of the field, 0xE9, is
+// not UTF-8: ...)"), `what` naming the text ("field", "header").
+std::string utf8_note(const std::string& text, const char* what, const char* otherwise) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_length(text, i);
+    if (n == 0) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", static_cast<unsigned char>(text[i]));
+      return std::string(" (byte ") + std::to_string(i + 1) + " of the " + what + ", " + hex +
+             ", is not UTF-8: the file is not UTF-8 text; Latin-1 or Windows-1252? convert it, "
+             "e.g. iconv -f latin1 -t utf-8)";
+    }
+    i += n;
+  }
+  return otherwise;
+}
+
+// The columns of a header as an error message lists them: the first 20, each shown().
+std::string shown_columns(const std::vector<std::string>& header) {
+  constexpr size_t kListed = 20;
+  std::string names;
+  for (size_t i = 0; i < header.size() && i < kListed; ++i)
+    names += (i ? ", " : "") + shown(header[i]);
+  if (header.size() > kListed) names += " and " + std::to_string(header.size() - kListed) + " more";
+  return names;
 }
 
 // A number written as a decimal: [+-] digits [. digits] [e [+-] digits]. strtod also reads hex
@@ -209,25 +270,28 @@ Series load_csv(const std::string& path, const std::string& time_column,
   const auto parsed_header = split_csv(line);
   TORCH_CHECK(parsed_header.has_value(), "csv: ", path, ":1: a quote is not closed");
   const auto header = *parsed_header;
-  for (size_t a = 0; a < header.size(); ++a)
-    for (size_t b = a + 1; b < header.size(); ++b)
-      TORCH_CHECK(header[a] != header[b], "csv: ", path, ":1: column name '", shown(header[a]),
-                  "' appears twice (columns ", a + 1, " and ", b + 1,
-                  "); which one is meant cannot be told");
+  const std::string header_line = line;
+  // a hash of the names, not a pairwise scan: a header of 10^6 columns is checked at once
+  std::unordered_map<std::string, size_t> first_column;
+  for (size_t b = 0; b < header.size(); ++b) {
+    const auto [seen, added] = first_column.emplace(header[b], b);
+    TORCH_CHECK(added, "csv: ", path, ":1: column name '", shown(header[b]),
+                "' appears twice (columns ", seen->second + 1, " and ", b + 1,
+                "); which one is meant cannot be told");
+  }
   auto column_of = [&](const std::string& name) {
-    auto it = std::find(header.begin(), header.end(), name);
-    std::string names;
-    for (const auto& h : header) names += (names.empty() ? "" : ", ") + h;
-    TORCH_CHECK(it != header.end(), "csv: '", path, "' has no column '", name,
-                "'; columns: ", names);
-    return static_cast<size_t>(it - header.begin());
+    const auto it = first_column.find(name);  // a lookup: every column of 10^6 stays linear
+    TORCH_CHECK(it != first_column.end(), "csv: '", path, "' has no column '", shown(name),
+                "'; columns: ", shown_columns(header), utf8_note(header_line, "header", ""));
+    return it->second;
   };
   const size_t time_index = column_of(time_column);
   std::vector<std::string> names = value_columns;
   if (names.empty())
     for (const auto& h : header)
       if (h != time_column) names.push_back(h);
-  TORCH_CHECK(!names.empty(), "csv: '", path, "' has no value columns besides '", time_column, "'");
+  TORCH_CHECK(!names.empty(), "csv: '", path, "' has no value columns besides '",
+              shown(time_column), "'");
   std::vector<size_t> value_index;
   for (const auto& n : names) value_index.push_back(column_of(n));
 
@@ -248,15 +312,16 @@ Series load_csv(const std::string& path, const std::string& time_column,
                 header.size(), " fields, got ", cells.size());
     auto t = parse_timestamp(cells[time_index]);
     TORCH_CHECK(t.has_value(), "csv: ", path, ":", line_number, ": cannot parse timestamp '",
-                shown(cells[time_index]),
-                "' (expected YYYY-MM-DD[ HH:MM[:SS[.f]]][Z|+HH:MM], '/' or 'T' variants, "
-                "YYYYMMDD, or epoch seconds up to the year 9999 — milliseconds must be "
-                "converted)");
+                shown(cells[time_index]), "'",
+                utf8_note(cells[time_index], "field",
+                          " (expected YYYY-MM-DD[ HH:MM[:SS[.f]]][Z|+HH:MM], '/' or 'T' variants, "
+                          "YYYYMMDD, or epoch seconds up to the year 9999 — milliseconds must be "
+                          "converted)"));
     bool any_missing = false;
     for (size_t c = 0; c < value_index.size(); ++c) {
       if (!cells[value_index[c]].empty()) continue;
       TORCH_CHECK(missing == MissingPolicy::kDropRow, "csv: ", path, ":", line_number, ": column '",
-                  names[c],
+                  shown(names[c]),
                   "' is empty (a missing reading); MissingPolicy::kDropRow drops such rows");
       any_missing = true;
     }
@@ -277,15 +342,18 @@ Series load_csv(const std::string& path, const std::string& time_column,
         used = 0;
       }
       TORCH_CHECK(used > 0 && used == cell.size(), "csv: ", path, ":", line_number, ": column '",
-                  names[c], "' holds '", shown(cell),
-                  "', not a decimal number (hex, inf and nan are not readings)");
-      TORCH_CHECK(std::isfinite(v), "csv: ", path, ":", line_number, ": column '", names[c],
+                  shown(names[c]), "' holds '", shown(cell), "', not a decimal number",
+                  utf8_note(cell, "field", " (hex, inf and nan are not readings)"));
+      TORCH_CHECK(std::isfinite(v), "csv: ", path, ":", line_number, ": column '", shown(names[c]),
                   "' holds '", shown(cell),
                   "', not a finite number (it would reach training as NaN)");
       values.push_back(v);
     }
   }
   TORCH_CHECK(!times.empty(), "csv: '", path, "' has a header but no rows");
+  // the ranks of a run compare what they read (posenc/io/input_digest.h): the parsed numbers
+  note_input(times.data(), times.size() * sizeof(double));
+  note_input(values.data(), values.size() * sizeof(float));
   const auto n = static_cast<int64_t>(times.size());
   Series series;
   series.columns = names;

@@ -6,6 +6,8 @@
 
 #include <memory>
 
+#include "posenc/io/input_digest.h"
+
 namespace posenc::vision {
 
 namespace {
@@ -63,6 +65,7 @@ at::Tensor read_idx(const std::string& path) {
   unsigned char extra;
   TORCH_CHECK(gzread(file.get(), &extra, 1) == 0, "idx: '", path, "' has bytes after the ", count,
               " the header announces");
+  note_input(data.data_ptr<uint8_t>(), static_cast<size_t>(count));  // compared across ranks
   return data;
 }
 

@@ -247,10 +247,11 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   for (size_t i = 0; i < parsed.size(); ++i) {
     const auto& item = parsed[i];
     std::vector<double> row;
-    // an integer past 2^53 would round to a neighbour's value
+    // a number past 2^53, integer or float (9007199254740993.0 parses as ...992), would round to
+    // a neighbour's value: refused as the integers are
     auto exact = [&](const nlohmann::json& v) {
-      TORCH_CHECK(!v.is_number_integer() || std::abs(v.get<double>()) < kMaxExactPosition,
-                  "--positions[", i, "]: ", v.dump(),
+      TORCH_CHECK(std::abs(v.get<double>()) < kMaxExactPosition, "--positions[", i,
+                  "]: ", v.is_number_float() ? "a number read as " : "", v.dump(),
                   " is past 2^53 = 9007199254740992 (the exact-position limit): float64 would "
                   "round it");
       return v.get<double>();

@@ -192,6 +192,16 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     std::string message = e.what_without_backtrace();
     if (auto cut = message.find('\n'); cut != std::string::npos) message = message.substr(0, cut);
+    // LibTorch's CPU allocator reports a failed allocation as a plain c10::Error ("[enforce fail
+    // at alloc_cpu.cpp] ... can't allocate memory: you tried to allocate N bytes"): the
+    // environment (exit 1), said in one line with the size
+    if (const auto at = message.find("you tried to allocate ");
+        at != std::string::npos && message.find("can't allocate memory") != std::string::npos) {
+      const auto size = message.substr(at + 22, message.find(' ', at + 22) - at - 22);
+      std::cerr << "posenc: error: out of memory: an allocation of " << size
+                << " bytes failed (lower the sizes in the config, or free memory)\n";
+      return 1;
+    }
     std::cerr << "posenc: error: " << message << "\n";
   } catch (const std::filesystem::filesystem_error& e) {
     // creating a run folder on a read-only or full filesystem is the environment (exit 1); a

@@ -21,7 +21,7 @@ const char* kind_of(mode_t mode) {
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "a special file";
 }
 
 [[noreturn]] void fail(int why, const std::string& path, const std::string& what,
@@ -34,9 +34,20 @@ const char* kind_of(mode_t mode) {
   TORCH_CHECK(false, message);
 }
 
+[[noreturn]] void refuse(const std::string& path, const std::string& what, mode_t mode) {
+  TORCH_CHECK(false, what, " '", path, "' is ", kind_of(mode),
+              ", not a regular file; posenc reads ", what, "s from regular files only");
+}
+
 // An open descriptor of a regular file, closed on scope exit.
 struct RegularFile {
   RegularFile(const std::string& path, const std::string& what) {
+    // A socket cannot be opened at all (ENXIO, "No such device or address") and opening a device
+    // may act on it: anything but a regular file is named from stat before any open. A missing
+    // path falls through to open, whose errno is the message; fstat below covers a swap between.
+    struct stat before {};
+    if (::stat(path.c_str(), &before) == 0 && !S_ISREG(before.st_mode))
+      refuse(path, what, before.st_mode);
     fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) fail(errno, path, what, "open");
     struct stat st {};
@@ -47,8 +58,7 @@ struct RegularFile {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      TORCH_CHECK(false, what, " '", path, "' is ", kind_of(st.st_mode),
-                  ", not a regular file; posenc reads ", what, "s from regular files only");
+      refuse(path, what, st.st_mode);
     }
     size = static_cast<int64_t>(st.st_size);
     const int flags = ::fcntl(fd, F_GETFL);

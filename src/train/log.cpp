@@ -4,7 +4,10 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -13,6 +16,7 @@
 #include <sstream>
 
 #include "posenc/io/durable_file.h"
+#include "posenc/io/input_file.h"
 #include "posenc/train/plot.h"
 #include "summary.h"
 
@@ -35,6 +39,42 @@ std::vector<std::string> split(const std::string& line) {
   while (std::getline(in, item, ',')) cells.push_back(item);
   if (!line.empty() && line.back() == ',') cells.emplace_back();
   return cells;
+}
+
+// A metrics.csv cell or column name as an error message shows it: at most 80 bytes (then its byte
+// count), anything but printable ASCII escaped (\xE9).
+std::string shown(const std::string& text) {
+  std::string out;
+  size_t i = 0;
+  for (; i < text.size() && out.size() < 80; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20 || c >= 0x7F) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "\\x%02X", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (i < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
+
+// A metrics.csv cell: empty (no value that interval) or a whole finite number, as cell() writes
+// it (a subnormal one included: only overflow, inf and nan are refused); anything else is a damaged
+// file, one line naming it, the line and the column.
+double parse_cell(const std::string& text, const std::string& path, int64_t line,
+                  const std::string& column) {
+  if (text.empty()) return kMissing;
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  const bool whole =
+      end == text.c_str() + text.size() && !std::isspace(static_cast<unsigned char>(text[0]));
+  TORCH_CHECK(whole && std::isfinite(value), "metrics file '", path, "' line ", line, ": column '",
+              shown(column), "' holds '", shown(text),
+              "', expected a finite number or an empty cell; the file is damaged (restore it, or "
+              "delete that line and the ones after it to resume from the earlier rows)");
+  return value;
 }
 
 std::string short_number(double v, int precision = 4) {
@@ -97,11 +137,17 @@ void TrainingLog::write_csv(const std::string& path) const {
 }
 
 void TrainingLog::read_csv(const std::string& path, int64_t max_step) {
+  require_regular_file(path, "metrics file");  // a FIFO or device: one line, no blocking read
   std::ifstream in(path);
-  TORCH_CHECK(in.good(), "cannot read '", path, "'");
+  TORCH_CHECK(in.good(), "cannot read metrics file '", path, "'");
   std::string line;
-  TORCH_CHECK(static_cast<bool>(std::getline(in, line)), "'", path, "' is empty");
+  TORCH_CHECK(static_cast<bool>(std::getline(in, line)), "metrics file '", path, "' is empty");
   const auto header = split(line);
+  // every row starts with its step: a resume keeps the rows up to the checkpoint's by it (an
+  // empty header: a run stopped before its first row)
+  TORCH_CHECK(header.empty() || header.front() == "step", "metrics file '", path,
+              "' line 1: expected a header starting with 'step', found '", shown(line),
+              "'; the file is damaged (restore it, or delete it to start the log afresh)");
   rows_.clear();
   columns_.clear();
   int64_t number = 1;
@@ -109,13 +155,16 @@ void TrainingLog::read_csv(const std::string& path, int64_t max_step) {
     ++number;
     if (line.empty()) continue;
     const auto cells = split(line);
-    TORCH_CHECK(cells.size() == header.size(), path, ":", number, ": expected ", header.size(),
-                " cells, got ", cells.size());
+    TORCH_CHECK(cells.size() == header.size(), "metrics file '", path, "' line ", number,
+                ": expected ", header.size(), " cells (the header's), got ", cells.size());
     LogRow row;
     for (size_t i = 0; i < cells.size(); ++i) {
-      row.emplace_back(header[i], cells[i].empty() ? kMissing : std::stod(cells[i]));
+      row.emplace_back(header[i], parse_cell(cells[i], path, number, header[i]));
     }
-    if (row.front().first == "step" && row.front().second > static_cast<double>(max_step)) break;
+    TORCH_CHECK(!std::isnan(row.front().second), "metrics file '", path, "' line ", number,
+                ": the 'step' cell is empty; the file is damaged (restore it, or delete that line "
+                "and the ones after it to resume from the earlier rows)");
+    if (row.front().second > static_cast<double>(max_step)) break;
     add(row);
   }
 }

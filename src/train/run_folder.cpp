@@ -28,6 +28,13 @@ RunFolderLock::RunFolderLock(const std::string& folder) {
     ::close(fd_);
     TORCH_CHECK(false, "'", path, "' is not a regular file; remove it");
   }
+  // a hard link shares its inode with another name: writing the PID would write that file too
+  if (fd_ >= 0 && st.st_nlink > 1) {
+    ::close(fd_);
+    TORCH_CHECK(false, "'", path, "' is a hard link (", st.st_nlink,
+                " names for one file); posenc writes nothing in a run folder through a link: "
+                "remove it");
+  }
   if (fd_ < 0) {
     const int why = errno;
     const std::string message = "cannot open '" + path + "': " + std::strerror(why);

@@ -36,6 +36,8 @@ TrainSettings read_settings(const nlohmann::json& config) {
   TORCH_CHECK(s.epochs >= 1 && s.batch_size >= 1 && s.log_every >= 1 && s.eval_every >= 1,
               "train: epochs, batch_size, log_every and eval_every must be >= 1, got ", s.epochs,
               ", ", s.batch_size, ", ", s.log_every, ", ", s.eval_every);
+  TORCH_CHECK(s.batch_size <= kMaxBatchSize, "train: batch_size ", s.batch_size,
+              " is over the batch limit kMaxBatchSize = ", kMaxBatchSize);
   TORCH_CHECK(s.threads >= 0 && s.threads <= kMaxThreads,
               "train: 'threads' must be 0 (all cores) or 1 to ", kMaxThreads, ", got ", s.threads);
   TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&

@@ -14,7 +14,8 @@
 
 namespace posenc::train {
 
-inline constexpr int64_t kMaxThreads = 1024;  // intra-op threads a run may ask for
+inline constexpr int64_t kMaxThreads = 1024;                // intra-op threads a run may ask for
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;  // examples per step (all ranks)
 /// The step limit: epochs x steps per epoch, or train.max_steps (10^12: years at any speed).
 inline constexpr int64_t kMaxTrainSteps = 1'000'000'000'000;
 

@@ -20,6 +20,7 @@
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
 #include "posenc/core/errors.h"
+#include "posenc/io/input_digest.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
 #include "posenc/version.h"
@@ -211,6 +212,15 @@ std::string first_difference(const nlohmann::json& a, const nlohmann::json& b,
 void agree_on_the_config(Run& run) {
   auto mine = nlohmann::json::parse(run_config_for_comparison(run.config_text));
   mine["(posenc version)"] = POSENC_VERSION;  // a key of its own: named like any other difference
+  // how the gradients are all-reduced: a resume may change it, but every rank must do the same
+  // (ranks that disagree wait on different collectives until the rank timeout)
+  const auto& s = run.settings;
+  mine["train.gradient_sync"] = s.gradient_sync;
+  mine["train.bucket_mb"] = s.bucket_mb;
+  mine["train.find_unused_parameters"] = s.find_unused_parameters;
+  // what was read: the data's bytes (posenc/io/input_digest.h), so a rank given other data
+  // (another POSENC_DATA_DIR) is refused instead of training apart
+  mine["(data read: bytes:hash)"] = input_digest();
   const auto all = run.ranks->gather_text("config", mine.dump(), "agreeing on the run config");
   const int64_t me = run.ranks->rank();
   for (size_t r = 1; r < all.size(); ++r) {

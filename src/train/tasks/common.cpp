@@ -32,6 +32,10 @@ TransformerOptions transformer_options(ConfigReader& r) {
   TORCH_CHECK(o.num_layers() >= 1 && o.mlp_ratio() > 0 && o.dropout() >= 0 && o.dropout() < 1,
               r.where(), ": num_layers must be >= 1, mlp_ratio > 0 and dropout in [0, 1), got ",
               o.num_layers(), ", ", o.mlp_ratio(), ", ", o.dropout());
+  TORCH_CHECK(o.num_layers() <= kMaxLayers && o.mlp_ratio() <= kMaxMlpRatio, r.where(),
+              ": num_layers must be <= kMaxLayers = ", kMaxLayers,
+              " and mlp_ratio <= kMaxMlpRatio = ", kMaxMlpRatio, ", got ", o.num_layers(), " and ",
+              o.mlp_ratio());
   // Model size limit, checked before anything is allocated: parameters of the blocks
   // (attention 4 D^2, MLP 2 r D^2) times 16 bytes (weights, gradients, two AdamW moments) must
   // fit in the memory the machine has.

@@ -18,6 +18,8 @@ namespace posenc::train {
 /// The context limit: task.context, task.eval_contexts and a forecast's context + horizon, in
 /// tokens, checked before any data is prepared (2^20).
 inline constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
+inline constexpr int64_t kMaxLayers = 1024;   // transformer blocks of a model
+inline constexpr double kMaxMlpRatio = 64.0;  // MLP width / model width
 
 /// The `model` section: dim, num_heads, num_layers, mlp_ratio, dropout, fused (+ pooling, read
 /// by the caller if it wants it: call before finish()).

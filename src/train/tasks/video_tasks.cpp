@@ -43,6 +43,12 @@ struct VideoData {
   int64_t eval_batch = 256;
 };
 
+// Named limits of the generated clips, checked before anything is allocated.
+constexpr int64_t kMaxVideoClips = 1000000;            // train_clips, eval_clips
+constexpr int64_t kMaxVideoFrames = 1000;              // frames per clip
+constexpr int64_t kMaxCanvas = 4096;                   // canvas side in pixels
+constexpr int64_t kMaxVideoBytes = int64_t{16} << 30;  // all clips' float pixels: 16 GiB
+
 // Reads the keys shared by both video tasks and generates the clips.
 VideoData load_video_data(ConfigReader& task, uint64_t seed) {
   const auto dir = task.string("data_dir", "/usr/share/datasets/fashion-mnist");
@@ -57,6 +63,23 @@ VideoData load_video_data(ConfigReader& task, uint64_t seed) {
   o.max_speed = task.number("max_speed", o.max_speed);
   const int64_t t = task.integer("tubelet_frames", 1);
   const int64_t p = task.integer("patch", 8);
+  TORCH_CHECK(train_clips >= 1 && train_clips <= kMaxVideoClips && eval_clips >= 1 &&
+                  eval_clips <= kMaxVideoClips,
+              "task: train_clips and eval_clips must be in [1, kMaxVideoClips = ", kMaxVideoClips,
+              "], got ", train_clips, " and ", eval_clips);
+  TORCH_CHECK(o.num_frames >= 1 && o.num_frames <= kMaxVideoFrames,
+              "task: frames must be in [1, kMaxVideoFrames = ", kMaxVideoFrames, "], got ",
+              o.num_frames);
+  TORCH_CHECK(o.canvas >= 1 && o.canvas <= kMaxCanvas,
+              "task: canvas must be in [1, kMaxCanvas = ", kMaxCanvas, "] pixels, got ", o.canvas);
+  // (each factor is bounded above, so the product fits in double exactly enough to compare)
+  const double bytes = static_cast<double>(train_clips + eval_clips) *
+                       static_cast<double>(o.num_frames) * static_cast<double>(o.canvas) *
+                       static_cast<double>(o.canvas) * 4.0;
+  TORCH_CHECK(bytes <= static_cast<double>(kMaxVideoBytes), "task: ", train_clips + eval_clips,
+              " clips of ", o.num_frames, " frames of ", o.canvas, "x", o.canvas, " pixels take ",
+              bytes / (1 << 30),
+              " GiB, over the video limit kMaxVideoBytes = ", kMaxVideoBytes >> 30, " GiB");
   VideoData data;
   data.eval_batch = task.integer("eval_batch", 256);
   data.num_directions = o.num_directions;
