@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -551,6 +552,10 @@ TEST(Trainer, RunConfigsAreCheckedUpFront) {
             std::string::npos)
       << error(config);
   config = smoke("vit");
+  config["train"]["max_steps"] = -5;
+  EXPECT_NE(error(config).find("train: max_steps must be >= 0, got -5"), std::string::npos)
+      << error(config);
+  config = smoke("vit");
   config["task"]["train_limit"] = -64;
   EXPECT_NE(error(config).find("train_limit and eval_limit must be >= 0"), std::string::npos);
   for (double scale : {0.0, -1.5, 1000.0}) {
@@ -594,6 +599,33 @@ TEST(Trainer, RunConfigsAreCheckedUpFront) {
   config["runs"] = nlohmann::json::parse(R"([{"name": "a"}, {"name": "a"}])");
   EXPECT_NE(test::error_of([&] { comparison_entries(config); }).find("two entries are named 'a'"),
             std::string::npos);
+}
+
+// compare reads each finished entry's summary.json: a damaged one (a key missing or of another
+// type, not JSON, a FIFO in its place) is one line naming the file, not nlohmann's bare text.
+TEST(Trainer, DamagedRunSummaryIsOneLineNamingIt) {
+  const auto folder = temp_folder("damaged_summary");
+  fs::create_directories(folder);
+  const auto path = folder + "/summary.json";
+  auto write = [&](const std::string& text) {
+    fs::remove(path);
+    std::ofstream(path) << text;
+  };
+  write(R"({"name": "a", "steps": "many"})");
+  auto message = test::error_of([&] { read_run_result(folder); });
+  EXPECT_NE(message.find("compare: '" + path + "' is damaged (not as posenc train writes it)"),
+            std::string::npos)
+      << message;
+  write("{\"name\": ");
+  message = test::error_of([&] { read_run_result(folder); });
+  EXPECT_NE(message.find("is not valid JSON"), std::string::npos) << message;
+  fs::remove(path);
+  ASSERT_EQ(mkfifo(path.c_str(), 0644), 0);
+  message = test::error_of([&] { read_run_result(folder); });
+  EXPECT_NE(message.find("is a FIFO"), std::string::npos) << message;
+  fs::remove(path);
+  message = test::error_of([&] { read_run_result(folder); });
+  EXPECT_NE(message.find("(the run did not finish)"), std::string::npos) << message;
 }
 
 // A second run into a folder that a run holds is refused with the holder's PID.

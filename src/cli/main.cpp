@@ -9,10 +9,14 @@
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
+#include <sys/resource.h>
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "cli.h"
@@ -80,8 +84,42 @@ void add_encoder_options(CLI::App* command, posenc::cli::EncoderArgs& args) {
 
 }  // namespace
 
+namespace {
+
+// The memory limit: a process's data (heap and anonymous mappings, RLIMIT_DATA) may grow to what
+// the machine had available when it started (MemAvailable + SwapFree in /proc/meminfo), so a run
+// that outgrows the machine (a 10^6-token context) fails an allocation, exit 1 with one line,
+// instead of pushing the machine into swap and the kernel's OOM killer (a kill with no line).
+// A lower limit already set (ulimit -d) is kept.
+void limit_data_to_available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0, available = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit)
+    if (key == "MemAvailable:" || key == "SwapFree:") available += kib * 1024;
+  if (available == 0) return;
+  // on top of what the process already holds (VmData: with a sanitizer, terabytes of shadow)
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  uint64_t data = 0;
+  bool found = false;
+  while (std::getline(status, line))
+    if (line.rfind("VmData:", 0) == 0) found = std::sscanf(line.c_str(), "VmData: %lu", &data) == 1;
+  if (!found) return;
+  available += data * 1024;
+  rlimit current{};
+  if (getrlimit(RLIMIT_DATA, &current) != 0) return;
+  if (current.rlim_cur != RLIM_INFINITY && current.rlim_cur <= available) return;
+  current.rlim_cur = static_cast<rlim_t>(available);
+  setrlimit(RLIMIT_DATA, &current);  // where it cannot be set, nothing changes
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   posenc::use_all_cores();
+  limit_data_to_available_memory();
   // c10d logs its socket errors (with stack traces) before it throws them; the exception becomes
   // our one line, so its log is only wanted when asked for (TORCH_CPP_LOG_LEVEL=INFO/WARNING).
   if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // FATAL only

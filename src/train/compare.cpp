@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "posenc/config/config_reader.h"
+#include "posenc/io/input_file.h"
 #include "posenc/train/trainer.h"
 #include "run_folder.h"
 #include "summary.h"
@@ -132,16 +133,36 @@ std::vector<std::string> comparison_entries(const nlohmann::json& config) {
   return names;
 }
 
+// The summary limit: a summary.json is a few KB; 64 MiB is more than any run writes.
+constexpr int64_t kMaxSummaryBytes = int64_t{64} << 20;
+
+static RunResult run_result_from(const nlohmann::json& summary, const std::string& output,
+                                 const std::string& path);
+
 RunResult read_run_result(const std::string& output) {
   const std::string path = output + "/summary.json";
-  std::ifstream in(path);
-  TORCH_CHECK(in.good(), "compare: no '", path, "' (the run did not finish)");
+  std::error_code missing;
+  TORCH_CHECK(std::filesystem::exists(std::filesystem::symlink_status(path, missing)),
+              "compare: no '", path, "' (the run did not finish)");
+  // a regular file of bounded size (a FIFO or a huge file in its place is one line, no hang)
+  const auto text = read_regular_file(path, "run summary", kMaxSummaryBytes, "the summary limit");
   nlohmann::json summary;
   try {
-    summary = nlohmann::json::parse(in);
+    summary = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     TORCH_CHECK(false, "compare: '", path, "' is not valid JSON: ", e.what());
   }
+  try {
+    return run_result_from(summary, output, path);
+  } catch (const nlohmann::json::exception& e) {  // a key missing or of another type
+    TORCH_CHECK(false, "compare: '", path,
+                "' is damaged (not as posenc train writes it): ", e.what(),
+                "; run that entry again");
+  }
+}
+
+static RunResult run_result_from(const nlohmann::json& summary, const std::string& output,
+                                 const std::string& path) {
   RunResult r;
   r.name = summary.at("name").get<std::string>();
   r.output = output;

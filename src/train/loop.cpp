@@ -3,11 +3,13 @@
 
 #include <ATen/record_function.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -24,35 +26,72 @@ namespace {
 
 std::atomic<bool> g_interrupted{false};
 
+// The stop grace limit: a step (or an evaluation) still under way this long after the signal
+// (a step of a 10^6-token context runs for minutes) ends the process at once, as a kill would.
+// Nothing is lost that a kill -9 would not lose: every file is replaced atomically, and --resume
+// continues from the last checkpoint. POSENC_STOP_GRACE (seconds, 1 to 3600) overrides it.
+constexpr unsigned kStopGraceSeconds = 30;
+unsigned g_grace_seconds = kStopGraceSeconds;
+
+unsigned stop_grace_seconds() {
+  const char* text = std::getenv("POSENC_STOP_GRACE");
+  if (text == nullptr || *text == '\0') return kStopGraceSeconds;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  TORCH_CHECK(*end == '\0' && value >= 1 && value <= 3600,
+              "POSENC_STOP_GRACE must be a whole number of seconds from 1 to 3600, got '", text,
+              "'");
+  return static_cast<unsigned>(value);
+}
+
+// SIGALRM, armed by the first stop signal: the step did not end within the grace. write(2) and
+// _exit are async-signal-safe; the exit code is the one of a run stopped by a signal.
+extern "C" void on_grace_over(int) {
+  constexpr char kLine[] =
+      "posenc: stopped: the step under way did not end within the stop grace "
+      "(POSENC_STOP_GRACE); it is not saved: --resume continues from the last checkpoint, if one "
+      "was saved\n";
+  [[maybe_unused]] const auto written = write(2, kLine, sizeof kLine - 1);
+  _exit(130);
+}
+
 // SIGINT (Ctrl-C) and SIGTERM (what SLURM, Kubernetes and systemd send before a kill) both
-// save a checkpoint at the end of the step and stop; a second signal kills at once.
+// save a checkpoint at the end of the step and stop; a second signal kills at once, and so does
+// the end of the stop grace.
 extern "C" void on_interrupt(int) {
-  g_interrupted = true;
+  if (!g_interrupted.exchange(true)) alarm(g_grace_seconds);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
 }
 
 // SIGHUP: the terminal or the posenc that started this run is gone (a child of `train --nproc` or
 // `compare --jobs` gets it when its parent dies: PR_SET_PDEATHSIG, which the kernel may deliver
-// more than once); save and stop, however many arrive.
-extern "C" void on_hangup(int) { g_interrupted = true; }
+// more than once); save and stop, however many arrive (the grace is armed once).
+extern "C" void on_hangup(int) {
+  if (!g_interrupted.exchange(true)) alarm(g_grace_seconds);
+}
 
 // Installs the handlers for the loop's life and restores the previous ones after.
 class InterruptScope {
  public:
   InterruptScope() {
     g_interrupted = false;
+    g_grace_seconds = stop_grace_seconds();
+    alarm_ = std::signal(SIGALRM, on_grace_over);
     int_ = std::signal(SIGINT, on_interrupt);
     term_ = std::signal(SIGTERM, on_interrupt);
     hup_ = std::signal(SIGHUP, on_hangup);
   }
   ~InterruptScope() {
+    alarm(0);
+    std::signal(SIGALRM, alarm_ == SIG_ERR ? SIG_DFL : alarm_);
     std::signal(SIGINT, int_ == SIG_ERR ? SIG_DFL : int_);
     std::signal(SIGTERM, term_ == SIG_ERR ? SIG_DFL : term_);
     std::signal(SIGHUP, hup_ == SIG_ERR ? SIG_DFL : hup_);
   }
 
  private:
+  void (*alarm_)(int) = SIG_DFL;
   void (*int_)(int) = SIG_DFL;
   void (*term_)(int) = SIG_DFL;
   void (*hup_)(int) = SIG_DFL;
@@ -253,6 +292,7 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
                   std::to_string(profile_to) + " (written to " + run.output + "/profile.md)\n" +
                   text);
     }
+    if (asked_to_stop) alarm(0);  // the step ended within the grace: save as asked
     const bool stop = asked_to_stop || (options.stop_after > 0 && step >= options.stop_after) ||
                       step == profile_to;
     clock();

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <utility>
 
 #include "device.h"
 #include "posenc/config/config_reader.h"
@@ -40,9 +41,15 @@ TrainSettings read_settings(const nlohmann::json& config) {
               " is over the batch limit kMaxBatchSize = ", kMaxBatchSize);
   TORCH_CHECK(s.threads >= 0 && s.threads <= kMaxThreads,
               "train: 'threads' must be 0 (all cores) or 1 to ", kMaxThreads, ", got ", s.threads);
-  TORCH_CHECK(s.lr > 0 && s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1 && s.warmup_steps >= 0 &&
-                  s.max_steps >= 0 && s.weight_decay >= 0 && s.clip_grad_norm >= 0,
-              "train: lr must be > 0, min_lr_ratio in [0, 1], the others >= 0");
+  TORCH_CHECK(s.lr > 0, "train: lr must be > 0, got ", s.lr);
+  TORCH_CHECK(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1,
+              "train: min_lr_ratio must be in [0, 1], got ", s.min_lr_ratio);
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"warmup_steps", static_cast<double>(s.warmup_steps)},
+        {"max_steps", static_cast<double>(s.max_steps)},
+        {"weight_decay", static_cast<double>(s.weight_decay)},
+        {"clip_grad_norm", static_cast<double>(s.clip_grad_norm)}})
+    TORCH_CHECK(value >= 0, "train: ", key, " must be >= 0, got ", value);
   TORCH_CHECK(s.rank_timeout_s >= 1 && s.rank_timeout_s <= kMaxRankTimeoutS,
               "train: rank_timeout_s must be in [1, ", kMaxRankTimeoutS, "] seconds, got ",
               s.rank_timeout_s);
