@@ -49,6 +49,18 @@ def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section
     )
 
 
+@torch.library.register_fake("posenc::patch_grid_rope")
+def _patch_grid_rope_fake(feat_shape, bands, grid_type="index", ref_feat_shape=None,
+                          grid_offset=0.0, grid_indexing="ij", normalize_coords="separate",
+                          layout="interleaved"):
+    n = 1
+    for s in feat_shape:
+        n = n * s
+    shape = (n, 2 * len(feat_shape) * bands.shape[0])
+    return (bands.new_empty(shape, dtype=torch.float32),
+            bands.new_empty(shape, dtype=torch.float32))
+
+
 @torch.library.register_fake("posenc::alibi_attention")
 def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
@@ -85,5 +97,24 @@ def _t5_attention_forward_fake(q, k, v, table, bidirectional=True, max_distance=
 @torch.library.register_fake("posenc::_t5_attention_backward")
 def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectional=True,
                                 max_distance=128, causal=False, scale=None):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            table.new_empty(table.shape))
+
+
+# shaw_attention: as t5_attention; lse is float64 for float64 inputs (their reference path), and
+# dtable is [2K+1, D] in the table's dtype.
+@torch.library.register_fake("posenc::shaw_attention")
+def _shaw_attention_fake(q, k, v, table, causal=False, scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_fake("posenc::_shaw_attention_forward")
+def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None):
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
+
+
+@torch.library.register_fake("posenc::_shaw_attention_backward")
+def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             table.new_empty(table.shape))

@@ -1,5 +1,5 @@
-"""Attention with the ALiBi or T5 bias computed on the fly (no [H, N, N] bias tensor), in SDPA's
-layout.
+"""Attention with the ALiBi, T5 or Shaw bias computed on the fly (no [H, N, N] bias tensor), in
+SDPA's layout.
 
     out = posenc.alibi_attention(q, k, v, slopes, causal=True)   # q [B, H, Nq, D], slopes [H]
     slopes = posenc.alibi_slopes(heads)                          # Press et al.'s geometric slopes
@@ -14,6 +14,14 @@ backward (torch.ops.posenc.alibi_attention; fake kernels for torch.compile).
 equals SDPA with attn_mask=T5Attention.compute_bias(Nq, Nk, past_seen_tokens=Nk - Nq) (the same
 table as relative_attention_bias.weight), gradients for q, k, v and the table
 (torch.ops.posenc.t5_attention).
+
+    out = posenc.shaw_attention(q, k, v, table)                  # table [2K+1, D]
+
+softmax((q_i . k_j + q_i . table[clip(j - p_i, -K, K) + K]) / sqrt(D)) v: Shaw et al.'s
+(2018) relative key representations (eq. 5; transformers' position_embeddings_type=
+"relative_key" in Wav2Vec2-BERT and SeamlessM4Tv2, BERT's in transformers 4.x), the q . table
+scores read inside the tiles; gradients for q, k, v and the table
+(torch.ops.posenc.shaw_attention).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import math
 
 import torch
 
-__all__ = ["alibi_attention", "alibi_slopes", "t5_attention"]
+__all__ = ["alibi_attention", "alibi_slopes", "shaw_attention", "t5_attention"]
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -64,3 +72,34 @@ def t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch
     """
     return torch.ops.posenc.t5_attention(q, k, v, table, bidirectional, max_distance, causal,
                                          scale)
+
+
+def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
+                   causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """softmax((q_i . k_j + q_i . table[clip(j - p_i, -K, K) + K]) * scale + causal mask) v,
+    [B, H, Nq, Dv].
+
+    Shaw et al. 2018 (eq. 5, the key-side a^K_ij; no value-side a^V_ij): table [2K+1, D], one
+    for all heads, float32 or q's dtype, with a gradient; row K + d is the representation of
+    offset d = key position - query position, offsets beyond +-K clipped to the edge rows. The
+    keys sit at positions 0..Nk-1, the queries at the last Nq of them (cached keys first;
+    lower-right causal mask). scale multiplies both terms (Shaw's and BERT's 1/sqrt(D) is
+    scale=None, as SDPA). q, k, v float32/bfloat16/float16 take the tiled CPU kernel (float32
+    inside), float64 a float64 plain-ATen reference; CUDA: the reference. Grouped k, v heads are
+    refused (repeat them first), as by alibi_attention and t5_attention.
+
+    Tables from transformers (E = distance_embedding.weight, q, k, v from its projections):
+
+    * Wav2Vec2-BERT / SeamlessM4Tv2 relative_key (offset r - l clamped to [-left, right], row
+      offset + left; E [left + right + 1, D]), K = max(left, right):
+      ``table = E[torch.arange(-K, K + 1).clamp(-left, right) + left]`` (equal whenever
+      left == right, where it is E itself).
+    * BERT relative_key (transformers 4.x; row l - r + max_position_embeddings - 1, unclipped,
+      E [2 * max_position_embeddings - 1, D]): ``table = E.flip(0)``, K =
+      max_position_embeddings - 1 (BERT's sign is query minus key; equal while Nk <=
+      max_position_embeddings, past which BERT indexes out of its table). BERT's
+      relative_key_query (a key-side q . E term too) is not expressible.
+
+    Both mappings are indexing ops, so gradients reach E.
+    """
+    return torch.ops.posenc.shaw_attention(q, k, v, table, causal, scale)

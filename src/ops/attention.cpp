@@ -30,6 +30,28 @@
 // posenc::_t5_attention_backward(grad_out, q, k, v, out, lse, table, bidirectional,
 //                                max_distance, causal, scale) -> (dq, dk, dv, dtable)
 //   dtable [num_buckets, H] in the table's dtype: dS summed per (bucket, head).
+//
+// Shaw et al. 2018 ("Self-Attention with Relative Position Representations", eq. 5, key side)
+// the same way, the bias depending on the query:
+//
+//   out[b,h,i] = sum_j softmax_j((q_i . k_j + q_i . a[clip(j - p_i, -K, K) + K]) * scale
+//                                + causal_ij) v_j
+//   a = table [2K+1, D], one table shared by the heads (Shaw's a^K_ij; the C++ encoder's
+//   ShawImpl::weight, src/encoders/shaw.cpp), offsets key minus query position, the same
+//   positions and causal mask as above. scale multiplies both terms, as Shaw's e_ij =
+//   q_i (k_j + a_ij)^T / sqrt(d_z) (and BERT's relative_key); None: 1/sqrt(D), where it equals
+//   the encoder's bias (q . a / sqrt(D)) added to q k^T / sqrt(D).
+//
+// posenc::shaw_attention(q, k, v, table, causal, scale) -> out
+//   table [2K+1, D], float32 or q's dtype. The kernel reads the bias from qr = q a^T * scale,
+//   [B, H, Nq, 2K'+1] with K' = min(K, Nk - 1) (no offset reaches further: the rows past K' are
+//   not read and get a zero gradient), instead of an [B, H, Nq, Nk] bias. float64 (and CUDA)
+//   take the plain-ATen reference, computed in float64 for float64 inputs (gradcheck).
+// posenc::_shaw_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64 q)
+// posenc::_shaw_attention_backward(grad_out, q, k, v, out, lse, table, causal, scale)
+//                                  -> (dq, dk, dv, dtable)
+//   dqr[i, r] = scale * sum over j with clip(j - p_i) + K = r of dS_ij; dq += dqr a,
+//   dtable = sum_{b,h} dqr^T q, in the table's dtype.
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -50,7 +72,9 @@ struct Prepared {
 };
 
 // q, k, v in SDPA's layout, one dtype and device; `op` names the operator in the messages.
-void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// allow_double: float64 as well (an op whose float64 path is the plain-ATen reference).
+void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               bool allow_double = false) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op,
               ": q, k, v must be [B, H, N, D] (SDPA's layout), got ", q.sizes(), ", ", k.sizes(),
               ", ", v.sizes());
@@ -63,12 +87,14 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
   TORCH_CHECK(k.size(2) == v.size(2), op, ": k has Nk=", k.size(2), " but v has ", v.size(2));
   TORCH_CHECK(q.size(2) <= k.size(2), op, ": more queries (", q.size(2), ") than keys (", k.size(2),
               "): the queries are the last keys' positions");
+  const auto dtype = q.scalar_type();
   for (const auto* t : {&q, &k, &v})
-    TORCH_CHECK(t->scalar_type() == q.scalar_type() &&
-                    (q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 ||
-                     q.scalar_type() == at::kHalf),
-                op, ": q, k, v must share one of float32, bfloat16, float16; got ", q.scalar_type(),
-                ", ", k.scalar_type(), ", ", v.scalar_type());
+    TORCH_CHECK(
+        t->scalar_type() == dtype && (dtype == at::kFloat || dtype == at::kBFloat16 ||
+                                      dtype == at::kHalf || (allow_double && dtype == at::kDouble)),
+        op, ": q, k, v must share one of float32, bfloat16, float16",
+        allow_double ? ", float64" : "", "; got ", q.scalar_type(), ", ", k.scalar_type(), ", ",
+        v.scalar_type());
   TORCH_CHECK(q.device() == k.device() && k.device() == v.device(), op,
               ": q, k, v must be on one device, got ", q.device(), ", ", k.device(), ", ",
               v.device());
@@ -178,28 +204,30 @@ at::Tensor logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return logits;
 }
 
-// softmax(logits) v and the row log-sum-exp; rows that see no key give 0 (lse -inf).
+// softmax(logits) v and the row log-sum-exp (in the logits' dtype); rows that see no key give 0
+// (lse -inf).
 std::tuple<at::Tensor, at::Tensor> softmax_forward(const at::Tensor& q, const at::Tensor& v,
                                                    const at::Tensor& logits) {
   const auto lse = at::logsumexp(logits, -1);
   const auto p = at::exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0);
-  return {at::matmul(p, v.to(at::kFloat)).to(q.scalar_type()), lse};
+  return {at::matmul(p, v.to(logits.scalar_type())).to(q.scalar_type()), lse};
 }
 
-// The gradients of softmax_forward, and dS = dLoss/dlogits (float32 [B, H, Nq, Nk]).
+// The gradients of softmax_forward, and dS = dLoss/dlogits ([B, H, Nq, Nk] in the logits' dtype).
 struct ReferenceGrads {
   at::Tensor dq, dk, dv, ds;
 };
 ReferenceGrads softmax_backward(const at::Tensor& grad_out, const at::Tensor& q,
                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                                 const at::Tensor& lse, const at::Tensor& logits, double s) {
+  const auto ct = logits.scalar_type();  // float32; float64 for float64 inputs (Shaw)
   const auto p = at::exp(logits - lse.unsqueeze(-1)).nan_to_num(0.0);
-  const auto g = grad_out.to(at::kFloat);
+  const auto g = grad_out.to(ct);
   const auto dv = at::matmul(p.transpose(-1, -2), g);
-  const auto dp = at::matmul(g, v.to(at::kFloat).transpose(-1, -2));
-  const auto ds = p * (dp - (g * out.to(at::kFloat)).sum(-1, true));
-  const auto dq = at::matmul(ds, k.to(at::kFloat)) * s;
-  const auto dk = at::matmul(ds.transpose(-1, -2), q.to(at::kFloat)) * s;
+  const auto dp = at::matmul(g, v.to(ct).transpose(-1, -2));
+  const auto ds = p * (dp - (g * out.to(ct)).sum(-1, true));
+  const auto dq = at::matmul(ds, k.to(ct)) * s;
+  const auto dk = at::matmul(ds.transpose(-1, -2), q.to(ct)) * s;
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), ds};
 }
 
@@ -370,6 +398,169 @@ at::Tensor t5_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::
   return std::get<0>(t5_forward_cpu(q, k, v, table, bidirectional, max_distance, causal, scale));
 }
 
+// ---- Shaw ---------------------------------------------------------------------------------
+
+// The table [2K+1, D] (one for all heads), on q's device, float32 or q's dtype.
+void check_shaw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& table) {
+  check_qkv("posenc.shaw_attention", q, k, v, /*allow_double=*/true);
+  TORCH_CHECK(q.size(3) >= 1, "posenc.shaw_attention: head dim D must be >= 1, got ", q.size(3));
+  TORCH_CHECK(table.dim() == 2 && table.size(0) % 2 == 1 && table.size(1) == q.size(3),
+              "posenc.shaw_attention: table must be [2K+1, D] = [2K+1, ", q.size(3),
+              "] (an odd number of rows), got ", table.sizes());
+  TORCH_CHECK(table.scalar_type() == at::kFloat || table.scalar_type() == q.scalar_type(),
+              "posenc.shaw_attention: table must be float32 or q's dtype (", q.scalar_type(),
+              "), got ", table.scalar_type());
+  TORCH_CHECK(table.device() == q.device(), "posenc.shaw_attention: table must be on q's device (",
+              q.device(), "), got ", table.device());
+}
+
+// K of the table, and K' = min(K, Nk - 1): key-minus-query offsets lie in [-(Nk-1), Nq-1], so
+// rows K - K' .. K + K' of the table are the only ones read (clip to K' = clip to K there).
+struct ShawRange {
+  int64_t max_relative = 0;  ///< K
+  int64_t used = 0;          ///< K'
+};
+ShawRange shaw_range(const at::Tensor& k, const at::Tensor& table) {
+  const int64_t kmax = (table.size(0) - 1) / 2;
+  return {kmax, std::min(kmax, std::max<int64_t>(k.size(2) - 1, 0))};
+}
+
+// dtable for the rows the kernel read ([2K'+1, D]), zero rows around it: [2K+1, D].
+at::Tensor shaw_full_dtable(const at::Tensor& used_grad, const ShawRange& range) {
+  const int64_t pad = range.max_relative - range.used;
+  return pad == 0 ? used_grad : at::constant_pad_nd(used_grad, {0, 0, pad, pad}, 0.0);
+}
+
+// The plain-ATen Shaw specification (scores against every used table row, then each pair's row
+// picked: [B, H, Nq, Nk] materialized), in float32, float64 for float64 inputs: the CUDA
+// registration and the float64 path. index: [Nq, Nk] int64, clip(j - p_i, -K', K') + K'.
+struct ShawLogits {
+  at::Tensor logits;  ///< [B, H, Nq, Nk]
+  at::Tensor table;   ///< the used rows [2K'+1, D] in the compute dtype
+  at::Tensor index;   ///< [B, H, Nq, Nk] int64 (expanded)
+};
+
+ShawLogits shaw_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
+                          bool causal, double scale) {
+  const auto ct = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t nq = q.size(2), nk = k.size(2);
+  const auto range = shaw_range(k, table);
+  const auto longs = q.options().dtype(at::kLong);
+  const auto rel =
+      at::arange(nk, longs).unsqueeze(0) - at::arange(nk - nq, nk, longs).unsqueeze(1);  // [Nq, Nk]
+  const auto index =
+      (rel.clamp(-range.used, range.used) + range.used).expand({q.size(0), q.size(1), nq, nk});
+  const auto used =
+      table.narrow(0, range.max_relative - range.used, 2 * range.used + 1).to(ct);  // [2K'+1, D]
+  const auto qc = q.to(ct);
+  const auto qr = at::matmul(qc, used.t());  // [B, H, Nq, 2K'+1]
+  auto logits = (at::matmul(qc, k.to(ct).transpose(-1, -2)) + qr.gather(-1, index)) * scale;
+  if (causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<double>::infinity());
+  return {logits, used, index};
+}
+
+std::tuple<at::Tensor, at::Tensor> shaw_forward_reference(const at::Tensor& q, const at::Tensor& k,
+                                                          const at::Tensor& v,
+                                                          const at::Tensor& table, bool causal,
+                                                          std::optional<double> scale) {
+  check_shaw(q, k, v, table);
+  return softmax_forward(q, v, shaw_logits_of(q, k, table, causal, scale_of(q, scale)).logits);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_reference(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
+    std::optional<double> scale) {
+  check_shaw(q, k, v, table);
+  const double s = scale_of(q, scale);
+  const auto l = shaw_logits_of(q, k, table, causal, s);
+  const auto g = softmax_backward(grad_out, q, k, v, out, lse, l.logits, s);
+  // dqr[b, h, i, r] = s * sum of dS[b, h, i, j] over the j with index r: [B, H, Nq, 2K'+1]
+  const auto dqr = at::zeros({q.size(0), q.size(1), q.size(2), l.table.size(0)}, g.ds.options())
+                       .scatter_add_(-1, l.index, g.ds) *
+                   s;
+  const auto dq = g.dq.to(dqr.scalar_type()) + at::matmul(dqr, l.table);
+  const auto dused = at::einsum("bhqr,bhqd->rd", {dqr, q.to(dqr.scalar_type())});  // [2K'+1, D]
+  return {dq.to(q.scalar_type()), g.dk, g.dv,
+          shaw_full_dtable(dused, shaw_range(k, table)).to(table.scalar_type())};
+}
+
+// The kernel's Shaw problem; the positions live in `out`, qr and the table in the problem.
+struct PreparedShaw {
+  detail::AttentionProblem p;
+  std::vector<int64_t> iq, ik;
+};
+
+void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
+                  const at::Tensor& vh, const at::Tensor& table, bool causal, double scale) {
+  auto& p = out.p;
+  detail::set_tensors(p, qh, kh, vh, scale);
+  p.table_form = BiasForm::kRelativeTable;
+  p.causal = causal;
+  out.ik.resize(p.nk);
+  out.iq.resize(p.nq);
+  for (int64_t j = 0; j < p.nk; ++j) out.ik[j] = j;
+  for (int64_t i = 0; i < p.nq; ++i) out.iq[i] = p.nk - p.nq + i;
+  p.iq = out.iq.data();
+  p.ik = out.ik.data();
+  const auto range = shaw_range(kh, table);
+  p.max_relative = range.used;
+  p.rel_scale = static_cast<float>(scale);  // (q . k + q . a) * scale: one scale for both
+  p.rel_table = table.detach()
+                    .narrow(0, range.max_relative - range.used, 2 * range.used + 1)
+                    .to(at::kCPU, at::kFloat)
+                    .contiguous();                                      // [2K'+1, D]
+  p.qr = (at::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();  // [B, H, Nq, 2K'+1]
+}
+
+std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v, const at::Tensor& table,
+                                                    bool causal, std::optional<double> scale) {
+  check_shaw(q, k, v, table);
+  // float64: the exact reference (the kernel computes in float32)
+  if (q.scalar_type() == at::kDouble) return shaw_forward_reference(q, k, v, table, causal, scale);
+  PreparedShaw prepared;
+  prepare_shaw(prepared, f32(q), f32(k), f32(v), table, causal, scale_of(q, scale));
+  const auto& p = prepared.p;
+  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
+  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
+  return {out.to(q.scalar_type()), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
+    std::optional<double> scale) {
+  check_shaw(q, k, v, table);
+  if (q.scalar_type() == at::kDouble)
+    return shaw_backward_reference(grad_out, q, k, v, out, lse, table, causal, scale);
+  PreparedShaw prepared;
+  auto qh = f32(q), kh = f32(k), vh = f32(v);
+  prepare_shaw(prepared, qh, kh, vh, table, causal, scale_of(q, scale));
+  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+  at::Tensor dtable;  // [2K'+1, D] float32
+  if (qh.numel() > 0 && kh.numel() > 0)
+    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
+                                   dv, dtable);
+  const auto range = shaw_range(k, table);
+  if (!dtable.defined()) dtable = at::zeros({2 * range.used + 1, table.size(1)}, at::kFloat);
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+          shaw_full_dtable(dtable, range).to(table.scalar_type())};
+}
+
+at::Tensor shaw_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& table, bool causal,
+                                    std::optional<double> scale) {
+  return std::get<0>(shaw_forward_reference(q, k, v, table, causal, scale));
+}
+
+at::Tensor shaw_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& table, bool causal, std::optional<double> scale) {
+  return std::get<0>(shaw_forward_cpu(q, k, v, table, causal, scale));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(posenc, m) {
@@ -393,6 +584,16 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       "_t5_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor table, bool bidirectional=True, int max_distance=128, "
       "bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "shaw_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool causal=False, "
+      "float? scale=None) -> Tensor");
+  m.def(
+      "_shaw_attention_forward(Tensor q, Tensor k, Tensor v, Tensor table, bool causal=False, "
+      "float? scale=None) -> (Tensor, Tensor)");
+  m.def(
+      "_shaw_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor table, bool causal=False, float? scale=None) -> "
+      "(Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(posenc, CPU, m) {
@@ -402,6 +603,9 @@ TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   m.impl("t5_attention", TORCH_FN(t5_attention_cpu));
   m.impl("_t5_attention_forward", TORCH_FN(t5_forward_cpu));
   m.impl("_t5_attention_backward", TORCH_FN(t5_backward_cpu));
+  m.impl("shaw_attention", TORCH_FN(shaw_attention_cpu));
+  m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_cpu));
+  m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_cpu));
 }
 
 TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
@@ -411,6 +615,9 @@ TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
   m.impl("t5_attention", TORCH_FN(t5_attention_reference));
   m.impl("_t5_attention_forward", TORCH_FN(t5_forward_reference));
   m.impl("_t5_attention_backward", TORCH_FN(t5_backward_reference));
+  m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));
+  m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_reference));
+  m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_reference));
 }
 
 }  // namespace posenc::ops

@@ -5,6 +5,8 @@
 // kernels (python/posenc/_meta.py).
 // posenc::t5_attention the same way, with a gradient for its bucket table as well
 // (_t5_attention_backward's dtable: dS summed per bucket and head).
+// posenc::shaw_attention likewise, with a gradient for its [2K+1, D] table
+// (_shaw_attention_backward's dtable: sum_{b,h} dqr^T q, dqr = dS summed per clipped offset).
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -108,11 +110,53 @@ at::Tensor t5_attention_autograd(const at::Tensor& q, const at::Tensor& k, const
   return T5AttentionFunction::apply(q, k, v, table, bidirectional, max_distance, causal, scale)[0];
 }
 
+class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& table, bool causal,
+                               std::optional<double> scale) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("posenc::_shaw_attention_forward", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, std::optional<double>)>();
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = op.call(q, k, v, table, causal, scale);
+    ctx->save_for_backward({q, k, v, out, lse, table});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("posenc::_shaw_attention_backward", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, bool, std::optional<double>)>();
+    const auto s = ctx->get_saved_variables();
+    const auto scale_value = ctx->saved_data["scale"];
+    const std::optional<double> scale =
+        scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
+    auto [dq, dk, dv, dtable] = op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
+                                        ctx->saved_data["causal"].toBool(), scale);
+    return {dq, dk, dv, dtable, at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor shaw_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& table, bool causal,
+                                   std::optional<double> scale) {
+  return ShawAttentionFunction::apply(q, k, v, table, causal, scale)[0];
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_autograd));
   m.impl("t5_attention", TORCH_FN(t5_attention_autograd));
+  m.impl("shaw_attention", TORCH_FN(shaw_attention_autograd));
 }
 
 }  // namespace posenc::ops
