@@ -20,6 +20,22 @@ apply_rot_embed_cat(x, emb, half=False)
     [f0, f0, f1, f1, ...], or half=True for its rotate_half layout), through
     torch.ops.posenc.apply_rotary: the rotation in the promoted dtype, cast to x's, as timm's;
     equal to it to the bit. apply_rot_embed_cat_qk(q, k, emb, half=False) rotates both in one pass.
+
+build_rotary_pos_embed(feat_shape, bands=None, dim=64, max_res=224, temperature=10000.0,
+                       linear_bands=False, in_pixels=True, ref_feat_shape=None, grid_offset=0.0,
+                       grid_indexing="ij", rotate_half=False, device=None, dtype=torch.float32,
+                       grid_type=None, normalize_coords="separate")
+    timm.layers.build_rotary_pos_embed: axial RoPE (sin, cos) [N, A * dim / 4 * 2] over a patch
+    grid (index, pixel or centered coordinates; EVA's ref_feat_shape rescaling; "xy" indexing),
+    through torch.ops.posenc.patch_grid_bands and torch.ops.posenc.patch_grid_rope: float32
+    products as timm's, equal to timm's tables to the bit.
+
+RotaryEmbeddingCat(dim, ...), RotaryEmbedding(dim, ...)
+    timm's modules with timm's arguments and methods (get_embed, get_batch_embeds,
+    update_feat_shape, forward on channels-first maps): cat([sin, cos]) [N, 2 dim] or (sin, cos),
+    cached for a fixed feat_shape or built per shape; RotaryEmbeddingCat.from_timm(module) takes
+    a timm module's settings. timm's training-time coordinate augmentation (shift_coords,
+    jitter_coords, rescale_coords) is not computed here: given, it is refused with one line.
 """
 
 from __future__ import annotations
@@ -34,7 +50,8 @@ from . import _library
 _library.load()
 
 __all__ = ["resample_abs_pos_embed", "build_sincos2d_pos_embed", "apply_rot_embed_cat",
-           "apply_rot_embed_cat_qk"]
+           "apply_rot_embed_cat_qk", "build_rotary_pos_embed", "RotaryEmbeddingCat",
+           "RotaryEmbedding"]
 
 
 def resample_abs_pos_embed(posemb: torch.Tensor, new_size: Sequence[int],
@@ -124,3 +141,204 @@ def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) 
     none = x.new_empty((x.shape[0], 0, x.shape[2], x.shape[3]))
     y, _ = torch.ops.posenc.apply_rotary(x, none, cos, sin, 1, "half" if half else "interleaved")
     return y.to(x.dtype)
+
+
+def _no_augmentation(name: str, shift_coords, jitter_coords, rescale_coords) -> None:
+    for key, value in (("shift_coords", shift_coords), ("jitter_coords", jitter_coords),
+                       ("rescale_coords", rescale_coords)):
+        if value is not None:
+            raise ValueError(f"posenc.timm.{name}: {key}={value!r}: timm's training-time coordinate "
+                             f"augmentation is not computed by posenc; leave it None (or use "
+                             f"timm's module for augmented training)")
+
+
+def _grid_type(grid_type: Optional[str], in_pixels: bool) -> str:
+    return grid_type if grid_type is not None else ("pixel" if in_pixels else "index")
+
+
+def _rope_tables(feat_shape: Sequence[int], bands: torch.Tensor, grid_type: str,
+                 ref_feat_shape: Optional[Sequence[int]], grid_offset: float, grid_indexing: str,
+                 normalize_coords: str, rotate_half: bool):
+    """(sin, cos) float32 [N, A * 2F], on bands' device."""
+    if bands.dtype in (torch.float16, torch.bfloat16):  # timm's grid * bands promotes to float32
+        bands = bands.float()
+    cos, sin = torch.ops.posenc.patch_grid_rope(
+        [int(s) for s in feat_shape], bands, grid_type,
+        None if ref_feat_shape is None else [int(s) for s in ref_feat_shape], float(grid_offset),
+        grid_indexing, normalize_coords, "half" if rotate_half else "interleaved")
+    return sin, cos
+
+
+def build_rotary_pos_embed(feat_shape: Sequence[int], bands: Optional[torch.Tensor] = None,
+                           dim: int = 64, max_res: int = 224, temperature: float = 10000.0,
+                           linear_bands: bool = False, in_pixels: bool = True,
+                           ref_feat_shape: Optional[Sequence[int]] = None,
+                           grid_offset: float = 0.0, grid_indexing: str = "ij",
+                           rotate_half: bool = False, device: Optional[torch.device] = None,
+                           dtype: torch.dtype = torch.float32, grid_type: Optional[str] = None,
+                           normalize_coords: str = "separate", shift_coords=None,
+                           jitter_coords=None, rescale_coords=None):
+    """(sin, cos), each [prod(feat_shape), len(feat_shape) * 2 * (dim // 4)] in dtype."""
+    _no_augmentation("build_rotary_pos_embed", shift_coords, jitter_coords, rescale_coords)
+    if bands is None:
+        bands = torch.ops.posenc.patch_grid_bands(dim // 4, bool(in_pixels), float(max_res),
+                                                  float(temperature), bool(linear_bands))
+        if device is not None:
+            bands = bands.to(device)
+    sin, cos = _rope_tables(feat_shape, bands, _grid_type(grid_type, in_pixels), ref_feat_shape,
+                            grid_offset, grid_indexing, normalize_coords, rotate_half)
+    return sin.to(dtype=dtype), cos.to(dtype=dtype)
+
+
+class _AxialRotaryBase(torch.nn.Module):
+    """timm's _RotaryEmbeddingBase: the settings, the bands buffer and the cache's life."""
+
+    def __init__(self, dim: int, max_res: int = 224, temperature: float = 10000,
+                 in_pixels: bool = True, linear_bands: bool = False,
+                 feat_shape: Optional[Sequence[int]] = None,
+                 ref_feat_shape: Optional[Sequence[int]] = None, grid_offset: float = 0.0,
+                 grid_indexing: str = "ij", rotate_half: bool = False,
+                 grid_type: Optional[str] = None, normalize_coords: str = "separate",
+                 device=None, dtype=None, shift_coords=None, jitter_coords=None,
+                 rescale_coords=None):
+        super().__init__()
+        name = type(self).__name__
+        _no_augmentation(name, shift_coords, jitter_coords, rescale_coords)
+        if dim < 4:
+            raise ValueError(f"posenc.timm.{name}: dim must be >= 4 (dim // 4 bands), got {dim}")
+        self.dim = dim
+        self.max_res = max_res
+        self.temperature = temperature
+        self.in_pixels = in_pixels
+        self.linear_bands = linear_bands
+        self.feat_shape = None if feat_shape is None else list(feat_shape)
+        self.ref_feat_shape = None if ref_feat_shape is None else list(ref_feat_shape)
+        self.grid_offset = grid_offset
+        self.grid_indexing = grid_indexing
+        self.rotate_half = rotate_half
+        self.grid_type = _grid_type(grid_type, in_pixels)
+        self.normalize_coords = normalize_coords
+        bands = torch.ops.posenc.patch_grid_bands(dim // 4, bool(in_pixels), float(max_res),
+                                                  float(temperature), bool(linear_bands))
+        self.register_buffer("bands", bands.to(device=device), persistent=False)
+        self._cache_dtype = dtype if dtype is not None else torch.float32
+        self._set_cache(self.feat_shape, device)
+
+    def _apply(self, fn, *args, **kwargs):
+        module = super()._apply(fn, *args, **kwargs)
+        # .half() / .bfloat16() cast every floating buffer; the bands stay float32 as timm's do
+        if self.bands.dtype in (torch.float16, torch.bfloat16):
+            bands = torch.ops.posenc.patch_grid_bands(
+                self.dim // 4, bool(self.in_pixels), float(self.max_res), float(self.temperature),
+                bool(self.linear_bands))
+            self.register_buffer("bands", bands.to(self.bands.device), persistent=False)
+        return module
+
+    def _tables(self, feat_shape: Sequence[int], dtype: Optional[torch.dtype] = None):
+        sin, cos = _rope_tables(feat_shape, self.bands, self.grid_type, self.ref_feat_shape,
+                                self.grid_offset, self.grid_indexing, self.normalize_coords,
+                                self.rotate_half)
+        dtype = torch.float32 if dtype is None else dtype
+        return sin.to(dtype), cos.to(dtype)
+
+    def update_feat_shape(self, feat_shape: Sequence[int]) -> None:
+        if self.feat_shape is not None and list(feat_shape) != self.feat_shape:
+            self.feat_shape = list(feat_shape)
+            self._set_cache(self.feat_shape, self.bands.device)
+
+    def get_batch_embeds(self, shapes, seq_len: Optional[int] = None,
+                         dtype: Optional[torch.dtype] = None):
+        """One embedding per (H, W) in shapes; with seq_len, zero-padded and stacked."""
+        if not shapes:
+            return []
+        if self.feat_shape is not None:
+            raise RuntimeError("Batch embedding generation requires cached bands, not "
+                               "pre-computed embeddings")
+        embeds = [self.get_embed((h, w), dtype=dtype) for h, w in shapes]
+        if seq_len is None:
+            return embeds
+        first = embeds[0] if isinstance(embeds[0], torch.Tensor) else embeds[0][0]
+        if any((e if isinstance(e, torch.Tensor) else e[0]).shape[-2] > seq_len for e in embeds):
+            raise ValueError("seq_len must be at least the number of positions in each embedding")
+        if isinstance(embeds[0], torch.Tensor):
+            padded = first.new_zeros((len(embeds), seq_len, first.shape[-1]))
+            for i, e in enumerate(embeds):
+                padded[i, :e.shape[0]] = e
+            return padded
+        raise RuntimeError(f"posenc.timm.{type(self).__name__}: get_batch_embeds with seq_len "
+                           f"returns one tensor; it is RotaryEmbeddingCat's")
+
+
+class RotaryEmbeddingCat(_AxialRotaryBase):
+    """timm's RotaryEmbeddingCat: get_embed(shape) -> cat([sin, cos], -1) [N, 2 dim]."""
+
+    def _set_cache(self, feat_shape, device) -> None:
+        if feat_shape is None:
+            self.pos_embed = None
+            return
+        sin, cos = self._tables(feat_shape, self._cache_dtype)
+        self.register_buffer("pos_embed", torch.cat([sin, cos], -1).to(device=device),
+                             persistent=False)
+
+    def get_embed(self, shape: Optional[Sequence[int]] = None,
+                  dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        if self.feat_shape is None and shape is not None:
+            sin, cos = self._tables(shape, dtype)
+            return torch.cat([sin, cos], -1)
+        if self.pos_embed is not None:
+            return self.pos_embed if dtype is None else self.pos_embed.to(dtype=dtype)
+        raise RuntimeError("posenc.timm.RotaryEmbeddingCat.get_embed: give a shape (no feat_shape "
+                           "was set at construction)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, C = dim, *spatial] rotated over its spatial grid."""
+        shape = x.shape
+        emb = self.get_embed(list(shape[2:]))
+        y = apply_rot_embed_cat(x.flatten(2).transpose(1, 2), emb, half=self.rotate_half)
+        return y.transpose(1, 2).reshape(shape)
+
+    @classmethod
+    def from_timm(cls, module: torch.nn.Module) -> "RotaryEmbeddingCat":
+        """The same table as a timm RotaryEmbeddingCat (its settings; not augmenting)."""
+        if getattr(module, "aug_active", False):
+            raise ValueError("posenc.timm.RotaryEmbeddingCat.from_timm: the timm module augments "
+                             "its coordinates (shift/jitter/rescale_coords); posenc does not")
+        return cls(module.dim, max_res=module.max_res, temperature=module.temperature,
+                   in_pixels=module.in_pixels, linear_bands=module.linear_bands,
+                   feat_shape=module.feat_shape, ref_feat_shape=module.ref_feat_shape,
+                   grid_offset=module.grid_offset, grid_indexing=module.grid_indexing,
+                   rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
+                   normalize_coords=getattr(module, "normalize_coords", "separate"),
+                   device=module.bands.device,
+                   dtype=None if module.pos_embed is None else module.pos_embed.dtype)
+
+
+class RotaryEmbedding(_AxialRotaryBase):
+    """timm's RotaryEmbedding: get_embed(shape) -> (sin, cos), each [N, dim]."""
+
+    def _set_cache(self, feat_shape, device) -> None:
+        if feat_shape is None:
+            self.pos_embed_sin = self.pos_embed_cos = None
+            return
+        sin, cos = self._tables(feat_shape, self._cache_dtype)
+        self.register_buffer("pos_embed_sin", sin.to(device=device), persistent=False)
+        self.register_buffer("pos_embed_cos", cos.to(device=device), persistent=False)
+
+    def get_embed(self, shape: Optional[Sequence[int]] = None,
+                  dtype: Optional[torch.dtype] = None):
+        if self.feat_shape is None and shape is not None:
+            return self._tables(shape, dtype)
+        if self.pos_embed_sin is not None:
+            if dtype is not None:
+                return self.pos_embed_sin.to(dtype=dtype), self.pos_embed_cos.to(dtype=dtype)
+            return self.pos_embed_sin, self.pos_embed_cos
+        raise RuntimeError("posenc.timm.RotaryEmbedding.get_embed: give a shape (no feat_shape "
+                           "was set at construction)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, C = dim, *spatial] rotated over its spatial grid."""
+        shape = x.shape
+        sin, cos = self.get_embed(list(shape[2:]))
+        emb = torch.cat([sin, cos], -1)
+        y = apply_rot_embed_cat(x.flatten(2).transpose(1, 2), emb, half=self.rotate_half)
+        return y.transpose(1, 2).reshape(shape)

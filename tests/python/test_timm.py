@@ -120,3 +120,135 @@ def test_apply_rot_embed_cat_is_timms(half, dtype, emb_dtype):
 def test_apply_rot_embed_cat_bad_shape_is_one_line():
     with pytest.raises(ValueError, match=r"emb must be \[\.\.\., N, 2D\]"):
         posenc.timm.apply_rot_embed_cat(torch.zeros(1, 2, 5, 8), torch.zeros(5, 8))
+
+
+# --- axial RoPE tables: build_rotary_pos_embed, RotaryEmbeddingCat, RotaryEmbedding ---
+
+pos_embed_sincos = pytest.importorskip("timm.layers.pos_embed_sincos")
+
+_GRIDS = [(14, 14), (7, 9), (3, 5, 4), (1, 6)]
+
+
+@pytest.mark.parametrize("feat_shape", _GRIDS, ids=str)
+@pytest.mark.parametrize("grid_type", ["index", "pixel", "centered"])
+@pytest.mark.parametrize("in_pixels", [False, True])
+@pytest.mark.parametrize("rotate_half", [False, True])
+def test_build_rotary_pos_embed_equals_timm(feat_shape, grid_type, in_pixels, rotate_half):
+    ref = [16] * len(feat_shape)
+    for kwargs in [dict(), dict(ref_feat_shape=ref), dict(grid_offset=0.5),
+                   dict(grid_indexing="xy"), dict(normalize_coords="max"),
+                   dict(normalize_coords="min", ref_feat_shape=ref, grid_indexing="xy")]:
+        args = dict(dim=64, in_pixels=in_pixels, grid_type=grid_type, rotate_half=rotate_half,
+                    **kwargs)
+        want = pos_embed_sincos.build_rotary_pos_embed(list(feat_shape), **args)
+        got = posenc.timm.build_rotary_pos_embed(feat_shape, **args)
+        for g, w in zip(got, want):  # sin, cos
+            assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape)
+            assert torch.equal(g, w), (kwargs, (g - w).abs().max())
+
+
+@pytest.mark.parametrize("linear_bands", [False, True])
+@pytest.mark.parametrize("max_res", [224, 100, 37])
+def test_pixel_and_ladder_bands_equal_timm(linear_bands, max_res):
+    want = pos_embed_sincos.pixel_freq_bands(16, float(max_res), linear_bands=linear_bands)
+    got = torch.ops.posenc.patch_grid_bands(16, True, float(max_res), 1e4, linear_bands)
+    assert torch.equal(got, want)
+    for temperature in [10000.0, 100.0, 7.5]:
+        want = pos_embed_sincos.freq_bands(16, temperature=temperature, step=1)
+        assert torch.equal(torch.ops.posenc.patch_grid_bands(16, False, 224.0, temperature, False),
+                           want)
+
+
+def _eva_settings():  # EVA-02's: ladder bands, index grid, pretraining grid 16 x 16
+    return dict(in_pixels=False, ref_feat_shape=[16, 16])
+
+
+@pytest.mark.parametrize("settings", [dict(), _eva_settings(), dict(rotate_half=True),
+                                      dict(grid_type="centered", normalize_coords="max"),
+                                      dict(grid_indexing="xy", linear_bands=True)], ids=str)
+@pytest.mark.parametrize("cached", [False, True])
+def test_rotary_embedding_cat_module_equals_timms(settings, cached):
+    feat_shape = [12, 10] if cached else None
+    want_m = pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=feat_shape, **settings)
+    got_m = posenc.timm.RotaryEmbeddingCat(32, feat_shape=feat_shape, **settings)
+    from_timm = posenc.timm.RotaryEmbeddingCat.from_timm(want_m)
+    for shape in ([12, 10], [7, 7]):
+        want = want_m.get_embed(shape)
+        assert torch.equal(got_m.get_embed(shape), want)
+        assert torch.equal(from_timm.get_embed(shape), want)
+        assert torch.equal(got_m.get_embed(shape, dtype=torch.bfloat16),
+                           want_m.get_embed(shape, dtype=torch.bfloat16))
+    x = torch.randn(2, 32, 12, 10)
+    assert torch.equal(got_m(x), want_m(x))
+    if not cached:
+        shapes = [(3, 4), (5, 2), (4, 4)]
+        for g, w in zip(got_m.get_batch_embeds(shapes), want_m.get_batch_embeds(shapes)):
+            assert torch.equal(g, w)
+        assert torch.equal(got_m.get_batch_embeds(shapes, seq_len=20),
+                           want_m.get_batch_embeds(shapes, seq_len=20))
+    else:  # a new grid: the cache follows, as timm's does
+        got_m.update_feat_shape([6, 8])
+        want_m.update_feat_shape([6, 8])
+        assert torch.equal(got_m.get_embed(), want_m.get_embed())
+
+
+def test_rotary_embedding_module_and_casts_equal_timms():
+    want_m = pos_embed_sincos.RotaryEmbedding(32, feat_shape=[8, 8], in_pixels=False)
+    got_m = posenc.timm.RotaryEmbedding(32, feat_shape=[8, 8], in_pixels=False)
+    for g, w in zip(got_m.get_embed(), want_m.get_embed()):
+        assert torch.equal(g, w)
+    x = torch.randn(2, 32, 8, 8)
+    assert torch.equal(got_m(x), want_m(x))
+    # .bfloat16(): the cached tables are cast, the bands stay float32 (as timm keeps them)
+    got_m, want_m = got_m.bfloat16(), want_m.bfloat16()
+    assert got_m.bands.dtype == torch.float32
+    for g, w in zip(got_m.get_embed(), want_m.get_embed()):
+        assert g.dtype == torch.bfloat16 and torch.equal(g, w)
+    free = posenc.timm.RotaryEmbeddingCat(32, in_pixels=False).half()
+    reference = pos_embed_sincos.RotaryEmbeddingCat(32, in_pixels=False).half()
+    assert torch.equal(free.get_embed([5, 5]), reference.get_embed([5, 5]))
+
+
+def test_rotary_tables_rotate_as_timms_eva_attention_does():
+    # EVA's attention: q, k [B, H, N, Dh] rotated by RotaryEmbeddingCat(Dh / 2 ... ) tables
+    torch.manual_seed(0)
+    rope_t = pos_embed_sincos.RotaryEmbeddingCat(32, in_pixels=False, feat_shape=[6, 6],
+                                                 ref_feat_shape=[16, 16])
+    rope_p = posenc.timm.RotaryEmbeddingCat.from_timm(rope_t)
+    q = torch.randn(2, 3, 36, 32)
+    want = pos_embed_sincos.apply_rot_embed_cat(q, rope_t.get_embed())
+    assert torch.equal(posenc.timm.apply_rot_embed_cat(q, rope_p.get_embed()), want)
+
+
+def test_axial_rope_bad_input_is_one_line():
+    with pytest.raises(ValueError, match="shift_coords=0.5: timm's training-time coordinate"):
+        posenc.timm.RotaryEmbeddingCat(32, shift_coords=0.5)
+    with pytest.raises(RuntimeError, match="unknown grid_type 'pixels'"):
+        posenc.timm.build_rotary_pos_embed([4, 4], grid_type="pixels")
+    with pytest.raises(RuntimeError, match="grid_indexing must be 'ij' or 'xy', got 'yx'"):
+        posenc.timm.build_rotary_pos_embed([4, 4], grid_indexing="yx")
+    with pytest.raises(RuntimeError, match="every axis needs >= 1 patch, got shape \\[4, 0\\]"):
+        posenc.timm.build_rotary_pos_embed([4, 0])
+    with pytest.raises(RuntimeError, match="reference shape \\[16\\] must have one size per axis"):
+        posenc.timm.build_rotary_pos_embed([4, 4], ref_feat_shape=[16])
+    with pytest.raises(RuntimeError, match="bands must be \\[F\\]"):
+        torch.ops.posenc.patch_grid_rope([4, 4], torch.ones(2, 2))
+    with pytest.raises(RuntimeError, match="give a shape"):
+        posenc.timm.RotaryEmbeddingCat(32).get_embed()
+
+
+def test_axial_rope_ops_pass_opcheck():
+    # the band count is a module constant (a buffer's length): static shapes only; test_schema's
+    # mode cannot inspect the Device argument of the aten::to inside (new tensors, no aliasing)
+    static = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
+    bands = torch.ops.posenc.patch_grid_bands(8, False, 224.0, 100.0, False)
+    torch.library.opcheck(torch.ops.posenc.patch_grid_rope, ([5, 6], bands),
+                          {"grid_type": "centered", "ref_feat_shape": [8, 8]}, test_utils=static)
+    with pytest.raises(RuntimeError, match="no gradient with respect to the bands"):
+        torch.ops.posenc.patch_grid_rope([2, 2], bands.clone().requires_grad_())
+    # the fake kernel's shapes are the kernel's
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    cos, sin = torch.ops.posenc.patch_grid_rope([3, 4, 5], bands, layout="half")
+    with FakeTensorMode() as mode:
+        fake = torch.ops.posenc.patch_grid_rope([3, 4, 5], mode.from_tensor(bands), layout="half")
+    assert fake[0].shape == cos.shape == (60, 48) and fake[1].dtype == sin.dtype
