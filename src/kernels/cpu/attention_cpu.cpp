@@ -3,7 +3,8 @@
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
 // so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen
-// matmuls; bias, masks and softmax are plain loops over the tile.
+// matmuls; bias and masks are plain loops over the tile, the softmax's max and exp-sum are
+// AVX2+FMA rows where the CPU has them (softmax_rows.h: Cephes' expf on 8 lanes).
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
 // dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
@@ -22,6 +23,7 @@
 
 #include "parallel.h"
 #include "rotate_row.h"
+#include "softmax_rows.h"
 
 namespace posenc::detail {
 
@@ -96,6 +98,14 @@ at::Tensor maybe_rotated(const AttentionProblem& p, const at::Tensor& block, at:
   return scratch.narrow(0, 0, n);
 }
 
+// The row primitives of softmax_rows.h for this CPU.
+float row_max(bool avx2, const float* x, int64_t n) {
+  return avx2 ? Avx2SoftmaxRows::row_max(x, n) : PlainSoftmaxRows::row_max(x, n);
+}
+float exp_sub_sum(bool avx2, float* x, int64_t n, float m) {
+  return avx2 ? Avx2SoftmaxRows::exp_sub_sum(x, n, m) : PlainSoftmaxRows::exp_sub_sum(x, n, m);
+}
+
 // Number of key columns of block [j0, j0+cols) that can be visible to rows up to i_last.
 int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, int64_t cols) {
   if (!p.causal) return cols;
@@ -107,6 +117,7 @@ int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, i
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
   const int64_t units = p.batch * p.heads * q_blocks;
+  const bool avx2 = cpu_has_avx2_fma();
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
@@ -140,19 +151,13 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
         bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s + r * kBlockK;
-          float row_max = kNegInf;
-          for (int64_t c = 0; c < cols; ++c) row_max = std::max(row_max, row[c]);
-          const float m_new = std::max(m[r], row_max);
+          const float m_new = std::max(m[r], row_max(avx2, row, cols));
           if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
             for (int64_t c = 0; c < cols; ++c) row[c] = 0.0f;
             continue;
           }
           const float alpha = std::exp(m[r] - m_new);
-          float sum = 0.0f;
-          for (int64_t c = 0; c < cols; ++c) {
-            row[c] = std::exp(row[c] - m_new);
-            sum += row[c];
-          }
+          const float sum = exp_sub_sum(avx2, row, cols, m_new);
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
           if (alpha != 1.0f) {
@@ -187,6 +192,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   if (relative) partial = at::zeros({p.batch, p.heads, rel_width, p.dim}, at::kFloat);
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
+  const bool avx2 = cpu_has_avx2_fma();
   parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
@@ -222,8 +228,10 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
             float* row = s + r * kBlockK;
             const float lse_r = lse_bh[i0 + r];
-            for (int64_t c = 0; c < cols; ++c)
-              row[c] = lse_r == kNegInf ? 0.0f : std::exp(row[c] - lse_r);
+            if (lse_r == kNegInf)
+              std::fill(row, row + cols, 0.0f);
+            else
+              exp_sub_sum(avx2, row, cols, lse_r);
           }
           dv_blk.narrow(0, 0, cols).addmm_(s_blk.t(), do_blk);       // dV += P^T dO
           at::mm_out(dp_blk, do_blk, v_blk.narrow(0, 0, cols).t());  // dP = dO V^T
