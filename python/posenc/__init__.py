@@ -15,7 +15,8 @@
 
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
 CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
-and {resample_grid_table, axial_sincos_table}, compositions of ATen ops, and
+and {resample_grid_table, axial_sincos_table, sinusoidal_table, patch_grid_bands},
+compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
 CPU), and alibi_attention, t5_attention and shaw_attention (the bias computed on the fly; CPU,
 Autograd and fake kernels).
@@ -30,6 +31,7 @@ from .integrations import transformers as _transformers_integration  # noqa: E40
 from .attention import alibi_attention, alibi_slopes, shaw_attention, t5_attention  # noqa: E402
 from .encoders import Encoder, Plan, Positions, build_encoder  # noqa: E402
 from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
+from .tables import sinusoidal_table  # noqa: E402
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
     apply_rotary_pos_emb,
@@ -41,4 +43,4 @@ from .rotary import (  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["Encoder", "Plan", "Positions", "build_encoder", "RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
            "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
-           "rope_cos_sin", "shaw_attention", "t5_attention", "integrations", "timm"]
+           "rope_cos_sin", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]

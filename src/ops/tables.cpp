@@ -1,4 +1,4 @@
-// Rotary tables as dispatcher operators:
+// Rotary and additive tables as dispatcher operators:
 //
 // posenc::rope_cos_sin(positions, inv_freq, attention_scaling, mrope_section, section_layout,
 //                      layout) -> (cos, sin)
@@ -10,6 +10,13 @@
 //   (half: cat(t, t), as transformers' rotary modules return it; interleaved: t0 t0 t1 t1 ...),
 //   float32. inv_freq float32 computes the angles in float32 as transformers does (equal to the
 //   bit); float64 exactly. No gradients (positions and frequencies are data).
+//
+// posenc::sinusoidal_table(positions, dim, base, layout) -> Tensor
+//   The additive sinusoidal table (Vaswani et al. 2017, sec. 3.5): positions [...] (fractional:
+//   timestamps) -> [..., dim] float64, angle_i = p base^(-2i/dim), i < dim/2; "interleaved"
+//   [sin a_0, cos a_0, sin a_1, ...] (Vaswani; XLM/DistilBERT's create_sinusoidal_embeddings),
+//   "concat" [sin a_0 .. sin a_{F-1}, cos a_0 .. cos a_{F-1}] (Marian, MAE's 1D table);
+//   posenc/functional/sinusoidal.h. A composition of ATen ops (CompositeImplicitAutograd).
 //
 // posenc::hf_rope(config_json, layer_type, angle_dtype, seq_len) -> (inv_freq, attention_scaling,
 //                 resolution_json)
@@ -23,6 +30,7 @@
 #include "posenc/config/hf_config.h"
 #include "posenc/encoders/rope.h"
 #include "posenc/functional/rope.h"
+#include "posenc/functional/sinusoidal.h"
 
 namespace posenc::ops {
 
@@ -74,6 +82,14 @@ std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(
   return {rope_expand(cos, pairs).contiguous(), rope_expand(sin, pairs).contiguous()};
 }
 
+at::Tensor sinusoidal_table_op(const at::Tensor& positions, int64_t dim, double base,
+                               c10::string_view layout) {
+  TORCH_CHECK(at::isFloatingType(positions.scalar_type()) ||
+                  at::isIntegralType(positions.scalar_type(), /*includeBool=*/false),
+              "posenc.sinusoidal_table: positions must be numbers, got ", positions.scalar_type());
+  return sinusoidal_table(positions, dim, base, sinusoidal_layout_from_string(std::string(layout)));
+}
+
 std::tuple<at::Tensor, double, std::string> hf_rope_op(c10::string_view config_json,
                                                        c10::string_view layer_type,
                                                        c10::string_view angle_dtype,
@@ -101,6 +117,11 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       "rope_cos_sin(Tensor positions, Tensor inv_freq, float attention_scaling=1., "
       "int[] mrope_section=[], str section_layout=\"contiguous\", str layout=\"half\") -> "
       "(Tensor, Tensor)");
+  m.def(
+      "sinusoidal_table(Tensor positions, int dim, float base=10000., "
+      "str layout=\"interleaved\") -> Tensor");
+  m.impl("sinusoidal_table", c10::DispatchKey::CompositeImplicitAutograd,
+         TORCH_FN(sinusoidal_table_op));
   m.def(
       "hf_rope(str config_json, str layer_type=\"\", str angle_dtype=\"float32\", "
       "int seq_len=-1, str origin=\"config.json\") -> (Tensor, float, str)",

@@ -18,6 +18,7 @@
 
 #include "parallel.h"
 #include "rotate_row.h"
+#include "softmax_rows.h"
 
 namespace posenc::detail {
 
@@ -55,10 +56,7 @@ struct PlainOps {
 
 struct Avx2Ops {
   static inline __attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
+    return Avx2SoftmaxRows::hsum(v);  // one horizontal sum for both kernels (softmax_rows.h)
   }
   static inline __attribute__((target("avx2,fma"))) float dot(const float* a, const float* b,
                                                               int64_t d) {
