@@ -18,8 +18,8 @@ CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.ex
 and {resample_grid_table, axial_sincos_table, sinusoidal_table, patch_grid_bands},
 compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
-CPU), and alibi_attention, t5_attention and shaw_attention (the bias computed on the fly; CPU,
-Autograd and fake kernels).
+CPU), and alibi_attention, t5_attention, shaw_attention and positional_attention (the bias
+computed on the fly, RoPE inside the tiles; CPU, Autograd and fake kernels).
 """
 
 from . import _library
@@ -28,7 +28,14 @@ _library.load()
 
 from . import integrations, timm  # noqa: E402
 from .integrations import transformers as _transformers_integration  # noqa: E402,F401
-from .attention import alibi_attention, alibi_slopes, shaw_attention, t5_attention  # noqa: E402
+from .integrations import timm as _timm_integration  # noqa: E402,F401
+from .attention import (  # noqa: E402
+    alibi_attention,
+    alibi_slopes,
+    positional_attention,
+    shaw_attention,
+    t5_attention,
+)
 from .encoders import Encoder, Plan, Positions, build_encoder  # noqa: E402
 from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
 from .tables import sinusoidal_table  # noqa: E402
@@ -43,4 +50,4 @@ from .rotary import (  # noqa: E402
 __version__ = "0.1.0"
 __all__ = ["Encoder", "Plan", "Positions", "build_encoder", "RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
            "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
-           "rope_cos_sin", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]
+           "rope_cos_sin", "positional_attention", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]

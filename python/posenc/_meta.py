@@ -118,3 +118,30 @@ def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None):
 def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             table.new_empty(table.shape))
+
+
+# positional_attention: as t5_attention (lse float64 for float64 inputs, their reference path);
+# dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table.
+@torch.library.register_fake("posenc::positional_attention")
+def _positional_attention_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
+                               symmetric=False, t5_table=None, bidirectional=True,
+                               max_distance=128, causal=False, scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_fake("posenc::_positional_attention_forward")
+def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
+                                       symmetric=False, t5_table=None, bidirectional=True,
+                                       max_distance=128, causal=False, scale=None):
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
+
+
+@torch.library.register_fake("posenc::_positional_attention_backward")
+def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, sin=None,
+                                        layout="half", slopes=None, symmetric=False,
+                                        t5_table=None, bidirectional=True, max_distance=128,
+                                        causal=False, scale=None):
+    dtable = (t5_table.new_empty(t5_table.shape) if t5_table is not None
+              else q.new_empty((0,), dtype=torch.float32))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable

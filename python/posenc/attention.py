@@ -1,5 +1,5 @@
-"""Attention with the ALiBi, T5 or Shaw bias computed on the fly (no [H, N, N] bias tensor), in
-SDPA's layout.
+"""Attention with the ALiBi, T5 or Shaw bias computed on the fly (no [H, N, N] bias tensor), and
+RoPE applied inside the same kernel, in SDPA's layout.
 
     out = posenc.alibi_attention(q, k, v, slopes, causal=True)   # q [B, H, Nq, D], slopes [H]
     slopes = posenc.alibi_slopes(heads)                          # Press et al.'s geometric slopes
@@ -22,6 +22,13 @@ softmax((q_i . k_j + q_i . table[clip(j - p_i, -K, K) + K]) / sqrt(D)) v: Shaw e
 "relative_key" in Wav2Vec2-BERT and SeamlessM4Tv2, BERT's in transformers 4.x), the q . table
 scores read inside the tiles; gradients for q, k, v and the table
 (torch.ops.posenc.shaw_attention).
+
+    cos, sin = posenc.rope_cos_sin(torch.arange(nk), inv_freq)   # [Nk, W], as transformers' tables
+    out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, slopes=slopes, t5_table=table)
+
+softmax(rot(q) rot(k)^T * scale - slope_h (p_i - p_j) + table[bucket(j - p_i), h]) v, each part
+optional: RoPE applied to q and k as the kernel loads its tiles (no rotated copy of q or k),
+ALiBi and T5's bias summed in the same pass (torch.ops.posenc.positional_attention).
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ import math
 
 import torch
 
-__all__ = ["alibi_attention", "alibi_slopes", "shaw_attention", "t5_attention"]
+__all__ = ["alibi_attention", "alibi_slopes", "positional_attention", "shaw_attention",
+           "t5_attention"]
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -103,3 +111,47 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: tor
     Both mappings are indexing ops, so gradients reach E.
     """
     return torch.ops.posenc.shaw_attention(q, k, v, table, causal, scale)
+
+
+def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                         cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                         layout: str = "half", slopes: torch.Tensor | None = None,
+                         symmetric: bool = False, t5_table: torch.Tensor | None = None,
+                         bidirectional: bool = True, max_distance: int = 128,
+                         causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """softmax(rot(q_i) . rot(k_j) * scale - slope_h d(i, j) + t5_table[bucket(j - p_i), h]
+    + causal mask) v, [B, H, Nq, Dv]; every part optional, all in one pass of the tiled kernel.
+
+    q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv]; the keys sit at positions 0..Nk-1, the
+    queries at the last Nq of them (cached keys first; lower-right causal mask), for all three
+    parts.
+
+    * RoPE (cos, sin): apply_rotary_pos_emb's tables as transformers' rotary modules,
+      posenc.rope_cos_sin and posenc.RotaryEmbedding return them: [Nk, W] or [B or 1, Nk, W],
+      one row per key position (query i takes row Nk - Nq + i), W <= D even (dims W.. pass
+      through: partial rotary), any floating dtype (read in float32). layout "half": each row
+      cat(t, t), pairs (i, i + W/2) (rotate_half: Llama, Qwen, ...); "interleaved": t0 t0 t1 t1
+      ..., pairs (2i, 2i + 1) (rotate_every_two: GPT-J, GLM; transformers' cat(t, t) tables
+      become ``cos[..., :W//2].repeat_interleave(2, -1)``, or RotaryEmbedding's default
+      table_order="layout"). k is passed unrotated (a cache holds unrotated keys); the kernel
+      rotates q and k as it loads its tiles, and its backward rotates dq, dk back. The tables
+      are constants there; where the kernel cannot read them (per-batch tables whose batch rows
+      differ, pairs whose two members hold different values) q and k are rotated first in
+      float32 by the same formula, and tables that require a gradient (under grad mode) by
+      posenc.apply_rotary_pos_emb in q's dtype (gradients for cos and sin through it).
+      torch.ops.posenc.positional_attention_route says which path a call takes.
+    * ALiBi (slopes [H], e.g. posenc.alibi_slopes(H); no gradient): -slope_h (p_i - p_j), or
+      -slope_h |p_i - p_j| with symmetric=True (Press et al. 2022; BLOOM's build_alibi_tensor up
+      to a per-row constant).
+    * T5 (t5_table [num_buckets, H] = relative_attention_bias.weight, float32 or q's dtype, with
+      a gradient): T5's _relative_position_bucket(j - p_i, bidirectional, num_buckets,
+      max_distance), as t5_attention.
+
+    scale None is 1/sqrt(D) as in SDPA (T5 does not scale: pass scale=1.0). q, k, v float32,
+    bfloat16 or float16 take the tiled CPU kernel (float32 inside), float64 a float64 plain-ATen
+    reference (gradcheck); CUDA: the reference. Grouped k, v heads are refused (repeat them
+    first), as by the other attentions.
+    """
+    return torch.ops.posenc.positional_attention(q, k, v, cos, sin, layout, slopes, symmetric,
+                                                 t5_table, bidirectional, max_distance, causal,
+                                                 scale)

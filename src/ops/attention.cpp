@@ -52,24 +52,104 @@
 //                                  -> (dq, dk, dv, dtable)
 //   dqr[i, r] = scale * sum over j with clip(j - p_i) + K = r of dS_ij; dq += dqr a,
 //   dtable = sum_{b,h} dqr^T q, in the table's dtype.
+//
+// RoPE (Su et al. 2021) inside the same tiles, ALiBi and T5's bias summed in one pass, each part
+// optional:
+//
+//   out[b,h,i] = sum_j softmax_j(rot_i(q_i) . rot_j(k_j) * scale - slope_h d(i, j)
+//                                + table[bucket(j - p_i), h] + causal_ij) v_j
+//   rot_n: apply_rotary's formula (rotary.h) with row n of cos, sin: [Nk, W] or [Bt, Nk, W]
+//          (Bt 1 or B), the tables of transformers' rotary modules and of rope_cos_sin; W <= D
+//          even, dims W.. pass through (partial rotary):
+//          half:        [x0 .. x(W/2-1) | x(W/2) .. x(W-1)] pairs (i, i + W/2), rows cat(t, t)
+//          interleaved: (x0, x1)(x2, x3) ..                  pairs (2i, 2i+1), rows t0 t0 t1 t1
+//          keys at rows 0..Nk-1, queries at rows Nk-Nq..Nk-1 (the positions above).
+//
+// posenc::positional_attention(q, k, v, cos, sin, layout, slopes, symmetric, t5_table,
+//                              bidirectional, max_distance, causal, scale) -> out
+//   The kernel rotates q and k as it loads each tile and its backward rotates dq, dk back (no
+//   rotated copy of q or k) wherever it can read the tables: one [Nk, F] per-pair table, i.e.
+//   the batch rows of cos, sin equal and both members of every pair holding one value (what
+//   transformers' tables hold). Otherwise q, k are rotated first by the same formula in float32
+//   and rotated back after the backward; tables that require a gradient are rotated by
+//   posenc::apply_rotary first (autograd/). float64 (and CUDA): the plain-ATen reference in
+//   float64 (float32). positional_attention_route(...) -> str says which path a call takes.
+// posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
+// posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv, dtable)
+//   dtable: T5's [num_buckets, H] in the table's dtype; without a table an empty float32 [0].
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "../kernels/cpu/attention_cpu.h"
 #include "posenc/functional/relative.h"
+#include "posenc/functional/rope.h"
+#include "rotary.h"
 
 namespace posenc::ops {
 
 namespace {
 
+// Where the kernel reads positions: keys at 0 .. Nk-1, queries at the last Nq of them (a decode
+// step's cached keys come first), as reals (ALiBi) and integers (T5, Shaw), and T5's
+// offset -> bucket row. They live here as long as the problem that points at them.
+struct KernelPositions {
+  std::vector<double> pq, pk;
+  std::vector<int64_t> iq, ik;
+  at::Tensor buckets;  ///< [Nq + Nk - 1] int64: bucket of key-minus-query offset rel_min + r
+};
+
+// The kernel's problem and the positions it points at (every op of this file).
 struct Prepared {
   detail::AttentionProblem p;
-  std::vector<double> pq, pk;
+  KernelPositions pos;
 };
+
+void set_token_positions(detail::AttentionProblem& p, KernelPositions& pos) {
+  pos.pk.resize(p.nk);
+  pos.pq.resize(p.nq);
+  pos.ik.resize(p.nk);
+  pos.iq.resize(p.nq);
+  for (int64_t j = 0; j < p.nk; ++j) pos.pk[j] = static_cast<double>(pos.ik[j] = j);
+  for (int64_t i = 0; i < p.nq; ++i) pos.pq[i] = static_cast<double>(pos.iq[i] = p.nk - p.nq + i);
+  p.pq = pos.pq.data();
+  p.pk = pos.pk.data();
+  p.iq = pos.iq.data();
+  p.ik = pos.ik.data();
+}
+
+// ALiBi: one slope per head.
+void set_alibi(detail::AttentionProblem& p, const at::Tensor& slopes, bool symmetric) {
+  p.alibi = true;
+  p.symmetric = symmetric;
+  const auto s = slopes.detach().to(at::kCPU, at::kFloat).contiguous();
+  p.slopes.assign(s.const_data_ptr<float>(), s.const_data_ptr<float>() + s.numel());
+}
+
+// T5: the bucket of each key-minus-query offset that occurs, and the table read through it as a
+// per-head lookup [H, rel_count].
+void set_t5_table(detail::AttentionProblem& p, KernelPositions& pos, const at::Tensor& table,
+                  bool bidirectional, int64_t max_distance) {
+  p.table_form = BiasForm::kBucketTable;
+  const auto offsets =
+      t5_offset_buckets(at::arange(p.nk - p.nq, p.nk, at::kLong), at::arange(p.nk, at::kLong),
+                        bidirectional, table.size(0), max_distance);
+  pos.buckets = offsets.buckets.contiguous();
+  p.rel_min = offsets.offset_min;
+  p.rel_count = pos.buckets.numel();
+  p.bucket = pos.buckets.const_data_ptr<int64_t>();
+  p.num_buckets = table.size(0);
+  const auto lut = table.detach()
+                       .to(at::kCPU, at::kFloat)
+                       .index_select(0, pos.buckets)
+                       .t()
+                       .contiguous();  // [H, rel_count]
+  p.lut.assign(lut.const_data_ptr<float>(), lut.const_data_ptr<float>() + lut.numel());
+}
 
 // q, k, v in SDPA's layout, one dtype and device; `op` names the operator in the messages.
 // allow_double: float64 as well (an op whose float64 path is the plain-ATen reference).
@@ -112,25 +192,30 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }
 
 // The table [num_buckets, H] and the bucket parameters T5's formula accepts (HF does not check:
-// max_distance <= the exact range gives NaN or negative buckets there).
+// max_distance <= the exact range gives NaN or negative buckets there). `op` and `arg` name the
+// operator and the argument in the messages.
+void check_bucket_table(const char* op, const char* arg, const at::Tensor& q,
+                        const at::Tensor& table, bool bidirectional, int64_t max_distance) {
+  TORCH_CHECK(table.dim() == 2 && table.size(1) == q.size(1), op, ": ", arg,
+              " must be [num_buckets, H] = [num_buckets, ", q.size(1), "], got ", table.sizes());
+  const int64_t num_buckets = table.size(0);
+  const int64_t max_exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
+  TORCH_CHECK(max_exact >= 1, op, ": ", arg, ".size(0) (num_buckets) must be >= ",
+              bidirectional ? "4 with bidirectional=True" : "2", ", got ", num_buckets);
+  TORCH_CHECK(max_distance > max_exact, op, ": max_distance must exceed the ", "exact range ",
+              max_exact, " (num_buckets=", num_buckets, bidirectional ? ", bidirectional" : "",
+              "), got ", max_distance);
+  TORCH_CHECK(table.scalar_type() == at::kFloat || table.scalar_type() == q.scalar_type(), op, ": ",
+              arg, " must be float32 or q's dtype (", q.scalar_type(), "), got ",
+              table.scalar_type());
+  TORCH_CHECK(table.device() == q.device(), op, ": ", arg, " must be on q's device (", q.device(),
+              "), got ", table.device());
+}
+
 void check_t5(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& table, bool bidirectional, int64_t max_distance) {
   check_qkv("posenc.t5_attention", q, k, v);
-  TORCH_CHECK(table.dim() == 2 && table.size(1) == q.size(1),
-              "posenc.t5_attention: table must be [num_buckets, H] = [num_buckets, ", q.size(1),
-              "], got ", table.sizes());
-  const int64_t num_buckets = table.size(0);
-  const int64_t max_exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
-  TORCH_CHECK(max_exact >= 1, "posenc.t5_attention: table.size(0) (num_buckets) must be >= ",
-              bidirectional ? "4 with bidirectional=True" : "2", ", got ", num_buckets);
-  TORCH_CHECK(max_distance > max_exact, "posenc.t5_attention: max_distance must exceed the ",
-              "exact range ", max_exact, " (num_buckets=", num_buckets,
-              bidirectional ? ", bidirectional" : "", "), got ", max_distance);
-  TORCH_CHECK(table.scalar_type() == at::kFloat || table.scalar_type() == q.scalar_type(),
-              "posenc.t5_attention: table must be float32 or q's dtype (", q.scalar_type(),
-              "), got ", table.scalar_type());
-  TORCH_CHECK(table.device() == q.device(), "posenc.t5_attention: table must be on q's device (",
-              q.device(), "), got ", table.device());
+  check_bucket_table("posenc.t5_attention", "table", q, table, bidirectional, max_distance);
 }
 
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
@@ -142,17 +227,9 @@ void prepare(Prepared& out, const at::Tensor& qh, const at::Tensor& kh, const at
              const at::Tensor& slopes, bool causal, bool symmetric, double scale) {
   auto& p = out.p;
   detail::set_tensors(p, qh, kh, vh, scale);
-  p.alibi = true;
-  p.symmetric = symmetric;
   p.causal = causal;
-  out.pq.resize(p.nq);
-  out.pk.resize(p.nk);
-  for (int64_t j = 0; j < p.nk; ++j) out.pk[j] = static_cast<double>(j);
-  for (int64_t i = 0; i < p.nq; ++i) out.pq[i] = static_cast<double>(p.nk - p.nq + i);
-  p.pq = out.pq.data();
-  p.pk = out.pk.data();
-  const auto s = slopes.detach().to(at::kCPU, at::kFloat).contiguous();
-  p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+  set_token_positions(p, out.pos);
+  set_alibi(p, slopes, symmetric);
 }
 
 at::Tensor f32(const at::Tensor& t) { return t.detach().to(at::kFloat).contiguous(); }
@@ -264,40 +341,16 @@ at::Tensor alibi_attention_cpu(const at::Tensor& q, const at::Tensor& k, const a
 
 // ---- T5 -----------------------------------------------------------------------------------
 
-// The kernel's T5 problem; positions and the offset -> bucket row live in `out`.
-struct PreparedT5 {
-  detail::AttentionProblem p;
-  std::vector<int64_t> iq, ik;
-  at::Tensor buckets;  ///< [Nq + Nk - 1] int64: bucket of key-minus-query offset rel_min + r
-};
+using PreparedT5 = Prepared;
 
 void prepare_t5(PreparedT5& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
                 const at::Tensor& table, bool bidirectional, int64_t max_distance, bool causal,
                 double scale) {
   auto& p = out.p;
   detail::set_tensors(p, qh, kh, vh, scale);
-  p.table_form = BiasForm::kBucketTable;
   p.causal = causal;
-  out.ik.resize(p.nk);
-  out.iq.resize(p.nq);
-  for (int64_t j = 0; j < p.nk; ++j) out.ik[j] = j;
-  for (int64_t i = 0; i < p.nq; ++i) out.iq[i] = p.nk - p.nq + i;
-  p.iq = out.iq.data();
-  p.ik = out.ik.data();
-  const auto offsets =
-      t5_offset_buckets(at::arange(p.nk - p.nq, p.nk, at::kLong), at::arange(p.nk, at::kLong),
-                        bidirectional, table.size(0), max_distance);
-  out.buckets = offsets.buckets.contiguous();
-  p.rel_min = offsets.offset_min;
-  p.rel_count = out.buckets.numel();
-  p.bucket = out.buckets.const_data_ptr<int64_t>();
-  p.num_buckets = table.size(0);
-  const auto lut = table.detach()
-                       .to(at::kCPU, at::kFloat)
-                       .index_select(0, out.buckets)
-                       .t()
-                       .contiguous();  // [H, rel_count]
-  p.lut.assign(lut.const_data_ptr<float>(), lut.const_data_ptr<float>() + lut.numel());
+  set_token_positions(p, out.pos);
+  set_t5_table(p, out.pos, table, bidirectional, max_distance);
 }
 
 std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at::Tensor& k,
@@ -487,10 +540,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_referen
 }
 
 // The kernel's Shaw problem; the positions live in `out`, qr and the table in the problem.
-struct PreparedShaw {
-  detail::AttentionProblem p;
-  std::vector<int64_t> iq, ik;
-};
+using PreparedShaw = Prepared;
 
 void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
                   const at::Tensor& vh, const at::Tensor& table, bool causal, double scale) {
@@ -498,12 +548,7 @@ void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
   detail::set_tensors(p, qh, kh, vh, scale);
   p.table_form = BiasForm::kRelativeTable;
   p.causal = causal;
-  out.ik.resize(p.nk);
-  out.iq.resize(p.nq);
-  for (int64_t j = 0; j < p.nk; ++j) out.ik[j] = j;
-  for (int64_t i = 0; i < p.nq; ++i) out.iq[i] = p.nk - p.nq + i;
-  p.iq = out.iq.data();
-  p.ik = out.ik.data();
+  set_token_positions(p, out.pos);
   const auto range = shaw_range(kh, table);
   p.max_relative = range.used;
   p.rel_scale = static_cast<float>(scale);  // (q . k + q . a) * scale: one scale for both
@@ -561,6 +606,353 @@ at::Tensor shaw_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at
   return std::get<0>(shaw_forward_cpu(q, k, v, table, causal, scale));
 }
 
+// ---- positional: RoPE inside, ALiBi and T5 together -------------------------------------
+
+// The optional parts of one positional_attention call, checked (undefined tensor: no part).
+struct Positional {
+  at::Tensor cos, sin;  ///< [Nk, W] or [Bt, Nk, W] (Bt 1 or B), apply_rotary's convention
+  RopeLayout layout = RopeLayout::kHalf;
+  at::Tensor slopes;  ///< [H]
+  bool symmetric = false;
+  at::Tensor table;  ///< T5's [num_buckets, H]
+  bool bidirectional = true;
+  int64_t max_distance = 128;
+  bool causal = false;
+  double scale = 1.0;
+  bool rotary() const { return cos.defined() && cos.size(-1) > 0; }
+};
+
+constexpr const char* kPositional = "posenc.positional_attention";
+
+RopeLayout positional_layout(c10::string_view layout) {
+  const std::string name(layout);
+  TORCH_CHECK(name == "half" || name == "neox" || name == "interleaved" || name == "gptj",
+              kPositional, ": layout must be 'half' or 'interleaved', got '", name, "'");
+  return rope_layout_from_string(name);
+}
+
+Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& cos,
+                           const std::optional<at::Tensor>& sin, c10::string_view layout,
+                           const std::optional<at::Tensor>& slopes, bool symmetric,
+                           const std::optional<at::Tensor>& t5_table, bool bidirectional,
+                           int64_t max_distance, bool causal, std::optional<double> scale) {
+  check_qkv(kPositional, q, k, v, /*allow_double=*/true);
+  Positional a;
+  a.layout = positional_layout(layout);
+  const bool has_cos = cos.has_value() && cos->defined();
+  const bool has_sin = sin.has_value() && sin->defined();
+  TORCH_CHECK(has_cos == has_sin, kPositional, ": cos and sin go together; got ",
+              has_cos ? "cos without sin" : "sin without cos");
+  if (has_cos) {
+    const int64_t nk = k.size(2);
+    TORCH_CHECK(cos->sizes() == sin->sizes(), kPositional,
+                ": cos and sin shapes differ: ", cos->sizes(), " vs ", sin->sizes());
+    TORCH_CHECK((cos->dim() == 2 || cos->dim() == 3) && cos->size(-2) == nk, kPositional,
+                ": cos, sin must be [Nk, W] or [B or 1, Nk, W] (rows for the key positions "
+                "0..Nk-1) with Nk=",
+                nk, ", got ", cos->sizes());
+    TORCH_CHECK(cos->dim() == 2 || cos->size(0) == 1 || cos->size(0) == q.size(0), kPositional,
+                ": cos, sin batch must be 1 or B=", q.size(0), ", got ", cos->sizes());
+    const int64_t width = cos->size(-1);
+    TORCH_CHECK(width % 2 == 0, kPositional, ": the rotary width cos.size(-1) must be even, got ",
+                width);
+    TORCH_CHECK(width <= q.size(3), kPositional, ": the rotary width cos.size(-1)=", width,
+                " exceeds the head dim D=", q.size(3));
+    for (const auto* t : {&*cos, &*sin}) {
+      TORCH_CHECK(at::isFloatingType(t->scalar_type()), kPositional,
+                  ": cos, sin must be floating point, got ", t->scalar_type());
+      TORCH_CHECK(t->device() == q.device(), kPositional, ": cos, sin must be on q's device (",
+                  q.device(), "), got ", t->device());
+    }
+    a.cos = *cos;
+    a.sin = *sin;
+  }
+  if (slopes.has_value() && slopes->defined()) {
+    TORCH_CHECK(slopes->dim() == 1 && slopes->size(0) == q.size(1), kPositional,
+                ": slopes must be [H] = [", q.size(1), "], got ", slopes->sizes());
+    TORCH_CHECK(at::isFloatingType(slopes->scalar_type()), kPositional,
+                ": slopes must be floating point, got ", slopes->scalar_type());
+    TORCH_CHECK(slopes->device() == q.device(), kPositional, ": slopes must be on q's device (",
+                q.device(), "), got ", slopes->device());
+    a.slopes = *slopes;
+  }
+  if (t5_table.has_value() && t5_table->defined()) {
+    check_bucket_table(kPositional, "t5_table", q, *t5_table, bidirectional, max_distance);
+    a.table = *t5_table;
+  }
+  a.symmetric = symmetric;
+  a.bidirectional = bidirectional;
+  a.max_distance = max_distance;
+  a.causal = causal;
+  a.scale = scale_of(q, scale);
+  return a;
+}
+
+// Rows [start, start + n) of a table as [Bt, 1, n, W], broadcasting over the heads of
+// x [B, H, n, D] (queries: the last Nq rows; keys: all of them).
+at::Tensor table_rows(const at::Tensor& t, int64_t start, int64_t n) {
+  const auto t3 = t.dim() == 2 ? t.unsqueeze(0) : t;  // [Bt, Nk, W]
+  return t3.narrow(1, start, n).unsqueeze(1);
+}
+
+// apply_rotary's formula (rotary.h): y[..., :W] = x[..., :W] * c + rot(x[..., :W]) * s, dims W..
+// pass through; contiguous. The inverse (the gradient's way back): s -> -swap(s).
+at::Tensor rotate_formula(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s,
+                          RopeLayout layout) {
+  const int64_t width = c.size(-1), dim = x.size(-1);
+  if (width == 0) return x.contiguous();
+  const auto rotary = x.narrow(-1, 0, width);
+  auto y = rotary * c + rotate_half_any(rotary, layout) * s;
+  if (width < dim) y = at::cat({y, x.narrow(-1, width, dim - width).to(y.scalar_type())}, -1);
+  return y.contiguous();
+}
+
+// x [B, H, n, D] rotated by rows [start, start + n) of the tables, in x's dtype (inverse: R^T).
+at::Tensor rotate_rows_of(const at::Tensor& x, const Positional& a, int64_t start, bool inverse) {
+  const auto ct = x.scalar_type();
+  const int64_t n = x.size(2);
+  const auto c = table_rows(a.cos, start, n).to(ct);
+  auto s = table_rows(a.sin, start, n).to(ct);
+  if (inverse) s = -swap_pair_members(s, a.layout);
+  return rotate_formula(x, c, s, a.layout);
+}
+
+// Why the tiled kernel cannot rotate inside its tiles ("" when it can): it reads one [N, F]
+// per-pair table for q and one for k.
+std::string positional_rotary_outside(const Positional& a) {
+  if (!a.rotary()) return "";
+  for (const auto* t : {&a.cos, &a.sin}) {
+    if (t->dim() == 3 && t->size(0) > 1 && !at::equal(*t, t->narrow(0, 0, 1).expand_as(*t)))
+      return "per-batch tables whose rows differ (the kernel reads one [Nk, W] table)";
+    const int64_t width = t->size(-1), f = width / 2;
+    const bool equal = a.layout == RopeLayout::kHalf
+                           ? at::equal(t->narrow(-1, 0, f), t->narrow(-1, f, f))
+                           : at::equal(t->slice(-1, 0, width, 2), t->slice(-1, 1, width, 2));
+    if (!equal) return "the two members of a pair read different table values";
+  }
+  return "";
+}
+
+// The reference instead of the kernel: float64 (exact), not on the CPU, or an empty head dim.
+std::string positional_reference_reason(const at::Tensor& q, const at::Tensor& v) {
+  if (q.scalar_type() == at::kDouble) return "float64 (the kernel computes in float32)";
+  if (!q.device().is_cpu()) return "not on the CPU";
+  if (q.numel() > 0 && (q.size(3) == 0 || v.size(3) == 0)) return "a head dim of 0";
+  return "";
+}
+
+// The plain-ATen specification, in float32 (float64 for float64 q):
+// logits = rot(q) rot(k)^T * scale - slope_h d(i, j) + table[bucket(j - p_i), h] + causal.
+struct PositionalLogits {
+  at::Tensor qr, kr;  ///< rotated q, k [B, H, N, D] in the compute dtype
+  at::Tensor logits;  ///< [B, H, Nq, Nk]
+  at::Tensor bucket;  ///< [Nq, Nk] int64 (a T5 table only)
+};
+
+PositionalLogits positional_logits_of(const at::Tensor& q, const at::Tensor& k,
+                                      const Positional& a) {
+  const auto ct = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const int64_t nq = q.size(2), nk = k.size(2), heads = q.size(1);
+  PositionalLogits l;
+  l.qr = q.to(ct);
+  l.kr = k.to(ct);
+  if (a.rotary()) {
+    l.qr = rotate_rows_of(l.qr, a, nk - nq, /*inverse=*/false);
+    l.kr = rotate_rows_of(l.kr, a, 0, /*inverse=*/false);
+  }
+  const auto longs = q.options().dtype(at::kLong);
+  const auto rel =
+      at::arange(nk, longs).unsqueeze(0) - at::arange(nk - nq, nk, longs).unsqueeze(1);  // [Nq, Nk]
+  auto logits = at::matmul(l.qr, l.kr.transpose(-1, -2)) * a.scale;
+  if (a.slopes.defined()) {  // -slope_h (p_i - p_j) or -slope_h |p_i - p_j|
+    const auto d = (a.symmetric ? rel.abs() : -rel).to(ct);
+    logits = logits - a.slopes.to(ct).view({-1, 1, 1}) * d;
+  }
+  if (a.table.defined()) {
+    l.bucket = t5_relative_position_bucket(rel, a.bidirectional, a.table.size(0), a.max_distance);
+    logits = logits + a.table.to(ct)
+                          .index_select(0, l.bucket.reshape({-1}))
+                          .view({nq, nk, heads})
+                          .permute({2, 0, 1});  // [H, Nq, Nk]
+  }
+  if (a.causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<double>::infinity());
+  l.logits = logits;
+  return l;
+}
+
+std::tuple<at::Tensor, at::Tensor> positional_forward_reference_of(const at::Tensor& q,
+                                                                   const at::Tensor& k,
+                                                                   const at::Tensor& v,
+                                                                   const Positional& a) {
+  auto [out, lse] = softmax_forward(q, v, positional_logits_of(q, k, a).logits);
+  return {out.contiguous(), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference_of(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const Positional& a) {
+  const auto l = positional_logits_of(q, k, a);
+  const auto g = softmax_backward(grad_out, l.qr, l.kr, v, out, lse, l.logits, a.scale);
+  auto dq = g.dq, dk = g.dk;  // for the rotated q', k': rotated back (R^T)
+  if (a.rotary()) {
+    dq = rotate_rows_of(dq, a, k.size(2) - q.size(2), /*inverse=*/true);
+    dk = rotate_rows_of(dk, a, 0, /*inverse=*/true);
+  }
+  at::Tensor dtable = at::empty({0}, q.options().dtype(at::kFloat));
+  if (a.table.defined()) {  // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
+    const int64_t heads = q.size(1);
+    const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape({-1, heads});  // [Nq * Nk, H]
+    dtable = at::zeros({a.table.size(0), heads}, g.ds.options())
+                 .index_add_(0, l.bucket.reshape({-1}), dbias)
+                 .to(a.table.scalar_type());
+  }
+  return {dq.to(q.scalar_type()).contiguous(), dk.to(k.scalar_type()).contiguous(),
+          g.dv.contiguous(), dtable};
+}
+
+// The kernel's problem: ALiBi and T5 parts, positions, and (rotary_inside) the per-pair tables.
+using PreparedPositional = Prepared;
+
+void prepare_positional(PreparedPositional& out, const at::Tensor& qh, const at::Tensor& kh,
+                        const at::Tensor& vh, const Positional& a, bool rotary_inside) {
+  auto& p = out.p;
+  detail::set_tensors(p, qh, kh, vh, a.scale);
+  p.causal = a.causal;
+  set_token_positions(p, out.pos);
+  if (a.slopes.defined()) set_alibi(p, a.slopes, a.symmetric);
+  if (a.table.defined()) set_t5_table(p, out.pos, a.table, a.bidirectional, a.max_distance);
+  if (rotary_inside) {  // per-pair tables [N, F]: one member of each pair (both read the same)
+    const int64_t width = a.cos.size(-1), pairs = width / 2;
+    const auto per_pair = [&](const at::Tensor& t) {
+      const auto t2 = t.dim() == 3 ? t[0] : t;  // [Nk, W]
+      return a.layout == RopeLayout::kHalf ? t2.narrow(-1, 0, pairs) : t2.slice(-1, 0, width, 2);
+    };
+    const auto cos = per_pair(a.cos), sin = per_pair(a.sin);  // [Nk, F]
+    p.rotary = true;
+    p.rotary_pairs = pairs;
+    p.rotary_interleaved = a.layout == RopeLayout::kInterleaved;
+    p.k_cos = f32(cos);
+    p.k_sin = f32(sin);
+    p.q_cos = f32(cos.narrow(0, p.nk - p.nq, p.nq));  // the queries' rows: the last Nq
+    p.q_sin = f32(sin.narrow(0, p.nk - p.nq, p.nq));
+  }
+}
+
+// q, k as the kernel reads them (float32), rotated here when the tables cannot go inside.
+struct KernelInputs {
+  at::Tensor qh, kh, vh;
+  bool rotary_inside = false, rotary_outside = false;
+};
+
+KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const Positional& a) {
+  KernelInputs in{f32(q), f32(k), f32(v)};
+  if (!a.rotary() || q.numel() == 0) return in;
+  if (positional_rotary_outside(a).empty()) {
+    in.rotary_inside = true;
+  } else {
+    in.rotary_outside = true;
+    in.qh = rotate_rows_of(in.qh, a, k.size(2) - q.size(2), /*inverse=*/false);
+    in.kh = rotate_rows_of(in.kh, a, 0, /*inverse=*/false);
+  }
+  return in;
+}
+
+// The schema's optional parts, one spelling for the six functions below.
+#define POSITIONAL_PARAMS                                                                 \
+  const std::optional<at::Tensor>&cos, const std::optional<at::Tensor>&sin,               \
+      c10::string_view layout, const std::optional<at::Tensor>&slopes, bool symmetric,    \
+      const std::optional<at::Tensor>&t5_table, bool bidirectional, int64_t max_distance, \
+      bool causal, std::optional<double> scale
+#define POSITIONAL_ARGS \
+  cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale
+
+std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor& q,
+                                                                const at::Tensor& k,
+                                                                const at::Tensor& v,
+                                                                POSITIONAL_PARAMS) {
+  return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+  return positional_backward_reference_of(grad_out, q, k, v, out, lse,
+                                          positional_args(q, k, v, POSITIONAL_ARGS));
+}
+
+std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                          const at::Tensor& v, POSITIONAL_PARAMS) {
+  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
+  if (!positional_reference_reason(q, v).empty())
+    return positional_forward_reference_of(q, k, v, a);
+  const auto in = kernel_inputs(q, k, v, a);
+  PreparedPositional prepared;
+  prepare_positional(prepared, in.qh, in.kh, in.vh, a, in.rotary_inside);
+  const auto& p = prepared.p;
+  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
+  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
+  return {out.to(q.scalar_type()), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
+  if (!positional_reference_reason(q, v).empty())
+    return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
+  const auto in = kernel_inputs(q, k, v, a);
+  PreparedPositional prepared;
+  prepare_positional(prepared, in.qh, in.kh, in.vh, a, in.rotary_inside);
+  auto dq = at::zeros_like(in.qh), dk = at::zeros_like(in.kh), dv = at::zeros_like(in.vh);
+  at::Tensor dtable;  // [num_buckets, H] float32 with a T5 table
+  if (in.qh.numel() > 0 && in.kh.numel() > 0)
+    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
+                                   dv, dtable);  // rotated back inside when rotary_inside
+  if (in.rotary_outside) {
+    dq = rotate_rows_of(dq, a, k.size(2) - q.size(2), /*inverse=*/true);
+    dk = rotate_rows_of(dk, a, 0, /*inverse=*/true);
+  }
+  if (a.table.defined()) {
+    if (!dtable.defined()) dtable = at::zeros({a.table.size(0), a.table.size(1)}, at::kFloat);
+    dtable = dtable.to(a.table.scalar_type());
+  } else {
+    dtable = at::empty({0}, q.options().dtype(at::kFloat));
+  }
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable};
+}
+
+at::Tensor positional_attention_reference(const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v, POSITIONAL_PARAMS) {
+  return std::get<0>(positional_forward_reference(q, k, v, POSITIONAL_ARGS));
+}
+
+at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    POSITIONAL_PARAMS) {
+  return std::get<0>(positional_forward_cpu(q, k, v, POSITIONAL_ARGS));
+}
+
+// Which path a call takes, and why (inspection; the tests assert RoPE goes inside): "fused",
+// "fused, RoPE inside", "fused, RoPE outside: <why>", "reference: <why>"; tables that require a
+// gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
+std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, POSITIONAL_PARAMS) {
+  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
+  const bool learned =
+      at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
+  const std::string first = learned ? "apply_rotary first (cos/sin require grad), then " : "";
+  if (const auto why = positional_reference_reason(q, v); !why.empty())
+    return first + "reference: " + why;
+  if (!a.rotary() || learned) return first + "fused";
+  const auto why = positional_rotary_outside(a);
+  return why.empty() ? "fused, RoPE inside" : "fused, RoPE outside: " + why;
+}
+
+#undef POSITIONAL_ARGS
+#undef POSITIONAL_PARAMS
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(posenc, m) {
@@ -594,6 +986,29 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       "_shaw_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor table, bool causal=False, float? scale=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "positional_attention(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? sin=None, str "
+      "layout=\"half\", "
+      "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> Tensor");
+  m.def(
+      "_positional_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
+      "sin=None, str layout=\"half\", "
+      "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor)");
+  m.def(
+      "_positional_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+      "Tensor lse, Tensor? cos=None, Tensor? sin=None, str layout=\"half\", "
+      "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, "
+      "Tensor)");
+  // Which path positional_attention takes and why (inspection; any device).
+  m.def(
+      "positional_attention_route(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
+      "sin=None, str layout=\"half\", "
+      "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
+      "int max_distance=128, bool causal=False, float? scale=None) -> str",
+      TORCH_FN(positional_attention_route));
 }
 
 TORCH_LIBRARY_IMPL(posenc, CPU, m) {
@@ -606,6 +1021,9 @@ TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   m.impl("shaw_attention", TORCH_FN(shaw_attention_cpu));
   m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_cpu));
   m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_cpu));
+  m.impl("positional_attention", TORCH_FN(positional_attention_cpu));
+  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_cpu));
+  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_cpu));
 }
 
 TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
@@ -618,6 +1036,9 @@ TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
   m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));
   m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_reference));
   m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_reference));
+  m.impl("positional_attention", TORCH_FN(positional_attention_reference));
+  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_reference));
+  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_reference));
 }
 
 }  // namespace posenc::ops

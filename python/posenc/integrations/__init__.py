@@ -1,1 +1,2 @@
-"""Drop-ins for the libraries posenc's users write in (transformers; timm to come)."""
+"""Drop-ins for the libraries posenc's users write in: transformers (patch a loaded model's
+rotary embedding and rotation) and timm (patch a model's axial RoPE modules)."""

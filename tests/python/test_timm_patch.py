@@ -1,0 +1,59 @@
+"""posenc.integrations.timm.patch on timm's own EVA model: the rotary modules replaced by posenc's,
+the logits (and gradients) equal to the unpatched model's to the bit."""
+
+import pytest
+import torch
+
+import posenc
+
+timm = pytest.importorskip("timm")
+eva = pytest.importorskip("timm.models.eva")
+
+
+def _eva(**kwargs):
+    torch.manual_seed(0)
+    args = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2,
+                num_heads=2, use_rot_pos_emb=True, ref_feat_shape=(16, 16), swiglu_mlp=True)
+    args.update(kwargs)
+    return eva.Eva(**args).eval()
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(dynamic_img_size=True),
+                                    dict(rope_rotate_half=True), dict(rope_grid_indexing="xy"),
+                                    dict(rope_grid_offset=0.5, ref_feat_shape=None)], ids=str)
+def test_patched_eva_gives_timms_logits_and_gradients(kwargs):
+    model = _eva(**kwargs)
+    x = torch.randn(3, 1, 28, 28)
+    want = model(x)
+    want.sum().backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    report = posenc.integrations.timm.patch(model)
+    assert report == {"patched": ["rope"], "left": []}
+    assert isinstance(model.rope, posenc.timm.RotaryEmbeddingCat)
+    got = model(x)
+    assert torch.equal(got, want)
+    got.sum().backward()
+    for n, p in model.named_parameters():
+        if n in want_grads:
+            assert torch.equal(p.grad, want_grads[n]), n
+    if kwargs.get("dynamic_img_size"):  # another image size: the tables follow the grid
+        model.zero_grad()
+        bigger = torch.randn(2, 1, 42, 42)
+        patched = model(bigger)
+        assert posenc.integrations.timm.unpatch(model) == ["rope"]
+        assert torch.equal(model(bigger), patched)
+    assert sorted(model.state_dict()) == sorted(_eva(**kwargs).state_dict())  # no new keys
+
+
+def test_unpatched_module_kinds_are_reported_or_refused():
+    model = _eva(rope_type="mixed", ref_feat_shape=None)
+    report = posenc.integrations.timm.patch(model)
+    assert report["patched"] == [] and report["left"] == ["rope: RotaryEmbeddingMixed (not computed by posenc)"]
+    with pytest.raises(ValueError, match="rotary modules posenc does not compute: rope: RotaryEmbeddingMixed"):
+        posenc.integrations.timm.patch(model, strict=True)
+    augmenting = _eva(rope_shift_coords=1.0)
+    report = posenc.integrations.timm.patch(augmenting)
+    assert report["left"] == ["rope: RotaryEmbeddingCat augments its coordinates in training"]
+    with pytest.raises(ValueError, match="expected an nn.Module"):
+        posenc.integrations.timm.patch("eva")
