@@ -522,6 +522,27 @@ TEST(HfConfig, HeadDimAsTheConfigClassTakesIt) {
   ultrabert["rope_theta"] = 5e5;
   EXPECT_TRUE(contains(error_of([&] { from_hf_config(ultrabert, full); }),
                        "a top-level 'rope_theta' without rope_parameters"));
+  // "rope_scaling": null as Llama 2's files carry it: Llama's class ignores it; Zaya's (and
+  // DiffusionGemma's, EmbeddingGemma 2's) assigns it over its blocks, rope_parameters None, and
+  // its rotary class fails (TypeError): refused, where posenc gave the blocks' table
+  const json llama2{{"model_type", "llama"},
+                    {"hidden_size", 4096},
+                    {"num_attention_heads", 32},
+                    {"rope_theta", 30000.0},
+                    {"rope_scaling", nullptr}};
+  EXPECT_EQ(from_hf_config(llama2).config["rope_theta"].get<double>(), 30000.0);
+  json zaya{{"model_type", "zaya"},
+            {"hidden_size", 2048},
+            {"num_attention_heads", 8},
+            {"rope_parameters", {{"hybrid", {{"rope_type", "default"}, {"rope_theta", 5e6}}}}}};
+  HfConfigOptions hybrid;
+  hybrid.layer_type = "hybrid";
+  EXPECT_NO_THROW(from_hf_config(zaya, hybrid));
+  zaya["rope_scaling"] = nullptr;
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(zaya, hybrid); }),
+                       "refused: 'rope_scaling': null: model type 'zaya''s config class takes it "
+                       "over rope_parameters"))
+      << error_of([&] { from_hf_config(zaya, hybrid); });
   // a layer type asked of a file (and class) without per-layer-type blocks: refused, not ignored
   HfConfigOptions sliding;
   sliding.layer_type = "sliding_attention";

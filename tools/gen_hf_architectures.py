@@ -615,6 +615,31 @@ def top_level_theta_raises(cfg_cls):
     return False
 
 
+def null_rope_scaling_unsets(cfg_cls):
+    """Whether a file's "rope_scaling": null leaves the class without rope_parameters (None: its
+    rotary class then fails, TypeError), where the class's own dict, with or without its
+    rope_parameters, has them (DiffusionGemma, EmbeddingGemma 2, Zaya assign the legacy key over
+    the blocks)."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return False
+    for keep_blocks in (True, False):
+        base = copy.deepcopy(own)
+        if not keep_blocks:
+            base.pop("rope_parameters", None)
+        base.pop("rope_scaling", None)
+        try:
+            plain = cfg_cls.from_dict(copy.deepcopy(base))
+            nulled = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_scaling=None))
+        except Exception:
+            return False
+        if safe_get(plain, "rope_parameters", None) is not None and \
+                safe_get(nulled, "rope_parameters", None) is None:
+            return True
+    return False
+
+
 ROTARY_HEAD_KEYS = ("qk_rope_head_dim", "kv_channels", "attention_head_dim")
 PROBE_HEAD = 88  # no class's default head size
 
@@ -963,6 +988,8 @@ def absent_defaults(cfg_cls):
         out["rope_parameters"] = block
     if top_level_theta_raises(cfg_cls):
         out["rope_theta_raises"] = True
+    if null_rope_scaling_unsets(cfg_cls):
+        out["null_rope_scaling_unsets"] = True
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta

@@ -748,8 +748,9 @@ class Resolver {
     for (const auto& item : defaults->items()) {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
-          key == "rope_theta_raises" || key == "max_position_rules" ||
-          key == "block_theta_missing" || key == "rope_types_rejected")
+          key == "rope_theta_raises" || key == "null_rope_scaling_unsets" ||
+          key == "max_position_rules" || key == "block_theta_missing" ||
+          key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
@@ -798,6 +799,15 @@ class Resolver {
           "this one (transformers ",
           std::string(kHfArchitecturesTransformers),
           ": TypeError); give per-layer-type 'rope_parameters'");
+    // "rope_scaling": null (Llama 2's files carry it) is assigned over the blocks by some classes
+    // (DiffusionGemma, EmbeddingGemma 2, Zaya): rope_parameters None, their rotary class fails
+    if (own->value("null_rope_scaling_unsets", false))
+      TORCH_CHECK(
+          !(file.is_object() && file.contains("rope_scaling") && file["rope_scaling"].is_null()),
+          origin_, ": refused: '", prefix_, "rope_scaling': null: model type '", out.model_type,
+          "''s config class takes it over rope_parameters, which become None, and its "
+          "rotary class fails (transformers ",
+          std::string(kHfArchitecturesTransformers), ": TypeError); leave the key out");
     if (!own->contains("head_dim_rules")) return;
     const auto& rules = (*own)["head_dim_rules"];
     const bool given = file.is_object() && file.contains("head_dim");

@@ -69,6 +69,29 @@ def _v5_yarn(n):
         n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **yarn}
 
 
+def _legacy_yarn_mscale(n):
+    # DeepSeek-style files: a legacy yarn block with mscale keys and both betas
+    _pop(n, "rope_parameters")
+    n["rope_theta"] = 10000.0
+    n["rope_scaling"] = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
+def _v5_in_block(kind):
+    # the scaling written into the file's own v5 block(s), beside their theta
+    block = {"linear": {"rope_type": "linear", "factor": 3.0},
+             "dynamic": {"rope_type": "dynamic", "factor": 2.0}}[kind]
+
+    def change(n):
+        rp = n.get("rope_parameters")
+        if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+            for v in rp.values():
+                v.update(block)
+        else:
+            n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **block}
+    return change
+
+
 def _no_theta_in_block(n):
     _pop(n, "rope_theta")
     for b in _blocks(n.get("rope_parameters")):
@@ -89,6 +112,15 @@ CHANGES = {
     # key the class's attention reads (qk_rope_head_dim, kv_channels, d_model / n_heads)
     "null_head_dim": lambda n: n.__setitem__("head_dim", None),
     "other_head_dim": lambda n: n.__setitem__("head_dim", 96 if n.get("head_dim") != 96 else 80),
+    # more files as they ship: Llama-2-style `rope_scaling: null` beside a top-level theta; a
+    # DeepSeek-style legacy yarn block; v5 linear/dynamic blocks; a longer context
+    "legacy_scaling_null": lambda n: (_pop(n, "rope_parameters"),
+                                      n.update({"rope_theta": 30000.0, "rope_scaling": None})),
+    "legacy_yarn_mscale": _legacy_yarn_mscale,
+    "v5_linear": _v5_in_block("linear"),
+    "v5_dynamic": _v5_in_block("dynamic"),
+    "longer_context": lambda n: n.__setitem__(
+        "max_position_embeddings", 4 * int(n.get("max_position_embeddings") or 2048)),
 }
 
 # Errors of transformers' own classes on the committed fixtures themselves, whatever the change
