@@ -172,6 +172,11 @@ const HfArchitecture kRows[] = {
     {.model_type = "phi3",
      .source = "models/phi3/configuration_phi3.py: a legacy rope_type 'su' or 'yarn' is 'longrope'",
      .yarn_is_longrope = true},
+    {.model_type = "phimoe",
+     .source = "models/phimoe/modeling_phimoe.py: PhimoeRotaryEmbedding.forward recomputes the "
+               "frequencies without seq_len (short_factor) and scales cos/sin by short_mscale or "
+               "long_mscale; configuration_phimoe.py: validate_rope requires both",
+     .longrope_mscale_by_length = true},
     {.model_type = "phi4_multimodal",
      .source = "models/phi4_multimodal/configuration_phi4_multimodal.py: a legacy rope_type 'su' "
                "or 'yarn' is 'longrope'",

@@ -508,6 +508,7 @@ class Resolver {
         set(key, block[key], where(from_block(key)));
       }
     }
+    if (arch.longrope_mscale_by_length && rope_type != "default") apply_length_mscale(block);
     if (axial) {
       const double partial = resolved_["partial_rotary_factor"].get<double>();
       const auto rotary = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
@@ -529,6 +530,9 @@ class Resolver {
     }
     for (const auto& item : block.items()) {
       if (kBlockKeys.count(item.key())) continue;
+      if (arch.longrope_mscale_by_length &&
+          (item.key() == "short_mscale" || item.key() == "long_mscale"))
+        continue;  // read by apply_length_mscale
       out.warnings.push_back(origin_ + ": '" + from_block(item.key()) +
                              "' is not a RoPE parameter transformers reads; ignored (transformers "
                              "ignores it with a warning too)");
@@ -619,6 +623,40 @@ class Resolver {
   // Keys posenc reads that the file leaves out take the model type's config-class default
   // (hf_defaults.inc, generated from transformers): Qwen3 without head_dim is 128, not
   // hidden_size / num_attention_heads; Qwen2-VL's text model without rope_theta is 1e6.
+  // PhiMoE (the row's longrope_mscale_by_length; models/phimoe/modeling_phimoe.py): its rotary
+  // forward recomputes the frequencies without a sequence length, so short_factor applies at
+  // every length, and scales cos/sin by the block's short_mscale, or long_mscale past
+  // original_max_position_embeddings, in place of the longrope attention factor; its
+  // validate_rope requires both numbers. posenc applies one scaling: equal values (the released
+  // Phi-3.5-MoE: 1.2431...) resolve, different ones are refused.
+  void apply_length_mscale(const nlohmann::json& block) {
+    auto from_block = [&](const std::string& key) { return block_name_ + "." + key; };
+    double value[2] = {0, 0};
+    const char* keys[2] = {"short_mscale", "long_mscale"};
+    for (int i = 0; i < 2; ++i) {
+      TORCH_CHECK(has(block, keys[i]) && block[keys[i]].is_number(), origin_, ": refused: '",
+                  from_block(keys[i]), "' must be a number for a scaled rope of model type '",
+                  model_type_, "' (its config class's validate_rope requires it; transformers ",
+                  std::string(kHfArchitecturesTransformers), ": TypeError), got ",
+                  has(block, keys[i]) ? describe(block[keys[i]]) : std::string("none"));
+      value[i] = block[keys[i]].get<double>();
+      TORCH_CHECK(std::isfinite(value[i]), origin_, ": '", from_block(keys[i]),
+                  "' must be finite, got ", value[i]);
+    }
+    TORCH_CHECK(value[0] == value[1], origin_, ": refused: '", from_block("short_mscale"), "' ",
+                value[0], " and '", from_block("long_mscale"), "' ", value[1],
+                " differ: model type '", model_type_,
+                "''s rotary forward picks one by the sequence length, and posenc applies one "
+                "attention scaling");
+    set("attention_factor", value[0],
+        where(from_block("short_mscale")) +
+            " (= long_mscale; PhiMoE's forward scales cos/sin by it)");
+    if (resolved_.contains("short_factor"))
+      set("long_factor", resolved_["short_factor"],
+          "derived: PhiMoE's forward takes short_factor at every length (rope_init_fn without "
+          "seq_len)");
+  }
+
   void fill_absent_defaults(HfResolution& out, const HfArchitecture& arch) {
     const std::string& type = out.model_type;
     nlohmann::json merged = nlohmann::json::object();

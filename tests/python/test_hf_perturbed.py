@@ -92,6 +92,28 @@ def _v5_in_block(kind):
     return change
 
 
+def _v5_block(block):
+    def change(n):
+        rp = n.get("rope_parameters")
+        if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+            for v in rp.values():
+                v.update(copy.deepcopy(block))
+        else:
+            n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **copy.deepcopy(block)}
+    return change
+
+
+def _legacy_longrope(n, pairs):
+    # Phi-3-style files: a legacy longrope ("su" in the oldest) block, one factor per frequency
+    _pop(n, "rope_parameters")
+    n["rope_theta"] = 10000.0
+    n["original_max_position_embeddings"] = 4096
+    n["max_position_embeddings"] = 131072
+    n["rope_scaling"] = {"type": "longrope",
+                         "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+                         "long_factor": [1.0 + 0.5 * i for i in range(pairs)]}
+
+
 def _no_theta_in_block(n):
     _pop(n, "rope_theta")
     for b in _blocks(n.get("rope_parameters")):
@@ -121,7 +143,20 @@ CHANGES = {
     "v5_dynamic": _v5_in_block("dynamic"),
     "longer_context": lambda n: n.__setitem__(
         "max_position_embeddings", 4 * int(n.get("max_position_embeddings") or 2048)),
+    # every yarn key, a llama3 block, a yarn block without its original context, a default block
+    # with a factor it does not take, a legacy longrope block (one factor per frequency)
+    "v5_yarn_all_keys": _v5_block({"rope_type": "yarn", "factor": 8.0,
+                                   "original_max_position_embeddings": 2048,
+                                   "attention_factor": 0.9, "beta_fast": 16.0, "beta_slow": 2.0,
+                                   "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}),
+    "v5_llama3": _v5_block({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "v5_yarn_no_original": _v5_block({"rope_type": "yarn", "factor": 4.0}),
+    "v5_default_with_factor": _v5_block({"rope_type": "default", "factor": 4.0}),
+    "legacy_longrope": _legacy_longrope,
 }
+# changes that take the table's number of frequencies
+NEEDS_PAIRS = {"legacy_longrope"}
 
 # Errors of transformers' own classes on the committed fixtures themselves, whatever the change
 # (not RoPE: Bamba-style time_step_limit lists, Cosmos 3 Edge's architecture validator).
@@ -166,7 +201,10 @@ def test_changed_configs_match_the_config_class_or_are_refused(model_type, table
         config = json.load(f)
     path = table.get("config_path", "")
     node = config["text_config"] if path == "text_config" else config
-    CHANGES[change](node)
+    if change in NEEDS_PAIRS:
+        CHANGES[change](node, len(rows[0]["inv_freq"]))
+    else:
+        CHANGES[change](node)
     cls = _rotary_class(model_type, table)
     if cls is None:
         pytest.skip(f"{table['class']} not importable")
@@ -304,3 +342,37 @@ def test_reviewed_files_match_or_are_refused(model_type, config, layer_type):
     assert inv_freq.shape == expected.shape and torch.equal(inv_freq.to(expected.dtype), expected), (
         f"posenc {inv_freq[:2].tolist()} ({inv_freq.numel()}), "
         f"transformers {expected[:2].tolist()} ({expected.numel()})")
+
+
+def test_phimoe_longrope_equals_its_rotary_forward():
+    """Phi-3.5-MoE's longrope (its released config's shape): PhimoeRotaryEmbedding.forward takes
+    short_factor at every length and scales cos/sin by short_mscale / long_mscale, not by the
+    longrope attention factor its attention_scaling attribute reports (1.19 where the forward
+    uses 1.2432). posenc's tables must equal the forward's; files the class fails on, or whose
+    mscales differ (a length-dependent scaling), are refused."""
+    modeling = pytest.importorskip("transformers.models.phimoe.modeling_phimoe")
+    with open(os.path.join(ARCH, "phimoe.config.json")) as f:
+        config = json.load(f)
+    head = config["hidden_size"] // config["num_attention_heads"]
+    config.pop("rope_parameters", None)
+    mscale = 1.243163121016122
+    config.update({"rope_theta": 10000.0, "max_position_embeddings": 131072,
+                   "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 4096,
+                                    "short_factor": [1.0 + 0.01 * i for i in range(head // 2)],
+                                    "long_factor": [1.0 + 0.5 * i for i in range(head // 2)],
+                                    "short_mscale": mscale, "long_mscale": mscale}})
+    emb = modeling.PhimoeRotaryEmbedding(config=CONFIG_MAPPING["phimoe"].from_dict(
+        copy.deepcopy(config)))
+    for length in (16, 5000):  # within and past the original context
+        positions = torch.arange(length)[None]
+        cos, sin = emb(torch.zeros(1, length, head), positions)
+        inv_freq, scaling, _ = posenc.hf_rope(config, seq_len=length)
+        assert scaling == mscale
+        mine_cos, mine_sin = posenc.rope_cos_sin(positions, inv_freq, scaling)
+        assert torch.equal(mine_cos, cos) and torch.equal(mine_sin, sin), length
+    for change, message in [({"short_mscale": None}, "short_mscale' must be a number"),
+                            ({"long_mscale": 1.1}, "differ: model type 'phimoe''s rotary forward")]:
+        bad = copy.deepcopy(config)
+        bad["rope_scaling"].update(change)
+        with pytest.raises(RuntimeError, match=message):
+            posenc.hf_rope(bad)

@@ -70,6 +70,10 @@ struct HfArchitecture {
   /// qk_rope_head_dim / head_dim (per_layer_config, else the top level), whatever the block says
   /// (dots3's convert_rope_params_to_dict).
   bool partial_from_layer_heads = false;
+  /// A scaled rope's cos/sin are scaled by the block's short_mscale (long_mscale past
+  /// original_max_position_embeddings), both required numbers, and the rotary forward takes
+  /// short_factor at every length (PhiMoE: rope_init_fn called without a sequence length).
+  bool longrope_mscale_by_length = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
