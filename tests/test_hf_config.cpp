@@ -543,6 +543,16 @@ TEST(HfConfig, HeadDimAsTheConfigClassTakesIt) {
                        "refused: 'rope_scaling': null: model type 'zaya''s config class takes it "
                        "over rope_parameters"))
       << error_of([&] { from_hf_config(zaya, hybrid); });
+  // a yarn block without original_max_position_embeddings: Llama's class fills it from
+  // max_position_embeddings; Zaya's does not, and its validation fails (KeyError): refused
+  zaya.erase("rope_scaling");
+  zaya["max_position_embeddings"] = 131072;
+  zaya["rope_parameters"]["hybrid"].update({{"rope_type", "yarn"}, {"factor", 4.0}});
+  EXPECT_TRUE(contains(error_of([&] { from_hf_config(zaya, hybrid); }),
+                       "refused: rope_type 'yarn' without 'original_max_position_embeddings'"))
+      << error_of([&] { from_hf_config(zaya, hybrid); });
+  zaya["rope_parameters"]["hybrid"]["original_max_position_embeddings"] = 32768;
+  EXPECT_EQ(from_hf_config(zaya, hybrid).config["factor"].get<double>(), 4.0);
   // a layer type asked of a file (and class) without per-layer-type blocks: refused, not ignored
   HfConfigOptions sliding;
   sliding.layer_type = "sliding_attention";

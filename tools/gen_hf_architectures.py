@@ -640,6 +640,47 @@ def null_rope_scaling_unsets(cfg_cls):
     return False
 
 
+def original_not_filled(cfg_cls):
+    """The scaling types whose block the class leaves without original_max_position_embeddings
+    when the file gives none (transformers' validation then fails, KeyError), where most classes
+    fill it from max_position_embeddings: the class's own rope_parameters (per layer type or flat)
+    made yarn or llama3 without the key, loaded; the same with the key must load."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    own.setdefault("max_position_embeddings", 4096)
+    rp = own.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp:
+        return None  # a class without RoPE (BERT): not this probe's question
+    nested = all(isinstance(v, dict) for v in rp.values())
+    out = []
+    for name in ("yarn", "llama3"):
+        block = {k: v for k, v in SCALED_BLOCKS[name].items()
+                 if k != "original_max_position_embeddings"}
+
+        def load(with_original):
+            extra = {"original_max_position_embeddings": 1024} if with_original else {}
+            d = copy.deepcopy(own)
+            d.pop("rope_scaling", None)
+            if nested:
+                d["rope_parameters"] = {k: {**v, **block, **extra} for k, v in rp.items()}
+            else:
+                theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
+                d["rope_parameters"] = {"rope_theta": theta, **block, **extra}
+            try:
+                cfg_cls.from_dict(d)
+                return None
+            except Exception as e:
+                return f"{type(e).__name__}: {e}"
+
+        if load(True) is None:
+            failure = load(False)
+            if failure is not None and "original_max_position_embeddings" in failure:
+                out.append(name)
+    return out or None
+
+
 ROTARY_HEAD_KEYS = ("qk_rope_head_dim", "kv_channels", "attention_head_dim")
 PROBE_HEAD = 88  # no class's default head size
 
@@ -962,6 +1003,22 @@ def rope_types_rejected(cfg_cls):
     if works({"rope_type": "default", **theta}) is not True:
         return None
     rejected = [t for t, b in SCALED_BLOCKS.items() if works({**b, **theta}) is False]
+    # longrope: one factor per frequency (the class's own partial factor, or the whole head) and
+    # PhiMoE's required mscales (other classes ignore them)
+    head = base.get("head_dim")
+    if isinstance(head, int) and head > 0:
+        own = cfg_cls().to_dict()
+        own_rp = own.get("rope_parameters") if isinstance(own.get("rope_parameters"), dict) else {}
+        partials = {1.0, float(own_rp.get("partial_rotary_factor") or own.get(
+            "partial_rotary_factor") or 1.0)}
+        outcomes = []
+        for partial in sorted(partials):
+            pairs = int(head * partial) // 2
+            outcomes.append(works({"rope_type": "longrope", "original_max_position_embeddings": 1024,
+                                   "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
+                                   "short_mscale": 1.0, "long_mscale": 1.0, **theta}))
+        if outcomes and all(o is False for o in outcomes):
+            rejected.append("longrope")
     return rejected or None
 
 
@@ -990,6 +1047,9 @@ def absent_defaults(cfg_cls):
         out["rope_theta_raises"] = True
     if null_rope_scaling_unsets(cfg_cls):
         out["null_rope_scaling_unsets"] = True
+    unfilled = original_not_filled(cfg_cls)
+    if unfilled is not None:
+        out["original_not_filled"] = unfilled
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta

@@ -419,7 +419,7 @@ class Resolver {
     const bool needs_original =
         rope_type == "llama3" || rope_type == "yarn" || rope_type == "longrope";
     if (needs_original) {
-      // (per-layer-type blocks: transformers fills each from the block or max_position_embeddings)
+      // (per-layer-type blocks: most classes fill each from the block or max_position_embeddings)
       if (has(c, "original_max_position_embeddings") && layer_type_.empty()) {
         set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
             where("original_max_position_embeddings") +
@@ -447,6 +447,18 @@ class Resolver {
                 "''s config class fills it with its default before it sets the file's " +
                 (by_alias ? alias : std::string("max_position_embeddings")));
       } else {
+        // (generated original_not_filled: classes that leave the block without it, whose
+        // validation then fails: Gemma 4, MiMo-V2-Flash, Zaya, Cohere 2 MoE, ...)
+        const auto* own = hf_absent_key_defaults(out.model_type);
+        if (own != nullptr && own->contains("original_not_filled"))
+          for (const auto& t : (*own)["original_not_filled"])
+            TORCH_CHECK(t.get<std::string>() != rope_type, origin_, ": refused: rope_type '",
+                        rope_type, "' without 'original_max_position_embeddings' in ", block_name,
+                        ": model type '", out.model_type,
+                        "''s config class does not fill it from max_position_embeddings "
+                        "(transformers ",
+                        std::string(kHfArchitecturesTransformers),
+                        " fails on it: KeyError); give it in the block");
         TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
                     "' needs 'original_max_position_embeddings' (in ", block_name,
                     " or at the top level) or 'max_position_embeddings', which transformers "
@@ -787,8 +799,8 @@ class Resolver {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
           key == "rope_theta_raises" || key == "null_rope_scaling_unsets" ||
-          key == "max_position_rules" || key == "block_theta_missing" ||
-          key == "rope_types_rejected")
+          key == "original_not_filled" || key == "max_position_rules" ||
+          key == "block_theta_missing" || key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
