@@ -1,0 +1,101 @@
+"""Every committed architecture's rotary class, *called* (its forward, not its attributes), against
+posenc's tables.
+
+test_hf_perturbed compares posenc with a rotary class's inv_freq and attention_scaling attributes;
+a class whose forward computes something else (PhiMoE's: short_factor at every length, cos/sin
+scaled by short_mscale / long_mscale, not the attention_scaling it reports) is only seen by
+calling it. Here each committed config.json is given a block of each scaling type (as it is,
+linear, dynamic, yarn, llama3, longrope with PhiMoE's mscales), its class is built by
+transformers and called on positions 0..L-1 within and past the context (L 32, 200, 300 with
+max_position_embeddings 256: dynamic grows, longrope switches), and its cos must equal
+posenc.hf_rope(config, layer_type, seq_len=L)'s frequencies and scaling laid out as the class
+lays them (cat(t, t), interleaved, or per pair) - or posenc refuses the file.
+"""
+
+import copy
+import inspect
+import json
+import os
+
+import pytest
+import torch
+
+import posenc
+import test_hf_perturbed as perturbed
+from conftest import FIXTURES
+
+transformers = pytest.importorskip("transformers")
+from transformers import CONFIG_MAPPING  # noqa: E402
+
+ARCH = os.path.join(FIXTURES, "hf_architectures")
+LENGTHS = (32, 200, 300)
+CONTEXT = 256
+
+
+def _blocks(pairs):
+    def block(b):
+        return perturbed._v5_block(b)
+    return {
+        "as_is": None,
+        "linear": block({"rope_type": "linear", "factor": 3.0}),
+        "dynamic": block({"rope_type": "dynamic", "factor": 2.0}),
+        "yarn": block({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+        "llama3": block({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+        "longrope": block({"rope_type": "longrope", "original_max_position_embeddings": 64,
+                           "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+                           "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
+                           "short_mscale": 1.1, "long_mscale": 1.1}),
+    }
+
+
+CASES = list(perturbed._rows())
+
+
+@pytest.mark.parametrize("model_type,table,rows", CASES,
+                         ids=[f"{mt}-{t['class']}" for mt, t, _ in CASES])
+def test_rotary_forward_equals_posenc_or_is_refused(model_type, table, rows):
+    cls = perturbed._rotary_class(model_type, table)
+    if cls is None:
+        pytest.skip(f"{table['class']} not importable")
+    path = table.get("config_path", "")
+    differs, called = [], 0
+    for name, change in _blocks(len(rows[0]["inv_freq"])).items():
+        with open(os.path.join(ARCH, model_type + ".config.json")) as f:
+            config = json.load(f)
+        node = config["text_config"] if path == "text_config" else config
+        node["max_position_embeddings"] = CONTEXT
+        if change is not None:
+            change(node)
+        try:
+            loaded = CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+            with torch.device("cpu"):
+                emb = cls(config=getattr(loaded, path) if path else loaded)
+        except Exception:
+            continue  # transformers has no table: test_hf_perturbed asserts posenc refuses
+        takes_layer_type = "layer_type" in inspect.signature(emb.forward).parameters
+        for row in rows:
+            layer_type = row.get("layer_type")
+            for length in LENGTHS:
+                positions = torch.arange(length)[None]
+                kwargs = {"layer_type": layer_type} if layer_type and takes_layer_type else {}
+                try:
+                    cos = emb(torch.zeros(1, length, 8), positions, **kwargs)[0]
+                except Exception:
+                    continue  # a forward that needs more than (x, position_ids)
+                try:
+                    inv_freq, scaling, _ = posenc.hf_rope(config, layer_type=layer_type,
+                                                          seq_len=length)
+                except RuntimeError:
+                    continue  # refused: no table to differ
+                called += 1
+                per_pair = (positions[0, :, None].float() * inv_freq.float()).cos() * scaling
+                layouts = [torch.cat([per_pair, per_pair], -1), per_pair.repeat_interleave(2, -1),
+                           per_pair]
+                got = cos.reshape(-1, cos.shape[-1])[:length].float()
+                if not any(got.shape == want.shape and
+                           torch.allclose(got, want, rtol=1e-6, atol=1e-6) for want in layouts):
+                    differs.append(f"{name} {layer_type} L={length}")
+    assert not differs, f"{model_type} {table['class']}: forward differs: {differs[:6]}"
+    if called == 0:
+        pytest.skip("no call both transformers and posenc answered")
