@@ -5,9 +5,10 @@ test_hf_perturbed compares posenc with a rotary class's inv_freq and attention_s
 a class whose forward computes something else (PhiMoE's: short_factor at every length, cos/sin
 scaled by short_mscale / long_mscale, not the attention_scaling it reports) is only seen by
 calling it. Here each committed config.json is given a block of each scaling type (as it is,
-linear, dynamic, yarn, llama3, longrope with PhiMoE's mscales), its class is built by
-transformers and called on positions 0..L-1 within and past the context (L 32, 200, 300 with
-max_position_embeddings 256: dynamic grows, longrope switches), and its cos must equal
+linear, dynamic, yarn, llama3, longrope with PhiMoE's mscales, yarn with every key, linear with
+a partial factor, DeepSeek-style and Llama-3.1-style legacy blocks), its class is built by
+transformers and called on positions 0..L-1 within and past the context (L 32, 200, 300, 5000
+with max_position_embeddings 256: dynamic grows, longrope switches), and its cos must equal
 posenc.hf_rope(config, layer_type, seq_len=L)'s frequencies and scaling laid out as the class
 lays them (cat(t, t), interleaved, or per pair) - or posenc refuses the file.
 """
@@ -28,7 +29,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import CONFIG_MAPPING  # noqa: E402
 
 ARCH = os.path.join(FIXTURES, "hf_architectures")
-LENGTHS = (32, 200, 300)
+LENGTHS = (32, 200, 300, 5000)
 CONTEXT = 256
 
 
@@ -46,6 +47,14 @@ def _blocks(pairs):
                            "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
                            "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
                            "short_mscale": 1.1, "long_mscale": 1.1}),
+        "yarn_every_key": block({"rope_type": "yarn", "factor": 8.0,
+                                 "original_max_position_embeddings": 64, "attention_factor": 0.9,
+                                 "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 0.707,
+                                 "mscale_all_dim": 1.0, "truncate": False}),
+        "linear_partial": block({"rope_type": "linear", "factor": 2.0,
+                                 "partial_rotary_factor": 0.25}),
+        "legacy_yarn_mscale": perturbed.CHANGES["legacy_yarn_mscale"],
+        "legacy_llama3": perturbed.CHANGES["legacy_llama3"],
     }
 
 
