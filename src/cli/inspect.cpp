@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <sstream>
 
 #include "cli.h"
@@ -66,6 +67,11 @@ double parse_seconds(const std::string& part, const std::string& text) {
   double value = 0;
   try {
     value = std::stod(number, &used);
+  } catch (const std::out_of_range&) {  // below the smallest normal double, or above the largest
+    TORCH_CHECK(false, "--positions '", text, "': '", part,
+                "' seconds is outside what a double holds (normal values ",
+                std::numeric_limits<double>::min(), " to ", std::numeric_limits<double>::max(),
+                ")");
   } catch (const std::exception&) {
     used = 0;
   }
