@@ -681,6 +681,83 @@ def original_not_filled(cfg_cls):
     return out or None
 
 
+def mrope_rules(cfg_cls):
+    """How the model type's M-RoPE rotary class sections the pairs, learned by calling it
+    (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, PaddleOCR-VL, Cosmos 3, HY-V4-VL, ...):
+      mrope_default_section: the sections it takes when the file gives none (its
+        rope_parameters.get("mrope_section", default));
+      mrope_layout: "contiguous" (axis a owns a run of sections[a] pairs) or "interleaved" (pairs
+        cycle t, h, w, ...: Qwen3-VL's recomposition), found by comparing its forward on 3-axis
+        positions with both, with the file's mrope_interleaved false and true (the classes read
+        the layout from their code, not from that key; a class whose output follows the key is
+        left out).
+    None where the modeling file has no rotary class with a 3-section mrope_section."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+        classes = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
+                   if takes_config]
+    except Exception:
+        return None
+    rp = own.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
+        return None
+    n = 12
+    positions = torch.stack([torch.arange(n), torch.arange(n) // 3 + 5,
+                             torch.arange(n) % 3 + 9])[:, None, :]  # [3, 1, N]: t, h, w differ
+
+    def call(cls, extra):
+        d = copy.deepcopy(own)
+        d["rope_parameters"] = {**rp, **extra}
+        try:
+            cfg = cfg_cls.from_dict(d)
+            with torch.device("cpu"):
+                emb = cls(config=cfg)
+            cos = emb(torch.zeros(1, n, 8), positions)[0]
+            return emb, cos.reshape(n, -1).float()
+        except Exception:
+            return None, None
+
+    def expected(inv_freq, sections, layout):
+        pairs = inv_freq.numel()
+        if layout == "contiguous":
+            axes = [a for a, s in enumerate(sections) for _ in range(s)]
+        else:  # t, h, w, t, h, w, ... ; an axis whose count is used up is skipped
+            left, axes = list(sections), []
+            while len(axes) < sum(sections):
+                for a in range(3):
+                    if left[a] > 0 and len(axes) < sum(sections):
+                        axes.append(a)
+                        left[a] -= 1
+        if len(axes) != pairs:
+            return None
+        angles = torch.stack([positions[axes[i], 0].float() * inv_freq[i].float()
+                              for i in range(pairs)], -1)  # [N, F]
+        return torch.cat([angles.cos(), angles.cos()], -1)
+
+    for cls in classes:
+        emb, cos = call(cls, {})
+        sections = getattr(emb, "mrope_section", None) if emb is not None else None
+        if cos is None or not isinstance(sections, (list, tuple)) or len(sections) != 3:
+            continue
+        sections = [int(s) for s in sections]
+        layouts = set()
+        for key in ({}, {"mrope_section": sections, "mrope_interleaved": False},
+                    {"mrope_section": sections, "mrope_interleaved": True}):
+            e, c = call(cls, key)
+            if c is None:
+                return None
+            found = [name for name in ("contiguous", "interleaved")
+                     if (want := expected(e.inv_freq, sections, name)) is not None
+                     and want.shape == c.shape and torch.allclose(want, c, atol=1e-5)]
+            if len(found) != 1:
+                return None
+            layouts.add(found[0])
+        if len(layouts) != 1:
+            return None  # the class follows the key: posenc reads the key too
+        return {"mrope_default_section": sections, "mrope_layout": layouts.pop()}
+    return None
+
+
 ROTARY_HEAD_KEYS = ("qk_rope_head_dim", "kv_channels", "attention_head_dim")
 PROBE_HEAD = 88  # no class's default head size
 
@@ -1050,6 +1127,9 @@ def absent_defaults(cfg_cls):
     unfilled = original_not_filled(cfg_cls)
     if unfilled is not None:
         out["original_not_filled"] = unfilled
+    mrope = mrope_rules(cfg_cls)
+    if mrope is not None:
+        out.update(mrope)
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta

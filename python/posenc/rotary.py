@@ -242,6 +242,12 @@ class RotaryEmbedding(nn.Module):
                              f"(model.to(dtype)); build the module after the cast, or use "
                              f"angle_dtype='float32', which follows the cast as transformers does")
         positions = position_ids
+        if not table.mrope_section and positions.dim() == 3:
+            # [A, B, N] axes without sections: a 1D table per axis is not what the model does
+            raise ValueError(f"posenc.RotaryEmbedding: position_ids has {positions.shape[0]} axes "
+                             f"(shape {tuple(positions.shape)}) but the resolved config has no "
+                             f"mrope_section to give each axis its pairs; give the model's "
+                             f"mrope_section in rope_parameters, or [B, N] positions")
         if table.mrope_section:
             axes = len(table.mrope_section)
             if positions.dim() == 2:  # text only: the same position on every axis

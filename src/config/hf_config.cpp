@@ -154,8 +154,17 @@ class Resolver {
                 "ROPE_INIT_FUNCTIONS has none, so model type '",
                 out.model_type, "' fails on it (KeyError)");
     std::vector<int64_t> sections;
+    // M-RoPE as the model type's rotary class takes it (generated mrope_default_section and
+    // mrope_layout, learned by calling the class on 3-axis positions): its default sections when
+    // the block gives none, and its layout whatever mrope_interleaved says
+    const nlohmann::json* mrope = hf_absent_key_defaults(out.model_type);
+    if (mrope != nullptr && !mrope->contains("mrope_layout")) mrope = nullptr;
+    bool sections_defaulted = false;
     if (has(block, "mrope_section")) {
       sections = integers_at(block, "mrope_section", from_block("mrope_section"));
+    } else if (mrope != nullptr && rope_type != "axial") {
+      sections = (*mrope)["mrope_default_section"].get<std::vector<int64_t>>();
+      sections_defaulted = true;
     }
     // A vision tower's 2D rotary (transformers 5's rope_type "axial", Qwen2-VL's
     // compute_axial_rope_parameters): the head's pairs split in two halves, rows then columns,
@@ -535,10 +544,24 @@ class Resolver {
           "derived: 'axial' restarts the ladder theta^(-2i/(r/2)) on each axis");
     }
     if (!sections.empty()) {
-      set("mrope_section", sections, where(from_block("mrope_section")));
-      if (has(block, "mrope_interleaved") && block["mrope_interleaved"].is_boolean() &&
-          block["mrope_interleaved"].get<bool>())
+      set("mrope_section", sections,
+          sections_defaulted ? "transformers: model type '" + out.model_type +
+                                   "''s rotary class takes these when the block gives none"
+                             : where(from_block("mrope_section")));
+      if (mrope != nullptr) {
+        const std::string layout = (*mrope)["mrope_layout"].get<std::string>();
+        if (has(block, "mrope_interleaved") && block["mrope_interleaved"].is_boolean() &&
+            block["mrope_interleaved"].get<bool>() != (layout == "interleaved"))
+          out.warnings.push_back(origin_ + ": '" + from_block("mrope_interleaved") + "' " +
+                                 block["mrope_interleaved"].dump() + " is not read: model type '" +
+                                 out.model_type + "''s rotary class lays the sections out " +
+                                 layout + " in its code; ignored, as transformers ignores it");
+        set("section_layout", layout,
+            "transformers: model type '" + out.model_type + "''s rotary class (its code)");
+      } else if (has(block, "mrope_interleaved") && block["mrope_interleaved"].is_boolean() &&
+                 block["mrope_interleaved"].get<bool>()) {
         set("section_layout", "interleaved", where(from_block("mrope_interleaved")));
+      }
     }
     for (const auto& item : block.items()) {
       if (kBlockKeys.count(item.key())) continue;
@@ -799,8 +822,9 @@ class Resolver {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
           key == "rope_theta_raises" || key == "null_rope_scaling_unsets" ||
-          key == "original_not_filled" || key == "max_position_rules" ||
-          key == "block_theta_missing" || key == "rope_types_rejected")
+          key == "original_not_filled" || key == "mrope_default_section" || key == "mrope_layout" ||
+          key == "max_position_rules" || key == "block_theta_missing" ||
+          key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
