@@ -611,6 +611,10 @@ TEST(Trainer, DamagedRunSummaryIsOneLineNamingIt) {
     fs::remove(path);
     std::ofstream(path) << text;
   };
+  // a NaN metric (written as null) is read back as NaN, not called damaged
+  write(R"({"name": "a", "steps": 3, "seconds": 1.5, "parameters": 10, "metric": "accuracy",
+            "final": {"accuracy": null}, "generalization": []})");
+  EXPECT_TRUE(std::isnan(read_run_result(folder).final_metrics.at(0).second));
   write(R"({"name": "a", "steps": "many"})");
   auto message = test::error_of([&] { read_run_result(folder); });
   EXPECT_NE(message.find("compare: '" + path + "' is damaged (not as posenc train writes it)"),

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "posenc/config/config_reader.h"
 #include "posenc/io/input_file.h"
@@ -161,6 +162,11 @@ RunResult read_run_result(const std::string& output) {
   }
 }
 
+// A metric as write_summary stores it: NaN (a metric with nothing to measure) is JSON null.
+static double metric_of(const nlohmann::json& v) {
+  return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+}
+
 static RunResult run_result_from(const nlohmann::json& summary, const std::string& output,
                                  const std::string& path) {
   RunResult r;
@@ -173,12 +179,12 @@ static RunResult run_result_from(const nlohmann::json& summary, const std::strin
   r.metric_name = summary.at("metric").get<std::string>();
   r.device = summary.value("device", std::string("cpu"));  // runs before train.device: the CPU
   for (const auto& [k, v] : summary.at("final").items())
-    r.final_metrics.emplace_back(k, v.get<double>());
+    r.final_metrics.emplace_back(k, metric_of(v));
   for (const auto& row : summary.at("generalization")) {
     GeneralizationRow g;
     g.setting = row.at("setting").get<std::string>();
     g.x = row.at("x").get<double>();
-    for (const auto& [k, v] : row.at("metrics").items()) g.metrics.emplace_back(k, v.get<double>());
+    for (const auto& [k, v] : row.at("metrics").items()) g.metrics.emplace_back(k, metric_of(v));
     r.generalization.push_back(g);
   }
   r.details = details_from_json(summary, path);
