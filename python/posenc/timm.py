@@ -224,6 +224,27 @@ class _AxialRotaryBase(torch.nn.Module):
         self._cache_dtype = dtype if dtype is not None else torch.float32
         self._set_cache(self.feat_shape, device)
 
+    @classmethod
+    def from_timm(cls, module: torch.nn.Module):
+        """The same tables as a timm RotaryEmbeddingCat / RotaryEmbedding (its settings, cache
+        dtype and device; a module that augments its coordinates is refused)."""
+        if getattr(module, "aug_active", False):
+            raise ValueError(f"posenc.timm.{cls.__name__}.from_timm: the timm module augments "
+                             f"its coordinates (shift/jitter/rescale_coords); posenc does not")
+        cached = getattr(module, "pos_embed", None)
+        if not isinstance(cached, torch.Tensor):
+            cached = getattr(module, "pos_embed_sin", None)
+        new = cls(module.dim, max_res=module.max_res, temperature=module.temperature,
+                  in_pixels=module.in_pixels, linear_bands=module.linear_bands,
+                  feat_shape=module.feat_shape, ref_feat_shape=module.ref_feat_shape,
+                  grid_offset=module.grid_offset, grid_indexing=module.grid_indexing,
+                  rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
+                  normalize_coords=getattr(module, "normalize_coords", "separate"),
+                  device=module.bands.device,
+                  dtype=cached.dtype if isinstance(cached, torch.Tensor) else None)
+        new.train(module.training)
+        return new
+
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)
         # .half() / .bfloat16() cast every floating buffer; the bands stay float32 as timm's do
@@ -296,22 +317,6 @@ class RotaryEmbeddingCat(_AxialRotaryBase):
         emb = self.get_embed(list(shape[2:]))
         y = apply_rot_embed_cat(x.flatten(2).transpose(1, 2), emb, half=self.rotate_half)
         return y.transpose(1, 2).reshape(shape)
-
-    @classmethod
-    def from_timm(cls, module: torch.nn.Module) -> "RotaryEmbeddingCat":
-        """The same table as a timm RotaryEmbeddingCat (its settings; not augmenting)."""
-        if getattr(module, "aug_active", False):
-            raise ValueError("posenc.timm.RotaryEmbeddingCat.from_timm: the timm module augments "
-                             "its coordinates (shift/jitter/rescale_coords); posenc does not")
-        return cls(module.dim, max_res=module.max_res, temperature=module.temperature,
-                   in_pixels=module.in_pixels, linear_bands=module.linear_bands,
-                   feat_shape=module.feat_shape, ref_feat_shape=module.ref_feat_shape,
-                   grid_offset=module.grid_offset, grid_indexing=module.grid_indexing,
-                   rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
-                   normalize_coords=getattr(module, "normalize_coords", "separate"),
-                   device=module.bands.device,
-                   dtype=None if module.pos_embed is None else module.pos_embed.dtype)
-
 
 class RotaryEmbedding(_AxialRotaryBase):
     """timm's RotaryEmbedding: get_embed(shape) -> (sin, cos), each [N, dim]."""

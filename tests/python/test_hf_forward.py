@@ -34,8 +34,7 @@ CONTEXT = 256
 
 
 def _blocks(pairs):
-    def block(b):
-        return perturbed._v5_block(b)
+    block = perturbed._v5_block
     return {
         "as_is": None,
         "linear": block({"rope_type": "linear", "factor": 3.0}),

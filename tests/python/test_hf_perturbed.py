@@ -77,21 +77,6 @@ def _legacy_yarn_mscale(n):
                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
 
 
-def _v5_in_block(kind):
-    # the scaling written into the file's own v5 block(s), beside their theta
-    block = {"linear": {"rope_type": "linear", "factor": 3.0},
-             "dynamic": {"rope_type": "dynamic", "factor": 2.0}}[kind]
-
-    def change(n):
-        rp = n.get("rope_parameters")
-        if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
-            for v in rp.values():
-                v.update(block)
-        else:
-            n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **block}
-    return change
-
-
 def _v5_block(block):
     def change(n):
         rp = n.get("rope_parameters")
@@ -139,8 +124,8 @@ CHANGES = {
     "legacy_scaling_null": lambda n: (_pop(n, "rope_parameters"),
                                       n.update({"rope_theta": 30000.0, "rope_scaling": None})),
     "legacy_yarn_mscale": _legacy_yarn_mscale,
-    "v5_linear": _v5_in_block("linear"),
-    "v5_dynamic": _v5_in_block("dynamic"),
+    "v5_linear": _v5_block({"rope_type": "linear", "factor": 3.0}),
+    "v5_dynamic": _v5_block({"rope_type": "dynamic", "factor": 2.0}),
     "longer_context": lambda n: n.__setitem__(
         "max_position_embeddings", 4 * int(n.get("max_position_embeddings") or 2048)),
     # every yarn key, a llama3 block, a yarn block without its original context, a default block

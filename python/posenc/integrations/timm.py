@@ -43,23 +43,7 @@ def _replacement(module: torch.nn.Module):
         return None, f"{type(module).__name__} (not computed by posenc)"
     if getattr(module, "aug_active", False):
         return None, f"{type(module).__name__} augments its coordinates in training"
-    new = cls(module.dim, max_res=module.max_res, temperature=module.temperature,
-              in_pixels=module.in_pixels, linear_bands=module.linear_bands,
-              feat_shape=module.feat_shape, ref_feat_shape=module.ref_feat_shape,
-              grid_offset=module.grid_offset, grid_indexing=module.grid_indexing,
-              rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
-              normalize_coords=getattr(module, "normalize_coords", "separate"),
-              device=module.bands.device, dtype=_cache_dtype(module))
-    new.train(module.training)
-    return new, None
-
-
-def _cache_dtype(module):
-    for name in ("pos_embed", "pos_embed_sin"):
-        cached = getattr(module, name, None)
-        if isinstance(cached, torch.Tensor):
-            return cached.dtype
-    return None
+    return cls.from_timm(module), None
 
 
 def _rotary_modules(model: torch.nn.Module):
