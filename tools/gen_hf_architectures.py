@@ -681,6 +681,38 @@ def original_not_filled(cfg_cls):
     return out or None
 
 
+def top_original_unread(cfg_cls):
+    """The scaling types whose flat block, without original_max_position_embeddings, the class
+    refuses even beside a top-level original_max_position_embeddings (as Phi-3's files carry
+    it): transformers' rope functions read the top-level attribute first, but Cohere 2 MoE
+    validates its block before the file's extra keys become attributes (KeyError). A flat block
+    of each type without the key and the top level at 1024, loaded: listed where that fails on
+    the key."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    own.setdefault("max_position_embeddings", 4096)
+    rp = own.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
+        return None  # per-layer blocks: posenc reads only the block there
+    out = []
+    for name in ("yarn", "llama3"):
+        block = {k: v for k, v in SCALED_BLOCKS[name].items()
+                 if k != "original_max_position_embeddings"}
+        d = copy.deepcopy(own)
+        d.pop("rope_scaling", None)
+        theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
+        d["rope_parameters"] = {"rope_theta": theta, **block}
+        d["original_max_position_embeddings"] = 1024
+        try:
+            cfg_cls.from_dict(d)
+        except Exception as e:
+            if "original_max_position_embeddings" in str(e):
+                out.append(name)
+    return out or None
+
+
 def mrope_rules(cfg_cls):
     """How the model type's M-RoPE rotary class sections the pairs, learned by calling it
     (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3.5, GLM-4V, PaddleOCR-VL, Cosmos 3, HY-V4-VL, ...):
@@ -1127,6 +1159,9 @@ def absent_defaults(cfg_cls):
     unfilled = original_not_filled(cfg_cls)
     if unfilled is not None:
         out["original_not_filled"] = unfilled
+    unread = top_original_unread(cfg_cls)
+    if unread is not None:
+        out["top_original_unread"] = unread
     mrope = mrope_rules(cfg_cls)
     if mrope is not None:
         out.update(mrope)

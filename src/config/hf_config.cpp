@@ -429,6 +429,19 @@ class Resolver {
         rope_type == "llama3" || rope_type == "yarn" || rope_type == "longrope";
     if (needs_original) {
       // (per-layer-type blocks: most classes fill each from the block or max_position_embeddings)
+      // (generated top_original_unread: classes that validate the block before the file's
+      // top-level keys become attributes, Cohere 2 MoE: transformers fails, KeyError)
+      if (const auto* own = hf_absent_key_defaults(out.model_type);
+          own != nullptr && own->contains("top_original_unread") &&
+          !has(block, "original_max_position_embeddings"))
+        for (const auto& t : (*own)["top_original_unread"])
+          TORCH_CHECK(t.get<std::string>() != rope_type, origin_, ": refused: rope_type '",
+                      rope_type, "' without 'original_max_position_embeddings' in ", block_name,
+                      ": model type '", out.model_type,
+                      "''s config class validates the block before it reads the top-level one "
+                      "(transformers ",
+                      std::string(kHfArchitecturesTransformers),
+                      " fails on it: KeyError); give it in the block");
       if (has(c, "original_max_position_embeddings") && layer_type_.empty()) {
         set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
             where("original_max_position_embeddings") +
@@ -822,9 +835,9 @@ class Resolver {
       const std::string& key = item.key();
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
           key == "rope_theta_raises" || key == "null_rope_scaling_unsets" ||
-          key == "original_not_filled" || key == "mrope_default_section" || key == "mrope_layout" ||
-          key == "max_position_rules" || key == "block_theta_missing" ||
-          key == "rope_types_rejected")
+          key == "original_not_filled" || key == "top_original_unread" ||
+          key == "mrope_default_section" || key == "mrope_layout" || key == "max_position_rules" ||
+          key == "block_theta_missing" || key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;

@@ -139,6 +139,20 @@ CHANGES = {
     "v5_yarn_no_original": _v5_block({"rope_type": "yarn", "factor": 4.0}),
     "v5_default_with_factor": _v5_block({"rope_type": "default", "factor": 4.0}),
     "legacy_longrope": _legacy_longrope,
+    # the original context at the top level (as Phi-3's files carry it) beside a block without
+    # one, or with another one: which wins is each config class's own conversion
+    "legacy_yarn_top_original": lambda n: (_pop(n, "rope_parameters"), n.update({
+        "rope_theta": 10000.0, "original_max_position_embeddings": 1024,
+        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})),
+    "v5_yarn_top_original": lambda n: (_v5_block({"rope_type": "yarn", "factor": 4.0})(n),
+                                       n.__setitem__("original_max_position_embeddings", 1024)),
+    "v5_yarn_both_originals": lambda n: (
+        _v5_block({"rope_type": "yarn", "factor": 4.0,
+                   "original_max_position_embeddings": 2048})(n),
+        n.__setitem__("original_max_position_embeddings", 1024)),
+    "legacy_llama3_top_original": lambda n: (_legacy("llama3")(n),
+                                             n["rope_scaling"].pop("original_max_position_embeddings"),
+                                             n.__setitem__("original_max_position_embeddings", 4096)),
 }
 # changes that take the table's number of frequencies
 NEEDS_PAIRS = {"legacy_longrope"}
