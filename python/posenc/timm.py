@@ -28,14 +28,24 @@ build_rotary_pos_embed(feat_shape, bands=None, dim=64, max_res=224, temperature=
     timm.layers.build_rotary_pos_embed: axial RoPE (sin, cos) [N, A * dim / 4 * 2] over a patch
     grid (index, pixel or centered coordinates; EVA's ref_feat_shape rescaling; "xy" indexing),
     through torch.ops.posenc.patch_grid_bands and torch.ops.posenc.patch_grid_rope: float32
-    products as timm's, equal to timm's tables to the bit.
+    products as timm's (float64 bands: float64 angles, as timm's grid * bands promotes), equal
+    to timm's tables to the bit. Given bands and dtype=None, the tables are in the bands' dtype,
+    as timm's. timm's float64 tables from float64 bands keep float64 sin/cos, which posenc's
+    operator does not give: asked for, they are refused with one line.
 
 RotaryEmbeddingCat(dim, ...), RotaryEmbedding(dim, ...)
     timm's modules with timm's arguments and methods (get_embed, get_batch_embeds,
     update_feat_shape, forward on channels-first maps): cat([sin, cos]) [N, 2 dim] or (sin, cos),
     cached for a fixed feat_shape or built per shape; RotaryEmbeddingCat.from_timm(module) takes
-    a timm module's settings. timm's training-time coordinate augmentation (shift_coords,
-    jitter_coords, rescale_coords) is not computed here: given, it is refused with one line.
+    a timm module's settings and state (bands and cache dtypes, device; a cache its settings do
+    not give, e.g. after timm's .half().float(), is refused with one line). The dtypes follow
+    timm's _RotaryEmbeddingBase (timm 1.0.x layers/pos_embed_sincos.py) through every cast: the
+    bands buffer stays >= float32 (.half() / .bfloat16() rebuild it float32, .double() and a
+    float64 dtype or default dtype make it float64), the cache is computed from fresh float32
+    bands and cast to its dtype of the moment (at construction, and on update_feat_shape after
+    .half() or .double()), per-shape tables come from the bands buffer as it is. timm's
+    training-time coordinate augmentation (shift_coords, jitter_coords, rescale_coords) is not
+    computed here: given, it is refused with one line.
 """
 
 from __future__ import annotations
@@ -156,17 +166,33 @@ def _grid_type(grid_type: Optional[str], in_pixels: bool) -> str:
     return grid_type if grid_type is not None else ("pixel" if in_pixels else "index")
 
 
+def _freq_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
+    """timm's _freq_buffer_dtype: the bands' dtype, at least float32 (None: the default dtype)."""
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    if dtype.is_floating_point and torch.finfo(dtype).bits < 32:
+        return torch.float32
+    return dtype
+
+
 def _rope_tables(feat_shape: Sequence[int], bands: torch.Tensor, grid_type: str,
                  ref_feat_shape: Optional[Sequence[int]], grid_offset: float, grid_indexing: str,
-                 normalize_coords: str, rotate_half: bool):
-    """(sin, cos) float32 [N, A * 2F], on bands' device."""
+                 normalize_coords: str, rotate_half: bool, dtype: torch.dtype, where: str):
+    """(sin, cos) [N, A * 2F] in dtype, on bands' device, as timm's build_fourier_pos_embed:
+    float32 grid times the bands (float16 / bfloat16 bands promote to float32 products, float64
+    bands give float64 angles), sin and cos cast once to dtype. posenc's float64-band tables are
+    float32 (sin/cos rounded once): timm's cast of them to float32, float16 or bfloat16 goes
+    through float32 too, so those are the same bits; float64 tables from float64 bands are not."""
+    if bands.dtype == torch.float64 and dtype == torch.float64:
+        raise RuntimeError(f"posenc.timm.{where}: float64 tables from float64 bands: timm keeps "
+                           f"their float64 sin/cos, posenc's patch_grid_rope rounds them to "
+                           f"float32; ask for dtype=torch.float32 tables or use float32 bands")
     if bands.dtype in (torch.float16, torch.bfloat16):  # timm's grid * bands promotes to float32
         bands = bands.float()
     cos, sin = torch.ops.posenc.patch_grid_rope(
         [int(s) for s in feat_shape], bands, grid_type,
         None if ref_feat_shape is None else [int(s) for s in ref_feat_shape], float(grid_offset),
         grid_indexing, normalize_coords, "half" if rotate_half else "interleaved")
-    return sin, cos
+    return sin.to(dtype), cos.to(dtype)
 
 
 def build_rotary_pos_embed(feat_shape: Sequence[int], bands: Optional[torch.Tensor] = None,
@@ -175,23 +201,43 @@ def build_rotary_pos_embed(feat_shape: Sequence[int], bands: Optional[torch.Tens
                            ref_feat_shape: Optional[Sequence[int]] = None,
                            grid_offset: float = 0.0, grid_indexing: str = "ij",
                            rotate_half: bool = False, device: Optional[torch.device] = None,
-                           dtype: torch.dtype = torch.float32, grid_type: Optional[str] = None,
+                           dtype: Optional[torch.dtype] = torch.float32,
+                           grid_type: Optional[str] = None,
                            normalize_coords: str = "separate", shift_coords=None,
                            jitter_coords=None, rescale_coords=None):
-    """(sin, cos), each [prod(feat_shape), len(feat_shape) * 2 * (dim // 4)] in dtype."""
+    """(sin, cos), each [prod(feat_shape), len(feat_shape) * 2 * (dim // 4)] in dtype (given
+    bands and dtype=None: the bands' dtype, as timm's)."""
     _no_augmentation("build_rotary_pos_embed", shift_coords, jitter_coords, rescale_coords)
     if bands is None:
         bands = torch.ops.posenc.patch_grid_bands(dim // 4, bool(in_pixels), float(max_res),
                                                   float(temperature), bool(linear_bands))
         if device is not None:
             bands = bands.to(device)
-    sin, cos = _rope_tables(feat_shape, bands, _grid_type(grid_type, in_pixels), ref_feat_shape,
-                            grid_offset, grid_indexing, normalize_coords, rotate_half)
-    return sin.to(dtype=dtype), cos.to(dtype=dtype)
+        if dtype is None:  # timm: the float32 tables, uncast
+            dtype = torch.float32
+    elif dtype is None:
+        dtype = bands.dtype
+    return _rope_tables(feat_shape, bands, _grid_type(grid_type, in_pixels), ref_feat_shape,
+                        grid_offset, grid_indexing, normalize_coords, rotate_half, dtype,
+                        "build_rotary_pos_embed")
+
+
+# posenc.integrations.timm.patch keeps the timm module it replaced here (outside the module
+# tree: no state_dict keys, not found again by named_modules); it follows every cast and move
+# (_apply) and grid change (update_feat_shape) made to posenc's, so unpatch gives it back in the
+# model's state.
+_ORIGINAL = "_posenc_timm_original"
 
 
 class _AxialRotaryBase(torch.nn.Module):
-    """timm's _RotaryEmbeddingBase: the settings, the bands buffer and the cache's life."""
+    """timm's _RotaryEmbeddingBase: the settings, the bands buffer and the cache's life.
+
+    As timm's: the bands buffer is at least float32 (the module's dtype, or the default dtype;
+    .half() / .bfloat16() rebuild it float32, .double() casts it); the cache (feat_shape given)
+    is computed from fresh float32 bands, at construction on the CPU, on update_feat_shape on the
+    bands' device, and cast to the cache's dtype of the moment (.half() and .double() cast it as
+    a buffer); tables for a given shape are computed from the bands buffer as it is (float64
+    bands: float64 angles)."""
 
     def __init__(self, dim: int, max_res: int = 224, temperature: float = 10000,
                  in_pixels: bool = True, linear_bands: bool = False,
@@ -211,26 +257,41 @@ class _AxialRotaryBase(torch.nn.Module):
         self.temperature = temperature
         self.in_pixels = in_pixels
         self.linear_bands = linear_bands
-        self.feat_shape = None if feat_shape is None else list(feat_shape)
+        self.feat_shape = feat_shape  # as given: timm compares update_feat_shape's with !=
         self.ref_feat_shape = None if ref_feat_shape is None else list(ref_feat_shape)
         self.grid_offset = grid_offset
         self.grid_indexing = grid_indexing
         self.rotate_half = rotate_half
         self.grid_type = _grid_type(grid_type, in_pixels)
         self.normalize_coords = normalize_coords
-        bands = torch.ops.posenc.patch_grid_bands(dim // 4, bool(in_pixels), float(max_res),
-                                                  float(temperature), bool(linear_bands))
-        self.register_buffer("bands", bands.to(device=device), persistent=False)
-        self._cache_dtype = dtype if dtype is not None else torch.float32
-        self._set_cache(self.feat_shape, device)
+        bands = self._fresh_bands()  # float32, on the CPU
+        self.register_buffer("bands", bands.to(device=device, dtype=_freq_dtype(dtype)),
+                             persistent=False)
+        if feat_shape is None:
+            self._set_cache(None, None)
+        else:
+            cache_dtype = torch.get_default_dtype() if dtype is None else dtype
+            sin, cos = self._tables(feat_shape, torch.float32, bands)
+            self._set_cache(sin.to(device=device, dtype=cache_dtype),
+                            cos.to(device=device, dtype=cache_dtype))
+
+    def _fresh_bands(self, device=None) -> torch.Tensor:
+        """timm's _compute_bands: float32 bands, computed on the CPU."""
+        bands = torch.ops.posenc.patch_grid_bands(self.dim // 4, bool(self.in_pixels),
+                                                  float(self.max_res), float(self.temperature),
+                                                  bool(self.linear_bands))
+        return bands if device is None else bands.to(device)
 
     @classmethod
     def from_timm(cls, module: torch.nn.Module):
-        """The same tables as a timm RotaryEmbeddingCat / RotaryEmbedding (its settings, cache
-        dtype and device; a module that augments its coordinates is refused)."""
+        """The same tables as a timm RotaryEmbeddingCat / RotaryEmbedding in its present state
+        (settings, bands dtype, cache dtype, device, train/eval). A module that augments its
+        coordinates, or whose cache is not what its settings give (cast through a lower
+        precision and back, e.g. .half().float(), or edited), is refused with one line."""
+        name = f"posenc.timm.{cls.__name__}.from_timm"
         if getattr(module, "aug_active", False):
-            raise ValueError(f"posenc.timm.{cls.__name__}.from_timm: the timm module augments "
-                             f"its coordinates (shift/jitter/rescale_coords); posenc does not")
+            raise ValueError(f"{name}: the timm module augments its coordinates "
+                             f"(shift/jitter/rescale_coords); posenc does not")
         cached = getattr(module, "pos_embed", None)
         if not isinstance(cached, torch.Tensor):
             cached = getattr(module, "pos_embed_sin", None)
@@ -241,31 +302,63 @@ class _AxialRotaryBase(torch.nn.Module):
                   rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
                   normalize_coords=getattr(module, "normalize_coords", "separate"),
                   device=module.bands.device,
-                  dtype=cached.dtype if isinstance(cached, torch.Tensor) else None)
+                  dtype=cached.dtype if isinstance(cached, torch.Tensor) else module.bands.dtype)
+        if new.bands.dtype != module.bands.dtype:  # a buffer cast by hand: take its dtype
+            new.register_buffer("bands", new.bands.to(module.bands.dtype), persistent=False)
+        if not torch.equal(new.bands, module.bands):
+            raise ValueError(f"{name}: the timm module's bands are not the ones its settings "
+                             f"give (changed by hand?); posenc would not give its tables")
+        if isinstance(cached, torch.Tensor) and not new._cache_is(module):
+            # computed on the bands' device, as timm's update_feat_shape does there
+            new._update_cache(module.feat_shape)
+            if not new._cache_is(module):
+                theirs = new._timm_cache(module)
+                diff = max((a.double() - b.double()).abs().max().item()
+                           for a, b in zip(new._cache(), theirs))
+                raise ValueError(f"{name}: {type(module).__name__}'s cached table is not the one "
+                                 f"its settings give (max difference {diff:.3g}: cast through a "
+                                 f"lower precision and back, e.g. .half().float(), or edited); "
+                                 f"posenc would not give the same tables")
         new.train(module.training)
         return new
 
+    def _cache_is(self, module) -> bool:
+        return all(a.dtype == b.dtype and a.device == b.device and torch.equal(a, b)
+                   for a, b in zip(self._cache(), self._timm_cache(module)))
+
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)
-        # .half() / .bfloat16() cast every floating buffer; the bands stay float32 as timm's do
-        if self.bands.dtype in (torch.float16, torch.bfloat16):
-            bands = torch.ops.posenc.patch_grid_bands(
-                self.dim // 4, bool(self.in_pixels), float(self.max_res), float(self.temperature),
-                bool(self.linear_bands))
-            self.register_buffer("bands", bands.to(self.bands.device), persistent=False)
+        # .half() / .bfloat16() cast every floating buffer; timm rebuilds its bands float32
+        if _freq_dtype(self.bands.dtype) != self.bands.dtype:
+            self.register_buffer("bands", self._fresh_bands(self.bands.device), persistent=False)
+        original = self.__dict__.get(_ORIGINAL)
+        if original is not None:  # the timm module patch() replaced follows the casts and moves
+            original._apply(fn, *args, **kwargs)
         return module
 
-    def _tables(self, feat_shape: Sequence[int], dtype: Optional[torch.dtype] = None):
-        sin, cos = _rope_tables(feat_shape, self.bands, self.grid_type, self.ref_feat_shape,
-                                self.grid_offset, self.grid_indexing, self.normalize_coords,
-                                self.rotate_half)
-        dtype = torch.float32 if dtype is None else dtype
-        return sin.to(dtype), cos.to(dtype)
+    def _tables(self, feat_shape: Sequence[int], dtype: Optional[torch.dtype] = None,
+                bands: Optional[torch.Tensor] = None):
+        """timm's _build_embed: (sin, cos) in dtype (None: float32) from the bands buffer (or
+        the bands given)."""
+        return _rope_tables(feat_shape, self.bands if bands is None else bands, self.grid_type,
+                            self.ref_feat_shape, self.grid_offset, self.grid_indexing,
+                            self.normalize_coords, self.rotate_half,
+                            torch.float32 if dtype is None else dtype,
+                            f"{type(self).__name__}.get_embed")
+
+    def _update_cache(self, feat_shape) -> None:
+        """timm's update: fresh float32 bands on the bands' device, cast to the cache's dtype."""
+        bands = self._fresh_bands(self.bands.device)
+        self.bands.copy_(bands)
+        self._set_cache(*self._tables(feat_shape, self._cache()[0].dtype, bands))
 
     def update_feat_shape(self, feat_shape: Sequence[int]) -> None:
-        if self.feat_shape is not None and list(feat_shape) != self.feat_shape:
-            self.feat_shape = list(feat_shape)
-            self._set_cache(self.feat_shape, self.bands.device)
+        if self.feat_shape is not None and feat_shape != self.feat_shape:
+            self._update_cache(feat_shape)
+            self.feat_shape = feat_shape
+        original = self.__dict__.get(_ORIGINAL)
+        if original is not None:  # the timm module patch() replaced follows the grid
+            original.update_feat_shape(feat_shape)
 
     def get_batch_embeds(self, shapes, seq_len: Optional[int] = None,
                          dtype: Optional[torch.dtype] = None):
@@ -293,13 +386,18 @@ class _AxialRotaryBase(torch.nn.Module):
 class RotaryEmbeddingCat(_AxialRotaryBase):
     """timm's RotaryEmbeddingCat: get_embed(shape) -> cat([sin, cos], -1) [N, 2 dim]."""
 
-    def _set_cache(self, feat_shape, device) -> None:
-        if feat_shape is None:
+    def _set_cache(self, sin, cos) -> None:
+        if sin is None:
             self.pos_embed = None
             return
-        sin, cos = self._tables(feat_shape, self._cache_dtype)
-        self.register_buffer("pos_embed", torch.cat([sin, cos], -1).to(device=device),
-                             persistent=False)
+        self.register_buffer("pos_embed", torch.cat([sin, cos], -1), persistent=False)
+
+    def _cache(self):
+        return (self.pos_embed,)
+
+    @staticmethod
+    def _timm_cache(module):
+        return (module.pos_embed,)
 
     def get_embed(self, shape: Optional[Sequence[int]] = None,
                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -318,16 +416,23 @@ class RotaryEmbeddingCat(_AxialRotaryBase):
         y = apply_rot_embed_cat(x.flatten(2).transpose(1, 2), emb, half=self.rotate_half)
         return y.transpose(1, 2).reshape(shape)
 
+
 class RotaryEmbedding(_AxialRotaryBase):
     """timm's RotaryEmbedding: get_embed(shape) -> (sin, cos), each [N, dim]."""
 
-    def _set_cache(self, feat_shape, device) -> None:
-        if feat_shape is None:
+    def _set_cache(self, sin, cos) -> None:
+        if sin is None:
             self.pos_embed_sin = self.pos_embed_cos = None
             return
-        sin, cos = self._tables(feat_shape, self._cache_dtype)
-        self.register_buffer("pos_embed_sin", sin.to(device=device), persistent=False)
-        self.register_buffer("pos_embed_cos", cos.to(device=device), persistent=False)
+        self.register_buffer("pos_embed_sin", sin, persistent=False)
+        self.register_buffer("pos_embed_cos", cos, persistent=False)
+
+    def _cache(self):
+        return (self.pos_embed_sin, self.pos_embed_cos)
+
+    @staticmethod
+    def _timm_cache(module):
+        return (module.pos_embed_sin, module.pos_embed_cos)
 
     def get_embed(self, shape: Optional[Sequence[int]] = None,
                   dtype: Optional[torch.dtype] = None):

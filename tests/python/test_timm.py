@@ -252,3 +252,129 @@ def test_axial_rope_ops_pass_opcheck():
     with FakeTensorMode() as mode:
         fake = torch.ops.posenc.patch_grid_rope([3, 4, 5], mode.from_tensor(bands), layout="half")
     assert fake[0].shape == cos.shape == (60, 48) and fake[1].dtype == sin.dtype
+
+
+# --- casts: timm keeps its bands >= float32, computes cached tables from fresh float32 bands and
+# casts them to the cache's current dtype, and its free tables from the bands buffer as it is ---
+
+_CLASSES = ["RotaryEmbeddingCat", "RotaryEmbedding"]
+
+
+def _both(cls, *args, **kwargs):
+    return (getattr(posenc.timm, cls)(*args, **kwargs),
+            getattr(pos_embed_sincos, cls)(*args, **kwargs))
+
+
+def _same(got, want):
+    got = torch.cat(got, -1) if isinstance(got, tuple) else got
+    want = torch.cat(want, -1) if isinstance(want, tuple) else want
+    assert got.dtype == want.dtype and got.device == want.device, (got.dtype, want.dtype)
+    assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+
+
+def _same_buffers(got_m, want_m):
+    got, want = dict(got_m.named_buffers()), dict(want_m.named_buffers())
+    assert sorted(got) == sorted(want)
+    for name in want:
+        _same(got[name], want[name])
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("casts", [("half",), ("bfloat16",), ("double",), ("double", "half"),
+                                   ("half", "double"), ("bfloat16", "float")], ids=str)
+@pytest.mark.parametrize("settings", [_eva_settings(), dict()], ids=["eva", "pixel"])
+def test_cached_tables_after_casts_and_new_grids_equal_timms(cls, casts, settings):
+    got_m, want_m = _both(cls, 32, feat_shape=[8, 8], **settings)
+    for cast in casts:
+        got_m, want_m = getattr(got_m, cast)(), getattr(want_m, cast)()
+    _same_buffers(got_m, want_m)
+    cache = want_m.get_embed()
+    dtype = (cache[0] if isinstance(cache, tuple) else cache).dtype  # x in the model's dtype
+    for shape in ([6, 7], [6, 7], [9, 5]):  # a new grid: timm's cache keeps its (cast) dtype
+        got_m.update_feat_shape(shape)
+        want_m.update_feat_shape(shape)
+        _same_buffers(got_m, want_m)
+        _same(got_m.get_embed(), want_m.get_embed())
+        x = torch.randn(2, 32, *shape).to(dtype)
+        _same(got_m(x), want_m(x))
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("build", ["dtype=float64", ".double()", "default float64"])
+@pytest.mark.parametrize("settings", [_eva_settings(), dict(), dict(grid_type="centered")],
+                         ids=["eva", "pixel", "centered"])
+def test_float64_bands_give_timms_tables(cls, build, settings):
+    if build == "default float64":
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            got_m, want_m = _both(cls, 32, **settings)
+        finally:
+            torch.set_default_dtype(previous)
+    elif build == "dtype=float64":
+        got_m, want_m = _both(cls, 32, dtype=torch.float64, **settings)
+    else:
+        got_m, want_m = (m.double() for m in _both(cls, 32, **settings))
+    _same_buffers(got_m, want_m)  # bands float64, holding timm's float32 values
+    assert got_m.bands.dtype == torch.float64
+    # float64 angles (exact float32 grid x float32 band products), sin/cos rounded once
+    for dtype in (None, torch.float32, torch.float16, torch.bfloat16):
+        _same(got_m.get_embed([7, 9], dtype=dtype), want_m.get_embed([7, 9], dtype=dtype))
+    x = torch.randn(2, 32, 7, 9, dtype=torch.float64)
+    _same(got_m(x), want_m(x))
+    _same(posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands),
+          pos_embed_sincos.build_rotary_pos_embed([5, 6], bands=want_m.bands))
+    # float64 tables kept float64 by timm: not posenc's (its float64-band tables are float32)
+    with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
+        got_m.get_embed([7, 9], dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
+        posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands, dtype=torch.float64)
+    # cached at construction and on a new grid: from fresh float32 bands, cast to float64
+    kwargs = dict(dtype=torch.float64) if build == "dtype=float64" else {}
+    got_m, want_m = _both(cls, 32, feat_shape=[8, 8], **kwargs, **settings)
+    if build != "dtype=float64":
+        got_m, want_m = got_m.double(), want_m.double()
+    _same_buffers(got_m, want_m)
+    got_m.update_feat_shape([6, 7])
+    want_m.update_feat_shape([6, 7])
+    _same_buffers(got_m, want_m)
+
+
+def test_given_bands_keep_timms_output_dtype():
+    bands = pos_embed_sincos.pixel_freq_bands(8, 224.0, linear_bands=False)
+    for b in (bands, bands.half(), bands.bfloat16(), bands.double()):
+        for dtype in (None, torch.float32, torch.bfloat16):
+            if b.dtype == torch.float64 and dtype is None:  # timm: dtype=None -> the bands' dtype
+                with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
+                    posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=None)
+                continue
+            _same(posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
+                  pos_embed_sincos.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype))
+
+
+@pytest.mark.parametrize("cls", _CLASSES)
+@pytest.mark.parametrize("casts", [(), ("half",), ("double",), ("bfloat16",)], ids=str)
+@pytest.mark.parametrize("cached", [False, True])
+def test_from_timm_takes_a_cast_modules_state(cls, casts, cached):
+    timm_m = getattr(pos_embed_sincos, cls)(32, feat_shape=[8, 8] if cached else None,
+                                            **_eva_settings())
+    for cast in casts:
+        timm_m = getattr(timm_m, cast)()
+    got_m = getattr(posenc.timm, cls).from_timm(timm_m)
+    _same_buffers(got_m, timm_m)
+    if cached:
+        got_m.update_feat_shape([5, 6])
+        timm_m.update_feat_shape([5, 6])
+        _same_buffers(got_m, timm_m)
+    else:
+        _same(got_m.get_embed([5, 6]), timm_m.get_embed([5, 6]))
+
+
+def test_from_timm_refuses_a_cache_it_would_not_give():
+    # .half().float(): timm's float32 cache holds float16-rounded values; posenc's would not
+    timm_m = pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    with pytest.raises(ValueError, match="cached table is not the one its settings give"):
+        posenc.timm.RotaryEmbeddingCat.from_timm(timm_m)
+    # posenc's own module, cast the same way, keeps the same rounded values as timm's
+    own = posenc.timm.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    _same_buffers(own, timm_m)

@@ -57,3 +57,70 @@ def test_unpatched_module_kinds_are_reported_or_refused():
     assert report["left"] == ["rope: RotaryEmbeddingCat augments its coordinates in training"]
     with pytest.raises(ValueError, match="expected an nn.Module"):
         posenc.integrations.timm.patch("eva")
+
+
+def _rope_state(module):
+    return {n: (b.dtype, b.device, b.clone()) for n, b in module.named_buffers()}
+
+
+def _same_state(got, want):
+    assert sorted(got) == sorted(want)
+    for n in want:
+        assert got[n][:2] == want[n][:2], (n, got[n][:2], want[n][:2])
+        assert torch.equal(got[n][2], want[n][2]), n
+
+
+@pytest.mark.parametrize("cast", ["double", "bfloat16", "half"])
+@pytest.mark.parametrize("kwargs", [dict(), dict(dynamic_img_size=True)], ids=str)
+def test_patched_cast_eva_gives_timms_logits(cast, kwargs):
+    model = getattr(_eva(**kwargs), cast)()
+    dtype = model.cls_token.dtype
+    x = torch.randn(2, 1, 28, 28, dtype=dtype)
+    want = model(x)
+    want_rope = model.rope
+    assert posenc.integrations.timm.patch(model)["patched"] == ["rope"]
+    _same_state(_rope_state(model.rope), _rope_state(want_rope))
+    got = model(x)
+    assert got.dtype == want.dtype and torch.equal(got, want), (got - want).abs().max()
+    if kwargs:  # another image size: tables from the cast bands, as timm's
+        bigger = torch.randn(2, 1, 42, 42, dtype=dtype)
+        patched = model(bigger)
+        posenc.integrations.timm.unpatch(model)
+        assert torch.equal(model(bigger), patched)
+
+
+@pytest.mark.parametrize("casts", [("double",), ("bfloat16",), ("half", "float"),
+                                   ("double", "half")], ids=str)
+@pytest.mark.parametrize("kwargs", [dict(), dict(dynamic_img_size=True)], ids=str)
+def test_unpatch_gives_back_the_module_in_the_models_state(casts, kwargs):
+    # the same steps on a model never patched: its rope is what unpatch must give back
+    reference, model = _eva(**kwargs), _eva(**kwargs)
+    posenc.integrations.timm.patch(model)
+    for m in (reference, model):
+        for cast in casts:
+            getattr(m, cast)()
+        m.train()
+        if not kwargs:
+            m.set_input_size(img_size=(35, 35))  # a new grid while patched: update_feat_shape
+    _same_state(_rope_state(model.rope), _rope_state(reference.rope))
+    dtype = model.cls_token.dtype
+    x = torch.randn(2, 1, 35, 35, dtype=dtype)
+    model.eval()
+    reference.eval()
+    patched = model(x)
+    assert posenc.integrations.timm.unpatch(model) == ["rope"]
+    rope = model.rope
+    assert type(rope) is type(reference.rope) and not rope.training
+    _same_state(_rope_state(rope), _rope_state(reference.rope))
+    assert rope.feat_shape == reference.rope.feat_shape
+    assert torch.equal(model(x), patched) and torch.equal(reference(x), patched)
+    assert not hasattr(model.rope, "_posenc_timm_original")
+
+
+def test_a_cache_posenc_would_not_give_is_left_as_it_is():
+    model = _eva().half().float()  # the cached table keeps float16 rounding in float32
+    report = posenc.integrations.timm.patch(model)
+    assert report["patched"] == []
+    assert report["left"][0].startswith("rope: RotaryEmbeddingCat's cached table is not the one")
+    with pytest.raises(ValueError, match="rotary modules posenc does not compute: rope"):
+        posenc.integrations.timm.patch(model, strict=True)

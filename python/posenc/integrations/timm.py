@@ -10,9 +10,17 @@ models' `rope`) is replaced by posenc.timm's module of the same class built from
 timm's to the bit, so the model's outputs are timm's. The rotation stays timm's own
 apply_rot_embed_cat (no module-level function is replaced, so other models in the process are
 untouched). A rotary module posenc does not compute (RotaryEmbeddingMixed's learned frequencies,
-DINOv3's, MRoPE) or one that augments its coordinates in training is left as it is and named in
-the returned report; patch(..., strict=True) refuses such a model with one line instead.
-unpatch(model) puts the original modules back.
+DINOv3's, MRoPE), one that augments its coordinates in training, or one whose cached table is
+not what its settings give (cast through a lower precision and back, e.g. .half().float()) is
+left as it is and named in the returned report; patch(..., strict=True) refuses such a model
+with one line instead. The model may be cast or moved before patch() (posenc's module takes
+the timm module's bands and cache dtypes and device: .double(), .half(), .bfloat16() give
+timm's logits) or after it (posenc's module casts as timm's does).
+
+unpatch(model) puts the original modules back in the model's present state: each kept timm
+module follows every cast and move (.half(), .double(), .to(device)) and grid change
+(update_feat_shape, set_input_size) made to its replacement while patched, and takes its
+train/eval mode, so it is the module the model would hold had it never been patched.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from .. import timm as _ptimm
 
 __all__ = ["patch", "unpatch"]
 
-_ORIGINAL = "_posenc_timm_original"
+_ORIGINAL = _ptimm._ORIGINAL  # where the replaced module is kept
 
 
 def _timm_classes():
@@ -43,7 +51,10 @@ def _replacement(module: torch.nn.Module):
         return None, f"{type(module).__name__} (not computed by posenc)"
     if getattr(module, "aug_active", False):
         return None, f"{type(module).__name__} augments its coordinates in training"
-    return cls.from_timm(module), None
+    try:
+        return cls.from_timm(module), None
+    except ValueError as e:  # a cache posenc would not give: one line, from_timm's
+        return None, str(e).split(": ", 1)[1]
 
 
 def _rotary_modules(model: torch.nn.Module):
@@ -81,17 +92,21 @@ def patch(model: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
         raise ValueError(f"posenc.integrations.timm.patch: {type(model).__name__} has rotary "
                          f"modules posenc does not compute: {'; '.join(left)}")
     for name, module, new in plan:
-        object.__setattr__(new, _ORIGINAL, module)  # kept, but not as a submodule (state_dict)
+        # kept, but not as a submodule (no state_dict keys); it follows new's casts and grids
+        object.__setattr__(new, _ORIGINAL, module)
         _set(model, name, new)
     return {"patched": [name for name, _, _ in plan], "left": left}
 
 
 def unpatch(model: torch.nn.Module) -> List[str]:
-    """Put back the modules patch() replaced; returns their names."""
+    """Put back the modules patch() replaced, in the model's present state (dtype, device,
+    grid, train/eval); returns their names."""
     restored = []
     for name, module in list(model.named_modules()):
-        original = getattr(module, _ORIGINAL, None)
+        original = module.__dict__.get(_ORIGINAL)
         if original is not None:
+            object.__delattr__(module, _ORIGINAL)  # no longer follows: the model holds it again
+            original.train(module.training)
             _set(model, name, original)
             restored.append(name)
     return restored
