@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "posenc/kernels/gelu.h"
+
 namespace posenc {
 
 TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
@@ -27,12 +29,15 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
   fc1 = register_module("fc1", torch::nn::Linear(o.dim(), hidden));
   fc2 = register_module("fc2", torch::nn::Linear(hidden, o.dim()));
   dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
+  fused_ = o.fused();
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan& plan,
                                          const at::Tensor& key_padding, KVCache* cache) {
   auto y = x + dropout(attention->forward_plan(norm1(x), plan, key_padding, cache));
-  return y + dropout(fc2(torch::gelu(fc1(norm2(y)))));
+  // fused: one pass forward and one backward over the MLP's activations (posenc/kernels/gelu.h)
+  const auto hidden = fc1(norm2(y));
+  return y + dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
 }
 
 TransformerImpl::TransformerImpl(TransformerOptions options_, PositionalEncoding encoder_)

@@ -42,7 +42,7 @@ struct TransformerOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Causal self-attention: a decoder stack (default false).
   TORCH_ARG(bool, causal) = false;
-  /// Fused attention kernels where the encoder allows them (default true).
+  /// Fused kernels: attention where the encoder allows it, the MLP's GELU (default true).
   TORCH_ARG(bool, fused) = true;
   /// Leading tokens without a position, e.g. CLS (default 0).
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;
@@ -62,6 +62,9 @@ class TransformerBlockImpl : public torch::nn::Module {
   SelfAttention attention{nullptr};
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
   torch::nn::Dropout dropout{nullptr};
+
+ private:
+  bool fused_ = true;  // the MLP's GELU through gelu_fused (TransformerOptions::fused)
 };
 TORCH_MODULE(TransformerBlock);
 

@@ -1,0 +1,33 @@
+// GELU (Hendrycks & Gimpel 2016), the exact form torch::gelu computes by default:
+//   gelu(x)  = x Phi(x) = x / 2 (1 + erf(x / sqrt 2))
+//   gelu'(x) = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+// as one pass over the activations forward and one backward, on 8 float lanes with AVX2+FMA
+// (chosen at run time; any other CPU, dtype or layout takes the reference). erf is taken as
+// ATen's AVX2 Vectorized<float>::erf takes it (Abramowitz & Stegun 7.1.26:
+// erf(a) = 1 - t (p1 + t (p2 + t (p3 + t (p4 + t p5)))) exp(-a^2), t = 1 / (1 + p a), absolute
+// error <= 1.5e-7), with Cephes' expf for the exponential; the backward reuses exp(-x^2 / 2) of
+// erf for phi (ATen computes it twice and takes a scalar-precision path per call: its GELU
+// backward is ~3x a copy of the same bytes per element, this pass ~1x). Results differ from
+// at::gelu / at::gelu_backward by the exponential's rounding only (tests/test_gelu.cpp: relative
+// 1e-6 of |x| plus 1e-7, forward and backward, and both within A&S's bound of the float64 GELU).
+//
+//   x, grad: [...] float32 CPU, contiguous (gelu_fused_supported); any other input -> reference.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace posenc {
+
+/// Whether the fused CPU pass takes x (CPU, float32, contiguous, and a CPU with AVX2+FMA).
+bool gelu_fused_supported(const at::Tensor& x);
+/// gelu(x), one pass (x as gelu_fused_supported takes it).
+at::Tensor gelu_forward_cpu(const at::Tensor& x);
+/// grad * gelu'(x), one pass (grad and x of one shape, both as gelu_fused_supported takes them).
+at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x);
+
+/// The specification: at::gelu (exact form), autograd-able.
+at::Tensor gelu_reference(const at::Tensor& x);
+/// gelu(x) with autograd: the fused passes where gelu_fused_supported, else the reference.
+at::Tensor gelu_fused(const at::Tensor& x);
+
+}  // namespace posenc
