@@ -86,6 +86,30 @@ TEST(AttentionShort, ResultDoesNotDependOnThreads) {
   EXPECT_TRUE(one.equal(many));
 }
 
+// The packed form (q, k, v the parts of one [B, N, 3, H, D] projection; the gradient written as
+// one tensor) computes what the three views do, to the bit, outputs and gradients.
+TEST(AttentionShort, PackedEqualsViews) {
+  for (const bool causal : {false, true})
+    for (const int64_t n : {1, 7, 16, 36}) {
+      torch::manual_seed(11);
+      const int64_t d = n == 7 ? 36 : 32, pairs = n == 7 ? 10 : 16;
+      auto angles = torch::rand({n, pairs}, torch::kFloat64) * 6.0;
+      const auto cos = angles.cos().to(torch::kFloat32), sin = angles.sin().to(torch::kFloat32);
+      const AttentionRotary rotary{cos, sin, cos, sin, RopeLayout::kHalf};
+      auto a = torch::randn({3, n, 3, 2, d}, torch::requires_grad());
+      auto b = a.detach().clone().requires_grad_(true);
+      const auto parts = a.unbind(2);
+      const auto views = attention_short(parts[0], parts[1], parts[2], 0.2, rotary, causal);
+      const auto packed = attention_short_packed(b, 0.2, rotary, causal);
+      EXPECT_TRUE(views.equal(packed)) << n << " " << causal;
+      const auto probe = torch::randn_like(views);
+      views.backward(probe);
+      packed.backward(probe);
+      EXPECT_TRUE(a.grad().equal(b.grad())) << n << " " << causal;
+    }
+  EXPECT_THROW(attention_short_packed(torch::randn({2, 4, 2, 2, 8}), 1.0), c10::Error);
+}
+
 TEST(AttentionShort, RefusesWhatItCannotTake) {
   auto q = torch::randn({2, 65, 2, 8});
   EXPECT_FALSE(attention_short_supported(q, q, q));  // N > kShortAttentionMaxTokens

@@ -180,7 +180,8 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   check_inputs(x, plan, cache);
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads(), dh = options.dim() / h;
   const int64_t cached = cache != nullptr ? cache->size() : 0, prefix = options.num_prefix_tokens();
-  auto parts = qkv->forward(x).view({b, n, 3, h, dh}).unbind(2);  // 3 x [B, N, H, Dh]
+  const auto packed = qkv->forward(x).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
+  auto parts = packed.unbind(2);                               // 3 x [B, N, H, Dh]
   at::Tensor q = parts[0], k = parts[1], v = parts[2];
   // τ on q scales q k^T alone (rotations are linear, so before or after RoPE is the same)
   if (auto tau = attention_temperature(options, cached, n, cached + n, temperature,
@@ -194,7 +195,13 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
               "attention: key_padding must be [B, Nk] = [", b, ", ", k.size(1), "], got ",
               key_padding.sizes());
   const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
-  auto y = attend(chosen, q, k, v, plan, key_padding, scale, options.causal(), prefix);
+  // the short kernel on q, k, v as projected (no temperature, rotation or cache applied
+  // outside it): their gradient written as one, without unbind's stack
+  const bool short_backend = chosen.backend == AttentionBackend::kShortRotary ||
+                             chosen.backend == AttentionBackend::kShort;
+  auto y = short_backend && q.is_same(parts[0]) && k.is_same(parts[1]) && v.is_same(parts[2])
+               ? attention_short_packed(packed, scale, chosen.rotary, options.causal())
+               : attend(chosen, q, k, v, plan, key_padding, scale, options.causal(), prefix);
   return out->forward(y.reshape({b, n, options.dim()}));
 }
 

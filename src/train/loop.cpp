@@ -48,9 +48,9 @@ unsigned stop_grace_seconds() {
 // _exit are async-signal-safe; the exit code is the one of a run stopped by a signal.
 extern "C" void on_grace_over(int) {
   constexpr char kLine[] =
-      "posenc: stopped: the step under way did not end within the stop grace "
-      "(POSENC_STOP_GRACE); it is not saved: --resume continues from the last checkpoint, if one "
-      "was saved\n";
+      "posenc: stopped: no step ended within the stop grace (POSENC_STOP_GRACE) after the "
+      "signal; the steps since the last checkpoint are not saved: --resume continues from it, if "
+      "one was saved\n";
   [[maybe_unused]] const auto written = write(2, kLine, sizeof kLine - 1);
   _exit(130);
 }
@@ -286,12 +286,18 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
       state.log.add(row);
     }
     if (step == profile_to) {
-      const auto text = format_profile(profiler.stop(options.profile_steps), options.profile_steps);
+      const auto rows = profiler.stop(options.profile_steps);  // (before largest_ops)
+      const auto text = format_profile(rows, options.profile_steps) + "\n" +
+                        format_largest_ops(profiler.largest_ops());
       if (run.ranks->lead()) write_file_atomically(run.output + "/profile.md", text);
       bar.message(run.name + ": profile of steps " + std::to_string(profile_from) + ".." +
                   std::to_string(profile_to) + " (written to " + run.output + "/profile.md)\n" +
                   text);
     }
+    // A signal that came after the forward (during the backward or the optimizer's step) is
+    // seen here by a process alone, so it stops after this step, not one more; ranks stop
+    // together, after the step whose loss sum carried the flag.
+    if (!run.ranks->active() && g_interrupted) asked_to_stop = true;
     if (asked_to_stop) alarm(0);  // the step ended within the grace: save as asked
     const bool stop = asked_to_stop || (options.stop_after > 0 && step >= options.stop_after) ||
                       step == profile_to;

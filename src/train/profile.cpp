@@ -101,6 +101,7 @@ std::vector<ProfileRow> StepProfiler::stop(int64_t steps) {
   }
   std::map<std::string, double> ms;
   std::map<std::string, double> calls;
+  std::map<std::string, std::pair<double, double>> op_ms;  // "op (category)" -> (ms, calls)
   double top_level_ms = 0;
   for (auto& [tid, spans] : threads) {
     std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
@@ -115,6 +116,9 @@ std::vector<ProfileRow> StepProfiler::stop(int64_t steps) {
       const double self = static_cast<double>(spans[i].end - spans[i].begin) - child_ns[i];
       ms[category] += std::max(0.0, self) * 1e-6;
       calls[category] += 1;
+      auto& op = op_ms[spans[i].name + " (" + category + ")"];
+      op.first += std::max(0.0, self) * 1e-6;
+      op.second += 1;
     };
     for (size_t i = 0; i < spans.size(); ++i) {
       while (!stack.empty() && spans[stack.back()].end <= spans[i].begin) {
@@ -144,7 +148,28 @@ std::vector<ProfileRow> StepProfiler::stop(int64_t steps) {
             [](const ProfileRow& a, const ProfileRow& b) { return a.ms_per_step > b.ms_per_step; });
   const double outside = std::max(0.0, wall_ms - top_level_ms) * per;
   rows.push_back({kUnattributed, outside, outside / wall_step, 0});
+  ops_.clear();
+  for (const auto& [name, total] : op_ms)
+    ops_.push_back({name, total.first * per, total.first * per / wall_step, total.second * per});
+  std::sort(ops_.begin(), ops_.end(),
+            [](const ProfileRow& a, const ProfileRow& b) { return a.ms_per_step > b.ms_per_step; });
   return rows;
+}
+
+std::vector<ProfileRow> StepProfiler::largest_ops(size_t count) const {
+  return {ops_.begin(), ops_.begin() + static_cast<std::ptrdiff_t>(std::min(count, ops_.size()))};
+}
+
+std::string format_largest_ops(const std::vector<ProfileRow>& ops) {
+  std::ostringstream out;
+  out << "| largest ops (self time) | ms/step | share | calls/step |\n|---|---:|---:|---:|\n";
+  char line[512];
+  for (const auto& r : ops) {
+    std::snprintf(line, sizeof line, "| %s | %.2f | %.1f%% | %.0f |\n", r.category.c_str(),
+                  r.ms_per_step, 100 * r.share, r.calls_per_step);
+    out << line;
+  }
+  return out.str();
 }
 
 std::string format_profile(const std::vector<ProfileRow>& rows, int64_t steps) {

@@ -29,8 +29,12 @@ class StepProfiler {
   /// Disables it and returns the breakdown per step over `steps` steps, largest first, the
   /// unattributed time last.
   std::vector<ProfileRow> stop(int64_t steps);
+  /// After stop(): the ops with the largest self time per step, each named "op (category)",
+  /// largest first (at most `count`): the op-by-op view behind the categories.
+  std::vector<ProfileRow> largest_ops(size_t count = 15) const;
 
  private:
+  std::vector<ProfileRow> ops_;
   double begin_ = 0;
   bool running_ = false;
 };
@@ -41,5 +45,7 @@ std::string profile_category(const std::vector<std::string>& names);
 
 /// The breakdown as a markdown table (category, ms/step, share, ops/step) with a total line.
 std::string format_profile(const std::vector<ProfileRow>& rows, int64_t steps);
+/// The largest ops as a markdown table (op (category), ms/step, share, calls/step).
+std::string format_largest_ops(const std::vector<ProfileRow>& ops);
 
 }  // namespace posenc::train

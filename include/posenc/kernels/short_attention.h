@@ -40,4 +40,9 @@ bool attention_short_supported(const at::Tensor& q, const at::Tensor& k, const a
 at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const AttentionRotary& rotary = {}, bool causal = false);
 
+/// The same with q, k, v the parts of one projection qkv [B, N, 3, H, D] (q = qkv[:, :, 0]):
+/// the gradient is written straight into one [B, N, 3, H, D] tensor (no stack of dq, dk, dv).
+at::Tensor attention_short_packed(const at::Tensor& qkv, double scale,
+                                  const AttentionRotary& rotary = {}, bool causal = false);
+
 }  // namespace posenc

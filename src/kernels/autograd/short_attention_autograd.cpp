@@ -97,6 +97,59 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
   }
 };
 
+// q, k, v as the three parts of one [B, N, 3, H, D] projection, and gradients written straight
+// into one [B, N, 3, H, D] tensor: no stack of dq, dk, dv after the backward (unbind's backward
+// is a copy of every gradient, 7% of the main job's step at N = 16).
+class ShortAttentionPackedFunction
+    : public torch::autograd::Function<ShortAttentionPackedFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, double scale,
+                               bool causal, const at::Tensor& cos, const at::Tensor& sin,
+                               bool interleaved) {
+    auto packed = qkv.detach();
+    if (packed.stride(4) != 1) packed = packed.contiguous();
+    auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2), scale, causal,
+                     cos, sin, interleaved);
+    auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
+    auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
+    detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
+    ctx->save_for_backward({packed, out, lse, cos, sin});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["interleaved"] = interleaved;
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto s = ctx->get_saved_variables();
+    const auto& packed = s[0];
+    auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),
+                     ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(), s[3],
+                     s[4], ctx->saved_data["interleaved"].toBool());
+    auto grad_out = grads[0].to(torch::kFloat32).contiguous();
+    auto dqkv = torch::empty({p.batch, p.n, 3, p.heads, p.dim}, torch::kFloat32);  // contiguous
+    p.grad_stride[0] = dqkv.stride(0);
+    p.grad_stride[1] = dqkv.stride(1);
+    p.grad_stride[2] = dqkv.stride(3);
+    float* base = dqkv.data_ptr<float>();
+    const int64_t part = dqkv.stride(2);
+    detail::short_attention_backward_cpu(p, s[1].data_ptr<float>(), s[2].data_ptr<float>(),
+                                         grad_out.data_ptr<float>(), base, base + part,
+                                         base + 2 * part);
+    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The tables as autograd inputs: an empty table is no rotation.
+std::pair<at::Tensor, at::Tensor> tables(const AttentionRotary& rotary) {
+  at::Tensor cos = torch::empty({0}, torch::kFloat32), sin = cos;
+  if (rotary.defined()) {
+    cos = rotary.q_cos.detach().to(torch::kFloat32).contiguous();
+    sin = rotary.q_sin.detach().to(torch::kFloat32).contiguous();
+  }
+  return {cos, sin};
+}
+
 }  // namespace
 
 bool attention_short_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -125,13 +178,27 @@ at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::T
       q.scalar_type(), " on ", q.device(),
       rotary.defined() ? ", tables " + std::to_string(rotary.q_cos.dim()) + "-D" : std::string());
   // autograd inputs must be defined tensors: no rotation is an empty table
-  at::Tensor cos = torch::empty({0}, torch::kFloat32), sin = cos;
-  if (rotary.defined()) {
-    cos = rotary.q_cos.detach().to(torch::kFloat32).contiguous();
-    sin = rotary.q_sin.detach().to(torch::kFloat32).contiguous();
-  }
+  const auto [cos, sin] = tables(rotary);
   return ShortAttentionFunction::apply(q, k, v, scale, causal, cos, sin,
                                        rotary.layout == RopeLayout::kInterleaved)[0];
+}
+
+at::Tensor attention_short_packed(const at::Tensor& qkv, double scale,
+                                  const AttentionRotary& rotary, bool causal) {
+  TORCH_CHECK(qkv.dim() == 5 && qkv.size(2) == 3,
+              "attention_short_packed: qkv must be [B, N, 3, H, D], got ", qkv.sizes());
+  const auto q = qkv.select(2, 0), k = qkv.select(2, 1), v = qkv.select(2, 2);
+  TORCH_CHECK(q.size(1) <= kShortAttentionMaxTokens && q.size(3) <= kShortAttentionMaxHeadDim,
+              "attention_short_packed: N=", q.size(1), " and D=", q.size(3),
+              " exceed the limits N <= ", kShortAttentionMaxTokens,
+              ", D <= ", kShortAttentionMaxHeadDim, " (use attention_fused)");
+  TORCH_CHECK(attention_short_supported(q, k, v, rotary),
+              "attention_short_packed: needs a CPU float32 qkv and constant rotary tables [N, F] "
+              "shared by q and k (2F <= D); got ",
+              qkv.scalar_type(), " on ", qkv.device());
+  const auto [cos, sin] = tables(rotary);
+  return ShortAttentionPackedFunction::apply(qkv, scale, causal, cos, sin,
+                                             rotary.layout == RopeLayout::kInterleaved)[0];
 }
 
 }  // namespace posenc

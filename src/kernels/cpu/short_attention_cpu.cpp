@@ -131,6 +131,12 @@ POSENC_INLINE const float* v_row(const ShortAttentionProblem& p, int64_t b, int6
   return p.v + b * p.v_stride[0] + j * p.v_stride[1] + h * p.v_stride[2];
 }
 
+// Row i of head (b, h) of dq, dk, dv (grad_stride; all 0: contiguous [B, N, H, D]).
+POSENC_INLINE int64_t grad_offset(const ShortAttentionProblem& p, int64_t b, int64_t i, int64_t h) {
+  if (p.grad_stride[1] == 0) return ((b * p.n + i) * p.heads + h) * p.dim;
+  return b * p.grad_stride[0] + i * p.grad_stride[1] + h * p.grad_stride[2];
+}
+
 // [B, N, H, D] contiguous: row i of head (b, h).
 POSENC_INLINE int64_t row_offset(const ShortAttentionProblem& p, int64_t b, int64_t i, int64_t h) {
   return ((b * p.n + i) * p.heads + h) * p.dim;
@@ -230,13 +236,13 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
       std::fill(pi + cols, pi + n, 0.0f);
       std::fill(dsi + cols, dsi + n, 0.0f);
       Ops::weighted_sum(dsi, 1, K, d, cols, d, tmp);  // dq'_i = sum_j dS_ij k'_j
-      unrotate_row(p, i, tmp, dq + row_offset(p, b, i, h));
+      unrotate_row(p, i, tmp, dq + grad_offset(p, b, i, h));
     }
     for (int64_t j = 0; j < n; ++j) {
       Ops::weighted_sum(dS + j, n, Q, d, n, d, tmp);  // dk'_j = sum_i dS_ij q'_i
-      unrotate_row(p, j, tmp, dk + row_offset(p, b, j, h));
+      unrotate_row(p, j, tmp, dk + grad_offset(p, b, j, h));
       Ops::weighted_sum(P + j, n, grad_out + row_offset(p, b, 0, h), token_stride, n, d,
-                        dv + row_offset(p, b, j, h));  // dv_j = sum_i P_ij dout_i
+                        dv + grad_offset(p, b, j, h));  // dv_j = sum_i P_ij dout_i
     }
   }
 }
@@ -461,12 +467,12 @@ __attribute__((target("avx2,fma"))) void backward_avx2(const ShortAttentionProbl
     transpose_into(P, z.np, z.nr, z.np, PT, z.nr);
     transpose_into(dS, z.np, z.nr, z.np, dST, z.nr);
     small_gemm(dS, z.np, K, z.dp, n, z.nr, z.dp, R, z.dp);  // dq'_i = sum_j dS_ij k'_j
-    for (int64_t i = 0; i < n; ++i) unrotate_row(p, i, R + i * z.dp, dq + row_offset(p, b, i, h));
+    for (int64_t i = 0; i < n; ++i) unrotate_row(p, i, R + i * z.dp, dq + grad_offset(p, b, i, h));
     small_gemm(dST, z.nr, Q, z.dp, n, z.np, z.dp, R, z.dp);  // dk'_j = sum_i dS_ij q'_i
-    for (int64_t j = 0; j < n; ++j) unrotate_row(p, j, R + j * z.dp, dk + row_offset(p, b, j, h));
+    for (int64_t j = 0; j < n; ++j) unrotate_row(p, j, R + j * z.dp, dk + grad_offset(p, b, j, h));
     small_gemm(PT, z.nr, dO, z.dp, n, z.np, z.dp, R, z.dp);  // dv_j = sum_i P_ij dout_i
     for (int64_t j = 0; j < n; ++j)
-      std::memcpy(dv + row_offset(p, b, j, h), R + j * z.dp, sizeof(float) * d);
+      std::memcpy(dv + grad_offset(p, b, j, h), R + j * z.dp, sizeof(float) * d);
   }
 }
 

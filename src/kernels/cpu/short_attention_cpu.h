@@ -17,11 +17,15 @@ struct ShortAttentionProblem {
   const float *cos = nullptr, *sin = nullptr;  ///< [N, pairs] contiguous; null: no rotation
   int64_t pairs = 0;
   bool interleaved = false;
+  /// elements between batches, tokens, heads of dq, dk, dv (last dim: 1); all 0: contiguous
+  /// [B, N, H, D]; the three may be parts of one [B, N, 3, H, D] gradient
+  int64_t grad_stride[3] = {0, 0, 0};
 };
 
 /// out: [B, N, H, D] contiguous; lse: [B, H, N] (log-sum-exp of each row of S).
 void short_attention_forward_cpu(const ShortAttentionProblem& p, float* out, float* lse);
-/// grad_out, out: [B, N, H, D] contiguous; dq, dk, dv: [B, N, H, D] contiguous, overwritten.
+/// grad_out, out: [B, N, H, D] contiguous; dq, dk, dv: [B, N, H, D] with p.grad_strides,
+/// overwritten.
 void short_attention_backward_cpu(const ShortAttentionProblem& p, const float* out,
                                   const float* lse, const float* grad_out, float* dq, float* dk,
                                   float* dv);
