@@ -7,6 +7,8 @@
 //   eager    rope_fused_qk, then matmul, softmax, matmul (what a user writes without SDPA)
 //   tiled    posenc's tiled kernel with RoPE inside its tiles (attention_fused)
 //   short    posenc's short-sequence kernel (attention_short) with RoPE inside
+//   packed   the same on the packed [B, N, 3, H, D] projection (attention_short_packed), as
+//            SelfAttention calls it: the gradient written as one tensor
 // q, k, v = [B, N, 4, 32] fp32 views of one [B, N, 3, 4, 32] qkv tensor, as in the model.
 //   ./build/bench/bench_short_attention
 #include <benchmark/benchmark.h>
@@ -98,12 +100,25 @@ void BM_Short(benchmark::State& state) {
   });
 }
 
+// The packed form SelfAttention takes: the [B, N, 3, H, D] projection in, its gradient out as one
+// tensor (no stack of dq, dk, dv).
+void BM_ShortPacked(benchmark::State& state) {
+  auto& in = inputs(state.range(0));
+  AttentionRotary rotary{in.cos, in.sin, in.cos, in.sin, RopeLayout::kHalf};
+  for (auto _ : state) {
+    auto qkv = in.qkv.detach().requires_grad_(true);
+    attention_short_packed(qkv, in.scale, rotary).backward(in.grad);
+    benchmark::DoNotOptimize(qkv.grad().data_ptr());
+  }
+}
+
 #define POSENC_SHORT_BENCH(fn) \
   BENCHMARK(fn)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(1)
 POSENC_SHORT_BENCH(BM_Sdpa);
 POSENC_SHORT_BENCH(BM_Eager);
 POSENC_SHORT_BENCH(BM_Tiled);
 POSENC_SHORT_BENCH(BM_Short);
+POSENC_SHORT_BENCH(BM_ShortPacked);
 
 }  // namespace
 
@@ -117,6 +132,8 @@ int main(int argc, char** argv) {
       r.row(std::string("sdpa / short, ") + sizes[i], t("BM_Sdpa") / t("BM_Short"), ">= 2");
       r.row(std::string("eager / short, ") + sizes[i], t("BM_Eager") / t("BM_Short"), ">= 1");
       r.row(std::string("tiled / short, ") + sizes[i], t("BM_Tiled") / t("BM_Short"), ">= 1");
+      r.row(std::string("short / short packed, ") + sizes[i], t("BM_Short") / t("BM_ShortPacked"),
+            ">= 1");
     }
   });
 }
