@@ -640,6 +640,18 @@ def null_rope_scaling_unsets(cfg_cls):
     return False
 
 
+# The scaling types whose block takes original_max_position_embeddings, for the probes of who
+# fills it: SCALED_BLOCKS' yarn and llama3, and a longrope block (its factor lists' length is
+# only warned about when a config loads, and these probes only load).
+ORIGINAL_PROBE_BLOCKS = {
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
+                 "original_max_position_embeddings": 1024},
+}
+
+
 def original_not_filled(cfg_cls):
     """The scaling types whose block the class leaves without original_max_position_embeddings
     when the file gives none (transformers' validation then fails, KeyError), where most classes
@@ -655,8 +667,8 @@ def original_not_filled(cfg_cls):
         return None  # a class without RoPE (BERT): not this probe's question
     nested = all(isinstance(v, dict) for v in rp.values())
     out = []
-    for name in ("yarn", "llama3"):
-        block = {k: v for k, v in SCALED_BLOCKS[name].items()
+    for name in ("yarn", "llama3", "longrope"):
+        block = {k: v for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
                  if k != "original_max_position_embeddings"}
 
         def load(with_original):
@@ -697,8 +709,8 @@ def top_original_unread(cfg_cls):
     if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
         return None  # per-layer blocks: posenc reads only the block there
     out = []
-    for name in ("yarn", "llama3"):
-        block = {k: v for k, v in SCALED_BLOCKS[name].items()
+    for name in ("yarn", "llama3", "longrope"):
+        block = {k: v for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
                  if k != "original_max_position_embeddings"}
         d = copy.deepcopy(own)
         d.pop("rope_scaling", None)
@@ -710,6 +722,39 @@ def top_original_unread(cfg_cls):
         except Exception as e:
             if "original_max_position_embeddings" in str(e):
                 out.append(name)
+    return out or None
+
+
+def required_block_keys(cfg_cls):
+    """The keys of a flat scaling block the class refuses to go without (transformers'
+    validate_rope: KeyError "Missing required keys"), per scaling type, where posenc could
+    otherwise take a default or derive one (yarn's factor from max_position_embeddings /
+    original_max_position_embeddings, as transformers 4 did): each key of SCALED_BLOCKS' block of
+    each type left out in turn (the original context kept at the top level too, so only the key
+    itself is missing), loaded; listed where that fails naming the key."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    own.setdefault("max_position_embeddings", 4096)
+    rp = own.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
+        return None
+    out = {}
+    for name, full in SCALED_BLOCKS.items():
+        for key in full:
+            if key in ("rope_type", "original_max_position_embeddings"):
+                continue
+            d = copy.deepcopy(own)
+            d.pop("rope_scaling", None)
+            theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
+            d["rope_parameters"] = {"rope_theta": theta,
+                                    **{k: v for k, v in full.items() if k != key}}
+            try:
+                cfg_cls.from_dict(d)
+            except Exception as e:
+                if f"'{key}'" in str(e) and "Missing required keys" in str(e):
+                    out.setdefault(name, []).append(key)
     return out or None
 
 
@@ -1074,15 +1119,68 @@ SCALED_BLOCKS = {  # one valid block of each scaling type (the rope functions' r
 }
 
 
+def _nested_rope_types_rejected(cfg_cls, base, own_rp):
+    """rope_types_rejected for a class whose default rope_parameters is one block per layer type."""
+    base = dict(base)
+    base.setdefault("max_position_embeddings", 4096)
+    try:
+        rotary = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
+                  if takes_config]
+    except Exception:
+        rotary = []
+
+    def works(block, with_rotary):
+        layers = {}
+        for lt, own in own_rp.items():
+            kept = {k: v for k, v in own.items() if k in ("rope_theta", "partial_rotary_factor")}
+            layers[lt] = {**kept, **copy.deepcopy(block)}
+        try:
+            cfg = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_parameters=layers))
+            params = safe_get(cfg, "rope_parameters", None)
+            if not isinstance(params, dict) or any(
+                    not isinstance(v, dict) or v.get("rope_type") != block["rope_type"]
+                    for v in params.values() if v is not None):
+                return None  # converted: not this probe's question
+            if with_rotary:
+                for cls in rotary:
+                    with torch.device("cpu"):
+                        cls(config=cfg)
+            return True
+        except Exception:
+            return False
+
+    if works({"rope_type": "default"}, False) is not True:
+        return None
+    # the scaled types through the rotary classes too, where they build the default rope
+    with_rotary = works({"rope_type": "default"}, True) is True
+    rejected = [t for t, b in SCALED_BLOCKS.items() if works(b, with_rotary) is False]
+    if works({"rope_type": "longrope", "original_max_position_embeddings": 1024,
+              "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+              "short_mscale": 1.0, "long_mscale": 1.0}, False) is False:
+        rejected.append("longrope")
+    return rejected or None
+
+
 def rope_types_rejected(cfg_cls):
     """The scaling types the model type's config class or rotary class refuses where it takes the
     default rope (Phi-3's validate_rope: default and longrope only; RecurrentGemma's rotary class:
     default only): a flat block of each type (SCALED_BLOCKS, with the class's own theta) on the
     class's default dict, loaded and given to each rotary class of its modeling file that takes a
-    config. Per-layer-type classes (a nested default) are not probed."""
+    config. Per-layer-type classes (a nested default) get the block in every layer type (each
+    keeping its own theta and partial factor); their longrope block is judged by the config
+    class alone (Gemma 4's validator cannot read a global head_dim and raises on any longrope
+    block), since one factor list cannot fit layer types of different rotary sizes."""
     base = without_rope_keys(cfg_cls)
     if base is None:
         return None
+    try:
+        own_rp = cfg_cls().to_dict().get("rope_parameters")
+    except Exception:
+        own_rp = None
+    nested = (isinstance(own_rp, dict) and own_rp
+              and all(isinstance(v, dict) for v in own_rp.values()))
+    if nested:
+        return _nested_rope_types_rejected(cfg_cls, base, own_rp)
     base.setdefault("max_position_embeddings", 4096)
     # a head size the rope functions can read (a class leaving head_dim None fails on dynamic and
     # yarn for that reason alone: the resolver's head_dim rules say so)
@@ -1162,6 +1260,9 @@ def absent_defaults(cfg_cls):
     unread = top_original_unread(cfg_cls)
     if unread is not None:
         out["top_original_unread"] = unread
+    required = required_block_keys(cfg_cls)
+    if required is not None:
+        out["required_block_keys"] = required
     mrope = mrope_rules(cfg_cls)
     if mrope is not None:
         out.update(mrope)

@@ -515,6 +515,20 @@ class Resolver {
       }
       set(key, number_at(block, key, from_block(key)), where(from_block(key)));
     }
+    // (generated required_block_keys: the block's keys the class's validate_rope requires,
+    // KeyError without them; yarn's factor among them for most classes, where transformers 4
+    // derived it from the context lengths)
+    if (const auto* own = hf_absent_key_defaults(out.model_type);
+        own != nullptr && own->contains("required_block_keys") &&
+        (*own)["required_block_keys"].contains(rope_type))
+      for (const auto& key : (*own)["required_block_keys"][rope_type]) {
+        const auto k = key.get<std::string>();
+        TORCH_CHECK(has(block, k), origin_, ": refused: rope_type '", rope_type, "' without '", k,
+                    "' in ", block_name, ": model type '", out.model_type,
+                    "''s config class requires it (transformers ",
+                    std::string(kHfArchitecturesTransformers),
+                    " fails on it: KeyError); give it in the block");
+      }
     if (!has(block, "factor") && (rope_type == "yarn" || rope_type == "longrope")) {
       TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
                   "' without 'factor' takes max_position_embeddings / "
@@ -836,8 +850,9 @@ class Resolver {
       if (key == "rope_parameters" || key == "legacy_rope_scaling" || key == "head_dim_rules" ||
           key == "rope_theta_raises" || key == "null_rope_scaling_unsets" ||
           key == "original_not_filled" || key == "top_original_unread" ||
-          key == "mrope_default_section" || key == "mrope_layout" || key == "max_position_rules" ||
-          key == "block_theta_missing" || key == "rope_types_rejected")
+          key == "required_block_keys" || key == "mrope_default_section" || key == "mrope_layout" ||
+          key == "max_position_rules" || key == "block_theta_missing" ||
+          key == "rope_types_rejected")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
@@ -1302,7 +1317,36 @@ HfResolution from_hf_config(const nlohmann::json& config, const HfConfigOptions&
   TORCH_CHECK(options.angle_dtype == "float64" || options.angle_dtype == "float32",
               "hf config: unknown angle_dtype '", options.angle_dtype,
               "'; expected one of: float64, float32");
-  return Resolver(config, options).run();
+  auto resolution = Resolver(config, options).run();
+  // transformers loads no layer of a file whose other layer type it fails on (its config class
+  // validates every block, its rotary class builds every layer type's table): a sibling block
+  // refused for that reason refuses this one too
+  if (!resolution.layer_type.empty() && config.is_object()) {
+    const auto& text = config.contains("text_config") && config["text_config"].is_object()
+                           ? config["text_config"]
+                           : config;
+    for (const char* key : {"rope_parameters", "rope_scaling"}) {
+      if (!text.contains(key) || !text[key].is_object()) continue;
+      for (const auto& item : text[key].items()) {
+        if (item.key() == resolution.layer_type || !item.value().is_object()) continue;
+        HfConfigOptions sibling = options;
+        sibling.layer_type = item.key();
+        try {
+          Resolver(config, sibling).run();
+        } catch (const c10::Error& e) {
+          const std::string why = e.what_without_backtrace();
+          TORCH_CHECK(why.find("refused") == std::string::npos ||
+                          why.find("transformers") == std::string::npos ||
+                          why.find("fail") == std::string::npos,
+                      why, " (layer type '", item.key(),
+                      "'; transformers then loads no layer "
+                      "type of this file, so '",
+                      resolution.layer_type, "' is refused too)");
+        }
+      }
+    }
+  }
+  return resolution;
 }
 
 HfResolution load_hf_config(const std::string& path, HfConfigOptions options) {

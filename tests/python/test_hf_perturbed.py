@@ -99,6 +99,22 @@ def _legacy_longrope(n, pairs):
                          "long_factor": [1.0 + 0.5 * i for i in range(pairs)]}
 
 
+def _v5_longrope_top_original(n, pairs):
+    # a v5 longrope block, the original context at the top level (Phi-3.5's keys in a v5 file);
+    # per-layer blocks each with factors for their own rotary size
+    _v5_block({"rope_type": "longrope", "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+               "long_factor": [1.0 + 0.5 * i for i in range(pairs)]})(n)
+    rp = n["rope_parameters"]
+    if all(isinstance(v, dict) for v in rp.values()) and isinstance(n.get("head_dim"), int):
+        for block in rp.values():
+            partial = block.get("partial_rotary_factor", n.get("partial_rotary_factor", 1.0))
+            own = int(n["head_dim"] * partial) // 2
+            block["short_factor"] = [1.0 + 0.01 * i for i in range(own)]
+            block["long_factor"] = [1.0 + 0.5 * i for i in range(own)]
+    n["original_max_position_embeddings"] = 4096
+    n["max_position_embeddings"] = 131072
+
+
 def _no_theta_in_block(n):
     _pop(n, "rope_theta")
     for b in _blocks(n.get("rope_parameters")):
@@ -139,6 +155,7 @@ CHANGES = {
     "v5_yarn_no_original": _v5_block({"rope_type": "yarn", "factor": 4.0}),
     "v5_default_with_factor": _v5_block({"rope_type": "default", "factor": 4.0}),
     "legacy_longrope": _legacy_longrope,
+    "v5_longrope_top_original": _v5_longrope_top_original,
     # the original context at the top level (as Phi-3's files carry it) beside a block without
     # one, or with another one: which wins is each config class's own conversion
     "legacy_yarn_top_original": lambda n: (_pop(n, "rope_parameters"), n.update({
@@ -150,12 +167,29 @@ CHANGES = {
         _v5_block({"rope_type": "yarn", "factor": 4.0,
                    "original_max_position_embeddings": 2048})(n),
         n.__setitem__("original_max_position_embeddings", 1024)),
+    # more keys where real files put them: a top-level partial factor beside a v5 block, a
+    # context length missing, an integer theta, a v5 longrope block with the original context at
+    # the top level (Phi-3.5's layout in a v5 file), a dynamic block with a top-level original
+    "v5_yarn_top_partial": lambda n: (_v5_block({"rope_type": "yarn", "factor": 4.0,
+                                                 "original_max_position_embeddings": 1024})(n),
+                                      n.__setitem__("partial_rotary_factor", 0.5)),
+    "v5_yarn_no_max_position": lambda n: (
+        _v5_block({"rope_type": "yarn", "factor": 4.0,
+                   "original_max_position_embeddings": 1024})(n),
+        _pop(n, "max_position_embeddings")),
+    "v5_integer_theta": lambda n: _v5_block({"rope_type": "default", "rope_theta": 500000})(n),
+    "v5_dynamic_top_original": lambda n: (_v5_block({"rope_type": "dynamic", "factor": 2.0})(n),
+                                          n.__setitem__("original_max_position_embeddings", 1024)),
+    "v5_block_without_type": lambda n: _v5_block({"factor": 2.0})(n),
+    "legacy_yarn_without_factor": lambda n: (_pop(n, "rope_parameters"), n.update({
+        "rope_theta": 10000.0, "rope_scaling": {"type": "yarn",
+                                                "original_max_position_embeddings": 1024}})),
     "legacy_llama3_top_original": lambda n: (_legacy("llama3")(n),
                                              n["rope_scaling"].pop("original_max_position_embeddings"),
                                              n.__setitem__("original_max_position_embeddings", 4096)),
 }
 # changes that take the table's number of frequencies
-NEEDS_PAIRS = {"legacy_longrope"}
+NEEDS_PAIRS = {"legacy_longrope", "v5_longrope_top_original"}
 
 # Errors of transformers' own classes on the committed fixtures themselves, whatever the change
 # (not RoPE: Bamba-style time_step_limit lists, Cosmos 3 Edge's architecture validator).
