@@ -270,6 +270,41 @@ TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
   EXPECT_FALSE(std::filesystem::exists(out + "/weights.pt"));
 }
 
+// The digest is of what the ranks train on: the same books with CRLF line ends (normalized on
+// reading) agree, and the run trains.
+TEST(DataParallel, RanksThatReadTheSameBooksWithOtherLineEndsAgree) {
+  const auto config = smoke("lm");
+  const auto out = folder("crlf_data");
+  const char* env_data = std::getenv("POSENC_DATA_DIR");
+  const std::filesystem::path books =
+      std::filesystem::path(env_data != nullptr ? env_data : POSENC_DATA_DIR) / "gutenberg";
+  const std::filesystem::path copy = std::filesystem::path(out + "_data") / "gutenberg";
+  std::filesystem::remove_all(copy.parent_path());
+  std::filesystem::create_directories(copy);
+  for (const auto* name : {"moby-dick.txt", "sherlock-holmes.txt", "tom-sawyer.txt"}) {
+    std::ifstream in(books / name, std::ios::binary);
+    std::ofstream crlf(copy / name, std::ios::binary);
+    std::string line;
+    while (std::getline(in, line)) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      crlf << line << "\r\n";
+    }
+  }
+  const auto port = std::to_string(free_port());
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
+                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
+    if (r == 1) env.push_back("POSENC_DATA_DIR=" + copy.parent_path().string());
+    ranks.push_back(start(train_args(config, out), env, out + std::to_string(r) + ".log"));
+  }
+  for (int r = 0; r < 2; ++r) {
+    const int code = finish(ranks[r]);
+    EXPECT_EQ(code, 0) << read_text(out + std::to_string(r) + ".log");
+  }
+  EXPECT_TRUE(std::filesystem::exists(out + "/weights.pt"));
+}
+
 // torchrun's agent store: the agent (here, the test) hosts the store; every rank is a client
 // under /worker/attempt_<restart count>.
 TEST(DataParallel, TorchrunAgentStore) {

@@ -7,15 +7,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "posenc/io/input_digest.h"
 #include "posenc/io/input_file.h"
 
 namespace posenc::text {
 
 std::string read_text(const std::string& path) {
-  auto text = read_regular_file(path, "text file", kMaxTextBytes, "the text file limit");
-  note_input(text.data(), text.size());  // the ranks of a run compare what they read
-  return text;
+  return read_regular_file(path, "text file", kMaxTextBytes, "the text file limit");
 }
 
 std::string strip_gutenberg(const std::string& raw) {

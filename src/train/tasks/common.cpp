@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "posenc/io/input_digest.h"
 #include "text/gutenberg.h"
 
 namespace posenc::train {
@@ -82,7 +83,11 @@ BookBytes load_books(const BookSource& source) {
   std::vector<at::Tensor> train_parts, held_parts;
   text::ByteTokenizer tokenizer;
   for (const auto& file : source.files) {
-    auto tokens = tokenizer.encode(text::strip_gutenberg(text::read_text(resolve_data_path(file))));
+    const auto text = text::strip_gutenberg(text::read_text(resolve_data_path(file)));
+    // the ranks of a run compare what they train on: the text after the line-ending and
+    // Gutenberg-header normalization (a copy with CRLF line ends is the same book)
+    note_input(text.data(), text.size());
+    auto tokens = tokenizer.encode(text);
     const int64_t held =
         static_cast<int64_t>(static_cast<double>(tokens.size(0)) * source.eval_fraction);
     train_parts.push_back(tokens.narrow(0, 0, tokens.size(0) - held));
