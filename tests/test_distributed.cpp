@@ -236,9 +236,10 @@ TEST(DataParallel, RanksWithDifferentConfigsAreRefusedBeforeStepOne) {
 
 // Ranks given other data under the same config (another POSENC_DATA_DIR, one byte changed in
 // one book) are refused before step one: the digest of the bytes each rank read differs.
-TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
-  const auto config = smoke("lm");
-  const auto out = folder("other_data");
+// The smoke LM's three books under a data folder of the test's own (returned: its gutenberg/
+// folder), each written by `write(source, destination)`.
+template <typename Write>
+std::filesystem::path copy_books(const std::string& out, Write write) {
   const char* env_data = std::getenv("POSENC_DATA_DIR");
   const std::filesystem::path books =
       std::filesystem::path(env_data != nullptr ? env_data : POSENC_DATA_DIR) / "gutenberg";
@@ -246,23 +247,42 @@ TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
   std::filesystem::remove_all(copy.parent_path());
   std::filesystem::create_directories(copy);
   for (const auto* name : {"moby-dick.txt", "sherlock-holmes.txt", "tom-sawyer.txt"})
-    std::filesystem::copy_file(books / name, copy / name);
-  {
-    std::fstream book(copy / "tom-sawyer.txt", std::ios::in | std::ios::out | std::ios::binary);
-    book.seekp(200000);
-    book.put('#');
-  }
+    write(books / name, copy / name);
+  return copy;
+}
+
+// Two ranks of `config`, rank 1 reading its data from `data` (POSENC_DATA_DIR); their exit codes
+// and logs.
+std::vector<std::pair<int, std::string>> run_two_ranks(const std::string& config,
+                                                       const std::string& out,
+                                                       const std::filesystem::path& data) {
   const auto port = std::to_string(free_port());
   std::vector<pid_t> ranks;
   for (int r = 0; r < 2; ++r) {
     std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
                                     "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
-    if (r == 1) env.push_back("POSENC_DATA_DIR=" + copy.parent_path().string());
+    if (r == 1) env.push_back("POSENC_DATA_DIR=" + data.string());
     ranks.push_back(start(train_args(config, out), env, out + std::to_string(r) + ".log"));
   }
+  std::vector<std::pair<int, std::string>> results;
   for (int r = 0; r < 2; ++r) {
     const int code = finish(ranks[r]);
-    const auto log = read_text(out + std::to_string(r) + ".log");
+    results.emplace_back(code, read_text(out + std::to_string(r) + ".log"));
+  }
+  return results;
+}
+
+TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
+  const auto config = smoke("lm");
+  const auto out = folder("other_data");
+  const auto copy = copy_books(
+      out, [](const auto& from, const auto& to) { std::filesystem::copy_file(from, to); });
+  {
+    std::fstream book(copy / "tom-sawyer.txt", std::ios::in | std::ios::out | std::ios::binary);
+    book.seekp(200000);
+    book.put('#');
+  }
+  for (const auto& [code, log] : run_two_ranks(config, out, copy.parent_path())) {
     EXPECT_EQ(code, 2) << log;
     EXPECT_NE(log.find("rank 1's config differs at '(data read: bytes:hash)'"), std::string::npos)
         << log;
@@ -275,33 +295,17 @@ TEST(DataParallel, RanksThatReadOtherDataAreRefusedBeforeStepOne) {
 TEST(DataParallel, RanksThatReadTheSameBooksWithOtherLineEndsAgree) {
   const auto config = smoke("lm");
   const auto out = folder("crlf_data");
-  const char* env_data = std::getenv("POSENC_DATA_DIR");
-  const std::filesystem::path books =
-      std::filesystem::path(env_data != nullptr ? env_data : POSENC_DATA_DIR) / "gutenberg";
-  const std::filesystem::path copy = std::filesystem::path(out + "_data") / "gutenberg";
-  std::filesystem::remove_all(copy.parent_path());
-  std::filesystem::create_directories(copy);
-  for (const auto* name : {"moby-dick.txt", "sherlock-holmes.txt", "tom-sawyer.txt"}) {
-    std::ifstream in(books / name, std::ios::binary);
-    std::ofstream crlf(copy / name, std::ios::binary);
+  const auto copy = copy_books(out, [](const auto& from, const auto& to) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream crlf(to, std::ios::binary);
     std::string line;
     while (std::getline(in, line)) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       crlf << line << "\r\n";
     }
-  }
-  const auto port = std::to_string(free_port());
-  std::vector<pid_t> ranks;
-  for (int r = 0; r < 2; ++r) {
-    std::vector<std::string> env = {"RANK=" + std::to_string(r), "WORLD_SIZE=2",
-                                    "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + port};
-    if (r == 1) env.push_back("POSENC_DATA_DIR=" + copy.parent_path().string());
-    ranks.push_back(start(train_args(config, out), env, out + std::to_string(r) + ".log"));
-  }
-  for (int r = 0; r < 2; ++r) {
-    const int code = finish(ranks[r]);
-    EXPECT_EQ(code, 0) << read_text(out + std::to_string(r) + ".log");
-  }
+  });
+  for (const auto& [code, log] : run_two_ranks(config, out, copy.parent_path()))
+    EXPECT_EQ(code, 0) << log;
   EXPECT_TRUE(std::filesystem::exists(out + "/weights.pt"));
 }
 

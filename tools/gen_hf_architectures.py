@@ -640,6 +640,30 @@ def null_rope_scaling_unsets(cfg_cls):
     return False
 
 
+def _probe_start(cfg_cls):
+    """The class's default dict (a context length filled in) and its rope_parameters, the start
+    of the probes of filled and required keys; None where the class has no default instance or
+    no rope_parameters."""
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    own.setdefault("max_position_embeddings", 4096)
+    rp = own.get("rope_parameters")
+    if not isinstance(rp, dict) or not rp:
+        return None
+    return own, rp
+
+
+def _flat_block_file(own, rp, block):
+    """own with its rope_parameters replaced by one flat block under the class's own theta."""
+    d = copy.deepcopy(own)
+    d.pop("rope_scaling", None)
+    theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
+    d["rope_parameters"] = {"rope_theta": theta, **block}
+    return d
+
+
 # The scaling types whose block takes original_max_position_embeddings, for the probes of who
 # fills it: SCALED_BLOCKS' yarn and llama3, and a longrope block (its factor lists' length is
 # only warned about when a config loads, and these probes only load).
@@ -657,14 +681,10 @@ def original_not_filled(cfg_cls):
     when the file gives none (transformers' validation then fails, KeyError), where most classes
     fill it from max_position_embeddings: the class's own rope_parameters (per layer type or flat)
     made yarn or llama3 without the key, loaded; the same with the key must load."""
-    try:
-        own = copy.deepcopy(cfg_cls().to_dict())
-    except Exception:
-        return None
-    own.setdefault("max_position_embeddings", 4096)
-    rp = own.get("rope_parameters")
-    if not isinstance(rp, dict) or not rp:
+    start = _probe_start(cfg_cls)
+    if start is None:
         return None  # a class without RoPE (BERT): not this probe's question
+    own, rp = start
     nested = all(isinstance(v, dict) for v in rp.values())
     out = []
     for name in ("yarn", "llama3", "longrope"):
@@ -673,13 +693,12 @@ def original_not_filled(cfg_cls):
 
         def load(with_original):
             extra = {"original_max_position_embeddings": 1024} if with_original else {}
-            d = copy.deepcopy(own)
-            d.pop("rope_scaling", None)
             if nested:
+                d = copy.deepcopy(own)
+                d.pop("rope_scaling", None)
                 d["rope_parameters"] = {k: {**v, **block, **extra} for k, v in rp.items()}
             else:
-                theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
-                d["rope_parameters"] = {"rope_theta": theta, **block, **extra}
+                d = _flat_block_file(own, rp, {**block, **extra})
             try:
                 cfg_cls.from_dict(d)
                 return None
@@ -693,6 +712,15 @@ def original_not_filled(cfg_cls):
     return out or None
 
 
+def _flat_probe_start(cfg_cls):
+    """_probe_start where the class's rope_parameters is one flat block (posenc reads only the
+    block where it is per layer type)."""
+    start = _probe_start(cfg_cls)
+    if start is None or any(isinstance(v, dict) for v in start[1].values()):
+        return None
+    return start
+
+
 def top_original_unread(cfg_cls):
     """The scaling types whose flat block, without original_max_position_embeddings, the class
     refuses even beside a top-level original_max_position_embeddings (as Phi-3's files carry
@@ -700,22 +728,15 @@ def top_original_unread(cfg_cls):
     validates its block before the file's extra keys become attributes (KeyError). A flat block
     of each type without the key and the top level at 1024, loaded: listed where that fails on
     the key."""
-    try:
-        own = copy.deepcopy(cfg_cls().to_dict())
-    except Exception:
+    start = _flat_probe_start(cfg_cls)
+    if start is None:
         return None
-    own.setdefault("max_position_embeddings", 4096)
-    rp = own.get("rope_parameters")
-    if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
-        return None  # per-layer blocks: posenc reads only the block there
+    own, rp = start
     out = []
     for name in ("yarn", "llama3", "longrope"):
         block = {k: v for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
                  if k != "original_max_position_embeddings"}
-        d = copy.deepcopy(own)
-        d.pop("rope_scaling", None)
-        theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
-        d["rope_parameters"] = {"rope_theta": theta, **block}
+        d = _flat_block_file(own, rp, block)
         d["original_max_position_embeddings"] = 1024
         try:
             cfg_cls.from_dict(d)
@@ -732,24 +753,16 @@ def required_block_keys(cfg_cls):
     original_max_position_embeddings, as transformers 4 did): each key of SCALED_BLOCKS' block of
     each type left out in turn (the original context kept at the top level too, so only the key
     itself is missing), loaded; listed where that fails naming the key."""
-    try:
-        own = copy.deepcopy(cfg_cls().to_dict())
-    except Exception:
+    start = _flat_probe_start(cfg_cls)
+    if start is None:
         return None
-    own.setdefault("max_position_embeddings", 4096)
-    rp = own.get("rope_parameters")
-    if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
-        return None
+    own, rp = start
     out = {}
     for name, full in SCALED_BLOCKS.items():
         for key in full:
             if key in ("rope_type", "original_max_position_embeddings"):
                 continue
-            d = copy.deepcopy(own)
-            d.pop("rope_scaling", None)
-            theta = rp.get("rope_theta", own.get("rope_theta", 10000.0)) or 10000.0
-            d["rope_parameters"] = {"rope_theta": theta,
-                                    **{k: v for k, v in full.items() if k != key}}
+            d = _flat_block_file(own, rp, {k: v for k, v in full.items() if k != key})
             try:
                 cfg_cls.from_dict(d)
             except Exception as e:
@@ -1119,35 +1132,48 @@ SCALED_BLOCKS = {  # one valid block of each scaling type (the rope functions' r
 }
 
 
+def _config_rotary_classes(cfg_cls):
+    """The rotary classes of the model type's modeling file that take a config."""
+    try:
+        return [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
+                if takes_config]
+    except Exception:
+        return []
+
+
+def _loads_and_builds(cfg_cls, file_dict, rotary, kept):
+    """True where the config class loads file_dict and every rotary class builds on it, False
+    where either raises, None where the loaded rope_parameters fail kept(params) (converted)."""
+    try:
+        cfg = cfg_cls.from_dict(file_dict)
+        if not kept(safe_get(cfg, "rope_parameters", None)):
+            return None
+        for cls in rotary:
+            with torch.device("cpu"):
+                cls(config=cfg)
+        return True
+    except Exception:
+        return False
+
+
 def _nested_rope_types_rejected(cfg_cls, base, own_rp):
     """rope_types_rejected for a class whose default rope_parameters is one block per layer type."""
     base = dict(base)
     base.setdefault("max_position_embeddings", 4096)
-    try:
-        rotary = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
-                  if takes_config]
-    except Exception:
-        rotary = []
+    rotary = _config_rotary_classes(cfg_cls)
 
     def works(block, with_rotary):
         layers = {}
         for lt, own in own_rp.items():
             kept = {k: v for k, v in own.items() if k in ("rope_theta", "partial_rotary_factor")}
             layers[lt] = {**kept, **copy.deepcopy(block)}
-        try:
-            cfg = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_parameters=layers))
-            params = safe_get(cfg, "rope_parameters", None)
-            if not isinstance(params, dict) or any(
-                    not isinstance(v, dict) or v.get("rope_type") != block["rope_type"]
-                    for v in params.values() if v is not None):
-                return None  # converted: not this probe's question
-            if with_rotary:
-                for cls in rotary:
-                    with torch.device("cpu"):
-                        cls(config=cfg)
-            return True
-        except Exception:
-            return False
+
+        def kept_type(params):  # converted: not this probe's question
+            return isinstance(params, dict) and all(
+                isinstance(v, dict) and v.get("rope_type") == block["rope_type"]
+                for v in params.values() if v is not None)
+        return _loads_and_builds(cfg_cls, dict(copy.deepcopy(base), rope_parameters=layers),
+                                 rotary if with_rotary else [], kept_type)
 
     if works({"rope_type": "default"}, False) is not True:
         return None
@@ -1187,24 +1213,12 @@ def rope_types_rejected(cfg_cls):
     hidden, heads = base.get("hidden_size"), base.get("num_attention_heads")
     if base.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
         base["head_dim"] = hidden // heads
-    try:
-        rotary = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
-                  if takes_config]
-    except Exception:
-        rotary = []
+    rotary = _config_rotary_classes(cfg_cls)
 
     def works(block):
-        try:
-            cfg = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_parameters=dict(block)))
-            params = safe_get(cfg, "rope_parameters", None)
-            if not isinstance(params, dict) or params.get("rope_type") != block["rope_type"]:
-                return None  # converted or nested: not this probe's question
-            for cls in rotary:
-                with torch.device("cpu"):
-                    cls(config=cfg)
-            return True
-        except Exception:
-            return False
+        return _loads_and_builds(  # converted or nested: not this probe's question
+            cfg_cls, dict(copy.deepcopy(base), rope_parameters=dict(block)), rotary,
+            lambda params: isinstance(params, dict) and params.get("rope_type") == block["rope_type"])
 
     theta = {"rope_theta": 10000.0}
     if works({"rope_type": "default", **theta}) is not True:
@@ -1254,15 +1268,12 @@ def absent_defaults(cfg_cls):
         out["rope_theta_raises"] = True
     if null_rope_scaling_unsets(cfg_cls):
         out["null_rope_scaling_unsets"] = True
-    unfilled = original_not_filled(cfg_cls)
-    if unfilled is not None:
-        out["original_not_filled"] = unfilled
-    unread = top_original_unread(cfg_cls)
-    if unread is not None:
-        out["top_original_unread"] = unread
-    required = required_block_keys(cfg_cls)
-    if required is not None:
-        out["required_block_keys"] = required
+    for key, probe in (("original_not_filled", original_not_filled),
+                       ("top_original_unread", top_original_unread),
+                       ("required_block_keys", required_block_keys)):
+        found = probe(cfg_cls)
+        if found is not None:
+            out[key] = found
     mrope = mrope_rules(cfg_cls)
     if mrope is not None:
         out.update(mrope)

@@ -65,20 +65,30 @@ at::Tensor rows(const at::Tensor& x) {
   return d.stride(3) == 1 ? d : d.contiguous();
 }
 
+// The forward kernel's results: out [B, N, H, D] and each row's log-sum-exp [B, H, N].
+std::pair<at::Tensor, at::Tensor> forward_kernel(const detail::ShortAttentionProblem& p) {
+  auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
+  auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
+  detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
+  return {out, lse};
+}
+
+void save_settings(AutogradContext* ctx, double scale, bool causal, bool interleaved) {
+  ctx->saved_data["scale"] = scale;
+  ctx->saved_data["causal"] = causal;
+  ctx->saved_data["interleaved"] = interleaved;
+}
+
 class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double scale, bool causal,
                                const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
     auto qr = rows(q), kr = rows(k), vr = rows(v);
-    auto p = problem(qr, kr, vr, scale, causal, cos, sin, interleaved);
-    auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
-    auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
-    detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
+    const auto [out, lse] =
+        forward_kernel(problem(qr, kr, vr, scale, causal, cos, sin, interleaved));
     ctx->save_for_backward({qr, kr, vr, out, lse, cos, sin});
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["interleaved"] = interleaved;
+    save_settings(ctx, scale, causal, interleaved);
     return {out};
   }
 
@@ -108,15 +118,11 @@ class ShortAttentionPackedFunction
                                bool interleaved) {
     auto packed = qkv.detach();
     if (packed.stride(4) != 1) packed = packed.contiguous();
-    auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2), scale, causal,
-                     cos, sin, interleaved);
-    auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
-    auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
-    detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
+    const auto [out, lse] =
+        forward_kernel(problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2), scale,
+                               causal, cos, sin, interleaved));
     ctx->save_for_backward({packed, out, lse, cos, sin});
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["interleaved"] = interleaved;
+    save_settings(ctx, scale, causal, interleaved);
     return {out};
   }
 
