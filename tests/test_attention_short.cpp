@@ -110,6 +110,20 @@ TEST(AttentionShort, PackedEqualsViews) {
   EXPECT_THROW(attention_short_packed(torch::randn({2, 4, 2, 2, 8}), 1.0), c10::Error);
 }
 
+// The fused backward has no derivative of its own: a gradient asked for with create_graph is
+// refused in one line (it would silently lack attention's second-order terms).
+TEST(AttentionShort, SecondOrderGradientsAreRefused) {
+  auto qkv = torch::randn({2, 16, 3, 2, 8}, torch::requires_grad());
+  const auto out = attention_short_packed(qkv, 0.3);
+  try {
+    torch::autograd::grad({out.sum()}, {qkv}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+    FAIL() << "create_graph was taken";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("second-order"), std::string::npos);
+  }
+  EXPECT_EQ(torch::autograd::grad({out.sum()}, {qkv})[0].sizes(), qkv.sizes());
+}
+
 TEST(AttentionShort, RefusesWhatItCannotTake) {
   auto q = torch::randn({2, 65, 2, 8});
   EXPECT_FALSE(attention_short_supported(q, q, q));  // N > kShortAttentionMaxTokens

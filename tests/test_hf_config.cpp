@@ -142,6 +142,22 @@ TEST(HfConfig, Phi3TakesTheTopLevelOriginalContext) {
   EXPECT_NEAR(as_rope(encoder).frequencies().attention_scaling, 1.1902380714238083, 1e-15);
 }
 
+// transformers loads a file's layer types together: Gemma 4's validator raises on any longrope
+// block, so a file whose sliding layers say longrope has no full-attention table either.
+TEST(HfConfig, ALayerTypeIsRefusedWithARefusedSibling) {
+  auto config = load_fixture("hf_architectures/gemma4_text.config.json");
+  HfConfigOptions options;
+  options.layer_type = "full_attention";
+  EXPECT_NO_THROW(from_hf_config(config, options));
+  config["rope_parameters"]["sliding_attention"] = {{"rope_type", "longrope"},
+                                                    {"rope_theta", 10000.0},
+                                                    {"short_factor", json::array()},
+                                                    {"long_factor", json::array()}};
+  const auto message = test::error_of([&] { from_hf_config(config, options); });
+  EXPECT_NE(message.find("layer type 'sliding_attention' of the same file"), std::string::npos)
+      << message;
+}
+
 TEST(HfConfig, PartialBlocksAreRefused) {
   // Llama-3.1's rope_scaling block without the top-level rope_theta (500000): HF reads it from
   // config.json; posenc would silently use 10000.

@@ -125,6 +125,10 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "attention_fused: no second-order gradients (create_graph) through the fused kernel's "
+        "backward; take the reference path (fused=false) for them");
     auto saved = ctx->get_saved_variables();
     const auto state = c10::static_intrusive_pointer_cast<SavedAttention>(
         ctx->saved_data["attention"].toCapsule());

@@ -93,6 +93,10 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "attention_short: no second-order gradients (create_graph) through the fused kernel's "
+        "backward; take the reference path (fused=false) for them");
     auto s = ctx->get_saved_variables();
     auto p = problem(s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
                      ctx->saved_data["causal"].toBool(), s[5], s[6],
@@ -127,6 +131,10 @@ class ShortAttentionPackedFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(
+        !at::GradMode::is_enabled(),
+        "attention_short: no second-order gradients (create_graph) through the fused kernel's "
+        "backward; take the reference path (fused=false) for them");
     auto s = ctx->get_saved_variables();
     const auto& packed = s[0];
     auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),

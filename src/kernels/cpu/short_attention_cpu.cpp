@@ -331,8 +331,9 @@ POSENC_INLINE void load_rows_to(const ShortAttentionProblem& p, const float* bas
   }
 }
 
-// dst[e * ld + i] = src[i * src_ld + e] for i < rows, e < cols, both multiples of 8 (the
-// scratch is zero-padded to them): 8 x 8 blocks in registers (unpack, shuffle, permute).
+// dst[e * ld + i] = src[i * src_ld + e] for i < rows, e < cols rounded up to multiples of 8
+// (blocks of 8 x 8 in registers: unpack, shuffle, permute): both matrices are scratch padded to
+// those multiples, so the extra rows and columns are read and written inside it.
 __attribute__((target("avx2,fma"))) POSENC_INLINE void transpose_into(const float* src,
                                                                       int64_t src_ld, int64_t rows,
                                                                       int64_t cols, float* dst,
@@ -388,7 +389,7 @@ __attribute__((target("avx2,fma"))) void forward_avx2(const ShortAttentionProble
     const int64_t b = item / p.heads, h = item % p.heads;
     load_rows_to(p, p.q, p.q_stride, b, h, Q, z.dp);
     load_rows_to(p, p.k, p.k_stride, b, h, K, z.dp);
-    transpose_into(K, z.dp, n, d, KT, z.np);
+    transpose_into(K, z.dp, z.np, z.dp, KT, z.np);
     for (int64_t j = 0; j < n; ++j) std::memcpy(V + j * z.dp, v_row(p, b, j, h), sizeof(float) * d);
     small_gemm(Q, z.dp, KT, z.np, d, z.nr, z.np, S, z.np);
     for (int64_t i = 0; i < n; ++i) {
@@ -485,11 +486,6 @@ void backward_generic(const ShortAttentionProblem& p, int64_t begin, int64_t end
   backward_items<PlainOps>(p, begin, end, out, lse, grad_out, dq, dk, dv);
 }
 
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-
 // Items per parallel chunk: at least ~32k multiply-adds each.
 int64_t grain(const ShortAttentionProblem& p) {
   return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.n * p.n * p.dim));
@@ -498,7 +494,7 @@ int64_t grain(const ShortAttentionProblem& p) {
 }  // namespace
 
 void short_attention_forward_cpu(const ShortAttentionProblem& p, float* out, float* lse) {
-  const bool avx2 = has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   parallel_for(0, p.batch * p.heads, grain(p), [&](int64_t begin, int64_t end) {
     if (avx2)
       forward_avx2(p, begin, end, out, lse);
@@ -510,7 +506,7 @@ void short_attention_forward_cpu(const ShortAttentionProblem& p, float* out, flo
 void short_attention_backward_cpu(const ShortAttentionProblem& p, const float* out,
                                   const float* lse, const float* grad_out, float* dq, float* dk,
                                   float* dv) {
-  const bool avx2 = has_avx2();
+  const bool avx2 = cpu_has_avx2_fma();
   parallel_for(0, p.batch * p.heads, grain(p), [&](int64_t begin, int64_t end) {
     if (avx2)
       backward_avx2(p, begin, end, out, lse, grad_out, dq, dk, dv);

@@ -44,6 +44,9 @@ class AlibiAttentionFunction : public torch::autograd::Function<AlibiAttentionFu
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "posenc attention: no second-order gradients (create_graph=True) through the "
+                "fused kernel's backward");
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("posenc::_alibi_attention_backward", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
@@ -92,6 +95,9 @@ class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "posenc attention: no second-order gradients (create_graph=True) through the "
+                "fused kernel's backward");
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_t5_attention_backward", "")
@@ -136,6 +142,9 @@ class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunc
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "posenc attention: no second-order gradients (create_graph=True) through the "
+                "fused kernel's backward");
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("posenc::_shaw_attention_backward", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
@@ -195,6 +204,9 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "posenc attention: no second-order gradients (create_graph=True) through the "
+                "fused kernel's backward");
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_positional_attention_backward", "")
