@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "../cpu/attention_cpu.h"
+#include "first_order.h"
 #include "posenc/functional/relative.h"
 #include "posenc/kernels/attention.h"
 #include "posenc/kernels/rope.h"
@@ -125,10 +126,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(
-        !at::GradMode::is_enabled(),
-        "attention_fused: no second-order gradients (create_graph) through the fused kernel's "
-        "backward; take the reference path (fused=false) for them");
+    detail::require_first_order("attention_fused");
     auto saved = ctx->get_saved_variables();
     const auto state = c10::static_intrusive_pointer_cast<SavedAttention>(
         ctx->saved_data["attention"].toCapsule());

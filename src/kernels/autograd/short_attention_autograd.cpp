@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "../cpu/short_attention_cpu.h"
+#include "first_order.h"
 #include "posenc/kernels/short_attention.h"
 
 namespace posenc {
@@ -93,10 +94,7 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(
-        !at::GradMode::is_enabled(),
-        "attention_short: no second-order gradients (create_graph) through the fused kernel's "
-        "backward; take the reference path (fused=false) for them");
+    detail::require_first_order("attention_short");
     auto s = ctx->get_saved_variables();
     auto p = problem(s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
                      ctx->saved_data["causal"].toBool(), s[5], s[6],
@@ -131,10 +129,7 @@ class ShortAttentionPackedFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(
-        !at::GradMode::is_enabled(),
-        "attention_short: no second-order gradients (create_graph) through the fused kernel's "
-        "backward; take the reference path (fused=false) for them");
+    detail::require_first_order("attention_short");
     auto s = ctx->get_saved_variables();
     const auto& packed = s[0];
     auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),

@@ -17,6 +17,8 @@
 
 #include <string>
 
+#include "../../kernels/autograd/first_order.h"
+
 namespace posenc::ops {
 
 namespace {
@@ -44,9 +46,7 @@ class AlibiAttentionFunction : public torch::autograd::Function<AlibiAttentionFu
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "posenc attention: no second-order gradients (create_graph=True) through the "
-                "fused kernel's backward");
+    detail::require_first_order("posenc attention");
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("posenc::_alibi_attention_backward", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
@@ -95,9 +95,7 @@ class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "posenc attention: no second-order gradients (create_graph=True) through the "
-                "fused kernel's backward");
+    detail::require_first_order("posenc attention");
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_t5_attention_backward", "")
@@ -142,9 +140,7 @@ class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunc
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "posenc attention: no second-order gradients (create_graph=True) through the "
-                "fused kernel's backward");
+    detail::require_first_order("posenc attention");
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("posenc::_shaw_attention_backward", "")
                                .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
@@ -204,9 +200,7 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    TORCH_CHECK(!at::GradMode::is_enabled(),
-                "posenc attention: no second-order gradients (create_graph=True) through the "
-                "fused kernel's backward");
+    detail::require_first_order("posenc attention");
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_positional_attention_backward", "")
