@@ -76,6 +76,17 @@ std::string describe(const nlohmann::json& v) {
   return std::string(v.type_name()) + " " + text;
 }
 
+// Whether the model type's generated list `rule` (hf_defaults.inc: rope_types_rejected,
+// original_not_filled, top_original_unread, ...) names `value`.
+bool generated_rule_names(const std::string& model_type, const char* rule,
+                          const std::string& value) {
+  const auto* own = hf_absent_key_defaults(model_type);
+  if (own == nullptr || !own->contains(rule)) return false;
+  for (const auto& t : (*own)[rule])
+    if (t.is_string() && t.get<std::string>() == value) return true;
+  return false;
+}
+
 class Resolver {
  public:
   Resolver(const nlohmann::json& config, const HfConfigOptions& options)
@@ -194,14 +205,11 @@ class Resolver {
 
     // scaling types the model type's config or rotary class refuses (generated
     // rope_types_rejected: Phi-3's validate_rope takes default and longrope only)
-    if (const auto* d = hf_absent_key_defaults(out.model_type);
-        d != nullptr && d->contains("rope_types_rejected"))
-      for (const auto& t : (*d)["rope_types_rejected"])
-        TORCH_CHECK(!t.is_string() || t.get<std::string>() != rope_type, origin_,
-                    ": refused: model type '", out.model_type, "' does not take rope_type '",
-                    rope_type, "' (", from_block(type_key), "): transformers ",
-                    std::string(kHfArchitecturesTransformers),
-                    "'s config or rotary class raises on it, so there is no table to match");
+    TORCH_CHECK(!generated_rule_names(out.model_type, "rope_types_rejected", rope_type), origin_,
+                ": refused: model type '", out.model_type, "' does not take rope_type '", rope_type,
+                "' (", from_block(type_key), "): transformers ",
+                std::string(kHfArchitecturesTransformers),
+                "'s config or rotary class raises on it, so there is no table to match");
 
     // head size: the model type's own rule (hf_architectures.cpp), else the generic one
     int64_t head_dim = 0;
@@ -431,17 +439,15 @@ class Resolver {
       // (per-layer-type blocks: most classes fill each from the block or max_position_embeddings)
       // (generated top_original_unread: classes that validate the block before the file's
       // top-level keys become attributes, Cohere 2 MoE: transformers fails, KeyError)
-      if (const auto* own = hf_absent_key_defaults(out.model_type);
-          own != nullptr && own->contains("top_original_unread") &&
-          !has(block, "original_max_position_embeddings"))
-        for (const auto& t : (*own)["top_original_unread"])
-          TORCH_CHECK(t.get<std::string>() != rope_type, origin_, ": refused: rope_type '",
-                      rope_type, "' without 'original_max_position_embeddings' in ", block_name,
-                      ": model type '", out.model_type,
-                      "''s config class validates the block before it reads the top-level one "
-                      "(transformers ",
-                      std::string(kHfArchitecturesTransformers),
-                      " fails on it: KeyError); give it in the block");
+      TORCH_CHECK(has(block, "original_max_position_embeddings") ||
+                      !generated_rule_names(out.model_type, "top_original_unread", rope_type),
+                  origin_, ": refused: rope_type '", rope_type,
+                  "' without 'original_max_position_embeddings' in ", block_name, ": model type '",
+                  out.model_type,
+                  "''s config class validates the block before it reads the top-level one "
+                  "(transformers ",
+                  std::string(kHfArchitecturesTransformers),
+                  " fails on it: KeyError); give it in the block");
       if (has(c, "original_max_position_embeddings") && layer_type_.empty()) {
         set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
             where("original_max_position_embeddings") +
@@ -471,16 +477,14 @@ class Resolver {
       } else {
         // (generated original_not_filled: classes that leave the block without it, whose
         // validation then fails: Gemma 4, MiMo-V2-Flash, Zaya, Cohere 2 MoE, ...)
-        const auto* own = hf_absent_key_defaults(out.model_type);
-        if (own != nullptr && own->contains("original_not_filled"))
-          for (const auto& t : (*own)["original_not_filled"])
-            TORCH_CHECK(t.get<std::string>() != rope_type, origin_, ": refused: rope_type '",
-                        rope_type, "' without 'original_max_position_embeddings' in ", block_name,
-                        ": model type '", out.model_type,
-                        "''s config class does not fill it from max_position_embeddings "
-                        "(transformers ",
-                        std::string(kHfArchitecturesTransformers),
-                        " fails on it: KeyError); give it in the block");
+        TORCH_CHECK(!generated_rule_names(out.model_type, "original_not_filled", rope_type),
+                    origin_, ": refused: rope_type '", rope_type,
+                    "' without 'original_max_position_embeddings' in ", block_name,
+                    ": model type '", out.model_type,
+                    "''s config class does not fill it from max_position_embeddings "
+                    "(transformers ",
+                    std::string(kHfArchitecturesTransformers),
+                    " fails on it: KeyError); give it in the block");
         TORCH_CHECK(has_max, origin_, ": rope_type '", rope_type,
                     "' needs 'original_max_position_embeddings' (in ", block_name,
                     " or at the top level) or 'max_position_embeddings', which transformers "

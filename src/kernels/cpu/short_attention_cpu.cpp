@@ -28,9 +28,10 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 #define POSENC_INLINE inline __attribute__((always_inline))
 
-// The two primitives every loop below is made of, in plain C++ (any x86-64) and in AVX2+FMA
-// intrinsics with register accumulators (a loop whose accumulator lives in memory is bound by
-// store-to-load forwarding: measured 5x slower at N = 16, D = 32).
+// The two primitives the plain path's loops are made of (any x86-64; a loop whose accumulator
+// lives in memory is bound by store-to-load forwarding: measured 5x slower at N = 16, D = 32).
+// The AVX2 path further down takes its products as small matrix products and keeps only
+// Avx2Ops::dot (one per row of the backward).
 struct PlainOps {
   // a . b over d values, 8 partial sums in a fixed order
   static POSENC_INLINE float dot(const float* a, const float* b, int64_t d) {
@@ -74,56 +75,19 @@ struct Avx2Ops {
     for (; i < d; ++i) s += a[i] * b[i];
     return s;
   }
-  static inline __attribute__((target("avx2,fma"))) void weighted_sum(const float* w, int64_t ws,
-                                                                      const float* rows, int64_t rs,
-                                                                      int64_t count, int64_t d,
-                                                                      float* dst) {
-    int64_t e = 0;
-    for (; e + 32 <= d; e += 32) {  // 4 independent accumulators in registers
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-      for (int64_t t = 0; t < count; ++t) {
-        const __m256 c = _mm256_set1_ps(w[t * ws]);
-        const float* r = rows + t * rs + e;
-        a0 = _mm256_fmadd_ps(c, _mm256_loadu_ps(r), a0);
-        a1 = _mm256_fmadd_ps(c, _mm256_loadu_ps(r + 8), a1);
-        a2 = _mm256_fmadd_ps(c, _mm256_loadu_ps(r + 16), a2);
-        a3 = _mm256_fmadd_ps(c, _mm256_loadu_ps(r + 24), a3);
-      }
-      _mm256_storeu_ps(dst + e, a0);
-      _mm256_storeu_ps(dst + e + 8, a1);
-      _mm256_storeu_ps(dst + e + 16, a2);
-      _mm256_storeu_ps(dst + e + 24, a3);
-    }
-    for (; e + 8 <= d; e += 8) {
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // two chains over t
-      int64_t t = 0;
-      for (; t + 2 <= count; t += 2) {
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t * ws]), _mm256_loadu_ps(rows + t * rs + e), a0);
-        a1 = _mm256_fmadd_ps(_mm256_set1_ps(w[(t + 1) * ws]),
-                             _mm256_loadu_ps(rows + (t + 1) * rs + e), a1);
-      }
-      if (t < count)
-        a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[t * ws]), _mm256_loadu_ps(rows + t * rs + e), a0);
-      _mm256_storeu_ps(dst + e, _mm256_add_ps(a0, a1));
-    }
-    for (; e < d; ++e) {
-      float a = 0;
-      for (int64_t t = 0; t < count; ++t) a += w[t * ws] * rows[t * rs + e];
-      dst[e] = a;
-    }
-  }
 };
 
-// Rows of q or k of head (b, h) into dst [N, D], rotated when the problem has tables.
-POSENC_INLINE void load_rows(const ShortAttentionProblem& p, const float* base,
-                             const int64_t* stride, int64_t b, int64_t h, float* dst) {
+// Rows of q or k of head (b, h), rotated when the problem has tables, into dst rows ld apart.
+POSENC_INLINE void load_rows_to(const ShortAttentionProblem& p, const float* base,
+                                const int64_t* stride, int64_t b, int64_t h, float* dst,
+                                int64_t ld) {
   for (int64_t i = 0; i < p.n; ++i) {
     const float* src = base + b * stride[0] + i * stride[1] + h * stride[2];
     if (p.cos != nullptr)
-      rotate_row(src, dst + i * p.dim, p.dim, p.cos + i * p.pairs, p.sin + i * p.pairs, p.pairs,
+      rotate_row(src, dst + i * ld, p.dim, p.cos + i * p.pairs, p.sin + i * p.pairs, p.pairs,
                  p.interleaved, 1.0f);
     else
-      std::memcpy(dst + i * p.dim, src, sizeof(float) * p.dim);
+      std::memcpy(dst + i * ld, src, sizeof(float) * p.dim);
   }
 }
 
@@ -173,8 +137,8 @@ POSENC_INLINE void forward_items(const ShortAttentionProblem& p, int64_t begin, 
   float* row = K + n * d;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / p.heads, h = item % p.heads;
-    load_rows(p, p.q, p.q_stride, b, h, Q);
-    load_rows(p, p.k, p.k_stride, b, h, K);
+    load_rows_to(p, p.q, p.q_stride, b, h, Q, d);
+    load_rows_to(p, p.k, p.k_stride, b, h, K, d);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t cols = p.causal ? i + 1 : n;
       float m = kNegInf;
@@ -220,8 +184,8 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
   float* dS = P + n * n;   // [N, N] score gradients times scale
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / p.heads, h = item % p.heads;
-    load_rows(p, p.q, p.q_stride, b, h, Q);
-    load_rows(p, p.k, p.k_stride, b, h, K);
+    load_rows_to(p, p.q, p.q_stride, b, h, Q, d);
+    load_rows_to(p, p.k, p.k_stride, b, h, K, d);
     for (int64_t i = 0; i < n; ++i) {
       const float* doi = grad_out + row_offset(p, b, i, h);
       const float di = Ops::dot(doi, out + row_offset(p, b, i, h), d);
@@ -315,20 +279,6 @@ __attribute__((target("avx2,fma"))) POSENC_INLINE void small_gemm(const float* A
       _mm256_storeu_ps(o + 2 * ldc, x2);
       _mm256_storeu_ps(o + 3 * ldc, x3);
     }
-}
-
-// Rows of q or k of head (b, h), rotated when the problem has tables, into dst rows ld apart.
-POSENC_INLINE void load_rows_to(const ShortAttentionProblem& p, const float* base,
-                                const int64_t* stride, int64_t b, int64_t h, float* dst,
-                                int64_t ld) {
-  for (int64_t i = 0; i < p.n; ++i) {
-    const float* src = base + b * stride[0] + i * stride[1] + h * stride[2];
-    if (p.cos != nullptr)
-      rotate_row(src, dst + i * ld, p.dim, p.cos + i * p.pairs, p.sin + i * p.pairs, p.pairs,
-                 p.interleaved, 1.0f);
-    else
-      std::memcpy(dst + i * ld, src, sizeof(float) * p.dim);
-  }
 }
 
 // dst[e * ld + i] = src[i * src_ld + e] for i < rows, e < cols rounded up to multiples of 8
