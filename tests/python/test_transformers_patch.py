@@ -186,11 +186,13 @@ def test_float64_angles_refuse_a_cast_buffer_in_one_line():
 
 
 def test_unchecked_family_is_refused_in_one_line():
-    config = transformers.GPTNeoXConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=1,
-                                        intermediate_size=96, vocab_size=101)
-    model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(ValueError, match="model type 'gpt_neox' is not one posenc has checked"):
+    # NanoChat's rotate_half turns by -angle (posenc's resolver refuses it): the line gives the reason
+    config = transformers.CONFIG_MAPPING["nanochat"]()
+    model = torch.nn.Module()
+    model.config = config
+    with pytest.raises(ValueError, match="model type 'nanochat' is not one posenc has checked") as e:
         patch(model)
+    assert "flips the signs" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unpatch_restores_transformers():

@@ -32,11 +32,12 @@ import weakref
 import torch
 
 from ..rotary import RotaryEmbedding, apply_rotary_pos_emb
+from . import _families
 
 # model_type -> (the modeling file, its text rotary classes replaced, the pairs its
 # apply_rotary_pos_emb rotates: "half" is rotate_half, "interleaved" GLM's (2i, 2i+1); a constant of
 # the file, whatever the config says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
-SUPPORTED = {
+HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
     "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", ("Qwen2RotaryEmbedding",), "half"),
@@ -48,6 +49,9 @@ SUPPORTED = {
     "phi3": ("transformers.models.phi3.modeling_phi3", ("Phi3RotaryEmbedding",), "half"),
     "glm": ("transformers.models.glm.modeling_glm", ("GlmRotaryEmbedding",), "interleaved"),
 }
+# Every family: the hand-checked ones above (their own tests, more settings) and the generated list
+# (tools/gen_patch_families.py: each family's small random causal LM equal with and without patch()).
+SUPPORTED = {**_families.CHECKED, **HAND_CHECKED}
 
 _ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
 _PATCHED = "_posenc_patched_models"  # weak references to the patched models of the modeling file
@@ -97,9 +101,20 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     """Replaces the model's rotary modules and rotation by posenc's; returns the model."""
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED:
+        why = _families.LEFT_OUT.get(model_type)
         raise ValueError(f"posenc.patch: model type '{model_type}' is not one posenc has checked "
-                         f"against transformers' code; supported: {', '.join(sorted(SUPPORTED))}")
-    module_name, classes, layout = SUPPORTED[model_type]
+                         f"against transformers' code"
+                         + (f" (its check: {why})" if why else "")
+                         + f"; {len(SUPPORTED)} families are: posenc.integrations.transformers"
+                         f".SUPPORTED")
+    return _patch_with(model, model_type, SUPPORTED[model_type], angle_dtype)
+
+
+def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
+                angle_dtype: str = "float32") -> torch.nn.Module:
+    """patch() with the family's (modeling file, rotary classes, pair layout) given: the checker
+    (tools/patch_families.py) calls it for families not yet listed."""
+    module_name, classes, layout = entry
     modeling = importlib.import_module(module_name)
     replacements = []  # every module built and checked before the model is touched
     for name, sub in list(model.named_modules()):
@@ -127,15 +142,16 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
         setattr(modeling, _ORIGINAL, modeling.apply_rotary_pos_emb)
     modeling.apply_rotary_pos_emb = _rotation(layout)
     setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
+    model._posenc_modeling = modeling.__name__
     return model
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     """Restores transformers' rotation and rotary modules (rebuilt from the model's config)."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in SUPPORTED:
+    module_name = getattr(model, "_posenc_modeling", None)
+    if module_name is None:
         return model
-    modeling = importlib.import_module(SUPPORTED[model_type][0])
+    modeling = importlib.import_module(module_name)
     for name, sub in list(model.named_modules()):
         replaced = getattr(sub, "posenc_replaced", None)
         if replaced is None:
@@ -151,4 +167,5 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(modeling, _ORIGINAL) and not others:  # the last patched model of the family
         modeling.apply_rotary_pos_emb = getattr(modeling, _ORIGINAL)
         delattr(modeling, _ORIGINAL)
+    del model._posenc_modeling
     return model

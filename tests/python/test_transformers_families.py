@@ -1,0 +1,80 @@
+"""Every family patch() takes from the generated list (python/posenc/integrations/_families.py,
+written by tools/gen_patch_families.py) re-checked with the generator's harness
+(tools/patch_families.py): a small random causal LM of the family through transformers' own modeling
+code, with and without patch(): logits equal to the bit, gradients within rtol 1e-5, posenc's
+rotation called, transformers' given back by unpatch(). Families left out are refused in one line."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.integrations import _families  # noqa: E402
+from posenc.integrations import transformers as integration  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tools"))
+import patch_families as pf  # noqa: E402
+
+GENERATED_FOR = _families.TRANSFORMERS
+pytestmark = pytest.mark.skipif(transformers.__version__ != GENERATED_FOR,
+                                reason=f"the list was generated with transformers {GENERATED_FOR}")
+
+
+@pytest.mark.parametrize("model_type", sorted(_families.CHECKED))
+def test_listed_family_equals_transformers(model_type):
+    entry = _families.CHECKED[model_type]
+    assert integration.SUPPORTED[model_type] == entry
+    with pf.quiet():
+        why = pf.check(model_type, entry[1], entry[2])
+    assert why is None, f"{model_type}: {why}"
+
+
+def test_hand_checked_families_agree_with_the_generated_list():
+    for model_type, entry in integration.HAND_CHECKED.items():
+        if model_type in _families.CHECKED:
+            assert _families.CHECKED[model_type] == entry, model_type
+
+
+@pytest.mark.parametrize("model_type", sorted(_families.LEFT_OUT)[:12])
+def test_a_family_left_out_is_refused_in_one_line(model_type):
+    if model_type in integration.HAND_CHECKED:
+        pytest.skip("checked by hand (tests/python/test_transformers_patch.py)")
+    config = type("Config", (), {"model_type": model_type})()
+    model = torch.nn.Module()
+    model.config = config
+    with pytest.raises(ValueError, match=f"model type '{model_type}' is not one posenc has checked") as e:
+        integration.patch(model)
+    assert "\n" not in str(e.value)
+
+
+def test_the_harness_sees_a_wrong_layout():
+    # the check can fail: a half-pair family patched as interleaved (the layout posenc's resolver
+    # gives is checked first, so the refusal is the layout line) and an interleaved family as half
+    half = next(t for t, e in sorted(_families.CHECKED.items()) if e[2] == "half")
+    inter = next(t for t, e in sorted(_families.CHECKED.items()) if e[2] == "interleaved")
+    for model_type, wrong in ((half, "interleaved"), (inter, "half")):
+        entry = _families.CHECKED[model_type]
+        with pf.quiet(), pytest.raises(ValueError, match="pair layout"):
+            pf.check(model_type, entry[1], wrong)
+
+
+def test_the_harness_sees_a_changed_table():
+    # one frequency off by one float32 step changes the logits: the comparison is to the bit
+    model_type = "olmo2" if "olmo2" in _families.CHECKED else sorted(_families.CHECKED)[0]
+    entry = _families.CHECKED[model_type]
+    original = integration.RotaryEmbedding.forward
+
+    def nudged(self, *args, **kwargs):
+        cos, sin = original(self, *args, **kwargs)
+        return cos, torch.nextafter(sin, torch.full_like(sin, 2.0))
+
+    integration.RotaryEmbedding.forward = nudged
+    try:
+        with pf.quiet():
+            why = pf.check(model_type, entry[1], entry[2])
+    finally:
+        integration.RotaryEmbedding.forward = original
+    assert why is not None and "logits differ" in why, why

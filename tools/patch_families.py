@@ -1,0 +1,175 @@
+"""Which transformers families posenc.integrations.transformers.patch() may take: each checked by
+running a small randomly initialised model of the family through transformers' own modeling code
+with and without patch(), as tests/python/test_transformers_patch.py does for the hand-written ones.
+
+A family is listed (python/posenc/integrations/_families.py, written by tools/gen_patch_families.py)
+only when, for its causal LM built from its config class's defaults made small (SMALL below):
+  - the patched model holds posenc's rotary modules in place of every text rotary module of the
+    modeling file, and the file's apply_rotary_pos_emb is posenc's rotation (the pairs it rotates:
+    "half" or "interleaved", the one of the two under which the logits agree);
+  - logits are equal to the bit (float32) with default positions and with packed position_ids (two
+    sequences in a row), and every parameter's gradient within rtol 1e-5, atol 1e-7;
+  - unpatch() gives transformers' rotation back.
+Every number comes from transformers' code; posenc's side is the package under test. A family that
+does not build small, raises, or differs in one logit is not listed: patch() refuses it by name.
+
+Shared by the generator and tests/python/test_transformers_families.py (which re-checks every listed
+family with the same harness).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib
+import io
+import logging
+import warnings
+
+import torch
+
+# The sizes a family's config is made small with: each key is set where the config class has it
+# (on the config, and on its text_config when it has one). Values chosen to fit the constraints of
+# most families: heads divide the width, head_dim even, rotary dims even at partial factor 0.5.
+SMALL = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, vocab_size=101, max_position_embeddings=256,
+    moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
+    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
+    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_embd=64, n_head=4, n_layer=2,
+    n_positions=256, rotary_dim=8, d_model=64, num_layers=2, sliding_window=4,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)
+VOCAB = SMALL["vocab_size"]
+TOKENS = 13
+
+
+def modeling_module(model_type: str):
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    name = model_type_to_module_name(model_type)
+    return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+
+def _small(base: dict) -> dict:
+    """SMALL's keys the config has. Multi-head latent attention (DeepSeek's qk_rope_head_dim) sizes
+    its heads from its own keys: head_dim is left to the config there."""
+    keys = {k: v for k, v in SMALL.items() if k in base}
+    if "qk_rope_head_dim" in base:
+        keys.pop("head_dim", None)
+    return keys
+
+
+def small_config(model_type: str):
+    """The family's config class with its defaults made small (SMALL), eager attention."""
+    import transformers
+    cls = transformers.CONFIG_MAPPING[model_type]
+    base = cls().to_dict()
+    kwargs = _small(base)
+    if isinstance(base.get("text_config"), dict):
+        kwargs["text_config"] = _small(base["text_config"])
+    config = cls(**kwargs)
+    config._attn_implementation = "eager"
+    for sub in ("text_config",):
+        inner = getattr(config, sub, None)
+        if inner is not None and hasattr(inner, "_attn_implementation"):
+            inner._attn_implementation = "eager"
+    return config
+
+
+MAX_PARAMETERS = 4_000_000  # a family whose config does not shrink below this is not built
+
+
+def build(model_type: str):
+    import transformers
+    config = small_config(model_type)
+    with torch.device("meta"):  # sizes first: a default that SMALL does not reach is not allocated
+        size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+    if size > MAX_PARAMETERS:
+        raise ValueError(f"the small config still has {size} parameters (MAX_PARAMETERS {MAX_PARAMETERS})")
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def inputs():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, VOCAB, (2, TOKENS), generator=g)
+    packed = torch.tensor([list(range(TOKENS)), list(range(6)) + list(range(TOKENS - 6))])
+    return ids, packed
+
+
+def run(model, ids, positions=None):
+    model.zero_grad()
+    out = model(input_ids=ids, position_ids=positions, use_cache=False)
+    out.logits.float().square().mean().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), grads
+
+
+def text_rotary_classes(model, modeling) -> tuple:
+    """The rotary classes of the modeling file with instances in the model taking a config with a
+    forward(x, position_ids): the ones patch() replaces."""
+    names = set()
+    for sub in model.modules():
+        cls = type(sub)
+        if cls.__module__ == modeling.__name__ and cls.__name__.endswith("RotaryEmbedding") \
+                and getattr(sub, "config", None) is not None:
+            names.add(cls.__name__)
+    return tuple(sorted(names))
+
+
+@contextlib.contextmanager
+def quiet():
+    logging.disable(logging.WARNING)
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logging.disable(logging.NOTSET)
+
+
+def compare(want, got) -> str | None:
+    """None when equal as the contract says, else why not."""
+    for (lw, gw), (lg, gg) in zip(want, got):
+        if lw.shape != lg.shape or not torch.equal(lw, lg):
+            return f"logits differ by {(lw - lg).abs().max().item():.3g}" \
+                if lw.shape == lg.shape else "logits' shapes differ"
+        if gw.keys() != gg.keys():
+            return "other parameters have gradients"
+        for key in gw:
+            if not torch.allclose(gg[key], gw[key], rtol=1e-5, atol=1e-7):
+                return f"gradient of {key} differs by {(gg[key] - gw[key]).abs().max().item():.3g}"
+    return None
+
+
+def check(model_type: str, classes: tuple, layout: str, model=None) -> str | None:
+    """Patches a small model of the family with (classes, layout) and compares: None when equal."""
+    from posenc.integrations import transformers as integration
+    modeling = modeling_module(model_type)
+    if model is None:
+        model = build(model_type)
+    ids, packed = inputs()
+    want = [run(model, ids), run(model, ids, packed)]
+    entry = (modeling.__name__, classes, layout)
+    patched = integration._patch_with(copy.deepcopy(model), model_type, entry)
+    rotation = modeling.apply_rotary_pos_emb
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return rotation(*args, **kwargs)
+
+    try:
+        if not hasattr(rotation, "posenc_layout"):
+            return "the rotation was not replaced"
+        modeling.apply_rotary_pos_emb = counted
+        got = [run(patched, ids), run(patched, ids, packed)]
+    finally:
+        modeling.apply_rotary_pos_emb = rotation
+        integration.unpatch(patched)
+    if not calls:
+        return "its attention does not call the file's apply_rotary_pos_emb"
+    if hasattr(modeling.apply_rotary_pos_emb, "posenc_layout"):
+        return "unpatch left posenc's rotation in"
+    return compare(want, got)
