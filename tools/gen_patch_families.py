@@ -5,7 +5,9 @@ LM of the family through transformers' own code, with and without patch(): logit
 gradients within rtol 1e-5), and the reason each other family with a rotary class is left out.
 
     V/bin/python tools/gen_patch_families.py            # from the repository root; ~2 min
-    V/bin/python tools/gen_patch_families.py --only llama,olmo2 --verbose
+    V/bin/python tools/gen_patch_families.py --only llama,olmo2 --verbose   # prints only
+    V/bin/python tools/gen_patch_families.py --update deepseek_v3,minicpm3  # re-examines these,
+                                                                  # keeps the file's other rows
 
 V: the venv scripts/setup.sh makes (~/.cache/posenc/venv: torch 2.15.0, transformers 5.24.0) with
 the package importable (POSENC_OPS_LIBRARY=build/libposenc_ops.so, PYTHONPATH=python).
@@ -72,12 +74,25 @@ def examine(model_type, verbose=False):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated model types (prints, writes nothing)")
+    ap.add_argument("--update", help="comma-separated model types re-examined; the file's other "
+                    "rows kept")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args()
     import transformers
     import posenc.integrations.transformers as integration
-    types = args.only.split(",") if args.only else causal_lm_types_with_rotary()
     passed, left = {}, {}
+    if args.update:
+        from posenc.integrations import _families
+        if _families.TRANSFORMERS != transformers.__version__:
+            sys.exit(f"--update: the file is from transformers {_families.TRANSFORMERS}, this is "
+                     f"{transformers.__version__}: regenerate it whole")
+        passed, left = dict(_families.CHECKED), dict(_families.LEFT_OUT)
+        types = args.update.split(",")
+        for model_type in types:
+            passed.pop(model_type, None)
+            left.pop(model_type, None)
+    else:
+        types = args.only.split(",") if args.only else causal_lm_types_with_rotary()
     start = time.time()
     for model_type in types:
         t = time.time()
@@ -88,7 +103,8 @@ def main():
             passed[model_type] = entry
         else:
             left[model_type] = why
-    print(f"{len(passed)} of {len(types)} families equal; {time.time() - start:.0f}s")
+    print(f"{len(passed)} of {len(passed) + len(left)} families equal; "
+          f"{time.time() - start:.0f}s")
     if args.only:
         return
     hand = {k for k in integration.HAND_CHECKED}

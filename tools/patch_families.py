@@ -53,10 +53,13 @@ def modeling_module(model_type: str):
 
 def _small(base: dict) -> dict:
     """SMALL's keys the config has. Multi-head latent attention (DeepSeek's qk_rope_head_dim) sizes
-    its heads from its own keys: head_dim is left to the config there."""
+    its heads from its own keys (head_dim left to the config) and has as many key heads as query
+    heads."""
     keys = {k: v for k, v in SMALL.items() if k in base}
     if "qk_rope_head_dim" in base:
         keys.pop("head_dim", None)
+        if "num_key_value_heads" in keys:
+            keys["num_key_value_heads"] = keys["num_attention_heads"]
     return keys
 
 

@@ -15,6 +15,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                      'half'),
  'arcee': ('transformers.models.arcee.modeling_arcee', ('ArceeRotaryEmbedding',), 'half'),
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
+ 'axk2': ('transformers.models.axk2.modeling_axk2', ('AXK2RotaryEmbedding',), 'interleaved'),
  'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
  'cohere': ('transformers.models.cohere.modeling_cohere',
@@ -27,6 +28,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                  ('Cohere2MoeRotaryEmbedding',),
                  'interleaved'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
+ 'deepseek_v32': ('transformers.models.deepseek_v32.modeling_deepseek_v32',
+                  ('DeepseekV32RotaryEmbedding',),
+                  'interleaved'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
                ('DiffLlamaRotaryEmbedding',),
                'half'),
@@ -102,6 +106,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'lfm2': ('transformers.models.lfm2.modeling_lfm2', ('Lfm2RotaryEmbedding',), 'half'),
  'llama': ('transformers.models.llama.modeling_llama', ('LlamaRotaryEmbedding',), 'half'),
  'mellum': ('transformers.models.mellum.modeling_mellum', ('MellumRotaryEmbedding',), 'half'),
+ 'minicpm3': ('transformers.models.minicpm3.modeling_minicpm3',
+              ('MiniCPM3RotaryEmbedding',),
+              'half'),
  'minimax': ('transformers.models.minimax.modeling_minimax', ('MiniMaxRotaryEmbedding',), 'half'),
  'minimax_m2': ('transformers.models.minimax_m2.modeling_minimax_m2',
                 ('MiniMaxM2RotaryEmbedding',),
@@ -162,12 +169,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 ('VaultGemmaRotaryEmbedding',),
                 'half')}
 
-LEFT_OUT = {'axk1': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at '
-         'non-singleton dimension 3; interleaved: RuntimeError: The size of tensor a (4) must '
-         'match the size of tensor b (8) at non-singleton dimension 3',
- 'axk2': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at '
-         'non-singleton dimension 1; interleaved: RuntimeError: The size of tensor a (4) must '
-         'match the size of tensor b (8) at non-singleton dimension 1',
+LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
+         'pair layout, but transformers.models.axk1.modeling_axk1.apply_rotary_pos_emb rotates '
+         "half pa; interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'bamba': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
           "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
@@ -179,12 +183,10 @@ LEFT_OUT = {'axk1': 'half: RuntimeError: The size of tensor a (4) must match the
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
  'deepseek_v2': 'its modeling file has no apply_rotary_pos_emb',
- 'deepseek_v3': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) '
-                'at non-singleton dimension 3; interleaved: RuntimeError: The size of tensor a (4) '
-                'must match the size of tensor b (8) at non-singleton dimension 3',
- 'deepseek_v32': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) '
-                 'at non-singleton dimension 1; interleaved: RuntimeError: The size of tensor a '
-                 '(4) must match the size of tensor b (8) at non-singleton dimension 1',
+ 'deepseek_v3': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                'interleaved pair layout, but '
+                'transformers.models.deepseek_v3.modeling_deepseek_v3.apply_rotary_pos_emb r; '
+                "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'deepseek_v4': "half: RuntimeError: config.json (model type 'deepseek_v4'): rope_parameters holds "
                 'one RoPE per layer type (compress, main); choose one with --layer-type (or '
                 "'layer_type' in the hf ; interleaved: RuntimeError: config.json (model type "
@@ -217,9 +219,10 @@ LEFT_OUT = {'axk1': 'half: RuntimeError: The size of tensor a (4) must match the
                         'but '
                         'transformers.models.gemma4_unified.modeling_gemma4_unified.apply_rotary_pos_emb '
                         'ro',
- 'glm4_moe_lite': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b '
-                  '(8) at non-singleton dimension 1; interleaved: RuntimeError: The size of tensor '
-                  'a (4) must match the size of tensor b (8) at non-singleton dimension 1',
+ 'glm4_moe_lite': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                  'interleaved pair layout, but '
+                  'transformers.models.glm4_moe_lite.modeling_glm4_moe_lite.apply_rotary_pos_e; '
+                  "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
  'gptj': 'no rotary module taking a config in its causal LM',
  'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
@@ -248,9 +251,6 @@ LEFT_OUT = {'axk1': 'half: RuntimeError: The size of tensor a (4) must match the
                   '(head_dim=16, partial_ro; interleaved: RuntimeError: config.json (model type '
                   "'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
                   'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, partial_ro',
- 'minicpm3': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at '
-             'non-singleton dimension 1; interleaved: RuntimeError: The size of tensor a (4) must '
-             'match the size of tensor b (8) at non-singleton dimension 1',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -292,9 +292,9 @@ LEFT_OUT = {'axk1': 'half: RuntimeError: The size of tensor a (4) must match the
                    'transformers.models.qwen4_exp.modeling_qwen4_exp.apply_rotary_pos_emb rotates '
                    'inte',
  'recurrent_gemma': 'no rotary module taking a config in its causal LM',
- 'youtu': 'half: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at '
-          'non-singleton dimension 3; interleaved: RuntimeError: The size of tensor a (4) must '
-          'match the size of tensor b (8) at non-singleton dimension 3',
+ 'youtu': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
+          'pair layout, but transformers.models.youtu.modeling_youtu.apply_rotary_pos_emb rotates '
+          "half ; interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'zamba2': 'a small model does not build: StrictDataclassClassValidationError: Class validation '
            "error for validator 'validate_layer_type':",
  'zaya': 'a small model does not build: StrictDataclassClassValidationError: Class validation '
