@@ -113,7 +113,9 @@ def main():
                 f'{transformers.__version__}: do not edit.\n\n'
                 "CHECKED: model_type -> (modeling file, text rotary classes, pairs its\n"
                 "apply_rotary_pos_emb rotates), each family's small random causal LM equal with and\n"
-                "without patch() (logits to the bit, gradients rtol 1e-5; tools/patch_families.py).\n"
+                "without patch(): float32 logits to the bit and gradients rtol 1e-5, the rotation\n"
+                "reaching the logits, an unpatched sibling unchanged, bfloat16/float16 logits to the\n"
+                "bit (tools/patch_families.py: check).\n"
                 "LEFT_OUT: every other causal LM family with a rotary class, and why.\n"
                 '"""\n\n')
         f.write(f"TRANSFORMERS = {transformers.__version__!r}\n\n")

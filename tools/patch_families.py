@@ -9,6 +9,8 @@ only when, for its causal LM built from its config class's defaults made small (
     "half" or "interleaved", the one of the two under which the logits agree);
   - logits are equal to the bit (float32) with default positions and with packed position_ids (two
     sequences in a row), and every parameter's gradient within rtol 1e-5, atol 1e-7;
+  - posenc's rotation reaches the logits, a model of the family left unpatched is unchanged, and
+    bfloat16/float16 copies give their own logits to the bit (check() says how);
   - unpatch() gives transformers' rotation back.
 Every number comes from transformers' code; posenc's side is the package under test. A family that
 does not build small, raises, or differs in one logit is not listed: patch() refuses it by name.
@@ -39,7 +41,7 @@ SMALL = dict(
     n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_embd=64, n_head=4, n_layer=2,
     n_positions=256, rotary_dim=8, d_model=64, num_layers=2, sliding_window=4,
-    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    index_topk=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
 )
 VOCAB = SMALL["vocab_size"]
 TOKENS = 13
@@ -146,12 +148,39 @@ def compare(want, got) -> str | None:
     return None
 
 
+def logits(model, ids, positions=None):
+    with torch.no_grad():
+        return model(input_ids=ids, position_ids=positions, use_cache=False).logits
+
+
+def low_precision_copies(model):
+    """The model in bfloat16 and float16 as users get them: every tensor cast (model.to(dtype):
+    the frequency buffers too) and the parameters only (from_pretrained(dtype=...): buffers made
+    at construction stay float32)."""
+    for dtype in (torch.bfloat16, torch.float16):
+        yield f"{dtype} by .to()", copy.deepcopy(model).to(dtype)
+        params_only = copy.deepcopy(model)
+        for p in params_only.parameters():
+            p.data = p.data.to(dtype)
+        yield f"{dtype} parameters (from_pretrained)", params_only
+
+
 def check(model_type: str, classes: tuple, layout: str, model=None) -> str | None:
-    """Patches a small model of the family with (classes, layout) and compares: None when equal."""
+    """Patches a small model of the family with (classes, layout) and compares: None when equal.
+
+    Beyond the float32 logits and gradients (default and packed positions), a family must show:
+      - posenc's rotation reaches the logits: turned by -angle (sin negated) they change;
+      - a model of the family left unpatched computes what it did while another is patched (the
+        rotation is a global of the file: it must be the family's own for its own tables);
+      - bfloat16 and float16 copies (cast whole, or parameters only) give their own logits to the
+        bit when patched (families that rotate in float32 on purpose would not).
+    """
     from posenc.integrations import transformers as integration
     modeling = modeling_module(model_type)
     if model is None:
         model = build(model_type)
+    if model.config.model_type != model_type:
+        return f"its causal LM's config is of model type '{model.config.model_type}'"
     ids, packed = inputs()
     want = [run(model, ids), run(model, ids, packed)]
     entry = (modeling.__name__, classes, layout)
@@ -163,16 +192,42 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
         calls.append(1)
         return rotation(*args, **kwargs)
 
+    def turned_back(q, k, cos, sin, *args, **kwargs):  # rotation by -angle
+        return rotation(q, k, cos, -sin, *args, **kwargs)
+
     try:
         if not hasattr(rotation, "posenc_layout"):
             return "the rotation was not replaced"
         modeling.apply_rotary_pos_emb = counted
         got = [run(patched, ids), run(patched, ids, packed)]
+        modeling.apply_rotary_pos_emb = turned_back
+        reached = not torch.equal(logits(patched, ids), want[0][0])
+        modeling.apply_rotary_pos_emb = rotation
+        sibling = logits(model, ids)  # not patched, while `patched` is
     finally:
         modeling.apply_rotary_pos_emb = rotation
         integration.unpatch(patched)
     if not calls:
         return "its attention does not call the file's apply_rotary_pos_emb"
+    if not reached:
+        return "the file's apply_rotary_pos_emb does not reach the logits"
+    if not torch.equal(sibling, want[0][0]):
+        return (f"an unpatched model of the family changes while another is patched (by "
+                f"{(sibling - want[0][0]).abs().max().item():.3g}): its tables are not in "
+                f"transformers' cat(t, t) order")
     if hasattr(modeling.apply_rotary_pos_emb, "posenc_layout"):
         return "unpatch left posenc's rotation in"
-    return compare(want, got)
+    why = compare(want, got)
+    if why is not None:
+        return why
+    for what, low in low_precision_copies(model):
+        expected = logits(low, ids)
+        mine = integration._patch_with(copy.deepcopy(low), model_type, entry)
+        try:
+            seen = logits(mine, ids)
+        finally:
+            integration.unpatch(mine)
+        if not torch.equal(seen, expected):
+            return (f"{what}: logits differ by {(seen - expected).abs().max().item():.3g} "
+                    f"(the family rotates in another precision)")
+    return None

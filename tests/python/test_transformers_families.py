@@ -78,3 +78,33 @@ def test_the_harness_sees_a_changed_table():
     finally:
         integration.RotaryEmbedding.forward = original
     assert why is not None and "logits differ" in why, why
+
+
+@pytest.mark.parametrize("model_type,layout,reason", [
+    ("olmo2", "half", "the family rotates in another precision"),      # rotates in float32
+    ("cohere", "interleaved", "an unpatched model of the family changes"),  # repeat_interleave tables
+    ("gpt_oss", "half", "an unpatched model of the family changes"),   # half-width tables
+    ("deepseek_v32", "interleaved", "an unpatched model of the family changes"),  # indexer's half
+])
+def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(model_type, layout,
+                                                                               reason):
+    assert model_type in _families.LEFT_OUT and model_type not in integration.SUPPORTED
+    model = pf.build(model_type)
+    classes = pf.text_rotary_classes(model, pf.modeling_module(model_type))
+    with pf.quiet():
+        why = pf.check(model_type, classes, layout, model=model)
+    assert why is not None and reason in why, why
+
+
+def test_a_config_edited_after_construction_is_refused():
+    # from_pretrained(..., rope_parameters={...}) sets the block on a built config, without the
+    # partial factor its constructor fills in: transformers' module turns 8 pairs, the config
+    # resolves to 2; patch() compares with the live module's frequencies and refuses
+    config = pf.small_config("gpt_neox")
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="differ from the module's own") as e:
+        integration.patch(model)
+    assert "\n" not in str(e.value)
+    assert not any(isinstance(m, integration.RotaryEmbedding) for m in model.modules())

@@ -2,7 +2,9 @@
 
 CHECKED: model_type -> (modeling file, text rotary classes, pairs its
 apply_rotary_pos_emb rotates), each family's small random causal LM equal with and
-without patch() (logits to the bit, gradients rtol 1e-5; tools/patch_families.py).
+without patch(): float32 logits to the bit and gradients rtol 1e-5, the rotation
+reaching the logits, an unpatched sibling unchanged, bfloat16/float16 logits to the
+bit (tools/patch_families.py: check).
 LEFT_OUT: every other causal LM family with a rotary class, and why.
 """
 
@@ -15,35 +17,14 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                      'half'),
  'arcee': ('transformers.models.arcee.modeling_arcee', ('ArceeRotaryEmbedding',), 'half'),
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
- 'axk2': ('transformers.models.axk2.modeling_axk2', ('AXK2RotaryEmbedding',), 'interleaved'),
- 'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
- 'cohere': ('transformers.models.cohere.modeling_cohere',
-            ('CohereRotaryEmbedding',),
-            'interleaved'),
- 'cohere2': ('transformers.models.cohere2.modeling_cohere2',
-             ('Cohere2RotaryEmbedding',),
-             'interleaved'),
- 'cohere2_moe': ('transformers.models.cohere2_moe.modeling_cohere2_moe',
-                 ('Cohere2MoeRotaryEmbedding',),
-                 'interleaved'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
- 'deepseek_v32': ('transformers.models.deepseek_v32.modeling_deepseek_v32',
-                  ('DeepseekV32RotaryEmbedding',),
-                  'interleaved'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
                ('DiffLlamaRotaryEmbedding',),
                'half'),
  'doge': ('transformers.models.doge.modeling_doge', ('DogeRotaryEmbedding',), 'half'),
  'dory': ('transformers.models.dory.modeling_dory', ('DoryRotaryEmbedding',), 'half'),
  'dots1': ('transformers.models.dots1.modeling_dots1', ('Dots1RotaryEmbedding',), 'half'),
- 'emu3': ('transformers.models.emu3.modeling_emu3', ('Emu3RotaryEmbedding',), 'half'),
- 'ernie4_5': ('transformers.models.ernie4_5.modeling_ernie4_5',
-              ('Ernie4_5RotaryEmbedding',),
-              'interleaved'),
- 'ernie4_5_moe': ('transformers.models.ernie4_5_moe.modeling_ernie4_5_moe',
-                  ('Ernie4_5_MoeRotaryEmbedding',),
-                  'interleaved'),
  'exaone4': ('transformers.models.exaone4.modeling_exaone4', ('Exaone4RotaryEmbedding',), 'half'),
  'exaone_moe': ('transformers.models.exaone_moe.modeling_exaone_moe',
                 ('ExaoneMoeRotaryEmbedding',),
@@ -51,9 +32,6 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'falcon': ('transformers.models.falcon.modeling_falcon', ('FalconRotaryEmbedding',), 'half'),
  'falcon_h1': ('transformers.models.falcon_h1.modeling_falcon_h1',
                ('FalconH1RotaryEmbedding',),
-               'half'),
- 'flex_olmo': ('transformers.models.flex_olmo.modeling_flex_olmo',
-               ('FlexOlmoRotaryEmbedding',),
                'half'),
  'gemma': ('transformers.models.gemma.modeling_gemma', ('GemmaRotaryEmbedding',), 'half'),
  'gemma2': ('transformers.models.gemma2.modeling_gemma2', ('Gemma2RotaryEmbedding',), 'half'),
@@ -69,7 +47,6 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'gpt_neox_japanese': ('transformers.models.gpt_neox_japanese.modeling_gpt_neox_japanese',
                        ('GPTNeoXJapaneseRotaryEmbedding',),
                        'half'),
- 'gpt_oss': ('transformers.models.gpt_oss.modeling_gpt_oss', ('GptOssRotaryEmbedding',), 'half'),
  'granite': ('transformers.models.granite.modeling_granite', ('GraniteRotaryEmbedding',), 'half'),
  'granitemoe': ('transformers.models.granitemoe.modeling_granitemoe',
                 ('GraniteMoeRotaryEmbedding',),
@@ -109,7 +86,6 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'minicpm3': ('transformers.models.minicpm3.modeling_minicpm3',
               ('MiniCPM3RotaryEmbedding',),
               'half'),
- 'minimax': ('transformers.models.minimax.modeling_minimax', ('MiniMaxRotaryEmbedding',), 'half'),
  'minimax_m2': ('transformers.models.minimax_m2.modeling_minimax_m2',
                 ('MiniMaxM2RotaryEmbedding',),
                 'half'),
@@ -124,26 +100,15 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 'half'),
  'mistral': ('transformers.models.mistral.modeling_mistral', ('MistralRotaryEmbedding',), 'half'),
  'mixtral': ('transformers.models.mixtral.modeling_mixtral', ('MixtralRotaryEmbedding',), 'half'),
- 'mllama': ('transformers.models.mllama.modeling_mllama', ('MllamaRotaryEmbedding',), 'half'),
- 'modernbert-decoder': ('transformers.models.modernbert_decoder.modeling_modernbert_decoder',
-                        ('ModernBertDecoderRotaryEmbedding',),
-                        'half'),
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
- 'olmo': ('transformers.models.olmo.modeling_olmo', ('OlmoRotaryEmbedding',), 'half'),
- 'olmo2': ('transformers.models.olmo2.modeling_olmo2', ('Olmo2RotaryEmbedding',), 'half'),
- 'olmo3': ('transformers.models.olmo3.modeling_olmo3', ('Olmo3RotaryEmbedding',), 'half'),
- 'olmo_hybrid': ('transformers.models.olmo_hybrid.modeling_olmo_hybrid',
-                 ('OlmoHybridRotaryEmbedding',),
-                 'half'),
  'olmoe': ('transformers.models.olmoe.modeling_olmoe', ('OlmoeRotaryEmbedding',), 'half'),
  'persimmon': ('transformers.models.persimmon.modeling_persimmon',
                ('PersimmonRotaryEmbedding',),
                'half'),
  'phi': ('transformers.models.phi.modeling_phi', ('PhiRotaryEmbedding',), 'half'),
  'phi3': ('transformers.models.phi3.modeling_phi3', ('Phi3RotaryEmbedding',), 'half'),
- 'phimoe': ('transformers.models.phimoe.modeling_phimoe', ('PhimoeRotaryEmbedding',), 'half'),
  'qwen2': ('transformers.models.qwen2.modeling_qwen2', ('Qwen2RotaryEmbedding',), 'half'),
  'qwen2_moe': ('transformers.models.qwen2_moe.modeling_qwen2_moe',
                ('Qwen2MoeRotaryEmbedding',),
@@ -172,13 +137,34 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
 LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
          'pair layout, but transformers.models.axk1.modeling_axk1.apply_rotary_pos_emb rotates '
          "half pa; interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'axk2': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
+         'pair layout, but transformers.models.axk2.modeling_axk2.apply_rotary_pos_emb rotates '
+         'half pa; interleaved: an unpatched model of the family changes while another is patched '
+         "(by 0.0663): its tables are not in transformers' cat(t, t) order",
  'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'bamba': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
           "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
           'but transformers.models.bamba.modeling_bamba.apply_rotary_pos_emb rotates interleaved ',
+ 'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00684 (the family rotates in another '
+         "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to "
+         'the half pair layout, but transformers.models.beam.modeling_beam.apply_rotary_pos_emb '
+         'rotates interleaved pa',
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
+ 'cohere': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
+           'pair layout, but transformers.models.cohere.modeling_cohere.apply_rotary_pos_emb '
+           'rotates hal; interleaved: an unpatched model of the family changes while another is '
+           "patched (by 0.000261): its tables are not in transformers' cat(t, t) order",
+ 'cohere2': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
+            'pair layout, but transformers.models.cohere2.modeling_cohere2.apply_rotary_pos_emb '
+            'rotates h; interleaved: an unpatched model of the family changes while another is '
+            "patched (by 0.000343): its tables are not in transformers' cat(t, t) order",
+ 'cohere2_moe': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                'interleaved pair layout, but '
+                'transformers.models.cohere2_moe.modeling_cohere2_moe.apply_rotary_pos_emb r; '
+                'interleaved: an unpatched model of the family changes while another is patched '
+                "(by 0.000458): its tables are not in transformers' cat(t, t) order",
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -187,15 +173,35 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
                 'interleaved pair layout, but '
                 'transformers.models.deepseek_v3.modeling_deepseek_v3.apply_rotary_pos_emb r; '
                 "interleaved: its attention does not call the file's apply_rotary_pos_emb",
- 'deepseek_v4': "half: RuntimeError: config.json (model type 'deepseek_v4'): rope_parameters holds "
-                'one RoPE per layer type (compress, main); choose one with --layer-type (or '
-                "'layer_type' in the hf ; interleaved: RuntimeError: config.json (model type "
-                "'deepseek_v4'): rope_parameters holds one RoPE per layer type (compress, main); "
-                "choose one with --layer-type (or 'layer_type' in the hf ",
+ 'deepseek_v32': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                 'interleaved pair layout, but '
+                 'transformers.models.deepseek_v32.modeling_deepseek_v32.apply_rotary_pos_emb; '
+                 'interleaved: an unpatched model of the family changes while another is patched '
+                 "(by 0.196): its tables are not in transformers' cat(t, t) order",
+ 'deepseek_v4': 'a small model does not build: ValueError: the small config still has 5808761 '
+                'parameters (MAX_PARAMETERS 4000000)',
  'dots3_note': 'a small model does not build: StrictDataclassClassValidationError: Class '
                "validation error for validator 'validate_architecture':",
- 'dots3_note_text': 'a small model does not build: StrictDataclassClassValidationError: Class '
-                    "validation error for validator 'validate_architecture':",
+ 'dots3_note_text': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                    'interleaved pair layout, but '
+                    'transformers.models.dots3_note.modeling_dots3_note.apply_rotary_pos_emb rot; '
+                    "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
+         "LM's config is of model type 'emu3_text_model'",
+ 'ernie4_5': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+             'interleaved pair layout, but '
+             'transformers.models.ernie4_5.modeling_ernie4_5.apply_rotary_pos_emb rotates; '
+             'interleaved: torch.bfloat16 by .to(): logits differ by 0.00781 (the family rotates '
+             'in another precision)',
+ 'ernie4_5_moe': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
+                 'interleaved pair layout, but '
+                 'transformers.models.ernie4_5_moe.modeling_ernie4_5_moe.apply_rotary_pos_emb; '
+                 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
+                 'rotates in another precision)',
+ 'flex_olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.0061 (the family rotates in '
+              "another precision); interleaved: ValueError: posenc.patch: model.rotary_emb's "
+              'config resolves to the half pair layout, but '
+              'transformers.models.flex_olmo.modeling_flex_olmo.apply_rotary_pos_emb rotates inte',
  'flint': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
           "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
           'but transformers.models.flint.modeling_flint.apply_rotary_pos_emb rotates interleaved ',
@@ -224,6 +230,10 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
                   'transformers.models.glm4_moe_lite.modeling_glm4_moe_lite.apply_rotary_pos_e; '
                   "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
+ 'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
+            "its tables are not in transformers' cat(t, t) order; interleaved: ValueError: "
+            "posenc.patch: model.rotary_emb's config resolves to the half pair layout, but "
+            'transformers.models.gpt_oss.modeling_gpt_oss.apply_rotary_pos_emb rotates interlea',
  'gptj': 'no rotary module taking a config in its causal LM',
  'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
                 "interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
@@ -251,6 +261,17 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
                   '(head_dim=16, partial_ro; interleaved: RuntimeError: config.json (model type '
                   "'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
                   'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, partial_ro',
+ 'minimax': 'half: RuntimeError: expected m1 and m2 to have the same dtype, but got: float != '
+            "c10::BFloat16; interleaved: ValueError: posenc.patch: model.rotary_emb's config "
+            'resolves to the half pair layout, but '
+            'transformers.models.minimax.modeling_minimax.apply_rotary_pos_emb rotates interlea',
+ 'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
+           "causal LM's config is of model type 'mllama_text_model'",
+ 'modernbert-decoder': 'half: torch.bfloat16 parameters (from_pretrained): logits differ by '
+                       '0.000977 (the family rotates in another precision); interleaved: '
+                       "ValueError: posenc.patch: model.rotary_emb's config resolves to the half "
+                       'pair layout, but '
+                       'transformers.models.modernbert_decoder.modeling_modernbert_decoder.apply_rotary_po',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -258,16 +279,33 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
              "not (models/nano; interleaved: RuntimeError: config.json (model type 'nanochat'): "
              'refused: its rotate_half flips the signs (x2, -x1): the rotation turns by -angle, '
              "which posenc's rope does not (models/nano",
+ 'olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
+         "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to "
+         'the half pair layout, but transformers.models.olmo.modeling_olmo.apply_rotary_pos_emb '
+         'rotates interleaved pa',
+ 'olmo2': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
+          "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
+          'to the half pair layout, but '
+          'transformers.models.olmo2.modeling_olmo2.apply_rotary_pos_emb rotates interleaved ',
+ 'olmo3': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
+          "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
+          'to the half pair layout, but '
+          'transformers.models.olmo3.modeling_olmo3.apply_rotary_pos_emb rotates interleaved ',
+ 'olmo_hybrid': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in '
+                "another precision); interleaved: ValueError: posenc.patch: model.rotary_emb's "
+                'config resolves to the half pair layout, but '
+                'transformers.models.olmo_hybrid.modeling_olmo_hybrid.apply_rotary_pos_emb '
+                'rotates ',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
- 'qwen3_5': "half: RuntimeError: config.json (model type 'qwen3_5_text'): rope: mrope_section sums "
-            'to 32 pairs but the rotary dimension has r/2 = 2; interleaved: RuntimeError: '
-            "config.json (model type 'qwen3_5_text'): rope: mrope_section sums to 32 pairs but the "
-            'rotary dimension has r/2 = 2',
- 'qwen3_5_moe': "half: RuntimeError: config.json (model type 'qwen3_5_moe_text'): rope: "
-                'mrope_section sums to 32 pairs but the rotary dimension has r/2 = 2; interleaved: '
-                "RuntimeError: config.json (model type 'qwen3_5_moe_text'): rope: mrope_section "
-                'sums to 32 pairs but the rotary dimension has r/2 = 2',
+ 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
+           "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
+           'to the half pair layout, but '
+           'transformers.models.phimoe.modeling_phimoe.apply_rotary_pos_emb rotates interleave',
+ 'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
+            "LM's config is of model type 'qwen3_5_text'",
+ 'qwen3_5_moe': "half: its causal LM's config is of model type 'qwen3_5_moe_text'; interleaved: "
+                "its causal LM's config is of model type 'qwen3_5_moe_text'",
  'qwen3_5_moe_text': "half: RuntimeError: config.json (model type 'qwen3_5_moe_text'): rope: "
                      'mrope_section sums to 32 pairs but the rotary dimension has r/2 = 2; '
                      "interleaved: RuntimeError: config.json (model type 'qwen3_5_moe_text'): "
@@ -280,11 +318,8 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
                "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair "
                'layout, but '
                'transformers.models.qwen3_next.modeling_qwen3_next.apply_rotary_pos_emb rotates in',
- 'qwen4_exp': 'half: ValueError: posenc.RotaryEmbedding: position_ids has 3 axes (shape (3, 2, '
-              '13)) but the resolved config has no mrope_section to give each axis its pairs; give '
-              "the model's mr; interleaved: ValueError: posenc.patch: model.rotary_emb's config "
-              'resolves to the half pair layout, but '
-              'transformers.models.qwen4_exp.modeling_qwen4_exp.apply_rotary_pos_emb rotates inte',
+ 'qwen4_exp': "half: its causal LM's config is of model type 'qwen4_exp_text'; interleaved: its "
+              "causal LM's config is of model type 'qwen4_exp_text'",
  'qwen4_exp_text': 'half: ValueError: posenc.RotaryEmbedding: position_ids has 3 axes (shape (3, '
                    '2, 13)) but the resolved config has no mrope_section to give each axis its '
                    "pairs; give the model's mr; interleaved: ValueError: posenc.patch: "

@@ -80,17 +80,62 @@ def _buffer_device(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _carry_dtypes(source: torch.nn.Module, target: torch.nn.Module) -> None:
-    """Casts target's frequency buffers to the dtypes of source's same buffers (posenc names the
-    frequencies at construction initial_inv_freq where transformers says original_inv_freq)."""
+def _frequency_pairs(source: torch.nn.Module, target: torch.nn.Module) -> list:
+    """(source's name, target's name) of each frequency buffer with its counterpart: by name
+    (posenc says initial_inv_freq where transformers says original_inv_freq), and a single table on
+    each side paired whatever its name (Mellum's one layer type is `full_attention_inv_freq` in
+    transformers, `inv_freq` in posenc's module of one table)."""
     def key(name):
         return name.replace("initial_inv_freq", "original_inv_freq")
 
-    have = {key(n): b for n, b in source.named_buffers(recurse=False)}
-    for name, buffer in list(target.named_buffers(recurse=False)):
-        want = have.get(key(name))
-        if want is not None and want.dtype != buffer.dtype:
-            setattr(target, name, buffer.to(want.dtype))
+    theirs = {key(n): n for n, _ in source.named_buffers(recurse=False)}
+    mine = {key(n): n for n, _ in target.named_buffers(recurse=False)}
+    pairs = [(theirs[k], n) for k, n in mine.items() if k in theirs]
+    if not pairs:
+        current = [k for k in theirs if k.endswith("inv_freq") and "original_inv_freq" not in k]
+        ours = [k for k in mine if k.endswith("inv_freq") and "original_inv_freq" not in k]
+        if len(current) == 1 and len(ours) == 1:
+            pairs = [(theirs[current[0]], mine[ours[0]])]
+            original = current[0][: -len("inv_freq")] + "original_inv_freq"
+            initial = ours[0][: -len("inv_freq")] + "original_inv_freq"
+            if original in theirs and initial in mine:
+                pairs.append((theirs[original], mine[initial]))
+    return pairs
+
+
+def _carry_dtypes(source: torch.nn.Module, target: torch.nn.Module) -> None:
+    """Casts target's frequency buffers to the dtypes of source's counterparts."""
+    buffers = dict(source.named_buffers(recurse=False))
+    for theirs, ours in _frequency_pairs(source, target):
+        want, have = buffers[theirs], getattr(target, ours)
+        if want.dtype != have.dtype:
+            setattr(target, ours, have.to(want.dtype))
+
+
+def _frequencies_differ(theirs: torch.nn.Module, ours: torch.nn.Module, exact: bool) -> str | None:
+    """Why posenc's frequencies are not the replaced module's own (as built, before any dynamic
+    update: its original_inv_freq where it keeps one), or None. Every current table must have its
+    counterpart; equal to the bit with float32 angles, within 1e-6 with float64 ones."""
+    buffers = dict(theirs.named_buffers(recurse=False))
+    pairs = [(t, o) for t, o in _frequency_pairs(theirs, ours)
+             if o.endswith("inv_freq") and "initial_inv_freq" not in o]
+    tables = [n for n, _ in ours.named_buffers(recurse=False)
+              if n.endswith("inv_freq") and "initial_inv_freq" not in n]
+    if len(pairs) != len(tables):
+        return (f"its frequency buffers ({', '.join(sorted(buffers))}) do not match posenc's "
+                f"tables ({', '.join(tables)})")
+    for name, mine in pairs:
+        want = getattr(theirs, name.replace("inv_freq", "original_inv_freq"), None)
+        if not isinstance(want, torch.Tensor):
+            want = buffers[name]
+        got = getattr(ours, mine).to(want.dtype)
+        same = want.shape == got.shape and (
+            torch.equal(got, want) if exact else torch.allclose(got.double(), want.double(),
+                                                                rtol=1e-6, atol=0.0))
+        if not same:
+            return (f"posenc's frequencies for '{name}' ({tuple(got.shape)}) differ from the "
+                    f"module's own ({tuple(want.shape)})")
+    return None
 
 
 def _live_patched(modeling) -> list:
@@ -123,6 +168,12 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype,
                                               table_order="transformers")
         ours.to(_buffer_device(sub))
+        # the live module is the oracle: a config edited after construction (from_pretrained's
+        # keyword overrides set rope_parameters without the keys the constructor filled in) can
+        # resolve to other frequencies than the module was built with; refused, not guessed
+        why = _frequencies_differ(sub, ours, exact=angle_dtype == "float32")
+        if why is not None:
+            raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
         if angle_dtype == "float32":  # the dtypes transformers' buffers have now (model.to(dtype))
             _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
