@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "posenc/kernels/gelu.h"
+#include "posenc/kernels/layer_norm.h"
 
 namespace posenc {
 
@@ -40,6 +41,19 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan
   return y + dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
 }
 
+std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward_normed(
+    const at::Tensor& x, const at::Tensor& normed, const EncodingPlan& plan,
+    const at::Tensor& key_padding, KVCache* cache, const torch::nn::LayerNorm& next) {
+  // h = x + attention(norm1(x)) and norm2(h) in one pass; then out = h + mlp and next(out)
+  auto [h, normed2] =
+      add_layer_norm(x, dropout(attention->forward_plan(normed, plan, key_padding, cache)),
+                     norm2->weight, norm2->bias, norm2->options.eps());
+  const auto hidden = fc1(normed2);
+  auto mlp = dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
+  auto [out, normed_out] = add_layer_norm(h, mlp, next->weight, next->bias, next->options.eps());
+  return {out, normed_out};
+}
+
 TransformerImpl::TransformerImpl(TransformerOptions options_, PositionalEncoding encoder_)
     : options(std::move(options_)), encoder(std::move(encoder_)) {
   TORCH_CHECK(options.num_layers() >= 1, "transformer: num_layers must be >= 1, got ",
@@ -68,6 +82,16 @@ at::Tensor TransformerImpl::forward_plan(const at::Tensor& x, const EncodingPlan
   if (caches != nullptr && caches->size() != blocks->size()) caches->resize(blocks->size());
   // one plan for every block: tables, buckets and the additive embedding computed once
   auto y = plan.apply_additive(x, options.num_prefix_tokens());
+  if (options.fused()) {  // residual adds fused with the layer norms after them
+    auto normed = blocks->at<TransformerBlockImpl>(0).norm1(y);
+    for (size_t i = 0; i < blocks->size(); ++i) {
+      const auto& next =
+          i + 1 < blocks->size() ? blocks->at<TransformerBlockImpl>(i + 1).norm1 : norm;
+      std::tie(y, normed) = blocks->at<TransformerBlockImpl>(i).forward_normed(
+          y, normed, plan, key_padding, caches ? &(*caches)[i] : nullptr, next);
+    }
+    return normed;
+  }
   for (size_t i = 0; i < blocks->size(); ++i) {
     y = blocks->at<TransformerBlockImpl>(i).forward(y, plan, key_padding,
                                                     caches ? &(*caches)[i] : nullptr);

@@ -42,7 +42,8 @@ struct TransformerOptions {
   TORCH_ARG(double, dropout) = 0.0;
   /// Causal self-attention: a decoder stack (default false).
   TORCH_ARG(bool, causal) = false;
-  /// Fused kernels: attention where the encoder allows it, the MLP's GELU (default true).
+  /// Fused kernels: attention where the encoder allows it, the MLP's GELU, each residual add with
+  /// the layer norm after it (default true).
   TORCH_ARG(bool, fused) = true;
   /// Leading tokens without a position, e.g. CLS (default 0).
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;
@@ -57,6 +58,13 @@ class TransformerBlockImpl : public torch::nn::Module {
   TransformerBlockImpl(const TransformerOptions& options, PositionalEncoding encoder);
   at::Tensor forward(const at::Tensor& x, const EncodingPlan& plan,
                      const at::Tensor& key_padding = {}, KVCache* cache = nullptr);
+  /// The same block given norm1(x) already computed, returning (x_out, next(x_out)): each residual
+  /// add and the layer norm after it as one fused pass (posenc/kernels/layer_norm.h), the stack's
+  /// path when fused.
+  std::pair<at::Tensor, at::Tensor> forward_normed(const at::Tensor& x, const at::Tensor& normed,
+                                                   const EncodingPlan& plan,
+                                                   const at::Tensor& key_padding, KVCache* cache,
+                                                   const torch::nn::LayerNorm& next);
 
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
   SelfAttention attention{nullptr};

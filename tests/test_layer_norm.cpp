@@ -1,0 +1,179 @@
+// The fused residual add + layer norm (posenc/kernels/layer_norm.h) against its specification,
+// h = x + r and at::layer_norm(h) with ATen's autograd, and both against a float64 evaluation:
+// forward, backward with and without the residual's gradient, row counts across the row blocks,
+// widths, results independent of the thread count, the inputs left to the reference, the
+// first-order refusal, and a transformer whose residual adds run fused against one that does not.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "posenc/config/registry.h"
+#include "posenc/kernels/layer_norm.h"
+#include "posenc/nn/transformer.h"
+
+namespace {
+
+using posenc::add_layer_norm;
+using posenc::add_layer_norm_fused_supported;
+using posenc::add_layer_norm_reference;
+
+constexpr double kEps = 1e-5;
+
+#define SKIP_WITHOUT_AVX2()                                                       \
+  if (!add_layer_norm_fused_supported(torch::zeros({1, 8}), torch::zeros({1, 8}), \
+                                      torch::ones({8}), torch::zeros({8})))       \
+  GTEST_SKIP() << "no AVX2+FMA"
+
+struct Grads {
+  at::Tensor h, y, dx, dr, dw, db;
+};
+
+// forward and backward of f from (dh, dy); either gradient may be left out
+template <typename F>
+Grads run(F f, const at::Tensor& x0, const at::Tensor& r0, const at::Tensor& w0,
+          const at::Tensor& b0, const at::Tensor& dh, const at::Tensor& dy) {
+  auto x = x0.detach().clone().requires_grad_(true), r = r0.detach().clone().requires_grad_(true);
+  auto w = w0.detach().clone().requires_grad_(true), b = b0.detach().clone().requires_grad_(true);
+  auto [h, y] = f(x, r, w, b);
+  std::vector<at::Tensor> outs, grads;
+  if (dh.defined()) outs.push_back(h), grads.push_back(dh.to(h.scalar_type()));
+  if (dy.defined()) outs.push_back(y), grads.push_back(dy.to(y.scalar_type()));
+  torch::autograd::backward(outs, grads);
+  auto g = [](const at::Tensor& t) { return t.grad().defined() ? t.grad() : torch::zeros_like(t); };
+  return {h.detach(), y.detach(), g(x), g(r), g(w), g(b)};
+}
+
+auto fused = [](auto&& x, auto&& r, auto&& w, auto&& b) {
+  return add_layer_norm(x, r, w, b, kEps);
+};
+auto reference = [](auto&& x, auto&& r, auto&& w, auto&& b) {
+  return add_layer_norm_reference(x, r, w, b, kEps);
+};
+
+// |got - want| / (1 + max |want|)
+double relative(const at::Tensor& got, const at::Tensor& want) {
+  const auto w = want.to(torch::kDouble);
+  return ((got.to(torch::kDouble) - w).abs().max() / (1 + w.abs().max())).item<double>();
+}
+
+TEST(AddLayerNorm, EqualsItsReferenceAndFloat64) {
+  SKIP_WITHOUT_AVX2();
+  for (const auto& shape : std::vector<std::vector<int64_t>>{
+           {1, 8}, {3, 96}, {2, 32, 96}, {65, 128}, {128, 16, 96}, {5, 1024}, {2, 3, 8192}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    torch::manual_seed(shape.back() + shape.front());
+    const int64_t d = shape.back();
+    const auto x = torch::randn(shape) * 3 + 1, r = torch::randn(shape);
+    const auto w = 1 + 0.3 * torch::randn({d}), b = 0.3 * torch::randn({d});
+    const auto dh = torch::randn(shape), dy = torch::randn(shape);
+    const auto got = run(fused, x, r, w, b, dh, dy);
+    const auto ref = run(reference, x, r, w, b, dh, dy);
+    const auto f64 = run(reference, x.to(torch::kDouble), r.to(torch::kDouble),
+                         w.to(torch::kDouble), b.to(torch::kDouble), dh, dy);
+    EXPECT_TRUE(torch::equal(got.h, ref.h));  // one float32 add each
+    // float32 rounding over a row of D and a column of rows: the fused passes and ATen both
+    // within these of the float64 evaluation
+    const double rows = static_cast<double>(x.numel() / d);
+    for (const auto* what : {&ref, &got}) {
+      EXPECT_LE(relative(what->y, f64.y), 2e-6);
+      EXPECT_LE(relative(what->dx, f64.dx), 1e-5);
+      EXPECT_LE(relative(what->dw, f64.dw), 1e-6 * std::sqrt(rows) + 1e-6);
+      EXPECT_LE(relative(what->db, f64.db), 1e-6 * std::sqrt(rows) + 1e-6);
+    }
+    EXPECT_TRUE(torch::equal(got.dx, got.dr));  // dx = dr = dh
+    EXPECT_LE(relative(got.y, ref.y), 2e-6);
+    EXPECT_LE(relative(got.dx, ref.dx), 1e-5);
+  }
+}
+
+TEST(AddLayerNorm, EitherGradientAlone) {
+  SKIP_WITHOUT_AVX2();
+  torch::manual_seed(1);
+  const auto x = torch::randn({70, 24}), r = torch::randn({70, 24});
+  const auto w = 1 + 0.3 * torch::randn({24}), b = 0.3 * torch::randn({24});
+  const auto dh = torch::randn({70, 24}), dy = torch::randn({70, 24});
+  for (const bool with_dh : {true, false}) {
+    const auto got =
+        run(fused, x, r, w, b, with_dh ? dh : at::Tensor(), with_dh ? at::Tensor() : dy);
+    const auto ref =
+        run(reference, x, r, w, b, with_dh ? dh : at::Tensor(), with_dh ? at::Tensor() : dy);
+    EXPECT_LE(relative(got.dx, ref.dx), 1e-5) << with_dh;
+    EXPECT_LE(relative(got.dw, ref.dw), 1e-5) << with_dh;
+    EXPECT_LE(relative(got.db, ref.db), 1e-5) << with_dh;
+  }
+}
+
+TEST(AddLayerNorm, ResultsDoNotDependOnTheThreadCount) {
+  SKIP_WITHOUT_AVX2();
+  torch::manual_seed(2);
+  const std::vector<int64_t> shape = {1000, 96};  // 16 row blocks, several parallel chunks
+  const auto x = torch::randn(shape), r = torch::randn(shape);
+  const auto w = 1 + 0.3 * torch::randn({96}), b = 0.3 * torch::randn({96});
+  const auto dh = torch::randn(shape), dy = torch::randn(shape);
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  const auto one = run(fused, x, r, w, b, dh, dy);
+  at::set_num_threads(std::max(2, threads));
+  const auto many = run(fused, x, r, w, b, dh, dy);
+  at::set_num_threads(threads);
+  for (const auto& [a, c] :
+       {std::pair{one.y, many.y}, {one.dx, many.dx}, {one.dw, many.dw}, {one.db, many.db}})
+    EXPECT_TRUE(torch::equal(a, c));
+}
+
+TEST(AddLayerNorm, OtherInputsTakeTheReference) {
+  torch::manual_seed(3);
+  const auto w = torch::ones({12}), b = torch::zeros({12});
+  const auto x = torch::randn({4, 12}), r = torch::randn({4, 12});
+  EXPECT_FALSE(add_layer_norm_fused_supported(x, r, w, b));  // D % 8 != 0
+  EXPECT_FALSE(add_layer_norm_fused_supported(x.to(torch::kDouble), r.to(torch::kDouble),
+                                              w.to(torch::kDouble), b.to(torch::kDouble)));
+  const auto x8 = torch::randn({8, 4}).t(), r8 = torch::randn({4, 8});
+  EXPECT_FALSE(add_layer_norm_fused_supported(x8, r8, torch::ones({8}), torch::zeros({8})));
+  EXPECT_FALSE(add_layer_norm_fused_supported(r8, r8, at::Tensor(), at::Tensor()));
+  EXPECT_FALSE(add_layer_norm_fused_supported(r8, torch::randn({2, 8}), torch::ones({8}),
+                                              torch::zeros({8})));  // shapes differ
+  const auto dh = torch::randn({4, 12}), dy = torch::randn({4, 12});
+  const auto got = run(fused, x, r, w, b, dh, dy);
+  const auto ref = run(reference, x, r, w, b, dh, dy);
+  EXPECT_TRUE(torch::equal(got.y, ref.y));
+  EXPECT_TRUE(torch::equal(got.dx, ref.dx));
+}
+
+TEST(AddLayerNorm, SecondOrderGradientsAreRefused) {
+  SKIP_WITHOUT_AVX2();
+  auto x = torch::randn({4, 16}).requires_grad_(true);
+  auto r = torch::randn({4, 16});
+  auto [h, y] = add_layer_norm(x, r, torch::ones({16}), torch::zeros({16}), kEps);
+  try {
+    torch::autograd::grad({y.pow(2).sum()}, {x}, {}, true, true);
+    FAIL() << "create_graph through the fused backward was not refused";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("add_layer_norm: no second-order"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
+TEST(AddLayerNorm, ATransformerWithFusedResidualsEqualsOneWithout) {
+  SKIP_WITHOUT_AVX2();
+  torch::manual_seed(4);
+  posenc::Transformer model(posenc::TransformerOptions(96, 3, 3).mlp_ratio(2),
+                            posenc::build_encoder(nlohmann::json{{"type", "nope"}}, {96, 3, 0}));
+  const auto x = torch::randn({8, 16, 96});
+  auto pass = [&](bool fused_residuals) {
+    model->options.fused(fused_residuals);
+    for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+    auto y = model(x, posenc::Positions::sequence(16));
+    y.pow(2).sum().backward();
+    std::vector<at::Tensor> g{y.detach()};
+    for (auto& p : model->parameters()) g.push_back(p.grad().clone());
+    return g;
+  };
+  const auto with = pass(true), without = pass(false);
+  // rounding only: the output within 1e-5, parameter gradients (through 3 blocks) within 1e-4
+  EXPECT_LE(relative(with[0], without[0]), 1e-5);
+  for (size_t i = 1; i < with.size(); ++i) EXPECT_LE(relative(with[i], without[i]), 1e-4) << i;
+  EXPECT_FALSE(torch::equal(with[0], without[0]));  // the fused passes ran
+}
+
+}  // namespace
