@@ -64,11 +64,14 @@ def examine(model_type, verbose=False):
         except Exception as e:  # noqa: BLE001
             if verbose:
                 traceback.print_exc()
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
         if why is None:
             return entry, None
-        reasons.append(f"{layout}: {why}")
-    return None, "; ".join(reasons)
+        reasons.append((layout, why))
+    # the layout posenc's resolver does not give is refused by patch() itself: the other one's
+    # reason is the family's
+    telling = [(l, w) for l, w in reasons if "pair layout, but" not in w] or reasons
+    return None, "; ".join(f"{l}: {w}" for l, w in telling)
 
 
 def main():

@@ -134,77 +134,43 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 ('VaultGemmaRotaryEmbedding',),
                 'half')}
 
-LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
-         'pair layout, but transformers.models.axk1.modeling_axk1.apply_rotary_pos_emb rotates '
-         "half pa; interleaved: its attention does not call the file's apply_rotary_pos_emb",
- 'axk2': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
-         'pair layout, but transformers.models.axk2.modeling_axk2.apply_rotary_pos_emb rotates '
-         'half pa; interleaved: an unpatched model of the family changes while another is patched '
-         "(by 0.0663): its tables are not in transformers' cat(t, t) order",
+LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'axk2': 'interleaved: an unpatched model of the family changes while another is patched (by '
+         "0.0663): its tables are not in transformers' cat(t, t) order",
  'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
- 'bamba': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
-          "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
-          'but transformers.models.bamba.modeling_bamba.apply_rotary_pos_emb rotates interleaved ',
+ 'bamba': "half: its attention does not call the file's apply_rotary_pos_emb",
  'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00684 (the family rotates in another '
-         "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to "
-         'the half pair layout, but transformers.models.beam.modeling_beam.apply_rotary_pos_emb '
-         'rotates interleaved pa',
+         'precision)',
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
- 'cohere': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
-           'pair layout, but transformers.models.cohere.modeling_cohere.apply_rotary_pos_emb '
-           'rotates hal; interleaved: an unpatched model of the family changes while another is '
-           "patched (by 0.000261): its tables are not in transformers' cat(t, t) order",
- 'cohere2': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
-            'pair layout, but transformers.models.cohere2.modeling_cohere2.apply_rotary_pos_emb '
-            'rotates h; interleaved: an unpatched model of the family changes while another is '
-            "patched (by 0.000343): its tables are not in transformers' cat(t, t) order",
- 'cohere2_moe': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                'interleaved pair layout, but '
-                'transformers.models.cohere2_moe.modeling_cohere2_moe.apply_rotary_pos_emb r; '
-                'interleaved: an unpatched model of the family changes while another is patched '
+ 'cohere': 'interleaved: an unpatched model of the family changes while another is patched (by '
+           "0.000261): its tables are not in transformers' cat(t, t) order",
+ 'cohere2': 'interleaved: an unpatched model of the family changes while another is patched (by '
+            "0.000343): its tables are not in transformers' cat(t, t) order",
+ 'cohere2_moe': 'interleaved: an unpatched model of the family changes while another is patched '
                 "(by 0.000458): its tables are not in transformers' cat(t, t) order",
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
  'deepseek_v2': 'its modeling file has no apply_rotary_pos_emb',
- 'deepseek_v3': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                'interleaved pair layout, but '
-                'transformers.models.deepseek_v3.modeling_deepseek_v3.apply_rotary_pos_emb r; '
-                "interleaved: its attention does not call the file's apply_rotary_pos_emb",
- 'deepseek_v32': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                 'interleaved pair layout, but '
-                 'transformers.models.deepseek_v32.modeling_deepseek_v32.apply_rotary_pos_emb; '
-                 'interleaved: an unpatched model of the family changes while another is patched '
+ 'deepseek_v3': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'deepseek_v32': 'interleaved: an unpatched model of the family changes while another is patched '
                  "(by 0.196): its tables are not in transformers' cat(t, t) order",
  'deepseek_v4': 'a small model does not build: ValueError: the small config still has 5808761 '
                 'parameters (MAX_PARAMETERS 4000000)',
  'dots3_note': 'a small model does not build: StrictDataclassClassValidationError: Class '
                "validation error for validator 'validate_architecture':",
- 'dots3_note_text': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                    'interleaved pair layout, but '
-                    'transformers.models.dots3_note.modeling_dots3_note.apply_rotary_pos_emb rot; '
-                    "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'dots3_note_text': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
          "LM's config is of model type 'emu3_text_model'",
- 'ernie4_5': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-             'interleaved pair layout, but '
-             'transformers.models.ernie4_5.modeling_ernie4_5.apply_rotary_pos_emb rotates; '
-             'interleaved: torch.bfloat16 by .to(): logits differ by 0.00781 (the family rotates '
+ 'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00781 (the family rotates '
              'in another precision)',
- 'ernie4_5_moe': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                 'interleaved pair layout, but '
-                 'transformers.models.ernie4_5_moe.modeling_ernie4_5_moe.apply_rotary_pos_emb; '
-                 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
+ 'ernie4_5_moe': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
                  'rotates in another precision)',
  'flex_olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.0061 (the family rotates in '
-              "another precision); interleaved: ValueError: posenc.patch: model.rotary_emb's "
-              'config resolves to the half pair layout, but '
-              'transformers.models.flex_olmo.modeling_flex_olmo.apply_rotary_pos_emb rotates inte',
- 'flint': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
-          "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
-          'but transformers.models.flint.modeling_flint.apply_rotary_pos_emb rotates interleaved ',
+              'another precision)',
+ 'flint': "half: its attention does not call the file's apply_rotary_pos_emb",
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
  'gemma3n': 'a small model does not build: ValueError: The set of layer types producing a cache is '
@@ -216,92 +182,59 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
  'gemma4_text': 'a small model does not build: ValueError: the small config still has 134766880 '
                 'parameters (MAX_PARAMETERS 4000000)',
  'gemma4_unified': 'half: TypeError: _rotation.<locals>.posenc_apply_rotary_pos_emb() missing 1 '
-                   "required positional argument: 'sin'; interleaved: ValueError: posenc.patch: "
-                   "model.language_model.rotary_emb's config resolves to the half pair layout, but "
-                   'transformers.models.gemma4_unified.modeling_gemma4_unified.apply_ro',
+                   "required positional argument: 'sin'",
  'gemma4_unified_text': 'half: TypeError: _rotation.<locals>.posenc_apply_rotary_pos_emb() missing '
-                        "1 required positional argument: 'sin'; interleaved: ValueError: "
-                        "posenc.patch: model.rotary_emb's config resolves to the half pair layout, "
-                        'but '
-                        'transformers.models.gemma4_unified.modeling_gemma4_unified.apply_rotary_pos_emb '
-                        'ro',
- 'glm4_moe_lite': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                  'interleaved pair layout, but '
-                  'transformers.models.glm4_moe_lite.modeling_glm4_moe_lite.apply_rotary_pos_e; '
-                  "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+                        "1 required positional argument: 'sin'",
+ 'glm4_moe_lite': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
  'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
-            "its tables are not in transformers' cat(t, t) order; interleaved: ValueError: "
-            "posenc.patch: model.rotary_emb's config resolves to the half pair layout, but "
-            'transformers.models.gpt_oss.modeling_gpt_oss.apply_rotary_pos_emb rotates interlea',
+            "its tables are not in transformers' cat(t, t) order",
  'gptj': 'no rotary module taking a config in its causal LM',
- 'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
-                "interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to the "
-                'half pair layout, but '
-                'transformers.models.granite_swa.modeling_granite_swa.apply_rotary_pos_emb '
-                'rotates ',
- 'granitemoe_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
-                   "interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to "
-                   'the half pair layout, but '
-                   'transformers.models.granitemoe_swa.modeling_granitemoe_swa.apply_rotary_pos_emb '
-                   'ro',
+ 'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
+ 'granitemoe_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
  'granitemoehybrid': 'no rotary module taking a config in its causal LM',
  'inkling2_text': 'its modeling file has no apply_rotary_pos_emb',
  'lfm2_moe': "a small model does not build: TypeError: 'NoneType' object is not subscriptable",
  'lfm3': "half: RuntimeError: config.json (model type 'lfm3'): rope_parameters holds one RoPE per "
          'layer type (full_attention, sliding_attention); choose one with --layer-type (or '
-         "'layer_type; interleaved: RuntimeError: config.json (model type 'lfm3'): rope_parameters "
-         'holds one RoPE per layer type (full_attention, sliding_attention); choose one with '
-         "--layer-type (or 'layer_type",
+         "'layer_type' in the hf config); interleaved: RuntimeError: config.json (model type "
+         "'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
+         "sliding_attention); choose one with --layer-type (or 'layer_type' in the hf config)",
  'llama4': 'its modeling file has no apply_rotary_pos_emb',
  'llama4_text': 'its modeling file has no apply_rotary_pos_emb',
  'longcat_flash': 'its modeling file has no apply_rotary_pos_emb',
  'mimo_v2_flash': "half: RuntimeError: config.json (model type 'mimo_v2_flash'): rope: the rotary "
                   'dimension int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
-                  '(head_dim=16, partial_ro; interleaved: RuntimeError: config.json (model type '
-                  "'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
-                  'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, partial_ro',
+                  '(head_dim=16, partial_rotary_factor=0.334); interleaved: RuntimeError: '
+                  "config.json (model type 'mimo_v2_flash'): rope: the rotary dimension "
+                  'int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
+                  '(head_dim=16, partial_rotary_factor=0.334)',
  'minimax': 'half: RuntimeError: expected m1 and m2 to have the same dtype, but got: float != '
-            "c10::BFloat16; interleaved: ValueError: posenc.patch: model.rotary_emb's config "
-            'resolves to the half pair layout, but '
-            'transformers.models.minimax.modeling_minimax.apply_rotary_pos_emb rotates interlea',
+            'c10::BFloat16',
  'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
            "causal LM's config is of model type 'mllama_text_model'",
  'modernbert-decoder': 'half: torch.bfloat16 parameters (from_pretrained): logits differ by '
-                       '0.000977 (the family rotates in another precision); interleaved: '
-                       "ValueError: posenc.patch: model.rotary_emb's config resolves to the half "
-                       'pair layout, but '
-                       'transformers.models.modernbert_decoder.modeling_modernbert_decoder.apply_rotary_po',
+                       '0.000977 (the family rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
              "flips the signs (x2, -x1): the rotation turns by -angle, which posenc's rope does "
-             "not (models/nano; interleaved: RuntimeError: config.json (model type 'nanochat'): "
-             'refused: its rotate_half flips the signs (x2, -x1): the rotation turns by -angle, '
-             "which posenc's rope does not (models/nano",
+             'not (models/nanochat/modeling_nanochat.py: rotate_half); interleaved: RuntimeError: '
+             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
+             "-x1): the rotation turns by -angle, which posenc's rope does not "
+             '(models/nanochat/modeling_nanochat.py: rotate_half)',
  'olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
-         "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves to "
-         'the half pair layout, but transformers.models.olmo.modeling_olmo.apply_rotary_pos_emb '
-         'rotates interleaved pa',
+         'precision)',
  'olmo2': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
-          "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
-          'to the half pair layout, but '
-          'transformers.models.olmo2.modeling_olmo2.apply_rotary_pos_emb rotates interleaved ',
+          'precision)',
  'olmo3': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
-          "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
-          'to the half pair layout, but '
-          'transformers.models.olmo3.modeling_olmo3.apply_rotary_pos_emb rotates interleaved ',
+          'precision)',
  'olmo_hybrid': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in '
-                "another precision); interleaved: ValueError: posenc.patch: model.rotary_emb's "
-                'config resolves to the half pair layout, but '
-                'transformers.models.olmo_hybrid.modeling_olmo_hybrid.apply_rotary_pos_emb '
-                'rotates ',
+                'another precision)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
  'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
-           "precision); interleaved: ValueError: posenc.patch: model.rotary_emb's config resolves "
-           'to the half pair layout, but '
-           'transformers.models.phimoe.modeling_phimoe.apply_rotary_pos_emb rotates interleave',
+           'precision)',
  'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
             "LM's config is of model type 'qwen3_5_text'",
  'qwen3_5_moe': "half: its causal LM's config is of model type 'qwen3_5_moe_text'; interleaved: "
@@ -314,22 +247,14 @@ LEFT_OUT = {'axk1': "half: ValueError: posenc.patch: model.rotary_emb's config r
                  'sums to 32 pairs but the rotary dimension has r/2 = 2; interleaved: '
                  "RuntimeError: config.json (model type 'qwen3_5_text'): rope: mrope_section sums "
                  'to 32 pairs but the rotary dimension has r/2 = 2',
- 'qwen3_next': "half: its attention does not call the file's apply_rotary_pos_emb; interleaved: "
-               "ValueError: posenc.patch: model.rotary_emb's config resolves to the half pair "
-               'layout, but '
-               'transformers.models.qwen3_next.modeling_qwen3_next.apply_rotary_pos_emb rotates in',
+ 'qwen3_next': "half: its attention does not call the file's apply_rotary_pos_emb",
  'qwen4_exp': "half: its causal LM's config is of model type 'qwen4_exp_text'; interleaved: its "
               "causal LM's config is of model type 'qwen4_exp_text'",
  'qwen4_exp_text': 'half: ValueError: posenc.RotaryEmbedding: position_ids has 3 axes (shape (3, '
                    '2, 13)) but the resolved config has no mrope_section to give each axis its '
-                   "pairs; give the model's mr; interleaved: ValueError: posenc.patch: "
-                   "model.rotary_emb's config resolves to the half pair layout, but "
-                   'transformers.models.qwen4_exp.modeling_qwen4_exp.apply_rotary_pos_emb rotates '
-                   'inte',
+                   "pairs; give the model's mrope_section in rope_parameters, or [B, N] positions",
  'recurrent_gemma': 'no rotary module taking a config in its causal LM',
- 'youtu': "half: ValueError: posenc.patch: model.rotary_emb's config resolves to the interleaved "
-          'pair layout, but transformers.models.youtu.modeling_youtu.apply_rotary_pos_emb rotates '
-          "half ; interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'youtu': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'zamba2': 'a small model does not build: StrictDataclassClassValidationError: Class validation '
            "error for validator 'validate_layer_type':",
  'zaya': 'a small model does not build: StrictDataclassClassValidationError: Class validation '
