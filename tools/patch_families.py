@@ -165,7 +165,13 @@ def low_precision_copies(model):
         yield f"{dtype} parameters (from_pretrained)", params_only
 
 
-def check(model_type: str, classes: tuple, layout: str, model=None) -> str | None:
+def entry_of(modeling, classes: tuple, layout: str, precision: str = "input") -> tuple:
+    """SUPPORTED's row: (modeling file, classes, layout[, "float32"])."""
+    return (modeling.__name__, classes, layout) + ((precision,) if precision != "input" else ())
+
+
+def check(model_type: str, classes: tuple, layout: str, model=None,
+          precision: str = "input") -> str | None:
     """Patches a small model of the family with (classes, layout) and compares: None when equal.
 
     Beyond the float32 logits and gradients (default and packed positions), a family must show:
@@ -183,7 +189,7 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
         return f"its causal LM's config is of model type '{model.config.model_type}'"
     ids, packed = inputs()
     want = [run(model, ids), run(model, ids, packed)]
-    entry = (modeling.__name__, classes, layout)
+    entry = entry_of(modeling, classes, layout, precision)
     patched = integration._patch_with(copy.deepcopy(model), model_type, entry)
     rotation = modeling.apply_rotary_pos_emb
     calls = []

@@ -136,12 +136,17 @@ class RotaryEmbedding(nn.Module):
     The buffers follow model.to(dtype) as transformers' do: with float32 angles, inv_freq is read
     as inv_freq.float() (a bfloat16-cast model turns at bfloat16-rounded frequencies, as its own
     rotary module does). float64 angles need float64 frequencies: a buffer cast to another dtype
-    is refused with one line.
+    is refused with one line. table_dtype "input" (default) returns the tables in x's dtype, as
+    most transformers modules do; "float32" keeps them float32 whatever x is (OLMo's, Ernie's).
     """
 
     def __init__(self, config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
-                 table_order: str = "layout"):
+                 table_order: str = "layout", table_dtype: str = "input"):
         super().__init__()
+        if table_dtype not in ("input", "float32"):
+            raise ValueError(f"posenc.RotaryEmbedding: table_dtype must be 'input' or 'float32', "
+                             f"got {table_dtype!r}")
+        self.table_dtype = table_dtype
         if angle_dtype not in ("float32", "float64"):
             raise ValueError(f"posenc.RotaryEmbedding: angle_dtype must be 'float32' or 'float64', "
                              f"got {angle_dtype!r}")
@@ -168,10 +173,12 @@ class RotaryEmbedding(nn.Module):
 
     @classmethod
     def from_hf_config(cls, config: Any, layer_type: str | None = None,
-                       angle_dtype: str = "float32", table_order: str = "layout"
+                       angle_dtype: str = "float32", table_order: str = "layout",
+                       table_dtype: str = "input"
                        ) -> "RotaryEmbedding":
         """From a config.json path (or its folder), a dict, or a transformers config."""
-        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype, table_order=table_order)
+        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype, table_order=table_order,
+                   table_dtype=table_dtype)
 
     @staticmethod
     def _buffer(layer_type: str, what: str = "inv_freq") -> str:
@@ -262,4 +269,6 @@ class RotaryEmbedding(nn.Module):
         scaling = table.attention_scaling
         if scaling != 1.0:
             cos, sin = cos * scaling, sin * scaling
+        if self.table_dtype == "float32":
+            return cos.float(), sin.float()
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)

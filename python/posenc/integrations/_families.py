@@ -17,6 +17,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                      'half'),
  'arcee': ('transformers.models.arcee.modeling_arcee', ('ArceeRotaryEmbedding',), 'half'),
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
+ 'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half', 'float32'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
@@ -25,6 +26,14 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'doge': ('transformers.models.doge.modeling_doge', ('DogeRotaryEmbedding',), 'half'),
  'dory': ('transformers.models.dory.modeling_dory', ('DoryRotaryEmbedding',), 'half'),
  'dots1': ('transformers.models.dots1.modeling_dots1', ('Dots1RotaryEmbedding',), 'half'),
+ 'ernie4_5': ('transformers.models.ernie4_5.modeling_ernie4_5',
+              ('Ernie4_5RotaryEmbedding',),
+              'interleaved',
+              'float32'),
+ 'ernie4_5_moe': ('transformers.models.ernie4_5_moe.modeling_ernie4_5_moe',
+                  ('Ernie4_5_MoeRotaryEmbedding',),
+                  'interleaved',
+                  'float32'),
  'exaone4': ('transformers.models.exaone4.modeling_exaone4', ('Exaone4RotaryEmbedding',), 'half'),
  'exaone_moe': ('transformers.models.exaone_moe.modeling_exaone_moe',
                 ('ExaoneMoeRotaryEmbedding',),
@@ -33,6 +42,10 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'falcon_h1': ('transformers.models.falcon_h1.modeling_falcon_h1',
                ('FalconH1RotaryEmbedding',),
                'half'),
+ 'flex_olmo': ('transformers.models.flex_olmo.modeling_flex_olmo',
+               ('FlexOlmoRotaryEmbedding',),
+               'half',
+               'float32'),
  'gemma': ('transformers.models.gemma.modeling_gemma', ('GemmaRotaryEmbedding',), 'half'),
  'gemma2': ('transformers.models.gemma2.modeling_gemma2', ('Gemma2RotaryEmbedding',), 'half'),
  'gemma3_text': ('transformers.models.gemma3.modeling_gemma3', ('Gemma3RotaryEmbedding',), 'half'),
@@ -103,6 +116,19 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
+ 'olmo': ('transformers.models.olmo.modeling_olmo', ('OlmoRotaryEmbedding',), 'half', 'float32'),
+ 'olmo2': ('transformers.models.olmo2.modeling_olmo2',
+           ('Olmo2RotaryEmbedding',),
+           'half',
+           'float32'),
+ 'olmo3': ('transformers.models.olmo3.modeling_olmo3',
+           ('Olmo3RotaryEmbedding',),
+           'half',
+           'float32'),
+ 'olmo_hybrid': ('transformers.models.olmo_hybrid.modeling_olmo_hybrid',
+                 ('OlmoHybridRotaryEmbedding',),
+                 'half',
+                 'float32'),
  'olmoe': ('transformers.models.olmoe.modeling_olmoe', ('OlmoeRotaryEmbedding',), 'half'),
  'persimmon': ('transformers.models.persimmon.modeling_persimmon',
                ('PersimmonRotaryEmbedding',),
@@ -139,8 +165,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
          "0.0663): its tables are not in transformers' cat(t, t) order",
  'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'bamba': "half: its attention does not call the file's apply_rotary_pos_emb",
- 'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00684 (the family rotates in another '
-         'precision)',
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
@@ -164,12 +188,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
  'dots3_note_text': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
          "LM's config is of model type 'emu3_text_model'",
- 'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00781 (the family rotates '
-             'in another precision)',
- 'ernie4_5_moe': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
-                 'rotates in another precision)',
- 'flex_olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.0061 (the family rotates in '
-              'another precision)',
  'flint': "half: its attention does not call the file's apply_rotary_pos_emb",
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
@@ -213,8 +231,8 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
             'c10::BFloat16',
  'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
            "causal LM's config is of model type 'mllama_text_model'",
- 'modernbert-decoder': 'half: torch.bfloat16 parameters (from_pretrained): logits differ by '
-                       '0.000977 (the family rotates in another precision)',
+ 'modernbert-decoder': 'half: torch.bfloat16 by .to(): logits differ by 0.000977 (the family '
+                       'rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -223,17 +241,9 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
              "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
              "-x1): the rotation turns by -angle, which posenc's rope does not "
              '(models/nanochat/modeling_nanochat.py: rotate_half)',
- 'olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
-         'precision)',
- 'olmo2': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
-          'precision)',
- 'olmo3': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
-          'precision)',
- 'olmo_hybrid': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in '
-                'another precision)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
- 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
+ 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
            'precision)',
  'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
             "LM's config is of model type 'qwen3_5_text'",
