@@ -57,23 +57,23 @@ def examine(model_type, verbose=False):
         return None, f"a small model does not build: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     reasons = []
     for layout in ("half", "interleaved"):
-        for precision in ("input", "float32"):  # tables in the input's dtype first
-            entry = pf.entry_of(modeling, classes, layout, precision)
+        first = None
+        for flags in pf.VARIANTS:  # the usual tables and rotation first
+            entry = pf.entry_of(modeling, classes, layout, flags)
             try:
                 with pf.quiet():
-                    why = pf.check(model_type, classes, layout, model=model, precision=precision)
+                    why = pf.check(model_type, classes, layout, model=model, flags=flags)
             except Exception as e:  # noqa: BLE001
                 if verbose:
                     traceback.print_exc()
                 why = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
             if why is None:
                 return entry, None
-            if precision == "input" and "another precision" not in why:
-                reasons.append((layout, why))
-                break  # only a precision difference is worth the float32 variant
-            if precision == "float32":
-                reasons.append((layout, why if "another precision" in why else
-                                f"{why} (rotating in float32)"))
+            first = first or why
+            # another variant only where the tables' dtype or order can be what differs
+            if not any(s in why for s in ("another precision", "unpatched model", "logits differ")):
+                break
+        reasons.append((layout, first))
     # the layout posenc's resolver does not give is refused by patch() itself: the other one's
     # reason is the family's
     telling = [(l, w) for l, w in reasons if "pair layout, but" not in w] or reasons

@@ -165,13 +165,19 @@ def low_precision_copies(model):
         yield f"{dtype} parameters (from_pretrained)", params_only
 
 
-def entry_of(modeling, classes: tuple, layout: str, precision: str = "input") -> tuple:
-    """SUPPORTED's row: (modeling file, classes, layout[, "float32"])."""
-    return (modeling.__name__, classes, layout) + ((precision,) if precision != "input" else ())
+# The variants of a family's tables and rotation tried, in order (posenc.integrations.transformers.
+# _rotation): transformers' usual ones; float32 tables and rotation (OLMo, Ernie 4.5); the module's
+# own interleaved tables in the input's dtype rotated in float32 (Cohere).
+VARIANTS = ((), ("float32",), ("float32_rotation", "layout_tables"))
+
+
+def entry_of(modeling, classes: tuple, layout: str, flags: tuple = ()) -> tuple:
+    """SUPPORTED's row: (modeling file, classes, layout, *flags)."""
+    return (modeling.__name__, classes, layout) + tuple(flags)
 
 
 def check(model_type: str, classes: tuple, layout: str, model=None,
-          precision: str = "input") -> str | None:
+          flags: tuple = ()) -> str | None:
     """Patches a small model of the family with (classes, layout) and compares: None when equal.
 
     Beyond the float32 logits and gradients (default and packed positions), a family must show:
@@ -189,7 +195,7 @@ def check(model_type: str, classes: tuple, layout: str, model=None,
         return f"its causal LM's config is of model type '{model.config.model_type}'"
     ids, packed = inputs()
     want = [run(model, ids), run(model, ids, packed)]
-    entry = entry_of(modeling, classes, layout, precision)
+    entry = entry_of(modeling, classes, layout, flags)
     patched = integration._patch_with(copy.deepcopy(model), model_type, entry)
     rotation = modeling.apply_rotary_pos_emb
     calls = []

@@ -28,7 +28,7 @@ def test_listed_family_equals_transformers(model_type):
     entry = _families.CHECKED[model_type]
     assert integration.SUPPORTED[model_type] == entry
     with pf.quiet():
-        why = pf.check(model_type, entry[1], entry[2], precision=(entry[3:] or ("input",))[0])
+        why = pf.check(model_type, entry[1], entry[2], flags=tuple(entry[3:]))
     assert why is None, f"{model_type}: {why}"
 
 
@@ -81,10 +81,11 @@ def test_the_harness_sees_a_changed_table():
 
 
 @pytest.mark.parametrize("model_type,layout,reason", [
-    # OLMo 2 rotates in float32: with tables in the input's dtype its bfloat16 logits differ (it is
-    # listed with the float32 rotation)
+    # with transformers' usual tables and rotation (flags ()): OLMo 2 rotates in float32, so its
+    # bfloat16 logits differ; Cohere's module gives interleaved tables, so an unpatched model
+    # changes (both listed with the variant that matches them)
     ("olmo2", "half", "the family rotates in another precision"),
-    ("cohere", "interleaved", "an unpatched model of the family changes"),  # repeat_interleave tables
+    ("cohere", "interleaved", "an unpatched model of the family changes"),
     ("gpt_oss", "half", "an unpatched model of the family changes"),   # half-width tables
     ("deepseek_v32", "interleaved", "an unpatched model of the family changes"),  # indexer's half
 ])
@@ -95,7 +96,9 @@ def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(mo
     with pf.quiet():
         why = pf.check(model_type, classes, layout, model=model)
     assert why is not None and reason in why, why
-    if model_type != "olmo2":
+    if model_type in ("olmo2", "cohere"):
+        assert _families.CHECKED[model_type][3:] != ()
+    else:
         assert model_type in _families.LEFT_OUT and model_type not in integration.SUPPORTED
 
 

@@ -19,6 +19,21 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
  'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half', 'float32'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
+ 'cohere': ('transformers.models.cohere.modeling_cohere',
+            ('CohereRotaryEmbedding',),
+            'interleaved',
+            'float32_rotation',
+            'layout_tables'),
+ 'cohere2': ('transformers.models.cohere2.modeling_cohere2',
+             ('Cohere2RotaryEmbedding',),
+             'interleaved',
+             'float32_rotation',
+             'layout_tables'),
+ 'cohere2_moe': ('transformers.models.cohere2_moe.modeling_cohere2_moe',
+                 ('Cohere2MoeRotaryEmbedding',),
+                 'interleaved',
+                 'float32_rotation',
+                 'layout_tables'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
                ('DiffLlamaRotaryEmbedding',),
@@ -113,6 +128,11 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 'half'),
  'mistral': ('transformers.models.mistral.modeling_mistral', ('MistralRotaryEmbedding',), 'half'),
  'mixtral': ('transformers.models.mixtral.modeling_mixtral', ('MixtralRotaryEmbedding',), 'half'),
+ 'modernbert-decoder': ('transformers.models.modernbert_decoder.modeling_modernbert_decoder',
+                        ('ModernBertDecoderRotaryEmbedding',),
+                        'half',
+                        'float32_rotation',
+                        'layout_tables'),
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
@@ -168,12 +188,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
- 'cohere': 'interleaved: an unpatched model of the family changes while another is patched (by '
-           "0.000261): its tables are not in transformers' cat(t, t) order",
- 'cohere2': 'interleaved: an unpatched model of the family changes while another is patched (by '
-            "0.000343): its tables are not in transformers' cat(t, t) order",
- 'cohere2_moe': 'interleaved: an unpatched model of the family changes while another is patched '
-                "(by 0.000458): its tables are not in transformers' cat(t, t) order",
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -231,8 +245,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
             'c10::BFloat16',
  'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
            "causal LM's config is of model type 'mllama_text_model'",
- 'modernbert-decoder': 'half: torch.bfloat16 by .to(): logits differ by 0.000977 (the family '
-                       'rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -243,7 +255,7 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
              '(models/nanochat/modeling_nanochat.py: rotate_half)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
- 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
+ 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
            'precision)',
  'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
             "LM's config is of model type 'qwen3_5_text'",
