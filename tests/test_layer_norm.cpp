@@ -1,8 +1,9 @@
 // The fused residual add + layer norm (posenc/kernels/layer_norm.h) against its specification,
 // h = x + r and at::layer_norm(h) with ATen's autograd, and both against a float64 evaluation:
 // forward, backward with and without the residual's gradient, row counts across the row blocks,
-// widths, results independent of the thread count, the inputs left to the reference, the
-// first-order refusal, and a transformer whose residual adds run fused against one that does not.
+// widths, results independent of the thread count, the inputs left to the reference, second
+// order (a gradient penalty) against ATen's, and a transformer whose residual adds run fused
+// against one that does not.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -139,18 +140,36 @@ TEST(AddLayerNorm, OtherInputsTakeTheReference) {
   EXPECT_TRUE(torch::equal(got.dx, ref.dx));
 }
 
-TEST(AddLayerNorm, SecondOrderGradientsAreRefused) {
+TEST(AddLayerNorm, SecondOrderGradientsEqualTheReference) {
   SKIP_WITHOUT_AVX2();
-  auto x = torch::randn({4, 16}).requires_grad_(true);
-  auto r = torch::randn({4, 16});
-  auto [h, y] = add_layer_norm(x, r, torch::ones({16}), torch::zeros({16}), kEps);
-  try {
-    torch::autograd::grad({y.pow(2).sum()}, {x}, {}, true, true);
-    FAIL() << "create_graph through the fused backward was not refused";
-  } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what_without_backtrace()).find("add_layer_norm: no second-order"),
-              std::string::npos)
-        << e.what_without_backtrace();
+  // a gradient penalty: d/d(x, w) of |dL/dx|^2, with L = sum(y * t) + sum(h * u)
+  torch::manual_seed(5);
+  const auto x0 = torch::randn({6, 16}), r0 = torch::randn({6, 16});
+  const auto w0 = 1 + 0.3 * torch::randn({16}), b0 = 0.3 * torch::randn({16});
+  const auto t = torch::randn({6, 16}), u = torch::randn({6, 16});
+  auto second = [&](auto f) {
+    auto x = x0.clone().requires_grad_(true), r = r0.clone().requires_grad_(true);
+    auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+    auto [h, y] = f(x, r, w, b);
+    auto dx = torch::autograd::grad({(y * t).sum() + (h * u).sum()}, {x}, {}, true, true)[0];
+    return torch::autograd::grad({dx.pow(2).sum()}, {x, w});
+  };
+  const auto got = second(fused), want = second(reference);
+  EXPECT_LE(relative(got[0], want[0]), 1e-5);
+  EXPECT_LE(relative(got[1], want[1]), 1e-5);
+}
+
+TEST(AddLayerNorm, WithoutTheNormsGradientWeightAndBiasGetNone) {
+  SKIP_WITHOUT_AVX2();
+  for (const bool use_fused : {true, false}) {
+    auto x = torch::randn({4, 16}).requires_grad_(true);
+    auto w = torch::ones({16}).requires_grad_(true), b = torch::zeros({16}).requires_grad_(true);
+    auto [h, y] = use_fused ? add_layer_norm(x, torch::randn({4, 16}), w, b, kEps)
+                            : add_layer_norm_reference(x, torch::randn({4, 16}), w, b, kEps);
+    h.sum().backward();  // y unused
+    EXPECT_TRUE(torch::equal(x.grad(), torch::ones({4, 16}))) << use_fused;
+    EXPECT_FALSE(w.grad().defined()) << use_fused;
+    EXPECT_FALSE(b.grad().defined()) << use_fused;
   }
 }
 

@@ -1,11 +1,12 @@
 // Autograd for the fused residual add + layer norm (posenc/kernels/layer_norm.h): forward =
 // add_layer_norm_forward_cpu, saving h, mu, rstd and the weight; backward =
-// add_layer_norm_backward_cpu(dy, dh_in) giving dx = dr = dh, dweight, dbias. First order only:
-// create_graph through it is refused in one line (first_order.h), as for the fused attention.
-// Inputs the fused passes do not take go to the reference, whose autograd is ATen's.
+// add_layer_norm_backward_cpu(dy, dh_in) giving dx = dr = dh, dweight, dbias. Under create_graph
+// (grad mode on inside the backward) the gradient is ATen's native_layer_norm_backward of the
+// saved h, whose own derivative autograd knows: second-order terms reach x and r through h, this
+// node's output. Gradients are not materialized: without dy (y unused) weight and bias get none,
+// as with ATen's layer_norm. Inputs the fused passes do not take go to the reference.
 #include <torch/torch.h>
 
-#include "first_order.h"
 #include "posenc/kernels/layer_norm.h"
 
 namespace posenc {
@@ -25,6 +26,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& r,
                                const at::Tensor& weight, const at::Tensor& bias, double eps) {
     auto [h, y, mean, rstd] = detail::add_layer_norm_forward_cpu(x, r, weight, bias, eps);
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward({h, mean, rstd, weight, bias});
     ctx->saved_data["eps"] = eps;
     return {h, y};
@@ -34,10 +36,18 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
     const auto& h = saved[0];
     const auto& dh_in = grads[0];
     const auto& dy = grads[1];
-    detail::require_first_order("add_layer_norm");
-    if (!dy.defined()) {  // only h's gradient: the add's
-      const auto dh = dh_in.defined() ? dh_in : at::zeros_like(h);
-      return {dh, dh, at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dy.defined()) {  // y unused: only the add's gradient, none for weight and bias
+      return {dh_in, dh_in, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+    if (at::GradMode::is_enabled()) {  // create_graph: ATen's differentiable backward of h
+      const auto& w = saved[3];
+      const auto eps = ctx->saved_data["eps"].toDouble();
+      const int64_t d = h.size(-1);
+      auto stats = at::native_layer_norm(h.detach(), {d}, w.detach(), saved[4].detach(), eps);
+      auto g = at::native_layer_norm_backward(dy, h, {d}, std::get<1>(stats), std::get<2>(stats), w,
+                                              saved[4], {true, true, true});
+      auto dh = dh_in.defined() ? std::get<0>(g) + dh_in : std::get<0>(g);
+      return {dh, dh, std::get<1>(g), std::get<2>(g), at::Tensor()};
     }
     auto [dh, dw, db] = detail::add_layer_norm_backward_cpu(
         contiguous_float(dy), dh_in.defined() ? contiguous_float(dh_in) : at::Tensor(), h, saved[1],
