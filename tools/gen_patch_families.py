@@ -57,23 +57,17 @@ def examine(model_type, verbose=False):
         return None, f"a small model does not build: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     reasons = []
     for layout in ("half", "interleaved"):
-        first = None
-        for flags in pf.VARIANTS:  # the usual tables and rotation first
-            entry = pf.entry_of(modeling, classes, layout, flags)
-            try:
-                with pf.quiet():
-                    why = pf.check(model_type, classes, layout, model=model, flags=flags)
-            except Exception as e:  # noqa: BLE001
-                if verbose:
-                    traceback.print_exc()
-                why = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
-            if why is None:
-                return entry, None
-            first = first or why
-            # another variant only where the tables' dtype or order can be what differs
-            if not any(s in why for s in ("another precision", "unpatched model", "logits differ")):
-                break
-        reasons.append((layout, first))
+        entry = (modeling.__name__, classes, layout)
+        try:
+            with pf.quiet():
+                why = pf.check(model_type, classes, layout, model=model)
+        except Exception as e:  # noqa: BLE001
+            if verbose:
+                traceback.print_exc()
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:240]}"
+        if why is None:
+            return entry, None
+        reasons.append((layout, why))
     # the layout posenc's resolver does not give is refused by patch() itself: the other one's
     # reason is the family's
     telling = [(l, w) for l, w in reasons if "pair layout, but" not in w] or reasons

@@ -28,7 +28,7 @@ def test_listed_family_equals_transformers(model_type):
     entry = _families.CHECKED[model_type]
     assert integration.SUPPORTED[model_type] == entry
     with pf.quiet():
-        why = pf.check(model_type, entry[1], entry[2], flags=tuple(entry[3:]))
+        why = pf.check(model_type, entry[1], entry[2])
     assert why is None, f"{model_type}: {why}"
 
 
@@ -81,9 +81,8 @@ def test_the_harness_sees_a_changed_table():
 
 
 @pytest.mark.parametrize("model_type,layout,reason", [
-    # with transformers' usual tables and rotation (flags ()): OLMo 2 rotates in float32, so its
-    # bfloat16 logits differ; Cohere's module gives interleaved tables, so an unpatched model
-    # changes (both listed with the variant that matches them)
+    # OLMo 2 rotates in float32 (q * float32 tables), so its bfloat16 logits differ; Cohere's
+    # module gives interleaved tables, so an unpatched model changes
     ("olmo2", "half", "the family rotates in another precision"),
     ("cohere", "interleaved", "an unpatched model of the family changes"),
     ("gpt_oss", "half", "an unpatched model of the family changes"),   # half-width tables
@@ -96,10 +95,7 @@ def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(mo
     with pf.quiet():
         why = pf.check(model_type, classes, layout, model=model)
     assert why is not None and reason in why, why
-    if model_type in ("olmo2", "cohere"):
-        assert _families.CHECKED[model_type][3:] != ()
-    else:
-        assert model_type in _families.LEFT_OUT and model_type not in integration.SUPPORTED
+    assert model_type in _families.LEFT_OUT and model_type not in integration.SUPPORTED
 
 
 def test_a_config_edited_after_construction_is_refused():
@@ -116,7 +112,7 @@ def test_a_config_edited_after_construction_is_refused():
     assert not any(isinstance(m, integration.RotaryEmbedding) for m in model.modules())
 
 
-def test_float32_tables_stay_float32_for_families_that_rotate_in_float32():
+def test_float32_tables_stay_float32():
     import posenc
     config = pf.small_config("olmo2")
     x = torch.zeros(1, 3, 64, dtype=torch.bfloat16)
@@ -126,6 +122,5 @@ def test_float32_tables_stay_float32_for_families_that_rotate_in_float32():
     cast = posenc.RotaryEmbedding.from_hf_config(config, table_order="transformers")(x, positions)
     assert kept[0].dtype == torch.float32 and cast[0].dtype == torch.bfloat16
     assert torch.equal(kept[0].to(torch.bfloat16), cast[0])
-    assert _families.CHECKED["olmo2"][3:] == ("float32",)
     with pytest.raises(ValueError, match="table_dtype must be 'input' or 'float32'"):
         posenc.RotaryEmbedding.from_hf_config(config, table_dtype="bfloat16")

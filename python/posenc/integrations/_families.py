@@ -17,23 +17,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                      'half'),
  'arcee': ('transformers.models.arcee.modeling_arcee', ('ArceeRotaryEmbedding',), 'half'),
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
- 'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half', 'float32'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
- 'cohere': ('transformers.models.cohere.modeling_cohere',
-            ('CohereRotaryEmbedding',),
-            'interleaved',
-            'float32_rotation',
-            'layout_tables'),
- 'cohere2': ('transformers.models.cohere2.modeling_cohere2',
-             ('Cohere2RotaryEmbedding',),
-             'interleaved',
-             'float32_rotation',
-             'layout_tables'),
- 'cohere2_moe': ('transformers.models.cohere2_moe.modeling_cohere2_moe',
-                 ('Cohere2MoeRotaryEmbedding',),
-                 'interleaved',
-                 'float32_rotation',
-                 'layout_tables'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
                ('DiffLlamaRotaryEmbedding',),
@@ -41,14 +25,6 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'doge': ('transformers.models.doge.modeling_doge', ('DogeRotaryEmbedding',), 'half'),
  'dory': ('transformers.models.dory.modeling_dory', ('DoryRotaryEmbedding',), 'half'),
  'dots1': ('transformers.models.dots1.modeling_dots1', ('Dots1RotaryEmbedding',), 'half'),
- 'ernie4_5': ('transformers.models.ernie4_5.modeling_ernie4_5',
-              ('Ernie4_5RotaryEmbedding',),
-              'interleaved',
-              'float32'),
- 'ernie4_5_moe': ('transformers.models.ernie4_5_moe.modeling_ernie4_5_moe',
-                  ('Ernie4_5_MoeRotaryEmbedding',),
-                  'interleaved',
-                  'float32'),
  'exaone4': ('transformers.models.exaone4.modeling_exaone4', ('Exaone4RotaryEmbedding',), 'half'),
  'exaone_moe': ('transformers.models.exaone_moe.modeling_exaone_moe',
                 ('ExaoneMoeRotaryEmbedding',),
@@ -57,10 +33,6 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'falcon_h1': ('transformers.models.falcon_h1.modeling_falcon_h1',
                ('FalconH1RotaryEmbedding',),
                'half'),
- 'flex_olmo': ('transformers.models.flex_olmo.modeling_flex_olmo',
-               ('FlexOlmoRotaryEmbedding',),
-               'half',
-               'float32'),
  'gemma': ('transformers.models.gemma.modeling_gemma', ('GemmaRotaryEmbedding',), 'half'),
  'gemma2': ('transformers.models.gemma2.modeling_gemma2', ('Gemma2RotaryEmbedding',), 'half'),
  'gemma3_text': ('transformers.models.gemma3.modeling_gemma3', ('Gemma3RotaryEmbedding',), 'half'),
@@ -114,6 +86,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'minicpm3': ('transformers.models.minicpm3.modeling_minicpm3',
               ('MiniCPM3RotaryEmbedding',),
               'half'),
+ 'minimax': ('transformers.models.minimax.modeling_minimax', ('MiniMaxRotaryEmbedding',), 'half'),
  'minimax_m2': ('transformers.models.minimax_m2.modeling_minimax_m2',
                 ('MiniMaxM2RotaryEmbedding',),
                 'half'),
@@ -128,27 +101,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 'half'),
  'mistral': ('transformers.models.mistral.modeling_mistral', ('MistralRotaryEmbedding',), 'half'),
  'mixtral': ('transformers.models.mixtral.modeling_mixtral', ('MixtralRotaryEmbedding',), 'half'),
- 'modernbert-decoder': ('transformers.models.modernbert_decoder.modeling_modernbert_decoder',
-                        ('ModernBertDecoderRotaryEmbedding',),
-                        'half',
-                        'float32_rotation',
-                        'layout_tables'),
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
- 'olmo': ('transformers.models.olmo.modeling_olmo', ('OlmoRotaryEmbedding',), 'half', 'float32'),
- 'olmo2': ('transformers.models.olmo2.modeling_olmo2',
-           ('Olmo2RotaryEmbedding',),
-           'half',
-           'float32'),
- 'olmo3': ('transformers.models.olmo3.modeling_olmo3',
-           ('Olmo3RotaryEmbedding',),
-           'half',
-           'float32'),
- 'olmo_hybrid': ('transformers.models.olmo_hybrid.modeling_olmo_hybrid',
-                 ('OlmoHybridRotaryEmbedding',),
-                 'half',
-                 'float32'),
  'olmoe': ('transformers.models.olmoe.modeling_olmoe', ('OlmoeRotaryEmbedding',), 'half'),
  'persimmon': ('transformers.models.persimmon.modeling_persimmon',
                ('PersimmonRotaryEmbedding',),
@@ -185,9 +140,17 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
          "0.0663): its tables are not in transformers' cat(t, t) order",
  'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'bamba': "half: its attention does not call the file's apply_rotary_pos_emb",
+ 'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
+         'precision)',
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
+ 'cohere': 'interleaved: an unpatched model of the family changes while another is patched (by '
+           "0.000261): its tables are not in transformers' cat(t, t) order",
+ 'cohere2': 'interleaved: an unpatched model of the family changes while another is patched (by '
+            "0.000343): its tables are not in transformers' cat(t, t) order",
+ 'cohere2_moe': 'interleaved: an unpatched model of the family changes while another is patched '
+                "(by 0.000458): its tables are not in transformers' cat(t, t) order",
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -202,6 +165,12 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
  'dots3_note_text': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
          "LM's config is of model type 'emu3_text_model'",
+ 'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
+             'in another precision)',
+ 'ernie4_5_moe': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
+                 'rotates in another precision)',
+ 'flex_olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.0061 (the family rotates in '
+              'another precision)',
  'flint': "half: its attention does not call the file's apply_rotary_pos_emb",
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
@@ -241,10 +210,10 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
                   "config.json (model type 'mimo_v2_flash'): rope: the rotary dimension "
                   'int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
                   '(head_dim=16, partial_rotary_factor=0.334)',
- 'minimax': 'half: RuntimeError: expected m1 and m2 to have the same dtype, but got: float != '
-            'c10::BFloat16',
  'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
            "causal LM's config is of model type 'mllama_text_model'",
+ 'modernbert-decoder': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family '
+                       'rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -253,6 +222,14 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
              "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
              "-x1): the rotation turns by -angle, which posenc's rope does not "
              '(models/nanochat/modeling_nanochat.py: rotate_half)',
+ 'olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.00208 (the family rotates in another '
+         'precision)',
+ 'olmo2': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
+          'precision)',
+ 'olmo3': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
+          'precision)',
+ 'olmo_hybrid': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in '
+                'another precision)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
  'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '

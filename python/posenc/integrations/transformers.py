@@ -36,8 +36,7 @@ from . import _families
 
 # model_type -> (the modeling file, its text rotary classes replaced, the pairs its
 # apply_rotary_pos_emb rotates: "half" is rotate_half, "interleaved" GLM's (2i, 2i+1); a constant of
-# the file, whatever the config says[, flags where the family's tables or rotation differ:
-# "float32", "float32_rotation", "layout_tables", see _rotation]). A tower's rotary class (Qwen2-VL's vision rotary) is left.
+# the file, whatever the config says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
     "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
@@ -58,36 +57,20 @@ _ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
 _PATCHED = "_posenc_patched_models"  # weak references to the patched models of the modeling file
 
 
-def _rotation(layout: str, flags: tuple = ()):
+def _rotation(layout: str):
     """The family's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) computed by posenc.
 
-    Its tables are transformers' cat(t, t) (as most transformers rotary modules return them);
+    Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
     "interleaved" (GLM) takes each table's first half and repeats every value twice
     (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
-    flags (SUPPORTED's fourth field on):
-      "float32"           OLMo, Ernie 4.5: float32 tables, q and k rotated in float32 and returned
-                          in their own dtypes;
-      "float32_rotation"  Cohere: tables in q's dtype, q and k rotated in float32 (q.float() * cos)
-                          and returned in their own dtypes;
-      "layout_tables"     Cohere: the module's tables are already in the layout's order
-                          (t0 t0 t1 t1 ...): used as they come.
     """
-    in_float32 = "float32" in flags or "float32_rotation" in flags
-    reinterleave = layout == "interleaved" and "layout_tables" not in flags
-
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if reinterleave:
+        if layout == "interleaved":
             cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
             sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
-        if in_float32:
-            q_dtype, k_dtype = q.dtype, k.dtype
-            q, k = apply_rotary_pos_emb(q.float(), k.float(), cos.float(), sin.float(),
-                                        unsqueeze_dim=unsqueeze_dim, layout=layout)
-            return q.to(q_dtype), k.to(k_dtype)
         return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=layout)
 
     posenc_apply_rotary_pos_emb.posenc_layout = layout
-    posenc_apply_rotary_pos_emb.posenc_flags = tuple(flags)
     return posenc_apply_rotary_pos_emb
 
 
@@ -176,17 +159,14 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
                 angle_dtype: str = "float32") -> torch.nn.Module:
     """patch() with the family's (modeling file, rotary classes, pair layout) given: the checker
     (tools/patch_families.py) calls it for families not yet listed."""
-    module_name, classes, layout = entry[:3]
-    flags = tuple(entry[3:])  # how the family's tables and rotation differ (_rotation)
+    module_name, classes, layout = entry
     modeling = importlib.import_module(module_name)
     replacements = []  # every module built and checked before the model is touched
     for name, sub in list(model.named_modules()):
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
-        ours = RotaryEmbedding.from_hf_config(
-            sub.config, angle_dtype=angle_dtype,
-            table_order="layout" if "layout_tables" in flags else "transformers",
-            table_dtype="float32" if "float32" in flags else "input")
+        ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype,
+                                              table_order="transformers")
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
@@ -211,7 +191,7 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         setattr(model.get_submodule(parent_name) if parent_name else model, child, ours)
     if not hasattr(modeling, _ORIGINAL):
         setattr(modeling, _ORIGINAL, modeling.apply_rotary_pos_emb)
-    modeling.apply_rotary_pos_emb = _rotation(layout, flags)
+    modeling.apply_rotary_pos_emb = _rotation(layout)
     setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
     model._posenc_modeling = modeling.__name__
     return model
