@@ -75,10 +75,9 @@ def small_config(model_type: str):
         kwargs["text_config"] = _small(base["text_config"])
     config = cls(**kwargs)
     config._attn_implementation = "eager"
-    for sub in ("text_config",):
-        inner = getattr(config, sub, None)
-        if inner is not None and hasattr(inner, "_attn_implementation"):
-            inner._attn_implementation = "eager"
+    text = getattr(config, "text_config", None)
+    if text is not None and hasattr(text, "_attn_implementation"):
+        text._attn_implementation = "eager"
     return config
 
 
@@ -174,8 +173,8 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
       - a model of the family left unpatched computes what it did while another is patched (the
         rotation is a global of the file: it must be the family's own for its own tables);
       - bfloat16 and float16 copies (cast whole, or parameters only) and a float64 copy give their
-        own logits to the bit and their gradients (rtol 1e-5) when patched (families that rotate in
-        float32 on purpose would not, unless listed with that variant).
+        own logits to the bit and their gradients (rtol 1e-5) when patched, where transformers'
+        own model runs in that dtype (families that rotate in float32 on purpose do not).
     """
     from posenc.integrations import transformers as integration
     modeling = modeling_module(model_type)

@@ -36,9 +36,13 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan& plan,
                                          const at::Tensor& key_padding, KVCache* cache) {
   auto y = x + dropout(attention->forward_plan(norm1(x), plan, key_padding, cache));
+  return y + mlp(norm2(y));
+}
+
+at::Tensor TransformerBlockImpl::mlp(const at::Tensor& normed) {
   // fused: one pass forward and one backward over the MLP's activations (posenc/kernels/gelu.h)
-  const auto hidden = fc1(norm2(y));
-  return y + dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
+  const auto hidden = fc1(normed);
+  return dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
 }
 
 std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward_normed(
@@ -48,9 +52,8 @@ std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward_normed(
   auto [h, normed2] =
       add_layer_norm(x, dropout(attention->forward_plan(normed, plan, key_padding, cache)),
                      norm2->weight, norm2->bias, norm2->options.eps());
-  const auto hidden = fc1(normed2);
-  auto mlp = dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
-  auto [out, normed_out] = add_layer_norm(h, mlp, next->weight, next->bias, next->options.eps());
+  auto [out, normed_out] =
+      add_layer_norm(h, mlp(normed2), next->weight, next->bias, next->options.eps());
   return {out, normed_out};
 }
 

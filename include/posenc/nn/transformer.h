@@ -72,6 +72,8 @@ class TransformerBlockImpl : public torch::nn::Module {
   torch::nn::Dropout dropout{nullptr};
 
  private:
+  /// dropout(W2 GELU(W1 normed)): the MLP on the normed stream.
+  at::Tensor mlp(const at::Tensor& normed);
   bool fused_ = true;  // the MLP's GELU through gelu_fused (TransformerOptions::fused)
 };
 TORCH_MODULE(TransformerBlock);

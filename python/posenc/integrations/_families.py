@@ -2,9 +2,9 @@
 
 CHECKED: model_type -> (modeling file, text rotary classes, pairs its
 apply_rotary_pos_emb rotates), each family's small random causal LM equal with and
-without patch(): float32 logits to the bit and gradients rtol 1e-5, the rotation
-reaching the logits, an unpatched sibling unchanged, bfloat16/float16 logits to the
-bit (tools/patch_families.py: check).
+without patch(): logits to the bit and gradients rtol 1e-5 in float32, bfloat16,
+float16 and float64, the rotation reaching the logits, an unpatched sibling
+unchanged (tools/patch_families.py: check).
 LEFT_OUT: every other causal LM family with a rotary class, and why.
 """
 

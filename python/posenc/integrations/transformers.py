@@ -80,6 +80,13 @@ def _buffer_device(module: torch.nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _is_table(name: str) -> bool:
+    """A current frequency buffer (inv_freq, <layer_type>_inv_freq), not a construction-time copy
+    (transformers' original_inv_freq, posenc's initial_inv_freq)."""
+    return name.endswith("inv_freq") and not name.endswith(("original_inv_freq",
+                                                              "initial_inv_freq"))
+
+
 def _frequency_pairs(source: torch.nn.Module, target: torch.nn.Module) -> list:
     """(source's name, target's name) of each frequency buffer with its counterpart: by name
     (posenc says initial_inv_freq where transformers says original_inv_freq), and a single table on
@@ -92,12 +99,12 @@ def _frequency_pairs(source: torch.nn.Module, target: torch.nn.Module) -> list:
     mine = {key(n): n for n, _ in target.named_buffers(recurse=False)}
     pairs = [(theirs[k], n) for k, n in mine.items() if k in theirs]
     if not pairs:
-        current = [k for k in theirs if k.endswith("inv_freq") and "original_inv_freq" not in k]
-        ours = [k for k in mine if k.endswith("inv_freq") and "original_inv_freq" not in k]
+        current = [k for k in theirs if _is_table(k)]
+        ours = [k for k in mine if _is_table(k)]
         if len(current) == 1 and len(ours) == 1:
             pairs = [(theirs[current[0]], mine[ours[0]])]
             original = current[0][: -len("inv_freq")] + "original_inv_freq"
-            initial = ours[0][: -len("inv_freq")] + "original_inv_freq"
+            initial = ours[0][: -len("inv_freq")] + "original_inv_freq"  # key of initial_inv_freq
             if original in theirs and initial in mine:
                 pairs.append((theirs[original], mine[initial]))
     return pairs
@@ -117,10 +124,8 @@ def _frequencies_differ(theirs: torch.nn.Module, ours: torch.nn.Module, exact: b
     update: its original_inv_freq where it keeps one), or None. Every current table must have its
     counterpart; equal to the bit with float32 angles, within 1e-6 with float64 ones."""
     buffers = dict(theirs.named_buffers(recurse=False))
-    pairs = [(t, o) for t, o in _frequency_pairs(theirs, ours)
-             if o.endswith("inv_freq") and "initial_inv_freq" not in o]
-    tables = [n for n, _ in ours.named_buffers(recurse=False)
-              if n.endswith("inv_freq") and "initial_inv_freq" not in n]
+    pairs = [(t, o) for t, o in _frequency_pairs(theirs, ours) if _is_table(o)]
+    tables = [n for n, _ in ours.named_buffers(recurse=False) if _is_table(n)]
     if len(pairs) != len(tables):
         return (f"its frequency buffers ({', '.join(sorted(buffers))}) do not match posenc's "
                 f"tables ({', '.join(tables)})")
