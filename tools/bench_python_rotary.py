@@ -5,10 +5,18 @@ function under torch.compile, side by side in one process, as ratios (no timed a
       ~/.cache/posenc/venv/bin/python tools/bench_python_rotary.py [--threads 2] [--repeat 30]
 
 Shapes: Llama-style q [B, 32, N, 128], k [B, 8, N, 128] (grouped-query), the projections' view
-as transformers makes it ([B, N, H, D] transposed). Times are medians of --repeat calls.
+as transformers makes it ([B, N, H, D] transposed). Times are medians of --repeat calls. Each
+forward+backward call starts with no gradient in q and k (no accumulation into the last call's).
+
+glibc moves its mmap threshold as large blocks are freed, so whether a 32 MiB result is a fresh
+mapping (page faults on every call) or reused heap depended on what ran before: the float32 rows
+moved between runs. The script pins the threshold (MALLOC_MMAP_THRESHOLD_, glibc's largest
+value, 32 MiB, what a long-running process drifts to) by starting itself again with it set.
 """
 
 import argparse
+import os
+import sys
 
 import torch
 
@@ -16,9 +24,13 @@ import posenc
 from bench_util import median_ms
 from transformers.models.llama import modeling_llama
 
+MMAP_THRESHOLD = str(32 << 20)
 
 
 def main():
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
+        os.execv(sys.executable, [sys.executable] + sys.argv)
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=30)
@@ -26,7 +38,8 @@ def main():
     torch.set_num_threads(args.threads)
     hf = modeling_llama.apply_rotary_pos_emb
     compiled = torch.compile(hf, fullgraph=True, dynamic=False)
-    print(f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}")
+    print(f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}; "
+          f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}")
     print("| dtype | B x N | pass | HF eager ms | HF compiled ms | posenc ms | eager/posenc | compiled/posenc |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for dtype in (torch.float32, torch.bfloat16):
@@ -42,6 +55,7 @@ def main():
 
             def backward(f):
                 def run():
+                    qg.grad, kg.grad = None, None
                     a, c = f(qg, kg, cos, sin)
                     torch.autograd.backward((a, c), (a, c))
                 return run

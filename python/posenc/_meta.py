@@ -62,19 +62,19 @@ def _patch_grid_rope_fake(feat_shape, bands, grid_type="index", ref_feat_shape=N
 
 
 @torch.library.register_fake("posenc::alibi_attention")
-def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None):
+def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @torch.library.register_fake("posenc::_alibi_attention_forward")
-def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None):
+def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty(q.shape[:-1], dtype=torch.float32))
 
 
 @torch.library.register_fake("posenc::_alibi_attention_backward")
 def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=False,
-                                   symmetric=False, scale=None):
+                                   symmetric=False, scale=None, attention_mask=None):
     # contiguous, as the kernel returns them (q, k, v may be transposed views)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -83,20 +83,20 @@ def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=F
 # float32 gradients converted to each input's dtype, dtable in the table's dtype).
 @torch.library.register_fake("posenc::t5_attention")
 def _t5_attention_fake(q, k, v, table, bidirectional=True, max_distance=128, causal=False,
-                       scale=None):
+                       scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @torch.library.register_fake("posenc::_t5_attention_forward")
 def _t5_attention_forward_fake(q, k, v, table, bidirectional=True, max_distance=128,
-                               causal=False, scale=None):
+                               causal=False, scale=None, attention_mask=None):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty(q.shape[:-1], dtype=torch.float32))
 
 
 @torch.library.register_fake("posenc::_t5_attention_backward")
 def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectional=True,
-                                max_distance=128, causal=False, scale=None):
+                                max_distance=128, causal=False, scale=None, attention_mask=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             table.new_empty(table.shape))
 
@@ -104,18 +104,18 @@ def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectiona
 # shaw_attention: as t5_attention; lse is float64 for float64 inputs (their reference path), and
 # dtable is [2K+1, D] in the table's dtype.
 @torch.library.register_fake("posenc::shaw_attention")
-def _shaw_attention_fake(q, k, v, table, causal=False, scale=None):
+def _shaw_attention_fake(q, k, v, table, causal=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @torch.library.register_fake("posenc::_shaw_attention_forward")
-def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None):
+def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None, attention_mask=None):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
 
 @torch.library.register_fake("posenc::_shaw_attention_backward")
-def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None):
+def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None, attention_mask=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             table.new_empty(table.shape))
 
@@ -125,14 +125,14 @@ def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=Fal
 @torch.library.register_fake("posenc::positional_attention")
 def _positional_attention_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                symmetric=False, t5_table=None, bidirectional=True,
-                               max_distance=128, causal=False, scale=None):
+                               max_distance=128, causal=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @torch.library.register_fake("posenc::_positional_attention_forward")
 def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                        symmetric=False, t5_table=None, bidirectional=True,
-                                       max_distance=128, causal=False, scale=None):
+                                       max_distance=128, causal=False, scale=None, attention_mask=None):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
@@ -141,7 +141,7 @@ def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half
 def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, sin=None,
                                         layout="half", slopes=None, symmetric=False,
                                         t5_table=None, bidirectional=True, max_distance=128,
-                                        causal=False, scale=None):
+                                        causal=False, scale=None, attention_mask=None):
     dtable = (t5_table.new_empty(t5_table.shape) if t5_table is not None
               else q.new_empty((0,), dtype=torch.float32))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable

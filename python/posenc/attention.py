@@ -60,14 +60,25 @@ def alibi_slopes(heads: int) -> torch.Tensor:
 
 def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor,
                     causal: bool = False, symmetric: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale - slope_h * distance + causal mask) v, [B, H, Nq, Dv]."""
-    return torch.ops.posenc.alibi_attention(q, k, v, slopes, causal, symmetric, scale)
+                    scale: float | None = None, *,
+                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale - slope_h * distance + causal mask) v, [B, H, Nq, Dv].
+
+    attention_mask: transformers' 2-D mask [B, Nk], bool or integer, True / 1 = a key to attend
+    to, False / 0 = padding (left or right). Padding keys get no weight; a query that sees no
+    key returns 0 (and no gradient), as SDPA returns it. The positions stay the key indices
+    0..Nk-1: the relative biases between real tokens are those of an unpadded sequence as long
+    as the padding sits at one end (BLOOM's cumsum positions give the same softmax), not for
+    padding between real tokens.
+    """
+    return torch.ops.posenc.alibi_attention(q, k, v, slopes, causal, symmetric, scale,
+                                            attention_mask)
 
 
 def t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
                  bidirectional: bool = True, max_distance: int = 128, causal: bool = False,
-                 scale: float | None = None) -> torch.Tensor:
+                 scale: float | None = None,
+                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale + table[bucket(j - p_i), h] + causal mask) v, [B, H, Nq, Dv].
 
     T5's relative-position bias (transformers' T5Attention.compute_bias) computed inside the
@@ -77,13 +88,16 @@ def t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch
     bidirectional=False, causal=True). The keys sit at positions 0..Nk-1, the queries at the last
     Nq of them (cached keys first; lower-right causal mask). scale None is 1/sqrt(D) as in SDPA;
     T5 does not scale its logits, so code ported from T5 passes scale=1.0.
+
+    attention_mask: as alibi_attention's.
     """
     return torch.ops.posenc.t5_attention(q, k, v, table, bidirectional, max_distance, causal,
-                                         scale)
+                                         scale, attention_mask)
 
 
 def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
-                   causal: bool = False, scale: float | None = None) -> torch.Tensor:
+                   causal: bool = False, scale: float | None = None,
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax((q_i . k_j + q_i . table[clip(j - p_i, -K, K) + K]) * scale + causal mask) v,
     [B, H, Nq, Dv].
 
@@ -109,8 +123,10 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: tor
       relative_key_query (a key-side q . E term too) is not expressible.
 
     Both mappings are indexing ops, so gradients reach E.
+
+    attention_mask: as alibi_attention's.
     """
-    return torch.ops.posenc.shaw_attention(q, k, v, table, causal, scale)
+    return torch.ops.posenc.shaw_attention(q, k, v, table, causal, scale, attention_mask)
 
 
 def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -118,7 +134,8 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          layout: str = "half", slopes: torch.Tensor | None = None,
                          symmetric: bool = False, t5_table: torch.Tensor | None = None,
                          bidirectional: bool = True, max_distance: int = 128,
-                         causal: bool = False, scale: float | None = None) -> torch.Tensor:
+                         causal: bool = False, scale: float | None = None,
+                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(rot(q_i) . rot(k_j) * scale - slope_h d(i, j) + t5_table[bucket(j - p_i), h]
     + causal mask) v, [B, H, Nq, Dv]; every part optional, all in one pass of the tiled kernel.
 
@@ -151,7 +168,9 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     bfloat16 or float16 take the tiled CPU kernel (float32 inside), float64 a float64 plain-ATen
     reference (gradcheck); CUDA: the reference. Grouped k, v heads are refused (repeat them
     first), as by the other attentions.
+
+    attention_mask: as alibi_attention's (for all three parts).
     """
     return torch.ops.posenc.positional_attention(q, k, v, cos, sin, layout, slopes, symmetric,
                                                  t5_table, bidirectional, max_distance, causal,
-                                                 scale)
+                                                 scale, attention_mask)

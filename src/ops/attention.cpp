@@ -77,6 +77,10 @@
 // posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
 // posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv, dtable)
 //   dtable: T5's [num_buckets, H] in the table's dtype; without a table an empty float32 [0].
+// Every op above takes, last, `Tensor? attention_mask=None`: transformers' 2-D mask [B, Nk]
+// (bool or integer; 1 = a key to attend to, 0 = padding), -inf on the padding keys' logits before
+// the softmax, as SDPA's boolean mask. The kernel reads it as one byte per key (key_keep); a query
+// that sees no key gets 0 and lse -inf. The positions stay 0..Nk-1.
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -180,6 +184,10 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
               v.device());
 }
 
+constexpr const char* kAlibi = "posenc.alibi_attention";
+constexpr const char* kT5 = "posenc.t5_attention";
+constexpr const char* kShaw = "posenc.shaw_attention";
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& slopes) {
   check_qkv("posenc.alibi_attention", q, k, v);
@@ -222,6 +230,45 @@ double scale_of(const at::Tensor& q, std::optional<double> scale) {
   return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
+// transformers' 2-D attention_mask [B, Nk]: true / 1 = a key to attend to, false / 0 = padding
+// (a key no query sees; a query that sees no key gets 0 and lse -inf, as SDPA gives it). bool or
+// integer (what tokenizers return); an additive float mask is refused, not read as a boolean.
+// Returned as bool on q's device; undefined when absent.
+at::Tensor key_mask_of(const char* op, const at::Tensor& q, const at::Tensor& k,
+                       const std::optional<at::Tensor>& attention_mask) {
+  if (!attention_mask.has_value() || !attention_mask->defined()) return {};
+  const auto& m = *attention_mask;
+  TORCH_CHECK(m.dim() == 2 && m.size(0) == q.size(0) && m.size(1) == k.size(2), op,
+              ": attention_mask must be [B, Nk] = [", q.size(0), ", ", k.size(2),
+              "] (transformers' 2-D mask: 1 = a key to attend to, 0 = padding), got ", m.sizes());
+  TORCH_CHECK(m.scalar_type() == at::kBool || at::isIntegralType(m.scalar_type(), false), op,
+              ": attention_mask must be bool or integer (1 = attend, 0 = padding), got ",
+              m.scalar_type(), "; an additive float mask is not taken");
+  TORCH_CHECK(m.device() == q.device(), op, ": attention_mask must be on q's device (", q.device(),
+              "), got ", m.device());
+  if (m.scalar_type() == at::kBool) return m;
+  if (m.numel() > 0) {
+    const auto low = m.min().item<int64_t>(), high = m.max().item<int64_t>();
+    TORCH_CHECK(low >= 0 && high <= 1, op,
+                ": attention_mask values must be 0 or 1, got values in [", low, ", ", high, "]");
+  }
+  return m.to(at::kBool);
+}
+
+// The kernel reads the mask as one byte per key: [B, Nk].
+void set_key_mask(detail::AttentionProblem& p, const at::Tensor& mask) {
+  if (!mask.defined()) return;
+  const auto keep = mask.to(at::kCPU, at::kByte).contiguous();
+  p.key_keep.assign(keep.const_data_ptr<uint8_t>(), keep.const_data_ptr<uint8_t>() + keep.numel());
+}
+
+// logits [B, H, Nq, Nk] with the padding keys at -inf (the reference's way of the same mask).
+at::Tensor masked(const at::Tensor& logits, const at::Tensor& mask) {
+  if (!mask.defined()) return logits;
+  return logits.masked_fill(mask.logical_not().view({mask.size(0), 1, 1, mask.size(1)}),
+                            -std::numeric_limits<double>::infinity());
+}
+
 // The kernel's problem; the position vectors live in `out` as long as the problem is used.
 void prepare(Prepared& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
              const at::Tensor& slopes, bool causal, bool symmetric, double scale) {
@@ -237,10 +284,12 @@ at::Tensor f32(const at::Tensor& t) { return t.detach().to(at::kFloat).contiguou
 std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                const at::Tensor& v, const at::Tensor& slopes,
                                                bool causal, bool symmetric,
-                                               std::optional<double> scale) {
+                                               std::optional<double> scale,
+                                               const std::optional<at::Tensor>& attention_mask) {
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   prepare(prepared, f32(q), f32(k), f32(v), slopes, causal, symmetric, scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kAlibi, q, k, attention_mask));
   const auto& p = prepared.p;
   auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
   auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
@@ -251,11 +300,12 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
-    bool symmetric, std::optional<double> scale) {
+    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
   prepare(prepared, qh, kh, vh, slopes, causal, symmetric, scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kAlibi, q, k, attention_mask));
   auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
   at::Tensor dtable;
   if (qh.numel() > 0 && kh.numel() > 0)
@@ -308,35 +358,41 @@ ReferenceGrads softmax_backward(const at::Tensor& grad_out, const at::Tensor& q,
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), ds};
 }
 
-std::tuple<at::Tensor, at::Tensor> forward_reference(const at::Tensor& q, const at::Tensor& k,
-                                                     const at::Tensor& v, const at::Tensor& slopes,
-                                                     bool causal, bool symmetric,
-                                                     std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor> forward_reference(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes,
+    bool causal, bool symmetric, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
   check_inputs(q, k, v, slopes);
-  return softmax_forward(q, v, logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)));
+  return softmax_forward(q, v,
+                         masked(logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)),
+                                key_mask_of(kAlibi, q, k, attention_mask)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
-    bool symmetric, std::optional<double> scale) {
+    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_inputs(q, k, v, slopes);
   const double s = scale_of(q, scale);
   const auto g = softmax_backward(grad_out, q, k, v, out, lse,
-                                  logits_of(q, k, slopes, causal, symmetric, s), s);
+                                  masked(logits_of(q, k, slopes, causal, symmetric, s),
+                                         key_mask_of(kAlibi, q, k, attention_mask)),
+                                  s);
   return {g.dq, g.dk, g.dv};
 }
 
 at::Tensor alibi_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& slopes, bool causal, bool symmetric,
-                                     std::optional<double> scale) {
-  return std::get<0>(forward_reference(q, k, v, slopes, causal, symmetric, scale));
+                                     std::optional<double> scale,
+                                     const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(forward_reference(q, k, v, slopes, causal, symmetric, scale, attention_mask));
 }
 
 at::Tensor alibi_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& slopes, bool causal, bool symmetric,
-                               std::optional<double> scale) {
-  return std::get<0>(forward_cpu(q, k, v, slopes, causal, symmetric, scale));
+                               std::optional<double> scale,
+                               const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(forward_cpu(q, k, v, slopes, causal, symmetric, scale, attention_mask));
 }
 
 // ---- T5 -----------------------------------------------------------------------------------
@@ -356,11 +412,13 @@ void prepare_t5(PreparedT5& out, const at::Tensor& qh, const at::Tensor& kh, con
 std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, const at::Tensor& table,
                                                   bool bidirectional, int64_t max_distance,
-                                                  bool causal, std::optional<double> scale) {
+                                                  bool causal, std::optional<double> scale,
+                                                  const std::optional<at::Tensor>& attention_mask) {
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   prepare_t5(prepared, f32(q), f32(k), f32(v), table, bidirectional, max_distance, causal,
              scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kT5, q, k, attention_mask));
   const auto& p = prepared.p;
   auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
   auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
@@ -371,11 +429,13 @@ std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at:
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
-    int64_t max_distance, bool causal, std::optional<double> scale) {
+    int64_t max_distance, bool causal, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
   prepare_t5(prepared, qh, kh, vh, table, bidirectional, max_distance, causal, scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kT5, q, k, attention_mask));
   auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
   at::Tensor dtable;
   if (qh.numel() > 0 && kh.numel() > 0)
@@ -411,25 +471,29 @@ std::tuple<at::Tensor, at::Tensor> t5_rel_and_bucket(const at::Tensor& q, const 
   return {rel, bucket};
 }
 
-std::tuple<at::Tensor, at::Tensor> t5_forward_reference(const at::Tensor& q, const at::Tensor& k,
-                                                        const at::Tensor& v,
-                                                        const at::Tensor& table, bool bidirectional,
-                                                        int64_t max_distance, bool causal,
-                                                        std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor> t5_forward_reference(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
   check_t5(q, k, v, table, bidirectional, max_distance);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
-  return softmax_forward(q, v, t5_logits_of(q, k, table, bucket, rel, causal, scale_of(q, scale)));
+  return softmax_forward(q, v,
+                         masked(t5_logits_of(q, k, table, bucket, rel, causal, scale_of(q, scale)),
+                                key_mask_of(kT5, q, k, attention_mask)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
-    int64_t max_distance, bool causal, std::optional<double> scale) {
+    int64_t max_distance, bool causal, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
   check_t5(q, k, v, table, bidirectional, max_distance);
   const double s = scale_of(q, scale);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
   const auto g = softmax_backward(grad_out, q, k, v, out, lse,
-                                  t5_logits_of(q, k, table, bucket, rel, causal, s), s);
+                                  masked(t5_logits_of(q, k, table, bucket, rel, causal, s),
+                                         key_mask_of(kT5, q, k, attention_mask)),
+                                  s);
   // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
   const int64_t heads = q.size(1);
   const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape({-1, heads});  // [Nq * Nk, H]
@@ -440,15 +504,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference
 
 at::Tensor t5_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                                  bool causal, std::optional<double> scale) {
-  return std::get<0>(
-      t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal, scale));
+                                  bool causal, std::optional<double> scale,
+                                  const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal,
+                                          scale, attention_mask));
 }
 
 at::Tensor t5_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                            bool causal, std::optional<double> scale) {
-  return std::get<0>(t5_forward_cpu(q, k, v, table, bidirectional, max_distance, causal, scale));
+                            bool causal, std::optional<double> scale,
+                            const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(
+      t5_forward_cpu(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask));
 }
 
 // ---- Shaw ---------------------------------------------------------------------------------
@@ -513,22 +580,24 @@ ShawLogits shaw_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   return {logits, used, index};
 }
 
-std::tuple<at::Tensor, at::Tensor> shaw_forward_reference(const at::Tensor& q, const at::Tensor& k,
-                                                          const at::Tensor& v,
-                                                          const at::Tensor& table, bool causal,
-                                                          std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor> shaw_forward_reference(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_shaw(q, k, v, table);
-  return softmax_forward(q, v, shaw_logits_of(q, k, table, causal, scale_of(q, scale)).logits);
+  return softmax_forward(q, v,
+                         masked(shaw_logits_of(q, k, table, causal, scale_of(q, scale)).logits,
+                                key_mask_of(kShaw, q, k, attention_mask)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
-    std::optional<double> scale) {
+    std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_shaw(q, k, v, table);
   const double s = scale_of(q, scale);
   const auto l = shaw_logits_of(q, k, table, causal, s);
-  const auto g = softmax_backward(grad_out, q, k, v, out, lse, l.logits, s);
+  const auto g = softmax_backward(grad_out, q, k, v, out, lse,
+                                  masked(l.logits, key_mask_of(kShaw, q, k, attention_mask)), s);
   // dqr[b, h, i, r] = s * sum of dS[b, h, i, j] over the j with index r: [B, H, Nq, 2K'+1]
   const auto dqr = at::zeros({q.size(0), q.size(1), q.size(2), l.table.size(0)}, g.ds.options())
                        .scatter_add_(-1, l.index, g.ds) *
@@ -559,14 +628,16 @@ void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
   p.qr = (at::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();  // [B, H, Nq, 2K'+1]
 }
 
-std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                    const at::Tensor& v, const at::Tensor& table,
-                                                    bool causal, std::optional<double> scale) {
+std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_shaw(q, k, v, table);
   // float64: the exact reference (the kernel computes in float32)
-  if (q.scalar_type() == at::kDouble) return shaw_forward_reference(q, k, v, table, causal, scale);
+  if (q.scalar_type() == at::kDouble)
+    return shaw_forward_reference(q, k, v, table, causal, scale, attention_mask);
   PreparedShaw prepared;
   prepare_shaw(prepared, f32(q), f32(k), f32(v), table, causal, scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kShaw, q, k, attention_mask));
   const auto& p = prepared.p;
   auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
   auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
@@ -577,13 +648,15 @@ std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
-    std::optional<double> scale) {
+    std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
   check_shaw(q, k, v, table);
   if (q.scalar_type() == at::kDouble)
-    return shaw_backward_reference(grad_out, q, k, v, out, lse, table, causal, scale);
+    return shaw_backward_reference(grad_out, q, k, v, out, lse, table, causal, scale,
+                                   attention_mask);
   PreparedShaw prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
   prepare_shaw(prepared, qh, kh, vh, table, causal, scale_of(q, scale));
+  set_key_mask(prepared.p, key_mask_of(kShaw, q, k, attention_mask));
   auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
   at::Tensor dtable;  // [2K'+1, D] float32
   if (qh.numel() > 0 && kh.numel() > 0)
@@ -597,13 +670,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_cpu(
 
 at::Tensor shaw_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& table, bool causal,
-                                    std::optional<double> scale) {
-  return std::get<0>(shaw_forward_reference(q, k, v, table, causal, scale));
+                                    std::optional<double> scale,
+                                    const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(shaw_forward_reference(q, k, v, table, causal, scale, attention_mask));
 }
 
 at::Tensor shaw_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                              const at::Tensor& table, bool causal, std::optional<double> scale) {
-  return std::get<0>(shaw_forward_cpu(q, k, v, table, causal, scale));
+                              const at::Tensor& table, bool causal, std::optional<double> scale,
+                              const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(shaw_forward_cpu(q, k, v, table, causal, scale, attention_mask));
 }
 
 // ---- positional: RoPE inside, ALiBi and T5 together -------------------------------------
@@ -619,6 +694,7 @@ struct Positional {
   int64_t max_distance = 128;
   bool causal = false;
   double scale = 1.0;
+  at::Tensor mask;  ///< [B, Nk] bool: transformers' attention_mask (key_mask_of)
   bool rotary() const { return cos.defined() && cos.size(-1) > 0; }
 };
 
@@ -636,7 +712,8 @@ Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& sin, c10::string_view layout,
                            const std::optional<at::Tensor>& slopes, bool symmetric,
                            const std::optional<at::Tensor>& t5_table, bool bidirectional,
-                           int64_t max_distance, bool causal, std::optional<double> scale) {
+                           int64_t max_distance, bool causal, std::optional<double> scale,
+                           const std::optional<at::Tensor>& attention_mask) {
   check_qkv(kPositional, q, k, v, /*allow_double=*/true);
   Positional a;
   a.layout = positional_layout(layout);
@@ -686,6 +763,7 @@ Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::T
   a.max_distance = max_distance;
   a.causal = causal;
   a.scale = scale_of(q, scale);
+  a.mask = key_mask_of(kPositional, q, k, attention_mask);
   return a;
 }
 
@@ -777,7 +855,7 @@ PositionalLogits positional_logits_of(const at::Tensor& q, const at::Tensor& k,
                           .permute({2, 0, 1});  // [H, Nq, Nk]
   }
   if (a.causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<double>::infinity());
-  l.logits = logits;
+  l.logits = masked(logits, a.mask);
   return l;
 }
 
@@ -822,6 +900,7 @@ void prepare_positional(PreparedPositional& out, const at::Tensor& qh, const at:
   set_token_positions(p, out.pos);
   if (a.slopes.defined()) set_alibi(p, a.slopes, a.symmetric);
   if (a.table.defined()) set_t5_table(p, out.pos, a.table, a.bidirectional, a.max_distance);
+  set_key_mask(p, a.mask);
   if (rotary_inside) {  // per-pair tables [N, F]: one member of each pair (both read the same)
     const int64_t width = a.cos.size(-1), pairs = width / 2;
     const auto per_pair = [&](const at::Tensor& t) {
@@ -864,9 +943,10 @@ KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
   const std::optional<at::Tensor>&cos, const std::optional<at::Tensor>&sin,               \
       c10::string_view layout, const std::optional<at::Tensor>&slopes, bool symmetric,    \
       const std::optional<at::Tensor>&t5_table, bool bidirectional, int64_t max_distance, \
-      bool causal, std::optional<double> scale
-#define POSITIONAL_ARGS \
-  cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale
+      bool causal, std::optional<double> scale, const std::optional<at::Tensor>&attention_mask
+#define POSITIONAL_ARGS                                                                      \
+  cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale, \
+      attention_mask
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor& q,
                                                                 const at::Tensor& k,
@@ -958,56 +1038,65 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
 TORCH_LIBRARY_FRAGMENT(posenc, m) {
   m.def(
       "alibi_attention(Tensor q, Tensor k, Tensor v, Tensor slopes, bool causal=False, "
-      "bool symmetric=False, float? scale=None) -> Tensor");
+      "bool symmetric=False, float? scale=None, Tensor? attention_mask=None) -> Tensor");
   m.def(
       "_alibi_attention_forward(Tensor q, Tensor k, Tensor v, Tensor slopes, bool causal=False, "
-      "bool symmetric=False, float? scale=None) -> (Tensor, Tensor)");
+      "bool symmetric=False, float? scale=None, Tensor? attention_mask=None) -> (Tensor, Tensor)");
   m.def(
       "_alibi_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-      "Tensor lse, Tensor slopes, bool causal=False, bool symmetric=False, float? scale=None) -> "
+      "Tensor lse, Tensor slopes, bool causal=False, bool symmetric=False, float? scale=None, "
+      "Tensor? attention_mask=None) -> "
       "(Tensor, Tensor, Tensor)");
   m.def(
       "t5_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> Tensor");
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "Tensor");
   m.def(
       "_t5_attention_forward(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor)");
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "(Tensor, Tensor)");
   m.def(
       "_t5_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor table, bool bidirectional=True, int max_distance=128, "
-      "bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool causal=False, float? scale=None, Tensor? attention_mask=None) -> (Tensor, Tensor, "
+      "Tensor, Tensor)");
   m.def(
       "shaw_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool causal=False, "
-      "float? scale=None) -> Tensor");
+      "float? scale=None, Tensor? attention_mask=None) -> Tensor");
   m.def(
       "_shaw_attention_forward(Tensor q, Tensor k, Tensor v, Tensor table, bool causal=False, "
-      "float? scale=None) -> (Tensor, Tensor)");
+      "float? scale=None, Tensor? attention_mask=None) -> (Tensor, Tensor)");
   m.def(
       "_shaw_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-      "Tensor lse, Tensor table, bool causal=False, float? scale=None) -> "
+      "Tensor lse, Tensor table, bool causal=False, float? scale=None, Tensor? "
+      "attention_mask=None) -> "
       "(Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "positional_attention(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? sin=None, str "
       "layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> Tensor");
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "Tensor");
   m.def(
       "_positional_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor)");
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "(Tensor, Tensor)");
   m.def(
       "_positional_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor? cos=None, Tensor? sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, "
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "(Tensor, Tensor, Tensor, "
       "Tensor)");
   // Which path positional_attention takes and why (inspection; any device).
   m.def(
       "positional_attention_route(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None) -> str",
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "str",
       TORCH_FN(positional_attention_route));
 }
 

@@ -25,20 +25,27 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using OptionalTensor = std::optional<at::Tensor>;
+
+OptionalTensor optional_of(const at::Tensor& t) {
+  return t.defined() ? OptionalTensor(t) : std::nullopt;
+}
 
 class AlibiAttentionFunction : public torch::autograd::Function<AlibiAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& slopes, bool causal,
-                               bool symmetric, std::optional<double> scale) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("posenc::_alibi_attention_forward", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, bool, std::optional<double>)>();
+                               bool symmetric, std::optional<double> scale,
+                               const OptionalTensor& attention_mask) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("posenc::_alibi_attention_forward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                bool, std::optional<double>, const OptionalTensor&)>();
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = op.call(q, k, v, slopes, causal, symmetric, scale);
-    ctx->save_for_backward({q, k, v, out, lse, slopes});
+    auto [out, lse] = op.call(q, k, v, slopes, causal, symmetric, scale, attention_mask);
+    ctx->save_for_backward({q, k, v, out, lse, slopes, attention_mask.value_or(at::Tensor())});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["symmetric"] = symmetric;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
@@ -47,46 +54,51 @@ class AlibiAttentionFunction : public torch::autograd::Function<AlibiAttentionFu
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     detail::require_first_order("posenc attention");
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("posenc::_alibi_attention_backward", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, bool, std::optional<double>)>();
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("posenc::_alibi_attention_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool,
+                std::optional<double>, const OptionalTensor&)>();
     const auto s = ctx->get_saved_variables();
     const auto scale_value = ctx->saved_data["scale"];
     const std::optional<double> scale =
         scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
-    auto [dq, dk, dv] =
-        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
-                ctx->saved_data["causal"].toBool(), ctx->saved_data["symmetric"].toBool(), scale);
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto [dq, dk, dv] = op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
+                                ctx->saved_data["causal"].toBool(),
+                                ctx->saved_data["symmetric"].toBool(), scale, optional_of(s[6]));
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor alibi_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const at::Tensor& slopes, bool causal, bool symmetric,
-                                    std::optional<double> scale) {
+                                    std::optional<double> scale,
+                                    const OptionalTensor& attention_mask) {
   TORCH_CHECK(!(at::GradMode::is_enabled() && slopes.requires_grad()),
               "posenc.alibi_attention: the slopes have no gradient (ALiBi's are fixed); pass "
               "them detached");
-  return AlibiAttentionFunction::apply(q, k, v, slopes, causal, symmetric, scale)[0];
+  return AlibiAttentionFunction::apply(q, k, v, slopes, causal, symmetric, scale,
+                                       attention_mask)[0];
 }
 
 class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& table, bool bidirectional,
-                               int64_t max_distance, bool causal, std::optional<double> scale) {
+                               int64_t max_distance, bool causal, std::optional<double> scale,
+                               const OptionalTensor& attention_mask) {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_t5_attention_forward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                      const at::Tensor&, const at::Tensor&, bool,
-                                                      int64_t, bool, std::optional<double>)>();
+            .typed<std::tuple<at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                int64_t, bool, std::optional<double>, const OptionalTensor&)>();
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = op.call(q, k, v, table, bidirectional, max_distance, causal, scale);
-    ctx->save_for_backward({q, k, v, out, lse, table});
+    auto [out, lse] =
+        op.call(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask);
+    ctx->save_for_backward({q, k, v, out, lse, table, attention_mask.value_or(at::Tensor())});
     ctx->saved_data["bidirectional"] = bidirectional;
     ctx->saved_data["max_distance"] = max_distance;
     ctx->saved_data["causal"] = causal;
@@ -102,7 +114,7 @@ class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction
             .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                 const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, int64_t, bool,
-                std::optional<double>)>();
+                std::optional<double>, const OptionalTensor&)>();
     const auto s = ctx->get_saved_variables();
     const auto scale_value = ctx->saved_data["scale"];
     const std::optional<double> scale =
@@ -110,30 +122,34 @@ class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction
     auto [dq, dk, dv, dtable] =
         op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
                 ctx->saved_data["bidirectional"].toBool(), ctx->saved_data["max_distance"].toInt(),
-                ctx->saved_data["causal"].toBool(), scale);
-    return {dq, dk, dv, dtable, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+                ctx->saved_data["causal"].toBool(), scale, optional_of(s[6]));
+    return {dq,           dk,           dv,           dtable,      at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor t5_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                                 bool causal, std::optional<double> scale) {
-  return T5AttentionFunction::apply(q, k, v, table, bidirectional, max_distance, causal, scale)[0];
+                                 bool causal, std::optional<double> scale,
+                                 const OptionalTensor& attention_mask) {
+  return T5AttentionFunction::apply(q, k, v, table, bidirectional, max_distance, causal, scale,
+                                    attention_mask)[0];
 }
 
 class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const at::Tensor& table, bool causal,
-                               std::optional<double> scale) {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("posenc::_shaw_attention_forward", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, std::optional<double>)>();
+                               std::optional<double> scale, const OptionalTensor& attention_mask) {
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("posenc::_shaw_attention_forward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                std::optional<double>, const OptionalTensor&)>();
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = op.call(q, k, v, table, causal, scale);
-    ctx->save_for_backward({q, k, v, out, lse, table});
+    auto [out, lse] = op.call(q, k, v, table, causal, scale, attention_mask);
+    ctx->save_for_backward({q, k, v, out, lse, table, attention_mask.value_or(at::Tensor())});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
     return {out};
@@ -141,33 +157,31 @@ class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunc
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     detail::require_first_order("posenc attention");
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("posenc::_shaw_attention_backward", "")
-                               .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                   const at::Tensor&, bool, std::optional<double>)>();
+    static const auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("posenc::_shaw_attention_backward", "")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
+                std::optional<double>, const OptionalTensor&)>();
     const auto s = ctx->get_saved_variables();
     const auto scale_value = ctx->saved_data["scale"];
     const std::optional<double> scale =
         scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
-    auto [dq, dk, dv, dtable] = op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
-                                        ctx->saved_data["causal"].toBool(), scale);
-    return {dq, dk, dv, dtable, at::Tensor(), at::Tensor()};
+    auto [dq, dk, dv, dtable] =
+        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
+                ctx->saved_data["causal"].toBool(), scale, optional_of(s[6]));
+    return {dq, dk, dv, dtable, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 at::Tensor shaw_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const at::Tensor& table, bool causal,
-                                   std::optional<double> scale) {
-  return ShawAttentionFunction::apply(q, k, v, table, causal, scale)[0];
+                                   std::optional<double> scale,
+                                   const OptionalTensor& attention_mask) {
+  return ShawAttentionFunction::apply(q, k, v, table, causal, scale, attention_mask)[0];
 }
 
-using OptionalTensor = std::optional<at::Tensor>;
-
-OptionalTensor optional_of(const at::Tensor& t) {
-  return t.defined() ? OptionalTensor(t) : std::nullopt;
-}
 
 class PositionalAttentionFunction : public torch::autograd::Function<PositionalAttentionFunction> {
  public:
@@ -176,20 +190,22 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
                                const OptionalTensor& sin, const std::string& layout,
                                const OptionalTensor& slopes, bool symmetric,
                                const OptionalTensor& t5_table, bool bidirectional,
-                               int64_t max_distance, bool causal, std::optional<double> scale) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("posenc::_positional_attention_forward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptionalTensor&,
-                const OptionalTensor&, c10::string_view, const OptionalTensor&, bool,
-                const OptionalTensor&, bool, int64_t, bool, std::optional<double>)>();
+                               int64_t max_distance, bool causal, std::optional<double> scale,
+                               const OptionalTensor& attention_mask) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("posenc::_positional_attention_forward", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(
+                                   const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const OptionalTensor&, const OptionalTensor&, c10::string_view,
+                                   const OptionalTensor&, bool, const OptionalTensor&, bool,
+                                   int64_t, bool, std::optional<double>, const OptionalTensor&)>();
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] = op.call(q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional,
-                              max_distance, causal, scale);
+                              max_distance, causal, scale, attention_mask);
     ctx->save_for_backward({q, k, v, out, lse, cos.value_or(at::Tensor()),
                             sin.value_or(at::Tensor()), slopes.value_or(at::Tensor()),
-                            t5_table.value_or(at::Tensor())});
+                            t5_table.value_or(at::Tensor()),
+                            attention_mask.value_or(at::Tensor())});
     ctx->saved_data["layout"] = layout;
     ctx->saved_data["symmetric"] = symmetric;
     ctx->saved_data["bidirectional"] = bidirectional;
@@ -208,24 +224,24 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
                 const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                 const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
                 c10::string_view, const OptionalTensor&, bool, const OptionalTensor&, bool, int64_t,
-                bool, std::optional<double>)>();
+                bool, std::optional<double>, const OptionalTensor&)>();
     const auto s = ctx->get_saved_variables();
     const auto scale_value = ctx->saved_data["scale"];
     const std::optional<double> scale =
         scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
     const auto layout = ctx->saved_data["layout"].toStringRef();
-    auto [dq, dk, dv, dtable] =
-        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], optional_of(s[5]),
-                optional_of(s[6]), layout, optional_of(s[7]), ctx->saved_data["symmetric"].toBool(),
-                optional_of(s[8]), ctx->saved_data["bidirectional"].toBool(),
-                ctx->saved_data["max_distance"].toInt(), ctx->saved_data["causal"].toBool(), scale);
+    auto [dq, dk, dv, dtable] = op.call(
+        grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], optional_of(s[5]), optional_of(s[6]),
+        layout, optional_of(s[7]), ctx->saved_data["symmetric"].toBool(), optional_of(s[8]),
+        ctx->saved_data["bidirectional"].toBool(), ctx->saved_data["max_distance"].toInt(),
+        ctx->saved_data["causal"].toBool(), scale, optional_of(s[9]));
     // q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance,
-    // causal, scale
+    // causal, scale, attention_mask
     return {dq,           dk,           dv,
             at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), s[8].defined() ? dtable : at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -235,20 +251,18 @@ at::Tensor rotary_rows(const at::Tensor& t, int64_t start, int64_t n) {
   return (t.dim() == 2 ? t.unsqueeze(0) : t).narrow(1, start, n);
 }
 
-at::Tensor positional_attention_autograd(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const OptionalTensor& cos,
-                                         const OptionalTensor& sin, c10::string_view layout,
-                                         const OptionalTensor& slopes, bool symmetric,
-                                         const OptionalTensor& t5_table, bool bidirectional,
-                                         int64_t max_distance, bool causal,
-                                         std::optional<double> scale) {
+at::Tensor positional_attention_autograd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptionalTensor& cos,
+    const OptionalTensor& sin, c10::string_view layout, const OptionalTensor& slopes,
+    bool symmetric, const OptionalTensor& t5_table, bool bidirectional, int64_t max_distance,
+    bool causal, std::optional<double> scale, const OptionalTensor& attention_mask) {
   static const auto route =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("posenc::positional_attention_route", "")
           .typed<std::string(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const OptionalTensor&, const OptionalTensor&, c10::string_view,
                              const OptionalTensor&, bool, const OptionalTensor&, bool, int64_t,
-                             bool, std::optional<double>)>();
+                             bool, std::optional<double>, const OptionalTensor&)>();
   TORCH_CHECK(!(at::GradMode::is_enabled() && slopes.has_value() && slopes->defined() &&
                 slopes->requires_grad()),
               "posenc.positional_attention: the slopes have no gradient (ALiBi's are fixed); pass "
@@ -258,7 +272,7 @@ at::Tensor positional_attention_autograd(const at::Tensor& q, const at::Tensor& 
                        (cos->requires_grad() || sin->requires_grad());
   if (learned) {  // rotate first, differentiably in the tables (checks all arguments first)
     route.call(q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance,
-               causal, scale);
+               causal, scale, attention_mask);
     static const auto rotate = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("posenc::apply_rotary", "")
                                    .typed<std::tuple<at::Tensor, at::Tensor>(
@@ -272,11 +286,11 @@ at::Tensor positional_attention_autograd(const at::Tensor& q, const at::Tensor& 
     return PositionalAttentionFunction::apply(qr.to(q.scalar_type()), kr.to(k.scalar_type()), v,
                                               std::nullopt, std::nullopt, std::string(layout),
                                               slopes, symmetric, t5_table, bidirectional,
-                                              max_distance, causal, scale)[0];
+                                              max_distance, causal, scale, attention_mask)[0];
   }
   return PositionalAttentionFunction::apply(q, k, v, cos, sin, std::string(layout), slopes,
                                             symmetric, t5_table, bidirectional, max_distance,
-                                            causal, scale)[0];
+                                            causal, scale, attention_mask)[0];
 }
 
 }  // namespace
