@@ -8,10 +8,12 @@ Shapes: Llama-style q [B, 32, N, 128], k [B, 8, N, 128] (grouped-query), the pro
 as transformers makes it ([B, N, H, D] transposed). Times are medians of --repeat calls. Each
 forward+backward call starts with no gradient in q and k (no accumulation into the last call's).
 
-glibc moves its mmap threshold as large blocks are freed, so whether a 32 MiB result is a fresh
-mapping (page faults on every call) or reused heap depended on what ran before: the float32 rows
-moved between runs. The script pins the threshold (MALLOC_MMAP_THRESHOLD_, glibc's largest
-value, 32 MiB, what a long-running process drifts to) by starting itself again with it set.
+Large tensors are fresh mappings from the kernel on every call (PyTorch's CPU allocator does not
+cache), so with 4 KiB pages the float32 rows measured page faults more than arithmetic, and
+varied 2x between runs with the machine's memory state. The script starts itself again with
+THP_MEM_ALLOC_ENABLE=1 (PyTorch's CPU allocator asks for transparent huge pages, 2 MiB), where
+the rows repeat within ~10% and all three contenders run ~3x faster; --small-pages measures
+with 4 KiB pages instead.
 """
 
 import argparse
@@ -24,22 +26,23 @@ import posenc
 from bench_util import median_ms
 from transformers.models.llama import modeling_llama
 
-MMAP_THRESHOLD = str(32 << 20)
 
 
 def main():
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_") != MMAP_THRESHOLD:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = MMAP_THRESHOLD
+    if "--small-pages" not in sys.argv and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
         os.execv(sys.executable, [sys.executable] + sys.argv)
     p = argparse.ArgumentParser()
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--small-pages", action="store_true",
+                   help="4 KiB pages (no THP_MEM_ALLOC_ENABLE): page faults in every row")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     hf = modeling_llama.apply_rotary_pos_emb
     compiled = torch.compile(hf, fullgraph=True, dynamic=False)
     print(f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}; "
-          f"MALLOC_MMAP_THRESHOLD_={MMAP_THRESHOLD}")
+          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}")
     print("| dtype | B x N | pass | HF eager ms | HF compiled ms | posenc ms | eager/posenc | compiled/posenc |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for dtype in (torch.float32, torch.bfloat16):
