@@ -56,7 +56,10 @@ def examine(model_type, verbose=False):
             traceback.print_exc()
         return None, f"a small model does not build: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     reasons = []
-    for layout in ("half", "interleaved"):
+    layouts = ["half", "interleaved"]
+    if callable(getattr(modeling, "apply_rotary_pos_emb_interleave", None)):
+        layouts.append("deinterleave")  # DeepSeek V3's interleaved weights
+    for layout in layouts:
         entry = (modeling.__name__, classes, layout)
         try:
             with pf.quiet():

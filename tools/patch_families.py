@@ -185,8 +185,9 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
     ids, packed = inputs()
     want = [run(model, ids), run(model, ids, packed)]
     entry = (modeling.__name__, classes, layout)
+    function = integration.FUNCTION[layout]  # the file's function posenc's rotation replaces
     patched = integration._patch_with(copy.deepcopy(model), model_type, entry)
-    rotation = modeling.apply_rotary_pos_emb
+    rotation = getattr(modeling, function)
     calls = []
 
     def counted(*args, **kwargs):
@@ -199,24 +200,24 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
     try:
         if not hasattr(rotation, "posenc_layout"):
             return "the rotation was not replaced"
-        modeling.apply_rotary_pos_emb = counted
+        setattr(modeling, function, counted)
         got = [run(patched, ids), run(patched, ids, packed)]
-        modeling.apply_rotary_pos_emb = turned_back
+        setattr(modeling, function, turned_back)
         reached = not torch.equal(logits(patched, ids), want[0][0])
-        modeling.apply_rotary_pos_emb = rotation
+        setattr(modeling, function, rotation)
         sibling = logits(model, ids)  # not patched, while `patched` is
     finally:
-        modeling.apply_rotary_pos_emb = rotation
+        setattr(modeling, function, rotation)
         integration.unpatch(patched)
     if not calls:
-        return "its attention does not call the file's apply_rotary_pos_emb"
+        return f"its attention does not call the file's {function}"
     if not reached:
-        return "the file's apply_rotary_pos_emb does not reach the logits"
+        return f"the file's {function} does not reach the logits"
     if not torch.equal(sibling, want[0][0]):
         return (f"an unpatched model of the family changes while another is patched (by "
                 f"{(sibling - want[0][0]).abs().max().item():.3g}): its tables are not in "
                 f"transformers' cat(t, t) order")
-    if hasattr(modeling.apply_rotary_pos_emb, "posenc_layout"):
+    if hasattr(getattr(modeling, function), "posenc_layout"):
         return "unpatch left posenc's rotation in"
     why = compare(want, got)
     if why is not None:

@@ -86,7 +86,11 @@ def test_the_harness_sees_a_changed_table():
     ("olmo2", "half", "the family rotates in another precision"),
     ("cohere", "interleaved", "an unpatched model of the family changes"),
     ("gpt_oss", "half", "an unpatched model of the family changes"),   # half-width tables
-    ("deepseek_v32", "interleaved", "an unpatched model of the family changes"),  # indexer's half
+    # DeepSeek V3.2's apply_rotary_pos_emb is its indexer's (half pairs): patched as the
+    # interleaved function, an unpatched model changes; its main attention calls
+    # apply_rotary_pos_emb_interleave ("deinterleave", listed)
+    ("deepseek_v32", "interleaved", "an unpatched model of the family changes"),
+    ("dots3_note_text", "deinterleave", "the family rotates in another precision"),
 ])
 def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(model_type, layout,
                                                                                reason):
@@ -95,7 +99,39 @@ def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(mo
     with pf.quiet():
         why = pf.check(model_type, classes, layout, model=model)
     assert why is not None and reason in why, why
-    assert model_type in _families.LEFT_OUT and model_type not in integration.SUPPORTED
+    assert model_type in _families.LEFT_OUT or _families.CHECKED[model_type][2] != layout
+
+
+def test_the_harness_sees_a_deinterleave_without_its_split():
+    # DeepSeek V3's rotation of interleaved weights returns each head's pairs de-interleaved; the
+    # half rotation alone (no split) rotates the wrong pairs and must show in the logits
+    entry = _families.CHECKED["deepseek_v3"]
+    assert entry[2] == "deinterleave"
+    original = integration._rotation
+
+    def no_split(layout):
+        return original("half") if layout == "deinterleave" else original(layout)
+
+    integration._rotation = no_split
+    try:
+        with pf.quiet():
+            why = pf.check("deepseek_v3", entry[1], entry[2])
+    finally:
+        integration._rotation = original
+    # the file's rotation is global: an unpatched sibling sees it first
+    assert why is not None and ("logits differ" in why or "unpatched model" in why), why
+
+
+def test_deepseek_v3_without_interleaved_weights_is_refused():
+    # rope_interleave=False: its attention calls the half apply_rotary_pos_emb, which the listed
+    # entry does not replace; posenc's resolver gives half pairs and patch() refuses in one line
+    config = pf.small_config("deepseek_v3")
+    config.rope_interleave = False
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb_interleave rotates interleaved") as e:
+        integration.patch(model)
+    assert "\n" not in str(e.value)
 
 
 def test_a_config_edited_after_construction_is_refused():

@@ -17,8 +17,16 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                      'half'),
  'arcee': ('transformers.models.arcee.modeling_arcee', ('ArceeRotaryEmbedding',), 'half'),
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
+ 'axk1': ('transformers.models.axk1.modeling_axk1', ('AXK1RotaryEmbedding',), 'deinterleave'),
+ 'axk2': ('transformers.models.axk2.modeling_axk2', ('AXK2RotaryEmbedding',), 'deinterleave'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
+ 'deepseek_v3': ('transformers.models.deepseek_v3.modeling_deepseek_v3',
+                 ('DeepseekV3RotaryEmbedding',),
+                 'deinterleave'),
+ 'deepseek_v32': ('transformers.models.deepseek_v32.modeling_deepseek_v32',
+                  ('DeepseekV32RotaryEmbedding',),
+                  'deinterleave'),
  'diffllama': ('transformers.models.diffllama.modeling_diffllama',
                ('DiffLlamaRotaryEmbedding',),
                'half'),
@@ -41,6 +49,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'glm4_moe': ('transformers.models.glm4_moe.modeling_glm4_moe',
               ('Glm4MoeRotaryEmbedding',),
               'half'),
+ 'glm4_moe_lite': ('transformers.models.glm4_moe_lite.modeling_glm4_moe_lite',
+                   ('Glm4MoeLiteRotaryEmbedding',),
+                   'deinterleave'),
  'gpt_neox': ('transformers.models.gpt_neox.modeling_gpt_neox',
               ('GPTNeoXRotaryEmbedding',),
               'half'),
@@ -133,12 +144,10 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 'half'),
  'vaultgemma': ('transformers.models.vaultgemma.modeling_vaultgemma',
                 ('VaultGemmaRotaryEmbedding',),
-                'half')}
+                'half'),
+ 'youtu': ('transformers.models.youtu.modeling_youtu', ('YoutuRotaryEmbedding',), 'deinterleave')}
 
-LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
- 'axk2': 'interleaved: an unpatched model of the family changes while another is patched (by '
-         "0.0663): its tables are not in transformers' cat(t, t) order",
- 'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
+LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'bamba': "half: its attention does not call the file's apply_rotary_pos_emb",
  'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
          'precision)',
@@ -155,14 +164,13 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
  'deepseek_v2': 'its modeling file has no apply_rotary_pos_emb',
- 'deepseek_v3': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
- 'deepseek_v32': 'interleaved: an unpatched model of the family changes while another is patched '
-                 "(by 0.196): its tables are not in transformers' cat(t, t) order",
  'deepseek_v4': 'a small model does not build: ValueError: the small config still has 5808761 '
                 'parameters (MAX_PARAMETERS 4000000)',
  'dots3_note': 'a small model does not build: StrictDataclassClassValidationError: Class '
                "validation error for validator 'validate_architecture':",
- 'dots3_note_text': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
+ 'dots3_note_text': "interleaved: its attention does not call the file's apply_rotary_pos_emb; "
+                    'deinterleave: torch.bfloat16 by .to(): gradient of model.embed_tokens.weight '
+                    'differs by 3.05e-05 (the family rotates in another precision)',
  'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
          "LM's config is of model type 'emu3_text_model'",
  'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
@@ -186,7 +194,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
                    "required positional argument: 'sin'",
  'gemma4_unified_text': 'half: TypeError: _rotation.<locals>.posenc_apply_rotary_pos_emb() missing '
                         "1 required positional argument: 'sin'",
- 'glm4_moe_lite': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
  'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
             "its tables are not in transformers' cat(t, t) order",
@@ -253,7 +260,6 @@ LEFT_OUT = {'axk1': "interleaved: its attention does not call the file's apply_r
                    '2, 13)) but the resolved config has no mrope_section to give each axis its '
                    "pairs; give the model's mrope_section in rope_parameters, or [B, N] positions",
  'recurrent_gemma': 'no rotary module taking a config in its causal LM',
- 'youtu': "interleaved: its attention does not call the file's apply_rotary_pos_emb",
  'zamba2': 'a small model does not build: StrictDataclassClassValidationError: Class validation '
            "error for validator 'validate_layer_type':",
  'zaya': 'a small model does not build: StrictDataclassClassValidationError: Class validation '

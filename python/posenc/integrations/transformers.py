@@ -15,7 +15,10 @@ own modeling code by tests/python/test_transformers_patch.py, logits and gradien
     returns to is `initial_inv_freq` (transformers' `original_inv_freq`, a name its _init_weights
     recomputes by its own functions);
   - the modeling file's apply_rotary_pos_emb -> posenc's rotation with that function's contract
-    (GLM's re-interleaves the first half of each table, as its own does).
+    (GLM's re-interleaves the first half of each table, as its own does); for DeepSeek V3's
+    families (interleaved weights, config rope_interleave) the file's
+    apply_rotary_pos_emb_interleave, whose output lists each head's pair members de-interleaved
+    ([x0' x2' ... | x1' x3' ...]).
 The function is a global of the modeling file, so every model of that family in the process takes
 posenc's rotation until the last patched model of the family is unpatched. That rotation is the
 family's own function to the bit (the same tables in, the same rounding), so a model of the
@@ -34,9 +37,11 @@ import torch
 from ..rotary import RotaryEmbedding, apply_rotary_pos_emb
 from . import _families
 
-# model_type -> (the modeling file, its text rotary classes replaced, the pairs its
-# apply_rotary_pos_emb rotates: "half" is rotate_half, "interleaved" GLM's (2i, 2i+1); a constant of
-# the file, whatever the config says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
+# model_type -> (the modeling file, its text rotary classes replaced, the rotation it calls: "half"
+# is apply_rotary_pos_emb with rotate_half, "interleaved" GLM's apply_rotary_pos_emb on pairs
+# (2i, 2i+1), "deinterleave" DeepSeek V3's apply_rotary_pos_emb_interleave (pairs (2i, 2i+1) in,
+# the pairs' first members then their second ones out); a constant of the file, whatever the config
+# says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
     "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
@@ -53,8 +58,17 @@ HAND_CHECKED = {
 # (tools/gen_patch_families.py: each family's small random causal LM equal with and without patch()).
 SUPPORTED = {**_families.CHECKED, **HAND_CHECKED}
 
-_ORIGINAL = "_posenc_original_apply_rotary_pos_emb"
 _PATCHED = "_posenc_patched_models"  # weak references to the patched models of the modeling file
+# the function of the modeling file each rotation replaces, and the pair layout posenc's resolver
+# must give the family's config for it
+FUNCTION = {"half": "apply_rotary_pos_emb", "interleaved": "apply_rotary_pos_emb",
+            "deinterleave": "apply_rotary_pos_emb_interleave"}
+_RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved"}
+
+
+def _original(layout: str) -> str:
+    """The modeling file's attribute keeping transformers' function while posenc's is in."""
+    return "_posenc_original_" + FUNCTION[layout]
 
 
 def _rotation(layout: str):
@@ -63,7 +77,22 @@ def _rotation(layout: str):
     Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
     "interleaved" (GLM) takes each table's first half and repeats every value twice
     (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
+    "deinterleave" (DeepSeek V3's apply_rotary_pos_emb_interleave, position_ids unused as there):
+    q and k de-interleaved ([x0 x2 ... | x1 x3 ...], a copy), then rotated as "half" with the
+    cat(t, t) tables: pair i is (x_2i, x_2i+1) with angle t_i, the products and sums the same as
+    DeepSeek's `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
     """
+    if layout == "deinterleave":
+        def posenc_apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None,
+                                                   unsqueeze_dim=1):
+            def split(x):
+                return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+            return apply_rotary_pos_emb(split(q), split(k), cos, sin, unsqueeze_dim=unsqueeze_dim)
+
+        posenc_apply_rotary_pos_emb_interleave.posenc_layout = layout
+        return posenc_apply_rotary_pos_emb_interleave
+
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
         if layout == "interleaved":
             cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
@@ -183,20 +212,21 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
             _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
         layouts = {t.layout for t in ours._tables.values()}
-        if layouts != {layout}:  # posenc's resolver and the family's code disagree: refuse
+        if layouts != {_RESOLVED[layout]}:  # posenc's resolver and the family's code disagree
             raise ValueError(f"posenc.patch: {name or 'the model'}'s config resolves to the "
                              f"{'/'.join(sorted(layouts))} pair layout, but "
-                             f"{modeling.__name__}.apply_rotary_pos_emb rotates {layout} pairs; "
-                             f"not patched")
+                             f"{modeling.__name__}.{FUNCTION[layout]} rotates "
+                             f"{_RESOLVED[layout]} pairs; not patched")
         replacements.append((name, ours))
     if not replacements:
         raise ValueError(f"posenc.patch: no rotary module of {modeling.__name__} in this model")
     for name, ours in replacements:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, ours)
-    if not hasattr(modeling, _ORIGINAL):
-        setattr(modeling, _ORIGINAL, modeling.apply_rotary_pos_emb)
-    modeling.apply_rotary_pos_emb = _rotation(layout)
+    function = FUNCTION[layout]
+    if not hasattr(modeling, _original(layout)):
+        setattr(modeling, _original(layout), getattr(modeling, function))
+    setattr(modeling, function, _rotation(layout))
     setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
     model._posenc_modeling = modeling.__name__
     return model
@@ -220,8 +250,10 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
         setattr(model.get_submodule(parent_name) if parent_name else model, child, theirs)
     others = [r for r in _live_patched(modeling) if r() is not model]
     setattr(modeling, _PATCHED, others)
-    if hasattr(modeling, _ORIGINAL) and not others:  # the last patched model of the family
-        modeling.apply_rotary_pos_emb = getattr(modeling, _ORIGINAL)
-        delattr(modeling, _ORIGINAL)
+    if not others:  # the last patched model of the family: transformers' functions back
+        for layout in FUNCTION:
+            if hasattr(modeling, _original(layout)):
+                setattr(modeling, FUNCTION[layout], getattr(modeling, _original(layout)))
+                delattr(modeling, _original(layout))
     del model._posenc_modeling
     return model
