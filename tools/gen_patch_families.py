@@ -14,6 +14,7 @@ the package importable (POSENC_OPS_LIBRARY=build/libposenc_ops.so, PYTHONPATH=py
 """
 
 import argparse
+import inspect
 import os
 import pprint
 import sys
@@ -57,6 +58,8 @@ def examine(model_type, verbose=False):
         return None, f"a small model does not build: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     reasons = []
     layouts = ["half", "interleaved"]
+    if next(iter(inspect.signature(modeling.apply_rotary_pos_emb).parameters)) == "x":
+        layouts = ["half_one"]  # Gemma 4's: one tensor rotated per call
     if callable(getattr(modeling, "apply_rotary_pos_emb_interleave", None)):
         layouts.append("deinterleave")  # DeepSeek V3's interleaved weights
     for layout in layouts:

@@ -36,6 +36,7 @@ import torch
 SMALL = dict(
     hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, vocab_size=101, max_position_embeddings=256,
+    vocab_size_per_layer_input=101, hidden_size_per_layer_input=16,
     moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
     num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
     n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
@@ -194,8 +195,14 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
         calls.append(1)
         return rotation(*args, **kwargs)
 
-    def turned_back(q, k, cos, sin, *args, **kwargs):  # rotation by -angle
-        return rotation(q, k, cos, -sin, *args, **kwargs)
+    def turned_back(*args, **kwargs):  # rotation by -angle: sin is the last table argument
+        args = list(args)
+        at = 2 if layout == "half_one" else 3  # (x, cos, sin, ...) or (q, k, cos, sin, ...)
+        if "sin" in kwargs:
+            kwargs["sin"] = -kwargs["sin"]
+        else:
+            args[at] = -args[at]
+        return rotation(*args, **kwargs)
 
     try:
         if not hasattr(rotation, "posenc_layout"):

@@ -160,3 +160,25 @@ def test_float32_tables_stay_float32():
     assert torch.equal(kept[0].to(torch.bfloat16), cast[0])
     with pytest.raises(ValueError, match="table_dtype must be 'input' or 'float32'"):
         posenc.RotaryEmbedding.from_hf_config(config, table_dtype="bfloat16")
+
+
+def test_gemma4s_one_tensor_rotation_is_its_own_for_any_tables():
+    # Gemma 4's apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim) is a global of its modeling file:
+    # its vision tower calls it too (by keyword, on channel splits with its own tables), so posenc's
+    # "half_one" rotation must give transformers' result to the bit for tables that are not
+    # cat(t, t) and for strided x as well
+    modeling = pf.modeling_module("gemma4")
+    theirs = getattr(modeling, "_posenc_original_apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ours = integration._rotation("half_one")
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float64):
+        x = torch.randn(2, 7, 3, 24, generator=g).to(dtype)       # [B, L, heads, D]
+        cos = torch.randn(2, 7, 24, generator=g).to(dtype)        # any values, halves differ
+        sin = torch.randn(2, 7, 24, generator=g).to(dtype)
+        part = x[..., :8]                                         # a channel split: strided
+        for args in ((x, cos, sin), (part, cos[..., :8], sin[..., :8])):
+            want = theirs(x=args[0], cos=args[1], sin=args[2], unsqueeze_dim=2)
+            got = ours(x=args[0], cos=args[1], sin=args[2], unsqueeze_dim=2)
+            assert got.dtype == want.dtype and torch.equal(got, want), dtype
+        xt = x.transpose(1, 2)                                    # [B, heads, L, D]
+        assert torch.equal(ours(xt, cos, sin), theirs(xt, cos, sin))

@@ -44,6 +44,18 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'gemma': ('transformers.models.gemma.modeling_gemma', ('GemmaRotaryEmbedding',), 'half'),
  'gemma2': ('transformers.models.gemma2.modeling_gemma2', ('Gemma2RotaryEmbedding',), 'half'),
  'gemma3_text': ('transformers.models.gemma3.modeling_gemma3', ('Gemma3RotaryEmbedding',), 'half'),
+ 'gemma4': ('transformers.models.gemma4.modeling_gemma4',
+            ('Gemma4TextRotaryEmbedding',),
+            'half_one'),
+ 'gemma4_text': ('transformers.models.gemma4.modeling_gemma4',
+                 ('Gemma4TextRotaryEmbedding',),
+                 'half_one'),
+ 'gemma4_unified': ('transformers.models.gemma4_unified.modeling_gemma4_unified',
+                    ('Gemma4UnifiedTextRotaryEmbedding',),
+                    'half_one'),
+ 'gemma4_unified_text': ('transformers.models.gemma4_unified.modeling_gemma4_unified',
+                         ('Gemma4UnifiedTextRotaryEmbedding',),
+                         'half_one'),
  'glm': ('transformers.models.glm.modeling_glm', ('GlmRotaryEmbedding',), 'interleaved'),
  'glm4': ('transformers.models.glm4.modeling_glm4', ('Glm4RotaryEmbedding',), 'interleaved'),
  'glm4_moe': ('transformers.models.glm4_moe.modeling_glm4_moe',
@@ -186,14 +198,6 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
             'different than the set of layer types using them',
  'gemma3n_text': 'a small model does not build: ValueError: The set of layer types producing a '
                  'cache is different than the set of layer types using them',
- 'gemma4': 'a small model does not build: ValueError: the small config still has 134766880 '
-           'parameters (MAX_PARAMETERS 4000000)',
- 'gemma4_text': 'a small model does not build: ValueError: the small config still has 134766880 '
-                'parameters (MAX_PARAMETERS 4000000)',
- 'gemma4_unified': 'half: TypeError: _rotation.<locals>.posenc_apply_rotary_pos_emb() missing 1 '
-                   "required positional argument: 'sin'",
- 'gemma4_unified_text': 'half: TypeError: _rotation.<locals>.posenc_apply_rotary_pos_emb() missing '
-                        "1 required positional argument: 'sin'",
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
  'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
             "its tables are not in transformers' cat(t, t) order",

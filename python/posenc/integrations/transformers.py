@@ -40,8 +40,9 @@ from . import _families
 # model_type -> (the modeling file, its text rotary classes replaced, the rotation it calls: "half"
 # is apply_rotary_pos_emb with rotate_half, "interleaved" GLM's apply_rotary_pos_emb on pairs
 # (2i, 2i+1), "deinterleave" DeepSeek V3's apply_rotary_pos_emb_interleave (pairs (2i, 2i+1) in,
-# the pairs' first members then their second ones out); a constant of the file, whatever the config
-# says). A tower's rotary class (Qwen2-VL's vision rotary) is left.
+# the pairs' first members then their second ones out), "half_one" Gemma 4's apply_rotary_pos_emb(x,
+# cos, sin, unsqueeze_dim) rotating one tensor; a constant of the file, whatever the config says).
+# A tower's rotary class (Qwen2-VL's vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
     "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
@@ -62,8 +63,9 @@ _PATCHED = "_posenc_patched_models"  # weak references to the patched models of 
 # the function of the modeling file each rotation replaces, and the pair layout posenc's resolver
 # must give the family's config for it
 FUNCTION = {"half": "apply_rotary_pos_emb", "interleaved": "apply_rotary_pos_emb",
-            "deinterleave": "apply_rotary_pos_emb_interleave"}
-_RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved"}
+            "deinterleave": "apply_rotary_pos_emb_interleave", "half_one": "apply_rotary_pos_emb"}
+_RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved",
+             "half_one": "half"}
 
 
 def _original(layout: str) -> str:
@@ -77,11 +79,22 @@ def _rotation(layout: str):
     Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
     "interleaved" (GLM) takes each table's first half and repeats every value twice
     (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
+    "half_one" (Gemma 4): apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim) on one tensor.
     "deinterleave" (DeepSeek V3's apply_rotary_pos_emb_interleave, position_ids unused as there):
     q and k de-interleaved ([x0 x2 ... | x1 x3 ...], a copy), then rotated as "half" with the
     cat(t, t) tables: pair i is (x_2i, x_2i+1) with angle t_i, the products and sums the same as
     DeepSeek's `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
     """
+    if layout == "half_one":
+        def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
+            # the operator rotates a pair (q, k); k is one head of x (the dim cos is unsqueezed
+            # at), so the second result costs 1/H of the first
+            head = x.narrow(unsqueeze_dim, 0, 1) if x.size(unsqueeze_dim) > 0 else x
+            return apply_rotary_pos_emb(x, head, cos, sin, unsqueeze_dim=unsqueeze_dim)[0]
+
+        posenc_apply_rotary_pos_emb_one.posenc_layout = layout
+        return posenc_apply_rotary_pos_emb_one
+
     if layout == "deinterleave":
         def posenc_apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None,
                                                    unsqueeze_dim=1):
