@@ -5,8 +5,9 @@ with and without patch(), as tests/python/test_transformers_patch.py does for th
 A family is listed (python/posenc/integrations/_families.py, written by tools/gen_patch_families.py)
 only when, for its causal LM built from its config class's defaults made small (SMALL below):
   - the patched model holds posenc's rotary modules in place of every text rotary module of the
-    modeling file, and the file's apply_rotary_pos_emb is posenc's rotation (the pairs it rotates:
-    "half" or "interleaved", the one of the two under which the logits agree);
+    modeling file, and the file's rotation is posenc's (integration.FUNCTION: apply_rotary_pos_emb
+    on "half" or "interleaved" pairs, DeepSeek's apply_rotary_pos_emb_interleave ("deinterleave"),
+    Gemma 4's one-tensor apply_rotary_pos_emb ("half_one"); the one under which the logits agree);
   - logits are equal to the bit (float32) with default positions and with packed position_ids (two
     sequences in a row), and every parameter's gradient within rtol 1e-5, atol 1e-7;
   - posenc's rotation reaches the logits, a model of the family left unpatched is unchanged, and
@@ -54,15 +55,33 @@ def modeling_module(model_type: str):
     return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
 
-def _small(base: dict) -> dict:
-    """SMALL's keys the config has. Multi-head latent attention (DeepSeek's qk_rope_head_dim) sizes
-    its heads from its own keys (head_dim left to the config) and has as many key heads as query
-    heads."""
+# Families whose rotary code fixes a size SMALL would break: Qwen 3.5's modules rotate M-RoPE
+# sections of 11 + 11 + 10 pairs (their default) over head_dim * 0.25 dims, so the heads stay 256
+# wide (64 rotary dims) for the small model to be the family's.
+FAMILY_SMALL = {
+    "qwen3_5_text": dict(head_dim=256),
+    "qwen3_5_moe_text": dict(head_dim=256),
+}
+
+
+def _small(base: dict, model_type: str = "") -> dict:
+    """SMALL's keys the config has (and FAMILY_SMALL's). Multi-head latent attention (DeepSeek's
+    qk_rope_head_dim) sizes its heads from its own keys (head_dim left to the config) and has as
+    many key heads as query heads. A list of layer types longer than the small model keeps each
+    type once, in order (hybrid families: a linear-attention layer and an attention layer), when
+    they fit."""
     keys = {k: v for k, v in SMALL.items() if k in base}
     if "qk_rope_head_dim" in base:
         keys.pop("head_dim", None)
         if "num_key_value_heads" in keys:
             keys["num_key_value_heads"] = keys["num_attention_heads"]
+    layer_types = base.get("layer_types")
+    layers = keys.get("num_hidden_layers")
+    if isinstance(layer_types, list) and layers and len(layer_types) > layers:
+        distinct = list(dict.fromkeys(layer_types))
+        if len(distinct) <= layers:
+            keys["layer_types"] = distinct + [distinct[-1]] * (layers - len(distinct))
+    keys.update(FAMILY_SMALL.get(model_type, {}))
     return keys
 
 
@@ -71,9 +90,9 @@ def small_config(model_type: str):
     import transformers
     cls = transformers.CONFIG_MAPPING[model_type]
     base = cls().to_dict()
-    kwargs = _small(base)
+    kwargs = _small(base, model_type)
     if isinstance(base.get("text_config"), dict):
-        kwargs["text_config"] = _small(base["text_config"])
+        kwargs["text_config"] = _small(base["text_config"], base["text_config"].get("model_type", ""))
     config = cls(**kwargs)
     config._attn_implementation = "eager"
     text = getattr(config, "text_config", None)

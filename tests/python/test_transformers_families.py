@@ -90,7 +90,6 @@ def test_the_harness_sees_a_changed_table():
     # interleaved function, an unpatched model changes; its main attention calls
     # apply_rotary_pos_emb_interleave ("deinterleave", listed)
     ("deepseek_v32", "interleaved", "an unpatched model of the family changes"),
-    ("dots3_note_text", "deinterleave", "the family rotates in another precision"),
 ])
 def test_the_harness_sees_families_equal_only_in_float32_or_only_when_patched(model_type, layout,
                                                                                reason):
