@@ -29,15 +29,16 @@ from transformers.models.llama import modeling_llama
 
 
 def main():
-    if "--small-pages" not in sys.argv and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
-        os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
-        os.execv(sys.executable, [sys.executable] + sys.argv)
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--small-pages", action="store_true",
-                   help="4 KiB pages (no THP_MEM_ALLOC_ENABLE): page faults in every row")
+                   help="4 KiB pages (THP_MEM_ALLOC_ENABLE=0): page faults in every row")
     args = p.parse_args()
+    want = "0" if args.small_pages else "1"  # read by the allocator when the process starts
+    if os.environ.get("THP_MEM_ALLOC_ENABLE", "0") != want:
+        os.environ["THP_MEM_ALLOC_ENABLE"] = want
+        os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
     torch.set_num_threads(args.threads)
     hf = modeling_llama.apply_rotary_pos_emb
     compiled = torch.compile(hf, fullgraph=True, dynamic=False)

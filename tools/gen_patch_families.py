@@ -57,11 +57,13 @@ def examine(model_type, verbose=False):
             traceback.print_exc()
         return None, f"a small model does not build: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
     reasons = []
-    layouts = ["half", "interleaved"]
+    # rotations in float32 (OLMo, Ernie 4.5) are tried last: a family that passes in its tables'
+    # dtype is listed so
+    layouts = ["half", "interleaved", "half_f32", "interleaved_f32"]
     if next(iter(inspect.signature(modeling.apply_rotary_pos_emb).parameters)) == "x":
         layouts = ["half_one"]  # Gemma 4's: one tensor rotated per call
     if callable(getattr(modeling, "apply_rotary_pos_emb_interleave", None)):
-        layouts.append("deinterleave")  # DeepSeek V3's interleaved weights
+        layouts.insert(2, "deinterleave")  # DeepSeek V3's interleaved weights
     for layout in layouts:
         entry = (modeling.__name__, classes, layout)
         try:

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -262,6 +263,24 @@ class Resolver {
           set("head_dim", head_dim,
               where("global_head_dim") +
                   " (full-attention layers; transformers' per_layer_config)");
+        } else if (const auto layer =
+                       layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim
+                           ? first_layer_override(c, "head_dim")
+                           : std::nullopt;
+                   layer.has_value()) {
+          // a saved config: transformers moves global_head_dim into per_layer_config, keyed by
+          // layer index, and the rotary module reads the config of the type's first layer
+          head_dim = layer->second;
+          set("head_dim", head_dim,
+              options_.origin + ": " + prefix_ + "per_layer_config['" + layer->first +
+                  "'].head_dim (the first full-attention layer; transformers' per_layer_config)");
+        } else if (layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim &&
+                   has(c, "per_layer_config") && has(c, "head_dim")) {
+          head_dim = integer_at(c, "head_dim");  // no override for the type's first layer
+          set("head_dim", head_dim,
+              where("head_dim") +
+                  " (the first full-attention layer has no per_layer_config "
+                  "head_dim)");
         } else if (layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim) {
           head_dim = 512;
           set("head_dim", head_dim,
@@ -1099,6 +1118,36 @@ class Resolver {
   }
   static bool has(const nlohmann::json& o, const std::string& key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
+  }
+  // transformers' per-layer overrides (per_layer_config: {"<layer index>": {key: value}}) for the
+  // first layer of this layer type: (the entry's key, the value), or none.
+  std::optional<std::pair<std::string, int64_t>> first_layer_override(
+      const nlohmann::json& c, const std::string& key) const {
+    if (!has(c, "per_layer_config") || !c["per_layer_config"].is_object() ||
+        !has(c, "layer_types") || !c["layer_types"].is_array())
+      return std::nullopt;
+    const auto& types = c["layer_types"];
+    int64_t first = -1;
+    for (size_t i = 0; i < types.size(); ++i)
+      if (types[i].is_string() && types[i].get<std::string>() == layer_type_) {
+        first = static_cast<int64_t>(i);
+        break;
+      }
+    if (first < 0) return std::nullopt;
+    for (const auto& [index, entry] : c["per_layer_config"].items()) {
+      int64_t parsed = -1;
+      try {
+        size_t used = 0;
+        parsed = std::stoll(index, &used);
+        if (used != index.size()) parsed = -1;
+      } catch (const std::exception&) {
+        parsed = -1;
+      }
+      if (parsed == first && has(entry, key))
+        return std::make_pair(index,
+                              integer_at(entry, key, "per_layer_config['" + index + "']." + key));
+    }
+    return std::nullopt;
   }
   std::string where(const std::string& key) const {
     if (defaulted_.count(key))

@@ -496,7 +496,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference
                                   s);
   // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
   const int64_t heads = q.size(1);
-  const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape({-1, heads});  // [Nq * Nk, H]
+  const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape(
+      {q.size(2) * k.size(2), heads});  // [Nq * Nk, H] (H may be 0)
   const auto dtable =
       at::zeros({table.size(0), heads}, g.ds.options()).index_add_(0, bucket.reshape({-1}), dbias);
   return {g.dq, g.dk, g.dv, dtable.to(table.scalar_type())};
@@ -880,7 +881,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_r
   at::Tensor dtable = at::empty({0}, q.options().dtype(at::kFloat));
   if (a.table.defined()) {  // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
     const int64_t heads = q.size(1);
-    const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape({-1, heads});  // [Nq * Nk, H]
+    const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape(
+        {q.size(2) * k.size(2), heads});  // [Nq * Nk, H] (H may be 0)
     dtable = at::zeros({a.table.size(0), heads}, g.ds.options())
                  .index_add_(0, l.bucket.reshape({-1}), dbias)
                  .to(a.table.scalar_type());

@@ -111,6 +111,33 @@ def test_wider_tables_promote_as_eager_does():
     assert got[0].dtype == torch.float32 and torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.bfloat16, torch.float32),
+                                               (torch.float16, torch.float32),
+                                               (torch.float32, torch.float64)], ids=str)
+@pytest.mark.parametrize("shape", [(2, 4, 2, 7, 16, 16), (1, 2, 2, 5, 24, 12)])
+def test_promoting_tables_give_eagers_gradients_to_the_bit(layout, dtype, table_dtype, shape):
+    # OLMo's and Ernie 4.5's rotation: x in bfloat16, tables in float32; eager autograd rounds
+    # each product's gradient to x's dtype before adding them, and so must the operator
+    torch.manual_seed(6)
+    q, k, cos, sin = inputs(shape, dtype, layout, grad=True)
+    cos, sin = tables(shape[0], shape[3], shape[5], layout, table_dtype)
+    got = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout=layout)
+    want = formula(q, k, cos, sin, layout=layout)
+    assert all(g.dtype == table_dtype and torch.equal(g, w) for g, w in zip(got, want))
+    gq = torch.randn(got[0].shape).to(dtype).to(table_dtype)  # what a cast back hands over
+    gk = torch.randn(got[1].shape).to(dtype).to(table_dtype)
+    mine = torch.autograd.grad(got, (q, k), (gq, gk))
+    theirs = torch.autograd.grad(want, (q, k), (gq, gk))
+    for m, t in zip(mine, theirs):
+        assert m.dtype == dtype and torch.equal(m, t)
+    # rounded once instead (the fused path's way: the gradient of a promoted copy, cast) differs,
+    # so the equality above is not one any rounding would give
+    qq, kk = (x.detach().to(table_dtype).requires_grad_() for x in (q, k))
+    once = torch.autograd.grad(formula(qq, kk, cos, sin, layout=layout), (qq, kk), (gq, gk))
+    assert not torch.equal(once[0].to(dtype), theirs[0])
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_opcheck_apply_rotary(dtype, layout):

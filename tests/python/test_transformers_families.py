@@ -181,3 +181,77 @@ def test_gemma4s_one_tensor_rotation_is_its_own_for_any_tables():
             assert got.dtype == want.dtype and torch.equal(got, want), dtype
         xt = x.transpose(1, 2)                                    # [B, heads, L, D]
         assert torch.equal(ours(xt, cos, sin), theirs(xt, cos, sin))
+
+
+def _equal_with_and_without_patch(model):
+    import copy
+    ids, packed = pf.inputs()
+    want = [pf.run(model, ids), pf.run(model, ids, packed)]
+    mine = integration.patch(copy.deepcopy(model))
+    assert isinstance(mine.model.rotary_emb, integration.RotaryEmbedding)
+    return pf.compare(want, [pf.run(mine, ids), pf.run(mine, ids, packed)])
+
+
+def test_gemma4_with_its_own_global_head_size_and_from_a_saved_config():
+    # transformers moves global_head_dim into per_layer_config (keyed by layer index) when it
+    # builds or saves the config; posenc's resolver reads it there for the full-attention layers
+    keys = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=101,
+                hidden_size_per_layer_input=16, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    config = transformers.Gemma4TextConfig(**keys)
+    config._attn_implementation = "eager"
+    saved = transformers.Gemma4TextConfig.from_dict(config.to_dict())
+    saved._attn_implementation = "eager"
+    assert "global_head_dim" not in saved.to_dict()
+    for c in (config, saved):
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(c).eval()
+        inv_freq = model.model.rotary_emb.full_attention_inv_freq  # the 64-wide heads' table:
+        assert inv_freq.numel() == 32 and int(inv_freq.count_nonzero()) == 8  # proportional, 1/4
+        why = _equal_with_and_without_patch(model)
+        assert why is None, why
+
+
+@pytest.mark.parametrize("edit", ["phi3 longrope: max_position_embeddings raised after loading",
+                                  "deepseek_v3 yarn: attention_factor set after loading"])
+def test_an_attention_scaling_the_config_no_longer_gives_is_refused(edit):
+    # only the factor on cos and sin changes (inv_freq does not): patch() compares it as well
+    if edit.startswith("phi3"):
+        config = pf.small_config("phi3")
+        config.max_position_embeddings, config.partial_rotary_factor = 64, 0.5
+        config.rope_parameters = {"rope_type": "longrope", "short_factor": [1.0] * 4,
+                                  "long_factor": [2.0] * 4, "rope_theta": 10000.0,
+                                  "original_max_position_embeddings": 16}
+        config.original_max_position_embeddings = 16
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        model.config.max_position_embeddings = 128
+    else:
+        config = pf.small_config("deepseek_v3")
+        config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0,
+                                  "mscale_all_dim": 1.0, "original_max_position_embeddings": 8,
+                                  "beta_fast": 32, "beta_slow": 1, "rope_theta": 10000.0}
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config)
+        model.config.rope_parameters["attention_factor"] = 2.0
+    with pytest.raises(ValueError, match="attention scaling .* differs from the module's own") as e:
+        integration.patch(model)
+    assert "\n" not in str(e.value)
+    assert not any(isinstance(m, integration.RotaryEmbedding) for m in model.modules())
+
+
+def test_deepseeks_deinterleave_rotation_is_its_own_for_any_tables():
+    # DeepSeek V3's apply_rotary_pos_emb_interleave reads the first half of each table only;
+    # posenc's replacement gives its result to the bit whatever the second half holds
+    modeling = pf.modeling_module("deepseek_v3")
+    theirs = getattr(modeling, "_posenc_original_apply_rotary_pos_emb_interleave",
+                     modeling.apply_rotary_pos_emb_interleave)
+    ours = integration._rotation("deinterleave")
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        q = torch.randn(2, 4, 5, 8, generator=g).to(dtype)
+        k = torch.randn(2, 1, 5, 8, generator=g).to(dtype)
+        cos, sin = (torch.randn(2, 5, 8, generator=g).to(dtype) for _ in range(2))
+        for got, want in zip(ours(q, k, cos, sin), theirs(q, k, cos, sin)):
+            assert got.dtype == want.dtype and torch.equal(got, want), dtype

@@ -19,6 +19,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'aria_text': ('transformers.models.aria.modeling_aria', ('AriaTextRotaryEmbedding',), 'half'),
  'axk1': ('transformers.models.axk1.modeling_axk1', ('AXK1RotaryEmbedding',), 'deinterleave'),
  'axk2': ('transformers.models.axk2.modeling_axk2', ('AXK2RotaryEmbedding',), 'deinterleave'),
+ 'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half_f32'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
  'deepseek_v3': ('transformers.models.deepseek_v3.modeling_deepseek_v3',
@@ -33,6 +34,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'doge': ('transformers.models.doge.modeling_doge', ('DogeRotaryEmbedding',), 'half'),
  'dory': ('transformers.models.dory.modeling_dory', ('DoryRotaryEmbedding',), 'half'),
  'dots1': ('transformers.models.dots1.modeling_dots1', ('Dots1RotaryEmbedding',), 'half'),
+ 'ernie4_5_moe': ('transformers.models.ernie4_5_moe.modeling_ernie4_5_moe',
+                  ('Ernie4_5_MoeRotaryEmbedding',),
+                  'interleaved_f32'),
  'exaone4': ('transformers.models.exaone4.modeling_exaone4', ('Exaone4RotaryEmbedding',), 'half'),
  'exaone_moe': ('transformers.models.exaone_moe.modeling_exaone_moe',
                 ('ExaoneMoeRotaryEmbedding',),
@@ -41,6 +45,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'falcon_h1': ('transformers.models.falcon_h1.modeling_falcon_h1',
                ('FalconH1RotaryEmbedding',),
                'half'),
+ 'flex_olmo': ('transformers.models.flex_olmo.modeling_flex_olmo',
+               ('FlexOlmoRotaryEmbedding',),
+               'half_f32'),
  'flint': ('transformers.models.flint.modeling_flint', ('FlintRotaryEmbedding',), 'half'),
  'gemma': ('transformers.models.gemma.modeling_gemma', ('GemmaRotaryEmbedding',), 'half'),
  'gemma2': ('transformers.models.gemma2.modeling_gemma2', ('Gemma2RotaryEmbedding',), 'half'),
@@ -128,6 +135,12 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
+ 'olmo': ('transformers.models.olmo.modeling_olmo', ('OlmoRotaryEmbedding',), 'half_f32'),
+ 'olmo2': ('transformers.models.olmo2.modeling_olmo2', ('Olmo2RotaryEmbedding',), 'half_f32'),
+ 'olmo3': ('transformers.models.olmo3.modeling_olmo3', ('Olmo3RotaryEmbedding',), 'half_f32'),
+ 'olmo_hybrid': ('transformers.models.olmo_hybrid.modeling_olmo_hybrid',
+                 ('OlmoHybridRotaryEmbedding',),
+                 'half_f32'),
  'olmoe': ('transformers.models.olmoe.modeling_olmoe', ('OlmoeRotaryEmbedding',), 'half'),
  'persimmon': ('transformers.models.persimmon.modeling_persimmon',
                ('PersimmonRotaryEmbedding',),
@@ -170,18 +183,23 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'youtu': ('transformers.models.youtu.modeling_youtu', ('YoutuRotaryEmbedding',), 'deinterleave')}
 
 LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
- 'bamba': "half: its attention does not call the file's apply_rotary_pos_emb",
- 'beam': 'half: torch.bfloat16 by .to(): logits differ by 0.00586 (the family rotates in another '
-         'precision)',
+ 'bamba': "half: its attention does not call the file's apply_rotary_pos_emb; half_f32: its "
+          "attention does not call the file's apply_rotary_pos_emb",
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
  'cohere': 'interleaved: an unpatched model of the family changes while another is patched (by '
-           "0.000261): its tables are not in transformers' cat(t, t) order",
+           "0.000261): its tables are not in transformers' cat(t, t) order; interleaved_f32: an "
+           'unpatched model of the family changes while another is patched (by 0.000261): its '
+           "tables are not in transformers' cat(t, t) order",
  'cohere2': 'interleaved: an unpatched model of the family changes while another is patched (by '
-            "0.000246): its tables are not in transformers' cat(t, t) order",
+            "0.000246): its tables are not in transformers' cat(t, t) order; interleaved_f32: an "
+            'unpatched model of the family changes while another is patched (by 0.000246): its '
+            "tables are not in transformers' cat(t, t) order",
  'cohere2_moe': 'interleaved: an unpatched model of the family changes while another is patched '
-                "(by 0.000529): its tables are not in transformers' cat(t, t) order",
+                "(by 0.000529): its tables are not in transformers' cat(t, t) order; "
+                'interleaved_f32: an unpatched model of the family changes while another is '
+                "patched (by 0.000529): its tables are not in transformers' cat(t, t) order",
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -193,13 +211,12 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'dots3_note_text': 'a small model does not build: ValueError: the small config still has 39052088 '
                     'parameters (MAX_PARAMETERS 4000000)',
  'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
-         "LM's config is of model type 'emu3_text_model'",
+         "LM's config is of model type 'emu3_text_model'; half_f32: its causal LM's config is of "
+         "model type 'emu3_text_model'; interleaved_f32: its causal LM's config is of model type "
+         "'emu3_text_model'",
  'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
-             'in another precision)',
- 'ernie4_5_moe': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00244 (the family '
-                 'rotates in another precision)',
- 'flex_olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.0061 (the family rotates in '
-              'another precision)',
+             'in another precision); interleaved_f32: torch.float64 by .to(): logits differ by '
+             '9.48e-08 (the family rotates in another precision)',
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
  'gemma3n': 'a small model does not build: ValueError: The set of layer types producing a cache is '
@@ -208,16 +225,25 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
                  'cache is different than the set of layer types using them',
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
  'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
-            "its tables are not in transformers' cat(t, t) order",
+            "its tables are not in transformers' cat(t, t) order; half_f32: an unpatched model of "
+            'the family changes while another is patched (by 0.175): its tables are not in '
+            "transformers' cat(t, t) order",
  'gptj': 'no rotary module taking a config in its causal LM',
- 'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
- 'granitemoe_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
+ 'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
+                "half_f32: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
+ 'granitemoe_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
+                   "half_f32: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
  'granitemoehybrid': 'no rotary module taking a config in its causal LM',
  'inkling2_text': 'its modeling file has no apply_rotary_pos_emb',
  'lfm2_moe': "a small model does not build: TypeError: 'NoneType' object is not subscriptable",
  'lfm3': "half: RuntimeError: config.json (model type 'lfm3'): rope_parameters holds one RoPE per "
          'layer type (full_attention, sliding_attention); choose one with --layer-type (or '
          "'layer_type' in the hf config); interleaved: RuntimeError: config.json (model type "
+         "'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
+         "sliding_attention); choose one with --layer-type (or 'layer_type' in the hf config); "
+         "half_f32: RuntimeError: config.json (model type 'lfm3'): rope_parameters holds one RoPE "
+         'per layer type (full_attention, sliding_attention); choose one with --layer-type (or '
+         "'layer_type' in the hf config); interleaved_f32: RuntimeError: config.json (model type "
          "'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
          "sliding_attention); choose one with --layer-type (or 'layer_type' in the hf config)",
  'llama4': 'its modeling file has no apply_rotary_pos_emb',
@@ -228,11 +254,20 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
                   '(head_dim=16, partial_rotary_factor=0.334); interleaved: RuntimeError: '
                   "config.json (model type 'mimo_v2_flash'): rope: the rotary dimension "
                   'int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
-                  '(head_dim=16, partial_rotary_factor=0.334)',
+                  '(head_dim=16, partial_rotary_factor=0.334); half_f32: RuntimeError: config.json '
+                  "(model type 'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
+                  'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, '
+                  'partial_rotary_factor=0.334); interleaved_f32: RuntimeError: config.json (model '
+                  "type 'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
+                  'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, '
+                  'partial_rotary_factor=0.334)',
  'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
-           "causal LM's config is of model type 'mllama_text_model'",
+           "causal LM's config is of model type 'mllama_text_model'; half_f32: its causal LM's "
+           "config is of model type 'mllama_text_model'; interleaved_f32: its causal LM's config "
+           "is of model type 'mllama_text_model'",
  'modernbert-decoder': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family '
-                       'rotates in another precision)',
+                       'rotates in another precision); half_f32: torch.bfloat16 by .to(): logits '
+                       'differ by 0.000977 (the family rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
@@ -240,23 +275,26 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
              'not (models/nanochat/modeling_nanochat.py: rotate_half); interleaved: RuntimeError: '
              "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
              "-x1): the rotation turns by -angle, which posenc's rope does not "
+             '(models/nanochat/modeling_nanochat.py: rotate_half); half_f32: RuntimeError: '
+             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
+             "-x1): the rotation turns by -angle, which posenc's rope does not "
+             '(models/nanochat/modeling_nanochat.py: rotate_half); interleaved_f32: RuntimeError: '
+             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
+             "-x1): the rotation turns by -angle, which posenc's rope does not "
              '(models/nanochat/modeling_nanochat.py: rotate_half)',
- 'olmo': 'half: torch.bfloat16 by .to(): logits differ by 0.00208 (the family rotates in another '
-         'precision)',
- 'olmo2': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in another '
-          'precision)',
- 'olmo3': 'half: torch.bfloat16 by .to(): logits differ by 0.00415 (the family rotates in another '
-          'precision)',
- 'olmo_hybrid': 'half: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates in '
-                'another precision)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
  'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
-           'precision)',
+           'precision); half_f32: torch.bfloat16 by .to(): logits differ by 0.00208 (the family '
+           'rotates in another precision)',
  'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
-            "LM's config is of model type 'qwen3_5_text'",
+            "LM's config is of model type 'qwen3_5_text'; half_f32: its causal LM's config is of "
+            "model type 'qwen3_5_text'; interleaved_f32: its causal LM's config is of model type "
+            "'qwen3_5_text'",
  'qwen3_5_moe': "half: its causal LM's config is of model type 'qwen3_5_moe_text'; interleaved: "
-                "its causal LM's config is of model type 'qwen3_5_moe_text'",
+                "its causal LM's config is of model type 'qwen3_5_moe_text'; half_f32: its causal "
+                "LM's config is of model type 'qwen3_5_moe_text'; interleaved_f32: its causal LM's "
+                "config is of model type 'qwen3_5_moe_text'",
  'qwen4_exp': 'a small model does not build: TypeError: unsupported operand type(s) for //: '
               "'NoneType' and 'NoneType'",
  'qwen4_exp_text': 'a small model does not build: TypeError: unsupported operand type(s) for //: '

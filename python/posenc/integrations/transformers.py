@@ -41,7 +41,9 @@ from . import _families
 # is apply_rotary_pos_emb with rotate_half, "interleaved" GLM's apply_rotary_pos_emb on pairs
 # (2i, 2i+1), "deinterleave" DeepSeek V3's apply_rotary_pos_emb_interleave (pairs (2i, 2i+1) in,
 # the pairs' first members then their second ones out), "half_one" Gemma 4's apply_rotary_pos_emb(x,
-# cos, sin, unsqueeze_dim) rotating one tensor; a constant of the file, whatever the config says).
+# cos, sin, unsqueeze_dim) rotating one tensor, "half_f32" / "interleaved_f32" OLMo's / Ernie 4.5's
+# apply_rotary_pos_emb rotating in float32 (the modules' tables stay float32) and casting the result
+# back to q's dtype; a constant of the file, whatever the config says).
 # A tower's rotary class (Qwen2-VL's vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
@@ -63,9 +65,12 @@ _PATCHED = "_posenc_patched_models"  # weak references to the patched models of 
 # the function of the modeling file each rotation replaces, and the pair layout posenc's resolver
 # must give the family's config for it
 FUNCTION = {"half": "apply_rotary_pos_emb", "interleaved": "apply_rotary_pos_emb",
-            "deinterleave": "apply_rotary_pos_emb_interleave", "half_one": "apply_rotary_pos_emb"}
+            "deinterleave": "apply_rotary_pos_emb_interleave", "half_one": "apply_rotary_pos_emb",
+            "half_f32": "apply_rotary_pos_emb", "interleaved_f32": "apply_rotary_pos_emb"}
 _RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved",
-             "half_one": "half"}
+             "half_one": "half", "half_f32": "half", "interleaved_f32": "interleaved"}
+# the rotations whose family's rotary modules return float32 tables whatever x's dtype
+_FLOAT32_TABLES = ("half_f32", "interleaved_f32")
 
 
 def _original(layout: str) -> str:
@@ -81,10 +86,26 @@ def _rotation(layout: str):
     (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
     "half_one" (Gemma 4): apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim) on one tensor.
     "deinterleave" (DeepSeek V3's apply_rotary_pos_emb_interleave, position_ids unused as there):
-    q and k de-interleaved ([x0 x2 ... | x1 x3 ...], a copy), then rotated as "half" with the
-    cat(t, t) tables: pair i is (x_2i, x_2i+1) with angle t_i, the products and sums the same as
+    q and k de-interleaved ([x0 x2 ... | x1 x3 ...], a copy), then rotated as "half" with
+    cat(t, t) of each table's first half (all DeepSeek's function reads): pair i is (x_2i, x_2i+1) with angle t_i, the products and sums the same as
     DeepSeek's `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
     """
+    if layout in _FLOAT32_TABLES:
+        pairs = layout[: -len("_f32")]
+
+        def posenc_apply_rotary_pos_emb_f32(q, k, cos, sin, unsqueeze_dim=1):
+            # float32 tables promote q and k: rotated in float32, rounded once to their dtype (the
+            # operator's backward rounds each product's gradient as eager's does)
+            if pairs == "interleaved":
+                cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
+                sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+            q_embed, k_embed = apply_rotary_pos_emb(q, k, cos.float(), sin.float(),
+                                                    unsqueeze_dim=unsqueeze_dim, layout=pairs)
+            return q_embed.to(q.dtype), k_embed.to(k.dtype)
+
+        posenc_apply_rotary_pos_emb_f32.posenc_layout = layout
+        return posenc_apply_rotary_pos_emb_f32
+
     if layout == "half_one":
         def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
             # the operator rotates a pair (q, k); k is one head of x (the dim cos is unsqueezed
@@ -101,6 +122,9 @@ def _rotation(layout: str):
             def split(x):
                 return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
+            # DeepSeek's reads each table's first half only (pair i's angle): the same here
+            cos = cos[..., : cos.shape[-1] // 2].repeat(*([1] * (cos.dim() - 1)), 2)
+            sin = sin[..., : sin.shape[-1] // 2].repeat(*([1] * (sin.dim() - 1)), 2)
             return apply_rotary_pos_emb(split(q), split(k), cos, sin, unsqueeze_dim=unsqueeze_dim)
 
         posenc_apply_rotary_pos_emb_interleave.posenc_layout = layout
@@ -185,6 +209,33 @@ def _frequencies_differ(theirs: torch.nn.Module, ours: torch.nn.Module, exact: b
     return None
 
 
+def _scaling_differs(theirs: torch.nn.Module, ours: RotaryEmbedding, exact: bool) -> str | None:
+    """Why posenc's attention scaling (the factor on cos and sin: YaRN's mscale, LongRoPE's,
+    a config's attention_factor) is not the replaced module's own, or None. transformers keeps it
+    as `attention_scaling` (per layer type `<type>_attention_scaling`); the tables multiply it in
+    float32, so with float32 angles the float32 values must be equal, with float64 ones within
+    1e-6."""
+    mine = {name: table.attention_scaling for name, table in ours._tables.items()}
+    found = {}
+    for name in mine:
+        attr = f"{name}_attention_scaling" if name else "attention_scaling"
+        if isinstance(getattr(theirs, attr, None), (int, float)):
+            found[name] = getattr(theirs, attr)
+    single = [a for a in vars(theirs) if a.endswith("attention_scaling")]
+    if not found and len(mine) == 1 and len(single) == 1:  # one table each, other names
+        found[next(iter(mine))] = getattr(theirs, single[0])
+    for name, want in found.items():
+        got = mine[name]
+        if exact:
+            same = torch.tensor(got, dtype=torch.float32) == torch.tensor(want, dtype=torch.float32)
+        else:
+            same = abs(got - want) <= 1e-6 * abs(want)
+        if not same:
+            return (f"posenc's attention scaling{' for ' + repr(name) if name else ''} ({got!r}) "
+                    f"differs from the module's own ({want!r})")
+    return None
+
+
 def _live_patched(modeling) -> list:
     return [r for r in getattr(modeling, _PATCHED, []) if r() is not None]
 
@@ -212,13 +263,15 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
     for name, sub in list(model.named_modules()):
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
-        ours = RotaryEmbedding.from_hf_config(sub.config, angle_dtype=angle_dtype,
-                                              table_order="transformers")
+        ours = RotaryEmbedding.from_hf_config(
+            sub.config, angle_dtype=angle_dtype, table_order="transformers",
+            table_dtype="float32" if layout in _FLOAT32_TABLES else "input")
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
         # resolve to other frequencies than the module was built with; refused, not guessed
-        why = _frequencies_differ(sub, ours, exact=angle_dtype == "float32")
+        why = (_frequencies_differ(sub, ours, exact=angle_dtype == "float32")
+               or _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
         if why is not None:
             raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
         if angle_dtype == "float32":  # the dtypes transformers' buffers have now (model.to(dtype))

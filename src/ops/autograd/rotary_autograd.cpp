@@ -3,6 +3,11 @@
 //   dx   = apply_rotary(dy, cos, -swap(sin))      rot's adjoint turns the table's pair members
 //                                                 round: half [s_a | s_b] -> [-s_b | -s_a]
 //   dcos = sum_to(dy * x, cos),  dsin = sum_to(dy * rot(x), sin)     (q's and k's terms added)
+// Where the tables promote x (bfloat16 x with float32 tables: OLMo's and Ernie's rotation), eager
+// autograd rounds each product's gradient to x's dtype before adding them (every edge into x is
+// cast to x's dtype), so dx is computed that way there, to the bit:
+//   dx = round(dy * c) + round(rot^T(dy * s)) in x's dtype,  rot^T = -rot
+// (the fused path rounds once, from the promoted sum).
 // The backward calls the operator, not a kernel, so it is itself differentiable (gradgradcheck)
 // and torch.compile traces it. apply_rotary_ records no gradients: with autograd on and an input
 // that needs one, it is one line (use apply_rotary).
@@ -43,6 +48,20 @@ at::Tensor table_grad(const at::Tensor& g, const at::Tensor& term, const at::Ten
   return at::sum_to(g * term, unsqueezed.sym_sizes()).squeeze(unsqueeze_dim);
 }
 
+// dL/dx for an x that the tables promoted (its dtype below the result's), as eager autograd gives
+// it for `x * c + rotate_half(x) * s`: each product's gradient rounded to x's dtype, then added
+// there; dims past the rotary width pass the gradient through. g [.., D] in the result's dtype,
+// c, s the unsqueezed tables [.., W].
+at::Tensor promoted_input_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& c,
+                               const at::Tensor& s, RopeLayout layout) {
+  const auto dt = x.scalar_type();
+  const c10::SymInt width = c.sym_size(-1), dim = g.sym_size(-1);
+  const auto gr = g.narrow_symint(-1, 0, width);
+  auto dx = (gr * c).to(dt) - rotate_half_any((gr * s).to(dt), layout);  // rot^T = -rot
+  if (width != dim) dx = at::cat({dx, g.narrow_symint(-1, width, dim - width).to(dt)}, -1);
+  return at::sum_to(dx, x.sym_sizes());
+}
+
 class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
@@ -70,7 +89,14 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
                         ? grads[1]
                         : at::zeros_like(k, k.options().dtype(at::result_type(k, cos)));
     variable_list result(6);
-    if (q.requires_grad() || k.requires_grad()) {
+    const auto promoted = [&](const at::Tensor& x) {
+      return at::promote_types(at::result_type(x, cos), sin.scalar_type()) != x.scalar_type();
+    };
+    if ((q.requires_grad() || k.requires_grad()) && (promoted(q) || promoted(k))) {
+      const auto c = cos.unsqueeze(u), s = sin.unsqueeze(u);
+      result[0] = promoted_input_grad(gq, q, c, s, parsed);
+      result[1] = promoted_input_grad(gk, k, c, s, parsed);
+    } else if (q.requires_grad() || k.requires_grad()) {
       auto [dq, dk] = call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
       // a result that cos/sin broadcast to a larger shape than q or k: summed back to theirs
       result[0] = at::sum_to(dq, q.sym_sizes()).to(q.scalar_type());
