@@ -141,7 +141,12 @@ def test_a_config_edited_after_construction_is_refused():
     config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    with pytest.raises(ValueError, match="differ from the module's own") as e:
+    _refused_untouched(model, "differ from the module's own")
+
+
+def _refused_untouched(model, match):
+    """patch() refuses the model in one line and leaves its rotary modules as they were."""
+    with pytest.raises(ValueError, match=match) as e:
         integration.patch(model)
     assert "\n" not in str(e.value)
     assert not any(isinstance(m, integration.RotaryEmbedding) for m in model.modules())
@@ -235,10 +240,7 @@ def test_an_attention_scaling_the_config_no_longer_gives_is_refused(edit):
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config)
         model.config.rope_parameters["attention_factor"] = 2.0
-    with pytest.raises(ValueError, match="attention scaling .* differs from the module's own") as e:
-        integration.patch(model)
-    assert "\n" not in str(e.value)
-    assert not any(isinstance(m, integration.RotaryEmbedding) for m in model.modules())
+    _refused_untouched(model, "attention scaling .* differs from the module's own")
 
 
 def test_deepseeks_deinterleave_rotation_is_its_own_for_any_tables():
