@@ -59,7 +59,7 @@ def examine(model_type, verbose=False):
     reasons = []
     # rotations in float32 (OLMo, Ernie 4.5) are tried last: a family that passes in its tables'
     # dtype is listed so
-    layouts = ["half", "interleaved", "half_f32", "interleaved_f32"]
+    layouts = ["half", "interleaved", "half_f32", "interleaved_f32", "half_fresh"]
     if next(iter(inspect.signature(modeling.apply_rotary_pos_emb).parameters)) == "x":
         layouts = ["half_one"]  # Gemma 4's: one tensor rotated per call
     if callable(getattr(modeling, "apply_rotary_pos_emb_interleave", None)):
@@ -79,7 +79,16 @@ def examine(model_type, verbose=False):
     # the layout posenc's resolver does not give is refused by patch() itself: the other one's
     # reason is the family's
     telling = [(l, w) for l, w in reasons if "pair layout, but" not in w] or reasons
-    return None, "; ".join(f"{l}: {w}" for l, w in telling)
+    # one line in patch()'s refusal: each reason once (the layouts that failed alike named
+    # together), at most MAX_REASON characters
+    merged = {}
+    for layout, why in telling:
+        merged.setdefault(why, []).append(layout)
+    text = "; ".join(f"{'/'.join(ls)}: {why}" for why, ls in merged.items())
+    return None, text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+MAX_REASON = 400
 
 
 def main():

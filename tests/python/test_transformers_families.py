@@ -257,3 +257,26 @@ def test_deepseeks_deinterleave_rotation_is_its_own_for_any_tables():
         cos, sin = (torch.randn(2, 5, 8, generator=g).to(dtype) for _ in range(2))
         for got, want in zip(ours(q, k, cos, sin), theirs(q, k, cos, sin)):
             assert got.dtype == want.dtype and torch.equal(got, want), dtype
+
+
+def test_phimoe_longrope_as_its_checkpoints_configure_it():
+    # PhiMoE's module recomputes its frequencies from the config on every call and scales by the
+    # config's mscale (Phi-3.5-MoE: long_mscale == short_mscale), not by its attention_scaling;
+    # patched, short and long sequences (past original_max_position_embeddings) give its logits
+    config = pf.small_config("phimoe")
+    pairs = config.hidden_size // config.num_attention_heads // 2
+    config.rope_parameters = {
+        "rope_type": "longrope", "rope_theta": 10000.0,
+        "short_factor": [1.0 + 0.1 * i for i in range(pairs)],
+        "long_factor": [2.0 + 0.3 * i for i in range(pairs)],
+        "short_mscale": 1.243163121016122, "long_mscale": 1.243163121016122,
+        "original_max_position_embeddings": 8}
+    config.max_position_embeddings = 64
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    import copy
+    patched = integration.patch(copy.deepcopy(model))
+    for n in (5, 20):
+        ids = torch.randint(3, pf.VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
+        assert torch.equal(pf.logits(patched, ids), pf.logits(model, ids)), n
+    integration.unpatch(patched)

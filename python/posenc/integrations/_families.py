@@ -147,6 +147,7 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                'half'),
  'phi': ('transformers.models.phi.modeling_phi', ('PhiRotaryEmbedding',), 'half'),
  'phi3': ('transformers.models.phi3.modeling_phi3', ('Phi3RotaryEmbedding',), 'half'),
+ 'phimoe': ('transformers.models.phimoe.modeling_phimoe', ('PhimoeRotaryEmbedding',), 'half_fresh'),
  'qwen2': ('transformers.models.qwen2.modeling_qwen2', ('Qwen2RotaryEmbedding',), 'half'),
  'qwen2_moe': ('transformers.models.qwen2_moe.modeling_qwen2_moe',
                ('Qwen2MoeRotaryEmbedding',),
@@ -183,23 +184,17 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'youtu': ('transformers.models.youtu.modeling_youtu', ('YoutuRotaryEmbedding',), 'deinterleave')}
 
 LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
- 'bamba': "half: its attention does not call the file's apply_rotary_pos_emb; half_f32: its "
-          "attention does not call the file's apply_rotary_pos_emb",
+ 'bamba': "half/half_f32/half_fresh: its attention does not call the file's apply_rotary_pos_emb",
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
- 'cohere': 'interleaved: an unpatched model of the family changes while another is patched (by '
-           "0.000261): its tables are not in transformers' cat(t, t) order; interleaved_f32: an "
-           'unpatched model of the family changes while another is patched (by 0.000261): its '
-           "tables are not in transformers' cat(t, t) order",
- 'cohere2': 'interleaved: an unpatched model of the family changes while another is patched (by '
-            "0.000246): its tables are not in transformers' cat(t, t) order; interleaved_f32: an "
-            'unpatched model of the family changes while another is patched (by 0.000246): its '
-            "tables are not in transformers' cat(t, t) order",
- 'cohere2_moe': 'interleaved: an unpatched model of the family changes while another is patched '
-                "(by 0.000529): its tables are not in transformers' cat(t, t) order; "
-                'interleaved_f32: an unpatched model of the family changes while another is '
-                "patched (by 0.000529): its tables are not in transformers' cat(t, t) order",
+ 'cohere': 'interleaved/interleaved_f32: an unpatched model of the family changes while another is '
+           "patched (by 0.000261): its tables are not in transformers' cat(t, t) order",
+ 'cohere2': 'interleaved/interleaved_f32: an unpatched model of the family changes while another '
+            "is patched (by 0.000246): its tables are not in transformers' cat(t, t) order",
+ 'cohere2_moe': 'interleaved/interleaved_f32: an unpatched model of the family changes while '
+                "another is patched (by 0.000529): its tables are not in transformers' cat(t, t) "
+                'order',
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -210,10 +205,8 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
                "validation error for validator 'validate_architecture':",
  'dots3_note_text': 'a small model does not build: ValueError: the small config still has 39052088 '
                     'parameters (MAX_PARAMETERS 4000000)',
- 'emu3': "half: its causal LM's config is of model type 'emu3_text_model'; interleaved: its causal "
-         "LM's config is of model type 'emu3_text_model'; half_f32: its causal LM's config is of "
-         "model type 'emu3_text_model'; interleaved_f32: its causal LM's config is of model type "
-         "'emu3_text_model'",
+ 'emu3': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of model "
+         "type 'emu3_text_model'",
  'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
              'in another precision); interleaved_f32: torch.float64 by .to(): logits differ by '
              '9.48e-08 (the family rotates in another precision)',
@@ -224,77 +217,43 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'gemma3n_text': 'a small model does not build: ValueError: The set of layer types producing a '
                  'cache is different than the set of layer types using them',
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
- 'gpt_oss': 'half: an unpatched model of the family changes while another is patched (by 0.175): '
-            "its tables are not in transformers' cat(t, t) order; half_f32: an unpatched model of "
-            'the family changes while another is patched (by 0.175): its tables are not in '
-            "transformers' cat(t, t) order",
+ 'gpt_oss': 'half/half_f32/half_fresh: an unpatched model of the family changes while another is '
+            "patched (by 0.175): its tables are not in transformers' cat(t, t) order",
  'gptj': 'no rotary module taking a config in its causal LM',
- 'granite_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
-                "half_f32: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
- 'granitemoe_swa': "half: AttributeError: 'RotaryEmbedding' object has no attribute 'config'; "
-                   "half_f32: AttributeError: 'RotaryEmbedding' object has no attribute 'config'",
+ 'granite_swa': "half/half_f32/half_fresh: AttributeError: 'RotaryEmbedding' object has no "
+                "attribute 'config'",
+ 'granitemoe_swa': "half/half_f32/half_fresh: AttributeError: 'RotaryEmbedding' object has no "
+                   "attribute 'config'",
  'granitemoehybrid': 'no rotary module taking a config in its causal LM',
  'inkling2_text': 'its modeling file has no apply_rotary_pos_emb',
  'lfm2_moe': "a small model does not build: TypeError: 'NoneType' object is not subscriptable",
- 'lfm3': "half: RuntimeError: config.json (model type 'lfm3'): rope_parameters holds one RoPE per "
-         'layer type (full_attention, sliding_attention); choose one with --layer-type (or '
-         "'layer_type' in the hf config); interleaved: RuntimeError: config.json (model type "
-         "'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
-         "sliding_attention); choose one with --layer-type (or 'layer_type' in the hf config); "
-         "half_f32: RuntimeError: config.json (model type 'lfm3'): rope_parameters holds one RoPE "
-         'per layer type (full_attention, sliding_attention); choose one with --layer-type (or '
-         "'layer_type' in the hf config); interleaved_f32: RuntimeError: config.json (model type "
-         "'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
+ 'lfm3': 'half/interleaved/half_f32/interleaved_f32/half_fresh: RuntimeError: config.json (model '
+         "type 'lfm3'): rope_parameters holds one RoPE per layer type (full_attention, "
          "sliding_attention); choose one with --layer-type (or 'layer_type' in the hf config)",
  'llama4': 'its modeling file has no apply_rotary_pos_emb',
  'llama4_text': 'its modeling file has no apply_rotary_pos_emb',
  'longcat_flash': 'its modeling file has no apply_rotary_pos_emb',
- 'mimo_v2_flash': "half: RuntimeError: config.json (model type 'mimo_v2_flash'): rope: the rotary "
-                  'dimension int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
-                  '(head_dim=16, partial_rotary_factor=0.334); interleaved: RuntimeError: '
-                  "config.json (model type 'mimo_v2_flash'): rope: the rotary dimension "
-                  'int(head_dim * partial_rotary_factor) must be even and >= 2, got 5 '
-                  '(head_dim=16, partial_rotary_factor=0.334); half_f32: RuntimeError: config.json '
+ 'mimo_v2_flash': 'half/interleaved/half_f32/interleaved_f32/half_fresh: RuntimeError: config.json '
                   "(model type 'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
                   'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, '
-                  'partial_rotary_factor=0.334); interleaved_f32: RuntimeError: config.json (model '
-                  "type 'mimo_v2_flash'): rope: the rotary dimension int(head_dim * "
-                  'partial_rotary_factor) must be even and >= 2, got 5 (head_dim=16, '
                   'partial_rotary_factor=0.334)',
- 'mllama': "half: its causal LM's config is of model type 'mllama_text_model'; interleaved: its "
-           "causal LM's config is of model type 'mllama_text_model'; half_f32: its causal LM's "
-           "config is of model type 'mllama_text_model'; interleaved_f32: its causal LM's config "
-           "is of model type 'mllama_text_model'",
- 'modernbert-decoder': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family '
-                       'rotates in another precision); half_f32: torch.bfloat16 by .to(): logits '
-                       'differ by 0.000977 (the family rotates in another precision)',
+ 'mllama': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of "
+           "model type 'mllama_text_model'",
+ 'modernbert-decoder': 'half/half_fresh: torch.bfloat16 by .to(): logits differ by 0.00195 (the '
+                       'family rotates in another precision); half_f32: torch.bfloat16 by .to(): '
+                       'logits differ by 0.000977 (the family rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
- 'nanochat': "half: RuntimeError: config.json (model type 'nanochat'): refused: its rotate_half "
-             "flips the signs (x2, -x1): the rotation turns by -angle, which posenc's rope does "
-             'not (models/nanochat/modeling_nanochat.py: rotate_half); interleaved: RuntimeError: '
-             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
-             "-x1): the rotation turns by -angle, which posenc's rope does not "
-             '(models/nanochat/modeling_nanochat.py: rotate_half); half_f32: RuntimeError: '
-             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
-             "-x1): the rotation turns by -angle, which posenc's rope does not "
-             '(models/nanochat/modeling_nanochat.py: rotate_half); interleaved_f32: RuntimeError: '
-             "config.json (model type 'nanochat'): refused: its rotate_half flips the signs (x2, "
-             "-x1): the rotation turns by -angle, which posenc's rope does not "
+ 'nanochat': 'half/interleaved/half_f32/interleaved_f32/half_fresh: RuntimeError: config.json '
+             "(model type 'nanochat'): refused: its rotate_half flips the signs (x2, -x1): the "
+             "rotation turns by -angle, which posenc's rope does not "
              '(models/nanochat/modeling_nanochat.py: rotate_half)',
  'phi4_multimodal': 'a small model does not build: ValueError: the small config still has '
                     '870114048 parameters (MAX_PARAMETERS 4000000)',
- 'phimoe': 'half: torch.bfloat16 by .to(): logits differ by 0.00195 (the family rotates in another '
-           'precision); half_f32: torch.bfloat16 by .to(): logits differ by 0.00208 (the family '
-           'rotates in another precision)',
- 'qwen3_5': "half: its causal LM's config is of model type 'qwen3_5_text'; interleaved: its causal "
-            "LM's config is of model type 'qwen3_5_text'; half_f32: its causal LM's config is of "
-            "model type 'qwen3_5_text'; interleaved_f32: its causal LM's config is of model type "
-            "'qwen3_5_text'",
- 'qwen3_5_moe': "half: its causal LM's config is of model type 'qwen3_5_moe_text'; interleaved: "
-                "its causal LM's config is of model type 'qwen3_5_moe_text'; half_f32: its causal "
-                "LM's config is of model type 'qwen3_5_moe_text'; interleaved_f32: its causal LM's "
-                "config is of model type 'qwen3_5_moe_text'",
+ 'qwen3_5': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of "
+            "model type 'qwen3_5_text'",
+ 'qwen3_5_moe': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is "
+                "of model type 'qwen3_5_moe_text'",
  'qwen4_exp': 'a small model does not build: TypeError: unsupported operand type(s) for //: '
               "'NoneType' and 'NoneType'",
  'qwen4_exp_text': 'a small model does not build: TypeError: unsupported operand type(s) for //: '

@@ -43,7 +43,9 @@ from . import _families
 # the pairs' first members then their second ones out), "half_one" Gemma 4's apply_rotary_pos_emb(x,
 # cos, sin, unsqueeze_dim) rotating one tensor, "half_f32" / "interleaved_f32" OLMo's / Ernie 4.5's
 # apply_rotary_pos_emb rotating in float32 (the modules' tables stay float32) and casting the result
-# back to q's dtype; a constant of the file, whatever the config says).
+# back to q's dtype, "half_fresh" PhiMoE's usual rotation under a module that recomputes its float32
+# frequencies and reads its scaling from the config on every call; a constant of the file, whatever
+# the config says).
 # A tower's rotary class (Qwen2-VL's vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
@@ -66,9 +68,11 @@ _PATCHED = "_posenc_patched_models"  # weak references to the patched models of 
 # must give the family's config for it
 FUNCTION = {"half": "apply_rotary_pos_emb", "interleaved": "apply_rotary_pos_emb",
             "deinterleave": "apply_rotary_pos_emb_interleave", "half_one": "apply_rotary_pos_emb",
-            "half_f32": "apply_rotary_pos_emb", "interleaved_f32": "apply_rotary_pos_emb"}
+            "half_f32": "apply_rotary_pos_emb", "interleaved_f32": "apply_rotary_pos_emb",
+            "half_fresh": "apply_rotary_pos_emb"}
 _RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved",
-             "half_one": "half", "half_f32": "half", "interleaved_f32": "interleaved"}
+             "half_one": "half", "half_f32": "half", "interleaved_f32": "interleaved",
+             "half_fresh": "half"}
 # the rotations whose family's rotary modules return float32 tables whatever x's dtype
 _FLOAT32_TABLES = ("half_f32", "interleaved_f32")
 
@@ -105,6 +109,9 @@ def _rotation(layout: str):
 
         posenc_apply_rotary_pos_emb_f32.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_f32
+
+    if layout == "half_fresh":
+        layout = "half"  # the rotation is transformers' usual one
 
     if layout == "half_one":
         def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
@@ -270,11 +277,16 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
         # resolve to other frequencies than the module was built with; refused, not guessed
-        why = (_frequencies_differ(sub, ours, exact=angle_dtype == "float32")
-               or _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
+        # (PhiMoE's module, "half_fresh", reads its scaling from the config on every call, not
+        # from its attention_scaling: the config posenc's module is built from is the oracle)
+        why = _frequencies_differ(sub, ours, exact=angle_dtype == "float32") or (
+            None if layout == "half_fresh"
+            else _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
         if why is not None:
             raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
-        if angle_dtype == "float32":  # the dtypes transformers' buffers have now (model.to(dtype))
+        # the dtypes transformers' buffers have now (model.to(dtype)); "half_fresh" (PhiMoE's
+        # module) recomputes its frequencies in float32 on every call, whatever its buffer holds
+        if angle_dtype == "float32" and layout != "half_fresh":
             _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
         layouts = {t.layout for t in ours._tables.values()}
