@@ -117,15 +117,21 @@ def build_sincos2d_pos_embed(feat_shape: Sequence[int], dim: int = 64, temperatu
     return table.to(device=device, dtype=dtype)
 
 
-def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str):
+def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str, lead: str = "heads"):
+    """(cos, sin, unsqueeze_dim) for the operator, broadcasting emb against x as timm's
+    `x * cos + rot(x) * sin` does: [N, 2D] for every row; [E, N, 2D] against x [B, H, N, D] aligns
+    E with the heads (lead "heads"), against x [B, N, D] with the batch (lead "batch")."""
     if emb.shape[-1] != 2 * x.shape[-1]:
         raise ValueError(f"posenc.timm.{name}: emb must be [..., N, 2D] = [..., "
                          f"{x.shape[-2] if x.dim() > 1 else '?'}, {2 * x.shape[-1]}] for x of "
                          f"shape {tuple(x.shape)}, got {tuple(emb.shape)}")
+    if emb.dim() not in (2, 3):
+        raise ValueError(f"posenc.timm.{name}: emb must be [N, 2D] or [E, N, 2D], got "
+                         f"{tuple(emb.shape)}")
     sin, cos = emb.chunk(2, -1)
     if cos.dim() == 2:  # [N, D] -> [1, N, D], the tables' batch dim
-        cos, sin = cos.unsqueeze(0), sin.unsqueeze(0)
-    return cos, sin
+        return cos.unsqueeze(0), sin.unsqueeze(0), 1
+    return cos, sin, (0 if lead == "heads" else 1)  # [E, N, D] -> [1, E, N, D] or [E, 1, N, D]
 
 
 def apply_rot_embed_cat_qk(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor,
@@ -134,23 +140,28 @@ def apply_rot_embed_cat_qk(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor,
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(f"posenc.timm.apply_rot_embed_cat_qk: q and k must be [B, H, N, D], got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
-    cos, sin = _split_emb(emb, q, "apply_rot_embed_cat_qk")
-    yq, yk = torch.ops.posenc.apply_rotary(q, k, cos, sin, 1,
+    cos, sin, dim = _split_emb(emb, q, "apply_rot_embed_cat_qk")
+    yq, yk = torch.ops.posenc.apply_rotary(q, k, cos, sin, dim,
                                            "half" if half else "interleaved")
     return yq.to(q.dtype), yk.to(k.dtype)
 
 
 def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) -> torch.Tensor:
-    """timm's apply_rot_embed_cat: x [B, H, N, D] (or [B, N, D]) rotated by emb [N, 2D]."""
-    if x.dim() == 3:  # [B, N, D]: one head
-        return apply_rot_embed_cat(x.unsqueeze(1), emb, half).squeeze(1)
+    """timm's apply_rot_embed_cat: x [B, H, N, D] (or [B, N, D]) rotated by emb [N, 2D] (or
+    [E, N, 2D], broadcast as timm's formula broadcasts it: E against H, or against B for 3-D x)."""
+    three = x.dim() == 3
+    if three:  # [B, N, D]: one head
+        x = x.unsqueeze(1)
     if x.dim() != 4:
         raise ValueError(f"posenc.timm.apply_rot_embed_cat: x must be [B, H, N, D] or [B, N, D], "
                          f"got {tuple(x.shape)}")
-    cos, sin = _split_emb(emb, x, "apply_rot_embed_cat")
+    cos, sin, dim = _split_emb(emb, x, "apply_rot_embed_cat", "batch" if three else "heads")
     none = x.new_empty((x.shape[0], 0, x.shape[2], x.shape[3]))
-    y, _ = torch.ops.posenc.apply_rotary(x, none, cos, sin, 1, "half" if half else "interleaved")
-    return y.to(x.dtype)
+    if dim == 0:  # tables per head: the second member (unused) must broadcast with them too
+        none = x.narrow(1, 0, 1)
+    y, _ = torch.ops.posenc.apply_rotary(x, none, cos, sin, dim, "half" if half else "interleaved")
+    y = y.to(x.dtype)
+    return y.squeeze(1) if three else y
 
 
 def _no_augmentation(name: str, shift_coords, jitter_coords, rescale_coords) -> None:

@@ -258,29 +258,28 @@ class Resolver {
         if (arch.head == HfHeadSize::kGeneric && has(c, "qk_rope_head_dim")) {
           head_dim = integer_at(c, "qk_rope_head_dim");
           set("head_dim", head_dim, where("qk_rope_head_dim") + " (the rotary part of each head)");
+        } else if (const auto layer = arch.head == HfHeadSize::kGlobalHeadDim
+                                          ? layer_type_override(c, "head_dim")
+                                          : std::nullopt;
+                   layer.has_value()) {
+          // a saved config: transformers keeps global_head_dim in per_layer_config, keyed by
+          // layer index, and the rotary module reads the config of the type's layers
+          head_dim = layer->second;
+          set("head_dim", head_dim,
+              options_.origin + ": " + prefix_ + "per_layer_config['" + layer->first +
+                  "'].head_dim (this layer type's layers; transformers' per_layer_config)");
+        } else if (arch.head == HfHeadSize::kGlobalHeadDim && has(c, "per_layer_config") &&
+                   has(c, "head_dim")) {
+          // per_layer_config without an override for this type: its layers take head_dim (an
+          // unused global_head_dim is ignored, as transformers ignores it then)
+          head_dim = integer_at(c, "head_dim");
+          set("head_dim", head_dim,
+              where("head_dim") + " (no per_layer_config head_dim for this layer type's layers)");
         } else if (layer_type_ == "full_attention" && has(c, "global_head_dim")) {
           head_dim = integer_at(c, "global_head_dim");
           set("head_dim", head_dim,
               where("global_head_dim") +
                   " (full-attention layers; transformers' per_layer_config)");
-        } else if (const auto layer =
-                       layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim
-                           ? first_layer_override(c, "head_dim")
-                           : std::nullopt;
-                   layer.has_value()) {
-          // a saved config: transformers moves global_head_dim into per_layer_config, keyed by
-          // layer index, and the rotary module reads the config of the type's first layer
-          head_dim = layer->second;
-          set("head_dim", head_dim,
-              options_.origin + ": " + prefix_ + "per_layer_config['" + layer->first +
-                  "'].head_dim (the first full-attention layer; transformers' per_layer_config)");
-        } else if (layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim &&
-                   has(c, "per_layer_config") && has(c, "head_dim")) {
-          head_dim = integer_at(c, "head_dim");  // no override for the type's first layer
-          set("head_dim", head_dim,
-              where("head_dim") +
-                  " (the first full-attention layer has no per_layer_config "
-                  "head_dim)");
         } else if (layer_type_ == "full_attention" && arch.head == HfHeadSize::kGlobalHeadDim) {
           head_dim = 512;
           set("head_dim", head_dim,
@@ -1119,22 +1118,25 @@ class Resolver {
   static bool has(const nlohmann::json& o, const std::string& key) {
     return o.is_object() && o.contains(key) && !o.at(key).is_null();
   }
-  // transformers' per-layer overrides (per_layer_config: {"<layer index>": {key: value}}) for the
-  // first layer of this layer type: (the entry's key, the value), or none.
-  std::optional<std::pair<std::string, int64_t>> first_layer_override(
-      const nlohmann::json& c, const std::string& key) const {
-    if (!has(c, "per_layer_config") || !c["per_layer_config"].is_object() ||
-        !has(c, "layer_types") || !c["layer_types"].is_array())
-      return std::nullopt;
-    const auto& types = c["layer_types"];
-    int64_t first = -1;
-    for (size_t i = 0; i < types.size(); ++i)
-      if (types[i].is_string() && types[i].get<std::string>() == layer_type_) {
-        first = static_cast<int64_t>(i);
-        break;
-      }
-    if (first < 0) return std::nullopt;
-    for (const auto& [index, entry] : c["per_layer_config"].items()) {
+  // transformers' per-layer overrides (per_layer_config: {"<layer index>": {key: value}}) of key
+  // for this layer type's layers: (the first such layer's entry, the value), or none when none of
+  // them overrides it. The layers of one type must agree (transformers refuses a type whose layers
+  // differ: the rotary module reads one config per type), and layer_types must say which layers
+  // are of the type (transformers derives a default pattern when it is absent; posenc does not
+  // guess it).
+  std::optional<std::pair<std::string, int64_t>> layer_type_override(const nlohmann::json& c,
+                                                                     const std::string& key) const {
+    if (!has(c, "per_layer_config")) return std::nullopt;
+    const auto& overrides = c["per_layer_config"];
+    TORCH_CHECK(overrides.is_object(), origin_, ": '", prefix_,
+                "per_layer_config' must be an object keyed by layer index, got ",
+                describe(overrides));
+    TORCH_CHECK(has(c, "layer_types") && c["layer_types"].is_array(), origin_, ": '", prefix_,
+                "per_layer_config' is keyed by layer index but '", prefix_,
+                "layer_types' is absent: transformers derives a default pattern there, which "
+                "posenc does not guess; give layer_types");
+    std::map<int64_t, std::string> index_of;  // layer index -> its entry's key ("05", "5")
+    for (const auto& [index, entry] : overrides.items()) {
       int64_t parsed = -1;
       try {
         size_t used = 0;
@@ -1143,11 +1145,39 @@ class Resolver {
       } catch (const std::exception&) {
         parsed = -1;
       }
-      if (parsed == first && has(entry, key))
-        return std::make_pair(index,
-                              integer_at(entry, key, "per_layer_config['" + index + "']." + key));
+      TORCH_CHECK(parsed >= 0, origin_, ": '", prefix_,
+                  "per_layer_config' keys must be layer indices, got '", index, "'");
+      index_of[parsed] = index;
     }
-    return std::nullopt;
+    const auto& types = c["layer_types"];
+    std::optional<std::pair<std::string, int64_t>> first;
+    int64_t first_layer = -1;
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (!types[i].is_string() || types[i].get<std::string>() != layer_type_) continue;
+      const auto at = index_of.find(static_cast<int64_t>(i));
+      std::optional<std::pair<std::string, int64_t>> value;
+      if (at != index_of.end() && overrides[at->second].contains(key)) {
+        const auto name = "per_layer_config['" + at->second + "']." + key;
+        TORCH_CHECK(!overrides[at->second][key].is_null(), origin_, ": '", prefix_, name,
+                    "' must be an integer, got null");
+        value = std::make_pair(at->second, integer_at(overrides[at->second], key, name));
+      }
+      if (first_layer < 0) {
+        first_layer = static_cast<int64_t>(i);
+        first = value;
+      } else {
+        const auto shown = [](const auto& v) {
+          return v ? std::to_string(v->second) : std::string("the base value");
+        };
+        TORCH_CHECK(
+            value.has_value() == first.has_value() && (!value || value->second == first->second),
+            origin_, ": '", prefix_, "per_layer_config' gives the '", layer_type_,
+            "' layers different ", key, "s (layer ", first_layer, ": ", shown(first), ", layer ", i,
+            ": ", shown(value),
+            "); transformers refuses a layer type whose layers are not homogeneous");
+      }
+    }
+    return first;
   }
   std::string where(const std::string& key) const {
     if (defaulted_.count(key))

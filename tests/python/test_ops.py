@@ -138,6 +138,21 @@ def test_promoting_tables_give_eagers_gradients_to_the_bit(layout, dtype, table_
     assert not torch.equal(once[0].to(dtype), theirs[0])
 
 
+@pytest.mark.parametrize("dtype,table_dtype", [(torch.bfloat16, torch.float32),
+                                               (torch.float32, torch.float64)], ids=str)
+def test_promoting_tables_that_broadcast_q_give_eagers_gradients(dtype, table_dtype):
+    # q of batch 1 with tables of batch 3: eager sums over the broadcast batch in the wider dtype
+    # and rounds after
+    torch.manual_seed(7)
+    q, k, _, _ = inputs((1, 4, 2, 6, 16, 16), dtype, grad=True)
+    cos, sin = tables(3, 6, 16, "half", table_dtype)
+    got = posenc.apply_rotary_pos_emb(q, k, cos, sin)
+    want = formula(q, k, cos, sin)
+    g = [torch.randn(t.shape, dtype=table_dtype) for t in got]
+    for m, t in zip(torch.autograd.grad(got, (q, k), g), torch.autograd.grad(want, (q, k), g)):
+        assert m.shape == t.shape and torch.equal(m, t)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_opcheck_apply_rotary(dtype, layout):

@@ -378,3 +378,22 @@ def test_from_timm_refuses_a_cache_it_would_not_give():
     # posenc's own module, cast the same way, keeps the same rounded values as timm's
     own = posenc.timm.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
     _same_buffers(own, timm_m)
+
+
+def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
+    # timm's `x * cos + rot(x) * sin` aligns an [E, N, 2D] emb with the heads of a 4-D x and with
+    # the batch of a 3-D x; posenc's follows, forward and gradients, and refuses other ranks
+    from timm.layers.pos_embed_sincos import apply_rot_embed_cat as timms
+    g = torch.Generator().manual_seed(3)
+    for half in (False, True):
+        for xs, es in [((2, 2, 10, 16), (2, 10, 32)), ((1, 3, 10, 16), (3, 10, 32)),
+                       ((2, 3, 10, 16), (1, 10, 32)), ((2, 10, 16), (2, 10, 32))]:
+            x = torch.randn(xs, generator=g).bfloat16().requires_grad_()
+            emb = torch.randn(es, generator=g).requires_grad_()
+            a, b = posenc.timm.apply_rot_embed_cat(x, emb, half), timms(x, emb, half)
+            assert a.shape == b.shape and torch.equal(a, b), (xs, es)
+            grad = torch.randn(b.shape, generator=g).to(b.dtype)
+            for u, w in zip(torch.autograd.grad(a, (x, emb), grad), torch.autograd.grad(b, (x, emb), grad)):
+                assert torch.equal(u, w), (xs, es)
+    with pytest.raises(ValueError, match=r"emb must be \[N, 2D\] or \[E, N, 2D\]"):
+        posenc.timm.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))

@@ -280,3 +280,40 @@ def test_phimoe_longrope_as_its_checkpoints_configure_it():
         ids = torch.randint(3, pf.VOCAB, (2, n), generator=torch.Generator().manual_seed(n))
         assert torch.equal(pf.logits(patched, ids), pf.logits(model, ids)), n
     integration.unpatch(patched)
+
+
+def test_gemma4_per_layer_head_sizes_resolve_as_transformers_or_are_refused():
+    # saved configs keep the head sizes in per_layer_config (by layer index): it wins over a
+    # global_head_dim; the layers of one type must agree and layer_types must be given
+    import posenc
+    from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+    base = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                layer_types=["sliding_attention", "full_attention"] * 2)
+    config = transformers.Gemma4TextConfig(**base, global_head_dim=64).to_dict()
+    config["global_head_dim"] = 128  # ignored by transformers once per_layer_config is there
+    theirs = Gemma4TextRotaryEmbedding(transformers.Gemma4TextConfig.from_dict(config))
+    ours = posenc.RotaryEmbedding.from_hf_config(config)
+    for t in ("sliding_attention", "full_attention"):
+        assert torch.equal(getattr(ours, f"{t}_inv_freq"), getattr(theirs, f"{t}_inv_freq")), t
+    differ = dict(config, per_layer_config={"1": {"head_dim": 64}, "3": {"head_dim": 128}})
+    with pytest.raises(RuntimeError, match="different head_dims .*not homogeneous"):
+        posenc.RotaryEmbedding.from_hf_config(differ)
+    untyped = {k: v for k, v in config.items() if k != "layer_types"}
+    with pytest.raises(RuntimeError, match="'layer_types' is absent"):
+        posenc.RotaryEmbedding.from_hf_config(untyped, layer_type="full_attention")
+
+
+def test_a_model_whose_dynamic_tables_grew_is_refused():
+    # dynamic NTK grows transformers' frequencies when the model runs past max_position_embeddings
+    # (and keeps them, in float32); posenc's module starts from the config: patch before such use
+    config = pf.small_config("llama")
+    config.max_position_embeddings = 16
+    config.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    import copy
+    fresh = integration.patch(copy.deepcopy(model))  # before use: taken
+    integration.unpatch(fresh)
+    pf.logits(model, torch.randint(3, pf.VOCAB, (1, 20), generator=torch.Generator().manual_seed(2)))
+    _refused_untouched(model, "dynamic tables have grown")

@@ -208,8 +208,9 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'emu3': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of model "
          "type 'emu3_text_model'",
  'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
-             'in another precision); interleaved_f32: torch.float64 by .to(): logits differ by '
-             '9.48e-08 (the family rotates in another precision)',
+             "in another precision); interleaved_f32: ValueError: posenc.patch: Ernie 4.5's "
+             "rotation rounds float64 q and k to float32 (q.float()), which posenc's does not "
+             'reproduce; run the model in float32/bfloat16/float16 or unpatch it',
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
  'gemma3n': 'a small model does not build: ValueError: The set of layer types producing a cache is '

@@ -100,12 +100,19 @@ def _rotation(layout: str):
         def posenc_apply_rotary_pos_emb_f32(q, k, cos, sin, unsqueeze_dim=1):
             # float32 tables promote q and k: rotated in float32, rounded once to their dtype (the
             # operator's backward rounds each product's gradient as eager's does)
-            if pairs == "interleaved":
+            if pairs == "interleaved":  # Ernie 4.5's: q.float(), k.float(); both back to q's dtype
+                if torch.float64 in (q.dtype, k.dtype):
+                    raise ValueError("posenc.patch: Ernie 4.5's rotation rounds float64 q and k to "
+                                     "float32 (q.float()), which posenc's does not reproduce; run "
+                                     "the model in float32/bfloat16/float16 or unpatch it")
                 cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
                 sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
+                q_embed, k_embed = apply_rotary_pos_emb(q, k, cos.float(), sin.float(),
+                                                        unsqueeze_dim=unsqueeze_dim, layout=pairs)
+                return q_embed.to(q.dtype), k_embed.to(q.dtype)
             q_embed, k_embed = apply_rotary_pos_emb(q, k, cos.float(), sin.float(),
                                                     unsqueeze_dim=unsqueeze_dim, layout=pairs)
-            return q_embed.to(q.dtype), k_embed.to(k.dtype)
+            return q_embed.to(q.dtype), k_embed.to(k.dtype)  # OLMo's: each back to its own
 
         posenc_apply_rotary_pos_emb_f32.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_f32
@@ -243,6 +250,22 @@ def _scaling_differs(theirs: torch.nn.Module, ours: RotaryEmbedding, exact: bool
     return None
 
 
+def _grown(theirs: torch.nn.Module) -> str | None:
+    """Why the module's tables are not the ones it was built with: dynamic NTK grew them (the
+    model ran past max_position_embeddings; transformers keeps the grown frequencies, in float32,
+    until a shorter input resets them), or None. posenc's module starts from the config, so it is
+    patched in before such use, not after."""
+    original = getattr(theirs, "original_max_seq_len", None)
+    if original is None:
+        return None
+    for name, value in vars(theirs).items():
+        if name.endswith("max_seq_len_cached") and value != original:
+            return (f"its dynamic tables have grown ({name} {value} > original_max_seq_len "
+                    f"{original}: the model ran past max_position_embeddings); patch it before "
+                    f"such use")
+    return None
+
+
 def _live_patched(modeling) -> list:
     return [r for r in getattr(modeling, _PATCHED, []) if r() is not None]
 
@@ -279,7 +302,7 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         # resolve to other frequencies than the module was built with; refused, not guessed
         # (PhiMoE's module, "half_fresh", reads its scaling from the config on every call, not
         # from its attention_scaling: the config posenc's module is built from is the oracle)
-        why = _frequencies_differ(sub, ours, exact=angle_dtype == "float32") or (
+        why = _grown(sub) or _frequencies_differ(sub, ours, exact=angle_dtype == "float32") or (
             None if layout == "half_fresh"
             else _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
         if why is not None:

@@ -57,9 +57,17 @@ at::Tensor promoted_input_grad(const at::Tensor& g, const at::Tensor& x, const a
   const auto dt = x.scalar_type();
   const c10::SymInt width = c.sym_size(-1), dim = g.sym_size(-1);
   const auto gr = g.narrow_symint(-1, 0, width);
-  auto dx = (gr * c).to(dt) - rotate_half_any((gr * s).to(dt), layout);  // rot^T = -rot
-  if (width != dim) dx = at::cat({dx, g.narrow_symint(-1, width, dim - width).to(dt)}, -1);
-  return at::sum_to(dx, x.sym_sizes());
+  // eager sums over the dims the tables broadcast x to in the wider dtype, then rounds: so here
+  auto rotary_shape = x.sym_sizes().vec();
+  rotary_shape.back() = width;
+  const auto down = [&](const at::Tensor& t) { return at::sum_to(t, rotary_shape).to(dt); };
+  auto dx = down(gr * c) - rotate_half_any(down(gr * s), layout);  // rot^T = -rot
+  if (width != dim) {
+    auto pass_shape = x.sym_sizes().vec();
+    pass_shape.back() = dim - width;
+    dx = at::cat({dx, at::sum_to(g.narrow_symint(-1, width, dim - width), pass_shape).to(dt)}, -1);
+  }
+  return dx;
 }
 
 class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction> {
