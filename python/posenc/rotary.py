@@ -94,12 +94,15 @@ def hf_rope(config: Any, layer_type: str | None = None, angle_dtype: str = "floa
 
 
 def _layer_types(cfg: dict) -> list[str]:
-    """The layer types with their own rope_parameters (Gemma 3, ...), sorted as transformers does."""
+    """The layer types with their own rope_parameters (Gemma 3, ...), sorted as transformers does.
+    full_attention with parameters is kept even where layer_types does not list it: Gemma 4's
+    config class makes the last layer full attention whatever the file lists."""
     for c in (cfg, cfg.get("text_config") or {}):
         params, types = c.get("rope_parameters"), c.get("layer_types")
-        if isinstance(params, dict) and types and params and set(params) <= set(types) and all(
+        if isinstance(params, dict) and types and params and set(params) & set(types) and all(
                 isinstance(v, dict) or v is None for v in params.values()):
-            return sorted(t for t in set(types) if params.get(t) is not None)
+            listed = set(types) | ({"full_attention"} & set(params))
+            return sorted(t for t in listed if params.get(t) is not None)
     return []
 
 

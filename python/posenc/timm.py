@@ -148,7 +148,9 @@ def apply_rot_embed_cat_qk(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor,
 
 def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) -> torch.Tensor:
     """timm's apply_rot_embed_cat: x [B, H, N, D] (or [B, N, D]) rotated by emb [N, 2D] (or
-    [E, N, 2D], broadcast as timm's formula broadcasts it: E against H, or against B for 3-D x)."""
+    [E, N, 2D], broadcast as timm's formula broadcasts it: E against H, or against B for 3-D x).
+    Other ranks (a 4-D emb, 2-D or 5-D x), which timm's formula broadcasts too, are refused in one
+    line."""
     three = x.dim() == 3
     if three:  # [B, N, D]: one head
         x = x.unsqueeze(1)

@@ -214,7 +214,8 @@ class Resolver {
 
     // head size: the model type's own rule (hf_architectures.cpp), else the generic one
     int64_t head_dim = 0;
-    bool took_head_dim = false;  // the rule read head_dim itself
+    bool took_head_dim = false;     // the rule read head_dim itself
+    bool head_from_layers = false;  // per_layer_config gave this layer type its head size
     const std::string rule =
         "model type '" + out.model_type + "' (" + std::string(arch.source) + ")";
     auto per_head = [&](const char* size_key, const char* heads_key) {
@@ -265,6 +266,7 @@ class Resolver {
           // a saved config: transformers keeps global_head_dim in per_layer_config, keyed by
           // layer index, and the rotary module reads the config of the type's layers
           head_dim = layer->second;
+          head_from_layers = true;
           set("head_dim", head_dim,
               options_.origin + ": " + prefix_ + "per_layer_config['" + layer->first +
                   "'].head_dim (this layer type's layers; transformers' per_layer_config)");
@@ -307,8 +309,9 @@ class Resolver {
                 " fails on it (None - 2), so there is no table to match");
     check_head_dim_rules(
         out, c, rope_type, head_dim, took_head_dim,
-        axial || (layer_type_ == "full_attention" &&
-                  (has(c, "global_head_dim") || arch.head == HfHeadSize::kGlobalHeadDim)));
+        axial || head_from_layers ||
+            (layer_type_ == "full_attention" &&
+             (has(c, "global_head_dim") || arch.head == HfHeadSize::kGlobalHeadDim)));
 
     // layout: rope_interleave where the config sets it, else the model type's modeling code
     std::string layout(arch.layout);
@@ -1131,6 +1134,7 @@ class Resolver {
     TORCH_CHECK(overrides.is_object(), origin_, ": '", prefix_,
                 "per_layer_config' must be an object keyed by layer index, got ",
                 describe(overrides));
+    if (overrides.empty()) return std::nullopt;
     TORCH_CHECK(has(c, "layer_types") && c["layer_types"].is_array(), origin_, ": '", prefix_,
                 "per_layer_config' is keyed by layer index but '", prefix_,
                 "layer_types' is absent: transformers derives a default pattern there, which "
@@ -1147,20 +1151,52 @@ class Resolver {
       }
       TORCH_CHECK(parsed >= 0, origin_, ": '", prefix_,
                   "per_layer_config' keys must be layer indices, got '", index, "'");
+      TORCH_CHECK(!index_of.count(parsed), origin_, ": '", prefix_,
+                  "per_layer_config' names layer ", parsed, " twice ('", index_of[parsed],
+                  "' and '", index,
+                  "'): which one transformers takes depends on the file's key order");
       index_of[parsed] = index;
     }
-    const auto& types = c["layer_types"];
+    // the layer types transformers uses: the last layer is made full attention (Gemma 4's config
+    // class forces it, with a warning)
+    std::vector<std::string> types;
+    for (const auto& t : c["layer_types"])
+      types.push_back(t.is_string() ? t.get<std::string>() : "");
+    TORCH_CHECK(index_of.rbegin()->first < static_cast<int64_t>(types.size()), origin_, ": '",
+                prefix_, "per_layer_config' names layer ", index_of.rbegin()->first, " but '",
+                prefix_, "layer_types' has ", types.size(), " layers (transformers refuses it)");
+    if (!types.empty()) types.back() = "full_attention";
+    // the base value an override equal to it does not change (transformers drops such overrides)
+    const std::optional<int64_t> base =
+        has(c, key) ? std::optional<int64_t>(integer_at(c, key)) : std::nullopt;
     std::optional<std::pair<std::string, int64_t>> first;
     int64_t first_layer = -1;
     for (size_t i = 0; i < types.size(); ++i) {
-      if (!types[i].is_string() || types[i].get<std::string>() != layer_type_) continue;
+      if (types[i] != layer_type_) continue;
       const auto at = index_of.find(static_cast<int64_t>(i));
       std::optional<std::pair<std::string, int64_t>> value;
-      if (at != index_of.end() && overrides[at->second].contains(key)) {
-        const auto name = "per_layer_config['" + at->second + "']." + key;
-        TORCH_CHECK(!overrides[at->second][key].is_null(), origin_, ": '", prefix_, name,
-                    "' must be an integer, got null");
-        value = std::make_pair(at->second, integer_at(overrides[at->second], key, name));
+      if (at != index_of.end()) {
+        const auto& entry = overrides[at->second];
+        for (const auto& [name, ignored] : entry.items()) {  // what would change the table
+          (void)ignored;
+          const bool rotary = name != key && (name.find("rope") != std::string::npos ||
+                                              name.find("rotary") != std::string::npos ||
+                                              name.find("theta") != std::string::npos ||
+                                              name.find("partial") != std::string::npos ||
+                                              name.find("position") != std::string::npos ||
+                                              name.find("head_dim") != std::string::npos);
+          TORCH_CHECK(!rotary, origin_, ": '", prefix_, "per_layer_config['", at->second, "'].",
+                      name,
+                      "' sets a rotary parameter per layer, which posenc does not read (only "
+                      "head_dim); refused rather than a table without it");
+        }
+        if (entry.contains(key)) {
+          const auto name = "per_layer_config['" + at->second + "']." + key;
+          TORCH_CHECK(!entry[key].is_null(), origin_, ": '", prefix_, name,
+                      "' must be an integer, got null");
+          const int64_t v = integer_at(entry, key, name);
+          if (!base || v != *base) value = std::make_pair(at->second, v);
+        }
       }
       if (first_layer < 0) {
         first_layer = static_cast<int64_t>(i);

@@ -302,6 +302,25 @@ def test_gemma4_per_layer_head_sizes_resolve_as_transformers_or_are_refused():
     untyped = {k: v for k, v in config.items() if k != "layer_types"}
     with pytest.raises(RuntimeError, match="'layer_types' is absent"):
         posenc.RotaryEmbedding.from_hf_config(untyped, layer_type="full_attention")
+    # a sliding layers' override, the last layer forced to full attention, an override equal to
+    # the base value: as transformers; a per-layer rotary key and a layer named twice: refused
+    for per_layer, types in (({"0": {"head_dim": 48}, "2": {"head_dim": 48}, "1": {"head_dim": 64},
+                               "3": {"head_dim": 64}},
+                              ["sliding_attention", "full_attention"] * 2),
+                             ({"3": {"head_dim": 64}}, ["sliding_attention"] * 4),
+                             ({"1": {"head_dim": 32}, "3": {"head_dim": 32}}, None)):
+        edited = dict(config, per_layer_config=per_layer, layer_types=types or config["layer_types"])
+        theirs = Gemma4TextRotaryEmbedding(transformers.Gemma4TextConfig.from_dict(edited))
+        ours = posenc.RotaryEmbedding.from_hf_config(dict(edited, layer_types=config["layer_types"]
+                                                          if types is None else types))
+        for t in ("sliding_attention", "full_attention"):
+            assert torch.equal(getattr(ours, f"{t}_inv_freq"), getattr(theirs, f"{t}_inv_freq"))
+    for per_layer, match in (({"1": {"head_dim": 64, "partial_rotary_factor": 0.5},
+                               "3": {"head_dim": 64, "partial_rotary_factor": 0.5}},
+                              "sets a rotary parameter per layer"),
+                             ({"3": {"head_dim": 64}, "03": {"head_dim": 64}}, "names layer 3 twice")):
+        with pytest.raises(RuntimeError, match=match):
+            posenc.RotaryEmbedding.from_hf_config(dict(config, per_layer_config=per_layer))
 
 
 def test_a_model_whose_dynamic_tables_grew_is_refused():

@@ -48,9 +48,10 @@ at::Tensor table_grad(const at::Tensor& g, const at::Tensor& term, const at::Ten
   return at::sum_to(g * term, unsqueezed.sym_sizes()).squeeze(unsqueeze_dim);
 }
 
-// dL/dx for an x that the tables promoted (its dtype below the result's), as eager autograd gives
-// it for `x * c + rotate_half(x) * s`: each product's gradient rounded to x's dtype, then added
-// there; dims past the rotary width pass the gradient through. g [.., D] in the result's dtype,
+// dL/dx for an x that the tables promoted (its dtype below the result's) or broadcast (the result
+// larger than x), as eager autograd gives it for `x * c + rotate_half(x) * s`: each product's
+// gradient summed over the broadcast dims and rounded to x's dtype, then the two added there; dims
+// past the rotary width pass the gradient through. g [.., D] in the result's dtype,
 // c, s the unsqueezed tables [.., W].
 at::Tensor promoted_input_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& c,
                                const at::Tensor& s, RopeLayout layout) {
@@ -100,7 +101,13 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     const auto promoted = [&](const at::Tensor& x) {
       return at::promote_types(at::result_type(x, cos), sin.scalar_type()) != x.scalar_type();
     };
-    if ((q.requires_grad() || k.requires_grad()) && (promoted(q) || promoted(k))) {
+    // tables that broadcast q or k to a larger result: eager sums each product's gradient over
+    // the broadcast dims before adding the two, so the per-term path follows its order there too
+    const auto broadcast = [&](const at::Tensor& x, const at::Tensor& g) {
+      return x.sym_sizes() != g.sym_sizes();
+    };
+    if ((q.requires_grad() || k.requires_grad()) &&
+        (promoted(q) || promoted(k) || broadcast(q, gq) || broadcast(k, gk))) {
       const auto c = cos.unsqueeze(u), s = sin.unsqueeze(u);
       result[0] = promoted_input_grad(gq, q, c, s, parsed);
       result[1] = promoted_input_grad(gk, k, c, s, parsed);
