@@ -125,9 +125,12 @@ def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str, lead: str = "heads
         raise ValueError(f"posenc.timm.{name}: emb must be [..., N, 2D] = [..., "
                          f"{x.shape[-2] if x.dim() > 1 else '?'}, {2 * x.shape[-1]}] for x of "
                          f"shape {tuple(x.shape)}, got {tuple(emb.shape)}")
+    if emb.dim() == 4 and lead == "heads" and emb.shape[1] == 1:  # [B or 1, 1, N, 2D]: per batch
+        sin, cos = emb.squeeze(1).chunk(2, -1)                    # (EVA's patch-dropout path)
+        return cos, sin, 1
     if emb.dim() not in (2, 3):
-        raise ValueError(f"posenc.timm.{name}: emb must be [N, 2D] or [E, N, 2D], got "
-                         f"{tuple(emb.shape)}")
+        raise ValueError(f"posenc.timm.{name}: emb must be [N, 2D], [E, N, 2D] or [B, 1, N, 2D] "
+                         f"(4-D x), got {tuple(emb.shape)}")
     sin, cos = emb.chunk(2, -1)
     if cos.dim() == 2:  # [N, D] -> [1, N, D], the tables' batch dim
         return cos.unsqueeze(0), sin.unsqueeze(0), 1
@@ -148,9 +151,9 @@ def apply_rot_embed_cat_qk(q: torch.Tensor, k: torch.Tensor, emb: torch.Tensor,
 
 def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) -> torch.Tensor:
     """timm's apply_rot_embed_cat: x [B, H, N, D] (or [B, N, D]) rotated by emb [N, 2D] (or
-    [E, N, 2D], broadcast as timm's formula broadcasts it: E against H, or against B for 3-D x).
-    Other ranks (a 4-D emb, 2-D or 5-D x), which timm's formula broadcasts too, are refused in one
-    line."""
+    [E, N, 2D], broadcast as timm's formula broadcasts it: E against H, or against B for 3-D x;
+    or [B, 1, N, 2D] per batch). Other shapes (per-batch-and-head emb, 2-D or 5-D x), which timm's
+    formula broadcasts too, are refused in one line."""
     three = x.dim() == 3
     if three:  # [B, N, D]: one head
         x = x.unsqueeze(1)

@@ -387,7 +387,8 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
     g = torch.Generator().manual_seed(3)
     for half in (False, True):
         for xs, es in [((2, 2, 10, 16), (2, 10, 32)), ((1, 3, 10, 16), (3, 10, 32)),
-                       ((2, 3, 10, 16), (1, 10, 32)), ((2, 10, 16), (2, 10, 32))]:
+                       ((2, 3, 10, 16), (1, 10, 32)), ((2, 10, 16), (2, 10, 32)),
+                       ((2, 3, 10, 16), (2, 1, 10, 32)), ((2, 3, 10, 16), (1, 1, 10, 32))]:
             x = torch.randn(xs, generator=g).bfloat16().requires_grad_()
             emb = torch.randn(es, generator=g).requires_grad_()
             a, b = posenc.timm.apply_rot_embed_cat(x, emb, half), timms(x, emb, half)
@@ -395,5 +396,5 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
             grad = torch.randn(b.shape, generator=g).to(b.dtype)
             for u, w in zip(torch.autograd.grad(a, (x, emb), grad), torch.autograd.grad(b, (x, emb), grad)):
                 assert torch.equal(u, w), (xs, es)
-    with pytest.raises(ValueError, match=r"emb must be \[N, 2D\] or \[E, N, 2D\]"):
+    with pytest.raises(ValueError, match=r"emb must be \[N, 2D\], \[E, N, 2D\] or \[B, 1, N, 2D\]"):
         posenc.timm.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))
