@@ -5,7 +5,7 @@ with and without patch(), as tests/python/test_transformers_patch.py does for th
 A family is listed (python/posenc/integrations/_families.py, written by tools/gen_patch_families.py)
 only when, for its causal LM built from its config class's defaults made small (SMALL below):
   - the patched model holds posenc's rotary modules in place of every text rotary module of the
-    modeling file, and the file's rotation is posenc's (integration.FUNCTION: apply_rotary_pos_emb
+    modeling file, and the file's rotation is posenc's (integration.ROTATIONS: apply_rotary_pos_emb
     on "half" or "interleaved" pairs, DeepSeek's apply_rotary_pos_emb_interleave ("deinterleave"),
     Gemma 4's one-tensor apply_rotary_pos_emb ("half_one"); the one under which the logits agree);
   - logits are equal to the bit (float32) with default positions and with packed position_ids (two
@@ -205,7 +205,7 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
     ids, packed = inputs()
     want = [run(model, ids), run(model, ids, packed)]
     entry = (modeling.__name__, classes, layout)
-    function = integration.FUNCTION[layout]  # the file's function posenc's rotation replaces
+    function = integration.ROTATIONS[layout].function  # the file's function posenc's replaces
     patched = integration._patch_with(copy.deepcopy(model), model_type, entry)
     rotation = getattr(modeling, function)
     calls = []

@@ -248,7 +248,8 @@ at::Tensor key_mask_of(const char* op, const at::Tensor& q, const at::Tensor& k,
               "), got ", m.device());
   if (m.scalar_type() == at::kBool) return m;
   if (m.numel() > 0) {
-    const auto low = m.min().item<int64_t>(), high = m.max().item<int64_t>();
+    const auto [lowest, highest] = at::aminmax(m);  // one pass
+    const auto low = lowest.item<int64_t>(), high = highest.item<int64_t>();
     TORCH_CHECK(low >= 0 && high <= 1, op,
                 ": attention_mask values must be 0 or 1, got values in [", low, ", ", high, "]");
   }

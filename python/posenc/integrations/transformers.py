@@ -29,6 +29,7 @@ thing posenc must not give.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import weakref
 
@@ -37,16 +38,9 @@ import torch
 from ..rotary import RotaryEmbedding, apply_rotary_pos_emb
 from . import _families
 
-# model_type -> (the modeling file, its text rotary classes replaced, the rotation it calls: "half"
-# is apply_rotary_pos_emb with rotate_half, "interleaved" GLM's apply_rotary_pos_emb on pairs
-# (2i, 2i+1), "deinterleave" DeepSeek V3's apply_rotary_pos_emb_interleave (pairs (2i, 2i+1) in,
-# the pairs' first members then their second ones out), "half_one" Gemma 4's apply_rotary_pos_emb(x,
-# cos, sin, unsqueeze_dim) rotating one tensor, "half_f32" / "interleaved_f32" OLMo's / Ernie 4.5's
-# apply_rotary_pos_emb rotating in float32 (the modules' tables stay float32) and casting the result
-# back to q's dtype, "half_fresh" PhiMoE's usual rotation under a module that recomputes its float32
-# frequencies and reads its scaling from the config on every call; a constant of the file, whatever
-# the config says).
-# A tower's rotary class (Qwen2-VL's vision rotary) is left.
+# model_type -> (the modeling file, its text rotary classes replaced, its rotation: a key of
+# ROTATIONS, a constant of the file whatever the config says). A tower's rotary class (Qwen2-VL's
+# vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
     "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
@@ -64,26 +58,42 @@ HAND_CHECKED = {
 SUPPORTED = {**_families.CHECKED, **HAND_CHECKED}
 
 _PATCHED = "_posenc_patched_models"  # weak references to the patched models of the modeling file
-# the function of the modeling file each rotation replaces, and the pair layout posenc's resolver
-# must give the family's config for it
-FUNCTION = {"half": "apply_rotary_pos_emb", "interleaved": "apply_rotary_pos_emb",
-            "deinterleave": "apply_rotary_pos_emb_interleave", "half_one": "apply_rotary_pos_emb",
-            "half_f32": "apply_rotary_pos_emb", "interleaved_f32": "apply_rotary_pos_emb",
-            "half_fresh": "apply_rotary_pos_emb"}
-_RESOLVED = {"half": "half", "interleaved": "interleaved", "deinterleave": "interleaved",
-             "half_one": "half", "half_f32": "half", "interleaved_f32": "interleaved",
-             "half_fresh": "half"}
-# the rotations whose family's rotary modules return float32 tables whatever x's dtype
-_FLOAT32_TABLES = ("half_f32", "interleaved_f32")
 
 
-def _original(layout: str) -> str:
+@dataclasses.dataclass(frozen=True)
+class Rotation:
+    """What a family's rotation is: the one place patch(), unpatch() and the checker read it."""
+    function: str  # the modeling file's function posenc's replaces
+    pairs: str  # the pair layout posenc's resolver must give the family's config
+    float32_tables: bool = False  # its modules return float32 tables whatever x's dtype
+    fresh: bool = False  # its module recomputes frequencies and scaling from the config each call
+
+
+ROTATIONS = {
+    "half": Rotation("apply_rotary_pos_emb", "half"),
+    "interleaved": Rotation("apply_rotary_pos_emb", "interleaved"),
+    "deinterleave": Rotation("apply_rotary_pos_emb_interleave", "interleaved"),
+    "half_one": Rotation("apply_rotary_pos_emb", "half"),
+    "half_f32": Rotation("apply_rotary_pos_emb", "half", float32_tables=True),
+    "interleaved_f32": Rotation("apply_rotary_pos_emb", "interleaved", float32_tables=True),
+    "half_fresh": Rotation("apply_rotary_pos_emb", "half", fresh=True),
+}
+
+
+def _original(function: str) -> str:
     """The modeling file's attribute keeping transformers' function while posenc's is in."""
-    return "_posenc_original_" + FUNCTION[layout]
+    return "_posenc_original_" + function
+
+
+def _tables_first_half_twice(t: torch.Tensor, pairs: str) -> torch.Tensor:
+    """Each table's first half (pair i's value) laid out for `pairs`: t0 t0 t1 t1 ... (GLM's and
+    Ernie's repeat_interleave) or cat(h, h) (what DeepSeek's interleave function reads)."""
+    half = t[..., : t.shape[-1] // 2]
+    return half.repeat_interleave(2, dim=-1) if pairs == "interleaved" else torch.cat([half, half], -1)
 
 
 def _rotation(layout: str):
-    """The family's apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) computed by posenc.
+    """The family's rotation (ROTATIONS[layout].function) computed by posenc, with its contract.
 
     Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
     "interleaved" (GLM) takes each table's first half and repeats every value twice
@@ -91,34 +101,28 @@ def _rotation(layout: str):
     "half_one" (Gemma 4): apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim) on one tensor.
     "deinterleave" (DeepSeek V3's apply_rotary_pos_emb_interleave, position_ids unused as there):
     q and k de-interleaved ([x0 x2 ... | x1 x3 ...], a copy), then rotated as "half" with
-    cat(t, t) of each table's first half (all DeepSeek's function reads): pair i is (x_2i, x_2i+1) with angle t_i, the products and sums the same as
-    DeepSeek's `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
+    cat(t, t) of each table's first half (all DeepSeek's function reads): pair i is
+    (x_2i, x_2i+1) with angle t_i, the products and sums the same as DeepSeek's
+    `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
+    "half_f32" / "interleaved_f32" (OLMo / Ernie 4.5): the rotation with float32 tables, which
+    promote q and k (the operator's backward rounds each product's gradient as eager's does), cast
+    back: OLMo each to its own dtype, Ernie both to q's.
     """
-    if layout in _FLOAT32_TABLES:
-        pairs = layout[: -len("_f32")]
+    rotation = ROTATIONS[layout]
+    if rotation.float32_tables:
+        base = _rotation(rotation.pairs)
 
         def posenc_apply_rotary_pos_emb_f32(q, k, cos, sin, unsqueeze_dim=1):
-            # float32 tables promote q and k: rotated in float32, rounded once to their dtype (the
-            # operator's backward rounds each product's gradient as eager's does)
-            if pairs == "interleaved":  # Ernie 4.5's: q.float(), k.float(); both back to q's dtype
-                if torch.float64 in (q.dtype, k.dtype):
-                    raise ValueError("posenc.patch: Ernie 4.5's rotation rounds float64 q and k to "
-                                     "float32 (q.float()), which posenc's does not reproduce; run "
-                                     "the model in float32/bfloat16/float16 or unpatch it")
-                cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
-                sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
-                q_embed, k_embed = apply_rotary_pos_emb(q, k, cos.float(), sin.float(),
-                                                        unsqueeze_dim=unsqueeze_dim, layout=pairs)
-                return q_embed.to(q.dtype), k_embed.to(q.dtype)
-            q_embed, k_embed = apply_rotary_pos_emb(q, k, cos.float(), sin.float(),
-                                                    unsqueeze_dim=unsqueeze_dim, layout=pairs)
-            return q_embed.to(q.dtype), k_embed.to(k.dtype)  # OLMo's: each back to its own
+            if rotation.pairs == "interleaved" and torch.float64 in (q.dtype, k.dtype):
+                raise ValueError("posenc.patch: Ernie 4.5's rotation rounds float64 q and k to "
+                                 "float32 (q.float()), which posenc's does not reproduce; run "
+                                 "the model in float32/bfloat16/float16 or unpatch it")
+            q_embed, k_embed = base(q, k, cos.float(), sin.float(), unsqueeze_dim=unsqueeze_dim)
+            k_dtype = q.dtype if rotation.pairs == "interleaved" else k.dtype
+            return q_embed.to(q.dtype), k_embed.to(k_dtype)
 
         posenc_apply_rotary_pos_emb_f32.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_f32
-
-    if layout == "half_fresh":
-        layout = "half"  # the rotation is transformers' usual one
 
     if layout == "half_one":
         def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
@@ -136,19 +140,20 @@ def _rotation(layout: str):
             def split(x):
                 return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
-            # DeepSeek's reads each table's first half only (pair i's angle): the same here
-            cos = cos[..., : cos.shape[-1] // 2].repeat(*([1] * (cos.dim() - 1)), 2)
-            sin = sin[..., : sin.shape[-1] // 2].repeat(*([1] * (sin.dim() - 1)), 2)
-            return apply_rotary_pos_emb(split(q), split(k), cos, sin, unsqueeze_dim=unsqueeze_dim)
+            return apply_rotary_pos_emb(split(q), split(k), _tables_first_half_twice(cos, "half"),
+                                        _tables_first_half_twice(sin, "half"),
+                                        unsqueeze_dim=unsqueeze_dim)
 
         posenc_apply_rotary_pos_emb_interleave.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_interleave
 
+    pairs = rotation.pairs  # "half", "interleaved", "half_fresh" (the usual rotation)
+
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if layout == "interleaved":
-            cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
-            sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
-        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=layout)
+        if pairs == "interleaved":
+            cos = _tables_first_half_twice(cos, pairs)
+            sin = _tables_first_half_twice(sin, pairs)
+        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=pairs)
 
     posenc_apply_rotary_pos_emb.posenc_layout = layout
     return posenc_apply_rotary_pos_emb
@@ -288,6 +293,7 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
     """patch() with the family's (modeling file, rotary classes, pair layout) given: the checker
     (tools/patch_families.py) calls it for families not yet listed."""
     module_name, classes, layout = entry
+    rotation = ROTATIONS[layout]
     modeling = importlib.import_module(module_name)
     replacements = []  # every module built and checked before the model is touched
     for name, sub in list(model.named_modules()):
@@ -295,39 +301,37 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
             continue
         ours = RotaryEmbedding.from_hf_config(
             sub.config, angle_dtype=angle_dtype, table_order="transformers",
-            table_dtype="float32" if layout in _FLOAT32_TABLES else "input")
+            table_dtype="float32" if rotation.float32_tables else "input")
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
         # resolve to other frequencies than the module was built with; refused, not guessed
-        # (PhiMoE's module, "half_fresh", reads its scaling from the config on every call, not
-        # from its attention_scaling: the config posenc's module is built from is the oracle)
+        # (a "fresh" module, PhiMoE's, reads its scaling from the config on every call, not from
+        # its attention_scaling: the config posenc's module is built from is the oracle there)
         why = _grown(sub) or _frequencies_differ(sub, ours, exact=angle_dtype == "float32") or (
-            None if layout == "half_fresh"
-            else _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
+            None if rotation.fresh else _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
         if why is not None:
             raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
-        # the dtypes transformers' buffers have now (model.to(dtype)); "half_fresh" (PhiMoE's
-        # module) recomputes its frequencies in float32 on every call, whatever its buffer holds
-        if angle_dtype == "float32" and layout != "half_fresh":
+        # the dtypes transformers' buffers have now (model.to(dtype)); a "fresh" module recomputes
+        # its frequencies in float32 on every call, whatever its buffer holds
+        if angle_dtype == "float32" and not rotation.fresh:
             _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
         layouts = {t.layout for t in ours._tables.values()}
-        if layouts != {_RESOLVED[layout]}:  # posenc's resolver and the family's code disagree
+        if layouts != {rotation.pairs}:  # posenc's resolver and the family's code disagree
             raise ValueError(f"posenc.patch: {name or 'the model'}'s config resolves to the "
                              f"{'/'.join(sorted(layouts))} pair layout, but "
-                             f"{modeling.__name__}.{FUNCTION[layout]} rotates "
-                             f"{_RESOLVED[layout]} pairs; not patched")
+                             f"{modeling.__name__}.{rotation.function} rotates "
+                             f"{rotation.pairs} pairs; not patched")
         replacements.append((name, ours))
     if not replacements:
         raise ValueError(f"posenc.patch: no rotary module of {modeling.__name__} in this model")
     for name, ours in replacements:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, ours)
-    function = FUNCTION[layout]
-    if not hasattr(modeling, _original(layout)):
-        setattr(modeling, _original(layout), getattr(modeling, function))
-    setattr(modeling, function, _rotation(layout))
+    if not hasattr(modeling, _original(rotation.function)):
+        setattr(modeling, _original(rotation.function), getattr(modeling, rotation.function))
+    setattr(modeling, rotation.function, _rotation(layout))
     setattr(modeling, _PATCHED, _live_patched(modeling) + [weakref.ref(model)])
     model._posenc_modeling = modeling.__name__
     return model
@@ -352,9 +356,9 @@ def unpatch(model: torch.nn.Module) -> torch.nn.Module:
     others = [r for r in _live_patched(modeling) if r() is not model]
     setattr(modeling, _PATCHED, others)
     if not others:  # the last patched model of the family: transformers' functions back
-        for layout in FUNCTION:
-            if hasattr(modeling, _original(layout)):
-                setattr(modeling, FUNCTION[layout], getattr(modeling, _original(layout)))
-                delattr(modeling, _original(layout))
+        for function in {r.function for r in ROTATIONS.values()}:
+            if hasattr(modeling, _original(function)):
+                setattr(modeling, function, getattr(modeling, _original(function)))
+                delattr(modeling, _original(function))
     del model._posenc_modeling
     return model

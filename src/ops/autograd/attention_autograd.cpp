@@ -182,7 +182,6 @@ at::Tensor shaw_attention_autograd(const at::Tensor& q, const at::Tensor& k, con
   return ShawAttentionFunction::apply(q, k, v, table, causal, scale, attention_mask)[0];
 }
 
-
 class PositionalAttentionFunction : public torch::autograd::Function<PositionalAttentionFunction> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,

@@ -3,11 +3,12 @@
 //   dx   = apply_rotary(dy, cos, -swap(sin))      rot's adjoint turns the table's pair members
 //                                                 round: half [s_a | s_b] -> [-s_b | -s_a]
 //   dcos = sum_to(dy * x, cos),  dsin = sum_to(dy * rot(x), sin)     (q's and k's terms added)
-// Where the tables promote x (bfloat16 x with float32 tables: OLMo's and Ernie's rotation), eager
-// autograd rounds each product's gradient to x's dtype before adding them (every edge into x is
-// cast to x's dtype), so dx is computed that way there, to the bit:
-//   dx = round(dy * c) + round(rot^T(dy * s)) in x's dtype,  rot^T = -rot
-// (the fused path rounds once, from the promoted sum).
+// Where the tables promote x (bfloat16 x with float32 tables: OLMo's and Ernie's rotation) or
+// broadcast it to a larger result, eager autograd sums each product's gradient over the broadcast
+// dims and rounds it to x's dtype before adding them (every edge into x is cast to x's dtype), so
+// dx is computed that way there, to the bit:
+//   dx = round(sum_to(dy * c)) + round(rot^T(sum_to(dy * s))) in x's dtype,  rot^T = -rot
+// (the fused path adds first and rounds once).
 // The backward calls the operator, not a kernel, so it is itself differentiable (gradgradcheck)
 // and torch.compile traces it. apply_rotary_ records no gradients: with autograd on and an input
 // that needs one, it is one line (use apply_rotary).
@@ -53,7 +54,7 @@ at::Tensor table_grad(const at::Tensor& g, const at::Tensor& term, const at::Ten
 // gradient summed over the broadcast dims and rounded to x's dtype, then the two added there; dims
 // past the rotary width pass the gradient through. g [.., D] in the result's dtype,
 // c, s the unsqueezed tables [.., W].
-at::Tensor promoted_input_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& c,
+at::Tensor per_term_input_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& c,
                                const at::Tensor& s, RopeLayout layout) {
   const auto dt = x.scalar_type();
   const c10::SymInt width = c.sym_size(-1), dim = g.sym_size(-1);
@@ -109,13 +110,11 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     if ((q.requires_grad() || k.requires_grad()) &&
         (promoted(q) || promoted(k) || broadcast(q, gq) || broadcast(k, gk))) {
       const auto c = cos.unsqueeze(u), s = sin.unsqueeze(u);
-      result[0] = promoted_input_grad(gq, q, c, s, parsed);
-      result[1] = promoted_input_grad(gk, k, c, s, parsed);
-    } else if (q.requires_grad() || k.requires_grad()) {
-      auto [dq, dk] = call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
-      // a result that cos/sin broadcast to a larger shape than q or k: summed back to theirs
-      result[0] = at::sum_to(dq, q.sym_sizes()).to(q.scalar_type());
-      result[1] = at::sum_to(dk, k.sym_sizes()).to(k.scalar_type());
+      result[0] = per_term_input_grad(gq, q, c, s, parsed);
+      result[1] = per_term_input_grad(gk, k, c, s, parsed);
+    } else if (q.requires_grad() || k.requires_grad()) {  // q, k their results' shape and dtype
+      std::tie(result[0], result[1]) =
+          call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
     }
     const c10::SymInt width = cos.sym_size(-1);
     const auto rotary = [&](const at::Tensor& t) { return t.narrow_symint(-1, 0, width); };
