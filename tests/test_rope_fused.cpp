@@ -1,7 +1,10 @@
 // Fused RoPE vs the reference rope_apply (its specification): layouts x dtypes x shapes,
 // including odd sizes, partial rotary, non-contiguous views, batched tables and offsets;
 // gradients of the fused backward vs autograd through the reference; angle accuracy.
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "posenc/kernels/rope.h"
 #include "posenc/posenc.h"
@@ -118,12 +121,59 @@ TEST(RopeFusedErrors, ShapesAreChecked) {
   auto [cos, sin] =
       rope_cos_sin(torch::arange(5, torch::kFloat64), torch::ones({4}, torch::kFloat64));
   auto message = test::error_of([&] { rope_fused(q, cos, sin, RopeLayout::kHalf); });
-  EXPECT_NE(message.find("cos/sin have 5 positions but the inputs have N=4"), std::string::npos)
+  EXPECT_NE(message.find("rope_rotate: cos/sin have 5 positions but x has N=4"), std::string::npos)
       << message;
   auto [wide_cos, wide_sin] =
       rope_cos_sin(torch::arange(4, torch::kFloat64), torch::ones({5}, torch::kFloat64));
   message = test::error_of([&] { rope_fused(q, wide_cos, wide_sin, RopeLayout::kHalf); });
   EXPECT_NE(message.find("rotary width 2F=10 exceeds head_dim=8"), std::string::npos) << message;
+}
+
+// The library's rotation is the dispatcher's operator: the Rope module and rope_fused* reach
+// posenc::rope_rotate* through c10::Dispatcher (RecordFunction sees the calls by schema name),
+// with a CPU and an Autograd kernel per dispatch key, and its backward is the operator again
+// (so differentiable: the gradient of the backward with respect to the incoming gradient).
+TEST(RopeOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
+  const auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* name : {"posenc::rope_rotate", "posenc::rope_rotate_qk", "posenc::rope_rotate_"}) {
+    auto op = dispatcher.findSchema({name, ""});
+    ASSERT_TRUE(op.has_value()) << name;
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) << name;
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU)) << name;
+  }
+  std::vector<std::string> seen;
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([&](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = fn.name();
+        if (name.rfind("posenc::", 0) == 0) seen.push_back(name);
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  Rope rope(RopeOptions(32));
+  auto q = torch::randn({2, 9, 4, 32}, torch::requires_grad()), k = torch::randn({2, 9, 2, 32});
+  auto p = Positions::sequence(9);
+  auto [a, b] = rope->rotate(q, k, p, p);
+  (a.sum() + b.sum()).backward();
+  at::removeCallback(handle);
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "posenc::rope_rotate_qk");  // the forward, one pass for q and k
+  EXPECT_NE(std::find(seen.begin() + 1, seen.end(), "posenc::rope_rotate"), seen.end())
+      << "the backward (only q needs a gradient) is the operator again";
+}
+
+TEST(RopeOperator, TheBackwardIsDifferentiable) {
+  torch::manual_seed(11);
+  for (auto layout : {RopeLayout::kHalf, RopeLayout::kInterleaved}) {
+    auto x = torch::randn({2, 5, 3, 16}, torch::dtype(torch::kFloat64).requires_grad(true));
+    auto [cos, sin] = rope_cos_sin(torch::arange(5, torch::kFloat64), torch::rand({6}, torch::kFloat64));
+    auto v = torch::randn({2, 5, 3, 16}, torch::dtype(torch::kFloat64).requires_grad(true));
+    auto w = torch::randn({2, 5, 3, 16}, torch::kFloat64);
+    auto y = rope_fused(x, cos, sin, layout);
+    auto gx = torch::autograd::grad({y}, {x}, {v}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+    EXPECT_LT(max_abs_diff(gx, rope_apply(v, cos, -sin, layout)), 1e-12);  // R^T v
+    (gx * w).sum().backward();  // d<R^T v, w>/dv = R w
+    EXPECT_LT(max_abs_diff(v.grad(), rope_apply(w, cos, sin, layout)), 1e-12);
+  }
 }
 
 TEST(RopeSections, AxesOfPairsBothLayouts) {

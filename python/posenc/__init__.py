@@ -13,8 +13,9 @@
     plan = enc(posenc.Positions.sequence(n))                       # add / rotate / bias entries
     pos, deltas = posenc.get_rope_index_omni(input_ids, image_grid_thw, video_grid_thw)  # 2.5-Omni
 
-The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope}, with
-CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
+The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope} and
+{rope_rotate, rope_rotate_qk, rope_rotate_} (the C++ library's rotation, which its encoders and
+trainer call through the dispatcher), with CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
 and {resample_grid_table, axial_sincos_table, sinusoidal_table, patch_grid_bands},
 compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
@@ -45,9 +46,11 @@ from .rotary import (  # noqa: E402
     apply_rotary_pos_emb_,
     hf_rope,
     rope_cos_sin,
+    rope_rotate,
+    rope_rotate_qk,
 )
 
 __version__ = "0.1.0"
 __all__ = ["Encoder", "Plan", "Positions", "build_encoder", "RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
            "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
-           "rope_cos_sin", "positional_attention", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]
+           "rope_cos_sin", "rope_rotate", "rope_rotate_qk", "positional_attention", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]

@@ -1,8 +1,8 @@
 """Fake (meta) kernels: shapes, dtypes and strides only, for torch.compile and torch.export.
 
 Each promises exactly what the C++ kernels return (src/ops/*.cpp): apply_rotary's outputs are laid
-out as empty_like(q) / empty_like(k) in the promoted dtype on every path; rope_cos_sin's are
-contiguous float32 [..., N, 2F].
+out as empty_like(q) / empty_like(k) in the promoted dtype on every path; rope_rotate's are
+contiguous in x's shape and dtype; rope_cos_sin's are contiguous float32 [..., N, 2F].
 """
 
 from __future__ import annotations
@@ -35,6 +35,24 @@ def _apply_rotary_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
 
 @torch.library.register_fake("posenc::apply_rotary_")
 def _apply_rotary_inplace_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
+    return None
+
+
+# rope_rotate*: results contiguous in x's shape and dtype (src/ops/rope_rotate.cpp's empty_result).
+@torch.library.register_fake("posenc::rope_rotate")
+def _rope_rotate_fake(x, cos, sin, layout="half", inverse=False):
+    torch._check(cos.shape == sin.shape, lambda: "rope_rotate: cos and sin shapes differ")
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("posenc::rope_rotate_qk")
+def _rope_rotate_qk_fake(q, k, cos, sin, layout="half", inverse=False):
+    torch._check(cos.shape == sin.shape, lambda: "rope_rotate_qk: cos and sin shapes differ")
+    return q.new_empty(q.shape), k.new_empty(k.shape)
+
+
+@torch.library.register_fake("posenc::rope_rotate_")
+def _rope_rotate_inplace_fake(x, cos, sin, layout="half", inverse=False):
     return None
 
 

@@ -64,6 +64,25 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
                                          list(mrope_section), section_layout, layout)
 
 
+def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
+                inverse: bool = False) -> torch.Tensor:
+    """The C++ library's fused rotation, the operator its encoders and trainer call.
+
+    x: [B, N, H, Dh] (tokens before heads, as posenc's C++ attention lays them out); cos, sin:
+    per-pair float32 tables [N, F] or [B or 1, N, F], F <= Dh/2 (the first half of a
+    transformers table for the half layout, its even columns for the interleaved one).
+    (x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin) over pairs (i, i+F) or (2i, 2i+1); dims
+    2F.. pass through; inverse rotates by -angle. Result contiguous, in x's dtype.
+    """
+    return torch.ops.posenc.rope_rotate(x, cos, sin, layout, inverse)
+
+
+def rope_rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   layout: str = "half", inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_rotate of q and k sharing the tables (one pass; head counts may differ)."""
+    return torch.ops.posenc.rope_rotate_qk(q, k, cos, sin, layout, inverse)
+
+
 def _config_dict(config: Any) -> dict:
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)

@@ -21,6 +21,10 @@
 
 namespace posenc {
 
+// The three below call the operators posenc::rope_rotate, rope_rotate_qk and rope_rotate_ through
+// PyTorch's dispatcher (src/ops/rope_rotate.h): CPU and CUDA kernels per dispatch key, autograd
+// whose backward is the operator again (differentiable). cos/sin: float32.
+
 /// Autograd-aware fused rotation of one tensor (out of place).
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                       RopeLayout layout);
@@ -30,7 +34,8 @@ std::pair<at::Tensor, at::Tensor> rope_fused_qk(const at::Tensor& q, const at::T
                                                 RopeLayout layout);
 /// In place, no autograd (inference; KV-cache writes).
 void rope_fused_(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout);
-/// Whether the fused path takes these inputs (CPU tensors; cos/sin need no gradient).
+/// Whether the fused path takes these inputs: float32 tables that need no gradient, on x's device
+/// (CPU) or anywhere (CUDA, where the CUDA kernel is registered).
 bool rope_fused_supported(const at::Tensor& x, const at::Tensor& cos);
 
 /// The raw CPU kernel: rotates each x[i] into out[i] (out[i] may be x[i]); all share B, N and

@@ -1,7 +1,7 @@
 // Internal: the glue between tensors and the raw CUDA kernels (rope_cuda.h, attention_cuda.h),
-// built only when the LibTorch has CUDA (POSENC_HAS_CUDA_GLUE). rope_fused* and attention_fused
-// route CUDA tensors here, each at its one dispatch point (rope_autograd.cpp,
-// attention_autograd.cpp); the CPU path is unchanged.
+// built only when the LibTorch has CUDA (POSENC_HAS_CUDA_GLUE). The rotation is the CUDA kernel of
+// the operators posenc::rope_rotate* (registered per dispatch key in src/ops/rope_rotate.cpp);
+// attention_fused routes CUDA tensors here at its one dispatch point (attention_autograd.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,0 +1,258 @@
+"""torch.ops.posenc.rope_rotate / rope_rotate_qk / rope_rotate_: the C++ library's rotation (its
+encoders and trainer call these operators through the dispatcher), checked against transformers'
+own apply_rotary_pos_emb (half pairs) and GPT-J's (interleaved pairs), by opcheck (schema, fake,
+autograd registration, AOT dispatch) over dtypes, layouts, partial rotary, batched tables, strided
+views and empty tensors, by gradcheck/gradgradcheck, and under torch.compile. Last, every operator
+in the posenc namespace has a fake kernel (or is a composition of ATen ops)."""
+
+import pytest
+import torch
+from transformers.models.gptj import modeling_gptj
+from transformers.models.llama import modeling_llama
+
+import posenc
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+LAYOUTS = ["half", "interleaved"]
+
+
+def pair_tables(batch, tokens, pairs, theta=10000.0, offset=3):
+    """Per-pair float32 tables [N, F] (batch None) or [B, N, F], as posenc's rope_cos_sin makes
+    them: float64 angles, float32 values."""
+    inv = 1.0 / theta ** (torch.arange(pairs, dtype=torch.float64) * 2 / (2 * pairs))
+    if batch is None:
+        pos = torch.arange(tokens, dtype=torch.float64) + offset
+    else:
+        pos = torch.rand(batch, tokens, dtype=torch.float64) * 500
+    angles = pos[..., None] * inv
+    return angles.cos().float(), angles.sin().float()
+
+
+def peer(x, cos, sin, layout):
+    """The peers' own functions on x [B, N, H, Dh]: transformers' Llama apply_rotary_pos_emb
+    (rotate_half, tables cat(t, t)) or GPT-J's (rotate_every_two, tables repeated per pair), with
+    partial rotary as their callers do it (rotate the first 2F dims, pass the rest)."""
+    f = cos.shape[-1]
+    c, s = (cos, sin) if cos.dim() == 3 else (cos[None], sin[None])
+    rot, rest = x[..., : 2 * f], x[..., 2 * f:]
+    if layout == "half":
+        full_c, full_s = torch.cat([c, c], -1), torch.cat([s, s], -1)  # [B, N, 2F]
+        y, _ = modeling_llama.apply_rotary_pos_emb(rot, rot, full_c.to(x.dtype),
+                                                   full_s.to(x.dtype), unsqueeze_dim=2)
+    else:  # GPT-J: sin, cos [B, N, F] repeat_interleave'd inside, unsqueezed at dim 2
+        y = modeling_gptj.apply_rotary_pos_emb(rot, s.to(x.dtype), c.to(x.dtype))
+    return torch.cat([y, rest], -1)
+
+
+# (B, N, H, Dh, F, batched tables): full, partial, odd F, one token, batched, empty batch/tokens
+SHAPES = [(2, 7, 3, 16, 8, None), (1, 5, 2, 24, 6, None), (2, 6, 4, 10, 5, 2),
+          (3, 1, 2, 32, 16, None), (2, 9, 1, 64, 32, 2), (0, 3, 2, 8, 4, None),
+          (2, 0, 2, 8, 4, None)]
+
+
+def make(shape, dtype, head_major=False, seed=0):
+    b, n, h, d, f, batched = shape
+    torch.manual_seed(seed)
+    if head_major:  # [B, H, N, Dh] storage viewed as [B, N, H, Dh] (SDPA's layout)
+        x = torch.randn(b, h, n, d).transpose(1, 2)
+    else:
+        x = torch.randn(b, n, h, d)
+    cos, sin = pair_tables(batched, n, f)
+    return x.to(dtype), cos, sin
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("head_major", [False, True])
+def test_float32_equals_the_peers_functions_to_the_bit(layout, shape, head_major):
+    x, cos, sin = make(shape, torch.float32, head_major)
+    got = posenc.rope_rotate(x, cos, sin, layout)
+    want = peer(x, cos, sin, layout)
+    assert got.dtype == x.dtype and got.shape == x.shape and got.is_contiguous()
+    assert torch.equal(got, want), (got - want).abs().max()
+    q2 = torch.randn(x.shape[0], x.shape[1], 2 * x.shape[2] + 1, x.shape[3])  # other head count
+    gq, gk = posenc.rope_rotate_qk(q2, x, cos, sin, layout)
+    assert torch.equal(gq, peer(q2, cos, sin, layout)) and torch.equal(gk, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_other_dtypes_round_once_from_the_float_computation(dtype, layout):
+    # float64: computed in float64 with the float32 tables; bf16/fp16: in float32, rounded once
+    x, cos, sin = make((2, 11, 3, 32, 12, 2), dtype)
+    got = posenc.rope_rotate(x, cos, sin, layout)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    want = peer(x.to(compute), cos, sin, layout).to(dtype)
+    assert got.dtype == dtype
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
+    else:  # one rounding of the same float32 value: equal, or one ulp apart where fma differs
+        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+        assert (got == want).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_inverse_undoes_the_rotation_and_equals_negated_sine(layout):
+    x, cos, sin = make((2, 8, 2, 16, 8, None), torch.float64)
+    y = posenc.rope_rotate(x, cos, sin, layout)
+    # float32 tables: cos^2 + sin^2 is 1 within ~1e-7, so the round trip is exact to that
+    torch.testing.assert_close(posenc.rope_rotate(y, cos, sin, layout, inverse=True), x,
+                               rtol=0, atol=1e-6)
+    assert torch.equal(posenc.rope_rotate(x, cos, sin, layout, inverse=True),
+                       posenc.rope_rotate(x, cos, -sin, layout))
+
+
+def test_batch_one_tables_broadcast():
+    x, cos, sin = make((3, 5, 2, 16, 8, None), torch.float32)
+    got = posenc.rope_rotate(x, cos[None], sin[None])
+    assert torch.equal(got, posenc.rope_rotate(x, cos, sin))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_opcheck(dtype, layout, shape):
+    for head_major in (False, True):
+        x, cos, sin = make(shape, dtype, head_major)
+        grad = dtype in (torch.float32, torch.float64) and x.numel() > 0
+        x.requires_grad_(grad)
+        torch.library.opcheck(torch.ops.posenc.rope_rotate.default, (x, cos, sin, layout, False))
+        k = torch.randn(x.shape[0], x.shape[1], 1, x.shape[3]).to(dtype).requires_grad_(grad)
+        torch.library.opcheck(torch.ops.posenc.rope_rotate_qk.default,
+                              (x, k, cos, sin, layout, True))
+        y = x.detach().contiguous()
+        torch.library.opcheck(torch.ops.posenc.rope_rotate_.default, (y, cos, sin, layout, False))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradcheck_and_gradgradcheck(layout):
+    x, cos, sin = make((2, 5, 2, 12, 4, 2), torch.float64)
+    k = torch.randn(2, 5, 3, 12, dtype=torch.float64, requires_grad=True)
+    x.requires_grad_(True)
+    f = lambda a, b: torch.ops.posenc.rope_rotate_qk(a, b, cos, sin, layout)  # noqa: E731
+    assert torch.autograd.gradcheck(f, (x, k))
+    assert torch.autograd.gradgradcheck(f, (x, k))
+    g = lambda a: torch.ops.posenc.rope_rotate(a, cos, sin, layout, True)  # noqa: E731
+    assert torch.autograd.gradcheck(g, (x,)) and torch.autograd.gradgradcheck(g, (x,))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tables_that_need_a_gradient_get_the_peers_gradients(layout):
+    # learned frequencies: the reference path, differentiable in the tables
+    x, cos, sin = make((2, 6, 3, 16, 6, None), torch.float32)
+    x.requires_grad_(True)
+    c1, s1 = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+    c2, s2 = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    probe = torch.randn(x.shape)
+    (posenc.rope_rotate(x, c1, s1, layout) * probe).sum().backward()
+    (peer(x2, c2, s2, layout) * probe).sum().backward()
+    for a, b in ((x.grad, x2.grad), (c1.grad, c2.grad), (s1.grad, s2.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_only_one_of_q_and_k_used_gets_its_gradient():
+    x, cos, sin = make((1, 4, 2, 8, 4, None), torch.float32)
+    q, k = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    yq, _ = posenc.rope_rotate_qk(q, k, cos, sin)
+    yq.sum().backward()
+    assert k.grad is None
+    torch.testing.assert_close(q.grad, posenc.rope_rotate(torch.ones_like(x), cos, sin,
+                                                          inverse=True))
+
+
+def test_in_place_rotates_bumps_the_version_and_refuses_autograd():
+    x, cos, sin = make((2, 5, 2, 16, 8, None), torch.float32)
+    want = posenc.rope_rotate(x, cos, sin)
+    y = x.clone()
+    version = y._version
+    torch.ops.posenc.rope_rotate_(y, cos, sin)
+    assert torch.equal(y, want) and y._version > version
+    z = x.clone().requires_grad_(True)
+    with pytest.raises(RuntimeError, match="in-place rotation records no gradients"):
+        torch.ops.posenc.rope_rotate_(z, cos, sin)
+    with torch.no_grad():
+        torch.ops.posenc.rope_rotate_(z, cos, sin)
+    with pytest.raises(RuntimeError, match="single memory location"):  # an expanded tensor writes one element twice
+        torch.ops.posenc.rope_rotate_(torch.ones(1, 5, 1, 16).expand(1, 5, 3, 16), cos, sin)
+
+
+def test_compile_fullgraph_dynamic_no_recompile_with_backward():
+    torch._dynamo.reset()
+
+    def block(q, k, cos, sin):
+        q, k = posenc.rope_rotate_qk(q, k, cos, sin)
+        return (q.sum(2) * k.sum(2)).sum(-1)
+
+    compiled = torch.compile(block, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (5, 9, 17):
+            torch.manual_seed(n)
+            q = torch.randn(2, n, 4, 16, requires_grad=True)
+            k = torch.randn(2, n, 2, 16, requires_grad=True)
+            cos, sin = pair_tables(None, n, 8)
+            y = compiled(q, k, cos, sin)
+            y.sum().backward()
+            gq, gk = q.grad.clone(), k.grad.clone()
+            q.grad = k.grad = None
+            ye = block(q, k, cos, sin)
+            ye.sum().backward()
+            torch.testing.assert_close(y, ye, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(gq, q.grad, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(gk, k.grad, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda x, c, s: posenc.rope_rotate(x, c.double(), s.double()),
+     "rope_rotate: cos/sin must be float32 (the kernels' per-pair tables), got Double and Double"),
+    (lambda x, c, s: posenc.rope_rotate(x, c[:3], s[:3]),
+     "rope_rotate: cos/sin have 3 positions but x has N=5"),
+    (lambda x, c, s: posenc.rope_rotate(x[..., :6], c, s),
+     "rope_rotate: rotary width 2F=8 exceeds head_dim=6"),
+    (lambda x, c, s: posenc.rope_rotate(x[0], c, s),
+     "rope_rotate: x must be [B, N, H, Dh], got shape [5, 2, 8]"),
+    (lambda x, c, s: posenc.rope_rotate(x, c, s[:, :3]), "rope_rotate: cos and sin shapes differ"),
+    (lambda x, c, s: posenc.rope_rotate(x, c, s, "sideways"), "unknown layout 'sideways'"),
+    (lambda x, c, s: posenc.rope_rotate(x, c.expand(4, 5, 4), s.expand(4, 5, 4)),
+     "rope_rotate: cos/sin batch 4 is neither 1 nor x's B=2"),
+    (lambda x, c, s: posenc.rope_rotate_qk(x, x.double(), c, s),
+     "rope_rotate_qk: q is Float but k is Double"),
+])
+def test_bad_input_is_one_line(call, message):
+    x, cos, sin = make((2, 5, 2, 8, 4, None), torch.float32)
+    with pytest.raises(RuntimeError) as info:
+        call(x, cos, sin)
+    text = str(info.value).split("\nException raised from")[0].strip()
+    assert message in text and "\n" not in text, text
+
+
+# Operators with no fake kernel, each with its reason: data-dependent integer bookkeeping on the CPU
+# (the streams' positions: their shapes depend on the token ids' values), and inspection strings.
+NO_FAKE = {
+    "posenc::qwen2_vl_rope_index": "output shape depends on the ids' values",
+    "posenc::qwen2_5_omni_rope_index": "output shape depends on the ids' values",
+}
+
+
+def test_every_operator_has_a_fake_kernel_or_is_composite():
+    from torch._library.simple_registry import singleton
+
+    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("posenc::"))
+    assert "posenc::rope_rotate" in names and "posenc::rope_rotate_qk" in names
+    missing = []
+    for name in names:
+        if name in NO_FAKE:
+            continue
+        composite = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
+                        for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
+                                    "Meta"))
+        fake = singleton.find(name).fake_impl.kernel is not None
+        if not (composite or fake):
+            missing.append(name)
+    assert not missing, f"operators without a fake kernel: {missing}"
+
+
+def test_the_device_kernels_are_registered_per_dispatch_key():
+    for name in ("posenc::rope_rotate", "posenc::rope_rotate_qk", "posenc::rope_rotate_"):
+        for key in ("CPU", "Autograd"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
