@@ -2,6 +2,7 @@
 // including odd sizes, partial rotary, non-contiguous views, batched tables and offsets;
 // gradients of the fused backward vs autograd through the reference; angle accuracy.
 #include <ATen/record_function.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -134,16 +135,18 @@ TEST(RopeFusedErrors, ShapesAreChecked) {
 // with a CPU and an Autograd kernel per dispatch key, and its backward is the operator again
 // (so differentiable: the gradient of the backward with respect to the incoming gradient).
 TEST(RopeOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
-  const auto& dispatcher = c10::Dispatcher::singleton();
-  for (const char* name : {"posenc::rope_rotate", "posenc::rope_rotate_qk", "posenc::rope_rotate_"}) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* name :
+       {"posenc::rope_rotate", "posenc::rope_rotate_qk", "posenc::rope_rotate_"}) {
     auto op = dispatcher.findSchema({name, ""});
     ASSERT_TRUE(op.has_value()) << name;
     EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) << name;
-    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU)) << name;
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::Autograd)) << name;
   }
-  std::vector<std::string> seen;
+  static std::vector<std::string> seen;  // a callback is a plain function: no captures
+  seen.clear();
   auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([&](const at::RecordFunction& fn)
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
                                      -> std::unique_ptr<at::ObserverContext> {
         const std::string name = fn.name();
         if (name.rfind("posenc::", 0) == 0) seen.push_back(name);
@@ -157,24 +160,60 @@ TEST(RopeOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
   at::removeCallback(handle);
   ASSERT_GE(seen.size(), 2u);
   EXPECT_EQ(seen[0], "posenc::rope_rotate_qk");  // the forward, one pass for q and k
-  EXPECT_NE(std::find(seen.begin() + 1, seen.end(), "posenc::rope_rotate"), seen.end())
-      << "the backward (only q needs a gradient) is the operator again";
+  EXPECT_NE(std::find(seen.begin() + 1, seen.end(), "posenc::rope_rotate_qk"), seen.end())
+      << "the backward (both results used) is the operator again";
+  // one result used: its gradient alone, through the one-tensor operator
+  seen.clear();
+  handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = fn.name();
+        if (name.rfind("posenc::", 0) == 0) seen.push_back(name);
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  auto [c, d] = rope->rotate(q, k, p, p);
+  c.sum().backward();
+  at::removeCallback(handle);
+  // (each operator is seen twice: at its Autograd kernel and at the device kernel it calls)
+  EXPECT_EQ(seen.front(), "posenc::rope_rotate_qk");
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "posenc::rope_rotate"), seen.end());
 }
 
 TEST(RopeOperator, TheBackwardIsDifferentiable) {
   torch::manual_seed(11);
   for (auto layout : {RopeLayout::kHalf, RopeLayout::kInterleaved}) {
     auto x = torch::randn({2, 5, 3, 16}, torch::dtype(torch::kFloat64).requires_grad(true));
-    auto [cos, sin] = rope_cos_sin(torch::arange(5, torch::kFloat64), torch::rand({6}, torch::kFloat64));
+    auto [cos, sin] =
+        rope_cos_sin(torch::arange(5, torch::kFloat64), torch::rand({6}, torch::kFloat64));
     auto v = torch::randn({2, 5, 3, 16}, torch::dtype(torch::kFloat64).requires_grad(true));
     auto w = torch::randn({2, 5, 3, 16}, torch::kFloat64);
     auto y = rope_fused(x, cos, sin, layout);
     auto gx = torch::autograd::grad({y}, {x}, {v}, /*retain_graph=*/true, /*create_graph=*/true)[0];
     EXPECT_LT(max_abs_diff(gx, rope_apply(v, cos, -sin, layout)), 1e-12);  // R^T v
-    (gx * w).sum().backward();  // d<R^T v, w>/dv = R w
+    (gx * w).sum().backward();                                             // d<R^T v, w>/dv = R w
     EXPECT_LT(max_abs_diff(v.grad(), rope_apply(w, cos, sin, layout)), 1e-12);
   }
 }
+
+#ifdef POSENC_OPS_LIBRARY_PATH
+// This program links the static core (its rope_rotate operators registered at start-up);
+// libposenc_ops.so carries another copy. Loading it must not register the schemas a second time
+// (which aborts the process): the first copy registers, the other uses it.
+TEST(RopeOperator, ASecondCopyOfTheCoreLoadsBesideTheFirst) {
+  ASSERT_TRUE(c10::Dispatcher::singleton().findSchema({"posenc::rope_rotate", ""}).has_value());
+  void* handle = dlopen(POSENC_OPS_LIBRARY_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(handle, nullptr) << dlerror();
+  // its own operators are there, and the rotation still runs
+  EXPECT_TRUE(c10::Dispatcher::singleton().findSchema({"posenc::apply_rotary", ""}).has_value());
+  auto x = torch::randn({1, 4, 2, 8});
+  auto [cos, sin] =
+      rope_cos_sin(torch::arange(4, torch::kFloat64), torch::rand({4}, torch::kFloat64));
+  EXPECT_LT(max_abs_diff(rope_fused(x, cos, sin, RopeLayout::kHalf),
+                         rope_apply(x, cos, sin, RopeLayout::kHalf)),
+            kFloat32Tolerance);
+  // (not closed: its registrations would be undone while this process keeps running tests)
+}
+#endif
 
 TEST(RopeSections, AxesOfPairsBothLayouts) {
   EXPECT_TRUE(torch::equal(rope_section_axes({2, 3}, RopeSectionLayout::kContiguous),

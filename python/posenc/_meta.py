@@ -39,20 +39,31 @@ def _apply_rotary_inplace_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
 
 
 # rope_rotate*: results contiguous in x's shape and dtype (src/ops/rope_rotate.cpp's empty_result).
+# Tables on x's device (a CUDA x may read CPU tables): a real meta tensor among real CPU ones would
+# otherwise bring this fake into an eager call and return uninitialized memory.
+def _rope_rotate_devices(op, tensors, cos, sin):
+    for t in (cos, sin):
+        for x in tensors:
+            torch._check(t.device == x.device or (x.device.type == "cuda" and t.device.type == "cpu"),
+                         lambda: f"{op}: cos/sin on {t.device} for x on {x.device}")
+    torch._check(cos.shape == sin.shape, lambda: f"{op}: cos and sin shapes differ")
+
+
 @torch.library.register_fake("posenc::rope_rotate")
 def _rope_rotate_fake(x, cos, sin, layout="half", inverse=False):
-    torch._check(cos.shape == sin.shape, lambda: "rope_rotate: cos and sin shapes differ")
+    _rope_rotate_devices("rope_rotate", (x,), cos, sin)
     return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("posenc::rope_rotate_qk")
 def _rope_rotate_qk_fake(q, k, cos, sin, layout="half", inverse=False):
-    torch._check(cos.shape == sin.shape, lambda: "rope_rotate_qk: cos and sin shapes differ")
+    _rope_rotate_devices("rope_rotate_qk", (q, k), cos, sin)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
 @torch.library.register_fake("posenc::rope_rotate_")
 def _rope_rotate_inplace_fake(x, cos, sin, layout="half", inverse=False):
+    _rope_rotate_devices("rope_rotate_", (x,), cos, sin)
     return None
 
 

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <string>
@@ -35,8 +36,10 @@ at::Tensor kernel_table(const at::Tensor& table) {
   return table.dim() == 3 && table.size(0) == 1 ? table.select(0, 0) : table;
 }
 
+// The kernels read rows with a unit stride. (contiguous() keeps an empty tensor's or a size-1 last
+// dim's strides, as they are contiguous already; a clone lays them out afresh.)
 at::Tensor last_dim_contiguous(const at::Tensor& x) {
-  return x.stride(-1) == 1 ? x : x.contiguous();
+  return x.stride(-1) == 1 ? x : x.clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor empty_result(const at::Tensor& x) {
@@ -46,7 +49,7 @@ at::Tensor empty_result(const at::Tensor& x) {
 template <DeviceKernel kernel>
 at::Tensor rope_rotate_device(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                               c10::string_view layout, bool inverse) {
-  const RopeLayout parsed = check_rope_rotate(x, cos, sin, layout, "rope_rotate");
+  const RopeLayout parsed = check_rope_rotate(x, cos, sin, layout, "rope_rotate", "x");
   auto out = empty_result(x);
   kernel({last_dim_contiguous(x)}, {out}, kernel_table(cos), kernel_table(sin), parsed, inverse);
   return out;
@@ -57,10 +60,7 @@ std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_device(const at::Tensor& q, co
                                                          const at::Tensor& cos,
                                                          const at::Tensor& sin,
                                                          c10::string_view layout, bool inverse) {
-  const RopeLayout parsed = check_rope_rotate(q, cos, sin, layout, "rope_rotate_qk");
-  check_rope_rotate(k, cos, sin, layout, "rope_rotate_qk");
-  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rope_rotate_qk: q is ", q.scalar_type(),
-              " but k is ", k.scalar_type(), "; rotate them one by one (rope_rotate)");
+  const RopeLayout parsed = check_rope_rotate_qk(q, k, cos, sin, layout);
   auto q_out = empty_result(q), k_out = empty_result(k);
   kernel({last_dim_contiguous(q), last_dim_contiguous(k)}, {q_out, k_out}, kernel_table(cos),
          kernel_table(sin), parsed, inverse);
@@ -70,7 +70,8 @@ std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_device(const at::Tensor& q, co
 template <DeviceKernel kernel>
 void rope_rotate_inplace_device(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                 c10::string_view layout, bool inverse) {
-  const RopeLayout parsed = check_rope_rotate(x, cos, sin, layout, "rope_rotate_");
+  const RopeLayout parsed = check_rope_rotate(x, cos, sin, layout, "rope_rotate_", "x");
+  if (x.numel() == 0 || cos.size(-1) == 0) return;  // nothing to rotate
   TORCH_CHECK(x.stride(-1) == 1, "rope_rotate_: in place needs a contiguous last dim, got strides ",
               x.strides());
   at::assert_no_internal_overlap(x);
@@ -82,9 +83,9 @@ void rope_rotate_inplace_device(at::Tensor& x, const at::Tensor& cos, const at::
 }  // namespace
 
 RopeLayout check_rope_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                             c10::string_view layout, const char* op) {
+                             c10::string_view layout, const char* op, const char* name) {
   const RopeLayout parsed = rope_layout_from_string(std::string(layout));
-  TORCH_CHECK(x.dim() == 4, op, ": x must be [B, N, H, Dh], got shape ", x.sizes());
+  TORCH_CHECK(x.dim() == 4, op, ": ", name, " must be [B, N, H, Dh], got shape ", x.sizes());
   TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos and sin shapes differ: ", cos.sizes(), " vs ",
               sin.sizes());
   TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, op, ": cos/sin must be [N, F] or [B, N, F], got ",
@@ -92,14 +93,27 @@ RopeLayout check_rope_rotate(const at::Tensor& x, const at::Tensor& cos, const a
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, op,
               ": cos/sin must be float32 (the kernels' per-pair tables), got ", cos.scalar_type(),
               " and ", sin.scalar_type());
-  TORCH_CHECK(at::isFloatingType(x.scalar_type()), op,
-              ": x must be float32, float64, bfloat16 or float16, got ", x.scalar_type());
-  TORCH_CHECK(cos.size(-2) == x.size(1), op, ": cos/sin have ", cos.size(-2),
-              " positions but x has N=", x.size(1), " (x shape ", x.sizes(), ")");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,
+      op, ": ", name, " must be float32, float64, bfloat16 or float16, got ", dtype);
+  TORCH_CHECK(cos.size(-2) == x.size(1), op, ": cos/sin have ", cos.size(-2), " positions but ",
+              name, " has N=", x.size(1), " (", name, " shape ", x.sizes(), ")");
   TORCH_CHECK(cos.dim() == 2 || cos.size(0) == 1 || cos.size(0) == x.size(0), op,
-              ": cos/sin batch ", cos.size(0), " is neither 1 nor x's B=", x.size(0));
+              ": cos/sin batch ", cos.size(0), " is neither 1 nor ", name, "'s B=", x.size(0));
   TORCH_CHECK(2 * cos.size(-1) <= x.size(3), op, ": rotary width 2F=", 2 * cos.size(-1),
-              " exceeds head_dim=", x.size(3));
+              " exceeds head_dim=", x.size(3), " of ", name);
+  return parsed;
+}
+
+RopeLayout check_rope_rotate_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                const at::Tensor& sin, c10::string_view layout) {
+  const RopeLayout parsed = check_rope_rotate(q, cos, sin, layout, "rope_rotate_qk", "q");
+  check_rope_rotate(k, cos, sin, layout, "rope_rotate_qk", "k");
+  TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rope_rotate_qk: q is ", q.scalar_type(),
+              " but k is ", k.scalar_type(), "; rotate them one by one (rope_rotate)");
+  TORCH_CHECK(q.size(0) == k.size(0), "rope_rotate_qk: q has B=", q.size(0),
+              " but k has B=", k.size(0));
   return parsed;
 }
 
@@ -124,37 +138,65 @@ const c10::TypedOperatorHandle<RopeRotateInPlaceSignature>& rope_rotate_inplace_
   return op;
 }
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
-  m.def(
+namespace {
+
+// In place under InferenceMode too (where the Autograd keys are skipped but ADInplaceOrView is
+// not): the version counter is bumped here, so a saved tensor modified later is caught.
+void rope_rotate_inplace_ad_view(at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 c10::string_view layout, bool inverse) {
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    rope_rotate_inplace_op().call(x, cos, sin, layout, inverse);
+  }
+  torch::autograd::impl::bump_version(x);
+}
+
+// The registrations, made once per process: the static core may be linked into more than one
+// loaded object (libposenc_ops.so holds a copy, and so may a program or extension that links
+// libposenc.a and loads it), and a second TORCH_LIBRARY_FRAGMENT defining the same schema would
+// abort the process. The first copy registers; the others find the schema and use it (the same
+// code). torch::Library objects live as long as the process (their destructors deregister).
+bool register_once() {
+  if (c10::Dispatcher::singleton().findSchema({"posenc::rope_rotate", ""}).has_value())
+    return false;
+  static torch::Library def(torch::Library::FRAGMENT, "posenc", std::nullopt, __FILE__, __LINE__);
+  def.def(
       "rope_rotate(Tensor x, Tensor cos, Tensor sin, str layout=\"half\", bool inverse=False) -> "
       "Tensor");
-  m.def(
+  def.def(
       "rope_rotate_qk(Tensor q, Tensor k, Tensor cos, Tensor sin, str layout=\"half\", "
       "bool inverse=False) -> (Tensor, Tensor)");
-  m.def(
+  def.def(
       "rope_rotate_(Tensor(a!) x, Tensor cos, Tensor sin, str layout=\"half\", "
       "bool inverse=False) -> ()");
-}
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
-  m.impl("rope_rotate", TORCH_FN(rope_rotate_device<cpu_kernel>));
-  m.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<cpu_kernel>));
-  m.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<cpu_kernel>));
-}
-
+  static torch::Library cpu(torch::Library::IMPL, "posenc", c10::DispatchKey::CPU, __FILE__,
+                            __LINE__);
+  cpu.impl("rope_rotate", TORCH_FN(rope_rotate_device<cpu_kernel>));
+  cpu.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<cpu_kernel>));
+  cpu.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<cpu_kernel>));
 #if POSENC_HAS_CUDA_GLUE
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
-  m.impl("rope_rotate", TORCH_FN(rope_rotate_device<detail::rope_rotate_cuda>));
-  m.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<detail::rope_rotate_cuda>));
-  m.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<detail::rope_rotate_cuda>));
-}
+  static torch::Library cuda(torch::Library::IMPL, "posenc", c10::DispatchKey::CUDA, __FILE__,
+                             __LINE__);
+  cuda.impl("rope_rotate", TORCH_FN(rope_rotate_device<detail::rope_rotate_cuda>));
+  cuda.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<detail::rope_rotate_cuda>));
+  cuda.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<detail::rope_rotate_cuda>));
 #endif
-
-TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
-  m.impl("rope_rotate", TORCH_FN(rope_rotate_autograd));
-  m.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_autograd));
-  m.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_autograd));
+  static torch::Library autograd(torch::Library::IMPL, "posenc", c10::DispatchKey::Autograd,
+                                 __FILE__, __LINE__);
+  autograd.impl("rope_rotate", TORCH_FN(rope_rotate_autograd));
+  autograd.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_autograd));
+  autograd.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_autograd));
+  static torch::Library view(torch::Library::IMPL, "posenc", c10::DispatchKey::ADInplaceOrView,
+                             __FILE__, __LINE__);
+  view.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_ad_view));
+  return true;
 }
+
+// At load, as TORCH_LIBRARY would (Python finds the operators once the library is loaded).
+[[maybe_unused]] const bool kRegisteredHere = register_once();
+
+}  // namespace
 
 }  // namespace ops
 

@@ -17,7 +17,8 @@
 // operators; so do Python (torch.ops.posenc.rope_rotate*) and every caller in between.
 //
 // The schemas, the per-key registrations and the C++ entry points sit in one translation unit
-// (rope_rotate.cpp) so that linking the static core for rope_fused keeps them all.
+// (rope_rotate.cpp) so that linking the static core for rope_fused keeps them all; they are
+// registered once per process, however many copies of the static core are loaded.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -42,7 +43,10 @@ using RopeRotateInPlaceSignature = void(at::Tensor&, const at::Tensor&, const at
 /// The checks every path shares (one line naming the operator, expected and actual); returns the
 /// parsed layout.
 RopeLayout check_rope_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                             c10::string_view layout, const char* op);
+                             c10::string_view layout, const char* op, const char* name);
+/// The same for q and k together (each checked, then same dtype and batch).
+RopeLayout check_rope_rotate_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                const at::Tensor& sin, c10::string_view layout);
 
 /// The operators' typed handles (looked up once).
 const c10::TypedOperatorHandle<RopeRotateSignature>& rope_rotate_op();
@@ -52,8 +56,7 @@ const c10::TypedOperatorHandle<RopeRotateInPlaceSignature>& rope_rotate_inplace_
 /// The Autograd kernels (autograd/rope_rotate_autograd.cpp), registered in rope_rotate.cpp.
 at::Tensor rope_rotate_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                 c10::string_view layout, bool inverse);
-std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_autograd(const at::Tensor& q,
-                                                           const at::Tensor& k,
+std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_autograd(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& cos,
                                                            const at::Tensor& sin,
                                                            c10::string_view layout, bool inverse);

@@ -256,3 +256,76 @@ def test_the_device_kernels_are_registered_per_dispatch_key():
     for name in ("posenc::rope_rotate", "posenc::rope_rotate_qk", "posenc::rope_rotate_"):
         for key in ("CPU", "Autograd"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(name, key), (name, key)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_tables_in_any_memory_layout_give_the_same_rotation_and_gradient(layout):
+    # a transposed sin is read as laid out, forward, inverse and backward (the inverse negated a
+    # permuted table and read it as row-major: a silent wrong backward before)
+    x, cos, sin = make((2, 5, 3, 16, 8, None), torch.float32)
+    sin_t, cos_t = sin.t().contiguous().t(), cos.t().contiguous().t()
+    assert not sin_t.is_contiguous() and torch.equal(sin_t, sin)
+    for inverse in (False, True):
+        want = posenc.rope_rotate(x, cos, sin, layout, inverse)
+        assert torch.equal(posenc.rope_rotate(x, cos_t, sin_t, layout, inverse), want)
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    probe = torch.randn(x.shape)
+    (posenc.rope_rotate(x1, cos_t, sin_t, layout) * probe).sum().backward()
+    (posenc.rope_rotate(x2, cos, sin, layout) * probe).sum().backward()
+    assert torch.equal(x1.grad, x2.grad)
+    y = x.clone()
+    torch.ops.posenc.rope_rotate_(y, cos_t, sin_t, layout, True)
+    assert torch.equal(y, posenc.rope_rotate(x, cos, sin, layout, True))
+
+
+def test_in_place_under_inference_mode_bumps_the_version():
+    # a tensor saved for backward and then rotated in place under inference mode: the backward
+    # must refuse (as ATen's in-place ops make it), not use the rotated values
+    x, cos, sin = make((1, 4, 2, 8, 4, None), torch.float32)
+    w = torch.randn(x.shape, requires_grad=True)
+    y = (x * w).sum()
+    with torch.inference_mode():
+        torch.ops.posenc.rope_rotate_(x, cos, sin)
+    assert x._version > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    q, k = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    c, s = torch.cat([cos, cos], -1)[None], torch.cat([sin, sin], -1)[None]
+    w = torch.randn(q.shape, requires_grad=True)
+    y = (q * w).sum() + (k * w).sum()
+    with torch.inference_mode():
+        posenc.apply_rotary_pos_emb_(q, k, c, s)
+    assert q._version > 0 and k._version > 0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_empty_and_unit_width_inputs_in_any_strides():
+    x = torch.randn(0, 3, 8, 4).transpose(2, 3)  # empty, last dim not unit-strided
+    cos, sin = torch.ones(3, 2), torch.zeros(3, 2)
+    assert posenc.rope_rotate(x, cos, sin).shape == x.shape
+    torch.ops.posenc.rope_rotate_(x, cos, sin)
+    x = torch.randn(100).as_strided((2, 3, 4, 1), (12, 4, 1, 5))  # Dh 1: nothing rotates
+    assert torch.equal(posenc.rope_rotate(x, torch.ones(3, 0), torch.zeros(3, 0)), x)
+
+
+def test_the_reference_path_keeps_the_contract():
+    # tables that need a gradient take rope_apply: same checks, contiguous results (the fake's)
+    x, cos, sin = make((2, 5, 3, 16, 8, None), torch.float32)
+    c, s = cos.clone().requires_grad_(True), sin.clone().requires_grad_(True)
+    odd = torch.randn(2, 3, 16, 5).permute(0, 3, 1, 2)  # [B, N, H, Dh] with Dh strided
+    got = posenc.rope_rotate(odd, c, s)
+    assert got.is_contiguous() and torch.equal(got, posenc.rope_rotate(odd, cos, sin))
+    with pytest.raises(RuntimeError, match="rope_rotate_qk: q is Float but k is Double"):
+        posenc.rope_rotate_qk(x, x.double(), c, s)
+    with pytest.raises(RuntimeError, match="rope_rotate_qk: q has B=2 but k has B=1"):
+        posenc.rope_rotate_qk(x, x[:1], c, s)
+    with pytest.raises(RuntimeError, match="rope_rotate_qk: k must be"):
+        posenc.rope_rotate_qk(x, x[0], c, s)
+
+
+def test_tables_on_another_device_are_refused():
+    x, cos, sin = make((1, 4, 2, 8, 4, None), torch.float32)
+    for args in ((x, cos, sin.to("meta")), (x.to("meta"), cos, sin)):
+        with pytest.raises(RuntimeError):
+            posenc.rope_rotate(*args)

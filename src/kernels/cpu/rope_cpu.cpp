@@ -251,7 +251,8 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   TORCH_CHECK(cos_in.dim() == 2 || cos_in.size(0) == batch, "rope_fused: cos/sin batch ",
               cos_in.size(0), " does not match B=", batch);
   auto cos = cos_in.to(at::kFloat).contiguous();
-  auto sin = inverse ? sin_in.to(at::kFloat).neg() : sin_in.to(at::kFloat).contiguous();
+  auto sin =
+      inverse ? sin_in.to(at::kFloat).contiguous().neg() : sin_in.to(at::kFloat).contiguous();
   const int64_t f = cos.size(-1);
   const bool batched_table = cos.dim() == 3;
   const bool interleaved = layout == RopeLayout::kInterleaved;

@@ -20,11 +20,10 @@ bool tables_need_grad(const at::Tensor& cos, const at::Tensor& sin) {
   return at::GradMode::is_enabled() && (cos.requires_grad() || sin.requires_grad());
 }
 
-// The specification, differentiable in x and the tables.
+// The specification, differentiable in x and the tables; contiguous, as the kernels' results.
 at::Tensor rotate_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            c10::string_view layout, bool inverse, const char* op) {
-  const RopeLayout parsed = check_rope_rotate(x, cos, sin, layout, op);
-  return rope_apply(x, cos, inverse ? -sin : sin, parsed);
+                            RopeLayout layout, bool inverse) {
+  return rope_apply(x, cos, inverse ? -sin : sin, layout).contiguous();
 }
 
 class RopeRotateFunction : public torch::autograd::Function<RopeRotateFunction> {
@@ -73,8 +72,7 @@ class RopeRotateQkFunction : public torch::autograd::Function<RopeRotateQkFuncti
           rope_rotate_qk_op().call(grads[0], grads[1], cos, sin, layout, back);
     } else {
       for (size_t i = 0; i < 2; ++i)
-        if (grads[i].defined())
-          result[i] = rope_rotate_op().call(grads[i], cos, sin, layout, back);
+        if (grads[i].defined()) result[i] = rope_rotate_op().call(grads[i], cos, sin, layout, back);
     }
     return result;
   }
@@ -85,18 +83,20 @@ class RopeRotateQkFunction : public torch::autograd::Function<RopeRotateQkFuncti
 at::Tensor rope_rotate_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                 c10::string_view layout, bool inverse) {
   if (tables_need_grad(cos, sin))
-    return rotate_reference(x, cos, sin, layout, inverse, "rope_rotate");
+    return rotate_reference(x, cos, sin, check_rope_rotate(x, cos, sin, layout, "rope_rotate", "x"),
+                            inverse);
   return RopeRotateFunction::apply(x, cos, sin, std::string(layout), inverse)[0];
 }
 
-std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_autograd(const at::Tensor& q,
-                                                           const at::Tensor& k,
+std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_autograd(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& cos,
                                                            const at::Tensor& sin,
                                                            c10::string_view layout, bool inverse) {
-  if (tables_need_grad(cos, sin))
-    return {rotate_reference(q, cos, sin, layout, inverse, "rope_rotate_qk"),
-            rotate_reference(k, cos, sin, layout, inverse, "rope_rotate_qk")};
+  if (tables_need_grad(cos, sin)) {
+    const RopeLayout parsed = check_rope_rotate_qk(q, k, cos, sin, layout);
+    return {rotate_reference(q, cos, sin, parsed, inverse),
+            rotate_reference(k, cos, sin, parsed, inverse)};
+  }
   auto out = RopeRotateQkFunction::apply(q, k, cos, sin, std::string(layout), inverse);
   return {out[0], out[1]};
 }
@@ -107,11 +107,8 @@ void rope_rotate_inplace_autograd(at::Tensor& x, const at::Tensor& cos, const at
                 (x.requires_grad() || cos.requires_grad() || sin.requires_grad())),
               "rope_rotate_: in-place rotation records no gradients; use rope_rotate (C++: "
               "rope_fused), or run under no_grad");
-  {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    rope_rotate_inplace_op().call(x, cos, sin, layout, inverse);
-  }
-  torch::autograd::impl::bump_version(x);
+  at::AutoDispatchBelowAutograd guard;  // to the ADInplaceOrView kernel, which bumps the version
+  rope_rotate_inplace_op().call(x, cos, sin, layout, inverse);
 }
 
 }  // namespace posenc::ops

@@ -139,6 +139,16 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_autograd(const at::Tensor& q, co
   return {out[0], out[1]};
 }
 
+const c10::TypedOperatorHandle<void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                    int64_t, c10::string_view)>&
+apply_rotary_inplace_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("posenc::apply_rotary_", "")
+                             .typed<void(at::Tensor&, at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, c10::string_view)>();
+  return op;
+}
+
 void apply_rotary_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
                                    const at::Tensor& sin, int64_t unsqueeze_dim,
                                    c10::string_view layout) {
@@ -146,13 +156,18 @@ void apply_rotary_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tenso
                                                cos.requires_grad() || sin.requires_grad())),
               "posenc.apply_rotary_: in-place rotation records no gradients; use apply_rotary "
               "(or run under torch.no_grad())");
+  at::AutoDispatchBelowAutograd guard;  // to the ADInplaceOrView kernel, which bumps the versions
+  apply_rotary_inplace_op().call(q, k, cos, sin, unsqueeze_dim, layout);
+}
+
+// In place under InferenceMode too (the Autograd keys skipped, ADInplaceOrView not): q's and k's
+// version counters are bumped here, so a tensor saved for backward and modified later is caught.
+void apply_rotary_inplace_ad_view(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
+                                  const at::Tensor& sin, int64_t unsqueeze_dim,
+                                  c10::string_view layout) {
   {
     at::AutoDispatchBelowADInplaceOrView guard;
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("posenc::apply_rotary_", "")
-                               .typed<void(at::Tensor&, at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, int64_t, c10::string_view)>();
-    op.call(q, k, cos, sin, unsqueeze_dim, layout);
+    apply_rotary_inplace_op().call(q, k, cos, sin, unsqueeze_dim, layout);
   }
   torch::autograd::impl::bump_version(q);
   torch::autograd::impl::bump_version(k);
@@ -163,6 +178,10 @@ void apply_rotary_inplace_autograd(at::Tensor& q, at::Tensor& k, const at::Tenso
 TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
   m.impl("apply_rotary", TORCH_FN(apply_rotary_autograd));
   m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_autograd));
+}
+
+TORCH_LIBRARY_IMPL(posenc, ADInplaceOrView, m) {
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_ad_view));
 }
 
 }  // namespace posenc::ops
