@@ -80,7 +80,6 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     ctx->save_for_backward({q, k, cos, sin});
     ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
     ctx->saved_data["layout"] = layout;
-    ctx->set_materialize_grads(false);  // a result left unused: its input gets no gradient
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [yq, yk] = call_apply_rotary(q, k, cos, sin, unsqueeze_dim, layout);
     return {yq, yk};
@@ -127,10 +126,6 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
       result[3] = (table_grad(rotary(gq), rotate_half_any(rotary(q), parsed), sin, u) +
                    table_grad(rotary(gk), rotate_half_any(rotary(k), parsed), sin, u))
                       .to(sin.scalar_type());
-    // as transformers' formula: q_embed and k_embed are separate graphs, so an input whose result
-    // is unused gets None, not zeros (an optimizer skips a None gradient, not a zero one)
-    if (!grads[0].defined()) result[0] = at::Tensor();
-    if (!grads[1].defined()) result[1] = at::Tensor();
     return result;
   }
 };
