@@ -205,10 +205,10 @@ bool register_once() {
 bool rope_fused_supported(const at::Tensor& x, const at::Tensor& cos) {
   if (cos.scalar_type() != at::kFloat || cos.requires_grad()) return false;
   const auto dtype = x.scalar_type();
-  const bool reduced = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
-  if (x.device().is_cpu()) return cos.device().is_cpu() && (reduced || dtype == at::kDouble);
+  const bool float_storage = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (x.device().is_cpu()) return cos.device().is_cpu() && (float_storage || dtype == at::kDouble);
   // the CUDA kernel stores fp32/bf16/fp16 (cos/sin may live anywhere: moved to the device)
-  return x.is_cuda() && reduced &&
+  return x.is_cuda() && float_storage &&
          c10::Dispatcher::singleton()
              .findSchemaOrThrow("posenc::rope_rotate", "")
              .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
