@@ -151,6 +151,14 @@ void rope_rotate_inplace_ad_view(at::Tensor& x, const at::Tensor& cos, const at:
   torch::autograd::impl::bump_version(x);
 }
 
+// The three operators' kernels for one device.
+template <DeviceKernel kernel>
+void impl_device(torch::Library& library) {
+  library.impl("rope_rotate", TORCH_FN(rope_rotate_device<kernel>));
+  library.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<kernel>));
+  library.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<kernel>));
+}
+
 // The registrations, made once per process: the static core may be linked into more than one
 // loaded object (libposenc_ops.so holds a copy, and so may a program or extension that links
 // libposenc.a and loads it), and a second TORCH_LIBRARY_FRAGMENT defining the same schema would
@@ -172,15 +180,11 @@ bool register_once() {
 
   static torch::Library cpu(torch::Library::IMPL, "posenc", c10::DispatchKey::CPU, __FILE__,
                             __LINE__);
-  cpu.impl("rope_rotate", TORCH_FN(rope_rotate_device<cpu_kernel>));
-  cpu.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<cpu_kernel>));
-  cpu.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<cpu_kernel>));
+  impl_device<cpu_kernel>(cpu);
 #if POSENC_HAS_CUDA_GLUE
   static torch::Library cuda(torch::Library::IMPL, "posenc", c10::DispatchKey::CUDA, __FILE__,
                              __LINE__);
-  cuda.impl("rope_rotate", TORCH_FN(rope_rotate_device<detail::rope_rotate_cuda>));
-  cuda.impl("rope_rotate_qk", TORCH_FN(rope_rotate_qk_device<detail::rope_rotate_cuda>));
-  cuda.impl("rope_rotate_", TORCH_FN(rope_rotate_inplace_device<detail::rope_rotate_cuda>));
+  impl_device<detail::rope_rotate_cuda>(cuda);
 #endif
   static torch::Library autograd(torch::Library::IMPL, "posenc", c10::DispatchKey::Autograd,
                                  __FILE__, __LINE__);
@@ -209,9 +213,7 @@ bool rope_fused_supported(const at::Tensor& x, const at::Tensor& cos) {
   if (x.device().is_cpu()) return cos.device().is_cpu() && (float_storage || dtype == at::kDouble);
   // the CUDA kernel stores fp32/bf16/fp16 (cos/sin may live anywhere: moved to the device)
   return x.is_cuda() && float_storage &&
-         c10::Dispatcher::singleton()
-             .findSchemaOrThrow("posenc::rope_rotate", "")
-             .hasKernelForDispatchKey(c10::DispatchKey::CUDA);
+         ops::rope_rotate_op().hasKernelForDispatchKey(c10::DispatchKey::CUDA);
 }
 
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

@@ -139,13 +139,13 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_autograd(const at::Tensor& q, co
   return {out[0], out[1]};
 }
 
-const c10::TypedOperatorHandle<void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                    int64_t, c10::string_view)>&
-apply_rotary_inplace_op() {
+using ApplyRotaryInPlaceSignature = void(at::Tensor&, at::Tensor&, const at::Tensor&,
+                                         const at::Tensor&, int64_t, c10::string_view);
+
+const c10::TypedOperatorHandle<ApplyRotaryInPlaceSignature>& apply_rotary_inplace_op() {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("posenc::apply_rotary_", "")
-                             .typed<void(at::Tensor&, at::Tensor&, const at::Tensor&,
-                                         const at::Tensor&, int64_t, c10::string_view)>();
+                             .typed<ApplyRotaryInPlaceSignature>();
   return op;
 }
 
