@@ -59,7 +59,8 @@ def examine(model_type, verbose=False):
     reasons = []
     # rotations in float32 (OLMo, Ernie 4.5) are tried last: a family that passes in its tables'
     # dtype is listed so
-    layouts = ["half", "interleaved", "half_f32", "interleaved_f32", "half_fresh"]
+    layouts = ["half", "interleaved", "half_f32", "interleaved_f32", "half_fresh", "half_pairs",
+               "half_float", "interleaved_float"]
     if next(iter(inspect.signature(modeling.apply_rotary_pos_emb).parameters)) == "x":
         layouts = ["half_one"]  # Gemma 4's: one tensor rotated per call
     if callable(getattr(modeling, "apply_rotary_pos_emb_interleave", None)):

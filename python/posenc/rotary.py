@@ -153,7 +153,8 @@ class RotaryEmbedding(nn.Module):
     The tables' order: table_order "layout" (default) lays each pair's value where the layout
     rotates it (half: cat(t, t); interleaved: t0 t0 t1 t1 ...), what posenc.apply_rotary_pos_emb
     takes with that layout; "transformers" is cat(t, t) for every layout, what every transformers
-    rotary module returns (GLM's apply_rotary_pos_emb re-interleaves it itself).
+    rotary module returns (GLM's apply_rotary_pos_emb re-interleaves it itself); "pairs" is one
+    value per pair, t ([B, N, W/2]), what gpt-oss's module returns.
 
     The buffers follow model.to(dtype) as transformers' do: with float32 angles, inv_freq is read
     as inv_freq.float() (a bfloat16-cast model turns at bfloat16-rounded frequencies, as its own
@@ -172,9 +173,9 @@ class RotaryEmbedding(nn.Module):
         if angle_dtype not in ("float32", "float64"):
             raise ValueError(f"posenc.RotaryEmbedding: angle_dtype must be 'float32' or 'float64', "
                              f"got {angle_dtype!r}")
-        if table_order not in ("layout", "transformers"):
-            raise ValueError(f"posenc.RotaryEmbedding: table_order must be 'layout' or "
-                             f"'transformers', got {table_order!r}")
+        if table_order not in ("layout", "transformers", "pairs"):
+            raise ValueError(f"posenc.RotaryEmbedding: table_order must be 'layout', "
+                             f"'transformers' or 'pairs', got {table_order!r}")
         cfg = _config_dict(config)
         self._config = cfg
         self.angle_dtype = angle_dtype
@@ -282,9 +283,12 @@ class RotaryEmbedding(nn.Module):
             if positions.dim() == 2:  # text only: the same position on every axis
                 positions = positions.unsqueeze(0).expand(axes, -1, -1)
             positions = positions.permute(1, 2, 0)  # [A, B, N] -> [B, N, A]
-        order = "half" if self.table_order == "transformers" else table.layout
+        order = table.layout if self.table_order == "layout" else "half"
         cos, sin = rope_cos_sin(positions.to(inv_freq.device), inv_freq, 1.0,
                                 table.mrope_section, table.section_layout, order)
+        if self.table_order == "pairs":  # cat(t, t) -> t
+            half = cos.shape[-1] // 2
+            cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()
         # transformers' `emb.cos() * attention_scaling`, the same float32 product; outside the
         # operator so that torch.compile keeps the scaling out of the operator's arguments (a
         # symbolic float there specializes the backward's sizes: a recompile per length)

@@ -336,3 +336,67 @@ def test_a_model_whose_dynamic_tables_grew_is_refused():
     integration.unpatch(fresh)
     pf.logits(model, torch.randint(3, pf.VOCAB, (1, 20), generator=torch.Generator().manual_seed(2)))
     _refused_untouched(model, "dynamic tables have grown")
+
+
+# The rotations of families whose tables or precision are not Llama's, each against the family's
+# own function for any tables (random values, so a table read in another order shows), q and k of
+# different head counts, in every dtype: results to the bit, gradients as the harness's (rtol 1e-5).
+OWN_ROTATIONS = [
+    ("gpt_oss", "half_pairs"),            # tables [B, N, W/2], first/second halves
+    ("cohere", "interleaved_float"),      # repeat_interleave tables, q = q.float() first
+    ("cohere2", "interleaved_float"),
+    ("modernbert-decoder", "half_float"),  # q.float() * cos per product, tables in x's dtype
+    ("ernie4_5", "interleaved_f32"),      # q.float() * cos per product, float32 tables
+    ("olmo2", "half_f32"),                # q * float32 tables
+]
+
+
+@pytest.mark.parametrize("model_type,layout", OWN_ROTATIONS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_a_familys_rotation_is_its_own_for_any_tables(model_type, layout, dtype):
+    assert _families.CHECKED[model_type][2] == layout
+    modeling = pf.modeling_module(model_type)
+    theirs = getattr(modeling, "_posenc_original_apply_rotary_pos_emb", modeling.apply_rotary_pos_emb)
+    ours = integration._rotation(layout)
+    rotation = integration.ROTATIONS[layout]
+    g = torch.Generator().manual_seed(3)
+    width = 8 if rotation.tables == "pairs" else 16               # the family's table width
+    table_dtype = torch.float32 if rotation.float32_tables else dtype
+    cos = torch.randn(2, 5, width, generator=g).to(table_dtype)
+    sin = torch.randn(2, 5, width, generator=g).to(table_dtype)
+    q0 = torch.randn(2, 4, 5, 16, generator=g).to(dtype)
+    k0 = torch.randn(2, 2, 5, 16, generator=g).to(dtype)
+    results = []
+    for function in (theirs, ours):
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        q_embed, k_embed = function(q, k, cos, sin)
+        (q_embed.float().square().sum() + 3 * k_embed.float().sum()).backward()
+        results.append((q_embed.detach(), k_embed.detach(), q.grad, k.grad))
+    for want, got in zip(*results):
+        assert got.dtype == want.dtype and got.shape == want.shape
+    for want, got in zip(results[0][:2], results[1][:2]):
+        assert torch.equal(got, want), (model_type, dtype, (got - want).abs().max())
+    for want, got in zip(results[0][2:], results[1][2:]):
+        assert torch.allclose(got.double(), want.double(), rtol=1e-5, atol=1e-7), \
+            (model_type, dtype, (got.double() - want.double()).abs().max())
+
+
+@pytest.mark.parametrize("model_type", ["gpt_oss", "cohere", "cohere2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_patched_familys_module_returns_its_tables(model_type, dtype):
+    # the module's contract: the tables transformers' module returns, in its order, width and dtype
+    # (gpt-oss: one value per pair; Cohere: t0 t0 t1 t1 ...)
+    import copy
+    model = pf.build(model_type)
+    theirs = model.model.rotary_emb
+    mine = integration.patch(copy.deepcopy(model))
+    try:
+        ours = mine.model.rotary_emb
+        assert isinstance(ours, integration.RotaryEmbedding)
+        assert ours.config.to_dict() == theirs.config.to_dict()
+        x = torch.zeros(1, dtype=dtype)
+        positions = torch.tensor([[0, 1, 2, 7, 300], [5, 4, 3, 2, 1]])
+        for want, got in zip(theirs(x, positions), ours(x, positions)):
+            assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    finally:
+        integration.unpatch(mine)

@@ -21,6 +21,15 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'axk2': ('transformers.models.axk2.modeling_axk2', ('AXK2RotaryEmbedding',), 'deinterleave'),
  'beam': ('transformers.models.beam.modeling_beam', ('BeamRotaryEmbedding',), 'half_f32'),
  'bitnet': ('transformers.models.bitnet.modeling_bitnet', ('BitNetRotaryEmbedding',), 'half'),
+ 'cohere': ('transformers.models.cohere.modeling_cohere',
+            ('CohereRotaryEmbedding',),
+            'interleaved_float'),
+ 'cohere2': ('transformers.models.cohere2.modeling_cohere2',
+             ('Cohere2RotaryEmbedding',),
+             'interleaved_float'),
+ 'cohere2_moe': ('transformers.models.cohere2_moe.modeling_cohere2_moe',
+                 ('Cohere2MoeRotaryEmbedding',),
+                 'interleaved_float'),
  'cwm': ('transformers.models.cwm.modeling_cwm', ('CwmRotaryEmbedding',), 'half'),
  'deepseek_v3': ('transformers.models.deepseek_v3.modeling_deepseek_v3',
                  ('DeepseekV3RotaryEmbedding',),
@@ -34,6 +43,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'doge': ('transformers.models.doge.modeling_doge', ('DogeRotaryEmbedding',), 'half'),
  'dory': ('transformers.models.dory.modeling_dory', ('DoryRotaryEmbedding',), 'half'),
  'dots1': ('transformers.models.dots1.modeling_dots1', ('Dots1RotaryEmbedding',), 'half'),
+ 'ernie4_5': ('transformers.models.ernie4_5.modeling_ernie4_5',
+              ('Ernie4_5RotaryEmbedding',),
+              'interleaved_f32'),
  'ernie4_5_moe': ('transformers.models.ernie4_5_moe.modeling_ernie4_5_moe',
                   ('Ernie4_5_MoeRotaryEmbedding',),
                   'interleaved_f32'),
@@ -78,10 +90,19 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
  'gpt_neox_japanese': ('transformers.models.gpt_neox_japanese.modeling_gpt_neox_japanese',
                        ('GPTNeoXJapaneseRotaryEmbedding',),
                        'half'),
+ 'gpt_oss': ('transformers.models.gpt_oss.modeling_gpt_oss',
+             ('GptOssRotaryEmbedding',),
+             'half_pairs'),
  'granite': ('transformers.models.granite.modeling_granite', ('GraniteRotaryEmbedding',), 'half'),
+ 'granite_swa': ('transformers.models.granite_swa.modeling_granite_swa',
+                 ('GraniteSWARotaryEmbedding',),
+                 'half'),
  'granitemoe': ('transformers.models.granitemoe.modeling_granitemoe',
                 ('GraniteMoeRotaryEmbedding',),
                 'half'),
+ 'granitemoe_swa': ('transformers.models.granitemoe_swa.modeling_granitemoe_swa',
+                    ('GraniteMoeSWARotaryEmbedding',),
+                    'half'),
  'granitemoeshared': ('transformers.models.granitemoeshared.modeling_granitemoeshared',
                       ('GraniteMoeSharedRotaryEmbedding',),
                       'half'),
@@ -132,6 +153,9 @@ CHECKED = {'afmoe': ('transformers.models.afmoe.modeling_afmoe', ('AfmoeRotaryEm
                 'half'),
  'mistral': ('transformers.models.mistral.modeling_mistral', ('MistralRotaryEmbedding',), 'half'),
  'mixtral': ('transformers.models.mixtral.modeling_mixtral', ('MixtralRotaryEmbedding',), 'half'),
+ 'modernbert-decoder': ('transformers.models.modernbert_decoder.modeling_modernbert_decoder',
+                        ('ModernBertDecoderRotaryEmbedding',),
+                        'half_float'),
  'nemotron': ('transformers.models.nemotron.modeling_nemotron',
               ('NemotronRotaryEmbedding',),
               'half'),
@@ -188,13 +212,6 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'blt': 'a small model does not build: ValueError: the small config still has 4632964864 '
         'parameters (MAX_PARAMETERS 4000000)',
  'codegen': 'no rotary module taking a config in its causal LM',
- 'cohere': 'interleaved/interleaved_f32: an unpatched model of the family changes while another is '
-           "patched (by 0.000261): its tables are not in transformers' cat(t, t) order",
- 'cohere2': 'interleaved/interleaved_f32: an unpatched model of the family changes while another '
-            "is patched (by 0.000246): its tables are not in transformers' cat(t, t) order",
- 'cohere2_moe': 'interleaved/interleaved_f32: an unpatched model of the family changes while '
-                "another is patched (by 0.000529): its tables are not in transformers' cat(t, t) "
-                'order',
  'cohere_compass_text': "a small model does not build: KeyError: 'full_attention'",
  'dbrx': "a small model does not build: AttributeError: 'DbrxAttentionConfig' object has no "
          "attribute 'rope_theta'",
@@ -207,10 +224,6 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
                     'parameters (MAX_PARAMETERS 4000000)',
  'emu3': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of model "
          "type 'emu3_text_model'",
- 'ernie4_5': 'interleaved: torch.bfloat16 by .to(): logits differ by 0.00391 (the family rotates '
-             "in another precision); interleaved_f32: ValueError: posenc.patch: Ernie 4.5's "
-             "rotation rounds float64 q and k to float32 (q.float()), which posenc's does not "
-             'reproduce; run the model in float32/bfloat16/float16 or unpatch it',
  'gemma3': 'a small model does not build: ValueError: the small config still has 93002688 '
            'parameters (MAX_PARAMETERS 4000000)',
  'gemma3n': 'a small model does not build: ValueError: The set of layer types producing a cache is '
@@ -218,13 +231,7 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
  'gemma3n_text': 'a small model does not build: ValueError: The set of layer types producing a '
                  'cache is different than the set of layer types using them',
  'glm_moe_dsa': 'its modeling file has no apply_rotary_pos_emb',
- 'gpt_oss': 'half/half_f32/half_fresh: an unpatched model of the family changes while another is '
-            "patched (by 0.175): its tables are not in transformers' cat(t, t) order",
  'gptj': 'no rotary module taking a config in its causal LM',
- 'granite_swa': "half/half_f32/half_fresh: AttributeError: 'RotaryEmbedding' object has no "
-                "attribute 'config'",
- 'granitemoe_swa': "half/half_f32/half_fresh: AttributeError: 'RotaryEmbedding' object has no "
-                   "attribute 'config'",
  'granitemoehybrid': 'no rotary module taking a config in its causal LM',
  'inkling2_text': 'its modeling file has no apply_rotary_pos_emb',
  'lfm2_moe': "a small model does not build: TypeError: 'NoneType' object is not subscriptable",
@@ -240,9 +247,6 @@ LEFT_OUT = {'bailing_hybrid': 'its modeling file has no apply_rotary_pos_emb',
                   'partial_rotary_factor=0.334)',
  'mllama': "half/interleaved/half_f32/interleaved_f32/half_fresh: its causal LM's config is of "
            "model type 'mllama_text_model'",
- 'modernbert-decoder': 'half/half_fresh: torch.bfloat16 by .to(): logits differ by 0.00195 (the '
-                       'family rotates in another precision); half_f32: torch.bfloat16 by .to(): '
-                       'logits differ by 0.000977 (the family rotates in another precision)',
  'moshi': 'a small model does not build: ValueError: the small config still has 4363264 parameters '
           '(MAX_PARAMETERS 4000000)',
  'nanochat': 'half/interleaved/half_f32/interleaved_f32/half_fresh: RuntimeError: config.json '

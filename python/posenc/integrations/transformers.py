@@ -67,6 +67,18 @@ class Rotation:
     pairs: str  # the pair layout posenc's resolver must give the family's config
     float32_tables: bool = False  # its modules return float32 tables whatever x's dtype
     fresh: bool = False  # its module recomputes frequencies and scaling from the config each call
+    # the order of its modules' tables (RotaryEmbedding's table_order): cat(t, t) as most
+    # ("transformers"), each pair's value where the layout rotates it (Cohere's repeat_interleave:
+    # "layout"), or one value per pair (gpt-oss: "pairs")
+    tables: str = "transformers"
+    # its rotation computes in float32 (float64 with float64 tables) whatever q's dtype:
+    # "products" promotes each product (q * cos with float32 tables, or q.float() * cos: OLMo,
+    # Ernie 4.5, ModernBERT-decoder; each product's gradient is rounded to q's dtype), "upfront"
+    # casts q and k once first (q = q.float(): Cohere; the gradients sum in float32)
+    promotes: str = ""
+    # its rotation rounds q and k to float32 (q.float(): a float64 q too) and returns both in q's
+    # dtype (Cohere, Ernie 4.5, ModernBERT-decoder)
+    rounds_to_float32: bool = False
 
 
 ROTATIONS = {
@@ -74,9 +86,15 @@ ROTATIONS = {
     "interleaved": Rotation("apply_rotary_pos_emb", "interleaved"),
     "deinterleave": Rotation("apply_rotary_pos_emb_interleave", "interleaved"),
     "half_one": Rotation("apply_rotary_pos_emb", "half"),
-    "half_f32": Rotation("apply_rotary_pos_emb", "half", float32_tables=True),
-    "interleaved_f32": Rotation("apply_rotary_pos_emb", "interleaved", float32_tables=True),
+    "half_f32": Rotation("apply_rotary_pos_emb", "half", float32_tables=True, promotes="products"),
+    "interleaved_f32": Rotation("apply_rotary_pos_emb", "interleaved", float32_tables=True,
+                                promotes="products", rounds_to_float32=True),
     "half_fresh": Rotation("apply_rotary_pos_emb", "half", fresh=True),
+    "half_pairs": Rotation("apply_rotary_pos_emb", "half", tables="pairs"),
+    "half_float": Rotation("apply_rotary_pos_emb", "half", promotes="products",
+                           rounds_to_float32=True),
+    "interleaved_float": Rotation("apply_rotary_pos_emb", "interleaved", tables="layout",
+                                  promotes="upfront", rounds_to_float32=True),
 }
 
 
@@ -95,7 +113,8 @@ def _tables_first_half_twice(t: torch.Tensor, pairs: str) -> torch.Tensor:
 def _rotation(layout: str):
     """The family's rotation (ROTATIONS[layout].function) computed by posenc, with its contract.
 
-    Its tables are transformers' (cat(t, t), as every transformers rotary module returns them);
+    Its tables are the family's modules' (cat(t, t) as most transformers rotary modules return
+    them; Rotation.tables names the others);
     "interleaved" (GLM) takes each table's first half and repeats every value twice
     (cos[..., :W/2].repeat_interleave(2)), as GLM's own function does, then rotates pairs (2i, 2i+1).
     "half_one" (Gemma 4): apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim) on one tensor.
@@ -104,25 +123,52 @@ def _rotation(layout: str):
     cat(t, t) of each table's first half (all DeepSeek's function reads): pair i is
     (x_2i, x_2i+1) with angle t_i, the products and sums the same as DeepSeek's
     `q1 * cos - q2 * sin`, `q2 * cos + q1 * sin` (bit-equal).
-    "half_f32" / "interleaved_f32" (OLMo / Ernie 4.5): the rotation with float32 tables, which
-    promote q and k (the operator's backward rounds each product's gradient as eager's does), cast
-    back: OLMo each to its own dtype, Ernie both to q's.
+    "half_pairs" (gpt-oss): tables of one value per pair ([B, N, W/2]) and
+    `first * cos - second * sin`, `second * cos + first * sin` over the two halves: the products
+    and sums of rotate_half's (a + (-b) is a - b to the bit), so posenc's half rotation with
+    cat(t, t) of the family's tables.
+    Families that rotate in float32 whatever q's dtype (Rotation.promotes): the result's dtype is
+    the promotion of q's, the tables' and float32; OLMo's float32 tables promote each product
+    (`q * cos`), Ernie 4.5 and ModernBERT-decoder promote each product of `q.float()`, Cohere
+    casts q and k first (`q = q.float()`). posenc's operator takes q in its dtype with tables in
+    the promoted one and promotes each product itself (its backward rounds each product's
+    gradient to q's dtype, as eager autograd does there), or q and k cast first for Cohere (the
+    gradients then sum in float32, as Cohere's do). A float64 q of a family that calls q.float()
+    is rounded to float32 first, as there. Results in q's and k's dtypes (OLMo), both in q's
+    (the q.float() families).
     """
     rotation = ROTATIONS[layout]
-    if rotation.float32_tables:
-        base = _rotation(rotation.pairs)
+    pairs = rotation.pairs
 
-        def posenc_apply_rotary_pos_emb_f32(q, k, cos, sin, unsqueeze_dim=1):
-            if rotation.pairs == "interleaved" and torch.float64 in (q.dtype, k.dtype):
-                raise ValueError("posenc.patch: Ernie 4.5's rotation rounds float64 q and k to "
-                                 "float32 (q.float()), which posenc's does not reproduce; run "
-                                 "the model in float32/bfloat16/float16 or unpatch it")
-            q_embed, k_embed = base(q, k, cos.float(), sin.float(), unsqueeze_dim=unsqueeze_dim)
-            k_dtype = q.dtype if rotation.pairs == "interleaved" else k.dtype
-            return q_embed.to(q.dtype), k_embed.to(k_dtype)
+    def tables(t):
+        """The family's table laid out as posenc's rotation of its pairs takes it."""
+        if rotation.tables == "pairs":  # t -> cat(t, t) or t0 t0 t1 t1 ...
+            return torch.cat([t, t], -1) if pairs == "half" else t.repeat_interleave(2, dim=-1)
+        if rotation.tables == "transformers" and pairs == "interleaved":
+            return _tables_first_half_twice(t, pairs)
+        return t
 
-        posenc_apply_rotary_pos_emb_f32.posenc_layout = layout
-        return posenc_apply_rotary_pos_emb_f32
+    if rotation.promotes:
+        def posenc_apply_rotary_pos_emb_promoted(q, k, cos, sin, unsqueeze_dim=1):
+            q_dtype, k_dtype = q.dtype, (q.dtype if rotation.rounds_to_float32 else k.dtype)
+            if rotation.rounds_to_float32:  # q.float(): float64 rounded to float32
+                q = q.float() if q.dtype == torch.float64 else q
+                k = k.float() if k.dtype == torch.float64 else k
+            compute = torch.float32
+            for t in (q, k, cos, sin):
+                compute = torch.promote_types(compute, t.dtype)
+
+            def operand(x):  # bfloat16/float16 stay: the operator promotes each product
+                keep = rotation.promotes == "products" and x.dtype in (torch.bfloat16, torch.float16)
+                return x if keep else x.to(compute)
+
+            q_embed, k_embed = apply_rotary_pos_emb(
+                operand(q), operand(k), tables(cos).to(compute), tables(sin).to(compute),
+                unsqueeze_dim=unsqueeze_dim, layout=pairs)
+            return q_embed.to(q_dtype), k_embed.to(k_dtype)
+
+        posenc_apply_rotary_pos_emb_promoted.posenc_layout = layout
+        return posenc_apply_rotary_pos_emb_promoted
 
     if layout == "half_one":
         def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
@@ -147,13 +193,9 @@ def _rotation(layout: str):
         posenc_apply_rotary_pos_emb_interleave.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_interleave
 
-    pairs = rotation.pairs  # "half", "interleaved", "half_fresh" (the usual rotation)
-
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        if pairs == "interleaved":
-            cos = _tables_first_half_twice(cos, pairs)
-            sin = _tables_first_half_twice(sin, pairs)
-        return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=pairs)
+        return apply_rotary_pos_emb(q, k, tables(cos), tables(sin), unsqueeze_dim=unsqueeze_dim,
+                                    layout=pairs)
 
     posenc_apply_rotary_pos_emb.posenc_layout = layout
     return posenc_apply_rotary_pos_emb
@@ -300,7 +342,7 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
         ours = RotaryEmbedding.from_hf_config(
-            sub.config, angle_dtype=angle_dtype, table_order="transformers",
+            sub.config, angle_dtype=angle_dtype, table_order=rotation.tables,
             table_dtype="float32" if rotation.float32_tables else "input")
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
@@ -317,6 +359,7 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         if angle_dtype == "float32" and not rotation.fresh:
             _carry_dtypes(sub, ours)
         ours.posenc_replaced = (type(sub), sub.config)
+        ours.config = sub.config  # transformers' modules keep theirs (Granite SWA reads its theta)
         layouts = {t.layout for t in ours._tables.values()}
         if layouts != {rotation.pairs}:  # posenc's resolver and the family's code disagree
             raise ValueError(f"posenc.patch: {name or 'the model'}'s config resolves to the "
