@@ -1,11 +1,13 @@
 // Fused attention (bias computed on the fly, tiled online softmax) vs attention_reference with
 // the bias materialized from the same BiasSpec: forms x masks x odd sizes, forward and gradients
 // (q, k, v and the T5 table), and the attention layer on both paths.
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
 #include "posenc/kernels/attention.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"
+#include "support/dispatcher_calls.h"
 #include "support/fixtures.h"
 
 namespace posenc {
@@ -279,6 +281,51 @@ TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {
     EXPECT_LT(max_abs_diff(fused->forward(x, p), materialized->forward(x, p)), kForwardTolerance)
         << encoder->type();
   }
+}
+
+// The library's fused attention is the dispatcher's operator: attention_fused (and the layers)
+// reach posenc::attention_fused through c10::Dispatcher, whose Autograd kernel runs the forward
+// and backward operators, each with a CPU kernel (and a CUDA one where the LibTorch has CUDA).
+TEST(AttentionOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* name : {"posenc::attention_fused", "posenc::_attention_fused_forward",
+                           "posenc::_attention_fused_backward"}) {
+    auto op = dispatcher.findSchema({name, ""});
+    ASSERT_TRUE(op.has_value()) << name;
+    EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) << name;
+  }
+  EXPECT_TRUE(dispatcher.findSchema({"posenc::attention_fused", ""})
+                  ->hasKernelForDispatchKey(c10::DispatchKey::Autograd));
+  torch::manual_seed(5);
+  const int64_t h = 2, d = 8;
+  auto q = torch::randn({2, 5, h, d}, torch::requires_grad());
+  auto k = torch::randn({2, 7, h, d}, torch::requires_grad());
+  auto v = torch::randn({2, 7, h, d}, torch::requires_grad());
+  auto pq = torch::arange(2, 7, torch::kFloat64), pk = torch::arange(7, torch::kFloat64);
+  auto spec = spec_for(Form::kAlibiCausal, h, torch::randn({8, h}));
+  AttentionRotary rotary;
+  auto inv = torch::rand({2}, torch::kFloat64);
+  std::tie(rotary.q_cos, rotary.q_sin) = rope_cos_sin(pq, inv);
+  std::tie(rotary.k_cos, rotary.k_sin) = rope_cos_sin(pk, inv);
+  auto& seen = test::posenc_calls();
+  seen.clear();
+  auto handle = test::watch_posenc_calls();
+  auto out = attention_fused(q, k, v, spec, pq, pk, {}, 0.5, rotary);
+  out.square().sum().backward();
+  at::removeCallback(handle);
+  ASSERT_GE(seen.size(), 3u);
+  EXPECT_EQ(seen.front(), "posenc::attention_fused");
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "posenc::_attention_fused_forward"), seen.end());
+  EXPECT_NE(std::find(seen.begin(), seen.end(), "posenc::_attention_fused_backward"), seen.end());
+  // the same numbers as the specification: rotate, materialize the bias, attend
+  auto qr = rope_apply(q, rotary.q_cos, rotary.q_sin, RopeLayout::kHalf);
+  auto kr = rope_apply(k, rotary.k_cos, rotary.k_sin, RopeLayout::kHalf);
+  auto want = attention_reference(qr, kr, v, bias_from_spec(spec, pq, pk, h), {}, 0.5);
+  EXPECT_LT(max_abs_diff(out, want), 1e-5);
+  auto grads = torch::autograd::grad({want.square().sum()}, {q, k, v});
+  EXPECT_LT(max_abs_diff(q.grad(), grads[0]), 1e-4);
+  EXPECT_LT(max_abs_diff(k.grad(), grads[1]), 1e-4);
+  EXPECT_LT(max_abs_diff(v.grad(), grads[2]), 1e-4);
 }
 
 TEST(AttentionFusedErrors, UnsupportedAndMismatched) {

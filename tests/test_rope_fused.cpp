@@ -9,6 +9,7 @@
 
 #include "posenc/kernels/rope.h"
 #include "posenc/posenc.h"
+#include "support/dispatcher_calls.h"
 #include "support/fixtures.h"
 
 namespace posenc {
@@ -130,23 +131,6 @@ TEST(RopeFusedErrors, ShapesAreChecked) {
   EXPECT_NE(message.find("rotary width 2F=10 exceeds head_dim=8"), std::string::npos) << message;
 }
 
-// The posenc operators the dispatcher runs on this thread, by schema name (a RecordFunction
-// callback is a plain function: it records into this list).
-std::vector<std::string>& posenc_calls() {
-  static std::vector<std::string> calls;
-  return calls;
-}
-
-at::CallbackHandle watch_posenc_calls() {
-  return at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn)
-                                     -> std::unique_ptr<at::ObserverContext> {
-        const std::string name = fn.name();
-        if (name.rfind("posenc::", 0) == 0) posenc_calls().push_back(name);
-        return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
-}
-
 // The library's rotation is the dispatcher's operator: the Rope module and rope_fused* reach
 // posenc::rope_rotate* through c10::Dispatcher (RecordFunction sees the calls by schema name),
 // with a CPU and an Autograd kernel per dispatch key, and its backward is the operator again
@@ -160,9 +144,9 @@ TEST(RopeOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
     EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) << name;
     EXPECT_TRUE(op->hasKernelForDispatchKey(c10::DispatchKey::Autograd)) << name;
   }
-  auto& seen = posenc_calls();
+  auto& seen = test::posenc_calls();
   seen.clear();
-  auto handle = watch_posenc_calls();
+  auto handle = test::watch_posenc_calls();
   Rope rope(RopeOptions(32));
   auto q = torch::randn({2, 9, 4, 32}, torch::requires_grad()), k = torch::randn({2, 9, 2, 32});
   auto p = Positions::sequence(9);
@@ -175,7 +159,7 @@ TEST(RopeOperator, TheLibraryCallsTheOperatorsThroughTheDispatcher) {
       << "the backward (both results used) is the operator again";
   // one result used: its gradient alone, through the one-tensor operator
   seen.clear();
-  handle = watch_posenc_calls();
+  handle = test::watch_posenc_calls();
   auto [c, d] = rope->rotate(q, k, p, p);
   c.sum().backward();
   at::removeCallback(handle);

@@ -174,3 +174,35 @@ def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, s
     dtable = (t5_table.new_empty(t5_table.shape) if t5_table is not None
               else q.new_empty((0,), dtype=torch.float32))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+
+
+# attention_fused (the C++ library's attention, src/ops/attention_fused.cpp): q, k, v [B, N, H, D],
+# out [B, Nq, H, Dv] contiguous in q's dtype, lse [B, H, Nq] float32; the backward's dtable has the
+# table's shape and dtype, [0] float32 without one. Positions, slopes and tables may live on the
+# CPU for CUDA activations; q, k, v share one device.
+def _attention_fused_devices(q, k, v):
+    torch._check(k.device == q.device and v.device == q.device,
+                 lambda: f"attention_fused: q, k, v must share a device, got {q.device}, "
+                         f"{k.device}, {v.device}")
+
+
+@torch.library.register_fake("posenc::attention_fused")
+def _attention_fused_fake(q, k, v, *args):
+    _attention_fused_devices(q, k, v)
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_fake("posenc::_attention_fused_forward")
+def _attention_fused_forward_fake(q, k, v, *args):
+    _attention_fused_devices(q, k, v)
+    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+
+
+@torch.library.register_fake("posenc::_attention_fused_backward")
+def _attention_fused_backward_fake(grad_out, out, lse, q, k, v, q_positions, k_positions, slopes,
+                                   symmetric, table, *args):
+    _attention_fused_devices(q, k, v)
+    dtable = table.new_empty(table.shape) if table is not None else \
+        q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable

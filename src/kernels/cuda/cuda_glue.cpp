@@ -128,9 +128,6 @@ bool attention_cuda_supported(const at::Tensor& q) {
 
 namespace {
 
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
 at::Tensor last_dim_contiguous(const at::Tensor& x) {
   return x.stride(-1) == 1 ? x : x.contiguous();
 }
@@ -206,118 +203,78 @@ PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_
   return p;
 }
 
-// What the backward needs besides the saved tensors, as one object (the bias part without its
-// table, which is a saved variable so autograd tracks it; positions, masks, scale).
-struct SavedCudaAttention : torch::CustomClassHolder {
-  bool empty = true;
-  BiasSpec bias;
-  at::Tensor q_positions, k_positions;
-  AttentionMasks masks;
-  double scale = 1.0;
-};
-
-class AttentionCudaFunction : public torch::autograd::Function<AttentionCudaFunction> {
- public:
-  // table: the T5 table (kBucketTable) or empty, an input so that autograd tracks it.
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                               const at::Tensor& v_in, const at::Tensor& table,
-                               const BiasSpec& bias, const at::Tensor& q_positions,
-                               const at::Tensor& k_positions, const AttentionMasks& masks,
-                               double scale) {
-    const auto device = q_in.device();
-    TORCH_CHECK(k_in.device() == device && v_in.device() == device,
-                "attention_fused (CUDA): q, k, v must share a device, got ", device, ", ",
-                k_in.device(), ", ", v_in.device());
-    TORCH_CHECK(
-        k_in.scalar_type() == q_in.scalar_type() && v_in.scalar_type() == q_in.scalar_type(),
-        "attention_fused (CUDA): q, k, v must share a dtype, got ", q_in.scalar_type(), ", ",
-        k_in.scalar_type(), ", ", v_in.scalar_type());
-    TORCH_CHECK(q_in.size(3) <= cuda::kAttentionMaxDim && v_in.size(3) <= cuda::kAttentionMaxDim,
-                "attention_fused (CUDA): head dims up to ", cuda::kAttentionMaxDim,
-                ", got D=", q_in.size(3), " Dv=", v_in.size(3), "; use attention_reference");
-    c10::cuda::CUDAGuard guard(device);
-    const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
-    auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
-    auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
-    auto state = c10::make_intrusive<SavedCudaAttention>();
-    if (out.numel() == 0) {
-      ctx->saved_data["attention"] = c10::IValue::make_capsule(std::move(state));
-      return {out};
-    }
-    auto prepared =
-        prepare_attention(q_in, k_in, v_in, table, bias, q_positions, k_positions, masks, scale);
-    prepared.launch.out = out.data_ptr();
-    prepared.launch.lse = lse.data_ptr<float>();
-    check_launch(cuda::attention_forward(prepared.launch, c10::cuda::getCurrentCUDAStream()),
-                 "attention_fused");
-
-    ctx->save_for_backward({q_in, k_in, v_in, table, out, lse});
-    state->empty = false;
-    state->bias = bias;
-    state->bias.table = at::Tensor();  // saved above as a variable
-    state->q_positions = q_positions;
-    state->k_positions = k_positions;
-    state->masks = masks;
-    state->scale = scale;
-    ctx->saved_data["attention"] = c10::IValue::make_capsule(std::move(state));
-    return {out};
-  }
-
-  // The backward kernels (attention_cuda.h): tiles recomputed from the saved log-sum-exp.
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    variable_list none(9);
-    const auto state = c10::static_intrusive_pointer_cast<SavedCudaAttention>(
-        ctx->saved_data["attention"].toCapsule());
-    if (state->empty || !grads[0].defined()) return none;
-    auto saved = ctx->get_saved_variables();
-    const auto &q = saved[0], &k = saved[1], &v = saved[2], &table = saved[3], &out = saved[4],
-               &lse = saved[5];
-    c10::cuda::CUDAGuard guard(q.device());
-    const BiasSpec& spec = state->bias;
-    auto prepared = prepare_attention(q, k, v, table, spec, state->q_positions, state->k_positions,
-                                      state->masks, state->scale);
-    auto dout = grads[0].to(q.scalar_type()).contiguous();  // [B, Nq, H, Dv]
-    // delta_i = dO_i . O_i: [B, Nq, H] -> [B, H, Nq]
-    auto delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2).contiguous();
-    auto f32 = q.options().dtype(at::kFloat);
-    auto dq = at::empty(q.sizes(), f32), dk = at::empty(k.sizes(), f32),
-         dv = at::empty(v.sizes(), f32);
-    const bool table_grad = spec.form == BiasForm::kBucketTable && ctx->needs_input_grad(3) &&
-                            prepared.launch.bias == cuda::AttentionBias::kBucketTable;
-    at::Tensor dtable;
-    cuda::AttentionBackwardLaunch g;
-    g.forward = prepared.launch;
-    g.forward.lse = const_cast<float*>(lse.const_data_ptr<float>());  // read only
-    g.dout = dout.const_data_ptr();
-    g.delta = delta.const_data_ptr<float>();
-    g.dq = dq.data_ptr<float>();
-    g.dk = dk.data_ptr<float>();
-    g.dv = dv.data_ptr<float>();
-    if (table_grad) {
-      dtable = at::zeros({table.size(0), table.size(1)}, f32);
-      g.dtable = dtable.data_ptr<float>();
-    }
-    check_launch(cuda::attention_backward(g, c10::cuda::getCurrentCUDAStream()),
-                 "attention_fused backward");
-    none[0] = dq.to(q.scalar_type());
-    none[1] = dk.to(k.scalar_type());
-    none[2] = dv.to(v.scalar_type());
-    if (table_grad) none[3] = dtable.to(table.scalar_type());
-    return none;
-  }
-};
+void check_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+  const auto device = q_in.device();
+  TORCH_CHECK(k_in.device() == device && v_in.device() == device,
+              "attention_fused (CUDA): q, k, v must share a device, got ", device, ", ",
+              k_in.device(), ", ", v_in.device());
+  TORCH_CHECK(k_in.scalar_type() == q_in.scalar_type() && v_in.scalar_type() == q_in.scalar_type(),
+              "attention_fused (CUDA): q, k, v must share a dtype, got ", q_in.scalar_type(), ", ",
+              k_in.scalar_type(), ", ", v_in.scalar_type());
+  TORCH_CHECK(q_in.size(3) <= cuda::kAttentionMaxDim && v_in.size(3) <= cuda::kAttentionMaxDim,
+              "attention_fused (CUDA): head dims up to ", cuda::kAttentionMaxDim,
+              ", got D=", q_in.size(3), " Dv=", v_in.size(3), "; use attention_reference");
+}
 
 }  // namespace
 
-at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const BiasSpec& bias, const at::Tensor& q_positions,
-                                const at::Tensor& k_positions, const AttentionMasks& masks,
-                                double scale) {
-  TORCH_CHECK(attention_cuda_supported(q), "attention_fused (CUDA): unsupported q (", q.device(),
-              ", ", q.scalar_type(), ", shape ", q.sizes(), "); use attention_reference");
-  at::Tensor table = bias.form == BiasForm::kBucketTable ? bias.table : torch::empty({0});
-  return AttentionCudaFunction::apply(q, k, v, table, bias, q_positions, k_positions, masks,
-                                      scale)[0];
+std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
+    const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& table,
+    const BiasSpec& bias, const at::Tensor& q_positions, const at::Tensor& k_positions,
+    const AttentionMasks& masks, double scale) {
+  check_attention_cuda(q_in, k_in, v_in);
+  c10::cuda::CUDAGuard guard(q_in.device());
+  const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
+  auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
+  auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
+  if (out.numel() == 0) return {out, lse};
+  auto prepared =
+      prepare_attention(q_in, k_in, v_in, table, bias, q_positions, k_positions, masks, scale);
+  prepared.launch.out = out.data_ptr();
+  prepared.launch.lse = lse.data_ptr<float>();
+  check_launch(cuda::attention_forward(prepared.launch, c10::cuda::getCurrentCUDAStream()),
+               "attention_fused");
+  return {out, lse};
+}
+
+// The backward kernels (attention_cuda.h): tiles recomputed from the saved log-sum-exp.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& spec,
+    const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
+    double scale) {
+  check_attention_cuda(q, k, v);
+  c10::cuda::CUDAGuard guard(q.device());
+  auto f32 = q.options().dtype(at::kFloat);
+  const bool table_grad = spec.form == BiasForm::kBucketTable && table.numel() > 0;
+  if (out.numel() == 0 || k.size(1) == 0) {  // no rows, or no key for any row: no gradient
+    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
+            table_grad ? at::zeros_like(table) : at::Tensor()};
+  }
+  auto prepared = prepare_attention(q, k, v, table, spec, q_positions, k_positions, masks, scale);
+  auto dout = grad_out.to(q.scalar_type()).contiguous();  // [B, Nq, H, Dv]
+  // delta_i = dO_i . O_i: [B, Nq, H] -> [B, H, Nq]
+  auto delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(1, 2).contiguous();
+  auto lse_f32 = lse.to(at::kFloat).contiguous();
+  auto dq = at::empty(q.sizes(), f32), dk = at::empty(k.sizes(), f32),
+       dv = at::empty(v.sizes(), f32);
+  at::Tensor dtable;
+  cuda::AttentionBackwardLaunch g;
+  g.forward = prepared.launch;
+  g.forward.lse = const_cast<float*>(lse_f32.const_data_ptr<float>());  // read only
+  g.dout = dout.const_data_ptr();
+  g.delta = delta.const_data_ptr<float>();
+  g.dq = dq.data_ptr<float>();
+  g.dk = dk.data_ptr<float>();
+  g.dv = dv.data_ptr<float>();
+  if (table_grad && prepared.launch.bias == cuda::AttentionBias::kBucketTable) {
+    dtable = at::zeros({table.size(0), table.size(1)}, f32);
+    g.dtable = dtable.data_ptr<float>();
+  }
+  check_launch(cuda::attention_backward(g, c10::cuda::getCurrentCUDAStream()),
+               "attention_fused backward");
+  if (dtable.defined()) dtable = dtable.to(table.scalar_type());
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable};
 }
 
 }  // namespace posenc::detail

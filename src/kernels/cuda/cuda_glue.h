@@ -1,11 +1,12 @@
 // Internal: the glue between tensors and the raw CUDA kernels (rope_cuda.h, attention_cuda.h),
 // built only when the LibTorch has CUDA (POSENC_HAS_CUDA_GLUE). The rotation is the CUDA kernel of
 // the operators posenc::rope_rotate* (registered per dispatch key in src/ops/rope_rotate.cpp);
-// attention_fused routes CUDA tensors here at its one dispatch point (attention_autograd.cpp).
+// so are the forward and backward of posenc::attention_fused (src/ops/attention_fused.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
 #include <vector>
 
 #include "posenc/kernels/attention.h"
@@ -21,11 +22,18 @@ void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<a
 /// Whether the CUDA attention kernel takes q (device, dtype, head dim).
 bool attention_cuda_supported(const at::Tensor& q);
 
-/// attention_fused on CUDA tensors (arguments already checked by attention_fused): the CUDA
-/// forward and backward kernels (gradients for q, k, v and a T5 table).
-at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const BiasSpec& bias, const at::Tensor& q_positions,
-                                const at::Tensor& k_positions, const AttentionMasks& masks,
-                                double scale);
-
+/// The CUDA kernels of posenc::_attention_fused_forward / _attention_fused_backward
+/// (src/ops/attention_fused.cpp: arguments checked there, RoPE applied before): q, k, v
+/// [B, N, H, D] on one device; table: the T5 table or [0]; bias: one part (ALiBi or T5).
+/// Forward -> (out [B, Nq, H, Dv] in q's dtype, lse [B, H, Nq] float32); backward -> (dq, dk, dv,
+/// dtable: the T5 table's gradient, or undefined).
+std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    const BiasSpec& bias, const at::Tensor& q_positions, const at::Tensor& k_positions,
+    const AttentionMasks& masks, double scale);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
+    const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
+    double scale);
 }  // namespace posenc::detail

@@ -1,0 +1,181 @@
+// The C++ library's fused attention around its operator: the bias parts prepared once per forward
+// (fused_bias: ALiBi slopes folded, positions as the kernels read them, T5's bucket of every
+// relative offset), whether the kernels take them (attention_fused_supported), and the
+// plain-ATen specification every kernel is tested against:
+//
+//   attention_reference: softmax(q k^T * scale + bias + masks) v, with a row that sees no key
+//   giving 0; bias_from_spec: the bias a BiasSpec describes, materialized (ALiBi, T5, Shaw).
+//
+// attention_fused itself is the operator posenc::attention_fused (src/ops/attention_fused.cpp:
+// one dispatch point between the CPU and CUDA kernels). Contract: posenc/kernels/attention.h.
+#include "posenc/kernels/attention.h"
+
+#include <torch/torch.h>
+
+#include <limits>
+
+#include "../ops/attention_fused.h"
+#include "posenc/functional/relative.h"
+#if POSENC_HAS_CUDA_GLUE
+#include "cuda/cuda_glue.h"
+#endif
+
+namespace posenc {
+
+namespace {
+
+bool integer_valued(const at::Tensor& t) { return t.numel() == 0 || at::equal(t, t.round()); }
+
+std::vector<double> to_vector(const at::Tensor& t) {
+  auto c = t.to(torch::kCPU, torch::kFloat64).contiguous();  // read in host memory
+  return {c.data_ptr<double>(), c.data_ptr<double>() + c.numel()};
+}
+
+}  // namespace
+
+std::shared_ptr<const FusedBias> fused_bias(const std::vector<BiasSpec>& parts,
+                                            const at::Tensor& q_positions,
+                                            const at::Tensor& k_positions) {
+  auto out = std::make_shared<FusedBias>();
+  auto& f = *out;
+  TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1,
+              "fused_bias: positions must be [Nq] and [Nk], got ", q_positions.sizes(), " and ",
+              k_positions.sizes());
+  f.q_positions = q_positions.to(torch::kFloat64).contiguous();
+  f.k_positions = k_positions.to(torch::kFloat64).contiguous();
+  f.pq = to_vector(f.q_positions);
+  f.pk = to_vector(f.k_positions);
+  for (const auto& part : parts) {
+    switch (part.form) {
+      case BiasForm::kNone:
+        break;
+      case BiasForm::kAlibi: {
+        auto slopes = part.slopes.detach().to(at::kCPU, torch::kFloat32);
+        if (!f.alibi) {
+          f.alibi = true;
+          f.symmetric = part.symmetric;
+          f.slopes = slopes.clone();
+        } else if (f.symmetric != part.symmetric) {
+          f.unsupported = "two ALiBi parts of different forms (causal and symmetric)";
+        } else if (f.slopes.numel() != slopes.numel()) {
+          f.unsupported = "two ALiBi parts with different head counts";
+        } else {
+          f.slopes = f.slopes + slopes;  // -m1 d - m2 d = -(m1 + m2) d
+        }
+        break;
+      }
+      case BiasForm::kBucketTable:
+      case BiasForm::kRelativeTable:
+        if (f.table.form != BiasForm::kNone) {
+          f.unsupported =
+              "two table parts (" + to_string(f.table.form) + " and " + to_string(part.form) + ")";
+        } else {
+          f.table = part;
+        }
+        break;
+    }
+  }
+  if (f.table.form != BiasForm::kNone) {
+    if (!integer_valued(f.q_positions) || !integer_valued(f.k_positions)) {
+      f.unsupported = to_string(f.table.form) + " needs integer positions";
+    } else {
+      for (double x : f.pq) f.iq.push_back(static_cast<int64_t>(std::llround(x)));
+      for (double x : f.pk) f.ik.push_back(static_cast<int64_t>(std::llround(x)));
+    }
+  }
+  if (f.table.form == BiasForm::kBucketTable && f.unsupported.empty()) {
+    auto offsets = t5_offset_buckets(f.q_positions, f.k_positions, f.table.bidirectional,
+                                     f.table.num_buckets, f.table.max_distance);
+    f.rel_min = offsets.offset_min;
+    f.buckets = offsets.buckets.contiguous();
+  }
+  return out;
+}
+
+bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q) {
+  if (!bias.unsupported.empty()) return false;
+  // float64 stays on the (exact) reference path: the kernel computes in float32.
+  const auto dtype = q.scalar_type();
+  if (!(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) return false;
+  if (q.device().is_cpu()) return true;
+#if POSENC_HAS_CUDA_GLUE
+  // the CUDA kernel takes one part; Shaw's query-dependent bias is CPU only
+  const bool one_part = !(bias.alibi && bias.table.form != BiasForm::kNone);
+  return detail::attention_cuda_supported(q) && one_part &&
+         bias.table.form != BiasForm::kRelativeTable;
+#else
+  return false;
+#endif
+}
+
+bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
+                               const at::Tensor& q_positions, const at::Tensor& k_positions) {
+  if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
+  return attention_fused_supported(*fused_bias({bias}, q_positions, k_positions), q);
+}
+
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const BiasSpec& bias, const at::Tensor& q_positions,
+                           const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary) {
+  TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1,
+              "attention_fused: positions must be [Nq] and [Nk], got ", q_positions.sizes(),
+              " and ", k_positions.sizes());
+  return attention_fused(q, k, v, fused_bias({bias}, q_positions, k_positions), masks, scale,
+                         rotary);
+}
+
+at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& bias, const AttentionMasks& masks, double scale) {
+  ops::check_attention_shapes(q, k, v);
+  const auto compute = q.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
+  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q.to(compute), k.to(compute)}) * scale;
+  if (bias.defined()) logits = logits + bias.to(compute);
+  const int64_t nq = q.size(1), nk = k.size(1);
+  const auto inf = -std::numeric_limits<double>::infinity();
+  if (masks.causal) {  // key j visible to query i when j <= i + nk - nq
+    const auto longs = q.options().dtype(torch::kLong);
+    auto i = torch::arange(nq, longs).unsqueeze(1), j = torch::arange(nk, longs).unsqueeze(0);
+    logits = logits.masked_fill(j > i + (nk - nq), inf);
+  }
+  if (masks.key_padding.defined())
+    logits =
+        logits.masked_fill(~masks.key_padding.to(torch::kBool).view({q.size(0), 1, 1, nk}), inf);
+  auto weights = torch::softmax(logits, -1);
+  weights = torch::where(torch::isnan(weights), torch::zeros_like(weights), weights);  // no key
+  return torch::einsum("bhqk,bkhd->bqhd", {weights, v.to(compute)}).to(q.scalar_type());
+}
+
+at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,
+                          const at::Tensor& k_positions, int64_t heads, const at::Tensor& q) {
+  auto rel = relative_positions(q_positions, k_positions);  // p_k - p_q: [Nq, Nk]
+  switch (bias.form) {
+    case BiasForm::kNone:
+      return {};
+    case BiasForm::kAlibi: {
+      TORCH_CHECK(bias.slopes.numel() == heads, "bias_from_spec: ", bias.slopes.numel(),
+                  " ALiBi slopes for ", heads, " heads");
+      auto distance = (bias.symmetric ? rel.abs() : -rel).to(bias.slopes.device());
+      return (-bias.slopes.to(torch::kFloat64).view({-1, 1, 1}) * distance).to(torch::kFloat32);
+    }
+    case BiasForm::kBucketTable: {
+      auto b =
+          t5_relative_position_bucket(rel, bias.bidirectional, bias.num_buckets, bias.max_distance);
+      return torch::embedding(bias.table, b.to(bias.table.device())).movedim(-1, -3);
+    }
+    case BiasForm::kRelativeTable: {  // q_i . a[clip(p_j - p_i)] / sqrt(D): [B, H, Nq, Nk]
+      TORCH_CHECK(q.defined() && q.dim() == 4,
+                  "bias_from_spec: a relative table (Shaw) depends on the queries; q [B, Nq, H, "
+                  "Dh] is required");
+      auto scores = torch::einsum("bqhd,rd->bhqr", {q, bias.table.to(q.scalar_type())}) /
+                    std::sqrt(static_cast<double>(q.size(3)));
+      auto index = shaw_relative_index(rel, bias.max_relative_position).to(q.device());
+      index = index.view({1, 1, rel.size(0), rel.size(1)})
+                  .expand({q.size(0), q.size(2), rel.size(0), rel.size(1)});
+      return scores.gather(-1, index);
+    }
+  }
+  return {};
+}
+
+}  // namespace posenc

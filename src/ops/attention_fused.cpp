@@ -1,0 +1,423 @@
+// posenc::attention_fused, _attention_fused_forward, _attention_fused_backward: schemas, the
+// argument checks every path shares, the per-device kernels registered per dispatch key, and the
+// C++ library's entry point attention_fused (posenc/kernels/attention.h) as a call through the
+// dispatcher. The math, shapes and conventions are in attention_fused.h; the plain-ATen
+// specification is attention_reference with bias_from_spec (src/kernels/attention.cpp).
+#include "attention_fused.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../kernels/cpu/attention_cpu.h"
+#include "posenc/kernels/attention.h"
+#include "posenc/kernels/rope.h"
+#include "rope_rotate.h"
+#if POSENC_HAS_CUDA_GLUE
+#include "../kernels/cuda/cuda_glue.h"
+#endif
+
+namespace posenc {
+namespace ops {
+
+namespace {
+
+BiasForm table_form_from_string(c10::string_view name) {
+  for (auto form : {BiasForm::kNone, BiasForm::kBucketTable, BiasForm::kRelativeTable})
+    if (name == to_string(form)) return form;
+  TORCH_CHECK(false, "attention_fused: table_form must be 'none', 'bucket_table' (T5) or ",
+              "'relative_table' (Shaw), got '", name, "'");
+}
+
+std::optional<at::Tensor> given(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? t : std::nullopt;
+}
+
+// The operators' arguments as the kernels read them.
+struct Unpacked {
+  std::shared_ptr<const FusedBias> bias;  // positions, folded slopes, the table part, T5 buckets
+  AttentionMasks masks;
+  AttentionRotary rotary;  // undefined: no RoPE inside
+  at::Tensor table;        // the T5 or Shaw table, or empty
+};
+
+void check_rotary(const AttentionRotary& r, const at::Tensor& q, const at::Tensor& k,
+                  const FusedBias& bias) {
+  TORCH_CHECK(r.q_sin.defined() && r.k_cos.defined() && r.k_sin.defined(),
+              "attention_fused: rotary needs q_cos, q_sin, k_cos and k_sin");
+  TORCH_CHECK(
+      r.q_cos.dim() == 2 && r.q_cos.sizes() == r.q_sin.sizes() && r.q_cos.size(0) == q.size(1),
+      "attention_fused: rotary q_cos/q_sin must be [Nq, F] with Nq=", q.size(1), ", got ",
+      r.q_cos.sizes(), " and ", r.q_sin.sizes());
+  TORCH_CHECK(r.k_cos.dim() == 2 && r.k_cos.sizes() == r.k_sin.sizes() &&
+                  r.k_cos.size(0) == k.size(1) && r.k_cos.size(1) == r.q_cos.size(1),
+              "attention_fused: rotary k_cos/k_sin must be [Nk, F] = [", k.size(1), ", ",
+              r.q_cos.size(1), "], got ", r.k_cos.sizes(), " and ", r.k_sin.sizes());
+  TORCH_CHECK(2 * r.q_cos.size(1) <= q.size(3),
+              "attention_fused: rotary width 2F=", 2 * r.q_cos.size(1),
+              " exceeds the head dim D=", q.size(3));
+  TORCH_CHECK(!(r.q_cos.requires_grad() || r.q_sin.requires_grad() || r.k_cos.requires_grad() ||
+                r.k_sin.requires_grad()),
+              "attention_fused: rotary tables are constants here; rotate q, k outside "
+              "(rope_fused) when the frequencies are learned");
+  TORCH_CHECK(bias.table.form != BiasForm::kRelativeTable,
+              "attention_fused: rotary inside and a relative table (Shaw) together are not "
+              "supported; rotate q, k outside");
+}
+
+Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                POSENC_ATTENTION_FUSED_PARAMS) {
+  check_attention_shapes(q, k, v);
+  TORCH_CHECK(std::isfinite(scale), "attention_fused: scale must be finite, got ", scale);
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "attention_fused: q must be float32, bfloat16 or float16 (the kernels compute in "
+              "float32), got ",
+              dtype, "; use attention_reference");
+  TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype,
+              "attention_fused: q, k, v must share a dtype, got ", dtype, ", ", k.scalar_type(),
+              ", ", v.scalar_type());
+  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
+              "attention_fused: q, k, v must share a device, got ", q.device(), ", ", k.device(),
+              ", ", v.device());
+  TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1 &&
+                  q_positions.size(0) == q.size(1) && k_positions.size(0) == k.size(1),
+              "attention_fused: positions must be [Nq] and [Nk] = [", q.size(1), "] and [",
+              k.size(1), "], got ", q_positions.sizes(), " and ", k_positions.sizes());
+  std::vector<BiasSpec> parts;
+  if (auto s = given(slopes)) {
+    TORCH_CHECK(s->dim() == 1 && s->numel() == q.size(2), "attention_fused: ", s->numel(),
+                " ALiBi slopes for ", q.size(2), " heads (slopes shape ", s->sizes(), ")");
+    BiasSpec alibi;
+    alibi.form = BiasForm::kAlibi;
+    alibi.slopes = *s;
+    alibi.symmetric = symmetric;
+    parts.push_back(alibi);
+  }
+  Unpacked u;
+  const BiasForm form = table_form_from_string(table_form);
+  auto t = given(table);
+  TORCH_CHECK((form == BiasForm::kNone) == !t.has_value(), "attention_fused: table_form '",
+              table_form, "' ", t.has_value() ? "takes no table" : "needs a table");
+  if (form == BiasForm::kBucketTable) {
+    TORCH_CHECK(t->dim() == 2 && t->size(1) == q.size(2) && t->size(0) == num_buckets,
+                "attention_fused: the bucket table must be [num_buckets, H] = [", num_buckets, ", ",
+                q.size(2), "], got ", t->sizes());
+    TORCH_CHECK(num_buckets >= 1 && max_distance >= 1,
+                "attention_fused: num_buckets and max_distance must be >= 1, got ", num_buckets,
+                " and ", max_distance);
+  }
+  if (form == BiasForm::kRelativeTable) {
+    TORCH_CHECK(max_relative_position >= 1,
+                "attention_fused: max_relative_position must be >= 1, got ", max_relative_position);
+    TORCH_CHECK(
+        t->dim() == 2 && t->size(0) == 2 * max_relative_position + 1 && t->size(1) == q.size(3),
+        "attention_fused: the relative table must be [2K+1, D] = [", 2 * max_relative_position + 1,
+        ", ", q.size(3), "], got ", t->sizes());
+  }
+  if (t.has_value()) {
+    BiasSpec part;
+    part.form = form;
+    part.table = *t;
+    part.num_buckets = num_buckets;
+    part.max_distance = max_distance;
+    part.bidirectional = bidirectional;
+    part.max_relative_position = max_relative_position;
+    parts.push_back(part);
+    u.table = *t;
+  } else {
+    u.table = at::empty({0}, q.options().dtype(at::kFloat));
+  }
+  u.bias = fused_bias(parts, q_positions, k_positions);
+  TORCH_CHECK(u.bias->unsupported.empty(), "attention_fused: ", u.bias->unsupported,
+              "; use attention_reference");
+  u.masks.causal = causal;
+  if (auto kp = given(key_padding)) {
+    TORCH_CHECK(kp->sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
+                "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
+                "], got ", kp->sizes());
+    u.masks.key_padding = *kp;
+  }
+  const bool any_table = given(q_cos) || given(q_sin) || given(k_cos) || given(k_sin);
+  if (any_table) {
+    TORCH_CHECK(given(q_cos) && given(q_sin) && given(k_cos) && given(k_sin),
+                "attention_fused: rotary needs q_cos, q_sin, k_cos and k_sin");
+    u.rotary = {*q_cos, *q_sin, *k_cos, *k_sin, rope_layout_from_string(std::string(rope_layout))};
+    check_rotary(u.rotary, q, k, *u.bias);
+  }
+  return u;
+}
+
+// ---- CPU: the tiled kernel (src/kernels/cpu/attention_cpu.cpp) ---------------------------------
+
+// [B, N, H, D] -> float32 [B, H, N, D], detached: contiguous() may return a view of the input
+// (N or H of 1, or empty), and the kernels' out= matmuls refuse a tensor that requires grad.
+at::Tensor heads_first(const at::Tensor& x) {
+  return x.detach().to(at::kFloat).transpose(1, 2).contiguous();
+}
+
+// qh, kh, vh: contiguous float32 [B, H, N, D]; table: the bias's table (T5 or Shaw) or empty.
+detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh,
+                                      const at::Tensor& vh, const Unpacked& u, double scale) {
+  const FusedBias& bias = *u.bias;
+  detail::AttentionProblem p;
+  detail::set_tensors(p, qh, kh, vh, scale);
+  p.alibi = bias.alibi;
+  p.table_form = bias.table.form;
+  p.symmetric = bias.symmetric;
+  p.causal = u.masks.causal;
+  p.pq = bias.pq.data();
+  p.pk = bias.pk.data();
+  p.iq = bias.iq.data();
+  p.ik = bias.ik.data();
+  if (p.alibi) {
+    auto s = bias.slopes.to(at::kFloat).contiguous();
+    p.slopes.assign(s.data_ptr<float>(), s.data_ptr<float>() + s.numel());
+  }
+  if (p.table_form == BiasForm::kRelativeTable) {  // qr = q a^T / sqrt(D): [B, H, Nq, 2K+1]
+    p.max_relative = bias.table.max_relative_position;
+    p.rel_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(p.dim)));
+    p.rel_table = u.table.detach().to(at::kCPU, at::kFloat).contiguous();
+    p.qr = (at::matmul(qh, p.rel_table.t()) * p.rel_scale).contiguous();
+  }
+  if (p.table_form == BiasForm::kBucketTable) {
+    const auto& bucket = bias.buckets;
+    p.rel_min = bias.rel_min;
+    p.rel_count = bucket.numel();
+    p.bucket = bucket.const_data_ptr<int64_t>();
+    p.num_buckets = bias.table.num_buckets;
+    auto lut = u.table.detach().to(at::kCPU, at::kFloat).index_select(0, bucket).t().contiguous();
+    p.lut.assign(lut.data_ptr<float>(), lut.data_ptr<float>() + lut.numel());  // [H, R]
+  }
+  const auto& padding = u.masks.key_padding;
+  if (padding.defined() && padding.numel() > 0) {
+    auto keep = padding.to(at::kCPU, at::kByte).contiguous();
+    p.key_keep.assign(keep.data_ptr<uint8_t>(), keep.data_ptr<uint8_t>() + keep.numel());
+  }
+  const auto& r = u.rotary;
+  if (r.defined() && r.q_cos.numel() > 0) {  // RoPE inside the tiles: float32 [N, F]
+    auto f32 = [](const at::Tensor& t) { return t.detach().to(at::kCPU, at::kFloat).contiguous(); };
+    p.rotary = true;
+    p.q_cos = f32(r.q_cos);
+    p.q_sin = f32(r.q_sin);
+    p.k_cos = f32(r.k_cos);
+    p.k_sin = f32(r.k_sin);
+    p.rotary_pairs = r.q_cos.size(-1);
+    p.rotary_interleaved = r.layout == RopeLayout::kInterleaved;
+  }
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
+  const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  auto p = make_problem(heads_first(q), heads_first(k), heads_first(v), u, scale);
+  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
+  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
+  detail::attention_forward_cpu(p, out, lse);
+  return {out.transpose(1, 2).contiguous().to(q.scalar_type()), lse};
+}
+
+at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
+  if (u.table.numel() == 0 && !dtable.defined()) return u.table;  // no table: [0]
+  return dtable.defined() ? dtable.to(u.table.scalar_type()) : at::zeros_like(u.table);
+}
+
+// The backward reads the output as the forward returned it (q's dtype), as FlashAttention's and
+// the CUDA kernel's do: delta_i = dO_i . O_i.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
+    const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
+  const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
+  auto p = make_problem(qh, kh, vh, u, scale);
+  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+  at::Tensor dtable;
+  detail::attention_backward_cpu(p, heads_first(out), lse.to(at::kFloat).contiguous(),
+                                 heads_first(grad_out), dq, dk, dv, dtable);
+  auto back = [](const at::Tensor& g, const at::Tensor& like) {
+    return g.transpose(1, 2).contiguous().to(like.scalar_type());
+  };
+  return {back(dq, q), back(dk, k), back(dv, v), table_gradient(dtable, u)};
+}
+
+at::Tensor attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               POSENC_ATTENTION_FUSED_PARAMS) {
+  return std::get<0>(forward_cpu(q, k, v, POSENC_ATTENTION_FUSED_ARGS));
+}
+
+#if POSENC_HAS_CUDA_GLUE
+// ---- CUDA: the CUDA kernel's glue; RoPE as one rotation pass before it -------------------------
+
+// The one bias part the CUDA kernel takes, its ALiBi slopes on the device.
+BiasSpec cuda_bias(const Unpacked& u, const at::Tensor& q) {
+  const FusedBias& bias = *u.bias;
+  TORCH_CHECK(detail::attention_cuda_supported(q), "attention_fused (CUDA): unsupported q (",
+              q.device(), ", ", q.scalar_type(), ", shape ", q.sizes(),
+              "); use attention_reference");
+  TORCH_CHECK(!(bias.alibi && bias.table.form != BiasForm::kNone) &&
+                  bias.table.form != BiasForm::kRelativeTable,
+              "attention_fused (CUDA): one bias part, ALiBi or T5 (a relative table or two parts "
+              "run on the CPU); got ",
+              bias.alibi ? "alibi + " : "", to_string(bias.table.form));
+  BiasSpec spec = bias.table;
+  if (bias.alibi) {
+    spec = BiasSpec{};
+    spec.form = BiasForm::kAlibi;
+    spec.slopes = bias.slopes.to(q.device());
+    spec.symmetric = bias.symmetric;
+  }
+  return spec;
+}
+
+std::pair<at::Tensor, at::Tensor> rotated(const at::Tensor& q, const at::Tensor& k,
+                                          const AttentionRotary& r) {
+  if (!r.defined()) return {q, k};
+  const auto layout = to_string(r.layout);
+  return {rope_rotate_op().call(q, r.q_cos, r.q_sin, layout, false),
+          rope_rotate_op().call(k, r.k_cos, r.k_sin, layout, false)};
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v,
+                                                POSENC_ATTENTION_FUSED_PARAMS) {
+  const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  const auto spec = cuda_bias(u, q);
+  auto [qr, kr] = rotated(q, k, u.rotary);
+  return detail::attention_forward_cuda(qr, kr, v, u.table, spec, u.bias->q_positions,
+                                        u.bias->k_positions, u.masks, scale);
+}
+
+// The gradients of the rotated q, k, turned back: R(theta)^T = R(-theta).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
+    const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
+  const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  const auto spec = cuda_bias(u, q);
+  auto [qr, kr] = rotated(q, k, u.rotary);
+  auto [dq, dk, dv, dtable] =
+      detail::attention_backward_cuda(grad_out, out, lse, qr, kr, v, u.table, spec,
+                                      u.bias->q_positions, u.bias->k_positions, u.masks, scale);
+  if (u.rotary.defined()) {
+    const auto layout = to_string(u.rotary.layout);
+    dq = rope_rotate_op().call(dq, u.rotary.q_cos, u.rotary.q_sin, layout, true);
+    dk = rope_rotate_op().call(dk, u.rotary.k_cos, u.rotary.k_sin, layout, true);
+  }
+  return {dq, dk, dv, table_gradient(dtable, u)};
+}
+
+at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                POSENC_ATTENTION_FUSED_PARAMS) {
+  return std::get<0>(forward_cuda(q, k, v, POSENC_ATTENTION_FUSED_ARGS));
+}
+#endif
+
+// The schemas' parameters after (q, k, v): the order of POSENC_ATTENTION_FUSED_PARAMS.
+#define POSENC_PARAMS_SCHEMA                                                                  \
+  "Tensor q_positions, Tensor k_positions, Tensor? slopes, bool symmetric, Tensor? table, "   \
+  "str table_form, int num_buckets, int max_distance, bool bidirectional, "                   \
+  "int max_relative_position, bool causal, Tensor? key_padding, float scale, Tensor? q_cos, " \
+  "Tensor? q_sin, Tensor? k_cos, Tensor? k_sin, str rope_layout"
+
+// Registered once per process (see rope_rotate.cpp: the static core may be loaded twice).
+bool register_once() {
+  if (c10::Dispatcher::singleton().findSchema({"posenc::attention_fused", ""}).has_value())
+    return false;
+  static torch::Library def(torch::Library::FRAGMENT, "posenc", std::nullopt, __FILE__, __LINE__);
+  def.def("attention_fused(Tensor q, Tensor k, Tensor v, " POSENC_PARAMS_SCHEMA ") -> Tensor");
+  def.def("_attention_fused_forward(Tensor q, Tensor k, Tensor v, " POSENC_PARAMS_SCHEMA
+          ") -> (Tensor, Tensor)");
+  def.def(
+      "_attention_fused_backward(Tensor grad_out, Tensor out, Tensor lse, Tensor q, Tensor k, "
+      "Tensor v, " POSENC_PARAMS_SCHEMA ") -> (Tensor, Tensor, Tensor, Tensor)");
+  static torch::Library cpu(torch::Library::IMPL, "posenc", c10::DispatchKey::CPU, __FILE__,
+                            __LINE__);
+  cpu.impl("attention_fused", TORCH_FN(attention_fused_cpu));
+  cpu.impl("_attention_fused_forward", TORCH_FN(forward_cpu));
+  cpu.impl("_attention_fused_backward", TORCH_FN(backward_cpu));
+#if POSENC_HAS_CUDA_GLUE
+  static torch::Library cuda(torch::Library::IMPL, "posenc", c10::DispatchKey::CUDA, __FILE__,
+                             __LINE__);
+  cuda.impl("attention_fused", TORCH_FN(attention_fused_cuda));
+  cuda.impl("_attention_fused_forward", TORCH_FN(forward_cuda));
+  cuda.impl("_attention_fused_backward", TORCH_FN(backward_cuda));
+#endif
+  static torch::Library autograd(torch::Library::IMPL, "posenc", c10::DispatchKey::Autograd,
+                                 __FILE__, __LINE__);
+  autograd.impl("attention_fused", TORCH_FN(attention_fused_autograd));
+  return true;
+}
+
+[[maybe_unused]] const bool kRegisteredHere = register_once();
+
+#undef POSENC_PARAMS_SCHEMA
+
+}  // namespace
+
+void check_attention_shapes(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attention: q, k, v must be [B, N, H, D], got ", q.sizes(), ", ", k.sizes(), ", ",
+              v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0),
+              "attention: batch sizes differ: ", q.size(0), ", ", k.size(0), ", ", v.size(0));
+  TORCH_CHECK(q.size(2) == k.size(2) && k.size(2) == v.size(2),
+              "attention: head counts differ: ", q.size(2), ", ", k.size(2), ", ", v.size(2));
+  TORCH_CHECK(q.size(3) == k.size(3), "attention: q has D=", q.size(3), " but k has D=", k.size(3));
+  TORCH_CHECK(k.size(1) == v.size(1), "attention: k has Nk=", k.size(1), " but v has ", v.size(1));
+}
+
+const c10::TypedOperatorHandle<AttentionFusedSignature>& attention_fused_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("posenc::attention_fused", "")
+                             .typed<AttentionFusedSignature>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<AttentionFusedForwardSignature>& attention_fused_forward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("posenc::_attention_fused_forward", "")
+                             .typed<AttentionFusedForwardSignature>();
+  return op;
+}
+
+const c10::TypedOperatorHandle<AttentionFusedBackwardSignature>& attention_fused_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("posenc::_attention_fused_backward", "")
+                             .typed<AttentionFusedBackwardSignature>();
+  return op;
+}
+
+}  // namespace ops
+
+// ---- the C++ library's entry point: the operator, through the dispatcher ----------------------
+
+at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::shared_ptr<const FusedBias>& prepared,
+                           const AttentionMasks& masks, double scale,
+                           const AttentionRotary& rotary) {
+  TORCH_CHECK(prepared != nullptr, "attention_fused: no prepared bias (use fused_bias({}, ...))");
+  const FusedBias& bias = *prepared;
+  ops::check_attention_shapes(q, k, v);
+  TORCH_CHECK(attention_fused_supported(bias, q), "attention_fused: unsupported input (",
+              bias.unsupported.empty() ? "" : bias.unsupported + ", ", "bias ",
+              bias.alibi ? "alibi + " : "", to_string(bias.table.form), ", device ", q.device(),
+              ", dtype ", q.scalar_type(), "); use attention_reference");
+  auto opt = [](bool has, const at::Tensor& t) {
+    return has ? std::optional<at::Tensor>(t) : std::nullopt;
+  };
+  const auto& t = bias.table;
+  const bool has_table = t.form != BiasForm::kNone;
+  return ops::attention_fused_op().call(
+      q, k, v, bias.q_positions, bias.k_positions, opt(bias.alibi, bias.slopes), bias.symmetric,
+      opt(has_table, t.table), to_string(t.form), t.num_buckets, t.max_distance, t.bidirectional,
+      t.max_relative_position, masks.causal, opt(masks.key_padding.defined(), masks.key_padding),
+      scale, opt(rotary.defined(), rotary.q_cos), opt(rotary.defined(), rotary.q_sin),
+      opt(rotary.defined(), rotary.k_cos), opt(rotary.defined(), rotary.k_sin),
+      to_string(rotary.layout));
+}
+
+}  // namespace posenc

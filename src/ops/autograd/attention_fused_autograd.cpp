@@ -1,0 +1,100 @@
+// Autograd for posenc::attention_fused (the math in ../attention_fused.h): the forward calls
+// _attention_fused_forward (out and the rows' log-sum-exp), the backward _attention_fused_backward
+// with them (the tiles recomputed from lse: dS = P * (dP - delta), delta_i = dO_i . O_i), each
+// dispatched to the device's kernel. Gradients for q, k, v and the T5 or Shaw table; positions,
+// slopes, masks and the rotary tables are constants here (learned frequencies rotate q and k
+// outside, with rope_fused). First order only: the backward kernels are not differentiable.
+#include <torch/autograd.h>
+
+#include <string>
+
+#include "../../kernels/autograd/first_order.h"
+#include "../attention_fused.h"
+
+namespace posenc::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The operator's arguments after (q, k, v) but the table, kept for the backward's call.
+struct Arguments : torch::CustomClassHolder {
+  at::Tensor q_positions, k_positions;
+  std::optional<at::Tensor> slopes, key_padding, q_cos, q_sin, k_cos, k_sin;
+  bool symmetric = false, bidirectional = true, causal = false, has_table = false;
+  std::string table_form, rope_layout;
+  int64_t num_buckets = 0, max_distance = 0, max_relative_position = 0;
+  double scale = 1.0;
+};
+
+// The operators' arguments from (a, table): the order of POSENC_ATTENTION_FUSED_PARAMS.
+#define POSENC_SAVED_ARGS(a, table)                                                               \
+  a.q_positions, a.k_positions, a.slopes, a.symmetric, table, a.table_form, a.num_buckets,        \
+      a.max_distance, a.bidirectional, a.max_relative_position, a.causal, a.key_padding, a.scale, \
+      a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.rope_layout
+
+class AttentionFusedFunction : public torch::autograd::Function<AttentionFusedFunction> {
+ public:
+  // table: the T5 or Shaw table, an input so that autograd tracks it ([0] without one)
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const at::Tensor& table,
+                               c10::intrusive_ptr<Arguments> args) {
+    const auto& a = *args;
+    const auto t = a.has_table ? std::optional<at::Tensor>(table) : std::nullopt;
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, lse] = attention_fused_forward_op().call(q, k, v, POSENC_SAVED_ARGS(a, t));
+    ctx->save_for_backward({q, k, v, table, out, lse});
+    ctx->saved_data["arguments"] = c10::IValue::make_capsule(std::move(args));
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    detail::require_first_order("attention_fused");
+    variable_list result(5);  // q, k, v, table, arguments
+    if (!grads[0].defined()) return result;
+    const auto saved = ctx->get_saved_variables();
+    const auto& a =
+        *c10::static_intrusive_pointer_cast<Arguments>(ctx->saved_data["arguments"].toCapsule());
+    const auto& table = saved[3];
+    const auto t = a.has_table ? std::optional<at::Tensor>(table) : std::nullopt;
+    auto [dq, dk, dv, dtable] = attention_fused_backward_op().call(
+        grads[0], saved[4], saved[5], saved[0], saved[1], saved[2], POSENC_SAVED_ARGS(a, t));
+    result[0] = dq;
+    result[1] = dk;
+    result[2] = dv;
+    if (a.has_table && ctx->needs_input_grad(3)) result[3] = dtable;
+    return result;
+  }
+};
+
+#undef POSENC_SAVED_ARGS
+
+}  // namespace
+
+at::Tensor attention_fused_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    POSENC_ATTENTION_FUSED_PARAMS) {
+  auto a = c10::make_intrusive<Arguments>();
+  a->q_positions = q_positions;
+  a->k_positions = k_positions;
+  a->slopes = slopes;
+  a->symmetric = symmetric;
+  a->has_table = table.has_value() && table->defined();
+  a->table_form = std::string(table_form);
+  a->num_buckets = num_buckets;
+  a->max_distance = max_distance;
+  a->bidirectional = bidirectional;
+  a->max_relative_position = max_relative_position;
+  a->causal = causal;
+  a->key_padding = key_padding;
+  a->scale = scale;
+  a->q_cos = q_cos;
+  a->q_sin = q_sin;
+  a->k_cos = k_cos;
+  a->k_sin = k_sin;
+  a->rope_layout = std::string(rope_layout);
+  const auto t = a->has_table ? *table : at::empty({0}, q.options().dtype(at::kFloat));
+  return AttentionFusedFunction::apply(q, k, v, t, std::move(a))[0];
+}
+
+}  // namespace posenc::ops

@@ -1,0 +1,194 @@
+"""posenc::attention_fused, the C++ library's fused attention as a dispatcher operator (its layers,
+trainer and tool call it): q, k, v [B, N, H, D] with positions of any axis (real timestamps too),
+the bias parts (ALiBi, T5 buckets, Shaw's relative keys) computed inside the tiles and RoPE applied
+to the tiles' rows. Checked against attention written out in PyTorch (materialized bias), with
+opcheck (schema, fake kernel, autograd registration, torch.compile with backward) over the forms,
+and one line for bad input."""
+
+import math
+
+import pytest
+import torch
+
+import posenc  # noqa: F401  (loads the operators)
+
+OP = torch.ops.posenc.attention_fused.default
+
+
+def call(q, k, v, pq, pk, slopes=None, symmetric=False, table=None, form="none", num_buckets=0,
+         max_distance=0, bidirectional=True, max_relative=0, causal=False, key_padding=None,
+         scale=None, rotary=None, layout="half"):
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    cos_sin = rotary or (None, None, None, None)
+    return (q, k, v, pq, pk, slopes, symmetric, table, form, num_buckets, max_distance,
+            bidirectional, max_relative, causal, key_padding, scale, *cos_sin, layout)
+
+
+def t5_bucket(rel, bidirectional, num_buckets, max_distance):
+    """transformers' T5Attention._relative_position_bucket (relative = key - query)."""
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).long() * num_buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    max_exact = num_buckets // 2
+    small = rel < max_exact
+    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(small, rel, large)
+
+
+def rotate(x, cos, sin):  # half layout, per-pair tables [N, F]
+    f = cos.shape[-1]
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    a, b, rest = x[..., :f], x[..., f:2 * f], x[..., 2 * f:]
+    return torch.cat([a * c - b * s, b * c + a * s, rest], -1)
+
+
+def reference(q, k, v, pq, pk, slopes=None, symmetric=False, table=None, form="none",
+              num_buckets=0, max_distance=0, bidirectional=True, max_relative=0, causal=False,
+              key_padding=None, scale=None, rotary=None, layout="half"):
+    if rotary is not None:
+        q, k = rotate(q, rotary[0], rotary[1]), rotate(k, rotary[2], rotary[3])
+    logits = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    rel = pk[None, :] - pq[:, None]  # key - query: [Nq, Nk]
+    if slopes is not None:
+        distance = rel.abs() if symmetric else -rel
+        logits = logits - slopes.double()[:, None, None].to(logits.dtype) * distance.to(logits.dtype)
+    if form == "bucket_table":
+        logits = logits + table[t5_bucket(rel.long(), bidirectional, num_buckets,
+                                          max_distance)].permute(2, 0, 1)
+    if form == "relative_table":
+        index = rel.long().clamp(-max_relative, max_relative) + max_relative
+        scores = torch.einsum("bqhd,rd->bhqr", q, table) / math.sqrt(q.shape[-1])
+        logits = logits + scores.gather(-1, index.expand(*scores.shape[:2], *index.shape))
+    nq, nk = q.shape[1], k.shape[1]
+    if causal:
+        i, j = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+        logits = logits.masked_fill(j > i + nk - nq, float("-inf"))
+    if key_padding is not None:
+        logits = logits.masked_fill(~key_padding[:, None, None, :], float("-inf"))
+    weights = torch.softmax(logits, -1).nan_to_num(0.0)
+    return torch.einsum("bhqk,bkhd->bqhd", weights, v)
+
+
+def cases():
+    g = torch.Generator().manual_seed(0)
+    b, nq, nk, h, d = 2, 5, 7, 3, 8
+    pq = torch.tensor([0.5, 1.25, 2.0, 4.0, 4.5], dtype=torch.float64)  # real timestamps
+    pk = torch.linspace(-1.0, 4.5, nk, dtype=torch.float64)
+    iq, ik = torch.arange(2, 7, dtype=torch.float64), torch.arange(nk, dtype=torch.float64)
+    slopes = torch.rand(h, generator=g)
+    t5 = torch.randn(8, h, generator=g)
+    shaw = torch.randn(5, d, generator=g)
+    keep = torch.ones(b, nk, dtype=torch.bool)
+    keep[1, :2] = False
+    inv = torch.rand(2, generator=g, dtype=torch.float64)
+    tables = [torch.cos(p[:, None] * inv).float() for p in (pq, pk)]
+    sines = [torch.sin(p[:, None] * inv).float() for p in (pq, pk)]
+    rotary = (tables[0], sines[0], tables[1], sines[1])
+    return {
+        "plain": dict(pq=iq, pk=ik),
+        "alibi_timestamps_causal": dict(pq=pq, pk=pk, slopes=slopes, causal=True),
+        "alibi_symmetric_padding": dict(pq=pq, pk=pk, slopes=slopes, symmetric=True,
+                                        key_padding=keep),
+        "t5": dict(pq=iq, pk=ik, table=t5, form="bucket_table", num_buckets=8, max_distance=20),
+        "alibi_t5_rope": dict(pq=iq, pk=ik, slopes=slopes, table=t5, form="bucket_table",
+                              num_buckets=8, max_distance=20, bidirectional=False,
+                              rotary=rotary),
+        "shaw": dict(pq=iq, pk=ik, table=shaw, form="relative_table", max_relative=2,
+                     causal=True),
+        "rope_timestamps": dict(pq=pq, pk=pk, rotary=rotary, key_padding=keep),
+    }, (b, nq, nk, h, d), g
+
+
+CASES, SIZES, _ = cases()
+
+
+def inputs(dtype=torch.float32, requires_grad=False):
+    b, nq, nk, h, d = SIZES
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(b, n, h, d, generator=g).to(dtype).requires_grad_(requires_grad)
+            for n in (nq, nk, nk)]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_equals_attention_written_out(name):
+    kw = dict(CASES[name])
+    pq, pk = kw.pop("pq"), kw.pop("pk")
+    q, k, v = inputs(requires_grad=True)
+    table = kw.get("table")
+    if table is not None:
+        kw["table"] = table = table.clone().requires_grad_()
+    scale = 0.4
+    out = OP(*call(q, k, v, pq, pk, scale=scale, **kw))
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v] + ([table] if table is not None
+                                                                  else []))
+    want = reference(q.double(), k.double(), v.double(), pq, pk, scale=scale,
+                     **{**kw, **({"table": table.double()} if table is not None else {})})
+    wgrads = torch.autograd.grad(want.square().sum(), [q, k, v] + ([table] if table is not None
+                                                                    else []))
+    assert out.dtype == q.dtype and out.is_contiguous()
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    for got, exp in zip(grads, wgrads):
+        torch.testing.assert_close(got.double(), exp.double(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_opcheck(name, dtype):
+    kw = dict(CASES[name])
+    pq, pk = kw.pop("pq"), kw.pop("pk")
+    q, k, v = inputs(dtype, requires_grad=True)
+    if kw.get("table") is not None:
+        kw["table"] = kw["table"].clone().requires_grad_()
+    torch.library.opcheck(OP, call(q, k, v, pq, pk, **kw))
+
+
+def test_compiles_without_graph_breaks_or_recompiles():
+    kw = dict(CASES["alibi_timestamps_causal"])
+    slopes = kw["slopes"]
+
+    def layer(q, k, v, pq, pk):
+        return OP(*call(q, k, v, pq, pk, slopes=slopes, causal=True)).sum()
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=True)
+    torch._dynamo.reset()
+    for n in (6, 9, 13):
+        q, k, v = (torch.randn(2, n, 3, 8, requires_grad=True) for _ in range(3))
+        p = torch.arange(n, dtype=torch.float64) * 0.5
+        got = compiled(q, k, v, p, p)
+        got.backward()
+        torch.testing.assert_close(got, layer(q.detach(), k.detach(), v.detach(), p, p))
+
+
+@pytest.mark.parametrize("edit,message", [
+    (dict(pq=torch.arange(4, dtype=torch.float64)), "positions must be [Nq] and [Nk] = [5] and [7]"),
+    (dict(slopes=torch.ones(2)), "2 ALiBi slopes for 3 heads"),
+    (dict(form="bucket_table"), "table_form 'bucket_table' needs a table"),
+    (dict(form="t5", table=torch.zeros(8, 3)), "table_form must be 'none', 'bucket_table'"),
+    (dict(table=torch.zeros(8, 3), form="bucket_table", num_buckets=6, max_distance=20),
+     "the bucket table must be [num_buckets, H] = [6, 3], got [8, 3]"),
+    (dict(pq=torch.tensor([0.5, 1, 2, 3, 4], dtype=torch.float64), table=torch.zeros(8, 3),
+          form="bucket_table", num_buckets=8, max_distance=20), "needs integer positions"),
+    (dict(key_padding=torch.ones(2, 6, dtype=torch.bool)), "key_padding must be [B, Nk] = [2, 7]"),
+    (dict(scale=float("nan")), "scale must be finite"),
+])
+def test_bad_input_is_one_line(edit, message):
+    q, k, v = inputs()
+    kw = {"pq": torch.arange(5, dtype=torch.float64), "pk": torch.arange(7, dtype=torch.float64)}
+    kw.update(edit)
+    pq, pk = kw.pop("pq"), kw.pop("pk")
+    with pytest.raises(RuntimeError) as e:
+        OP(*call(q, k, v, pq, pk, **kw))
+    assert message in str(e.value) and "\n" not in str(e.value).strip(), str(e.value)
+
+
+def test_float64_is_refused_toward_the_reference():
+    q, k, v = inputs(torch.float64)
+    p = torch.arange(5, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        OP(*call(q, k, v, p, torch.arange(7, dtype=torch.float64)))
