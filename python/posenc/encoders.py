@@ -22,6 +22,8 @@ import json
 import os
 from typing import Iterable, Sequence
 
+import math
+
 import torch
 
 __all__ = ["Positions", "Plan", "Encoder", "build_encoder"]
@@ -120,6 +122,37 @@ class Plan:
             return None
         return self._plan.bias(int(heads), _to_cpp(q, self._layout) if q is not None else
                                torch.empty(0))
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                  causal: bool = False, key_padding: torch.Tensor | None = None,
+                  scale: float | None = None) -> torch.Tensor:
+        """softmax(rot(q) rot(k)^T * scale + bias + masks) v with the plan's positions, in the
+        plan's layout ("bhnd": q [B, H, Nq, Dh], k [B, H, Nk, Dh], v [B, H, Nk, Dv]; "bnhd":
+        tokens before heads), q, k as projected (unrotated). The C++ layers' backend choice
+        (attention_route says which and why): the short-sequence kernel (N <= 64, no bias),
+        SDPA (no bias), posenc's fused kernel with the bias computed inside its tiles (ALiBi, T5,
+        Shaw on one axis of positions, any real values: timestamps too; RoPE inside), else the
+        materialized bias (the reference: what scaled_dot_product_attention(*rotate(q, k), v,
+        attn_mask=bias(H)) computes). The plan covers Nq queries and Nk keys (keys given to the
+        encoder apart; causal: the queries are the last Nq keys). key_padding [B, Nk] bool, True
+        at a real key; scale None is 1/sqrt(Dh). Gradients for q, k, v and the encoder's
+        parameters (eager; torch.compile breaks the graph here)."""
+        if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+            raise ValueError(f"posenc Plan.attention: q, k, v must be 4-D ({self._layout}), got "
+                             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+        padding = key_padding.to(torch.bool) if key_padding is not None else torch.empty(0)
+        y = self._plan.attention(_to_cpp(q, self._layout), _to_cpp(k, self._layout),
+                                 _to_cpp(v, self._layout), bool(causal), padding, scale)
+        return _to_cpp(y, self._layout)
+
+    def attention_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        causal: bool = False, key_padding: bool = False) -> str:
+        """The backend attention() takes for these inputs and why the ones before it were
+        passed over, e.g. "fused with RoPE inside (short_rotary: the plan has a bias; ...)"."""
+        return self._plan.attention_route(_to_cpp(q, self._layout), _to_cpp(k, self._layout),
+                                          _to_cpp(v, self._layout), bool(causal),
+                                          bool(key_padding))
 
     @property
     def parts(self) -> list[str]:

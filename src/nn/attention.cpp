@@ -137,7 +137,10 @@ at::Tensor attend(const AttentionRoute& route, const at::Tensor& q, const at::Te
     case AttentionBackend::kFused: {
       AttentionMasks masks;
       masks.causal = causal;
-      masks.key_padding = key_padding;
+      // true where the key is real, as the reference path reads it (.to(bool): nonzero)
+      masks.key_padding = key_padding.defined() && key_padding.scalar_type() != torch::kBool
+                              ? key_padding.to(torch::kBool)
+                              : key_padding;
       return attention_fused(q, k, v, route.fused, masks, scale, route.rotary);
     }
     case AttentionBackend::kReference:
@@ -203,6 +206,37 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
                ? attention_short_packed(packed, scale, chosen.rotary, options.causal())
                : attend(chosen, q, k, v, plan, key_padding, scale, options.causal(), prefix);
   return out->forward(y.reshape({b, n, options.dim()}));
+}
+
+at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, bool causal, const at::Tensor& key_padding,
+                          double scale, AttentionRoute* taken) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == q.size(0) &&
+                  v.size(0) == q.size(0) && k.size(2) == q.size(2) && v.size(2) == q.size(2) &&
+                  k.size(3) == q.size(3) && v.size(1) == k.size(1),
+              "attention: q [B, Nq, H, Dh], k [B, Nk, H, Dh] and v [B, Nk, H, Dv] disagree: ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  const int64_t nq = q.size(1), nk = k.size(1);
+  TORCH_CHECK(plan.request().queries.size() == nq && plan.request().key_positions().size() == nk,
+              "attention: the plan covers ", plan.request().queries.size(), " queries and ",
+              plan.request().key_positions().size(), " keys, but q has Nq=", nq, " and k Nk=", nk);
+  TORCH_CHECK(!causal || nk >= nq, "attention: a causal mask needs Nk >= Nq (the queries are the ",
+              "last Nq keys), got Nq=", nq, " and Nk=", nk);
+  TORCH_CHECK(!key_padding.defined() || key_padding.sizes() == torch::IntArrayRef({q.size(0), nk}),
+              "attention: key_padding must be [B, Nk] = [", q.size(0), ", ", nk, "], got ",
+              key_padding.sizes());
+  TORCH_CHECK(std::isfinite(scale), "attention: scale must be finite, got ", scale);
+  AttentionOptions options(q.size(2) * q.size(3), q.size(2));
+  options.causal(causal);
+  // keys before the queries: what a cache would hold (the causal mask aligns bottom-right), but
+  // unrotated here (the plan rotates every key)
+  AttentionRoute route = select_attention(
+      {options, plan, q, k, v, key_padding.defined(), /*cache=*/false, nk - nq, /*prefix=*/0});
+  at::Tensor qr = q, kr = k;
+  if (!route.rotary_inside) std::tie(qr, kr) = plan.apply_rotary(q, k);
+  auto y = attend(route, qr, kr, v, plan, key_padding, scale, causal, 0);
+  if (taken != nullptr) *taken = std::move(route);
+  return y;
 }
 
 void SelfAttentionImpl::check_inputs(const at::Tensor& x, const EncodingPlan& plan,

@@ -140,6 +140,11 @@ Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     TORCH_CHECK(kp->sizes() == at::IntArrayRef({k.size(0), k.size(1)}),
                 "attention_fused: key_padding must be [B, Nk] = [", k.size(0), ", ", k.size(1),
                 "], got ", kp->sizes());
+    TORCH_CHECK(kp->scalar_type() == at::kBool,
+                "attention_fused: key_padding must be bool (true: a real key), got ",
+                kp->scalar_type(),
+                " (an additive 0/-inf mask or 0/1 numbers: convert it, e.g. "
+                "mask == 0 or mask != 0)");
     u.masks.key_padding = *kp;
   }
   const bool any_table = given(q_cos) || given(q_sin) || given(k_cos) || given(k_sin);
@@ -150,6 +155,23 @@ Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     check_rotary(u.rotary, q, k, *u.bias);
   }
   return u;
+}
+
+// The backward's own inputs: the forward's out [B, Nq, H, Dv], lse [B, H, Nq] and grad_out as out.
+void check_backward(const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse,
+                    const at::Tensor& q, const at::Tensor& v) {
+  const std::vector<int64_t> want_out{q.size(0), q.size(1), q.size(2), v.size(3)};
+  const std::vector<int64_t> want_lse{q.size(0), q.size(2), q.size(1)};
+  TORCH_CHECK(
+      out.sizes() == at::IntArrayRef(want_out) && grad_out.sizes() == at::IntArrayRef(want_out),
+      "_attention_fused_backward: out and grad_out must be [B, Nq, H, Dv] = ", want_out, ", got ",
+      out.sizes(), " and ", grad_out.sizes());
+  TORCH_CHECK(lse.sizes() == at::IntArrayRef(want_lse),
+              "_attention_fused_backward: lse must be [B, H, Nq] = ", want_lse, ", got ",
+              lse.sizes());
+  TORCH_CHECK(
+      out.device() == q.device() && grad_out.device() == q.device() && lse.device() == q.device(),
+      "_attention_fused_backward: out, lse and grad_out must be on q's device ", q.device());
 }
 
 // ---- CPU: the tiled kernel (src/kernels/cpu/attention_cpu.cpp) ---------------------------------
@@ -222,9 +244,10 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
   return {out.transpose(1, 2).contiguous().to(q.scalar_type()), lse};
 }
 
+// The table's gradient on the table's device, in its dtype (zeros where the kernel gave none).
 at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
   if (u.table.numel() == 0 && !dtable.defined()) return u.table;  // no table: [0]
-  return dtable.defined() ? dtable.to(u.table.scalar_type()) : at::zeros_like(u.table);
+  return dtable.defined() ? dtable.to(u.table.options()) : at::zeros_like(u.table);
 }
 
 // The backward reads the output as the forward returned it (q's dtype), as FlashAttention's and
@@ -233,6 +256,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  check_backward(grad_out, out, lse, q, v);
   auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
   auto p = make_problem(qh, kh, vh, u, scale);
   auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
@@ -297,6 +321,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
+  check_backward(grad_out, out, lse, q, v);
   const auto spec = cuda_bias(u, q);
   auto [qr, kr] = rotated(q, k, u.rotary);
   auto [dq, dk, dv, dtable] =

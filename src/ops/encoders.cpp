@@ -14,6 +14,10 @@
 //     are) rotate(q, k [B, N, H, Dh])         RoPE on q and k (the plan's rotary part) bias(heads,
 //     q)                     every bias part summed: [H, Nq, Nk] or [B, H, Nq, Nk]
 //                                        (None without one; q for query-dependent parts)
+//     attention(q, k, v [B, N, H, Dh], causal, key_padding, scale)
+//                                        attention with the plan's positions (plan_attention:
+//                                        fused bias and RoPE where the kernels take them)
+//     attention_route(q, k, v, causal, key_padding)  the backend it takes, and why
 //     parts()                            "encoder: role" per contribution
 #include <torch/custom_class.h>
 #include <torch/library.h>
@@ -25,6 +29,8 @@
 #include "posenc/core/encoder.h"
 #include "posenc/core/plan.h"
 #include "posenc/core/positions.h"
+#include "posenc/nn/attention.h"
+#include "posenc/nn/attention_backend.h"
 
 namespace posenc::ops {
 
@@ -90,6 +96,20 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
            [](const c10::intrusive_ptr<PlanHolder>& self, int64_t heads, const at::Tensor& q) {
              TORCH_CHECK(heads >= 1, kWho, "bias needs heads >= 1, got ", heads);
              return self->plan.materialize_bias(heads, q);
+           })
+      .def("attention",
+           [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, bool causal, const at::Tensor& key_padding, double scale) {
+             return plan_attention(self->plan, q, k, v, causal,
+                                   key_padding.numel() > 0 ? key_padding : at::Tensor(), scale);
+           })
+      .def("attention_route",
+           [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, bool causal, bool key_padding) {
+             AttentionOptions options(q.size(2) * q.size(3), q.size(2));
+             options.causal(causal);
+             return describe(select_attention(
+                 {options, self->plan, q, k, v, key_padding, false, k.size(1) - q.size(1), 0}));
            })
       .def("has_bias",
            [](const c10::intrusive_ptr<PlanHolder>& self) { return self->plan.has_bias(); })

@@ -176,6 +176,8 @@ def test_compiles_without_graph_breaks_or_recompiles():
           form="bucket_table", num_buckets=8, max_distance=20), "needs integer positions"),
     (dict(key_padding=torch.ones(2, 6, dtype=torch.bool)), "key_padding must be [B, Nk] = [2, 7]"),
     (dict(scale=float("nan")), "scale must be finite"),
+    # an additive 0/-inf mask would otherwise be read as "every key real" (nonzero), silently
+    (dict(key_padding=torch.zeros(2, 7)), "key_padding must be bool"),
 ])
 def test_bad_input_is_one_line(edit, message):
     q, k, v = inputs()
@@ -192,3 +194,24 @@ def test_float64_is_refused_toward_the_reference():
     p = torch.arange(5, dtype=torch.float64)
     with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
         OP(*call(q, k, v, p, torch.arange(7, dtype=torch.float64)))
+
+
+def test_the_backwards_inputs_are_checked():
+    q, k, v = inputs()
+    p, pk = torch.arange(5, dtype=torch.float64), torch.arange(7, dtype=torch.float64)
+    out, lse = torch.ops.posenc._attention_fused_forward(*call(q, k, v, p, pk))
+    backward = torch.ops.posenc._attention_fused_backward
+    with pytest.raises(RuntimeError, match=r"lse must be \[B, H, Nq\]"):
+        backward(out, out, lse[:, :, :2], *call(q, k, v, p, pk))
+    with pytest.raises(RuntimeError, match=r"out and grad_out must be \[B, Nq, H, Dv\]"):
+        backward(out[:1], out[:1], lse, *call(q, k, v, p, pk))
+
+
+def test_constant_slopes_and_positions_refuse_a_gradient():
+    q, k, v = inputs(requires_grad=True)
+    p, pk = torch.arange(5, dtype=torch.float64), torch.arange(7, dtype=torch.float64)
+    slopes = torch.rand(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="positions and ALiBi slopes are constants here"):
+        OP(*call(q, k, v, p, pk, slopes=slopes))
+    with torch.no_grad():  # no gradient asked for: runs
+        OP(*call(q, k, v, p, pk, slopes=slopes))

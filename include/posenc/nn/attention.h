@@ -102,6 +102,18 @@ class SelfAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(SelfAttention);
 
+/// Attention with a plan's positions over q [B, Nq, H, Dh], k [B, Nk, H, Dh], v [B, Nk, H, Dv]
+/// as projected (unrotated; the plan's request covers the Nq queries and Nk keys, e.g. keys given
+/// apart for cross or cached attention, queries at the last Nq keys for the causal mask): the
+/// backend select_attention admits first (short kernel, SDPA, the fused bias kernel, else the
+/// materialized reference), the plan's RoPE applied inside its tiles or before, its bias
+/// computed on the fly or materialized. key_padding [B, Nk] bool (true: a real key). The one
+/// call SelfAttention makes after its projections, for callers with their own (Python's
+/// Plan.attention). `taken` (optional) receives the route.
+at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, bool causal, const at::Tensor& key_padding,
+                          double scale, AttentionRoute* taken = nullptr);
+
 /// τ for the queries [cached, cached + n) of a layer with these options, shaped to multiply
 /// q [B, n, H, Dh]: [1, n, 1, 1] (kLogN), [1, 1, H, 1] (kLearned: `learned` [H]), or undefined
 /// (kNone: nothing to scale). nk: the keys each query may see in total (non-causal kLogN).

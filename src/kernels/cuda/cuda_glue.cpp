@@ -227,6 +227,8 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
   const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
   auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
   auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
+  TORCH_CHECK(v_in.size(3) > 0 || out.numel() == 0,
+              "attention_fused (CUDA): value head dim Dv=0; use attention_reference");
   if (out.numel() == 0) return {out, lse};
   auto prepared =
       prepare_attention(q_in, k_in, v_in, table, bias, q_positions, k_positions, masks, scale);
@@ -248,8 +250,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
   auto f32 = q.options().dtype(at::kFloat);
   const bool table_grad = spec.form == BiasForm::kBucketTable && table.numel() > 0;
   if (out.numel() == 0 || k.size(1) == 0) {  // no rows, or no key for any row: no gradient
-    return {at::zeros_like(q), at::zeros_like(k), at::zeros_like(v),
-            table_grad ? at::zeros_like(table) : at::Tensor()};
+    const auto contiguous = at::MemoryFormat::Contiguous;
+    return {at::zeros_like(q, contiguous), at::zeros_like(k, contiguous),
+            at::zeros_like(v, contiguous), table_grad ? at::zeros_like(table) : at::Tensor()};
   }
   auto prepared = prepare_attention(q, k, v, table, spec, q_positions, k_positions, masks, scale);
   auto dout = grad_out.to(q.scalar_type()).contiguous();  // [B, Nq, H, Dv]

@@ -74,6 +74,14 @@ class AttentionFusedFunction : public torch::autograd::Function<AttentionFusedFu
 
 at::Tensor attention_fused_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     POSENC_ATTENTION_FUSED_PARAMS) {
+  // constants here: a gradient asked for is refused, not dropped
+  auto wants_grad = [](const std::optional<at::Tensor>& t) {
+    return t.has_value() && t->defined() && t->requires_grad();
+  };
+  TORCH_CHECK(!at::GradMode::is_enabled() || !(q_positions.requires_grad() ||
+                                               k_positions.requires_grad() || wants_grad(slopes)),
+              "attention_fused: positions and ALiBi slopes are constants here (no gradient); "
+              "detach them, or materialize the bias (attention_reference) to learn them");
   auto a = c10::make_intrusive<Arguments>();
   a->q_positions = q_positions;
   a->k_positions = k_positions;
