@@ -1,0 +1,77 @@
+"""Plan.attention: attention with an encoder's positions in one call (the C++ layers' backend
+choice: the short kernel, SDPA, the fused bias kernel with RoPE inside, else the materialized
+bias), against what a user writes by hand with the same plan: SDPA over plan.rotate(q, k) with
+attn_mask=plan.bias(H). Outputs and gradients (q, k, v and the encoder's parameters)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import posenc
+
+H, DH = 4, 16
+
+
+def by_hand(plan, q, k, v, causal=False, key_padding=None):
+    qr, kr = plan.rotate(q, k)
+    bias = plan.bias(H, q)
+    nq, nk = q.shape[2], k.shape[2]
+    mask = torch.zeros(nq, nk) if bias is None else bias.float()
+    if causal:
+        mask = mask.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(1 + nk - nq),
+                                float("-inf"))
+    if key_padding is not None:
+        mask = mask + torch.zeros(key_padding.shape).masked_fill(~key_padding, float("-inf"))[
+            :, None, None, :]
+    return F.scaled_dot_product_attention(qr, kr, v, attn_mask=mask)
+
+
+CONFIGS = {
+    "rope": ({"type": "rope"}, None, "short_rotary"),
+    "alibi_timestamps": ({"type": "alibi"}, [0.0, 0.5, 1.75, 2.0, 4.5, 7.0, 7.25, 9.0], "fused"),
+    "t5": ({"type": "t5"}, None, "fused"),
+    "rope_alibi": ({"type": "compose", "encoders": [{"type": "rope"}, {"type": "alibi"}]}, None,
+                   "fused with RoPE inside"),
+    "shaw": ({"type": "shaw", "max_relative_position": 3}, None, "fused"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_equals_sdpa_over_the_plans_parts(name, causal):
+    config, times, route = CONFIGS[name]
+    torch.manual_seed(0)
+    encoder = posenc.build_encoder(config, dim=H * DH, num_heads=H)
+    positions = posenc.Positions.values(times) if times else posenc.Positions.sequence(8)
+    plan = encoder(positions)
+    q, k, v = (torch.randn(2, H, 8, DH, requires_grad=True) for _ in range(3))
+    assert plan.attention_route(q, k, v, causal=causal).startswith(route.split()[0]), \
+        plan.attention_route(q, k, v, causal=causal)
+    got = plan.attention(q, k, v, causal=causal)
+    want = by_hand(plan, q, k, v, causal)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    params = [p for p in encoder.parameters() if p.requires_grad]
+    g_got = torch.autograd.grad(got.square().sum(), [q, k, v] + params)
+    g_want = torch.autograd.grad(want.square().sum(), [q, k, v] + params)
+    for a, b in zip(g_got, g_want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_keys_apart_with_padding():
+    encoder = posenc.build_encoder({"type": "alibi"}, num_heads=H)
+    plan = encoder(posenc.Positions.sequence(3, offset=5), keys=posenc.Positions.sequence(8))
+    q = torch.randn(2, H, 3, DH)
+    k, v = torch.randn(2, H, 8, DH), torch.randn(2, H, 8, DH)
+    keep = torch.ones(2, 8, dtype=torch.bool)
+    keep[0, :2] = False
+    got = plan.attention(q, k, v, causal=True, key_padding=keep)
+    torch.testing.assert_close(got, by_hand(plan, q, k, v, True, keep), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_one_line():
+    plan = posenc.build_encoder({"type": "alibi"}, num_heads=H)(posenc.Positions.sequence(8))
+    q = torch.randn(2, H, 8, DH)
+    with pytest.raises(RuntimeError, match="the plan covers 8 queries and 8 keys, but q has Nq=5"):
+        plan.attention(q[:, :, :5], q, q)
+    with pytest.raises(RuntimeError, match=r"key_padding must be \[B, Nk\] = \[2, 8\]"):
+        plan.attention(q, q, q, key_padding=torch.ones(2, 7, dtype=torch.bool))
