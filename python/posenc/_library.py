@@ -28,6 +28,25 @@ def _public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def _refuse_another_copy(path: str) -> None:
+    """A second copy of the library (another build or install, loaded by its path) would register
+    the same operators again, which aborts the process: refuse it here in one line instead."""
+    ours = os.path.realpath(path)
+    for loaded in getattr(torch.ops, "loaded_libraries", ()):
+        if os.path.basename(loaded) == os.path.basename(path) and os.path.realpath(loaded) != ours:
+            raise ImportError(
+                f"posenc: another copy of its operator library is already loaded ({loaded}); "
+                f"loading {path} too would register every operator twice (one process, one posenc)"
+            )
+    if torch._C._dispatch_has_kernel("posenc::apply_rotary") and not any(
+        os.path.realpath(p) == ours for p in getattr(torch.ops, "loaded_libraries", ())
+    ):
+        raise ImportError(
+            f"posenc: its operators are already registered in this process (by another copy of "
+            f"the library, or a program linking it); loading {path} would register them twice"
+        )
+
+
 def load() -> str:
     """Loads the operators once; returns the library's path. Raises ImportError (one line)."""
     global _LOADED
@@ -50,6 +69,7 @@ def load() -> str:
             f"posenc: its operators were built against torch {built_for} but torch "
             f"{torch.__version__} is installed; rebuild posenc (pip install --no-build-isolation ./python)"
         )
+    _refuse_another_copy(path)
     try:
         torch.ops.load_library(path)
     except OSError as e:

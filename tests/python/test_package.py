@@ -33,3 +33,24 @@ def test_a_missing_library_is_one_line(tmp_path):
     r = _import_in_child(str(tmp_path / "nowhere.so"))
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode != 0 and "its operator library" in last and "is missing" in last
+
+
+def test_a_second_copy_of_the_library_is_one_line_not_an_abort(tmp_path):
+    # Two copies at two paths (a build tree and an install): the second would register every
+    # operator again, which aborts the interpreter from C++. It is refused in one line instead.
+    lib = tmp_path / "libposenc_ops.so"
+    shutil.copy(library.library_path(), lib)
+    shutil.copy(os.path.splitext(library.library_path())[0] + ".json", tmp_path / "libposenc_ops.json")
+    code = (f"import torch; torch.ops.load_library({str(lib)!r}); import posenc")
+    env = dict(os.environ, POSENC_OPS_LIBRARY=library.library_path(), PYTHONPATH=PYTHON_DIR)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: posenc: another copy of its operator library is already loaded")
+    # The same path loaded first is the same copy: no refusal.
+    code = (f"import torch; torch.ops.load_library({library.library_path()!r}); import posenc; "
+            "print(posenc.apply_rotary_pos_emb)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
