@@ -208,9 +208,9 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   return out->forward(y.reshape({b, n, options.dim()}));
 }
 
-at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, bool causal, const at::Tensor& key_padding,
-                          double scale, AttentionRoute* taken) {
+AttentionRoute plan_attention_route(const EncodingPlan& plan, const at::Tensor& q,
+                                    const at::Tensor& k, const at::Tensor& v, bool causal,
+                                    bool key_padding) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == q.size(0) &&
                   v.size(0) == q.size(0) && k.size(2) == q.size(2) && v.size(2) == q.size(2) &&
                   k.size(3) == q.size(3) && v.size(1) == k.size(1),
@@ -222,16 +222,23 @@ at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const a
               plan.request().key_positions().size(), " keys, but q has Nq=", nq, " and k Nk=", nk);
   TORCH_CHECK(!causal || nk >= nq, "attention: a causal mask needs Nk >= Nq (the queries are the ",
               "last Nq keys), got Nq=", nq, " and Nk=", nk);
-  TORCH_CHECK(!key_padding.defined() || key_padding.sizes() == torch::IntArrayRef({q.size(0), nk}),
-              "attention: key_padding must be [B, Nk] = [", q.size(0), ", ", nk, "], got ",
-              key_padding.sizes());
-  TORCH_CHECK(std::isfinite(scale), "attention: scale must be finite, got ", scale);
   AttentionOptions options(q.size(2) * q.size(3), q.size(2));
   options.causal(causal);
   // keys before the queries: what a cache would hold (the causal mask aligns bottom-right), but
   // unrotated here (the plan rotates every key)
-  AttentionRoute route = select_attention(
-      {options, plan, q, k, v, key_padding.defined(), /*cache=*/false, nk - nq, /*prefix=*/0});
+  return select_attention(
+      {options, plan, q, k, v, key_padding, /*cache=*/false, nk - nq, /*prefix=*/0});
+}
+
+at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, bool causal, const at::Tensor& key_padding,
+                          double scale, AttentionRoute* taken) {
+  AttentionRoute route = plan_attention_route(plan, q, k, v, causal, key_padding.defined());
+  const int64_t nk = k.size(1);
+  TORCH_CHECK(!key_padding.defined() || key_padding.sizes() == torch::IntArrayRef({q.size(0), nk}),
+              "attention: key_padding must be [B, Nk] = [", q.size(0), ", ", nk, "], got ",
+              key_padding.sizes());
+  TORCH_CHECK(std::isfinite(scale), "attention: scale must be finite, got ", scale);
   at::Tensor qr = q, kr = k;
   if (!route.rotary_inside) std::tie(qr, kr) = plan.apply_rotary(q, k);
   auto y = attend(route, qr, kr, v, plan, key_padding, scale, causal, 0);

@@ -106,10 +106,7 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       .def("attention_route",
            [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& q, const at::Tensor& k,
               const at::Tensor& v, bool causal, bool key_padding) {
-             AttentionOptions options(q.size(2) * q.size(3), q.size(2));
-             options.causal(causal);
-             return describe(select_attention(
-                 {options, self->plan, q, k, v, key_padding, false, k.size(1) - q.size(1), 0}));
+             return describe(plan_attention_route(self->plan, q, k, v, causal, key_padding));
            })
       .def("has_bias",
            [](const c10::intrusive_ptr<PlanHolder>& self) { return self->plan.has_bias(); })

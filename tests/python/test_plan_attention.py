@@ -75,3 +75,8 @@ def test_bad_input_is_one_line():
         plan.attention(q[:, :, :5], q, q)
     with pytest.raises(RuntimeError, match=r"key_padding must be \[B, Nk\] = \[2, 8\]"):
         plan.attention(q, q, q, key_padding=torch.ones(2, 7, dtype=torch.bool))
+    # attention_route checks what attention checks (it is the same C++ call's first half)
+    with pytest.raises(RuntimeError, match="the plan covers 8 queries and 8 keys, but q has Nq=5"):
+        plan.attention_route(q[:, :, :5], q, q)
+    with pytest.raises(RuntimeError, match=r"q \[B, Nq, H, Dh\], k \[B, Nk, H, Dh\] and v"):
+        plan.attention_route(q, q[:, :1], q)

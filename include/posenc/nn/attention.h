@@ -114,6 +114,12 @@ at::Tensor plan_attention(const EncodingPlan& plan, const at::Tensor& q, const a
                           const at::Tensor& v, bool causal, const at::Tensor& key_padding,
                           double scale, AttentionRoute* taken = nullptr);
 
+/// The route plan_attention takes for these q, k, v (shapes checked, one line each): the
+/// backend and why, without running it. key_padding: whether a [B, Nk] mask will be given.
+AttentionRoute plan_attention_route(const EncodingPlan& plan, const at::Tensor& q,
+                                    const at::Tensor& k, const at::Tensor& v, bool causal,
+                                    bool key_padding);
+
 /// τ for the queries [cached, cached + n) of a layer with these options, shaped to multiply
 /// q [B, n, H, Dh]: [1, n, 1, 1] (kLogN), [1, 1, H, 1] (kLearned: `learned` [H]), or undefined
 /// (kNone: nothing to scale). nk: the keys each query may see in total (non-causal kLogN).
