@@ -195,7 +195,8 @@ def _attention_fused_fake(q, k, v, *args):
 @torch.library.register_fake("posenc::_attention_fused_forward")
 def _attention_fused_forward_fake(q, k, v, *args):
     _attention_fused_devices(q, k, v)
-    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
+    # out in float32 (what the backward reads), lse [B, H, Nq] float32
+    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32),
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 

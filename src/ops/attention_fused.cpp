@@ -241,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
   auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
   auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
   detail::attention_forward_cpu(p, out, lse);
-  return {out.transpose(1, 2).contiguous().to(q.scalar_type()), lse};
+  return {out.transpose(1, 2).contiguous(), lse};
 }
 
 // The table's gradient on the table's device, in its dtype (zeros where the kernel gave none).
@@ -250,8 +250,9 @@ at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
   return dtable.defined() ? dtable.to(u.table.options()) : at::zeros_like(u.table);
 }
 
-// The backward reads the output as the forward returned it (q's dtype), as FlashAttention's and
-// the CUDA kernel's do: delta_i = dO_i . O_i.
+// The backward reads the output as the forward returned it, in float32 (the accumulator's values,
+// not rounded to q's dtype): delta_i = dO_i . O_i. From a bfloat16 O, as FlashAttention reads it,
+// dq and dk in bfloat16 err about twice as much against float64.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
@@ -271,7 +272,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
 
 at::Tensor attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                POSENC_ATTENTION_FUSED_PARAMS) {
-  return std::get<0>(forward_cpu(q, k, v, POSENC_ATTENTION_FUSED_ARGS));
+  return attention_out_in_dtype(std::get<0>(forward_cpu(q, k, v, POSENC_ATTENTION_FUSED_ARGS)), q);
 }
 
 #if POSENC_HAS_CUDA_GLUE
@@ -312,8 +313,9 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::T
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
   const auto spec = cuda_bias(u, q);
   auto [qr, kr] = rotated(q, k, u.rotary);
-  return detail::attention_forward_cuda(qr, kr, v, u.table, spec, u.bias->q_positions,
-                                        u.bias->k_positions, u.masks, scale);
+  auto [out, lse] = detail::attention_forward_cuda(qr, kr, v, u.table, spec, u.bias->q_positions,
+                                                   u.bias->k_positions, u.masks, scale);
+  return {out.to(at::kFloat), lse};  // the operator's contract: out in float32 on every device
 }
 
 // The gradients of the rotated q, k, turned back: R(theta)^T = R(-theta).
@@ -324,9 +326,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
   check_backward(grad_out, out, lse, q, v);
   const auto spec = cuda_bias(u, q);
   auto [qr, kr] = rotated(q, k, u.rotary);
-  auto [dq, dk, dv, dtable] =
-      detail::attention_backward_cuda(grad_out, out, lse, qr, kr, v, u.table, spec,
-                                      u.bias->q_positions, u.bias->k_positions, u.masks, scale);
+  auto [dq, dk, dv, dtable] = detail::attention_backward_cuda(
+      grad_out, out.to(q.scalar_type()), lse, qr, kr, v, u.table, spec, u.bias->q_positions,
+      u.bias->k_positions, u.masks, scale);
   if (u.rotary.defined()) {
     const auto layout = to_string(u.rotary.layout);
     dq = rope_rotate_op().call(dq, u.rotary.q_cos, u.rotary.q_sin, layout, true);
@@ -337,7 +339,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
 
 at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 POSENC_ATTENTION_FUSED_PARAMS) {
-  return std::get<0>(forward_cuda(q, k, v, POSENC_ATTENTION_FUSED_ARGS));
+  return attention_out_in_dtype(std::get<0>(forward_cuda(q, k, v, POSENC_ATTENTION_FUSED_ARGS)), q);
 }
 #endif
 
@@ -414,6 +416,10 @@ const c10::TypedOperatorHandle<AttentionFusedBackwardSignature>& attention_fused
                              .findSchemaOrThrow("posenc::_attention_fused_backward", "")
                              .typed<AttentionFusedBackwardSignature>();
   return op;
+}
+
+at::Tensor attention_out_in_dtype(const at::Tensor& out, const at::Tensor& q) {
+  return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
 }
 
 }  // namespace ops

@@ -15,6 +15,8 @@
 //   key_padding [B, Nk] bool (true: a real key), causal: key j visible to query i when
 //   j <= i + Nk - Nq; q_cos .. k_sin per-pair float32 tables [Nq, F], [Nk, F] (RoPE inside)
 //   -> out [B, Nq, H, Dv] in q's dtype (contiguous); lse [B, H, Nq] float32
+//   _attention_fused_forward -> (out in float32, lse): the accumulator's values, which the
+//   backward reads for delta = dO . O (unrounded: bfloat16 dq, dk err half as much)
 //
 // The dispatcher is the one dispatch point between devices: CPU -> the tiled kernel
 // (src/kernels/cpu/attention_cpu.cpp), CUDA -> the CUDA kernel's glue (src/kernels/cuda/, where the
@@ -48,6 +50,10 @@ namespace posenc::ops {
   q_positions, k_positions, slopes, symmetric, table, table_form, num_buckets, max_distance, \
       bidirectional, max_relative_position, causal, key_padding, scale, q_cos, q_sin, k_cos, \
       k_sin, rope_layout
+
+/// _attention_fused_forward's float32 out as attention_fused returns it, in q's dtype: a copy only
+/// where the dtypes differ (an operator below autograd must not hand back its input).
+at::Tensor attention_out_in_dtype(const at::Tensor& out, const at::Tensor& q);
 
 using AttentionFusedSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                            POSENC_ATTENTION_FUSED_PARAMS);
