@@ -28,19 +28,48 @@ def _public(version: str) -> str:
     return version.split("+", 1)[0]
 
 
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _mapped(file_id: tuple[int, int]) -> bool:
+    """Whether this process has the file mapped (loaded by ctypes, or linked by an extension):
+    dlopen knows a file by device and inode, so a second load of it is the same library."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or fields[4] == "0":
+                    continue
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
+                if (os.makedev(major, minor), int(fields[4])) == file_id:
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def _refuse_another_copy(path: str) -> None:
-    """A second copy of the library (another build or install, loaded by its path) would register
-    the same operators again, which aborts the process: refuse it here in one line instead."""
-    ours = os.path.realpath(path)
+    """A second copy of the library (another build or install) would register the same operators
+    again, which aborts the process: refuse it here in one line instead. The same file under
+    another name (a symlink, a hard link) is the same library to dlopen, and is let through."""
+    ours = _file_id(path)
     for loaded in getattr(torch.ops, "loaded_libraries", ()):
-        if os.path.basename(loaded) == os.path.basename(path) and os.path.realpath(loaded) != ours:
+        theirs = _file_id(loaded)
+        if os.path.basename(loaded) == os.path.basename(path) and theirs is not None and theirs != ours:
             raise ImportError(
                 f"posenc: another copy of its operator library is already loaded ({loaded}); "
                 f"loading {path} too would register every operator twice (one process, one posenc)"
             )
-    if torch._C._dispatch_has_kernel("posenc::apply_rotary") and not any(
-        os.path.realpath(p) == ours for p in getattr(torch.ops, "loaded_libraries", ())
-    ):
+    try:
+        registered = torch._C._dispatch_has_kernel("posenc::apply_rotary")
+    except (AttributeError, RuntimeError):  # a private API: without it, the check above only
+        registered = False
+    if registered and ours is not None and not _mapped(ours):
         raise ImportError(
             f"posenc: its operators are already registered in this process (by another copy of "
             f"the library, or a program linking it); loading {path} would register them twice"

@@ -54,3 +54,20 @@ def test_a_second_copy_of_the_library_is_one_line_not_an_abort(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_the_same_file_under_another_name_or_loader_is_let_through(tmp_path):
+    # dlopen knows a file by device and inode: a hard link, or the file loaded by ctypes first,
+    # is the same library (no second registration), so posenc imports.
+    lib = library.library_path()
+    link = tmp_path / "libposenc_ops.so"
+    try:
+        os.link(lib, link)
+    except OSError:  # another filesystem: a symbolic link is the same file as well
+        os.symlink(lib, link)
+    env = dict(os.environ, POSENC_OPS_LIBRARY=lib, PYTHONPATH=PYTHON_DIR)
+    for first in (f"torch.ops.load_library({str(link)!r})", f"ctypes.CDLL({lib!r})"):
+        code = f"import ctypes, torch; {first}; import posenc; print(posenc.apply_rotary_pos_emb)"
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, (first, r.stderr[-2000:])
