@@ -195,8 +195,10 @@ def _attention_fused_fake(q, k, v, *args):
 @torch.library.register_fake("posenc::_attention_fused_forward")
 def _attention_fused_forward_fake(q, k, v, *args):
     _attention_fused_devices(q, k, v)
-    # out in float32 (what the backward reads), lse [B, H, Nq] float32
-    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=torch.float32),
+    # out: float32 on the CPU (the unrounded values the backward reads), q's dtype on CUDA (the
+    # kernel's own); lse [B, H, Nq] float32
+    out_dtype = torch.float32 if q.device.type == "cpu" else q.dtype
+    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype),
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 

@@ -251,8 +251,9 @@ at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
 }
 
 // The backward reads the output as the forward returned it, in float32 (the accumulator's values,
-// not rounded to q's dtype): delta_i = dO_i . O_i. From a bfloat16 O, as FlashAttention reads it,
-// dq and dk in bfloat16 err about twice as much against float64.
+// not rounded to q's dtype): delta_i = dO_i . O_i. (CUDA: q's dtype, the kernel's output.) From a
+// bfloat16 O, as FlashAttention reads it, dq and dk in bfloat16 err about twice as much against
+// float64.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
@@ -313,9 +314,9 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::T
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
   const auto spec = cuda_bias(u, q);
   auto [qr, kr] = rotated(q, k, u.rotary);
-  auto [out, lse] = detail::attention_forward_cuda(qr, kr, v, u.table, spec, u.bias->q_positions,
-                                                   u.bias->k_positions, u.masks, scale);
-  return {out.to(at::kFloat), lse};  // the operator's contract: out in float32 on every device
+  // out in q's dtype, as the CUDA kernel writes it (its backward computes delta from that)
+  return detail::attention_forward_cuda(qr, kr, v, u.table, spec, u.bias->q_positions,
+                                        u.bias->k_positions, u.masks, scale);
 }
 
 // The gradients of the rotated q, k, turned back: R(theta)^T = R(-theta).

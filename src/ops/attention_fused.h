@@ -15,8 +15,9 @@
 //   key_padding [B, Nk] bool (true: a real key), causal: key j visible to query i when
 //   j <= i + Nk - Nq; q_cos .. k_sin per-pair float32 tables [Nq, F], [Nk, F] (RoPE inside)
 //   -> out [B, Nq, H, Dv] in q's dtype (contiguous); lse [B, H, Nq] float32
-//   _attention_fused_forward -> (out in float32, lse): the accumulator's values, which the
-//   backward reads for delta = dO . O (unrounded: bfloat16 dq, dk err half as much)
+//   _attention_fused_forward -> (out, lse), out on the CPU in float32: the accumulator's values,
+//   which the backward reads for delta = dO . O (unrounded: bfloat16 dq, dk land on float64's
+//   rounded values); on CUDA in q's dtype, as its kernel writes and reads it
 //
 // The dispatcher is the one dispatch point between devices: CPU -> the tiled kernel
 // (src/kernels/cpu/attention_cpu.cpp), CUDA -> the CUDA kernel's glue (src/kernels/cuda/, where the
@@ -51,7 +52,7 @@ namespace posenc::ops {
       bidirectional, max_relative_position, causal, key_padding, scale, q_cos, q_sin, k_cos, \
       k_sin, rope_layout
 
-/// _attention_fused_forward's float32 out as attention_fused returns it, in q's dtype: a copy only
+/// _attention_fused_forward's out as attention_fused returns it, in q's dtype: a copy only
 /// where the dtypes differ (an operator below autograd must not hand back its input).
 at::Tensor attention_out_in_dtype(const at::Tensor& out, const at::Tensor& q);
 

@@ -43,7 +43,7 @@ class AttentionFusedFunction : public torch::autograd::Function<AttentionFusedFu
     const auto& a = *args;
     const auto t = a.has_table ? std::optional<at::Tensor>(table) : std::nullopt;
     at::AutoDispatchBelowADInplaceOrView guard;
-    // out in float32, kept for the backward's delta = dO . O; the caller gets it in q's dtype
+    // out (float32 on the CPU) kept for the backward's delta = dO . O; the caller gets q's dtype
     auto [out, lse] = attention_fused_forward_op().call(q, k, v, POSENC_SAVED_ARGS(a, t));
     ctx->save_for_backward({q, k, v, table, out, lse});
     ctx->saved_data["arguments"] = c10::IValue::make_capsule(std::move(args));
