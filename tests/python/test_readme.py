@@ -1,7 +1,9 @@
 """The README's Python quick start runs as written: its code block is read from README.md and
 executed with the names it leaves to the reader (q, k, cos, sin, x, position_ids, config, posemb,
 the Qwen2-VL stream, n, v) bound to small real values; each line's claim is then checked
-against the peer's own code (transformers' apply_rotary_pos_emb, SDPA over the plan's parts)."""
+against the peer's own code: transformers' apply_rotary_pos_emb, rotary module, modeling code
+(logits patched = unpatched) and get_rope_index, timm's resample_abs_pos_embed, and SDPA over
+the plan's parts for plan.attention."""
 
 import os
 import re
@@ -51,7 +53,7 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
         "mm_token_type_ids": torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]]),
         "image_grid_thw": torch.tensor([[1, 4, 4]]),
     }
-    q0, k0 = ns["q"], ns["k"]
+    q0, k0, posemb0 = ns["q"], ns["k"], ns["posemb"]
     exec(compile(quick_start_code(), "README.md (Python quick start)", "exec"), ns)
 
     # line 1: transformers' own function, to the bit
@@ -62,10 +64,23 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
     hf_rope = modeling_llama.LlamaRotaryEmbedding(hf_config)
     want_cos, want_sin = hf_rope(ns["x"], positions)
     assert torch.equal(ns["cos"], want_cos) and torch.equal(ns["sin"], want_sin)
-    # patch(): the model's rotary embedding is posenc's, its logits equal to an unpatched copy's
-    assert type(ns["model"].model.rotary_emb).__module__.startswith("posenc")
-    assert ns["posemb"].shape == (1, 1 + 24 * 24, 32)
-    assert ns["pos"].shape == (3, 1, 8)
+    # patch(): the model's rotary embedding is posenc's, its logits those of the model unpatched
+    model = ns["model"]
+    assert type(model.model.rotary_emb).__module__.startswith("posenc")
+    ids = torch.randint(0, 100, (2, 10))
+    with torch.no_grad():
+        patched = model(ids).logits
+        posenc.integrations.transformers.unpatch(model)
+        assert not type(model.model.rotary_emb).__module__.startswith("posenc")
+        assert torch.equal(patched, model(ids).logits)
+    # timm's resample_abs_pos_embed, to the bit
+    timm_pos = pytest.importorskip("timm.layers.pos_embed")
+    assert torch.equal(ns["posemb"], timm_pos.resample_abs_pos_embed(posemb0, (24, 24)))
+    # Qwen2-VL's get_rope_index, as transformers' own
+    from test_streams import _hf
+    want_pos, want_delta = _hf(ns["mm_token_type_ids"], ns["image_grid_thw"], None, None)
+    assert torch.equal(ns["pos"], want_pos)
+    assert torch.equal(ns["deltas"].view(-1), want_delta.view(-1).to(ns["deltas"].dtype))
     # the last line's comment: the fused call equals SDPA over the plan's parts
     plan = ns["plan"]
     qr, kr = plan.rotate(ns["q"], ns["k"])
