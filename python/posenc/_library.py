@@ -56,24 +56,23 @@ def _mapped(file_id: tuple[int, int]) -> bool:
 def _refuse_another_copy(path: str) -> None:
     """A second copy of the library (another build or install) would register the same operators
     again, which aborts the process: refuse it here in one line instead. The same file under
-    another name (a symlink, a hard link) is the same library to dlopen, and is let through."""
+    another name (a symlink, a hard link, loaded by ctypes) is the same library to dlopen, which
+    knows it by device and inode, and is let through."""
     ours = _file_id(path)
-    for loaded in getattr(torch.ops, "loaded_libraries", ()):
-        theirs = _file_id(loaded)
-        if os.path.basename(loaded) == os.path.basename(path) and theirs is not None and theirs != ours:
-            raise ImportError(
-                f"posenc: another copy of its operator library is already loaded ({loaded}); "
-                f"loading {path} too would register every operator twice (one process, one posenc)"
-            )
-    try:
-        registered = torch._C._dispatch_has_kernel("posenc::apply_rotary")
-    except (AttributeError, RuntimeError):  # a private API: without it, the check above only
-        registered = False
-    if registered and ours is not None and not _mapped(ours):
+    if not torch._C._dispatch_has_kernel("posenc::apply_rotary") or ours is None or _mapped(ours):
+        return
+    name = os.path.basename(path)
+    other = next((p for p in getattr(torch.ops, "loaded_libraries", ())
+                  if os.path.basename(p) == name), None)
+    if other is not None:
         raise ImportError(
-            f"posenc: its operators are already registered in this process (by another copy of "
-            f"the library, or a program linking it); loading {path} would register them twice"
+            f"posenc: another copy of its operator library is already loaded ({other}); "
+            f"loading {path} too would register every operator twice (one process, one posenc)"
         )
+    raise ImportError(
+        f"posenc: its operators are already registered in this process (by another copy of "
+        f"the library, or a program linking it); loading {path} would register them twice"
+    )
 
 
 def load() -> str:

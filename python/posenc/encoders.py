@@ -19,10 +19,9 @@ axes (posenc.Positions): a token index "t", a patch's "h" and "w", a timestamp, 
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Iterable, Sequence
-
-import math
 
 import torch
 
