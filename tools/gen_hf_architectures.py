@@ -1509,7 +1509,9 @@ def main():
         print("\n".join(changed) if changed else "no model type changed")
         return 1 if changed else 0
     if not args.only:
-        meta = {"transformers": transformers.__version__, "torch": torch.__version__, "positions": POSITIONS,
+        # float32 tables are torch's vectorized pow/cos/sin at this capability, bit for bit
+        meta = {"transformers": transformers.__version__, "torch": torch.__version__,
+                "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(), "positions": POSITIONS,
                 "grid_positions": GRID,
                 "model_types": index}
         with open(os.path.join(args.out, "index.json"), "w") as f:
