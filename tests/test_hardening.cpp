@@ -156,5 +156,48 @@ TEST(Hardening, SizesPastTheModelSizeLimitAreRefusedBeforeAllocating) {
   EXPECT_TRUE(contains(error, "'head_dim' is 2147483648; the model size limit is 65536")) << error;
 }
 
+// One set of config limits for every door (posenc/config/config_reader.h): a JSON tree built in
+// memory meets them in build_encoder as text does in parse_config.
+TEST(Hardening, AConfigTreeNestedPastTheStackIsOneLine) {
+  const ModelContext context{16, 2, 0};
+  // 100000 compose levels: building recursed once per level and overflowed the stack
+  nlohmann::json config = {{"type", "rope"}};
+  for (int i = 0; i < 100000; ++i)
+    config = nlohmann::json{{"type", "compose"},
+                            {"encoders", nlohmann::json::array({std::move(config)})}};
+  const auto error = error_of([&] { build_encoder(config, context); });
+  EXPECT_EQ(error, "encoder config: nested deeper than 64 levels (the config depth limit)");
+  // 31 levels (62 JSON levels) are within the limit and build
+  nlohmann::json within = {{"type", "rope"}};
+  for (int i = 0; i < 31; ++i)
+    within = nlohmann::json{{"type", "compose"},
+                            {"encoders", nlohmann::json::array({std::move(within)})}};
+  EXPECT_EQ(build_encoder(within, context)->type(), "compose");
+}
+
+TEST(Hardening, ConfigValuesAndStringBytesHaveTheirLimitsAtEveryDoor) {
+  const ModelContext context{16, 2, 0};
+  auto values = nlohmann::json{{"type", "rope"}, {"x", std::vector<int>(kMaxConfigNodes, 1)}};
+  EXPECT_EQ(error_of([&] { build_encoder(values, context); }),
+            "encoder config: more than 1000000 values (the config size limit)");
+  // as JSON text (2 MB, within the byte limit): the same limit
+  EXPECT_EQ(error_of([&] { parse_config(values.dump(), "v.json"); }),
+            "v.json: more than 1000000 values (the config size limit)");
+  auto strings = nlohmann::json{{"type", "rope"},
+                                {"x", std::vector<std::string>(2000, std::string(4000, 'x'))}};
+  EXPECT_EQ(error_of([&] { build_encoder(strings, context); }),
+            "encoder config: more than 4194304 bytes in its keys and strings (the config size "
+            "limit)");
+  // YAML aliases of a 4000-byte string: 10^4 values, 40 MB once expanded
+  std::string text = "type: rope\na: &a \"" + std::string(4000, 'x') + "\"\nb: &b [*a";
+  for (int i = 1; i < 100; ++i) text += ", *a";
+  text += "]\nc: [*b";
+  for (int i = 1; i < 100; ++i) text += ", *b";
+  text += "]\n";
+  EXPECT_EQ(error_of([&] { parse_config(text, "a.yaml"); }),
+            "a.yaml: more than 4194304 bytes in its keys and strings once aliases are expanded "
+            "(the config size limit)");
+}
+
 }  // namespace
 }  // namespace posenc

@@ -1,4 +1,5 @@
-// ConfigReader: typed, checked reads of config keys; see posenc/config/config_reader.h.
+// ConfigReader: typed, checked reads of config keys, and the config limits every door checks;
+// see posenc/config/config_reader.h.
 #include "posenc/config/config_reader.h"
 
 #include <c10/util/Exception.h>
@@ -15,6 +16,40 @@ std::string describe(const nlohmann::json& value) {
   return std::string(value.type_name()) + " " + text;
 }
 }  // namespace
+
+// Depth first with an explicit stack: a value is counted (and its depth checked) when it is
+// pushed, so the stack never holds more than kMaxConfigNodes entries and a tree nested 100000
+// deep is refused at level 65 without recursion.
+void check_config_limits(const nlohmann::json& config, const std::string& origin) {
+  struct Entry {
+    const nlohmann::json* value;
+    int depth;
+  };
+  std::vector<Entry> stack{{&config, 0}};
+  int64_t values = 1, bytes = 0;
+  auto push = [&](const nlohmann::json& child, int depth, size_t key_bytes) {
+    TORCH_CHECK(depth <= kMaxConfigDepth, origin, ": nested deeper than ", kMaxConfigDepth,
+                " levels (the config depth limit)");
+    TORCH_CHECK(++values <= kMaxConfigNodes, origin, ": more than ", kMaxConfigNodes,
+                " values (the config size limit)");
+    bytes += static_cast<int64_t>(key_bytes);
+    stack.push_back({&child, depth});
+  };
+  while (!stack.empty()) {
+    const auto [value, depth] = stack.back();
+    stack.pop_back();
+    if (value->is_string()) {
+      bytes += static_cast<int64_t>(value->get_ref<const std::string&>().size());
+    } else if (value->is_object()) {
+      for (auto it = value->begin(); it != value->end(); ++it)
+        push(it.value(), depth + 1, it.key().size());
+    } else if (value->is_array()) {
+      for (const auto& item : *value) push(item, depth + 1, 0);
+    }
+    TORCH_CHECK(bytes <= kMaxConfigBytes, origin, ": more than ", kMaxConfigBytes,
+                " bytes in its keys and strings (the config size limit)");
+  }
+}
 
 ConfigReader::ConfigReader(const nlohmann::json& object, std::string where)
     : object_(object), where_(std::move(where)) {

@@ -1,5 +1,6 @@
 // Config text -> the JSON tree every builder reads (posenc/config/registry.h: parse_config,
-// load_config, config_from_argument), hardened: the config size, depth and node limits, valid
+// load_config, config_from_argument), hardened: the config size, depth and node limits
+// (posenc/config/config_reader.h, shared with trees built in memory), valid
 // UTF-8, no NUL, no duplicate key, one YAML document, yaml-cpp 0.7's stray-comma blow-up refused
 // before parsing, Python's NaN/Infinity literals and transformers' {"__float__": ...} read, and
 // files read only when they are regular files (posenc/io/input_file.h).
@@ -44,6 +45,7 @@ class YamlToJson {
           TORCH_CHECK(item.first.IsScalar(), origin_, ": line ", item.first.Mark().line + 1,
                       ": a key must be a plain value");
           const auto key = item.first.as<std::string>();
+          count_bytes(key.size());
           TORCH_CHECK(!out.contains(key), origin_, ": line ", item.first.Mark().line + 1, ": key '",
                       key, "' appears twice in one mapping");
           out[key] = convert(item.second, depth + 1);
@@ -51,12 +53,20 @@ class YamlToJson {
         return out;
       }
       case YAML::NodeType::Scalar:
+        count_bytes(node.Scalar().size());
         return scalar(node);
     }
     return nullptr;
   }
 
  private:
+  // An alias of a long string repeats it: its bytes count each time it is expanded.
+  void count_bytes(size_t size) {
+    bytes_ += static_cast<int64_t>(size);
+    TORCH_CHECK(bytes_ <= kMaxConfigBytes, origin_, ": more than ", kMaxConfigBytes,
+                " bytes in its keys and strings once aliases are expanded (the config size limit)");
+  }
+
   nlohmann::json scalar(const YAML::Node& node) {
     const std::string& s = node.Scalar();
     if (node.Tag() == "!") return s;  // quoted: a string
@@ -86,6 +96,7 @@ class YamlToJson {
 
   const std::string& origin_;
   int64_t nodes_ = 0;
+  int64_t bytes_ = 0;
 };
 
 // Deepest run of '[' / '{' outside quotes: yaml-cpp parses flow collections recursively, so a
@@ -321,8 +332,11 @@ nlohmann::json parse_config(const std::string& text, const std::string& origin) 
               " levels deep; configs are limited to ", kMaxConfigDepth,
               " levels (the config depth limit)");
   const auto first = text.find_first_not_of(" \t\r\n");
-  if (first != std::string::npos && (text[first] == '{' || text[first] == '['))
-    return parse_json(text, origin);
+  if (first != std::string::npos && (text[first] == '{' || text[first] == '[')) {
+    auto parsed = parse_json(text, origin);
+    check_config_limits(parsed, origin);  // the values limit (the text's limits held above)
+    return parsed;
+  }
   TORCH_CHECK(!yaml_stray_comma(text), origin,
               ": invalid YAML: a ',' outside [...] or {...} where a value should start");
   std::vector<YAML::Node> documents;

@@ -23,6 +23,12 @@ namespace {
 
 using Builder = std::function<PositionalEncoding(ConfigReader&, const ModelContext&)>;
 
+// One encoder from a config whose limits build_encoder checked (a composite builds its parts
+// with it, reading them where they are: a copy per level grew with the square of the nesting);
+// `also_known`: keys the caller read (a compose part's modality and axes).
+PositionalEncoding build_from_config(const nlohmann::json& config, const ModelContext& context,
+                                     std::initializer_list<const char*> also_known = {});
+
 // A model size from the config or the context; both given must agree.
 int64_t model_size(ConfigReader& r, const std::string& key, int64_t from_context) {
   auto configured = r.optional_integer(key);
@@ -360,23 +366,21 @@ PositionalEncoding build_compose(ConfigReader& r, const ModelContext& c) {
     const auto where = r.where() + ".encoders[" + std::to_string(i) + "]";
     TORCH_CHECK(list[i].is_object(), where, ": expected an encoder config object, got ",
                 list[i].type_name());
-    auto config = list[i];
+    const auto& config = list[i];
     ComposePart part;
     if (config.contains("modality")) {
       TORCH_CHECK(config["modality"].is_string(), where, ".modality: expected a string, got ",
                   config["modality"].type_name());
       part.modality =
           modality_from_string(config["modality"].get<std::string>(), where + ".modality");
-      config.erase("modality");
     }
     if (config.contains("axes")) {
       ConfigReader axes(config, where);
       part.axes = axes.strings("axes");
       TORCH_CHECK(!part.axes.empty(), where, ".axes: expected a non-empty list of axis names");
-      config.erase("axes");
     }
     try {
-      part.encoder = build_encoder(config, c);
+      part.encoder = build_from_config(config, c, {"modality", "axes"});
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, where, ": ", e.msg());
     }
@@ -391,21 +395,20 @@ PositionalEncoding build_compose(ConfigReader& r, const ModelContext& c) {
 PositionalEncoding build_freq_time(ConfigReader& r, const ModelContext& c) {
   r.allow("frequency");
   r.allow("time");
-  auto part_config = [&](const char* key, const char* type) {
-    nlohmann::json config = {{"type", type}};
-    if (r.has(key)) {
-      TORCH_CHECK(r.json()[key].is_object(), r.where(), ".", key,
-                  ": expected an encoder config object, got ", r.json()[key].type_name());
-      config = r.json()[key];
-    }
-    return config;
-  };
   std::vector<ComposePart> parts(2);
   const std::pair<const char*, const char*> axes[] = {{"frequency", "sinusoidal"},
                                                       {"time", "rope"}};
   for (size_t i = 0; i < 2; ++i) {
+    const auto [key, default_type] = axes[i];
+    const nlohmann::json fallback = {{"type", default_type}};
+    const nlohmann::json* config = &fallback;
+    if (r.has(key)) {
+      TORCH_CHECK(r.json()[key].is_object(), r.where(), ".", key,
+                  ": expected an encoder config object, got ", r.json()[key].type_name());
+      config = &r.json()[key];
+    }
     try {
-      parts[i].encoder = build_encoder(part_config(axes[i].first, axes[i].second), c);
+      parts[i].encoder = build_from_config(*config, c);
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, r.where(), ".", axes[i].first, ": ", e.msg());
     }
@@ -450,7 +453,10 @@ std::vector<std::string> encoder_types() {
   return names;
 }
 
-PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContext& context) {
+namespace {
+
+PositionalEncoding build_from_config(const nlohmann::json& config, const ModelContext& context,
+                                     std::initializer_list<const char*> also_known) {
   TORCH_CHECK(config.is_object(), "encoder config: expected an object with a 'type', got ",
               config.type_name());
   TORCH_CHECK(config.contains("type") && config["type"].is_string(),
@@ -461,9 +467,19 @@ PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContex
               "'; known types: ", join(encoder_types()));
   ConfigReader reader(config, type + " config");
   reader.allow("type");
+  for (const char* key : also_known) reader.allow(key);
   auto encoder = it->second(reader, context);
   reader.finish();
   return encoder;
+}
+
+}  // namespace
+
+// Every door's configs pass here (text through parse_config first): the limits hold before any
+// builder reads, so a tree nested past the stack is one line, not a crash.
+PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContext& context) {
+  check_config_limits(config, "encoder config");
+  return build_from_config(config, context);
 }
 
 }  // namespace posenc

@@ -3,6 +3,7 @@
 // typo ("rope_thetta") is an error rather than a silently ignored setting.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -10,6 +11,20 @@
 #include <vector>
 
 namespace posenc {
+
+/// The config limits, one set for every door a config comes through: the tool's --config,
+/// parse_config / load_config (text), build_encoder (a JSON tree built in memory), Python's
+/// posenc.build_encoder and torch.classes.posenc.Encoder. Each is named with its number when a
+/// config passes it. Size: bytes of text (or of the keys and strings of a tree, YAML aliases
+/// expanded); depth: nesting levels; values: after YAML aliases are expanded ("billion laughs").
+inline constexpr int64_t kMaxConfigBytes = 4 << 20;
+inline constexpr int kMaxConfigDepth = 64;
+inline constexpr int64_t kMaxConfigNodes = 1000000;
+
+/// Checks a config tree against the limits above without recursing (a tree built in memory may
+/// be nested deeper than any stack): depth, values, and the bytes of its keys and strings. Errors
+/// name `origin` and the limit with its number.
+void check_config_limits(const nlohmann::json& config, const std::string& origin);
 
 class ConfigReader {
  public:

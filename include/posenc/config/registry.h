@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "posenc/config/config_reader.h"  // the config limits (kMaxConfigBytes, ...)
 #include "posenc/core/encoder.h"
 
 namespace posenc {
@@ -22,16 +23,11 @@ struct ModelContext {
   int64_t head_dim = 0;   ///< Dh (0: dim / num_heads)
 };
 
-/// Builds the encoder a config describes.
+/// Builds the encoder a config describes; the config limits (config_reader.h) hold first.
 PositionalEncoding build_encoder(const nlohmann::json& config, const ModelContext& context);
 /// The registered type names, sorted.
 std::vector<std::string> encoder_types();
 
-/// Limits on config text, each named in its error: size in bytes, nesting depth, and values
-/// after YAML aliases are expanded.
-inline constexpr int64_t kMaxConfigBytes = 4 << 20;
-inline constexpr int kMaxConfigDepth = 64;
-inline constexpr int64_t kMaxConfigNodes = 1000000;
 /// The model size limit: an encoder's dim or head_dim (the largest shipped heads are 512 wide).
 inline constexpr int64_t kMaxModelSize = 65536;
 
