@@ -18,6 +18,7 @@ axes (posenc.Positions): a token index "t", a patch's "h" and "w", a timestamp, 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -159,19 +160,80 @@ class Plan:
         return list(self._plan.parts())
 
 
-class Encoder(torch.nn.Module):
-    """A posenc encoder (posenc.build_encoder); forward(positions, keys=None) -> Plan."""
+@functools.lru_cache(maxsize=None)
+def _config_limits() -> tuple[int, int, int]:
+    """The C++ library's config limits (posenc/config/config_reader.h): bytes, depth, values."""
+    limits = torch.classes.posenc.ConfigLimits()
+    return limits.max_bytes(), limits.max_depth(), limits.max_values()
 
-    def __init__(self, config: dict, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
+
+_WHO = "posenc.build_encoder config"  # the origin the C++ library names in its errors
+
+
+def _config_text(config: dict) -> str:
+    """A config dict as JSON text, within the C++ library's config limits (depth, values, bytes of
+    keys and strings), checked by a walk without recursion before json.dumps expands it: a dict
+    that shares sub-lists (yaml.safe_load's aliases: a 492-byte "billion laughs" file), nests
+    50000 deep or holds itself is the C++ library's one line (RuntimeError), not json.dumps
+    running for hours or a RecursionError."""
+    max_bytes, max_depth, max_values = _config_limits()
+    stack = [(config, 0)]
+    values = size = 0
+    while stack:
+        value, depth = stack.pop()
+        values += 1
+        if values > max_values:
+            raise RuntimeError(f"{_WHO}: more than {max_values} values (the config size limit)")
+        if depth > max_depth:
+            raise RuntimeError(f"{_WHO}: nested deeper than {max_depth} levels (the config depth "
+                               f"limit)")
+        if isinstance(value, str):
+            size += len(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, dict):
+            size += sum(len(str(key).encode("utf-8", "surrogatepass")) for key in value)
+            stack.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((item, depth + 1) for item in value)
+        if size > max_bytes:
+            raise RuntimeError(f"{_WHO}: more than {max_bytes} bytes in its keys and strings (the "
+                               f"config size limit)")
+        if len(stack) > max_values:  # a list longer than the limit, before it is walked
+            raise RuntimeError(f"{_WHO}: more than {max_values} values (the config size limit)")
+    return json.dumps(config)
+
+
+def _read_config_file(path: str) -> str:
+    """A config file's text, read no further than the config size limit (the C++ library parses
+    it: JSON, or YAML with its aliases counted as they expand)."""
+    max_bytes = _config_limits()[0]
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise RuntimeError(f"{path}: {os.path.getsize(path)} bytes; configs are limited to "
+                           f"{max_bytes} bytes (the config size limit)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RuntimeError(f"{path}: byte {e.start} is not valid UTF-8; a config is UTF-8 "
+                           f"text") from None
+
+
+class Encoder(torch.nn.Module):
+    """A posenc encoder (posenc.build_encoder); forward(positions, keys=None) -> Plan.
+
+    config: a dict, or its text (JSON or YAML), read by the C++ library under its config limits.
+    """
+
+    def __init__(self, config: dict | str, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
                  layout: str = "bhnd"):
         super().__init__()
         if layout not in ("bhnd", "bnhd"):
             raise ValueError(f"posenc.build_encoder: layout must be 'bhnd' or 'bnhd', got "
                              f"{layout!r}")
-        self.config = dict(config)
         self.layout = layout
-        self._enc = torch.classes.posenc.Encoder(json.dumps(self.config), int(dim),
-                                                 int(num_heads), int(head_dim))
+        text = config if isinstance(config, str) else _config_text(config)
+        self._enc = torch.classes.posenc.Encoder(text, int(dim), int(num_heads), int(head_dim))
+        self.config = dict(config) if isinstance(config, dict) else json.loads(self._enc.config())
         self.type = self._enc.type()
         self._names = {}  # python name -> C++ name
         for name, t in zip(self._enc.parameter_names(), self._enc.parameters()):
@@ -221,30 +283,19 @@ def build_encoder(config, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
     """The encoder a config describes, as the C++ library and `posenc train` build it.
 
     config: a dict ({"type": "rope", ...}; see docs/encoders.md for every type and key), its JSON
-    text, or a path to a .json file (.yaml/.yml with PyYAML installed). dim, num_heads, head_dim:
-    the model's width, heads and head size where the encoder needs them (0: unknown; additive
-    tables need dim, rotary ones head_dim or dim / num_heads, biases num_heads). layout: q and k of
-    Plan.rotate, "bhnd" [B, H, N, Dh] (SDPA's) or "bnhd" [B, N, H, Dh]. A config posenc refuses
-    gives the same one line as the tool (RuntimeError).
+    text, or a path to a .json, .yaml or .yml file (read by the C++ library as the tool reads
+    --config). dim, num_heads, head_dim: the model's width, heads and head size where the encoder
+    needs them (0: unknown; additive tables need dim, rotary ones head_dim or dim / num_heads,
+    biases num_heads). layout: q and k of Plan.rotate, "bhnd" [B, H, N, Dh] (SDPA's) or "bnhd"
+    [B, N, H, Dh]. A config posenc refuses gives the same one line as the tool (RuntimeError),
+    a config past the tool's limits too (size, nesting depth, values once YAML aliases expand).
     """
     if isinstance(config, (str, os.PathLike)) and not str(config).lstrip().startswith("{"):
         path = os.fspath(config)
         if not os.path.isfile(path):
             raise ValueError(f"posenc.build_encoder: {path!r} is neither JSON text nor a file")
-        with open(path) as f:
-            text = f.read()
-        if path.endswith((".yaml", ".yml")):
-            try:
-                import yaml
-            except ImportError as e:
-                raise ValueError("posenc.build_encoder: reading YAML needs PyYAML "
-                                 "(pip install pyyaml), or give a dict or JSON") from e
-            config = yaml.safe_load(text)
-        else:
-            config = json.loads(text)
-    elif isinstance(config, str):
-        config = json.loads(config)
-    if not isinstance(config, dict):
+        config = _read_config_file(path)  # text: parsed in C++, YAML aliases within the limits
+    elif not isinstance(config, (str, dict)):
         raise ValueError(f"posenc.build_encoder: the config must be a dict with a 'type', got "
                          f"{type(config).__name__}")
     return Encoder(config, dim, num_heads, head_dim, layout)

@@ -93,6 +93,7 @@
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
 #include "rotary.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
@@ -1038,7 +1039,7 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
   m.def(
       "alibi_attention(Tensor q, Tensor k, Tensor v, Tensor slopes, bool causal=False, "
       "bool symmetric=False, float? scale=None, Tensor? attention_mask=None) -> Tensor");
@@ -1103,7 +1104,7 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       TORCH_FN(positional_attention_route));
 }
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+POSENC_LIBRARY_IMPL(CPU, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_cpu));
   m.impl("_alibi_attention_forward", TORCH_FN(forward_cpu));
   m.impl("_alibi_attention_backward", TORCH_FN(backward_cpu));
@@ -1118,7 +1119,7 @@ TORCH_LIBRARY_IMPL(posenc, CPU, m) {
   m.impl("_positional_attention_backward", TORCH_FN(positional_backward_cpu));
 }
 
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
+POSENC_LIBRARY_IMPL(CUDA, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_reference));
   m.impl("_alibi_attention_forward", TORCH_FN(forward_reference));
   m.impl("_alibi_attention_backward", TORCH_FN(backward_reference));

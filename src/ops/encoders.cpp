@@ -1,10 +1,11 @@
 // posenc's encoders in Python (posenc.build_encoder, python/posenc/encoders.py): TorchScript
 // custom classes in the dispatcher's library, no Python.h.
 //
-// torch.classes.posenc.Encoder(config_json, dim, num_heads, head_dim)
-//   One positional encoder built from the same JSON config as the C++ library and the tool
-//   (posenc/config/registry.h build_encoder: "type" plus the type's keys; unknown keys are one
-//   line). Its parameters and buffers are the C++ module's own tensors (named as its
+// torch.classes.posenc.Encoder(config_text, dim, num_heads, head_dim)
+//   One positional encoder built from the same JSON or YAML config text as the C++ library and
+//   the tool, under the same limits (posenc/config/registry.h parse_config, build_encoder: "type"
+//   plus the type's keys; unknown keys and a config over a limit are one line); config() gives
+//   it back as JSON. Its parameters and buffers are the C++ module's own tensors (named as its
 //   named_parameters / named_buffers): Python optimizers step them in place, autograd accumulates
 //   their .grad, set_data moves them (the Python module's .to()).
 // torch.classes.posenc.Plan = Encoder.plan(coords, axes, key_coords, device)
@@ -19,6 +20,8 @@
 //                                        fused bias and RoPE where the kernels take them)
 //     attention_route(q, k, v, causal, key_padding)  the backend it takes, and why
 //     parts()                            "encoder: role" per contribution
+// torch.classes.posenc.ConfigLimits(): max_bytes(), max_depth(), max_values()
+//   The config limits every door applies (posenc/config/config_reader.h).
 #include <torch/custom_class.h>
 #include <torch/library.h>
 #include <torch/torch.h>
@@ -31,12 +34,18 @@
 #include "posenc/core/positions.h"
 #include "posenc/nn/attention.h"
 #include "posenc/nn/attention_backend.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
 namespace {
 
 constexpr const char* kWho = "posenc.build_encoder: ";
+
+// The config limits (posenc/config/config_reader.h), for Python's check of a dict before it
+// becomes text (a dict sharing sub-lists, as yaml.safe_load builds from aliases, would expand in
+// json.dumps before the text reached the limits here).
+struct ConfigLimitsHolder : torch::CustomClassHolder {};
 
 struct PlanHolder : torch::CustomClassHolder {
   explicit PlanHolder(EncodingPlan plan_) : plan(std::move(plan_)) {}
@@ -45,12 +54,9 @@ struct PlanHolder : torch::CustomClassHolder {
 
 struct EncoderHolder : torch::CustomClassHolder {
   EncoderHolder(const std::string& config, int64_t dim, int64_t num_heads, int64_t head_dim) {
-    nlohmann::json parsed;
-    try {
-      parsed = nlohmann::json::parse(config);
-    } catch (const nlohmann::json::exception& e) {
-      TORCH_CHECK(false, kWho, "the config is not JSON: ", e.what());
-    }
+    // JSON or YAML text through the config limits (posenc/config/config_reader.h), as the
+    // tool's --config: a 50000-deep "compose" is one line here, not a stack overflow
+    parsed = parse_config(config, "posenc.build_encoder config");
     TORCH_CHECK(parsed.is_object(), kWho, "the config must be an object with a \"type\", got ",
                 parsed.type_name());
     TORCH_CHECK(dim >= 0 && num_heads >= 0 && head_dim >= 0, kWho,
@@ -72,6 +78,7 @@ struct EncoderHolder : torch::CustomClassHolder {
     TORCH_CHECK(false, kWho, "the encoder has no parameter or buffer '", name, "'");
   }
 
+  nlohmann::json parsed;  // the config as read (Python's Encoder.config)
   PositionalEncoding encoder = nullptr;
 };
 
@@ -82,7 +89,16 @@ Positions positions_of(const at::Tensor& coords, const std::vector<std::string>&
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
+  m.class_<ConfigLimitsHolder>("ConfigLimits")
+      .def(torch::init<>())
+      .def("max_bytes",
+           [](const c10::intrusive_ptr<ConfigLimitsHolder>&) { return kMaxConfigBytes; })
+      .def("max_depth",
+           [](const c10::intrusive_ptr<ConfigLimitsHolder>&) { return int64_t{kMaxConfigDepth}; })
+      .def("max_values",
+           [](const c10::intrusive_ptr<ConfigLimitsHolder>&) { return kMaxConfigNodes; });
+
   m.class_<PlanHolder>("Plan")
       .def("add", [](const c10::intrusive_ptr<PlanHolder>& self, const at::Tensor& x,
                      int64_t prefix) { return self->plan.apply_additive(x, prefix); })
@@ -120,6 +136,8 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       .def(torch::init<std::string, int64_t, int64_t, int64_t>())
       .def("type",
            [](const c10::intrusive_ptr<EncoderHolder>& self) { return self->encoder->type(); })
+      .def("config",
+           [](const c10::intrusive_ptr<EncoderHolder>& self) { return self->parsed.dump(); })
       .def("parameter_names",
            [](const c10::intrusive_ptr<EncoderHolder>& self) {
              std::vector<std::string> out;

@@ -38,6 +38,7 @@
 #include "posenc/functional/patch_grid.h"
 #include "posenc/functional/rope.h"
 #include "posenc/functional/sinusoidal.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
@@ -132,7 +133,7 @@ std::tuple<at::Tensor, at::Tensor> patch_grid_rope_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
   m.def(
       "patch_grid_bands(int num_bands, bool in_pixels=True, float max_res=224., "
       "float temperature=10000., bool linear_bands=False) -> Tensor");
@@ -158,9 +159,9 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
 
 // patch_grid_rope builds its grid from data (a fake tensor has none): per key, with a fake kernel
 // in python/posenc/_meta.py.
-TORCH_LIBRARY_IMPL(posenc, CPU, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
-TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
+POSENC_LIBRARY_IMPL(CPU, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
+POSENC_LIBRARY_IMPL(CUDA, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
+POSENC_LIBRARY_IMPL(Autograd, m) {
   m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_autograd));
 }
 

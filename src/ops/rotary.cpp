@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include "posenc/kernels/rope.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
@@ -266,7 +267,7 @@ void apply_rotary_inplace_reference(at::Tensor& q, at::Tensor& k, const at::Tens
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
   m.def(
       "apply_rotary(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
       "str layout=\"half\") -> (Tensor, Tensor)");
@@ -286,12 +287,12 @@ TORCH_LIBRARY_FRAGMENT(posenc, m) {
       TORCH_FN(apply_rotary_route_kernel));
 }
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) {
+POSENC_LIBRARY_IMPL(CPU, m) {
   m.impl("apply_rotary", TORCH_FN(apply_rotary_cpu_kernel));
   m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_cpu));
 }
 
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) {
+POSENC_LIBRARY_IMPL(CUDA, m) {
   m.impl("apply_rotary", TORCH_FN(apply_rotary_reference_kernel));
   m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_reference));
 }

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "posenc/core/stream.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
@@ -389,7 +390,7 @@ std::tuple<at::Tensor, at::Tensor> qwen2_5_omni_rope_index_op(
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
   m.def(
       "qwen2_vl_rope_index(Tensor token_types, Tensor attention_mask, Tensor image_grid_thw, "
       "Tensor video_grid_thw, Tensor second_per_grid_ts, int spatial_merge_size=2, "

@@ -31,6 +31,7 @@
 #include "posenc/encoders/rope.h"
 #include "posenc/functional/rope.h"
 #include "posenc/functional/sinusoidal.h"
+#include "registration.h"
 
 namespace posenc::ops {
 
@@ -112,7 +113,7 @@ std::tuple<at::Tensor, double, std::string> hf_rope_op(c10::string_view config_j
   return {f.inv_freq, f.attention_scaling, described.dump()};
 }
 
-TORCH_LIBRARY_FRAGMENT(posenc, m) {
+POSENC_LIBRARY_FRAGMENT(m) {
   m.def(
       "rope_cos_sin(Tensor positions, Tensor inv_freq, float attention_scaling=1., "
       "int[] mrope_section=[], str section_layout=\"contiguous\", str layout=\"half\") -> "
@@ -147,8 +148,8 @@ std::tuple<at::Tensor, at::Tensor> rope_cos_sin_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(posenc, CPU, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_op)); }
-TORCH_LIBRARY_IMPL(posenc, Autograd, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_autograd)); }
-TORCH_LIBRARY_IMPL(posenc, CUDA, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_op)); }
+POSENC_LIBRARY_IMPL(CPU, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_op)); }
+POSENC_LIBRARY_IMPL(Autograd, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_autograd)); }
+POSENC_LIBRARY_IMPL(CUDA, m) { m.impl("rope_cos_sin", TORCH_FN(rope_cos_sin_op)); }
 
 }  // namespace posenc::ops

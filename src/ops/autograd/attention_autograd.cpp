@@ -18,6 +18,7 @@
 #include <string>
 
 #include "../../kernels/autograd/first_order.h"
+#include "../registration.h"
 
 namespace posenc::ops {
 
@@ -294,7 +295,7 @@ at::Tensor positional_attention_autograd(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
+POSENC_LIBRARY_IMPL(Autograd, m) {
   m.impl("alibi_attention", TORCH_FN(alibi_attention_autograd));
   m.impl("t5_attention", TORCH_FN(t5_attention_autograd));
   m.impl("shaw_attention", TORCH_FN(shaw_attention_autograd));

@@ -17,6 +17,7 @@
 #include <torch/library.h>
 
 #include "../rotary.h"
+#include "../registration.h"
 
 namespace posenc::ops {
 
@@ -175,12 +176,12 @@ void apply_rotary_inplace_ad_view(at::Tensor& q, at::Tensor& k, const at::Tensor
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(posenc, Autograd, m) {
+POSENC_LIBRARY_IMPL(Autograd, m) {
   m.impl("apply_rotary", TORCH_FN(apply_rotary_autograd));
   m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_autograd));
 }
 
-TORCH_LIBRARY_IMPL(posenc, ADInplaceOrView, m) {
+POSENC_LIBRARY_IMPL(ADInplaceOrView, m) {
   m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_ad_view));
 }
 
