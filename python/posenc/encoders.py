@@ -160,7 +160,7 @@ class Plan:
         return list(self._plan.parts())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _config_limits() -> tuple[int, int, int]:
     """The C++ library's config limits (posenc/config/config_reader.h): bytes, depth, values."""
     limits = torch.classes.posenc.ConfigLimits()
