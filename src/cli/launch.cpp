@@ -5,7 +5,9 @@
 // for the rendezvous (no port to find, none to collide). The cores are split between the ranks
 // (train.threads = cores / N unless --set gives it). The ranks share a process group of their own:
 // Ctrl-C (SIGINT) or SIGTERM to this launcher is passed on once to all of them, so they agree to
-// stop after the same step and rank 0 saves the checkpoint; a second one kills them at once.
+// stop after the same step and rank 0 saves the checkpoint; a second one kills them at once. Before
+// the first step (ranks still starting, reading their data, meeting) it stops them at once, exit
+// 130 (loop.h's StopSignals); no rank is started after it.
 // Only rank 0 shows a progress bar. A rank that dies is named here with its exit status; the others
 // stop by themselves with an error naming it (train.rank_timeout_s bounds the wait).
 #include <signal.h>
@@ -31,8 +33,10 @@ namespace posenc::cli {
 namespace {
 
 volatile sig_atomic_t g_ranks_group = 0;  // the ranks' process group, for the signal handler
+volatile sig_atomic_t g_signal = 0;       // the first signal passed on (or due: no rank yet)
 
 extern "C" void pass_signal_on(int signal) {
+  if (g_signal == 0) g_signal = signal;
   if (g_ranks_group > 0) kill(-static_cast<pid_t>(g_ranks_group), signal);
 }
 
@@ -106,7 +110,10 @@ int launch_ranks(const TrainArgs& args) {
 
   std::map<pid_t, int> rank_of;
   std::string spawn_error;
-  for (int rank = 0; rank < world && spawn_error.empty(); ++rank) {
+  g_signal = 0;
+  // a signal while the ranks start: no more of them (a rank started after it would wait at the
+  // rendezvous for ranks that stopped)
+  for (int rank = 0; rank < world && spawn_error.empty() && g_signal == 0; ++rank) {
     auto words = rank_arguments(args, rank, threads);
     auto env = rank_environment(rank, world, store_file);
     std::vector<char*> argv, envp;
@@ -134,6 +141,14 @@ int launch_ranks(const TrainArgs& args) {
     rank_of[pid] = rank;
   }
   if (!spawn_error.empty() && g_ranks_group > 0) kill(-static_cast<pid_t>(g_ranks_group), SIGKILL);
+  const bool stopped_while_starting =
+      spawn_error.empty() && g_signal != 0 && static_cast<int>(rank_of.size()) < world;
+  // again, for a signal that came before rank 0's group was known to the handler
+  if (stopped_while_starting && g_ranks_group > 0)
+    kill(-static_cast<pid_t>(g_ranks_group), g_signal);
+  if (stopped_while_starting && rank_of.empty())
+    std::cerr << "posenc: stopped: " << strsignal(g_signal)
+              << " before any rank was started; nothing was trained or saved\n";
 
   std::map<int, int> status_of;  // rank -> wait status
   int first_failure = -1;
@@ -161,6 +176,7 @@ int launch_ranks(const TrainArgs& args) {
   std::filesystem::remove_all(folder, ignored);
   TORCH_CHECK(spawn_error.empty(), spawn_error);
   if (first_failure >= 0) return exit_code(status_of[first_failure]);
+  if (stopped_while_starting) return 130;  // as a stop in training
   for (const auto& [rank, status] : status_of) {
     if (exit_code(status) != 0) return exit_code(status);  // 130: stopped, checkpoint saved
   }

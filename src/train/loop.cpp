@@ -55,10 +55,40 @@ extern "C" void on_grace_over(int) {
   _exit(130);
 }
 
-// SIGINT (Ctrl-C) and SIGTERM (what SLURM, Kubernetes and systemd send before a kill) both
-// save a checkpoint at the end of the step and stop; a second signal kills at once, and so does
-// the end of the stop grace.
-extern "C" void on_interrupt(int) {
+// Where the run stands, for the one handler of SIGINT, SIGTERM and SIGHUP (on_stop_signal).
+enum StopPhase : int {
+  kOutside = 0,  ///< no StopSignals scope: the default action (as before any run)
+  kPreparing,    ///< before the first step: exit at once
+  kTraining,     ///< in train_loop: stop after the step, saving a checkpoint
+  kFinishing,    ///< after the loop (final evaluation, weights, summary): the default action
+};
+std::atomic<int> g_phase{kOutside};
+std::atomic<bool> g_speaks{true};  // whether this process writes the preparation stop line
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<bool>::is_always_lock_free,
+              "the signal handler reads them");
+
+// The line of a stop before the first step, per signal (a handler cannot format one).
+template <size_t N>
+void write_line(const char (&line)[N]) {
+  [[maybe_unused]] const auto written = write(2, line, N - 1);
+}
+void write_preparation_stop(int signal) {
+  constexpr char kTail[] =
+      " before the first step; nothing was trained or saved (run it again, with --resume to "
+      "continue from the last checkpoint if it has one)\n";
+  if (signal == SIGINT)
+    write_line("posenc: stopped: SIGINT (Ctrl-C)");
+  else if (signal == SIGTERM)
+    write_line("posenc: stopped: SIGTERM");
+  else
+    write_line("posenc: stopped: SIGHUP (the terminal or the launching posenc is gone)");
+  write_line(kTail);
+}
+
+// SIGINT (Ctrl-C) and SIGTERM (what SLURM, Kubernetes and systemd send before a kill) in the loop
+// both save a checkpoint at the end of the step and stop; a second signal kills at once, and so
+// does the end of the stop grace.
+void on_interrupt() {
   if (!g_interrupted.exchange(true)) alarm(g_grace_seconds);
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
@@ -67,8 +97,37 @@ extern "C" void on_interrupt(int) {
 // SIGHUP: the terminal or the posenc that started this run is gone (a child of `train --nproc` or
 // `compare --jobs` gets it when its parent dies: PR_SET_PDEATHSIG, which the kernel may deliver
 // more than once); save and stop, however many arrive (the grace is armed once).
-extern "C" void on_hangup(int) {
+void on_hangup() {
   if (!g_interrupted.exchange(true)) alarm(g_grace_seconds);
+}
+
+// Before the first step (reading and decoding the data, building the model, reading a
+// checkpoint, waiting for the other ranks at the rendezvous or the agreement) nothing has been
+// trained that a stop could save and nothing is being written but the folder's lock, so a stop
+// signal ends the process at once: one line, exit 130 as a stop in the loop. Waiting for the
+// preparation to end instead could take minutes (a large data set, a rank that never comes:
+// train.rank_timeout_s). write(2) and _exit are async-signal-safe.
+extern "C" void on_stop_signal(int signal) {
+  switch (g_phase.load()) {
+    case kPreparing:
+      if (g_speaks.load()) write_preparation_stop(signal);
+      _exit(130);
+    case kTraining:
+      if (signal == SIGHUP)
+        on_hangup();
+      else
+        on_interrupt();
+      return;
+    default:  // outside the scopes, or after the loop: what the signal did before posenc handled it
+      std::signal(signal, SIG_DFL);
+      raise(signal);
+  }
+}
+
+using Handler = void (*)(int);
+Handler install(int signal, Handler handler) {
+  const Handler previous = std::signal(signal, handler);
+  return previous == SIG_ERR ? SIG_DFL : previous;
 }
 
 // Installs the handlers for the loop's life and restores the previous ones after.
@@ -77,24 +136,25 @@ class InterruptScope {
   InterruptScope() {
     g_interrupted = false;
     g_grace_seconds = stop_grace_seconds();
-    alarm_ = std::signal(SIGALRM, on_grace_over);
-    int_ = std::signal(SIGINT, on_interrupt);
-    term_ = std::signal(SIGTERM, on_interrupt);
-    hup_ = std::signal(SIGHUP, on_hangup);
+    alarm_ = install(SIGALRM, on_grace_over);
+    phase_ = g_phase.exchange(kTraining);
+    int_ = install(SIGINT, on_stop_signal);
+    term_ = install(SIGTERM, on_stop_signal);
+    hup_ = install(SIGHUP, on_stop_signal);
   }
   ~InterruptScope() {
     alarm(0);
-    std::signal(SIGALRM, alarm_ == SIG_ERR ? SIG_DFL : alarm_);
-    std::signal(SIGINT, int_ == SIG_ERR ? SIG_DFL : int_);
-    std::signal(SIGTERM, term_ == SIG_ERR ? SIG_DFL : term_);
-    std::signal(SIGHUP, hup_ == SIG_ERR ? SIG_DFL : hup_);
+    // within StopSignals (posenc train): the handler stays, with the default action after the loop
+    g_phase = phase_ == kOutside ? kOutside : kFinishing;
+    std::signal(SIGALRM, alarm_);
+    std::signal(SIGINT, int_);
+    std::signal(SIGTERM, term_);
+    std::signal(SIGHUP, hup_);
   }
 
  private:
-  void (*alarm_)(int) = SIG_DFL;
-  void (*int_)(int) = SIG_DFL;
-  void (*term_)(int) = SIG_DFL;
-  void (*hup_)(int) = SIG_DFL;
+  int phase_ = kOutside;
+  Handler alarm_ = SIG_DFL, int_ = SIG_DFL, term_ = SIG_DFL, hup_ = SIG_DFL;
 };
 
 // One optimizer step at learning rate lr on this rank's part `indices` of the batch; returns the
@@ -181,6 +241,22 @@ void save_all(Run& run, const LoopState& state) {
 }
 
 }  // namespace
+
+StopSignals::StopSignals(bool speaks) {
+  speaks_ = g_speaks.exchange(speaks);
+  phase_ = g_phase.exchange(kPreparing);
+  int_ = install(SIGINT, on_stop_signal);
+  term_ = install(SIGTERM, on_stop_signal);
+  hup_ = install(SIGHUP, on_stop_signal);
+}
+
+StopSignals::~StopSignals() {
+  std::signal(SIGINT, int_);
+  std::signal(SIGTERM, term_);
+  std::signal(SIGHUP, hup_);
+  g_phase = phase_;
+  g_speaks = speaks_;
+}
 
 at::Tensor LogWindow::to_tensor() const {
   return torch::tensor(

@@ -1,8 +1,9 @@
 // The training loop: from the current step to the last one, one AdamW step per batch (schedule.h),
 // a metrics.csv row every log_every steps, evaluation and a checkpoint at the end of every
-// eval_every-th epoch, and a clean stop (checkpoint saved) on SIGINT/SIGTERM or --stop-after. The
-// epoch's order depends on (seed, epoch) and a step's randomness on (seed, step) only, so a resumed
-// run continues bit for bit. In a data-parallel run (distributed/data_parallel.h) every rank runs
+// eval_every-th epoch, and a clean stop (checkpoint saved) on SIGINT/SIGTERM or --stop-after (a
+// signal before the first step: StopSignals, an exit at once). The epoch's order depends on
+// (seed, epoch) and a step's randomness on (seed, step) only, so a resumed run continues bit for
+// bit. In a data-parallel run (distributed/data_parallel.h) every rank runs
 // this loop on its shard of each global batch; the ranks agree on each step's loss and on
 // stopping, and only rank 0 writes. Internal to the trainer.
 #pragma once
@@ -56,6 +57,29 @@ struct LoopState {
   /// The evaluation at the last step (empty until the loop reaches it): the run's final metrics,
   /// not computed a second time.
   Metrics final_eval;
+};
+
+/// SIGINT, SIGTERM and SIGHUP over one `posenc train` run, from before its rendezvous to its end.
+/// Before the first step (loading and decoding the data, building the model, reading the
+/// checkpoint, waiting for the other ranks) a signal ends the process at once: one line (from
+/// `speaks`: a process alone or rank 0; the other ranks exit without a word, as they do when rank
+/// 0 announces a stop in the loop) and exit 130, as a stop in the loop; nothing has been trained
+/// and nothing is written then but the folder's lock. In train_loop: a checkpoint after the step
+/// (InterruptScope in loop.cpp). After the loop: the signal's default action. The previous
+/// handlers come back at the end of the scope.
+class StopSignals {
+ public:
+  explicit StopSignals(bool speaks);
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  bool speaks_ = true;
+  int phase_ = 0;
+  void (*int_)(int) = nullptr;
+  void (*term_)(int) = nullptr;
+  void (*hup_)(int) = nullptr;
 };
 
 /// Trains from state.step to run.counts.total; returns false when stopped early (a signal or

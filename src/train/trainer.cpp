@@ -359,6 +359,8 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
                 options.distributed.world_size);
     return evaluate_weights(config, options, "");
   }
+  // a stop signal from here to the first step ends the process at once (one line, exit 130)
+  StopSignals stop_signals(options.distributed.rank == 0);
   std::shared_ptr<DataParallel> ranks;
   {
     const auto settings = read_settings(config);
