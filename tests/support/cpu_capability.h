@@ -8,22 +8,13 @@
 // tests under ATEN_CPU_CAPABILITY=avx2, bit for bit, on every CPU of our kind).
 #pragma once
 
-#include <ATen/native/DispatchStub.h>
+#include <ATen/Version.h>
 
 #include <string>
 
 namespace posenc::test {
 
 /// "DEFAULT", "AVX2" or "AVX512": torch.backends.cpu.get_cpu_capability()'s names.
-inline std::string aten_cpu_capability() {
-  switch (at::native::get_cpu_capability()) {
-    case at::native::CPUCapability::AVX2:
-      return "AVX2";
-    case at::native::CPUCapability::AVX512:
-      return "AVX512";
-    default:
-      return "DEFAULT";
-  }
-}
+inline std::string aten_cpu_capability() { return at::get_cpu_capability(); }
 
 }  // namespace posenc::test

@@ -49,18 +49,31 @@ inline __attribute__((target("avx2,fma"))) Erf8 erf8(__m256 z) {
 const float kSqrtHalf = static_cast<float>(M_SQRT1_2);
 const float kInvSqrtTwoPi = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
 
-inline __attribute__((target("avx2,fma"))) __m256 gelu8(__m256 x) {
-  const Erf8 f = erf8(_mm256_mul_ps(x, _mm256_set1_ps(kSqrtHalf)));
-  return _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)),
-                       _mm256_add_ps(_mm256_set1_ps(1.0f), f.erf));
+// Lanes where x is -inf / +-inf: there the products below are inf * 0, and the limits hold.
+inline __attribute__((target("avx2,fma"))) __m256 is_negative_infinity(__m256 x) {
+  return _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+}
+inline __attribute__((target("avx2,fma"))) __m256 is_infinity(__m256 x) {
+  const __m256 a = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+  return _mm256_cmp_ps(a, _mm256_set1_ps(INFINITY), _CMP_EQ_OQ);
 }
 
+// gelu(-inf) = lim x Phi(x) = -0 (as gelu(-3e38) = -0), not -inf * 0; gelu(+inf) = +inf.
+inline __attribute__((target("avx2,fma"))) __m256 gelu8(__m256 x) {
+  const Erf8 f = erf8(_mm256_mul_ps(x, _mm256_set1_ps(kSqrtHalf)));
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(0.5f)),
+                                 _mm256_add_ps(_mm256_set1_ps(1.0f), f.erf));
+  return _mm256_blendv_ps(y, _mm256_set1_ps(-0.0f), is_negative_infinity(x));
+}
+
+// gelu'(+-inf) = Phi(+-inf) = 1 / 0 (x phi(x) -> 0), not Phi + inf * 0.
 inline __attribute__((target("avx2,fma"))) __m256 gelu_backward8(__m256 dy, __m256 x) {
   const Erf8 f = erf8(_mm256_mul_ps(x, _mm256_set1_ps(kSqrtHalf)));
   const __m256 cdf =
       _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_add_ps(_mm256_set1_ps(1.0f), f.erf));
   const __m256 pdf = _mm256_mul_ps(_mm256_set1_ps(kInvSqrtTwoPi), f.e);
-  return _mm256_mul_ps(dy, _mm256_fmadd_ps(x, pdf, cdf));
+  const __m256 slope = _mm256_blendv_ps(_mm256_fmadd_ps(x, pdf, cdf), cdf, is_infinity(x));
+  return _mm256_mul_ps(dy, slope);
 }
 
 // y[i] = gelu(x[i]) for i in [0, n); the last 1..7 through a zero-padded lane block.
