@@ -5,8 +5,10 @@
 // equal weights, a stopped and resumed 2-rank run ends where a straight one does, the
 // rendezvous through torchrun's variables (rank 0 hosting the store) and through torchrun's agent
 // store (hosted here by the test), a rank killed with SIGKILL named by the survivor within the
-// timeout and the run resumed afterwards, and the bad inputs (a batch the ranks do not divide, an
-// unreachable store, malformed variables) as one line each.
+// timeout and the run resumed afterwards, a rank whose collective fails on a Gloo worker thread
+// for a reason of its own (its error quoted by the other, no rank called lost), and the bad
+// inputs (a batch the ranks do not divide, an unreachable store, malformed variables) as one line
+// each.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -376,6 +378,49 @@ TEST(DataParallel, KilledRankIsNamedAndTheRunResumes) {
   auto summary = nlohmann::json::parse(read_text(out + "/summary.json"));
   EXPECT_EQ(summary.at("steps").get<int>(), 400);
 }
+
+// A collective that fails on one rank for a reason of its own, after the ranks agreed: an
+// exception thrown on the Gloo worker thread that completes rank 1's gradient all-reduce of step 3
+// (injected: POSENC_FAULT_AT=gloo_worker:1:3; an allocation or a tensor check failing there).
+// Rank 1 ends with its own error in one line; rank 0 quotes it; no rank is called lost. Before,
+// rank 1 took its own failure for a lost rank: it waited 3 s for a word from rank 0, which had
+// gone on to its next collective, and said "lost rank 0 (no word within 3 s: killed, crashed or
+// hung)", which rank 0 then quoted.
+class WorkerThreadFault : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(WorkerThreadFault, IsTheFailingRanksOwnLineAndTheOthersQuoteIt) {
+  const auto config = smoke("lm");
+  const auto out = folder("worker_fault_" + GetParam());
+  const auto port = std::to_string(free_port());
+  const std::vector<std::string> more = {"--set", "train.gradient_sync=" + GetParam(), "--set",
+                                         "train.rank_timeout_s=60"};
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.push_back(start(train_args(config, out, more),
+                          {"RANK=" + std::to_string(r), "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+                           "MASTER_PORT=" + port, "POSENC_FAULT_AT=gloo_worker:1:3"},
+                          out + std::to_string(r) + ".log"));
+  }
+  const std::string error =
+      "rank 1: injected fault in the gradient all-reduce of step 3 (POSENC_FAULT_AT)";
+  const int code1 = finish(ranks[1]), code0 = finish(ranks[0]);
+  const auto log0 = read_text(out + "0.log"), log1 = read_text(out + "1.log");
+  EXPECT_EQ(code1, 1) << log1;  // an EnvironmentError, as thrown
+  EXPECT_EQ(log1, "posenc: error: " + error + "\n");
+  EXPECT_EQ(code0, 1) << log0;
+  // rank 0's error (after its "data-parallel: ..." line): rank 1's, quoted, in one line
+  const auto at = log0.find("posenc: error: ");
+  ASSERT_NE(at, std::string::npos) << log0;
+  const auto line0 = log0.substr(at);
+  EXPECT_EQ(line0.rfind("posenc: error: rank 0: step 4's loss: rank 1 failed: " + error + " [", 0),
+            0u)
+      << log0;
+  EXPECT_EQ(std::count(line0.begin(), line0.end(), '\n'), 1) << log0;
+  EXPECT_EQ(log0.find("lost rank"), std::string::npos) << log0;
+}
+
+INSTANTIATE_TEST_SUITE_P(GradientSync, WorkerThreadFault,
+                         ::testing::Values("overlap", "after_backward"));
 
 // SIGTERM to the launcher (what SLURM sends before a kill), as Ctrl-C: passed on once to every
 // rank, they agree on the step to stop after, rank 0 saves, all exit 130; --resume completes.

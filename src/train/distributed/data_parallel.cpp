@@ -15,6 +15,8 @@
 #include "posenc/core/errors.h"
 
 #ifdef POSENC_HAS_DISTRIBUTED
+#include <gloo/common/error.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -107,6 +109,8 @@ struct DataParallel::Impl {
   std::shared_ptr<c10d::Reducer> reducer;  // kOverlap
   GradientSync mode = GradientSync::kOverlap;
   std::vector<at::Tensor> params;  // kAfterBackward
+  int64_t step = -1;               // the step whose backward runs (for the injected fault)
+  int64_t fault_step = -1;         // POSENC_FAULT_AT=gloo_worker:RANK:STEP (tests); -1: none
 };
 
 namespace {
@@ -123,6 +127,55 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const DistributedOptions&
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+// Fault injection for tests (tests/test_distributed.cpp), beside durable_file.cpp's points in the
+// same variable: POSENC_FAULT_AT="gloo_worker:RANK:STEP" makes rank RANK's gradient all-reduce of
+// step STEP fail by an exception thrown where a local failure of a collective is (an allocation, a
+// tensor check): in a callback of the all-reduce's future, run by the Gloo worker thread that
+// completes it (or by this thread, when the all-reduce ended before the callback was added). The
+// data has gone out, so the other ranks run on into their next collective. -1 when not asked.
+int64_t injected_fault_step(int rank) {
+  const char* spec = std::getenv("POSENC_FAULT_AT");
+  if (spec == nullptr) return -1;
+  const std::string text(spec), prefix = "gloo_worker:" + std::to_string(rank) + ":";
+  if (text.rfind(prefix, 0) != 0) return -1;
+  int64_t step = -1;
+  const char* first = text.data() + prefix.size();
+  const auto [end, error] = std::from_chars(first, text.data() + text.size(), step);
+  TORCH_CHECK(error == std::errc() && end == text.data() + text.size() && step >= 0,
+              "environment: POSENC_FAULT_AT='", text, "': expected gloo_worker:RANK:STEP");
+  return step;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> fail_in_callback(
+    const c10::intrusive_ptr<c10::ivalue::Future>& all_reduce, int rank, int64_t step) {
+  return all_reduce->then(
+      [rank, step](c10::ivalue::Future&) -> c10::IValue {
+        throw EnvironmentError("rank " + std::to_string(rank) +
+                               ": injected fault in the gradient all-reduce of step " +
+                               std::to_string(step) + " (POSENC_FAULT_AT)");
+      },
+      all_reduce->elementType());
+}
+
+// c10d's built-in "allreduce" hook (the mean: divided, then summed), failing at the fault step.
+class FaultInjectingHook
+    : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  FaultInjectingHook(const c10::intrusive_ptr<c10d::ProcessGroup>& group, const int64_t* step,
+                     int64_t fault_step)
+      : CppCommHookInterface(group), step_(step), fault_step_(fault_step) {}
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    std::vector<at::Tensor> tensors = {bucket.getBufferRef()};
+    tensors[0] /= state_->getSize();
+    auto done = state_->allreduce(tensors)->getFuture();
+    return *step_ == fault_step_ ? fail_in_callback(done, state_->getRank(), *step_) : done;
+  }
+
+ private:
+  const int64_t* step_;
+  int64_t fault_step_;
+};
+
 }  // namespace
 
 DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milliseconds timeout,
@@ -130,6 +183,7 @@ DataParallel::DataParallel(const DistributedOptions& options, std::chrono::milli
     : options_(options), device_(device) {
   if (!active()) return;
   impl_ = std::make_unique<Impl>();
+  impl_->fault_step = injected_fault_step(options.rank);
   const std::string me = "rank " + std::to_string(options.rank);
   c10::intrusive_ptr<c10d::Store> base;
   if (!options.store_file.empty()) {
@@ -242,16 +296,34 @@ std::string lost_ranks(c10d::Store& words, const DistributedOptions& o, bool sto
   }
 }
 
+// Whether a collective's exception says the ranks lost each other (a socket closed or reset, a
+// timeout, the store gone: Gloo's and c10d's communication errors) rather than that this rank
+// failed by itself (an allocation, a tensor check, a disk: thrown on this thread or on the Gloo
+// worker thread that ran the collective, and rethrown here by its future).
+bool is_communication_error(const std::exception& e) {
+  return dynamic_cast<const ::gloo::Exception*>(&e) != nullptr ||
+         dynamic_cast<const c10::DistError*>(&e) != nullptr;
+}
+
 }  // namespace
 
-#define POSENC_COLLECTIVE(action, ...)                                                         \
-  try {                                                                                        \
-    __VA_ARGS__;                                                                               \
-  } catch (const std::exception& e) {                                                          \
-    throw EnvironmentError(                                                                    \
-        "rank " + std::to_string(options_.rank) + ": " + (action) + ": " +                     \
-        lost_ranks(*impl_->words, options_, impl_->store_on_rank0, impl_->store_name) + " [" + \
-        first_line(e.what()) + "]");                                                           \
+// A collective that fails: when the ranks lost each other, one error naming the lost rank (or
+// quoting the rank that failed by itself); when this rank failed by itself, its own error as it
+// is (its type keeps the exit code), which run_training leaves in the store for the others to
+// quote before this process ends and closes its sockets. Asking the others first, as before,
+// named a rank that was still running: the rank that failed waited kLostRankWait for a word from
+// ranks that were blocked in the collective or already in their next one, and blamed them.
+#define POSENC_LOST_RANKS_ERROR(action, e)                                                         \
+  EnvironmentError("rank " + std::to_string(options_.rank) + ": " + (action) + ": " +              \
+                   lost_ranks(*impl_->words, options_, impl_->store_on_rank0, impl_->store_name) + \
+                   " [" + first_line((e).what()) + "]")
+
+#define POSENC_COLLECTIVE(action, ...)        \
+  try {                                       \
+    __VA_ARGS__;                              \
+  } catch (const std::exception& e) {         \
+    if (!is_communication_error(e)) throw;    \
+    throw POSENC_LOST_RANKS_ERROR(action, e); \
   }
 
 void DataParallel::broadcast_module(torch::nn::Module& module) {
@@ -300,6 +372,9 @@ void DataParallel::sync_gradients(torch::nn::Module& model, GradientSync mode, i
       find_unused, /*gradient_as_bucket_view=*/false, names, kFirstBucketBytes,
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       std::vector<int64_t>{});
+  if (impl_->fault_step >= 0)
+    impl_->reducer->register_comm_hook(
+        std::make_unique<FaultInjectingHook>(impl_->group, &impl_->step, impl_->fault_step));
 }
 
 void DataParallel::before_forward() {
@@ -314,6 +389,7 @@ void DataParallel::backward(const at::Tensor& loss, int64_t step) {
     return;
   }
   const auto what = "step " + std::to_string(step);
+  impl_->step = step;
   if (impl_->reducer) impl_->reducer->prepare_for_backward({loss});
   POSENC_COLLECTIVE(what + " (backward and its gradient all-reduce)", loss.backward());
   if (impl_->mode != GradientSync::kAfterBackward) return;
@@ -326,7 +402,13 @@ void DataParallel::backward(const at::Tensor& loss, int64_t step) {
   }
   auto flat = torch::cat(pieces).div_(world_size());
   std::vector<at::Tensor> buffer{flat};
-  POSENC_COLLECTIVE(what + " (gradient all-reduce)", impl_->group->allreduce(buffer)->wait());
+  POSENC_COLLECTIVE(what + " (gradient all-reduce)", {
+    auto work = impl_->group->allreduce(buffer);
+    if (step != impl_->fault_step)
+      work->wait();
+    else
+      fail_in_callback(work->getFuture(), rank(), step)->waitAndThrow();
+  });
   int64_t offset = 0;
   for (auto& p : impl_->params) {
     const int64_t n = p.numel();
@@ -358,14 +440,16 @@ std::vector<std::string> DataParallel::gather_text(const std::string& key, const
                                                    const std::string& what) {
   if (!active()) return {value};
   std::vector<std::string> out;
-  POSENC_COLLECTIVE(what, {
+  try {  // the store's errors, whatever their type (a FileStore times out with a plain c10::Error)
     auto store = c10::make_intrusive<c10d::PrefixStore>("posenc/texts/" + key, impl_->words);
     store->set(std::to_string(rank()), std::vector<uint8_t>(value.begin(), value.end()));
     for (int64_t r = 0; r < world_size(); ++r) {
       const auto bytes = store->get(std::to_string(r));
       out.emplace_back(bytes.begin(), bytes.end());
     }
-  });
+  } catch (const std::exception& e) {
+    throw POSENC_LOST_RANKS_ERROR(what, e);
+  }
   return out;
 }
 

@@ -20,7 +20,9 @@
 // Faults: a collective that fails (a rank killed: its sockets close; a rank hung: the timeout)
 // is turned into one error naming the lost rank. Survivors leave their word in the store and wait
 // kLostRankWait for the others' word; a rank that failed by itself leaves its error message there
-// first, so the survivors can quote it.
+// first, so the survivors can quote it. A collective that fails on this rank for a reason of its
+// own (an exception that is not a Gloo or c10d communication error, thrown on this thread or on a
+// Gloo worker thread: an allocation, a tensor check) is that error as it is, not a lost rank.
 #pragma once
 
 #include <c10/core/Device.h>
