@@ -3,11 +3,76 @@
 Each promises exactly what the C++ kernels return (src/ops/*.cpp): apply_rotary's outputs are laid
 out as empty_like(q) / empty_like(k) in the promoted dtype on every path; rope_rotate's are
 contiguous in x's shape and dtype; rope_cos_sin's are contiguous float32 [..., N, 2F].
+
+Every fake first checks its tensor arguments' devices as the C++ kernels do
+(src/ops/operator_checks.h, the same words): a fake sees tensors on different devices only in an
+eager call that mixes meta and real tensors (Meta outranks CPU in dispatch, so a meta table among
+CPU tensors lands here, and a fake would hand back uninitialized CPU memory); under FakeTensorMode
+every tensor carries the one fake device and all-meta calls (compile, export) pass.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+# Arguments that may live on the CPU when the first tensor argument is on CUDA (the documented
+# exceptions: rope_rotate's tables, attention_fused's positions, slopes, tables and masks).
+_HOST_OK = {
+    "rope_rotate": ("cos", "sin"),
+    "rope_rotate_qk": ("cos", "sin"),
+    "rope_rotate_": ("cos", "sin"),
+}
+_FUSED_HOST_OK = ("q_positions", "k_positions", "slopes", "table", "key_padding", "q_cos",
+                  "q_sin", "k_cos", "k_sin")
+for _name in ("attention_fused", "_attention_fused_forward", "_attention_fused_backward"):
+    _HOST_OK[_name] = _FUSED_HOST_OK
+
+
+def check_same_device(op: str, named, host_ok=()) -> None:
+    """Every tensor on the first one's device (host_ok ones also on the CPU for a CUDA first)."""
+    anchor = None
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if anchor is None:
+            anchor = (name, t.device)
+            continue
+        first, device = anchor
+        if name in host_ok:
+            if t.device != device and not (device.type == "cuda" and t.device.type == "cpu"):
+                raise RuntimeError(f"{op}: {name} is on {t.device} but {first} is on {device}; "
+                                   f"{name} must be on {first}'s device (or the CPU, for a CUDA "
+                                   f"{first})")
+        elif t.device != device:
+            raise RuntimeError(f"{op}: {name} is on {t.device} but {first} is on {device}; "
+                               f"every tensor argument must be on {first}'s device")
+
+
+def _label(name: str) -> str:
+    """The operator as the C++ kernels' messages name it."""
+    if name.startswith("rope_rotate") or "attention_fused" in name:
+        return name
+    return "posenc." + name.lstrip("_").removesuffix("_forward").removesuffix("_backward")
+
+
+def _fake(name: str):
+    """register_fake for posenc::<name>, the devices of every tensor argument checked first."""
+    def wrap(fn):
+        schema = getattr(torch.ops.posenc, name).default._schema
+        names = [a.name for a in schema.arguments]
+        op = _label(name)
+
+        @functools.wraps(fn)
+        def checked(*args, **kwargs):
+            bound = list(zip(names, args)) + list(kwargs.items())
+            check_same_device(op, bound, _HOST_OK.get(name, ()))
+            return fn(*args, **kwargs)
+
+        torch.library.register_fake(f"posenc::{name}")(checked)
+        return fn
+    return wrap
 
 
 def _result_dtype(x, cos, sin):
@@ -15,16 +80,17 @@ def _result_dtype(x, cos, sin):
 
 
 def _result_like(x, cos, unsqueeze_dim, dtype):
-    # empty_like(x), or contiguous where the tables broadcast x to a larger shape
+    # empty_like(x), or contiguous where the tables broadcast x to a larger shape: the leading
+    # dims broadcast, x's head dim (the table's last dim is the rotary width, or 1 over all of it)
     table = cos.unsqueeze(unsqueeze_dim)
-    rotary = torch.broadcast_shapes(tuple(x.shape[:-1]) + (cos.shape[-1],), tuple(table.shape))
-    shape = tuple(rotary[:-1]) + (x.shape[-1],)
+    lead = torch.broadcast_shapes(tuple(x.shape[:-1]), tuple(table.shape[:-1]))
+    shape = tuple(lead) + (x.shape[-1],)
     if shape == tuple(x.shape):
         return torch.empty_like(x, dtype=dtype)
     return x.new_empty(shape, dtype=dtype)
 
 
-@torch.library.register_fake("posenc::apply_rotary")
+@_fake("apply_rotary")
 def _apply_rotary_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
     torch._check(cos.shape == sin.shape, lambda: "posenc.apply_rotary: cos and sin shapes differ")
     return (
@@ -33,41 +99,36 @@ def _apply_rotary_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
     )
 
 
-@torch.library.register_fake("posenc::apply_rotary_")
+@_fake("apply_rotary_")
 def _apply_rotary_inplace_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
     return None
 
 
 # rope_rotate*: results contiguous in x's shape and dtype (src/ops/rope_rotate.cpp's empty_result).
-# Tables on x's device (a CUDA x may read CPU tables): a real meta tensor among real CPU ones would
-# otherwise bring this fake into an eager call and return uninitialized memory.
-def _rope_rotate_devices(op, tensors, cos, sin):
-    for t in (cos, sin):
-        for x in tensors:
-            torch._check(t.device == x.device or (x.device.type == "cuda" and t.device.type == "cpu"),
-                         lambda: f"{op}: cos/sin on {t.device} for x on {x.device}")
+# Tables on x's device, or on the CPU for a CUDA x (_HOST_OK).
+def _rope_rotate_shapes(op, cos, sin):
     torch._check(cos.shape == sin.shape, lambda: f"{op}: cos and sin shapes differ")
 
 
-@torch.library.register_fake("posenc::rope_rotate")
+@_fake("rope_rotate")
 def _rope_rotate_fake(x, cos, sin, layout="half", inverse=False):
-    _rope_rotate_devices("rope_rotate", (x,), cos, sin)
+    _rope_rotate_shapes("rope_rotate", cos, sin)
     return x.new_empty(x.shape)
 
 
-@torch.library.register_fake("posenc::rope_rotate_qk")
+@_fake("rope_rotate_qk")
 def _rope_rotate_qk_fake(q, k, cos, sin, layout="half", inverse=False):
-    _rope_rotate_devices("rope_rotate_qk", (q, k), cos, sin)
+    _rope_rotate_shapes("rope_rotate_qk", cos, sin)
     return q.new_empty(q.shape), k.new_empty(k.shape)
 
 
-@torch.library.register_fake("posenc::rope_rotate_")
+@_fake("rope_rotate_")
 def _rope_rotate_inplace_fake(x, cos, sin, layout="half", inverse=False):
-    _rope_rotate_devices("rope_rotate_", (x,), cos, sin)
+    _rope_rotate_shapes("rope_rotate_", cos, sin)
     return None
 
 
-@torch.library.register_fake("posenc::rope_cos_sin")
+@_fake("rope_cos_sin")
 def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section=(),
                        section_layout="contiguous", layout="half"):
     lead = positions.shape if len(mrope_section) == 0 else positions.shape[:-1]
@@ -78,7 +139,7 @@ def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section
     )
 
 
-@torch.library.register_fake("posenc::patch_grid_rope")
+@_fake("patch_grid_rope")
 def _patch_grid_rope_fake(feat_shape, bands, grid_type="index", ref_feat_shape=None,
                           grid_offset=0.0, grid_indexing="ij", normalize_coords="separate",
                           layout="interleaved"):
@@ -90,18 +151,18 @@ def _patch_grid_rope_fake(feat_shape, bands, grid_type="index", ref_feat_shape=N
             bands.new_empty(shape, dtype=torch.float32))
 
 
-@torch.library.register_fake("posenc::alibi_attention")
+@_fake("alibi_attention")
 def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-@torch.library.register_fake("posenc::_alibi_attention_forward")
+@_fake("_alibi_attention_forward")
 def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty(q.shape[:-1], dtype=torch.float32))
 
 
-@torch.library.register_fake("posenc::_alibi_attention_backward")
+@_fake("_alibi_attention_backward")
 def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=False,
                                    symmetric=False, scale=None, attention_mask=None):
     # contiguous, as the kernel returns them (q, k, v may be transposed views)
@@ -110,20 +171,20 @@ def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=F
 
 # t5_attention: outputs contiguous as the C++ kernels return them (backward: contiguous
 # float32 gradients converted to each input's dtype, dtable in the table's dtype).
-@torch.library.register_fake("posenc::t5_attention")
+@_fake("t5_attention")
 def _t5_attention_fake(q, k, v, table, bidirectional=True, max_distance=128, causal=False,
                        scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-@torch.library.register_fake("posenc::_t5_attention_forward")
+@_fake("_t5_attention_forward")
 def _t5_attention_forward_fake(q, k, v, table, bidirectional=True, max_distance=128,
                                causal=False, scale=None, attention_mask=None):
     return (q.new_empty((*q.shape[:-1], v.shape[-1])),
             q.new_empty(q.shape[:-1], dtype=torch.float32))
 
 
-@torch.library.register_fake("posenc::_t5_attention_backward")
+@_fake("_t5_attention_backward")
 def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectional=True,
                                 max_distance=128, causal=False, scale=None, attention_mask=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
@@ -132,18 +193,18 @@ def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectiona
 
 # shaw_attention: as t5_attention; lse is float64 for float64 inputs (their reference path), and
 # dtable is [2K+1, D] in the table's dtype.
-@torch.library.register_fake("posenc::shaw_attention")
+@_fake("shaw_attention")
 def _shaw_attention_fake(q, k, v, table, causal=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-@torch.library.register_fake("posenc::_shaw_attention_forward")
+@_fake("_shaw_attention_forward")
 def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None, attention_mask=None):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
 
-@torch.library.register_fake("posenc::_shaw_attention_backward")
+@_fake("_shaw_attention_backward")
 def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None, attention_mask=None):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             table.new_empty(table.shape))
@@ -151,14 +212,14 @@ def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=Fal
 
 # positional_attention: as t5_attention (lse float64 for float64 inputs, their reference path);
 # dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table.
-@torch.library.register_fake("posenc::positional_attention")
+@_fake("positional_attention")
 def _positional_attention_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                symmetric=False, t5_table=None, bidirectional=True,
                                max_distance=128, causal=False, scale=None, attention_mask=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-@torch.library.register_fake("posenc::_positional_attention_forward")
+@_fake("_positional_attention_forward")
 def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                        symmetric=False, t5_table=None, bidirectional=True,
                                        max_distance=128, causal=False, scale=None, attention_mask=None):
@@ -166,7 +227,7 @@ def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
 
-@torch.library.register_fake("posenc::_positional_attention_backward")
+@_fake("_positional_attention_backward")
 def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, sin=None,
                                         layout="half", slopes=None, symmetric=False,
                                         t5_table=None, bidirectional=True, max_distance=128,
@@ -179,22 +240,16 @@ def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, s
 # attention_fused (the C++ library's attention, src/ops/attention_fused.cpp): q, k, v [B, N, H, D],
 # out [B, Nq, H, Dv] contiguous in q's dtype, lse [B, H, Nq] float32; the backward's dtable has the
 # table's shape and dtype, [0] float32 without one. Positions, slopes and tables may live on the
-# CPU for CUDA activations; q, k, v share one device.
-def _attention_fused_devices(q, k, v):
-    torch._check(k.device == q.device and v.device == q.device,
-                 lambda: f"attention_fused: q, k, v must share a device, got {q.device}, "
-                         f"{k.device}, {v.device}")
+# CPU for CUDA activations (_HOST_OK); q, k, v share one device.
 
 
-@torch.library.register_fake("posenc::attention_fused")
+@_fake("attention_fused")
 def _attention_fused_fake(q, k, v, *args):
-    _attention_fused_devices(q, k, v)
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
-@torch.library.register_fake("posenc::_attention_fused_forward")
+@_fake("_attention_fused_forward")
 def _attention_fused_forward_fake(q, k, v, *args):
-    _attention_fused_devices(q, k, v)
     # out: float32 on the CPU (the unrounded values the backward reads), q's dtype on CUDA (the
     # kernel's own); lse [B, H, Nq] float32
     out_dtype = torch.float32 if q.device.type == "cpu" else q.dtype
@@ -202,10 +257,9 @@ def _attention_fused_forward_fake(q, k, v, *args):
             q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
 
 
-@torch.library.register_fake("posenc::_attention_fused_backward")
+@_fake("_attention_fused_backward")
 def _attention_fused_backward_fake(grad_out, out, lse, q, k, v, q_positions, k_positions, slopes,
                                    symmetric, table, *args):
-    _attention_fused_devices(q, k, v)
     dtable = table.new_empty(table.shape) if table is not None else \
         q.new_empty((0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable

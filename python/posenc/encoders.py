@@ -93,6 +93,24 @@ def _to_cpp(t: torch.Tensor, layout: str) -> torch.Tensor:  # [B, H, N, Dh] -> [
     return t.transpose(1, 2) if layout == "bhnd" else t
 
 
+def _key_padding(mask: torch.Tensor) -> torch.Tensor:
+    """key_padding as bool (True: a real key); integer 0 / 1 as transformers' attention_mask."""
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(f"posenc Plan.attention: key_padding must be a tensor, got "
+                         f"{type(mask).__name__}")
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point() or mask.is_complex():
+        raise ValueError(f"posenc Plan.attention: key_padding must be bool or integer (True / 1 "
+                         f"= a real key, 0 = padding), got {mask.dtype}; an additive float mask "
+                         f"(0 keep, -inf pad) is not taken: pass mask == 0")
+    if mask.numel() > 0 and mask.device.type != "meta" and \
+            not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(f"posenc Plan.attention: key_padding values must be 0 or 1, got values "
+                         f"in [{int(mask.min())}, {int(mask.max())}]")
+    return mask.to(torch.bool)
+
+
 class Plan:
     """One forward's parts of an encoder: add (embeddings), rotate (q, k), bias (logits)."""
 
@@ -120,8 +138,12 @@ class Plan:
         depend on it (Shaw's key-side term)."""
         if not self._plan.has_bias():
             return None
-        return self._plan.bias(int(heads), _to_cpp(q, self._layout) if q is not None else
+        bias = self._plan.bias(int(heads), _to_cpp(q, self._layout) if q is not None else
                                torch.empty(0))
+        if bias.shape[-3] != heads:  # a table of its own head count (T5's num_heads)
+            raise ValueError(f"posenc Plan.bias: the plan's bias has {bias.shape[-3]} heads "
+                             f"(shape {tuple(bias.shape)}) but heads={heads} was asked for")
+        return bias
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   causal: bool = False, key_padding: torch.Tensor | None = None,
@@ -135,13 +157,17 @@ class Plan:
         materialized bias (the reference: what scaled_dot_product_attention(*rotate(q, k), v,
         attn_mask=bias(H)) computes). The plan covers Nq queries and Nk keys (keys given to the
         encoder apart; causal: the queries are the last Nq keys). key_padding [B, Nk] bool, True
-        at a real key; scale None is 1/sqrt(Dh). Gradients for q, k, v and the encoder's
-        parameters (eager; torch.compile breaks the graph here)."""
+        at a real key (or integer 1 / 0, as transformers' attention_mask; a float mask is refused:
+        an additive 0 / -inf mask would read inverted); scale None is 1/sqrt(Dh) (1 for Dh = 0,
+        where the dot products are empty and SDPA's logits are the bias alone). Gradients for q,
+        k, v and the encoder's parameters (eager; torch.compile breaks the graph here)."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
             raise ValueError(f"posenc Plan.attention: q, k, v must be 4-D ({self._layout}), got "
                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-        padding = key_padding.to(torch.bool) if key_padding is not None else torch.empty(0)
+        if scale is None:
+            scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
+        scale = float(scale)
+        padding = _key_padding(key_padding) if key_padding is not None else torch.empty(0)
         y = self._plan.attention(_to_cpp(q, self._layout), _to_cpp(k, self._layout),
                                  _to_cpp(v, self._layout), bool(causal), padding, scale)
         return _to_cpp(y, self._layout)

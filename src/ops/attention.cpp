@@ -90,10 +90,11 @@
 #include <string>
 
 #include "../kernels/cpu/attention_cpu.h"
+#include "operator_checks.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
-#include "rotary.h"
 #include "registration.h"
+#include "rotary.h"
 
 namespace posenc::ops {
 
@@ -195,9 +196,9 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(slopes.dim() == 1 && slopes.size(0) == q.size(1),
               "posenc.alibi_attention: slopes must be [H] = [", q.size(1), "], got ",
               slopes.sizes());
-  TORCH_CHECK(slopes.device() == q.device(),
-              "posenc.alibi_attention: q, k, v, slopes must be on one device, got ", q.device(),
-              ", ", k.device(), ", ", v.device(), ", ", slopes.device());
+  TORCH_CHECK(at::isFloatingType(slopes.scalar_type()),
+              "posenc.alibi_attention: slopes must be floating point, got ", slopes.scalar_type());
+  check_same_device(kAlibi, {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}});
 }
 
 // The table [num_buckets, H] and the bucket parameters T5's formula accepts (HF does not check:
@@ -227,8 +228,11 @@ void check_t5(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check_bucket_table("posenc.t5_attention", "table", q, table, bidirectional, max_distance);
 }
 
+// scale None: 1/sqrt(D), as SDPA; with D = 0 the dot products are empty sums (0) and SDPA's
+// logits are the bias alone: any finite scale gives that (1/sqrt(0) would give 0 * inf = NaN).
 double scale_of(const at::Tensor& q, std::optional<double> scale) {
-  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+  if (scale.has_value()) return *scale;
+  return q.size(3) == 0 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
 }
 
 // transformers' 2-D attention_mask [B, Nk]: true / 1 = a key to attend to, false / 0 = padding
@@ -288,6 +292,9 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
                                                bool causal, bool symmetric,
                                                std::optional<double> scale,
                                                const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kAlibi,
+      {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   prepare(prepared, f32(q), f32(k), f32(v), slopes, causal, symmetric, scale_of(q, scale));
@@ -303,6 +310,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
     bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kAlibi, {{"grad_out", grad_out},
+                             {"q", q},
+                             {"k", k},
+                             {"v", v},
+                             {"out", out},
+                             {"lse", lse},
+                             {"slopes", slopes},
+                             {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
@@ -364,6 +379,9 @@ std::tuple<at::Tensor, at::Tensor> forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes,
     bool causal, bool symmetric, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kAlibi,
+      {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   return softmax_forward(q, v,
                          masked(logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)),
@@ -374,6 +392,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
     bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kAlibi, {{"grad_out", grad_out},
+                             {"q", q},
+                             {"k", k},
+                             {"v", v},
+                             {"out", out},
+                             {"lse", lse},
+                             {"slopes", slopes},
+                             {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   const double s = scale_of(q, scale);
   const auto g = softmax_backward(grad_out, q, k, v, out, lse,
@@ -416,6 +442,8 @@ std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at:
                                                   bool bidirectional, int64_t max_distance,
                                                   bool causal, std::optional<double> scale,
                                                   const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kT5, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   prepare_t5(prepared, f32(q), f32(k), f32(v), table, bidirectional, max_distance, causal,
@@ -433,6 +461,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
     int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kT5, {{"grad_out", grad_out},
+                          {"q", q},
+                          {"k", k},
+                          {"v", v},
+                          {"out", out},
+                          {"lse", lse},
+                          {"table", table},
+                          {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
@@ -477,6 +513,8 @@ std::tuple<at::Tensor, at::Tensor> t5_forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kT5, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
   return softmax_forward(q, v,
@@ -489,6 +527,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
     int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kT5, {{"grad_out", grad_out},
+                          {"q", q},
+                          {"k", k},
+                          {"v", v},
+                          {"out", out},
+                          {"lse", lse},
+                          {"table", table},
+                          {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   const double s = scale_of(q, scale);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
@@ -586,6 +632,8 @@ ShawLogits shaw_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Te
 std::tuple<at::Tensor, at::Tensor> shaw_forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kShaw, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   return softmax_forward(q, v,
                          masked(shaw_logits_of(q, k, table, causal, scale_of(q, scale)).logits,
@@ -596,6 +644,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_referen
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
     std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kShaw, {{"grad_out", grad_out},
+                            {"q", q},
+                            {"k", k},
+                            {"v", v},
+                            {"out", out},
+                            {"lse", lse},
+                            {"table", table},
+                            {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   const double s = scale_of(q, scale);
   const auto l = shaw_logits_of(q, k, table, causal, s);
@@ -634,6 +690,8 @@ void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
 std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(
+      kShaw, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   // float64: the exact reference (the kernel computes in float32)
   if (q.scalar_type() == at::kDouble)
@@ -652,6 +710,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
     std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_same_device(kShaw, {{"grad_out", grad_out},
+                            {"q", q},
+                            {"k", k},
+                            {"v", v},
+                            {"out", out},
+                            {"lse", lse},
+                            {"table", table},
+                            {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   if (q.scalar_type() == at::kDouble)
     return shaw_backward_reference(grad_out, q, k, v, out, lse, table, causal, scale,
@@ -956,18 +1022,45 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor
                                                                 const at::Tensor& k,
                                                                 const at::Tensor& v,
                                                                 POSITIONAL_PARAMS) {
+  check_same_device(kPositional, {{"q", q},
+                                  {"k", k},
+                                  {"v", v},
+                                  {"cos", cos},
+                                  {"sin", sin},
+                                  {"slopes", slopes},
+                                  {"t5_table", t5_table},
+                                  {"attention_mask", attention_mask}});
   return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+  check_same_device(kPositional, {{"grad_out", grad_out},
+                                  {"q", q},
+                                  {"k", k},
+                                  {"v", v},
+                                  {"out", out},
+                                  {"lse", lse},
+                                  {"cos", cos},
+                                  {"sin", sin},
+                                  {"slopes", slopes},
+                                  {"t5_table", t5_table},
+                                  {"attention_mask", attention_mask}});
   return positional_backward_reference_of(grad_out, q, k, v, out, lse,
                                           positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
+  check_same_device(kPositional, {{"q", q},
+                                  {"k", k},
+                                  {"v", v},
+                                  {"cos", cos},
+                                  {"sin", sin},
+                                  {"slopes", slopes},
+                                  {"t5_table", t5_table},
+                                  {"attention_mask", attention_mask}});
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_forward_reference_of(q, k, v, a);
@@ -984,6 +1077,17 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, c
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+  check_same_device(kPositional, {{"grad_out", grad_out},
+                                  {"q", q},
+                                  {"k", k},
+                                  {"v", v},
+                                  {"out", out},
+                                  {"lse", lse},
+                                  {"cos", cos},
+                                  {"sin", sin},
+                                  {"slopes", slopes},
+                                  {"t5_table", t5_table},
+                                  {"attention_mask", attention_mask}});
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1023,6 +1127,14 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
 // gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
 std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
+  check_same_device(kPositional, {{"q", q},
+                                  {"k", k},
+                                  {"v", v},
+                                  {"cos", cos},
+                                  {"sin", sin},
+                                  {"slopes", slopes},
+                                  {"t5_table", t5_table},
+                                  {"attention_mask", attention_mask}});
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../kernels/cpu/attention_cpu.h"
+#include "operator_checks.h"
 #include "posenc/kernels/attention.h"
 #include "posenc/kernels/rope.h"
 #include "rope_rotate.h"
@@ -69,8 +70,49 @@ void check_rotary(const AttentionRotary& r, const at::Tensor& q, const at::Tenso
               "supported; rotate q, k outside");
 }
 
+// Positions, slopes, tables, masks: on q's device, or on the CPU for CUDA activations (the
+// documented exception); q, k, v on one device.
+void check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const at::Tensor& q_positions, const at::Tensor& k_positions,
+                   const std::optional<at::Tensor>& slopes, const std::optional<at::Tensor>& table,
+                   const std::optional<at::Tensor>& key_padding,
+                   const std::optional<at::Tensor>& q_cos, const std::optional<at::Tensor>& q_sin,
+                   const std::optional<at::Tensor>& k_cos, const std::optional<at::Tensor>& k_sin) {
+  check_same_device("attention_fused", {{"q", q}, {"k", k}, {"v", v}},
+                    {{"q_positions", q_positions},
+                     {"k_positions", k_positions},
+                     {"slopes", slopes},
+                     {"table", table},
+                     {"key_padding", key_padding},
+                     {"q_cos", q_cos},
+                     {"q_sin", q_sin},
+                     {"k_cos", k_cos},
+                     {"k_sin", k_sin}});
+}
+
+// Positions, slopes and tables hold real numbers (an imaginary part would be dropped).
+void check_real(const char* name, const std::optional<at::Tensor>& t, bool integers_too) {
+  if (!t.has_value() || !t->defined()) return;
+  const auto dtype = t->scalar_type();
+  TORCH_CHECK(at::isFloatingType(dtype) || (integers_too && at::isIntegralType(dtype, false)),
+              "attention_fused: ", name, " must hold real numbers (",
+              integers_too ? "floating point or integer" : "floating point", "), got ", dtype);
+}
+
 Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 POSENC_ATTENTION_FUSED_PARAMS) {
+  check_devices(q, k, v, q_positions, k_positions, slopes, table, key_padding, q_cos, q_sin, k_cos,
+                k_sin);
+  check_real("q_positions", q_positions, true);
+  check_real("k_positions", k_positions, true);
+  check_real("slopes", slopes, false);
+  check_real("table", table, false);
+  for (const auto& [name, t] :
+       {std::pair<const char*, const std::optional<at::Tensor>&>{"q_cos", q_cos},
+        {"q_sin", q_sin},
+        {"k_cos", k_cos},
+        {"k_sin", k_sin}})
+    check_real(name, t, false);
   check_attention_shapes(q, k, v);
   TORCH_CHECK(std::isfinite(scale), "attention_fused: scale must be finite, got ", scale);
   const auto dtype = q.scalar_type();
@@ -81,9 +123,6 @@ Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(k.scalar_type() == dtype && v.scalar_type() == dtype,
               "attention_fused: q, k, v must share a dtype, got ", dtype, ", ", k.scalar_type(),
               ", ", v.scalar_type());
-  TORCH_CHECK(k.device() == q.device() && v.device() == q.device(),
-              "attention_fused: q, k, v must share a device, got ", q.device(), ", ", k.device(),
-              ", ", v.device());
   TORCH_CHECK(q_positions.dim() == 1 && k_positions.dim() == 1 &&
                   q_positions.size(0) == q.size(1) && k_positions.size(0) == k.size(1),
               "attention_fused: positions must be [Nq] and [Nk] = [", q.size(1), "] and [",
@@ -169,9 +208,8 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& out, const at:
   TORCH_CHECK(lse.sizes() == at::IntArrayRef(want_lse),
               "_attention_fused_backward: lse must be [B, H, Nq] = ", want_lse, ", got ",
               lse.sizes());
-  TORCH_CHECK(
-      out.device() == q.device() && grad_out.device() == q.device() && lse.device() == q.device(),
-      "_attention_fused_backward: out, lse and grad_out must be on q's device ", q.device());
+  check_same_device("_attention_fused_backward",
+                    {{"grad_out", grad_out}, {"out", out}, {"lse", lse}, {"q", q}});
 }
 
 // ---- CPU: the tiled kernel (src/kernels/cpu/attention_cpu.cpp) ---------------------------------

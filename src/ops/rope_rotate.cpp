@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "operator_checks.h"
 #include "posenc/kernels/rope.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "../kernels/cuda/cuda_glue.h"
@@ -74,9 +75,8 @@ void rope_rotate_inplace_device(at::Tensor& x, const at::Tensor& cos, const at::
   if (x.numel() == 0 || cos.size(-1) == 0) return;  // nothing to rotate
   TORCH_CHECK(x.stride(-1) == 1, "rope_rotate_: in place needs a contiguous last dim, got strides ",
               x.strides());
-  at::assert_no_internal_overlap(x);
-  at::assert_no_overlap(x, cos);
-  at::assert_no_overlap(x, sin);
+  check_no_aliasing("rope_rotate_", {{"x", x}}, {{"cos", cos}, {"sin", sin}},
+                    "use rope_rotate (C++: rope_fused)");
   kernel({x}, {x}, kernel_table(cos), kernel_table(sin), parsed, inverse);
 }
 
@@ -84,6 +84,8 @@ void rope_rotate_inplace_device(at::Tensor& x, const at::Tensor& cos, const at::
 
 RopeLayout check_rope_rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                              c10::string_view layout, const char* op, const char* name) {
+  // tables may live on the CPU for a CUDA x (the CUDA glue moves them): the one exception
+  check_same_device(op, {{name, x}}, {{"cos", cos}, {"sin", sin}});
   const RopeLayout parsed = rope_layout_from_string(std::string(layout));
   TORCH_CHECK(x.dim() == 4, op, ": ", name, " must be [B, N, H, Dh], got shape ", x.sizes());
   TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos and sin shapes differ: ", cos.sizes(), " vs ",
@@ -108,6 +110,7 @@ RopeLayout check_rope_rotate(const at::Tensor& x, const at::Tensor& cos, const a
 
 RopeLayout check_rope_rotate_qk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                 const at::Tensor& sin, c10::string_view layout) {
+  check_same_device("rope_rotate_qk", {{"q", q}, {"k", k}});
   const RopeLayout parsed = check_rope_rotate(q, cos, sin, layout, "rope_rotate_qk", "q");
   check_rope_rotate(k, cos, sin, layout, "rope_rotate_qk", "k");
   TORCH_CHECK(q.scalar_type() == k.scalar_type(), "rope_rotate_qk: q is ", q.scalar_type(),

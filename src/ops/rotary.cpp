@@ -8,6 +8,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
+#include "operator_checks.h"
 #include "posenc/kernels/rope.h"
 #include "registration.h"
 
@@ -36,15 +37,33 @@ at::ScalarType result_dtype(const at::Tensor& x, const at::Tensor& cos, const at
   return at::promote_types(at::result_type(x, cos), sin.scalar_type());
 }
 
-// y = formula(x) for one of q, k.
+// y = formula(x) for one of q, k. Where the tables broadcast x to a larger shape, the
+// pass-through dims follow the rotated ones' shape (transformers' partial rotary, a torch.cat of
+// the two, would fail there; the rotated part has that shape).
 at::Tensor rotate_reference(const at::Tensor& x, const at::Tensor& c, const at::Tensor& s,
                             RopeLayout layout) {
-  const int64_t width = c.size(-1), dim = x.size(-1);
+  const int64_t width = rotary_width(x, c), dim = x.size(-1);
   const auto rotary = x.narrow(-1, 0, width);
   auto y = rotary * c + rotate_half_any(rotary, layout) * s;
   if (width == dim) return y;
-  const auto pass = x.narrow(-1, width, dim - width).to(y.scalar_type());
+  auto pass_shape = y.sizes().vec();
+  pass_shape.back() = dim - width;
+  const auto pass = x.narrow(-1, width, dim - width).to(y.scalar_type()).expand(pass_shape);
   return at::cat({y, pass}, -1);
+}
+
+// Whether two shapes broadcast (numpy's rule, aligned at the last dim).
+bool broadcastable(c10::IntArrayRef a, c10::IntArrayRef b) {
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 1; i <= n; ++i) {
+    const int64_t x = a[a.size() - i], y = b[b.size() - i];
+    if (x != y && x != 1 && y != 1) return false;
+  }
+  return true;
+}
+
+bool is_kernel_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
 }
 
 // The result laid out as empty_like(x) (what the fake kernel promises, whatever the path). Where
@@ -58,28 +77,11 @@ at::Tensor as_output(const at::Tensor& x, const at::Tensor& y) {
 }
 
 // In place writes each element of q and k once, reading the tables: q and k must not overlap
-// themselves (an expanded tensor), each other, or the tables.
+// themselves (an expanded tensor), each other, or the tables (operator_checks.h).
 void check_writable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                     const at::Tensor& sin) {
-  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}})
-    TORCH_CHECK(at::has_internal_overlap(t) != at::MemOverlap::Yes, "posenc.apply_rotary_: ", name,
-                " has elements that share memory (an expanded or overlapping view, strides ",
-                t.strides(), "); in place needs each element once: use apply_rotary");
-  const auto overlaps = [](const at::Tensor& a, const at::Tensor& b) {
-    const auto status = at::get_overlap_status(a, b);
-    return status == at::MemOverlapStatus::Full || status == at::MemOverlapStatus::Partial;
-  };
-  TORCH_CHECK(!overlaps(q, k),
-              "posenc.apply_rotary_: q and k share memory; in place needs them "
-              "apart: use apply_rotary");
-  for (const auto& [name, t] :
-       {std::pair<const char*, const at::Tensor&>{"cos", cos}, {"sin", sin}})
-    TORCH_CHECK(!overlaps(q, t) && !overlaps(k, t), "posenc.apply_rotary_: ", name,
-                " shares memory with q or k, which are overwritten: use apply_rotary");
-}
-
-bool is_kernel_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kBFloat16 || t == at::kHalf;
+  check_no_aliasing("posenc.apply_rotary_", {{"q", q}, {"k", k}}, {{"cos", cos}, {"sin", sin}},
+                    "use apply_rotary");
 }
 
 // [B, N, H, D] views of q/k for the kernel, whichever of HF's two layouts they are in.
@@ -125,24 +127,52 @@ at::Tensor swap_pair_members(const at::Tensor& table, RopeLayout layout) {
   return at::stack({b, a}, -1).flatten(-2);
 }
 
+int64_t rotary_width(const at::Tensor& x, const at::Tensor& c) {
+  return c.size(-1) == 1 ? x.size(-1) : c.size(-1);
+}
+
+std::vector<int64_t> apply_rotary_result_shape(const at::Tensor& x, const at::Tensor& c) {
+  const auto lead =
+      at::infer_size(x.sizes().slice(0, x.dim() - 1), c.sizes().slice(0, c.dim() - 1));
+  std::vector<int64_t> shape(lead.begin(), lead.end());
+  shape.push_back(x.size(-1));
+  return shape;
+}
+
 RopeLayout apply_rotary_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                               const at::Tensor& sin, int64_t unsqueeze_dim,
                               const std::string& layout) {
+  constexpr const char* op = "posenc.apply_rotary";
+  check_same_device(op, {{"q", q}, {"k", k}, {"cos", cos}, {"sin", sin}});
   const RopeLayout parsed = rope_layout_from_string(layout);
   for (const auto& [name, t] :
        {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}, {"cos", cos}, {"sin", sin}}) {
-    TORCH_CHECK(at::isFloatingType(t.scalar_type()), "posenc.apply_rotary: ", name,
-                " must be a floating-point tensor, got ", t.scalar_type());
-    TORCH_CHECK(t.dim() >= 1, "posenc.apply_rotary: ", name, " must have a last dim, got a scalar");
+    TORCH_CHECK(is_kernel_dtype(t.scalar_type()), op, ": ", name,
+                " must be a floating-point tensor of float32, float64, bfloat16 or float16, got ",
+                t.scalar_type());
+    TORCH_CHECK(t.dim() >= 1, op, ": ", name, " must have a last dim, got a scalar");
   }
-  TORCH_CHECK(cos.sizes() == sin.sizes(),
-              "posenc.apply_rotary: cos and sin shapes differ: ", cos.sizes(), " vs ", sin.sizes());
-  const int64_t width = cos.size(-1);
-  TORCH_CHECK(width % 2 == 0,
-              "posenc.apply_rotary: the rotary width cos.size(-1) must be even, got ", width);
-  TORCH_CHECK(width <= q.size(-1) && width <= k.size(-1), "posenc.apply_rotary: rotary width ",
-              width, " exceeds the head dim of q (", q.size(-1), ") or k (", k.size(-1), ")");
-  normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  TORCH_CHECK(cos.sizes() == sin.sizes(), op, ": cos and sin shapes differ: ", cos.sizes(), " vs ",
+              sin.sizes());
+  const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
+  // transformers' q * cos.unsqueeze(u): the unsqueezed table's last dim is the rotary width W
+  // (W < D: partial rotary, the rest passing through), or 1, broadcast over the whole head dim
+  // (unsqueeze_dim -1, or tables of width 1): then every x rotates over its full head dim
+  const auto c = cos.unsqueeze(u);
+  for (const auto& [name, x] : {std::pair<const char*, const at::Tensor&>{"q", q}, {"k", k}}) {
+    const int64_t width = rotary_width(x, c);
+    TORCH_CHECK(width % 2 == 0, op, ": the rotary width must be even, got ", width,
+                c.size(-1) == 1 ? std::string(" (") + name +
+                                      "'s head dim: cos.unsqueeze(unsqueeze_dim) of shape " +
+                                      c10::str(c.sizes()) + " broadcasts over it)"
+                                : std::string(" (cos.size(-1))"));
+    TORCH_CHECK(width <= x.size(-1), op, ": rotary width ", width, " exceeds the head dim of ",
+                name, " (", x.size(-1), "), shape ", x.sizes());
+    TORCH_CHECK(broadcastable(x.sizes().slice(0, x.dim() - 1), c.sizes().slice(0, c.dim() - 1)), op,
+                ": cos.unsqueeze(", unsqueeze_dim, ") of shape ", c.sizes(),
+                " does not broadcast with ", name, " of shape ", x.sizes(),
+                " (transformers' formula ", name, " * cos.unsqueeze(unsqueeze_dim) fails too)");
+  }
   return parsed;
 }
 
@@ -168,6 +198,7 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
   if (cos.dim() != 3) return "cos/sin are not [B, N, W]";
   const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
   if (u != 1 && u != 2) return "unsqueeze_dim is neither 1 ([B, H, N, D]) nor 2 ([B, N, H, D])";
+  if (cos.size(-1) == 1) return "cos/sin of width 1 (broadcast over the head dim)";
   const int64_t token_dim = u == 1 ? 2 : 1;
   if (q.size(0) != k.size(0) || q.size(token_dim) != k.size(token_dim))
     return "q and k differ in batch or tokens";

@@ -11,8 +11,12 @@
 //
 // q: [B, Hq, N, D] and k: [B, Hk, N, D] with cos, sin: [B or 1, N, W] (unsqueeze_dim 1, HF's
 // default), or q/k: [B, N, H, D] (unsqueeze_dim 2); any shapes that broadcast as the formula says
-// are taken by the reference. Results have the dtype eager PyTorch's formula gives (q's, unless
-// cos is of a wider type). Head counts of q and k may differ (grouped-query attention).
+// are taken by the reference, every unsqueeze_dim transformers takes with its shapes (-1: the
+// table's last dim 1 broadcast over the head dim, which rotates whole); shapes the formula cannot
+// broadcast are one line, as are dtypes other than float32/float64/bfloat16/float16 and tensors
+// on different devices (operator_checks.h). Results have the dtype eager PyTorch's formula gives
+// (q's, unless cos is of a wider type). Head counts of q and k may differ (grouped-query
+// attention).
 //
 // Paths (one dispatch point, apply_rotary_route): the fused CPU kernel (rope_rotate_cpu) where
 // its conditions hold — it computes the formula with the same roundings, so float32/float64
@@ -27,6 +31,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "posenc/functional/rope.h"
 
@@ -51,7 +56,12 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const a
                                                     const at::Tensor& cos, const at::Tensor& sin,
                                                     int64_t unsqueeze_dim,
                                                     const std::string& layout);
-/// Checks shared by every path: the one-line errors (shapes, dtypes, layout name).
+/// The rotary width of x under the unsqueezed table c: c.size(-1), or x's whole head dim where c's
+/// last dim is 1 (broadcast over it: transformers' formula with unsqueeze_dim -1).
+int64_t rotary_width(const at::Tensor& x, const at::Tensor& c);
+/// The shape of x's result under the unsqueezed table c: the leading dims broadcast, x's head dim.
+std::vector<int64_t> apply_rotary_result_shape(const at::Tensor& x, const at::Tensor& c);
+/// Checks shared by every path: the one-line errors (devices, shapes, dtypes, layout name).
 RopeLayout apply_rotary_check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                               const at::Tensor& sin, int64_t unsqueeze_dim,
                               const std::string& layout);

@@ -30,7 +30,9 @@
 //   padding included) + 1 - real tokens.
 //
 // Integer bookkeeping on the CPU, no gradient (CompositeExplicitAutograd: any device's inputs are
-// read on the CPU, the results go back to the token types' device).
+// read on the CPU, the results go back to the token types' device; a meta tensor, which holds no
+// values, is one line). Token types, grids and audio lengths are integers, masks bool or integer
+// (a float mask is refused: an additive 0 / -inf one would read inverted), seconds real numbers.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -38,6 +40,7 @@
 #include <cmath>
 #include <string>
 
+#include "operator_checks.h"
 #include "posenc/core/stream.h"
 #include "registration.h"
 
@@ -51,12 +54,28 @@ std::vector<std::array<int64_t, 3>> grids(const at::Tensor& thw, const char* nam
   if (!thw.defined() || thw.numel() == 0) return out;
   TORCH_CHECK(thw.dim() == 2 && thw.size(1) == 3, who, name,
               " must be [n, 3] (t, h, w), got shape ", thw.sizes());
-  TORCH_CHECK(!at::isFloatingType(thw.scalar_type()), who, name, " must hold integers, got ",
-              thw.scalar_type());
+  TORCH_CHECK(at::isIntegralType(thw.scalar_type(), /*includeBool=*/false), who, name,
+              " must hold integers, got ", thw.scalar_type());
   const auto cpu = thw.to(at::kCPU, at::kLong).contiguous();
   const int64_t* p = cpu.data_ptr<int64_t>();
   for (int64_t i = 0; i < cpu.size(0); ++i) out.push_back({p[3 * i], p[3 * i + 1], p[3 * i + 2]});
   return out;
+}
+
+// transformers' 2-D attention_mask: bool or integer (1 = a real token, 0 = padding); a float mask
+// (an additive 0 / -inf one would be read inverted) is refused.
+void check_mask_dtype(const char* who, const at::Tensor& mask) {
+  if (!mask.defined() || mask.numel() == 0) return;
+  TORCH_CHECK(mask.scalar_type() == at::kBool || at::isIntegralType(mask.scalar_type(), false), who,
+              "attention_mask must be bool or integer (1 = a real token, 0 = padding), got ",
+              mask.scalar_type());
+}
+
+// Seconds per temporal grid step: real numbers (an imaginary part would be dropped).
+void check_real(const char* who, const char* name, const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return;
+  TORCH_CHECK(at::isFloatingType(t.scalar_type()) || at::isIntegralType(t.scalar_type(), false),
+              who, name, " must hold real numbers, got ", t.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor> qwen2_vl_rope_index_op(
@@ -64,10 +83,19 @@ std::tuple<at::Tensor, at::Tensor> qwen2_vl_rope_index_op(
     const at::Tensor& image_grid_thw, const at::Tensor& video_grid_thw,
     const at::Tensor& second_per_grid_ts, int64_t spatial_merge_size, double tokens_per_second,
     bool resume_at_grid_side) {
+  // the values are read on the host: any real device, not meta (the documented exception: inputs
+  // on different devices are read there alike)
+  check_has_values("posenc.get_rope_index", {{"token_types", token_types},
+                                             {"attention_mask", attention_mask},
+                                             {"image_grid_thw", image_grid_thw},
+                                             {"video_grid_thw", video_grid_thw},
+                                             {"second_per_grid_ts", second_per_grid_ts}});
+  check_mask_dtype("posenc.get_rope_index: ", attention_mask);
+  check_real("posenc.get_rope_index: ", "second_per_grid_ts", second_per_grid_ts);
   TORCH_CHECK(token_types.dim() == 2, "posenc.get_rope_index: token types must be [batch, length]",
               ", got shape ", token_types.sizes());
   TORCH_CHECK(
-      !at::isFloatingType(token_types.scalar_type()),
+      at::isIntegralType(token_types.scalar_type(), /*includeBool=*/false),
       "posenc.get_rope_index: token types must be integers (0 text, 1 image, 2 video), got ",
       token_types.scalar_type());
   TORCH_CHECK(spatial_merge_size >= 1,
@@ -174,8 +202,8 @@ std::vector<int64_t> integers(const at::Tensor& values, const char* name) {
   std::vector<int64_t> out;
   if (!values.defined() || values.numel() == 0) return out;
   TORCH_CHECK(values.dim() == 1, kWho, name, " must be 1-D, got shape ", values.sizes());
-  TORCH_CHECK(!at::isFloatingType(values.scalar_type()), kWho, name, " must hold integers, got ",
-              values.scalar_type());
+  TORCH_CHECK(at::isIntegralType(values.scalar_type(), /*includeBool=*/false), kWho, name,
+              " must hold integers, got ", values.scalar_type());
   const auto cpu = values.to(at::kCPU, at::kLong).contiguous();
   out.assign(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
   return out;
@@ -187,9 +215,17 @@ std::tuple<at::Tensor, at::Tensor> qwen2_5_omni_rope_index_op(
     const at::Tensor& audio_seqlens, const at::Tensor& second_per_grids, bool use_audio_in_video,
     int64_t spatial_merge_size, double position_id_per_seconds, double seconds_per_chunk) {
   constexpr const char* kWho = "posenc.get_rope_index_omni: ";
+  check_has_values("posenc.get_rope_index_omni", {{"token_types", token_types},
+                                                  {"attention_mask", attention_mask},
+                                                  {"image_grid_thw", image_grid_thw},
+                                                  {"video_grid_thw", video_grid_thw},
+                                                  {"audio_seqlens", audio_seqlens},
+                                                  {"second_per_grids", second_per_grids}});
+  check_mask_dtype(kWho, attention_mask);
+  check_real(kWho, "second_per_grids", second_per_grids);
   TORCH_CHECK(token_types.dim() == 2, kWho, "token types must be [batch, length], got shape ",
               token_types.sizes());
-  TORCH_CHECK(!at::isFloatingType(token_types.scalar_type()), kWho,
+  TORCH_CHECK(at::isIntegralType(token_types.scalar_type(), /*includeBool=*/false), kWho,
               "token types must be integers (0 other, 1 image, 2 video, 3 audio), got ",
               token_types.scalar_type());
   TORCH_CHECK(spatial_merge_size >= 1, kWho, "spatial_merge_size must be >= 1, got ",

@@ -27,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "operator_checks.h"
 #include "posenc/config/hf_config.h"
 #include "posenc/encoders/rope.h"
 #include "posenc/functional/rope.h"
@@ -40,6 +41,12 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(
     const at::Tensor& positions, const at::Tensor& inv_freq, double attention_scaling,
     c10::IntArrayRef mrope_section, c10::string_view section_layout, c10::string_view layout) {
+  check_same_device("posenc.rope_cos_sin", {{"positions", positions}, {"inv_freq", inv_freq}});
+  TORCH_CHECK(at::isFloatingType(positions.scalar_type()) ||
+                  at::isIntegralType(positions.scalar_type(), /*includeBool=*/false),
+              "posenc.rope_cos_sin: positions must be real numbers (floating point or integer), "
+              "got ",
+              positions.scalar_type());
   const RopeLayout pairs = rope_layout_from_string(std::string(layout));
   TORCH_CHECK(inv_freq.dim() == 1, "posenc.rope_cos_sin: inv_freq must be [F], got shape ",
               inv_freq.sizes());
@@ -47,8 +54,6 @@ std::tuple<at::Tensor, at::Tensor> rope_cos_sin_op(
               "posenc.rope_cos_sin: inv_freq must be float32 (transformers' arithmetic) or "
               "float64 (exact), got ",
               inv_freq.scalar_type());
-  TORCH_CHECK(positions.device() == inv_freq.device(), "posenc.rope_cos_sin: positions are on ",
-              positions.device(), " but inv_freq on ", inv_freq.device());
   TORCH_CHECK(std::isfinite(attention_scaling),
               "posenc.rope_cos_sin: attention_scaling must be "
               "finite, got ",

@@ -9,6 +9,12 @@
 // dx is computed that way there, to the bit:
 //   dx = round(sum_to(dy * c)) + round(rot^T(sum_to(dy * s))) in x's dtype,  rot^T = -rot
 // (the fused path adds first and rounds once).
+// Tables whose unsqueezed last dim is 1 (unsqueeze_dim -1: broadcast over the head dim, which
+// rotates whole) take the per-term way too (swap(sin) would exchange another dim's halves).
+// Gradients whose last dim is not unit-strided (an expanded one: `loss = a.sum() + b.sum()`) are
+// made dense once (.contiguous()) so that the operator's fused kernel takes them, not the formula's
+// several passes; apply_rotary_backward_route(q, k, cos, sin, unsqueeze_dim, layout, grad_q,
+// grad_k) -> str says which way a backward goes.
 // The backward calls the operator, not a kernel, so it is itself differentiable (gradgradcheck)
 // and torch.compile traces it. apply_rotary_ records no gradients: with autograd on and an input
 // that needs one, it is one line (use apply_rotary).
@@ -16,8 +22,9 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "../rotary.h"
+#include "../operator_checks.h"
 #include "../registration.h"
+#include "../rotary.h"
 
 namespace posenc::ops {
 
@@ -55,10 +62,15 @@ at::Tensor table_grad(const at::Tensor& g, const at::Tensor& term, const at::Ten
 // gradient summed over the broadcast dims and rounded to x's dtype, then the two added there; dims
 // past the rotary width pass the gradient through. g [.., D] in the result's dtype,
 // c, s the unsqueezed tables [.., W].
+// The rotary width of x under the unsqueezed table c (rotary_width, with symbolic sizes).
+c10::SymInt sym_rotary_width(const at::Tensor& x, const at::Tensor& c) {
+  return c.sym_size(-1) == 1 ? x.sym_size(-1) : c.sym_size(-1);
+}
+
 at::Tensor per_term_input_grad(const at::Tensor& g, const at::Tensor& x, const at::Tensor& c,
                                const at::Tensor& s, RopeLayout layout) {
   const auto dt = x.scalar_type();
-  const c10::SymInt width = c.sym_size(-1), dim = g.sym_size(-1);
+  const c10::SymInt width = sym_rotary_width(x, c), dim = g.sym_size(-1);
   const auto gr = g.narrow_symint(-1, 0, width);
   // eager sums over the dims the tables broadcast x to in the wider dtype, then rounds: so here
   auto rotary_shape = x.sym_sizes().vec();
@@ -71,6 +83,34 @@ at::Tensor per_term_input_grad(const at::Tensor& g, const at::Tensor& x, const a
     dx = at::cat({dx, at::sum_to(g.narrow_symint(-1, width, dim - width), pass_shape).to(dt)}, -1);
   }
   return dx;
+}
+
+// A gradient the fused kernel reads: its last dim unit-strided (an expanded gradient, strides 0,
+// made dense once).
+at::Tensor dense_gradient(const at::Tensor& g) {
+  return g.sym_stride(-1) == 1 ? g : g.contiguous();
+}
+
+bool promoted(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return at::promote_types(at::result_type(x, cos), sin.scalar_type()) != x.scalar_type();
+}
+
+// Why dq, dk are computed per term (as eager autograd rounds and sums them) rather than by the
+// operator on the gradients; "" when the operator computes them. g*: the results' gradients.
+std::string per_term_reason(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                            const at::Tensor& sin, int64_t u, const at::Tensor& gq,
+                            const at::Tensor& gk) {
+  if (promoted(q, cos, sin) || promoted(k, cos, sin))
+    return "the tables promote q or k (each product's gradient rounded to its dtype)";
+  if (q.sym_sizes() != gq.sym_sizes() || k.sym_sizes() != gk.sym_sizes())
+    return "the tables broadcast q or k to a larger result (summed per product)";
+  if (u == cos.dim() || cos.sym_size(-1) == 1)
+    return "the tables' last dim broadcasts over the head dim";
+  return "";
+}
+
+int64_t normalized_dim(int64_t unsqueeze_dim, const at::Tensor& cos) {
+  return unsqueeze_dim < 0 ? unsqueeze_dim + cos.dim() + 1 : unsqueeze_dim;
 }
 
 class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction> {
@@ -92,7 +132,7 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     const int64_t unsqueeze_dim = ctx->saved_data["unsqueeze_dim"].toInt();
     const std::string layout = ctx->saved_data["layout"].toStringRef();
     const RopeLayout parsed = rope_layout_from_string(layout);
-    const int64_t u = unsqueeze_dim < 0 ? unsqueeze_dim + cos.dim() + 1 : unsqueeze_dim;
+    const int64_t u = normalized_dim(unsqueeze_dim, cos);
     const auto gq = grads[0].defined()
                         ? grads[0]
                         : at::zeros_like(q, q.options().dtype(at::result_type(q, cos)));
@@ -100,32 +140,29 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
                         ? grads[1]
                         : at::zeros_like(k, k.options().dtype(at::result_type(k, cos)));
     variable_list result(6);
-    const auto promoted = [&](const at::Tensor& x) {
-      return at::promote_types(at::result_type(x, cos), sin.scalar_type()) != x.scalar_type();
-    };
-    // tables that broadcast q or k to a larger result: eager sums each product's gradient over
-    // the broadcast dims before adding the two, so the per-term path follows its order there too
-    const auto broadcast = [&](const at::Tensor& x, const at::Tensor& g) {
-      return x.sym_sizes() != g.sym_sizes();
-    };
+    // tables that promote q or k, or broadcast them to a larger result: eager sums each
+    // product's gradient over the broadcast dims and rounds it before adding the two, so the
+    // per-term path follows its order there
     if ((q.requires_grad() || k.requires_grad()) &&
-        (promoted(q) || promoted(k) || broadcast(q, gq) || broadcast(k, gk))) {
+        !per_term_reason(q, k, cos, sin, u, gq, gk).empty()) {
       const auto c = cos.unsqueeze(u), s = sin.unsqueeze(u);
       result[0] = per_term_input_grad(gq, q, c, s, parsed);
       result[1] = per_term_input_grad(gk, k, c, s, parsed);
     } else if (q.requires_grad() || k.requires_grad()) {  // q, k their results' shape and dtype
-      std::tie(result[0], result[1]) =
-          call_apply_rotary(gq, gk, cos, -swap_pair_members(sin, parsed), u, layout);
+      std::tie(result[0], result[1]) = call_apply_rotary(
+          dense_gradient(gq), dense_gradient(gk), cos, -swap_pair_members(sin, parsed), u, layout);
     }
-    const c10::SymInt width = cos.sym_size(-1);
-    const auto rotary = [&](const at::Tensor& t) { return t.narrow_symint(-1, 0, width); };
+    const auto c = cos.unsqueeze(u);
+    const auto rotary = [&](const at::Tensor& t, const at::Tensor& x) {
+      return t.narrow_symint(-1, 0, sym_rotary_width(x, c));
+    };
     if (cos.requires_grad())
-      result[2] =
-          (table_grad(rotary(gq), rotary(q), cos, u) + table_grad(rotary(gk), rotary(k), cos, u))
-              .to(cos.scalar_type());
+      result[2] = (table_grad(rotary(gq, q), rotary(q, q), cos, u) +
+                   table_grad(rotary(gk, k), rotary(k, k), cos, u))
+                      .to(cos.scalar_type());
     if (sin.requires_grad())
-      result[3] = (table_grad(rotary(gq), rotate_half_any(rotary(q), parsed), sin, u) +
-                   table_grad(rotary(gk), rotate_half_any(rotary(k), parsed), sin, u))
+      result[3] = (table_grad(rotary(gq, q), rotate_half_any(rotary(q, q), parsed), sin, u) +
+                   table_grad(rotary(gk, k), rotate_half_any(rotary(k, k), parsed), sin, u))
                       .to(sin.scalar_type());
     return result;
   }
@@ -174,7 +211,46 @@ void apply_rotary_inplace_ad_view(at::Tensor& q, at::Tensor& k, const at::Tensor
   torch::autograd::impl::bump_version(k);
 }
 
+// Which way apply_rotary's backward computes dq, dk for these inputs and gradients (None: dense
+// gradients of the results' shape): "per-term: <why>", or the operator's route on the gradients
+// ("fused", "reference: <why>"), after "gradients made dense first, then " where they were not.
+std::string apply_rotary_backward_route_kernel(const at::Tensor& q, const at::Tensor& k,
+                                               const at::Tensor& cos, const at::Tensor& sin,
+                                               int64_t unsqueeze_dim, c10::string_view layout,
+                                               const std::optional<at::Tensor>& grad_q,
+                                               const std::optional<at::Tensor>& grad_k) {
+  const std::string name(layout);
+  const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, name);
+  const int64_t u = normalized_dim(unsqueeze_dim, cos);
+  const auto c = cos.unsqueeze(u);
+  const auto gradient = [&](const std::optional<at::Tensor>& g, const at::Tensor& x) {
+    if (g.has_value() && g->defined()) return *g;
+    return at::empty(
+        apply_rotary_result_shape(x, c),
+        x.options().dtype(at::promote_types(at::result_type(x, cos), sin.scalar_type())));
+  };
+  const auto gq = gradient(grad_q, q), gk = gradient(grad_k, k);
+  check_same_device("posenc.apply_rotary_backward_route",
+                    {{"q", q}, {"grad_q", gq}, {"grad_k", gk}});
+  if (const auto why = per_term_reason(q, k, cos, sin, u, gq, gk); !why.empty())
+    return "per-term: " + why;
+  const auto dq = dense_gradient(gq), dk = dense_gradient(gk);
+  const std::string first =
+      dq.is_same(gq) && dk.is_same(gk) ? "" : "gradients made dense first, then ";
+  const auto why =
+      apply_rotary_fused_refusal(dq, dk, cos, -swap_pair_members(sin, parsed), u, parsed);
+  return first + (why.empty() ? "fused" : "reference: " + why);
+}
+
 }  // namespace
+
+POSENC_LIBRARY_FRAGMENT(m) {
+  // Which way apply_rotary's backward goes for these inputs and gradients (inspection).
+  m.def(
+      "apply_rotary_backward_route(Tensor q, Tensor k, Tensor cos, Tensor sin, "
+      "int unsqueeze_dim=1, str layout=\"half\", Tensor? grad_q=None, Tensor? grad_k=None) -> str",
+      TORCH_FN(apply_rotary_backward_route_kernel));
+}
 
 POSENC_LIBRARY_IMPL(Autograd, m) {
   m.impl("apply_rotary", TORCH_FN(apply_rotary_autograd));
