@@ -7,6 +7,9 @@ function under torch.compile, side by side in one process, as ratios (no timed a
 Shapes: Llama-style q [B, 32, N, 128], k [B, 8, N, 128] (grouped-query), the projections' view
 as transformers makes it ([B, N, H, D] transposed). Times are medians of --repeat calls. Each
 forward+backward call starts with no gradient in q and k (no accumulation into the last call's).
+"fwd+bwd" backpropagates dense gradients (the results themselves); "fwd+sum bwd" is
+`(a.sum() + b.sum()).backward()`, whose gradients are expanded scalars (stride 0): the backward
+makes them dense once and stays on the fused kernel (apply_rotary_backward_route says so).
 
 Large tensors are fresh mappings from the kernel on every call (PyTorch's CPU allocator does not
 cache), so with 4 KiB pages the float32 rows measured page faults more than arithmetic, and
@@ -64,8 +67,17 @@ def main():
                     torch.autograd.backward((a, c), (a, c))
                 return run
 
+            def sum_backward(f):
+                def run():
+                    qg.grad, kg.grad = None, None
+                    a, c = f(qg, kg, cos, sin)
+                    (a.sum() + c.sum()).backward()
+                return run
+
             rows["fwd+bwd"] = (backward(hf), backward(compiled),
                                backward(posenc.apply_rotary_pos_emb))
+            rows["fwd+sum bwd"] = (sum_backward(hf), sum_backward(compiled),
+                                   sum_backward(posenc.apply_rotary_pos_emb))
             for name, (e, c, o) in rows.items():
                 te, tc, to = (median_ms(f, args.repeat) for f in (e, c, o))
                 print(f"| {str(dtype).replace('torch.', '')} | {b} x {n} | {name} | {te:.2f} | "
