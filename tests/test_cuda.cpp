@@ -1,7 +1,6 @@
 // CUDA kernels vs the CPU references (rope_apply, attention_reference: the specifications).
-// Two groups:
-//  - raw kernels (rope_rotate_tables, attention_forward/backward) through
-//    cudaMalloc: built whenever nvcc is there, even against a CPU-only LibTorch;
+// The raw kernels (rope_rotate_tables, attention_forward/backward through cudaMalloc) are tested in
+// test_cuda_raw.cpp, which also runs on the CPU emulator (ctest cuda_emu). Here:
 //  - the public functions on CUDA tensors (rope_fused*, attention_fused), built only with the glue
 //    (POSENC_HAS_CUDA_GLUE): layouts x dtypes x odd sizes, non-contiguous views, position
 //    offsets, batched tables; ALiBi/T5 x causal x padding; gradients.
@@ -37,14 +36,6 @@ constexpr double kAttentionTolerance = 5e-5;
 // Gradients relative to their largest entry (float32 tiles vs autograd through the reference).
 constexpr double kGradientTolerance = 1e-4;
 
-bool has_cuda_device() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-}
-
-#define SKIP_WITHOUT_DEVICE() \
-  if (!has_cuda_device()) GTEST_SKIP() << "no CUDA device"
-
 double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return (a.to(torch::kCPU, torch::kFloat64) - b.to(torch::kCPU, torch::kFloat64))
       .abs()
@@ -52,178 +43,8 @@ double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {
       .item<double>();
 }
 
-double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
+[[maybe_unused]] double relative_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return max_abs_diff(a, b) / std::max(1e-12, b.abs().max().item<double>());
-}
-
-// ---- raw kernels: cudaMalloc'd buffers, no LibTorch CUDA ----------------------------------------
-
-// A device copy of a contiguous CPU tensor, freed at scope exit.
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(const torch::Tensor& host) : bytes_(host.nbytes()) {
-    EXPECT_EQ(cudaMalloc(&data_, bytes_ == 0 ? 1 : bytes_), cudaSuccess);
-    if (bytes_ > 0) {
-      EXPECT_EQ(cudaMemcpy(data_, host.contiguous().data_ptr(), bytes_, cudaMemcpyHostToDevice),
-                cudaSuccess);
-    }
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(data_); }
-  template <typename T>
-  T* get() const {
-    return static_cast<T*>(data_);
-  }
-  /// Copies back into `host` (contiguous, same bytes).
-  void read(torch::Tensor& host) const {
-    EXPECT_EQ(cudaMemcpy(host.data_ptr(), data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-TEST(CudaRawKernel, RopeRotateTablesQkOutOfPlaceAndInverse) {
-  SKIP_WITHOUT_DEVICE();
-  torch::manual_seed(4);
-  const int64_t b = 2, n = 13, hq = 4, hk = 2, dh = 64, f = 32;
-  auto q = torch::randn({b, n, hq, dh}), k = torch::randn({b, n, hk, dh});
-  auto inv = torch::pow(10000.0, -torch::arange(0, 2 * f, 2, torch::kFloat64) / (2.0 * f));
-  auto [cos, sin] = rope_cos_sin(torch::rand({b, n}, torch::kFloat64) * 3000, inv);  // batched
-  DeviceBuffer dq(q), dk(k), dqo(q), dko(k), dc(cos), ds(sin);
-  cuda::RopeTableLaunch a;
-  a.count = 2;
-  a.batch = b;
-  a.tokens = n;
-  a.cos = dc.get<float>();
-  a.sin = ds.get<float>();
-  a.table_batched = true;
-  a.pairs = f;
-  const DeviceBuffer* in[2] = {&dq, &dk};
-  const DeviceBuffer* out[2] = {&dqo, &dko};
-  const int64_t heads[2] = {hq, hk};
-  for (int t = 0; t < 2; ++t) {
-    auto& u = a.tensors[t];
-    u.x = in[t]->get<float>();
-    u.y = out[t]->get<float>();
-    u.heads = heads[t];
-    u.head_dim = dh;
-    u.x_stride_batch = u.y_stride_batch = n * heads[t] * dh;
-    u.x_stride_token = u.y_stride_token = heads[t] * dh;
-    u.x_stride_head = u.y_stride_head = dh;
-  }
-  ASSERT_EQ(cuda::rope_rotate_tables(a, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  auto gq = torch::empty_like(q), gk = torch::empty_like(k);
-  dqo.read(gq);
-  dko.read(gk);
-  EXPECT_LT(max_abs_diff(gq, rope_apply(q, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
-  EXPECT_LT(max_abs_diff(gk, rope_apply(k, cos, sin, RopeLayout::kHalf)), kRopeFloat32Tolerance);
-  // the inverse rotation, in place on the outputs, gives the inputs back
-  a.sign = -1.0f;
-  for (int t = 0; t < 2; ++t) a.tensors[t].x = a.tensors[t].y;
-  ASSERT_EQ(cuda::rope_rotate_tables(a, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dqo.read(gq);
-  EXPECT_LT(max_abs_diff(gq, q), 1e-5);
-}
-
-TEST(CudaRawKernel, AttentionForwardBackwardAlibiCausalMatchesReference) {
-  SKIP_WITHOUT_DEVICE();
-  torch::manual_seed(5);
-  const int64_t b = 2, nq = 37, nk = 45, h = 3, d = 24, dv = 40;  // odd sizes, cached keys
-  auto q = torch::randn({b, nq, h, d}), k = torch::randn({b, nk, h, d}),
-       v = torch::randn({b, nk, h, dv});
-  auto qp = torch::arange(nk - nq, nk, torch::kFloat64), kp = torch::arange(nk, torch::kFloat64);
-  BiasSpec spec;
-  spec.form = BiasForm::kAlibi;
-  spec.slopes = torch::tensor(alibi_slopes(h), torch::kFloat64).to(torch::kFloat32);
-  DeviceBuffer dq(q), dk(k), dv_(v), dqp(qp), dkp(kp), dsl(spec.slopes);
-  auto out = torch::empty({b, nq, h, dv});
-  auto lse = torch::empty({b, h, nq});
-  DeviceBuffer dout(out), dlse(lse);
-  cuda::AttentionLaunch a;
-  a.q = dq.get<float>();
-  a.k = dk.get<float>();
-  a.v = dv_.get<float>();
-  a.out = dout.get<float>();
-  a.lse = dlse.get<float>();
-  a.batch = b;
-  a.heads = h;
-  a.nq = nq;
-  a.nk = nk;
-  a.dim = d;
-  a.dim_v = dv;
-  a.q_stride_batch = nq * h * d;
-  a.q_stride_token = h * d;
-  a.q_stride_head = d;
-  a.k_stride_batch = nk * h * d;
-  a.k_stride_token = h * d;
-  a.k_stride_head = d;
-  a.v_stride_batch = nk * h * dv;
-  a.v_stride_token = h * dv;
-  a.v_stride_head = dv;
-  a.scale = 0.2f;
-  a.bias = cuda::AttentionBias::kAlibi;
-  a.q_positions = dqp.get<double>();
-  a.k_positions = dkp.get<double>();
-  a.slopes = dsl.get<float>();
-  a.causal = true;
-  ASSERT_EQ(cuda::attention_forward(a, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dout.read(out);
-  dlse.read(lse);
-  AttentionMasks masks;
-  masks.causal = true;
-  auto bias = bias_from_spec(spec, qp, kp, h);
-  EXPECT_LT(max_abs_diff(out, attention_reference(q, k, v, bias, masks, 0.2)), kAttentionTolerance);
-  // log-sum-exp of the masked, biased logits
-  auto logits = torch::einsum("bqhd,bkhd->bhqk", {q, k}) * 0.2 + bias;
-  auto i = torch::arange(nq).unsqueeze(1), j = torch::arange(nk).unsqueeze(0);
-  logits = logits.masked_fill(j > i + (nk - nq), -INFINITY);
-  EXPECT_LT(max_abs_diff(lse, torch::logsumexp(logits, -1)), kAttentionTolerance);
-
-  // backward for a probe dO vs autograd through the reference on the CPU
-  auto probe = torch::randn({b, nq, h, dv});
-  auto delta = (probe * out).sum(-1).transpose(1, 2).contiguous();  // [B, H, Nq]
-  auto gq = torch::empty_like(q), gk = torch::empty_like(k), gv = torch::empty_like(v);
-  DeviceBuffer dprobe(probe), ddelta(delta), dgq(gq), dgk(gk), dgv(gv);
-  cuda::AttentionBackwardLaunch g;
-  g.forward = a;
-  g.dout = dprobe.get<float>();
-  g.delta = ddelta.get<float>();
-  g.dq = dgq.get<float>();
-  g.dk = dgk.get<float>();
-  g.dv = dgv.get<float>();
-  ASSERT_EQ(cuda::attention_backward(g, nullptr), cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  dgq.read(gq);
-  dgk.read(gk);
-  dgv.read(gv);
-  auto q2 = q.clone().requires_grad_(true), k2 = k.clone().requires_grad_(true),
-       v2 = v.clone().requires_grad_(true);
-  (attention_reference(q2, k2, v2, bias, masks, 0.2) * probe).sum().backward();
-  EXPECT_LT(relative_diff(gq, q2.grad()), kGradientTolerance);
-  EXPECT_LT(relative_diff(gk, k2.grad()), kGradientTolerance);
-  EXPECT_LT(relative_diff(gv, v2.grad()), kGradientTolerance);
-  // a table gradient without a table bias is refused
-  float dummy = 0.0f;
-  g.dtable = &dummy;
-  EXPECT_EQ(cuda::attention_backward(g, nullptr), cudaErrorInvalidValue);
-}
-
-TEST(CudaRawKernel, RejectsHeadDimAboveLimit) {
-  SKIP_WITHOUT_DEVICE();
-  cuda::AttentionLaunch a;
-  a.batch = a.heads = a.nq = a.nk = 1;
-  a.dim = cuda::kAttentionMaxDim + 1;
-  a.dim_v = 8;
-  float dummy = 0.0f;
-  a.q = a.k = a.v = a.out = &dummy;
-  a.lse = &dummy;
-  EXPECT_EQ(cuda::attention_forward(a, nullptr), cudaErrorInvalidValue);
 }
 
 // ---- public functions on CUDA tensors (the glue)

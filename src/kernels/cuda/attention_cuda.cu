@@ -18,6 +18,7 @@
 #include <cfloat>
 #include <cmath>
 
+#include "launch.cuh"
 #include "posenc/kernels/attention_cuda.h"
 #include "storage.cuh"
 
@@ -94,7 +95,7 @@ __device__ __forceinline__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kCh
 // kChunks: Dv <= 32 kChunks (acc registers per row).
 template <typename T, int kChunks>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLaunch a) {
-  extern __shared__ float shared[];
+  POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v), ldk = dim + 1;
   float* qs = shared;              // [kBlockQ, D]
   float* ks = qs + kBlockQ * dim;  // [kBlockK, D + 1]
@@ -222,7 +223,8 @@ cudaError_t launch(const AttentionLaunch& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t blocks = a.batch * a.heads * ((a.nq + kBlockQ - 1) / kBlockQ);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(blocks), kThreads, shared, stream>>>(a);
+  const auto grid = static_cast<unsigned>(blocks);
+  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_forward_kernel<T, kChunks>)(a);
   return cudaGetLastError();
 }
 
@@ -246,7 +248,7 @@ template <typename T, int kChunks>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(AttentionBackwardLaunch g) {
   const AttentionLaunch& a = g.forward;
-  extern __shared__ float shared[];
+  POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
   const int ldq = dim + 1, ldo = dim_v + 1;
   float* ks = shared;                   // [kBlockK, D]
@@ -379,7 +381,7 @@ template <typename T, int kChunks>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(AttentionBackwardLaunch g) {
   const AttentionLaunch& a = g.forward;
-  extern __shared__ float shared[];
+  POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
   const int ldk = dim + 1, ldv = dim_v + 1;
   float* qs = shared;                 // [kBlockQ, D]
@@ -495,7 +497,8 @@ cudaError_t launch_backward(const AttentionBackwardLaunch& g, cudaStream_t strea
     auto kernel = attention_backward_dkdv_kernel<T, kChunks>;
     cudaError_t err = allow_shared(kernel, shared);
     if (err != cudaSuccess) return err;
-    kernel<<<static_cast<unsigned>(k_blocks), kThreads, shared, stream>>>(g);
+    const auto grid = static_cast<unsigned>(k_blocks);
+    POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dkdv_kernel<T, kChunks>)(g);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
@@ -504,7 +507,8 @@ cudaError_t launch_backward(const AttentionBackwardLaunch& g, cudaStream_t strea
   auto kernel = attention_backward_dq_kernel<T, kChunks>;
   const cudaError_t err = allow_shared(kernel, shared);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(q_blocks), kThreads, shared, stream>>>(g);
+  const auto grid = static_cast<unsigned>(q_blocks);
+  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dq_kernel<T, kChunks>)(g);
   return cudaGetLastError();
 }
 

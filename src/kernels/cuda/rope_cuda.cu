@@ -2,6 +2,7 @@
 // Reference (specification, test oracle): rope_apply in src/functional/rope.cpp.
 //   rope_rotate_tables:  cos/sin tables (the path behind rope_fused* on CUDA tensors), q and k in
 //                        one launch, 16-byte vector loads and stores where alignment allows
+#include "launch.cuh"
 #include "posenc/kernels/rope_cuda.h"
 #include "storage.cuh"
 
@@ -119,16 +120,16 @@ cudaError_t launch_tables(const RopeTableLaunch& a, cudaStream_t stream) {
   const auto grid = static_cast<unsigned>(blocks);
   switch (a.pairs == 0 ? 1 : vector_width<T>(a)) {
     case 8:
-      rope_table_kernel<T, 8><<<grid, threads, 0, stream>>>(a);
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 8>)(a);
       break;
     case 4:
-      rope_table_kernel<T, 4><<<grid, threads, 0, stream>>>(a);
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 4>)(a);
       break;
     case 2:
-      rope_table_kernel<T, 2><<<grid, threads, 0, stream>>>(a);
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 2>)(a);
       break;
     default:
-      rope_table_kernel<T, 1><<<grid, threads, 0, stream>>>(a);
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 1>)(a);
   }
   return cudaGetLastError();
 }

@@ -1,0 +1,3 @@
+// src/kernels/cuda/rope_cuda.cu compiled by g++ as C++ for the CPU emulator; cuda_emu.h is
+// force-included before it (-include, see tests/CMakeLists.txt).
+#include "../../src/kernels/cuda/rope_cuda.cu"
