@@ -25,7 +25,21 @@ taking a config (`<Family>RotaryEmbedding(config)`):
                                rope_parameters, where transformers 5 reads it), and with the factor
                                as it is; default_partial_probe the same with the block made a plain
                                default rope: the same number both ways means the class's default
-                               rope ignores partial_rotary_factor (Llama's does; GLM's does not).
+                               rope ignores partial_rotary_factor (Llama's does; GLM's does not);
+                             - reads: for each key of a config.json (rope_theta, a block's
+                               rope_theta, rope_parameters, rope_scaling, partial_rotary_factor),
+                               whether two files differing in it alone give the class different
+                               tables (reads_probe; GPT-J's table hard-codes theta 10000).
+                             A config class whose modeling file builds its rotary only for one
+                             position_embedding_type (ESM: 'rotary') is written with it.
+
+  src/config/hf_defaults.inc  per model type, its config class's defaults for keys a file leaves out
+                             and the rules probed from its classes: unread_keys (reads, false in
+                             every row of its own classes), pair_layout (every row's layout, the
+                             complex view_as_complex rotations included), rotary_gate,
+                             values_rejected (spellings its classes refuse: a string rope_theta,
+                             a float head_dim, legacy rope types 'su' and 'mrope'), ...; no probe
+                             value (PROBE_VALUES) may reach it.
 
   index.json                 one row per model type: its rotary classes, the sub-config path of each,
                              and why a type has no fixture (no default config, no config-taking rotary
@@ -133,7 +147,8 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     rope_interleave) or the file has no other, else apply_rotary_pos_emb, else _apply_rotary_emb
     (GPT-OSS); it gets cos/sin duplicated as the class's forward returns them. Signatures
     (q, k, cos, sin, ...) and (x, cos, sin, ...) (Gemma 3n, Gemma 4) are probed; others are not."""
-    fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None)
+    fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None) \
+        or getattr(module, "apply_rotary_emb", None)  # Llama 4, DeepSeek-V2: complex rotations
     if vision:  # a tower's own rotation where the file has one
         fn = getattr(module, "apply_rotary_pos_emb_vision", None) or fn
     interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
@@ -157,7 +172,22 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     else:  # one value per pair
         cos, sin = c[None], s[None]
     try:
-        if params[:4] == ["q", "k", "cos", "sin"] and vision:  # q [N, heads, r], cos [N, r]
+        if params[:3] == ["xq", "xk", "freqs_cis"]:  # view_as_complex over x: the table as e^(i angle)
+            freqs = torch.complex(c, s)[None]  # [1, N, r/2]
+            out = None
+            # Llama 4 broadcasts freqs_cis[:, :, None] over q [B, N, H, r]; DeepSeek-V2
+            # freqs_cis.unsqueeze(1) over q [B, H, N, r]
+            for q in (x[None, :, None], x[None, None]):
+                try:
+                    got, _ = fn(q, q.clone(), freqs)
+                except Exception:
+                    continue
+                if got.numel() == n * r:
+                    out = got
+                    break
+            if out is None:
+                return "unknown"
+        elif params[:4] == ["q", "k", "cos", "sin"] and vision:  # q [N, heads, r], cos [N, r]
             out, _ = fn(x[:, None], x[:, None].clone(), cos[0], sin[0])
         elif params[:4] == ["q", "k", "cos", "sin"]:
             out, _ = fn(x[None, None], x[None, None].clone(), cos, sin)
@@ -239,7 +269,13 @@ def partial_probe(cls, config, layer_type, force_default=False):
             "pairs_before": before}
 
 
-LEGACY_THETA = 123456.0  # no class's default: a table built on it read the key
+# Probe values: no class's default, so a table or a loaded attribute holding one got there by the
+# key the probe set. None may reach the generated data (PROBE_VALUES; tests/python/
+# test_hf_generated.py reads every number of hf_defaults.inc against them).
+LEGACY_THETA = 123456.0  # a top-level rope_theta
+PROBE_PARTIAL = 0.375  # a top-level partial_rotary_factor
+PROBE_LOCAL_BASE = 7777.0  # a flat rope_local_base_freq
+PROBE_CONTEXT = 12345  # a composite's top-level max_position_embeddings
 LEGACY_VARIANTS = {"theta": {}, "linear": {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}}
 
 
@@ -322,12 +358,12 @@ def top_level_partial_unread(model_types):
         for block in rope_blocks(d.get("rope_parameters")):
             block.pop("partial_rotary_factor", None)
         d.pop("rope_scaling", None)
-        d["partial_rotary_factor"] = 0.375  # no class's default: its arrival is this key's doing
+        d["partial_rotary_factor"] = PROBE_PARTIAL
         try:
             blocks = rope_blocks(getattr(cfg_cls.from_dict(d), "rope_parameters", None))
         except Exception:
             continue
-        if not blocks or any(b.get("partial_rotary_factor") != 0.375 for b in blocks):
+        if not blocks or any(b.get("partial_rotary_factor") != PROBE_PARTIAL for b in blocks):
             out.append(mt)
     return out
 
@@ -349,6 +385,118 @@ def attention_calls_interleave(module, rotary_name):
     return False
 
 
+def forward_table(cls, config, layer_type):
+    """The class's forward output at POSITIONS as one float tensor (cos then sin, or a complex table
+    as real pairs), for a 1D class; raises where the class does not build or run."""
+    with torch.device("cpu"):
+        emb = cls(config=config)
+    limit = getattr(config, "max_position_embeddings", None)
+    positions = [p for p in POSITIONS if not (isinstance(limit, int) and getattr(emb, "embed_positions", None)
+                                               is not None and p >= limit)]
+    pos = torch.tensor([positions], dtype=torch.long)
+    x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
+    try:
+        out = emb(x, pos, layer_type) if layer_type else emb(x, pos)
+    except Exception:  # M-RoPE classes: [axes, B, N] position ids
+        ids = pos[None].expand(3, -1, -1)
+        out = emb(x, ids, layer_type) if layer_type else emb(x, ids)
+    if isinstance(out, torch.Tensor):
+        return torch.view_as_real(out).reshape(-1).float() if out.is_complex() else out.reshape(-1).float()
+    return torch.cat([t.reshape(-1).float() for t in out[:2]])
+
+
+READ_KEYS = ("rope_theta", "rope_parameters.rope_theta", "rope_parameters", "rope_scaling",
+             "partial_rotary_factor")
+
+
+def reads_probe(cls, config, layer_type, load=None):
+    """Which keys of a config.json the class's table depends on: for each key, two files that
+    differ only in it, each loaded as from_pretrained loads it (load) and given to the class; true
+    where the tables differ, false where both build and are equal (the class never reads the key:
+    GPT-J's and CodeGen's tables hard-code theta 10000; ESM's reads only the top-level rope_theta),
+    absent where a file does not load or build (the key's effect is then not this probe's to say):
+      rope_theta                    a top-level rope_theta (no block), the theta doubled
+      rope_parameters.rope_theta    a flat default rope_parameters block's, doubled
+      rope_parameters               a flat block made linear (factor 3), its theta kept
+      rope_scaling                  a top-level rope_scaling made linear (factor 3), no block
+      partial_rotary_factor         the factor halved at the top level and in a flat block
+    Classes with one block per layer type are probed through their own blocks (nested kept)."""
+    load = load or type(config).from_dict
+    own = copy.deepcopy(config.to_dict())
+    params = own.get("rope_parameters")
+    nested = isinstance(params, dict) and params and \
+        all(isinstance(v, dict) or v is None for v in params.values())
+    if isinstance(params, dict) and isinstance(params.get(layer_type if nested else "rope_theta"), (dict, int, float)):
+        block = params[layer_type] if nested else params
+        theta = block.get("rope_theta", own.get("rope_theta"))
+    else:
+        block, theta = None, own.get("rope_theta")
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool):
+        theta = 10000.0
+    theta = float(theta)
+
+    def file(blocks=None, scaling=None, top_theta=None, partial=None):
+        d = copy.deepcopy(own)
+        for key in ("rope_scaling", "rope_parameters", "rope_theta"):
+            d.pop(key, None)
+        if blocks is not None:
+            d["rope_parameters"] = copy.deepcopy(blocks)
+            if partial is not None:
+                for b in rope_blocks(d["rope_parameters"]):
+                    b["partial_rotary_factor"] = partial
+        if scaling is not None:
+            d["rope_scaling"] = scaling
+        if top_theta is not None:
+            d["rope_theta"] = top_theta
+        if partial is not None:
+            d["partial_rotary_factor"] = partial
+        return d
+
+    def flat(theta_value, **extra):  # the class's own block(s) with this theta and extra keys
+        if nested:
+            out = copy.deepcopy(params)
+            for name, b in out.items():
+                if isinstance(b, dict) and name == layer_type:
+                    b.update(rope_theta=theta_value, **extra)
+            return out
+        keep = {k: v for k, v in (block or {}).items()
+                if k not in ("rope_type", "type", "rope_theta", "factor")}
+        return {**keep, "rope_type": "default", "rope_theta": theta_value, **extra}
+
+    def table(d):
+        try:
+            return forward_table(cls, load(copy.deepcopy(d)), layer_type)
+        except Exception:
+            return None
+
+    partial_now = None
+    if isinstance(block, dict) and isinstance(block.get("partial_rotary_factor"), (int, float)):
+        partial_now = float(block["partial_rotary_factor"])
+    elif isinstance(own.get("partial_rotary_factor"), (int, float)):
+        partial_now = float(own["partial_rotary_factor"])
+    half = (partial_now or 1.0) / 2
+    pairs = {
+        "rope_theta": (file(top_theta=theta), file(top_theta=2 * theta)),
+        "rope_parameters.rope_theta": (file(blocks=flat(theta)), file(blocks=flat(2 * theta))),
+        "rope_parameters": (file(blocks=flat(theta)),
+                            file(blocks=flat(theta, rope_type="linear", factor=3.0))),
+        "rope_scaling": (file(top_theta=theta),
+                         file(top_theta=theta, scaling={"rope_type": "linear", "factor": 3.0})),
+        "partial_rotary_factor": (file(blocks=flat(theta)), file(blocks=flat(theta), partial=half)),
+    }
+    if "rope_theta" in own:  # keep a top-level theta where the file has one beside its block (ESM)
+        for key in ("rope_parameters.rope_theta", "rope_parameters", "partial_rotary_factor"):
+            for d in pairs[key]:
+                d["rope_theta"] = own["rope_theta"]
+    out = {}
+    for key, (a, b) in pairs.items():
+        ta, tb = table(a), table(b)
+        if ta is None or tb is None:
+            continue
+        out[key] = not (ta.shape == tb.shape and torch.equal(ta, tb))
+    return out
+
+
 def probe(cls, config, module, layer_types, load=None):
     """The class's own numbers for one config, per layer type."""
     with torch.device("cpu"):
@@ -357,7 +505,8 @@ def probe(cls, config, module, layer_types, load=None):
     takes_layer = "layer_type" in params
     if list(params)[:2] != ["x", "position_ids"]:
         return [{"error": f"forward{tuple(params)} is not forward(x, position_ids, ...)"}]
-    types = sorted({t for t in (layer_types or []) if t}) if takes_layer else [None]
+    # (a class whose forward takes a layer type, on a config without layer types: ESM)
+    types = (sorted({t for t in (layer_types or []) if t}) or [None]) if takes_layer else [None]
     rows = []
     for lt in types:
         row = {"layer_type": lt}
@@ -373,6 +522,9 @@ def probe(cls, config, module, layer_types, load=None):
             row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
             row["top_level_partial_probe"] = top_level_partial_probe(cls, config, lt)
             row["legacy_probe"] = legacy_probe(cls, config, lt, load)
+        if not (isinstance(getattr(config, "rope_parameters", None), dict)
+                and config.rope_parameters.get("rope_type") == "axial"):
+            row["reads"] = reads_probe(cls, config, lt, load)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
@@ -413,7 +565,12 @@ def probe(cls, config, module, layer_types, load=None):
                 row["error"] = f"forward failed: {type(first).__name__}: {str(first)[:200]}"
                 rows.append(row)
                 continue
-        cos, sin = out[0], out[1]
+        if isinstance(out, torch.Tensor) and out.is_complex():
+            # Llama 4, DeepSeek-V2: freqs_cis = e^(i p f) [B, N, r/2], rotated by view_as_complex
+            cos, sin = out.real, out.imag
+            row["returns"] = "complex"
+        else:
+            cos, sin = out[0], out[1]
         if not axial and positions[0] == 0 and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum()):
             cos, sin = sin, cos  # GPT-J and CodeGen return (sin, cos): cos(0) is 1, sin(0) is 0
             row["returns"] = "sin, cos"
@@ -451,6 +608,30 @@ def config_json(cfg):
             return f.read()
 
 
+ROTARY_GATE = re.compile(r"""position_embedding_type\s*==\s*["'](\w*(?:rot|rope)\w*)["']""")
+
+
+def rotary_gate(cfg_cls):
+    """{"key": k, "rotary": v, "absent": d}: the modeling file builds its rotary only where the
+    config's k is v (ESM: position_embedding_type 'rotary', its default 'absolute'; Granite MoE
+    Hybrid: 'rope', default None), d the config class's value for a file without k; None where
+    the file tests no such key. Read from the file's source: the comparison is the model's own."""
+    try:
+        source = inspect.getsource(modeling_module(cfg_cls))
+    except Exception:
+        return None
+    values = sorted(set(ROTARY_GATE.findall(source)))
+    if len(values) != 1:
+        return None
+    try:
+        own = vars(cfg_cls())
+    except Exception:
+        return None
+    if "position_embedding_type" not in own:  # a sub-config's key (Evolla's protein encoder)
+        return None
+    return {"key": "position_embedding_type", "rotary": values[0], "absent": own["position_embedding_type"]}
+
+
 def architecture(model_type):
     """The model type's rotary classes: those of its own modeling file, and those of each sub-config's
     model type (a composite such as LLaVA builds its text model, and its rotary, from text_config)."""
@@ -464,6 +645,9 @@ def architecture(model_type):
     except Exception as e:
         cfg = None
         config_error = f"default config does not build: {str(e)[:200]}"
+    gate = rotary_gate(cfg_cls)
+    if cfg is not None and gate is not None:  # the config.json written with the rotary switched on
+        setattr(cfg, gate["key"], gate["rotary"])
     own = [(name, cls, takes, module, None) for name, cls, takes in rotary_classes(module)]
     borrowed = []
     if cfg is not None:
@@ -910,6 +1094,7 @@ def head_dim_rules(cfg_cls):
 MAX_POSITION_ALIASES = ("max_seq_len", "model_max_length", "n_positions", "max_sequence_length",
                         "seq_length", "n_ctx", "max_seq_length")
 PROBE_MAX = 7777  # no class's default context length
+PROBE_VALUES = (LEGACY_THETA, PROBE_PARTIAL, PROBE_LOCAL_BASE, PROBE_CONTEXT, PROBE_HEAD, PROBE_MAX)
 
 
 def max_position_rules(cfg_cls):
@@ -974,8 +1159,10 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
         return None
     base["rope_theta"] = LEGACY_THETA
     base["rope_scaling"] = {"rope_type": "linear", "factor": 3.0}
+    # (every load gets its own copy: transformers' conversion writes the file's rope_theta into the
+    # rope_scaling dict it is given, which a second load of the same dict would read as the file's)
     try:
-        params = getattr(cfg_cls.from_dict(base), "rope_parameters", None)
+        params = getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None)
     except Exception:
         return None
     blocks = rope_blocks(params)
@@ -993,11 +1180,11 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
         out["partial_rotary_factor"] = partial
     # a file's own flat rope_parameters block without partial_rotary_factor replaces the class's
     # default block the same way (Moonshine Streaming: no factor, the whole head)
-    v5 = dict(base)
+    v5 = copy.deepcopy(base)
     v5.pop("rope_scaling", None)
     v5["rope_parameters"] = {"rope_type": "default", "rope_theta": LEGACY_THETA}
     try:
-        v5_blocks = rope_blocks(getattr(cfg_cls.from_dict(v5), "rope_parameters", None))
+        v5_blocks = rope_blocks(getattr(cfg_cls.from_dict(copy.deepcopy(v5)), "rope_parameters", None))
     except Exception:
         v5_blocks = []
     if len(v5_blocks) == 1:
@@ -1008,7 +1195,7 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     # differ from its default block's (Ministral 3: 1e4 beside a 1e6 block)
     base.pop("rope_theta")
     try:
-        bare = rope_blocks(getattr(cfg_cls.from_dict(base), "rope_parameters", None))
+        bare = rope_blocks(getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None))
     except Exception:
         bare = []
     if len(bare) == 1 and isinstance(bare[0].get("rope_theta"), (int, float)) \
@@ -1243,6 +1430,86 @@ def rope_types_rejected(cfg_cls):
     return rejected or None
 
 
+def values_rejected(cfg_cls):
+    """The spellings of a config.json the model type's config or rotary class refuses where the
+    usual one loads and builds (transformers' strict dataclass fields, its rope functions' pow, its
+    ROPE_INIT_FUNCTIONS without legacy names), each a file that differs from a working one in that
+    spelling alone:
+      rope_theta_string / rope_theta_integer   a top-level rope_theta "10000.0" / 10000 (ESM's
+                                               typed field takes only a float)
+      block_rope_theta_string                  a flat rope_parameters block's rope_theta as a string
+      head_dim_float                           head_dim 64.0 for 64 (Llama's typed field)
+      max_position_embeddings_float            max_position_embeddings 4096.0 for 4096
+      rope_type_su                             a legacy rope_scaling {"type": "su"} (Phi-3's own
+                                               name for longrope) where "longrope" builds
+      rope_type_mrope                          a legacy rope_scaling {"type": "mrope"} (Qwen2-VL's)
+                                               where a default block with the same sections builds
+    None where the class has no default instance or no rotary class that takes a config."""
+    rotary = _config_rotary_classes(cfg_cls)
+    base = without_rope_keys(cfg_cls)
+    if not rotary or base is None:
+        return None
+    try:
+        own = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    own.pop("rope_scaling", None)
+    own.setdefault("max_position_embeddings", 4096)
+    base.setdefault("max_position_embeddings", 4096)
+    rp = own.get("rope_parameters")
+    theta = rp.get("rope_theta") if isinstance(rp, dict) else None
+    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 10000.0
+
+    def builds(d, classes):
+        try:
+            cfg = cfg_cls.from_dict(copy.deepcopy(d))
+            for cls in classes:
+                with torch.device("cpu"):
+                    cls(config=cfg)
+            return True
+        except Exception:
+            return False
+
+    rotary = [cls for cls in rotary if builds(own, [cls])]  # a tower's class takes another config
+
+    def works(d):
+        return bool(rotary) and builds(d, rotary)
+
+    legacy = dict(copy.deepcopy(base), rope_theta=theta)
+    cases = {
+        "rope_theta_string": (legacy, dict(copy.deepcopy(legacy), rope_theta=str(theta))),
+        "max_position_embeddings_float": (
+            own, dict(copy.deepcopy(own), max_position_embeddings=float(own["max_position_embeddings"]))),
+    }
+    if theta == int(theta):
+        cases["rope_theta_integer"] = (legacy, dict(copy.deepcopy(legacy), rope_theta=int(theta)))
+    if isinstance(rp, dict) and rp and not any(isinstance(v, dict) for v in rp.values()):
+        flat = dict(copy.deepcopy(own), rope_parameters=dict(rp, rope_theta=theta))
+        cases["block_rope_theta_string"] = (flat, dict(copy.deepcopy(flat),
+                                                       rope_parameters=dict(rp, rope_theta=str(theta))))
+    head = own.get("head_dim")
+    if isinstance(head, int) and not isinstance(head, bool):
+        cases["head_dim_float"] = (own, dict(copy.deepcopy(own), head_dim=float(head)))
+    hidden, heads = own.get("hidden_size"), own.get("num_attention_heads")
+    if not isinstance(head, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        head = hidden // heads
+    if isinstance(head, int) and head > 0 and not isinstance(head, bool):
+        partial = float((rp or {}).get("partial_rotary_factor") or own.get("partial_rotary_factor") or 1.0) \
+            if isinstance(rp, dict) else 1.0
+        pairs = int(head * partial) // 2
+        block = {"short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
+                 "original_max_position_embeddings": 1024, "short_mscale": 1.0, "long_mscale": 1.0}
+        cases["rope_type_su"] = (dict(copy.deepcopy(legacy), rope_scaling=dict(block, rope_type="longrope")),
+                                 dict(copy.deepcopy(legacy), rope_scaling=dict(block, type="su")))
+        if pairs >= 3:
+            sections = [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3]
+            cases["rope_type_mrope"] = (
+                dict(copy.deepcopy(legacy), rope_scaling={"rope_type": "default", "mrope_section": sections}),
+                dict(copy.deepcopy(legacy), rope_scaling={"type": "mrope", "mrope_section": sections}))
+    out = sorted(name for name, (a, b) in cases.items() if works(a) and not works(b))
+    return out or None
+
+
 def absent_defaults(cfg_cls):
     """What the config class uses for each DEFAULT_KEYS key a config.json leaves out: a constant
     (read from a default instance), or nothing when the class derives it (head_dim from
@@ -1277,6 +1544,12 @@ def absent_defaults(cfg_cls):
     mrope = mrope_rules(cfg_cls)
     if mrope is not None:
         out.update(mrope)
+    gate = rotary_gate(cfg_cls)
+    if gate is not None:
+        out["rotary_gate"] = gate
+    rejected = values_rejected(cfg_cls)
+    if rejected is not None:
+        out["values_rejected"] = rejected
     block_theta = block_theta_defaults(cfg_cls)
     if block_theta is not None:
         out["block_rope_theta"] = block_theta
@@ -1321,6 +1594,19 @@ def absent_defaults(cfg_cls):
     return out
 
 
+def numbers_in(value):
+    """Every number of a JSON-like value (bools left out)."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in numbers_in(v)]
+    if isinstance(value, (list, tuple)):
+        return [n for v in value for n in numbers_in(v)]
+    return []
+
+
 def defaults_inc(rows):
     lines = [f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}: for each",
              "// model type, what its config class uses for a key posenc reads when a config.json leaves it out",
@@ -1354,6 +1640,53 @@ def partial_ignored(records):
     return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
 
 
+def unread_keys(records):
+    """Model type -> the reads_probe keys its own rotary classes never read: false in every probed
+    row of the classes of its modeling file built from a config of that type (true or unprobed in
+    none). The resolver ignores them (with a warning), as the class does."""
+    verdicts = {}
+    for record in records:
+        for table in record["tables"]:
+            key = table.get("config_model_type") or record["model_type"]
+            if key != record["model_type"] or (table.get("config_path") and not table.get("config_model_type")):
+                continue  # another modeling file's class (GLM-ASR's text model: Llama's), or a
+                # sub-config without a model type (Evolla's protein encoder)
+            for row in table.get("layer_types", []):
+                if "cos" not in row:
+                    continue
+                reads = row.get("reads")
+                for k in READ_KEYS:
+                    verdicts.setdefault(key, {}).setdefault(k, set()).add(
+                        reads.get(k) if isinstance(reads, dict) else None)
+    out = {}
+    for mt, v in sorted(verdicts.items()):
+        keys = [k for k in READ_KEYS if v.get(k) == {False}]
+        # the factor is probed on the default rope only, which Llama's ignores and its scaled ropes
+        # read: unread only where no block is read at all (GPT-J, ESM)
+        if "partial_rotary_factor" in keys and "rope_parameters" not in keys:
+            keys.remove("partial_rotary_factor")
+        if keys:
+            out[mt] = keys
+    return out
+
+
+def pair_layouts(records):
+    """Model type -> the pair layout its own rotary classes' attention rotates ("half" or
+    "interleaved", layout_of: rotate_half, rotate_every_two, view_as_complex, ...), where every
+    probed row of the classes of its modeling file built from a config of that type agrees. The
+    resolver takes it for a model type without a row of its own (Llama 4: view_as_complex)."""
+    seen = {}
+    for record in records:
+        for table in record["tables"]:
+            key = table.get("config_model_type") or record["model_type"]
+            if key != record["model_type"] or (table.get("config_path") and not table.get("config_model_type")):
+                continue
+            for row in table.get("layer_types", []):
+                if "layout" in row:
+                    seen.setdefault(key, set()).add(row["layout"])
+    return {mt: v.pop() for mt, v in sorted(seen.items()) if len(v) == 1 and v <= {"half", "interleaved"}}
+
+
 def text_config_types(records):
     """(composite model type, its text_config's model type) where a class is built from text_config:
     what transformers builds a text_config without a model_type as (LLaVA's: Llama)."""
@@ -1379,15 +1712,16 @@ def flat_text_carried(text_types):
         d.pop("text_config", None)
         d.pop("rope_parameters", None)
         d.pop("rope_scaling", None)
-        d["rope_theta"] = 123456.0  # no class's default: its arrival is this key's doing
-        d["max_position_embeddings"] = 12345
+        d["rope_theta"] = LEGACY_THETA
+        d["max_position_embeddings"] = PROBE_CONTEXT
         try:
             text = CONFIG_MAPPING[composite].from_dict(d).get_text_config()
         except Exception:
             continue
         params = getattr(text, "rope_parameters", None)
         thetas = [b.get("rope_theta") for b in rope_blocks(params)] or [getattr(text, "rope_theta", None)]
-        if all(t == 123456.0 for t in thetas) and getattr(text, "max_position_embeddings", None) == 12345:
+        if all(t == LEGACY_THETA for t in thetas) and \
+                getattr(text, "max_position_embeddings", None) == PROBE_CONTEXT:
             out.append(composite)
     return out
 
@@ -1401,13 +1735,13 @@ def local_base_freq_readers(model_types):
         d = without_rope_keys(cfg_cls)
         if d is None:
             continue
-        d["rope_theta"] = 123456.0
-        d["rope_local_base_freq"] = 7777.0  # no class's default: its arrival is this key's doing
+        d["rope_theta"] = LEGACY_THETA
+        d["rope_local_base_freq"] = PROBE_LOCAL_BASE
         try:
             blocks = rope_blocks(getattr(cfg_cls.from_dict(d), "rope_parameters", None))
         except Exception:
             continue
-        if any(b.get("rope_theta") == 7777.0 for b in blocks):
+        if any(b.get("rope_theta") == PROBE_LOCAL_BASE for b in blocks):
             out.append(mt)
     return out
 
@@ -1555,7 +1889,14 @@ def main():
                 rejected = rope_types_rejected(CONFIG_MAPPING[mt])
             if rejected:
                 by_type.setdefault(mt, {})["rope_types_rejected"] = rejected
+        for mt, keys in unread_keys(records).items():
+            by_type.setdefault(mt, {})["unread_keys"] = keys
+        for mt, layout in pair_layouts(records).items():
+            by_type.setdefault(mt, {})["pair_layout"] = layout
         rows = sorted(by_type.items())
+        leaked = [(mt, v) for mt, values in rows for v in numbers_in(values) if v in PROBE_VALUES]
+        if leaked:
+            sys.exit(f"gen_hf_architectures: a probe value reached the generated defaults: {leaked[:5]}")
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))
     return 0

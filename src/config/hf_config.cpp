@@ -5,6 +5,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <optional>
@@ -122,6 +123,9 @@ class Resolver {
     if (out.model_type.empty()) out.model_type = string_or(*root_, "model_type", "");
     model_type_ = out.model_type;
     const HfArchitecture& arch = architecture(out);
+    check_rotary_gate(out);
+    refuse_rejected_values(out);
+    ignore_unread_keys(out);
     refuse_unread_partial(out);
     fill_absent_defaults(out, arch);
     apply_head_dim_rules(out);
@@ -313,10 +317,19 @@ class Resolver {
             (layer_type_ == "full_attention" &&
              (has(c, "global_head_dim") || arch.head == HfHeadSize::kGlobalHeadDim)));
 
-    // layout: rope_interleave where the config sets it, else the model type's modeling code
+    // layout: rope_interleave where the config sets it, else the model type's modeling code (its
+    // row, else the generated pair_layout: the rotation its attention applies, probed)
     std::string layout(arch.layout);
     std::string layout_source =
         arch.model_type.empty() ? std::string("transformers default (rotate_half)") : rule;
+    if (const auto* own = hf_absent_key_defaults(out.model_type);
+        arch.model_type.empty() && own != nullptr && own->contains("pair_layout") &&
+        (*own)["pair_layout"].is_string()) {
+      layout = (*own)["pair_layout"].get<std::string>();
+      layout_source = "transformers: model type '" + out.model_type + "''s attention rotates " +
+                      layout +
+                      " pairs (tools/gen_hf_architectures.py's layout probe of its own rotation)";
+    }
     if (has(c, "rope_interleave")) {
       TORCH_CHECK(c["rope_interleave"].is_boolean(), origin_, ": '", prefix_,
                   "rope_interleave' must be true or false, got ", describe(c["rope_interleave"]));
@@ -385,6 +398,13 @@ class Resolver {
       set("rope_theta", number_at(c, "rope_theta"), where("rope_theta"));
     } else if (neox && has(c, "rotary_emb_base")) {
       set("rope_theta", number_at(c, "rotary_emb_base"), where("rotary_emb_base") + " (GPT-NeoX)");
+    } else if (unread("rope_theta") && unread("rope_parameters.rope_theta")) {
+      // GPT-J, CodeGen: the table hard-codes its base; the fixtures check 10000 against the
+      // default config's table, which no rope_theta changes (reads_probe)
+      set("rope_theta", 10000.0,
+          "model type '" + out.model_type +
+              "''s rotary class reads no rope_theta: its own base, 10000 (its table whatever the "
+              "file says; tools/gen_hf_architectures.py's reads probe)");
     } else {
       set("rope_theta", 10000.0, "transformers default (RotaryEmbeddingConfigMixin.default_theta)");
       out.warnings.push_back(origin_ +
@@ -690,6 +710,163 @@ class Resolver {
                            flat_text_type_ + ") from the top-level keys, and so does posenc");
   }
 
+  // Whether the model type's rotary class never reads `key` of a config.json (generated
+  // unread_keys, tools/gen_hf_architectures.py's reads_probe: GPT-J's and CodeGen's tables
+  // hard-code their base; ESM's reads only the top-level rope_theta).
+  bool unread(const std::string& key) const {
+    const auto* own = hf_absent_key_defaults(model_type_);
+    if (own == nullptr || !own->contains("unread_keys")) return false;
+    for (const auto& k : (*own)["unread_keys"])
+      if (k.is_string() && k.get<std::string>() == key) return true;
+    return false;
+  }
+
+  // A modeling file that builds its rotary only for one value of a key (generated rotary_gate:
+  // ESM's position_embedding_type 'rotary', its default 'absolute'; Granite MoE Hybrid's 'rope',
+  // default None): any other value, or the class's default for a file without the key, has no
+  // RoPE at all.
+  void check_rotary_gate(const HfResolution& out) const {
+    const auto* own = hf_absent_key_defaults(out.model_type);
+    if (own == nullptr || !own->contains("rotary_gate") || !(*own)["rotary_gate"].is_object())
+      return;
+    const auto& gate = (*own)["rotary_gate"];
+    const std::string key = gate.value("key", std::string());
+    const auto& c = model();
+    const nlohmann::json value = c.is_object() && c.contains(key) ? c[key] : gate["absent"];
+    TORCH_CHECK(value == gate["rotary"], origin_, ": refused: '", prefix_, key, "' is ",
+                value.dump(), c.is_object() && c.contains(key) ? "" : " (the class's default)",
+                ", and model type '", out.model_type,
+                "''s modeling file builds its rotary only for ", gate["rotary"].dump(),
+                ": this model has no RoPE, so there is no table to resolve");
+  }
+
+  // Spellings the model type's config or rotary class refuses (generated values_rejected: its
+  // strict dataclass fields, its rope functions' pow, its ROPE_INIT_FUNCTIONS without legacy
+  // names), refused here too rather than read leniently into a table transformers never builds.
+  void refuse_rejected_values(const HfResolution& out) const {
+    const auto* own = hf_absent_key_defaults(out.model_type);
+    if (own == nullptr || !own->contains("values_rejected")) return;
+    const auto& c = model();
+    auto rejected = [&](const char* name) {
+      for (const auto& k : (*own)["values_rejected"])
+        if (k.is_string() && k.get<std::string>() == name) return true;
+      return false;
+    };
+    auto refuse = [&](const std::string& key, const nlohmann::json& v, const char* why) {
+      TORCH_CHECK(false, origin_, ": refused: '", prefix_, key, "' is ", describe(v),
+                  ", which model type '", out.model_type, "''s config or rotary class refuses (",
+                  why, "; transformers ", std::string(kHfArchitecturesTransformers),
+                  " cannot build this model)");
+    };
+    if (has(c, "rope_theta") && c["rope_theta"].is_string() && rejected("rope_theta_string"))
+      refuse("rope_theta", c["rope_theta"], "a number is expected");
+    if (has(c, "rope_theta") && c["rope_theta"].is_number_integer() &&
+        rejected("rope_theta_integer"))
+      refuse("rope_theta", c["rope_theta"],
+             "its typed field takes only a float; write it as 10000.0");
+    for (const char* b : {"rope_parameters", "rope_scaling"}) {
+      if (!has(c, b) || !c[b].is_object()) continue;
+      const bool nested =
+          std::all_of(c[b].begin(), c[b].end(),
+                      [](const nlohmann::json& v) { return v.is_object() || v.is_null(); }) &&
+          !c[b].empty();
+      std::vector<std::pair<std::string, const nlohmann::json*>> blocks;
+      if (nested) {
+        for (const auto& item : c[b].items())
+          if (item.value().is_object())
+            blocks.emplace_back(std::string(b) + "." + item.key(), &item.value());
+      } else {
+        blocks.emplace_back(b, &c[b]);
+      }
+      for (const auto& [name, block] : blocks) {
+        if (block->contains("rope_theta") && (*block)["rope_theta"].is_string() &&
+            rejected("block_rope_theta_string"))
+          refuse(name + ".rope_theta", (*block)["rope_theta"], "a number is expected");
+        for (const char* type_key : {"rope_type", "type"}) {
+          if (!block->contains(type_key) || !(*block)[type_key].is_string()) continue;
+          const std::string type = (*block)[type_key].get<std::string>();
+          if ((type == "su" && rejected("rope_type_su")) ||
+              (type == "mrope" && rejected("rope_type_mrope")))
+            refuse(name + "." + type_key, (*block)[type_key],
+                   "a legacy name its ROPE_INIT_FUNCTIONS does not know: KeyError");
+        }
+      }
+    }
+    for (const char* key : {"head_dim", "max_position_embeddings"}) {
+      const std::string probe = std::string(key) + "_float";
+      if (has(c, key) && c[key].is_number_float() && rejected(probe.c_str()))
+        refuse(key, c[key], "its typed field takes only an integer");
+    }
+  }
+
+  // Keys of the file the model type's rotary class never reads (unread()) do not change posenc's
+  // table either: left out, each with a warning, as transformers leaves them unread. A rope_scaling
+  // the config class never reads stays refused (legacy_rope_scaling's reads_scaling: Cohere 2 MoE).
+  void ignore_unread_keys(HfResolution& out) {
+    const auto& c = model();
+    if (!c.is_object()) return;
+    // a config class that takes rope blocks (legacy_rope_scaling probed: ESM's) validates them by
+    // its own rules (a llama3 block without rope_theta fails to load, KeyError) even where its
+    // rotary class never reads them; posenc does not mirror those rules: refused. A class that
+    // takes no block at all (GPT-J, CodeGen) loads any: ignored below.
+    const auto* own = hf_absent_key_defaults(out.model_type);
+    const bool class_takes_blocks = own != nullptr && own->contains("legacy_rope_scaling");
+    for (const char* b : {"rope_parameters", "rope_scaling"}) {
+      const bool plain_theta_block = std::string(b) == "rope_parameters" && has(c, b) &&
+                                     c[b].is_object() && !unread("rope_parameters.rope_theta") &&
+                                     c[b].size() == 1 && c[b].contains("rope_theta");
+      TORCH_CHECK(!(has(c, b) && unread(b) && class_takes_blocks && !plain_theta_block), origin_,
+                  ": refused: model type '", out.model_type, "''s rotary class never reads '",
+                  prefix_, b,
+                  "' (its table is the same without it), while its config class "
+                  "validates the block by rules posenc does not mirror; leave it out");
+    }
+    nlohmann::json patched = c;
+    bool changed = false;
+    auto drop = [&](nlohmann::json& node, const std::string& key, const std::string& shown) {
+      if (!node.is_object() || !node.contains(key)) return;
+      node.erase(key);
+      changed = true;
+      out.warnings.push_back(origin_ + ": '" + prefix_ + shown + "' is not read by model type '" +
+                             out.model_type +
+                             "''s rotary class (its table is the same whatever it says); "
+                             "ignored, as transformers ignores it");
+    };
+    if (unread("partial_rotary_factor"))
+      drop(patched, "partial_rotary_factor", "partial_rotary_factor");
+    if (patched.contains("rope_parameters") && patched["rope_parameters"].is_object()) {
+      auto& params = patched["rope_parameters"];
+      if (unread("rope_parameters")) {
+        // the block's theta may still be read (a class reading config.rope_theta from it)
+        const bool keep_theta = !unread("rope_parameters.rope_theta") &&
+                                params.contains("rope_theta") && !params["rope_theta"].is_null();
+        nlohmann::json kept = nlohmann::json::object();
+        if (keep_theta) kept["rope_theta"] = params["rope_theta"];
+        if (kept.empty()) {
+          drop(patched, "rope_parameters", "rope_parameters");
+        } else if (params != kept) {
+          params = kept;
+          changed = true;
+          out.warnings.push_back(origin_ + ": '" + prefix_ +
+                                 "rope_parameters' other than its rope_theta is not read by "
+                                 "model type '" +
+                                 out.model_type +
+                                 "''s rotary class; ignored, as transformers ignores it");
+        }
+      } else if (unread("rope_parameters.rope_theta")) {
+        drop(params, "rope_theta", "rope_parameters.rope_theta");
+      }
+    }
+    const bool scaling_refused = own != nullptr && own->contains("legacy_rope_scaling") &&
+                                 !(*own)["legacy_rope_scaling"].value("reads_scaling", true);
+    if (unread("rope_scaling") && !scaling_refused) drop(patched, "rope_scaling", "rope_scaling");
+    // (probed on a file without a block: beside one, the class's conversion may take it into the
+    // block, which the rules below decide)
+    if (unread("rope_theta") && !has(patched, "rope_parameters") && !has(patched, "rope_scaling"))
+      drop(patched, "rope_theta", "rope_theta");
+    if (changed) patched_ = std::move(patched);
+  }
+
   // A top-level partial_rotary_factor (transformers 4's place for it) that the model type's config
   // class does not carry into rope_parameters, where its rotary class reads the factor, is unread
   // by transformers, whose rotary class then takes its own default for a block without one (GPT-
@@ -877,7 +1054,8 @@ class Resolver {
           key == "original_not_filled" || key == "top_original_unread" ||
           key == "required_block_keys" || key == "mrope_default_section" || key == "mrope_layout" ||
           key == "max_position_rules" || key == "block_theta_missing" ||
-          key == "rope_types_rejected")
+          key == "rope_types_rejected" || key == "unread_keys" || key == "rotary_gate" ||
+          key == "values_rejected" || key == "pair_layout")
         continue;
       if (key == "partial_rotary_factor" && legacy_partial_set) continue;
       if (has(c, key)) continue;
