@@ -83,17 +83,15 @@ TEST(CudaEmu, DivergentBarrierIsAnErrorNamingBothLines) {
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
   for (const char* schedule : kSchedules) {
     ScheduleScope scope(schedule);
-    const std::string f =
-        fault_of([&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_barrier_kernel)
-                       (out); });
+    auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_barrier_kernel)(out); };
+    const std::string f = fault_of(launch);
     EXPECT_NE(f.find("divergent __syncthreads"), std::string::npos) << schedule << ": " << f;
     EXPECT_NE(f.find(site(kBarrierA)), std::string::npos) << f;
     EXPECT_NE(f.find(site(kBarrierA + 2)), std::string::npos) << f;
     EXPECT_NE(f.find("divergent_barrier_kernel"), std::string::npos) << f;
   }
-  const std::string f =
-      fault_of([&] { POSENC_LAUNCH(1, 64, 0, nullptr, exit_before_barrier_kernel)
-                     (out); });
+  auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, exit_before_barrier_kernel)(out); };
+  const std::string f = fault_of(launch);
   EXPECT_NE(f.find("has exited"), std::string::npos) << f;
   EXPECT_NE(f.find(site(kBarrierExit)), std::string::npos) << f;
   cudaFree(out);
@@ -168,9 +166,8 @@ TEST(CudaEmu, DivergentOrOutOfMaskShuffleIsAnError) {
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(float)), cudaSuccess);
   for (const char* schedule : kSchedules) {
     ScheduleScope scope(schedule);
-    const std::string f =
-        fault_of([&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_shuffle_kernel)
-                       (out); });
+    auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_shuffle_kernel)(out); };
+    const std::string f = fault_of(launch);
     EXPECT_NE(f.find("divergent warp shuffle"), std::string::npos) << schedule << ": " << f;
     EXPECT_NE(f.find(site(kShuffleA)), std::string::npos) << f;
     EXPECT_NE(f.find(site(kShuffleA + 2)), std::string::npos) << f;
@@ -227,11 +224,11 @@ TEST(CudaEmu, LaunchLimitsAndTheSharedMemoryOptIn) {
 
 TEST(CudaEmu, SharedMemoryAndBuffersAreExactSize) {
   // inside the rounding to 16 bytes: the canary
-  const std::string f =
-      fault_of([&] { POSENC_LAUNCH(1, 32, 20, nullptr, write_shared_kernel)
-                     (21); });
+  auto launch = [&] { POSENC_LAUNCH(1, 32, 20, nullptr, write_shared_kernel)(21); };
+  const std::string f = fault_of(launch);
   EXPECT_NE(f.find("wrote byte 21 of dynamic shared memory of 20 bytes"), std::string::npos) << f;
-  EXPECT_EQ(fault_of([&] { POSENC_LAUNCH(1, 32, 20, nullptr, write_shared_kernel)(19); }), "");
+  auto within = [&] { POSENC_LAUNCH(1, 32, 20, nullptr, write_shared_kernel)(19); };
+  EXPECT_EQ(fault_of(within), "");
   // past it: the guard page
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(POSENC_LAUNCH(1, 32, 32, nullptr, write_shared_kernel)(32),

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Shows that the emulated CUDA suite (ctest cuda_emu) can fail: each mutation below is applied to
+# a temporary copy of src/kernels/cuda, the emulator binary is relinked with that copy's kernels
+# (the build's own commands, from build/compile_commands.json and ninja), and the suite must fail
+# under the lockstep or the reverse schedule. Prints a table; exit 1 if a mutant survives.
+#   scripts/cuda_emu_mutants.sh [BUILD_DIR]     (default: build; posenc_cuda_emu_tests built there)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=$(cd "${1:-$root/build}" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+ninja -C "$build" -t commands tests/posenc_cuda_emu_tests >"$tmp/commands" 2>/dev/null ||
+  { echo "cuda_emu_mutants: build posenc_cuda_emu_tests in $build first (ninja)"; exit 2; }
+link=$(tail -n 1 "$tmp/commands" | sed 's/^: && //; s/ && :$//')
+
+# name | file | python literal to find | replacement | extra flags (compile and link)
+mutations=(
+  "wrong tile index: a lane reads key row lane of the unpadded stride|attention_cuda.cu|const float* krow = ks + lane * ldk;|const float* krow = ks + lane * dim;|"
+  "__syncthreads removed after loading a tile (read before write)|attention_cuda.cu|    __syncthreads();\n\n    const int64_t j = j0 + lane;\n    const bool key_real|\n    const int64_t j = j0 + lane;\n    const bool key_real|"
+  "__syncthreads removed before overwriting a tile (write after read)|attention_cuda.cu|    __syncthreads();  // the previous tile is consumed (and qs is written, the first time)\n|    // (barrier removed)\n|"
+  "divergent __shfl_xor_sync: half a warp at another call site|attention_cuda.cu|  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));|  for (int o = 16; o > 0; o /= 2) {\n    if (threadIdx.x % 32 < 16)\n      x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));\n    else\n      x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));\n  }|"
+  "forward shared memory one value row short|attention_cuda.cu|kBlockK * (a.dim + 1) + kBlockK * a.dim_v);|kBlockK * (a.dim + 1) + (kBlockK - 1) * a.dim_v);|"
+  "dK/dV shared memory one dO row short|attention_cuda.cu|kBlockQ * (a.dim + 1 + a.dim_v + 1) +|kBlockQ * (a.dim + 1 + a.dim_v + 1) - (a.dim_v + 1) +|"
+  "missing >48 KiB opt-in|attention_cuda.cu|  if (shared <= 48 * 1024) return cudaSuccess;|  return cudaSuccess;|"
+  "misaligned 16-byte RoPE loads: pointer alignment unchecked (UBSan)|rope_cuda.cu|      ok = reinterpret_cast<uintptr_t>(u.x) % bytes == 0 &&\n           reinterpret_cast<uintptr_t>(u.y) % bytes == 0;|      ok = true;|-fsanitize=alignment -fno-sanitize-recover=alignment"
+  "RoPE wrong pair index: b = a + F - 1|rope_cuda.cu|reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs);|reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs - (a.pairs > V ? V : 0));|"
+)
+
+printf '| mutation | file | lockstep | reverse | caught by |\n|---|---|---|---|---|\n'
+survivors=0
+for m in "${mutations[@]}"; do
+  IFS='|' read -r name file find replace flags <<<"$m"
+  rm -rf "$tmp/src" && mkdir -p "$tmp/src/kernels" && cp -r "$root/src/kernels/cuda" "$tmp/src/kernels/"
+  python3 - "$tmp/src/kernels/cuda/$file" "$find" "$replace" <<'EOF'
+import sys
+path, find, replace = sys.argv[1], sys.argv[2].replace("\\n", "\n"), sys.argv[3].replace("\\n", "\n")
+text = open(path).read()
+if text.count(find) < 1:
+    sys.exit(f"mutation target not found in {path}: {find!r}")
+open(path, "w").write(text.replace(find, replace, 1))
+EOF
+  stem=${file%.cu}
+  printf '// mutant\n#include "%s"\n' "$tmp/src/kernels/cuda/$file" >"$tmp/${stem}_emu.cpp"
+  object="tests/CMakeFiles/posenc_cuda_emu_tests.dir/cuda_emu/${stem}_emu.cpp.o"
+  compile=$(python3 - "$build" "$stem" <<'EOF'
+import json, sys
+for c in json.load(open(sys.argv[1] + "/compile_commands.json")):
+    if c["file"].endswith("/cuda_emu/" + sys.argv[2] + "_emu.cpp"):
+        print(c["command"])
+EOF
+)
+  compile=${compile/ -o $object / -o $tmp/mutant.o }
+  compile="${compile% -c *} -c $tmp/${stem}_emu.cpp $flags"
+  (cd "$build" && eval "$compile") >"$tmp/compile.log" 2>&1 || { cat "$tmp/compile.log"; exit 2; }
+  mutant_link=${link/ $object / $tmp/mutant.o }
+  mutant_link="${mutant_link/ -o tests\/posenc_cuda_emu_tests / -o $tmp/mutant } $flags"
+  (cd "$build" && eval "$mutant_link") >"$tmp/link.log" 2>&1 || { cat "$tmp/link.log"; exit 2; }
+  results=()
+  caught=""
+  for schedule in lockstep reverse; do
+    # the kernel tests only: the emulator's self-tests print faults on purpose
+    if (POSENC_CUDA_EMU_SCHEDULE=$schedule timeout 600 "$tmp/mutant" --gtest_filter=-CudaEmu.* \
+      >"$tmp/run.log" 2>&1; exit $?) 2>/dev/null; then  # (no exec: the shell's crash note)
+      results+=("passes")
+    else
+      results+=("fails")
+      if [ -z "$caught" ]; then
+        caught=$(grep -m1 -o 'posenc cuda_emu: .*\|runtime error: .*' "$tmp/run.log" | head -c 240 |
+          tr '|' '/' || true)
+        failed=$(grep -c '^\[  FAILED  \] .*(' "$tmp/run.log" || true)
+        first=$(grep -m1 -o '^\[  FAILED  \] [^ ,]*' "$tmp/run.log" | sed 's/.*\] //' || true)
+        caught="${caught:+$caught; }$failed tests failed${first:+, first $first}"
+      fi
+    fi
+  done
+  if [ "${results[0]}" = passes ] && [ "${results[1]}" = passes ]; then
+    survivors=$((survivors + 1))
+    caught="SURVIVED"
+  fi
+  printf '| %s | %s | %s | %s | %s |\n' "$name" "$file" "${results[0]}" "${results[1]}" "$caught"
+done
+[ $survivors -eq 0 ]
