@@ -2,14 +2,17 @@
 # GPU build and checks, for a machine with only CUDA, CMake and Python's (CUDA-enabled) torch:
 # builds the core, the CUDA kernels and the glue against the LibTorch inside Python's torch
 # (TorchConfig.cmake, POSENC_TORCH_USE_CONFIG=ON) in build-gpu/, then runs posenc_cuda_tests,
-# posenc_tests and bench_cuda. What it needs besides (GoogleTest, Google Benchmark, yaml-cpp,
+# posenc_tests, posenc_cuda_tests under compute-sanitizer (memcheck, racecheck, synccheck) and
+# bench_cuda. What it needs besides (GoogleTest, Google Benchmark, yaml-cpp,
 # nlohmann-json) it builds from the sources scripts/pack_gpu_deps.sh packs into
 # .gpu-deps/ (no apt, no internet needed here).
 #
 # Through the device `run` tool (pack first, on the dev machine: bash scripts/pack_gpu_deps.sh):
 #   run(command="bash scripts/gpu.sh", carry=[".gpu-deps"], timeout_s=600)
 # Logs go to $OUT (the run tool's fetched folder) or build-gpu/logs. Knobs (environment):
-#   POSENC_GPU_STEPS     which steps, default "deps configure build test bench"
+#   POSENC_GPU_STEPS     which steps, default "deps configure build test sanitize bench"
+#   POSENC_GPU_SANITIZERS         compute-sanitizer tools, default "memcheck racecheck synccheck"
+#   POSENC_GPU_SANITIZER_FILTER   gtest filter for them, default * (all of posenc_cuda_tests)
 #   POSENC_GPU_ARCH      CMAKE_CUDA_ARCHITECTURES, default 90 (H100/H200)
 #   POSENC_GPU_TORCH_USE_CONFIG  ON (default); OFF links a LibTorch folder directly
 #   POSENC_GPU_TORCH_ROOT        the torch folder, default Python torch's (import torch)
@@ -23,7 +26,7 @@ BUILD="${POSENC_GPU_BUILD:-build-gpu}"
 LOGS="${OUT:-${ROOT}/${BUILD}/logs}"
 DEPS="${ROOT}/.gpu-deps"
 PREFIX="${ROOT}/${BUILD}/deps"
-STEPS="${POSENC_GPU_STEPS:-deps configure build test bench}"
+STEPS="${POSENC_GPU_STEPS:-deps configure build test sanitize bench}"
 JOBS="${POSENC_GPU_JOBS:-$(nproc 2>/dev/null || echo 4)}"
 mkdir -p "${LOGS}" "${PREFIX}"
 say() { echo "gpu.sh: $*" | tee -a "${LOGS}/gpu.log" >&2; }
@@ -111,6 +114,33 @@ if step test; then
   say "posenc_tests:"
   "${BUILD}/tests/posenc_tests" --gtest_brief=1 > "${LOGS}/cpu_tests.log" 2>&1 || status=1
   tail -5 "${LOGS}/cpu_tests.log" >&2
+fi
+# ---- compute-sanitizer: what the CPU emulator cannot see (device out-of-bounds and misaligned
+# accesses, shared-memory hazards between warps under the real scheduler, illegal barriers) -----
+# Each tool over the raw-kernel and glue tests of posenc_cuda_tests; a report fails the run
+# (--error-exitcode). Only on a machine with a GPU and compute-sanitizer (CUDA toolkit's bin/).
+if step sanitize; then
+  SANITIZER="$(command -v compute-sanitizer || echo "$(dirname "${NVCC}")/compute-sanitizer")"
+  if ! nvidia-smi -L > /dev/null 2>&1; then
+    say "compute-sanitizer: skipped (no GPU: nvidia-smi -L fails)"
+  elif ! command -v "${SANITIZER}" > /dev/null 2>&1; then
+    say "compute-sanitizer: skipped (not found on PATH nor beside ${NVCC})"
+  elif [[ ! -x "${BUILD}/tests/posenc_cuda_tests" ]]; then
+    say "compute-sanitizer: FAILED: no ${BUILD}/tests/posenc_cuda_tests (run the build step)"
+    status=1
+  else
+    for tool in ${POSENC_GPU_SANITIZERS:-memcheck racecheck synccheck}; do
+      if "${SANITIZER}" --tool "${tool}" --error-exitcode 86 --print-limit 20 \
+          "${BUILD}/tests/posenc_cuda_tests" --gtest_brief=1 \
+          --gtest_filter="${POSENC_GPU_SANITIZER_FILTER:-*}" > "${LOGS}/sanitizer_${tool}.log" 2>&1; then
+        say "compute-sanitizer ${tool}: ok ($(grep -m1 -E 'ERROR SUMMARY' "${LOGS}/sanitizer_${tool}.log" || echo 'no summary'))"
+      else
+        say "compute-sanitizer ${tool}: FAILED; tail of ${LOGS}/sanitizer_${tool}.log:"
+        tail -30 "${LOGS}/sanitizer_${tool}.log" >&2
+        status=1
+      fi
+    done
+  fi
 fi
 if step bench && [[ -x "${BUILD}/bench/bench_cuda" ]]; then
   say "bench_cuda:"
