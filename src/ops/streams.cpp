@@ -71,6 +71,23 @@ void check_mask_dtype(const char* who, const at::Tensor& mask) {
               mask.scalar_type());
 }
 
+// Qwen2.5-VL's temporal positions, (arange(t) * tokens_per_second * seconds).long(): finite,
+// non-negative seconds whose last grid step stays within 2^52 (a float past int64 became
+// int64's minimum, silently, in posenc as in transformers' .long()).
+void check_temporal_reach(double seconds, double tokens_per_second, int64_t frames, size_t video) {
+  constexpr double kMaxPosition = 4503599627370496.0;  // 2^52: every integer exact in a double
+  TORCH_CHECK(std::isfinite(seconds) && seconds >= 0, "posenc.get_rope_index: second_per_grid_ts[",
+              video, "] must be finite and >= 0, got ", seconds);
+  TORCH_CHECK(std::isfinite(tokens_per_second) && tokens_per_second >= 0,
+              "posenc.get_rope_index: tokens_per_second must be finite and >= 0, got ",
+              tokens_per_second);
+  const double last = static_cast<double>(std::max<int64_t>(frames - 1, 0)) * seconds *
+                      tokens_per_second;
+  TORCH_CHECK(last <= kMaxPosition, "posenc.get_rope_index: video ", video, "'s last grid step (",
+              frames - 1, " x ", seconds, " s x ", tokens_per_second, " per second = ", last,
+              ") is past the position limit 2^52");
+}
+
 // Seconds per temporal grid step: real numbers (an imaginary part would be dropped).
 void check_real(const char* who, const char* name, const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0) return;
@@ -115,6 +132,8 @@ std::tuple<at::Tensor, at::Tensor> qwen2_vl_rope_index_op(
     seconds.assign(s.data_ptr<double>(), s.data_ptr<double>() + s.numel());
     TORCH_CHECK(seconds.size() == videos.size(), "posenc.get_rope_index: second_per_grid_ts has ",
                 seconds.size(), " values for ", videos.size(), " videos");
+    for (size_t v = 0; v < seconds.size(); ++v)
+      check_temporal_reach(seconds[v], tokens_per_second, videos[v][0], v);
   }
   StreamOptions options;
   options.spatial_merge_size = spatial_merge_size;

@@ -113,6 +113,17 @@ def test_qwen2_5_vl_time_axis_is_transformers(seconds):
     assert torch.equal(delta.view(-1), want_delta.view(-1).to(delta.dtype))
 
 
+@pytest.mark.parametrize("seconds", [1e30, float("inf"), float("nan"), -0.5])
+def test_qwen2_5_vl_seconds_out_of_reach_are_one_line(seconds):
+    # transformers' .long() turns a float past int64 into int64's minimum without a word: refused
+    token_types = torch.tensor([[0] * 3 + [2] * 8 + [0] * 4])
+    with pytest.raises(RuntimeError, match=r"second_per_grid_ts\[0\] must be finite|past the position limit"):
+        posenc.get_rope_index(torch.zeros_like(token_types), token_types, None,
+                              torch.tensor([[4, 2, 4]]),
+                              second_per_grid_ts=torch.tensor([seconds]), tokens_per_second=2,
+                              model="qwen2_5_vl")
+
+
 # ---- Qwen2.5-Omni: posenc.get_rope_index_omni against transformers' own get_rope_index ----------
 
 _OMNI = dict(pad=151643, vbos=151652, veos=151653, abos=151647, aeos=151648, image=151655,
