@@ -74,7 +74,8 @@ TEST(Gelu, ForwardEqualsAtensOwnErfToItsExponentialsRounding) {
   // two differ by the exponential's rounding, and ATen's is within the same bound
   const auto aten = at::gelu(x);
   EXPECT_LE(worst_excess(y, aten, 2e-7 * ax + 1e-7), 0.0) << posenc::test::aten_cpu_capability();
-  EXPECT_LE(worst_excess(aten, gelu64(x), forward_bound(x)), 0.0) << posenc::test::aten_cpu_capability();
+  EXPECT_LE(worst_excess(aten, gelu64(x), forward_bound(x)), 0.0)
+      << posenc::test::aten_cpu_capability();
 }
 
 TEST(Gelu, ForwardNearAtGeluAsTheUserGetsIt) {
@@ -110,10 +111,10 @@ TEST(Gelu, SpecialValuesFollowTheMathematics) {
   // 0); tiny x give x / 2 and slope 1/2. ATen differs at the infinities: at::gelu(-inf) and
   // at::gelu_backward(+-inf) are NaN (inf * 0), and oneDNN's at::gelu(+inf) is NaN on AVX-512.
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
-  const auto x = torch::tensor({0.0f, -0.0f, inf, -inf, nan, 1e30f, -1e30f, 3e38f, -3e38f, 1e-30f,
-                                -1e-30f, 30.0f, -30.0f});
-  const auto want_y = torch::tensor({0.0f, -0.0f, inf, -0.0f, nan, 1e30f, -0.0f, 3e38f, -0.0f,
-                                     5e-31f, -5e-31f, 30.0f, -0.0f});
+  const auto x = torch::tensor(
+      {0.0f, -0.0f, inf, -inf, nan, 1e30f, -1e30f, 3e38f, -3e38f, 1e-30f, -1e-30f, 30.0f, -30.0f});
+  const auto want_y = torch::tensor(
+      {0.0f, -0.0f, inf, -0.0f, nan, 1e30f, -0.0f, 3e38f, -0.0f, 5e-31f, -5e-31f, 30.0f, -0.0f});
   const auto want_slope =
       torch::tensor({0.5f, 0.5f, 1.0f, 0.0f, nan, 1.0f, 0.0f, 1.0f, 0.0f, 0.5f, 0.5f, 1.0f, 0.0f});
   const auto y = gelu_forward_cpu(x);

@@ -81,8 +81,8 @@ void check_temporal_reach(double seconds, double tokens_per_second, int64_t fram
   TORCH_CHECK(std::isfinite(tokens_per_second) && tokens_per_second >= 0,
               "posenc.get_rope_index: tokens_per_second must be finite and >= 0, got ",
               tokens_per_second);
-  const double last = static_cast<double>(std::max<int64_t>(frames - 1, 0)) * seconds *
-                      tokens_per_second;
+  const double last =
+      static_cast<double>(std::max<int64_t>(frames - 1, 0)) * seconds * tokens_per_second;
   TORCH_CHECK(last <= kMaxPosition, "posenc.get_rope_index: video ", video, "'s last grid step (",
               frames - 1, " x ", seconds, " s x ", tokens_per_second, " per second = ", last,
               ") is past the position limit 2^52");
