@@ -1009,6 +1009,26 @@ KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 // The schema's optional parts, one spelling for the six functions below.
+// Every tensor argument of the positional operators on q's device (operator_checks.h); the
+// backward's grad_out, out and lse come first (`extra`).
+void check_positional_devices(std::vector<NamedTensor> extra, const at::Tensor& q,
+                              const at::Tensor& k, const at::Tensor& v,
+                              const std::optional<at::Tensor>& cos,
+                              const std::optional<at::Tensor>& sin,
+                              const std::optional<at::Tensor>& slopes,
+                              const std::optional<at::Tensor>& t5_table,
+                              const std::optional<at::Tensor>& attention_mask) {
+  extra.insert(extra.end(), {{"q", q},
+                             {"k", k},
+                             {"v", v},
+                             {"cos", cos},
+                             {"sin", sin},
+                             {"slopes", slopes},
+                             {"t5_table", t5_table},
+                             {"attention_mask", attention_mask}});
+  check_same_device(kPositional, extra);
+}
+
 #define POSITIONAL_PARAMS                                                                 \
   const std::optional<at::Tensor>&cos, const std::optional<at::Tensor>&sin,               \
       c10::string_view layout, const std::optional<at::Tensor>&slopes, bool symmetric,    \
@@ -1022,45 +1042,22 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor
                                                                 const at::Tensor& k,
                                                                 const at::Tensor& v,
                                                                 POSITIONAL_PARAMS) {
-  check_same_device(kPositional, {{"q", q},
-                                  {"k", k},
-                                  {"v", v},
-                                  {"cos", cos},
-                                  {"sin", sin},
-                                  {"slopes", slopes},
-                                  {"t5_table", t5_table},
-                                  {"attention_mask", attention_mask}});
+  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
   return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
-  check_same_device(kPositional, {{"grad_out", grad_out},
-                                  {"q", q},
-                                  {"k", k},
-                                  {"v", v},
-                                  {"out", out},
-                                  {"lse", lse},
-                                  {"cos", cos},
-                                  {"sin", sin},
-                                  {"slopes", slopes},
-                                  {"t5_table", t5_table},
-                                  {"attention_mask", attention_mask}});
+  check_positional_devices({{"grad_out", grad_out}, {"out", out}, {"lse", lse}}, q, k, v, cos, sin,
+                           slopes, t5_table, attention_mask);
   return positional_backward_reference_of(grad_out, q, k, v, out, lse,
                                           positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
-  check_same_device(kPositional, {{"q", q},
-                                  {"k", k},
-                                  {"v", v},
-                                  {"cos", cos},
-                                  {"sin", sin},
-                                  {"slopes", slopes},
-                                  {"t5_table", t5_table},
-                                  {"attention_mask", attention_mask}});
+  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_forward_reference_of(q, k, v, a);
@@ -1077,17 +1074,8 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, c
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
-  check_same_device(kPositional, {{"grad_out", grad_out},
-                                  {"q", q},
-                                  {"k", k},
-                                  {"v", v},
-                                  {"out", out},
-                                  {"lse", lse},
-                                  {"cos", cos},
-                                  {"sin", sin},
-                                  {"slopes", slopes},
-                                  {"t5_table", t5_table},
-                                  {"attention_mask", attention_mask}});
+  check_positional_devices({{"grad_out", grad_out}, {"out", out}, {"lse", lse}}, q, k, v, cos, sin,
+                           slopes, t5_table, attention_mask);
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1127,14 +1115,7 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
 // gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
 std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
-  check_same_device(kPositional, {{"q", q},
-                                  {"k", k},
-                                  {"v", v},
-                                  {"cos", cos},
-                                  {"sin", sin},
-                                  {"slopes", slopes},
-                                  {"t5_table", t5_table},
-                                  {"attention_mask", attention_mask}});
+  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());

@@ -39,7 +39,7 @@ struct NamedTensor {
   at::Tensor tensor;
 };
 
-inline void check_same_device(const char* op, std::initializer_list<NamedTensor> tensors,
+inline void check_same_device(const char* op, const std::vector<NamedTensor>& tensors,
                               std::initializer_list<NamedTensor> host_ok = {}) {
   const NamedTensor* anchor = nullptr;
   for (const auto& t : tensors) {
