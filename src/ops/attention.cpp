@@ -190,6 +190,24 @@ constexpr const char* kAlibi = "posenc.alibi_attention";
 constexpr const char* kT5 = "posenc.t5_attention";
 constexpr const char* kShaw = "posenc.shaw_attention";
 
+// Every tensor argument of an attention operator on q's device (operator_checks.h), in the
+// schema's order: the forward's q, k, v and its tables (slopes, a bias table, rotary tables, the
+// mask), the backward's grad_out, q, k, v, out, lse and the same tables.
+void check_forward_devices(const char* op, const at::Tensor& q, const at::Tensor& k,
+                           const at::Tensor& v, const std::vector<NamedTensor>& tables) {
+  std::vector<NamedTensor> all{{"q", q}, {"k", k}, {"v", v}};
+  all.insert(all.end(), tables.begin(), tables.end());
+  check_same_device(op, all);
+}
+void check_backward_devices(const char* op, const at::Tensor& grad_out, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                            const at::Tensor& lse, const std::vector<NamedTensor>& tables) {
+  std::vector<NamedTensor> all{{"grad_out", grad_out}, {"q", q},    {"k", k}, {"v", v},
+                               {"out", out},           {"lse", lse}};
+  all.insert(all.end(), tables.begin(), tables.end());
+  check_same_device(op, all);
+}
+
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const at::Tensor& slopes) {
   check_qkv("posenc.alibi_attention", q, k, v);
@@ -198,7 +216,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
               slopes.sizes());
   TORCH_CHECK(at::isFloatingType(slopes.scalar_type()),
               "posenc.alibi_attention: slopes must be floating point, got ", slopes.scalar_type());
-  check_same_device(kAlibi, {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}});
+  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}});
 }
 
 // The table [num_buckets, H] and the bucket parameters T5's formula accepts (HF does not check:
@@ -292,9 +310,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
                                                bool causal, bool symmetric,
                                                std::optional<double> scale,
                                                const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kAlibi,
-      {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}, {"attention_mask", attention_mask}});
+  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   prepare(prepared, f32(q), f32(k), f32(v), slopes, causal, symmetric, scale_of(q, scale));
@@ -310,14 +326,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
     bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kAlibi, {{"grad_out", grad_out},
-                             {"q", q},
-                             {"k", k},
-                             {"v", v},
-                             {"out", out},
-                             {"lse", lse},
-                             {"slopes", slopes},
-                             {"attention_mask", attention_mask}});
+  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
+                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   Prepared prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
@@ -379,9 +389,7 @@ std::tuple<at::Tensor, at::Tensor> forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes,
     bool causal, bool symmetric, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kAlibi,
-      {{"q", q}, {"k", k}, {"v", v}, {"slopes", slopes}, {"attention_mask", attention_mask}});
+  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   return softmax_forward(q, v,
                          masked(logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)),
@@ -392,14 +400,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
     bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kAlibi, {{"grad_out", grad_out},
-                             {"q", q},
-                             {"k", k},
-                             {"v", v},
-                             {"out", out},
-                             {"lse", lse},
-                             {"slopes", slopes},
-                             {"attention_mask", attention_mask}});
+  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
+                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
   check_inputs(q, k, v, slopes);
   const double s = scale_of(q, scale);
   const auto g = softmax_backward(grad_out, q, k, v, out, lse,
@@ -442,8 +444,7 @@ std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at:
                                                   bool bidirectional, int64_t max_distance,
                                                   bool causal, std::optional<double> scale,
                                                   const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kT5, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
+  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   prepare_t5(prepared, f32(q), f32(k), f32(v), table, bidirectional, max_distance, causal,
@@ -461,14 +462,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
     int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kT5, {{"grad_out", grad_out},
-                          {"q", q},
-                          {"k", k},
-                          {"v", v},
-                          {"out", out},
-                          {"lse", lse},
-                          {"table", table},
-                          {"attention_mask", attention_mask}});
+  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
+                         {{"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   PreparedT5 prepared;
   auto qh = f32(q), kh = f32(k), vh = f32(v);
@@ -513,8 +508,7 @@ std::tuple<at::Tensor, at::Tensor> t5_forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kT5, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
+  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
   return softmax_forward(q, v,
@@ -527,14 +521,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
     int64_t max_distance, bool causal, std::optional<double> scale,
     const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kT5, {{"grad_out", grad_out},
-                          {"q", q},
-                          {"k", k},
-                          {"v", v},
-                          {"out", out},
-                          {"lse", lse},
-                          {"table", table},
-                          {"attention_mask", attention_mask}});
+  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
+                         {{"table", table}, {"attention_mask", attention_mask}});
   check_t5(q, k, v, table, bidirectional, max_distance);
   const double s = scale_of(q, scale);
   const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
@@ -632,8 +620,7 @@ ShawLogits shaw_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Te
 std::tuple<at::Tensor, at::Tensor> shaw_forward_reference(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kShaw, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
+  check_forward_devices(kShaw, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   return softmax_forward(q, v,
                          masked(shaw_logits_of(q, k, table, causal, scale_of(q, scale)).logits,
@@ -644,14 +631,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_referen
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
     std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kShaw, {{"grad_out", grad_out},
-                            {"q", q},
-                            {"k", k},
-                            {"v", v},
-                            {"out", out},
-                            {"lse", lse},
-                            {"table", table},
-                            {"attention_mask", attention_mask}});
+  check_backward_devices(kShaw, grad_out, q, k, v, out, lse,
+                         {{"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   const double s = scale_of(q, scale);
   const auto l = shaw_logits_of(q, k, table, causal, s);
@@ -690,8 +671,7 @@ void prepare_shaw(PreparedShaw& out, const at::Tensor& qh, const at::Tensor& kh,
 std::tuple<at::Tensor, at::Tensor> shaw_forward_cpu(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(
-      kShaw, {{"q", q}, {"k", k}, {"v", v}, {"table", table}, {"attention_mask", attention_mask}});
+  check_forward_devices(kShaw, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   // float64: the exact reference (the kernel computes in float32)
   if (q.scalar_type() == at::kDouble)
@@ -710,14 +690,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> shaw_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool causal,
     std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_same_device(kShaw, {{"grad_out", grad_out},
-                            {"q", q},
-                            {"k", k},
-                            {"v", v},
-                            {"out", out},
-                            {"lse", lse},
-                            {"table", table},
-                            {"attention_mask", attention_mask}});
+  check_backward_devices(kShaw, grad_out, q, k, v, out, lse,
+                         {{"table", table}, {"attention_mask", attention_mask}});
   check_shaw(q, k, v, table);
   if (q.scalar_type() == at::kDouble)
     return shaw_backward_reference(grad_out, q, k, v, out, lse, table, causal, scale,
@@ -1009,24 +983,17 @@ KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
 }
 
 // The schema's optional parts, one spelling for the six functions below.
-// Every tensor argument of the positional operators on q's device (operator_checks.h); the
-// backward's grad_out, out and lse come first (`extra`).
-void check_positional_devices(std::vector<NamedTensor> extra, const at::Tensor& q,
-                              const at::Tensor& k, const at::Tensor& v,
-                              const std::optional<at::Tensor>& cos,
-                              const std::optional<at::Tensor>& sin,
-                              const std::optional<at::Tensor>& slopes,
-                              const std::optional<at::Tensor>& t5_table,
-                              const std::optional<at::Tensor>& attention_mask) {
-  extra.insert(extra.end(), {{"q", q},
-                             {"k", k},
-                             {"v", v},
-                             {"cos", cos},
-                             {"sin", sin},
-                             {"slopes", slopes},
-                             {"t5_table", t5_table},
-                             {"attention_mask", attention_mask}});
-  check_same_device(kPositional, extra);
+// The positional operators' table arguments, in the schema's order.
+std::vector<NamedTensor> positional_tables(const std::optional<at::Tensor>& cos,
+                                           const std::optional<at::Tensor>& sin,
+                                           const std::optional<at::Tensor>& slopes,
+                                           const std::optional<at::Tensor>& t5_table,
+                                           const std::optional<at::Tensor>& attention_mask) {
+  return {{"cos", cos},
+          {"sin", sin},
+          {"slopes", slopes},
+          {"t5_table", t5_table},
+          {"attention_mask", attention_mask}};
 }
 
 #define POSITIONAL_PARAMS                                                                 \
@@ -1042,22 +1009,24 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor
                                                                 const at::Tensor& k,
                                                                 const at::Tensor& v,
                                                                 POSITIONAL_PARAMS) {
-  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
+  check_forward_devices(kPositional, q, k, v,
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
   return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
-  check_positional_devices({{"grad_out", grad_out}, {"out", out}, {"lse", lse}}, q, k, v, cos, sin,
-                           slopes, t5_table, attention_mask);
+  check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
   return positional_backward_reference_of(grad_out, q, k, v, out, lse,
                                           positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
-  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
+  check_forward_devices(kPositional, q, k, v,
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_forward_reference_of(q, k, v, a);
@@ -1074,8 +1043,8 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, c
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
-  check_positional_devices({{"grad_out", grad_out}, {"out", out}, {"lse", lse}}, q, k, v, cos, sin,
-                           slopes, t5_table, attention_mask);
+  check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1115,7 +1084,8 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
 // gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
 std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
-  check_positional_devices({}, q, k, v, cos, sin, slopes, t5_table, attention_mask);
+  check_forward_devices(kPositional, q, k, v,
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
