@@ -161,8 +161,6 @@ POSENC_LIBRARY_FRAGMENT(m) {
 // in python/posenc/_meta.py.
 POSENC_LIBRARY_IMPL(CPU, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
 POSENC_LIBRARY_IMPL(CUDA, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_op)); }
-POSENC_LIBRARY_IMPL(Autograd, m) {
-  m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_autograd));
-}
+POSENC_LIBRARY_IMPL(Autograd, m) { m.impl("patch_grid_rope", TORCH_FN(patch_grid_rope_autograd)); }
 
 }  // namespace posenc::ops
