@@ -14,8 +14,6 @@
 
 namespace posenc::ops {
 
-namespace {
-
 int64_t normalized_unsqueeze_dim(int64_t unsqueeze_dim, const at::Tensor& cos) {
   const int64_t rank = cos.dim() + 1;
   TORCH_CHECK(unsqueeze_dim >= -rank && unsqueeze_dim < rank,
@@ -24,6 +22,13 @@ int64_t normalized_unsqueeze_dim(int64_t unsqueeze_dim, const at::Tensor& cos) {
   return unsqueeze_dim < 0 ? unsqueeze_dim + rank : unsqueeze_dim;
 }
 
+at::ScalarType apply_rotary_result_dtype(const at::Tensor& x, const at::Tensor& cos,
+                                         const at::Tensor& sin) {
+  return at::promote_types(at::result_type(x, cos), sin.scalar_type());
+}
+
+namespace {
+
 // The two members of every rotary pair, as views of a [..., W] tensor. Symbolic sizes: the
 // backward runs this under torch.compile, where a concrete size() would specialize every dim.
 std::pair<at::Tensor, at::Tensor> pair_members(const at::Tensor& x, const c10::SymInt& width,
@@ -31,10 +36,6 @@ std::pair<at::Tensor, at::Tensor> pair_members(const at::Tensor& x, const c10::S
   if (layout == RopeLayout::kHalf)
     return {x.narrow_symint(-1, 0, width / 2), x.narrow_symint(-1, width / 2, width / 2)};
   return {x.slice_symint(-1, 0, width, 2), x.slice_symint(-1, 1, width, 2)};
-}
-
-at::ScalarType result_dtype(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return at::promote_types(at::result_type(x, cos), sin.scalar_type());
 }
 
 // y = formula(x) for one of q, k. Where the tables broadcast x to a larger shape, the
@@ -206,7 +207,7 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
   if (cos.size(1) != q.size(token_dim)) return "cos/sin tokens differ from q's";
   if (q.scalar_type() != k.scalar_type() || !is_kernel_dtype(q.scalar_type()))
     return "q and k are not both float32, float64, bfloat16 or float16";
-  if (result_dtype(q, cos, sin) != q.scalar_type())
+  if (apply_rotary_result_dtype(q, cos, sin) != q.scalar_type())
     return "cos/sin are of a wider dtype than q (the result would be promoted)";
   if (q.stride(-1) != 1 || k.stride(-1) != 1) return "the last dim of q or k is not contiguous";
   if (q.numel() == 0 || k.numel() == 0) return "empty";
@@ -256,10 +257,10 @@ void apply_rotary_inplace(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
                           bool allow_fused) {
   const std::string name(layout);
   const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, name);
-  TORCH_CHECK(
-      result_dtype(q, cos, sin) == q.scalar_type() && result_dtype(k, cos, sin) == k.scalar_type(),
-      "posenc.apply_rotary_: the result's dtype (", result_dtype(q, cos, sin), ") is not q's (",
-      q.scalar_type(), "); in place needs cos/sin no wider than q and k");
+  TORCH_CHECK(apply_rotary_result_dtype(q, cos, sin) == q.scalar_type() &&
+                  apply_rotary_result_dtype(k, cos, sin) == k.scalar_type(),
+              "posenc.apply_rotary_: the result's dtype (", apply_rotary_result_dtype(q, cos, sin),
+              ") is not q's (", q.scalar_type(), "); in place needs cos/sin no wider than q and k");
   TORCH_CHECK(!q.is_same(k), "posenc.apply_rotary_: q and k are the same tensor");
   check_writable(q, k, cos, sin);
   if (allow_fused && apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty()) {

@@ -56,6 +56,12 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const a
                                                     const at::Tensor& cos, const at::Tensor& sin,
                                                     int64_t unsqueeze_dim,
                                                     const std::string& layout);
+/// unsqueeze_dim in [0, cos.dim()] (negative: counted from the end, as torch's unsqueeze); one
+/// line outside [-(cos.dim() + 1), cos.dim()].
+int64_t normalized_unsqueeze_dim(int64_t unsqueeze_dim, const at::Tensor& cos);
+/// The dtype of x's result: x, cos and sin promoted (transformers' formula in eager).
+at::ScalarType apply_rotary_result_dtype(const at::Tensor& x, const at::Tensor& cos,
+                                         const at::Tensor& sin);
 /// The rotary width of x under the unsqueezed table c: c.size(-1), or x's whole head dim where c's
 /// last dim is 1 (broadcast over it: transformers' formula with unsqueeze_dim -1).
 int64_t rotary_width(const at::Tensor& x, const at::Tensor& c);

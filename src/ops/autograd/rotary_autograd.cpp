@@ -92,7 +92,7 @@ at::Tensor dense_gradient(const at::Tensor& g) {
 }
 
 bool promoted(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return at::promote_types(at::result_type(x, cos), sin.scalar_type()) != x.scalar_type();
+  return apply_rotary_result_dtype(x, cos, sin) != x.scalar_type();
 }
 
 // Why dq, dk are computed per term (as eager autograd rounds and sums them) rather than by the
@@ -107,10 +107,6 @@ std::string per_term_reason(const at::Tensor& q, const at::Tensor& k, const at::
   if (u == cos.dim() || cos.sym_size(-1) == 1)
     return "the tables' last dim broadcasts over the head dim";
   return "";
-}
-
-int64_t normalized_dim(int64_t unsqueeze_dim, const at::Tensor& cos) {
-  return unsqueeze_dim < 0 ? unsqueeze_dim + cos.dim() + 1 : unsqueeze_dim;
 }
 
 class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction> {
@@ -132,7 +128,7 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     const int64_t unsqueeze_dim = ctx->saved_data["unsqueeze_dim"].toInt();
     const std::string layout = ctx->saved_data["layout"].toStringRef();
     const RopeLayout parsed = rope_layout_from_string(layout);
-    const int64_t u = normalized_dim(unsqueeze_dim, cos);
+    const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
     const auto gq = grads[0].defined()
                         ? grads[0]
                         : at::zeros_like(q, q.options().dtype(at::result_type(q, cos)));
@@ -221,13 +217,12 @@ std::string apply_rotary_backward_route_kernel(const at::Tensor& q, const at::Te
                                                const std::optional<at::Tensor>& grad_k) {
   const std::string name(layout);
   const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, name);
-  const int64_t u = normalized_dim(unsqueeze_dim, cos);
+  const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
   const auto c = cos.unsqueeze(u);
   const auto gradient = [&](const std::optional<at::Tensor>& g, const at::Tensor& x) {
     if (g.has_value() && g->defined()) return *g;
-    return at::empty(
-        apply_rotary_result_shape(x, c),
-        x.options().dtype(at::promote_types(at::result_type(x, cos), sin.scalar_type())));
+    return at::empty(apply_rotary_result_shape(x, c),
+                     x.options().dtype(apply_rotary_result_dtype(x, cos, sin)));
   };
   const auto gq = gradient(grad_q, q), gk = gradient(grad_k, k);
   check_same_device("posenc.apply_rotary_backward_route",
