@@ -119,6 +119,8 @@ EXAMPLES = {
     "_attention_fused_forward": lambda: [*_bnhd()[:3], *_fused_tail()],
     "_attention_fused_backward": lambda: [_bnhd()[3], _bnhd()[4], _bnhd()[5], *_bnhd()[:3],
                                           *_fused_tail()],
+    "rope_periods_cos_sin": lambda: [torch.rand(6, 2), torch.tensor([1.0, 4.0, 16.0]), "half"],
+    "rope_mixed_cos_sin": lambda: [torch.rand(6, 2), torch.randn(2, 3, 4), "interleaved"],
     "qwen2_vl_rope_index": lambda: [*_streams(), torch.zeros(0, dtype=torch.float64), 2, 2.0,
                                     True],
     "qwen2_5_omni_rope_index": lambda: [*_streams(), torch.zeros(0, dtype=torch.long),
@@ -127,7 +129,8 @@ EXAMPLES = {
 
 # Operators with fewer than two tensor arguments: nothing to mix.
 SINGLE_TENSOR = {"sinusoidal_table", "hf_rope", "patch_grid_bands", "patch_grid_rope",
-                 "resample_grid_table", "axial_sincos_table"}
+                 "resample_grid_table", "axial_sincos_table", "patch_grid_coords",
+                 "dinov3_periods"}
 # The streams read their arguments' values on the host: real devices may mix (the documented
 # exception), meta (no values) is refused.
 HOST_VALUES = {"qwen2_vl_rope_index", "qwen2_5_omni_rope_index"}
