@@ -1,0 +1,173 @@
+"""posenc inside a loaded diffusers transformer: its rotary module and its attention processors'
+rotation computed by posenc.
+
+    transformer = WanTransformer3DModel.from_pretrained(...)
+    report = posenc.integrations.diffusers.patch(transformer)   # {"patched": [...], "left": [...]}
+    video = pipe(...)                                            # the same output, to the bit
+    posenc.integrations.diffusers.unpatch(transformer)           # diffusers' own objects back
+
+What is replaced is read from one table (_registry.FAMILIES, one Family per diffusers rotary
+module class; each family module of this package registers its own at import):
+  - each submodule whose type is a family's rotary class -> posenc's module built by the
+    family's `replace` from the module's own settings; it computes the same positions and the
+    same cos/sin tables on the same device path (float64 where diffusers computes float64,
+    float32 where it falls back), checked against the module's own tables when it is built;
+  - each attention module's processor whose class a family lists -> posenc's processor: the same
+    attention, the rotation through posenc's fused operator torch.ops.posenc.apply_rotary (its
+    __call__ names every parameter diffusers' does: diffusers' Attention drops keyword arguments
+    a processor does not name, image_rotary_emb among them).
+Nothing global is replaced (no module-level function of diffusers), so other models in the
+process are untouched. The families and their verdicts are in docs/diffusers.md.
+
+A rotary module no family computes (a class whose name says rotary/RoPE/PosEmbed), a module the
+family refuses (a setting posenc does not reproduce, tables that are not what its settings give),
+or a processor that rotates (its __call__ takes a rotary table) but is not listed is named in the
+report's "left" list, and its model keeps diffusers' object there; patch(..., strict=True) refuses
+such a model with one ValueError line before anything in it is changed.
+
+unpatch(transformer) puts back the very objects patch() replaced, in the model's present state:
+a kept rotary module follows every cast and move made to its replacement (it is kept on the
+replacement, not registered: no state_dict keys), takes its train/eval mode, and a kept
+processor takes the attention backend and parallel config set on its replacement meanwhile.
+
+diffusers is imported on first use; posenc imports without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from typing import Dict, List
+
+import torch
+
+__all__ = ["patch", "unpatch", "FAMILY_MODULES"]
+
+# The family modules of this package, imported on first use (each registers its Family).
+_FAMILY_MODULES = ("_wan", "_skyreels_v2")
+FAMILY_MODULES = _FAMILY_MODULES
+
+_ORIGINAL = "_posenc_diffusers_original"  # as _common.ORIGINAL (kept here: no diffusers import)
+# processor settings diffusers sets on a processor instance (set_attention_backend, context
+# parallel): carried back to the original on unpatch
+_PROCESSOR_SETTINGS = ("_attention_backend", "_parallel_config")
+# a submodule that looks rotary by its class name (reported when no family computes it)
+_ROTARY_NAME = re.compile(r"Rotary|RoPE|Rope|PosEmbed")
+_loaded = False
+
+
+def _load_families():
+    """Imports diffusers and the family modules once; returns the registry module."""
+    global _loaded
+    try:
+        importlib.import_module("diffusers")
+    except ImportError as e:
+        raise ValueError(f"posenc.integrations.diffusers: diffusers is not importable "
+                         f"({e})") from None
+    from . import _registry
+    if not _loaded:
+        for name in _FAMILY_MODULES:
+            importlib.import_module(f"{__name__}.{name}")
+        _loaded = True
+    return _registry
+
+
+def _rotates(processor) -> bool:
+    """Whether a processor's __call__ takes a rotary table (diffusers passes it by name)."""
+    try:
+        parameters = inspect.signature(processor.__call__).parameters
+    except (TypeError, ValueError):
+        return False
+    return any("rotary" in p or p == "freqs_cis" for p in parameters)
+
+
+def _set(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, attr, module)
+
+
+def _plan(model: torch.nn.Module, registry):
+    """(rotary replacements, processor replacements, left): everything built, nothing changed."""
+    by_processor = {}
+    for family in registry.FAMILIES:
+        by_processor.update(family.processors)
+    modules, processors, left = [], [], []
+    for name, module in model.named_modules():
+        if _ORIGINAL in module.__dict__:  # posenc's, from an earlier patch()
+            continue
+        family = registry.family_of(module)
+        if family is not None:
+            try:
+                modules.append((name, module, family.replace(module)))
+            except ValueError as e:
+                why = str(e).split(": ", 1)[-1]
+                left.append(f"{name or 'the model'}: {type(module).__name__} ({why})")
+        elif _ROTARY_NAME.search(type(module).__name__) and not list(module.children()):
+            left.append(f"{name or 'the model'}: {type(module).__name__} (not computed by posenc)")
+        processor = getattr(module, "processor", None) if hasattr(module, "set_processor") else None
+        if processor is None or getattr(processor, _ORIGINAL, None) is not None:
+            continue
+        factory = by_processor.get(registry.qualified_name(processor))
+        if factory is not None:
+            try:
+                processors.append((name, module, processor, factory(processor)))
+            except ValueError as e:
+                why = str(e).split(": ", 1)[-1]
+                left.append(f"{name}.processor: {type(processor).__name__} ({why})")
+        elif _rotates(processor):
+            left.append(f"{name}.processor: {type(processor).__name__} (its rotation is not "
+                        f"computed by posenc)")
+    return modules, processors, left
+
+
+def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
+    """Replace the transformer's rotary modules and rotating processors by posenc's; returns
+    {"patched": [names], "left": ["name: why", ...]}. strict=True: anything left raises
+    ValueError (nothing is replaced then)."""
+    if not isinstance(transformer, torch.nn.Module):
+        raise ValueError(f"posenc.integrations.diffusers.patch: expected an nn.Module, got "
+                         f"{type(transformer).__name__}")
+    registry = _load_families()
+    modules, processors, left = _plan(transformer, registry)
+    if not modules and not processors and not left:
+        left.append(f"{type(transformer).__name__}: no rotary module or processor posenc computes "
+                    f"(families: {', '.join(f.name for f in registry.FAMILIES)})")
+    if strict and left:
+        raise ValueError(f"posenc.integrations.diffusers.patch: {type(transformer).__name__} has "
+                         f"what posenc does not compute: {'; '.join(left)}")
+    for name, module, new in modules:
+        object.__setattr__(new, _ORIGINAL, module)  # kept, not registered; follows new's casts
+        new.train(module.training)
+        _set(transformer, name, new)
+    for name, attention, processor, new in processors:
+        setattr(new, _ORIGINAL, processor)
+        attention.processor = new  # both plain objects: set_processor's bookkeeping is moot
+    return {"patched": [n for n, _, _ in modules] + [f"{n}.processor" for n, *_ in processors],
+            "left": left}
+
+
+def unpatch(transformer: torch.nn.Module) -> List[str]:
+    """Put back the objects patch() replaced, in the model's present state; returns their names."""
+    if not isinstance(transformer, torch.nn.Module):
+        raise ValueError(f"posenc.integrations.diffusers.unpatch: expected an nn.Module, got "
+                         f"{type(transformer).__name__}")
+    restored = []
+    for name, module in list(transformer.named_modules()):
+        original = module.__dict__.get(_ORIGINAL)
+        if original is not None:
+            object.__delattr__(module, _ORIGINAL)  # no longer follows: the model holds it again
+            original.train(module.training)
+            _set(transformer, name, original)
+            restored.append(name)
+            continue
+        processor = getattr(module, "processor", None) if hasattr(module, "set_processor") else None
+        original = getattr(processor, _ORIGINAL, None) if processor is not None else None
+        if original is not None:
+            for setting in _PROCESSOR_SETTINGS:
+                if setting in vars(processor):
+                    setattr(original, setting, getattr(processor, setting))
+            module.processor = original
+            restored.append(f"{name}.processor")
+    return restored
