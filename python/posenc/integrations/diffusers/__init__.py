@@ -45,7 +45,7 @@ import torch
 __all__ = ["patch", "unpatch", "FAMILY_MODULES"]
 
 # The family modules of this package, imported on first use (each registers its Family).
-_FAMILY_MODULES = ("_wan", "_skyreels_v2")
+_FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2")
 FAMILY_MODULES = _FAMILY_MODULES
 
 _ORIGINAL = "_posenc_diffusers_original"  # as _common.ORIGINAL (kept here: no diffusers import)
@@ -89,13 +89,15 @@ def _set(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
 
 
 def _plan(model: torch.nn.Module, registry):
-    """(rotary replacements, processor replacements, left): everything built, nothing changed."""
+    """(rotary replacements, processor replacements, left, count already posenc's): everything
+    built, nothing changed."""
     by_processor = {}
     for family in registry.FAMILIES:
         by_processor.update(family.processors)
-    modules, processors, left = [], [], []
+    modules, processors, left, already = [], [], [], 0
     for name, module in model.named_modules():
         if _ORIGINAL in module.__dict__:  # posenc's, from an earlier patch()
+            already += 1
             continue
         family = registry.family_of(module)
         if family is not None:
@@ -107,7 +109,10 @@ def _plan(model: torch.nn.Module, registry):
         elif _ROTARY_NAME.search(type(module).__name__) and not list(module.children()):
             left.append(f"{name or 'the model'}: {type(module).__name__} (not computed by posenc)")
         processor = getattr(module, "processor", None) if hasattr(module, "set_processor") else None
-        if processor is None or getattr(processor, _ORIGINAL, None) is not None:
+        if processor is None:
+            continue
+        if getattr(processor, _ORIGINAL, None) is not None:
+            already += 1
             continue
         factory = by_processor.get(registry.qualified_name(processor))
         if factory is not None:
@@ -119,7 +124,7 @@ def _plan(model: torch.nn.Module, registry):
         elif _rotates(processor):
             left.append(f"{name}.processor: {type(processor).__name__} (its rotation is not "
                         f"computed by posenc)")
-    return modules, processors, left
+    return modules, processors, left, already
 
 
 def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
@@ -130,8 +135,8 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[
         raise ValueError(f"posenc.integrations.diffusers.patch: expected an nn.Module, got "
                          f"{type(transformer).__name__}")
     registry = _load_families()
-    modules, processors, left = _plan(transformer, registry)
-    if not modules and not processors and not left:
+    modules, processors, left, already = _plan(transformer, registry)
+    if not modules and not processors and not left and not already:
         left.append(f"{type(transformer).__name__}: no rotary module or processor posenc computes "
                     f"(families: {', '.join(f.name for f in registry.FAMILIES)})")
     if strict and left:

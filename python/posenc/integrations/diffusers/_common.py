@@ -111,6 +111,11 @@ def _tables_for(x: torch.Tensor, freqs_cis, sequence_dim: int):
     if x.dim() != 4:
         raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: x must be [B, H, S, D] "
                          f"or [B, S, H, D], got shape {tuple(x.shape)}")
+    if cos.shape[0] not in (1, x.shape[sequence_dim]) or cos.shape[1] != x.shape[-1]:
+        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: tables "
+                         f"{tuple(cos.shape)} do not fit x {tuple(x.shape)} with sequence_dim "
+                         f"{sequence_dim} (diffusers broadcasts [S, D] over x's sequence and head "
+                         f"dims)")
     # diffusers: cos[None, None] (sequence_dim 2) or cos[None, :, None] (1), moved to x's device
     return cos.to(x.device)[None], sin.to(x.device)[None], 1 if sequence_dim == 2 else 2
 

@@ -1,0 +1,422 @@
+"""posenc.integrations.diffusers against diffusers' own code, live (diffusers 0.42.1, pinned in
+python/requirements-test.txt): for every family posenc registers (Wan, SkyReels-V2, HunyuanVideo,
+HunyuanVideo 1.5, Flux, Flux 2) a tiny randomly initialised transformer of diffusers' own class
+gives the same output to the bit in float32 with patch() as without, gradients within rtol 1e-5,
+and unpatch() puts diffusers' very objects back; posenc's rotary modules give diffusers' tables to
+the bit at several grid sizes (and on diffusers' float32 fallback path); the rotation runs through
+posenc's operator (counted); what posenc does not compute is refused in one line.
+
+Run: POSENC_OPS_LIBRARY=build/libposenc_ops.so python -m pytest tests/python/test_diffusers_patch.py
+"""
+
+import collections
+
+import pytest
+import torch
+
+diffusers = pytest.importorskip("diffusers")
+
+import posenc  # noqa: E402,F401  (loads posenc's operators)
+from posenc.integrations import diffusers as pd  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from diffusers.models import embeddings as demb  # noqa: E402
+from diffusers.models.transformers import transformer_flux2 as dflux2  # noqa: E402
+from diffusers.models.transformers import transformer_wan as dwan  # noqa: E402
+
+# Gradients: the rotation's backward is posenc's (dq = dy cos + rot(dy) (-swap sin)), summed in
+# another order than autograd's through diffusers' formula: equal to float32 rounding.
+GRAD_RTOL = 1e-5
+GRAD_ATOL = 1e-6  # gradients that cancel to ~0 have no relative precision
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the ATen/custom operators called below autograd (posenc.apply_rotary among them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _generator():
+    return torch.Generator().manual_seed(0)
+
+
+def _randn(*shape):
+    return torch.randn(*shape, generator=_generator())
+
+
+def _wan_like(cls, **extra):
+    torch.manual_seed(0)
+    model = cls(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+                out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+                rope_max_seq_len=32, **extra)
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": _randn(1, 5, 16)}
+    return model, inputs, "hidden_states", 2  # 2 self-attentions rotate
+
+
+def _wan():
+    return _wan_like(diffusers.WanTransformer3DModel)
+
+
+def _skyreels_v2():
+    return _wan_like(diffusers.SkyReelsV2Transformer3DModel)
+
+
+def _hunyuan_video():
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1,
+        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
+    inputs = {"hidden_states": _randn(1, 4, 2, 4, 6), "timestep": torch.tensor([300.0]),
+              "encoder_hidden_states": _randn(1, 6, 16), "pooled_projections": _randn(1, 8),
+              "encoder_attention_mask": torch.ones(1, 6), "guidance": torch.tensor([600.0])}
+    return model, inputs, "hidden_states", 3  # 1 double-stream, 2 single-stream blocks
+
+
+def _hunyuan_video15():
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideo15Transformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
+        text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
+        task_type="t2v")
+    inputs = {"hidden_states": _randn(1, 4, 2, 4, 6), "timestep": torch.tensor([1.0]),
+              "encoder_hidden_states": _randn(1, 6, 16), "encoder_hidden_states_2": _randn(1, 4, 8),
+              "encoder_attention_mask": torch.ones(1, 6),
+              "encoder_attention_mask_2": torch.ones(1, 4), "image_embeds": torch.zeros(1, 3, 12)}
+    return model, inputs, "hidden_states", 2
+
+
+def _grid_ids(*sizes):
+    return torch.cartesian_prod(*[torch.arange(s) for s in sizes])
+
+
+def _flux():
+    torch.manual_seed(0)
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8])
+    img_ids = torch.cat([torch.ones(20, 1, dtype=torch.long), _grid_ids(4, 5)], dim=1).float()
+    txt_ids = torch.zeros(7, 3)
+    txt_ids[:, 0] = torch.arange(7) * 0.5  # fractional ids: the float path
+    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 7, 32),
+              "pooled_projections": _randn(1, 32), "timestep": torch.tensor([0.4]),
+              "img_ids": img_ids, "txt_ids": txt_ids}
+    return model, inputs, "hidden_states", 3
+
+
+def _flux2():
+    torch.manual_seed(0)
+    model = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=256,
+        axes_dims_rope=[4, 4, 4, 4])
+    img_ids = _grid_ids(1, 4, 5, 1)
+    txt_ids = _grid_ids(1, 1, 1, 9)
+    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 9, 32),
+              "img_ids": img_ids, "txt_ids": txt_ids, "timestep": torch.tensor([0.7]),
+              "guidance": torch.tensor([3.5])}
+    return model, inputs, "hidden_states", 3
+
+
+MODELS = {"wan": _wan, "skyreels_v2": _skyreels_v2, "hunyuan_video": _hunyuan_video,
+          "hunyuan_video15": _hunyuan_video15, "flux": _flux, "flux2": _flux2}
+
+
+def _sample(model, inputs):
+    out = model(**inputs, return_dict=False)
+    return out[0]
+
+
+def _grads(model, inputs, grad_input):
+    model.zero_grad(set_to_none=True)
+    inputs = dict(inputs)
+    x = inputs[grad_input].detach().clone().requires_grad_(True)
+    inputs[grad_input] = x
+    out = _sample(model, inputs)
+    weights = torch.randn(out.shape, generator=_generator())
+    (out * weights).sum().backward()
+    grads = {"input": x.grad.detach().clone()}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            grads[name] = p.grad.detach().clone()
+    return grads
+
+
+def test_every_family_module_is_registered():
+    pd.patch(torch.nn.Identity())  # imports the family modules
+    from posenc.integrations.diffusers import _registry
+    assert {f.name for f in _registry.FAMILIES} >= set(MODELS)
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_patched_output_equal_to_the_bit(family):
+    model, inputs, _, rotating = MODELS[family]()
+    model.eval()
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    rotary = {n: m for n, m in model.named_modules() if pd._registry.family_of(m) is not None}
+    processors = {n: m.processor for n, m in model.named_modules() if hasattr(m, "set_processor")}
+    report = pd.patch(model, strict=True)
+    assert report["left"] == []
+    assert set(rotary) <= set(report["patched"])
+    for name in rotary:  # posenc's module in, diffusers' kept (not as a submodule)
+        assert type(model.get_submodule(name)).__module__.startswith("posenc.")
+    assert not any(k.startswith("_posenc") for k in model.state_dict())
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    # the rotation ran, through posenc's operator, once per rotating attention (q and k together)
+    assert ops.calls["posenc.apply_rotary"] == rotating
+    assert torch.equal(got, want), (got - want).abs().max()
+
+    restored = pd.unpatch(model)
+    assert set(restored) == set(report["patched"])
+    for name, module in rotary.items():
+        assert model.get_submodule(name) is module
+    for name, processor in processors.items():
+        assert model.get_submodule(name).processor is processor
+    with torch.no_grad(), CountOps() as ops:
+        again = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == 0
+    assert torch.equal(again, want)
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_patched_gradients(family):
+    model, inputs, grad_input, _ = MODELS[family]()
+    model.train()  # dropout 0 in these configs: deterministic
+    want = _grads(model, inputs, grad_input)
+    pd.patch(model, strict=True)
+    got = _grads(model, inputs, grad_input)
+    pd.unpatch(model)
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                   msg=lambda m, n=name: f"{family} gradient {n}: {m}")
+
+
+def _tables_equal(ours, theirs):
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("grid", [(1, 2, 2), (3, 8, 6), (5, 14, 18), (13, 32, 20)])
+@pytest.mark.parametrize("head_dim", [12, 64, 128])
+def test_wan_tables_at_several_grids(grid, head_dim):
+    from posenc.integrations.diffusers import _skyreels_v2, _wan
+    from diffusers.models.transformers import transformer_skyreels_v2 as dsky
+    for theirs_cls, ours_cls in ((dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
+                                 (dsky.SkyReelsV2RotaryPosEmbed,
+                                  _skyreels_v2.SkyReelsV2RotaryPosEmbed)):
+        theirs = theirs_cls(head_dim, (1, 2, 2), 64)
+        ours = ours_cls.from_diffusers(theirs)
+        assert ours.freqs_dtype == torch.float64  # diffusers' path on a CPU without MPS
+        _tables_equal((ours.freqs_cos, ours.freqs_sin), (theirs.freqs_cos, theirs.freqs_sin))
+        x = torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2])
+        _tables_equal(ours(x), theirs(x))
+
+
+def test_wan_tables_on_the_float32_path(monkeypatch):
+    """Where MPS is available diffusers computes Wan's tables from float32 frequencies."""
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    from posenc.integrations.diffusers import _wan
+    theirs = dwan.WanRotaryPosEmbed(128, (1, 2, 2), 1024)
+    ours = _wan.WanRotaryPosEmbed.from_diffusers(theirs)
+    assert ours.freqs_dtype == torch.float32
+    _tables_equal((ours.freqs_cos, ours.freqs_sin), (theirs.freqs_cos, theirs.freqs_sin))
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (2, 4, 6), (7, 9, 11), (16, 30, 24)])
+@pytest.mark.parametrize("rope_dim", [(2, 4, 4), (16, 56, 56)])
+def test_hunyuan_tables_at_several_grids(grid, rope_dim):
+    from diffusers.models.transformers import transformer_hunyuan_video as dh
+    from diffusers.models.transformers import transformer_hunyuan_video15 as dh15
+    from posenc.integrations.diffusers import _hunyuan_video, _hunyuan_video15
+    for theirs, ours_cls in ((dh.HunyuanVideoRotaryPosEmbed(2, 1, list(rope_dim), 256.0),
+                              _hunyuan_video.HunyuanVideoRotaryPosEmbed),
+                             (dh15.HunyuanVideo15RotaryPosEmbed(2, 1, list(rope_dim), 256.0),
+                              _hunyuan_video15.HunyuanVideo15RotaryPosEmbed)):
+        ours = ours_cls.from_diffusers(theirs)
+        x = torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2])
+        _tables_equal(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("theta,axes_dim,flux2", [
+    (10000, [16, 56, 56], False), (10000, [4, 4, 8], False), (2000, [32, 32, 32, 32], True),
+    (2000, [4, 4, 4, 4], True)])
+def test_flux_tables_at_several_ids(theta, axes_dim, flux2):
+    from diffusers.models.transformers import transformer_flux as dflux
+    from posenc.integrations.diffusers import _flux, _flux2
+    theirs = (dflux2.Flux2PosEmbed if flux2 else dflux.FluxPosEmbed)(theta, axes_dim)
+    ours = (_flux2.Flux2PosEmbed if flux2 else _flux.FluxPosEmbed).from_diffusers(theirs)
+    n = len(axes_dim)
+    for sizes in ((1,) * n, (2, 3, 4, 5)[:n], (1, 37, 29, 3)[:n]):
+        ids = _grid_ids(*sizes)
+        _tables_equal(ours(ids), theirs(ids))
+        _tables_equal(ours(ids.float() * 1.25 + 3), theirs(ids.float() * 1.25 + 3))
+    big = torch.randint(0, 4096, (300, n))  # large positions: the float64 angles matter
+    _tables_equal(ours(big), theirs(big))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unbind", [-1, -2])
+@pytest.mark.parametrize("sequence_dim", [1, 2])
+def test_apply_rotary_emb_equals_diffusers(dtype, unbind, sequence_dim):
+    from posenc.integrations.diffusers import _common
+    x = _randn(2, 5, 3, 8).to(dtype) if sequence_dim == 1 else _randn(2, 3, 5, 8).to(dtype)
+    cos, sin = demb.get_1d_rotary_pos_embed(8, torch.arange(5).float() * 3.5, 10000.0,
+                                            use_real=True, repeat_interleave_real=unbind == -1)
+    want = demb.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
+                                 sequence_dim=sequence_dim)
+    got = _common.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
+                                   sequence_dim=sequence_dim)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    q, k = _common.apply_rotary_emb_qk(x, x * 2, (cos, sin), use_real_unbind_dim=unbind,
+                                       sequence_dim=sequence_dim)
+    assert torch.equal(q, want)
+    assert torch.equal(k, demb.apply_rotary_emb(x * 2, (cos, sin), use_real_unbind_dim=unbind,
+                                                sequence_dim=sequence_dim))
+
+
+def test_float32_ladders_equal_diffusers_float32_path():
+    """Flux's tables where ids' device has no float64 (mps, npu, neuron): float32 frequencies."""
+    from posenc.integrations.diffusers import _common
+    pos = torch.arange(0, 700).float() * 0.75
+    for dim, theta in ((16, 10000), (56, 10000), (32, 2000), (16, 256.0)):
+        want = demb.get_1d_rotary_pos_embed(dim, pos, theta, use_real=True,
+                                            freqs_dtype=torch.float32)
+        got = _common.axes_tables(pos[:, None], [_common.frequencies(dim, theta, torch.float32)])
+        _tables_equal(got, want)
+    assert _common.adjusted_float64(torch.device("cpu")) == torch.float64
+    assert _common.adjusted_float64(torch.device("meta")) == torch.float64
+
+
+def test_unpatch_follows_casts_and_mode():
+    model, inputs, _, _ = _wan()
+    rope = model.rope
+    model.eval()
+    pd.patch(model)
+    model.double()
+    model.train()
+    assert model.rope.freqs_cos.dtype == torch.float64
+    assert rope.freqs_cos.dtype == torch.float64  # the kept module followed the cast
+    pd.unpatch(model)
+    assert model.rope is rope and rope.training
+    model.float()
+    pd.patch(model)
+    processor = model.blocks[0].attn1.processor
+    processor._attention_backend = "native"  # as set_attention_backend sets it
+    pd.unpatch(model)
+    assert model.blocks[0].attn1.processor._attention_backend == "native"
+
+
+def test_patch_twice_and_unpatch_twice():
+    model, inputs, _, _ = _flux()
+    model.eval()
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    first = pd.patch(model)
+    second = pd.patch(model)
+    assert first["patched"] and second == {"patched": [], "left": []}
+    with torch.no_grad():
+        assert torch.equal(_sample(model, inputs), want)
+    assert pd.unpatch(model)
+    assert pd.unpatch(model) == []
+
+
+def test_refused_in_one_line():
+    with pytest.raises(ValueError, match="expected an nn.Module"):
+        pd.patch("not a model")
+    with pytest.raises(ValueError, match="expected an nn.Module"):
+        pd.unpatch(42)
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    report = pd.patch(plain)
+    assert report["patched"] == [] and "no rotary module" in report["left"][0]
+    with pytest.raises(ValueError) as e:
+        pd.patch(plain, strict=True)
+    assert "\n" not in str(e.value)
+
+
+def test_a_module_posenc_would_compute_otherwise_is_left():
+    """Wan's module does not keep theta: one built with another theta is refused, not guessed."""
+    holder = torch.nn.Module()
+    holder.rope = dwan.WanRotaryPosEmbed(12, (1, 2, 2), 32, theta=500.0)
+    rope = holder.rope
+    report = pd.patch(holder)
+    assert report["patched"] == [] and "not what its settings give" in report["left"][0]
+    with pytest.raises(ValueError, match="posenc does not compute") as e:
+        pd.patch(holder, strict=True)
+    assert "\n" not in str(e.value) and holder.rope is rope
+    holder.rope = dwan.WanRotaryPosEmbed(12, (1, 2, 2), 32)
+    holder.rope.half()  # a cast buffer: diffusers' tables are no longer what the settings give
+    holder.rope.float()
+    assert "not what its settings give" in pd.patch(holder)["left"][0]
+
+
+def test_unlisted_rotating_processor_refuses_strict_and_nothing_changes():
+    model, inputs, _, _ = _flux2()
+    attn = model.transformer_blocks[0].attn
+    attn.set_processor(dflux2.Flux2KVAttnProcessor())
+    rope = model.pos_embed
+    single = model.single_transformer_blocks[0].attn.processor
+    with pytest.raises(ValueError, match="Flux2KVAttnProcessor") as e:
+        pd.patch(model, strict=True)
+    assert "\n" not in str(e.value)
+    assert model.pos_embed is rope and model.single_transformer_blocks[0].attn.processor is single
+    report = pd.patch(model)
+    assert any("Flux2KVAttnProcessor" in line for line in report["left"])
+    model.eval()
+    with torch.no_grad():  # the KV processor rotates with posenc's tables: still diffusers' output
+        got = _sample(model, inputs)
+    pd.unpatch(model)
+    with torch.no_grad():
+        assert torch.equal(got, _sample(model, inputs))
+
+
+def test_bad_inputs_are_one_line():
+    from posenc.integrations.diffusers import _common, _flux, _hunyuan_video, _wan
+    x = torch.zeros(1, 2, 3, 8)
+    cos = torch.ones(3, 8)
+    cases = [
+        lambda: _common.apply_rotary_emb(x, cos),  # not a (cos, sin) pair
+        lambda: _common.apply_rotary_emb(x, (cos, cos), sequence_dim=3),
+        lambda: _common.apply_rotary_emb(x, (cos, cos), use_real_unbind_dim=0),
+        lambda: _common.apply_rotary_emb(x, (cos, cos), use_real=False),
+        lambda: _common.apply_rotary_emb(torch.zeros(2, 3, 8), (cos, cos)),
+        lambda: _common.apply_rotary_emb(x, (cos, cos[:, :4])),
+        lambda: _common.frequencies(7, 10000.0, torch.float64),
+        lambda: _wan.WanRotaryPosEmbed(5, (1, 2, 2), 32),
+        lambda: _wan.WanRotaryPosEmbed(12, (1, 2, 2), 4)(torch.zeros(1, 1, 5, 2, 2)),
+        lambda: _wan.WanRotaryPosEmbed(12, (1, 2, 2), 4)(torch.zeros(1, 5, 2, 2)),
+        lambda: _wan.rotate_wan(x, x, cos, cos),
+        lambda: _hunyuan_video.HunyuanVideoRotaryPosEmbed(1, 1, [2, 3, 4]),
+        lambda: _hunyuan_video.HunyuanVideoRotaryPosEmbed(1, 1, [2, 4, 4])(torch.zeros(2, 2)),
+        lambda: _flux.FluxPosEmbed(10000, [4, 4])(torch.zeros(5, 3)),
+        lambda: _flux.FluxPosEmbed(10000, [4, 4])(torch.zeros(5)),
+        lambda: _flux.FluxPosEmbed(10000, [4, 5]),
+    ]
+    for case in cases:
+        with pytest.raises(ValueError) as e:
+            case()
+        assert "\n" not in str(e.value), str(e.value)
+
+
+def test_tables_on_another_device_than_x_are_moved_as_diffusers_moves_them():
+    """diffusers' apply_rotary_emb moves cos/sin to x's device; a dtype of x other than the
+    table's is taken as there (x.float() * cos)."""
+    from posenc.integrations.diffusers import _common
+    x = _randn(1, 4, 2, 8)
+    cos, sin = demb.get_1d_rotary_pos_embed(8, 4, 10000.0, use_real=True)
+    want = demb.apply_rotary_emb(x, (cos.double(), sin.double()), sequence_dim=1)
+    got = _common.apply_rotary_emb(x, (cos.double(), sin.double()), sequence_dim=1)
+    assert got.dtype == want.dtype and torch.equal(got, want)
