@@ -75,7 +75,7 @@ if [[ ! -f "${TORCH_ROOT}/.complete" ]]; then
   touch "${TORCH_ROOT}/.complete"
 fi
 
-# ---- the Python test environment (tests/python: posenc's operators against transformers/timm) ----
+# ---- the Python test environment (tests/python: posenc's operators against transformers/timm/diffusers)
 # A venv with the pinned set in python/requirements-test.txt (torch 2.15.0 with its CUDA
 # libraries as PyPI ships them: ~5 GB). Skipped with POSENC_NO_PYTHON=1; --print-venv prints it.
 VENV=${DEPS}/venv
@@ -83,13 +83,13 @@ REQUIREMENTS="$(cd "$(dirname "$0")/.." && pwd)/python/requirements-test.txt"
 if [[ "${POSENC_NO_PYTHON:-0}" != 1 ]]; then
   stamp="${VENV}/.complete-$(sha256sum "${REQUIREMENTS}" | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
-    say "installing the Python test environment (torch ${TORCH_VERSION}, transformers, timm) into ${VENV}"
+    say "installing the Python test environment (torch ${TORCH_VERSION}, transformers, timm, diffusers) into ${VENV}"
     rm -rf "${VENV}"
     python3 -m venv "${VENV}"
     "${VENV}/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
       -r "${REQUIREMENTS}" 2>&1 | grep -v -i "notice" >&2 || true
-    "${VENV}/bin/python" -c "import torch, transformers, timm, pytest" 2>/dev/null ||
-      { echo "setup: the Python test environment in ${VENV} does not import torch/transformers/timm/pytest" >&2; exit 1; }
+    "${VENV}/bin/python" -c "import torch, transformers, timm, diffusers, pytest" 2>/dev/null ||
+      { echo "setup: the Python test environment in ${VENV} does not import torch/transformers/timm/diffusers/pytest" >&2; exit 1; }
     touch "$stamp"
   fi
 fi
