@@ -2,7 +2,8 @@
 # GPU build and checks, for a machine with only CUDA, CMake and Python's (CUDA-enabled) torch:
 # builds the core, the CUDA kernels and the glue against the LibTorch inside Python's torch
 # (TorchConfig.cmake, POSENC_TORCH_USE_CONFIG=ON) in build-gpu/, then runs posenc_cuda_tests,
-# posenc_tests, posenc_cuda_tests under compute-sanitizer (memcheck, racecheck, synccheck) and
+# posenc_tests, the Python attention operators on CUDA (tests/python/test_attention_cuda.py,
+# where pytest is there), posenc_cuda_tests under compute-sanitizer (memcheck, racecheck, synccheck) and
 # bench_cuda. What it needs besides (GoogleTest, Google Benchmark, yaml-cpp,
 # nlohmann-json) it builds from the sources scripts/pack_gpu_deps.sh packs into
 # .gpu-deps/ (no apt, no internet needed here).
@@ -103,7 +104,7 @@ fi
 # ---- build, test, bench ------------------------------------------------------------------------------
 if step build; then
   targets=(posenc_cuda_tests posenc_tests)
-  grep -q "glue to CUDA tensors ON" "${LOGS}/configure.log" 2>/dev/null && targets+=(bench_cuda)
+  grep -q "glue to CUDA tensors ON" "${LOGS}/configure.log" 2>/dev/null && targets+=(bench_cuda posenc_ops)
   logged build cmake --build "${BUILD}" -j "${JOBS}" --target "${targets[@]}"
 fi
 status=0
@@ -114,6 +115,16 @@ if step test; then
   say "posenc_tests:"
   "${BUILD}/tests/posenc_tests" --gtest_brief=1 > "${LOGS}/cpu_tests.log" 2>&1 || status=1
   tail -5 "${LOGS}/cpu_tests.log" >&2
+  # the Python attention operators on CUDA tensors (their CUDA kernel) against the same on the CPU
+  ops_library="$(find "${BUILD}" -name libposenc_ops.so 2>/dev/null | head -1)"
+  if [[ -n "${ops_library}" ]] && python3 -c "import pytest" 2> /dev/null; then
+    say "python attention operators on CUDA (tests/python/test_attention_cuda.py):"
+    POSENC_OPS_LIBRARY="${ops_library}" python3 -m pytest -q -p no:cacheprovider \
+      tests/python/test_attention_cuda.py > "${LOGS}/python_cuda.log" 2>&1 || status=1
+    tail -3 "${LOGS}/python_cuda.log" >&2
+  else
+    say "python attention operators on CUDA: skipped (no libposenc_ops.so with CUDA glue, or no pytest)"
+  fi
 fi
 # ---- compute-sanitizer: what the CPU emulator cannot see (device out-of-bounds and misaligned
 # accesses, shared-memory hazards between warps under the real scheduler, illegal barriers) -----

@@ -7,7 +7,8 @@ RoPE applied inside the same kernel, in SDPA's layout.
 equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias) with
 bias[h, i, j] = -slopes[h] * (p_i - p_j) (causal; |p_i - p_j| with symmetric=True), the keys at
 positions 0..Nk-1 and the queries at the last Nq of them (cached keys first). CPU kernel with its
-backward (torch.ops.posenc.alibi_attention; fake kernels for torch.compile).
+backward (torch.ops.posenc.alibi_attention; fake kernels for torch.compile); on CUDA tensors the
+CUDA kernel (alibi, t5, positional; Shaw's query-dependent bias takes the plain-ATen reference).
 
     out = posenc.t5_attention(q, k, v, table, scale=1.0)         # table [num_buckets, H]
 
@@ -166,8 +167,9 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     scale None is 1/sqrt(D) as in SDPA (T5 does not scale: pass scale=1.0). q, k, v float32,
     bfloat16 or float16 take the tiled CPU kernel (float32 inside), float64 a float64 plain-ATen
-    reference (gradcheck); CUDA: the reference. Grouped k, v heads are refused (repeat them
-    first), as by the other attentions.
+    reference (gradcheck); CUDA tensors the CUDA kernel (RoPE applied first, in float32; the
+    reference for float64, head dims above 256, or ALiBi with T5). Grouped k, v heads are
+    refused (repeat them first), as by the other attentions.
 
     attention_mask: as alibi_attention's (for all three parts).
     """

@@ -25,7 +25,7 @@
 // posenc::t5_attention(q, k, v, table, bidirectional, max_distance, causal, scale) -> out
 //   table [num_buckets, H], float32 or q's dtype. scale None: 1/sqrt(D), as SDPA (T5 itself does
 //   not scale: pass 1.0). The kernel looks the bias up per key-minus-query offset, an
-//   [H, Nq + Nk - 1] table, instead of an [H, Nq, Nk] bias. CUDA: the plain-ATen reference.
+//   [H, Nq + Nk - 1] table, instead of an [H, Nq, Nk] bias.
 // posenc::_t5_attention_forward(...) -> (out, lse [B, H, Nq] float32)
 // posenc::_t5_attention_backward(grad_out, q, k, v, out, lse, table, bidirectional,
 //                                max_distance, causal, scale) -> (dq, dk, dv, dtable)
@@ -72,8 +72,8 @@
 //   the batch rows of cos, sin equal and both members of every pair holding one value (what
 //   transformers' tables hold). Otherwise q, k are rotated first by the same formula in float32
 //   and rotated back after the backward; tables that require a gradient are rotated by
-//   posenc::apply_rotary first (autograd/). float64 (and CUDA): the plain-ATen reference in
-//   float64 (float32). positional_attention_route(...) -> str says which path a call takes.
+//   posenc::apply_rotary first (autograd/). float64: the plain-ATen reference in float64.
+//   positional_attention_route(...) -> str says which path a call takes.
 // posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
 // posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv, dtable)
 //   dtable: T5's [num_buckets, H] in the table's dtype; without a table an empty float32 [0].
@@ -81,6 +81,9 @@
 // (bool or integer; 1 = a key to attend to, 0 = padding), -inf on the padding keys' logits before
 // the softmax, as SDPA's boolean mask. The kernel reads it as one byte per key (key_keep); a query
 // that sees no key gets 0 and lse -inf. The positions stay 0..Nk-1.
+// CUDA (a LibTorch with CUDA): alibi, t5 and positional run the CUDA kernel
+// (src/kernels/cuda/attention_cuda.cu) where it takes the call, RoPE applied before it (see
+// cuda_kernel_takes below); Shaw's query-dependent bias and the rest take the reference.
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -90,6 +93,9 @@
 #include <string>
 
 #include "../kernels/cpu/attention_cpu.h"
+#ifdef POSENC_HAS_CUDA_GLUE
+#include "../kernels/cuda/cuda_glue.h"
+#endif
 #include "operator_checks.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
@@ -342,7 +348,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
 }
 
 // The plain-ATen specification of the two ops (the bias materialized, [H, Nq, Nk]): the CUDA
-// registration until a CUDA kernel takes this layout, and the formula the CPU kernel is tested
+// registration where the CUDA kernel does not take a call, and the formula the CPU kernel is tested
 // against (tests/python/test_attention.py compares both with SDPA and a materialized bias).
 at::Tensor logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& slopes,
                      bool causal, bool symmetric, double scale) {
@@ -479,7 +485,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
           dtable.to(table.scalar_type())};
 }
 
-// The plain-ATen T5 specification (bias [H, Nq, Nk] materialized): the CUDA registration.
+// The plain-ATen T5 specification (bias [H, Nq, Nk] materialized).
 // bucket: [Nq, Nk] int64 on q's device; rel = key minus query position.
 at::Tensor t5_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
                         const at::Tensor& bucket, const at::Tensor& rel, bool causal,
@@ -1079,6 +1085,225 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
   return std::get<0>(positional_forward_cpu(q, k, v, POSITIONAL_ARGS));
 }
 
+// ---- CUDA: the fused CUDA kernel (src/kernels/cuda/, through cuda_glue.h) ---------------------
+#ifdef POSENC_HAS_CUDA_GLUE
+// The ops' SDPA layout [B, H, N, D] is the kernel's [B, N, H, D] transposed (the glue takes any
+// strides with a contiguous last dim: tests/cuda_emu/test_tensor_launch_emu.cpp runs it on such
+// views), with the ops' positions (keys 0..Nk-1, queries Nk-Nq..Nk-1) and one bias part, ALiBi or
+// T5. RoPE is applied first by the reference's formula in float32 (rotate_rows_of) and the
+// gradients rotated back; q, k, v then go to the kernel as float32 (it accumulates in float32 for
+// every storage type, so this changes no result). The reference stays where the kernel does not
+// go: float64, head dims of 0 or above cuda::kAttentionMaxDim, or ALiBi and T5 together.
+bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v, const Positional& a) {
+  return detail::attention_cuda_supported(q) && v.size(3) > 0 && q.size(3) > 0 &&
+         detail::attention_cuda_supported(v) && !(a.slopes.defined() && a.table.defined());
+}
+
+BiasSpec cuda_bias_of(const Positional& a) {
+  BiasSpec spec;
+  if (a.slopes.defined()) {
+    spec.form = BiasForm::kAlibi;
+    spec.slopes = a.slopes;
+    spec.symmetric = a.symmetric;
+  } else if (a.table.defined()) {
+    spec.form = BiasForm::kBucketTable;
+    spec.table = a.table;
+    spec.num_buckets = a.table.size(0);
+    spec.max_distance = a.max_distance;
+    spec.bidirectional = a.bidirectional;
+  }
+  return spec;
+}
+
+struct CudaProblem {
+  at::Tensor qh, kh, vh;                ///< [B, H, N, D] as the kernel reads them (rotated)
+  at::Tensor q_positions, k_positions;  ///< [Nq], [Nk] float64 (the glue moves them)
+  BiasSpec spec;
+  AttentionMasks masks;
+};
+
+CudaProblem cuda_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const Positional& a) {
+  CudaProblem c;
+  const int64_t nq = q.size(2), nk = k.size(2);
+  c.qh = q;
+  c.kh = k;
+  c.vh = v;
+  if (a.rotary()) {  // the reference's rotation, in float32
+    c.qh = rotate_rows_of(q.to(at::kFloat), a, nk - nq, /*inverse=*/false);
+    c.kh = rotate_rows_of(k.to(at::kFloat), a, 0, /*inverse=*/false);
+    c.vh = v.to(at::kFloat);
+  }
+  c.k_positions = at::arange(nk, at::TensorOptions().dtype(at::kDouble));
+  c.q_positions = c.k_positions.narrow(0, nk - nq, nq);
+  c.spec = cuda_bias_of(a);
+  c.masks.causal = a.causal;
+  c.masks.key_padding = a.mask;
+  return c;
+}
+
+std::tuple<at::Tensor, at::Tensor> cuda_forward_of(const at::Tensor& q, const at::Tensor& k,
+                                                   const at::Tensor& v, const Positional& a) {
+  const auto c = cuda_problem(q, k, v, a);
+  auto [out, lse] = detail::attention_forward_cuda(
+      c.qh.transpose(1, 2), c.kh.transpose(1, 2), c.vh.transpose(1, 2), c.spec.table, c.spec,
+      c.q_positions, c.k_positions, c.masks, a.scale);  // out [B, Nq, H, Dv]
+  return {out.transpose(1, 2).to(q.scalar_type()).contiguous(), lse};
+}
+
+// (dq, dk, dv, dtable: T5's in the table's dtype, else undefined)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_backward_of(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const Positional& a) {
+  const auto c = cuda_problem(q, k, v, a);
+  const auto st = c.qh.scalar_type();
+  auto [dq, dk, dv, dtable] = detail::attention_backward_cuda(
+      grad_out.to(st).transpose(1, 2), out.to(st).transpose(1, 2), lse, c.qh.transpose(1, 2),
+      c.kh.transpose(1, 2), c.vh.transpose(1, 2), c.spec.table, c.spec, c.q_positions,
+      c.k_positions, c.masks, a.scale);  // [B, N, H, D]
+  dq = dq.transpose(1, 2);
+  dk = dk.transpose(1, 2);
+  dv = dv.transpose(1, 2);
+  if (a.rotary()) {  // gradients of the rotated q', k': rotated back (R^T)
+    dq = rotate_rows_of(dq.to(at::kFloat), a, k.size(2) - q.size(2), /*inverse=*/true);
+    dk = rotate_rows_of(dk.to(at::kFloat), a, 0, /*inverse=*/true);
+  }
+  if (a.table.defined()) {
+    if (!dtable.defined())
+      dtable = at::zeros({a.table.size(0), a.table.size(1)}, a.table.options());
+    dtable = dtable.to(a.table.scalar_type());
+  }
+  return {dq.to(q.scalar_type()).contiguous(), dk.to(k.scalar_type()).contiguous(),
+          dv.to(v.scalar_type()).contiguous(), dtable};
+}
+
+Positional alibi_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& slopes,
+                         bool causal, bool symmetric, std::optional<double> scale,
+                         const std::optional<at::Tensor>& attention_mask) {
+  Positional a;
+  a.slopes = slopes;
+  a.symmetric = symmetric;
+  a.causal = causal;
+  a.scale = scale_of(q, scale);
+  a.mask = key_mask_of(kAlibi, q, k, attention_mask);
+  return a;
+}
+
+Positional t5_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
+                      bool bidirectional, int64_t max_distance, bool causal,
+                      std::optional<double> scale,
+                      const std::optional<at::Tensor>& attention_mask) {
+  Positional a;
+  a.table = table;
+  a.bidirectional = bidirectional;
+  a.max_distance = max_distance;
+  a.causal = causal;
+  a.scale = scale_of(q, scale);
+  a.mask = key_mask_of(kT5, q, k, attention_mask);
+  return a;
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                const at::Tensor& v, const at::Tensor& slopes,
+                                                bool causal, bool symmetric,
+                                                std::optional<double> scale,
+                                                const std::optional<at::Tensor>& attention_mask) {
+  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
+  check_inputs(q, k, v, slopes);
+  const auto a = alibi_problem(q, k, slopes, causal, symmetric, scale, attention_mask);
+  if (!cuda_kernel_takes(q, v, a))
+    return forward_reference(q, k, v, slopes, causal, symmetric, scale, attention_mask);
+  return cuda_forward_of(q, k, v, a);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
+    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
+  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
+                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
+  check_inputs(q, k, v, slopes);
+  const auto a = alibi_problem(q, k, slopes, causal, symmetric, scale, attention_mask);
+  if (!cuda_kernel_takes(q, v, a))
+    return backward_reference(grad_out, q, k, v, out, lse, slopes, causal, symmetric, scale,
+                              attention_mask);
+  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a);
+  return {dq, dk, dv};
+}
+
+at::Tensor alibi_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& slopes, bool causal, bool symmetric,
+                                std::optional<double> scale,
+                                const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(forward_cuda(q, k, v, slopes, causal, symmetric, scale, attention_mask));
+}
+
+std::tuple<at::Tensor, at::Tensor> t5_forward_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
+    bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
+  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  const auto a =
+      t5_problem(q, k, table, bidirectional, max_distance, causal, scale, attention_mask);
+  if (!cuda_kernel_takes(q, v, a))
+    return t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal, scale,
+                                attention_mask);
+  return cuda_forward_of(q, k, v, a);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
+    int64_t max_distance, bool causal, std::optional<double> scale,
+    const std::optional<at::Tensor>& attention_mask) {
+  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
+                         {{"table", table}, {"attention_mask", attention_mask}});
+  check_t5(q, k, v, table, bidirectional, max_distance);
+  const auto a =
+      t5_problem(q, k, table, bidirectional, max_distance, causal, scale, attention_mask);
+  if (!cuda_kernel_takes(q, v, a))
+    return t5_backward_reference(grad_out, q, k, v, out, lse, table, bidirectional, max_distance,
+                                 causal, scale, attention_mask);
+  return cuda_backward_of(grad_out, q, k, v, out, lse, a);
+}
+
+at::Tensor t5_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& table, bool bidirectional, int64_t max_distance,
+                             bool causal, std::optional<double> scale,
+                             const std::optional<at::Tensor>& attention_mask) {
+  return std::get<0>(
+      t5_forward_cuda(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask));
+}
+
+std::tuple<at::Tensor, at::Tensor> positional_forward_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
+  check_forward_devices(kPositional, q, k, v,
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
+  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
+  if (!cuda_kernel_takes(q, v, a)) return positional_forward_reference_of(q, k, v, a);
+  return cuda_forward_of(q, k, v, a);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cuda(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+  check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
+  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
+  if (!cuda_kernel_takes(q, v, a))
+    return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
+  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a);
+  if (!dtable.defined()) dtable = at::empty({0}, q.options().dtype(at::kFloat));
+  return {dq, dk, dv, dtable};
+}
+
+at::Tensor positional_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     POSITIONAL_PARAMS) {
+  return std::get<0>(positional_forward_cuda(q, k, v, POSITIONAL_ARGS));
+}
+#endif  // POSENC_HAS_CUDA_GLUE
+
 // Which path a call takes, and why (inspection; the tests assert RoPE goes inside): "fused",
 // "fused, RoPE inside", "fused, RoPE outside: <why>", "reference: <why>"; tables that require a
 // gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
@@ -1090,6 +1315,15 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
   const std::string first = learned ? "apply_rotary first (cos/sin require grad), then " : "";
+#ifdef POSENC_HAS_CUDA_GLUE
+  if (q.is_cuda()) {
+    if (!cuda_kernel_takes(q, v, a))
+      return first +
+             "reference: a call the CUDA kernel does not take (float64, a head dim of 0 "
+             "or above 256, or ALiBi and T5 together)";
+    return first + (a.rotary() && !learned ? "CUDA kernel, RoPE outside (float32)" : "CUDA kernel");
+  }
+#endif
   if (const auto why = positional_reference_reason(q, v); !why.empty())
     return first + "reference: " + why;
   if (!a.rotary() || learned) return first + "fused";
@@ -1183,18 +1417,30 @@ POSENC_LIBRARY_IMPL(CPU, m) {
 }
 
 POSENC_LIBRARY_IMPL(CUDA, m) {
+#ifdef POSENC_HAS_CUDA_GLUE  // the CUDA kernel where it takes the call (cuda_kernel_takes)
+  m.impl("alibi_attention", TORCH_FN(alibi_attention_cuda));
+  m.impl("_alibi_attention_forward", TORCH_FN(forward_cuda));
+  m.impl("_alibi_attention_backward", TORCH_FN(backward_cuda));
+  m.impl("t5_attention", TORCH_FN(t5_attention_cuda));
+  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_cuda));
+  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_cuda));
+  m.impl("positional_attention", TORCH_FN(positional_attention_cuda));
+  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_cuda));
+  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_cuda));
+#else  // a LibTorch without CUDA glue: the plain-ATen reference
   m.impl("alibi_attention", TORCH_FN(alibi_attention_reference));
   m.impl("_alibi_attention_forward", TORCH_FN(forward_reference));
   m.impl("_alibi_attention_backward", TORCH_FN(backward_reference));
   m.impl("t5_attention", TORCH_FN(t5_attention_reference));
   m.impl("_t5_attention_forward", TORCH_FN(t5_forward_reference));
   m.impl("_t5_attention_backward", TORCH_FN(t5_backward_reference));
-  m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));
-  m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_reference));
-  m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_reference));
   m.impl("positional_attention", TORCH_FN(positional_attention_reference));
   m.impl("_positional_attention_forward", TORCH_FN(positional_forward_reference));
   m.impl("_positional_attention_backward", TORCH_FN(positional_backward_reference));
+#endif
+  m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));  // a query-dependent bias
+  m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_reference));
+  m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_reference));
 }
 
 }  // namespace posenc::ops
