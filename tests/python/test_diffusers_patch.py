@@ -420,3 +420,37 @@ def test_tables_on_another_device_than_x_are_moved_as_diffusers_moves_them():
     want = demb.apply_rotary_emb(x, (cos.double(), sin.double()), sequence_dim=1)
     got = _common.apply_rotary_emb(x, (cos.double(), sin.double()), sequence_dim=1)
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def _cast_inputs(inputs, dtype):
+    # ids stay float32/int as the pipelines give them; the latents and embeddings take the dtype
+    return {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("_ids") else v)
+            for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_patched_output_equal_in_other_dtypes(family, dtype):
+    """A model cast whole (.to(dtype), the rotary buffers too) before patch(): diffusers' output
+    to the bit (its rotation promotes to the tables' float32, or rounds float64 x to float32
+    first, and posenc's does the same)."""
+    model, inputs, _, _ = MODELS[family]()
+    model.eval().to(dtype)
+    inputs = _cast_inputs(inputs, dtype)
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    pd.patch(model, strict=True)
+    with torch.no_grad():
+        got = _sample(model, inputs)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+def test_cast_after_patch_gives_the_cast_models_output():
+    patched, inputs, _, _ = _wan()
+    plain, _, _, _ = _wan()
+    pd.patch(patched.eval(), strict=True)
+    patched.to(torch.bfloat16)
+    plain.eval().to(torch.bfloat16)
+    inputs = _cast_inputs(inputs, torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(_sample(patched, inputs), _sample(plain, inputs))
