@@ -42,11 +42,15 @@ from typing import Dict, List
 
 import torch
 
-__all__ = ["patch", "unpatch", "FAMILY_MODULES"]
+__all__ = ["patch", "unpatch", "FAMILY_MODULES", "get_3d_rotary_pos_embed",
+           "get_resize_crop_region_for_grid"]
 
 # The family modules of this package, imported on first use (each registers its Family).
-_FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2")
+_FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2",
+                   "_cogvideox", "_ltx", "_ltx2", "_cosmos", "_mochi", "_qwenimage")
 FAMILY_MODULES = _FAMILY_MODULES
+# CogVideoX's pipeline-side table builders under diffusers' names (no diffusers import needed)
+from ._cogvideox import get_3d_rotary_pos_embed, get_resize_crop_region_for_grid  # noqa: E402
 
 _ORIGINAL = "_posenc_diffusers_original"  # as _common.ORIGINAL (kept here: no diffusers import)
 # processor settings diffusers sets on a processor instance (set_attention_backend, context
@@ -82,6 +86,14 @@ def _rotates(processor) -> bool:
     return any("rotary" in p or p == "freqs_cis" for p in parameters)
 
 
+def _processor_of(module: torch.nn.Module):
+    """An attention module's processor: diffusers' Attention classes (set_processor) and those
+    holding a plain `processor` attribute without it (MochiAttention)."""
+    if hasattr(module, "set_processor") or "processor" in vars(module):
+        return getattr(module, "processor", None)
+    return None
+
+
 def _set(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     parent_name, _, attr = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model
@@ -108,7 +120,7 @@ def _plan(model: torch.nn.Module, registry):
                 left.append(f"{name or 'the model'}: {type(module).__name__} ({why})")
         elif _ROTARY_NAME.search(type(module).__name__) and not list(module.children()):
             left.append(f"{name or 'the model'}: {type(module).__name__} (not computed by posenc)")
-        processor = getattr(module, "processor", None) if hasattr(module, "set_processor") else None
+        processor = _processor_of(module)
         if processor is None:
             continue
         if getattr(processor, _ORIGINAL, None) is not None:
@@ -167,7 +179,7 @@ def unpatch(transformer: torch.nn.Module) -> List[str]:
             _set(transformer, name, original)
             restored.append(name)
             continue
-        processor = getattr(module, "processor", None) if hasattr(module, "set_processor") else None
+        processor = _processor_of(module)
         original = getattr(processor, _ORIGINAL, None) if processor is not None else None
         if original is not None:
             for setting in _PROCESSOR_SETTINGS:

@@ -1,0 +1,519 @@
+"""posenc.integrations.diffusers for CogVideoX, LTX-Video, LTX-2, Cosmos, Mochi and Qwen-Image,
+against diffusers' own code, live (diffusers 0.42.1): a tiny randomly initialised transformer of
+diffusers' own class gives the same output to the bit in float32 with patch() as without, the
+rotation running through posenc's operator (counted); gradients (input and parameters, Mochi's
+learned frequencies included) within rtol 1e-5; unpatch() puts diffusers' very objects back;
+posenc's tables equal diffusers' to the bit at several grids (LTX-2: a video grid with its fps
+and an audio track in seconds); CogVideoX's get_3d_rotary_pos_embed equal to diffusers' for both
+grid types and crops; what posenc does not compute refused in one line, the model untouched.
+
+Run: POSENC_OPS_LIBRARY=build/libposenc_ops.so \
+     python -m pytest tests/python/test_diffusers_families_b.py
+"""
+
+import collections
+import inspect
+
+import pytest
+import torch
+
+diffusers = pytest.importorskip("diffusers")
+
+import posenc  # noqa: E402,F401  (loads posenc's operators)
+from posenc.integrations import diffusers as pd  # noqa: E402
+from posenc.integrations.diffusers import (  # noqa: E402
+    _cogvideox, _cosmos, _ltx, _ltx2, _mochi, _qwenimage)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from diffusers.models import attention_processor as dap  # noqa: E402
+from diffusers.models import embeddings as demb  # noqa: E402
+from diffusers.models.transformers import transformer_cosmos as dcosmos  # noqa: E402
+from diffusers.models.transformers import transformer_ltx as dltx  # noqa: E402
+from diffusers.models.transformers import transformer_ltx2 as dltx2  # noqa: E402
+from diffusers.models.transformers import transformer_mochi as dmochi  # noqa: E402
+from diffusers.models.transformers import transformer_qwenimage as dqwen  # noqa: E402
+from diffusers.pipelines.cogvideo import pipeline_cogvideox as dcogpipe  # noqa: E402
+
+# Gradients: posenc's rotation backward sums its terms in another order than autograd through
+# diffusers' formula: equal to float32 rounding, not to the bit.
+GRAD_RTOL = 1e-5
+GRAD_ATOL = 1e-6  # gradients that cancel to ~0 have no relative precision
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the operators called below autograd (posenc.apply_rotary among them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _randn(*shape):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+# -- tiny models: (model, inputs, the input to differentiate, posenc.apply_rotary calls) ---------
+
+def _make_cogvideox(grid_type="linspace"):
+    torch.manual_seed(0)
+    slice_ = grid_type == "slice"
+    model = diffusers.CogVideoXTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=8, text_embed_dim=12, num_layers=2, sample_width=8, sample_height=8,
+        sample_frames=9, patch_size=2, patch_size_t=2 if slice_ else None,
+        max_text_seq_length=6, use_rotary_positional_embeddings=True)
+    frames = 4 if slice_ else 3
+    if slice_:  # CogVideoX 1.5's pipeline: slice grids up to the model's base size
+        tables = _cogvideox.get_3d_rotary_pos_embed(16, None, (4, 4), 2, grid_type="slice",
+                                                    max_size=(4, 4))
+    else:  # CogVideoX 1.0's pipeline: the crop of a 4 x 3 grid in the 4 x 4 base
+        crops = _cogvideox.get_resize_crop_region_for_grid((4, 3), 4, 4)
+        tables = _cogvideox.get_3d_rotary_pos_embed(16, crops, (4, 3), frames)
+    width = 8 if slice_ else 6
+    inputs = {"hidden_states": _randn(1, frames, 4, 8, width),
+              "encoder_hidden_states": _randn(1, 6, 12), "timestep": torch.tensor([10]),
+              "image_rotary_emb": tables}
+    return model, inputs, "hidden_states", 2
+
+
+def _make_cogvideox_slice():
+    return _make_cogvideox("slice")
+
+
+def _make_ltx():
+    torch.manual_seed(0)
+    model = diffusers.LTXVideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=10,
+        cross_attention_dim=20, num_layers=2, caption_channels=12)  # dim 20: 2 padded channels
+    inputs = {"hidden_states": _randn(1, 3 * 4 * 4, 8), "encoder_hidden_states": _randn(1, 5, 12),
+              "timestep": torch.tensor([10]), "encoder_attention_mask": torch.ones(1, 5),
+              "num_frames": 3, "height": 4, "width": 4,
+              "rope_interpolation_scale": (20 / 24, 32, 32)}
+    return model, inputs, "hidden_states", 2
+
+
+def _make_ltx2_config(**extra):
+    return dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
+                cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
+                audio_num_attention_heads=2, audio_attention_head_dim=6,
+                audio_cross_attention_dim=12, num_layers=2, caption_channels=10, **extra)
+
+
+def _make_ltx2(**extra):
+    torch.manual_seed(0)
+    model = diffusers.LTX2VideoTransformer3DModel(**_make_ltx2_config(**extra))
+    inputs = {"hidden_states": _randn(1, 2 * 3 * 3, 8), "audio_hidden_states": _randn(1, 5, 4),
+              "encoder_hidden_states": _randn(1, 4, 10),
+              "audio_encoder_hidden_states": _randn(1, 4, 10), "timestep": torch.tensor([10.0]),
+              "num_frames": 2, "height": 3, "width": 3, "fps": 25.0, "audio_num_frames": 5}
+    # per layer: video and audio self-attention, a2v and v2a cross attention
+    return model, inputs, "hidden_states", 2 * 2 + 2 * 2 * 2
+
+
+def _make_cosmos():
+    torch.manual_seed(0)
+    model = diffusers.CosmosTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+        num_layers=2, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 16, 16),
+        patch_size=(1, 2, 2))
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "timestep": torch.tensor([0.5]),
+              "encoder_hidden_states": _randn(1, 5, 16), "fps": 30,
+              "padding_mask": torch.zeros(1, 1, 8, 8)}
+    return model, inputs, "hidden_states", 2
+
+
+def _make_mochi():
+    torch.manual_seed(0)
+    model = diffusers.MochiTransformer3DModel(
+        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2,
+        pooled_projection_dim=8, in_channels=4, text_embed_dim=16, time_embed_dim=4,
+        max_sequence_length=8)
+    with torch.no_grad():  # diffusers initialises the learned frequencies to 0: no rotation
+        model.pos_frequencies.copy_(_randn(*model.pos_frequencies.shape))
+    mask = torch.ones(1, 6)
+    mask[0, 4:] = 0
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "encoder_hidden_states": _randn(1, 6, 16),
+              "timestep": torch.tensor([10]), "encoder_attention_mask": mask}
+    return model, inputs, "hidden_states", 2
+
+
+def _make_qwenimage(layer3d=False):
+    torch.manual_seed(0)
+    model = diffusers.QwenImageTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=32,
+        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(8, 12, 12),
+        use_layer3d_rope=layer3d)
+    mask = torch.ones(1, 5)
+    mask[0, 4] = 0
+    shapes = [[(1, 4, 6), (1, 4, 6)]] if layer3d else [(1, 4, 6)]
+    tokens = 48 if layer3d else 24
+    inputs = {"hidden_states": _randn(1, tokens, 4), "encoder_hidden_states": _randn(1, 5, 12),
+              "encoder_hidden_states_mask": mask, "timestep": torch.tensor([0.5]),
+              "img_shapes": shapes}
+    return model, inputs, "hidden_states", 0  # a call per stream and per q/k: counted apart
+
+
+def _make_qwenimage_layer3d():
+    return _make_qwenimage(layer3d=True)
+
+
+MODELS = {"cogvideox": _make_cogvideox, "cogvideox_slice": _make_cogvideox_slice,
+          "ltx": _make_ltx, "ltx2": _make_ltx2, "cosmos": _make_cosmos, "mochi": _make_mochi,
+          "qwenimage": _make_qwenimage, "qwenimage_layer3d": _make_qwenimage_layer3d}
+# Qwen-Image rotates img q, img k, txt q, txt k apart: 4 calls a layer
+ROTATIONS = {"qwenimage": 8, "qwenimage_layer3d": 8}
+
+
+def _sample(model, inputs):
+    return model(**inputs, return_dict=False)[0]
+
+
+def _grads(model, inputs, grad_input):
+    model.zero_grad(set_to_none=True)
+    inputs = dict(inputs)
+    x = inputs[grad_input].detach().clone().requires_grad_(True)
+    inputs[grad_input] = x
+    out = _sample(model, inputs)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (out * weights).sum().backward()
+    grads = {"input": x.grad.detach().clone()}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            grads[name] = p.grad.detach().clone()
+    return grads
+
+
+def _processors(model):
+    return {n: m.processor for n, m in model.named_modules()
+            if hasattr(m, "set_processor") or "processor" in vars(m)}
+
+
+def test_families_are_registered():
+    pd.patch(torch.nn.Identity())  # imports the family modules
+    names = {f.name for f in pd._registry.FAMILIES}
+    assert names >= {"cogvideox", "ltx", "ltx2", "cosmos", "mochi", "qwenimage",
+                     "qwenimage_layer3d"}
+    assert pd.get_3d_rotary_pos_embed is _cogvideox.get_3d_rotary_pos_embed
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_patched_output_equal_to_the_bit(family):
+    model, inputs, _, rotating = MODELS[family]()
+    model.eval()
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    rotary = {n: m for n, m in model.named_modules() if pd._registry.family_of(m) is not None}
+    processors = _processors(model)
+    report = pd.patch(model, strict=True)
+    assert report["left"] == []
+    assert set(rotary) <= set(report["patched"])
+    assert any(name.endswith(".processor") for name in report["patched"])
+    for name in rotary:
+        assert type(model.get_submodule(name)).__module__.startswith("posenc.")
+    assert not any(k.startswith("_posenc") for k in model.state_dict())
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == ROTATIONS.get(family, rotating)
+    assert torch.equal(got, want), (got - want).abs().max()
+
+    restored = pd.unpatch(model)
+    assert set(restored) == set(report["patched"])
+    for name, module in rotary.items():
+        assert model.get_submodule(name) is module
+    for name, processor in processors.items():
+        assert model.get_submodule(name).processor is processor
+    with torch.no_grad(), CountOps() as ops:
+        again = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == 0
+    assert torch.equal(again, want)
+
+
+@pytest.mark.parametrize("family", sorted(MODELS))
+def test_patched_gradients(family):
+    model, inputs, grad_input, _ = MODELS[family]()
+    model.train()  # dropout 0 in these configs: deterministic
+    want = _grads(model, inputs, grad_input)
+    pd.patch(model, strict=True)
+    got = _grads(model, inputs, grad_input)
+    pd.unpatch(model)
+    assert set(got) == set(want)
+    if family == "mochi":  # the learned frequencies get their gradient through posenc's backward
+        assert want["pos_frequencies"].abs().sum() > 0
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=GRAD_RTOL, atol=GRAD_ATOL,
+                                   msg=lambda m, n=name: f"{family} gradient {n}: {m}")
+
+
+@pytest.mark.parametrize("ours,theirs", [
+    (_cogvideox.CogVideoXAttnProcessor2_0, dap.CogVideoXAttnProcessor2_0),
+    (_cogvideox.FusedCogVideoXAttnProcessor2_0, dap.FusedCogVideoXAttnProcessor2_0),
+    (_ltx.LTXVideoAttnProcessor, dltx.LTXVideoAttnProcessor),
+    (_ltx2.LTX2AudioVideoAttnProcessor, dltx2.LTX2AudioVideoAttnProcessor),
+    (_ltx2.LTX2PerturbedAttnProcessor, dltx2.LTX2PerturbedAttnProcessor),
+    (_cosmos.CosmosAttnProcessor2_0, dcosmos.CosmosAttnProcessor2_0),
+    (_cosmos.CosmosAttnProcessor2_5, dcosmos.CosmosAttnProcessor2_5),
+    (_mochi.MochiAttnProcessor2_0, dap.MochiAttnProcessor2_0),
+    (_qwenimage.QwenDoubleStreamAttnProcessor2_0, dqwen.QwenDoubleStreamAttnProcessor2_0)])
+def test_processors_name_every_parameter_diffusers_names(ours, theirs):
+    """diffusers' attention modules drop keyword arguments a processor's __call__ does not name
+    (image_rotary_emb among them): posenc's take the same names, in the same order."""
+    assert list(inspect.signature(ours.__call__).parameters) == \
+        list(inspect.signature(theirs.__call__).parameters)
+
+
+def test_fused_cogvideox_processor_equal_to_the_bit():
+    model, inputs, _, _ = _make_cogvideox()
+    model.fuse_qkv_projections()
+    model.eval()
+    assert type(model.transformer_blocks[0].attn1.processor).__name__ == \
+        "FusedCogVideoXAttnProcessor2_0"
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    pd.patch(model, strict=True)
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == 2 and torch.equal(got, want)
+
+
+def test_ltx2_perturbed_processor_equal_to_the_bit():
+    model, inputs, _, _ = _make_ltx2(perturbed_attn=True)
+    model.eval()
+    assert any(type(p).__name__ == "LTX2PerturbedAttnProcessor"
+               for p in _processors(model).values())
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    assert pd.patch(model, strict=True)["left"] == []
+    with torch.no_grad():
+        assert torch.equal(_sample(model, inputs), want)
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+def _tables_equal(ours, theirs):
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("embed_dim", [16, 48, 64, 128])
+@pytest.mark.parametrize("grid,frames", [((1, 1), 1), ((4, 6), 3), ((30, 45), 13), ((17, 9), 7)])
+def test_cogvideox_tables_both_grid_types(embed_dim, grid, frames):
+    base = (30, 45)  # CogVideoX's 480 x 720 latent grid in patches
+    crops = dcogpipe.get_resize_crop_region_for_grid(grid, base[1], base[0])
+    assert _cogvideox.get_resize_crop_region_for_grid(grid, base[1], base[0]) == crops
+    cases = [dict(crops_coords=crops),  # CogVideoX 1.0: the crop, fractional positions
+             dict(crops_coords=((0.5, 1.25), (11, 7.5)), theta=500),  # any crop, another theta
+             dict(crops_coords=None, grid_type="slice", max_size=base)]  # CogVideoX 1.5
+    for case in cases:
+        args = dict(embed_dim=embed_dim, grid_size=grid, temporal_size=frames, **case)
+        _tables_equal(_cogvideox.get_3d_rotary_pos_embed(**args),
+                      demb.get_3d_rotary_pos_embed(**args))
+
+
+def test_cogvideox_signature_is_diffusers():
+    ours = inspect.signature(_cogvideox.get_3d_rotary_pos_embed).parameters
+    theirs = inspect.signature(demb.get_3d_rotary_pos_embed).parameters
+    assert list(ours) == list(theirs)
+    assert [p.default for p in ours.values()] == [p.default for p in theirs.values()]
+
+
+def test_cogvideox_bad_arguments_are_one_line():
+    f = _cogvideox.get_3d_rotary_pos_embed
+    crops = ((0, 0), (4, 4))
+    cases = [
+        lambda: f(64, crops, (4, 4), 3, use_real=False),
+        lambda: f(64, crops, (4, 4), 3, grid_type="grid"),
+        lambda: f(40, crops, (4, 4), 3),  # h axis 15 channels
+        lambda: f(0, crops, (4, 4), 3),
+        lambda: f(64, crops, (4, 0), 3),
+        lambda: f(64, crops, (4, 4), -1),
+        lambda: f(64, crops, (4,), 3),
+        lambda: f(64, ((0, 0), (4, float("nan"))), (4, 4), 3),
+        lambda: f(64, (0, 4), (4, 4), 3),
+        lambda: f(64, crops, (4, 4), 3, theta=-5),
+        lambda: f(64, None, (4, 4), 3, grid_type="slice"),
+        lambda: f(64, None, (8, 4), 3, grid_type="slice", max_size=(4, 4)),
+        lambda: _cogvideox.get_resize_crop_region_for_grid((4, 0), 8, 8),
+        lambda: _cogvideox.get_resize_crop_region_for_grid(4, 8, 8),
+    ]
+    for case in cases:
+        with pytest.raises(ValueError) as e:
+            case()
+        assert "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("dim", [6, 20, 64, 100, 2048])
+def test_ltx_tables_at_several_grids(dim):
+    theirs = dltx.LTXVideoRotaryPosEmbed(dim, patch_size=2, patch_size_t=1)
+    ours = _ltx.LTXVideoRotaryPosEmbed.from_diffusers(theirs)
+    x = torch.zeros(2, 3)
+    for kw in (dict(num_frames=1, height=1, width=1),
+               dict(num_frames=3, height=4, width=5, rope_interpolation_scale=(20 / 24, 32, 32)),
+               dict(num_frames=9, height=16, width=22, rope_interpolation_scale=(0.5, 8.0, 8.0)),
+               dict(num_frames=2, height=3, width=3,
+                    rope_interpolation_scale=(torch.tensor(0.75), 32, 32)),
+               dict(video_coords=_randn(2, 3, 37) * 100)):
+        _tables_equal(ours(x, **kw), theirs(x, **kw))
+
+
+@pytest.mark.parametrize("double_precision", [True, False])
+@pytest.mark.parametrize("dim", [12, 50, 64, 4096])
+def test_ltx2_video_and_audio_tables_on_one_clock(double_precision, dim):
+    """A video grid with its fps and an audio track in seconds, self and cross tables."""
+    video = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, modality="video",
+                                               double_precision=double_precision)
+    audio = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, scale_factors=[4], modality="audio",
+                                               double_precision=double_precision)
+    ours_video = _ltx2.LTX2AudioVideoRotaryPosEmbed.from_diffusers(video)
+    ours_audio = _ltx2.LTX2AudioVideoRotaryPosEmbed.from_diffusers(audio)
+    for frames, h, w, fps, audio_frames, shift in ((1, 1, 1, 24.0, 1, 0), (3, 4, 5, 25.0, 7, 2),
+                                                   (5, 8, 6, 30000 / 1001, 26, 0)):
+        video_coords = video.prepare_video_coords(2, frames, h, w, "cpu", fps=fps)
+        audio_coords = audio.prepare_audio_coords(2, audio_frames, "cpu", shift=shift)
+        assert torch.equal(ours_video.prepare_video_coords(2, frames, h, w, "cpu", fps=fps),
+                           video_coords)
+        assert torch.equal(ours_audio.prepare_audio_coords(2, audio_frames, "cpu", shift=shift),
+                           audio_coords)
+        assert torch.equal(ours_audio.prepare_coords(2, audio_frames, "cpu"),
+                           audio.prepare_coords(2, audio_frames, "cpu"))
+        for ours, theirs, coords in ((ours_video, video, video_coords),
+                                     (ours_audio, audio, audio_coords),
+                                     (ours_video, video, video_coords[:, 0:1]),  # cross: time
+                                     (ours_audio, audio, audio_coords[:, 0:1]),
+                                     (ours_audio, audio, audio_coords[..., 0])):  # [B, A, N]
+            _tables_equal(ours(coords), theirs(coords))
+
+
+@pytest.mark.parametrize("head_dim", [12, 16, 24, 128])
+def test_cosmos_tables_at_several_grids(head_dim):
+    for rope_scale in ((2.0, 1.0, 1.0), (1.0, 3.0, 3.0)):
+        theirs = dcosmos.CosmosRotaryPosEmbed(head_dim, max_size=(16, 64, 64),
+                                              patch_size=(1, 2, 2), rope_scale=rope_scale)
+        ours = _cosmos.CosmosRotaryPosEmbed.from_diffusers(theirs)
+        for shape, fps in (((1, 2, 1, 2, 2), None), ((1, 2, 3, 4, 6), None),
+                           ((1, 1, 5, 8, 10), 30), ((1, 1, 16, 64, 62), 12.5)):
+            x = torch.zeros(shape)
+            _tables_equal(ours(x, fps=fps), theirs(x, fps=fps))
+
+
+@pytest.mark.parametrize("grid", [(1, 1, 1), (3, 4, 6), (7, 30, 20)])
+def test_mochi_tables_and_their_gradient(grid):
+    theirs = dmochi.MochiRoPE()
+    ours = _mochi.MochiRoPE.from_diffusers(theirs)
+    freqs = _randn(3, 4, 8).requires_grad_(True)
+    want = theirs(freqs, *grid, device=torch.device("cpu"), dtype=torch.float32)
+    got = ours(freqs, *grid, device=torch.device("cpu"), dtype=torch.float32)
+    _tables_equal(got, want)
+    (g_want,) = torch.autograd.grad(want[0].sum() + 2 * want[1].sum(), freqs)
+    (g_got,) = torch.autograd.grad(got[0].sum() + 2 * got[1].sum(), freqs)
+    assert torch.equal(g_got, g_want)
+
+
+@pytest.mark.parametrize("axes_dim", [[8, 12, 12], [16, 56, 56], [4, 14, 14]])
+@pytest.mark.parametrize("scale_rope", [True, False])
+def test_qwenimage_tables_at_several_grids(axes_dim, scale_rope):
+    cpu = torch.device("cpu")
+    theirs = dqwen.QwenEmbedRope(10000, axes_dim, scale_rope=scale_rope)
+    ours = _qwenimage.QwenEmbedRope.from_diffusers(theirs)
+    for shapes, text in (((1, 1, 1), 1), ([(1, 4, 6)], 7), ([(2, 5, 3)], 30), ((1, 64, 48), 5)):
+        _tables_equal(ours(shapes, device=cpu, max_txt_seq_len=text),
+                      theirs(shapes, device=cpu, max_txt_seq_len=text))
+    theirs = dqwen.QwenEmbedLayer3DRope(10000, axes_dim, scale_rope=scale_rope)
+    ours = _qwenimage.QwenEmbedLayer3DRope.from_diffusers(theirs)
+    for shapes, text in (([[(1, 4, 6), (1, 4, 6), (1, 4, 6)]], 7), ([[(1, 2, 2)]], 3)):
+        _tables_equal(ours(shapes, text, device=cpu), theirs(shapes, text, device=cpu))
+
+
+@pytest.mark.parametrize("pairs", [16, 32, 64])
+@pytest.mark.parametrize("shape", [(1, 5, 1), (2, 7, 3), (1, 33, 4)])
+def test_qwenimage_complex_rotation_equal_to_the_bit(pairs, shape):
+    """On the CPU with a multiple of 16 pairs: ATen's complex product runs its vector kernel."""
+    x = _randn(*shape, 2 * pairs) * 3
+    angles = _randn(shape[1], pairs) * 50
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    want = dqwen.apply_rotary_emb_qwen(x, freqs, use_real=False)
+    assert torch.equal(_qwenimage.rotate_complex(x, freqs), want)
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+def test_ltx2_split_rope_is_refused_and_its_output_kept():
+    model, inputs, _, _ = _make_ltx2(rope_type="split")
+    model.eval()
+    ropes = {n: m for n, m in model.named_modules()
+             if type(m) is dltx2.LTX2AudioVideoRotaryPosEmbed}
+    processors = _processors(model)
+    with pytest.raises(ValueError, match="split") as e:
+        pd.patch(model, strict=True)
+    assert "\n" not in str(e.value)
+    assert all(model.get_submodule(n) is m for n, m in ropes.items())
+    assert all(model.get_submodule(n).processor is p for n, p in processors.items())
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    report = pd.patch(model)
+    assert len([line for line in report["left"] if "split" in line]) == len(ropes)
+    with torch.no_grad():  # posenc's processors hand a split table to diffusers' function
+        assert torch.equal(_sample(model, inputs), want)
+    pd.unpatch(model)
+
+
+def test_qwenimage_head_posenc_does_not_rotate_exactly_is_refused():
+    torch.manual_seed(0)
+    model = diffusers.QwenImageTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(4, 6, 6))
+    model.eval()
+    pos_embed = model.pos_embed
+    with pytest.raises(ValueError, match="8 pairs") as e:
+        pd.patch(model, strict=True)
+    assert "\n" not in str(e.value) and model.pos_embed is pos_embed
+    inputs = {"hidden_states": _randn(1, 12, 4), "encoder_hidden_states": _randn(1, 3, 12),
+              "encoder_hidden_states_mask": torch.ones(1, 3), "timestep": torch.tensor([0.5]),
+              "img_shapes": [(1, 3, 4)]}
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    pd.patch(model)  # the processor keeps diffusers' complex product for this head
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == 0 and torch.equal(got, want)
+    pd.unpatch(model)
+
+
+def test_a_module_posenc_would_compute_otherwise_is_left():
+    holder = torch.nn.Module()
+    holder.pos_embed = dqwen.QwenEmbedRope(10000, [8, 12, 12], scale_rope=True)
+    holder.pos_embed.pos_freqs = holder.pos_embed.pos_freqs * 1.0001  # not what settings give
+    report = pd.patch(holder)
+    assert report["patched"] == [] and "not what its settings give" in report["left"][0]
+
+
+def test_bad_inputs_are_one_line():
+    ltx = _ltx.LTXVideoRotaryPosEmbed(64)
+    ltx2 = _ltx2.LTX2AudioVideoRotaryPosEmbed(64, modality="audio")
+    cosmos = _cosmos.CosmosRotaryPosEmbed(12, max_size=(4, 8, 8))
+    mochi = _mochi.MochiRoPE()
+    cases = [
+        lambda: _ltx.LTXVideoRotaryPosEmbed(4),
+        lambda: _ltx.LTXVideoRotaryPosEmbed(64, theta=1.0),
+        lambda: ltx(torch.zeros(1, 2), video_coords=torch.zeros(1, 3, 5, dtype=torch.float64)),
+        lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, rope_type="split"),
+        lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, modality="text"),
+        lambda: ltx2(torch.zeros(1, 3, 5, 2)),  # three axes for audio
+        lambda: ltx2(torch.zeros(1, 1, 5, 3)),
+        lambda: ltx2(torch.zeros(1, 1, 5, 2, dtype=torch.float64)),
+        lambda: _cosmos.CosmosRotaryPosEmbed(13),
+        lambda: cosmos(torch.zeros(1, 2, 3, 4)),
+        lambda: cosmos(torch.zeros(1, 2, 3, 40, 4)),  # beyond max_size
+        lambda: mochi(torch.zeros(2, 2, 4), 1, 2, 2),
+        lambda: _qwenimage.QwenEmbedRope(10000, [8, 12, 13]),
+        lambda: _qwenimage.QwenEmbedRope(10000, [8, 12, 12])((1, 2, 2), None, None),
+    ]
+    for case in cases:
+        with pytest.raises(ValueError) as e:
+            case()
+        assert "\n" not in str(e.value), str(e.value)
