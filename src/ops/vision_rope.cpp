@@ -108,16 +108,16 @@ std::tuple<at::Tensor, at::Tensor> rope_periods_cos_sin_op(const at::Tensor& coo
                                                            c10::string_view layout) {
   const char* op = "posenc.rope_periods_cos_sin";
   check_same_device(op, {{"coords", coords}, {"periods", periods}});
-  TORCH_CHECK(coords.dim() == 2 && coords.size(1) >= 1,
+  TORCH_CHECK(coords.dim() == 2 && coords.sym_size(1) >= 1,
               "posenc.rope_periods_cos_sin: coords must be [N, A] with A >= 1, got shape ",
-              coords.sizes());
+              coords.sym_sizes());
   TORCH_CHECK(at::isFloatingType(coords.scalar_type()) ||
                   at::isIntegralType(coords.scalar_type(), /*includeBool=*/false),
               "posenc.rope_periods_cos_sin: coords must be real numbers, got ",
               coords.scalar_type());
-  TORCH_CHECK(periods.dim() == 1 && periods.numel() >= 1,
+  TORCH_CHECK(periods.dim() == 1 && periods.sym_size(0) >= 1,
               "posenc.rope_periods_cos_sin: periods must be [F] with F >= 1, got shape ",
-              periods.sizes());
+              periods.sym_sizes());
   TORCH_CHECK(periods.scalar_type() == at::kFloat || periods.scalar_type() == at::kDouble,
               "posenc.rope_periods_cos_sin: periods must be float32 (timm's arithmetic) or "
               "float64, got ",
@@ -133,15 +133,15 @@ std::tuple<at::Tensor, at::Tensor> rope_mixed_cos_sin_op(const at::Tensor& coord
                                                          c10::string_view layout) {
   const char* op = "posenc.rope_mixed_cos_sin";
   check_same_device(op, {{"coords", coords}, {"freqs", freqs}});
-  TORCH_CHECK(coords.dim() == 2 && coords.size(1) == 2,
+  TORCH_CHECK(coords.dim() == 2 && coords.sym_size(1) == 2,
               "posenc.rope_mixed_cos_sin: coords must be [N, 2] (x, y), got shape ",
-              coords.sizes());
+              coords.sym_sizes());
   TORCH_CHECK(coords.scalar_type() == at::kFloat,
               "posenc.rope_mixed_cos_sin: coords must be float32 (timm's arithmetic), got ",
               coords.scalar_type());
-  TORCH_CHECK(freqs.dim() >= 2 && freqs.size(0) == 2 && freqs.size(-1) >= 1,
+  TORCH_CHECK(freqs.dim() >= 2 && freqs.sym_size(0) == 2 && freqs.sym_size(-1) >= 1,
               "posenc.rope_mixed_cos_sin: freqs must be [2, ..., F] (x and y rows), got shape ",
-              freqs.sizes());
+              freqs.sym_sizes());
   TORCH_CHECK(freqs.scalar_type() == at::kFloat,
               "posenc.rope_mixed_cos_sin: freqs must be float32 (timm casts them with .float() "
               "first), got ",

@@ -1,5 +1,6 @@
 """posenc.integrations.timm.patch on timm's own EVA model: the rotary modules replaced by posenc's,
-the logits (and gradients) equal to the unpatched model's to the bit."""
+the logits (and gradients) equal to the unpatched model's to the bit. RoPE-Mixed, DINOv3 and
+MRoPE models: test_timm_patch_mixed.py."""
 
 import pytest
 import torch
@@ -47,11 +48,18 @@ def test_patched_eva_gives_timms_logits_and_gradients(kwargs):
 
 
 def test_unpatched_module_kinds_are_reported_or_refused():
-    model = _eva(rope_type="mixed", ref_feat_shape=None)
+    class Subclass(timm.layers.RotaryEmbeddingCat):  # not timm's class itself: not assumed
+        pass
+
+    model = _eva()
+    model.rope = Subclass(32, in_pixels=False, feat_shape=[4, 4])
     report = posenc.integrations.timm.patch(model)
-    assert report["patched"] == [] and report["left"] == ["rope: RotaryEmbeddingMixed (not computed by posenc)"]
-    with pytest.raises(ValueError, match="rotary modules posenc does not compute: rope: RotaryEmbeddingMixed"):
+    assert report["patched"] == [] and report["left"] == ["rope: Subclass (not computed by posenc)"]
+    with pytest.raises(ValueError, match="rotary modules posenc does not compute: rope: Subclass"):
         posenc.integrations.timm.patch(model, strict=True)
+    # RoPE-Mixed, DINOv3 and MRoPE are computed (tests/python/test_timm_patch_mixed.py)
+    mixed = _eva(rope_type="mixed", ref_feat_shape=None)
+    assert posenc.integrations.timm.patch(mixed) == {"patched": ["rope"], "left": []}
     augmenting = _eva(rope_shift_coords=1.0)
     report = posenc.integrations.timm.patch(augmenting)
     assert report["left"] == ["rope: RotaryEmbeddingCat augments its coordinates in training"]

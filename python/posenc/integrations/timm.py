@@ -1,26 +1,42 @@
-"""posenc inside a loaded timm model: its axial RoPE tables computed by posenc's operators.
+"""posenc inside a loaded timm model: its RoPE tables computed by posenc's operators.
 
     model = timm.create_model("eva02_tiny_patch14_224.mim_in22k", pretrained=True)
-    posenc.integrations.timm.patch(model)      # every RotaryEmbeddingCat / RotaryEmbedding
+    posenc.integrations.timm.patch(model)      # every rotary module timm.layers defines
     logits = model(images)                     # the same logits, to the bit
 
-Each timm.layers RotaryEmbeddingCat or RotaryEmbedding submodule (EVA-02's and the ViT-RoPE
-models' `rope`) is replaced by posenc.timm's module of the same class built from its settings
-(RotaryEmbeddingCat.from_timm): the tables come from torch.ops.posenc.patch_grid_rope and equal
-timm's to the bit, so the model's outputs are timm's. The rotation stays timm's own
-apply_rot_embed_cat (no module-level function is replaced, so other models in the process are
-untouched). A rotary module posenc does not compute (RotaryEmbeddingMixed's learned frequencies,
-DINOv3's, MRoPE), one that augments its coordinates in training, or one whose cached table is
-not what its settings give (cast through a lower precision and back, e.g. .half().float()) is
-left as it is and named in the returned report; patch(..., strict=True) refuses such a model
-with one line instead. The model may be cast or moved before patch() (posenc's module takes
-the timm module's bands and cache dtypes and device: .double(), .half(), .bfloat16() give
-timm's logits) or after it (posenc's module casts as timm's does).
+Each timm.layers rotary submodule (the model's `rope`) is replaced by posenc.timm's module of the
+same class built from its settings and state (from_timm), so the model's outputs are timm's:
+
+    RotaryEmbeddingCat, RotaryEmbedding   EVA-02, ViT-RoPE: axial tables from
+                                          torch.ops.posenc.patch_grid_rope
+    RotaryEmbeddingMixed                  RoPE-Mixed (vit_*_rope_mixed_*): the module's own
+                                          learned freqs parameter (shared: the same state_dict,
+                                          gradients reach it), tables from
+                                          torch.ops.posenc.rope_mixed_cos_sin
+    RotaryEmbeddingDinoV3                 DINOv3 (vit_*_dinov3*): tables from
+                                          torch.ops.posenc.rope_periods_cos_sin
+    RotaryEmbeddingMRope                  interleaved MRoPE: torch.ops.posenc.rope_cos_sin
+
+RoPE-Mixed, DINOv3 and MRoPE modules that augment their coordinates in training (shift / jitter
+/ rescale_coords) are computed too, with timm's random draws in timm's order: the same seed gives
+timm's tables and logits in train mode. The rotation stays timm's own apply_rot_embed_cat (no
+module-level function is replaced, so other models in the process are untouched).
+
+Left as it is and named in the returned report (patch(..., strict=True) refuses such a model with
+one line instead): a subclass of these classes, an axial RotaryEmbeddingCat / RotaryEmbedding
+that augments its coordinates in training, a cached table or grid that is not what its settings
+give (cast through a lower precision and back, e.g. .half().float(), or edited), an MRoPE section
+whose channel order posenc's interleave does not give, an MRoPE module already cast to float64
+(timm's float64 tables, which rope_cos_sin rounds to float32). The model may be cast or moved before
+patch() (posenc's module takes the timm module's buffer dtypes and device: .double(), .half(),
+.bfloat16() give timm's logits) or after it (posenc's module casts as timm's does; an MRoPE
+module cast to float64 after patch() raises one line at its forward).
 
 unpatch(model) puts the original modules back in the model's present state: each kept timm
 module follows every cast and move (.half(), .double(), .to(device)) and grid change
 (update_feat_shape, set_input_size) made to its replacement while patched, and takes its
-train/eval mode, so it is the module the model would hold had it never been patched.
+train/eval mode, so it is the module the model would hold had it never been patched (RoPE-Mixed's
+freqs is the same parameter throughout: what training changed while patched stays).
 """
 
 from __future__ import annotations
@@ -36,6 +52,16 @@ __all__ = ["patch", "unpatch"]
 _ORIGINAL = _ptimm._ORIGINAL  # where the replaced module is kept
 
 
+# timm's class name -> posenc's (the same contract, timm's signatures)
+_CLASSES = (("RotaryEmbeddingCat", _ptimm.RotaryEmbeddingCat),
+            ("RotaryEmbedding", _ptimm.RotaryEmbedding),
+            ("RotaryEmbeddingMixed", _ptimm.RotaryEmbeddingMixed),
+            ("RotaryEmbeddingDinoV3", _ptimm.RotaryEmbeddingDinoV3),
+            ("RotaryEmbeddingMRope", _ptimm.RotaryEmbeddingMRope))
+# the axial modules' training-time coordinate augmentation is not computed by posenc
+_NO_AUGMENTATION = (_ptimm.RotaryEmbeddingCat, _ptimm.RotaryEmbedding)
+
+
 def _timm_classes():
     from timm.layers import pos_embed_sincos as t  # imported on use: timm is optional
     return t
@@ -43,28 +69,23 @@ def _timm_classes():
 
 def _replacement(module: torch.nn.Module):
     t = _timm_classes()
-    if type(module) is t.RotaryEmbeddingCat:
-        cls = _ptimm.RotaryEmbeddingCat
-    elif type(module) is t.RotaryEmbedding:
-        cls = _ptimm.RotaryEmbedding
-    else:
+    cls = next((ours for name, ours in _CLASSES if type(module) is getattr(t, name, None)), None)
+    if cls is None:
         return None, f"{type(module).__name__} (not computed by posenc)"
-    if getattr(module, "aug_active", False):
+    if cls in _NO_AUGMENTATION and getattr(module, "aug_active", False):
         return None, f"{type(module).__name__} augments its coordinates in training"
     try:
         return cls.from_timm(module), None
-    except ValueError as e:  # a cache posenc would not give: one line, from_timm's
+    except ValueError as e:  # a cache or section posenc would not give: one line, from_timm's
         return None, str(e).split(": ", 1)[1]
 
 
 def _rotary_modules(model: torch.nn.Module):
     t = _timm_classes()
-    kinds = tuple(getattr(t, n) for n in ("RotaryEmbeddingCat", "RotaryEmbedding",
-                                          "RotaryEmbeddingMixed", "RotaryEmbeddingDinoV3",
-                                          "RotaryEmbeddingMRope") if hasattr(t, n))
+    kinds = tuple(getattr(t, n) for n, _ in _CLASSES if hasattr(t, n))
+    ours = tuple(cls for _, cls in _CLASSES)
     for name, module in model.named_modules():
-        if isinstance(module, kinds) and not isinstance(module, (_ptimm.RotaryEmbeddingCat,
-                                                                 _ptimm.RotaryEmbedding)):
+        if isinstance(module, kinds) and not isinstance(module, ours):
             yield name, module
 
 
