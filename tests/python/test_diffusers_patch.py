@@ -64,6 +64,15 @@ def _wan():
     return _wan_like(diffusers.WanTransformer3DModel)
 
 
+def _wan_i2v():
+    """Wan's image-to-video attention: image tokens before 512 text tokens, the added k/v."""
+    model, inputs, grad_input, rotating = _wan_like(diffusers.WanTransformer3DModel, image_dim=8,
+                                                    added_kv_proj_dim=24)
+    inputs = dict(inputs, encoder_hidden_states=_randn(1, 512, 16),
+                  encoder_hidden_states_image=_randn(1, 3, 8))
+    return model, inputs, grad_input, rotating
+
+
 def _skyreels_v2():
     return _wan_like(diffusers.SkyReelsV2Transformer3DModel)
 
@@ -113,6 +122,13 @@ def _flux():
     return model, inputs, "hidden_states", 3
 
 
+def _flux_fused():
+    """Flux with fused QKV projections (fuse_qkv_projections: the processors read to_qkv)."""
+    model, inputs, grad_input, rotating = _flux()
+    model.fuse_qkv_projections()
+    return model, inputs, grad_input, rotating
+
+
 def _flux2():
     torch.manual_seed(0)
     model = diffusers.Flux2Transformer2DModel(
@@ -127,8 +143,11 @@ def _flux2():
     return model, inputs, "hidden_states", 3
 
 
-MODELS = {"wan": _wan, "skyreels_v2": _skyreels_v2, "hunyuan_video": _hunyuan_video,
-          "hunyuan_video15": _hunyuan_video15, "flux": _flux, "flux2": _flux2}
+# family (the registry's name) or family_variant -> a tiny model of diffusers' own class
+MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "skyreels_v2": _skyreels_v2,
+          "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
+          "flux_fused": _flux_fused, "flux2": _flux2}
+FAMILIES = ("wan", "skyreels_v2", "hunyuan_video", "hunyuan_video15", "flux", "flux2")
 
 
 def _sample(model, inputs):
@@ -154,7 +173,7 @@ def _grads(model, inputs, grad_input):
 def test_every_family_module_is_registered():
     pd.patch(torch.nn.Identity())  # imports the family modules
     from posenc.integrations.diffusers import _registry
-    assert {f.name for f in _registry.FAMILIES} >= set(MODELS)
+    assert {f.name for f in _registry.FAMILIES} >= set(FAMILIES)
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))
@@ -363,24 +382,70 @@ def test_a_module_posenc_would_compute_otherwise_is_left():
     assert "not what its settings give" in pd.patch(holder)["left"][0]
 
 
+class UnlistedProcessor:
+    """A processor of the user's that rotates (its __call__ takes image_rotary_emb) and that no
+    family lists: diffusers' own Flux processor inside."""
+
+    def __init__(self):
+        from diffusers.models.transformers import transformer_flux as dflux
+        self.inner = dflux.FluxAttnProcessor()
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask,
+                          image_rotary_emb)
+
+
 def test_unlisted_rotating_processor_refuses_strict_and_nothing_changes():
-    model, inputs, _, _ = _flux2()
-    attn = model.transformer_blocks[0].attn
-    attn.set_processor(dflux2.Flux2KVAttnProcessor())
+    model, inputs, _, _ = _flux()
+    model.transformer_blocks[0].attn.set_processor(UnlistedProcessor())
     rope = model.pos_embed
     single = model.single_transformer_blocks[0].attn.processor
-    with pytest.raises(ValueError, match="Flux2KVAttnProcessor") as e:
+    with pytest.raises(ValueError, match="UnlistedProcessor") as e:
         pd.patch(model, strict=True)
     assert "\n" not in str(e.value)
     assert model.pos_embed is rope and model.single_transformer_blocks[0].attn.processor is single
     report = pd.patch(model)
-    assert any("Flux2KVAttnProcessor" in line for line in report["left"])
+    assert any("UnlistedProcessor" in line for line in report["left"])
     model.eval()
-    with torch.no_grad():  # the KV processor rotates with posenc's tables: still diffusers' output
+    with torch.no_grad():  # the unlisted processor rotates with posenc's tables: diffusers' output
         got = _sample(model, inputs)
     pd.unpatch(model)
     with torch.no_grad():
         assert torch.equal(got, _sample(model, inputs))
+
+
+def test_flux2_kv_cache_processors():
+    """The Klein KV pipeline's processors: reference tokens' rotated keys and values extracted on
+    the first step, attended to from the cache on the next; both steps equal to the bit."""
+    model, inputs, _, _ = _flux2()
+    for block in model.transformer_blocks:
+        block.attn.set_processor(dflux2.Flux2KVAttnProcessor())
+    for block in model.single_transformer_blocks:
+        block.attn.set_processor(dflux2.Flux2KVParallelSelfAttnProcessor())
+    model.eval()
+    refs = 6
+    extract = dict(inputs, hidden_states=_randn(1, refs + 20, 4),
+                   img_ids=torch.cat([_grid_ids(1, 2, 3, 1) + 10, inputs["img_ids"]]))
+
+    def run():
+        with torch.no_grad(), CountOps() as ops:
+            first, cache = model(**extract, kv_cache_mode="extract", num_ref_tokens=refs,
+                                 return_dict=False)
+            second = _sample_kv(model, inputs, cache)
+        return first, second, ops.calls["posenc.apply_rotary"]
+
+    want_first, want_second, calls = run()
+    assert calls == 0
+    report = pd.patch(model, strict=True)
+    assert sum(p.endswith(".processor") for p in report["patched"]) == 3
+    got_first, got_second, calls = run()
+    assert calls == 6  # 3 attentions, two steps
+    assert torch.equal(got_first, want_first) and torch.equal(got_second, want_second)
+
+
+def _sample_kv(model, inputs, cache):
+    return model(**inputs, kv_cache=cache, kv_cache_mode="cached", return_dict=False)[0]
 
 
 def test_bad_inputs_are_one_line():
