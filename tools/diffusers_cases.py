@@ -180,3 +180,171 @@ CASES: Dict[str, FamilyCases] = {
                  lambda: (_grid_ids(2, 2, 2, 2) * 517,)),
         ]),
 }
+
+
+# -- CogVideoX, LTX-Video, LTX-2, Cosmos, Mochi, Qwen-Image (part B of issue 46) -----------------
+
+def _cogvideox_build():
+    from diffusers.models import embeddings
+    from posenc.integrations.diffusers._cogvideox import Rotary3DTable
+    return Rotary3DTable(embeddings.get_3d_rotary_pos_embed)
+
+
+def _cogvideox_crop_inputs():
+    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
+    crops = get_resize_crop_region_for_grid((4, 3), 45, 30)  # a 4 x 3 grid in the 30 x 45 base
+    return (64, crops, (4, 3), 3)
+
+
+def _module_build(module_name: str, class_name: str, *args, **kwargs):
+    def make():
+        import importlib
+        return getattr(importlib.import_module(module_name), class_name)(*args, **kwargs)
+    return make
+
+
+_LTX = "diffusers.models.transformers.transformer_ltx"
+_LTX2 = "diffusers.models.transformers.transformer_ltx2"
+_COSMOS = "diffusers.models.transformers.transformer_cosmos"
+_MOCHI = "diffusers.models.transformers.transformer_mochi"
+_QWEN = "diffusers.models.transformers.transformer_qwenimage"
+
+
+def _ltx2_video_coords(dim, frames, height, width, fps):
+    def inputs():
+        module = _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", dim, modality="video")()
+        return (module.prepare_video_coords(1, frames, height, width, "cpu", fps=fps),)
+    return inputs
+
+
+def _ltx2_audio_coords(dim, frames, shift=0, first_axis_only=False):
+    def inputs():
+        module = _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", dim, scale_factors=[4],
+                               modality="audio")()
+        coords = module.prepare_audio_coords(1, frames, "cpu", shift=shift)
+        return (coords[:, 0:1] if first_axis_only else coords,)
+    return inputs
+
+
+def _qwen_tables(out):
+    freqs = torch.cat(list(out))  # the image rows, then the text rows
+    return freqs.real, freqs.imag
+
+
+def _mochi_inputs(grid):
+    def inputs():
+        freqs = torch.randn(3, 2, 8, generator=torch.Generator().manual_seed(0)) * 0.1
+        return (freqs, *grid, torch.device("cpu"), torch.float32)
+    return inputs
+
+
+CASES.update({
+    "cogvideox": FamilyCases(
+        Summary(axes="t, h, w: t = D//4, h = w = D//8·3 channels; the pipeline's grid (crop of "
+                     "the base grid in 1.0, slice of it in 1.5)",
+                theta="1e4",
+                layout="interleaved pairs, t0 t0 t1 t1 … per axis block; video tokens after the "
+                       "text in q, k [B, H, N, D] (text not rotated); no rotary module: the "
+                       "pipeline calls `get_3d_rotary_pos_embed` (posenc offers it, same name)",
+                dtype_path="float32 positions (fractional with `linspace`), frequencies, angles "
+                           "and cos/sin, on the pipeline's device"), False, [
+            Case("linspace_D64_crop4x3_in30x45_T3", _cogvideox_build, _cogvideox_crop_inputs),
+            Case("linspace_D48_fractional_crop_theta500", _cogvideox_build,
+                 lambda: (48, ((0.5, 1.25), (11, 7.5)), (3, 5), 2, 500)),
+            Case("slice_D64_grid4x6_max30x45_T2", _cogvideox_build,
+                 lambda: (64, None, (4, 6), 2, 10000, True, "slice", (30, 45))),
+        ]),
+    "ltx": FamilyCases(
+        Summary(axes="t, h, w fractions of the base sizes (20 frames, 2048², scaled by "
+                     "`rope_interpolation_scale` · patch); F = dim//6 per axis, dim = heads·Dh",
+                theta="1e4 (log-spaced: θ^linspace(0, 1, F) · π/2, applied to 2p − 1)",
+                layout="interleaved per frequency (t h w t h w …), t0 t0 t1 t1 …, dim mod 6 "
+                       "pass-through channels first; across the heads: q, k [B, N, heads·Dh]",
+                dtype_path="float32 positions, frequencies, angles and cos/sin per forward, on "
+                           "every device"), False, [
+            Case("dim64_grid3x4x5_scaled", _module_build(_LTX, "LTXVideoRotaryPosEmbed", 64),
+                 lambda: (torch.zeros(1, 2), 3, 4, 5, (20 / 24, 32, 32))),
+            Case("dim100_pad4_video_coords", _module_build(_LTX, "LTXVideoRotaryPosEmbed", 100,
+                                                           patch_size=2),
+                 lambda: (torch.zeros(1, 2), None, None, None, None,
+                          torch.arange(3 * 7).float().reshape(1, 3, 7) * 3.5)),
+        ]),
+    "ltx2": FamilyCases(
+        Summary(axes="video t (seconds: frame bounds / fps), h, w (pixels), audio t (seconds: "
+                     "mel hop / sampling rate); midpoints of [start, end) over the axis max; "
+                     "cross attention: time only",
+                theta="1e4 (θ^linspace(0, 1, F) · π/2, applied to 2p − 1)",
+                layout="interleaved per frequency, t0 t0 t1 t1 …, dim mod 2A pass-through "
+                       "channels first; across the heads; refused: `rope_type='split'` "
+                       "(diffusers' addcmul_ is a fused multiply-add)",
+                dtype_path="float64 frequency ladder (`double_precision`) rounded to float32; "
+                           "float32 positions, angles and cos/sin, every device"), False, [
+            Case("video_dim64_grid3x4x5_fps25",
+                 _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", 64, modality="video"),
+                 _ltx2_video_coords(64, 3, 4, 5, 25.0)),
+            Case("audio_dim48_frames9_shift2",
+                 _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", 48, scale_factors=[4],
+                               modality="audio"),
+                 _ltx2_audio_coords(48, 9, shift=2)),
+            Case("cross_video_time_dim50_fps29.97",
+                 _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", 50, modality="video"),
+                 lambda: (_ltx2_video_coords(50, 5, 2, 2, 30000 / 1001)()[0][:, 0:1],)),
+            Case("cross_audio_time_dim50_float32_ladder",
+                 _module_build(_LTX2, "LTX2AudioVideoRotaryPosEmbed", 50, scale_factors=[4],
+                               modality="audio", double_precision=False),
+                 _ltx2_audio_coords(50, 7, first_axis_only=True)),
+        ]),
+    "cosmos": FamilyCases(
+        Summary(axes="t, h, w: h = w = D//6·2, t = D − h − w; the patch grid's indices, t "
+                     "rescaled by 24/fps for videos",
+                theta="1e4 per axis times NTK rope_scale^(d/(d−2)) ((2, 1, 1) by default)",
+                layout="rotate-half over the whole head: cat(t h w, t h w); q, k [B, H, N, D]",
+                dtype_path="float32 positions, frequencies, angles and cos/sin per forward, on "
+                           "every device"), False, [
+            Case("D128_grid3x4x6_fps30",
+                 _module_build(_COSMOS, "CosmosRotaryPosEmbed", 128, max_size=(16, 64, 64)),
+                 lambda: (torch.zeros(1, 1, 3, 8, 12), 30)),
+            Case("D12_grid2x2x3_image_scale1x3x3",
+                 _module_build(_COSMOS, "CosmosRotaryPosEmbed", 12, max_size=(8, 16, 16),
+                               rope_scale=(1.0, 3.0, 3.0)),
+                 lambda: (torch.zeros(1, 1, 2, 4, 6), None)),
+        ]),
+    "mochi": FamilyCases(
+        Summary(axes="t, h, w: frame index, h and w cell centres scaled to the 192² area; every "
+                     "pair mixes the three axes",
+                theta="— (learned frequencies: the transformer's `pos_frequencies` [3, heads, "
+                      "Dh/2])",
+                layout="interleaved pairs, one table per head [N, heads, Dh/2]; q, k [B, N, "
+                       "heads, Dh]; gradients reach `pos_frequencies`",
+                dtype_path="float32 einsum of positions and learned frequencies, cos/sin, every "
+                           "device"), False, [
+            Case("heads2_pairs8_grid2x3x4", _module_build(_MOCHI, "MochiRoPE"),
+                 _mochi_inputs((2, 3, 4))),
+        ]),
+    "qwenimage": FamilyCases(
+        Summary(axes="t, h, w `axes_dims_rope` (16, 56, 56); h, w centred (negative indices) "
+                     "with `scale_rope`; text rows after the image's largest index",
+                theta="1e4",
+                layout="complex tables (Re = cos, Im = sin per pair (2i, 2i+1)); q, k [B, N, "
+                       "heads, Dh]; to the bit on the CPU for heads of 32k channels, refused "
+                       "for others",
+                dtype_path="float32 frequencies, torch.polar complex64 rows built once (4096 "
+                           "positions each sign), every device"), False, [
+            Case("axes16-56-56_image1x4x6_text7",
+                 _module_build(_QWEN, "QwenEmbedRope", 10000, [16, 56, 56], scale_rope=True),
+                 lambda: ([(1, 4, 6)], torch.device("cpu"), 7), _qwen_tables),
+            Case("axes8-12-12_image2x5x3_text3_unscaled",
+                 _module_build(_QWEN, "QwenEmbedRope", 10000, [8, 12, 12]),
+                 lambda: ([(2, 5, 3)], torch.device("cpu"), 3), _qwen_tables),
+        ]),
+    "qwenimage_layer3d": FamilyCases(
+        Summary(axes="as qwenimage, one frame index per layer; the condition layer at frame −1",
+                theta="1e4",
+                layout="as qwenimage", dtype_path="as qwenimage"), False, [
+            Case("axes16-56-56_layers3_4x6_text5",
+                 _module_build(_QWEN, "QwenEmbedLayer3DRope", 10000, [16, 56, 56],
+                               scale_rope=True),
+                 lambda: ([[(1, 4, 6), (1, 4, 6), (1, 4, 6)]], 5, torch.device("cpu")),
+                 _qwen_tables),
+        ]),
+})

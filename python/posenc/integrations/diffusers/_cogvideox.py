@@ -29,7 +29,9 @@ through posenc's fused operator torch.ops.posenc.apply_rotary, interleaved layou
 apply_rotary_emb rounds them, so the model's output is the same to the bit.
 
 The Family registered here has no rotary module to replace: its rotary_class names diffusers'
-table function (no module's type ever matches it), and patch() replaces only the processors.
+table function (no module's type ever matches it), and patch() replaces only the processors. Its
+`replace` takes diffusers' function wrapped as a Rotary3DTable module (how the fixture generator,
+tools/gen_diffusers_fixtures.py, runs every family's tables) and gives posenc's.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from . import _common
 from ._registry import Family, register
 
 __all__ = ["get_3d_rotary_pos_embed", "get_resize_crop_region_for_grid",
-           "CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0"]
+           "CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0", "Rotary3DTable"]
 
 _NAME = "posenc.integrations.diffusers.get_3d_rotary_pos_embed"
 _PROCESSORS = "diffusers.models.attention_processor"
@@ -275,14 +277,37 @@ def _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask
     return hidden_states, encoder_hidden_states
 
 
-def _no_rotary_module(module):  # never called: no module's type is a function's name
-    raise ValueError("CogVideoX has no rotary module (its pipeline builds the table)")
+class Rotary3DTable(torch.nn.Module):
+    """A get_3d_rotary_pos_embed function as a module: forward(*args, **kwargs) -> (cos, sin).
+    The form in which tools/gen_diffusers_fixtures.py runs diffusers' function and posenc's side
+    by side (the family's `replace` turns diffusers' into posenc's); patch() never meets one."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function = function
+
+    def forward(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
 
 
+def _replace(module: torch.nn.Module) -> Rotary3DTable:
+    """diffusers' table function wrapped as a Rotary3DTable -> posenc's; anything else: refused
+    (CogVideoX's transformer has no rotary module: the pipeline builds the table)."""
+    function = getattr(module, "function", None)
+    if isinstance(module, Rotary3DTable) and \
+            getattr(function, "__module__", None) == "diffusers.models.embeddings" and \
+            getattr(function, "__name__", None) == "get_3d_rotary_pos_embed":
+        return Rotary3DTable(get_3d_rotary_pos_embed)
+    raise ValueError(f"CogVideoX has no rotary module (its pipeline builds the table with "
+                     f"get_3d_rotary_pos_embed); got {type(module).__name__}")
+
+
+# rotary_class names diffusers' table function: no module's type matches it, so patch() replaces
+# only the processors
 FAMILY = register(Family(
     name="cogvideox",
     rotary_class="diffusers.models.embeddings.get_3d_rotary_pos_embed",
-    replace=_no_rotary_module,
+    replace=_replace,
     processors={
         f"{_PROCESSORS}.CogVideoXAttnProcessor2_0": CogVideoXAttnProcessor2_0.from_diffusers,
         f"{_PROCESSORS}.FusedCogVideoXAttnProcessor2_0":
