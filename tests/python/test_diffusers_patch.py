@@ -297,8 +297,8 @@ def test_apply_rotary_emb_equals_diffusers(dtype, unbind, sequence_dim):
                                             use_real=True, repeat_interleave_real=unbind == -1)
     want = demb.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
                                  sequence_dim=sequence_dim)
-    got = _common.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
-                                   sequence_dim=sequence_dim)
+    got = pd.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
+                              sequence_dim=sequence_dim)
     assert got.dtype == want.dtype and torch.equal(got, want)
     q, k = _common.apply_rotary_emb_qk(x, x * 2, (cos, sin), use_real_unbind_dim=unbind,
                                        sequence_dim=sequence_dim)

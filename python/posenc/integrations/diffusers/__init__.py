@@ -43,7 +43,7 @@ from typing import Dict, List
 import torch
 
 __all__ = ["patch", "unpatch", "FAMILY_MODULES", "get_3d_rotary_pos_embed",
-           "get_resize_crop_region_for_grid"]
+           "get_resize_crop_region_for_grid", "apply_rotary_emb"]
 
 # The family modules of this package, imported on first use (each registers its Family).
 _FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2",
@@ -51,6 +51,8 @@ _FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15",
 FAMILY_MODULES = _FAMILY_MODULES
 # CogVideoX's pipeline-side table builders under diffusers' names (no diffusers import needed)
 from ._cogvideox import get_3d_rotary_pos_embed, get_resize_crop_region_for_grid  # noqa: E402
+# diffusers' embeddings.apply_rotary_emb (use_real=True) through posenc's operator, to the bit
+from ._common import apply_rotary_emb  # noqa: E402
 
 _ORIGINAL = "_posenc_diffusers_original"  # as _common.ORIGINAL (kept here: no diffusers import)
 # processor settings diffusers sets on a processor instance (set_attention_backend, context
@@ -118,7 +120,8 @@ def _plan(model: torch.nn.Module, registry):
             except ValueError as e:
                 why = str(e).split(": ", 1)[-1]
                 left.append(f"{name or 'the model'}: {type(module).__name__} ({why})")
-        elif _ROTARY_NAME.search(type(module).__name__) and not list(module.children()):
+        elif (_ROTARY_NAME.search(type(module).__name__) and not list(module.children())
+              and not type(module).__module__.startswith("posenc.")):
             left.append(f"{name or 'the model'}: {type(module).__name__} (not computed by posenc)")
         processor = _processor_of(module)
         if processor is None:
