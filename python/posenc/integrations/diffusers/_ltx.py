@@ -53,15 +53,23 @@ def rotate_across_heads(query: torch.Tensor, key: torch.Tensor, query_tables, ke
     projected width. One operator call where q and k share the tables, else one each."""
     if key_tables is None or key_tables is query_tables:
         cos, sin = query_tables
-        q, k = torch.ops.posenc.apply_rotary(query.unsqueeze(2), key.unsqueeze(2), cos, sin, 2,
+        q, k = torch.ops.posenc.apply_rotary(_as_float(query).unsqueeze(2),
+                                             _as_float(key).unsqueeze(2), cos, sin, 2,
                                              "interleaved")
         return q.squeeze(2).to(query.dtype), k.squeeze(2).to(key.dtype)
     return _rotate_one(query, query_tables), _rotate_one(key, key_tables)
 
 
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    """diffusers' x.float(): a rounding for float64 x (done here, the product then in float32 as
+    diffusers computes it); bfloat16/float16 x is taken as it is (the operator promotes each
+    product to the float32 table's dtype, as x.float() * cos does)."""
+    return x.float() if x.dtype == torch.float64 else x
+
+
 def _rotate_one(x: torch.Tensor, tables) -> torch.Tensor:
     cos, sin = tables
-    head = x.unsqueeze(2)
+    head = _as_float(x).unsqueeze(2)
     # the operator rotates a pair; the second is the same tensor (no extra input)
     return torch.ops.posenc.apply_rotary(head, head, cos, sin, 2, "interleaved")[0].squeeze(2) \
         .to(x.dtype)

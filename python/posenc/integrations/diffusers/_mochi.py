@@ -86,7 +86,11 @@ def _rotate(query: torch.Tensor, key: torch.Tensor, image_rotary_emb):
     cos = cos.repeat_interleave(2, dim=-1)  # [S, heads, Dh], t0 t0 t1 t1 ..
     sin = sin.repeat_interleave(2, dim=-1)
     # unsqueeze_dim 0: the tables [1, S, heads, Dh] broadcast over the batch
-    q, k = torch.ops.posenc.apply_rotary(query, key, cos, sin, 0, "interleaved")
+    # diffusers' x.float(): float64 q, k rounded to float32 first (bfloat16/float16 are promoted
+    # product by product by the operator, as x.float() * cos is)
+    q, k = torch.ops.posenc.apply_rotary(query.float() if query.dtype == torch.float64 else query,
+                                         key.float() if key.dtype == torch.float64 else key,
+                                         cos, sin, 0, "interleaved")
     return q.to(query.dtype), k.to(key.dtype)
 
 
