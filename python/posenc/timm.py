@@ -36,16 +36,15 @@ build_rotary_pos_embed(feat_shape, bands=None, dim=64, max_res=224, temperature=
 RotaryEmbeddingCat(dim, ...), RotaryEmbedding(dim, ...)
     timm's modules with timm's arguments and methods (get_embed, get_batch_embeds,
     update_feat_shape, forward on channels-first maps): cat([sin, cos]) [N, 2 dim] or (sin, cos),
-    cached for a fixed feat_shape or built per shape; RotaryEmbeddingCat.from_timm(module) takes
-    a timm module's settings and state (bands and cache dtypes, device; a cache its settings do
+    cached for a fixed feat_shape or built per shape (in training mode with shift_coords,
+    jitter_coords or rescale_coords: the coordinates augmented with timm's draws, as below);
+    RotaryEmbeddingCat.from_timm(module) takes a timm module's settings and state (bands and cache dtypes, device; a cache its settings do
     not give, e.g. after timm's .half().float(), is refused with one line). The dtypes follow
     timm's _RotaryEmbeddingBase (timm 1.0.x layers/pos_embed_sincos.py) through every cast: the
     bands buffer stays >= float32 (.half() / .bfloat16() rebuild it float32, .double() and a
     float64 dtype or default dtype make it float64), the cache is computed from fresh float32
     bands and cast to its dtype of the moment (at construction, and on update_feat_shape after
-    .half() or .double()), per-shape tables come from the bands buffer as it is. timm's
-    training-time coordinate augmentation (shift_coords, jitter_coords, rescale_coords) is not
-    computed here: given, it is refused with one line.
+    .half() or .double()), per-shape tables come from the bands buffer as it is.
 
 RotaryEmbeddingMixed(dim, depth, num_heads, temperature=10.0, feat_shape=None, grid_indexing="xy",
                      device=None, dtype=None, shift_coords=None, jitter_coords=None,
@@ -72,10 +71,11 @@ RotaryEmbeddingMRope(dim, mrope_section=(8, 12, 12), temperature=10000.0, grid_i
     torch.ops.posenc.rope_cos_sin with interleaved sections, timm's tables to the bit; float64
     tables (from a float64 inv_freq) are refused with one line.
 
-These three compute timm's training-time coordinate augmentation (shift_coords: a per-axis shift
-in the grid's units; jitter_coords: a per-axis log-uniform factor in [1/J, J]; rescale_coords: one
-log-uniform factor in [1/R, R]; one draw per get_embed call in training mode) with timm's random
-draws in timm's order (_augment_coords): the same seed gives timm's tables.
+Every module here (and build_rotary_pos_embed, when given them) computes timm's training-time
+coordinate augmentation (shift_coords: a per-axis shift in the grid's units; jitter_coords: a
+per-axis log-uniform factor in [1/J, J]; rescale_coords: one log-uniform factor in [1/R, R]; one
+draw per get_embed call in training mode) with timm's random draws in timm's order
+(_augment_coords): the same seed gives timm's tables.
 """
 
 from __future__ import annotations
@@ -200,15 +200,6 @@ def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) 
     return y.squeeze(1) if three else y
 
 
-def _no_augmentation(name: str, shift_coords, jitter_coords, rescale_coords) -> None:
-    for key, value in (("shift_coords", shift_coords), ("jitter_coords", jitter_coords),
-                       ("rescale_coords", rescale_coords)):
-        if value is not None:
-            raise ValueError(f"posenc.timm.{name}: {key}={value!r}: timm's training-time coordinate "
-                             f"augmentation is not computed by posenc; leave it None (or use "
-                             f"timm's module for augmented training)")
-
-
 def _grid_type(grid_type: Optional[str], in_pixels: bool) -> str:
     return grid_type if grid_type is not None else ("pixel" if in_pixels else "index")
 
@@ -223,22 +214,42 @@ def _freq_dtype(dtype: Optional[torch.dtype]) -> torch.dtype:
 
 def _rope_tables(feat_shape: Sequence[int], bands: torch.Tensor, grid_type: str,
                  ref_feat_shape: Optional[Sequence[int]], grid_offset: float, grid_indexing: str,
-                 normalize_coords: str, rotate_half: bool, dtype: torch.dtype, where: str):
+                 normalize_coords: str, rotate_half: bool, dtype: torch.dtype, where: str,
+                 augment=(None, None, None)):
     """(sin, cos) [N, A * 2F] in dtype, on bands' device, as timm's build_fourier_pos_embed:
     float32 grid times the bands (float16 / bfloat16 bands promote to float32 products, float64
     bands give float64 angles), sin and cos cast once to dtype. posenc's float64-band tables are
     float32 (sin/cos rounded once): timm's cast of them to float32, float16 or bfloat16 goes
-    through float32 too, so those are the same bits; float64 tables from float64 bands are not."""
+    through float32 too, so those are the same bits; float64 tables from float64 bands are not.
+
+    augment (shift, jitter, rescale), any not None: the grid's coordinates
+    (torch.ops.posenc.patch_grid_coords, on the bands' device as timm builds them) augmented with
+    timm's draws (_augment_coords), the tables from them by torch.ops.posenc.rope_cos_sin with one
+    contiguous section of F bands per axis (timm's grid[..., a] * bands[f], axis-major)."""
     if bands.dtype == torch.float64 and dtype == torch.float64:
         raise RuntimeError(f"posenc.timm.{where}: float64 tables from float64 bands: timm keeps "
                            f"their float64 sin/cos, posenc's patch_grid_rope rounds them to "
                            f"float32; ask for dtype=torch.float32 tables or use float32 bands")
     if bands.dtype in (torch.float16, torch.bfloat16):  # timm's grid * bands promotes to float32
         bands = bands.float()
+    layout = "half" if rotate_half else "interleaved"
+    if any(a is not None for a in augment):
+        if bands.dim() != 1 or bands.numel() < 1:
+            raise ValueError(f"posenc.timm.{where}: bands must be [F] with F >= 1, got shape "
+                             f"{tuple(bands.shape)}")
+        coords = torch.ops.posenc.patch_grid_coords(
+            [int(s) for s in feat_shape], grid_type,
+            None if ref_feat_shape is None else [int(s) for s in ref_feat_shape],
+            float(grid_offset), grid_indexing, normalize_coords).to(bands.device)
+        coords = _augment_coords(coords, *augment)
+        axes = coords.shape[-1]
+        cos, sin = torch.ops.posenc.rope_cos_sin(coords, bands.repeat(axes), 1.0,
+                                                 [bands.numel()] * axes, "contiguous", layout)
+        return sin.to(dtype), cos.to(dtype)
     cos, sin = torch.ops.posenc.patch_grid_rope(
         [int(s) for s in feat_shape], bands, grid_type,
         None if ref_feat_shape is None else [int(s) for s in ref_feat_shape], float(grid_offset),
-        grid_indexing, normalize_coords, "half" if rotate_half else "interleaved")
+        grid_indexing, normalize_coords, layout)
     return sin.to(dtype), cos.to(dtype)
 
 
@@ -253,8 +264,10 @@ def build_rotary_pos_embed(feat_shape: Sequence[int], bands: Optional[torch.Tens
                            normalize_coords: str = "separate", shift_coords=None,
                            jitter_coords=None, rescale_coords=None):
     """(sin, cos), each [prod(feat_shape), len(feat_shape) * 2 * (dim // 4)] in dtype (given
-    bands and dtype=None: the bands' dtype, as timm's)."""
-    _no_augmentation("build_rotary_pos_embed", shift_coords, jitter_coords, rescale_coords)
+    bands and dtype=None: the bands' dtype, as timm's); shift / jitter / rescale_coords given: the
+    coordinates augmented with timm's draws first (as timm's, whatever the training mode)."""
+    augment = _coord_aug_config("build_rotary_pos_embed", shift_coords, jitter_coords,
+                                rescale_coords)[:3]
     if bands is None:
         bands = torch.ops.posenc.patch_grid_bands(dim // 4, bool(in_pixels), float(max_res),
                                                   float(temperature), bool(linear_bands))
@@ -266,7 +279,7 @@ def build_rotary_pos_embed(feat_shape: Sequence[int], bands: Optional[torch.Tens
         dtype = bands.dtype
     return _rope_tables(feat_shape, bands, _grid_type(grid_type, in_pixels), ref_feat_shape,
                         grid_offset, grid_indexing, normalize_coords, rotate_half, dtype,
-                        "build_rotary_pos_embed")
+                        "build_rotary_pos_embed", augment)
 
 
 # posenc.integrations.timm.patch keeps the timm module it replaced here (outside the module
@@ -296,7 +309,8 @@ class _AxialRotaryBase(torch.nn.Module):
                  rescale_coords=None):
         super().__init__()
         name = type(self).__name__
-        _no_augmentation(name, shift_coords, jitter_coords, rescale_coords)
+        (self.shift_coords, self.jitter_coords, self.rescale_coords,
+         self.aug_active) = _coord_aug_config(name, shift_coords, jitter_coords, rescale_coords)
         if dim < 4:
             raise ValueError(f"posenc.timm.{name}: dim must be >= 4 (dim // 4 bands), got {dim}")
         self.dim = dim
@@ -332,13 +346,15 @@ class _AxialRotaryBase(torch.nn.Module):
     @classmethod
     def from_timm(cls, module: torch.nn.Module):
         """The same tables as a timm RotaryEmbeddingCat / RotaryEmbedding in its present state
-        (settings, bands dtype, cache dtype, device, train/eval). A module that augments its
-        coordinates, or whose cache is not what its settings give (cast through a lower
-        precision and back, e.g. .half().float(), or edited), is refused with one line."""
+        (settings, training-time coordinate augmentation, bands dtype, cache dtype, device,
+        train/eval). A module whose cache is not what its settings give (cast through a lower
+        precision and back, e.g. .half().float(), or edited), or that augments its coordinates
+        with float64 bands (timm's float64 training tables), is refused with one line."""
         name = f"posenc.timm.{cls.__name__}.from_timm"
-        if getattr(module, "aug_active", False):
-            raise ValueError(f"{name}: the timm module augments its coordinates "
-                             f"(shift/jitter/rescale_coords); posenc does not")
+        if getattr(module, "aug_active", False) and module.bands.dtype == torch.float64:
+            raise ValueError(f"{name}: float64 bands with coordinate augmentation give float64 "
+                             f"tables in timm's training mode, which posenc's operators round "
+                             f"to float32")
         cached = getattr(module, "pos_embed", None)
         if not isinstance(cached, torch.Tensor):
             cached = getattr(module, "pos_embed_sin", None)
@@ -348,6 +364,9 @@ class _AxialRotaryBase(torch.nn.Module):
                   grid_offset=module.grid_offset, grid_indexing=module.grid_indexing,
                   rotate_half=getattr(module, "rotate_half", False), grid_type=module.grid_type,
                   normalize_coords=getattr(module, "normalize_coords", "separate"),
+                  shift_coords=getattr(module, "shift_coords", None),
+                  jitter_coords=getattr(module, "jitter_coords", None),
+                  rescale_coords=getattr(module, "rescale_coords", None),
                   device=module.bands.device,
                   dtype=cached.dtype if isinstance(cached, torch.Tensor) else module.bands.dtype)
         if new.bands.dtype != module.bands.dtype:  # a buffer cast by hand: take its dtype
@@ -384,14 +403,21 @@ class _AxialRotaryBase(torch.nn.Module):
         return module
 
     def _tables(self, feat_shape: Sequence[int], dtype: Optional[torch.dtype] = None,
-                bands: Optional[torch.Tensor] = None):
-        """timm's _build_embed: (sin, cos) in dtype (None: float32) from the bands buffer (or
-        the bands given)."""
-        return _rope_tables(feat_shape, self.bands if bands is None else bands, self.grid_type,
-                            self.ref_feat_shape, self.grid_offset, self.grid_indexing,
-                            self.normalize_coords, self.rotate_half,
-                            torch.float32 if dtype is None else dtype,
-                            f"{type(self).__name__}.get_embed")
+                bands: Optional[torch.Tensor] = None, augment: bool = False):
+        """timm's _build_embed: (sin, cos) in dtype (None: float32; augmented: the bands' dtype)
+        from the bands buffer (or the bands given), the coordinates augmented with timm's draws
+        when augment."""
+        bands = self.bands if bands is None else bands
+        if dtype is None:
+            dtype = bands.dtype if augment else torch.float32
+        draws = ((self.shift_coords, self.jitter_coords, self.rescale_coords) if augment
+                 else (None, None, None))
+        return _rope_tables(feat_shape, bands, self.grid_type, self.ref_feat_shape,
+                            self.grid_offset, self.grid_indexing, self.normalize_coords,
+                            self.rotate_half, dtype, f"{type(self).__name__}.get_embed", draws)
+
+    def _augmenting(self) -> bool:
+        return self.training and self.aug_active
 
     def _update_cache(self, feat_shape) -> None:
         """timm's update: fresh float32 bands on the bands' device, cast to the cache's dtype."""
@@ -449,9 +475,11 @@ class RotaryEmbeddingCat(_AxialRotaryBase):
     def get_embed(self, shape: Optional[Sequence[int]] = None,
                   dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         if self.feat_shape is None and shape is not None:
-            sin, cos = self._tables(shape, dtype)
+            sin, cos = self._tables(shape, dtype, augment=self._augmenting())
             return torch.cat([sin, cos], -1)
         if self.pos_embed is not None:
+            if self._augmenting():  # the cached grid, augmented anew
+                return torch.cat(self._tables(self.feat_shape, dtype, augment=True), -1)
             return self.pos_embed if dtype is None else self.pos_embed.to(dtype=dtype)
         raise RuntimeError("posenc.timm.RotaryEmbeddingCat.get_embed: give a shape (no feat_shape "
                            "was set at construction)")
@@ -484,8 +512,10 @@ class RotaryEmbedding(_AxialRotaryBase):
     def get_embed(self, shape: Optional[Sequence[int]] = None,
                   dtype: Optional[torch.dtype] = None):
         if self.feat_shape is None and shape is not None:
-            return self._tables(shape, dtype)
+            return self._tables(shape, dtype, augment=self._augmenting())
         if self.pos_embed_sin is not None:
+            if self._augmenting():  # the cached grid, augmented anew
+                return self._tables(self.feat_shape, dtype, augment=True)
             if dtype is not None:
                 return self.pos_embed_sin.to(dtype=dtype), self.pos_embed_cos.to(dtype=dtype)
             return self.pos_embed_sin, self.pos_embed_cos

@@ -221,8 +221,10 @@ def test_rotary_tables_rotate_as_timms_eva_attention_does():
 
 
 def test_axial_rope_bad_input_is_one_line():
-    with pytest.raises(ValueError, match="shift_coords=0.5: timm's training-time coordinate"):
-        posenc.timm.RotaryEmbeddingCat(32, shift_coords=0.5)
+    with pytest.raises(ValueError, match="jitter_coords must be finite and >= 1, got 0.5"):
+        posenc.timm.RotaryEmbeddingCat(32, jitter_coords=0.5)
+    with pytest.raises(ValueError, match="shift_coords must be a real number"):
+        posenc.timm.build_rotary_pos_embed([4, 4], shift_coords=True)
     with pytest.raises(RuntimeError, match="unknown grid_type 'pixels'"):
         posenc.timm.build_rotary_pos_embed([4, 4], grid_type="pixels")
     with pytest.raises(RuntimeError, match="grid_indexing must be 'ij' or 'xy', got 'yx'"):
@@ -398,3 +400,49 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
                 assert torch.equal(u, w), (xs, es)
     with pytest.raises(ValueError, match=r"emb must be \[N, 2D\], \[E, N, 2D\] or \[B, 1, N, 2D\]"):
         posenc.timm.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))
+
+
+AUGMENT = [dict(shift_coords=0.5), dict(jitter_coords=1.5), dict(rescale_coords=2.0),
+           dict(shift_coords=1.0, jitter_coords=1.2, rescale_coords=1.5)]
+
+
+@pytest.mark.parametrize("augment", AUGMENT, ids=str)
+@pytest.mark.parametrize("settings", [
+    dict(in_pixels=False, ref_feat_shape=[16, 16]), dict(in_pixels=True),
+    dict(in_pixels=False, grid_indexing="xy", rotate_half=True),
+    dict(grid_type="centered", in_pixels=False)], ids=str)
+@pytest.mark.parametrize("cls", ["RotaryEmbeddingCat", "RotaryEmbedding"])
+def test_axial_modules_augment_with_timms_draws(cls, settings, augment):
+    # timm 1.0.x: shift / jitter / rescale_coords in training mode, one draw per get_embed on the
+    # bands' device, in DINOv3's order; the same seed gives the same tables
+    for feat_shape in (None, [5, 6]):
+        theirs = getattr(pos_embed_sincos, cls)(32, feat_shape=feat_shape, **settings, **augment)
+        ours = getattr(posenc.timm, cls).from_timm(theirs)
+        built = getattr(posenc.timm, cls)(32, feat_shape=feat_shape, **settings, **augment)
+        for train in (True, False):
+            for m in (theirs, ours, built):
+                m.train(train)
+            for shape in ([[4, 7]] if feat_shape is None else [None]):
+                torch.manual_seed(5)
+                want = theirs.get_embed(shape)
+                for m in (ours, built):
+                    torch.manual_seed(5)
+                    got = m.get_embed(shape)
+                    for g, w in zip(got if cls == "RotaryEmbedding" else [got],
+                                    want if cls == "RotaryEmbedding" else [want]):
+                        assert g.dtype == w.dtype and torch.equal(g, w), (train, shape)
+        torch.manual_seed(6)  # the comparison can fail: each call draws anew
+        theirs.train()
+        first, second = theirs.get_embed([4, 7]), theirs.get_embed([4, 7])
+        first, second = (first, second) if cls == "RotaryEmbeddingCat" else (first[0], second[0])
+        assert not torch.equal(first, second)
+
+
+def test_build_rotary_pos_embed_augments_as_timm():
+    kwargs = dict(dim=32, in_pixels=False, shift_coords=0.5, jitter_coords=1.3, rescale_coords=1.7)
+    torch.manual_seed(9)
+    want = timm_layers.build_rotary_pos_embed([5, 3], **kwargs)
+    torch.manual_seed(9)
+    got = posenc.timm.build_rotary_pos_embed([5, 3], **kwargs)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g, w)

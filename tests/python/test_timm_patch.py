@@ -60,11 +60,34 @@ def test_unpatched_module_kinds_are_reported_or_refused():
     # RoPE-Mixed, DINOv3 and MRoPE are computed (tests/python/test_timm_patch_mixed.py)
     mixed = _eva(rope_type="mixed", ref_feat_shape=None)
     assert posenc.integrations.timm.patch(mixed) == {"patched": ["rope"], "left": []}
-    augmenting = _eva(rope_shift_coords=1.0)
+    augmenting = _eva(rope_shift_coords=1.0).double()  # float64 training tables: not posenc's
     report = posenc.integrations.timm.patch(augmenting)
-    assert report["left"] == ["rope: RotaryEmbeddingCat augments its coordinates in training"]
+    assert report["left"] == ["rope: float64 bands with coordinate augmentation give float64 "
+                              "tables in timm's training mode, which posenc's operators round to "
+                              "float32"]
     with pytest.raises(ValueError, match="expected an nn.Module"):
         posenc.integrations.timm.patch("eva")
+
+
+@pytest.mark.parametrize("kwargs", [dict(rope_shift_coords=1.0, rope_jitter_coords=1.5,
+                                         rope_rescale_coords=2.0),
+                                    dict(rope_rescale_coords=1.5, dynamic_img_size=True)], ids=str)
+def test_patched_eva_augmenting_in_training_gives_timms_logits(kwargs):
+    reference = _eva(**kwargs).train()
+    model = _eva(**kwargs).train()
+    assert posenc.integrations.timm.patch(model, strict=True)["patched"] == ["rope"]
+    x = torch.randn(3, 1, 28, 28)
+    runs = []
+    for m in (reference, model):
+        torch.manual_seed(4)
+        logits = m(x)
+        logits.sum().backward()
+        runs.append((logits, [p.grad for p in m.parameters()], m(x)))
+    (want, want_grads, want_next), (got, got_grads, got_next) = runs
+    assert torch.equal(got, want) and torch.equal(got_next, want_next)
+    assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads))
+    assert not torch.equal(got, got_next)  # each forward draws new coordinates
+    assert torch.equal(model.eval()(x), reference.eval()(x))  # eval: no draws, the same table
 
 
 def _rope_state(module):

@@ -17,20 +17,20 @@ same class built from its settings and state (from_timm), so the model's outputs
                                           torch.ops.posenc.rope_periods_cos_sin
     RotaryEmbeddingMRope                  interleaved MRoPE: torch.ops.posenc.rope_cos_sin
 
-RoPE-Mixed, DINOv3 and MRoPE modules that augment their coordinates in training (shift / jitter
-/ rescale_coords) are computed too, with timm's random draws in timm's order: the same seed gives
-timm's tables and logits in train mode. The rotation stays timm's own apply_rot_embed_cat (no
-module-level function is replaced, so other models in the process are untouched).
+Modules that augment their coordinates in training (shift / jitter / rescale_coords) are computed
+too, with timm's random draws in timm's order: the same seed gives timm's tables and logits in
+train mode. The rotation stays timm's own apply_rot_embed_cat (no module-level function is
+replaced, so other models in the process are untouched).
 
 Left as it is and named in the returned report (patch(..., strict=True) refuses such a model with
-one line instead): a subclass of these classes, an axial RotaryEmbeddingCat / RotaryEmbedding
-that augments its coordinates in training, a cached table or grid that is not what its settings
-give (cast through a lower precision and back, e.g. .half().float(), or edited), an MRoPE section
-whose channel order posenc's interleave does not give, an MRoPE module already cast to float64
-(timm's float64 tables, which rope_cos_sin rounds to float32). The model may be cast or moved before
-patch() (posenc's module takes the timm module's buffer dtypes and device: .double(), .half(),
-.bfloat16() give timm's logits) or after it (posenc's module casts as timm's does; an MRoPE
-module cast to float64 after patch() raises one line at its forward).
+one line instead): a subclass of these classes, an axial RotaryEmbeddingCat / RotaryEmbedding that
+augments float64 bands (timm's float64 training tables), a cached table or grid that is not what
+its settings give (cast through a lower precision and back, e.g. .half().float(), or edited), an
+MRoPE section whose channel order posenc's interleave does not give, an MRoPE module already cast
+to float64 (timm's float64 tables, which rope_cos_sin rounds to float32). The model may be cast or
+moved before patch() (posenc's module takes the timm module's buffer dtypes and device: .double(),
+.half(), .bfloat16() give timm's logits) or after it (posenc's module casts as timm's does; an
+MRoPE module cast to float64 after patch() raises one line at its forward).
 
 unpatch(model) puts the original modules back in the model's present state: each kept timm
 module follows every cast and move (.half(), .double(), .to(device)) and grid change
@@ -58,8 +58,6 @@ _CLASSES = (("RotaryEmbeddingCat", _ptimm.RotaryEmbeddingCat),
             ("RotaryEmbeddingMixed", _ptimm.RotaryEmbeddingMixed),
             ("RotaryEmbeddingDinoV3", _ptimm.RotaryEmbeddingDinoV3),
             ("RotaryEmbeddingMRope", _ptimm.RotaryEmbeddingMRope))
-# the axial modules' training-time coordinate augmentation is not computed by posenc
-_NO_AUGMENTATION = (_ptimm.RotaryEmbeddingCat, _ptimm.RotaryEmbedding)
 
 
 def _timm_classes():
@@ -72,8 +70,6 @@ def _replacement(module: torch.nn.Module):
     cls = next((ours for name, ours in _CLASSES if type(module) is getattr(t, name, None)), None)
     if cls is None:
         return None, f"{type(module).__name__} (not computed by posenc)"
-    if cls in _NO_AUGMENTATION and getattr(module, "aug_active", False):
-        return None, f"{type(module).__name__} augments its coordinates in training"
     try:
         return cls.from_timm(module), None
     except ValueError as e:  # a cache or section posenc would not give: one line, from_timm's
