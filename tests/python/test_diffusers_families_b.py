@@ -286,7 +286,9 @@ def test_patched_output_in_other_dtypes(family, dtype):
     (_qwenimage.QwenDoubleStreamAttnProcessor2_0, dqwen.QwenDoubleStreamAttnProcessor2_0)])
 def test_processors_name_every_parameter_diffusers_names(ours, theirs):
     """diffusers' attention modules drop keyword arguments a processor's __call__ does not name
-    (image_rotary_emb among them): posenc's take the same names, in the same order."""
+    (image_rotary_emb among them): posenc's take the same names, in the same order. They are
+    subclasses of diffusers' (isinstance checks of user code hold)."""
+    assert issubclass(ours, theirs)
     assert list(inspect.signature(ours.__call__).parameters) == \
         list(inspect.signature(theirs.__call__).parameters)
 
@@ -303,6 +305,26 @@ def test_fused_cogvideox_processor_equal_to_the_bit():
     with torch.no_grad(), CountOps() as ops:
         got = _sample(model, inputs)
     assert ops.calls["posenc.apply_rotary"] == 2 and torch.equal(got, want)
+
+
+def test_cosmos25_image_context_processor_equal_to_the_bit():
+    """Cosmos 2.5: the cross attention takes (text, image) context (CosmosAttnProcessor2_5)."""
+    torch.manual_seed(0)
+    model = diffusers.CosmosTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
+        num_layers=2, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 16, 16),
+        patch_size=(1, 2, 2), img_context_dim_in=8, img_context_dim_out=24)
+    model.eval()
+    assert type(model.transformer_blocks[0].attn2.processor).__name__ == "CosmosAttnProcessor2_5"
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "timestep": torch.tensor([0.5]),
+              "encoder_hidden_states": (_randn(1, 5, 16), _randn(1, 3, 8)), "fps": 24,
+              "padding_mask": torch.zeros(1, 1, 8, 8)}
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    report = pd.patch(model, strict=True)
+    assert "transformer_blocks.0.attn2.processor" in report["patched"]
+    with torch.no_grad():
+        assert torch.equal(_sample(model, inputs), want)
 
 
 def test_ltx2_perturbed_processor_equal_to_the_bit():

@@ -50,7 +50,8 @@ _FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15",
                    "_cogvideox", "_ltx", "_ltx2", "_cosmos", "_mochi", "_qwenimage")
 FAMILY_MODULES = _FAMILY_MODULES
 # CogVideoX's pipeline-side table builders under diffusers' names (no diffusers import needed)
-from ._cogvideox import get_3d_rotary_pos_embed, get_resize_crop_region_for_grid  # noqa: E402
+from ._cogvideox_tables import (  # noqa: E402
+    get_3d_rotary_pos_embed, get_resize_crop_region_for_grid)
 # diffusers' embeddings.apply_rotary_emb (use_real=True) through posenc's operator, to the bit
 from ._common import apply_rotary_emb  # noqa: E402
 

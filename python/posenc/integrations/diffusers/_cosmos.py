@@ -24,13 +24,14 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers import transformer_cosmos as _dcosmos
 
 from . import _common
-from ._registry import Family, register
+from ._registry import Family, qualified_name, register
 
 __all__ = ["CosmosRotaryPosEmbed", "CosmosAttnProcessor2_0", "CosmosAttnProcessor2_5"]
 
-_MODULE = "diffusers.models.transformers.transformer_cosmos"
 _NAME = "posenc.integrations.diffusers.CosmosRotaryPosEmbed"
 
 
@@ -118,7 +119,7 @@ def _grouped(query, key, value):
     return key, value
 
 
-class CosmosAttnProcessor2_0:
+class CosmosAttnProcessor2_0(_dcosmos.CosmosAttnProcessor2_0):
     """diffusers' CosmosAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
@@ -133,8 +134,6 @@ class CosmosAttnProcessor2_0:
         attention_mask: Optional[torch.Tensor] = None,
         image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
         query = attn.to_q(hidden_states)
@@ -157,7 +156,7 @@ class CosmosAttnProcessor2_0:
         return hidden_states
 
 
-class CosmosAttnProcessor2_5:
+class CosmosAttnProcessor2_5(_dcosmos.CosmosAttnProcessor2_5):
     """diffusers' CosmosAttnProcessor2_5 (text and image context) with posenc's rotation."""
 
     @classmethod
@@ -172,8 +171,6 @@ class CosmosAttnProcessor2_5:
         attention_mask: Tuple[torch.Tensor, torch.Tensor],
         image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         if not isinstance(encoder_hidden_states, tuple):
             raise ValueError("Expected encoder_hidden_states as (text_context, img_context) tuple.")
         text_context, img_context = encoder_hidden_states if encoder_hidden_states else (None, None)
@@ -227,10 +224,10 @@ class CosmosAttnProcessor2_5:
 
 FAMILY = register(Family(
     name="cosmos",
-    rotary_class=f"{_MODULE}.CosmosRotaryPosEmbed",
+    rotary_class=qualified_name(_dcosmos.CosmosRotaryPosEmbed),
     replace=CosmosRotaryPosEmbed.from_diffusers,
     processors={
-        f"{_MODULE}.CosmosAttnProcessor2_0": CosmosAttnProcessor2_0.from_diffusers,
-        f"{_MODULE}.CosmosAttnProcessor2_5": CosmosAttnProcessor2_5.from_diffusers,
+        qualified_name(_dcosmos.CosmosAttnProcessor2_0): CosmosAttnProcessor2_0.from_diffusers,
+        qualified_name(_dcosmos.CosmosAttnProcessor2_5): CosmosAttnProcessor2_5.from_diffusers,
     },
 ))

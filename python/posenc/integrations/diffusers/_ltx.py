@@ -34,13 +34,14 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers import transformer_ltx as _dltx
 
 from . import _common
-from ._registry import Family, register
+from ._registry import Family, qualified_name, register
 
 __all__ = ["LTXVideoRotaryPosEmbed", "LTXVideoAttnProcessor", "rotate_across_heads"]
 
-_MODULE = "diffusers.models.transformers.transformer_ltx"
 _NAME = "posenc.integrations.diffusers.LTXVideoRotaryPosEmbed"
 
 
@@ -165,11 +166,8 @@ def _carry_settings(new, processor):
     return new
 
 
-class LTXVideoAttnProcessor:
+class LTXVideoAttnProcessor(_dltx.LTXVideoAttnProcessor):
     """diffusers' LTXVideoAttnProcessor with the rotation computed by posenc."""
-
-    _attention_backend = None
-    _parallel_config = None
 
     @classmethod
     def from_diffusers(cls, processor) -> "LTXVideoAttnProcessor":
@@ -183,8 +181,6 @@ class LTXVideoAttnProcessor:
         attention_mask: Optional[torch.Tensor] = None,
         image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
         if attention_mask is not None:
@@ -218,7 +214,7 @@ class LTXVideoAttnProcessor:
 
 FAMILY = register(Family(
     name="ltx",
-    rotary_class=f"{_MODULE}.LTXVideoRotaryPosEmbed",
+    rotary_class=qualified_name(_dltx.LTXVideoRotaryPosEmbed),
     replace=LTXVideoRotaryPosEmbed.from_diffusers,
-    processors={f"{_MODULE}.LTXVideoAttnProcessor": LTXVideoAttnProcessor.from_diffusers},
+    processors={qualified_name(_dltx.LTXVideoAttnProcessor): LTXVideoAttnProcessor.from_diffusers},
 ))

@@ -40,15 +40,16 @@ import math
 from typing import Optional, Tuple
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers import transformer_ltx2 as _dltx2
 
 from . import _common
 from ._ltx import _carry_settings, rotate_across_heads
-from ._registry import Family, register
+from ._registry import Family, qualified_name, register
 
 __all__ = ["LTX2AudioVideoRotaryPosEmbed", "LTX2AudioVideoAttnProcessor",
            "LTX2PerturbedAttnProcessor"]
 
-_MODULE = "diffusers.models.transformers.transformer_ltx2"
 _NAME = "posenc.integrations.diffusers.LTX2AudioVideoRotaryPosEmbed"
 
 
@@ -201,9 +202,8 @@ def _rotate(attn, query, key, query_rotary_emb, key_rotary_emb):
     if attn.rope_type == "interleaved":
         return rotate_across_heads(query, key, query_rotary_emb, key_tables)
     if attn.rope_type == "split":  # not computed by posenc (see the module's docstring)
-        from diffusers.models.transformers.transformer_ltx2 import apply_split_rotary_emb
-        return (apply_split_rotary_emb(query, query_rotary_emb),
-                apply_split_rotary_emb(key, key_tables))
+        return (_dltx2.apply_split_rotary_emb(query, query_rotary_emb),
+                _dltx2.apply_split_rotary_emb(key, key_tables))
     return query, key  # diffusers rotates nothing for another rope_type
 
 
@@ -228,11 +228,8 @@ def _prologue(attn, hidden_states, encoder_hidden_states, attention_mask):
     return encoder_hidden_states, attention_mask, gate_logits
 
 
-class LTX2AudioVideoAttnProcessor:
+class LTX2AudioVideoAttnProcessor(_dltx2.LTX2AudioVideoAttnProcessor):
     """diffusers' LTX2AudioVideoAttnProcessor with the rotation computed by posenc."""
-
-    _attention_backend = None
-    _parallel_config = None
 
     @classmethod
     def from_diffusers(cls, processor) -> "LTX2AudioVideoAttnProcessor":
@@ -247,8 +244,6 @@ class LTX2AudioVideoAttnProcessor:
         query_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
         key_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         encoder_hidden_states, attention_mask, gate_logits = _prologue(
             attn, hidden_states, encoder_hidden_states, attention_mask)
         query = attn.to_q(hidden_states)
@@ -272,11 +267,8 @@ class LTX2AudioVideoAttnProcessor:
         return hidden_states
 
 
-class LTX2PerturbedAttnProcessor:
+class LTX2PerturbedAttnProcessor(_dltx2.LTX2PerturbedAttnProcessor):
     """diffusers' LTX2PerturbedAttnProcessor with the rotation computed by posenc."""
-
-    _attention_backend = None
-    _parallel_config = None
 
     @classmethod
     def from_diffusers(cls, processor) -> "LTX2PerturbedAttnProcessor":
@@ -293,8 +285,6 @@ class LTX2PerturbedAttnProcessor:
         perturbation_mask: Optional[torch.Tensor] = None,
         all_perturbed: Optional[bool] = None,
     ) -> torch.Tensor:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         encoder_hidden_states, attention_mask, gate_logits = _prologue(
             attn, hidden_states, encoder_hidden_states, attention_mask)
         value = attn.to_v(encoder_hidden_states)
@@ -329,10 +319,12 @@ class LTX2PerturbedAttnProcessor:
 
 FAMILY = register(Family(
     name="ltx2",
-    rotary_class=f"{_MODULE}.LTX2AudioVideoRotaryPosEmbed",
+    rotary_class=qualified_name(_dltx2.LTX2AudioVideoRotaryPosEmbed),
     replace=LTX2AudioVideoRotaryPosEmbed.from_diffusers,
     processors={
-        f"{_MODULE}.LTX2AudioVideoAttnProcessor": LTX2AudioVideoAttnProcessor.from_diffusers,
-        f"{_MODULE}.LTX2PerturbedAttnProcessor": LTX2PerturbedAttnProcessor.from_diffusers,
+        qualified_name(_dltx2.LTX2AudioVideoAttnProcessor):
+            LTX2AudioVideoAttnProcessor.from_diffusers,
+        qualified_name(_dltx2.LTX2PerturbedAttnProcessor):
+            LTX2PerturbedAttnProcessor.from_diffusers,
     },
 ))

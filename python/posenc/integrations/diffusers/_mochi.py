@@ -29,13 +29,14 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from diffusers.models import attention_processor as _dap
+from diffusers.models.transformers import transformer_mochi as _dmochi
 
 from . import _common
-from ._registry import Family, register
+from ._registry import Family, qualified_name, register
 
 __all__ = ["MochiRoPE", "MochiAttnProcessor2_0"]
 
-_MODULE = "diffusers.models.transformers.transformer_mochi"
 _NAME = "posenc.integrations.diffusers.MochiRoPE"
 
 
@@ -94,7 +95,7 @@ def _rotate(query: torch.Tensor, key: torch.Tensor, image_rotary_emb):
     return q.to(query.dtype), k.to(key.dtype)
 
 
-class MochiAttnProcessor2_0:
+class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
     """diffusers' MochiAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
@@ -170,8 +171,7 @@ class MochiAttnProcessor2_0:
 
 FAMILY = register(Family(
     name="mochi",
-    rotary_class=f"{_MODULE}.MochiRoPE",
+    rotary_class=qualified_name(_dmochi.MochiRoPE),
     replace=MochiRoPE.from_diffusers,
-    processors={"diffusers.models.attention_processor.MochiAttnProcessor2_0":
-                MochiAttnProcessor2_0.from_diffusers},
+    processors={qualified_name(_dap.MochiAttnProcessor2_0): MochiAttnProcessor2_0.from_diffusers},
 ))

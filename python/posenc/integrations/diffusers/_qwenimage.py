@@ -37,14 +37,15 @@ import logging
 from typing import List, Optional, Tuple
 
 import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers import transformer_qwenimage as _dqwen
 
 from . import _common
-from ._registry import Family, register
+from ._registry import Family, qualified_name, register
 
 __all__ = ["QwenEmbedRope", "QwenEmbedLayer3DRope", "QwenDoubleStreamAttnProcessor2_0",
            "rotate_complex"]
 
-_MODULE = "diffusers.models.transformers.transformer_qwenimage"
 _NAME = "posenc.integrations.diffusers.QwenEmbedRope"
 _logger = logging.getLogger(__name__)
 # ATen's complex64 product: the vector kernel takes 2 vectors of complex<float> a step (2 x 8 with
@@ -205,15 +206,11 @@ class QwenEmbedLayer3DRope(QwenEmbedRope):
 def _rotate(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     if _posenc_rotates(x):
         return rotate_complex(x, freqs)
-    from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
-    return apply_rotary_emb_qwen(x, freqs, use_real=False)
+    return _dqwen.apply_rotary_emb_qwen(x, freqs, use_real=False)
 
 
-class QwenDoubleStreamAttnProcessor2_0:
+class QwenDoubleStreamAttnProcessor2_0(_dqwen.QwenDoubleStreamAttnProcessor2_0):
     """diffusers' QwenDoubleStreamAttnProcessor2_0 with the rotation computed by posenc."""
-
-    _attention_backend = None
-    _parallel_config = None
 
     @classmethod
     def from_diffusers(cls, processor) -> "QwenDoubleStreamAttnProcessor2_0":
@@ -232,8 +229,6 @@ class QwenDoubleStreamAttnProcessor2_0:
         attention_mask: Optional[torch.FloatTensor] = None,
         image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         if encoder_hidden_states is None:
             raise ValueError("QwenDoubleStreamAttnProcessor2_0 requires encoder_hidden_states "
                              "(text stream)")
@@ -298,13 +293,13 @@ class QwenDoubleStreamAttnProcessor2_0:
 
 register(Family(
     name="qwenimage",
-    rotary_class=f"{_MODULE}.QwenEmbedRope",
+    rotary_class=qualified_name(_dqwen.QwenEmbedRope),
     replace=QwenEmbedRope.from_diffusers,
-    processors={f"{_MODULE}.QwenDoubleStreamAttnProcessor2_0":
+    processors={qualified_name(_dqwen.QwenDoubleStreamAttnProcessor2_0):
                 QwenDoubleStreamAttnProcessor2_0.from_diffusers},
 ))
 register(Family(
     name="qwenimage_layer3d",
-    rotary_class=f"{_MODULE}.QwenEmbedLayer3DRope",
+    rotary_class=qualified_name(_dqwen.QwenEmbedLayer3DRope),
     replace=QwenEmbedLayer3DRope.from_diffusers,
 ))
