@@ -459,6 +459,10 @@ def test_bad_inputs_are_one_line():
         lambda: _common.apply_rotary_emb(x, (cos, cos), use_real=False),
         lambda: _common.apply_rotary_emb(torch.zeros(2, 3, 8), (cos, cos)),
         lambda: _common.apply_rotary_emb(x, (cos, cos[:, :4])),
+        lambda: _common.apply_rotary_emb(x.long(), (cos, cos)),  # diffusers rounds back to int
+        lambda: _common.apply_rotary_emb(x, (cos.int(), cos.int())),
+        lambda: _common.apply_rotary_emb_qk(x, torch.zeros(2, 3, 8), (cos, cos)),
+        lambda: _common.apply_rotary_emb_qk(x, x.to("meta"), (cos, cos)),
         lambda: _common.frequencies(7, 10000.0, torch.float64),
         lambda: _wan.WanRotaryPosEmbed(5, (1, 2, 2), 32),
         lambda: _wan.WanRotaryPosEmbed(12, (1, 2, 2), 4)(torch.zeros(1, 1, 5, 2, 2)),

@@ -111,6 +111,10 @@ def _tables_for(x: torch.Tensor, freqs_cis, sequence_dim: int):
     if x.dim() != 4:
         raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: x must be [B, H, S, D] "
                          f"or [B, S, H, D], got shape {tuple(x.shape)}")
+    for name, t in (("x", x), ("cos", cos), ("sin", sin)):
+        if t.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+            raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: {name} must be "
+                             f"float32, float64, bfloat16 or float16, got {t.dtype}")
     if cos.shape[0] not in (1, x.shape[sequence_dim]) or cos.shape[1] != x.shape[-1]:
         raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: tables "
                          f"{tuple(cos.shape)} do not fit x {tuple(x.shape)} with sequence_dim "
@@ -143,6 +147,11 @@ def apply_rotary_emb_qk(q: torch.Tensor, k: torch.Tensor, freqs_cis, use_real: b
                          "(use_real=False) is not computed by posenc")
     layout = _layout(use_real_unbind_dim)
     cos, sin, unsqueeze_dim = _tables_for(q, freqs_cis, sequence_dim)
+    if k.device != q.device or k.dim() != 4 or k.dtype not in (torch.float32, torch.float64,
+                                                               torch.bfloat16, torch.float16):
+        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: k must be a 4-D "
+                         f"floating tensor on q's device ({q.device}), got {tuple(k.shape)} "
+                         f"{k.dtype} on {k.device}")
     q_out, k_out = torch.ops.posenc.apply_rotary(_as_float(q), _as_float(k), cos, sin,
                                                  unsqueeze_dim, layout)
     return q_out.to(q.dtype), k_out.to(k.dtype)
