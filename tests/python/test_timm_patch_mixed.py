@@ -8,7 +8,8 @@ own against timm's; bad input in one line.
 
 The models are timm's own registrations (vit_small_patch16_rope_mixed_224,
 vit_small_patch16_dinov3; timm 1.0.31 registers no MRoPE model, so the DINOv3 ViT with
-rope_type="mrope", as Eva builds it) created with pretrained=False and made small."""
+rope_type="mrope", as Eva builds it) created with pretrained=False and made small, and NaFlexVit
+(timm/models/naflexvit.py) with each rope type on a batch of samples with their own grids."""
 
 import copy
 
@@ -176,6 +177,46 @@ def test_unpatch_follows_a_new_grid_and_train_mode():
     assert model.rope.training and torch.equal(model.rope.pos_embed_cached,
                                                reference.rope.pos_embed_cached)
     assert not hasattr(model.rope, "_posenc_timm_original")
+
+
+def _naflex_batch(grids, patch=4, channels=3):
+    """NaFlex's collated input: patches [B, N, P*P*C], (y, x) coordinates and validity, each
+    sample its own grid, padded to the longest."""
+    n = max(h * w for h, w in grids)
+    coord = torch.zeros(len(grids), n, 2, dtype=torch.long)
+    valid = torch.zeros(len(grids), n, dtype=torch.bool)
+    for b, (h, w) in enumerate(grids):
+        y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        coord[b, :h * w] = torch.stack([y.flatten(), x.flatten()], -1)
+        valid[b, :h * w] = True
+    return dict(patches=torch.randn(len(grids), n, patch * patch * channels), patch_coord=coord,
+                patch_valid=valid)
+
+
+@pytest.mark.parametrize("rope", [dict(rope_type="axial"), dict(rope_type="mixed"),
+                                  dict(rope_type="dinov3", rope_rotate_half=True),
+                                  dict(rope_type="mrope", rope_mrope_section=(4, 6, 6)),
+                                  dict(rope_type="dinov3", rope_rotate_half=True, **AUGMENT),
+                                  dict(rope_type="mixed", **AUGMENT)], ids=str)
+def test_patched_naflexvit_gives_timms_logits_for_variable_grids(rope):
+    # NaFlexVit: one batch of samples with their own grids (get_batch_embeds, Mixed's iterator)
+    naflexvit = pytest.importorskip("timm.models.naflexvit")
+    torch.manual_seed(0)
+    cfg = naflexvit.NaFlexVitCfg(patch_size=4, embed_dim=64, depth=2, num_heads=2, **rope)
+    reference = naflexvit.NaFlexVit(cfg=cfg, num_classes=10, in_chans=3)
+    model = copy.deepcopy(reference)
+    assert posenc.integrations.timm.patch(model, strict=True)["patched"] == ["rope"]
+    batch = _naflex_batch([(3, 4), (2, 5), (3, 4)])
+    image = torch.randn(2, 3, 16, 20)
+    for train in (False, True):
+        for inputs in (batch, image):
+            outputs = []
+            for m in (reference, model):
+                m.train(train)
+                torch.manual_seed(1)
+                outputs.append(m(inputs))
+            assert torch.equal(outputs[1], outputs[0]), (train,
+                                                         (outputs[1] - outputs[0]).abs().max())
 
 
 # ---- posenc.timm's modules on their own, against timm's ---------------------------------------
