@@ -166,6 +166,25 @@ def test_casts_before_or_after_patch_give_timms_logits(kind, cast, when):
     assert torch.equal(model(x), want)
 
 
+def test_mrope_in_bfloat16_is_timms_and_in_float64_is_one_line():
+    reference = _model("mrope").bfloat16().eval()
+    model = _model("mrope").eval()
+    posenc.integrations.timm.patch(model, strict=True)
+    model.bfloat16()  # inv_freq rebuilt float32, as timm's
+    assert model.rope.inv_freq.dtype == torch.float32
+    x = torch.randn(2, 3, 32, 32, dtype=torch.bfloat16)
+    assert torch.equal(model(x), reference(x))
+    # float64: timm's tables are float64 sines, rope_cos_sin's are float32 ones
+    model.double()
+    with pytest.raises(RuntimeError, match="float64 tables from float64 inv_freq") as info:
+        model(x.double())
+    _one_line(info)
+    cast = _model("mrope").double()
+    assert posenc.integrations.timm.patch(cast)["left"] == [
+        "rope: float64 inv_freq gives float64 tables in timm, which posenc's rope_cos_sin rounds "
+        "to float32"]
+
+
 def test_unpatch_follows_a_new_grid_and_train_mode():
     reference, model = _model("dinov3_fixed"), _model("dinov3_fixed")
     posenc.integrations.timm.patch(model)
