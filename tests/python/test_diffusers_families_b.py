@@ -488,6 +488,29 @@ def test_qwenimage_complex_rotation_equal_to_the_bit(pairs, shape):
     assert torch.equal(_qwenimage.rotate_complex(x, freqs), want)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 5, 7])
+def test_qwenimage_rotation_follows_the_thread_split(threads):
+    """diffusers' complex product rounds the pairs at a thread chunk's cut inside a row with a
+    fused multiply-add (ATen's scalar tail): posenc rotates only where no cut falls off the
+    16-pair step, else the processor hands the rotation to diffusers' function; either way the
+    result is diffusers'."""
+    x = _randn(1, 1024, 24, 128)  # 1.6M complex elements: split among the threads
+    angles = _randn(1024, 64) * 30
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        want = dqwen.apply_rotary_emb_qwen(x, freqs, use_real=False)
+        if _qwenimage._posenc_rotates(x):
+            assert torch.equal(_qwenimage.rotate_complex(x, freqs), want)
+        with CountOps() as ops:
+            got = _qwenimage._rotate(x, freqs)
+        assert torch.equal(got, want)
+        assert ops.calls["posenc.apply_rotary"] == int(_qwenimage._posenc_rotates(x))
+    finally:
+        torch.set_num_threads(before)
+
+
 # -- refusals -------------------------------------------------------------------------------------
 
 def test_ltx2_split_rope_is_refused_and_its_output_kept():

@@ -23,11 +23,16 @@ complex pairs (2i, 2i+1), times freqs[s, i]) is the interleaved rotation with co
 Re = x_e c - x_o s, Im = x_e s + x_o c, the products rounded apart. posenc's processor computes it
 with torch.ops.posenc.apply_rotary, interleaved layout, on the tables' real and imaginary parts
 (view_as_real, repeated per pair): equal to the bit where ATen's complex product runs its vector
-kernel, i.e. on the CPU when the head has a multiple of 16 pairs (head_dim % 32 == 0: Qwen-Image's
-128); the last head_dim / 2 mod 16 pairs of a row go through ATen's scalar complex product, which
-the compiler contracts into a fused multiply-add (one rounding), so a head of another size is
-refused in one line, and on other devices (CUDA's complex product is compiled with fused
-multiply-adds too) posenc's processor hands the rotation to diffusers' own
+kernel throughout, i.e. on the CPU when the head has a multiple of 16 pairs (head_dim % 32 == 0:
+Qwen-Image's 128) and each thread's share of the product is a multiple of 16 pairs too. Where a
+loop of ATen's ends off that step (the last head_dim / 2 mod 16 pairs of a row; a thread's chunk,
+ceil(elements / threads), cut inside a row) its remainder goes through ATen's scalar complex
+product, which the compiler contracts into a fused multiply-add (one rounding): diffusers' result
+then depends on the thread count (measured: 15 of 3.1M values differ at 5 threads, none at 1-3).
+So a head of another size is refused in one line, and posenc's processor rotates through posenc
+only where it predicts no scalar remainder (_posenc_rotates: one thread, fewer than 32768
+elements, or OpenMP chunks of a multiple of 16 pairs); elsewhere, and on other devices (CUDA's
+complex product is compiled with fused multiply-adds too), it hands the rotation to diffusers' own
 apply_rotary_emb_qwen, keeping diffusers' output exactly.
 """
 
@@ -64,8 +69,29 @@ def rotate_complex(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.ops.posenc.apply_rotary(xf, head, cos, sin, 1, "interleaved")[0].type_as(x)
 
 
+# at::internal::GRAIN_SIZE: TensorIterator runs an elementwise op serially below it, else splits
+# its elements among the threads in chunks of ceil(n / threads) (OpenMP backend)
+_GRAIN_SIZE = 32768
+_OPENMP = "ATen parallel backend: OpenMP" in torch.__config__.parallel_info()
+
+
 def _posenc_rotates(x: torch.Tensor) -> bool:
-    return x.device.type == "cpu" and (x.shape[-1] // 2) % _VECTOR_STEP == 0
+    """Whether ATen computes diffusers' complex product of x (q or k [B, S, heads, Dh]) with its
+    vector kernel only (then posenc's rotation equals it to the bit). Every loop ATen runs must be
+    a multiple of 16 pairs: the rows (Dh / 2 pairs; the tables broadcast over the heads) and, with
+    several threads, each thread's chunk of the flattened elements (a chunk ending inside a row
+    leaves a scalar tail, a fused multiply-add, on both sides of the cut)."""
+    pairs = x.shape[-1] // 2
+    if x.device.type != "cpu" or pairs % _VECTOR_STEP != 0:
+        return False
+    elements = x.numel() // 2
+    threads = torch.get_num_threads()
+    if elements < _GRAIN_SIZE or threads == 1:
+        return True
+    if not _OPENMP:  # another backend splits otherwise: not predicted here
+        return False
+    threads = min(threads, -(-elements // _GRAIN_SIZE))
+    return (-(-elements // threads)) % _VECTOR_STEP == 0
 
 
 class QwenEmbedRope(_common.DiffusersRotary):
