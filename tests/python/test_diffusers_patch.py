@@ -415,6 +415,39 @@ def test_unlisted_rotating_processor_refuses_strict_and_nothing_changes():
         assert torch.equal(got, _sample(model, inputs))
 
 
+def test_flux_ip_adapter_processor():
+    """load_ip_adapter's processor (an nn.Module with weights): posenc's shares its modules; the
+    output with IP-Adapter tokens equal to the bit, state_dict unchanged, unpatch restores it."""
+    from diffusers.models.transformers import transformer_flux as dflux
+    model, inputs, _, _ = _flux()
+    torch.manual_seed(1)
+    for block in model.transformer_blocks:
+        block.attn.set_processor(dflux.FluxIPAdapterAttnProcessor(32, 32, num_tokens=(4, 2),
+                                                                  scale=[0.7, 0.3]))
+    ip = model.transformer_blocks[0].attn.processor
+    keys = list(model.state_dict())
+    inputs = dict(inputs, joint_attention_kwargs={"ip_hidden_states": [_randn(1, 4, 32),
+                                                                       _randn(1, 2, 32) * 2]})
+    model.eval()
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    report = pd.patch(model, strict=True)
+    assert "transformer_blocks.0.attn.processor" in report["patched"]
+    ours = model.transformer_blocks[0].attn.processor
+    assert ours is not ip and ours.to_k_ip[0] is ip.to_k_ip[0]
+    assert list(model.state_dict()) == keys
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.apply_rotary"] == 3
+    assert torch.equal(got, want)
+    model.double()
+    assert ip.to_k_ip[0].weight.dtype == torch.float64  # shared: the kept one follows
+    model.float().train()
+    assert pd.unpatch(model).count("transformer_blocks.0.attn.processor") == 1
+    assert model.transformer_blocks[0].attn.processor is ip and ip.training
+    assert list(model.state_dict()) == keys
+
+
 def test_flux2_kv_cache_processors():
     """The Klein KV pipeline's processors: reference tokens' rotated keys and values extracted on
     the first step, attended to from the cache on the next; both steps equal to the bit."""

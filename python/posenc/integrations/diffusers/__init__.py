@@ -56,6 +56,9 @@ from ._cogvideox_tables import (  # noqa: E402
 from ._common import apply_rotary_emb  # noqa: E402
 
 _ORIGINAL = "_posenc_diffusers_original"  # as _common.ORIGINAL (kept here: no diffusers import)
+# where a replaced processor is kept on its replacement (apart from _ORIGINAL: a processor may be
+# an nn.Module, which named_modules() visits too)
+_ORIGINAL_PROCESSOR = "_posenc_diffusers_original_processor"
 # processor settings diffusers sets on a processor instance (set_attention_backend, context
 # parallel): carried back to the original on unpatch
 _PROCESSOR_SETTINGS = ("_attention_backend", "_parallel_config")
@@ -127,7 +130,7 @@ def _plan(model: torch.nn.Module, registry):
         processor = _processor_of(module)
         if processor is None:
             continue
-        if getattr(processor, _ORIGINAL, None) is not None:
+        if getattr(processor, _ORIGINAL_PROCESSOR, None) is not None:
             already += 1
             continue
         factory = by_processor.get(registry.qualified_name(processor))
@@ -163,8 +166,10 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[
         new.train(module.training)
         _set(transformer, name, new)
     for name, attention, processor, new in processors:
-        setattr(new, _ORIGINAL, processor)
-        attention.processor = new  # both plain objects: set_processor's bookkeeping is moot
+        # kept on the replacement, not registered (an nn.Module processor's weights are its
+        # replacement's too: no second set of state_dict keys)
+        object.__setattr__(new, _ORIGINAL_PROCESSOR, processor)
+        attention.processor = new  # an nn.Module processor is registered in its place
     return {"patched": [n for n, _, _ in modules] + [f"{n}.processor" for n, *_ in processors],
             "left": left}
 
@@ -184,11 +189,15 @@ def unpatch(transformer: torch.nn.Module) -> List[str]:
             restored.append(name)
             continue
         processor = _processor_of(module)
-        original = getattr(processor, _ORIGINAL, None) if processor is not None else None
+        original = (getattr(processor, _ORIGINAL_PROCESSOR, None) if processor is not None
+                    else None)
         if original is not None:
             for setting in _PROCESSOR_SETTINGS:
                 if setting in vars(processor):
                     setattr(original, setting, getattr(processor, setting))
+            if isinstance(original, torch.nn.Module):  # its weights are shared; its mode is not
+                original.train(processor.training)
+            object.__delattr__(processor, _ORIGINAL_PROCESSOR)
             module.processor = original
             restored.append(f"{name}.processor")
     return restored

@@ -17,12 +17,16 @@ float32; _common.py), equal to the bit.
 FluxAttnProcessor's rotation: embeddings.apply_rotary_emb(x, (cos, sin), sequence_dim=1) of q and
 k [B, S, H, D] after the text's q, k are put before the image's (interleaved pairs (2i, 2i+1),
 x.float() * cos + x_rot.float() * sin in x's dtype). posenc's processor: the same attention with
-that rotation by _common.apply_rotary_emb_qk (torch.ops.posenc.apply_rotary, interleaved). The
-IP-Adapter processor (FluxIPAdapterAttnProcessor, an nn.Module with weights) is not replaced:
-patch() names it as left.
+that rotation by _common.apply_rotary_emb_qk (torch.ops.posenc.apply_rotary, interleaved).
+FluxIPAdapterAttnProcessor (load_ip_adapter's, an nn.Module holding the image projections
+to_k_ip / to_v_ip) rotates the same way and adds the attention of the unrotated image queries to
+the IP-Adapter tokens; posenc's is its subclass holding the very same submodules (state_dict keys
+and weights unchanged, casts and moves shared).
 """
 
 from __future__ import annotations
+
+import copy
 
 import torch
 from diffusers.models.transformers import transformer_flux as _df
@@ -32,7 +36,7 @@ from ._common import (DiffusersRotary, adjusted_float64, apply_rotary_emb_qk, ax
 from ._registry import Family, qualified_name, register
 from ._wan import carry_settings
 
-__all__ = ["FluxPosEmbed", "FluxAttnProcessor", "AxesIdsPosEmbed"]
+__all__ = ["FluxPosEmbed", "FluxAttnProcessor", "FluxIPAdapterAttnProcessor", "AxesIdsPosEmbed"]
 
 
 class AxesIdsPosEmbed(DiffusersRotary):
@@ -137,9 +141,90 @@ class FluxAttnProcessor(_df.FluxAttnProcessor):
         return carry_settings(cls(), processor)
 
 
+class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
+    """diffusers' FluxIPAdapterAttnProcessor with the rotation computed by posenc; built from a
+    loaded one by `from_diffusers`, sharing its to_k_ip / to_v_ip modules."""
+
+    def __call__(
+        self,
+        attn: "_df.FluxAttention",
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: torch.Tensor | None = None,
+        ip_hidden_states: list[torch.Tensor] | None = None,
+        ip_adapter_masks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        batch_size = hidden_states.shape[0]
+        query, key, value, encoder_query, encoder_key, encoder_value = _df._get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states)
+        query = query.unflatten(-1, (attn.heads, -1))
+        key = key.unflatten(-1, (attn.heads, -1))
+        value = value.unflatten(-1, (attn.heads, -1))
+        query = attn.norm_q(query)
+        key = attn.norm_k(key)
+        ip_query = query
+        if encoder_hidden_states is not None:
+            encoder_query = encoder_query.unflatten(-1, (attn.heads, -1))
+            encoder_key = encoder_key.unflatten(-1, (attn.heads, -1))
+            encoder_value = encoder_value.unflatten(-1, (attn.heads, -1))
+            encoder_query = attn.norm_added_q(encoder_query)
+            encoder_key = attn.norm_added_k(encoder_key)
+            query = torch.cat([encoder_query, query], dim=1)
+            key = torch.cat([encoder_key, key], dim=1)
+            value = torch.cat([encoder_value, value], dim=1)
+
+        if image_rotary_emb is not None:  # posenc's rotation
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+
+        hidden_states = _df.dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend, parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+
+        if encoder_hidden_states is None:
+            return hidden_states
+        encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
+            [encoder_hidden_states.shape[1],
+             hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+
+        # IP-Adapter: the image queries (unrotated) against each adapter's tokens
+        ip_attn_output = torch.zeros_like(hidden_states)
+        for current_ip_hidden_states, scale, to_k_ip, to_v_ip in zip(
+                ip_hidden_states, self.scale, self.to_k_ip, self.to_v_ip):
+            ip_key = to_k_ip(current_ip_hidden_states)
+            ip_value = to_v_ip(current_ip_hidden_states)
+            ip_key = ip_key.view(batch_size, -1, attn.heads, attn.head_dim)
+            ip_value = ip_value.view(batch_size, -1, attn.heads, attn.head_dim)
+            current_ip_hidden_states = _df.dispatch_attention_fn(
+                ip_query, ip_key, ip_value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                backend=self._attention_backend, parallel_config=self._parallel_config)
+            current_ip_hidden_states = current_ip_hidden_states.reshape(
+                batch_size, -1, attn.heads * attn.head_dim)
+            current_ip_hidden_states = current_ip_hidden_states.to(ip_query.dtype)
+            ip_attn_output += scale * current_ip_hidden_states
+        return hidden_states, encoder_hidden_states, ip_attn_output
+
+    @classmethod
+    def from_diffusers(cls, processor) -> "FluxIPAdapterAttnProcessor":
+        """A shallow copy of the loaded processor as posenc's class: its own registries, the
+        same to_k_ip / to_v_ip modules (and so the same weights) and settings."""
+        ours = copy.copy(processor)
+        for registry in ("_modules", "_parameters", "_buffers"):
+            object.__setattr__(ours, registry, dict(getattr(processor, registry)))
+        ours.__class__ = cls
+        return ours
+
+
 FAMILY = register(Family(
     name="flux",
     rotary_class=qualified_name(_df.FluxPosEmbed),
     replace=FluxPosEmbed.from_diffusers,
-    processors={qualified_name(_df.FluxAttnProcessor): FluxAttnProcessor.from_diffusers},
+    processors={qualified_name(_df.FluxAttnProcessor): FluxAttnProcessor.from_diffusers,
+                qualified_name(_df.FluxIPAdapterAttnProcessor):
+                    FluxIPAdapterAttnProcessor.from_diffusers},
 ))
