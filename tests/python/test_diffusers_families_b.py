@@ -572,6 +572,8 @@ def test_bad_inputs_are_one_line():
         lambda: _ltx.LTXVideoRotaryPosEmbed(4),
         lambda: _ltx.LTXVideoRotaryPosEmbed(64, theta=1.0),
         lambda: ltx(torch.zeros(1, 2), video_coords=torch.zeros(1, 3, 5, dtype=torch.float64)),
+        lambda: ltx(torch.zeros(1, 2)),  # no grid and no coordinates
+        lambda: ltx(torch.zeros(1, 2), 2, None, 4),
         lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, rope_type="split"),
         lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, modality="text"),
         lambda: ltx2(torch.zeros(1, 3, 5, 2)),  # three axes for audio

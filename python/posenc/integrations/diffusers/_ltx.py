@@ -136,6 +136,9 @@ class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
                 ) -> Tuple[torch.Tensor, torch.Tensor]:
         batch_size = hidden_states.size(0)
         if video_coords is None:
+            if num_frames is None or height is None or width is None:
+                raise ValueError(f"{_NAME}: without video_coords, num_frames, height and width "
+                                 f"are needed, got {num_frames!r}, {height!r}, {width!r}")
             grid = self._prepare_video_coords(batch_size, num_frames, height, width,
                                               rope_interpolation_scale, hidden_states.device)
         else:
