@@ -153,6 +153,15 @@ CASES: Dict[str, FamilyCases] = {
         _WAN_SUMMARY, True,
         _wan_cases("diffusers.models.transformers.transformer_skyreels_v2",
                    "SkyReelsV2RotaryPosEmbed")),
+    "wan_animate": FamilyCases(
+        _WAN_SUMMARY, True,
+        _wan_cases("diffusers.models.transformers.transformer_wan_animate", "WanRotaryPosEmbed")),
+    "sana_video": FamilyCases(
+        dataclasses.replace(_WAN_SUMMARY, layout=(
+            "interleaved pairs (2i, 2i+1), cos/sin t0 t0 t1 t1 … per axis block (t, h, w); "
+            "relu'd q, k rotated inside a linear attention (the normaliser reads them unrotated)")),
+        True,
+        _wan_cases("diffusers.models.transformers.transformer_sana_video", "WanRotaryPosEmbed")),
     "hunyuan_video": FamilyCases(
         _HUNYUAN_SUMMARY, False,
         _hunyuan_cases("diffusers.models.transformers.transformer_hunyuan_video",

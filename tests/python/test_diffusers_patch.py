@@ -18,6 +18,7 @@ diffusers = pytest.importorskip("diffusers")
 
 import posenc  # noqa: E402,F401  (loads posenc's operators)
 from posenc.integrations import diffusers as pd  # noqa: E402
+from posenc.integrations.diffusers import _registry  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 from diffusers.models import embeddings as demb  # noqa: E402
@@ -103,6 +104,37 @@ def _hunyuan_video15():
     return model, inputs, "hidden_states", 2
 
 
+def _wan_animate():
+    """Wan 2.2 Animate: its own copies of Wan's rotary module and processor; pose latents and
+    face frames through the motion and face encoders."""
+    torch.manual_seed(0)
+    model = diffusers.WanAnimateTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
+        latent_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+        image_dim=16, rope_max_seq_len=32, motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        motion_encoder_size=16, motion_style_dim=8, motion_dim=4, motion_encoder_dim=16,
+        face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=2)
+    inputs = {"hidden_states": _randn(1, 12, 5, 4, 6), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": _randn(1, 5, 16),
+              "encoder_hidden_states_image": _randn(1, 3, 16),
+              "pose_hidden_states": _randn(1, 4, 4, 4, 6),
+              "face_pixel_values": _randn(1, 3, 13, 16, 16)}
+    return model, inputs, "hidden_states", 2
+
+
+def _sana_video():
+    torch.manual_seed(0)
+    model = diffusers.SanaVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=2,
+        num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
+        caption_channels=16, mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=8,
+        patch_size=(1, 2, 2), norm_elementwise_affine=False, norm_eps=1e-6,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": _randn(1, 5, 16)}
+    return model, inputs, "hidden_states", 2
+
+
 def _grid_ids(*sizes):
     return torch.cartesian_prod(*[torch.arange(s) for s in sizes])
 
@@ -144,10 +176,12 @@ def _flux2():
 
 
 # family (the registry's name) or family_variant -> a tiny model of diffusers' own class
-MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "skyreels_v2": _skyreels_v2,
+MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_animate": _wan_animate,
+          "sana_video": _sana_video, "skyreels_v2": _skyreels_v2,
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
           "flux_fused": _flux_fused, "flux2": _flux2}
-FAMILIES = ("wan", "skyreels_v2", "hunyuan_video", "hunyuan_video15", "flux", "flux2")
+FAMILIES = ("wan", "wan_animate", "sana_video", "skyreels_v2", "hunyuan_video", "hunyuan_video15",
+            "flux", "flux2")
 
 
 def _sample(model, inputs):
@@ -172,7 +206,6 @@ def _grads(model, inputs, grad_input):
 
 def test_every_family_module_is_registered():
     pd.patch(torch.nn.Identity())  # imports the family modules
-    from posenc.integrations.diffusers import _registry
     assert {f.name for f in _registry.FAMILIES} >= set(FAMILIES)
 
 
@@ -182,7 +215,8 @@ def test_patched_output_equal_to_the_bit(family):
     model.eval()
     with torch.no_grad():
         want = _sample(model, inputs)
-    rotary = {n: m for n, m in model.named_modules() if pd._registry.family_of(m) is not None}
+    pd._load_families()
+    rotary = {n: m for n, m in model.named_modules() if _registry.family_of(m) is not None}
     processors = {n: m.processor for n, m in model.named_modules() if hasattr(m, "set_processor")}
     report = pd.patch(model, strict=True)
     assert report["left"] == []
@@ -232,11 +266,15 @@ def _tables_equal(ours, theirs):
 @pytest.mark.parametrize("grid", [(1, 2, 2), (3, 8, 6), (5, 14, 18), (13, 32, 20)])
 @pytest.mark.parametrize("head_dim", [12, 64, 128])
 def test_wan_tables_at_several_grids(grid, head_dim):
-    from posenc.integrations.diffusers import _skyreels_v2, _wan
+    from posenc.integrations.diffusers import _sana_video, _skyreels_v2, _wan, _wan_animate
+    from diffusers.models.transformers import transformer_sana_video as dsana
     from diffusers.models.transformers import transformer_skyreels_v2 as dsky
+    from diffusers.models.transformers import transformer_wan_animate as danimate
     for theirs_cls, ours_cls in ((dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
                                  (dsky.SkyReelsV2RotaryPosEmbed,
-                                  _skyreels_v2.SkyReelsV2RotaryPosEmbed)):
+                                  _skyreels_v2.SkyReelsV2RotaryPosEmbed),
+                                 (danimate.WanRotaryPosEmbed, _wan_animate.WanAnimateRotaryPosEmbed),
+                                 (dsana.WanRotaryPosEmbed, _sana_video.SanaVideoRotaryPosEmbed)):
         theirs = theirs_cls(head_dim, (1, 2, 2), 64)
         ours = ours_cls.from_diffusers(theirs)
         assert ours.freqs_dtype == torch.float64  # diffusers' path on a CPU without MPS
