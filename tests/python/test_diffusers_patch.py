@@ -10,6 +10,7 @@ Run: POSENC_OPS_LIBRARY=build/libposenc_ops.so python -m pytest tests/python/tes
 """
 
 import collections
+import warnings
 
 import pytest
 import torch
@@ -104,6 +105,19 @@ def _hunyuan_video15():
     return model, inputs, "hidden_states", 2
 
 
+def _wan_vace():
+    """Wan VACE: transformer_wan's rotary module and processor, plus the control blocks."""
+    torch.manual_seed(0)
+    model = diffusers.WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+        vace_layers=[0], vace_in_channels=12)
+    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": _randn(1, 5, 16),
+              "control_hidden_states": _randn(1, 12, 3, 8, 6)}
+    return model, inputs, "hidden_states", 3  # 2 blocks and 1 control block
+
+
 def _wan_animate():
     """Wan 2.2 Animate: its own copies of Wan's rotary module and processor; pose latents and
     face frames through the motion and face encoders."""
@@ -161,6 +175,20 @@ def _flux_fused():
     return model, inputs, grad_input, rotating
 
 
+def _chroma():
+    """Chroma: Flux's rotary module and processor (FluxPosEmbed through embeddings' alias)."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():  # embeddings.FluxPosEmbed's deprecation
+        warnings.simplefilter("ignore", FutureWarning)
+        model = diffusers.ChromaTransformer2DModel(
+            patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+            num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8),
+            approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1)
+    _, inputs, grad_input, rotating = _flux()
+    inputs = {k: v for k, v in inputs.items() if k != "pooled_projections"}
+    return model, inputs, grad_input, rotating
+
+
 def _flux2():
     torch.manual_seed(0)
     model = diffusers.Flux2Transformer2DModel(
@@ -176,10 +204,10 @@ def _flux2():
 
 
 # family (the registry's name) or family_variant -> a tiny model of diffusers' own class
-MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_animate": _wan_animate,
+MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
           "sana_video": _sana_video, "skyreels_v2": _skyreels_v2,
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
-          "flux_fused": _flux_fused, "flux2": _flux2}
+          "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2}
 FAMILIES = ("wan", "wan_animate", "sana_video", "skyreels_v2", "hunyuan_video", "hunyuan_video15",
             "flux", "flux2")
 
