@@ -307,6 +307,78 @@ def test_fused_cogvideox_processor_equal_to_the_bit():
     assert ops.calls["posenc.apply_rotary"] == 2 and torch.equal(got, want)
 
 
+def _outputs(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for item in (out.to_tuple() if hasattr(out, "to_tuple") else out)
+            for t in _outputs(item)]
+
+
+def _make_consisid():
+    torch.manual_seed(0)
+    model = diffusers.ConsisIDTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+        time_embed_dim=8, text_embed_dim=12, num_layers=2, sample_width=8, sample_height=8,
+        sample_frames=9, patch_size=2, max_text_seq_length=6,
+        use_rotary_positional_embeddings=True, is_train_face=False)
+    tables = _cogvideox.get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 3)
+    inputs = {"hidden_states": _randn(1, 3, 4, 8, 8), "encoder_hidden_states": _randn(1, 6, 12),
+              "timestep": torch.tensor([10]), "image_rotary_emb": tables}
+    return model, inputs, 2
+
+
+def _make_cogview3plus():  # CogVideoX's processor without a rotary table: nothing rotates
+    torch.manual_seed(0)
+    model = diffusers.CogView3PlusTransformer2DModel(
+        patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
+        out_channels=4, text_embed_dim=12, time_embed_dim=8, condition_dim=4,
+        pos_embed_max_size=16, sample_size=8)
+    return model, {"hidden_states": _randn(1, 4, 8, 8), "encoder_hidden_states": _randn(1, 5, 12),
+                   "timestep": torch.tensor([10]), "original_size": torch.tensor([[8, 8]]),
+                   "target_size": torch.tensor([[8, 8]]), "crop_coords": torch.tensor([[0, 0]])}, 0
+
+
+def _make_qwenimage_controlnet():
+    torch.manual_seed(0)
+    model = diffusers.QwenImageControlNetModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=32,
+        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(8, 12, 12))
+    return model, {"hidden_states": _randn(1, 24, 4), "controlnet_cond": _randn(1, 24, 4),
+                   "encoder_hidden_states": _randn(1, 5, 12),
+                   "encoder_hidden_states_mask": torch.ones(1, 5),
+                   "timestep": torch.tensor([0.5]), "img_shapes": [(1, 4, 6)]}, 8
+
+
+def _make_cosmos_controlnet():
+    torch.manual_seed(0)
+    model = diffusers.CosmosControlNetModel(
+        n_controlnet_blocks=2, in_channels=6, latent_channels=6, model_channels=24,
+        num_attention_heads=2, attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16,
+        adaln_lora_dim=4, max_size=(4, 16, 16))
+    return model, {"controls_latents": _randn(1, 4, 3, 8, 8), "latents": _randn(1, 4, 3, 8, 8),
+                   "timestep": torch.tensor([0.5]), "encoder_hidden_states": _randn(1, 5, 16),
+                   "condition_mask": torch.ones(1, 1, 3, 8, 8),
+                   "padding_mask": torch.zeros(1, 1, 8, 8), "fps": 24}, 2
+
+
+@pytest.mark.parametrize("make", [_make_consisid, _make_cogview3plus, _make_qwenimage_controlnet,
+                                  _make_cosmos_controlnet])
+def test_other_models_with_these_families_modules(make):
+    """Models that reuse these families' rotary modules or processors (ConsisID and CogView3Plus:
+    CogVideoX's processor; the Qwen-Image and Cosmos controlnets) are patched by the same table."""
+    model, inputs, rotating = make()
+    model.eval()
+    with torch.no_grad():
+        want = _outputs(model(**inputs, return_dict=False))
+    report = pd.patch(model, strict=True)
+    assert report["patched"] and report["left"] == []
+    with torch.no_grad(), CountOps() as ops:
+        got = _outputs(model(**inputs, return_dict=False))
+    assert ops.calls["posenc.apply_rotary"] == rotating
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    pd.unpatch(model)
+
+
 def test_cosmos25_image_context_processor_equal_to_the_bit():
     """Cosmos 2.5: the cross attention takes (text, image) context (CosmosAttnProcessor2_5)."""
     torch.manual_seed(0)
