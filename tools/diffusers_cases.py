@@ -76,6 +76,14 @@ def _wan_cases(module_name: str, class_name: str) -> List[Case]:
     ]
 
 
+def _chronoedit_build(head_dim, skip):
+    def make():
+        from diffusers.models.transformers import transformer_chronoedit
+        return transformer_chronoedit.ChronoEditRotaryPosEmbed(head_dim, (1, 2, 2), 32,
+                                                               temporal_skip_len=skip)
+    return make
+
+
 def _hunyuan_cases(module_name: str, class_name: str) -> List[Case]:
     def build(patch, patch_t, rope_dim, theta=256.0):
         def make():
@@ -162,6 +170,17 @@ CASES: Dict[str, FamilyCases] = {
             "relu'd q, k rotated inside a linear attention (the normaliser reads them unrotated)")),
         True,
         _wan_cases("diffusers.models.transformers.transformer_sana_video", "WanRotaryPosEmbed")),
+    "chronoedit": FamilyCases(
+        dataclasses.replace(_WAN_SUMMARY, axes=(
+            "t, h, w: buffers built with h = w = 2·(D//6), t = D − h − w, read by `forward` with "
+            "[D − 2·(D//3), D//3, D//3] (the same where 6 divides D); two frames take rows 0 and "
+            "`temporal_skip_len` − 1 of t")), True, [
+            Case("D40_frames2_skip5", _chronoedit_build(40, 5),
+                 lambda: (torch.zeros(1, 1, 2, 4, 6),)),
+            Case("D40_frames3", _chronoedit_build(40, 8), lambda: (torch.zeros(1, 1, 3, 4, 4),)),
+            Case("D128_frames2_skip8", _chronoedit_build(128, 8),
+                 lambda: (torch.zeros(1, 1, 2, 2, 4),)),
+        ]),
     "hunyuan_video": FamilyCases(
         _HUNYUAN_SUMMARY, False,
         _hunyuan_cases("diffusers.models.transformers.transformer_hunyuan_video",

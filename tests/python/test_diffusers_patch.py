@@ -118,6 +118,19 @@ def _wan_vace():
     return model, inputs, "hidden_states", 3  # 2 blocks and 1 control block
 
 
+def _chronoedit():
+    """ChronoEdit: head dim 40, where its forward's split (14, 13, 13) is not its __init__'s
+    (16, 12, 12), and two frames (its temporal skip)."""
+    torch.manual_seed(0)
+    model = diffusers.ChronoEditTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=40, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
+        rope_temporal_skip_len=5)
+    inputs = {"hidden_states": _randn(1, 4, 2, 8, 6), "timestep": torch.tensor([500]),
+              "encoder_hidden_states": _randn(1, 5, 16)}
+    return model, inputs, "hidden_states", 2
+
+
 def _wan_animate():
     """Wan 2.2 Animate: its own copies of Wan's rotary module and processor; pose latents and
     face frames through the motion and face encoders."""
@@ -205,11 +218,11 @@ def _flux2():
 
 # family (the registry's name) or family_variant -> a tiny model of diffusers' own class
 MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
-          "sana_video": _sana_video, "skyreels_v2": _skyreels_v2,
+          "sana_video": _sana_video, "chronoedit": _chronoedit, "skyreels_v2": _skyreels_v2,
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
           "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2}
-FAMILIES = ("wan", "wan_animate", "sana_video", "skyreels_v2", "hunyuan_video", "hunyuan_video15",
-            "flux", "flux2")
+FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
+            "hunyuan_video15", "flux", "flux2")
 
 
 def _sample(model, inputs):
@@ -309,6 +322,18 @@ def test_wan_tables_at_several_grids(grid, head_dim):
         _tables_equal((ours.freqs_cos, ours.freqs_sin), (theirs.freqs_cos, theirs.freqs_sin))
         x = torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2])
         _tables_equal(ours(x), theirs(x))
+
+
+@pytest.mark.parametrize("frames", [1, 2, 3, 7])
+@pytest.mark.parametrize("head_dim,skip", [(12, 8), (40, 5), (128, 8), (64, 40)])
+def test_chronoedit_tables(frames, head_dim, skip):
+    """ChronoEdit's forward splits Wan's buffers with its own sizes and skips frames at two."""
+    from diffusers.models.transformers import transformer_chronoedit as dce
+    from posenc.integrations.diffusers import _chronoedit
+    theirs = dce.ChronoEditRotaryPosEmbed(head_dim, (1, 2, 2), 32, temporal_skip_len=skip)
+    ours = _chronoedit.ChronoEditRotaryPosEmbed.from_diffusers(theirs)
+    x = torch.zeros(1, 1, frames, 6, 10)
+    _tables_equal(ours(x), theirs(x))
 
 
 def test_wan_tables_on_the_float32_path(monkeypatch):

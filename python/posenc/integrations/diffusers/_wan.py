@@ -76,7 +76,8 @@ class WanRotaryPosEmbed(DiffusersRotary):
         ours.to(device=theirs[0].device)
         ours.freqs_cos = ours.freqs_cos.to(theirs[0].dtype)
         ours.freqs_sin = ours.freqs_sin.to(theirs[1].dtype)
-        if (module.t_dim, module.h_dim, module.w_dim) != (ours.t_dim, ours.h_dim, ours.w_dim):
+        split = tuple(getattr(module, n, None) for n in ("t_dim", "h_dim", "w_dim"))
+        if None not in split and split != (ours.t_dim, ours.h_dim, ours.w_dim):
             raise ValueError(f"posenc WanRotaryPosEmbed: its split "
                              f"{(module.t_dim, module.h_dim, module.w_dim)} is not diffusers' "
                              f"{(ours.t_dim, ours.h_dim, ours.w_dim)} for "
