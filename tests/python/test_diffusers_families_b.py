@@ -195,8 +195,8 @@ def _processors(model):
 def test_families_are_registered():
     pd.patch(torch.nn.Identity())  # imports the family modules
     names = {f.name for f in pd._registry.FAMILIES}
-    assert names >= {"cogvideox", "ltx", "ltx2", "cosmos", "mochi", "qwenimage",
-                     "qwenimage_layer3d"}
+    assert names >= {"cogvideox", "ltx", "ltx2", "ltx2_connector", "cosmos", "mochi",
+                     "qwenimage", "qwenimage_layer3d"}
     assert pd.get_3d_rotary_pos_embed is _cogvideox.get_3d_rotary_pos_embed
 
 
@@ -509,6 +509,42 @@ def test_ltx2_video_and_audio_tables_on_one_clock(double_precision, dim):
             _tables_equal(ours(coords), theirs(coords))
 
 
+@pytest.mark.parametrize("double_precision", [True, False])
+@pytest.mark.parametrize("dim", [7, 64, 3840])
+def test_ltx2_connector_tables(double_precision, dim):
+    from diffusers.pipelines.ltx2 import connectors
+    theirs = connectors.LTX2RotaryPosEmbed1d(dim, double_precision=double_precision)
+    ours = _ltx2.LTX2RotaryPosEmbed1d.from_diffusers(theirs)
+    for batch, length in ((1, 1), (2, 300), (1, 1024)):
+        _tables_equal(ours(batch, length, "cpu"), theirs(batch, length, "cpu"))
+
+
+def test_ltx2_text_connectors_patched_to_the_bit():
+    """LTX-2's pipeline model that turns the text encoder's states into the DiT's text tokens:
+    a 1D rope and the LTX-2 processor."""
+    from diffusers.pipelines.ltx2 import connectors
+    torch.manual_seed(0)
+    model = connectors.LTX2TextConnectors(
+        caption_channels=16, text_proj_in_factor=3, video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=8, video_connector_num_layers=1,
+        video_connector_num_learnable_registers=4, audio_connector_num_attention_heads=2,
+        audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=4)
+    model.eval()
+    mask = torch.ones(1, 8)
+    mask[0, :2] = 0
+    inputs = (_randn(1, 8, 16, 3), mask)
+    with torch.no_grad():
+        want = model(*inputs)
+    report = pd.patch(model, strict=True)
+    assert {"video_connector.rope", "audio_connector.rope"} <= set(report["patched"])
+    with torch.no_grad(), CountOps() as ops:
+        got = model(*inputs)
+    assert ops.calls["posenc.apply_rotary"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    pd.unpatch(model)
+
+
 @pytest.mark.parametrize("head_dim", [12, 16, 24, 128])
 def test_cosmos_tables_at_several_grids(head_dim):
     for rope_scale in ((2.0, 1.0, 1.0), (1.0, 3.0, 3.0)):
@@ -647,6 +683,7 @@ def test_bad_inputs_are_one_line():
         lambda: ltx(torch.zeros(1, 2)),  # no grid and no coordinates
         lambda: ltx(torch.zeros(1, 2), 2, None, 4),
         lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, rope_type="split"),
+        lambda: _ltx2.LTX2RotaryPosEmbed1d(64, rope_type="split"),
         lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, modality="text"),
         lambda: ltx2(torch.zeros(1, 3, 5, 2)),  # three axes for audio
         lambda: ltx2(torch.zeros(1, 1, 5, 3)),

@@ -27,6 +27,11 @@ diffusers' to the bit. The rotation (apply_interleaved_rotary_emb, across the he
 with the table [B, S, H Dh]) goes through torch.ops.posenc.apply_rotary (_ltx.rotate_across_heads),
 q and k with their own tables in a2v / v2a cross attention.
 
+The pipeline's text connectors (pipelines/ltx2/connectors.py, LTX2TextConnectors) rotate the
+text tokens with LTX2RotaryPosEmbed1d: positions i / base_seq_len (i = 0 .. S-1), the same ladder
+(F = dim // 2) and tables, and LTX2AudioVideoAttnProcessor; posenc's LTX2RotaryPosEmbed1d computes
+them the same way, so patch(connectors) gives the connectors' output to the bit too.
+
 Refused: rope_type "split" (LTX-2.3's per-head tables): diffusers rotates with addcmul_, which
 ATen computes with a fused multiply-add on the CPU (one rounding for x1 c - s x2), and posenc's
 rotation rounds the product and the sum apart; the rotary module is left as diffusers' (named in
@@ -47,7 +52,7 @@ from . import _common
 from ._ltx import _carry_settings, rotate_across_heads
 from ._registry import Family, qualified_name, register
 
-__all__ = ["LTX2AudioVideoRotaryPosEmbed", "LTX2AudioVideoAttnProcessor",
+__all__ = ["LTX2AudioVideoRotaryPosEmbed", "LTX2RotaryPosEmbed1d", "LTX2AudioVideoAttnProcessor",
            "LTX2PerturbedAttnProcessor"]
 
 _NAME = "posenc.integrations.diffusers.LTX2AudioVideoRotaryPosEmbed"
@@ -154,10 +159,7 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
     def frequencies(self, count: int, device) -> torch.Tensor:
         """diffusers' ladder theta ** linspace(0, 1, count) * pi / 2 (float64 or float32),
         rounded to float32."""
-        dtype = torch.float64 if self.double_precision else torch.float32
-        pow_indices = torch.pow(self.theta, torch.linspace(start=0.0, end=1.0, steps=count,
-                                                           dtype=dtype, device=device))
-        return (pow_indices * torch.pi / 2.0).to(dtype=torch.float32)
+        return _ladder(self.theta, count, self.double_precision, device)
 
     def forward(self, coords: torch.Tensor, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(coords, torch.Tensor) or coords.ndim not in (3, 4) or \
@@ -193,6 +195,57 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
             sin_padding = torch.zeros_like(cos[:, :, : self.dim % num_rope_elems])
             cos = torch.cat([cos_padding, cos], dim=-1)
             sin = torch.cat([sin_padding, sin], dim=-1)
+        return cos, sin
+
+
+def _ladder(theta: float, count: int, double_precision: bool, device) -> torch.Tensor:
+    """diffusers' ladder theta ** linspace(0, 1, count) * pi / 2 (float64 or float32), rounded to
+    float32."""
+    dtype = torch.float64 if double_precision else torch.float32
+    pow_indices = torch.pow(theta, torch.linspace(start=0.0, end=1.0, steps=count, dtype=dtype,
+                                                  device=device))
+    return (pow_indices * torch.pi / 2.0).to(dtype=torch.float32)
+
+
+class LTX2RotaryPosEmbed1d(_common.DiffusersRotary):
+    """diffusers' LTX2RotaryPosEmbed1d (LTX-2's text connectors; interleaved tables) computed by
+    posenc: forward(batch_size, pos, device) -> cos, sin [batch_size, pos, dim] float32."""
+
+    _NAME = "posenc.integrations.diffusers.LTX2RotaryPosEmbed1d"
+
+    def __init__(self, dim: int, base_seq_len: int = 4096, theta: float = 10000.0,
+                 double_precision: bool = True, rope_type: str = "interleaved",
+                 num_attention_heads: int = 32) -> None:
+        super().__init__()
+        if rope_type != "interleaved":
+            raise ValueError(f"{self._NAME}: rope_type {rope_type!r} is not computed by posenc "
+                             f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
+                             f"the CPU; posenc rounds the product and the sum apart)")
+        if not isinstance(dim, int) or dim < 2:
+            raise ValueError(f"{self._NAME}: dim must be an integer >= 2, got {dim!r}")
+        self.dim = dim
+        self.base_seq_len = base_seq_len
+        self.theta = theta
+        self.double_precision = double_precision
+        self.rope_type = rope_type
+        self.num_attention_heads = num_attention_heads
+
+    @classmethod
+    def from_diffusers(cls, module: torch.nn.Module) -> "LTX2RotaryPosEmbed1d":
+        return cls(dim=module.dim, base_seq_len=module.base_seq_len, theta=module.theta,
+                   double_precision=module.double_precision, rope_type=module.rope_type,
+                   num_attention_heads=module.num_attention_heads)
+
+    def forward(self, batch_size: int, pos: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        grid_1d = torch.arange(pos, dtype=torch.float32, device=device)
+        grid_1d = grid_1d / self.base_seq_len
+        grid = grid_1d.unsqueeze(0).repeat(batch_size, 1)  # [B, S]
+        freqs = _ladder(self.theta, self.dim // 2, self.double_precision, device)
+        cos, sin = torch.ops.posenc.rope_cos_sin((grid * 2 - 1).contiguous(), freqs, 1.0, [],
+                                                 "contiguous", "interleaved")
+        if self.dim % 2 != 0:
+            cos = torch.cat([torch.ones_like(cos[:, :, :1]), cos], dim=-1)
+            sin = torch.cat([torch.zeros_like(sin[:, :, :1]), sin], dim=-1)
         return cos, sin
 
 
@@ -327,4 +380,11 @@ FAMILY = register(Family(
         qualified_name(_dltx2.LTX2PerturbedAttnProcessor):
             LTX2PerturbedAttnProcessor.from_diffusers,
     },
+))
+# LTX-2's text connectors (a pipeline model; its class named as a string: importing
+# diffusers.pipelines.ltx2 here would import the pipelines' text-encoder dependencies)
+register(Family(
+    name="ltx2_connector",
+    rotary_class="diffusers.pipelines.ltx2.connectors.LTX2RotaryPosEmbed1d",
+    replace=LTX2RotaryPosEmbed1d.from_diffusers,
 ))
