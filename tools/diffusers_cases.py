@@ -121,10 +121,12 @@ def _flux2_ids():
     return (torch.cat([_grid_ids(1, 1, 1, 3), _grid_ids(1, 2, 3, 1) + 7]),)
 
 
-def _flux_build(flux2: bool, theta, axes_dim):
+def _flux_build(flux2: bool, theta, axes_dim, module="transformer_flux", name="FluxPosEmbed"):
     def make():
-        from diffusers.models.transformers import transformer_flux, transformer_flux2
-        cls = transformer_flux2.Flux2PosEmbed if flux2 else transformer_flux.FluxPosEmbed
+        import importlib
+        if flux2:
+            return _flux_build(False, theta, axes_dim, "transformer_flux2", "Flux2PosEmbed")()
+        cls = getattr(importlib.import_module(f"diffusers.models.transformers.{module}"), name)
         return cls(theta, list(axes_dim))
     return make
 
@@ -322,6 +324,22 @@ CASES.update({
                                modality="audio", double_precision=False),
                  _ltx2_audio_coords(50, 7, first_axis_only=True)),
         ]),
+    "ltx2_connector": FamilyCases(
+        Summary(axes="text token index / base_seq_len (4096) of LTX-2's text connectors "
+                     "(pipelines/ltx2/connectors.py)",
+                theta="1e4 (θ^linspace(0, 1, dim//2) · π/2, applied to 2p − 1)",
+                layout="interleaved pairs t0 t0 t1 t1 …, dim mod 2 pass-through channel first; "
+                       "across the heads (LTX-2's processor)",
+                dtype_path="float64 frequency ladder (`double_precision`) rounded to float32; "
+                           "float32 positions, angles and cos/sin, every device"), False, [
+            Case("dim64_batch2_tokens300",
+                 _module_build("diffusers.pipelines.ltx2.connectors", "LTX2RotaryPosEmbed1d", 64),
+                 lambda: (2, 300, "cpu")),
+            Case("dim7_tokens33_float32_ladder",
+                 _module_build("diffusers.pipelines.ltx2.connectors", "LTX2RotaryPosEmbed1d", 7,
+                               double_precision=False),
+                 lambda: (1, 33, "cpu")),
+        ]),
     "cosmos": FamilyCases(
         Summary(axes="t, h, w: h = w = D//6·2, t = D − h − w; the patch grid's indices, t "
                      "rescaled by 24/fps for videos",
@@ -374,5 +392,30 @@ CASES.update({
                                scale_rope=True),
                  lambda: ([[(1, 4, 6), (1, 4, 6), (1, 4, 6)]], 5, torch.device("cpu")),
                  _qwen_tables),
+        ]),
+    "flux3": FamilyCases(
+        Summary(axes="the 4 axes of `axes_dims_rope` (32, 32, 32, 32); text, image and reference "
+                     "image ids apart",
+                theta="1e4 (`rope_theta`)",
+                layout="interleaved pairs, t0 t0 t1 t1 … per axis block; q, k normalised and "
+                       "rotated in float32, then cast to v's dtype",
+                dtype_path=_FLUX_SUMMARY.dtype_path), True, [
+            Case("axes32x4_theta1e4", _flux_build(False, 10000, (32, 32, 32, 32),
+                                                  "transformer_flux3", "Flux3PosEmbed"),
+                 _flux2_ids),
+        ]),
+    "krea2": FamilyCases(
+        Summary(axes="the ids' 3 axes (`position_ids`: text tokens at 0, image (0, h, w)), "
+                     "`axes_dims_rope` (32, 48, 48)",
+                theta="1000 (`rope_theta`)",
+                layout="interleaved pairs, t0 t0 t1 t1 … per axis block; grouped-query q, k",
+                dtype_path=_FLUX_SUMMARY.dtype_path), True, [
+            Case("axes32-48-48_theta1000", _flux_build(False, 1000.0, (32, 48, 48),
+                                                       "transformer_krea2", "Krea2RotaryPosEmbed"),
+                 _flux_ids),
+            Case("axes4-2-2_theta1000_large", _flux_build(False, 1000.0, (4, 2, 2),
+                                                          "transformer_krea2",
+                                                          "Krea2RotaryPosEmbed"),
+                 _flux_fractional_ids),
         ]),
 })
