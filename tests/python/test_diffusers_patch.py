@@ -138,7 +138,8 @@ def _wan_animate():
     model = diffusers.WanAnimateTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
         latent_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
-        image_dim=16, rope_max_seq_len=32, motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+        image_dim=16, rope_max_seq_len=32,
+        motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
         motion_encoder_size=16, motion_style_dim=8, motion_dim=4, motion_encoder_dim=16,
         face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=2)
     inputs = {"hidden_states": _randn(1, 12, 5, 4, 6), "timestep": torch.tensor([500]),
@@ -217,12 +218,50 @@ def _flux2():
 
 
 # family (the registry's name) or family_variant -> a tiny model of diffusers' own class
+def _flux3():
+    """Flux 3: per-mode blocks (text, image, reference image) and joint ones; q, k rotated in
+    float32."""
+    torch.manual_seed(0)
+    model = diffusers.Flux3Transformer2DModel(
+        in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, timestep_channels=32,
+        axes_dims_rope=(4, 4, 4, 4))
+    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 9, 32),
+              "timestep": torch.tensor([0.7]), "img_ids": _grid_ids(1, 4, 5, 1),
+              "txt_ids": _grid_ids(1, 1, 1, 9), "image_cond_hidden_states": _randn(1, 6, 4),
+              "image_cond_ids": _grid_ids(1, 2, 3, 1) + 10}
+    return model, inputs, "hidden_states", 5
+
+
+def _krea2():
+    """Krea 2: grouped-query attention (4 q heads, 2 k/v heads), theta 1000, a padded text."""
+    torch.manual_seed(0)
+    model = diffusers.Krea2Transformer2DModel(
+        in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16,
+        num_text_layers=3, text_num_attention_heads=2, text_num_key_value_heads=1,
+        text_intermediate_size=16, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 2, 2), rope_theta=1000.0)
+    n_txt, h, w = 4, 3, 4
+    position_ids = torch.zeros(n_txt + h * w, 3)
+    position_ids[n_txt:, 1] = torch.arange(h).repeat_interleave(w)
+    position_ids[n_txt:, 2] = torch.arange(w).repeat(h)
+    mask = torch.ones(1, n_txt, dtype=torch.bool)
+    mask[:, -1] = False
+    inputs = {"hidden_states": _randn(1, h * w, 16),
+              "encoder_hidden_states": _randn(1, n_txt, 3, 16),
+              "timestep": torch.tensor([0.5]), "position_ids": position_ids,
+              "encoder_attention_mask": mask}
+    return model, inputs, "hidden_states", 2
+
+
 MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
           "sana_video": _sana_video, "chronoedit": _chronoedit, "skyreels_v2": _skyreels_v2,
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
-          "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2}
+          "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2, "flux3": _flux3,
+          "krea2": _krea2}
 FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
-            "hunyuan_video15", "flux", "flux2")
+            "hunyuan_video15", "flux", "flux2", "flux3", "krea2")
 
 
 def _sample(model, inputs):
@@ -314,7 +353,8 @@ def test_wan_tables_at_several_grids(grid, head_dim):
     for theirs_cls, ours_cls in ((dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
                                  (dsky.SkyReelsV2RotaryPosEmbed,
                                   _skyreels_v2.SkyReelsV2RotaryPosEmbed),
-                                 (danimate.WanRotaryPosEmbed, _wan_animate.WanAnimateRotaryPosEmbed),
+                                 (danimate.WanRotaryPosEmbed,
+                                  _wan_animate.WanAnimateRotaryPosEmbed),
                                  (dsana.WanRotaryPosEmbed, _sana_video.SanaVideoRotaryPosEmbed)):
         theirs = theirs_cls(head_dim, (1, 2, 2), 64)
         ours = ours_cls.from_diffusers(theirs)
