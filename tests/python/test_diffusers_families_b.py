@@ -34,6 +34,10 @@ from diffusers.models.transformers import transformer_mochi as dmochi  # noqa: E
 from diffusers.models.transformers import transformer_qwenimage as dqwen  # noqa: E402
 from diffusers.pipelines.cogvideo import pipeline_cogvideox as dcogpipe  # noqa: E402
 
+# Mochi's rope runs under torch.autocast(..., float32), which CPU autocast warns about (diffusers'
+# module and posenc's alike)
+pytestmark = pytest.mark.filterwarnings("ignore:In CPU autocast, but the target dtype")
+
 # Gradients: posenc's rotation backward sums its terms in another order than autograd through
 # diffusers' formula: equal to float32 rounding, not to the bit.
 GRAD_RTOL = 1e-5
