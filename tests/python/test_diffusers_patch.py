@@ -18,13 +18,12 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 
 import posenc  # noqa: E402,F401  (loads posenc's operators)
-from posenc.integrations import diffusers as pd  # noqa: E402
-from posenc.integrations.diffusers import _registry  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 from diffusers.models import embeddings as demb  # noqa: E402
 from diffusers.models.transformers import transformer_flux2 as dflux2  # noqa: E402
 from diffusers.models.transformers import transformer_wan as dwan  # noqa: E402
+from posenc.integrations import diffusers as pd  # noqa: E402
+from posenc.integrations.diffusers import _registry  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 # Gradients: the rotation's backward is posenc's (dq = dy cos + rot(dy) (-swap sin)), not autograd's
 # through diffusers' formula; measured equal to the bit on an AVX-512 EPYC for every model here,
@@ -347,10 +346,10 @@ def _tables_equal(ours, theirs):
 @pytest.mark.parametrize("grid", [(1, 2, 2), (3, 8, 6), (5, 14, 18), (13, 32, 20)])
 @pytest.mark.parametrize("head_dim", [12, 64, 128])
 def test_wan_tables_at_several_grids(grid, head_dim):
-    from posenc.integrations.diffusers import _sana_video, _skyreels_v2, _wan, _wan_animate
     from diffusers.models.transformers import transformer_sana_video as dsana
     from diffusers.models.transformers import transformer_skyreels_v2 as dsky
     from diffusers.models.transformers import transformer_wan_animate as danimate
+    from posenc.integrations.diffusers import _sana_video, _skyreels_v2, _wan, _wan_animate
     for theirs_cls, ours_cls in ((dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
                                  (dsky.SkyReelsV2RotaryPosEmbed,
                                   _skyreels_v2.SkyReelsV2RotaryPosEmbed),

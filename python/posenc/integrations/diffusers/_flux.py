@@ -31,8 +31,13 @@ import copy
 import torch
 from diffusers.models.transformers import transformer_flux as _df
 
-from ._common import (DiffusersRotary, adjusted_float64, apply_rotary_emb_qk, axes_tables,
-                      frequencies)
+from ._common import (
+    DiffusersRotary,
+    adjusted_float64,
+    apply_rotary_emb_qk,
+    axes_tables,
+    frequencies,
+)
 from ._registry import Family, qualified_name, register
 from ._wan import carry_settings
 
