@@ -35,9 +35,10 @@ __all__ = ["CosmosRotaryPosEmbed", "CosmosAttnProcessor2_0", "CosmosAttnProcesso
 _NAME = "posenc.integrations.diffusers.CosmosRotaryPosEmbed"
 
 
-def _ladder(theta: float, dim: int) -> torch.Tensor:
-    """diffusers: 1.0 / (theta ** (arange(0, dim, 2)[: dim // 2] / dim)), float32."""
-    dim_range = torch.arange(0, dim, 2, dtype=torch.float32)[: (dim // 2)] / dim
+def _ladder(theta: float, dim: int, device) -> torch.Tensor:
+    """diffusers: 1.0 / (theta ** (arange(0, dim, 2)[: dim // 2] / dim)), float32, on the
+    latents' device (where diffusers computes it: another device's pow may round otherwise)."""
+    dim_range = torch.arange(0, dim, 2, device=device, dtype=torch.float32)[: (dim // 2)] / dim
     return 1.0 / (theta ** dim_range)
 
 
@@ -91,12 +92,12 @@ class CosmosRotaryPosEmbed(_common.DiffusersRotary):
             pos_t = seq[: pe_size[0]] / fps * self.base_fps
         positions = torch.stack(torch.meshgrid(pos_t, seq[: pe_size[1]], seq[: pe_size[2]],
                                                indexing="ij"), dim=-1).reshape(-1, 3)
-        ladders = [_ladder(10000.0 * self.t_ntk_factor, self.dim_t),
-                   _ladder(10000.0 * self.h_ntk_factor, self.dim_h),
-                   _ladder(10000.0 * self.w_ntk_factor, self.dim_w)]
+        ladders = [_ladder(10000.0 * self.t_ntk_factor, self.dim_t, device),
+                   _ladder(10000.0 * self.h_ntk_factor, self.dim_h, device),
+                   _ladder(10000.0 * self.w_ntk_factor, self.dim_w, device)]
         sections = [int(f.numel()) for f in ladders]
-        return torch.ops.posenc.rope_cos_sin(positions, torch.cat(ladders).to(device), 1.0,
-                                             sections, "contiguous", "half")
+        return torch.ops.posenc.rope_cos_sin(positions, torch.cat(ladders), 1.0, sections,
+                                             "contiguous", "half")
 
 
 def _rotate(query, key, image_rotary_emb):
