@@ -190,7 +190,8 @@ def changed_families(committed: dict, fresh: dict) -> Dict[str, List[str]]:
                     f"{case['dtype']}{case['shape']}")
                 continue
             for t in ("cos", "sin"):
-                a, b = torch.tensor(before[t]), torch.tensor(case[t])
+                a = torch.tensor(before[t], dtype=torch.float64)
+                b = torch.tensor(case[t], dtype=torch.float64)
                 exact = new["float64"] or same_capability
                 if not (torch.equal(a, b) if exact else torch.allclose(a, b, rtol=0,
                                                                        atol=FLOAT32_ATOL)):

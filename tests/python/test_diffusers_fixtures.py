@@ -67,3 +67,27 @@ def test_posenc_tables_equal_the_committed_ones(family, case_name):
                                            f"{(got - want).abs().max().item()}"
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=diffusers_cases.FLOAT32_ATOL)
+
+
+def test_check_names_the_families_whose_tables_changed():
+    """gen_diffusers_fixtures --check's comparison: a value, a shape or a case that changed names
+    its family; float32 families at another capability are compared within FLOAT32_ATOL."""
+    import copy
+
+    import gen_diffusers_fixtures as gen
+    assert gen.changed_families(FIXTURE, FIXTURE) == {}
+    fresh = copy.deepcopy(FIXTURE)
+    fresh["families"]["wan"]["cases"][0]["cos"][5] += 2.0 ** -30  # one float64-rounded value
+    fresh["families"]["flux"]["cases"][1]["shape"] = [1, 2]
+    fresh["families"]["flux2"]["cases"].append(dict(fresh["families"]["flux2"]["cases"][0],
+                                                    name="a_new_case"))
+    changed = gen.changed_families(FIXTURE, fresh)
+    assert set(changed) == {"wan", "flux", "flux2"}
+    assert "cos" in changed["wan"][0] and "new case" in changed["flux2"][0]
+    other_cpu = copy.deepcopy(FIXTURE)
+    other_cpu["generator"]["aten_cpu_capability"] = "AVX512"
+    float32_family = next(n for n, e in FIXTURE["families"].items() if not e["float64"])
+    other_cpu["families"][float32_family]["cases"][0]["sin"][0] += 1e-7  # an ulp apart
+    assert gen.changed_families(FIXTURE, other_cpu) == {}
+    other_cpu["families"][float32_family]["cases"][0]["sin"][0] += 1e-3
+    assert set(gen.changed_families(FIXTURE, other_cpu)) == {float32_family}
