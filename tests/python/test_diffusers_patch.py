@@ -507,6 +507,9 @@ def test_a_module_posenc_would_compute_otherwise_is_left():
     with pytest.raises(ValueError, match="posenc does not compute") as e:
         pd.patch(holder, strict=True)
     assert "\n" not in str(e.value) and holder.rope is rope
+    with torch.device("meta"):  # built without weights (init_empty_weights)
+        holder.rope = dwan.WanRotaryPosEmbed(12, (1, 2, 2), 32)
+    assert "meta device" in pd.patch(holder)["left"][0]
     holder.rope = dwan.WanRotaryPosEmbed(12, (1, 2, 2), 32)
     holder.rope.half()  # a cast buffer: diffusers' tables are no longer what the settings give
     holder.rope.float()

@@ -175,6 +175,8 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis, use_real: bool = True,
 def same_tables(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> Optional[str]:
     """Why two (cos, sin) pairs differ (shape, dtype, device or a value), or None."""
     for name, a, b in zip(("cos", "sin"), ours, theirs):
+        if b.device.type == "meta":
+            return f"its {name} table is on the meta device (not materialised): patch after loading"
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
             return (f"{name} {tuple(b.shape)} {b.dtype} on {b.device} where posenc computes "
                     f"{tuple(a.shape)} {a.dtype} on {a.device}")

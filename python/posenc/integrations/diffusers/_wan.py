@@ -73,6 +73,9 @@ class WanRotaryPosEmbed(DiffusersRotary):
         """posenc's module for diffusers' one, its tables checked equal to the module's own."""
         ours = cls(module.attention_head_dim, module.patch_size, module.max_seq_len)
         theirs = (module.freqs_cos, module.freqs_sin)
+        if theirs[0].device.type == "meta":
+            raise ValueError("posenc WanRotaryPosEmbed: its tables are on the meta device (not "
+                             "materialised); patch the model after loading it")
         ours.to(device=theirs[0].device)
         ours.freqs_cos = ours.freqs_cos.to(theirs[0].dtype)
         ours.freqs_sin = ours.freqs_sin.to(theirs[1].dtype)
