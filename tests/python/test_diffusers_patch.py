@@ -44,6 +44,12 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _rotations(ops: CountOps) -> int:
+    """Calls of posenc's rotation operators (apply_rotary; rope_rotate_qk, the fused kernel the
+    processors take where it gives the same results)."""
+    return ops.calls["posenc.apply_rotary"] + ops.calls["posenc.rope_rotate_qk"]
+
+
 def _generator():
     return torch.Generator().manual_seed(0)
 
@@ -307,7 +313,7 @@ def test_patched_output_equal_to_the_bit(family):
     with torch.no_grad(), CountOps() as ops:
         got = _sample(model, inputs)
     # the rotation ran, through posenc's operator, once per rotating attention (q and k together)
-    assert ops.calls["posenc.apply_rotary"] == rotating
+    assert _rotations(ops) == rotating
     assert torch.equal(got, want), (got - want).abs().max()
 
     restored = pd.unpatch(model)
@@ -318,7 +324,7 @@ def test_patched_output_equal_to_the_bit(family):
         assert model.get_submodule(name).processor is processor
     with torch.no_grad(), CountOps() as ops:
         again = _sample(model, inputs)
-    assert ops.calls["posenc.apply_rotary"] == 0
+    assert _rotations(ops) == 0
     assert torch.equal(again, want)
 
 
@@ -572,7 +578,7 @@ def test_flux_ip_adapter_processor():
     assert list(model.state_dict()) == keys
     with torch.no_grad(), CountOps() as ops:
         got = _sample(model, inputs)
-    assert ops.calls["posenc.apply_rotary"] == 3
+    assert _rotations(ops) == 3
     assert torch.equal(got, want)
     model.double()
     assert ip.to_k_ip[0].weight.dtype == torch.float64  # shared: the kept one follows
@@ -600,7 +606,7 @@ def test_flux2_kv_cache_processors():
             first, cache = model(**extract, kv_cache_mode="extract", num_ref_tokens=refs,
                                  return_dict=False)
             second = _sample_kv(model, inputs, cache)
-        return first, second, ops.calls["posenc.apply_rotary"]
+        return first, second, _rotations(ops)
 
     want_first, want_second, calls = run()
     assert calls == 0
@@ -690,3 +696,34 @@ def test_cast_after_patch_gives_the_cast_models_output():
     inputs = _cast_inputs(inputs, torch.bfloat16)
     with torch.no_grad():
         assert torch.equal(_sample(patched, inputs), _sample(plain, inputs))
+
+
+@pytest.mark.parametrize("family", ["wan", "hunyuan_video", "flux"])
+def test_fused_kernel_for_inference_apply_rotary_for_half_precision_training(family):
+    """The processors rotate with posenc's fused rope_rotate_qk where it gives diffusers' results
+    and gradients (inference in any dtype; float32 training), with apply_rotary where eager's
+    per-product rounding of bfloat16 gradients must be followed (bfloat16 training): outputs and
+    bfloat16 gradients equal to the bit either way."""
+    model, inputs, grad_input, rotating = MODELS[family]()
+    for name, child in model.named_children():  # as from_pretrained(torch_dtype=bfloat16) does:
+        if name != "rope":  # Wan's rope is one of its _keep_in_fp32_modules: float32 tables
+            child.to(torch.bfloat16)
+    for name, parameter in model.named_parameters(recurse=False):
+        parameter.data = parameter.data.to(torch.bfloat16)
+    inputs = _cast_inputs(inputs, torch.bfloat16)
+    want_grads = _grads(model, inputs, grad_input)
+    model.eval()
+    with torch.no_grad():
+        want = _sample(model, inputs)
+    pd.patch(model, strict=True)
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.rope_rotate_qk"] == rotating and torch.equal(got, want)
+    model.train()
+    with CountOps() as ops:
+        got_grads = _grads(model, inputs, grad_input)
+    assert ops.calls["posenc.apply_rotary"] == rotating
+    assert ops.calls["posenc.rope_rotate_qk"] == 0
+    assert set(got_grads) == set(want_grads)
+    for name in want_grads:
+        assert torch.equal(got_grads[name], want_grads[name]), name

@@ -139,9 +139,12 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary_emb_qk(q: torch.Tensor, k: torch.Tensor, freqs_cis, use_real: bool = True,
-                        use_real_unbind_dim: int = -1, sequence_dim: int = 2
-                        ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """diffusers' apply_rotary_emb of q and of k with the same tables, in one posenc call."""
+                        use_real_unbind_dim: int = -1, sequence_dim: int = 2,
+                        fused: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """diffusers' apply_rotary_emb of q and of k with the same tables, in one posenc call:
+    torch.ops.posenc.apply_rotary, or with `fused` posenc's fused rope_rotate_qk wherever it gives
+    the same results and gradients (fused_takes; q, k [B, S, H, D] with tables whose pair members
+    are equal, as the families' rotary modules give them)."""
     if not use_real:
         raise ValueError("posenc.integrations.diffusers.apply_rotary_emb: the complex path "
                          "(use_real=False) is not computed by posenc")
@@ -152,9 +155,51 @@ def apply_rotary_emb_qk(q: torch.Tensor, k: torch.Tensor, freqs_cis, use_real: b
         raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: k must be a 4-D "
                          f"floating tensor on q's device ({q.device}), got {tuple(k.shape)} "
                          f"{k.dtype} on {k.device}")
-    q_out, k_out = torch.ops.posenc.apply_rotary(_as_float(q), _as_float(k), cos, sin,
-                                                 unsqueeze_dim, layout)
+    q_in, k_in = _as_float(q), _as_float(k)
+    if fused and unsqueeze_dim == 2:  # q, k [B, S, H, D]: the fused kernel's layout
+        pairs = per_pair_tables(cos, sin, layout)
+        if pairs is not None and fused_takes(q_in, k_in, *pairs):
+            q_out, k_out = torch.ops.posenc.rope_rotate_qk(q_in, k_in, *pairs, layout, False)
+            return q_out.to(q.dtype), k_out.to(k.dtype)
+    q_out, k_out = torch.ops.posenc.apply_rotary(q_in, k_in, cos, sin, unsqueeze_dim, layout)
     return q_out.to(q.dtype), k_out.to(k.dtype)
+
+
+def per_pair_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str):
+    """One value per rotary pair ([..., D/2]) from diffusers' tables [..., D] where both members
+    of every pair carry the same value (t0 t0 t1 t1 ... for interleaved, cat(t, t) for half, as
+    every rotary module of these families gives them), else None."""
+    width = cos.shape[-1]
+    if width % 2:
+        return None
+    if layout == "interleaved":
+        first, second = (cos[..., 0::2], sin[..., 0::2]), (cos[..., 1::2], sin[..., 1::2])
+    else:
+        first = (cos[..., : width // 2], sin[..., : width // 2])
+        second = (cos[..., width // 2:], sin[..., width // 2:])
+    if not all(torch.equal(a, b) for a, b in zip(first, second)):
+        return None
+    return first
+
+
+def fused_takes(q: torch.Tensor, k: torch.Tensor, cos_pairs: torch.Tensor,
+                sin_pairs: torch.Tensor) -> bool:
+    """Whether posenc's fused rope_rotate_qk gives diffusers' results here, forward and backward.
+
+    Its forward is the formula's, product for product (x_a c - x_b s, x_b c + x_a s in the
+    promoted dtype, rounded once to x's): equal to the bit in every dtype, for float32 tables.
+    Its backward is the same kernel at -angle: equal to the bit for float32/float64 q and k; for
+    bfloat16/float16 ones eager autograd rounds each product's gradient to the storage type
+    before adding them, which torch.ops.posenc.apply_rotary's backward does and this one does not,
+    so where a gradient is recorded for them apply_rotary takes the call (the fused kernel takes
+    inference, where it is several times faster than apply_rotary's promoted path)."""
+    if cos_pairs.dtype != torch.float32 or sin_pairs.dtype != torch.float32:
+        return False
+    if cos_pairs.requires_grad or sin_pairs.requires_grad:
+        return False
+    half = q.dtype in (torch.bfloat16, torch.float16) or k.dtype in (torch.bfloat16, torch.float16)
+    records = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)
+    return not (half and records)
 
 
 def apply_rotary_emb(x: torch.Tensor, freqs_cis, use_real: bool = True,

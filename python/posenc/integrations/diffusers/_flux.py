@@ -108,7 +108,8 @@ def flux_attention(processor, module, attn, hidden_states, encoder_hidden_states
         value = torch.cat([encoder_value, value], dim=1)
 
     if image_rotary_emb is not None:  # posenc's rotation
-        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                         fused=True)
 
     hidden_states = module.dispatch_attention_fn(
         query, key, value, attn_mask=attention_mask, backend=processor._attention_backend,
@@ -180,7 +181,8 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
             value = torch.cat([encoder_value, value], dim=1)
 
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
 
         hidden_states = _df.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,

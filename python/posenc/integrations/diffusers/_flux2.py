@@ -83,7 +83,8 @@ def _parallel_qkv(attn, hidden_states, image_rotary_emb):
     query = attn.norm_q(query)
     key = attn.norm_k(key)
     if image_rotary_emb is not None:  # posenc's rotation
-        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                         fused=True)
     return query, key, value, mlp_hidden_states
 
 
@@ -165,7 +166,8 @@ class Flux2KVAttnProcessor(_df2.Flux2KVAttnProcessor):
             key = torch.cat([encoder_key, key], dim=1)
             value = torch.cat([encoder_value, value], dim=1)
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
 
         num_txt_tokens = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
         hidden_states = _kv_attention(self, query, key, value, attention_mask, kv_cache,

@@ -49,7 +49,8 @@ class Flux3AttnProcessor(_df3.Flux3AttnProcessor):
         query = attn.norm_q(query.float())
         key = attn.norm_k(key.float())
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
         query, key = query.to(value.dtype), key.to(value.dtype)
         hidden_states = _df3.dispatch_attention_fn(
             query, key, value, attn_mask=attention_mask, backend=self._attention_backend,

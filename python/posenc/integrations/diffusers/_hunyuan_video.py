@@ -105,11 +105,12 @@ class HunyuanVideoAttnProcessor2_0(_dh.HunyuanVideoAttnProcessor2_0):
             if attn.add_q_proj is None and encoder_hidden_states is not None:
                 n_text = encoder_hidden_states.shape[1]
                 q_rot, k_rot = apply_rotary_emb_qk(query[:, :-n_text], key[:, :-n_text],
-                                                   image_rotary_emb, sequence_dim=1)
+                                                   image_rotary_emb, sequence_dim=1, fused=True)
                 query = torch.cat([q_rot, query[:, -n_text:]], dim=1)
                 key = torch.cat([k_rot, key[:, -n_text:]], dim=1)
             else:
-                query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+                query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                                 fused=True)
 
         # 4. Encoder condition QKV projection and normalization
         if attn.add_q_proj is not None and encoder_hidden_states is not None:

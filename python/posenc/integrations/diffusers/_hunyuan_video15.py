@@ -54,7 +54,8 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
 
         # 3. Rotary embeddings on the latent stream (posenc's rotation)
         if image_rotary_emb is not None:
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
 
         # 4. Encoder condition QKV projection and normalization
         if encoder_hidden_states is not None:

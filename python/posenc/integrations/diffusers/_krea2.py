@@ -48,7 +48,8 @@ class Krea2AttnProcessor(_dk2.Krea2AttnProcessor):
         query = attn.norm_q(query)
         key = attn.norm_k(key)
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1)
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
         num_key_value_groups = attn.num_heads // attn.num_kv_heads
         if num_key_value_groups > 1:
             key = key.repeat_interleave(num_key_value_groups, dim=2)

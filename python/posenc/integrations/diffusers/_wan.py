@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from diffusers.models.transformers import transformer_wan as _dw
 
-from ._common import DiffusersRotary, axes_tables, frequencies, same_tables
+from ._common import DiffusersRotary, axes_tables, frequencies, fused_takes, same_tables
 from ._registry import Family, qualified_name, register
 
 __all__ = ["WanRotaryPosEmbed", "WanAttnProcessor", "rotate_wan", "wan_axes"]
@@ -118,8 +118,13 @@ def rotate_wan(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor,
     if freqs_cos.dim() != 4 or freqs_cos.shape[2] != 1 or freqs_sin.shape != freqs_cos.shape:
         raise ValueError(f"posenc Wan rotation: tables must be [1, N, 1, D] of one shape, got "
                          f"{tuple(freqs_cos.shape)} and {tuple(freqs_sin.shape)}")
-    cos = freqs_cos[..., 0::2].squeeze(2).repeat_interleave(2, dim=-1)  # [1, N, D]: c0 c0 c1 c1
-    sin = freqs_sin[..., 1::2].squeeze(2).repeat_interleave(2, dim=-1)
+    cos_pairs = freqs_cos[..., 0::2].squeeze(2)  # [1, N, D/2]: the even columns, as Wan reads
+    sin_pairs = freqs_sin[..., 1::2].squeeze(2)  # the odd columns
+    if fused_takes(query, key, cos_pairs, sin_pairs):
+        return torch.ops.posenc.rope_rotate_qk(query, key, cos_pairs, sin_pairs, "interleaved",
+                                               False)
+    cos = cos_pairs.repeat_interleave(2, dim=-1)  # [1, N, D]: c0 c0 c1 c1 ...
+    sin = sin_pairs.repeat_interleave(2, dim=-1)
     q, k = torch.ops.posenc.apply_rotary(query, key, cos, sin, 2, "interleaved")
     return q.to(query.dtype), k.to(key.dtype)
 
