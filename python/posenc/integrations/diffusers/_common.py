@@ -192,7 +192,12 @@ def fused_takes(q: torch.Tensor, k: torch.Tensor, cos_pairs: torch.Tensor,
     bfloat16/float16 ones eager autograd rounds each product's gradient to the storage type
     before adding them, which torch.ops.posenc.apply_rotary's backward does and this one does not,
     so where a gradient is recorded for them apply_rotary takes the call (the fused kernel takes
-    inference, where it is several times faster than apply_rotary's promoted path)."""
+    inference, where it is several times faster than apply_rotary's promoted path). CPU tensors
+    only: the CUDA kernel computes x_a c - x_b s as nvcc contracts it (a fused multiply-add, one
+    rounding fewer than eager's two kernels), so CUDA tensors take apply_rotary, whose CUDA path is
+    the formula in ATen ops, as diffusers computes it."""
+    if q.device.type != "cpu" or k.device.type != "cpu":
+        return False
     if cos_pairs.dtype != torch.float32 or sin_pairs.dtype != torch.float32:
         return False
     if cos_pairs.requires_grad or sin_pairs.requires_grad:
