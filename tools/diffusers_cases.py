@@ -101,6 +101,13 @@ def _hunyuan_cases(module_name: str, class_name: str) -> List[Case]:
     ]
 
 
+def _framepack_build(rope_dim, theta=256.0):
+    def make():
+        from diffusers.models.transformers import transformer_hunyuan_video_framepack as m
+        return m.HunyuanVideoFramepackRotaryPosEmbed(2, 1, list(rope_dim), theta)
+    return make
+
+
 def _grid_ids(*sizes):
     return torch.cartesian_prod(*[torch.arange(s) for s in sizes])
 
@@ -193,6 +200,15 @@ CASES: Dict[str, FamilyCases] = {
             "stream, the text stream appended after the rotation")), False,
         _hunyuan_cases("diffusers.models.transformers.transformer_hunyuan_video15",
                        "HunyuanVideo15RotaryPosEmbed")),
+    "hunyuan_video_framepack": FamilyCases(
+        dataclasses.replace(_HUNYUAN_SUMMARY, axes=(
+            "t, h, w with `rope_axes_dim` (16, 56, 56): the given frame indices (latents, clean "
+            "latents, 2x/4x history) × the patched height and width")), False, [
+            Case("rope16-56-56_frames0-5-6-7_4x3", _framepack_build((16, 56, 56)),
+                 lambda: (torch.tensor([0.0, 5, 6, 7]), 8, 6, torch.device("cpu"))),
+            Case("rope2-4-4_frames_fractional", _framepack_build((2, 4, 4)),
+                 lambda: (torch.tensor([0.5, 13.25, 40.0]), 10, 4, torch.device("cpu"))),
+        ]),
     "flux": FamilyCases(_FLUX_SUMMARY, True, [
         Case("axes16-56-56_text3_image2x3", _flux_build(False, 10000, (16, 56, 56)), _flux_ids),
         Case("axes4-4-8_fractional_large", _flux_build(False, 10000, (4, 4, 8)),

@@ -97,6 +97,27 @@ def _hunyuan_video():
     return model, inputs, "hidden_states", 3  # 1 double-stream, 2 single-stream blocks
 
 
+def _hunyuan_video_framepack():
+    """FramePack: the latents' frames and the clean, 2x and 4x history at their own indices."""
+    torch.manual_seed(0)
+    model = diffusers.HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
+        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4),
+        has_image_proj=True, image_proj_dim=16, has_clean_x_embedder=True)
+    inputs = {"hidden_states": _randn(1, 4, 3, 4, 4), "timestep": torch.tensor([300]),
+              "encoder_hidden_states": _randn(1, 6, 16), "pooled_projections": _randn(1, 8),
+              "encoder_attention_mask": torch.ones(1, 6), "guidance": torch.tensor([600]),
+              "image_embeds": _randn(1, 6, 16), "indices_latents": torch.tensor([9.0, 10, 11]),
+              "latents_clean": _randn(1, 4, 2, 4, 4),
+              "indices_latents_clean": torch.tensor([0.0, 12]),
+              "latents_history_2x": _randn(1, 4, 2, 4, 4),
+              "indices_latents_history_2x": torch.tensor([13.0, 14]),
+              "latents_history_4x": _randn(1, 4, 8, 4, 4),
+              "indices_latents_history_4x": torch.arange(15, 23).float()}
+    return model, inputs, "hidden_states", 2
+
+
 def _hunyuan_video15():
     torch.manual_seed(0)
     model = diffusers.HunyuanVideo15Transformer3DModel(
@@ -263,11 +284,12 @@ def _krea2():
 
 MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
           "sana_video": _sana_video, "chronoedit": _chronoedit, "skyreels_v2": _skyreels_v2,
-          "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15, "flux": _flux,
+          "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15,
+          "hunyuan_video_framepack": _hunyuan_video_framepack, "flux": _flux,
           "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2, "flux3": _flux3,
           "krea2": _krea2}
 FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
-            "hunyuan_video15", "flux", "flux2", "flux3", "krea2")
+            "hunyuan_video15", "hunyuan_video_framepack", "flux", "flux2", "flux3", "krea2")
 
 
 def _sample(model, inputs):
