@@ -214,6 +214,16 @@ CASES: Dict[str, FamilyCases] = {
         Case("axes4-4-8_fractional_large", _flux_build(False, 10000, (4, 4, 8)),
              _flux_fractional_ids),
     ]),
+    "longcat_image": FamilyCases(_FLUX_SUMMARY, True, [
+        Case("axes16-56-56_text3_image2x3",
+             _flux_build(False, 10000, (16, 56, 56), "transformer_longcat_image",
+                         "LongCatImagePosEmbed"), _flux_ids),
+    ]),
+    "ovis_image": FamilyCases(_FLUX_SUMMARY, True, [
+        Case("axes16-56-56_text3_image2x3",
+             _flux_build(False, 10000, (16, 56, 56), "transformer_ovis_image",
+                         "OvisImagePosEmbed"), _flux_ids),
+    ]),
     "flux2": FamilyCases(
         Summary(axes="the 4 axes of `axes_dims_rope` (32, 32, 32, 32): (t, h, w, l); tables for "
                      "txt_ids and img_ids apart, text first",

@@ -230,6 +230,30 @@ def _chroma():
     return model, inputs, grad_input, rotating
 
 
+def _longcat_image():
+    """LongCat-Image: its own copies of Flux's rotary module and processor."""
+    torch.manual_seed(0)
+    model = diffusers.LongCatImageTransformer2DModel(
+        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8])
+    _, inputs, grad_input, rotating = _flux()
+    return model, {k: v for k, v in inputs.items() if k != "pooled_projections"}, grad_input, \
+        rotating
+
+
+def _ovis_image():
+    """Ovis-Image: its own copies of Flux's rotary module and processor."""
+    torch.manual_seed(0)
+    model = diffusers.OvisImageTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=2,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+        axes_dims_rope=(4, 4, 8))
+    _, inputs, grad_input, rotating = _flux()
+    return model, {k: v for k, v in inputs.items() if k != "pooled_projections"}, grad_input, \
+        rotating
+
+
 def _flux2():
     torch.manual_seed(0)
     model = diffusers.Flux2Transformer2DModel(
@@ -287,9 +311,10 @@ MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate"
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15,
           "hunyuan_video_framepack": _hunyuan_video_framepack, "flux": _flux,
           "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2, "flux3": _flux3,
-          "krea2": _krea2}
+          "krea2": _krea2, "longcat_image": _longcat_image, "ovis_image": _ovis_image}
 FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
-            "hunyuan_video15", "hunyuan_video_framepack", "flux", "flux2", "flux3", "krea2")
+            "hunyuan_video15", "hunyuan_video_framepack", "flux", "flux2", "flux3", "krea2",
+            "longcat_image", "ovis_image")
 
 
 def _sample(model, inputs):

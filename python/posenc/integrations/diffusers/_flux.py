@@ -87,20 +87,22 @@ class FluxPosEmbed(AxesIdsPosEmbed):
 
 
 def flux_attention(processor, module, attn, hidden_states, encoder_hidden_states, attention_mask,
-                   image_rotary_emb):
-    """FluxAttnProcessor.__call__ (Flux2AttnProcessor's with `module` transformer_flux2, whose
-    only difference is to_out applied to the image stream after the split either way)."""
+                   image_rotary_emb, by_heads: bool = False):
+    """FluxAttnProcessor.__call__ up to the attention's output (Flux2AttnProcessor's with `module`
+    transformer_flux2; LongCat-Image's and Ovis-Image's with `by_heads`: they split the heads by
+    attn.heads, Flux by attn.head_dim)."""
     query, key, value, encoder_query, encoder_key, encoder_value = module._get_qkv_projections(
         attn, hidden_states, encoder_hidden_states)
-    query = query.unflatten(-1, (-1, attn.head_dim))
-    key = key.unflatten(-1, (-1, attn.head_dim))
-    value = value.unflatten(-1, (-1, attn.head_dim))
+    split = (attn.heads, -1) if by_heads else (-1, attn.head_dim)
+    query = query.unflatten(-1, split)
+    key = key.unflatten(-1, split)
+    value = value.unflatten(-1, split)
     query = attn.norm_q(query)
     key = attn.norm_k(key)
     if attn.added_kv_proj_dim is not None:
-        encoder_query = encoder_query.unflatten(-1, (-1, attn.head_dim))
-        encoder_key = encoder_key.unflatten(-1, (-1, attn.head_dim))
-        encoder_value = encoder_value.unflatten(-1, (-1, attn.head_dim))
+        encoder_query = encoder_query.unflatten(-1, split)
+        encoder_key = encoder_key.unflatten(-1, split)
+        encoder_value = encoder_value.unflatten(-1, split)
         encoder_query = attn.norm_added_q(encoder_query)
         encoder_key = attn.norm_added_k(encoder_key)
         query = torch.cat([encoder_query, query], dim=1)
