@@ -108,6 +108,13 @@ def _framepack_build(rope_dim, theta=256.0):
     return make
 
 
+def _hunyuanimage_build(patch, rope_dim):
+    def make():
+        from diffusers.models.transformers import transformer_hunyuanimage as m
+        return m.HunyuanImageRotaryPosEmbed(list(patch), list(rope_dim), 256.0)
+    return make
+
+
 def _grid_ids(*sizes):
     return torch.cartesian_prod(*[torch.arange(s) for s in sizes])
 
@@ -208,6 +215,15 @@ CASES: Dict[str, FamilyCases] = {
                  lambda: (torch.tensor([0.0, 5, 6, 7]), 8, 6, torch.device("cpu"))),
             Case("rope2-4-4_frames_fractional", _framepack_build((2, 4, 4)),
                  lambda: (torch.tensor([0.5, 13.25, 40.0]), 10, 4, torch.device("cpu"))),
+        ]),
+    "hunyuanimage": FamilyCases(
+        dataclasses.replace(_HUNYUAN_SUMMARY, axes=(
+            "h, w (or t, h, w) with `rope_axes_dim` (64, 64); grid `meshgrid(ij)` of the patched "
+            "latent")), False, [
+            Case("rope64-64_grid5x7", _hunyuanimage_build((1, 1), (64, 64)),
+                 lambda: (torch.zeros(1, 1, 5, 7),)),
+            Case("rope4-6-6_grid2x3x4", _hunyuanimage_build((1, 2, 2), (4, 6, 6)),
+                 lambda: (torch.zeros(1, 1, 2, 6, 8),)),
         ]),
     "flux": FamilyCases(_FLUX_SUMMARY, True, [
         Case("axes16-56-56_text3_image2x3", _flux_build(False, 10000, (16, 56, 56)), _flux_ids),

@@ -118,6 +118,18 @@ def _hunyuan_video_framepack():
     return model, inputs, "hidden_states", 2
 
 
+def _hunyuanimage():
+    """HunyuanImage 2.1: HunyuanVideo's tables on a 2D grid, its attention."""
+    torch.manual_seed(0)
+    model = diffusers.HunyuanImageTransformer2DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_single_layers=2, num_refiner_layers=1, patch_size=(1, 1), text_embed_dim=16,
+        rope_axes_dim=(4, 4))
+    inputs = {"hidden_states": _randn(1, 4, 4, 6), "timestep": torch.tensor([300.0]),
+              "encoder_hidden_states": _randn(1, 6, 16), "encoder_attention_mask": torch.ones(1, 6)}
+    return model, inputs, "hidden_states", 3
+
+
 def _hunyuan_video15():
     torch.manual_seed(0)
     model = diffusers.HunyuanVideo15Transformer3DModel(
@@ -309,11 +321,13 @@ def _krea2():
 MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
           "sana_video": _sana_video, "chronoedit": _chronoedit, "skyreels_v2": _skyreels_v2,
           "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15,
-          "hunyuan_video_framepack": _hunyuan_video_framepack, "flux": _flux,
+          "hunyuan_video_framepack": _hunyuan_video_framepack, "hunyuanimage": _hunyuanimage,
+          "flux": _flux,
           "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2, "flux3": _flux3,
           "krea2": _krea2, "longcat_image": _longcat_image, "ovis_image": _ovis_image}
 FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
-            "hunyuan_video15", "hunyuan_video_framepack", "flux", "flux2", "flux3", "krea2",
+            "hunyuan_video15", "hunyuan_video_framepack", "hunyuanimage", "flux", "flux2", "flux3",
+            "krea2",
             "longcat_image", "ovis_image")
 
 

@@ -72,6 +72,77 @@ class HunyuanVideoRotaryPosEmbed(DiffusersRotary):
         return axes_tables(positions, ladders)
 
 
+def hunyuan_attention(processor, dispatch_attention_fn, attn, hidden_states,
+                      encoder_hidden_states, attention_mask, image_rotary_emb):
+    """HunyuanVideoAttnProcessor2_0.__call__ (HunyuanImageAttnProcessor's is the same code), the
+    rotation posenc's; every other line as diffusers'."""
+    if attn.add_q_proj is None and encoder_hidden_states is not None:
+        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+
+    # 1. QKV projections
+    query = attn.to_q(hidden_states)
+    key = attn.to_k(hidden_states)
+    value = attn.to_v(hidden_states)
+    query = query.unflatten(2, (attn.heads, -1))
+    key = key.unflatten(2, (attn.heads, -1))
+    value = value.unflatten(2, (attn.heads, -1))
+
+    # 2. QK normalization
+    if attn.norm_q is not None:
+        query = attn.norm_q(query)
+    if attn.norm_k is not None:
+        key = attn.norm_k(key)
+
+    # 3. Rotary embeddings on the latent stream (posenc's rotation)
+    if image_rotary_emb is not None:
+        if attn.add_q_proj is None and encoder_hidden_states is not None:
+            n_text = encoder_hidden_states.shape[1]
+            q_rot, k_rot = apply_rotary_emb_qk(query[:, :-n_text], key[:, :-n_text],
+                                               image_rotary_emb, sequence_dim=1, fused=True)
+            query = torch.cat([q_rot, query[:, -n_text:]], dim=1)
+            key = torch.cat([k_rot, key[:, -n_text:]], dim=1)
+        else:
+            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
+                                             fused=True)
+
+    # 4. Encoder condition QKV projection and normalization
+    if attn.add_q_proj is not None and encoder_hidden_states is not None:
+        encoder_query = attn.add_q_proj(encoder_hidden_states)
+        encoder_key = attn.add_k_proj(encoder_hidden_states)
+        encoder_value = attn.add_v_proj(encoder_hidden_states)
+        encoder_query = encoder_query.unflatten(2, (attn.heads, -1))
+        encoder_key = encoder_key.unflatten(2, (attn.heads, -1))
+        encoder_value = encoder_value.unflatten(2, (attn.heads, -1))
+        if attn.norm_added_q is not None:
+            encoder_query = attn.norm_added_q(encoder_query)
+        if attn.norm_added_k is not None:
+            encoder_key = attn.norm_added_k(encoder_key)
+        query = torch.cat([query, encoder_query], dim=1)
+        key = torch.cat([key, encoder_key], dim=1)
+        value = torch.cat([value, encoder_value], dim=1)
+
+    # 5. Attention
+    hidden_states = dispatch_attention_fn(
+        query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+        backend=processor._attention_backend, parallel_config=processor._parallel_config)
+    hidden_states = hidden_states.flatten(2, 3)
+    hidden_states = hidden_states.to(query.dtype)
+
+    # 6. Output projection
+    if encoder_hidden_states is not None:
+        hidden_states, encoder_hidden_states = (
+            hidden_states[:, : -encoder_hidden_states.shape[1]],
+            hidden_states[:, -encoder_hidden_states.shape[1]:],
+        )
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[0](hidden_states)
+            hidden_states = attn.to_out[1](hidden_states)
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+
+    return hidden_states, encoder_hidden_states
+
+
 class HunyuanVideoAttnProcessor2_0(_dh.HunyuanVideoAttnProcessor2_0):
     """diffusers' HunyuanVideoAttnProcessor2_0 with the rotation computed by posenc."""
 
@@ -83,71 +154,8 @@ class HunyuanVideoAttnProcessor2_0(_dh.HunyuanVideoAttnProcessor2_0):
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if attn.add_q_proj is None and encoder_hidden_states is not None:
-            hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-
-        # 1. QKV projections
-        query = attn.to_q(hidden_states)
-        key = attn.to_k(hidden_states)
-        value = attn.to_v(hidden_states)
-        query = query.unflatten(2, (attn.heads, -1))
-        key = key.unflatten(2, (attn.heads, -1))
-        value = value.unflatten(2, (attn.heads, -1))
-
-        # 2. QK normalization
-        if attn.norm_q is not None:
-            query = attn.norm_q(query)
-        if attn.norm_k is not None:
-            key = attn.norm_k(key)
-
-        # 3. Rotary embeddings on the latent stream (posenc's rotation)
-        if image_rotary_emb is not None:
-            if attn.add_q_proj is None and encoder_hidden_states is not None:
-                n_text = encoder_hidden_states.shape[1]
-                q_rot, k_rot = apply_rotary_emb_qk(query[:, :-n_text], key[:, :-n_text],
-                                                   image_rotary_emb, sequence_dim=1, fused=True)
-                query = torch.cat([q_rot, query[:, -n_text:]], dim=1)
-                key = torch.cat([k_rot, key[:, -n_text:]], dim=1)
-            else:
-                query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                                 fused=True)
-
-        # 4. Encoder condition QKV projection and normalization
-        if attn.add_q_proj is not None and encoder_hidden_states is not None:
-            encoder_query = attn.add_q_proj(encoder_hidden_states)
-            encoder_key = attn.add_k_proj(encoder_hidden_states)
-            encoder_value = attn.add_v_proj(encoder_hidden_states)
-            encoder_query = encoder_query.unflatten(2, (attn.heads, -1))
-            encoder_key = encoder_key.unflatten(2, (attn.heads, -1))
-            encoder_value = encoder_value.unflatten(2, (attn.heads, -1))
-            if attn.norm_added_q is not None:
-                encoder_query = attn.norm_added_q(encoder_query)
-            if attn.norm_added_k is not None:
-                encoder_key = attn.norm_added_k(encoder_key)
-            query = torch.cat([query, encoder_query], dim=1)
-            key = torch.cat([key, encoder_key], dim=1)
-            value = torch.cat([value, encoder_value], dim=1)
-
-        # 5. Attention
-        hidden_states = _dh.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config)
-        hidden_states = hidden_states.flatten(2, 3)
-        hidden_states = hidden_states.to(query.dtype)
-
-        # 6. Output projection
-        if encoder_hidden_states is not None:
-            hidden_states, encoder_hidden_states = (
-                hidden_states[:, : -encoder_hidden_states.shape[1]],
-                hidden_states[:, -encoder_hidden_states.shape[1]:],
-            )
-            if getattr(attn, "to_out", None) is not None:
-                hidden_states = attn.to_out[0](hidden_states)
-                hidden_states = attn.to_out[1](hidden_states)
-            if getattr(attn, "to_add_out", None) is not None:
-                encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-
-        return hidden_states, encoder_hidden_states
+        return hunyuan_attention(self, _dh.dispatch_attention_fn, attn, hidden_states,
+                                 encoder_hidden_states, attention_mask, image_rotary_emb)
 
     @classmethod
     def from_diffusers(cls, processor) -> "HunyuanVideoAttnProcessor2_0":
