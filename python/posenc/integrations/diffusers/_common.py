@@ -156,7 +156,9 @@ def apply_rotary_emb_qk(q: torch.Tensor, k: torch.Tensor, freqs_cis, use_real: b
                          f"floating tensor on q's device ({q.device}), got {tuple(k.shape)} "
                          f"{k.dtype} on {k.device}")
     q_in, k_in = _as_float(q), _as_float(k)
-    if fused and unsqueeze_dim == 2:  # q, k [B, S, H, D]: the fused kernel's layout
+    # q, k [B, S, H, D]: the fused kernel's layout. Its tables are checked for equal pair members,
+    # a data-dependent test that torch.compile cannot trace: compiled code takes apply_rotary.
+    if fused and unsqueeze_dim == 2 and not torch.compiler.is_compiling():
         pairs = per_pair_tables(cos, sin, layout)
         if pairs is not None and fused_takes(q_in, k_in, *pairs):
             q_out, k_out = torch.ops.posenc.rope_rotate_qk(q_in, k_in, *pairs, layout, False)
