@@ -115,6 +115,13 @@ def _hunyuanimage_build(patch, rope_dim):
     return make
 
 
+def _motif_build(rope_dim):
+    def make():
+        from diffusers.models.transformers import transformer_motif_video as m
+        return m.MotifVideoRotaryPosEmbed(2, 1, list(rope_dim), 256.0)
+    return make
+
+
 def _grid_ids(*sizes):
     return torch.cartesian_prod(*[torch.arange(s) for s in sizes])
 
@@ -224,6 +231,17 @@ CASES: Dict[str, FamilyCases] = {
                  lambda: (torch.zeros(1, 1, 5, 7),)),
             Case("rope4-6-6_grid2x3x4", _hunyuanimage_build((1, 2, 2), (4, 6, 6)),
                  lambda: (torch.zeros(1, 1, 2, 6, 8),)),
+        ]),
+    "motif_video": FamilyCases(
+        dataclasses.replace(_HUNYUAN_SUMMARY, dtype_path=(
+            "float32 grid; float64 frequencies, angles and cos/sin rounded to float32 (float32 on "
+            "mps, npu, neuron), per forward"), layout=(
+            "interleaved pairs, t0 t0 t1 t1 … per axis block; self-attention as HunyuanVideo's, "
+            "the text cross-attention rotates the latents' queries only")), True, [
+            Case("rope16-56-56_grid2x2x3", _motif_build((16, 56, 56)),
+                 lambda: (torch.zeros(1, 1, 2, 4, 6),)),
+            Case("rope2-4-4_grid3x5x2", _motif_build((2, 4, 4)),
+                 lambda: (torch.zeros(1, 1, 3, 10, 4),)),
         ]),
     "flux": FamilyCases(_FLUX_SUMMARY, True, [
         Case("axes16-56-56_text3_image2x3", _flux_build(False, 10000, (16, 56, 56)), _flux_ids),

@@ -49,7 +49,8 @@ __all__ = ["patch", "unpatch", "FAMILY_MODULES", "get_3d_rotary_pos_embed",
 _FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2",
                    "_cogvideox", "_ltx", "_ltx2", "_cosmos", "_mochi", "_qwenimage",
                    "_wan_animate", "_sana_video", "_chronoedit", "_flux3", "_krea2",
-                   "_hunyuan_video_framepack", "_flux_like", "_hunyuanimage")
+                   "_hunyuan_video_framepack", "_flux_like", "_hunyuanimage",
+                   "_motif_video")
 FAMILY_MODULES = _FAMILY_MODULES
 # CogVideoX's pipeline-side table builders under diffusers' names (no diffusers import needed)
 from ._cogvideox_tables import (  # noqa: E402
