@@ -53,6 +53,16 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
         "mm_token_type_ids": torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]]),
         "image_grid_thw": torch.tensor([[1, 4, 4]]),
     }
+    # the diffusers line: a tiny Wan 2.1 video transformer (diffusers' own class, random weights)
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    ns["transformer"] = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
+        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+    wan_inputs = {"hidden_states": torch.randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
+                  "encoder_hidden_states": torch.randn(1, 5, 16)}
+    with torch.no_grad():
+        wan_want = ns["transformer"](**wan_inputs).sample
     q0, k0, posemb0 = ns["q"], ns["k"], ns["posemb"]
     exec(compile(quick_start_code(), "README.md (Python quick start)", "exec"), ns)
 
@@ -73,6 +83,13 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
         posenc.integrations.transformers.unpatch(model)
         assert not type(model.model.rotary_emb).__module__.startswith("posenc")
         assert torch.equal(patched, model(ids).logits)
+    # diffusers' patch(): the rotary module is posenc's, the output diffusers' to the bit
+    transformer = ns["transformer"]
+    assert type(transformer.rope).__module__.startswith("posenc")
+    with torch.no_grad():
+        assert torch.equal(transformer(**wan_inputs).sample, wan_want)
+    posenc.integrations.diffusers.unpatch(transformer)
+    assert not type(transformer.rope).__module__.startswith("posenc")
     # timm's resample_abs_pos_embed, to the bit
     timm_pos = pytest.importorskip("timm.layers.pos_embed")
     assert torch.equal(ns["posemb"], timm_pos.resample_abs_pos_embed(posemb0, (24, 24)))
