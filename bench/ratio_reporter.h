@@ -11,6 +11,8 @@
 #include <map>
 #include <string>
 
+#include "posenc/kernels/cpu_capability.h"
+
 namespace posenc::bench {
 
 class RatioReporter : public benchmark::ConsoleReporter {
@@ -27,6 +29,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
   void Finalize() override {
     ConsoleReporter::Finalize();
+    // the fused CPU kernels' level (POSENC_CPU_CAPABILITY=scalar|avx2|avx512 chooses one)
+    std::cout << "\nCPU kernels: " << posenc::cpu_capability_description() << "\n";
     std::cout << "\n| ratio (same process) | value | goal |\n|---|---|---|\n";
     ratios_(*this);
   }

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "posenc/core/encoder.h"
 #include "posenc/core/errors.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/version.h"
 
 namespace {
@@ -126,7 +127,16 @@ int main(int argc, char** argv) {
   LineWarnings warnings;
   c10::WarningUtils::WarningHandlerGuard warning_guard(&warnings);
   CLI::App app{"posenc: positional encodings for transformers"};
-  app.set_version_flag("--version", std::string("posenc ") + POSENC_VERSION);
+  // the version and the fused CPU kernels' level (a bad POSENC_CPU_CAPABILITY: its one line)
+  app.set_version_flag("--version", [] {
+    std::string level;
+    try {
+      level = posenc::cpu_capability_description();
+    } catch (const c10::Error& e) {
+      level = e.what_without_backtrace();
+    }
+    return std::string("posenc ") + POSENC_VERSION + "\nCPU kernels: " + level;
+  });
   app.require_subcommand(1);
   posenc::cli::EncoderArgs args;
   std::string input, out;

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "posenc/io/durable_file.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
 #include "profile.h"
@@ -363,7 +364,8 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
     }
     if (step == profile_to) {
       const auto rows = profiler.stop(options.profile_steps);  // (before largest_ops)
-      const auto text = format_profile(rows, options.profile_steps) + "\n" +
+      const auto text = "CPU kernels: " + posenc::cpu_capability_description() + "\n\n" +
+                        format_profile(rows, options.profile_steps) + "\n" +
                         format_largest_ops(profiler.largest_ops());
       if (run.ranks->lead()) write_file_atomically(run.output + "/profile.md", text);
       bar.message(run.name + ": profile of steps " + std::to_string(profile_from) + ".." +

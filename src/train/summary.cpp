@@ -11,6 +11,7 @@
 #include "../draw/heatmap.h"
 #include "posenc/core/errors.h"
 #include "posenc/io/durable_file.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/train/plot.h"
 #include "progress.h"
 
@@ -54,6 +55,8 @@ void write_summary(const RunResult& result, const nlohmann::json& config) {
                             {"parameters", result.parameters},
                             {"metric", result.metric_name},
                             {"device", result.device},
+                            // the fused CPU kernels' level (posenc/kernels/cpu_capability.h)
+                            {"cpu_capability", posenc::to_string(posenc::cpu_capability())},
                             {"final", metrics_json(result.final_metrics)},
                             {"encoder", config.value("encoder", nlohmann::json(nullptr))}};
   if (result.world_size > 1) {

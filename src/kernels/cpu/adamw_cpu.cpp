@@ -1,5 +1,6 @@
 // Fused multi-tensor AdamW and gradient-norm clipping on the CPU; the math and its sources are in
-// include/posenc/kernels/adamw.h. Every tensor is cut into chunks of kChunk elements and one
+// include/posenc/kernels/adamw.h, the loops (one table entry per CPU level, cpu_kernels.h) in
+// adamw_rows.h. Every tensor is cut into chunks of kChunk elements and one
 // parallel_for runs over the chunks of all tensors, so 50 small tensors and one large one keep
 // both cores busy alike. The norm's partial sums are kept per chunk and added in chunk order:
 // the result does not depend on the thread count.
@@ -9,10 +10,7 @@
 #include <cmath>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
+#include "cpu_kernels.h"
 #include "parallel.h"
 #include "posenc/kernels/adamw.h"
 
@@ -54,11 +52,7 @@ void check_lists(at::TensorList params, at::TensorList grads, at::TensorList exp
                 exp_avg_sqs[i].numel());
 }
 
-// One parameter's constants, rounded to float as ATen rounds the scalars of the reference ops.
-struct AdamWConstants {
-  bool decay;
-  float decay_factor, beta1, one_minus_beta1, beta2, one_minus_beta2, sqrt_bc2, eps, neg_step;
-};
+using detail::AdamWConstants;
 
 AdamWConstants constants_of(const AdamWHyper& h) {
   const double t = static_cast<double>(h.step + 1);
@@ -72,89 +66,6 @@ AdamWConstants constants_of(const AdamWHyper& h) {
           static_cast<float>(std::sqrt(bc2)),
           static_cast<float>(h.eps),
           static_cast<float>(-h.lr / bc1)};
-}
-
-// The update of elements [0, n); compiled twice: for any x86-64 (SSE2) and with AVX2+FMA (the
-// same loop, 8 lanes; the compiler vectorizes both, -fno-math-errno lets it use vsqrtps).
-#define POSENC_ADAMW_BODY                                                   \
-  if (c.decay)                                                              \
-    for (int64_t i = 0; i < n; ++i) p[i] = p[i] * c.decay_factor;           \
-  for (int64_t i = 0; i < n; ++i) {                                         \
-    const float gi = g[i];                                                  \
-    const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;               \
-    const float vi = v[i] * c.beta2 + c.one_minus_beta2 * (gi * gi);        \
-    m[i] = mi;                                                              \
-    v[i] = vi;                                                              \
-    p[i] = p[i] + c.neg_step * (mi / (std::sqrt(vi) / c.sqrt_bc2 + c.eps)); \
-  }
-
-void adamw_range_plain(const AdamWConstants& c, float* __restrict p, const float* __restrict g,
-                       float* __restrict m, float* __restrict v, int64_t n) {
-  POSENC_ADAMW_BODY
-}
-
-// Sum of squares in double: four independent accumulators so the adds do not wait on each other.
-double sum_squares_plain(const float* g, int64_t n) {
-  double acc[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4)
-    for (int j = 0; j < 4; ++j) acc[j] += static_cast<double>(g[i + j]) * g[i + j];
-  for (; i < n; ++i) acc[0] += static_cast<double>(g[i]) * g[i];
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
-}
-
-#if defined(__x86_64__)
-__attribute__((target("avx2,fma"))) void adamw_range_avx2(const AdamWConstants& c,
-                                                          float* __restrict p,
-                                                          const float* __restrict g,
-                                                          float* __restrict m, float* __restrict v,
-                                                          int64_t n) {
-  POSENC_ADAMW_BODY
-}
-
-// 8 floats per iteration widened to two 4-double FMA accumulators (16 doubles in flight).
-__attribute__((target("avx2,fma"))) double sum_squares_avx2(const float* g, int64_t n) {
-  __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
-  __m256d a2 = _mm256_setzero_pd(), a3 = _mm256_setzero_pd();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 x = _mm256_loadu_ps(g + i), y = _mm256_loadu_ps(g + i + 8);
-    const __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
-    const __m256d x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
-    const __m256d y0 = _mm256_cvtps_pd(_mm256_castps256_ps128(y));
-    const __m256d y1 = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
-    a0 = _mm256_fmadd_pd(x0, x0, a0);
-    a1 = _mm256_fmadd_pd(x1, x1, a1);
-    a2 = _mm256_fmadd_pd(y0, y0, a2);
-    a3 = _mm256_fmadd_pd(y1, y1, a3);
-  }
-  alignas(32) double lanes[4];
-  _mm256_store_pd(lanes, _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3)));
-  double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-  for (; i < n; ++i) sum += static_cast<double>(g[i]) * g[i];
-  return sum;
-}
-
-bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
-#else
-bool has_avx2() { return false; }
-#endif
-
-void adamw_range(const AdamWConstants& c, float* p, const float* g, float* m, float* v, int64_t n) {
-#if defined(__x86_64__)
-  if (has_avx2()) return adamw_range_avx2(c, p, g, m, v, n);
-#endif
-  adamw_range_plain(c, p, g, m, v, n);
-}
-
-double sum_squares(const float* g, int64_t n) {
-#if defined(__x86_64__)
-  if (has_avx2()) return sum_squares_avx2(g, n);
-#endif
-  return sum_squares_plain(g, n);
 }
 
 }  // namespace
@@ -188,6 +99,7 @@ void adamw_step_fused(at::TensorList params, at::TensorList grads, at::TensorLis
     constants.push_back(constants_of(hyper[i]));
   }
   const auto chunks = chunks_of(sizes);
+  const auto adamw_range = detail::cpu_kernels().adamw;
   detail::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) {
       const auto& [t, begin, end] = chunks[k];
@@ -227,6 +139,7 @@ double grad_norm_clip_fused_(const std::vector<at::Tensor>& grads, double max_no
   for (const auto& g : defined) sizes.push_back(g.numel());
   const auto chunks = chunks_of(sizes);
   std::vector<double> partial(chunks.size(), 0.0);
+  const auto sum_squares = detail::cpu_kernels().sum_squares;
   detail::parallel_for(0, static_cast<int64_t>(chunks.size()), 1, [&](int64_t b, int64_t e) {
     for (int64_t k = b; k < e; ++k) {
       const auto& [t, begin, end] = chunks[k];

@@ -3,8 +3,8 @@
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
 // so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen
-// matmuls; bias and masks are plain loops over the tile, the softmax's max and exp-sum are
-// AVX2+FMA rows where the CPU has them (softmax_rows.h: Cephes' expf on 8 lanes).
+// matmuls; bias and masks are plain loops over the tile, the softmax's max and exp-sum are the
+// CPU level's rows (softmax_rows.h: Cephes' expf on 8 or 16 lanes; cpu_kernels.h).
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
 // dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
@@ -21,9 +21,9 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu_kernels.h"
 #include "parallel.h"
 #include "rotate_row.h"
-#include "softmax_rows.h"
 
 namespace posenc::detail {
 
@@ -98,14 +98,6 @@ at::Tensor maybe_rotated(const AttentionProblem& p, const at::Tensor& block, at:
   return scratch.narrow(0, 0, n);
 }
 
-// The row primitives of softmax_rows.h for this CPU.
-float row_max(bool avx2, const float* x, int64_t n) {
-  return avx2 ? Avx2SoftmaxRows::row_max(x, n) : PlainSoftmaxRows::row_max(x, n);
-}
-float exp_sub_sum(bool avx2, float* x, int64_t n, float m) {
-  return avx2 ? Avx2SoftmaxRows::exp_sub_sum(x, n, m) : PlainSoftmaxRows::exp_sub_sum(x, n, m);
-}
-
 // Number of key columns of block [j0, j0+cols) that can be visible to rows up to i_last.
 int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, int64_t cols) {
   if (!p.causal) return cols;
@@ -117,7 +109,7 @@ int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, i
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
   const int64_t units = p.batch * p.heads * q_blocks;
-  const bool avx2 = cpu_has_avx2_fma();
+  const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
@@ -151,13 +143,13 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
         bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s + r * kBlockK;
-          const float m_new = std::max(m[r], row_max(avx2, row, cols));
+          const float m_new = std::max(m[r], kernels.row_max(row, cols));
           if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
             for (int64_t c = 0; c < cols; ++c) row[c] = 0.0f;
             continue;
           }
           const float alpha = std::exp(m[r] - m_new);
-          const float sum = exp_sub_sum(avx2, row, cols, m_new);
+          const float sum = kernels.exp_sub_sum(row, cols, m_new);
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
           if (alpha != 1.0f) {
@@ -192,7 +184,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   if (relative) partial = at::zeros({p.batch, p.heads, rel_width, p.dim}, at::kFloat);
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
-  const bool avx2 = cpu_has_avx2_fma();
+  const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
   parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
@@ -231,7 +223,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             if (lse_r == kNegInf)
               std::fill(row, row + cols, 0.0f);
             else
-              exp_sub_sum(avx2, row, cols, lse_r);
+              kernels.exp_sub_sum(row, cols, lse_r);
           }
           dv_blk.narrow(0, 0, cols).addmm_(s_blk.t(), do_blk);       // dV += P^T dO
           at::mm_out(dp_blk, do_blk, v_blk.narrow(0, 0, cols).t());  // dP = dO V^T

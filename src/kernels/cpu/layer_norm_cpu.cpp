@@ -1,15 +1,15 @@
-// The residual add and layer norm passes on 8 float lanes; the math and its source are in
+// The residual add and layer norm passes over the CPU level's vector lanes (the row loops:
+// layer_norm_rows.h, one table entry per level, cpu_kernels.h); the math and its source are in
 // posenc/kernels/layer_norm.h. Rows are split in blocks of kLayerNormRowBlock; a parallel chunk is
 // at least kLayerNormGrain elements (the main job's [2048, 96] runs as two chunks).
 #include <ATen/ATen.h>
-#include <immintrin.h>
 
 #include <cmath>
 #include <vector>
 
+#include "cpu_kernels.h"
 #include "parallel.h"
 #include "posenc/kernels/layer_norm.h"
-#include "softmax_rows.h"
 
 namespace posenc {
 
@@ -17,74 +17,6 @@ namespace {
 
 /// Elements per parallel chunk, at least (a smaller tensor stays on the calling thread).
 constexpr int64_t kLayerNormGrain = 1 << 15;
-
-inline __attribute__((target("avx2,fma"))) float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-// One row forward: h = x + r, y = (h - mu) rstd w + b.
-__attribute__((target("avx2,fma"))) void forward_row(const float* x, const float* r, const float* w,
-                                                     const float* b, float* h, float* y, int64_t d,
-                                                     float eps, float* mean, float* rstd) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t j = 0; j < d; j += 8) {
-    const __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(r + j));
-    _mm256_storeu_ps(h + j, v);
-    acc = _mm256_add_ps(acc, v);
-  }
-  const float mu = hsum8(acc) / static_cast<float>(d);
-  const __m256 vmu = _mm256_set1_ps(mu);
-  __m256 acc2 = _mm256_setzero_ps();
-  for (int64_t j = 0; j < d; j += 8) {
-    const __m256 c = _mm256_sub_ps(_mm256_loadu_ps(h + j), vmu);
-    acc2 = _mm256_fmadd_ps(c, c, acc2);
-  }
-  const float var = hsum8(acc2) / static_cast<float>(d);
-  const float s = 1.0f / std::sqrt(var + eps);
-  const __m256 vs = _mm256_set1_ps(s);
-  for (int64_t j = 0; j < d; j += 8) {
-    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(h + j), vmu), vs);
-    _mm256_storeu_ps(y + j, _mm256_fmadd_ps(xhat, _mm256_loadu_ps(w + j), _mm256_loadu_ps(b + j)));
-  }
-  *mean = mu;
-  *rstd = s;
-}
-
-// One row backward: dh = rstd (g - mean(g) - xhat mean(g xhat)) + dh_in, g = dy w; dw += dy xhat,
-// db += dy into the block's partial sums.
-__attribute__((target("avx2,fma"))) void backward_row(const float* dy, const float* dh_in,
-                                                      const float* h, const float* w, float mu,
-                                                      float s, float* dh, float* dw, float* db,
-                                                      int64_t d) {
-  const __m256 vmu = _mm256_set1_ps(mu);
-  const __m256 vs = _mm256_set1_ps(s);
-  __m256 sum_g = _mm256_setzero_ps();
-  __m256 sum_gx = _mm256_setzero_ps();
-  for (int64_t j = 0; j < d; j += 8) {
-    const __m256 g_out = _mm256_loadu_ps(dy + j);
-    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(h + j), vmu), vs);
-    const __m256 g = _mm256_mul_ps(g_out, _mm256_loadu_ps(w + j));
-    sum_g = _mm256_add_ps(sum_g, g);
-    sum_gx = _mm256_fmadd_ps(g, xhat, sum_gx);
-    _mm256_storeu_ps(dw + j, _mm256_fmadd_ps(g_out, xhat, _mm256_loadu_ps(dw + j)));
-    _mm256_storeu_ps(db + j, _mm256_add_ps(_mm256_loadu_ps(db + j), g_out));
-  }
-  const float inv_d = 1.0f / static_cast<float>(d);
-  const __m256 c_g = _mm256_set1_ps(hsum8(sum_g) * inv_d);
-  const __m256 c_gx = _mm256_set1_ps(hsum8(sum_gx) * inv_d);
-  for (int64_t j = 0; j < d; j += 8) {
-    const __m256 xhat = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(h + j), vmu), vs);
-    const __m256 g = _mm256_mul_ps(_mm256_loadu_ps(dy + j), _mm256_loadu_ps(w + j));
-    // g - mean(g) - xhat mean(g xhat)
-    const __m256 inner = _mm256_sub_ps(_mm256_sub_ps(g, c_g), _mm256_mul_ps(xhat, c_gx));
-    __m256 out = _mm256_mul_ps(vs, inner);
-    if (dh_in != nullptr) out = _mm256_add_ps(out, _mm256_loadu_ps(dh_in + j));
-    _mm256_storeu_ps(dh + j, out);
-  }
-}
 
 int64_t grain_in_blocks(int64_t d) {
   return std::max<int64_t>(1, kLayerNormGrain / (kLayerNormRowBlock * d));
@@ -95,10 +27,11 @@ void check_inputs(const at::Tensor& x, const at::Tensor& r, const at::Tensor& we
   TORCH_CHECK(add_layer_norm_fused_supported(x, r, weight, bias),
               "add_layer_norm: the fused passes take contiguous float32 CPU x and r of one shape "
               "[..., D] with D % 8 == 0 and D <= ",
-              kMaxLayerNormDim, ", weight and bias [D], on a CPU with AVX2+FMA; got x ", x.sizes(),
-              " ", x.scalar_type(), ", r ", r.sizes(), ", weight ",
-              weight.defined() ? weight.sizes() : at::IntArrayRef{}, ", bias ",
-              bias.defined() ? bias.sizes() : at::IntArrayRef{});
+              kMaxLayerNormDim,
+              ", weight and bias [D], at CPU level avx2 or avx512 (this process: ",
+              to_string(cpu_capability()), "); got x ", x.sizes(), " ", x.scalar_type(), ", r ",
+              r.sizes(), ", weight ", weight.defined() ? weight.sizes() : at::IntArrayRef{},
+              ", bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{});
 }
 
 }  // namespace
@@ -114,7 +47,8 @@ bool add_layer_norm_fused_supported(const at::Tensor& x, const at::Tensor& r,
     return false;
   const int64_t d = x.size(-1);
   return d > 0 && d % 8 == 0 && d <= kMaxLayerNormDim && weight.dim() == 1 && weight.size(0) == d &&
-         bias.dim() == 1 && bias.size(0) == d && detail::cpu_has_avx2_fma();
+         bias.dim() == 1 && bias.size(0) == d &&
+         detail::cpu_kernels().layer_norm_forward_row != nullptr;
 }
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_reference(const at::Tensor& x,
@@ -148,6 +82,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forwar
   float* ps = rstd.mutable_data_ptr<float>();
   const auto e = static_cast<float>(eps);
   const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
+  const auto forward_row = cpu_kernels().layer_norm_forward_row;
   parallel_for(0, blocks, grain_in_blocks(d), [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0 * kLayerNormRowBlock; i < std::min(rows, b1 * kLayerNormRowBlock); ++i)
       forward_row(px + i * d, pr + i * d, pw, pb, ph + i * d, py + i * d, d, e, pm + i, ps + i);
@@ -177,6 +112,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
   const float* pw = weight.const_data_ptr<float>();
   float* pdh = dh.mutable_data_ptr<float>();
   float* pp = partial.mutable_data_ptr<float>();
+  const auto backward_row = cpu_kernels().layer_norm_backward_row;
+  TORCH_CHECK(backward_row != nullptr, "add_layer_norm backward: no fused pass at CPU level ",
+              to_string(cpu_capability()), " (the forward took the reference there)");
   parallel_for(0, blocks, grain_in_blocks(d), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       float* dw = pp + blk * 2 * d;

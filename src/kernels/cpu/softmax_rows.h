@@ -1,16 +1,16 @@
-// Row primitives of the tiled CPU attention's softmax (online in the forward, recomputed from
-// the log-sum-exp in the backward), in plain C++ (any x86-64) and in AVX2+FMA intrinsics, the
-// latter chosen at run time when the CPU has them (as the short kernel and ATen's kernels are):
+// Row primitives of the CPU attention kernels' softmax (online in the tiled forward, recomputed
+// from the log-sum-exp in the backward, the short kernel's rows), in plain C++ (any CPU) and over
+// a vector type (vec_avx2.h, vec_avx512.h; one table entry per CPU capability, cpu_kernels.h):
 //   row_max(x, n)         max_c x[c] (-inf for n = 0)
 //   exp_sub_sum(x, n, m)  x[c] <- exp(x[c] - m) in place; returns sum_c x[c]
-// The AVX2 exp is Cephes' single-precision expf (S. L. Moshier, Cephes Math Library, expf.c:
+// The vector exp is Cephes' single-precision expf (S. L. Moshier, Cephes Math Library, expf.c:
 // exp(x) = 2^n exp(g), n = round(x / ln 2), g = x - n ln 2 in two parts (C1 + C2 = ln 2),
-// exp(g) = 1 + g + g^2 P(g) with P of degree 5; relative error <= 2^-22 over the float range).
-// Arguments below ln(FLT_MIN) = -87.34 give 0 (the masked -inf scores: exactly 0), NaN stays NaN;
-// the sum is taken in 8 lanes and then across them.
+// exp(g) = 1 + g + g^2 P(g) with P of degree 5; relative error <= 2^-22 over the float range),
+// the same value per lane at any width. Arguments below ln(FLT_MIN) = -87.34 give 0 (the masked
+// -inf scores: exactly 0), NaN stays NaN; the sum is taken in the vector's lanes (8 or 16) and
+// then across them, the last n % lanes values through a masked load and store.
+// VecSoftmaxRows is meant to be instantiated inside its vector type's target region only.
 #pragma once
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -35,75 +35,52 @@ struct PlainSoftmaxRows {
   }
 };
 
-struct Avx2SoftmaxRows {
-  static inline __attribute__((target("avx2,fma"))) float hsum(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
+template <class Vec>
+struct VecSoftmaxRows {
+  using V = typename Vec::V;
+  static constexpr int64_t kLanes = Vec::kLanes;
+  // Cephes expf per lane (see the file's head).
+  static inline __attribute__((always_inline)) V exp(V x) {
+    const V lo = Vec::set1(-87.3365447505531f);  // ln(FLT_MIN)
+    const V hi = Vec::set1(88.3762626647949f);   // ln(FLT_MAX)
+    const auto below = Vec::less(x, lo);
+    x = Vec::max(lo, Vec::min(hi, x));  // x second: a NaN passes through
+    const V n = Vec::floor(Vec::fmadd(x, Vec::set1(1.44269504088896341f), Vec::set1(0.5f)));
+    x = Vec::fnmadd(n, Vec::set1(0.693359375f), x);
+    x = Vec::fnmadd(n, Vec::set1(-2.12194440e-4f), x);
+    V y = Vec::set1(1.9875691500e-4f);
+    y = Vec::fmadd(y, x, Vec::set1(1.3981999507e-3f));
+    y = Vec::fmadd(y, x, Vec::set1(8.3334519073e-3f));
+    y = Vec::fmadd(y, x, Vec::set1(4.1665795894e-2f));
+    y = Vec::fmadd(y, x, Vec::set1(1.6666665459e-1f));
+    y = Vec::fmadd(y, x, Vec::set1(5.0000001201e-1f));
+    y = Vec::fmadd(y, Vec::mul(x, x), Vec::add(x, Vec::set1(1.0f)));
+    return Vec::select(below, Vec::zero(), Vec::mul(y, Vec::pow2(n)));
   }
-  static inline __attribute__((target("avx2,fma"))) float hmax(__m256 v) {
-    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_max_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-  }
-  // Cephes expf on 8 lanes (see the file's head).
-  static inline __attribute__((target("avx2,fma"))) __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.3365447505531f);  // ln(FLT_MIN)
-    const __m256 hi = _mm256_set1_ps(88.3762626647949f);   // ln(FLT_MAX)
-    const __m256 below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(lo, _mm256_min_ps(hi, x));  // x second: a NaN passes through
-    __m256 n = _mm256_floor_ps(
-        _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);  // 2^n
-    return _mm256_andnot_ps(below, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-  }
-  static inline __attribute__((target("avx2,fma"))) float row_max(const float* x, int64_t n) {
-    __m256 m = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  static float row_max(const float* x, int64_t n) {
+    V m = Vec::set1(-std::numeric_limits<float>::infinity());
     int64_t c = 0;
-    for (; c + 8 <= n; c += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + c));
-    float out = hmax(m);
+    for (; c + kLanes <= n; c += kLanes) m = Vec::max(m, Vec::load(x + c));
+    float out = Vec::hmax(m);
     for (; c < n; ++c) out = std::max(out, x[c]);
     return out;
   }
-  static inline __attribute__((target("avx2,fma"))) float exp_sub_sum(float* x, int64_t n,
-                                                                      float m) {
-    const __m256 shift = _mm256_set1_ps(m);
-    __m256 acc = _mm256_setzero_ps();
+  static float exp_sub_sum(float* x, int64_t n, float m) {
+    const V shift = Vec::set1(m);
+    V acc = Vec::zero();
     int64_t c = 0;
-    for (; c + 8 <= n; c += 8) {
-      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + c), shift));
-      _mm256_storeu_ps(x + c, e);
-      acc = _mm256_add_ps(acc, e);
+    for (; c + kLanes <= n; c += kLanes) {
+      const V e = exp(Vec::sub(Vec::load(x + c), shift));
+      Vec::store(x + c, e);
+      acc = Vec::add(acc, e);
     }
-    if (c < n) {  // the last 1..7 values through the same polynomial (masked load and store)
-      alignas(32) int32_t lanes[8];
-      for (int l = 0; l < 8; ++l) lanes[l] = c + l < n ? -1 : 0;
-      const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-      const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(x + c, mask), shift)),
-                                     _mm256_castsi256_ps(mask));
-      _mm256_maskstore_ps(x + c, mask, e);
-      acc = _mm256_add_ps(acc, e);
+    if (c < n) {  // the last values through the same polynomial (masked load and store)
+      const V e = Vec::keep(Vec::first(n - c), exp(Vec::sub(Vec::load_first(x + c, n - c), shift)));
+      Vec::store_first(x + c, e, n - c);
+      acc = Vec::add(acc, e);
     }
-    return hsum(acc);
+    return Vec::hsum(acc);
   }
 };
-
-/// Whether this CPU runs the AVX2+FMA versions (asked once).
-inline bool cpu_has_avx2_fma() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-}
 
 }  // namespace posenc::detail

@@ -1,0 +1,58 @@
+// The fused CPU kernels' loops at the AVX2 level (cpu_kernels.h): the *_rows.h loops over
+// vec_avx2.h's 8 float lanes, compiled for AVX2 + FMA + F16C inside a `#pragma GCC target`
+// region; everything included above the region keeps the baseline (cpu_kernels.h explains why).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "rotate_row.h"
+#include "short_attention_cpu.h"
+
+#if defined(__x86_64__)
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+
+// clang-format off
+#include "vec_avx2.h"
+#include "softmax_rows.h"
+#include "gelu_rows.h"
+#include "layer_norm_rows.h"
+#include "rope_rows.h"
+#include "short_attention_rows.h"
+#include "adamw_rows.h"
+// clang-format on
+
+namespace posenc::detail {
+
+using Vec = VecAvx2;
+
+const CpuKernels kAvx2Kernels = {
+    CpuCapability::kAvx2,
+    &VecSoftmaxRows<Vec>::row_max,
+    &VecSoftmaxRows<Vec>::exp_sub_sum,
+    &GeluRows<Vec>::span,
+    &GeluRows<Vec>::backward_span,
+    &LayerNormRows<Vec>::forward_row,
+    &LayerNormRows<Vec>::backward_row,
+    &RopeRows<Vec>::f32_entry,
+    &RopeRows<Vec>::stream_ok,
+    &RopeRows<Vec>::bf16_entry,
+    &RopeRows<Vec>::f16_entry,
+    &ShortAttentionVec<Vec>::forward,
+    &ShortAttentionVec<Vec>::backward,
+    &adamw_update,
+    &sum_squares_vec<Vec>,
+};
+
+}  // namespace posenc::detail
+
+#pragma GCC pop_options
+
+#endif  // x86-64 (elsewhere the level is never chosen: cpu_capability_detected() is scalar)

@@ -1,0 +1,90 @@
+// The residual add and layer norm rows over a vector type's lanes (vec_avx2.h: 8, vec_avx512.h:
+// 16); the math and its source are in posenc/kernels/layer_norm.h. Rows of d % 8 == 0 values:
+// at 16 lanes the last 8 go through a masked load and store. The row's sums are taken in the
+// lanes, then across them: the order (and the last bits of mean, rstd and the gradients) depends
+// on the width, not on the thread count. Included only inside a vector type's target region.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace posenc::detail {
+namespace {
+
+template <class Vec>
+struct LayerNormRows {
+  using V = typename Vec::V;
+  static constexpr int64_t kLanes = Vec::kLanes;
+  // lanes [j, j + kLanes) of a row of d values, zero past d
+  static inline __attribute__((always_inline)) V load(const float* p, int64_t j, int64_t d) {
+    return j + kLanes <= d ? Vec::load(p + j) : Vec::load_first(p + j, d - j);
+  }
+  static inline __attribute__((always_inline)) void store(float* p, int64_t j, int64_t d, V v) {
+    if (j + kLanes <= d)
+      Vec::store(p + j, v);
+    else
+      Vec::store_first(p + j, v, d - j);
+  }
+
+  // One row forward: h = x + r, y = (h - mu) rstd w + b.
+  static void forward_row(const float* x, const float* r, const float* w, const float* b, float* h,
+                          float* y, int64_t d, float eps, float* mean, float* rstd) {
+    V acc = Vec::zero();
+    for (int64_t j = 0; j < d; j += kLanes) {
+      const V v = Vec::add(load(x, j, d), load(r, j, d));
+      store(h, j, d, v);
+      acc = Vec::add(acc, v);
+    }
+    const float mu = Vec::hsum(acc) / static_cast<float>(d);
+    const V vmu = Vec::set1(mu);
+    V acc2 = Vec::zero();
+    for (int64_t j = 0; j < d; j += kLanes) {
+      V c = Vec::sub(load(h, j, d), vmu);
+      if (j + kLanes > d) c = Vec::keep(Vec::first(d - j), c);  // past d: 0, not -mu
+      acc2 = Vec::fmadd(c, c, acc2);
+    }
+    const float var = Vec::hsum(acc2) / static_cast<float>(d);
+    const float s = 1.0f / std::sqrt(var + eps);
+    const V vs = Vec::set1(s);
+    for (int64_t j = 0; j < d; j += kLanes) {
+      const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
+      store(y, j, d, Vec::fmadd(xhat, load(w, j, d), load(b, j, d)));
+    }
+    *mean = mu;
+    *rstd = s;
+  }
+
+  // One row backward: dh = rstd (g - mean(g) - xhat mean(g xhat)) + dh_in, g = dy w;
+  // dw += dy xhat, db += dy into the block's partial sums.
+  static void backward_row(const float* dy, const float* dh_in, const float* h, const float* w,
+                           float mu, float s, float* dh, float* dw, float* db, int64_t d) {
+    const V vmu = Vec::set1(mu);
+    const V vs = Vec::set1(s);
+    V sum_g = Vec::zero();
+    V sum_gx = Vec::zero();
+    for (int64_t j = 0; j < d; j += kLanes) {
+      const V g_out = load(dy, j, d);  // 0 past d: g and every product below are 0 there
+      const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
+      const V g = Vec::mul(g_out, load(w, j, d));
+      sum_g = Vec::add(sum_g, g);
+      sum_gx = Vec::fmadd(g, xhat, sum_gx);
+      store(dw, j, d, Vec::fmadd(g_out, xhat, load(dw, j, d)));
+      store(db, j, d, Vec::add(load(db, j, d), g_out));
+    }
+    const float inv_d = 1.0f / static_cast<float>(d);
+    const V c_g = Vec::set1(Vec::hsum(sum_g) * inv_d);
+    const V c_gx = Vec::set1(Vec::hsum(sum_gx) * inv_d);
+    for (int64_t j = 0; j < d; j += kLanes) {
+      const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
+      const V g = Vec::mul(load(dy, j, d), load(w, j, d));
+      // g - mean(g) - xhat mean(g xhat)
+      const V inner = Vec::sub(Vec::sub(g, c_g), Vec::mul(xhat, c_gx));
+      V out = Vec::mul(vs, inner);
+      if (dh_in != nullptr) out = Vec::add(out, load(dh_in, j, d));
+      store(dh, j, d, out);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace posenc::detail
