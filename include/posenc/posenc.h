@@ -2,6 +2,7 @@
 // attention layer that uses them.
 #pragma once
 
+#include "posenc/core/av_clock.h"
 #include "posenc/core/encoder.h"
 #include "posenc/core/positions.h"
 #include "posenc/core/stream.h"
@@ -13,6 +14,7 @@
 #include "posenc/encoders/learned_spacetime.h"
 #include "posenc/encoders/relative_2d.h"
 #include "posenc/encoders/rope.h"
+#include "posenc/encoders/rope_fractional.h"
 #include "posenc/encoders/rope_mixed.h"
 #include "posenc/encoders/shaw.h"
 #include "posenc/encoders/sinusoidal.h"
@@ -20,6 +22,7 @@
 #include "posenc/encoders/time.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
+#include "posenc/functional/rope_fractional.h"
 #include "posenc/functional/sinusoidal.h"
 #include "posenc/functional/time.h"
 #include "posenc/nn/attention.h"

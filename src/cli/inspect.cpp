@@ -6,6 +6,7 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "cli.h"
@@ -180,6 +181,68 @@ StreamLayout parse_stream(const std::string& spec, const std::string& text) {
   return build_stream(segments, options);
 }
 
+// LTX-2's audio-video clock (posenc/core/av_clock.h), sizes in latent frames and patches:
+//   "ltx2:video=FxHxW@FPS"            the video's positions: t seconds, h and w pixels
+//   "ltx2:audio=N" or "ltx2:audio=Ss" the audio's: t seconds, N latent frames or S seconds of
+//                                     audio (round(S * 25) frames, the pipeline's count)
+//   "ltx2:video=...,audio=..."        the shared clock, one axis t: the video's times, then the
+//                                     audio's (the positions LTX-2's cross-attention rotates by)
+StreamLayout parse_ltx2(const std::string& spec, const std::string& text) {
+  TORCH_CHECK(!spec.empty(), "--positions '", text,
+              "': no segments after 'ltx2:' (video=FxHxW@FPS, audio=N|Ss)");
+  std::optional<Positions> video, audio;
+  std::stringstream in(spec);
+  for (std::string part; std::getline(in, part, ',');) {
+    const auto equals = part.find('=');
+    TORCH_CHECK(equals != std::string::npos, "--positions '", text, "': segment '", part,
+                "' is not kind=size (ltx2: takes video=FxHxW@FPS and audio=N|Ss)");
+    const auto kind = part.substr(0, equals), size = part.substr(equals + 1);
+    if (kind == "video") {
+      TORCH_CHECK(!video, "--positions '", text, "': ltx2: takes one video, got a second");
+      const auto at = size.find('@');
+      TORCH_CHECK(at != std::string::npos, "--positions '", text, "': segment '", part,
+                  "' needs its frame rate (video=FxHxW@FPS, e.g. @24)");
+      auto s = parse_extent(size.substr(0, at), text, 3);
+      Ltx2VideoClock clock;
+      const auto rate = size.substr(at + 1);
+      size_t used = 0;
+      try {
+        clock.fps = std::stod(rate, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      TORCH_CHECK(used > 0 && used == rate.size() && std::isfinite(clock.fps) && clock.fps > 0 &&
+                      std::isfinite(static_cast<float>(clock.fps)) &&
+                      static_cast<float>(clock.fps) > 0,
+                  "--positions '", text, "': '@", rate,
+                  "' is not a frame rate (a positive number of frames per second that float32 "
+                  "holds)");
+      video = ltx2_video_positions(s[0], s[1], s[2], clock);
+    } else if (kind == "audio") {
+      TORCH_CHECK(!audio, "--positions '", text, "': ltx2: takes one audio track, got a second");
+      const int64_t frames = !size.empty() && size.back() == 's'
+                                 ? ltx2_audio_latent_frames(parse_seconds(size, text))
+                                 : parse_extent(size, text, 1)[0];
+      TORCH_CHECK(frames >= 1, "--positions '", text, "': audio=", size,
+                  " is no audio latent frame (one is 0.04 s at 25 per second)");
+      audio = ltx2_audio_positions(frames);
+    } else {
+      TORCH_CHECK(false, "--positions '", text, "': unknown segment kind '", kind,
+                  "' (ltx2: takes video and audio)");
+    }
+  }
+  StreamLayout layout;
+  if (video && audio) {
+    layout.positions = ltx2_clock(*video, *audio);
+    layout.kinds.assign(static_cast<size_t>(video->size()), SegmentKind::kVideo);
+    layout.kinds.insert(layout.kinds.end(), static_cast<size_t>(audio->size()),
+                        SegmentKind::kAudio);
+  } else {
+    layout.positions = video ? *video : *audio;
+  }
+  return layout;
+}
+
 // "2010-01-01 00:00,2010-01-01 03:30" -> epoch seconds on the axis "time".
 Positions parse_times(const std::string& spec, const std::string& text) {
   TORCH_CHECK(!spec.empty(), "--positions '", text, "': no timestamps after 'times:'");
@@ -199,6 +262,7 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
   TORCH_CHECK(!text.empty(), "--positions is empty; expected start:stop[:step] or a JSON array");
   if (text.rfind("stream:", 0) == 0) return parse_stream(text.substr(7), text).positions;
   if (text.rfind("times:", 0) == 0) return parse_times(text.substr(6), text);
+  if (text.rfind("ltx2:", 0) == 0) return parse_ltx2(text.substr(5), text).positions;
   if (text.rfind("grid:", 0) == 0) {
     auto s = parse_extent(text.substr(5), text, 2);
     return Positions::grid(s[0], s[1]);
@@ -243,8 +307,8 @@ Positions parse_positions(const std::string& text, const std::string& axes) {
     parsed = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {  // parse errors, and numbers out of range
     TORCH_CHECK(false, "--positions '", text,
-                "': expected start:stop[:step], grid:HxW, volume:TxHxW, stream:..., times:... or a "
-                "JSON array");
+                "': expected start:stop[:step], grid:HxW, volume:TxHxW, stream:..., times:..., "
+                "ltx2:... or a JSON array");
   }
   TORCH_CHECK(parsed.is_array() && !parsed.empty(),
               "--positions: expected a non-empty JSON array, got ", parsed.dump());
@@ -296,6 +360,12 @@ nlohmann::ordered_json tensor_to_json(const at::Tensor& tensor) {
 PlanRequest parse_plan_request(const std::string& text, const std::string& axes) {
   if (text.rfind("stream:", 0) == 0) {
     auto layout = parse_stream(text.substr(7), text);
+    PlanRequest request{layout.positions};
+    request.token_kinds = layout.kinds;
+    return request;
+  }
+  if (text.rfind("ltx2:", 0) == 0) {
+    auto layout = parse_ltx2(text.substr(5), text);
     PlanRequest request{layout.positions};
     request.token_kinds = layout.kinds;
     return request;

@@ -325,6 +325,26 @@ PositionalEncoding build_rope(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Rope(o));
 }
 
+// {"type": "rope_fractional", "max_positions": [20, 2048, 2048], ...}: LTX-2's rotary embedding
+// (posenc/encoders/rope_fractional.h); layout "split" is LTX-2's name for half.
+PositionalEncoding build_rope_fractional(ConfigReader& r, const ModelContext& c) {
+  RopeFractionalOptions o(
+      model_size(r, "head_dim", head_dim_of(c)),
+      c.num_heads > 0 || r.has("num_heads") ? model_size(r, "num_heads", c.num_heads) : 1);
+  if (r.has("max_positions"))
+    o.max_positions(r.numbers("max_positions"));
+  else
+    r.allow("max_positions");
+  o.theta(r.number("theta", o.theta()));
+  const auto layout = r.string("layout", "interleaved");
+  o.layout(layout == "split" ? RopeLayout::kHalf : rope_layout_from_string(layout));
+  const auto dtype = r.string("frequency_dtype", "float64");
+  TORCH_CHECK(dtype == "float64" || dtype == "float32", r.where(), ": unknown frequency_dtype '",
+              dtype, "'; expected one of: float64 (LTX-2's rope_double_precision), float32");
+  o.double_precision(dtype == "float64");
+  return as_encoding(RopeFractional(o));
+}
+
 // A model's whole config.json (a path or the object itself), resolved as transformers does.
 PositionalEncoding build_hf(ConfigReader& r, const ModelContext& c) {
   HfConfigOptions options;
@@ -426,6 +446,7 @@ const std::map<std::string, Builder>& builders() {
                                                     {"nope", build_nope},
                                                     {"relative_2d", build_relative_2d},
                                                     {"rope", build_rope},
+                                                    {"rope_fractional", build_rope_fractional},
                                                     {"rope_mixed", build_rope_mixed},
                                                     {"shaw", build_shaw},
                                                     {"sinusoidal", build_sinusoidal},

@@ -32,13 +32,23 @@ RopeLayout rope_layout_from_string(const std::string& name) {
 std::string to_string(RopeScaling scaling) { return rope_scaling_unit(scaling).name; }
 
 std::string to_string(RopeAngleDtype dtype) {
-  return dtype == RopeAngleDtype::kFloat32 ? "float32" : "float64";
+  switch (dtype) {
+    case RopeAngleDtype::kFloat64:
+      return "float64";
+    case RopeAngleDtype::kFloat32:
+      return "float32";
+    case RopeAngleDtype::kFloat64Peer:
+      return "float64_peer";
+  }
+  return "unknown";
 }
 
 RopeAngleDtype rope_angle_dtype_from_string(const std::string& name) {
   if (name == "float64") return RopeAngleDtype::kFloat64;
   if (name == "float32") return RopeAngleDtype::kFloat32;
-  TORCH_CHECK(false, "rope: unknown angle_dtype '", name, "'; expected one of: float64, float32");
+  if (name == "float64_peer") return RopeAngleDtype::kFloat64Peer;
+  TORCH_CHECK(false, "rope: unknown angle_dtype '", name,
+              "'; expected one of: float64, float32, float64_peer");
 }
 
 bool rope_scaling_takes(RopeScaling scaling, const std::string& key) {
@@ -188,6 +198,11 @@ void rope_validate(const RopeOptions& o) {
                   f.theta(), ") would be ignored: remove it");
       break;
   }
+  TORCH_CHECK(f.angle_dtype() != RopeAngleDtype::kFloat64Peer ||
+                  f.source() == RopeFrequencySource::kPerAxisLadders,
+              "rope: angle_dtype float64_peer (diffusers' float64 ladders, 1.0 / theta^(2i/d)) "
+              "applies to per_axis_frequencies; got the ",
+              source, " frequency source");
   TORCH_CHECK(
       f.angle_dtype() == RopeAngleDtype::kFloat64 || f.source() != RopeFrequencySource::kPeriods,
       "rope: angle_dtype float32 reproduces HF's ladders; it does not apply to the ", source,

@@ -405,8 +405,18 @@ const RopeScalingUnit& rope_scaling_unit(RopeScaling type) {
 }
 
 at::Tensor rope_ladder(double theta, int64_t dim, int64_t denominator, RopeAngleDtype dtype) {
-  return dtype == RopeAngleDtype::kFloat32 ? Hf32::ladder(theta, dim, denominator)
-                                           : Exact::ladder(theta, dim, denominator);
+  switch (dtype) {
+    case RopeAngleDtype::kFloat32:
+      return Hf32::ladder(theta, dim, denominator);
+    case RopeAngleDtype::kFloat64Peer:  // 1.0 / (theta ** (arange(0, dim, 2, float64) /
+                                        // denominator))
+      return torch::pow(at::Scalar(theta), torch::arange(0, dim, 2, torch::kFloat64) /
+                                               static_cast<double>(denominator))
+          .reciprocal();
+    case RopeAngleDtype::kFloat64:
+      break;
+  }
+  return Exact::ladder(theta, dim, denominator);
 }
 
 }  // namespace posenc

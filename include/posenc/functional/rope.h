@@ -83,8 +83,12 @@ const std::vector<std::string>& rope_scaling_keys();
 enum class RopeSectionLayout { kContiguous, kInterleaved };
 std::string to_string(RopeSectionLayout layout);
 
-/// The arithmetic of the angles: kFloat64 (exact; default) or kFloat32 (HF transformers' own).
-enum class RopeAngleDtype { kFloat64, kFloat32 };
+/// The arithmetic of the angles: kFloat64 (exact; default), kFloat32 (HF transformers' own), or
+/// kFloat64Peer: float64 in the peers' op order, inv_freq = 1.0 / theta^(2i/d) (a reciprocal of
+/// the pow, where kFloat64 takes pow(theta, -2i/d); the two differ in the last float64 bit), as
+/// diffusers' get_1d_rotary_pos_embed(freqs_dtype=float64) computes it for Wan and SkyReels-V2
+/// (per_axis_frequencies only).
+enum class RopeAngleDtype { kFloat64, kFloat32, kFloat64Peer };
 std::string to_string(RopeAngleDtype dtype);
 RopeAngleDtype rope_angle_dtype_from_string(const std::string& name);
 
@@ -153,7 +157,7 @@ struct RopeFrequencyOptions {
   /// Longest period (kPeriods only; >= min_period).
   TORCH_ARG(double, max_period) = 0.0;
   /// Angle arithmetic (default kFloat64; kFloat32 reproduces HF transformers bit for bit: kLadder
-  /// only).
+  /// and kPerAxisLadders; kFloat64Peer diffusers' float64 ladders: kPerAxisLadders only).
   TORCH_ARG(RopeAngleDtype, angle_dtype) = RopeAngleDtype::kFloat64;
 };
 

@@ -61,8 +61,9 @@ const std::vector<RopeScalingUnit>& rope_scaling_units();
 /// The unit of a type (the one lookup).
 const RopeScalingUnit& rope_scaling_unit(RopeScaling type);
 
-/// theta^(-2i/denominator) for i < dim/2: [dim/2] float64 (exact) or float32 (transformers'
-/// `1.0 / (base ** (arange(0, dim, 2).float() / denominator))`, to the bit).
+/// theta^(-2i/denominator) for i < dim/2: [dim/2] float64 (exact), float32 (transformers'
+/// `1.0 / (base ** (arange(0, dim, 2).float() / denominator))`, to the bit) or float64_peer (the
+/// same formula in float64: diffusers' get_1d_rotary_pos_embed with freqs_dtype float64).
 at::Tensor rope_ladder(double theta, int64_t dim, int64_t denominator, RopeAngleDtype dtype);
 
 }  // namespace posenc
