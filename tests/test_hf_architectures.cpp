@@ -165,15 +165,21 @@ Outcome compare(const std::string& model_type, const json& root, const json& tab
     if (row.contains("inv_freq")) {
       const auto f = rope->frequencies(-1).inv_freq.to(torch::kFloat64).contiguous();
       auto expected = test::to_tensor(row["inv_freq"]);
-      // a vision tower's class holds one axis's ladder; posenc's table lists both axes' pairs
-      if (positions[0].is_array() && f.numel() == 2 * expected.numel())
-        expected = torch::cat({expected, expected});
-      if (f.sizes() != expected.sizes()) {
+      auto got = f;
+      // a vision tower's class holds one axis's ladder; posenc's table lists every axis's pairs
+      // in the order they sit in the head (its cos/sin, compared below, say where each turns):
+      // the same frequencies, as many times as there are axes, compared sorted
+      if (positions[0].is_array() && f.numel() != expected.numel() &&
+          f.numel() % expected.numel() == 0) {
+        expected = std::get<0>(expected.repeat({f.numel() / expected.numel()}).sort());
+        got = std::get<0>(f.sort());
+      }
+      if (got.sizes() != expected.sizes()) {
         differs << dtype << ": " << f.numel() << " frequencies vs " << expected.numel();
         return {"differs", differs.str()};
       }
       const double rel =
-          ((f - expected).abs() / expected.abs().clamp_min(1e-30)).max().item<double>();
+          ((got - expected).abs() / expected.abs().clamp_min(1e-30)).max().item<double>();
       const double limit = dtype == "float32" ? (float32_bits_hold() ? 0.0 : 2 * kEps32) : 1e-6;
       if (!(rel <= limit)) {
         differs << dtype << ": inv_freq relative difference " << rel;
@@ -199,7 +205,10 @@ Outcome compare(const std::string& model_type, const json& root, const json& tab
     d.seq_len = seq_len;
     at::Tensor cos, sin;
     // M-RoPE: the same position on every axis, as the generator gave transformers' class.
-    Positions where = grid ? Positions(torch::tensor(p, torch::kFloat64).view({-1, 2}), {"h", "w"})
+    const int64_t grid_axes = grid ? static_cast<int64_t>(positions[0].size()) : 1;
+    Positions where = grid ? Positions(torch::tensor(p, torch::kFloat64).view({-1, grid_axes}),
+                                       grid_axes == 3 ? std::vector<std::string>{"t", "h", "w"}
+                                                      : std::vector<std::string>{"h", "w"})
                            : Positions::values(p);
     if (!grid && resolved.config.contains("mrope_section")) {
       const auto axes = static_cast<int64_t>(resolved.config["mrope_section"].size());
@@ -782,6 +791,65 @@ TEST(HfArchitectures, PythonsNonFiniteFloatsAreReadAsTransformersReadsThem) {
   write(R"({"model_type": "llama", "rope_theta": inf})");
   EXPECT_NE(test::error_of([&] { load_hf_config(path); }).find("invalid JSON"), std::string::npos);
   std::filesystem::remove(path);
+}
+
+TEST(HfArchitectures, TowerSectionOptionsDealAndPermuteAsSaidAndCheckTheirArguments) {
+  // The section map's options the towers resolve to (posenc/functional/rope.h), on a small head:
+  // 8 pairs, two sections of 4. Dealt: rows take ladder frequencies 0, 2, 4, 6, columns 1, 3, 5, 7
+  // (Pixtral's cat(inv_freq[0::2], inv_freq[1::2])).
+  RopeOptions o(16);
+  o.sections().sections({4, 4}).frequency_order(RopeFrequencyOrder::kDealt);
+  const auto ladder = rope_frequencies(RopeOptions(16)).inv_freq;
+  const auto dealt = rope_frequencies(o).inv_freq;
+  EXPECT_TRUE(torch::equal(dealt, ladder.index_select(0, torch::tensor({0, 2, 4, 6, 1, 3, 5, 7}))))
+      << dealt;
+  // per-axis ladders over interleaved sections: each axis's k-th pair takes its ladder's k-th
+  // frequency (Kimi-K2.5: pairs w0 h0 w1 h1 ...)
+  RopeOptions per_axis(16);
+  per_axis.frequencies(RopeFrequencyOptions::per_axis_ladders());
+  per_axis.sections().sections({4, 4});
+  const auto contiguous = rope_frequencies(per_axis).inv_freq;
+  per_axis.sections().layout(RopeSectionLayout::kInterleaved);
+  const auto interleaved = rope_frequencies(per_axis).inv_freq;
+  EXPECT_TRUE(torch::equal(interleaved,
+                           contiguous.index_select(0, torch::tensor({0, 4, 1, 5, 2, 6, 3, 7}))));
+  // section_axes {1, 0}: section 0 reads the columns; position_scale: angle (s p) f
+  per_axis.sections().layout(RopeSectionLayout::kContiguous).axes({1, 0});
+  per_axis.position_scale(2.5);
+  Rope rope(per_axis);
+  const auto coords = torch::tensor({3.0, 7.0}, torch::kFloat64).view({1, 2});
+  at::Tensor cos;
+  for (const auto& [key, value] : rope->describe(Positions(coords, {"h", "w"}), {}))
+    if (key == "cos") cos = value;
+  const auto f = contiguous.to(torch::kFloat64);
+  const auto want =
+      torch::cat({(2.5 * 7.0 * f.narrow(0, 0, 4)).cos(), (2.5 * 3.0 * f.narrow(0, 4, 4)).cos()})
+          .to(torch::kFloat32);
+  EXPECT_TRUE(torch::allclose(cos[0].narrow(0, 0, 8), want, 0, 1e-7)) << cos;
+  // bad arguments: one line each
+  RopeOptions bad(16);
+  bad.sections().sections({4, 4}).axes({0, 0});
+  EXPECT_NE(test::error_of([&] {
+              rope_validate(bad);
+            }).find("section_axes must be a permutation of 0..1, got [0, 0]"),
+            std::string::npos);
+  bad.sections().axes({1, 0, 2});
+  EXPECT_NE(
+      test::error_of([&] { rope_validate(bad); }).find("section_axes names 3 axes for 2 sections"),
+      std::string::npos);
+  RopeOptions dealt_per_axis(16);
+  dealt_per_axis.frequencies(RopeFrequencyOptions::per_axis_ladders());
+  dealt_per_axis.sections().sections({4, 4}).frequency_order(RopeFrequencyOrder::kDealt);
+  EXPECT_NE(test::error_of([&] {
+              rope_validate(dealt_per_axis);
+            }).find("frequency_order 'dealt' deals one ladder to the sections"),
+            std::string::npos);
+  RopeOptions zero(16);
+  zero.position_scale(0);
+  EXPECT_NE(test::error_of([&] {
+              rope_validate(zero);
+            }).find("position_scale must be finite and non-zero, got 0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -14,7 +14,9 @@ taking a config (`<Family>RotaryEmbedding(config)`):
                                written as the float64 value of each float32: exact);
                              - cos and sin from the class's own forward(x, position_ids[, layer_type]) at
                                POSITIONS (1D; M-RoPE classes get the same position on every axis), one
-                               value per rotary pair, attention scaling included;
+                               value per rotary pair, attention scaling included; a vision tower
+                               (rope_type 'axial') at GRID's (row, column) patch positions, or GRID3's
+                               (t, row, column) where its vision model gives three axes (tower_axes);
                              - the pair layout the modeling file's own apply_rotary_pos_emb uses, found by
                                running it on a probe vector ("half": pairs (i, i + r/2); "interleaved":
                                pairs (2i, 2i + 1); "other" when neither matches; absent when the file
@@ -86,7 +88,22 @@ PINNED_TRANSFORMERS = "5.24.0"
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_architectures")
 POSITIONS = [0, 1, 2, 7, 100, 1023, 4097, 32767]
 GRID = [[0, 0], [0, 1], [1, 0], [2, 3], [7, 5], [31, 17]]  # (row, column) of patches, vision towers
+# (time, row, column) of patches, for towers whose vision model gives three axes (tower_axes)
+GRID3 = [[0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [2, 3, 1], [3, 7, 5], [1, 31, 17]]
+# patches (rows, columns) of the image given to a tower that builds its table from pixel_values
+# (DINOv3 and its kin: patch centres in [-1, 1])
+PATCH_GRID = (3, 5)
 MAX_SUBCONFIG_DEPTH = 2
+
+
+def tower_axes(module):
+    """3 where the modeling file's vision model asks transformers' get_vision_position_ids for
+    (t, h, w) per patch (`include_temporal = True`: MiniMax-M3), else 2 (row, column)."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return 2
+    return 3 if re.search(r"include_temporal\s*=\s*True", source) else 2
 
 
 def floats(t):
@@ -497,12 +514,53 @@ def reads_probe(cls, config, layer_type, load=None):
     return out
 
 
+def patch_centre_probe(emb, config, module):
+    """A tower whose forward(pixel_values) builds its table from the image's patch grid (DINOv3's
+    DINOv3ViTRopePositionEmbedding, EoMT-DINOv3's, Sapiens 2's): in eval mode (the coordinate
+    augmentations are training-only), an image of PATCH_GRID patches; positions are the patch
+    centres the class rotates by (its module's own get_patches_center_coordinates: (row, column)
+    in [-1, 1]), written as the float64 value of each float32."""
+    centres = getattr(module, "get_patches_center_coordinates", None)
+    if centres is None:
+        return [{"error": f"forward{tuple(inspect.signature(emb.forward).parameters)} without the "
+                          f"module's get_patches_center_coordinates"}]
+    emb.eval()
+    rows, cols = PATCH_GRID
+    patch = config.patch_size if isinstance(config.patch_size, (list, tuple)) else \
+        (config.patch_size, config.patch_size)
+    pixels = torch.zeros(1, getattr(config, "num_channels", 3), rows * patch[0], cols * patch[1])
+    row = {"layer_type": None}
+    try:
+        cos, sin = emb(pixels)
+        coords = centres(rows, cols, dtype=torch.float32, device=torch.device("cpu"))
+    except Exception as e:
+        return [{"layer_type": None, "error": f"forward failed: {type(e).__name__}: {str(e)[:200]}"}]
+    inv = getattr(emb, "inv_freq", None)
+    if isinstance(inv, torch.Tensor):
+        row["inv_freq"] = floats(inv)
+    row["attention_scaling"] = float(getattr(emb, "attention_scaling", 1.0))
+    c, dup = per_pair(cos.reshape(-1, cos.shape[-1]).float())
+    s, _ = per_pair(sin.reshape(-1, sin.shape[-1]).float())
+    row["rotary_dim"] = 2 * int(c.shape[-1])
+    row["duplication"] = dup
+    row["patch_grid"] = list(PATCH_GRID)
+    row["positions"] = [floats(p) for p in coords]
+    row["cos"] = [floats(r) for r in c]
+    row["sin"] = [floats(r) for r in s]
+    layout = layout_of(module, config, c, s, dup)
+    if layout:
+        row["layout"] = layout
+    return [row]
+
+
 def probe(cls, config, module, layer_types, load=None):
     """The class's own numbers for one config, per layer type."""
     with torch.device("cpu"):
         emb = cls(config=config)
     params = inspect.signature(emb.forward).parameters
     takes_layer = "layer_type" in params
+    if list(params) == ["pixel_values"]:
+        return patch_centre_probe(emb, config, module)
     if list(params)[:2] != ["x", "position_ids"]:
         return [{"error": f"forward{tuple(params)} is not forward(x, position_ids, ...)"}]
     # (a class whose forward takes a layer type, on a config without layer types: ESM)
@@ -536,10 +594,10 @@ def probe(cls, config, module, layer_types, load=None):
         x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
         axial = isinstance(getattr(config, "rope_parameters", None), dict) and \
             config.rope_parameters.get("rope_type") == "axial"
-        if axial:  # vision towers: position_ids (N, 2), one (row, column) per patch
-            positions = GRID
-            pos = torch.tensor(GRID, dtype=torch.long)
-            x = torch.zeros(1, len(GRID), 8, dtype=torch.float32)
+        if axial:  # vision towers: position_ids (N, A), one (row, column) or (t, row, column) per patch
+            positions = GRID3 if tower_axes(module) == 3 else GRID
+            pos = torch.tensor(positions, dtype=torch.long)
+            x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
         try:
             if axial:
                 out = None
@@ -1846,7 +1904,7 @@ def main():
         # float32 tables are torch's vectorized pow/cos/sin at this capability, bit for bit
         meta = {"transformers": transformers.__version__, "torch": torch.__version__,
                 "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(), "positions": POSITIONS,
-                "grid_positions": GRID,
+                "grid_positions": GRID, "grid3_positions": GRID3,
                 "model_types": index}
         with open(os.path.join(args.out, "index.json"), "w") as f:
             json.dump(meta, f, indent=1)

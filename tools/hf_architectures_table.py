@@ -33,6 +33,7 @@ HEAD = {
     "kDModelPerHead": "d_model / n_heads",
     "kDecoderHeads": "hidden_size / decoder heads",
     "kRotaryDim": "rotary_dim",
+    "kMemoryAttention": "memory attention heads",
 }
 
 
@@ -100,7 +101,10 @@ def render():
         f"Every model type of transformers {index['transformers']} whose modeling code has a rotary",
         "embedding class, resolved by posenc from its default `config.json` (as `save_pretrained` writes it)",
         "and compared with that model's own rotary class: `inv_freq`, `attention_scaling` and cos/sin at",
-        f"positions {', '.join(str(p) for p in index['positions'])}.",
+        f"positions {', '.join(str(p) for p in index['positions'])}; a vision tower's at (row, column) patch",
+        f"positions {', '.join(str(tuple(p)) for p in index['grid_positions'])}, at (t, row, column)",
+        f"{', '.join(str(tuple(p)) for p in index.get('grid3_positions', []))} where its model gives three axes",
+        "(MiniMax-M3), and DINOv3's at the patch centres in [-1, 1] of a 3 x 5 patch image (eval mode).",
         "",
         f"**{identical + refused} rotary tables: {identical} identical** (bit for bit with `--angle-dtype float32`;",
         f"inv_freq within 1e-6 relative in float64), **{refused} refused** with the reason below, **0 different**.",

@@ -138,6 +138,11 @@ class _Table:
         self.layout = c.get("layout", "half")
         self.mrope_section = list(c.get("mrope_section", []))
         self.section_layout = c.get("section_layout", "contiguous")
+        # the coordinate axis each section reads (a vision tower's columns first: Step 3.7's,
+        # Inkling 2's, Kimi-K2.5's); inv_freq comes in pair order (Pixtral's dealt ladder too)
+        self.section_axes = list(c.get("section_axes", []))
+        # angle = (s p) inv_freq: DINOv3's 2 pi over patch centres in [-1, 1]
+        self.position_scale = float(c.get("position_scale", 1.0))
         self.max_position_embeddings = int(c.get("max_position_embeddings", 0) or 0)
         self.original_max = int(c.get("original_max_position_embeddings", 0) or 0) or \
             self.max_position_embeddings
@@ -283,6 +288,10 @@ class RotaryEmbedding(nn.Module):
             if positions.dim() == 2:  # text only: the same position on every axis
                 positions = positions.unsqueeze(0).expand(axes, -1, -1)
             positions = positions.permute(1, 2, 0)  # [A, B, N] -> [B, N, A]
+            if table.section_axes:  # section a reads axis section_axes[a]
+                positions = positions[..., table.section_axes]
+        if table.position_scale != 1.0:  # (s p) first, in the angles' dtype, as transformers
+            positions = positions.to(inv_freq.dtype) * table.position_scale
         order = table.layout if self.table_order == "layout" else "half"
         cos, sin = rope_cos_sin(positions.to(inv_freq.device), inv_freq, 1.0,
                                 table.mrope_section, table.section_layout, order)

@@ -3,6 +3,7 @@
 // number came from; nothing falls back to a posenc default without a warning.
 #include "posenc/config/hf_config.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -185,7 +186,15 @@ class Resolver {
     // A vision tower's 2D rotary (transformers 5's rope_type "axial", Qwen2-VL's
     // compute_axial_rope_parameters): the head's pairs split in two halves, rows then columns,
     // each with the ladder theta^(-2i/(r/2)): posenc's per-axis ladders over grid:HxW positions.
-    const bool axial = rope_type == "axial";
+    // a tower's config class gives a file without rope_type 'axial' (its rotary class raises on
+    // any other); DINOv3's 2D rope is its class's whatever the file says
+    TORCH_CHECK(
+        !arch.tower || rope_type == "axial" || !(has(block, "rope_type") || has(block, "type")),
+        origin_, ": refused: model type '", out.model_type,
+        "' takes rope_type 'axial' only; its rotary class raises on '", rope_type, "' (",
+        std::string(arch.source), ")");
+    const bool axial =
+        rope_type == "axial" || arch.tower || hf_axial_unit(arch.axial).any_rope_type;
     if (axial) {
       TORCH_CHECK(sections.empty(), origin_, ": ", from_block("rope_type"),
                   " is 'axial' and the block has an mrope_section; transformers takes none");
@@ -253,6 +262,23 @@ class Resolver {
       case HfHeadSize::kDecoderHeads:
         per_head("hidden_size", "decoder_num_attention_heads");
         break;
+      case HfHeadSize::kMemoryAttention: {  // the trackers' memory attention
+        const char* keys[] = {"memory_attention_hidden_size", "memory_attention_downsample_rate",
+                              "memory_attention_num_attention_heads"};
+        for (const char* key : keys)
+          TORCH_CHECK(has(c, key), origin_, ": cannot tell the head size: expected '", key, "' (",
+                      rule, ")");
+        const int64_t hidden = integer_at(c, keys[0]), rate = integer_at(c, keys[1]),
+                      heads = integer_at(c, keys[2]);
+        TORCH_CHECK(rate > 0 && heads > 0, origin_, ": '", prefix_, keys[1], "' and '", prefix_,
+                    keys[2], "' must be positive, got ", rate, " and ", heads);
+        head_dim = hidden / (rate * heads);
+        set("head_dim", head_dim,
+            "derived: " + prefix_ + "memory_attention_hidden_size / (downsample_rate x heads) = " +
+                std::to_string(hidden) + " / (" + std::to_string(rate) + " x " +
+                std::to_string(heads) + ")");
+        break;
+      }
       case HfHeadSize::kRotaryDim:
         if (has(c, "n_embd")) {
           per_head("n_embd", "n_head");
@@ -602,19 +628,7 @@ class Resolver {
       }
     }
     if (arch.longrope_mscale_by_length && rope_type != "default") apply_length_mscale(block);
-    if (axial) {
-      const double partial = resolved_["partial_rotary_factor"].get<double>();
-      const auto rotary = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
-      TORCH_CHECK(rotary % 4 == 0, origin_,
-                  ": rope_type 'axial' splits the rotary part in two "
-                  "axes of whole pairs; its size must be a multiple of 4, got ",
-                  rotary);
-      set("mrope_section", std::vector<int64_t>{rotary / 4, rotary / 4},
-          "derived: 'axial' gives rows and columns r/4 pairs each (r = " + std::to_string(rotary) +
-              "; transformers' recomposition_frequencies: cat(rows, cols))");
-      set("per_axis_frequencies", true,
-          "derived: 'axial' restarts the ladder theta^(-2i/(r/2)) on each axis");
-    }
+    if (axial) resolve_axial(out, arch, head_dim);
     if (!sections.empty()) {
       set("mrope_section", sections,
           sections_defaulted ? "transformers: model type '" + out.model_type +
@@ -671,6 +685,74 @@ class Resolver {
   }
 
  private:
+  // A vision tower's rotary (rope_type 'axial'): the model type's HfAxial unit gives the number
+  // of axes, how many pairs each takes, how the sections sit over the pairs, which coordinate
+  // each reads, and whether one ladder is dealt to them or each restarts its own.
+  void resolve_axial(HfResolution& out, const HfArchitecture& arch, int64_t head_dim) {
+    const HfAxialUnit& unit = hf_axial_unit(arch.axial);
+    const std::string rule = "model type '" + out.model_type + "' (" + std::string(arch.source) +
+                             "): " + std::string(unit.source);
+    if (unit.whole_head && resolved_["partial_rotary_factor"].get<double>() != 1.0) {
+      out.warnings.push_back(origin_ + ": 'partial_rotary_factor' " +
+                             resolved_["partial_rotary_factor"].dump() +
+                             " is not read by the vision rotary of " + rule +
+                             ", which sizes it from the head; ignored, as transformers ignores it");
+      set("partial_rotary_factor", 1.0, rule);
+    }
+    const double partial = resolved_["partial_rotary_factor"].get<double>();
+    const auto rotary = static_cast<int64_t>(static_cast<double>(head_dim) * partial);
+    std::vector<int64_t> sections;
+    if (unit.axes == 2) {
+      TORCH_CHECK(rotary % 4 == 0, origin_,
+                  ": rope_type 'axial' splits the rotary part in two "
+                  "axes of whole pairs; its size must be a multiple of 4, got ",
+                  rotary);
+      sections.assign(2, rotary / 4);
+    } else {  // (t, h, w) runs of (Dh / A) / 2 pairs; the head's remaining dims pass through
+      const int64_t pairs = (head_dim / unit.axes) / 2;
+      TORCH_CHECK(pairs > 0, origin_, ": ", rule, " gives each of its ", unit.axes,
+                  " axes (head_dim / ", unit.axes, ") / 2 pairs; head_dim ", head_dim,
+                  " leaves none");
+      const double factor =
+          static_cast<double>(2 * unit.axes * pairs) / static_cast<double>(head_dim);
+      TORCH_CHECK(
+          static_cast<int64_t>(static_cast<double>(head_dim) * factor) == 2 * unit.axes * pairs,
+          origin_, ": the rotary width ", 2 * unit.axes * pairs, " of head_dim ", head_dim,
+          " is not int(head_dim * factor) for a double factor");
+      set("partial_rotary_factor", factor,
+          "derived: " + std::to_string(unit.axes) + " axes x " + std::to_string(pairs) +
+              " pairs of head_dim " + std::to_string(head_dim) + " (" + rule + ")");
+      sections.assign(unit.axes, pairs);
+    }
+    set("mrope_section", sections,
+        "derived: " + std::to_string(unit.axes) + " axes of " + std::to_string(sections[0]) +
+            " pairs (" + rule + ")");
+    if (unit.section_layout != "contiguous")
+      set("section_layout", std::string(unit.section_layout), rule);
+    if (!unit.section_axes.empty()) set("section_axes", unit.section_axes, rule);
+    if (unit.position_scale != 1.0) {
+      set("position_scale", unit.position_scale, rule);
+      // DINOv3's exponents are arange(0, 1, 4 / Dh) (a float64 step, each value rounded once to
+      // float32), posenc's per-axis ladder's (2i) / (Dh / 2) in float32: the same numbers where
+      // 4 / Dh is a power of two (every released head size), checked here for any other
+      const auto step = at::arange(0.0, 1.0, 4.0 / static_cast<double>(head_dim),
+                                   at::TensorOptions().dtype(at::kFloat));
+      const auto ladder =
+          at::arange(0, head_dim / 2, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+          (head_dim / 2);
+      TORCH_CHECK(options_.angle_dtype != "float32" ||
+                      (step.sizes() == ladder.sizes() && at::equal(step, ladder)),
+                  origin_, ": refused: head_dim ", head_dim, " gives ", rule,
+                  " float32 exponents arange(0, 1, 4 / head_dim) that are not posenc's (2i) / "
+                  "(head_dim / 2) to the bit; use angle_dtype float64");
+    }
+    if (unit.dealt)
+      set("frequency_order", "dealt", rule);
+    else
+      set("per_axis_frequencies", true,
+          "derived: 'axial' restarts the ladder on each axis (" + std::string(unit.source) + ")");
+  }
+
   const nlohmann::json& model() const {
     if (patched_.is_object()) return patched_;
     return text_ ? *text_ : *root_;

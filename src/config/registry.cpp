@@ -194,6 +194,19 @@ void read_rope_scaling(ConfigReader& r, RopeOptions& o, bool nested) {
                                                 : RopeSectionLayout::kInterleaved);
   }
   if (r.boolean("mrope_interleaved", false)) o.sections().layout(RopeSectionLayout::kInterleaved);
+  // section_axes: the coordinate axis each section reads; frequency_order: "dealt" deals one
+  // ladder to the sections in turn (Pixtral), "pairs" (default) gives pair i frequency i
+  if (r.has("section_axes"))
+    o.sections().axes(r.integers("section_axes"));
+  else
+    r.allow("section_axes");
+  if (auto v = r.optional_number("position_scale")) o.position_scale(*v);
+  if (auto order = r.optional_string("frequency_order")) {
+    TORCH_CHECK(*order == "pairs" || *order == "dealt", r.where(), ": unknown frequency_order '",
+                *order, "'; expected one of: pairs, dealt");
+    o.sections().frequency_order(*order == "dealt" ? RopeFrequencyOrder::kDealt
+                                                   : RopeFrequencyOrder::kPairOrder);
+  }
   // per_axis_frequencies: true switches the frequency source to one ladder per section.
   if (r.boolean("per_axis_frequencies", false)) {
     TORCH_CHECK(f.source() != RopeFrequencySource::kPeriods, r.where(),

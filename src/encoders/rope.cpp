@@ -17,16 +17,29 @@ RopeFrequencies RopeImpl::frequencies(int64_t seq_len) const {
   return rope_frequencies(options, seq_len);
 }
 
+namespace {
+// (s p) in the angles' dtype (float32 with float32 frequencies: transformers' `2 * math.pi *
+// coords` before the product with inv_freq), p itself where s is 1
+at::Tensor scaled(const at::Tensor& p, const at::Tensor& inv_freq, double scale) {
+  if (scale == 1.0) return p;
+  return p.to(inv_freq.scalar_type() == torch::kFloat32 ? torch::kFloat32 : torch::kFloat64) *
+         scale;
+}
+}  // namespace
+
 std::pair<at::Tensor, at::Tensor> RopeImpl::cos_sin(const Positions& positions,
                                                     const RopeFrequencies& f, bool is_key) const {
   const auto& sections = options.sections().sections();
+  const double position_scale = options.position_scale();
   if (!sections.empty()) {  // multi-axis: pair i rotates by the coordinate of its section's axis
     positions.check_num_axes("rope", static_cast<int64_t>(sections.size()));
-    return rope_cos_sin_sections(positions.coords(), f.inv_freq, sections,
-                                 options.sections().layout(), f.attention_scaling);
+    return rope_cos_sin_sections(
+        scaled(rope_section_coords(positions.coords(), options.sections().axes()), f.inv_freq,
+               position_scale),
+        f.inv_freq, sections, options.sections().layout(), f.attention_scaling);
   }
   positions.check_num_axes("rope", 1);
-  auto p = positions.axis(0);
+  auto p = scaled(positions.axis(0), f.inv_freq, position_scale);
   auto [cos, sin] = rope_cos_sin(p, f.inv_freq, f.attention_scaling);
   if (options.xpos()) {
     auto scale = xpos_scale(p, rotary_dim(), options.xpos_scale_base());

@@ -78,6 +78,10 @@ RopeScaling rope_scaling_from_string(const std::string& name) {
   TORCH_CHECK(false, "rope: unknown rope_type '", name, "'; expected one of: ", known);
 }
 
+std::string to_string(RopeFrequencyOrder order) {
+  return order == RopeFrequencyOrder::kPairOrder ? "pairs" : "dealt";
+}
+
 std::string to_string(RopeFrequencySource source) {
   switch (source) {
     case RopeFrequencySource::kLadder:
@@ -176,10 +180,8 @@ void rope_validate(const RopeOptions& o) {
       TORCH_CHECK(!sections.empty(),
                   "rope: per_axis_frequencies deals one ladder per section; it needs "
                   "mrope_section (one entry per axis), got none");
-      TORCH_CHECK(o.sections().layout() == RopeSectionLayout::kContiguous && unscaled,
-                  "rope: per_axis_frequencies needs section_layout contiguous and rope_type "
-                  "default, got ",
-                  to_string(o.sections().layout()), " and ", to_string(f.scaling().rope_type()));
+      TORCH_CHECK(unscaled, "rope: per_axis_frequencies needs rope_type default, got ",
+                  to_string(f.scaling().rope_type()));
       TORCH_CHECK(f.min_period() == 0 && f.max_period() == 0,
                   "rope: min_period/max_period and per_axis_frequencies are two frequency "
                   "sources; give one");
@@ -217,9 +219,39 @@ void rope_validate(const RopeOptions& o) {
                 " pairs but the rotary dimension has r/2 = ", r / 2);
     TORCH_CHECK(!o.xpos(), "rope: xpos is not supported with mrope_section");
   }
+  const auto& axes = o.sections().axes();
+  TORCH_CHECK(axes.empty() || axes.size() == sections.size(), "rope: section_axes names ",
+              axes.size(), " axes for ", sections.size(), " sections; give one per section");
+  for (size_t a = 0; a < axes.size(); ++a)
+    TORCH_CHECK(axes[a] >= 0 && axes[a] < static_cast<int64_t>(axes.size()) &&
+                    std::count(axes.begin(), axes.end(), axes[a]) == 1,
+                "rope: section_axes must be a permutation of 0..", axes.size() - 1, ", got ",
+                c10::IntArrayRef(axes));
+  TORCH_CHECK(o.sections().frequency_order() == RopeFrequencyOrder::kPairOrder ||
+                  (!sections.empty() && f.source() == RopeFrequencySource::kLadder),
+              "rope: frequency_order 'dealt' deals one ladder to the sections; it needs "
+              "mrope_section and the ladder frequency source, got ",
+              sections.size(), " sections and the ", source, " source");
   TORCH_CHECK(!o.xpos() || o.xpos_scale_base() > 0, "rope: xpos_scale_base must be positive, got ",
               o.xpos_scale_base());
+  TORCH_CHECK(std::isfinite(o.position_scale()) && o.position_scale() != 0,
+              "rope: position_scale must be finite and non-zero, got ", o.position_scale());
+  TORCH_CHECK(o.position_scale() == 1.0 || !o.xpos(),
+              "rope: xpos is not supported with a position_scale, got ", o.position_scale());
 }
+
+namespace {
+
+// kDealt: the ladder's frequencies dealt in turn to the sections (the round-robin order of
+// interleaved sections), each section's share in ladder order, then laid over the pairs.
+at::Tensor deal_frequencies(const at::Tensor& ladder, const RopeSectionMap& map) {
+  const auto deal = rope_section_axes(map.sections(), RopeSectionLayout::kInterleaved);
+  const auto section_major = std::get<1>(deal.sort(std::optional<bool>(true), 0, false));
+  return ladder.index_select(0, section_major.to(ladder.device()))
+      .index_select(0, rope_section_major_index(map.sections(), map.layout()).to(ladder.device()));
+}
+
+}  // namespace
 
 RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
   rope_validate(o);
@@ -229,14 +261,21 @@ RopeFrequencies rope_frequencies(const RopeOptions& o, int64_t seq_len) {
     case RopeFrequencySource::kLadder: {  // the scaling type's unit (rope_scaling.cpp)
       const auto& unit = rope_scaling_unit(f.scaling().rope_type());
       const RopeScalingContext context{o, r, seq_len};
-      return f.angle_dtype() == RopeAngleDtype::kFloat32 ? unit.hf32(context) : unit.exact(context);
+      auto out =
+          f.angle_dtype() == RopeAngleDtype::kFloat32 ? unit.hf32(context) : unit.exact(context);
+      if (o.sections().frequency_order() == RopeFrequencyOrder::kDealt)
+        out.inv_freq = deal_frequencies(out.inv_freq, o.sections());
+      return out;
     }
     case RopeFrequencySource::kPerAxisLadders: {
       std::vector<at::Tensor> ladders;              // one theta^(-2i/(2 s)) ladder per section
       for (auto section : o.sections().sections())  // transformers' compute_axial_rope_parameters
         if (section > 0)
           ladders.push_back(rope_ladder(f.theta(), 2 * section, 2 * section, f.angle_dtype()));
-      return {torch::cat(ladders), 1.0};
+      // section-major, laid over the pairs as the sections are (interleaved: Kimi-K2.5's tower)
+      return {torch::cat(ladders).index_select(
+                  0, rope_section_major_index(o.sections().sections(), o.sections().layout())),
+              1.0};
     }
     case RopeFrequencySource::kPeriods:
       return {2 * M_PI / time_periods(f.min_period(), f.max_period(), r / 2), 1.0};
@@ -289,6 +328,29 @@ at::Tensor rope_section_axes(const std::vector<int64_t>& sections, RopeSectionLa
     }
   }
   return torch::tensor(axes, torch::kLong);
+}
+
+at::Tensor rope_section_major_index(const std::vector<int64_t>& sections,
+                                    RopeSectionLayout layout) {
+  const auto axes = rope_section_axes(sections, layout);
+  std::vector<int64_t> offset(sections.size(), 0), index;
+  for (size_t a = 1; a < sections.size(); ++a) offset[a] = offset[a - 1] + sections[a - 1];
+  const auto* axis = axes.data_ptr<int64_t>();
+  for (int64_t j = 0; j < axes.size(0); ++j) index.push_back(offset[axis[j]]++);
+  return torch::tensor(index, torch::kLong);
+}
+
+at::Tensor rope_section_coords(const at::Tensor& coords, const std::vector<int64_t>& axes) {
+  if (axes.empty()) return coords;
+  TORCH_CHECK(coords.dim() >= 1 && coords.size(-1) == static_cast<int64_t>(axes.size()),
+              "rope: section_axes names ", axes.size(), " axes but the coordinates have shape ",
+              coords.sizes());
+  for (const auto a : axes)
+    TORCH_CHECK(a >= 0 && a < static_cast<int64_t>(axes.size()) &&
+                    std::count(axes.begin(), axes.end(), a) == 1,
+                "rope: section_axes must be a permutation of 0..", axes.size() - 1, ", got ",
+                c10::IntArrayRef(axes));
+  return coords.index_select(-1, torch::tensor(axes, torch::kLong).to(coords.device()));
 }
 
 std::pair<at::Tensor, at::Tensor> rope_cos_sin_sections(const at::Tensor& coords,

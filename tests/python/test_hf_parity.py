@@ -60,11 +60,13 @@ def _compare(model_type, table, row):
     except (RuntimeError, ValueError) as e:
         return "refused", str(e).splitlines()[0]
     positions = row["positions"]
-    if not positions or isinstance(positions[0], list):
-        return "skipped", "grid positions (vision tower)"
+    if not positions:
+        return "skipped", "no positions probed"
     if "cos" not in row:
         return "skipped", "no cos/sin probed"
-    pos = torch.tensor(positions)[None]
+    # a vision tower's (row, column) or (t, row, column) per patch: [A, 1, N] position ids
+    grid = isinstance(positions[0], list)
+    pos = torch.tensor(positions).T[:, None] if grid else torch.tensor(positions)[None]
     cos, sin = rope(torch.zeros(1, dtype=torch.float32), pos, layer_type=row.get("layer_type"))
     f = len(row["cos"][0])
     layout = rope._table(row.get("layer_type")).layout  # posenc's; transformers' when probed
@@ -84,7 +86,8 @@ def _compare(model_type, table, row):
         # (1 + |p| max f) (tests/test_hf_architectures.cpp's bound at another CPU capability);
         # so are all rows at a capability other than the fixtures' (BITS_HOLD)
         f_max = max(abs(v) for v in row.get("inv_freq", [1.0]))
-        bound = torch.tensor([4 * 2.0 ** -23 * (1 + abs(p) * f_max) for p in positions])[:, None]
+        bound = torch.tensor([4 * 2.0 ** -23 * (1 + max(map(abs, p if grid else [p])) * f_max)
+                              for p in positions])[:, None]
         if not (((got_cos - want_cos).abs() <= bound).all() and ((got_sin - want_sin).abs() <= bound).all()):
             return "different", f"cos/sin differ by {(got_cos - want_cos).abs().max().item()}"
     elif not (torch.equal(got_cos, want_cos) and torch.equal(got_sin, want_sin)):

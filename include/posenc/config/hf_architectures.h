@@ -32,7 +32,40 @@ enum class HfHeadSize {
   kDModelPerHead,     ///< d_model / n_heads (DBRX)
   kDecoderHeads,      ///< hidden_size / decoder_num_attention_heads (Moonshine)
   kRotaryDim,         ///< rotary_dim of n_embd / n_head or hidden_size / num_attention_heads
+  kMemoryAttention,   ///< memory_attention_hidden_size / (memory_attention_downsample_rate x
+                      ///< memory_attention_num_attention_heads) (SAM 2/3 and EdgeTAM trackers)
 };
+
+/// How a vision tower's rotary (rope_type 'axial') lays the position axes over the head, as its
+/// class's compute_axial_rope_parameters and recomposition_frequencies build cos/sin. Positions
+/// are (row, column) per patch, (time, row, column) for kTimeRowsColumns. One unit per variant
+/// (hf_axial_unit: its sections, their layout and axes, its frequencies).
+enum class HfAxial {
+  kRowsThenColumns,         ///< cat(rows, cols): one ladder theta^(-2i/(r/2)) per axis (Qwen2-VL)
+  kColumnsThenRows,         ///< cat(cols, rows), per-axis ladders (Step 3.7, Inkling 2)
+  kColumnsRowsAlternating,  ///< cols, rows, cols, ... pair by pair, per-axis ladders (Kimi-K2.5)
+  kRowsEvenColumnsOdd,      ///< one ladder theta^(-2i/Dh): rows its even, columns its odd (Pixtral)
+  kTimeRowsColumns,  ///< time, rows, cols runs of (Dh / 3) / 2 pairs each, per-axis ladders over
+                     ///< 2 ((Dh / 3) / 2) dims; the head's last dims pass through (MiniMax-M3)
+  kPatchCentres,     ///< cat(rows, cols) at patch centres in [-1, 1]: angle (2 pi c) theta^(-4i/Dh)
+                  ///< (DINOv3; its config.json has no rope_type, the rotary is 2D whatever it says)
+};
+
+/// What posenc's RoPE options are for one HfAxial variant.
+struct HfAxialUnit {
+  HfAxial axial;
+  std::string_view name;
+  int64_t axes;     ///< position axes: 2 (row, column) or 3 (time, row, column)
+  bool whole_head;  ///< the class sizes its rotary from the head, ignoring the factor
+  std::string_view section_layout;    ///< "contiguous" or "interleaved" (RopeSectionLayout)
+  std::vector<int64_t> section_axes;  ///< the axis each section reads (empty: in order)
+  bool dealt;  ///< one ladder over the rotary part dealt to the axes (RopeFrequencyOrder::kDealt);
+               ///< else one ladder per axis (per_axis_frequencies)
+  std::string_view source;      ///< the transformers code it follows
+  double position_scale = 1.0;  ///< angle = (s p) inv_freq (DINOv3: 2 pi)
+  bool any_rope_type = false;   ///< a tower whatever rope_type says (DINOv3: none, or 'default')
+};
+const HfAxialUnit& hf_axial_unit(HfAxial axial);
 
 struct HfArchitecture {
   std::string_view model_type;
@@ -74,6 +107,11 @@ struct HfArchitecture {
   /// original_max_position_embeddings), both required numbers, and the rotary forward takes
   /// short_factor at every length (PhiMoE: rope_init_fn called without a sequence length).
   bool longrope_mscale_by_length = false;
+  /// A vision tower's axis layout (rope_type 'axial'; default: cat(rows, cols)).
+  HfAxial axial = HfAxial::kRowsThenColumns;
+  /// The model type is a vision tower: its config class's default rope_type is 'axial' (a file
+  /// without one gets it) and its rotary class raises on any other.
+  bool tower = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model

@@ -83,6 +83,16 @@ const std::vector<std::string>& rope_scaling_keys();
 enum class RopeSectionLayout { kContiguous, kInterleaved };
 std::string to_string(RopeSectionLayout layout);
 
+/// Which of the frequency source's r/2 frequencies each section's pairs turn at.
+///   kPairOrder: pair i turns at the source's i-th frequency (M-RoPE's one ladder over the
+///               sections; per_axis_frequencies: each section's ladder over its own pairs)
+///   kDealt:     the source's frequencies are dealt in turn to the sections (round robin, a section
+///               whose count is used up skipped), each section's share laid over its pairs in
+///               order: Pixtral's rows the even, columns the odd frequencies of one ladder
+///               theta^(-2i/r) (transformers' cat(inv_freq[0::2], inv_freq[1::2]))
+enum class RopeFrequencyOrder { kPairOrder, kDealt };
+std::string to_string(RopeFrequencyOrder order);
+
 /// The arithmetic of the angles: kFloat64 (exact; default), kFloat32 (HF transformers' own), or
 /// kFloat64Peer: float64 in the peers' op order, inv_freq = 1.0 / theta^(2i/d) (a reciprocal of
 /// the pow, where kFloat64 takes pow(theta, -2i/d); the two differ in the last float64 bit), as
@@ -168,13 +178,19 @@ struct RopeSectionMap {
   TORCH_ARG(std::vector<int64_t>, sections);
   /// How the sections are laid over the pairs (default kContiguous; kInterleaved as Qwen3-VL).
   TORCH_ARG(RopeSectionLayout, layout) = RopeSectionLayout::kContiguous;
+  /// The coordinate axis each section reads (a permutation of 0 .. A-1; default empty: section a
+  /// reads axis a). {1, 0} over (row, column) positions: columns first (Step 3.7's and Inkling
+  /// 2's towers: cat(w, h)).
+  TORCH_ARG(std::vector<int64_t>, axes);
+  /// Which frequencies each section's pairs take (default kPairOrder; kDealt as Pixtral).
+  TORCH_ARG(RopeFrequencyOrder, frequency_order) = RopeFrequencyOrder::kPairOrder;
 };
 
 /// RoPE = frequency source (what each pair turns at) + section map (which axis each pair reads)
 /// + how pairs sit in the head (layout, partial rotary) + xPos. Config keys (registry): HF's
 /// rope_theta/rope_type/... fill frequencies().scaling(); min_period/max_period choose kPeriods;
-/// per_axis_frequencies: true chooses kPerAxisLadders; mrope_section/section_layout fill
-/// sections().
+/// per_axis_frequencies: true chooses kPerAxisLadders; mrope_section/section_layout/section_axes/
+/// frequency_order fill sections().
 struct RopeOptions {
   explicit RopeOptions(int64_t head_dim = 64) : head_dim_(head_dim) {}
   /// Per-head dimension Dh. No default in configs: it comes from the model.
@@ -187,6 +203,9 @@ struct RopeOptions {
   TORCH_ARG(RopeFrequencyOptions, frequencies);
   /// Which axis each pair reads (default: one axis).
   TORCH_ARG(RopeSectionMap, sections);
+  /// s in angle = (s p) inv_freq, the positions scaled first, in the angles' dtype (default 1).
+  /// DINOv3: 2 pi over patch centres in [-1, 1] (transformers' 2 * math.pi * coords * inv_freq).
+  TORCH_ARG(double, position_scale) = 1.0;
   /// xPos length-extrapolation scaling (default false; one axis only).
   TORCH_ARG(bool, xpos) = false;
   /// xPos scale base (default 512).
@@ -219,6 +238,13 @@ std::pair<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions,
                                                const at::Tensor& inv_freq, double scaling = 1.0);
 /// The axis of each of the F = sum(sections) pairs: [F] int64.
 at::Tensor rope_section_axes(const std::vector<int64_t>& sections, RopeSectionLayout layout);
+/// Section-major frequencies (section 0's, then section 1's, ...) in pair order: for each pair,
+/// the index of its frequency in the section-major list ([F] int64; the identity for contiguous
+/// sections, t0 h0 w0 t1 ... for interleaved ones).
+at::Tensor rope_section_major_index(const std::vector<int64_t>& sections, RopeSectionLayout layout);
+/// The sections' coordinates: coords [..., A] with column a replaced by column axes[a] (the
+/// section map's axes; coords unchanged when empty). Checks that axes is a permutation of 0..A-1.
+at::Tensor rope_section_coords(const at::Tensor& coords, const std::vector<int64_t>& axes);
 /// Sectioned tables: pair i rotates by coords[..., axis(i)] * inv_freq[i].
 /// coords [..., N, A], inv_freq [F] -> (cos, sin) [..., N, F] float32. The fused kernels take
 /// these tables as they take 1D ones, so multi-axis RoPE costs what 1D RoPE costs.
