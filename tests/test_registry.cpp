@@ -29,8 +29,8 @@ TEST(Registry, BuildsEveryType) {
   EXPECT_EQ(encoder_types(),
             (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "freq_time",
                                       "hf", "learned", "learned_grid", "learned_spacetime", "nope",
-                                      "relative_2d", "rope", "rope_mixed", "shaw", "sinusoidal",
-                                      "t5", "time2vec", "time_sinusoidal"}));
+                                      "relative_2d", "rope", "rope_dinov3", "rope_mixed", "shaw",
+                                      "sinusoidal", "t5", "time2vec", "time_sinusoidal"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -49,13 +49,14 @@ TEST(Registry, ContextFillsModelSizes) {
 }
 
 TEST(Registry, UnknownTypeListsKnownOnes) {
-  EXPECT_TRUE(contains(error_of([] {
-                         build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
-                       }),
-                       "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, "
-                       "freq_time, hf, learned, "
-                       "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_mixed, "
-                       "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+  EXPECT_TRUE(
+      contains(error_of([] {
+                 build_encoder(json{{"type", "ropee"}}, {64, 1, 0});
+               }),
+               "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, "
+               "freq_time, hf, learned, "
+               "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_dinov3, rope_mixed, "
+               "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),

@@ -14,6 +14,7 @@
 #include "posenc/encoders/learned_spacetime.h"
 #include "posenc/encoders/relative_2d.h"
 #include "posenc/encoders/rope.h"
+#include "posenc/encoders/rope_dinov3.h"
 #include "posenc/encoders/rope_fractional.h"
 #include "posenc/encoders/rope_mixed.h"
 #include "posenc/encoders/shaw.h"

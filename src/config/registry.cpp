@@ -126,6 +126,21 @@ PositionalEncoding build_rope_mixed(ConfigReader& r, const ModelContext& c) {
   return as_encoding(RopeMixed(o));
 }
 
+// {"type": "rope_dinov3", "temperature": 100, "rescale_coords": 2, ...}: DINOv3's RoPE on patch
+// centres in [-1, 1] with its training-time coordinate augmentation (posenc/encoders/rope_dinov3.h).
+PositionalEncoding build_rope_dinov3(ConfigReader& r, const ModelContext& c) {
+  RopeDinoV3Options o(model_size(r, "head_dim", head_dim_of(c)));
+  o.temperature(r.number("temperature", o.temperature()));
+  o.min_period(r.optional_number("min_period"));
+  o.max_period(r.optional_number("max_period"));
+  o.normalize(grid_normalize_from_string(r.string("normalize_coords", "separate")));
+  o.shift_coords(r.optional_number("shift_coords"));
+  o.jitter_coords(r.optional_number("jitter_coords"));
+  o.rescale_coords(r.optional_number("rescale_coords"));
+  o.layout(rope_layout_from_string(r.string("layout", "half")));
+  return as_encoding(RopeDinoV3(o));
+}
+
 PositionalEncoding build_relative_2d(ConfigReader& r, const ModelContext& c) {
   Relative2dOptions o(model_size(r, "num_heads", c.num_heads), r.integer("grid_height", 7),
                       r.integer("grid_width", 7));
@@ -459,6 +474,7 @@ const std::map<std::string, Builder>& builders() {
                                                     {"nope", build_nope},
                                                     {"relative_2d", build_relative_2d},
                                                     {"rope", build_rope},
+                                                    {"rope_dinov3", build_rope_dinov3},
                                                     {"rope_fractional", build_rope_fractional},
                                                     {"rope_mixed", build_rope_mixed},
                                                     {"shaw", build_shaw},

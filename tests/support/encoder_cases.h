@@ -43,7 +43,8 @@ inline std::vector<EncoderCase> encoder_cases() {
        {"alibi", "learned", "nope", "rope", "shaw", "sinusoidal", "t5", "compose"})
     add(type, seq);
   for (const char* type : {"time2vec", "time_sinusoidal", "calendar"}) add(type, times);
-  for (const char* type : {"axial_sincos", "learned_grid", "relative_2d", "rope_mixed"})
+  for (const char* type :
+       {"axial_sincos", "learned_grid", "relative_2d", "rope_mixed", "rope_dinov3"})
     add(type, grid);
   add("learned_spacetime", Positions::volume(2, 2, 3));
   add("freq_time", freq_time);
