@@ -127,7 +127,8 @@ PositionalEncoding build_rope_mixed(ConfigReader& r, const ModelContext& c) {
 }
 
 // {"type": "rope_dinov3", "temperature": 100, "rescale_coords": 2, ...}: DINOv3's RoPE on patch
-// centres in [-1, 1] with its training-time coordinate augmentation (posenc/encoders/rope_dinov3.h).
+// centres in [-1, 1] with its training-time coordinate augmentation
+// (posenc/encoders/rope_dinov3.h).
 PositionalEncoding build_rope_dinov3(ConfigReader& r, const ModelContext& c) {
   RopeDinoV3Options o(model_size(r, "head_dim", head_dim_of(c)));
   o.temperature(r.number("temperature", o.temperature()));
