@@ -166,8 +166,9 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     (q, k, cos, sin, ...) and (x, cos, sin, ...) (Gemma 3n, Gemma 4) are probed; others are not."""
     fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None) \
         or getattr(module, "apply_rotary_emb", None)  # Llama 4, DeepSeek-V2: complex rotations
-    if vision:  # a tower's own rotation where the file has one
-        fn = getattr(module, "apply_rotary_pos_emb_vision", None) or fn
+    if vision:  # a tower's own rotation where the file has one (Llama 4's: vision_apply_rotary_emb)
+        fn = getattr(module, "apply_rotary_pos_emb_vision", None) or \
+            (getattr(module, "vision_apply_rotary_emb", None) if vision == "complex" else None) or fn
     interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
     if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)
                                    or attention_calls_interleave(module, rotary_name)):
@@ -189,7 +190,8 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     else:  # one value per pair
         cos, sin = c[None], s[None]
     try:
-        if params[:3] == ["xq", "xk", "freqs_cis"]:  # view_as_complex over x: the table as e^(i angle)
+        if params[:3] in (["xq", "xk", "freqs_cis"], ["query", "key", "freqs_ci"]):
+            # view_as_complex over x: the table as e^(i angle)
             freqs = torch.complex(c, s)[None]  # [1, N, r/2]
             out = None
             # Llama 4 broadcasts freqs_cis[:, :, None] over q [B, N, H, r]; DeepSeek-V2
@@ -553,6 +555,28 @@ def patch_centre_probe(emb, config, module):
     return [row]
 
 
+def fixed_grid_probe(emb, config, module):
+    """Llama 4's vision rotary: a fixed table over the config's (image_size // patch_size)^2 patches
+    and a class token (_compute_freqs_ci: e^(i angle), angles (column + 1) f then (row + 1) f per
+    patch, 0 for the class token). Positions are those its arithmetic takes, (row + 1, column + 1)
+    per patch, (0, 0) for the class token, at LLAMA4_TOKENS of its rows."""
+    idx = config.image_size // config.patch_size
+    table = emb(torch.zeros(1))
+    if not table.is_complex():
+        return [{"layer_type": None, "error": "a fixed table that is not e^(i angle)"}]
+    table = table.reshape(table.shape[0], -1)
+    tokens = [t for t in (0, 1, idx, idx + 1, 5 * idx + 7, idx * idx - 1, idx * idx) if t < table.shape[0]]
+    c, s = table.real[tokens].float(), table.imag[tokens].float()
+    row = {"layer_type": None, "attention_scaling": 1.0, "rotary_dim": 2 * int(c.shape[-1]),
+           "duplication": "none", "returns": "complex table (cos and sin of the angles)",
+           "positions": [[t // idx + 1, t % idx + 1] if t < idx * idx else [0, 0] for t in tokens],
+           "cos": [floats(r) for r in c], "sin": [floats(r) for r in s]}
+    layout = layout_of(module, config, c, s, "none", vision="complex")
+    if layout:
+        row["layout"] = layout
+    return [row]
+
+
 def probe(cls, config, module, layer_types, load=None):
     """The class's own numbers for one config, per layer type."""
     with torch.device("cpu"):
@@ -561,6 +585,8 @@ def probe(cls, config, module, layer_types, load=None):
     takes_layer = "layer_type" in params
     if list(params) == ["pixel_values"]:
         return patch_centre_probe(emb, config, module)
+    if list(params) == ["hidden_states"] and hasattr(cls, "_compute_freqs_ci"):
+        return fixed_grid_probe(emb, config, module)
     if list(params)[:2] != ["x", "position_ids"]:
         return [{"error": f"forward{tuple(params)} is not forward(x, position_ids, ...)"}]
     # (a class whose forward takes a layer type, on a config without layer types: ESM)

@@ -330,6 +330,13 @@ const HfArchitecture kRows[] = {
     {.model_type = "sapiens2",
      .source = "models/sapiens2/modeling_sapiens2.py: Sapiens2RopePositionEmbedding",
      .axial = HfAxial::kPatchCentres},
+    // Llama 4's vision rotary: a fixed e^(i angle) table over its patch grid, view_as_complex
+    // over (2i, 2i + 1); positions (row + 1, column + 1), the class token (0, 0)
+    {.model_type = "llama4_vision_model",
+     .layout = kInter,
+     .source = "models/llama4/modeling_llama4.py: Llama4VisionRotaryEmbedding._compute_freqs_ci, "
+               "vision_apply_rotary_emb",
+     .axial = HfAxial::kColumnsThenRowsFixedGrid},
     // refused: no posenc rotation is that model's
     {"chmv2", H::kGeneric, kHalf,
      "its RoPE is its DINOv3 backbone's: resolve backbone_config (model type dinov3_vit) as its "
@@ -339,10 +346,6 @@ const HfArchitecture kRows[] = {
      "not checked: its 3D RoPE is computed inside its attention from token positions, not by a "
      "class that runs on a config.json alone",
      "models/vjepa2/modeling_vjepa2.py: VJEPA2RopeAttention"},
-    {"llama4_vision_model", H::kGeneric, kHalf,
-     "not checked: its 2D vision rotary is computed inside the vision model (complex frequencies "
-     "over patch rows and columns), not by a class the generator can run on a config",
-     "models/llama4/modeling_llama4.py: Llama4VisionRotaryEmbedding(hidden_states)"},
     {"efficientloftr", H::kGeneric, kHalf,
      "not checked: its rotary is built from the feature map's shape in the model's forward, not "
      "from a config.json alone",
@@ -440,6 +443,16 @@ const HfAxialUnit& hf_axial_unit(HfAxial axial) {
        .dealt = false,
        .source = "(t, h, w) runs of (Dh/3)/2 pairs, theta^(-2i/(2 ((Dh/3)/2))) per axis "
                  "(MiniMax-M3)"},
+      {.axial = HfAxial::kColumnsThenRowsFixedGrid,
+       .name = "columns then rows, fixed grid",
+       .axes = 2,
+       .whole_head = true,
+       .section_layout = "contiguous",
+       .section_axes = {1, 0},
+       .dealt = false,
+       .source = "_compute_freqs_ci: cat(cols, rows) at (row + 1, column + 1), the class token at "
+                 "(0, 0), theta^(-2i/(Dh/2)) per axis (Llama 4 vision)",
+       .any_rope_type = true},
       {.axial = HfAxial::kPatchCentres,
        .name = "patch centres",
        .axes = 2,

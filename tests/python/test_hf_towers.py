@@ -4,8 +4,8 @@ posenc.RotaryEmbedding built from a tower's config resolves its axes the class's
 (src/config/hf_architectures.cpp, HfAxial): Pixtral's one ladder dealt to rows (even frequencies)
 and columns (odd), Step 3.7's and Inkling 2's columns first, Kimi-K2.5's columns and rows pair by
 pair, MiniMax-M3's (t, h, w) runs with the rest of the head passing through, the SAM 2/3 and
-EdgeTAM trackers' memory attention (its own head size, (2i, 2i + 1) pairs), and DINOv3's patch
-centres in [-1, 1] turned by 2 pi theta^(-4i/Dh). Each class's forward is run here on a patch grid
+EdgeTAM trackers' memory attention (its own head size, (2i, 2i + 1) pairs), DINOv3's patch
+centres in [-1, 1] turned by 2 pi theta^(-4i/Dh), and Llama 4's fixed vision table. Each class's forward is run here on a patch grid
 larger than the fixtures' (and on configs other than the defaults), and posenc's float32 tables
 must equal it to the bit: both run torch's float32 ops in this process. Refusals stay one line.
 """
@@ -98,6 +98,23 @@ def test_patch_centre_tables_equal_the_class(model_type, name, overrides, angle_
         assert torch.equal(c2[0], cos) and torch.equal(s2[0], sin), (cos - c2[0]).abs().max().item()
     else:  # exact angles: transformers' float32 rounding apart (|angle| < 2 pi here)
         assert (c2[0] - cos).abs().max().item() < 1e-5 and (s2[0] - sin).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(image_size=112, hidden_size=512, num_attention_heads=8)])
+def test_llama4_vision_fixed_table_equals_the_class(overrides):
+    # a fixed e^(i angle) table over (image_size // patch_size)^2 patches and a class token:
+    # positions (row + 1, column + 1), the class token (0, 0); pairs (2i, 2i + 1)
+    config = transformers.AutoConfig.for_model("llama4_vision_model", **overrides)
+    cls, _ = _rotary_class("llama4", "Llama4VisionRotaryEmbedding")
+    table = cls(config=config)(torch.zeros(1))
+    table = table.reshape(table.shape[0], -1)
+    idx = config.image_size // config.patch_size
+    n = torch.arange(idx * idx)
+    ids = torch.cat([torch.stack([n // idx + 1, n % idx + 1], dim=-1), torch.zeros(1, 2, dtype=torch.long)])
+    ours = posenc.RotaryEmbedding.from_hf_config(config)
+    cos, sin = ours(torch.zeros(1, dtype=torch.float32), ids.T[:, None])
+    assert ours._table(None).layout == "interleaved"
+    assert torch.equal(cos[0, :, 0::2], table.real) and torch.equal(sin[0, :, 0::2], table.imag)
 
 
 def test_towers_that_stay_refused_say_why_in_one_line():

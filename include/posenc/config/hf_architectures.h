@@ -47,7 +47,9 @@ enum class HfAxial {
   kRowsEvenColumnsOdd,      ///< one ladder theta^(-2i/Dh): rows its even, columns its odd (Pixtral)
   kTimeRowsColumns,  ///< time, rows, cols runs of (Dh / 3) / 2 pairs each, per-axis ladders over
                      ///< 2 ((Dh / 3) / 2) dims; the head's last dims pass through (MiniMax-M3)
-  kPatchCentres,     ///< cat(rows, cols) at patch centres in [-1, 1]: angle (2 pi c) theta^(-4i/Dh)
+  kColumnsThenRowsFixedGrid,  ///< cat(cols, rows) at (row + 1, column + 1) per patch, (0, 0) for
+                              ///< the class token; its class reads no rope_type (Llama 4 vision)
+  kPatchCentres,  ///< cat(rows, cols) at patch centres in [-1, 1]: angle (2 pi c) theta^(-4i/Dh)
                   ///< (DINOv3; its config.json has no rope_type, the rotary is 2D whatever it says)
 };
 
