@@ -26,11 +26,13 @@ TEST(Registry, BuildsEveryType) {
     // freq_time is a preset: a compose of a part on axis freq and a part on axis time
     EXPECT_EQ(encoder->type(), type == "freq_time" ? "compose" : type);
   }
-  EXPECT_EQ(encoder_types(),
-            (std::vector<std::string>{"alibi", "axial_sincos", "calendar", "compose", "freq_time",
-                                      "hf", "learned", "learned_grid", "learned_spacetime", "nope",
-                                      "relative_2d", "rope", "rope_dinov3", "rope_mixed", "shaw",
-                                      "sinusoidal", "t5", "time2vec", "time_sinusoidal"}));
+  EXPECT_EQ(
+      encoder_types(),
+      (std::vector<std::string>{
+          "alibi",       "axial_sincos", "calendar",     "compose",           "freq_time",
+          "hf",          "learned",      "learned_grid", "learned_spacetime", "nope",
+          "relative_2d", "rope",         "rope_dinov3",  "rope_fractional",   "rope_mixed",
+          "shaw",        "sinusoidal",   "t5",           "time2vec",          "time_sinusoidal"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {
@@ -55,8 +57,8 @@ TEST(Registry, UnknownTypeListsKnownOnes) {
                }),
                "unknown type 'ropee'; known types: alibi, axial_sincos, calendar, compose, "
                "freq_time, hf, learned, "
-               "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_dinov3, rope_mixed, "
-               "shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
+               "learned_grid, learned_spacetime, nope, relative_2d, rope, rope_dinov3, "
+               "rope_fractional, rope_mixed, shaw, sinusoidal, t5, time2vec, time_sinusoidal"));
   EXPECT_TRUE(contains(error_of([] {
                          build_encoder(json{{"base", 1}}, {64, 1, 0});
                        }),

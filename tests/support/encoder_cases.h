@@ -47,6 +47,7 @@ inline std::vector<EncoderCase> encoder_cases() {
        {"axial_sincos", "learned_grid", "relative_2d", "rope_mixed", "rope_dinov3"})
     add(type, grid);
   add("learned_spacetime", Positions::volume(2, 2, 3));
+  add("rope_fractional", Positions::volume(2, 2, 3));  // LTX-2's (t, h, w); max 20, 2048, 2048
   add("freq_time", freq_time);
   return out;
 }
