@@ -28,9 +28,8 @@ import platform
 import subprocess
 import sys
 
-import torch
-
 import posenc
+import torch
 from bench_util import median_ms
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
@@ -57,9 +56,10 @@ def diffusers_qk(q, k, freqs_cos, freqs_sin):
 
 
 def machine():
-    avx512 = subprocess.run("grep -o -w avx512f /proc/cpuinfo | head -1", shell=True, capture_output=True,
-                            text=True).stdout.strip() or "no avx512f"
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    grep = "grep -o -w avx512f /proc/cpuinfo | head -1"
+    avx512 = subprocess.run(grep, shell=True, capture_output=True, text=True, check=False).stdout.strip()
+    load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+    avx512 = avx512 or "no avx512f"
     return f"{platform.processor() or platform.machine()}, {avx512}, ATen {torch.backends.cpu.get_cpu_capability()}; {load}"
 
 
@@ -100,20 +100,20 @@ def main():
                                                           ours(q, k, freqs_cos, freqs_sin)))
         qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()
 
-        def forward(f):
+        def forward(f, q=q, k=k):
             def run():
                 with torch.no_grad():
                     f(q, k, freqs_cos, freqs_sin)
             return run
 
-        def backward(f):
+        def backward(f, qg=qg, kg=kg):
             def run():
                 qg.grad, kg.grad = None, None
                 a, b = f(qg, kg, freqs_cos, freqs_sin)
                 torch.autograd.backward((a, b), (a, b))
             return run
 
-        def sum_backward(f):
+        def sum_backward(f, qg=qg, kg=kg):
             def run():
                 qg.grad, kg.grad = None, None
                 a, b = f(qg, kg, freqs_cos, freqs_sin)

@@ -144,7 +144,7 @@ def ltx2_cases():
                 cos, sin = cos[0].transpose(0, 1), sin[0].transpose(0, 1)
             assert cos.dtype == torch.float32
             tables[name] = {"cos": floats(cos), "sin": floats(sin)}
-        midpoints = lambda c: ((c[..., 0] + c[..., 1]) / 2.0)[0].transpose(0, 1)  # noqa: E731  [N, A]
+        midpoints = lambda c: ((c[..., 0] + c[..., 1]) / 2.0)[0].transpose(0, 1)  # [N, A]
         cases.append(
             {
                 **common,
@@ -173,8 +173,10 @@ def main():
             "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         },
         "notes": [
-            "cos/sin are per rotary pair (diffusers' repeat_interleave'd copies checked equal and dropped); "
-            "ltx2 split tables are [N, heads, pairs per head]",
+            (
+                "cos/sin are per rotary pair (diffusers' repeat_interleave'd copies checked equal and dropped); "
+                "ltx2 split tables are [N, heads, pairs per head]"
+            ),
             "wan: float64 arithmetic (CPU/CUDA path); hunyuan, ltx2: float32 cos/sin at aten_cpu_capability",
         ],
         "wan": wan_cases(),
