@@ -1,8 +1,9 @@
 // GELU (Hendrycks & Gimpel 2016), the exact form torch::gelu computes by default:
 //   gelu(x)  = x Phi(x) = x / 2 (1 + erf(x / sqrt 2))
 //   gelu'(x) = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
-// as one pass over the activations forward and one backward, on 8 float lanes with AVX2+FMA
-// (chosen at run time; any other CPU, dtype or layout takes the reference). erf is taken as
+// as one pass over the activations forward and one backward, on 8 or 16 float lanes (the CPU
+// level, AVX2 or AVX-512, chosen at run time: posenc/kernels/cpu_capability.h; the scalar level,
+// other dtypes and layouts take the reference). erf is taken as
 // ATen's AVX2 Vectorized<float>::erf takes it (Abramowitz & Stegun 7.1.26:
 // erf(a) = 1 - t (p1 + t (p2 + t (p3 + t (p4 + t p5)))) exp(-a^2), t = 1 / (1 + p a), absolute
 // error <= 1.5e-7), with Cephes' expf for the exponential; the backward reuses exp(-x^2 / 2) of
@@ -23,7 +24,7 @@
 
 namespace posenc {
 
-/// Whether the fused CPU pass takes x (CPU, float32, contiguous, and a CPU with AVX2+FMA).
+/// Whether the fused CPU pass takes x (CPU, float32, contiguous, at CPU level avx2 or avx512).
 bool gelu_fused_supported(const at::Tensor& x);
 /// gelu(x), one pass (x as gelu_fused_supported takes it).
 at::Tensor gelu_forward_cpu(const at::Tensor& x);

@@ -11,11 +11,12 @@
 //   dh = rstd (g - mean(g) - xhat mean(g xhat)) + dh_in,   dx = dr = dh
 //   dw = sum over rows of dy xhat,  db = sum over rows of dy
 //
-// Forward one pass per row over 8 float lanes (AVX2+FMA, chosen at run time): h written once, its
-// mean and variance by two sums over the row (two-pass, as a row of D <= kMaxLayerNormDim floats
-// stays in L1), y written; mu and rstd saved per row. The backward reads dy, dh_in and h once and
-// writes dh; dw and db are summed per block of kLayerNormRowBlock rows and the blocks added in
-// order, so the result does not depend on the thread count. ATen does the same as add + layer_norm
+// Forward one pass per row over 8 or 16 float lanes (AVX2 or AVX-512, the CPU level chosen at run
+// time): h written once, its mean and variance by two sums over the row (two-pass, as a row of D <=
+// kMaxLayerNormDim floats stays in L1), y written; mu and rstd saved per row. The backward reads
+// dy, dh_in and h once and writes dh; dw and db are summed per block of kLayerNormRowBlock rows and
+// the blocks added in order, so the result does not depend on the thread count. ATen does the same
+// as add + layer_norm
 // + native_layer_norm_backward + the autograd engine's accumulation of dh_in: four passes forward
 // and backward. Results differ from ATen's by rounding (its mean and variance by Welford's
 // recurrence, ours by sums): tests/test_layer_norm.cpp holds both to a float64 evaluation.
@@ -36,7 +37,8 @@ constexpr int64_t kMaxLayerNormDim = 8192;
 /// Rows per block of the weight and bias gradients' partial sums (fixed: thread-independent).
 constexpr int64_t kLayerNormRowBlock = 64;
 
-/// Whether the fused passes take these inputs (CPU float32 contiguous, D % 8 == 0, AVX2+FMA).
+/// Whether the fused passes take these inputs (CPU float32 contiguous, D % 8 == 0, CPU level
+/// avx2 or avx512).
 bool add_layer_norm_fused_supported(const at::Tensor& x, const at::Tensor& r,
                                     const at::Tensor& weight, const at::Tensor& bias);
 
