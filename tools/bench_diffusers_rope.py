@@ -60,7 +60,8 @@ def machine():
     avx512 = subprocess.run(grep, shell=True, capture_output=True, text=True, check=False).stdout.strip()
     load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     avx512 = avx512 or "no avx512f"
-    return f"{platform.processor() or platform.machine()}, {avx512}, ATen {torch.backends.cpu.get_cpu_capability()}; {load}"
+    aten = torch.backends.cpu.get_cpu_capability()
+    return f"{platform.processor() or platform.machine()}, {avx512}, ATen {aten}; {load}"
 
 
 def main():

@@ -3,12 +3,14 @@
 
 What each family computes (diffusers 0.42.1, models/transformers/; the module is run, nothing is re-derived):
 
-  wan        WanRotaryPosEmbed (transformer_wan.py): per-axis dims h = w = 2 (D // 6), t = D - h - w; each axis its
-             own ladder 1.0 / (theta ** (arange(0, d, 2, float64) / d)) (get_1d_rotary_pos_embed, freqs_dtype float64
-             on CPU/CUDA, float32 only where MPS is present); angles p * f in float64 at integer positions p of the
-             patch grid (frame, row, col); cos/sin in float64, then .float(); repeat_interleave'd (pairs (2i, 2i+1)).
-  hunyuan    HunyuanVideoRotaryPosEmbed (transformer_hunyuan_video.py): rope_dim (16, 56, 56), theta 256, the same
-             machinery in float32 throughout (float32 grid, float32 ladder, float32 products, float32 cos/sin).
+  wan        WanRotaryPosEmbed (transformer_wan.py; SkyReelsV2RotaryPosEmbed is its copy): per-axis dims
+             h = w = 2 (D // 6), t = D - h - w; each axis its own ladder 1.0 / (theta ** (arange(0, d, 2, float64) / d))
+             (get_1d_rotary_pos_embed, freqs_dtype float64 on CPU/CUDA, float32 only where MPS is present); angles
+             p * f in float64 at integer positions p of the patch grid (frame, row, col); cos/sin in float64, then
+             .float(); repeat_interleave'd (pairs (2i, 2i+1)).
+  hunyuan    HunyuanVideoRotaryPosEmbed (transformer_hunyuan_video.py; HunyuanVideo15RotaryPosEmbed the same):
+             rope_dim (16, 56, 56), theta 256, the same machinery in float32 throughout (float32 grid, float32
+             ladder, float32 products, float32 cos/sin).
   ltx2       LTX2AudioVideoRotaryPosEmbed (transformer_ltx2.py): video and audio on one clock in seconds.
              prepare_video_coords: [start, end) per patch in pixels, the time axis shifted by causal_offset -
              scale_factors[0], clamped at 0, divided by fps; prepare_audio_coords: mel frames * hop / sampling_rate.
@@ -35,7 +37,9 @@ import sys
 import diffusers
 import torch
 from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoRotaryPosEmbed
+from diffusers.models.transformers.transformer_hunyuan_video15 import HunyuanVideo15RotaryPosEmbed
 from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
+from diffusers.models.transformers.transformer_skyreels_v2 import SkyReelsV2RotaryPosEmbed
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,18 +60,20 @@ def pairs_of(expanded):
 def wan_cases():
     cases = []
     # (attention_head_dim, patch_size, latent (frames, height, width), theta)
-    for head_dim, patch, latent, theta in [
-        (128, (1, 2, 2), (3, 4, 6), 10000.0),  # Wan 2.1/2.2 1.3B/14B head dim
-        (40, (1, 2, 2), (3, 4, 6), 10000.0),  # D // 6 = 6: h = w = 12, t = 16
-        (64, (1, 1, 1), (1, 2, 70), 10000.0),  # positions up to 69 on w
+    for cls, head_dim, patch, latent, theta in [
+        (WanRotaryPosEmbed, 128, (1, 2, 2), (3, 4, 6), 10000.0),  # Wan 2.1/2.2 1.3B/14B head dim
+        (WanRotaryPosEmbed, 40, (1, 2, 2), (3, 4, 6), 10000.0),  # D // 6 = 6: h = w = 12, t = 16
+        (WanRotaryPosEmbed, 64, (1, 1, 1), (1, 2, 70), 10000.0),  # positions up to 69 on w
+        (SkyReelsV2RotaryPosEmbed, 128, (1, 2, 2), (2, 4, 6), 10000.0),  # Wan's rotary, SkyReels-V2's copy
     ]:
-        module = WanRotaryPosEmbed(head_dim, patch, max_seq_len=1024, theta=theta)
+        module = cls(head_dim, patch, max_seq_len=1024, theta=theta)
         hidden = torch.zeros(1, 1, *latent)
         cos, sin = module(hidden)  # [1, N, 1, D]
         assert cos.dtype == torch.float32 and module.freqs_cos.dtype == torch.float32
         grid = [latent[i] // patch[i] for i in range(3)]
         cases.append(
             {
+                "module": cls.__name__,
                 "head_dim": head_dim,
                 "theta": theta,
                 "patch_size": list(patch),
@@ -83,15 +89,17 @@ def wan_cases():
 
 def hunyuan_cases():
     cases = []
-    for rope_dim, theta, patch, patch_t, latent in [
-        ((16, 56, 56), 256.0, 2, 1, (2, 4, 6)),  # HunyuanVideo / 1.5
-        ((8, 12, 12), 256.0, 1, 1, (1, 2, 40)),
+    for cls, rope_dim, theta, patch, patch_t, latent in [
+        (HunyuanVideoRotaryPosEmbed, (16, 56, 56), 256.0, 2, 1, (2, 4, 6)),  # HunyuanVideo
+        (HunyuanVideoRotaryPosEmbed, (8, 12, 12), 256.0, 1, 1, (1, 2, 40)),
+        (HunyuanVideo15RotaryPosEmbed, (16, 56, 56), 256.0, 1, 1, (2, 2, 3)),  # HunyuanVideo 1.5
     ]:
-        module = HunyuanVideoRotaryPosEmbed(patch, patch_t, list(rope_dim), theta)
+        module = cls(patch, patch_t, list(rope_dim), theta)
         cos, sin = module(torch.zeros(1, 1, *latent))  # [N, D]
         grid = [latent[0] // patch_t, latent[1] // patch, latent[2] // patch]
         cases.append(
             {
+                "module": cls.__name__,
                 "rope_dim": list(rope_dim),
                 "theta": theta,
                 "grid": grid,
