@@ -16,8 +16,14 @@
 
 #if defined(__x86_64__)
 
+// GCC: a target region; clang (clang-tidy, a clang build) has no `#pragma GCC target` and
+// gives every function of the region the attribute instead.
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
+#endif
 
 // clang-format off
 #include "vec_avx2.h"
@@ -53,6 +59,10 @@ const CpuKernels kAvx2Kernels = {
 
 }  // namespace posenc::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif  // x86-64 (elsewhere the level is never chosen: cpu_capability_detected() is scalar)

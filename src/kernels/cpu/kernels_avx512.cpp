@@ -2,9 +2,12 @@
 // vec_avx512.h's 16 float lanes, compiled for AVX-512 F + BW + VL + DQ (with AVX2, FMA, F16C)
 // inside a `#pragma GCC target` region; everything included above the region keeps the baseline
 // (cpu_kernels.h explains why). GCC 12 reports the AVX-512 intrinsics' own _mm512_undefined_*
-// placeholders as "may be used uninitialized" (GCC bug 105593, fixed in 13): silenced for this
+// placeholders as "(may be) used uninitialized" (GCC bug 105593, fixed in 13): silenced for this
 // file, before the header.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -20,8 +23,16 @@
 
 #if defined(__x86_64__)
 
+// GCC: a target region; clang (clang-tidy, a clang build) has no `#pragma GCC target` and
+// gives every function of the region the attribute instead.
+#if defined(__clang__)
+#pragma clang attribute push(                                                    \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq"))), \
+    apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#endif
 
 // clang-format off
 #include "vec_avx512.h"
@@ -57,6 +68,10 @@ const CpuKernels kAvx512Kernels = {
 
 }  // namespace posenc::detail
 
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 #endif  // x86-64 (elsewhere the level is never chosen: cpu_capability_detected() is scalar)
