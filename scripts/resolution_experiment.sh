@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The resolution experiment (docs/experiments.md, "1b"): the main job's ViT trained at 28 px on
 # Fashion-MNIST with axial 2D RoPE, RoPE-Mixed, DINOv3's RoPE without and with its coordinate
-# augmentation, a learned table and 2D sin-cos (2 seeds each, 4 epochs), each evaluated at 1x,
+# augmentation, a learned table and 2D sin-cos (seeds 0, 1, 2; 4 epochs), each evaluated at 1x,
 # 1.5x and 2x (configs/vit_resolution.yaml). Writes runs/vit_resolution/ (each run's folder,
 # results.md/.csv/.png of `posenc compare`), then prints the table of seed means and writes its
 # chart to runs/vit_resolution/resolution.svg.
-#   bash scripts/resolution_experiment.sh                    # 12 runs, ~4 min each alone (2 cores)
+#   bash scripts/resolution_experiment.sh                    # 18 runs, 2-7 min each (2 cores)
 #   bash scripts/resolution_experiment.sh --set train.threads=1   # extra arguments: posenc compare
 # --resume continues stopped runs; finished ones are only evaluated again.
 set -euo pipefail
