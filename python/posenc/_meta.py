@@ -263,3 +263,64 @@ def _attention_fused_backward_fake(grad_out, out, lse, q, k, v, q_positions, k_p
     dtable = table.new_empty(table.shape) if table is not None else \
         q.new_empty((0,), dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+
+
+# The stream operators (src/ops/streams.cpp): integer bookkeeping that reads its arguments' values
+# on the host, so inputs on different real devices are read alike (the documented exception) and
+# a meta tensor among real ones is one line (it holds no values); all on meta (compile, export)
+# the shapes are the token types' alone: position_ids [3, B, L] int64, deltas [B, 1] int64, both
+# contiguous on the token types' device. The checks are the C++ kernels' that read no values.
+def _stream_checks(op, named, token_kinds):
+    tensors = [(n, t) for n, t in named if isinstance(t, torch.Tensor)]
+    if any(t.device.type == "meta" for _, t in tensors) and any(
+        t.device.type != "meta" for _, t in tensors
+    ):
+        name = next(n for n, t in tensors if t.device.type == "meta")
+        raise RuntimeError(
+            f"{op}: {name} is on meta, which holds no values; this operator reads its "
+            f"arguments' values"
+        )
+    who = dict(named)
+    mask, token_types = who["attention_mask"], who["token_types"]
+    if mask.numel() != 0 and mask.dtype != torch.bool and (
+        mask.dtype.is_floating_point or mask.dtype.is_complex
+    ):
+        raise RuntimeError(
+            f"{op}: attention_mask must be bool or integer (1 = a real token, 0 = padding), "
+            f"got {mask.dtype}"
+        )
+    torch._check(
+        token_types.dim() == 2,
+        lambda: f"{op}: token types must be [batch, length], got shape {tuple(token_types.shape)}",
+    )
+    torch._check(
+        not (token_types.dtype.is_floating_point or token_types.dtype.is_complex)
+        and token_types.dtype != torch.bool,
+        lambda: f"{op}: token types must be integers ({token_kinds}), got {token_types.dtype}",
+    )
+    torch._check(
+        mask.numel() == 0 or mask.shape == token_types.shape,
+        lambda: f"{op}: attention_mask must be {tuple(token_types.shape)}, got {tuple(mask.shape)}",
+    )
+    batch, length = token_types.shape
+    return (
+        token_types.new_empty((3, batch, length), dtype=torch.long),
+        token_types.new_empty((batch, 1), dtype=torch.long),
+    )
+
+
+def _register_stream_fake(name, op, token_kinds):
+    names = [a.name for a in getattr(torch.ops.posenc, name).default._schema.arguments]
+
+    def fake(*args, **kwargs):
+        return _stream_checks(op, list(zip(names, args)) + list(kwargs.items()), token_kinds)
+
+    torch.library.register_fake(f"posenc::{name}")(fake)
+
+
+_register_stream_fake("qwen2_vl_rope_index", "posenc.get_rope_index", "0 text, 1 image, 2 video")
+_register_stream_fake(
+    "qwen2_5_omni_rope_index",
+    "posenc.get_rope_index_omni",
+    "0 other, 1 image, 2 video, 3 audio",
+)

@@ -132,11 +132,11 @@ SINGLE_TENSOR = {"sinusoidal_table", "hf_rope", "patch_grid_bands", "patch_grid_
                  "resample_grid_table", "axial_sincos_table", "patch_grid_coords",
                  "dinov3_periods"}
 # The streams read their arguments' values on the host: real devices may mix (the documented
-# exception), meta (no values) is refused.
+# exception), a meta tensor among real ones (no values) is refused; all on meta, their fakes give
+# the shapes.
 HOST_VALUES = {"qwen2_vl_rope_index", "qwen2_5_omni_rope_index"}
-# Inspection operators (composite, no fake): the all-meta call is not theirs to run.
-NO_ALL_META = HOST_VALUES | {"apply_rotary_route", "apply_rotary_backward_route",
-                             "positional_attention_route"}
+# Inspection operators (composite, reading the tables' values): the all-meta call is not theirs.
+NO_ALL_META = {"apply_rotary_route", "apply_rotary_backward_route", "positional_attention_route"}
 
 
 def all_operators():

@@ -2,8 +2,8 @@
 encoders and trainer call these operators through the dispatcher), checked against transformers'
 own apply_rotary_pos_emb (half pairs) and GPT-J's (interleaved pairs), by opcheck (schema, fake,
 autograd registration, AOT dispatch) over dtypes, layouts, partial rotary, batched tables, strided
-views and empty tensors, by gradcheck/gradgradcheck, and under torch.compile. Last, every operator
-in the posenc namespace has a fake kernel (or is a composition of ATen ops)."""
+views and empty tensors, by gradcheck/gradgradcheck, and under torch.compile (every operator's fake
+kernel: test_fakes.py)."""
 
 import pytest
 import torch
@@ -226,30 +226,7 @@ def test_bad_input_is_one_line(call, message):
     assert message in text and "\n" not in text, text
 
 
-# Operators with no fake kernel, each with its reason: data-dependent integer bookkeeping on the CPU
-# (the streams' positions: their shapes depend on the token ids' values), and inspection strings.
-NO_FAKE = {
-    "posenc::qwen2_vl_rope_index": "output shape depends on the ids' values",
-    "posenc::qwen2_5_omni_rope_index": "output shape depends on the ids' values",
-}
-
-
-def test_every_operator_has_a_fake_kernel_or_is_composite():
-    from torch._library.simple_registry import singleton
-
-    names = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("posenc::"))
-    assert "posenc::rope_rotate" in names and "posenc::rope_rotate_qk" in names
-    missing = []
-    for name in names:
-        if name in NO_FAKE:
-            continue
-        composite = any(torch._C._dispatch_has_kernel_for_dispatch_key(name, key)
-                        for key in ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
-                                    "Meta"))
-        fake = singleton.find(name).fake_impl.kernel is not None
-        if not (composite or fake):
-            missing.append(name)
-    assert not missing, f"operators without a fake kernel: {missing}"
+# Every operator's fake kernel: tests/python/test_fakes.py (enumerated from the dispatcher).
 
 
 def test_the_device_kernels_are_registered_per_dispatch_key():
