@@ -1,3 +1,4 @@
 """Drop-ins for the libraries posenc's users write in: transformers (patch a loaded model's
-rotary embedding and rotation), timm (patch a model's RoPE modules) and diffusers (patch a video
-or image transformer's rotary module and attention processors)."""
+rotary embedding and rotation), timm (patch a model's RoPE modules), diffusers (patch a video
+or image transformer's rotary module and attention processors), and the time-series foundation
+models' packages: chronos (Chronos-2's time attention) and uni2ts (Moirai-2's rotary part)."""

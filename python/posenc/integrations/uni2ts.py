@@ -1,0 +1,164 @@
+"""posenc inside a Moirai-2 model (uni2ts 2.0, uni2ts/model/moirai2/module.py): the rotary part of
+its attention (tables and rotation) computed by posenc.
+
+    module = Moirai2Module(d_model=..., ...)              # or Moirai2Forecast(...).module
+    names = posenc.integrations.uni2ts.patch(module)      # its attention modules, posenc's RoPE
+    preds = module(target, observed_mask, sample_id, time_id, variate_id, prediction_mask)
+    posenc.integrations.uni2ts.unpatch(module)            # uni2ts' own forward back
+
+What Moirai-2 does (uni2ts/module/attention.py GroupedQueryAttention, position/attn_projection.py
+RotaryProjection with QueryKeyProjection(partial_factor=(0.0, 0.5)), position/attn_bias.py
+BinaryAttentionBias, common/torch_util.py packed_causal_attention_mask). Several series, each a
+run of tokens with its own sample_id, are packed into one sequence; inside a series every
+variate lists its patches with time_id 0, 1, ... Then per head h:
+
+    q, k = RMSNorm(q), RMSNorm(k)                          (per head, before the rotation)
+    q[:, :W], k[:, :W] rotated by time_id, W = D/2         (the first half of each head; the
+        pairs (2i, 2i + 1) interleaved, angle time_id * theta^(-2i/W), the second half passes)
+    logits = q k^T / sqrt(D) + emb[var_i == var_j, h]      (emb = Embedding(2, H): row 0 for two
+        different variates, row 1 for the same; learned)
+    mask: sample_i == sample_j and time_j <= time_i        (a block per packed series, causal in
+        time across all its variates: not causal in token order once a series has 2 variates)
+
+What patch() replaces: the forward of each GroupedQueryAttention whose time projection is that
+rotary one (an instance attribute; unpatch() deletes it): the same projections and norms, the
+tables by posenc.rope_cos_sin(time_id, theta, layout="interleaved") (uni2ts' cos/sin buffer rows
+to the bit: the same float32 products time_id * theta, cos, sin) and the rotation of the first
+W dimensions by posenc.apply_rotary_pos_emb(layout="interleaved", partial width W) (uni2ts'
+cos * x + sin * rotate(x) to the bit). The variate bias and the packed causal mask are built as
+uni2ts builds them (its own BinaryAttentionBias and mask; [B, H, N, N] materialized) and the
+attention is SDPA as uni2ts calls it, so the patched module's outputs and gradients equal
+uni2ts' to the bit (tests/python/test_timeseries_models.py). The time-causal mask across
+variates is not a token-order causal mask, so posenc's fused attention (which takes the
+sample-id block mask and the binary variate bias on the fly) computes Moirai's non-causal
+packing and single-variate series, not this mask; the docs say so (docs/timeseries_models.md).
+
+Refused in one line (ValueError, nothing changed): a model without such an attention, an
+attention with another position layout (a variate projection, a time bias, a rotary part that
+does not start at dimension 0, separate query and key rotations), weights that are not float32,
+and at call time inputs that are not [B, N, dim] with the same ids for queries and keys.
+uni2ts is imported on first use (only its modules under uni2ts.module, not uni2ts.model's
+package, which imports lightning and gluonts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..rotary import apply_rotary_pos_emb, rope_cos_sin
+
+__all__ = ["patch", "unpatch"]
+
+_MARK = "_posenc_uni2ts_patched"
+
+
+def _modules():
+    try:
+        attention = importlib.import_module("uni2ts.module.attention")
+        position = importlib.import_module("uni2ts.module.position")
+    except ImportError as e:
+        raise ValueError(f"posenc.integrations.uni2ts: uni2ts is not importable ({e})") from None
+    return attention, position
+
+
+def _why_not(module, position) -> str:
+    """'' when posenc computes the module's positions, else why not."""
+    proj = module.time_qk_proj
+    if not isinstance(proj, position.QueryKeyProjection) or not isinstance(
+            proj.query_proj, position.RotaryProjection):
+        return "its time projection is not uni2ts' RotaryProjection"
+    if proj.key_proj is not proj.query_proj:
+        return "its queries and keys rotate by different projections"
+    if proj.split_sizes[0] != 0:
+        return (f"its rotary part starts at dimension {proj.split_sizes[0]} (posenc rotates the "
+                f"first dimensions of a head)")
+    if module.var_qk_proj is not None:
+        return "it projects q and k by variate too"
+    if module.time_attn_bias is not None:
+        return "it adds a time bias"
+    if module.var_attn_bias is not None and not isinstance(module.var_attn_bias,
+                                                           position.BinaryAttentionBias):
+        return f"its variate bias is {type(module.var_attn_bias).__name__}, not BinaryAttentionBias"
+    for p in list(module.parameters()) + [proj.query_proj.theta]:
+        if p.dtype != torch.float32:
+            return f"it holds {p.dtype} tensors (posenc's patch computes float32)"
+    return ""
+
+
+def _same_ids(a, b, name: str) -> torch.Tensor:
+    if a is None or b is None or (a is not b and not torch.equal(a, b)):
+        raise ValueError(f"posenc.integrations.uni2ts: the patched attention takes the same "
+                         f"{name} for queries and keys (self-attention)")
+    return a
+
+
+def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_var_id=None,
+               query_time_id=None, kv_time_id=None):
+    """GroupedQueryAttention.forward with posenc's RoPE (uni2ts' contract, [B, N, dim] inputs)."""
+    if query.dim() != 3:
+        raise ValueError(f"posenc.integrations.uni2ts: the patched attention takes [B, N, dim] "
+                         f"inputs, got {tuple(query.shape)}")
+    time_id = _same_ids(query_time_id, kv_time_id, "time_id")
+    var_id = query_var_id
+    if self.var_attn_bias is not None:
+        var_id = _same_ids(query_var_id, kv_var_id, "variate_id")
+    batch, length, _ = query.shape
+    heads, groups, dim = self.num_heads, self.num_groups, self.head_dim
+    # [B, N, heads * D] -> [B, heads, N, D]; k and v repeated over the heads of their group
+    q = self.q_norm(self.q_proj(query).view(batch, length, heads, dim).transpose(1, 2))
+    k = self.k_proj(key).view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
+    k = self.k_norm(k.reshape(batch, length, heads, dim).transpose(1, 2))
+    v = self.v_proj(value).view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
+    v = v.reshape(batch, length, heads, dim).transpose(1, 2)
+    # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
+    rotary = self.time_qk_proj.query_proj
+    cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
+    q, k = apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")
+    # the variate bias and the packed mask as uni2ts builds them, and its SDPA call, on its
+    # [B, G, heads per group, N, D] views
+    shape = (batch, groups, heads // groups, length, dim)
+    q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+    ids = None if var_id is None else var_id[:, None, None, :]
+    mask = self._update_attn_mask(attn_mask, q, k, query_var_id=ids, kv_var_id=ids)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout_p,
+                                         scale=self.softmax_scale)
+    out = out.reshape(batch, heads, length, dim)
+    return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
+
+
+def patch(model: torch.nn.Module) -> list[str]:
+    """Replace the forward of the model's rotary attentions (uni2ts' GroupedQueryAttention with a
+    RotaryProjection on time) by posenc's; returns their names. Refuses (ValueError, nothing
+    changed) a model without one or with one posenc does not reproduce."""
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(f"posenc.integrations.uni2ts.patch: expected an nn.Module, got "
+                         f"{type(model).__name__}")
+    attention, position = _modules()
+    found = [(name, m) for name, m in model.named_modules()
+             if isinstance(m, attention.GroupedQueryAttention) and m.time_qk_proj is not None]
+    if not found:
+        raise ValueError(f"posenc.integrations.uni2ts.patch: {type(model).__name__} has no uni2ts "
+                         f"attention with a rotary time projection")
+    for name, module in found:
+        why = _why_not(module, position)
+        if why:
+            raise ValueError(f"posenc.integrations.uni2ts.patch: {name}: {why}")
+    for _, module in found:
+        if not module.__dict__.get(_MARK, False):
+            module.__dict__["forward"] = types.MethodType(_attention, module)
+            module.__dict__[_MARK] = True
+    return [name for name, _ in found]
+
+
+def unpatch(model: torch.nn.Module) -> list[str]:
+    """uni2ts' own forward back on every module patch() changed; returns their names."""
+    restored = []
+    for name, module in model.named_modules():
+        if module.__dict__.pop(_MARK, False):
+            module.__dict__.pop("forward", None)
+            restored.append(name)
+    return restored

@@ -1,0 +1,474 @@
+"""The time-series foundation models' attention reproduced by posenc, checked live against the
+packages' own code (tiny random instances of their own classes, in this process):
+
+* Chronos-2 (chronos-forecasting 2.3.2, chronos/chronos2/layers.py): time attention with
+  rotate-half RoPE on the patch index (float32 tables, autocast off) and unscaled attention
+  (scale 1.0), the padding as a key mask: posenc.rope_cos_sin + posenc.positional_attention;
+  posenc.integrations.chronos.patch(model): forecasts equal, forward and backward.
+* Moirai-2 (uni2ts 2.0.0, uni2ts/model/moirai2/module.py): RoPE on time_id over the first half of
+  each head (pairs (2i, 2i + 1)), the binary variate bias Embedding(2, H), the packed mask per
+  sample_id (causal in time across a series' variates), packed batches of several series and
+  variates of different lengths: posenc's tables and rotation, to the bit;
+  posenc.integrations.uni2ts.patch(module): predictions equal to the bit, forward and backward.
+* TimesFM 2.5 (timesfm 3.0.2 timesfm/torch/transformer.py, and transformers 5.24's timesfm2_5):
+  position = arange - num_masked (left padding shifts the positions), RoPE before the per-head
+  RMSNorm and the per-dimension query scale, unscaled causal attention with the left padding
+  masked: posenc's positions, tables, rotation and fused attention.
+* Toto (toto-ts 0.2.0, toto/model/rope.py, attention.py): interleaved RoPE
+  (rotary-embedding-torch's tables) with xPos on the time layers, none on the variate layers:
+  posenc's tables and rotation with Toto's own xPos scale, and posenc's causal attention.
+  Toto's xPos scale is laid out cat(s, s) over interleaved pairs (the two members of a pair take
+  different scales; scale base 512, rotary-embedding-torch's default), which posenc's xPos (one
+  scale per pair) does not express: test_toto_xpos_layout pins that finding.
+
+Tolerances: where the arithmetic is the same operations in the same order (tables, rotations,
+Moirai's SDPA) the results are compared to the bit; posenc's tiled online-softmax attention
+against SDPA/eager softmax to 1e-6 relative (RTOL below); TimesFM's tables, whose angles are
+position / timescale there and position * (1 / timescale) in posenc, to the same 1e-6.
+"""
+
+import collections
+import importlib
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import posenc
+from posenc.integrations import chronos as posenc_chronos
+from posenc.integrations import uni2ts as posenc_uni2ts
+
+RTOL = 1e-6  # posenc's tiled float32 softmax vs SDPA's / eager (different summation order)
+GRAD_RTOL = 1e-5  # gradients: the same, through the backward's extra reductions
+GRAD_ATOL = 1e-6  # gradients that cancel to ~0 have no relative precision
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the operators called below autograd (posenc's among them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _attention_calls(ops: CountOps) -> int:
+    """Calls of posenc's fused attention (its forward operator, below autograd)."""
+    return sum(n for name, n in ops.calls.items()
+               if name.startswith("posenc.") and "attention" in name and "backward" not in name)
+
+
+def _close(got, want, rtol=RTOL):
+    scale = want.detach().abs().max().clamp_min(1e-30)
+    err = ((got.detach() - want.detach()).abs().max() / scale).item()
+    assert err <= rtol, f"max error {err:.3g} relative to max |want| (bound {rtol:g})"
+
+
+def _grads_close(got, want):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=GRAD_RTOL, atol=GRAD_ATOL)
+
+
+def _grads(out, inputs, seed_grad):
+    return torch.autograd.grad(out, inputs, seed_grad, allow_unused=False)
+
+
+# ---- Chronos-2 -------------------------------------------------------------------------------
+
+def _chronos_model(attn="sdpa"):
+    pytest.importorskip("chronos.chronos2.model")
+    from chronos.chronos2.config import Chronos2CoreConfig
+    from chronos.chronos2.model import Chronos2Model
+    torch.manual_seed(0)
+    config = Chronos2CoreConfig(
+        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
+        attn_implementation=attn,
+        chronos_config=dict(context_length=64, output_patch_size=4, input_patch_size=4,
+                            input_patch_stride=4, quantiles=[0.1, 0.5, 0.9], use_reg_token=True,
+                            max_output_patches=2))
+    return Chronos2Model(config).eval()
+
+
+def test_chronos2_tables_are_chronos_own():
+    mha = _chronos_model().encoder.block[0].layer[0].self_attention
+    for positions in (torch.arange(17)[None], torch.arange(40).view(2, 20)):
+        x = torch.zeros(positions.shape[0], 4, positions.shape[1], 8)
+        want_cos, want_sin = mha.rope_embed(x, positions)
+        cos, sin = posenc.rope_cos_sin(positions, mha.rope_embed.inv_freq)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_chronos2_time_attention(attn):
+    """posenc's tables + fused attention (scale 1.0, left padding as a key mask) = Chronos' MHA,
+    outputs and gradients (input and all four projections)."""
+    mha = _chronos_model(attn).encoder.block[0].layer[0].self_attention
+    batch, length, heads, dim = 3, 12, 4, 8
+    x = torch.randn(batch, length, 32, requires_grad=True)
+    kept = torch.ones(batch, length)
+    kept[1, :4] = 0  # a left-padded series
+    kept[2, :1] = 0
+    mask = (1.0 - kept[:, None, None, :]) * torch.finfo(torch.float32).min
+    positions = torch.arange(length)[None]
+    want = mha(x, mask=mask, position_ids=positions).hidden_states
+
+    def split(t):
+        return t.view(batch, length, heads, dim).transpose(1, 2)
+
+    q, k, v = split(mha.q(x)), split(mha.k(x)), split(mha.v(x))
+    cos, sin = posenc.rope_cos_sin(positions, mha.rope_embed.inv_freq)
+    with CountOps() as ops:
+        out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0,
+                                          attention_mask=kept.bool())
+    assert _attention_calls(ops) == 1
+    got = mha.o(out.transpose(1, 2).reshape(batch, length, heads * dim))
+    _close(got, want)
+    seed = torch.randn_like(want)
+    params = [x, mha.q.weight, mha.k.weight, mha.v.weight, mha.o.weight]
+    _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
+def _chronos_inputs():
+    torch.manual_seed(1)
+    context = torch.randn(4, 40)
+    context[1, :13] = float("nan")  # left padding (missing values): masked patches
+    context[3, :29] = float("nan")
+    return context, torch.tensor([0, 0, 1, 2])
+
+
+def test_chronos2_patch_forecasts_equal():
+    model = _chronos_model()
+    context, groups = _chronos_inputs()
+    want = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+    assert posenc_chronos.patch(model) == ["encoder.block.0.layer.0.self_attention",
+                                           "encoder.block.1.layer.0.self_attention"]
+    with CountOps() as ops:
+        got = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+    assert _attention_calls(ops) == 2  # a time attention per block
+    _close(got, want)
+    # gradients of every parameter, patched vs unpatched
+    seed = torch.randn_like(want)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got_grads = _grads(model(context, num_output_patches=2, group_ids=groups).quantile_preds,
+                       params, seed)
+    assert posenc_chronos.unpatch(model) == ["encoder.block.0.layer.0.self_attention",
+                                             "encoder.block.1.layer.0.self_attention"]
+    want_grads = _grads(model(context, num_output_patches=2, group_ids=groups).quantile_preds,
+                        params, seed)
+    _grads_close(got_grads, want_grads)
+    # unpatched: Chronos' own forward, the same bits as before, posenc not called
+    with CountOps() as ops:
+        again = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+    assert _attention_calls(ops) == 0 and torch.equal(again, want)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_chronos2_patch_refusals():
+    with pytest.raises(ValueError, match="no Chronos-2 RoPE time attention"):
+        posenc_chronos.patch(torch.nn.Linear(2, 2))
+    model = _chronos_model().to(torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 weights"):
+        posenc_chronos.patch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing changed
+    model = _chronos_model()
+    posenc_chronos.patch(model)
+    mha = model.encoder.block[0].layer[0].self_attention
+    x = torch.randn(1, 5, 32)
+    with pytest.raises(ValueError, match="returns no weights"):
+        mha(x, mask=torch.zeros(1, 1, 1, 5), position_ids=torch.arange(5)[None],
+            output_attentions=True)
+    with pytest.raises(ValueError, match="masks every key"):
+        mha(x, mask=torch.full((1, 1, 1, 5), torch.finfo(torch.float32).min),
+            position_ids=torch.arange(5)[None])
+    with pytest.raises(ValueError, match="not a padding mask"):
+        mha(x, mask=torch.full((1, 1, 1, 5), -1.0), position_ids=torch.arange(5)[None])
+    posenc_chronos.unpatch(model)
+
+
+# ---- Moirai-2 --------------------------------------------------------------------------------
+
+def _moirai_module():
+    """uni2ts' Moirai2Module, imported without uni2ts.model.moirai2's package file (it imports
+    Moirai2Forecast: lightning, gluonts)."""
+    uni2ts_model = pytest.importorskip("uni2ts.model")
+    pytest.importorskip("jaxtyping")
+    name = "uni2ts.model.moirai2"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [uni2ts_model.__path__[0] + "/moirai2"]
+        sys.modules[name] = package
+    return importlib.import_module(name + ".module")
+
+
+def _moirai(seed=0):
+    module = _moirai_module()
+    torch.manual_seed(seed)
+    model = module.Moirai2Module(d_model=128, d_ff=64, num_layers=2, patch_size=4, max_seq_len=64,
+                                 attn_dropout_p=0.0, dropout_p=0.0).eval()
+    with torch.no_grad():  # learned variate bias away from its init, distinct per head
+        for layer in model.encoder.layers:
+            layer.self_attn.var_attn_bias.emb.weight.normal_()
+    return model
+
+
+def _packed_ids():
+    """Two packed rows: row 0 = a series of 2 variates x 5 patches and one of 3 variates x 3,
+    then 3 padding tokens (sample_id 0, uni2ts' padding); row 1 = one univariate series of 11
+    and one of 2 variates x 4, then 3 padding tokens."""
+    sample = torch.tensor([[1] * 10 + [2] * 9 + [0] * 3,
+                           [1] * 11 + [2] * 8 + [0] * 3])
+    variate = torch.tensor([[0] * 5 + [1] * 5 + [0] * 3 + [1] * 3 + [2] * 3 + [0] * 3,
+                            [0] * 11 + [0] * 4 + [1] * 4 + [0] * 3])
+    time = torch.tensor([list(range(5)) * 2 + list(range(3)) * 3 + [0] * 3,
+                         list(range(11)) + list(range(4)) * 2 + [0] * 3])
+    return sample, variate, time
+
+
+def test_moirai2_tables_are_uni2ts_own():
+    model = _moirai()
+    rotary = model.encoder.layers[0].self_attn.time_qk_proj.query_proj
+    _, _, time = _packed_ids()
+    cos, sin = posenc.rope_cos_sin(time, rotary.theta, layout="interleaved")
+    assert cos.shape[-1] == model.encoder.layers[0].self_attn.head_dim // 2  # half of each head
+    assert torch.equal(cos, rotary.cos[time]) and torch.equal(sin, rotary.sin[time])
+
+
+def test_moirai2_attention_packed():
+    """posenc's tables and partial interleaved rotation, with the variate bias and the packed
+    causal mask: Moirai's attention output and gradients to the bit."""
+    from uni2ts.common.torch_util import packed_causal_attention_mask
+    attention = _moirai().encoder.layers[0].self_attn
+    sample, variate, time = _packed_ids()
+    batch, length = sample.shape
+    heads, dim = attention.num_heads, attention.head_dim
+    mask = packed_causal_attention_mask(sample, time)
+    x = torch.randn(batch, length, 128, requires_grad=True)
+    want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
+                     query_time_id=time, kv_time_id=time)
+
+    def split(t):
+        return t.view(batch, length, heads, dim).transpose(1, 2)
+
+    q = attention.q_norm(split(attention.q_proj(x)))
+    k = attention.k_norm(split(attention.k_proj(x)))
+    v = split(attention.v_proj(x))
+    rotary = attention.time_qk_proj.query_proj
+    cos, sin = posenc.rope_cos_sin(time, rotary.theta, layout="interleaved")
+    with CountOps() as ops:
+        q, k = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")
+    assert ops.calls["posenc.apply_rotary"] == 1
+    table = attention.var_attn_bias.emb.weight  # [2, H]: row 0 other variate, row 1 same
+    same = (variate[:, :, None] == variate[:, None, :])[:, None]
+    bias = torch.where(same, table[1][None, :, None, None], table[0][None, :, None, None])
+    bias = bias.masked_fill(~mask[:, None], float("-inf"))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    got = attention.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
+    assert torch.equal(got, want)
+    seed = torch.randn_like(want)
+    params = [x, table, attention.q_proj.weight, attention.k_proj.weight]
+    _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
+def _moirai_inputs():
+    sample, variate, time = _packed_ids()
+    torch.manual_seed(2)
+    target = torch.randn(*sample.shape, 4)
+    observed = torch.rand(*sample.shape, 4) > 0.1
+    prediction = (time == time.max()) & (sample > 0)
+    return dict(target=target, observed_mask=observed, sample_id=sample, time_id=time,
+                variate_id=variate, prediction_mask=prediction, training_mode=False)
+
+
+def test_moirai2_patch_predictions_equal():
+    model = _moirai()
+    inputs = _moirai_inputs()
+    want = model(**inputs)
+    names = posenc_uni2ts.patch(model)
+    assert names == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
+    with CountOps() as ops:
+        got = model(**inputs)
+    assert ops.calls["posenc.apply_rotary"] == 2 and ops.calls["posenc.rope_cos_sin"] == 2
+    assert torch.equal(got, want)
+    seed = torch.randn_like(want)
+    params = [p for p in model.parameters() if p.requires_grad]
+    got_grads = _grads(model(**inputs), params, seed)
+    assert posenc_uni2ts.unpatch(model) == names
+    want_grads = _grads(model(**inputs), params, seed)
+    for g, w in zip(got_grads, want_grads):
+        assert torch.equal(g, w)
+    with CountOps() as ops:
+        again = model(**inputs)
+    assert ops.calls["posenc.apply_rotary"] == 0 and torch.equal(again, want)
+
+
+def test_moirai2_patch_refusals():
+    with pytest.raises(ValueError, match="no uni2ts attention"):
+        posenc_uni2ts.patch(torch.nn.Linear(2, 2))
+    model = _moirai().double()
+    with pytest.raises(ValueError, match="float64"):
+        posenc_uni2ts.patch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    model = _moirai()
+    posenc_uni2ts.patch(model)
+    attention = model.encoder.layers[0].self_attn
+    x = torch.randn(1, 4, 128)
+    time, other = torch.arange(4)[None], torch.arange(1, 5)[None]
+    with pytest.raises(ValueError, match="same time_id"):
+        attention(x, x, x, query_var_id=time * 0, kv_var_id=time * 0, query_time_id=time,
+                  kv_time_id=other)
+    posenc_uni2ts.unpatch(model)
+
+
+# ---- TimesFM 2.5 -----------------------------------------------------------------------------
+
+def _left_padding(batch, length):
+    padded = torch.zeros(batch, length, dtype=torch.bool)
+    padded[1, :5] = True  # a short context, left-padded
+    padded[2, :1] = True
+    return padded
+
+
+def test_timesfm25_attention_left_padded():
+    """timesfm's MultiHeadAttention (RoPE at position = arange - num_masked, then RMSNorm and the
+    per-dimension query scale, unscaled causal attention over the unpadded keys): posenc's
+    positions, tables, rotation and fused attention."""
+    transformer = pytest.importorskip("timesfm.torch.transformer")
+    torch.manual_seed(0)
+    batch, length, heads, dim = 3, 16, 4, 16
+    attention = transformer.MultiHeadAttention(num_heads=heads, in_features=heads * dim).eval()
+    with torch.no_grad():
+        attention.per_dim_scale.per_dim_scale.normal_()
+    x = torch.randn(batch, length, heads * dim, requires_grad=True)
+    padded = _left_padding(batch, length)
+    want, _ = attention(x, patch_mask=padded)
+    rotary = attention.rotary_position_embedding
+    # timesfm's timescales; posenc takes their inverse (a product where timesfm divides)
+    fraction = 2 * torch.arange(0, dim // 2) / dim
+    timescale = rotary.min_timescale * (rotary.max_timescale / rotary.min_timescale) ** fraction
+    positions = torch.arange(length)[None] - padded.sum(-1, keepdim=True)  # left pad shifts
+    cos, sin = posenc.rope_cos_sin(positions, (1.0 / timescale).float())
+    angles = positions[..., None].float() / timescale.float()
+    _close(cos, torch.cat([angles.cos(), angles.cos()], -1))
+    _close(sin, torch.cat([angles.sin(), angles.sin()], -1))
+
+    def split(t):
+        return t.view(batch, length, heads, dim)
+
+    q, k = posenc.apply_rotary_pos_emb(split(attention.query(x)), split(attention.key(x)), cos,
+                                       sin, unsqueeze_dim=2)
+    q = attention.per_dim_scale(attention.query_ln(q)).transpose(1, 2)
+    k = attention.key_ln(k).transpose(1, 2)
+    v = split(attention.value(x)).transpose(1, 2)
+    with CountOps() as ops:
+        out = posenc.positional_attention(q, k, v, scale=1.0, causal=True,
+                                          attention_mask=~padded)
+    assert _attention_calls(ops) == 1
+    got = attention.out(out.transpose(1, 2).reshape(batch, length, heads * dim))
+    kept = (~padded)[..., None]
+    _close(got * kept, want * kept)
+    # padded queries see no key: 0 from SDPA and from posenc (their rows feed nothing downstream)
+    assert torch.equal(got[padded], want[padded])
+    seed = torch.randn_like(want) * kept
+    params = [x, attention.query.weight, attention.key.weight, attention.per_dim_scale.per_dim_scale]
+    _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
+def test_transformers_timesfm2_5_positions_and_tables():
+    """transformers' TimesFm2_5Model: position_ids = arange - num_masked; posenc's tables are
+    TimesFm2_5RotaryEmbedding's to the bit, and its attention layer gives the same output with
+    them; posenc's rotation + fused attention give that output to 1e-6."""
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    from transformers import TimesFm2_5Config
+    torch.manual_seed(0)
+    config = TimesFm2_5Config(hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                              attn_implementation="sdpa")
+    rotary = tf.TimesFm2_5RotaryEmbedding(config)
+    attention = tf.TimesFm2_5Attention(config, layer_idx=0).eval()
+    with torch.no_grad():
+        attention.scaling.normal_()
+    batch, length = 3, 16
+    padded = _left_padding(batch, length)
+    positions = torch.arange(length)[None] - padded.to(torch.int32).sum(-1, keepdim=True)
+    x = torch.randn(batch, length, 64, requires_grad=True)
+    want_cos, want_sin = rotary(x, positions)
+    cos, sin = posenc.rope_cos_sin(positions, rotary.inv_freq)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    from transformers.masking_utils import create_causal_mask
+    mask = create_causal_mask(config=config, inputs_embeds=x,
+                              attention_mask=(~padded).to(torch.int64), cache=None)
+    want, _ = attention(x, position_embeddings=(want_cos, want_sin), attention_mask=mask)
+    with_posenc_tables, _ = attention(x, position_embeddings=(cos, sin), attention_mask=mask)
+    assert torch.equal(with_posenc_tables, want)
+    shape = (batch, length, 4, 16)
+    q = attention.q_proj(x).view(shape).transpose(1, 2)
+    k = attention.k_proj(x).view(shape).transpose(1, 2)
+    v = attention.v_proj(x).view(shape).transpose(1, 2)
+    q, k = posenc.apply_rotary_pos_emb(q, k, cos, sin)
+    q, k = attention.q_norm(q), attention.k_norm(k)
+    q = q * torch.nn.functional.softplus(attention.scaling).mul(1.442695041 / 4.0)
+    out = posenc.positional_attention(q, k, v, scale=1.0, causal=True, attention_mask=~padded)
+    got = attention.o_proj(out.transpose(1, 2).reshape(batch, length, 64))
+    kept = (~padded)[..., None]
+    _close(got * kept, want * kept)
+
+
+# ---- Toto ------------------------------------------------------------------------------------
+
+def _toto():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ImportWarning)  # xFormers not installed: SDPA path
+        pytest.importorskip("jaxtyping")
+        attention = pytest.importorskip("toto.model.attention")
+        rope = importlib.import_module("toto.model.rope")
+    torch.manual_seed(0)
+    heads, dim = 4, 16
+    # as toto/model/transformer.py builds it: TimeAwareRotaryEmbedding(head_dim, use_xpos=True)
+    rotary = rope.TimeAwareRotaryEmbedding(dim, use_xpos=True, cache_if_possible=True,
+                                           seq_before_head_dim=False)
+    time = attention.TimeWiseMultiheadAttention(embed_dim=heads * dim, num_heads=heads, dropout=0.0,
+                                                rotary_emb=rotary,
+                                                use_memory_efficient_attention=False).eval()
+    return time, rotary
+
+
+def test_toto_time_attention():
+    """Toto's time-wise attention: posenc's interleaved tables (rotary-embedding-torch's to the
+    bit) and rotation, Toto's own xPos scale (q * s, k / s), posenc's causal attention."""
+    attention, rotary = _toto()
+    batch, variates, length = 2, 3, 12
+    x = torch.randn(batch, variates, length, 64, requires_grad=True)
+    want = attention(0, x)
+    q, k, v = attention.get_qkv(attention.rearrange_inputs(x))  # [B * V, H, N, D]
+    seq = torch.arange(length, dtype=torch.float32)
+    cos, sin = posenc.rope_cos_sin(seq, rotary.freqs, layout="interleaved")
+    freqs = rotary.forward(seq)
+    assert torch.equal(cos, freqs.cos()) and torch.equal(sin, freqs.sin())
+    q, k = posenc.apply_rotary_pos_emb(q, k, cos[None], sin[None], layout="interleaved")
+    scale = rotary.get_scale(seq)
+    out = posenc.positional_attention(q * scale, k * scale ** -1, v, causal=True)
+    got = attention.wO(attention.rearrange_output(out, batch, variates, length))
+    _close(got, want)
+    seed = torch.randn_like(want)
+    params = [x, attention.wQKV.weight]
+    _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
+def test_toto_xpos_layout():
+    """Toto's get_scale lays the per-pair xPos scales out cat(s, s) while its pairs are (2i, 2i+1)
+    (rotary-embedding-torch's own get_scale repeats each twice): the reason posenc's xPos, one
+    scale per pair, does not stand in for Toto's. Scale base 512 (the library's default)."""
+    _, rotary = _toto()
+    seq = torch.arange(12, dtype=torch.float32)
+    per_pair = rotary.scale ** ((seq - seq.max() // 2) / rotary.scale_base)[:, None]
+    scale = rotary.get_scale(seq)
+    assert rotary.scale_base == 512
+    assert torch.equal(scale, torch.cat([per_pair, per_pair], -1))
+    assert not torch.equal(scale, per_pair.repeat_interleave(2, -1))
+
