@@ -4,9 +4,10 @@
 What it writes (each file is a JSON object {"generator": {...}, "source": ..., "notes": [...], "cases": [...]}):
 
   tests/fixtures/rope.json            RoPE inverse frequencies + attention scaling for every HF rope_type
-                                      (default, linear, dynamic, yarn, llama3, longrope, proportional, partial rotary), and for
-                                      a subset of cases the cos/sin tables and the rotate-half (Llama/NeoX) and
-                                      rotate-every-two (GPT-J) rotation of a fixed input.
+                                      (default, linear, dynamic, yarn, llama3, longrope, proportional,
+                                      partial rotary), and for a subset of cases the cos/sin tables
+                                      and the rotate-half (Llama/NeoX) and rotate-every-two (GPT-J)
+                                      rotation of a fixed input.
   tests/fixtures/t5_buckets.json      T5 relative-position buckets (HF T5Attention._relative_position_bucket).
   tests/fixtures/alibi.json           ALiBi slopes for 1..64 heads (HF Bloom build_alibi_tensor and Press et al.
                                       get_slopes, copied verbatim).
@@ -214,7 +215,8 @@ def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_
     elif rope_type == "default":
         # LlamaRotaryEmbedding.compute_default_rope_parameters ignores partial_rotary_factor in this version; the
         # GPT-NeoX one (also Phi, StableLM) honours it.  For partial_rotary_factor == 1 both must agree.
-        fn_name = "transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding.compute_default_rope_parameters"
+        fn_name = ("transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding."
+                   "compute_default_rope_parameters")
         inv_freq, attention_scaling = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(config, device="cpu",
                                                                                              seq_len=seq_len)
         llama_inv, llama_scale = LlamaRotaryEmbedding.compute_default_rope_parameters(config, device="cpu",
@@ -564,8 +566,9 @@ def gen_alibi():
                   "slopes_hf_bloom: transformers.models.bloom.modeling_bloom.build_alibi_tensor(ones(1,2), num_heads, "
                   "float64)[:, 0, 1] - [:, 0, 0] (HF computes the slopes in float32).",
         "notes": [
-            "Both sources agree to float32 precision (max relative difference %.3e); they are bit-identical whenever "
-            "the slope base is an exact power of two (e.g. power-of-two head counts <= 8)." % max_rel,
+            f"Both sources agree to float32 precision (max relative difference {max_rel:.3e}); they "
+            "are bit-identical whenever the slope base is an exact power of two (e.g. power-of-two "
+            "head counts <= 8).",
             "Non-power-of-two n: slopes of the closest lower power of two p, then every other slope of 2p, first "
             "n - p of them.",
         ],
@@ -683,9 +686,9 @@ def gen_sinusoidal():
 # ----------------------------------------------------------------------------------------------------------------
 def gen_learned_resize():
     L, D = 7, 3
-    l = torch.arange(L, dtype=torch.float64)[:, None]
+    pos = torch.arange(L, dtype=torch.float64)[:, None]
     d = torch.arange(D, dtype=torch.float64)[None, :]
-    table = torch.sin(0.7 * l + 1.3 * d) + 0.1 * l * l                # [L, D]
+    table = torch.sin(0.7 * pos + 1.3 * d) + 0.1 * pos * pos                # [L, D]
     cases = []
     for new in (11, 4, 7):
         lin = F.interpolate(table.T[None], size=new, mode="linear", align_corners=False)[0].T

@@ -75,7 +75,7 @@ def main():
         case("uncentred_htk_slaney_norm", 22050, 0.2, 5, 1024, 256, 128, htk=True, center=False),
     ]
     doc = {
-        "generator": "tools/gen_fixtures_audio.py (librosa %s, numpy %s)" % (librosa.__version__,
+        "generator": "tools/gen_fixtures_audio.py (librosa {}, numpy {})".format(librosa.__version__,
                                                                            np.__version__),
         "source": "librosa.feature.melspectrogram and librosa.filters.mel; log: natural log of "
                   "max(S, log_floor); log_mel is [frames, n_mels] row-major; filterbank is "
@@ -85,7 +85,7 @@ def main():
     with open(OUT + ".tmp", "w") as f:
         json.dump(doc, f, separators=(",", ":"))
     os.replace(OUT + ".tmp", OUT)
-    print("wrote %s: %d cases (%d bytes)" % (OUT, len(cases), os.path.getsize(OUT)))
+    print(f"wrote {OUT}: {len(cases)} cases ({os.path.getsize(OUT)} bytes)")
 
 
 if __name__ == "__main__":

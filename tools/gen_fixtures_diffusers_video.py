@@ -152,7 +152,8 @@ def ltx2_cases():
                 cos, sin = cos[0].transpose(0, 1), sin[0].transpose(0, 1)
             assert cos.dtype == torch.float32
             tables[name] = {"cos": floats(cos), "sin": floats(sin)}
-        midpoints = lambda c: ((c[..., 0] + c[..., 1]) / 2.0)[0].transpose(0, 1)  # [N, A]
+        def midpoints(c):
+            return ((c[..., 0] + c[..., 1]) / 2.0)[0].transpose(0, 1)  # [N, A]
         cases.append(
             {
                 **common,

@@ -256,7 +256,7 @@ def build_stream(cfg, segments, merge, pad_left=0):
     for si, (kind, arg) in enumerate(segments):
         if kind == "text":
             run = []
-            for k in range(arg):
+            for _k in range(arg):
                 run.append(TEXT_IDS[text_counter % len(TEXT_IDS)])
                 text_counter += 1
             if si > 0 and segments[si - 1][0] != "text":
@@ -676,8 +676,8 @@ def gen_resample_2d():
             f"(4 -> 6: max |diff| = {aa_up_diff:.3g}), not only when downsampling.",
             "All cases are reproduced by a hand-derived separable weight-matrix implementation of these rules "
             "(hand_resample in the generator) to < 1e-13.",
-            "bilinear antialias=False: standard linear interpolation per axis, x clamped to >= 0 and the upper index to "
-            "in-1.",
+            "bilinear antialias=False: standard linear interpolation per axis, x clamped to >= 0 and "
+            "the upper index to in-1.",
             "timm returns the input unchanged when new_size == old_size (early out); no such case here.",
         ],
         "cases": cases,

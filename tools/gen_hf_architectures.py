@@ -775,7 +775,7 @@ def architecture(model_type):
             try:
                 load = None
                 if path == "text_config":  # through the composite, as from_pretrained loads it
-                    def load(d, root=cfg.to_dict()):
+                    def load(d, root=cfg.to_dict()):  # noqa: B008  (bound now, on purpose)
                         return cfg_cls.from_dict(dict(copy.deepcopy(root), text_config=d)).text_config
                 rows = probe(cls, sub, mod, getattr(sub, "layer_types", None), load)
             except Exception as e:
@@ -1906,7 +1906,7 @@ def main():
         paths = {os.path.join(args.out, f"{mt}.config.json"): text,
                  os.path.join(args.out, f"{mt}.rotary.json"): record_text}
         if args.check:
-            for p, t in paths.items():
+            for p in paths:
                 old = open(p).read() if os.path.exists(p) else None
                 if old is None:
                     changed.append(f"{mt}: new model type")

@@ -79,7 +79,7 @@ def examine(model_type, verbose=False):
         reasons.append((layout, why))
     # the layout posenc's resolver does not give is refused by patch() itself: the other one's
     # reason is the family's
-    telling = [(l, w) for l, w in reasons if "pair layout, but" not in w] or reasons
+    telling = [(layout, w) for layout, w in reasons if "pair layout, but" not in w] or reasons
     # one line in patch()'s refusal: each reason once (the layouts that failed alike named
     # together), at most MAX_REASON characters
     merged = {}

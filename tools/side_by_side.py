@@ -263,8 +263,8 @@ def main():
     print("all rounds (steps/s): " + "; ".join(
         f"{name} " + ", ".join(f"{x:.2f}" for x in v) for name, v in measured.items()))
     load = os.getloadavg()[0]
-    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; median of {args.rounds} rounds; "
-          f"torch {torch.__version__}; load average before the last run {load:.2f}")
+    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; "
+          f"median of {args.rounds} rounds; torch {torch.__version__}; load average before the last run {load:.2f}")
     print("| trainer | steps/s | posenc / this |")
     print("|---|---:|---:|")
     mine = dict(results).get("posenc train")

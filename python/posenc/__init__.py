@@ -15,9 +15,10 @@
 
 The operators are torch.ops.posenc.{apply_rotary, apply_rotary_, rope_cos_sin, hf_rope} and
 {rope_rotate, rope_rotate_qk, rope_rotate_} (the C++ library's rotation, which its encoders and
-trainer call through the dispatcher), with CPU, CUDA, Autograd and fake kernels (torch.compile(fullgraph=True) and torch.export take them),
-and {resample_grid_table, axial_sincos_table, sinusoidal_table, patch_grid_bands,
-patch_grid_coords, dinov3_periods, rope_periods_cos_sin, rope_mixed_cos_sin},
+trainer call through the dispatcher), with CPU, CUDA, Autograd and fake kernels
+(torch.compile(fullgraph=True) and torch.export take them), and {resample_grid_table,
+axial_sincos_table, sinusoidal_table, patch_grid_bands, patch_grid_coords, dinov3_periods,
+rope_periods_cos_sin, rope_mixed_cos_sin},
 compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
 CPU), and alibi_attention, t5_attention, shaw_attention and positional_attention (the bias

@@ -38,13 +38,14 @@ RotaryEmbeddingCat(dim, ...), RotaryEmbedding(dim, ...)
     update_feat_shape, forward on channels-first maps): cat([sin, cos]) [N, 2 dim] or (sin, cos),
     cached for a fixed feat_shape or built per shape (in training mode with shift_coords,
     jitter_coords or rescale_coords: the coordinates augmented with timm's draws, as below);
-    RotaryEmbeddingCat.from_timm(module) takes a timm module's settings and state (bands and cache dtypes, device; a cache its settings do
-    not give, e.g. after timm's .half().float(), is refused with one line). The dtypes follow
-    timm's _RotaryEmbeddingBase (timm 1.0.x layers/pos_embed_sincos.py) through every cast: the
-    bands buffer stays >= float32 (.half() / .bfloat16() rebuild it float32, .double() and a
-    float64 dtype or default dtype make it float64), the cache is computed from fresh float32
-    bands and cast to its dtype of the moment (at construction, and on update_feat_shape after
-    .half() or .double()), per-shape tables come from the bands buffer as it is.
+    RotaryEmbeddingCat.from_timm(module) takes a timm module's settings and state (bands and cache
+    dtypes, device; a cache its settings do not give, e.g. after timm's .half().float(), is refused
+    with one line). The dtypes follow timm's _RotaryEmbeddingBase (timm 1.0.x
+    layers/pos_embed_sincos.py) through every cast: the bands buffer stays >= float32 (.half() /
+    .bfloat16() rebuild it float32, .double() and a float64 dtype or default dtype make it float64),
+    the cache is computed from fresh float32 bands and cast to its dtype of the moment (at
+    construction, and on update_feat_shape after .half() or .double()), per-shape tables come from
+    the bands buffer as it is.
 
 RotaryEmbeddingMixed(dim, depth, num_heads, temperature=10.0, feat_shape=None, grid_indexing="xy",
                      device=None, dtype=None, shift_coords=None, jitter_coords=None,

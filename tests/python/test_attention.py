@@ -57,7 +57,7 @@ def test_bfloat16_and_scale():
 
 
 def test_slopes_are_blooms():
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
     for heads in (1, 4, 6, 12, 16):
         alibi = build_alibi_tensor(torch.ones(1, 3), heads, torch.float32)  # [H, 1, 3]

@@ -794,7 +794,7 @@ def test_fused_kernel_for_inference_apply_rotary_for_half_precision_training(fam
     for name, child in model.named_children():  # as from_pretrained(torch_dtype=bfloat16) does:
         if name != "rope":  # Wan's rope is one of its _keep_in_fp32_modules: float32 tables
             child.to(torch.bfloat16)
-    for name, parameter in model.named_parameters(recurse=False):
+    for _name, parameter in model.named_parameters(recurse=False):
         parameter.data = parameter.data.to(torch.bfloat16)
     inputs = _cast_inputs(inputs, torch.bfloat16)
     want_grads = _grads(model, inputs, grad_input)

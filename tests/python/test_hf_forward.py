@@ -114,7 +114,7 @@ def test_rotary_forward_equals_posenc_or_is_refused(model_type, table, rows):
 
 
 def _mrope_cases():
-    for mt, table, rows in CASES:
+    for mt, table, _rows in CASES:
         if table.get("config_path", "") in ("", "text_config"):
             yield mt, table
 

@@ -24,7 +24,7 @@ import torch
 from conftest import FIXTURES
 
 transformers = pytest.importorskip("transformers")
-from transformers import CONFIG_MAPPING
+from transformers import CONFIG_MAPPING  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 ARCH = os.path.join(FIXTURES, "hf_architectures")

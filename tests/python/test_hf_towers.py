@@ -4,10 +4,11 @@ posenc.RotaryEmbedding built from a tower's config resolves its axes the class's
 (src/config/hf_architectures.cpp, HfAxial): Pixtral's one ladder dealt to rows (even frequencies)
 and columns (odd), Step 3.7's and Inkling 2's columns first, Kimi-K2.5's columns and rows pair by
 pair, MiniMax-M3's (t, h, w) runs with the rest of the head passing through, the SAM 2/3 and
-EdgeTAM trackers' memory attention (its own head size, (2i, 2i + 1) pairs), DINOv3's patch
-centres in [-1, 1] turned by 2 pi theta^(-4i/Dh), and Llama 4's fixed vision table. Each class's forward is run here on a patch grid
-larger than the fixtures' (and on configs other than the defaults), and posenc's float32 tables
-must equal it to the bit: both run torch's float32 ops in this process. Refusals stay one line.
+EdgeTAM trackers' memory attention (its own head size, (2i, 2i + 1) pairs), DINOv3's patch centres
+in [-1, 1] turned by 2 pi theta^(-4i/Dh), and Llama 4's fixed vision table. Each class's forward is
+run here on a patch grid larger than the fixtures' (and on configs other than the defaults), and
+posenc's float32 tables must equal it to the bit: both run torch's float32 ops in this process.
+Refusals stay one line.
 """
 
 import importlib

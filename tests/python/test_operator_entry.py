@@ -74,7 +74,8 @@ def _fused_tail():  # attention_fused's parameters after q, k, v
 
 def _bnhd():  # attention_fused's q, k, v [B, N, H, D], grad_out, out [B, N, H, Dv], lse [B, H, N]
     q, k, v, g, lse, out = _sdpa()
-    t = (lambda x: x.transpose(1, 2).contiguous())
+    def t(x):
+        return (x.transpose(1, 2).contiguous())
     return t(q), t(k), t(v), t(g), t(out), lse
 
 

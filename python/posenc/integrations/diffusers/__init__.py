@@ -38,7 +38,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-from typing import Dict, List
 
 import torch
 
@@ -149,7 +148,7 @@ def _plan(model: torch.nn.Module, registry):
     return modules, processors, left, already
 
 
-def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
+def patch(transformer: torch.nn.Module, strict: bool = False) -> dict[str, list[str]]:
     """Replace the transformer's rotary modules and rotating processors by posenc's; returns
     {"patched": [names], "left": ["name: why", ...]}. strict=True: anything left raises
     ValueError (nothing is replaced then)."""
@@ -168,7 +167,7 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[
         object.__setattr__(new, _ORIGINAL, module)  # kept, not registered; follows new's casts
         new.train(module.training)
         _set(transformer, name, new)
-    for name, attention, processor, new in processors:
+    for _name, attention, processor, new in processors:
         # kept on the replacement, not registered (an nn.Module processor's weights are its
         # replacement's too: no second set of state_dict keys)
         object.__setattr__(new, _ORIGINAL_PROCESSOR, processor)
@@ -177,7 +176,7 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> Dict[str, List[
             "left": left}
 
 
-def unpatch(transformer: torch.nn.Module) -> List[str]:
+def unpatch(transformer: torch.nn.Module) -> list[str]:
     """Put back the objects patch() replaced, in the model's present state; returns their names."""
     if not isinstance(transformer, torch.nn.Module):
         raise ValueError(f"posenc.integrations.diffusers.unpatch: expected an nn.Module, got "
