@@ -78,18 +78,21 @@ fi
 # ---- the Python test environment (tests/python: posenc's operators against transformers/timm/diffusers)
 # A venv with the pinned set in python/requirements-test.txt (torch 2.15.0 with its CUDA
 # libraries as PyPI ships them: ~5 GB). Skipped with POSENC_NO_PYTHON=1; --print-venv prints it.
+# A changed requirements file updates an existing venv in place (pip replaces what is pinned
+# otherwise and adds new lines; torch is not downloaded again when its pin is unchanged).
 VENV=${DEPS}/venv
 REQUIREMENTS="$(cd "$(dirname "$0")/.." && pwd)/python/requirements-test.txt"
 if [[ "${POSENC_NO_PYTHON:-0}" != 1 ]]; then
   stamp="${VENV}/.complete-$(sha256sum "${REQUIREMENTS}" | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
     say "installing the Python test environment (torch ${TORCH_VERSION}, transformers, timm, diffusers) into ${VENV}"
-    rm -rf "${VENV}"
-    python3 -m venv "${VENV}"
+    [[ -x "${VENV}/bin/python" ]] || python3 -m venv "${VENV}"
     "${VENV}/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
       -r "${REQUIREMENTS}" 2>&1 | grep -v -i "notice" >&2 || true
     "${VENV}/bin/python" -c "import torch, transformers, timm, diffusers, pytest" 2>/dev/null ||
       { echo "setup: the Python test environment in ${VENV} does not import torch/transformers/timm/diffusers/pytest" >&2; exit 1; }
+    [[ -x "${VENV}/bin/ruff" ]] ||
+      { echo "setup: the Python test environment in ${VENV} has no ruff (python/requirements-test.txt pins it)" >&2; exit 1; }
     touch "$stamp"
   fi
 fi
