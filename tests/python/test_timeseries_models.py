@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import posenc
 from posenc.integrations import chronos as posenc_chronos
+from posenc.integrations import timesfm as posenc_timesfm
 from posenc.integrations import uni2ts as posenc_uni2ts
 
 RTOL = 1e-6  # posenc's tiled float32 softmax vs SDPA's / eager (different summation order)
@@ -377,6 +378,72 @@ def test_timesfm25_attention_left_padded():
     seed = torch.randn_like(want) * kept
     params = [x, attention.query.weight, attention.key.weight, attention.per_dim_scale.per_dim_scale]
     _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
+class _TimesFMStack(torch.nn.Module):
+    """Two of timesfm's own Transformer layers, run as TimesFM_2p5_200M_torch_module runs its
+    stack (the patch mask of each patch's last step)."""
+
+    def __init__(self, transformer, configs):
+        super().__init__()
+        config = configs.TransformerConfig(
+            model_dims=64, hidden_dims=64, num_heads=4, attention_norm="rms",
+            feedforward_norm="rms", qk_norm="rms", use_bias=True,
+            use_rotary_position_embeddings=True, ff_activation="swish", fuse_qkv=True)
+        self.layers = torch.nn.ModuleList([transformer.Transformer(config) for _ in range(2)])
+
+    def forward(self, x, padded):
+        for layer in self.layers:
+            x, _ = layer(x, padded)
+        return x
+
+
+def test_timesfm25_patch_equal():
+    transformer = pytest.importorskip("timesfm.torch.transformer")
+    configs = importlib.import_module("timesfm.configs")
+    torch.manual_seed(0)
+    model = _TimesFMStack(transformer, configs).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attn.per_dim_scale.per_dim_scale.normal_()
+    batch, length = 3, 16
+    padded = _left_padding(batch, length)
+    x = torch.randn(batch, length, 64)
+    want = model(x, padded)
+    names = posenc_timesfm.patch(model)
+    assert names == ["layers.0.attn", "layers.1.attn"]
+    with CountOps() as ops:
+        got = model(x, padded)
+    assert _attention_calls(ops) == 2 and ops.calls["posenc.rope_rotate"] == 4
+    kept = (~padded)[..., None]
+    _close(got * kept, want * kept)
+    seed = torch.randn_like(want) * kept
+    params = [p for p in model.parameters() if p.requires_grad]
+    got_grads = _grads(model(x, padded), params, seed)
+    # a mask that is not causal + left padding (a decode step's) runs timesfm's own function
+    attention = model.layers[0].attn
+    q, k, v = (torch.randn(batch, 4, 4, 16) for _ in range(3))
+    other = torch.rand(batch, 1, 4, 4) > 0.3
+    other[..., 0] = True
+    with CountOps() as ops:
+        fallback = attention.attention_fn(q, k, v, mask=other)
+    assert not any(name.startswith("posenc.") for name in ops.calls)
+    assert torch.equal(fallback, transformer._torch_dot_product_attention(q, k, v, mask=other))
+    assert posenc_timesfm.unpatch(model) == names
+    _grads_close(got_grads, _grads(model(x, padded), params, seed))
+    with CountOps() as ops:
+        again = model(x, padded)
+    assert "posenc.rope_rotate" not in ops.calls and torch.equal(again, want)
+
+
+def test_timesfm25_patch_refusals():
+    with pytest.raises(ValueError, match="no timesfm MultiHeadAttention"):
+        posenc_timesfm.patch(torch.nn.Linear(2, 2))
+    transformer = pytest.importorskip("timesfm.torch.transformer")
+    model = _TimesFMStack(transformer, importlib.import_module("timesfm.configs")).double()
+    with pytest.raises(ValueError, match="float64 weights"):
+        posenc_timesfm.patch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
 
 
 def test_transformers_timesfm2_5_positions_and_tables():
