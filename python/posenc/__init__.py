@@ -36,6 +36,7 @@ from .integrations import diffusers as _diffusers_integration  # noqa: E402,F401
 from .integrations import chronos as _chronos_integration  # noqa: E402,F401
 from .integrations import uni2ts as _uni2ts_integration  # noqa: E402,F401
 from .integrations import timesfm as _timesfm_integration  # noqa: E402,F401
+from .integrations import toto as _toto_integration  # noqa: E402,F401
 from .attention import (  # noqa: E402
     alibi_attention,
     alibi_slopes,
