@@ -502,6 +502,7 @@ def _toto():
         pytest.importorskip("jaxtyping")
         attention = pytest.importorskip("toto.model.attention")
         rope = importlib.import_module("toto.model.rope")
+        importlib.import_module("toto.model.transformer")  # its xFormers SwiGLU warning too
     torch.manual_seed(0)
     heads, dim = 4, 16
     # as toto/model/transformer.py builds it: TimeAwareRotaryEmbedding(head_dim, use_xpos=True)
@@ -552,7 +553,7 @@ def test_toto_xpos_layout():
 def test_toto_patch_equal():
     """toto's own Transformer (time-wise and space-wise layers, SDPA path): patched = unpatched
     to 1e-6, forward and backward; the rotation of every time-wise layer through posenc."""
-    _toto()  # imports toto quietly (the xFormers warning)
+    _toto()  # imports toto quietly (the xFormers warnings)
     transformer = importlib.import_module("toto.model.transformer")
     torch.manual_seed(0)
     model = transformer.Transformer(num_layers=4, embed_dim=64, num_heads=4, mlp_hidden_dim=64,
