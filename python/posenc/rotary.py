@@ -42,7 +42,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     q: [B, Hq, N, D], k: [B, Hk, N, D] (unsqueeze_dim=1) or [B, N, H, D] (unsqueeze_dim=2);
     cos, sin: [B, N, W] with W <= D (dims W.. pass through: partial rotary). layout "half"
     (rotate_half) or "interleaved" (rotate_every_two: GPT-J, GLM). position_ids: accepted for
-    the older signature and unused, as in transformers.
+    the older signature and unused, as in transformers. Grouped-query heads (Hq != Hk) and tables
+    [1, N, W] broadcast over the batch. Equal to transformers' function to the bit in float32,
+    float64, bfloat16 and float16 (the same products and sums, rounded as its eager code rounds
+    them); gradients for q, k and the tables.
     """
     if isinstance(position_ids, int) and unsqueeze_dim == 1:  # called positionally, new signature
         unsqueeze_dim, position_ids = position_ids, None
@@ -52,14 +55,27 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
 def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                           sin: torch.Tensor, unsqueeze_dim: int = 1, *,
                           layout: str = "half") -> None:
-    """In place (inference, KV-cache writes): q and k are overwritten; records no gradient."""
+    """In place (inference, KV-cache writes): q and k are overwritten; records no gradient.
+
+    The arguments are apply_rotary_pos_emb's. With autograd on and an input that needs a
+    gradient, one line (use apply_rotary_pos_emb); q or k whose elements share memory (an
+    expanded view), q and k that overlap, and tables that overlap them are refused in one line.
+    """
     torch.ops.posenc.apply_rotary_(q, k, cos, sin, unsqueeze_dim, layout)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
                  mrope_section: Sequence[int] = (), section_layout: str = "contiguous",
                  layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
-    """Tables [..., N, 2F] float32 for positions [..., N] (or [..., N, A] with mrope_section)."""
+    """Tables [..., N, 2F] float32 for positions [..., N] (or [..., N, A] with mrope_section).
+
+    inv_freq [F]: float32 frequencies compute the angles as transformers does (float32 products,
+    its rounding); float64 ones exactly (rounded once to float32). attention_scaling multiplies
+    both tables (YaRN's and LongRoPE's factor). mrope_section (Qwen2-VL's M-RoPE): the number of
+    frequencies each position axis takes, section_layout "contiguous" (Qwen2-VL's runs) or
+    "interleaved" (Qwen3-VL's t h w t h w ...). layout "half": each row cat(t, t), as
+    transformers' rotary modules return it; "interleaved": t0 t0 t1 t1 ... (GPT-J's pairs).
+    """
     return torch.ops.posenc.rope_cos_sin(positions, inv_freq, float(attention_scaling),
                                          list(mrope_section), section_layout, layout)
 
@@ -104,7 +120,17 @@ def _config_dict(config: Any) -> dict:
 
 def hf_rope(config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
             seq_len: int = -1) -> tuple[torch.Tensor, float, dict]:
-    """(inv_freq, attention_scaling, resolution) for a config.json, as transformers resolves it."""
+    """(inv_freq, attention_scaling, resolution) for a config.json, as transformers resolves it.
+
+    config: a config.json path (or its folder), a dict or a transformers config; every model type
+    of docs/hf_architectures.md resolves as transformers resolves it (the keys it reads, their
+    defaults, legacy rope_scaling blocks), or is refused in one line with the reason. layer_type:
+    a layer type with its own rope_parameters (Gemma 3's "sliding_attention"). angle_dtype
+    "float32" (transformers' arithmetic, to the bit) or "float64" (exact). seq_len: the sequence
+    length for the types whose frequencies change with it (dynamic, longrope; -1: the context).
+    resolution: every value with its source and the warnings, as `posenc inspect --hf-config`
+    prints them.
+    """
     origin = os.fspath(config) if isinstance(config, (str, os.PathLike)) else "config.json"
     text = json.dumps(_config_dict(config), allow_nan=True)
     inv_freq, scaling, resolution = torch.ops.posenc.hf_rope(text, layer_type or "", angle_dtype,
@@ -204,7 +230,17 @@ class RotaryEmbedding(nn.Module):
                        angle_dtype: str = "float32", table_order: str = "layout",
                        table_dtype: str = "input"
                        ) -> "RotaryEmbedding":
-        """From a config.json path (or its folder), a dict, or a transformers config."""
+        """From a config.json path (or its folder), a dict, or a transformers config.
+
+        Resolved as transformers resolves it (every model type of docs/hf_architectures.md, else
+        one line with the reason); .resolved holds every value with its source and the warnings
+        (as `posenc inspect --hf-config` prints them), .attention_scaling and .rotary_dim the two
+        numbers a caller needs. Per-layer-type parameters (Gemma 3): forward(x, position_ids,
+        layer_type). dynamic and longrope change their frequencies with the sequence length
+        exactly as transformers' dynamic_rope_update does (growth, reset below the context, the
+        long/short switch). angle_dtype "float64" computes the angles exactly instead of as
+        transformers does; "float32" (default) gives transformers' tables to the bit.
+        """
         return cls(config, layer_type=layer_type, angle_dtype=angle_dtype, table_order=table_order,
                    table_dtype=table_dtype)
 
@@ -234,10 +270,12 @@ class RotaryEmbedding(nn.Module):
 
     @property
     def attention_scaling(self) -> float:
+        """The factor both tables carry (YaRN's and LongRoPE's; 1.0 for most types)."""
         return self._table(None).attention_scaling
 
     @property
     def rotary_dim(self) -> int:
+        """W, the width of the tables: the head dims that rotate (partial rotary: fewer)."""
         return int(next(iter(self._tables.values())).resolved["rotary_dim"])
 
     # transformers' dynamic_rope_update, for the two types that change with the sequence length.
@@ -265,6 +303,8 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
                 layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [B, N, W] in x's dtype (table_dtype "float32": float32) for position_ids
+        [B, N] ([3, B, N] or [B, N] with M-RoPE sections); x gives only the dtype and device."""
         table = self._table(layer_type)
         name = self._buffer(table.layer_type)
         self._update(table, name, position_ids, x.device)

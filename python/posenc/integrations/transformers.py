@@ -318,7 +318,83 @@ def _live_patched(modeling) -> list:
 
 
 def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Module:
-    """Replaces the model's rotary modules and rotation by posenc's; returns the model."""
+    """Replaces the model's rotary modules and rotation by posenc's; returns the model.
+
+    model: a loaded transformers model of a family in SUPPORTED (its config's model_type);
+    angle_dtype "float32" (transformers' arithmetic, to the bit) or "float64" (exact angles).
+    unpatch(model) restores transformers' modules and, with the last patched model of the
+    family, its rotation.
+
+    Families. Checked by hand, with more settings each (tests/python/test_transformers_patch.py):
+    llama, mistral, qwen2, qwen3, qwen2_vl (M-RoPE), gemma3_text (per-layer types), phi3
+    (LongRoPE, partial), glm (interleaved, partial). And every other causal-LM family of
+    transformers 5.24 whose small random model passes the generator's check
+    (posenc.integrations._families.CHECKED, written by tools/gen_patch_families.py), among them
+    Gemma 1-2, GPT-NeoX and Phi (partial), Granite, Mixtral, Qwen 2/3 MoE, StarCoder 2, StableLM,
+    Falcon-H1, EXAONE 4, SmolLM 3, MiniCPM3 (latent attention), the Qwen 3.5 and Qwen3-Next text
+    models (hybrid: the small model keeps a linear-attention and an attention layer; Qwen 3.5's
+    256-wide heads, whose 64 rotary dims its M-RoPE sections fill). Special cases:
+      - DeepSeek V3, V3.2, GLM-4 MoE Lite, Youtu and A.X K1/K2 rotate interleaved weights
+        through apply_rotary_pos_emb_interleave: posenc's replacement de-interleaves q and k (a
+        copy) and rotates them as rotate_half does, the same products and sums as DeepSeek's own
+        (bit-equal). With rope_interleave=False the attention of DeepSeek V3, GLM-4 MoE Lite,
+        Youtu and A.X K1 calls the other function and patch() refuses the model in one line;
+        DeepSeek V3.2 and A.X K2 always call the interleaved one.
+      - Gemma 4 (text, unified: per-layer-type tables, its full-attention layers' proportional
+        partial rotary and wider heads): its apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)
+        rotates one tensor; posenc's takes the same signature (keywords too: its vision tower
+        calls it on channel splits with tables of its own, given to the bit as well). Head sizes
+        are read as transformers reads them: a saved config's per_layer_config (by layer index;
+        the layers of one type must agree; the last layer is full attention, as its config class
+        forces), else global_head_dim for the full-attention layers; a per-layer rotary key other
+        than head_dim is refused in one line.
+      - Families that rotate in float32 on purpose: OLMo 1-3, FlexOlmo, OLMo hybrid, Beam, Ernie
+        4.5 (and MoE), ModernBERT-decoder and Cohere 1-2 (Command R, R7B, A; Ernie's,
+        ModernBERT's and Cohere's code rounds q and k to float32 first, so a float64 model of
+        theirs rotates in float32, and so does posenc's). OLMo's and Ernie's tables stay float32
+        (RotaryEmbedding(table_dtype="float32")), the rotation runs in the promoted dtype and is
+        cast back to q's, and the backward rounds each product's gradient to q's dtype before
+        adding them, as eager autograd does for a promoted product.
+      - PhiMoE, whose module recomputes its float32 frequencies and takes its scaling from the
+        config's short_mscale / long_mscale on every call: posenc's keeps float32 frequencies
+        there whatever the model's dtype (Phi-3.5-MoE's LongRoPE tested at short and long
+        lengths).
+      - Modules whose tables are not cat(t, t): Cohere 1-2 (repeat_interleave, t0 t0 t1 t1 ...,
+        rotated in pairs (2i, 2i+1) after q.float(), the gradients summed in float32 as there)
+        and gpt-oss (one value per pair, [B, N, W/2], its first * cos - second * sin over the two
+        halves): the replacement modules return those tables (order, width and dtype:
+        RotaryEmbedding(table_order="layout" / "pairs")) and the rotations read them so, for
+        transformers' own modules' tables as well.
+      - Granite SWA's per-theta rotary modules: each replacement keeps the config it was built
+        from (Granite reads each module's config).
+
+    The check each family passed: with patch(), float32 logits equal to the bit and gradients
+    within rtol 1e-5 (default and packed position_ids); posenc's rotation reaches the logits
+    (turned by -angle they change); a model of the family left unpatched meanwhile computes what
+    it did; bfloat16 and float16 copies, cast whole (.to(dtype)) or parameters only (as
+    from_pretrained(dtype=...) loads them), and a float64 copy give their own logits to the bit
+    and their gradients within rtol 1e-5, where transformers' own model runs in that dtype.
+
+    Refused, in one line (ValueError): any other model type, with the reason its check gave
+    (_families.LEFT_OUT: e.g. nanochat, whose rotate_half turns by -angle; LFM 3, whose
+    per-layer-type parameters posenc's resolver does not pair with its layer types; families
+    whose small model does not build); a model whose config no longer gives its live modules'
+    frequencies and attention scaling (each replacement is compared with the module it replaces,
+    its original_inv_freq where kept: e.g. a rope_parameters block set on a built config without
+    the partial factor its constructor filled in), or whose dynamic-NTK tables have already grown
+    past max_position_embeddings (patch before such use); a config that resolves to another pair
+    layout than the family's code rotates.
+
+    The replacements keep transformers' contracts: tables in transformers' order (cat(t, t);
+    GLM's rotation re-interleaves them as its own does); the frequencies in the buffer inv_freq
+    (per layer type <type>_inv_freq) with the dtypes of the ones they replace, the
+    construction-time copy in initial_inv_freq (transformers' _init_weights recomputes any
+    original_inv_freq by its own functions); a model cast with .to(torch.bfloat16) before or after
+    patch() turns at bfloat16-rounded frequencies, as its own module does. The rotation is a
+    global of the modeling file: every model of the family in the process takes it until the last
+    patched one is unpatched, and it is that file's own function to the bit, so an unpatched model
+    computes what it did.
+    """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED:
         why = _families.LEFT_OUT.get(model_type)
@@ -381,7 +457,11 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
 
 
 def unpatch(model: torch.nn.Module) -> torch.nn.Module:
-    """Restores transformers' rotation and rotary modules (rebuilt from the model's config)."""
+    """Restores transformers' rotation and rotary modules (rebuilt from the model's config).
+
+    Returns the model; a model patch() never saw is returned unchanged. The modeling file's
+    rotation returns to transformers' own once no patched model of the family is left.
+    """
     module_name = getattr(model, "_posenc_modeling", None)
     if module_name is None:
         return model
