@@ -14,7 +14,8 @@ packages' own code (tiny random instances of their own classes, in this process)
   position = arange - num_masked (left padding shifts the positions), RoPE before the per-head
   RMSNorm and the per-dimension query scale, unscaled causal attention with the left padding
   masked: posenc's positions, tables, rotation and fused attention;
-  posenc.integrations.timesfm.patch(model) on timesfm's own Transformer layers: 1e-6.
+  posenc.integrations.timesfm.patch(model) on timesfm's own Transformer layers and on
+  transformers' TimesFm2_5Model: 1e-6.
 * Toto (toto-ts 0.2.0, toto/model/rope.py, attention.py): interleaved RoPE
   (rotary-embedding-torch's tables) with xPos on the time layers, none on the variate layers:
   posenc's tables and rotation with Toto's own xPos scale, and posenc's causal attention.
@@ -492,6 +493,43 @@ def test_transformers_timesfm2_5_positions_and_tables():
     got = attention.o_proj(out.transpose(1, 2).reshape(batch, length, 64))
     kept = (~padded)[..., None]
     _close(got * kept, want * kept)
+
+
+def test_transformers_timesfm2_5_patch_equal():
+    """posenc.integrations.timesfm.patch on transformers' TimesFm2_5Model (tiny, random):
+    left-padded contexts, last hidden states patched = unpatched to 1e-6, forward and backward;
+    tables through posenc.rope_cos_sin, attention through posenc's fused kernel."""
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    from transformers import TimesFm2_5Config
+    torch.manual_seed(0)
+    config = TimesFm2_5Config(patch_length=4, context_length=64, horizon_length=8, hidden_size=64,
+                              intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                              num_key_value_heads=2, head_dim=16, output_quantile_len=8,
+                              attn_implementation="sdpa")
+    model = tf.TimesFm2_5Model(config).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.scaling.normal_()
+    values = torch.randn(3, 64)
+    padding = torch.zeros(3, 64, dtype=torch.long)
+    padding[1, :20] = 1  # a short context, left-padded by 5 patches
+    padding[2, :4] = 1
+    kept = (padding.view(3, 16, 4)[..., -1] == 0)[..., None]  # the unpadded patches
+    want = model(values, padding).last_hidden_state
+    names = posenc_timesfm.patch(model)
+    assert names == ["layers.0.self_attn", "layers.1.self_attn", "rotary_emb"]
+    with CountOps() as ops:
+        got = model(values, padding).last_hidden_state
+    assert ops.calls["posenc.rope_cos_sin"] == 1 and _attention_calls(ops) == 2
+    _close(got * kept, want * kept)
+    seed = torch.randn_like(want) * kept
+    params = [p for p in model.parameters() if p.requires_grad]
+    got_grads = _grads(model(values, padding).last_hidden_state, params, seed)
+    assert posenc_timesfm.unpatch(model) == names
+    _grads_close(got_grads, _grads(model(values, padding).last_hidden_state, params, seed))
+    with CountOps() as ops:
+        again = model(values, padding).last_hidden_state
+    assert _attention_calls(ops) == 0 and torch.equal(again, want)
 
 
 # ---- Toto ------------------------------------------------------------------------------------

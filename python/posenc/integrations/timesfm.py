@@ -28,20 +28,35 @@ differ by at most one rounding: the patched forecasts equal timesfm's to 1e-6 re
 (tests/python/test_timeseries_models.py), not to the bit; posenc's tiled softmax sums in
 another order than SDPA.
 
+transformers' TimesFm2_5Model (transformers 5.24, models/timesfm2_5; the same model, ported)
+computes position_ids = arange - num_masked the same way and has the usual transformers
+contract: TimesFm2_5RotaryEmbedding returns cat(t, t) tables from inv_freq (a product, as
+posenc's), TimesFm2_5Attention rotates with apply_rotary_pos_emb, then q_norm, k_norm, the
+softplus per-dimension scale and attention with scaling 1.0 over create_causal_mask's mask.
+patch() replaces, on such a model, the rotary module's forward (posenc.rope_cos_sin: the same
+tables to the bit) and each attention's forward (posenc.apply_rotary_pos_emb, transformers'
+rotation to the bit, then the module's own norms and scale, then posenc.positional_attention
+with causal=True and the unpadded keys, where the mask is causal with left padding; any other
+mask, a cache or output_attentions runs transformers' own forward): last hidden states and
+forecasts equal to 1e-6 (posenc's tiled softmax), forward and backward.
+
 Refused in one line (ValueError, nothing changed): a model without a timesfm MultiHeadAttention
-that rotates, weights other than float32, and at call time inputs that are not [B, N, H, D] or
-tables whose width is not the head size. timesfm is imported on first use.
+that rotates or a transformers TimesFM 2.5 attention, a rope_type other than "default", weights
+other than float32, and at call time inputs that are not [B, N, H, D] or tables whose width is
+not the head size. timesfm and transformers are imported on first use.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
+import sys
 import types
 
 import torch
 
 from ..attention import positional_attention
-from ..rotary import rope_cos_sin, rope_rotate
+from ..rotary import apply_rotary_pos_emb, rope_cos_sin, rope_rotate
 
 __all__ = ["patch", "unpatch"]
 
@@ -89,21 +104,101 @@ def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     return out.transpose(1, 2)
 
 
+def _hf_modeling():
+    """transformers' timesfm2_5 modeling module when transformers is already imported (a model of
+    it can exist only then), else None."""
+    if "transformers" not in sys.modules:
+        return None
+    try:
+        return importlib.import_module("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    except ImportError:
+        return None
+
+
+def _hf_rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
+    """TimesFm2_5RotaryEmbedding.forward by posenc: cat(t, t) tables in x's dtype."""
+    cos, sin = rope_cos_sin(position_ids.to(x.device), self.inv_freq.float(),
+                            float(self.attention_scaling))
+    return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def _causal_keys(mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor | None:
+    """The unpadded keys [B, N] when `mask` (create_causal_mask's: None, bool or additive float
+    [B, 1, N, N]) is exactly causal with those keys masked, else None."""
+    if mask is None:
+        return torch.ones(batch, length, dtype=torch.bool, device=device)
+    if mask.shape != (batch, 1, length, length):
+        return None
+    if mask.dtype != torch.bool:
+        low = torch.finfo(mask.dtype).min
+        if not bool(((mask == 0) | (mask == low)).all()):
+            return None
+        mask = mask == 0
+    kept = mask[:, 0, -1, :]
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return kept if torch.equal(mask[:, 0], causal & kept[:, None, :]) else None
+
+
+def _hf_attention(self, hidden_states: torch.Tensor, position_embeddings, attention_mask,
+                  cache=None, **kwargs):
+    """TimesFm2_5Attention.forward by posenc where the mask is causal with left padding."""
+    batch, length, _ = hidden_states.shape
+    kept = None
+    if cache is None and not kwargs.get("output_attentions") and not (
+            self.training and self.attention_dropout > 0):
+        kept = _causal_keys(attention_mask, batch, length, hidden_states.device)
+    if kept is None:  # transformers' own forward (its class's)
+        return type(self).forward(self, hidden_states, position_embeddings, attention_mask,
+                                  cache=cache, **kwargs)
+    shape = (batch, length, -1, self.head_dim)
+    q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+    k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+    v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    q, k = self.q_norm(q), self.k_norm(k)
+    scale = torch.nn.functional.softplus(self.scaling).mul(1.442695041 / math.sqrt(self.head_dim))
+    q = q * scale[None, None, None, :]
+    if self.num_key_value_groups > 1:  # transformers' repeat_kv
+        k = k.repeat_interleave(self.num_key_value_groups, dim=1)
+        v = v.repeat_interleave(self.num_key_value_groups, dim=1)
+    out = positional_attention(q, k, v, causal=True, scale=1.0, attention_mask=kept)
+    out = out.transpose(1, 2).reshape(batch, length, -1).contiguous()
+    return self.o_proj(out), None
+
+
+def _hf_found(model: torch.nn.Module) -> list:
+    modeling = _hf_modeling()
+    if modeling is None:
+        return []
+    kinds = (modeling.TimesFm2_5RotaryEmbedding, modeling.TimesFm2_5Attention)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds)]
+
+
 def patch(model: torch.nn.Module) -> list[str]:
-    """Replace the rotary embedding and the attention function of the model's timesfm
-    MultiHeadAttention modules by posenc's; returns their names."""
+    """Replace the rotary embedding and the attention of the model's TimesFM 2.5 modules (the
+    timesfm package's MultiHeadAttention; transformers' TimesFm2_5RotaryEmbedding and
+    TimesFm2_5Attention) by posenc's; returns their names."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(f"posenc.integrations.timesfm.patch: expected an nn.Module, got "
                          f"{type(model).__name__}")
-    transformer = _transformer()
-    found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, transformer.MultiHeadAttention) and m.use_rotary_position_embeddings]
-    if not found:
+    hf = _hf_found(model)
+    found = []
+    if not hf:
+        transformer = _transformer()
+        found = [(name, m) for name, m in model.named_modules()
+                 if isinstance(m, transformer.MultiHeadAttention)
+                 and m.use_rotary_position_embeddings]
+    if not found and not hf:
         raise ValueError(f"posenc.integrations.timesfm.patch: {type(model).__name__} has no timesfm "
-                         f"MultiHeadAttention with rotary position embeddings")
-    for name, module in found:
-        for p in module.parameters():
-            if p.dtype != torch.float32:
+                         f"MultiHeadAttention with rotary position embeddings and no transformers "
+                         f"TimesFM 2.5 attention")
+    for name, module in found + hf:
+        if getattr(module, "rope_type", "default") != "default":
+            raise ValueError(f"posenc.integrations.timesfm.patch: {name}: rope_type "
+                             f"{module.rope_type!r} (posenc's patch computes the default RoPE)")
+        for p in list(module.parameters()) + list(module.buffers()):
+            if p.is_floating_point() and p.dtype != torch.float32:
                 raise ValueError(f"posenc.integrations.timesfm.patch: {name} holds {p.dtype} "
                                  f"weights; posenc's patch computes float32")
     for _, module in found:
@@ -114,16 +209,27 @@ def patch(model: torch.nn.Module) -> list[str]:
             module.__dict__[_MARK] = original
             module.attention_fn = lambda q, k, v, mask=None, _o=original: _attention(
                 q, k, v, mask, original=_o)
-    return [name for name, _ in found]
+    modeling = _hf_modeling()
+    for _, module in hf:
+        if module.__dict__.get(_MARK) is None:
+            rotary = isinstance(module, modeling.TimesFm2_5RotaryEmbedding)
+            module.__dict__["forward"] = types.MethodType(_hf_rotary if rotary else _hf_attention,
+                                                          module)
+            module.__dict__[_MARK] = "forward"
+    return [name for name, _ in found + hf]
 
 
 def unpatch(model: torch.nn.Module) -> list[str]:
-    """timesfm's own rotary forward and attention function back; returns the modules' names."""
+    """timesfm's and transformers' own code back; returns the modules' names."""
     restored = []
     for name, module in model.named_modules():
         original = module.__dict__.pop(_MARK, None)
-        if original is not None:
+        if original is None:
+            continue
+        if isinstance(original, str):  # transformers' module: its class's forward
+            module.__dict__.pop("forward", None)
+        else:
             module.attention_fn = original
             module.rotary_position_embedding.__dict__.pop("forward", None)
-            restored.append(name)
+        restored.append(name)
     return restored
