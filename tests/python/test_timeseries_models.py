@@ -179,6 +179,20 @@ def test_chronos2_patch_forecasts_equal():
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
+def test_chronos2_patch_float64():
+    """A float64 model: posenc's float64 attention with Chronos' float32 tables (cast to float64,
+    as Chronos casts them) gives its forecasts to float64 rounding."""
+    model = _chronos_model().double()
+    context, groups = _chronos_inputs()
+    want = model(context.double(), num_output_patches=2, group_ids=groups).quantile_preds
+    posenc_chronos.patch(model)
+    with CountOps() as ops:
+        got = model(context.double(), num_output_patches=2, group_ids=groups).quantile_preds
+    assert _attention_calls(ops) == 2
+    _close(got, want, 1e-12)
+    posenc_chronos.unpatch(model)
+
+
 def test_chronos2_patch_refusals():
     with pytest.raises(ValueError, match="no Chronos-2 RoPE time attention"):
         posenc_chronos.patch(torch.nn.Linear(2, 2))
@@ -618,6 +632,23 @@ def test_toto_patch_equal():
     with CountOps() as ops:
         again = model(x, ids)
     assert "posenc.apply_rotary" not in ops.calls and torch.equal(again, want)
+
+
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+def test_toto_patch_rotation_layouts(seq_dim):
+    """rotate_queries_and_keys patched = Toto's for both of its layouts: [B, H, N, D] (SDPA) and
+    [B, N, H, D] (xFormers, seq_dim -3), with a KV-cache offset."""
+    _, rotary = _toto()
+    shape = (6, 4, 12, 16) if seq_dim == -2 else (6, 12, 4, 16)
+    q, k = torch.randn(shape), torch.randn(shape)
+    want = rotary.rotate_queries_and_keys(q, k, seq_dim=seq_dim, seq_pos_offset=5)
+    posenc_toto.patch(rotary)
+    with CountOps() as ops:
+        got = rotary.rotate_queries_and_keys(q, k, seq_dim=seq_dim, seq_pos_offset=5)
+    assert ops.calls["posenc.apply_rotary"] == 1
+    posenc_toto.unpatch(rotary)
+    _close(got[0], want[0])
+    _close(got[1], want[1])
 
 
 def test_toto_patch_refusals():
