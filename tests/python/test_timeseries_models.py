@@ -263,15 +263,20 @@ def test_moirai2_tables_are_uni2ts_own():
     assert torch.equal(cos, rotary.cos[time]) and torch.equal(sin, rotary.sin[time])
 
 
-def test_moirai2_attention_packed():
+@pytest.mark.parametrize("packing", ["causal", "bidirectional"])
+def test_moirai2_attention_packed(packing):
     """posenc's tables and partial interleaved rotation, with the variate bias and the packed
-    causal mask: Moirai's attention output and gradients to the bit."""
-    from uni2ts.common.torch_util import packed_causal_attention_mask
+    mask (Moirai-2's, causal in time across the variates; Moirai 1's packed_attention_mask, the
+    same attention class): uni2ts' attention output and gradients to the bit."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
     attention = _moirai().encoder.layers[0].self_attn
     sample, variate, time = _packed_ids()
     batch, length = sample.shape
     heads, dim = attention.num_heads, attention.head_dim
-    mask = packed_causal_attention_mask(sample, time)
+    if packing == "causal":
+        mask = torch_util.packed_causal_attention_mask(sample, time)
+    else:
+        mask = torch_util.packed_attention_mask(sample)
     x = torch.randn(batch, length, 128, requires_grad=True)
     want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
                      query_time_id=time, kv_time_id=time)
