@@ -29,10 +29,10 @@ TEST(Registry, BuildsEveryType) {
   EXPECT_EQ(
       encoder_types(),
       (std::vector<std::string>{
-          "alibi",       "axial_sincos", "calendar",     "compose",           "freq_time",
-          "hf",          "learned",      "learned_grid", "learned_spacetime", "nope",
-          "relative_2d", "rope",         "rope_dinov3",  "rope_fractional",   "rope_mixed",
-          "shaw",        "sinusoidal",   "t5",           "time2vec",          "time_sinusoidal"}));
+          "alibi",       "axial_sincos",    "calendar",          "compose", "freq_time",   "hf",
+          "learned",     "learned_grid",    "learned_spacetime", "nope",    "relative_2d", "rope",
+          "rope_dinov3", "rope_fractional", "rope_mixed",        "shaw",    "sinusoidal",  "t5",
+          "time2vec",    "time_sinusoidal", "variate_bias"}));
 }
 
 TEST(Registry, ContextFillsModelSizes) {

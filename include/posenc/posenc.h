@@ -21,6 +21,7 @@
 #include "posenc/encoders/sinusoidal.h"
 #include "posenc/encoders/t5.h"
 #include "posenc/encoders/time.h"
+#include "posenc/encoders/variate_bias.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
 #include "posenc/functional/rope_fractional.h"

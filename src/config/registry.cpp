@@ -179,6 +179,16 @@ PositionalEncoding build_alibi(ConfigReader& r, const ModelContext& c) {
   return as_encoding(Alibi(o));
 }
 
+// {"type": "variate_bias", "axis": "variate", "num_variates": 0, "init_std": 0}: Moirai's binary
+// attention bias on the positions' variate axis (posenc/encoders/variate_bias.h).
+PositionalEncoding build_variate_bias(ConfigReader& r, const ModelContext& c) {
+  VariateBiasOptions o(model_size(r, "num_heads", c.num_heads));
+  o.axis(r.string("axis", o.axis()));
+  o.num_variates(r.integer("num_variates", o.num_variates()));
+  o.init_std(r.number("init_std", o.init_std()));
+  return as_encoding(VariateBias(o));
+}
+
 PositionalEncoding build_nope(ConfigReader&, const ModelContext&) { return as_encoding(Nope()); }
 
 // The scaling keys of HF's rope_parameters / legacy rope_scaling, read from one object.
@@ -483,6 +493,7 @@ const std::map<std::string, Builder>& builders() {
                                                     {"t5", build_t5},
                                                     {"time2vec", build_time2vec},
                                                     {"time_sinusoidal", build_time_sinusoidal},
+                                                    {"variate_bias", build_variate_bias},
                                                     {"calendar", build_calendar},
                                                     {"compose", build_compose},
                                                     {"freq_time", build_freq_time},

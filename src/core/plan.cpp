@@ -7,6 +7,8 @@
 #include <ATen/record_function.h>
 #include <torch/torch.h>
 
+#include "posenc/core/ids.h"
+
 namespace posenc {
 
 std::string to_string(BiasForm form) {
@@ -25,6 +27,34 @@ std::string to_string(BiasForm form) {
 
 EncodingPlan::EncodingPlan(PlanRequest request) : request_(std::move(request)) {
   TORCH_CHECK(request_.queries.defined(), "plan: query positions are required");
+  if (request_.sample_ids.defined()) {
+    const auto& q = request_.queries;
+    TORCH_CHECK(!request_.keys.defined() && !request_.rotated_keys.defined(),
+                "plan: sample_ids (packed samples) need self-attention without a key-value cache");
+    TORCH_CHECK(request_.sample_ids.size(-1) == q.size() &&
+                    (request_.sample_ids.dim() == 1 || request_.sample_ids.dim() == 2),
+                "plan: sample_ids must be [N] or [B, N] with N = ", q.size(),
+                " (the positions), got shape ", request_.sample_ids.sizes());
+    sample_ids_ = checked_sample_ids(request_.sample_ids).to(request_.device);
+  }
+}
+
+void EncodingPlan::set_variate_bias(const std::string& encoder, const at::Tensor& ids,
+                                    const at::Tensor& table) {
+  TORCH_CHECK(!variate_table_.defined(), "plan: two variate bias parts (", variate_owner_, " and ",
+              encoder, ")");
+  TORCH_CHECK(!request_.keys.defined() && !request_.rotated_keys.defined(), "plan: ", encoder,
+              " (variate bias) needs self-attention without a key-value cache");
+  TORCH_CHECK(table.dim() == 2 && table.size(0) == 2, "plan: ", encoder,
+              "'s table must be [2, H], got shape ", table.sizes());
+  TORCH_CHECK((ids.dim() == 1 || ids.dim() == 2) && ids.size(-1) == request_.queries.size(),
+              "plan: ", encoder,
+              "'s variate ids must be [N] or [B, N] with N = ", request_.queries.size(),
+              ", got shape ", ids.sizes());
+  variate_ids_ = checked_ids(ids, encoder + ": variate ids").to(request_.device);
+  variate_table_ = table;
+  variate_owner_ = encoder;
+  parts_.push_back({encoder, "bias (variate)"});
 }
 
 void EncodingPlan::add_embedding(const std::string& encoder, const at::Tensor& embedding,

@@ -64,6 +64,15 @@ at::Tensor EncodingPlan::materialize_bias(int64_t heads, const at::Tensor& q) co
     TORCH_CHECK(q.defined(), "plan: a query-dependent bias needs q [B, Nq, H, Dh]");
     accumulate(fn(q));
   }
+  if (variate_table_.defined()) {
+    // + table[1, h] where the ids are equal, table[0, h] where not: [(B,) H, N, N]
+    auto same = variate_ids_.unsqueeze(-1) == variate_ids_.unsqueeze(-2);  // [(B,) N, N]
+    const int64_t h = variate_table_.size(1);
+    std::vector<int64_t> shape(static_cast<size_t>(same.dim() + 1), 1);
+    shape[shape.size() - 3] = h;
+    accumulate(torch::where(same.unsqueeze(-3).to(variate_table_.device()),
+                            variate_table_[1].view(shape), variate_table_[0].view(shape)));
+  }
   return total;
 }
 

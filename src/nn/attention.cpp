@@ -30,6 +30,8 @@ void SelfAttentionImpl::reset() {
                 "got ",
                 options.logn_length());
   }
+  TORCH_CHECK(std::isfinite(options.scale()) && options.scale() >= 0,
+              "attention: scale must be finite and >= 0 (0: 1/sqrt(Dh)), got ", options.scale());
   if (options.temperature() == AttentionTemperature::kLearned)
     temperature = register_parameter("temperature", torch::zeros({options.num_heads()}));
 }
@@ -119,6 +121,11 @@ at::Tensor attention_reference_path(const at::Tensor& q, const at::Tensor& k, co
   }
   if (key_padding.defined())
     logits = logits.masked_fill(~key_padding.to(torch::kBool).view({b, 1, 1, nk}), minus_inf);
+  if (plan.has_sample_mask()) {  // packed samples: keys of the query's own sample only
+    const auto& ids = plan.sample_ids().to(q.device());   // [N] or [B, N]
+    auto other = ids.unsqueeze(-1) != ids.unsqueeze(-2);  // [(B,) N, N]
+    logits = logits.masked_fill(other.dim() == 3 ? other.unsqueeze(1) : other, minus_inf);
+  }
   return torch::einsum("bhqk,bkhd->bqhd", {torch::softmax(logits, -1), v});
 }
 
@@ -197,7 +204,8 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   TORCH_CHECK(!key_padding.defined() || key_padding.sizes() == torch::IntArrayRef({b, k.size(1)}),
               "attention: key_padding must be [B, Nk] = [", b, ", ", k.size(1), "], got ",
               key_padding.sizes());
-  const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+  const double scale =
+      options.scale() > 0 ? options.scale() : 1.0 / std::sqrt(static_cast<double>(dh));
   // the short kernel on q, k, v as projected (no temperature, rotation or cache applied
   // outside it): their gradient written as one, without unbind's stack
   const bool short_backend = chosen.backend == AttentionBackend::kShortRotary ||
@@ -257,6 +265,9 @@ void SelfAttentionImpl::check_inputs(const at::Tensor& x, const EncodingPlan& pl
               positions.size(), " were given");
   TORCH_CHECK(cache == nullptr || prefix == 0,
               "attention: a key-value cache cannot be used with prefix tokens");
+  TORCH_CHECK(!plan.has_sample_mask() || (prefix == 0 && cache == nullptr),
+              "attention: packed samples (sample_ids) cannot be used with prefix tokens or a "
+              "key-value cache");
   const int64_t cached = cache != nullptr ? cache->size() : 0;
   TORCH_CHECK(plan.request().key_positions().size() == cached + positions.size(),
               "attention: the plan covers ", plan.request().key_positions().size(),

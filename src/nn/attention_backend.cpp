@@ -41,6 +41,7 @@ std::string fused_kernels_on(const AttentionCall& c) {
 std::string short_sequence(const AttentionCall& c) {
   if (auto why = fused_kernels_on(c); !why.empty()) return why;
   if (c.plan.has_bias()) return "the plan has a bias";
+  if (c.plan.has_sample_mask()) return "the plan has a sample mask (packed samples)";
   if (c.key_padding) return "key padding is given";
   if (c.cache) return "a key-value cache is given";
   if (!c.q.device().is_cpu()) return "not on the CPU";
@@ -70,6 +71,7 @@ std::string admit_short(const AttentionCall& c, AttentionRoute&) {
 std::string admit_sdpa(const AttentionCall& c, AttentionRoute&) {
   if (auto why = fused_kernels_on(c); !why.empty()) return why;
   if (c.plan.has_bias()) return "the plan has a bias";
+  if (c.plan.has_sample_mask()) return "the plan has a sample mask (packed samples)";
   if (c.key_padding) return "key padding is given";
   if (c.options.causal() && c.cached > 0)
     return "a causal mask over cached keys (SDPA aligns it top-left)";
@@ -81,6 +83,8 @@ std::string admit_fused(const AttentionCall& c, AttentionRoute& route) {
   if (c.prefix > 0) return "prefix tokens without position";
   if (c.plan.has_bias() && !c.plan.bias_describable())
     return "the bias is not one the kernel computes (materialized only)";
+  if (c.plan.has_variate_bias() || c.plan.has_sample_mask())
+    return "the variate bias and the sample mask are not in the fused kernel yet";
   if (!c.plan.has_bias() && !c.key_padding && !(c.options.causal() && c.cached > 0))
     return "nothing for it to add (no bias, key padding or cached causal keys)";
   auto fused = c.plan.fused_bias();

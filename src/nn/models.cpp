@@ -107,6 +107,26 @@ at::Tensor ForecasterImpl::forward(const at::Tensor& values, const at::Tensor& o
   return head(transformer->forward(x, positions));
 }
 
+at::Tensor ForecasterImpl::forward_packed(const at::Tensor& values, const at::Tensor& observed,
+                                          const Positions& positions,
+                                          const at::Tensor& sample_ids) {
+  TORCH_CHECK(values.dim() == 3 && values.size(2) == options.channels(),
+              "forecaster: values must be [B, N, ", options.channels(), "], got ", values.sizes());
+  TORCH_CHECK(observed.sizes() == values.sizes().slice(0, 2),
+              "forecaster: observed must be [B, N] = ", values.sizes().slice(0, 2), ", got ",
+              observed.sizes());
+  TORCH_CHECK(sample_ids.defined() && sample_ids.sizes() == values.sizes().slice(0, 2),
+              "forecaster: sample_ids must be [B, N] = ", values.sizes().slice(0, 2), ", got ",
+              sample_ids.defined() ? sample_ids.sizes() : at::IntArrayRef{});
+  auto seen = observed.to(torch::kBool).unsqueeze(-1);  // [B, N, 1]
+  auto x = torch::where(seen, embed(values.masked_fill(~seen, 0.0)), query.view({1, 1, -1}));
+  PlanRequest request(positions);
+  request.device = x.device();
+  request.sample_ids = sample_ids;
+  auto plan = transformer->encoder->plan(request);
+  return head(transformer->forward_plan(x, plan));
+}
+
 TextVideoMatcherImpl::TextVideoMatcherImpl(TextVideoMatcherOptions options_,
                                            PositionalEncoding stream_encoder,
                                            PositionalEncoding text_encoder_,

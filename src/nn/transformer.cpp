@@ -21,7 +21,8 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
                                                      .fused(o.fused())
                                                      .num_prefix_tokens(o.num_prefix_tokens())
                                                      .temperature(o.temperature())
-                                                     .logn_length(o.logn_length()),
+                                                     .logn_length(o.logn_length())
+                                                     .scale(o.attention_scale()),
                                                  std::move(encoder)));
   // The stack registers the shared encoder once; registered in every block too, its parameters
   // would be listed (and stepped by an optimizer) once per block.

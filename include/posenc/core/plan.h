@@ -11,7 +11,12 @@
 //               describable parts (BiasSpec: ALiBi slopes, T5 bucket table, Shaw relative
 //               table) with the positions they read, so a fused kernel computes them on the fly;
 //               materialized parts ([H, Nq, Nk] or [B, H, Nq, Nk]); query-dependent parts
-//               (functions of q, materialized at the attention).
+//               (functions of q, materialized at the attention); at most one binary variate
+//               part (Moirai's BinaryAttentionBias, posenc/encoders/variate_bias.h):
+//               + table[same variate id, h], ids [N] or [B, N], table [2, H] learned, which a
+//               fused kernel reads as ids, O(N), never as [N, N].
+//   sample    packed samples (several series in one sequence, PlanRequest::sample_ids): query
+//             i sees key j only when both carry the same sample id (one contiguous run each).
 //
 // An encoder writes its part through the add_* / set_rotary builders (PositionalEncodingImpl::
 // contribute); a composite calls each of its parts in turn. The transformer builds the plan once
@@ -72,6 +77,9 @@ struct PlanRequest {
   Positions rotated_keys;                ///< undefined: the keys
   at::Device device = at::kCPU;          ///< where the activations are: tables are built there
   std::vector<SegmentKind> token_kinds;  ///< per query token of a mixed stream (empty: unknown)
+  /// Packed samples: [N] or [B, N] integer ids, each one contiguous run per row; attention keeps
+  /// to equal ids (undefined: one sample). Self-attention without a cache only (keys = queries).
+  at::Tensor sample_ids;
   const Positions& key_positions() const { return keys.defined() ? keys : queries; }
   const Positions& rotated_key_positions() const {
     return rotated_keys.defined() ? rotated_keys : key_positions();
@@ -120,17 +128,30 @@ class EncodingPlan {
   /// Adds a query-dependent bias: q [B, Nq, H, Dh] -> [B, H, Nq, Nk].
   void add_query_bias(const std::string& encoder,
                       std::function<at::Tensor(const at::Tensor& q)> bias);
+  /// Sets the binary variate part: + table[1, h] where the variate ids of query and key are
+  /// equal, table[0, h] where not. ids [N] or [B, N] int64 over the keys (= the queries: self-
+  /// attention without a cache), table [2, H]; a second one is an error naming both encoders.
+  void set_variate_bias(const std::string& encoder, const at::Tensor& ids, const at::Tensor& table);
 
   // ---- what the plan holds ----
   bool has_additive() const { return embedding_.defined() || prefix_embedding_.defined(); }
   bool has_rotary() const { return rotary_.defined(); }
   bool has_bias() const {
-    return !bias_specs_.empty() || materialized_bias_.defined() || !query_biases_.empty();
+    return !bias_specs_.empty() || materialized_bias_.defined() || !query_biases_.empty() ||
+           has_variate_bias();
   }
   /// Every bias part describable: the fused kernel may compute them all on the fly.
   bool bias_describable() const {
-    return !bias_specs_.empty() && !materialized_bias_.defined() && query_biases_.empty();
+    return (!bias_specs_.empty() || has_variate_bias()) && !materialized_bias_.defined() &&
+           query_biases_.empty();
   }
+  bool has_variate_bias() const { return variate_table_.defined(); }
+  /// The variate part: ids [N] or [B, N] int64 and the learned table [2, H] (undefined: none).
+  const at::Tensor& variate_ids() const { return variate_ids_; }
+  const at::Tensor& variate_table() const { return variate_table_; }
+  /// Packed samples: the request's sample ids, checked (int64 [N] or [B, N]; undefined: none).
+  bool has_sample_mask() const { return sample_ids_.defined(); }
+  const at::Tensor& sample_ids() const { return sample_ids_; }
   const at::Tensor& embedding() const { return embedding_; }
   const at::Tensor& prefix_embedding() const { return prefix_embedding_; }
   const RotaryTables& rotary() const { return rotary_; }
@@ -146,7 +167,8 @@ class EncodingPlan {
   at::Tensor apply_additive(const at::Tensor& x, int64_t prefix = 0) const;
   /// q [B, Nq, H, Dh], k [B, Nk, H, Dh] rotated by the rotary part (unchanged without one).
   std::pair<at::Tensor, at::Tensor> apply_rotary(const at::Tensor& q, const at::Tensor& k) const;
-  /// Every bias part summed and materialized: [H, Nq, Nk] or [B, H, Nq, Nk], or undefined.
+  /// Every bias part summed and materialized (the variate part too, not the sample mask):
+  /// [H, Nq, Nk] or [B, H, Nq, Nk], or undefined.
   /// q [B, Nq, H, Dh] is needed by query-dependent parts.
   at::Tensor materialize_bias(int64_t heads, const at::Tensor& q = {}) const;
 
@@ -165,6 +187,9 @@ class EncodingPlan {
   at::Tensor bias_q_, bias_k_;
   at::Tensor materialized_bias_;
   std::vector<std::function<at::Tensor(const at::Tensor&)>> query_biases_;
+  at::Tensor variate_ids_, variate_table_;
+  std::string variate_owner_;
+  at::Tensor sample_ids_;
   mutable std::shared_ptr<const FusedBias> fused_;
 };
 

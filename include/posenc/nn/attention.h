@@ -5,8 +5,9 @@
 //
 //   q, k, v = x W_q, x W_k, x W_v                     x: [B, N, D] -> [B, N, H, Dh]
 //   q, k    = plan.rotary(q, k)
-//   logits  = τ_i,h q k^T / sqrt(Dh) + plan.bias(q)   [B, H, N, N]
+//   logits  = τ_i,h q k^T s + plan.bias(q)          [B, H, N, N], s = 1/sqrt(Dh) or options.scale
 //   out     = softmax(logits + masks) v W_o          [B, N, D]
+//   masks: causal, key padding, and the plan's packed samples (keys of the query's sample only)
 // Kernels: no bias and no padding -> torch's scaled_dot_product_attention; describable bias
 // parts (and padding, cached keys) -> posenc's fused kernel (RoPE applied inside its tiles on
 // the CPU when there is no cache); anything else -> the materialized reference.
@@ -61,6 +62,9 @@ struct AttentionOptions {
   TORCH_ARG(AttentionTemperature, temperature) = AttentionTemperature::kNone;
   /// kLogN: the training length L (>= 2); queries that see more keys than L are sharpened.
   TORCH_ARG(int64_t, logn_length) = 0;
+  /// The logits' scale s in q k^T * s (default 0: 1/sqrt(Dh)); 1.0 is Chronos-2's unscaled
+  /// attention (chronos2/layers.py: scaled_dot_product_attention(..., scale=1.0)).
+  TORCH_ARG(double, scale) = 0.0;
 };
 
 /// Keys and values of earlier steps, for incremental decoding. Starts empty.

@@ -9,7 +9,9 @@
 //                      (byte-level LM; generation with a key-value cache)
 //   Forecaster         readings [B, N, C] with a mask of observed ones -> predictions [B, N, C];
 //                      unobserved slots (the future) enter as a learned query token and their
-//                      timestamps, so the model is told *when* to predict
+//                      timestamps, so the model is told *when* to predict; forward_packed
+//                      takes tokens (patch, variate) of several samples per row (Moirai's
+//                      packing, sample ids) with positions on axes (time, variate)
 //   TextVideoMatcher   one stream [video tubelets | caption bytes] -> score [B]: whether the
 //                      caption describes the clip. Stream positions (e.g. M-RoPE, Qwen2-VL) go to
 //                      the attention; optional per-modality additive encoders act on each segment
@@ -94,6 +96,12 @@ class ForecasterImpl : public torch::nn::Module {
   /// values [B, N, C]; observed [B, N] bool (false: predict this slot) -> [B, N, C].
   at::Tensor forward(const at::Tensor& values, const at::Tensor& observed,
                      const Positions& positions);
+  /// Several samples packed per row (Moirai's packing): sample_ids [B, N], each sample one
+  /// contiguous run (attention keeps to it: PlanRequest::sample_ids) -> [B, N, C]. A row's
+  /// padding is a sample of its own (timeseries::pack_samples), so no key padding is needed and
+  /// no query row is left without keys.
+  at::Tensor forward_packed(const at::Tensor& values, const at::Tensor& observed,
+                            const Positions& positions, const at::Tensor& sample_ids);
 
   ForecasterOptions options;
   torch::nn::Linear embed{nullptr}, head{nullptr};

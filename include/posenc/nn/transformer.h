@@ -51,6 +51,8 @@ struct TransformerOptions {
   TORCH_ARG(AttentionTemperature, temperature) = AttentionTemperature::kNone;
   /// kLogN: the training length.
   TORCH_ARG(int64_t, logn_length) = 0;
+  /// The attention logits' scale (default 0: 1/sqrt(Dh); 1.0: unscaled, as Chronos-2).
+  TORCH_ARG(double, attention_scale) = 0.0;
 };
 
 class TransformerBlockImpl : public torch::nn::Module {

@@ -27,6 +27,9 @@ TransformerOptions transformer_options(ConfigReader& r) {
   o.fused(r.boolean("fused", o.fused()));
   o.temperature(attention_temperature_from_string(r.string("attention_temperature", "none")));
   o.logn_length(r.integer("logn_length", 0));
+  o.attention_scale(r.number("attention_scale", 0.0));
+  TORCH_CHECK(std::isfinite(o.attention_scale()) && o.attention_scale() >= 0, r.where(),
+              ": attention_scale must be >= 0 (0: 1/sqrt(head_dim)), got ", o.attention_scale());
   TORCH_CHECK(o.dim() > 0 && o.num_heads() > 0 && o.dim() % o.num_heads() == 0, r.where(),
               ": dim (", o.dim(), ") must be a positive multiple of num_heads (", o.num_heads(),
               ")");

@@ -23,6 +23,7 @@ const std::vector<std::pair<std::string, Factory>>& registry() {
       {"audio_language", make_audio_language},
       {"audio_video_text", make_audio_video_text},
       {"forecast", make_forecast},
+      {"forecast_packed", make_forecast_packed},
       {"image_classification", make_image_classification},
       {"language_model", make_language_model},
       {"retrieval", make_retrieval},

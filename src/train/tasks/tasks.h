@@ -11,6 +11,7 @@ namespace posenc::train {
 std::unique_ptr<Task> make_image_classification(const nlohmann::json& config);
 std::unique_ptr<Task> make_language_model(const nlohmann::json& config);
 std::unique_ptr<Task> make_forecast(const nlohmann::json& config);
+std::unique_ptr<Task> make_forecast_packed(const nlohmann::json& config);
 std::unique_ptr<Task> make_video_classification(const nlohmann::json& config);
 std::unique_ptr<Task> make_text_video_matching(const nlohmann::json& config);
 std::unique_ptr<Task> make_retrieval(const nlohmann::json& config);
