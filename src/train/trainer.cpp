@@ -20,6 +20,7 @@
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
 #include "posenc/core/errors.h"
+#include "posenc/io/durable_file.h"
 #include "posenc/io/input_digest.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
@@ -109,6 +110,12 @@ void check_batch_split(const TrainSettings& settings, int world) {
               "): each rank takes batch_size / ranks examples of every batch");
 }
 
+// A classifier's class names, label order, into the run folder (classes.json: a JSON array).
+void write_class_names(const Task& task, const std::string& output) {
+  const auto names = task.class_names();
+  if (!names.empty()) write_file_atomically(output + "/classes.json", nlohmann::json(names).dump());
+}
+
 // Everything a run holds before its first step; the folder is locked for the run's life (by rank
 // 0 alone in a data-parallel run: the other ranks write nothing).
 Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult& result,
@@ -134,6 +141,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   run.config_text = config.dump();
   torch::manual_seed(run.seed);
   run.task = make_task(config);
+  if (run.ranks->lead()) write_class_names(*run.task, run.output);
   auto model = run.task->model();
   // before the optimizer and the weight average take their tensors
   place_on_device(*run.task, run.ranks->device());
@@ -321,6 +329,12 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   RunFolderLock lock(result.output);
   torch::manual_seed(identity.seed);
   auto task = make_task(config);
+  write_class_names(*task, result.output);
+  if (const auto names = task->class_names(); !names.empty()) {
+    std::cout << result.name << ": " << names.size() << " classes:";
+    for (size_t i = 0; i < names.size(); ++i) std::cout << (i ? ", " : " ") << i << " " << names[i];
+    std::cout << "\n";
+  }
   auto model = task->model();
   place_on_device(*task, device);
   load_parameters(identity.init_from, *model);

@@ -94,6 +94,9 @@ class Task {
   virtual std::vector<DetailTable> details() { return {}; }
   /// The metric that summarizes a run ("accuracy", "ppl", "mae").
   virtual std::string metric_name() const = 0;
+  /// A classifier's class names, label order (the trainer writes them to classes.json in the run
+  /// folder and `posenc eval` prints them); empty for other tasks.
+  virtual std::vector<std::string> class_names() const { return {}; }
   /// Data-parallel runs: this rank, the evaluation batches that are its, how sums combine.
   void set_ranks(TaskRanks ranks) { ranks_ = std::move(ranks); }
   /// Where the model computes (train.device; the trainer has moved the model there). The task's
