@@ -1,6 +1,7 @@
 // Self-attention over the encoder interface; see posenc/nn/attention.h.
 #include "posenc/nn/attention.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -190,8 +191,16 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   check_inputs(x, plan, cache);
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads(), dh = options.dim() / h;
   const int64_t cached = cache != nullptr ? cache->size() : 0, prefix = options.num_prefix_tokens();
-  const auto packed = qkv->forward(x).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
-  auto parts = packed.unbind(2);                               // 3 x [B, N, H, Dh]
+  auto packed = qkv->forward(x).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
+  // Under CPU autocast to bfloat16 (train.precision: bf16) the projection comes out bf16; the
+  // short kernel reads float32 (its scratch and arithmetic are float32), so a short sequence's
+  // q, k, v are widened (exact) and attended there, not by SDPA's bf16 flash kernel (at N = 16
+  // its backward took ~20x the short kernel's time); its float32 output goes on to `out`, which
+  // autocast casts back to bf16.
+  if (n <= kShortAttentionMaxTokens && x.is_cpu() && packed.scalar_type() == at::kBFloat16 &&
+      at::autocast::is_autocast_enabled(at::kCPU))
+    packed = packed.to(at::kFloat);
+  auto parts = packed.unbind(2);  // 3 x [B, N, H, Dh]
   at::Tensor q = parts[0], k = parts[1], v = parts[2];
   // τ on q scales q k^T alone (rotations are linear, so before or after RoPE is the same)
   if (auto tau = attention_temperature(options, cached, n, cached + n, temperature,

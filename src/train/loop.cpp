@@ -17,6 +17,7 @@
 #include "posenc/kernels/cpu_capability.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/fused_adamw.h"
+#include "precision.h"
 #include "profile.h"
 #include "progress.h"
 #include "summary.h"
@@ -167,7 +168,11 @@ double optimizer_step(Run& run, const at::Tensor& indices, double lr, double* me
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   auto& ranks = *run.ranks;
   ranks.before_forward();
-  auto loss = run.task->train_loss(indices, metric);
+  at::Tensor loss;
+  {  // train.precision: bf16 runs the forward and the loss under CPU autocast (precision.h)
+    CpuAutocastScope autocast(run.settings.precision == "bf16");
+    loss = run.task->train_loss(indices, metric);
+  }
   double value = loss.item<double>();
   *stop = g_interrupted;
   if (ranks.active()) {  // equal shards: the batch's mean is the mean of the ranks' means
@@ -364,7 +369,8 @@ bool train_loop(Run& run, LoopState& state, const RunOptions& options) {
     }
     if (step == profile_to) {
       const auto rows = profiler.stop(options.profile_steps);  // (before largest_ops)
-      const auto text = "CPU kernels: " + posenc::cpu_capability_description() + "\n\n" +
+      const auto text = "CPU kernels: " + posenc::cpu_capability_description() +
+                        "; precision: " + run.settings.precision + "\n\n" +
                         format_profile(rows, options.profile_steps) + "\n" +
                         format_largest_ops(profiler.largest_ops());
       if (run.ranks->lead()) write_file_atomically(run.output + "/profile.md", text);

@@ -8,6 +8,7 @@
 
 #include "device.h"
 #include "posenc/config/config_reader.h"
+#include "precision.h"
 
 namespace posenc::train {
 
@@ -29,6 +30,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
   s.fused_optimizer = r.boolean("fused_optimizer", s.fused_optimizer);
   s.ema_decay = r.number("ema_decay", s.ema_decay);
   s.device = r.string("device", s.device);
+  s.precision = r.string("precision", s.precision);
   s.rank_timeout_s = r.number("rank_timeout_s", s.rank_timeout_s);
   s.gradient_sync = r.string("gradient_sync", s.gradient_sync);
   s.bucket_mb = r.number("bucket_mb", s.bucket_mb);
@@ -59,6 +61,7 @@ TrainSettings read_settings(const nlohmann::json& config) {
               "train: gradient_sync must be 'overlap' or 'after_backward', got '", s.gradient_sync,
               "'");
   check_device_setting(s.device);
+  check_precision_setting(s.precision, s.device);
   TORCH_CHECK(s.ema_decay >= 0 && s.ema_decay < 1,
               "train: ema_decay must be in [0, 1) (0: off), got ", s.ema_decay);
   return s;

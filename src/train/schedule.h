@@ -26,6 +26,9 @@ struct TrainSettings {
   double ema_decay = 0;         ///< weight average (ema.h); 0: off
   bool fused_optimizer = true;  ///< FusedAdamW + clip_grad_norm_fused (false: LibTorch's own)
   std::string device = "cpu";   ///< "cpu", "cuda" or "cuda:N" (device.h)
+  /// "float32", or "bf16": the training forward (model and loss) under autocast to bfloat16 on
+  /// the CPU (precision.h); parameters, gradients, AdamW and evaluation stay float32.
+  std::string precision = "float32";
   // Data-parallel runs (distributed/data_parallel.h); ignored by one process.
   double rank_timeout_s = 300;            ///< rendezvous and every collective; a lost rank
   std::string gradient_sync = "overlap";  ///< "overlap" (c10d Reducer) or "after_backward"

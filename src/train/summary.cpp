@@ -14,6 +14,7 @@
 #include "posenc/kernels/cpu_capability.h"
 #include "posenc/train/plot.h"
 #include "progress.h"
+#include "schedule.h"
 
 namespace posenc::train {
 
@@ -57,6 +58,8 @@ void write_summary(const RunResult& result, const nlohmann::json& config) {
                             {"device", result.device},
                             // the fused CPU kernels' level (posenc/kernels/cpu_capability.h)
                             {"cpu_capability", posenc::to_string(posenc::cpu_capability())},
+                            // train.precision: float32, or bf16 (CPU autocast; precision.h)
+                            {"precision", read_settings(config).precision},
                             {"final", metrics_json(result.final_metrics)},
                             {"encoder", config.value("encoder", nlohmann::json(nullptr))}};
   if (result.world_size > 1) {

@@ -13,6 +13,11 @@
 // ATEN_CPU_CAPABILITY is ATen's variable, with values of its own (zvector, sve256, ...): one
 // posenc does not know, or above the CPU, leaves posenc at what the CPU has (ATen's own
 // handling of values it does not know).
+// Native bfloat16 (train.precision: bf16, src/train/schedule.h): AVX-512 BF16 (vdpbf16ps: bf16
+// pairs multiplied and summed into float32, CPUID leaf 7 subleaf 1 EAX bit 5) or AMX-BF16 (tile
+// matmuls of bf16, leaf 7 subleaf 0 EDX bit 22), the units oneDNN's bf16 matmuls run on; the rule
+// also asks for posenc's level to be avx512, so POSENC_CPU_CAPABILITY=avx2 runs this machine as an
+// AVX2 one (where oneDNN would emulate bf16 in float32 arithmetic at a loss), refusal included.
 #pragma once
 
 #include <optional>
@@ -40,5 +45,14 @@ std::optional<CpuCapability> cpu_capability_requested();
 /// One line for --version and profiles: "avx512 (detected avx512)" or, forced,
 /// "avx2 (POSENC_CPU_CAPABILITY; detected avx512)".
 std::string cpu_capability_description();
+
+/// Whether this CPU computes bfloat16 natively: AVX-512 BF16 or AMX-BF16 (CPUID, asked once).
+bool cpu_has_native_bf16();
+/// Why bf16 training cannot run at posenc level `level` on a CPU with (or without) native bf16;
+/// "" when it can (level avx512 and native bf16). The rule, apart from this CPU, for tests.
+std::string bf16_unsupported_reason(CpuCapability level, bool native_bf16);
+/// The same for this process (cpu_capability() and cpu_has_native_bf16()), naming the level as
+/// cpu_capability_description() does.
+std::string bf16_unsupported_reason();
 
 }  // namespace posenc

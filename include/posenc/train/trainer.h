@@ -8,7 +8,8 @@
 //   encoder: {type: rope, ...}                     the encoder registry's config
 //   train:   {epochs, batch_size, lr, min_lr_ratio, weight_decay, warmup_steps, clip_grad_norm,
 //             max_steps, log_every, eval_every, threads, ema_decay, fused_optimizer, device,
-//             rank_timeout_s, gradient_sync, bucket_mb, find_unused_parameters}
+//             precision (float32 | bf16: CPU autocast, src/train/precision.h), rank_timeout_s,
+//             gradient_sync, bucket_mb, find_unused_parameters}
 //   runs:    [{name, encoder, overrides,           for compare: one model per entry, each the
 //             init_from, evaluate_only}]           config merged with its overrides (RFC 7396)
 //   init_from: NAME | PATH    start from the parameters of another entry of the same comparison

@@ -4,7 +4,10 @@
 // (grad mode on inside the backward) the gradient is ATen's native_layer_norm_backward of the
 // saved h, whose own derivative autograd knows: second-order terms reach x and r through h, this
 // node's output. Gradients are not materialized: without dy (y unused) weight and bias get none,
-// as with ATen's layer_norm. Inputs the fused passes do not take go to the reference.
+// as with ATen's layer_norm. Inputs the fused passes do not take go to the reference. Under CPU
+// autocast, bf16 and half inputs are widened to float32 first (the op is on autocast's float32
+// side).
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "posenc/kernels/layer_norm.h"
@@ -58,9 +61,19 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& r,
+std::tuple<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x_in, const at::Tensor& r_in,
                                                   const at::Tensor& weight, const at::Tensor& bias,
                                                   double eps) {
+  // Under CPU autocast (train.precision: bf16) this is a float32 op, as autocast lists layer_norm
+  // on CUDA: bf16 or half x and r are widened (exactly), so the residual stream h and the norm
+  // are float32 and take the fused passes; outside autocast the inputs keep their dtypes.
+  const bool widen = at::autocast::is_autocast_enabled(at::kCPU) && x_in.is_cpu();
+  const auto widened = [&](const at::Tensor& t) {
+    return widen && (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf)
+               ? t.to(at::kFloat)
+               : t;
+  };
+  const auto x = widened(x_in), r = widened(r_in);
   if (!add_layer_norm_fused_supported(x, r, weight, bias))
     return add_layer_norm_reference(x, r, weight, bias, eps);
   auto out = AddLayerNormFunction::apply(x, r, weight, bias, eps);

@@ -5,6 +5,10 @@
 
 #include <c10/util/Exception.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +97,38 @@ std::string cpu_capability_description() {
   else
     line += " (detected ";
   return line + to_string(detected) + ")";
+}
+
+bool cpu_has_native_bf16() {
+  static const bool native = [] {
+#if defined(__x86_64__)
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const unsigned max_subleaf = eax;
+    const bool amx_bf16 = (edx & (1u << 22)) != 0;
+    bool avx512_bf16 = false;
+    if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0)
+      avx512_bf16 = (eax & (1u << 5)) != 0;
+    return avx512_bf16 || amx_bf16;
+#else
+    return false;
+#endif
+  }();
+  return native;
+}
+
+std::string bf16_unsupported_reason(CpuCapability level, bool native_bf16) {
+  if (!native_bf16) return "this CPU has no native bfloat16 (AVX-512 BF16 or AMX-BF16)";
+  if (level != CpuCapability::kAvx512)
+    return std::string("posenc's CPU level is ") + to_string(level) + ", not avx512";
+  return "";
+}
+
+std::string bf16_unsupported_reason() {
+  const bool native = cpu_has_native_bf16();
+  auto why = bf16_unsupported_reason(cpu_capability(), native);
+  if (why.empty() || !native) return why;
+  return "posenc's CPU level is " + cpu_capability_description() + ", not avx512";
 }
 
 }  // namespace posenc
