@@ -25,7 +25,7 @@ _HOST_OK = {
     "rope_rotate_": ("cos", "sin"),
 }
 _FUSED_HOST_OK = ("q_positions", "k_positions", "slopes", "table", "key_padding", "q_cos",
-                  "q_sin", "k_cos", "k_sin")
+                  "q_sin", "k_cos", "k_sin", "sample_ids", "variate_ids", "variate_bias")
 for _name in ("attention_fused", "_attention_fused_forward", "_attention_fused_backward"):
     _HOST_OK[_name] = _FUSED_HOST_OK
 
@@ -211,18 +211,21 @@ def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=Fal
 
 
 # positional_attention: as t5_attention (lse float64 for float64 inputs, their reference path);
-# dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table.
+# dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table; dvariate
+# variate_bias's likewise.
 @_fake("positional_attention")
 def _positional_attention_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                symmetric=False, t5_table=None, bidirectional=True,
-                               max_distance=128, causal=False, scale=None, attention_mask=None):
+                               max_distance=128, causal=False, scale=None, attention_mask=None,
+                               sample_ids=None, variate_ids=None, variate_bias=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @_fake("_positional_attention_forward")
 def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
                                        symmetric=False, t5_table=None, bidirectional=True,
-                                       max_distance=128, causal=False, scale=None, attention_mask=None):
+                                       max_distance=128, causal=False, scale=None, attention_mask=None,
+                                       sample_ids=None, variate_ids=None, variate_bias=None):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
@@ -231,16 +234,20 @@ def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half
 def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, sin=None,
                                         layout="half", slopes=None, symmetric=False,
                                         t5_table=None, bidirectional=True, max_distance=128,
-                                        causal=False, scale=None, attention_mask=None):
+                                        causal=False, scale=None, attention_mask=None,
+                                        sample_ids=None, variate_ids=None, variate_bias=None):
     dtable = (t5_table.new_empty(t5_table.shape) if t5_table is not None
               else q.new_empty((0,), dtype=torch.float32))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+    dvariate = (variate_bias.new_empty(variate_bias.shape) if variate_bias is not None
+                else q.new_empty((0,), dtype=torch.float32))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
 # attention_fused (the C++ library's attention, src/ops/attention_fused.cpp): q, k, v [B, N, H, D],
 # out [B, Nq, H, Dv] contiguous in q's dtype, lse [B, H, Nq] float32; the backward's dtable has the
-# table's shape and dtype, [0] float32 without one. Positions, slopes and tables may live on the
-# CPU for CUDA activations (_HOST_OK); q, k, v share one device.
+# table's shape and dtype, [0] float32 without one, and dvariate_bias variate_bias's ([0] without).
+# Positions, slopes, tables and ids may live on the CPU for CUDA activations (_HOST_OK); q, k, v
+# share one device.
 
 
 @_fake("attention_fused")
@@ -259,10 +266,16 @@ def _attention_fused_forward_fake(q, k, v, *args):
 
 @_fake("_attention_fused_backward")
 def _attention_fused_backward_fake(grad_out, out, lse, q, k, v, q_positions, k_positions, slopes,
-                                   symmetric, table, *args):
+                                   symmetric, table, *args, sample_ids=None, variate_ids=None,
+                                   variate_bias=None):
+    # the last three parameters (sample_ids, variate_ids, variate_bias) may come positionally
+    if len(args) >= 16:  # (table_form, ..., rope_layout, sample_ids, variate_ids, variate_bias)
+        variate_bias = args[15]
     dtable = table.new_empty(table.shape) if table is not None else \
         q.new_empty((0,), dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable
+    dvariate = variate_bias.new_empty(variate_bias.shape) if variate_bias is not None else \
+        q.new_empty((0,), dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
 # The stream operators (src/ops/streams.cpp): integer bookkeeping that reads its arguments' values

@@ -136,9 +136,13 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          symmetric: bool = False, t5_table: torch.Tensor | None = None,
                          bidirectional: bool = True, max_distance: int = 128,
                          causal: bool = False, scale: float | None = None,
-                         attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                         attention_mask: torch.Tensor | None = None,
+                         sample_ids: torch.Tensor | None = None,
+                         variate_ids: torch.Tensor | None = None,
+                         variate_bias: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(rot(q_i) . rot(k_j) * scale - slope_h d(i, j) + t5_table[bucket(j - p_i), h]
-    + causal mask) v, [B, H, Nq, Dv]; every part optional, all in one pass of the tiled kernel.
+    + variate_bias[variate_i == variate_j, h] + masks) v, [B, H, Nq, Dv]; every part optional,
+    all in one pass of the tiled kernel.
 
     q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv]; the keys sit at positions 0..Nk-1, the
     queries at the last Nq of them (cached keys first; lower-right causal mask), for all three
@@ -172,7 +176,20 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     refused (repeat them first), as by the other attentions.
 
     attention_mask: as alibi_attention's (for all three parts).
+
+    Packed series (Moirai-2, uni2ts' packed_attention_mask and BinaryAttentionBias):
+
+    * sample_ids [B, Nk] int64: several samples packed in one sequence; key j is visible to
+      query i only when their sample ids are equal (queries take the last Nq ids). Each id must
+      be one contiguous run per row; the kernel then visits only the tiles whose runs meet, no
+      [Nq, Nk] mask is built. A query that sees no key (all its keys padded) gives 0.
+    * variate_ids [B, Nk] int64 >= 0 with variate_bias [2, H]: + variate_bias[1, h] where the
+      two tokens' variate ids are equal, + variate_bias[0, h] otherwise; variate_bias is
+      Moirai's ``nn.Embedding(2, H).weight`` as is, with a gradient (two sums of dS per head).
+
+    CUDA takes these on the plain-ATen reference path (the CUDA kernel does not read them yet).
     """
     return torch.ops.posenc.positional_attention(q, k, v, cos, sin, layout, slopes, symmetric,
                                                  t5_table, bidirectional, max_distance, causal,
-                                                 scale, attention_mask)
+                                                 scale, attention_mask, sample_ids, variate_ids,
+                                                 variate_bias)

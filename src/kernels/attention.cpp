@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "../ops/attention_fused.h"
+#include "cpu/attention_cpu.h"
 #include "posenc/functional/relative.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "cuda/cuda_glue.h"
@@ -108,6 +109,13 @@ bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q) {
 #endif
 }
 
+bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q,
+                               const AttentionMasks& masks) {
+  // packed samples and the variate bias: the CPU kernel only (the CUDA kernel does not read them)
+  const bool ids = masks.sample_ids.defined() || masks.variate_ids.defined();
+  return attention_fused_supported(bias, q) && (!ids || q.device().is_cpu());
+}
+
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions) {
   if (q_positions.dim() != 1 || k_positions.dim() != 1) return false;
@@ -138,12 +146,46 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
     auto i = torch::arange(nq, longs).unsqueeze(1), j = torch::arange(nk, longs).unsqueeze(0);
     logits = logits.masked_fill(j > i + (nk - nq), inf);
   }
+  detail::check_packed_ids("attention_reference", masks.sample_ids, masks.variate_ids,
+                           masks.variate_bias, q.size(0), nk, q.size(2));
+  if (masks.variate_ids.defined())
+    logits = logits + variate_bias_from_ids(masks.variate_ids.to(q.device()),
+                                            masks.variate_bias.to(q.device(), compute), nq);
   if (masks.key_padding.defined())
     logits =
         logits.masked_fill(~masks.key_padding.to(torch::kBool).view({q.size(0), 1, 1, nk}), inf);
+  if (masks.sample_ids.defined())
+    logits = logits.masked_fill(
+        ~sample_mask_from_ids(masks.sample_ids.to(q.device()), nq).unsqueeze(1), inf);
   auto weights = torch::softmax(logits, -1);
   weights = torch::where(torch::isnan(weights), torch::zeros_like(weights), weights);  // no key
   return torch::einsum("bhqk,bkhd->bqhd", {weights, v.to(compute)}).to(q.scalar_type());
+}
+
+namespace {
+
+// ids [B, Nk] -> [B, Nq, Nk] bool: ids of the queries (the last Nq) equal those of the keys.
+at::Tensor equal_ids(const at::Tensor& ids, int64_t nq, const char* name) {
+  TORCH_CHECK(ids.dim() == 2 && nq <= ids.size(1), name, " must be [B, Nk] with Nk >= Nq=", nq,
+              ", got ", ids.sizes());
+  const int64_t nk = ids.size(1);
+  return ids.narrow(1, nk - nq, nq).unsqueeze(2) == ids.unsqueeze(1);
+}
+
+}  // namespace
+
+at::Tensor sample_mask_from_ids(const at::Tensor& sample_ids, int64_t nq) {
+  return equal_ids(sample_ids, nq, "sample_mask_from_ids: sample_ids");
+}
+
+at::Tensor variate_bias_from_ids(const at::Tensor& variate_ids, const at::Tensor& variate_bias,
+                                 int64_t nq) {
+  TORCH_CHECK(variate_bias.dim() == 2 && variate_bias.size(0) == 2,
+              "variate_bias_from_ids: variate_bias must be [2, H], got ", variate_bias.sizes());
+  const auto same = equal_ids(variate_ids, nq, "variate_bias_from_ids: variate_ids").unsqueeze(1);
+  const auto w = variate_bias.view({2, 1, -1, 1, 1});  // [2, 1, H, 1, 1]
+  // uni2ts: ~ind * weight[:1] + ind * weight[1:]
+  return at::logical_not(same) * w[0] + same * w[1];  // [B, H, Nq, Nk]
 }
 
 at::Tensor bias_from_spec(const BiasSpec& bias, const at::Tensor& q_positions,

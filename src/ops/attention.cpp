@@ -74,9 +74,20 @@
 //   and rotated back after the backward; tables that require a gradient are rotated by
 //   posenc::apply_rotary first (autograd/). float64: the plain-ATen reference in float64.
 //   positional_attention_route(...) -> str says which path a call takes.
+//   Packed samples and Moirai's binary variate bias (uni2ts' packed_attention_mask and
+//   BinaryAttentionBias), last in the schema, optional:
+//     sample_ids [B, Nk] int64: key j visible to query i only when sample_ids[b, j] ==
+//       sample_ids[b, Nk - Nq + i] (each id one contiguous run per row; the kernel skips the
+//       tiles whose runs do not meet);
+//     variate_ids [B, Nk] int64 >= 0, variate_bias [2, H]: + variate_bias[1, h] on equal ids,
+//       variate_bias[0, h] otherwise (row 0 different, row 1 same: Moirai's Embedding(2, H)
+//       weight as is), with a gradient: two sums of dS per head.
+//   CUDA takes them on the reference path (the CUDA kernel does not read them yet).
 // posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
-// posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...) -> (dq, dk, dv, dtable)
-//   dtable: T5's [num_buckets, H] in the table's dtype; without a table an empty float32 [0].
+// posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...)
+//   -> (dq, dk, dv, dtable, dvariate_bias)
+//   dtable: T5's [num_buckets, H] in the table's dtype; without a table an empty float32 [0];
+//   dvariate_bias: [2, H] in variate_bias's dtype, without one an empty float32 [0].
 // Every op above takes, last, `Tensor? attention_mask=None`: transformers' 2-D mask [B, Nk]
 // (bool or integer; 1 = a key to attend to, 0 = padding), -inf on the padding keys' logits before
 // the softmax, as SDPA's boolean mask. The kernel reads it as one byte per key (key_keep); a query
@@ -743,7 +754,10 @@ struct Positional {
   int64_t max_distance = 128;
   bool causal = false;
   double scale = 1.0;
-  at::Tensor mask;  ///< [B, Nk] bool: transformers' attention_mask (key_mask_of)
+  at::Tensor mask;                     ///< [B, Nk] bool: transformers' attention_mask (key_mask_of)
+  at::Tensor sample_ids, variate_ids;  ///< [B, Nk] integer (packed samples, variate bias)
+  at::Tensor variate_bias;             ///< [2, H]
+  bool packed() const { return sample_ids.defined() || variate_ids.defined(); }
   bool rotary() const { return cos.defined() && cos.size(-1) > 0; }
 };
 
@@ -762,7 +776,10 @@ Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::optional<at::Tensor>& slopes, bool symmetric,
                            const std::optional<at::Tensor>& t5_table, bool bidirectional,
                            int64_t max_distance, bool causal, std::optional<double> scale,
-                           const std::optional<at::Tensor>& attention_mask) {
+                           const std::optional<at::Tensor>& attention_mask,
+                           const std::optional<at::Tensor>& sample_ids,
+                           const std::optional<at::Tensor>& variate_ids,
+                           const std::optional<at::Tensor>& variate_bias) {
   check_qkv(kPositional, q, k, v, /*allow_double=*/true);
   Positional a;
   a.layout = positional_layout(layout);
@@ -813,6 +830,14 @@ Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::T
   a.causal = causal;
   a.scale = scale_of(q, scale);
   a.mask = key_mask_of(kPositional, q, k, attention_mask);
+  const auto defined = [](const std::optional<at::Tensor>& t) {
+    return t.has_value() && t->defined() ? *t : at::Tensor();
+  };
+  a.sample_ids = defined(sample_ids);
+  a.variate_ids = defined(variate_ids);
+  a.variate_bias = defined(variate_bias);
+  detail::check_packed_ids(kPositional, a.sample_ids, a.variate_ids, a.variate_bias, q.size(0),
+                           k.size(2), q.size(1));
   return a;
 }
 
@@ -872,9 +897,10 @@ std::string positional_reference_reason(const at::Tensor& q, const at::Tensor& v
 // The plain-ATen specification, in float32 (float64 for float64 q):
 // logits = rot(q) rot(k)^T * scale - slope_h d(i, j) + table[bucket(j - p_i), h] + causal.
 struct PositionalLogits {
-  at::Tensor qr, kr;  ///< rotated q, k [B, H, N, D] in the compute dtype
-  at::Tensor logits;  ///< [B, H, Nq, Nk]
-  at::Tensor bucket;  ///< [Nq, Nk] int64 (a T5 table only)
+  at::Tensor qr, kr;        ///< rotated q, k [B, H, N, D] in the compute dtype
+  at::Tensor logits;        ///< [B, H, Nq, Nk]
+  at::Tensor bucket;        ///< [Nq, Nk] int64 (a T5 table only)
+  at::Tensor same_variate;  ///< [B, 1, Nq, Nk] bool (a variate bias only)
 };
 
 PositionalLogits positional_logits_of(const at::Tensor& q, const at::Tensor& k,
@@ -903,7 +929,19 @@ PositionalLogits positional_logits_of(const at::Tensor& q, const at::Tensor& k,
                           .view({nq, nk, heads})
                           .permute({2, 0, 1});  // [H, Nq, Nk]
   }
+  if (a.variate_ids.defined()) {  // uni2ts: ~ind * weight[:1] + ind * weight[1:]
+    const auto ids = a.variate_ids.to(at::kLong);
+    l.same_variate = (ids.narrow(1, nk - nq, nq).unsqueeze(2) == ids.unsqueeze(1)).unsqueeze(1);
+    const auto w = a.variate_bias.to(ct).view({2, 1, heads, 1, 1});
+    logits = logits + (at::logical_not(l.same_variate) * w[0] + l.same_variate * w[1]);
+  }
   if (a.causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<double>::infinity());
+  if (a.sample_ids.defined()) {
+    const auto ids = a.sample_ids.to(at::kLong);
+    const auto visible = ids.narrow(1, nk - nq, nq).unsqueeze(2) == ids.unsqueeze(1);
+    logits = logits.masked_fill(at::logical_not(visible).unsqueeze(1),
+                                -std::numeric_limits<double>::infinity());
+  }
   l.logits = masked(logits, a.mask);
   return l;
 }
@@ -916,9 +954,20 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_reference_of(const at::Ten
   return {out.contiguous(), lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference_of(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const Positional& a) {
+// variate_bias's gradient from dS [B, H, Nq, Nk]: the sums over the pairs of different / same
+// ids, [2, H] in variate_bias's dtype; without a variate bias an empty float32 [0].
+at::Tensor variate_gradient_of(const at::Tensor& ds, const PositionalLogits& l, const Positional& a,
+                               const at::Tensor& q) {
+  if (!a.variate_ids.defined()) return at::empty({0}, q.options().dtype(at::kFloat));
+  const auto same = ds.masked_fill(at::logical_not(l.same_variate), 0).sum({0, 2, 3});
+  const auto differ = ds.masked_fill(l.same_variate, 0).sum({0, 2, 3});
+  return at::stack({differ, same}).to(a.variate_bias.scalar_type());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+positional_backward_reference_of(const at::Tensor& grad_out, const at::Tensor& q,
+                                 const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                                 const at::Tensor& lse, const Positional& a) {
   const auto l = positional_logits_of(q, k, a);
   const auto g = softmax_backward(grad_out, l.qr, l.kr, v, out, lse, l.logits, a.scale);
   auto dq = g.dq, dk = g.dk;  // for the rotated q', k': rotated back (R^T)
@@ -936,7 +985,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_r
                  .to(a.table.scalar_type());
   }
   return {dq.to(q.scalar_type()).contiguous(), dk.to(k.scalar_type()).contiguous(),
-          g.dv.contiguous(), dtable};
+          g.dv.contiguous(), dtable, variate_gradient_of(g.ds, l, a, q)};
 }
 
 // The kernel's problem: ALiBi and T5 parts, positions, and (rotary_inside) the per-pair tables.
@@ -951,6 +1000,7 @@ void prepare_positional(PreparedPositional& out, const at::Tensor& qh, const at:
   if (a.slopes.defined()) set_alibi(p, a.slopes, a.symmetric);
   if (a.table.defined()) set_t5_table(p, out.pos, a.table, a.bidirectional, a.max_distance);
   set_key_mask(p, a.mask);
+  detail::set_packed(p, kPositional, a.sample_ids, a.variate_ids, a.variate_bias);
   if (rotary_inside) {  // per-pair tables [N, F]: one member of each pair (both read the same)
     const int64_t width = a.cos.size(-1), pairs = width / 2;
     const auto per_pair = [&](const at::Tensor& t) {
@@ -990,41 +1040,49 @@ KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::T
 
 // The schema's optional parts, one spelling for the six functions below.
 // The positional operators' table arguments, in the schema's order.
-std::vector<NamedTensor> positional_tables(const std::optional<at::Tensor>& cos,
-                                           const std::optional<at::Tensor>& sin,
-                                           const std::optional<at::Tensor>& slopes,
-                                           const std::optional<at::Tensor>& t5_table,
-                                           const std::optional<at::Tensor>& attention_mask) {
+std::vector<NamedTensor> positional_tables(
+    const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
+    const std::optional<at::Tensor>& slopes, const std::optional<at::Tensor>& t5_table,
+    const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& sample_ids,
+    const std::optional<at::Tensor>& variate_ids, const std::optional<at::Tensor>& variate_bias) {
   return {{"cos", cos},
           {"sin", sin},
           {"slopes", slopes},
           {"t5_table", t5_table},
-          {"attention_mask", attention_mask}};
+          {"attention_mask", attention_mask},
+          {"sample_ids", sample_ids},
+          {"variate_ids", variate_ids},
+          {"variate_bias", variate_bias}};
 }
 
-#define POSITIONAL_PARAMS                                                                 \
-  const std::optional<at::Tensor>&cos, const std::optional<at::Tensor>&sin,               \
-      c10::string_view layout, const std::optional<at::Tensor>&slopes, bool symmetric,    \
-      const std::optional<at::Tensor>&t5_table, bool bidirectional, int64_t max_distance, \
-      bool causal, std::optional<double> scale, const std::optional<at::Tensor>&attention_mask
+#define POSITIONAL_PARAMS                                                                       \
+  const std::optional<at::Tensor>&cos, const std::optional<at::Tensor>&sin,                     \
+      c10::string_view layout, const std::optional<at::Tensor>&slopes, bool symmetric,          \
+      const std::optional<at::Tensor>&t5_table, bool bidirectional, int64_t max_distance,       \
+      bool causal, std::optional<double> scale, const std::optional<at::Tensor>&attention_mask, \
+      const std::optional<at::Tensor>&sample_ids, const std::optional<at::Tensor>&variate_ids,  \
+      const std::optional<at::Tensor>&variate_bias
 #define POSITIONAL_ARGS                                                                      \
   cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale, \
-      attention_mask
+      attention_mask, sample_ids, variate_ids, variate_bias
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor& q,
                                                                 const at::Tensor& k,
                                                                 const at::Tensor& v,
                                                                 POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                          variate_ids, variate_bias));
   return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_reference(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+positional_backward_reference(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                              POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
-                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                           variate_ids, variate_bias));
   return positional_backward_reference_of(grad_out, q, k, v, out, lse,
                                           positional_args(q, k, v, POSITIONAL_ARGS));
 }
@@ -1032,7 +1090,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_r
 std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                          variate_ids, variate_bias));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_forward_reference_of(q, k, v, a);
@@ -1046,11 +1105,12 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, c
   return {out.to(q.scalar_type()), lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
-                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                           variate_ids, variate_bias));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1058,10 +1118,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_c
   PreparedPositional prepared;
   prepare_positional(prepared, in.qh, in.kh, in.vh, a, in.rotary_inside);
   auto dq = at::zeros_like(in.qh), dk = at::zeros_like(in.kh), dv = at::zeros_like(in.vh);
-  at::Tensor dtable;  // [num_buckets, H] float32 with a T5 table
+  at::Tensor dtable;    // [num_buckets, H] float32 with a T5 table
+  at::Tensor dvariate;  // [2, H] float32 with a variate bias
   if (in.qh.numel() > 0 && in.kh.numel() > 0)
     detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
-                                   dv, dtable);  // rotated back inside when rotary_inside
+                                   dv, dtable,
+                                   &dvariate);  // rotated back inside when rotary_inside
   if (in.rotary_outside) {
     dq = rotate_rows_of(dq, a, k.size(2) - q.size(2), /*inverse=*/true);
     dk = rotate_rows_of(dk, a, 0, /*inverse=*/true);
@@ -1072,7 +1134,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_c
   } else {
     dtable = at::empty({0}, q.options().dtype(at::kFloat));
   }
-  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable};
+  if (a.variate_ids.defined()) {
+    if (!dvariate.defined()) dvariate = at::zeros({2, q.size(1)}, at::kFloat);
+    dvariate = dvariate.to(a.variate_bias.scalar_type());
+  } else {
+    dvariate = at::empty({0}, q.options().dtype(at::kFloat));
+  }
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable, dvariate};
 }
 
 at::Tensor positional_attention_reference(const at::Tensor& q, const at::Tensor& k,
@@ -1096,7 +1164,8 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
 // go: float64, head dims of 0 or above cuda::kAttentionMaxDim, or ALiBi and T5 together.
 bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v, const Positional& a) {
   return detail::attention_cuda_supported(q) && v.size(3) > 0 && q.size(3) > 0 &&
-         detail::attention_cuda_supported(v) && !(a.slopes.defined() && a.table.defined());
+         detail::attention_cuda_supported(v) && !(a.slopes.defined() && a.table.defined()) &&
+         !a.packed();
 }
 
 BiasSpec cuda_bias_of(const Positional& a) {
@@ -1279,23 +1348,25 @@ at::Tensor t5_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at:
 std::tuple<at::Tensor, at::Tensor> positional_forward_cuda(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                          variate_ids, variate_bias));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!cuda_kernel_takes(q, v, a)) return positional_forward_reference_of(q, k, v, a);
   return cuda_forward_of(q, k, v, a);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
-                         positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                           variate_ids, variate_bias));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!cuda_kernel_takes(q, v, a))
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
   auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a);
   if (!dtable.defined()) dtable = at::empty({0}, q.options().dtype(at::kFloat));
-  return {dq, dk, dv, dtable};
+  return {dq, dk, dv, dtable, at::empty({0}, q.options().dtype(at::kFloat))};
 }
 
 at::Tensor positional_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1310,7 +1381,8 @@ at::Tensor positional_attention_cuda(const at::Tensor& q, const at::Tensor& k, c
 std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask));
+                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
+                                          variate_ids, variate_bias));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
@@ -1320,7 +1392,7 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
     if (!cuda_kernel_takes(q, v, a))
       return first +
              "reference: a call the CUDA kernel does not take (float64, a head dim of 0 "
-             "or above 256, or ALiBi and T5 together)";
+             "or above 256, ALiBi and T5 together, or sample ids / a variate bias)";
     return first + (a.rotary() && !learned ? "CUDA kernel, RoPE outside (float32)" : "CUDA kernel");
   }
 #endif
@@ -1376,27 +1448,31 @@ POSENC_LIBRARY_FRAGMENT(m) {
       "positional_attention(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? sin=None, str "
       "layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
       "Tensor");
   m.def(
       "_positional_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
       "(Tensor, Tensor)");
   m.def(
       "_positional_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor? cos=None, Tensor? sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
       "(Tensor, Tensor, Tensor, "
-      "Tensor)");
+      "Tensor, Tensor)");
   // Which path positional_attention takes and why (inspection; any device).
   m.def(
       "positional_attention_route(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
+      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
       "str",
       TORCH_FN(positional_attention_route));
 }

@@ -77,7 +77,10 @@ void check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    const std::optional<at::Tensor>& slopes, const std::optional<at::Tensor>& table,
                    const std::optional<at::Tensor>& key_padding,
                    const std::optional<at::Tensor>& q_cos, const std::optional<at::Tensor>& q_sin,
-                   const std::optional<at::Tensor>& k_cos, const std::optional<at::Tensor>& k_sin) {
+                   const std::optional<at::Tensor>& k_cos, const std::optional<at::Tensor>& k_sin,
+                   const std::optional<at::Tensor>& sample_ids,
+                   const std::optional<at::Tensor>& variate_ids,
+                   const std::optional<at::Tensor>& variate_bias) {
   check_same_device("attention_fused", {{"q", q}, {"k", k}, {"v", v}},
                     {{"q_positions", q_positions},
                      {"k_positions", k_positions},
@@ -87,7 +90,10 @@ void check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                      {"q_cos", q_cos},
                      {"q_sin", q_sin},
                      {"k_cos", k_cos},
-                     {"k_sin", k_sin}});
+                     {"k_sin", k_sin},
+                     {"sample_ids", sample_ids},
+                     {"variate_ids", variate_ids},
+                     {"variate_bias", variate_bias}});
 }
 
 // Positions, slopes and tables hold real numbers (an imaginary part would be dropped).
@@ -102,7 +108,7 @@ void check_real(const char* name, const std::optional<at::Tensor>& t, bool integ
 Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 POSENC_ATTENTION_FUSED_PARAMS) {
   check_devices(q, k, v, q_positions, k_positions, slopes, table, key_padding, q_cos, q_sin, k_cos,
-                k_sin);
+                k_sin, sample_ids, variate_ids, variate_bias);
   check_real("q_positions", q_positions, true);
   check_real("k_positions", k_positions, true);
   check_real("slopes", slopes, false);
@@ -186,6 +192,14 @@ Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 "mask == 0 or mask != 0)");
     u.masks.key_padding = *kp;
   }
+  if (auto s = given(sample_ids)) u.masks.sample_ids = *s;
+  if (auto s = given(variate_ids)) u.masks.variate_ids = *s;
+  if (auto s = given(variate_bias)) u.masks.variate_bias = *s;
+  detail::check_packed_ids("attention_fused", u.masks.sample_ids, u.masks.variate_ids,
+                           u.masks.variate_bias, k.size(0), k.size(1), q.size(2));
+  TORCH_CHECK(!u.masks.sample_ids.defined() || q.size(1) <= k.size(1),
+              "attention_fused: sample_ids with more queries (", q.size(1), ") than keys (",
+              k.size(1), "): the queries take the last Nq ids");
   const bool any_table = given(q_cos) || given(q_sin) || given(k_cos) || given(k_sin);
   if (any_table) {
     TORCH_CHECK(given(q_cos) && given(q_sin) && given(k_cos) && given(k_sin),
@@ -269,6 +283,8 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
     p.rotary_pairs = r.q_cos.size(-1);
     p.rotary_interleaved = r.layout == RopeLayout::kInterleaved;
   }
+  detail::set_packed(p, "attention_fused", u.masks.sample_ids, u.masks.variate_ids,
+                     u.masks.variate_bias);
   return p;
 }
 
@@ -282,6 +298,13 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
   return {out.transpose(1, 2).contiguous(), lse};
 }
 
+// variate_bias's gradient on its device, in its dtype ([0] float32 without one).
+at::Tensor variate_gradient(const at::Tensor& dvariate, const Unpacked& u, const at::Tensor& q) {
+  const auto& w = u.masks.variate_bias;
+  if (!w.defined()) return at::empty({0}, q.options().dtype(at::kFloat));
+  return dvariate.defined() ? dvariate.to(w.options()) : at::zeros_like(w);
+}
+
 // The table's gradient on the table's device, in its dtype (zeros where the kernel gave none).
 at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
   if (u.table.numel() == 0 && !dtable.defined()) return u.table;  // no table: [0]
@@ -292,7 +315,7 @@ at::Tensor table_gradient(const at::Tensor& dtable, const Unpacked& u) {
 // not rounded to q's dtype): delta_i = dO_i . O_i. (CUDA: q's dtype, the kernel's output.) From a
 // bfloat16 O, as FlashAttention reads it, dq and dk in bfloat16 err about twice as much against
 // float64.
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
@@ -300,13 +323,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cpu(
   auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
   auto p = make_problem(qh, kh, vh, u, scale);
   auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
-  at::Tensor dtable;
+  at::Tensor dtable, dvariate;
   detail::attention_backward_cpu(p, heads_first(out), lse.to(at::kFloat).contiguous(),
-                                 heads_first(grad_out), dq, dk, dv, dtable);
+                                 heads_first(grad_out), dq, dk, dv, dtable, &dvariate);
   auto back = [](const at::Tensor& g, const at::Tensor& like) {
     return g.transpose(1, 2).contiguous().to(like.scalar_type());
   };
-  return {back(dq, q), back(dk, k), back(dv, v), table_gradient(dtable, u)};
+  return {back(dq, q), back(dk, k), back(dv, v), table_gradient(dtable, u),
+          variate_gradient(dvariate, u, q)};
 }
 
 at::Tensor attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -328,6 +352,9 @@ BiasSpec cuda_bias(const Unpacked& u, const at::Tensor& q) {
               "attention_fused (CUDA): one bias part, ALiBi or T5 (a relative table or two parts "
               "run on the CPU); got ",
               bias.alibi ? "alibi + " : "", to_string(bias.table.form));
+  TORCH_CHECK(!u.masks.sample_ids.defined() && !u.masks.variate_ids.defined(),
+              "attention_fused (CUDA): sample_ids and the variate bias run on the CPU kernel (the "
+              "CUDA kernel does not read them yet); use attention_reference on CUDA");
   BiasSpec spec = bias.table;
   if (bias.alibi) {
     spec = BiasSpec{};
@@ -358,7 +385,7 @@ std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::T
 }
 
 // The gradients of the rotated q, k, turned back: R(theta)^T = R(-theta).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
@@ -373,7 +400,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_cuda(
     dq = rope_rotate_op().call(dq, u.rotary.q_cos, u.rotary.q_sin, layout, true);
     dk = rope_rotate_op().call(dk, u.rotary.k_cos, u.rotary.k_sin, layout, true);
   }
-  return {dq, dk, dv, table_gradient(dtable, u)};
+  return {dq, dk, dv, table_gradient(dtable, u), variate_gradient({}, u, q)};
 }
 
 at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -387,7 +414,8 @@ at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const 
   "Tensor q_positions, Tensor k_positions, Tensor? slopes, bool symmetric, Tensor? table, "   \
   "str table_form, int num_buckets, int max_distance, bool bidirectional, "                   \
   "int max_relative_position, bool causal, Tensor? key_padding, float scale, Tensor? q_cos, " \
-  "Tensor? q_sin, Tensor? k_cos, Tensor? k_sin, str rope_layout"
+  "Tensor? q_sin, Tensor? k_cos, Tensor? k_sin, str rope_layout, Tensor? sample_ids=None, "   \
+  "Tensor? variate_ids=None, Tensor? variate_bias=None"
 
 // Registered once per process (see rope_rotate.cpp: the static core may be loaded twice).
 bool register_once() {
@@ -399,7 +427,7 @@ bool register_once() {
           ") -> (Tensor, Tensor)");
   def.def(
       "_attention_fused_backward(Tensor grad_out, Tensor out, Tensor lse, Tensor q, Tensor k, "
-      "Tensor v, " POSENC_PARAMS_SCHEMA ") -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor v, " POSENC_PARAMS_SCHEMA ") -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   static torch::Library cpu(torch::Library::IMPL, "posenc", c10::DispatchKey::CPU, __FILE__,
                             __LINE__);
   cpu.impl("attention_fused", TORCH_FN(attention_fused_cpu));
@@ -472,10 +500,14 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(prepared != nullptr, "attention_fused: no prepared bias (use fused_bias({}, ...))");
   const FusedBias& bias = *prepared;
   ops::check_attention_shapes(q, k, v);
-  TORCH_CHECK(attention_fused_supported(bias, q), "attention_fused: unsupported input (",
+  TORCH_CHECK(attention_fused_supported(bias, q, masks), "attention_fused: unsupported input (",
               bias.unsupported.empty() ? "" : bias.unsupported + ", ", "bias ",
               bias.alibi ? "alibi + " : "", to_string(bias.table.form), ", device ", q.device(),
-              ", dtype ", q.scalar_type(), "); use attention_reference");
+              ", dtype ", q.scalar_type(),
+              masks.sample_ids.defined() || masks.variate_ids.defined()
+                  ? ", sample ids or a variate bias (CPU kernel only)"
+                  : "",
+              "); use attention_reference");
   auto opt = [](bool has, const at::Tensor& t) {
     return has ? std::optional<at::Tensor>(t) : std::nullopt;
   };
@@ -487,7 +519,9 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
       t.max_relative_position, masks.causal, opt(masks.key_padding.defined(), masks.key_padding),
       scale, opt(rotary.defined(), rotary.q_cos), opt(rotary.defined(), rotary.q_sin),
       opt(rotary.defined(), rotary.k_cos), opt(rotary.defined(), rotary.k_sin),
-      to_string(rotary.layout));
+      to_string(rotary.layout), opt(masks.sample_ids.defined(), masks.sample_ids),
+      opt(masks.variate_ids.defined(), masks.variate_ids),
+      opt(masks.variate_bias.defined(), masks.variate_bias));
 }
 
 }  // namespace posenc

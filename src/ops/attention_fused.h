@@ -14,6 +14,9 @@
 //   slopes [H] (ALiBi, the parts folded), table [num_buckets, H] (T5) or [2K+1, D] (Shaw)
 //   key_padding [B, Nk] bool (true: a real key), causal: key j visible to query i when
 //   j <= i + Nk - Nq; q_cos .. k_sin per-pair float32 tables [Nq, F], [Nk, F] (RoPE inside)
+//   sample_ids [B, Nk] int64 (packed samples: attend within equal ids, one run each), variate_ids
+//   [B, Nk] int64 >= 0 with variate_bias [2, H] (+ variate_bias[ids equal, h]; Moirai's binary
+//   bias); the queries take the last Nq ids. CPU kernel only (CUDA refuses them).
 //   -> out [B, Nq, H, Dv] in q's dtype (contiguous); lse [B, H, Nq] float32
 //   _attention_fused_forward -> (out, lse), out on the CPU in float32: the accumulator's values,
 //   which the backward reads for delta = dO . O (unrounded: bfloat16 dq, dk land on float64's
@@ -23,8 +26,8 @@
 // (src/kernels/cpu/attention_cpu.cpp), CUDA -> the CUDA kernel's glue (src/kernels/cuda/, where the
 // LibTorch has CUDA; RoPE as one rotation pass before it, posenc::rope_rotate), Autograd ->
 // autograd/attention_fused_autograd.cpp (forward: _attention_fused_forward, backward:
-// _attention_fused_backward, each with a CPU and a CUDA kernel; gradients for q, k, v and the
-// table). The specification is attention_reference with bias_from_spec
+// _attention_fused_backward, each with a CPU and a CUDA kernel; gradients for q, k, v, the
+// table and variate_bias). The specification is attention_reference with bias_from_spec
 // (posenc/kernels/attention.h). The C++ library's attention_fused (that header) calls this
 // operator; fakes: python/_meta.py.
 #pragma once
@@ -46,11 +49,12 @@ namespace posenc::ops {
       const std::optional<at::Tensor>&key_padding, double scale,                               \
       const std::optional<at::Tensor>&q_cos, const std::optional<at::Tensor>&q_sin,            \
       const std::optional<at::Tensor>&k_cos, const std::optional<at::Tensor>&k_sin,            \
-      c10::string_view rope_layout
+      c10::string_view rope_layout, const std::optional<at::Tensor>&sample_ids,                \
+      const std::optional<at::Tensor>&variate_ids, const std::optional<at::Tensor>&variate_bias
 #define POSENC_ATTENTION_FUSED_ARGS                                                          \
   q_positions, k_positions, slopes, symmetric, table, table_form, num_buckets, max_distance, \
       bidirectional, max_relative_position, causal, key_padding, scale, q_cos, q_sin, k_cos, \
-      k_sin, rope_layout
+      k_sin, rope_layout, sample_ids, variate_ids, variate_bias
 
 /// _attention_fused_forward's out as attention_fused returns it, in q's dtype: a copy only
 /// where the dtypes differ (an operator below autograd must not hand back its input).
@@ -61,10 +65,11 @@ using AttentionFusedSignature = at::Tensor(const at::Tensor&, const at::Tensor&,
 using AttentionFusedForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, POSENC_ATTENTION_FUSED_PARAMS);
 /// (grad_out, out, lse, q, k, v, ...) -> (dq, dk, dv, dtable: the table's shape, or [0] without
-/// one)
-using AttentionFusedBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    const at::Tensor&, POSENC_ATTENTION_FUSED_PARAMS);
+/// one, dvariate_bias: [2, H] in variate_bias's dtype, or [0] without one)
+using AttentionFusedBackwardSignature =
+    std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+        const at::Tensor&, const at::Tensor&, POSENC_ATTENTION_FUSED_PARAMS);
 
 /// q [B, Nq, H, D], k [B, Nk, H, D], v [B, Nk, H, Dv] agree (one line naming the sizes); the
 /// reference attention checks the same.

@@ -59,17 +59,21 @@ def _t5_table():
     return torch.randn(8, 2)
 
 
+def _packed():  # sample_ids, variate_ids [B, Nk], variate_bias [2, H]
+    return [torch.tensor([[0, 0, 1]]), torch.tensor([[0, 1, 1]]), torch.randn(2, 2)]
+
+
 def _positional_tail():  # cos, sin, layout, slopes, symmetric, t5_table, bidirectional, ...
     cos, sin = _rotary()[2:]
     return [cos[0, :, :4], sin[0, :, :4], "half", posenc.alibi_slopes(2), False, _t5_table(),
-            True, 16, False, None, _mask()]
+            True, 16, False, None, _mask(), *_packed()]
 
 
 def _fused_tail():  # attention_fused's parameters after q, k, v
     qc, qs = _pairs()
     return [torch.arange(3.0), torch.arange(3.0), posenc.alibi_slopes(2), False, _t5_table(),
             "bucket_table", 8, 16, True, 0, False, _mask(), 0.5, qc[:, :2], qs[:, :2],
-            qc[:, :2].clone(), qs[:, :2].clone(), "half"]
+            qc[:, :2].clone(), qs[:, :2].clone(), "half", *_packed()]
 
 
 def _bnhd():  # attention_fused's q, k, v [B, N, H, D], grad_out, out [B, N, H, Dv], lse [B, H, N]

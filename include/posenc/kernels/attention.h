@@ -10,6 +10,18 @@
 //     kRelativeTable q_i . table[clip(p_j - p_i, -K, K) + K] / sqrt(D)   (Shaw; learnable, CPU)
 //   masks: causal (key j visible to query i when j <= i + Nk - Nq, i.e. cached keys come first)
 //          and key padding [B, Nk] (true = a real token).
+//   packed samples (Moirai-2, uni2ts' packed_attention_mask): sample_ids [B, Nk] int64, several
+//          series packed in one sequence; key j visible to query i only when
+//          sample_ids[b, j] == sample_ids[b, i + Nk - Nq] (the queries take the last Nq ids, as
+//          the causal mask's cached keys). Each id one contiguous run per row, so the kernel
+//          visits only the tiles whose runs meet (a packed batch costs the sum of its samples'
+//          squares, not N^2) and never materializes [N, N].
+//   binary variate bias (Moirai's BinaryAttentionBias, uni2ts/module/position/attn_bias.py):
+//          + variate_bias[1, h] if variate_ids[b, j] == variate_ids[b, i + Nk - Nq]
+//          + variate_bias[0, h] otherwise;  variate_ids [B, Nk] int64 >= 0, variate_bias [2, H]
+//          learnable (Moirai's nn.Embedding(2, H).weight as is), its gradient two sums of dS per
+//          head: d variate_bias[s, h] = sum_{b, i, j : [equal ids] = s} dS[b, h, i, j].
+//   A query row that sees no key (all its keys padded or masked) gives 0, lse -inf.
 //   rotary (optional, CPU): q_i and k_j are rotated by their RoPE tables as each tile is loaded
 //          (Su et al. 2021; layouts as rope_apply), so no rotated copy of q and k is written;
 //          the backward rotates dq, dk back (the inverse rotation). On CUDA the rotation is one
@@ -36,10 +48,23 @@
 
 namespace posenc {
 
+/// Masks and the per-pair id terms of one attention call (every tensor optional).
 struct AttentionMasks {
   bool causal = false;
-  at::Tensor key_padding;  ///< [B, Nk] bool, true where the key is a real token (optional)
+  at::Tensor key_padding;   ///< [B, Nk] bool, true where the key is a real token (optional)
+  at::Tensor sample_ids;    ///< [B, Nk] int64: packed samples, attend within equal ids (runs)
+  at::Tensor variate_ids;   ///< [B, Nk] int64 >= 0: the binary variate bias's ids
+  at::Tensor variate_bias;  ///< [2, H] float: row 0 different variate ids, row 1 the same
 };
+
+/// Packed samples' mask, materialized (the reference's, and for tests): [B, Nq, Nk] bool, true
+/// where key j is visible to query i (equal sample ids; queries at the last Nq ids).
+at::Tensor sample_mask_from_ids(const at::Tensor& sample_ids, int64_t nq);
+/// The binary variate bias, materialized and differentiable in variate_bias:
+/// [B, H, Nq, Nk] = variate_bias[ids equal, h] (queries at the last Nq ids), as uni2ts'
+/// BinaryAttentionBias computes ~ind * weight[0] + ind * weight[1].
+at::Tensor variate_bias_from_ids(const at::Tensor& variate_ids, const at::Tensor& variate_bias,
+                                 int64_t nq);
 
 /// RoPE tables for attention_fused to apply inside its tiles: per-pair cos/sin [Nq, F] for the
 /// queries and [Nk, F] for the keys (2F <= D; the rest of each head passes through), e.g. from
@@ -75,9 +100,13 @@ std::shared_ptr<const FusedBias> fused_bias(const std::vector<BiasSpec>& parts,
 
 /// Whether attention_fused takes this bias and these positions (else use the reference).
 bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q);
+/// The same with the call's masks (sample ids and the variate bias: the CPU kernel only).
+bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q,
+                               const AttentionMasks& masks);
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
                                const at::Tensor& q_positions, const at::Tensor& k_positions);
-/// Fused attention, autograd-aware (gradients for q, k, v and a T5 or Shaw table).
+/// Fused attention, autograd-aware (gradients for q, k, v, a T5 or Shaw table and
+/// masks.variate_bias).
 at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::shared_ptr<const FusedBias>& bias,
                            const AttentionMasks& masks, double scale,
@@ -87,8 +116,9 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
                            const BiasSpec& bias, const at::Tensor& q_positions,
                            const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
                            const AttentionRotary& rotary = {});
-/// The specification: logits = q k^T * scale + bias (materialized) + masks, softmax, times v.
-/// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined.
+/// The specification: logits = q k^T * scale + bias (materialized) + the variate bias + masks
+/// (causal, key padding, sample ids), softmax, times v; a row that sees no key gives 0.
+/// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined. Autograd-able (q, k, v, bias, variate_bias).
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& bias, const AttentionMasks& masks, double scale);
 /// The bias a BiasSpec describes, materialized: [H, Nq, Nk] (the fallback, and for tests);

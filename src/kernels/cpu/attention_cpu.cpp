@@ -12,6 +12,13 @@
 // once per thread into an [Nk, D] scratch (the backward: a head's queries once, each key block
 // once); the backward computes dq', dk' for the rotated vectors and rotates them back (R^T =
 // the rotation by -angle). No rotated copy of the whole q or k is made.
+// Packed samples (Moirai's block-diagonal mask on sample_id, uni2ts' packed_attention_mask): each
+// id one contiguous run per row, so the keys a query block can see are one interval [run_first of
+// its first query, run_last of its last]; the forward visits only the key columns inside it, the
+// backward only the query rows whose runs meet its key block, and the tiles in between mask the
+// pairs of different ids with -inf. The binary variate bias (uni2ts' BinaryAttentionBias:
+// weight[1, h] for equal variate ids, weight[0, h] otherwise) is added per pair; its gradient is
+// two sums of dS per head, accumulated per (b, h) and summed over b (no atomics).
 #include "attention_cpu.h"
 
 #include <ATen/ATen.h>
@@ -20,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_set>
 
 #include "cpu_kernels.h"
 #include "parallel.h"
@@ -43,6 +51,10 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   const float* lut =
       p.table_form == BiasForm::kBucketTable ? p.lut.data() + h * p.rel_count : nullptr;
   const bool relative = p.table_form == BiasForm::kRelativeTable;
+  const int64_t* sample = p.packed ? p.sample_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
+  const int64_t* variate = p.variate ? p.variate_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
+  const float differ = p.variate ? p.variate_bias[h] : 0.0f;
+  const float same = p.variate ? p.variate_bias[p.heads + h] : 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     float* row = s + r * ld;
@@ -67,9 +79,20 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
       const int64_t* ik = p.ik + j0;
       for (int64_t c = 0; c < cols; ++c) row[c] += qr[std::clamp(ik[c] - pi, -kmax, kmax) + kmax];
     }
+    if (variate) {  // Moirai's binary bias: weight[1, h] on equal ids, weight[0, h] otherwise
+      const int64_t vi = variate[i + offset];
+      const int64_t* vk = variate + j0;
+      for (int64_t c = 0; c < cols; ++c) row[c] += vk[c] == vi ? same : differ;
+    }
     if (p.causal) {
       const int64_t last = i + offset;  // last visible key
       for (int64_t c = std::max<int64_t>(0, last + 1 - j0); c < cols; ++c) row[c] = kNegInf;
+    }
+    if (sample) {  // the block-diagonal mask of packed samples
+      const int64_t si = sample[i + offset];
+      const int64_t* sk = sample + j0;
+      for (int64_t c = 0; c < cols; ++c)
+        if (sk[c] != si) row[c] = kNegInf;
     }
     if (keep)
       for (int64_t c = 0; c < cols; ++c)
@@ -104,7 +127,103 @@ int64_t visible_columns(const AttentionProblem& p, int64_t i_last, int64_t j0, i
   return std::max<int64_t>(0, std::min(cols, i_last + (p.nk - p.nq) + 1 - j0));
 }
 
+// Packed samples: the key interval [first, last] that queries [i0, i0 + rows) can see (their runs
+// are contiguous and so is their union); without packing all keys.
+std::pair<int64_t, int64_t> packed_keys(const AttentionProblem& p, int64_t b, int64_t i0,
+                                        int64_t rows) {
+  if (!p.packed) return {0, p.nk - 1};
+  const int64_t offset = p.nk - p.nq;
+  return {p.run_first[b * p.nk + i0 + offset], p.run_last[b * p.nk + i0 + rows - 1 + offset]};
+}
+
+// The query interval [first, last] whose runs meet keys [j0, j0 + cols) (may be empty).
+std::pair<int64_t, int64_t> packed_queries(const AttentionProblem& p, int64_t b, int64_t j0,
+                                           int64_t cols) {
+  if (!p.packed) return {0, p.nq - 1};
+  const int64_t offset = p.nk - p.nq;
+  return {std::max<int64_t>(0, p.run_first[b * p.nk + j0] - offset),
+          std::min<int64_t>(p.nq - 1, p.run_last[b * p.nk + j0 + cols - 1] - offset)};
+}
+
 }  // namespace
+
+void check_packed_ids(const char* op, const at::Tensor& sample_ids, const at::Tensor& variate_ids,
+                      const at::Tensor& variate_bias, int64_t batch, int64_t nk, int64_t heads) {
+  auto check_ids = [&](const char* name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    TORCH_CHECK(at::isIntegralType(t.scalar_type(), /*includeBool=*/false), op, ": ", name,
+                " must be an integer tensor (int64), got ", t.scalar_type());
+    TORCH_CHECK(t.dim() == 2 && t.size(0) == batch && t.size(1) == nk, op, ": ", name,
+                " must be [B, Nk] = [", batch, ", ", nk, "], got ", t.sizes());
+  };
+  check_ids("sample_ids", sample_ids);
+  check_ids("variate_ids", variate_ids);
+  TORCH_CHECK(variate_ids.defined() == variate_bias.defined(), op,
+              ": variate_ids and variate_bias go together; got ",
+              variate_ids.defined() ? "variate_ids without variate_bias"
+                                    : "variate_bias without variate_ids");
+  if (variate_bias.defined()) {
+    TORCH_CHECK(at::isFloatingType(variate_bias.scalar_type()), op,
+                ": variate_bias must be floating point, got ", variate_bias.scalar_type());
+    TORCH_CHECK(
+        variate_bias.dim() == 2 && variate_bias.size(0) == 2 && variate_bias.size(1) == heads, op,
+        ": variate_bias must be [2, H] = [2, ", heads,
+        "] (row 0: different variate ids, row 1: the same; Moirai's Embedding(2, H) "
+        "weight), got ",
+        variate_bias.sizes());
+  }
+  if (variate_ids.defined() && variate_ids.numel() > 0) {
+    const auto v = variate_ids.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* d = v.const_data_ptr<int64_t>();
+    for (int64_t n = 0; n < v.numel(); ++n)
+      TORCH_CHECK(d[n] >= 0, op, ": variate_ids[", n / nk, ", ", n % nk, "] = ", d[n],
+                  " is negative (variate ids must be >= 0)");
+  }
+  if (sample_ids.defined() && sample_ids.numel() > 0) {
+    const auto s = sample_ids.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* d = s.const_data_ptr<int64_t>();
+    std::unordered_set<int64_t> seen;
+    for (int64_t b = 0; b < batch; ++b) {
+      seen.clear();
+      const int64_t* row = d + b * nk;
+      for (int64_t j = 0; j < nk; ++j) {
+        if (j > 0 && row[j] == row[j - 1]) continue;
+        TORCH_CHECK(seen.insert(row[j]).second, op, ": sample_ids[", b, ", ", j, "] = ", row[j],
+                    " starts a second run of that sample (each sample id must be one contiguous "
+                    "run per row)");
+      }
+    }
+  }
+}
+
+void set_packed(AttentionProblem& p, const char* op, const at::Tensor& sample_ids,
+                const at::Tensor& variate_ids, const at::Tensor& variate_bias) {
+  check_packed_ids(op, sample_ids, variate_ids, variate_bias, p.batch, p.nk, p.heads);
+  if (sample_ids.defined()) {
+    TORCH_CHECK(p.nq <= p.nk, op, ": sample_ids with more queries (", p.nq, ") than keys (", p.nk,
+                "): the queries take the last Nq ids");
+    p.packed = true;
+    p.sample_ids = sample_ids.to(at::kCPU, at::kLong).contiguous();
+    const int64_t* d = p.sample_ids.const_data_ptr<int64_t>();
+    p.run_first.resize(p.batch * p.nk);
+    p.run_last.resize(p.batch * p.nk);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t base = b * p.nk;
+      for (int64_t j = 0; j < p.nk; ++j)
+        p.run_first[base + j] =
+            j > 0 && d[base + j] == d[base + j - 1] ? p.run_first[base + j - 1] : j;
+      for (int64_t j = p.nk - 1; j >= 0; --j)
+        p.run_last[base + j] =
+            j + 1 < p.nk && d[base + j] == d[base + j + 1] ? p.run_last[base + j + 1] : j;
+    }
+  }
+  if (variate_ids.defined()) {
+    p.variate = true;
+    p.variate_ids = variate_ids.to(at::kCPU, at::kLong).contiguous();
+    const auto w = variate_bias.detach().to(at::kCPU, at::kFloat).contiguous();
+    p.variate_bias.assign(w.const_data_ptr<float>(), w.const_data_ptr<float>() + w.numel());
+  }
+}
 
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
@@ -134,8 +253,10 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
       float* accp = acc.data_ptr<float>();
-      for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
-        const int64_t cols = visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, p.nk - j0));
+      const auto [j_first, j_last] = packed_keys(p, b, i0, rows);
+      for (int64_t j0 = j_first; j0 <= j_last; j0 += kBlockK) {
+        const int64_t cols =
+            visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, j_last + 1 - j0));
         if (cols == 0) break;
         auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
         at::mm_out(s_blk, q_blk, k_bh.narrow(0, j0, cols).t());
@@ -173,7 +294,7 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
 
 void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
-                            at::Tensor& dv, at::Tensor& dtable) {
+                            at::Tensor& dv, at::Tensor& dtable, at::Tensor* dvariate) {
   const bool table_grad = p.table_form == BiasForm::kBucketTable;
   const bool relative = p.table_form == BiasForm::kRelativeTable;
   const int64_t rel_width = relative ? 2 * p.max_relative + 1 : 0;
@@ -182,6 +303,9 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   at::Tensor partial;
   if (table_grad) partial = at::zeros({p.batch, p.heads, p.num_buckets}, at::kFloat);
   if (relative) partial = at::zeros({p.batch, p.heads, rel_width, p.dim}, at::kFloat);
+  // per (b, h) sums of dS over the pairs of different / same variate ids: [B, H, 2] (float64:
+  // N^2 terms)
+  auto variate_partial = p.variate ? at::zeros({p.batch, p.heads, 2}, at::kDouble) : at::Tensor();
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
   const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
@@ -195,6 +319,9 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
       const int64_t b = bh / p.heads, h = bh % p.heads;
       if (relative) dqr.zero_();
       float* table_acc = table_grad ? partial[b][h].data_ptr<float>() : nullptr;
+      double* variate_acc = p.variate ? variate_partial[b][h].data_ptr<double>() : nullptr;
+      const int64_t* variate =
+          p.variate ? p.variate_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
       const float* lse_bh = lse[b][h].data_ptr<float>();
       const float* dot_bh = row_dot[b][h].data_ptr<float>();
       auto dq_bh = dq[b][h];
@@ -206,8 +333,9 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
         auto v_blk = p.v[b][h].narrow(0, j0, cols_all);
         auto dk_blk = dk[b][h].narrow(0, j0, cols_all);
         auto dv_blk = dv[b][h].narrow(0, j0, cols_all);
-        for (int64_t i0 = 0; i0 < p.nq; i0 += kBlockQ) {
-          const int64_t rows = std::min(kBlockQ, p.nq - i0);
+        const auto [i_first, i_last] = packed_queries(p, b, j0, cols_all);
+        for (int64_t i0 = i_first; i0 <= i_last; i0 += kBlockQ) {
+          const int64_t rows = std::min(kBlockQ, i_last + 1 - i0);
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
           auto q_blk = q_bh.narrow(0, i0, rows);
@@ -233,6 +361,13 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             const float* dprow = dps + r * kBlockK;
             const float d = dot_bh[i0 + r];
             for (int64_t c = 0; c < cols; ++c) row[c] *= dprow[c] - d;
+            if (variate_acc) {
+              const int64_t vi = variate[i0 + r + (p.nk - p.nq)];
+              float differ = 0.0f, same = 0.0f;
+              for (int64_t c = 0; c < cols; ++c) (variate[j0 + c] == vi ? same : differ) += row[c];
+              variate_acc[0] += differ;
+              variate_acc[1] += same;
+            }
             if (table_acc) {
               const int64_t base = -p.iq[i0 + r] - p.rel_min;
               for (int64_t c = 0; c < cols; ++c) table_acc[p.bucket[p.ik[j0 + c] + base]] += row[c];
@@ -266,6 +401,8 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   });
   if (table_grad) dtable = partial.sum(0).t().contiguous();  // [num_buckets, H]
   if (relative) dtable = partial.sum({0, 1});                // [2K+1, D]
+  if (p.variate && dvariate != nullptr)
+    *dvariate = variate_partial.sum(0).t().to(at::kFloat).contiguous();  // [2, H]
 }
 
 }  // namespace posenc::detail

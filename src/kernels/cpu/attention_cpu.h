@@ -42,7 +42,30 @@ struct AttentionProblem {
   at::Tensor k_cos, k_sin;  ///< [Nk, F]
   int64_t rotary_pairs = 0;
   bool rotary_interleaved = false;
+  // Packed samples (Moirai's sample_id): key j visible to query i only when
+  // sample[b, j] == sample[b, i + Nk - Nq]; each id one contiguous run per row, so a query block
+  // sees keys [run_first of its first query, run_last of its last] and the other tiles are skipped.
+  bool packed = false;
+  at::Tensor sample_ids;           ///< [B, Nk] int64 contiguous
+  std::vector<int64_t> run_first;  ///< [B, Nk]: first index of the run holding j
+  std::vector<int64_t> run_last;   ///< [B, Nk]: last index of the run holding j
+  // Binary variate bias (Moirai's BinaryAttentionBias): + variate_bias[same, h], same =
+  // (variate[b, j] == variate[b, i + Nk - Nq]); row 0 different ids, row 1 the same.
+  bool variate = false;
+  at::Tensor variate_ids;           ///< [B, Nk] int64 contiguous
+  std::vector<float> variate_bias;  ///< [2, H]
 };
+
+/// Checks sample_ids / variate_ids [B, Nk] (integer, on any device) and variate_bias [2, H]
+/// (floating point; given exactly when variate_ids is): shapes, sample ids in contiguous runs per
+/// row, variate ids >= 0; `op` names the operator. One line naming the tensor and the first bad
+/// index.
+void check_packed_ids(const char* op, const at::Tensor& sample_ids, const at::Tensor& variate_ids,
+                      const at::Tensor& variate_bias, int64_t batch, int64_t nk, int64_t heads);
+/// Sets the problem's packed-sample mask and variate bias (undefined tensors: none); p's sizes
+/// must be set. Checks as check_packed_ids.
+void set_packed(AttentionProblem& p, const char* op, const at::Tensor& sample_ids,
+                const at::Tensor& variate_ids, const at::Tensor& variate_bias);
 
 /// The problem's tensors and sizes from contiguous float32 qh, kh [B, H, N, D] and vh [B, H, Nk,
 /// Dv] (the bias, masks and rotary parts are the caller's).
@@ -64,9 +87,11 @@ inline void set_tensors(AttentionProblem& p, const at::Tensor& qh, const at::Ten
 /// row sees no key).
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse);
 /// Gradients; dtable only for a table form (kBucketTable: [num_buckets, H]; kRelativeTable:
-/// [2K+1, D]; float32), else undefined. dq includes the relative table's q . a term.
+/// [2K+1, D]; float32), else undefined. dq includes the relative table's q . a term. dvariate:
+/// [2, H] float32 with a variate bias (sum of dS over the pairs of different / same ids), else
+/// undefined.
 void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
-                            at::Tensor& dv, at::Tensor& dtable);
+                            at::Tensor& dv, at::Tensor& dtable, at::Tensor* dvariate = nullptr);
 
 }  // namespace posenc::detail
