@@ -304,6 +304,69 @@ def test_moirai2_attention_packed(packing):
     _grads_close(_grads(got, params, seed), _grads(want, params, seed))
 
 
+def _univariate_ids():
+    """Packed series of one variate each (time in token order within a series), then padding:
+    Moirai-2's packed causal mask is then causal in token order within each run."""
+    sample = torch.tensor([[1] * 7 + [2] * 5 + [3] * 7 + [0] * 3,
+                           [1] * 12 + [2] * 10])
+    time = torch.cat([torch.cat([torch.arange(n) for n in (7, 5, 7, 3)])[None],
+                      torch.cat([torch.arange(n) for n in (12, 10)])[None]])
+    variate = torch.zeros_like(sample)
+    variate[0, 12:19] = 1  # ids need not be 0 in a series of one variate
+    return sample, variate, time
+
+
+@pytest.mark.parametrize("packing", ["bidirectional", "causal"])
+def test_moirai_fused_sample_mask_and_variate_bias(packing):
+    """posenc.positional_attention with sample_ids, variate_ids and variate_bias (uni2ts'
+    BinaryAttentionBias weight as is) and RoPE inside the tiles: uni2ts' attention with its own
+    packed mask (Moirai 1's packed_attention_mask over several variates; Moirai-2's
+    packed_causal_attention_mask over series of one variate) to 1e-6, gradients of the input and
+    of the variate bias."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    attention = _moirai().encoder.layers[0].self_attn
+    if packing == "bidirectional":
+        sample, variate, time = _packed_ids()
+        mask = torch_util.packed_attention_mask(sample)
+    else:
+        sample, variate, time = _univariate_ids()
+        mask = torch_util.packed_causal_attention_mask(sample, time)
+    batch, length = sample.shape
+    heads, dim = attention.num_heads, attention.head_dim
+    x = torch.randn(batch, length, 128, requires_grad=True)
+    want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
+                     query_time_id=time, kv_time_id=time)
+
+    def split(t):
+        return t.view(batch, length, heads, dim).transpose(1, 2)
+
+    q = attention.q_norm(split(attention.q_proj(x)))
+    k = attention.k_norm(split(attention.k_proj(x)))
+    v = split(attention.v_proj(x))
+    cos, sin = posenc.rope_cos_sin(time, attention.time_qk_proj.query_proj.theta,
+                                   layout="interleaved")
+    table = attention.var_attn_bias.emb.weight
+    runs = torch.cat([torch.ones(batch, 1, dtype=torch.bool), sample[:, 1:] != sample[:, :-1]],
+                     1).cumsum(1)  # uni2ts' ids renumbered as contiguous runs (0 is a sample too)
+    with CountOps() as ops:
+        out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, layout="interleaved",
+                                          scale=attention.softmax_scale,
+                                          causal=packing == "causal", sample_ids=runs,
+                                          variate_ids=variate, variate_bias=table)
+    assert _attention_calls(ops) == 1
+    got = attention.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
+    _close(got, want)
+    seed = torch.randn_like(want)
+    params = [x, table, attention.q_proj.weight, attention.v_proj.weight]
+    got_grads, want_grads = _grads(got, params, seed), _grads(want, params, seed)
+    if packing == "causal":  # one variate per series: every logit of a row takes the same
+        # bias, whose gradient is 0 in exact arithmetic (softmax's shift invariance); both are
+        # float32 noise of a sum over the row
+        assert got_grads[1].abs().max() < 1e-5 and want_grads[1].abs().max() < 1e-5
+        got_grads, want_grads = got_grads[:1] + got_grads[2:], want_grads[:1] + want_grads[2:]
+    _grads_close(got_grads, want_grads)
+
+
 def _moirai_inputs():
     sample, variate, time = _packed_ids()
     torch.manual_seed(2)
@@ -322,7 +385,9 @@ def test_moirai2_patch_predictions_equal():
     assert names == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
     with CountOps() as ops:
         got = model(**inputs)
+    # several variates per series: the materialized path (rotation by posenc, SDPA), to the bit
     assert ops.calls["posenc.apply_rotary"] == 2 and ops.calls["posenc.rope_cos_sin"] == 2
+    assert _attention_calls(ops) == 0
     assert torch.equal(got, want)
     seed = torch.randn_like(want)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -334,6 +399,37 @@ def test_moirai2_patch_predictions_equal():
     with CountOps() as ops:
         again = model(**inputs)
     assert ops.calls["posenc.apply_rotary"] == 0 and torch.equal(again, want)
+
+
+def test_moirai2_patch_fused_path():
+    """Series of one variate each: Moirai-2's mask is causal in token order within each packed
+    run, so the patched attention runs in posenc's fused kernel (sample ids, variate bias and
+    RoPE inside the tiles): predictions and every parameter's gradient to 1e-6 / 1e-5."""
+    model = _moirai()
+    sample, variate, time = _univariate_ids()
+    torch.manual_seed(3)
+    inputs = dict(target=torch.randn(*sample.shape, 4),
+                  observed_mask=torch.rand(*sample.shape, 4) > 0.1, sample_id=sample,
+                  time_id=time, variate_id=variate,
+                  prediction_mask=(time >= 4) & (sample > 0), training_mode=False)
+    want = model(**inputs)
+    names = posenc_uni2ts.patch(model)
+    with CountOps() as ops:
+        got = model(**inputs)
+    assert _attention_calls(ops) == 2 and ops.calls["posenc.apply_rotary"] == 0
+    _close(got, want)
+    seed = torch.randn_like(want)
+    # the variate biases' gradients are 0 in exact arithmetic here (one variate per series: a
+    # row's logits all take the same bias) and float32 noise in both: checked small, not equal
+    biases = [layer.self_attn.var_attn_bias.emb.weight for layer in model.encoder.layers]
+    params = [p for p in model.parameters()
+              if p.requires_grad and all(p is not b for b in biases)]
+    got_grads = _grads(model(**inputs), params + biases, seed)
+    assert posenc_uni2ts.unpatch(model) == names
+    want_grads = _grads(model(**inputs), params + biases, seed)
+    _grads_close(got_grads[:len(params)], want_grads[:len(params)])
+    for g, w in zip(got_grads[len(params):], want_grads[len(params):]):
+        assert g.abs().max() < 1e-5 and w.abs().max() < 1e-5
 
 
 def test_moirai2_patch_refusals():

@@ -1,8 +1,9 @@
-"""posenc inside a Moirai-2 model (uni2ts 2.0, uni2ts/model/moirai2/module.py): the rotary part of
-its attention (tables and rotation) computed by posenc.
+"""posenc inside a Moirai-2 model (uni2ts 2.0, uni2ts/model/moirai2/module.py): the positions of its
+attention computed by posenc (the RoPE tables and rotation always; the packed sample mask and the
+binary variate bias too, in posenc's fused kernel, where the mask is one it takes).
 
     module = Moirai2Module(d_model=..., ...)              # or Moirai2Forecast(...).module
-    names = posenc.integrations.uni2ts.patch(module)      # its attention modules, posenc's RoPE
+    names = posenc.integrations.uni2ts.patch(module)      # its attention modules
     preds = module(target, observed_mask, sample_id, time_id, variate_id, prediction_mask)
     posenc.integrations.uni2ts.unpatch(module)            # uni2ts' own forward back
 
@@ -23,15 +24,22 @@ variate lists its patches with time_id 0, 1, ... Then per head h:
 What patch() replaces: the forward of each GroupedQueryAttention whose time projection is that
 rotary one (an instance attribute; unpatch() deletes it): the same projections and norms, the
 tables by posenc.rope_cos_sin(time_id, theta, layout="interleaved") (uni2ts' cos/sin buffer rows
-to the bit: the same float32 products time_id * theta, cos, sin) and the rotation of the first
-W dimensions by posenc.apply_rotary_pos_emb(layout="interleaved", partial width W) (uni2ts'
-cos * x + sin * rotate(x) to the bit). The variate bias and the packed causal mask are built as
-uni2ts builds them (its own BinaryAttentionBias and mask; [B, H, N, N] materialized) and the
-attention is SDPA as uni2ts calls it, so the patched module's outputs and gradients equal
-uni2ts' to the bit (tests/python/test_timeseries_models.py). The time-causal mask across
-variates is not a token-order causal mask, so posenc's fused attention (which takes the
-sample-id block mask and the binary variate bias on the fly) computes Moirai's non-causal
-packing and single-variate series, not this mask; the docs say so (docs/timeseries_models.md).
+to the bit: the same float32 products time_id * theta, cos, sin), then one of two paths:
+
+* the mask is a block per contiguous run of tokens (Moirai 1's packed_attention_mask), or that
+  and causal in token order (Moirai-2's packed_causal_attention_mask when every packed series
+  has one variate, its patches in time order), and no attention dropout: everything in posenc's
+  fused kernel, posenc.positional_attention(cos, sin, layout="interleaved", causal,
+  sample_ids=the runs, variate_ids, variate_bias=the BinaryAttentionBias weight): no [N, N]
+  mask or bias is built; equal to uni2ts to 1e-6 (a tiled online softmax against SDPA);
+* any other mask, Moirai-2's with several variates in a series among them (causal in time
+  across the variates: variate 1's patch at time 0 sees variate 0's at time 0 but not at time
+  1, which comes first in token order): the rotation of the first W dimensions by
+  posenc.apply_rotary_pos_emb(layout="interleaved", partial width W) (uni2ts' cos * x + sin *
+  rotate(x) to the bit), the variate bias and the mask built as uni2ts builds them (its own
+  BinaryAttentionBias; [B, H, N, N]) and SDPA as uni2ts calls it: equal to uni2ts to the bit.
+
+Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 
 Refused in one line (ValueError, nothing changed): a model without such an attention, an
 attention with another position layout (a variate projection, a time bias, a rotary part that
@@ -49,6 +57,7 @@ import types
 import torch
 import torch.nn.functional as F
 
+from ..attention import positional_attention
 from ..rotary import apply_rotary_pos_emb, rope_cos_sin
 
 __all__ = ["patch", "unpatch"]
@@ -96,6 +105,25 @@ def _same_ids(a, b, name: str) -> torch.Tensor:
     return a
 
 
+def _packed_runs(mask: torch.Tensor | None, batch: int, length: int):
+    """(sample_ids [B, N], causal) when uni2ts' boolean mask [B, N, N] is exactly a block per
+    contiguous run of tokens (packed_attention_mask), or that and causal in token order
+    (packed_causal_attention_mask of series of one variate each, whose patches are in time
+    order); else None. A run starts where a token does not see the token before it."""
+    if mask is None or mask.dtype != torch.bool or mask.shape != (batch, length, length):
+        return None
+    sees_previous = mask.diagonal(offset=-1, dim1=1, dim2=2)  # [B, N-1]: mask[b, i, i-1]
+    starts = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=mask.device),
+                        ~sees_previous], dim=1)
+    sample_ids = starts.to(torch.int64).cumsum(1)
+    same = sample_ids[:, :, None] == sample_ids[:, None, :]
+    if torch.equal(mask, same):
+        return sample_ids, False
+    if torch.equal(mask, same.tril()):
+        return sample_ids, True
+    return None
+
+
 def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_var_id=None,
                query_time_id=None, kv_time_id=None):
     """GroupedQueryAttention.forward with posenc's RoPE (uni2ts' contract, [B, N, dim] inputs)."""
@@ -117,6 +145,16 @@ def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_va
     # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
     rotary = self.time_qk_proj.query_proj
     cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
+    runs = _packed_runs(attn_mask, batch, length) if self.attn_dropout_p == 0 else None
+    if runs is not None:  # the mask is posenc's sample-id mask: all in the fused kernel
+        sample_ids, causal = runs
+        bias = self.var_attn_bias
+        out = positional_attention(
+            q, k, v, cos=cos, sin=sin, layout="interleaved", scale=self.softmax_scale,
+            causal=causal, sample_ids=sample_ids,
+            variate_ids=None if bias is None else var_id,
+            variate_bias=None if bias is None else bias.emb.weight)
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
     q, k = apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")
     # the variate bias and the packed mask as uni2ts builds them, and its SDPA call, on its
     # [B, G, heads per group, N, D] views
