@@ -8,8 +8,11 @@ packages' own code (tiny random instances of their own classes, in this process)
 * Moirai-2 (uni2ts 2.0.0, uni2ts/model/moirai2/module.py): RoPE on time_id over the first half of
   each head (pairs (2i, 2i + 1)), the binary variate bias Embedding(2, H), the packed mask per
   sample_id (causal in time across a series' variates), packed batches of several series and
-  variates of different lengths: posenc's tables and rotation, to the bit;
-  posenc.integrations.uni2ts.patch(module): predictions equal to the bit, forward and backward.
+  variates of different lengths: posenc's tables and rotation, to the bit; the sample-id mask
+  and the variate bias in posenc's fused kernel (sample_ids, variate_ids, variate_bias) where
+  the mask is a block per run (Moirai 1) or that and causal (series of one variate), 1e-6;
+  posenc.integrations.uni2ts.patch(module): predictions equal to the bit on the materialized
+  path (several variates per series), 1e-6 on the fused path, forward and backward.
 * TimesFM 2.5 (timesfm 3.0.2 timesfm/torch/transformer.py, and transformers 5.24's timesfm2_5):
   position = arange - num_masked (left padding shifts the positions), RoPE before the per-head
   RMSNorm and the per-dimension query scale, unscaled causal attention with the left padding
