@@ -435,6 +435,30 @@ def test_moirai2_patch_fused_path():
         assert g.abs().max() < 1e-5 and w.abs().max() < 1e-5
 
 
+def test_moirai2_patch_non_contiguous_samples():
+    """A sample id in two separate runs (1, 1, 2, 2, 1, 1): the mask is not a block per run, so
+    the patched attention takes the materialized path and equals uni2ts' to the bit (the fused
+    kernel is never given runs it would misread)."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    model = _moirai()
+    attention = model.encoder.layers[0].self_attn
+    sample = torch.tensor([[1, 1, 1, 2, 2, 2, 1, 1]])
+    time = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
+    variate = torch.zeros_like(sample)
+    x = torch.randn(1, 8, 128)
+    for mask in (torch_util.packed_attention_mask(sample),
+                 torch_util.packed_causal_attention_mask(sample, time)):
+        want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
+                         query_time_id=time, kv_time_id=time)
+        posenc_uni2ts.patch(model)
+        with CountOps() as ops:
+            got = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
+                            query_time_id=time, kv_time_id=time)
+        posenc_uni2ts.unpatch(model)
+        assert _attention_calls(ops) == 0 and ops.calls["posenc.apply_rotary"] == 1
+        assert torch.equal(got, want)
+
+
 def test_moirai2_patch_refusals():
     with pytest.raises(ValueError, match="no uni2ts attention"):
         posenc_uni2ts.patch(torch.nn.Linear(2, 2))
