@@ -147,6 +147,42 @@ def test_chronos2_time_attention(attn):
     _grads_close(_grads(got, params, seed), _grads(want, params, seed))
 
 
+def test_chronos2_group_attention():
+    """Chronos-2's group attention (across the series of a batch at each time step, no positions,
+    unscaled): posenc.positional_attention(scale=1.0) with the groups as sample_ids and the
+    padding as a key mask = Chronos' MHA over its group-time mask, outputs and gradients. Every
+    query here has an unpadded key in its group (a padded series alone in its group sees no key:
+    Chronos averages every value of the batch there, posenc gives 0; patch() leaves the group
+    attention to Chronos for that reason)."""
+    model = _chronos_model()
+    group = model.encoder.block[0].layer[1]
+    mha = group.self_attention
+    batch, length, heads, dim = 5, 9, 4, 8
+    groups = torch.tensor([0, 0, 0, 1, 1])  # contiguous runs, as posenc's sample_ids take them
+    kept = torch.ones(batch, length)
+    kept[1, :4] = 0  # series 1 and 4 left-padded; 0 and 3 cover their groups there
+    kept[4, :2] = 0
+    mask = model.encoder._construct_and_invert_group_time_mask(groups, kept, torch.float32)
+    x = torch.randn(batch, length, 32, requires_grad=True)
+    want = group(x, attention_mask=mask).hidden_states
+    h = group.layer_norm(x.transpose(0, 1))  # [time, batch, d]: attention along the batch
+
+    def split(t):
+        return t.view(length, batch, heads, dim).transpose(1, 2)
+
+    q, k, v = split(mha.q(h)), split(mha.k(h)), split(mha.v(h))
+    with CountOps() as ops:
+        out = posenc.positional_attention(q, k, v, scale=1.0,
+                                          sample_ids=groups.expand(length, -1),
+                                          attention_mask=kept.T.bool())
+    assert _attention_calls(ops) == 1
+    got = x + mha.o(out.transpose(1, 2).reshape(length, batch, heads * dim)).transpose(0, 1)
+    _close(got, want)
+    seed = torch.randn_like(want)
+    params = [x, mha.q.weight, mha.k.weight, mha.v.weight, mha.o.weight]
+    _grads_close(_grads(got, params, seed), _grads(want, params, seed))
+
+
 def _chronos_inputs():
     torch.manual_seed(1)
     context = torch.randn(4, 40)
