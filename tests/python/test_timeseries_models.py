@@ -4,7 +4,8 @@ packages' own code (tiny random instances of their own classes, in this process)
 * Chronos-2 (chronos-forecasting 2.3.2, chronos/chronos2/layers.py): time attention with
   rotate-half RoPE on the patch index (float32 tables, autocast off) and unscaled attention
   (scale 1.0), the padding as a key mask: posenc.rope_cos_sin + posenc.positional_attention;
-  posenc.integrations.chronos.patch(model): forecasts equal, forward and backward.
+  posenc.integrations.chronos.patch(model): forecasts equal, forward and backward. The group
+  attention (across series, no positions): positional_attention with the groups as sample_ids.
 * Moirai-2 (uni2ts 2.0.0, uni2ts/model/moirai2/module.py): RoPE on time_id over the first half of
   each head (pairs (2i, 2i + 1)), the binary variate bias Embedding(2, H), the packed mask per
   sample_id (causal in time across a series' variates), packed batches of several series and
