@@ -13,6 +13,9 @@ Same model, data, optimizer and threads as configs/vit_fashion.yaml's rope_2d ru
   -> final LayerNorm -> mean over tokens -> Linear(D, 10); 305,098 parameters at the defaults.
   Cross-entropy with label smoothing 0.1; AdamW(lr 2e-3, betas 0.9/0.999, eps 1e-8) with weight
   decay 0.05 on matrices only, gradient clipping at norm 1.0, batch 128.
+--precision bf16: the Python forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)
+(eager and compiled), posenc with train.precision=bf16 (the same autocast, src/train/precision.h);
+parameters, AdamW and clipping in float32 on both sides.
 Measured: steps/s over the steps after a warm-up, for Python eager, Python torch.compile (on the
 model) and `posenc train ... --stop-after` (from its metrics.csv's elapsed_s column), with the
 same number of threads. Only speed is compared; the learning-rate schedule is held constant here.
@@ -24,7 +27,6 @@ Run it alone on the machine: anything else running changes the ratios.
 import argparse
 import csv
 import gzip
-import math
 import os
 import subprocess
 import sys
@@ -111,7 +113,8 @@ def patchify(images, p):  # [B, 1, S, S] -> [B, (S/p)^2, p*p]
     return images.view(b, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(b, g * g, p * p)
 
 
-def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, smoothing):
+def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, smoothing,
+                            precision="float32"):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
@@ -127,7 +130,8 @@ def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, s
         flip = torch.rand(batch, generator=gen) < 0.5
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
         x = (x - MEAN) / STD
-        loss = F.cross_entropy(model(patchify(x, 7)), labels[idx], label_smoothing=smoothing)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = F.cross_entropy(model(patchify(x, 7)), labels[idx], label_smoothing=smoothing)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -162,13 +166,13 @@ def category(name):
     return OTHER
 
 
-def python_profile(model, images, labels, steps, batch, smoothing):
+def python_profile(model, images, labels, steps, batch, smoothing, precision="float32"):
     """ms per step by category over `steps` profiled steps (after 10 unprofiled)."""
     import torch.profiler as tp
-    python_steps_per_second(model, images, labels, 12, 2, batch, 1, smoothing)  # warm-up
+    python_steps_per_second(model, images, labels, 12, 2, batch, 1, smoothing, precision)
     with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        python_steps_per_second(model, images, labels, steps + 1, 1, batch, 2, smoothing)
+        python_steps_per_second(model, images, labels, steps + 1, 1, batch, 2, smoothing, precision)
         wall = (time.perf_counter() - start) * 1e3 / steps
     per = {}
     for e in prof.events():  # each op's self time, filed as posenc files it: its own name, else
@@ -217,6 +221,9 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--mlp-ratio", type=float, default=2.0)
     ap.add_argument("--label-smoothing", type=float, default=0.1)
+    ap.add_argument("--precision", choices=["float32", "bf16"], default="float32",
+                    help="bf16: Python under torch.autocast('cpu', torch.bfloat16), posenc with "
+                         "train.precision=bf16")
     ap.add_argument("--profile", type=int, default=0,
                     help="profile Python eager over this many steps by category (as `posenc train "
                          "--profile`) and exit")
@@ -234,21 +241,25 @@ def main():
     model_sets = []
     for key, value in [("model.dim", args.dim), ("model.num_heads", args.heads),
                        ("model.num_layers", args.layers), ("model.mlp_ratio", args.mlp_ratio),
-                       ("task.label_smoothing", args.label_smoothing)]:
+                       ("task.label_smoothing", args.label_smoothing),
+                       ("train.precision", args.precision)]:
         model_sets += ["--set", f"{key}={value}"]
     torch.manual_seed(0)
     eager = ViT(**shape)
     params = sum(p.numel() for p in eager.parameters())
     if args.profile:
-        python_profile(eager, images, labels, args.profile, 128, args.label_smoothing)
+        python_profile(eager, images, labels, args.profile, 128, args.label_smoothing,
+                       args.precision)
         return
     trainers = [("Python eager", lambda: python_steps_per_second(
-        eager, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing))]
+        eager, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing,
+        args.precision))]
     if not args.no_compile:
         torch.manual_seed(0)
         compiled = torch.compile(ViT(**shape))
         trainers.append(("Python torch.compile", lambda: python_steps_per_second(
-            compiled, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing)))
+            compiled, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing,
+            args.precision)))
     if args.posenc:
         trainers.append(("posenc train", lambda: posenc_steps_per_second(
             args.posenc, args.config, args.threads, args.steps, args.warmup, model_sets)))
@@ -263,8 +274,9 @@ def main():
     print("all rounds (steps/s): " + "; ".join(
         f"{name} " + ", ".join(f"{x:.2f}" for x in v) for name, v in measured.items()))
     load = os.getloadavg()[0]
-    print(f"model: {params} parameters; {args.threads} threads; steps {args.warmup}..{args.steps}; "
-          f"median of {args.rounds} rounds; torch {torch.__version__}; load average before the last run {load:.2f}")
+    print(f"model: {params} parameters; precision {args.precision}; {args.threads} threads; "
+          f"steps {args.warmup}..{args.steps}; median of {args.rounds} rounds; "
+          f"torch {torch.__version__}; load average before the last run {load:.2f}")
     print("| trainer | steps/s | posenc / this |")
     print("|---|---:|---:|")
     mine = dict(results).get("posenc train")
