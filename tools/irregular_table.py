@@ -4,7 +4,8 @@
 Reads every run's summary.json under a `posenc compare` folder (runs named <variant>_s<seed>; task forecast_packed),
 groups the runs by variant and prints two Markdown tables: held-out MAE and MASE, each as the mean over the seeds,
 half the spread (max - min) / 2 and each seed's value, beside persistence (the last reading repeated); and MAE by the
-largest gap between the readings of a (sample, variate) (the runs' generalization rows, lower bin edges in hours).
+largest gap between the readings of a (sample, variate) (the runs' generalization rows, lower bin edges in hours; a
+bin with fewer than 20 pairs in a run is left out).
 Writes a line chart of the seed means of MAE against the gap (one line per variant, each seed as a dot) as SVG.
 Nothing is recomputed: the numbers are the summaries' own.
 
@@ -60,18 +61,19 @@ def cell(values, digits=3):
 
 
 def gaps_of(runs):
-    return sorted(
-        {
-            row["x"]
-            for seeds in runs.values()
-            for s in seeds.values()
-            for row in s.get("generalization", [])
-        }
-    )
+    """Lower bin edges that some run holds with enough pairs."""
+    return sorted({g for seeds in runs.values() for s in seeds.values() for g in by_gap(s)})
+
+
+MIN_PAIRS = (
+    20  # a gap bin with fewer (series, forecast) pairs in a run is left out: too few to average
+)
 
 
 def by_gap(summary):
-    return {row["x"]: row["metrics"] for row in summary.get("generalization", [])}
+    """{lower bin edge: metrics} of the bins that hold at least MIN_PAIRS pairs."""
+    rows = summary.get("generalization", [])
+    return {row["x"]: row["metrics"] for row in rows if row["metrics"].get("pairs", 0) >= MIN_PAIRS}
 
 
 def tables(runs, order):
