@@ -281,14 +281,9 @@ __global__ void __launch_bounds__(kThreads)
   if (g.dtable != nullptr)
     for (int64_t idx = threadIdx.x; idx < a.num_buckets; idx += kThreads) dtable_s[idx] = 0.0f;
 
-  bool real[kRowsPerWarp];
-  double pk[kRowsPerWarp];
   float dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
 #pragma unroll
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-    const int64_t j = j0 + warp * kRowsPerWarp + rr;
-    real[rr] = key_is_real(a, b, j);
-    pk[rr] = real[rr] && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) dk[rr][ch] = dv[rr][ch] = 0.0f;
   }
@@ -341,8 +336,12 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
       const int64_t j = j0 + warp * kRowsPerWarp + rr;
+      // key j's padding and position, read again for each query tile rather than held across
+      // the loop in 8 doubles and 8 flags (with them the half-precision kernels spilled)
+      const bool real = key_is_real(a, b, j);
+      const double pk = real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
       int bucket = -1;
-      const float x = logit(a, p[rr], h, slope, i, pq, j, pk[rr], real[rr], &bucket);
+      const float x = logit(a, p[rr], h, slope, i, pq, j, pk, real, &bucket);
       p[rr] = x == -INFINITY ? 0.0f : expf(x - lse_i);  // visible: lse_i is finite
       ds[rr] = p[rr] * (ds[rr] - delta_i);
       if (g.dtable != nullptr && bucket >= 0 && ds[rr] != 0.0f)
