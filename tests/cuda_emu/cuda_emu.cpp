@@ -16,6 +16,19 @@
 //     canary checked after each block and launch; both are filled with 0xff bytes (NaN in fp32,
 //     fp16 and bf16), so a read before a write shows; cudaMemcpy checks that its device side lies
 //     inside one cudaMalloc buffer.
+// The thread engine (POSENC_CUDA_EMU_SCHEDULE=threads): one OS thread per CUDA thread of the block,
+// started per launch and reused for its blocks. Every synchronization goes through one lock of the
+// block that holds the same state the fiber engine's scheduler keeps (each thread's wait, call
+// site, mask, value), so the same settle functions check and complete barriers and warp rendezvous;
+// a thread sleeps on its own semaphore until released; a fault wakes every thread, which
+// leaves the kernel by an exception (BlockStopped) at its next synchronization point. For
+// ThreadSanitizer the lock gives no happens-before (its sync and accesses are ignored through the
+// TSan annotations, looked up as weak symbols so an uninstrumented binary needs nothing); the
+// edges a GPU gives are made explicitly instead: a barrier releases into one of two alternating
+// objects at arrival and acquires it after, a warp rendezvous the same with two objects per warp
+// (acquiring both: never an edge missing, at worst one a fast lane added early), and blocks follow
+// one another (the launching thread releases each block's start and acquires its end). So removing
+// a __syncthreads leaves accesses of two warps unordered, which TSan reports.
 // Fibers: each CUDA thread starts on its own stack through makecontext/setcontext (glibc
 // ucontext); afterwards they switch with _setjmp/_longjmp, which unlike swapcontext do not save the
 // signal mask with a system call (50x faster here). _FORTIFY_SOURCE would turn _longjmp into
@@ -30,15 +43,32 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <semaphore>
 #include <sstream>
+#include <thread>
+
+// ThreadSanitizer's interface (libtsan; null when the binary is not linked with -fsanitize=thread)
+extern "C" {
+void __tsan_acquire(void* address) __attribute__((weak));
+void __tsan_release(void* address) __attribute__((weak));
+void AnnotateIgnoreSyncBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreSyncEnd(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreReadsBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreReadsEnd(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreWritesBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreWritesEnd(const char* file, int line) __attribute__((weak));
+}
 
 namespace posenc::cuda_emu {
 
 namespace detail {
-const ThreadCoordinates* current = nullptr;
+thread_local const ThreadCoordinates* current = nullptr;
 }
 
 namespace {
@@ -48,7 +78,7 @@ constexpr unsigned char kCanary = 0xa5;  // the rounding slack past an allocatio
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr int kWarpSize = 32;
 
-enum class Schedule { kLockstep, kWarpSerial, kReverse, kLockstepReverse };
+enum class Schedule { kLockstep, kWarpSerial, kReverse, kLockstepReverse, kThreads };
 enum class Wait { kReady, kBarrier, kShuffle, kSyncwarp, kDone, kFaulted };
 
 [[noreturn]] void die(const std::string& message) {
@@ -113,6 +143,8 @@ struct Fiber {
   unsigned mask = 0;
   int operand = 0, width = 32;
   uint64_t value = 0, result = 0;
+  int barriers = 0, warp_operations = 0;  // passed in this block (the thread engine's TSan edges)
+  bool parked = false;                    // the thread engine: it sleeps until posted
 };
 
 struct Stack {
@@ -125,7 +157,6 @@ struct State {
   std::vector<Fiber> fibers;
   int warps = 0, threads = 0;
   jmp_buf scheduler;
-  Fiber* running = nullptr;
   void (*body)(void*) = nullptr;
   void* body_context = nullptr;
   const LaunchSite* site = nullptr;
@@ -139,7 +170,22 @@ struct State {
   cudaError_t fault = cudaSuccess;       // kernel faults: sticky until clear_fault()
   std::string fault_message;
   bool handlers_installed = false;
+  // the thread engine
+  bool threads_engine = false;  // this launch runs on it
+  std::mutex mutex;             // every field of the block's fibers, block_fault and the below
+  struct Wake {
+    std::binary_semaphore semaphore{0};
+  };
+  std::unique_ptr<Wake[]> wake;  // one per CUDA thread: posted once for each release
+  std::condition_variable block_finished;
+  int finished = 0;  // threads done with the current block
+  bool stop = false;
+  // TSan's happens-before objects (addresses only)
+  char barrier_edges[2] = {}, warp_edges[32][2] = {}, block_start = 0, block_end = 0;
 };
+
+// The OS thread's CUDA thread (fiber engine: the fiber that runs now; null outside a kernel).
+thread_local Fiber* running = nullptr;
 
 State& state() {
   static State s;
@@ -184,7 +230,7 @@ void on_fault_signal(int signal, siginfo_t* info, void*) {
     if (address >= r.guard() && address < r.guard() + page_size())
       what = "past the end of a cudaMalloc buffer";
   char line[512];
-  const Fiber* f = s.running;
+  const Fiber* f = running;
   const int n = std::snprintf(
       line, sizeof line,
       "posenc cuda_emu: signal %d: access %s (address %p) in kernel %s launched at %s:%d, "
@@ -218,14 +264,14 @@ void install_handlers(State& s) {
 void fiber_entry() {
   State& s = state();
   s.body(s.body_context);
-  s.running->wait = Wait::kDone;
+  running->wait = Wait::kDone;
   _longjmp(s.scheduler, 1);
 }
 
 // Runs `f` until it waits, exits or faults.
 void resume(Fiber& f) {
   State& s = state();
-  s.running = &f;
+  running = &f;
   detail::current = &f.coordinates;
   if (_setjmp(s.scheduler) == 0) {
     if (!f.started) {
@@ -235,7 +281,7 @@ void resume(Fiber& f) {
     _longjmp(f.context, 1);
   }
   detail::current = nullptr;
-  s.running = nullptr;
+  running = nullptr;
 }
 
 // Called on a fiber: back to the scheduler until released.
@@ -245,16 +291,89 @@ void yield(Fiber& f) {
 }
 
 Fiber& running_fiber(const char* what, const char* file, int line) {
-  Fiber* f = state().running;
+  Fiber* f = running;
   if (f == nullptr) die(std::string(what) + " outside a kernel at " + where(file, line));
   return *f;
 }
 
+// The thread engine's way out of a kernel once its block faulted (caught by the thread's loop).
+struct BlockStopped {};
+
+// The thread engine's own synchronization, which TSan does not see: no happens-before from it, no
+// reports on its state (the edges a GPU gives are made with tsan_release/tsan_acquire).
+struct IgnoreForTsan {
+  IgnoreForTsan() {
+    if (AnnotateIgnoreSyncBegin == nullptr) return;
+    AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~IgnoreForTsan() {
+    if (AnnotateIgnoreSyncEnd == nullptr) return;
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+    AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+  }
+};
+
+// The block's lock (the ignoring constructed before it is taken, ended after it is released).
+class EngineLock {
+ public:
+  explicit EngineLock(State& s) : ignore_(), lock_(s.mutex) {}
+  std::unique_lock<std::mutex>& lock() { return lock_; }
+
+ private:
+  IgnoreForTsan ignore_;
+  std::unique_lock<std::mutex> lock_;
+};
+
+// Threads to post after the lock is released (a woken thread then need not wait for the lock).
+struct ToWake {
+  int count = 0;
+  int linear[1024];
+};
+
+void tsan_release(void* address) {
+  if (__tsan_release != nullptr) __tsan_release(address);
+}
+void tsan_acquire(void* address) {
+  if (__tsan_acquire != nullptr) __tsan_acquire(address);
+}
+
+// Thread engine, under the lock: the parked threads that may proceed (all of them after a fault).
+void collect_released(State& s, ToWake& to_wake) {
+  const bool fault = !s.block_fault.empty();
+  for (Fiber& g : s.fibers) {
+    if (g.parked && (fault || g.wait == Wait::kReady)) {
+      g.parked = false;
+      to_wake.linear[to_wake.count++] = g.linear;
+    }
+  }
+}
+
+// After the lock is released.
+void post(State& s, const ToWake& to_wake) {
+  IgnoreForTsan ignore;
+  for (int i = 0; i < to_wake.count; ++i) s.wake[to_wake.linear[i]].semaphore.release();
+}
+
 // A fault found on a fiber: the block stops at once.
 [[noreturn]] void fiber_fault(Fiber& f, const std::string& message) {
-  state().block_fault = message;
+  State& s = state();
+  if (s.threads_engine) {
+    ToWake to_wake;
+    {
+      EngineLock lock(s);
+      if (s.block_fault.empty()) s.block_fault = message;
+      f.wait = Wait::kFaulted;
+      collect_released(s, to_wake);
+    }
+    post(s, to_wake);
+    throw BlockStopped{};
+  }
+  s.block_fault = message;
   f.wait = Wait::kFaulted;
-  _longjmp(state().scheduler, 1);
+  _longjmp(s.scheduler, 1);
 }
 
 int warp_size_of(const State& s, int warp) {
@@ -364,14 +483,126 @@ void settle_barrier(State& s) {
   for (Fiber& f : s.fibers) f.wait = Wait::kReady;
 }
 
+// ---- the thread engine --------------------------------------------------------------------------
+
+// Under the lock, after `f` stopped (waits, exited): completes what its arrival completes, as the
+// fiber scheduler does after each step, and collects the parked threads that may proceed.
+void settle_after(State& s, const Fiber& f, ToWake& to_wake) {
+  if (s.block_fault.empty()) settle_warp(s, f);
+  if (s.block_fault.empty()) {
+    bool any_running = false;
+    for (const Fiber& g : s.fibers) any_running = any_running || g.wait == Wait::kReady;
+    if (!any_running) settle_barrier(s);  // every live thread waits: a barrier, or a divergence
+  }
+  collect_released(s, to_wake);
+}
+
+// `f` arrives at a barrier (barrier) or a warp rendezvous with its fields set by `arrive` (under
+// the lock) and sleeps until released; returns its shuffle result. TSan: released into this
+// rendezvous's object before, acquired after (see the top of this file).
+template <typename Arrive>
+uint64_t thread_rendezvous(Fiber& f, bool barrier, Arrive&& arrive) {
+  State& s = state();
+  char* const edges = barrier ? s.barrier_edges : s.warp_edges[f.warp];
+  tsan_release(edges + ((barrier ? f.barriers : f.warp_operations) & 1));
+  ToWake to_wake;
+  bool parked = false, stopped = false;
+  uint64_t result = 0;
+  {
+    EngineLock lock(s);
+    arrive();
+    settle_after(s, f, to_wake);
+    parked = f.parked = f.wait != Wait::kReady && s.block_fault.empty();
+    stopped = f.wait != Wait::kReady;  // unless parked: a fault
+    result = f.result;
+  }
+  post(s, to_wake);
+  if (parked) {
+    IgnoreForTsan ignore;
+    s.wake[f.linear].semaphore.acquire();
+    // whoever posted set these before (a fault leaves f waiting); nothing else writes them now
+    stopped = f.wait != Wait::kReady;
+    result = f.result;
+  }
+  if (stopped) throw BlockStopped{};
+  if (barrier) {
+    tsan_acquire(edges + (f.barriers++ & 1));
+  } else {
+    tsan_acquire(edges);
+    tsan_acquire(edges + 1);
+    ++f.warp_operations;
+  }
+  return result;
+}
+
+// One OS thread: runs CUDA thread `linear` of each block of the launch as the launching thread
+// starts it, until told to stop.
+void thread_main(int linear) {
+  State& s = state();
+  Fiber& f = s.fibers[static_cast<size_t>(linear)];
+  running = &f;
+  detail::current = &f.coordinates;
+  for (;;) {
+    {
+      IgnoreForTsan ignore;
+      s.wake[linear].semaphore.acquire();  // posted by the launching thread: a block, or stop
+      if (s.stop) break;
+    }
+    tsan_acquire(&s.block_start);
+    bool stopped = false;
+    try {
+      s.body(s.body_context);
+    } catch (const BlockStopped&) {
+      stopped = true;
+    }
+    tsan_release(&s.block_end);
+    ToWake to_wake;
+    {
+      EngineLock lock(s);
+      if (!stopped) {
+        f.wait = Wait::kDone;
+        settle_after(s, f, to_wake);
+      }
+      if (++s.finished == s.threads) s.block_finished.notify_one();
+    }
+    post(s, to_wake);
+  }
+  running = nullptr;
+  detail::current = nullptr;
+}
+
+// Runs one block on the launch's threads (started by run_blocks_on_threads); false on a fault.
+bool run_block_on_threads(State& s) {
+  for (Fiber& f : s.fibers) {
+    f.wait = Wait::kReady;
+    f.barriers = f.warp_operations = 0;
+    f.parked = false;
+  }
+  s.finished = 0;
+  tsan_release(&s.block_start);
+  {
+    IgnoreForTsan ignore;
+    for (int t = 0; t < s.threads; ++t) s.wake[t].semaphore.release();
+  }
+  bool ok = false;
+  {
+    EngineLock lock(s);
+    while (s.finished < s.threads) s.block_finished.wait(lock.lock());
+    ok = s.block_fault.empty();
+  }
+  tsan_acquire(&s.block_end);
+  return ok;
+}
+
 Schedule schedule_from_environment() {
   const char* v = std::getenv("POSENC_CUDA_EMU_SCHEDULE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "lockstep") == 0) return Schedule::kLockstep;
   if (std::strcmp(v, "warp-serial") == 0) return Schedule::kWarpSerial;
   if (std::strcmp(v, "reverse") == 0) return Schedule::kReverse;
   if (std::strcmp(v, "lockstep-reverse") == 0) return Schedule::kLockstepReverse;
+  if (std::strcmp(v, "threads") == 0) return Schedule::kThreads;
   die(std::string("POSENC_CUDA_EMU_SCHEDULE=") + v +
-      ": expected lockstep, warp-serial, reverse or lockstep-reverse");
+      ": expected lockstep, warp-serial, reverse, lockstep-reverse or threads");
 }
 
 // Runs one block to its end; returns false on a fault (in s.block_fault).
@@ -473,9 +704,16 @@ const ThreadCoordinates& detail::outside_kernel() {
 // ---- synchronization ---------------------------------------------------------------------------
 void syncthreads(const char* file, int line) {
   Fiber& f = running_fiber("__syncthreads", file, line);
-  f.wait = Wait::kBarrier;
-  f.file = file;
-  f.line = line;
+  auto arrive = [&] {
+    f.wait = Wait::kBarrier;
+    f.file = file;
+    f.line = line;
+  };
+  if (state().threads_engine) {
+    thread_rendezvous(f, true, arrive);
+    return;
+  }
+  arrive();
   yield(f);
 }
 
@@ -484,12 +722,19 @@ void syncwarp(const char* file, int line, unsigned mask) {
   if (!(mask >> f.lane & 1u))
     fiber_fault(
         f, "__syncwarp at " + where(file, line) + ": " + describe(f) + " is not in its own mask");
-  f.wait = Wait::kSyncwarp;
-  f.file = file;
-  f.line = line;
-  f.mask = mask;
-  f.kind = ShuffleKind::kIndex;
-  f.width = 32;
+  auto arrive = [&] {
+    f.wait = Wait::kSyncwarp;
+    f.file = file;
+    f.line = line;
+    f.mask = mask;
+    f.kind = ShuffleKind::kIndex;
+    f.width = 32;
+  };
+  if (state().threads_engine) {
+    thread_rendezvous(f, false, arrive);
+    return;
+  }
+  arrive();
   yield(f);
 }
 
@@ -506,14 +751,18 @@ uint64_t shuffle(const char* file, int line, ShuffleKind kind, unsigned mask, ui
   if (lanes < kWarpSize && (mask >> lanes) != 0)
     fiber_fault(f, "warp shuffle at " + where(file, line) + ": the mask names lanes past the " +
                        std::to_string(lanes) + " threads of warp " + std::to_string(f.warp));
-  f.wait = Wait::kShuffle;
-  f.file = file;
-  f.line = line;
-  f.kind = kind;
-  f.mask = mask;
-  f.value = value;
-  f.operand = operand;
-  f.width = width;
+  auto arrive = [&] {
+    f.wait = Wait::kShuffle;
+    f.file = file;
+    f.line = line;
+    f.kind = kind;
+    f.mask = mask;
+    f.value = value;
+    f.operand = operand;
+    f.width = width;
+  };
+  if (state().threads_engine) return thread_rendezvous(f, false, arrive);
+  arrive();
   yield(f);
   return f.result;
 }
@@ -535,7 +784,7 @@ std::string kernel_name_from(const char* pretty_function) {
 
 void* dynamic_shared_memory(size_t alignment) {
   State& s = state();
-  if (s.running == nullptr) die("extern __shared__ memory used outside a kernel");
+  if (running == nullptr) die("extern __shared__ memory used outside a kernel");
   if (reinterpret_cast<uintptr_t>(s.shared.user) % alignment != 0)
     die("dynamic shared memory misaligned for its type");
   return s.shared.user;
@@ -544,7 +793,7 @@ void* dynamic_shared_memory(size_t alignment) {
 void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, void (*body)(void*),
             void* context) {
   State& s = state();
-  if (s.running != nullptr) die("a kernel launched from a kernel (dynamic parallelism)");
+  if (running != nullptr) die("a kernel launched from a kernel (dynamic parallelism)");
   if (s.fault != cudaSuccess) return;  // the device is faulted: nothing runs
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 || block.y > 1024 ||
@@ -591,6 +840,13 @@ void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, 
   const Schedule schedule = schedule_from_environment();
   const bool reversed = schedule == Schedule::kReverse;
   const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+  std::vector<std::thread> os_threads;
+  if (schedule == Schedule::kThreads) {
+    s.threads_engine = true;
+    s.wake = std::make_unique<State::Wake[]>(threads);
+    s.stop = false;
+    for (int t = 0; t < s.threads; ++t) os_threads.emplace_back(thread_main, t);
+  }
   for (uint64_t bi = 0; bi < blocks; ++bi) {
     const uint64_t b = reversed ? blocks - 1 - bi : bi;
     s.block = uint3{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
@@ -598,7 +854,7 @@ void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, 
     for (Fiber& f : s.fibers) f.coordinates.block_idx = s.block;
     std::memset(s.shared.user, kFill, s.shared.bytes);
     s.block_fault.clear();
-    if (!run_block(s, schedule)) {
+    if (!(s.threads_engine ? run_block_on_threads(s) : run_block(s, schedule))) {
       record_fault(s, launch_description(site, s.block) + ": " + s.block_fault);
       break;
     }
@@ -609,6 +865,16 @@ void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, 
                           " bytes");
       break;
     }
+  }
+  if (s.threads_engine) {
+    s.stop = true;
+    {
+      IgnoreForTsan ignore;
+      for (int t = 0; t < s.threads; ++t) s.wake[t].semaphore.release();
+    }
+    for (std::thread& t : os_threads) t.join();
+    s.threads_engine = false;
+    s.wake.reset();
   }
   check_canaries(s, site);
   unmap(s.shared);

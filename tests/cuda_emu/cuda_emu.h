@@ -25,6 +25,13 @@
 //   reverse           warp-serial with warps, lanes and blocks in reverse order
 //   lockstep-reverse  lockstep, last thread first
 // A missing __syncthreads shows as wrong results under one schedule or the other.
+//   threads           the thread engine: each CUDA thread of a block is an OS thread (a launch of
+//                     128 threads starts 128), __syncthreads a real barrier, a warp shuffle an
+//                     exchange through the block's lock; the order is the OS's. For
+//                     ThreadSanitizer (scripts/check.sh thread): it sees the happens-before edges
+//                     a GPU gives (each barrier, each warp rendezvous among its lanes, blocks one
+//                     after another) and no others, so a missing __syncthreads is a reported race.
+// The call-site checks (divergent barrier or shuffle) hold under every schedule.
 #pragma once
 
 #define POSENC_CUDA_EMU 1
@@ -33,6 +40,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -68,8 +76,8 @@ struct ThreadCoordinates {
   dim3 grid_dim;
 };
 namespace detail {
-extern const ThreadCoordinates* current;    // the fiber that runs now (null outside a kernel)
-const ThreadCoordinates& outside_kernel();  // aborts: threadIdx read outside a kernel
+extern thread_local const ThreadCoordinates* current;  // the CUDA thread that runs now, or null
+const ThreadCoordinates& outside_kernel();             // aborts: threadIdx read outside a kernel
 inline const ThreadCoordinates& coordinates() {
   return current != nullptr ? *current : outside_kernel();
 }
@@ -177,10 +185,14 @@ constexpr size_t kSharedMemoryDefaultLimit = 48 * 1024;
 // ---- device math the host library lacks --------------------------------------------------------
 inline long long double2ll_rn(double x) { return std::llrint(x); }  // default mode: to even
 inline float saturate(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+// Relaxed like the device's (no ordering of other memory): the thread engine runs it concurrently.
 template <typename T>
-T atomic_add(T* address, T value) {  // blocks and fibers run on one OS thread: indivisible
-  const T old = *address;
-  *address = old + value;
+T atomic_add(T* address, T value) {
+  std::atomic_ref<T> target(*address);
+  T old = target.load(std::memory_order_relaxed);
+  while (
+      !target.compare_exchange_weak(old, static_cast<T>(old + value), std::memory_order_relaxed)) {
+  }
   return old;
 }
 

@@ -1,12 +1,16 @@
 // The emulator's own checks, each shown to fire on a small kernel written to break it (divergent
 // barrier or shuffle, a thread that exits before a barrier, a read before a write, shared memory
-// overrun, launch limits, copies outside a buffer), its shuffles and fp16/bf16 conversions against
-// their definitions, and, after a full run, that every launchable posenc kernel ran.
+// overrun, launch limits, copies outside a buffer), under the fiber schedules and the thread engine
+// where they apply, its shuffles and fp16/bf16 conversions against their definitions, the thread
+// engine's one OS thread per CUDA thread, and, after a full run, that every launchable posenc
+// kernel ran.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <functional>
 #include <set>
+#include <thread>
 
 #include "cuda_emu.h"
 
@@ -51,6 +55,9 @@ class ScheduleScope {
 };
 
 const char* const kSchedules[] = {"lockstep", "warp-serial", "reverse", "lockstep-reverse"};
+// The fiber schedules and the thread engine: the call-site checks hold under every one.
+const char* const kEngines[] = {"lockstep", "warp-serial", "reverse", "lockstep-reverse",
+                                "threads"};
 
 // ---- barriers ----------------------------------------------------------------------------------
 constexpr int kBarrierA = __LINE__ + 3;
@@ -81,7 +88,7 @@ __global__ void neighbour_kernel(float* out) {
 TEST(CudaEmu, DivergentBarrierIsAnErrorNamingBothLines) {
   int* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(int)), cudaSuccess);
-  for (const char* schedule : kSchedules) {
+  for (const char* schedule : kEngines) {
     ScheduleScope scope(schedule);
     auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_barrier_kernel)(out); };
     const std::string f = fault_of(launch);
@@ -90,13 +97,18 @@ TEST(CudaEmu, DivergentBarrierIsAnErrorNamingBothLines) {
     EXPECT_NE(f.find(site(kBarrierA + 2)), std::string::npos) << f;
     EXPECT_NE(f.find("divergent_barrier_kernel"), std::string::npos) << f;
   }
-  auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, exit_before_barrier_kernel)(out); };
-  const std::string f = fault_of(launch);
-  EXPECT_NE(f.find("has exited"), std::string::npos) << f;
-  EXPECT_NE(f.find(site(kBarrierExit)), std::string::npos) << f;
+  for (const char* schedule : {"lockstep", "threads"}) {
+    ScheduleScope scope(schedule);
+    auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, exit_before_barrier_kernel)(out); };
+    const std::string f = fault_of(launch);
+    EXPECT_NE(f.find("has exited"), std::string::npos) << schedule << ": " << f;
+    EXPECT_NE(f.find(site(kBarrierExit)), std::string::npos) << f;
+  }
   cudaFree(out);
 }
 
+// The fiber schedules only: under the thread engine the order of the unsynchronized write and read
+// is the OS's (a race that TSan reports, scripts/check.sh thread), so the NaN is likely, not sure.
 TEST(CudaEmu, MissingBarrierReadsTheNaNFillUnderEverySchedule) {
   const int n = 96;
   float* out = nullptr;
@@ -164,7 +176,7 @@ TEST(CudaEmu, ShuffleKindsMatchTheirDefinitions) {
 TEST(CudaEmu, DivergentOrOutOfMaskShuffleIsAnError) {
   float* out = nullptr;
   ASSERT_EQ(cudaMalloc(&out, 64 * sizeof(float)), cudaSuccess);
-  for (const char* schedule : kSchedules) {
+  for (const char* schedule : kEngines) {
     ScheduleScope scope(schedule);
     auto launch = [&] { POSENC_LAUNCH(1, 64, 0, nullptr, divergent_shuffle_kernel)(out); };
     const std::string f = fault_of(launch);
@@ -172,10 +184,52 @@ TEST(CudaEmu, DivergentOrOutOfMaskShuffleIsAnError) {
     EXPECT_NE(f.find(site(kShuffleA)), std::string::npos) << f;
     EXPECT_NE(f.find(site(kShuffleA + 2)), std::string::npos) << f;
   }
-  const std::string f = fault_of([&] {
-    POSENC_LAUNCH(1, 32, 0, nullptr, outside_mask_kernel)(reinterpret_cast<int*>(out));
-  });
-  EXPECT_NE(f.find("not in the mask"), std::string::npos) << f;
+  for (const char* schedule : {"lockstep", "threads"}) {
+    ScheduleScope scope(schedule);
+    const std::string f = fault_of([&] {
+      POSENC_LAUNCH(1, 32, 0, nullptr, outside_mask_kernel)(reinterpret_cast<int*>(out));
+    });
+    EXPECT_NE(f.find("not in the mask"), std::string::npos) << schedule << ": " << f;
+  }
+  cudaFree(out);
+}
+
+// ---- the thread engine -------------------------------------------------------------------------
+// Each CUDA thread records its OS thread; blocks of 96 threads (3 warps, the last one full) in a
+// grid of 3, with a barrier and a shuffle between the writes and reads of shared memory.
+__global__ void os_thread_kernel(uint64_t* ids, float* out) {
+  POSENC_EXTERN_SHARED(float, shared);
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  ids[blockIdx.x * n + t] = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  shared[t] = static_cast<float>(blockIdx.x * n + t);
+  __syncthreads();
+  const float x = __shfl_xor_sync(kFull, shared[(t + 1) % n], 1);
+  out[blockIdx.x * n + t] = x;
+}
+
+TEST(CudaEmu, ThreadEngineRunsEachCudaThreadOnItsOwnOsThread) {
+  ScheduleScope scope("threads");
+  const int n = 96, blocks = 3;
+  uint64_t* ids = nullptr;
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&ids, n * blocks * sizeof(uint64_t)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, n * blocks * sizeof(float)), cudaSuccess);
+  POSENC_LAUNCH(blocks, n, n * sizeof(float), nullptr, os_thread_kernel)(ids, out);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << last_fault();
+  std::vector<uint64_t> host_ids(n * blocks);
+  std::vector<float> host(n * blocks);
+  ASSERT_EQ(
+      cudaMemcpy(host_ids.data(), ids, host_ids.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost),
+      cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(host.data(), out, host.size() * sizeof(float), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  const std::set<uint64_t> distinct(host_ids.begin(), host_ids.end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(n)) << "one OS thread per CUDA thread of a block";
+  EXPECT_EQ(distinct.count(std::hash<std::thread::id>{}(std::this_thread::get_id())), 0u);
+  for (int b = 0; b < blocks; ++b)
+    for (int t = 0; t < n; ++t)  // lane t reads lane t ^ 1's neighbour
+      ASSERT_EQ(host[b * n + t], static_cast<float>(b * n + ((t ^ 1) + 1) % n)) << b << " " << t;
+  cudaFree(ids);
   cudaFree(out);
 }
 
