@@ -28,10 +28,11 @@ import platform
 import subprocess
 import sys
 
-import posenc
 import torch
-from bench_util import median_ms
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed
+
+import posenc
+from bench_util import median_ms
 
 
 # diffusers 0.42.1, src/diffusers/models/transformers/transformer_wan.py, WanAttnProcessor.__call__,
@@ -57,7 +58,9 @@ def diffusers_qk(q, k, freqs_cos, freqs_sin):
 
 def machine():
     grep = "grep -o -w avx512f /proc/cpuinfo | head -1"
-    avx512 = subprocess.run(grep, shell=True, capture_output=True, text=True, check=False).stdout.strip()
+    avx512 = subprocess.run(
+        grep, shell=True, capture_output=True, text=True, check=False
+    ).stdout.strip()
     load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     avx512 = avx512 or "no avx512f"
     aten = torch.backends.cpu.get_cpu_capability()
@@ -81,12 +84,19 @@ def main():
     rope = WanRotaryPosEmbed(head_dim, (1, 2, 2), max_seq_len=1024)
     freqs_cos, freqs_sin = rope(torch.empty(1, 1, args.frames, 2 * args.height, 2 * args.width))
     n = freqs_cos.shape[1]
-    cos, sin = freqs_cos[0, :, 0, 0::2].contiguous(), freqs_sin[0, :, 0, 0::2].contiguous()  # [N, 64]
+    cos, sin = (
+        freqs_cos[0, :, 0, 0::2].contiguous(),
+        freqs_sin[0, :, 0, 0::2].contiguous(),
+    )  # [N, 64]
     compiled = torch.compile(diffusers_qk, fullgraph=True, dynamic=False)
     print(f"torch {torch.__version__}, {args.threads} threads; {machine()}")
-    print(f"Wan 3D RoPE, q and k [1, {n}, {heads}, {head_dim}]; ms are medians of {args.repeat}; "
-          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}")
-    print("| dtype | pass | eager ms | compiled ms | posenc ms | eager/posenc | compiled/posenc | equal |")
+    print(
+        f"Wan 3D RoPE, q and k [1, {n}, {heads}, {head_dim}]; ms are medians of {args.repeat}; "
+        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE')}"
+    )
+    print(
+        "| dtype | pass | eager ms | compiled ms | posenc ms | eager/posenc | compiled/posenc | equal |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
@@ -97,14 +107,19 @@ def main():
             return posenc.rope_rotate_qk(q, k, cos, sin, "interleaved")
 
         with torch.no_grad():
-            equal = all(torch.equal(a, b) for a, b in zip(diffusers_qk(q, k, freqs_cos, freqs_sin),
-                                                          ours(q, k, freqs_cos, freqs_sin)))
+            equal = all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    diffusers_qk(q, k, freqs_cos, freqs_sin), ours(q, k, freqs_cos, freqs_sin)
+                )
+            )
         qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()
 
         def forward(f, q=q, k=k):
             def run():
                 with torch.no_grad():
                     f(q, k, freqs_cos, freqs_sin)
+
             return run
 
         def backward(f, qg=qg, kg=kg):
@@ -112,6 +127,7 @@ def main():
                 qg.grad, kg.grad = None, None
                 a, b = f(qg, kg, freqs_cos, freqs_sin)
                 torch.autograd.backward((a, b), (a, b))
+
             return run
 
         def sum_backward(f, qg=qg, kg=kg):
@@ -119,12 +135,20 @@ def main():
                 qg.grad, kg.grad = None, None
                 a, b = f(qg, kg, freqs_cos, freqs_sin)
                 (a.sum() + b.sum()).backward()
+
             return run
 
-        for row, wrap in (("forward", forward), ("fwd+bwd", backward), ("fwd+sum bwd", sum_backward)):
+        for row, wrap in (
+            ("forward", forward),
+            ("fwd+bwd", backward),
+            ("fwd+sum bwd", sum_backward),
+        ):
             te, tc, to = (median_ms(wrap(f), args.repeat) for f in (diffusers_qk, compiled, ours))
-            print(f"| {name} | {row} | {te:.1f} | {tc:.1f} | {to:.1f} | {te / to:.2f}x | {tc / to:.2f}x | "
-                  f"{'yes' if equal else 'no'} |", flush=True)
+            print(
+                f"| {name} | {row} | {te:.1f} | {tc:.1f} | {to:.1f} | {te / to:.2f}x | {tc / to:.2f}x | "
+                f"{'yes' if equal else 'no'} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

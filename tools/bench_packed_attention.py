@@ -62,8 +62,16 @@ def packed_batch(seed=0):
                 break
         lengths = torch.cat([lengths, torch.tensor([last])])
         samples.append(torch.repeat_interleave(torch.arange(SERIES_PER_ROW), lengths))
-        variates.append(torch.cat([torch.arange(VARIATES).repeat_interleave(
-            torch.diff(torch.linspace(0, int(n), VARIATES + 1).long())) for n in lengths]))
+        variates.append(
+            torch.cat(
+                [
+                    torch.arange(VARIATES).repeat_interleave(
+                        torch.diff(torch.linspace(0, int(n), VARIATES + 1).long())
+                    )
+                    for n in lengths
+                ]
+            )
+        )
     return torch.stack(samples), torch.stack(variates)
 
 
@@ -82,7 +90,9 @@ def contenders(sample_ids, variate_ids):
         same = (variate_ids[:, :, None] == variate_ids[:, None, :])[:, None]  # [B, 1, N, N]
         bias = ~same * w[0].view(1, -1, 1, 1) + same * w[1].view(1, -1, 1, 1)  # uni2ts' form
         visible = (sample_ids[:, :, None] == sample_ids[:, None, :])[:, None]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~visible, -torch.inf))
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bias.masked_fill(~visible, -torch.inf)
+        )
 
     def mask_mod(b, h, q_idx, kv_idx):
         return sample_ids[b, q_idx] == sample_ids[b, kv_idx]
@@ -94,11 +104,13 @@ def contenders(sample_ids, variate_ids):
         def score_mod(score, b, h, q_idx, kv_idx):
             same = variate_ids[b, q_idx] == variate_ids[b, kv_idx]
             return score + torch.where(same, w[1, h], w[0, h])
+
         return flex_compiled(q, k, v, score_mod=score_mod, block_mask=block_mask)
 
     def ours(q, k, v, w):
-        return posenc.positional_attention(q, k, v, sample_ids=sample_ids,
-                                           variate_ids=variate_ids, variate_bias=w)
+        return posenc.positional_attention(
+            q, k, v, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w
+        )
 
     return {"sdpa": sdpa, "flex": flex, "posenc": ours}
 
@@ -120,8 +132,13 @@ NO_CPU_BACKWARD = {"flex"}  # FlexAttention: "does not support backward on CPU" 
 
 
 def machine():
-    flags = subprocess.run("grep -o -w -E 'avx512f|avx512_bf16' /proc/cpuinfo | sort -u | xargs",
-                           shell=True, capture_output=True, text=True, check=False).stdout.strip()
+    flags = subprocess.run(
+        "grep -o -w -E 'avx512f|avx512_bf16' /proc/cpuinfo | sort -u | xargs",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     load = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
     aten = torch.backends.cpu.get_cpu_capability()
     return f"{platform.processor() or platform.machine()}, {flags or 'no avx512f'}, ATen {aten}; {load}"
@@ -168,15 +185,20 @@ def main():
     sample_ids, variate_ids = packed_batch()
     q, k, v, grad, weight = inputs()
     runs = contenders(sample_ids, variate_ids)
-    pairs = sum(int((torch.unique_consecutive(r, return_counts=True)[1] ** 2).sum())
-                for r in sample_ids)
+    pairs = sum(
+        int((torch.unique_consecutive(r, return_counts=True)[1] ** 2).sum()) for r in sample_ids
+    )
     print(f"torch {torch.__version__}, {args.threads} threads; {machine()}")
-    print(f"{ROWS * SERIES_PER_ROW} series (128..896 patches, mean {ROWS * TOKENS / (ROWS * SERIES_PER_ROW):.0f}) "
-          f"packed in [{ROWS}, {TOKENS}] tokens, {VARIATES} variates each; H={HEADS}, D={HEAD_DIM}, "
-          f"float32; visible pairs {pairs / (ROWS * TOKENS * TOKENS):.1%} of N^2; "
-          f"ms = median of {args.repeat} after a warm-up")
-    print("| pass | contender | ms | contender / posenc | peak MB above inputs | "
-          "max abs(out - sdpa's) | max abs(d variate_bias - sdpa's) |")
+    print(
+        f"{ROWS * SERIES_PER_ROW} series (128..896 patches, mean {ROWS * TOKENS / (ROWS * SERIES_PER_ROW):.0f}) "
+        f"packed in [{ROWS}, {TOKENS}] tokens, {VARIATES} variates each; H={HEADS}, D={HEAD_DIM}, "
+        f"float32; visible pairs {pairs / (ROWS * TOKENS * TOKENS):.1%} of N^2; "
+        f"ms = median of {args.repeat} after a warm-up"
+    )
+    print(
+        "| pass | contender | ms | contender / posenc | peak MB above inputs | "
+        "max abs(out - sdpa's) | max abs(d variate_bias - sdpa's) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for pass_name, run in PASSES.items():
         names = [n for n in runs if not (pass_name == "fwd+bwd" and n in NO_CPU_BACKWARD)]
@@ -192,17 +214,34 @@ def main():
         ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
         for name in runs:
             if name not in names:
-                print(f"| {pass_name} | {name} | not supported on the CPU (torch {torch.__version__}) "
-                      "| | | | |")
+                print(
+                    f"| {pass_name} | {name} | not supported on the CPU (torch {torch.__version__}) "
+                    "| | | | |"
+                )
                 continue
-            child = subprocess.run([sys.executable, __file__, "--peak-of", name, pass_name,
-                                    "--threads", str(args.threads)], capture_output=True,
-                                   text=True, check=False, env=os.environ)
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--peak-of",
+                    name,
+                    pass_name,
+                    "--threads",
+                    str(args.threads),
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+                env=os.environ,
+            )
             peak = child.stdout.strip().splitlines()[-1] if child.returncode == 0 else "failed"
             out, grads = results[name]
             dw = "" if grads is None else f"{(grads[3] - grads_ref[3]).abs().max().item():.1e}"
-            print(f"| {pass_name} | {name} | {ms[name]:.0f} | {ms[name] / ms['posenc']:.2f}x | "
-                  f"{peak} | {(out - out_ref).abs().max().item():.1e} | {dw} |", flush=True)
+            print(
+                f"| {pass_name} | {name} | {ms[name]:.0f} | {ms[name] / ms['posenc']:.2f}x | "
+                f"{peak} | {(out - out_ref).abs().max().item():.1e} | {dw} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ def main():
     heads, dim = 16, 64
     slopes = posenc.alibi_slopes(heads)
     print(f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}")
-    print("| N | pass | SDPA no bias ms | SDPA + materialized ALiBi ms | posenc ALiBi ms | "
-          "posenc / no bias | materialized / posenc | bias memory (materialized vs posenc) |")
+    print(
+        "| N | pass | SDPA no bias ms | SDPA + materialized ALiBi ms | posenc ALiBi ms | "
+        "posenc / no bias | materialized / posenc | bias memory (materialized vs posenc) |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---|")
     for n in args.lengths:
         g = torch.Generator().manual_seed(0)
@@ -53,9 +55,11 @@ def main():
             t_bias = median_ms(lambda: run("bias", backward), args.repeat, 2)
             t_ours = median_ms(lambda: run("posenc", backward), args.repeat, 2)
             mem = f"{bias.numel() * 4 / 2**20:.0f} MiB vs {slopes.numel() * 4} B"
-            print(f"| {n} | {'fwd+bwd' if backward else 'fwd'} | {t_none:.1f} | {t_bias:.1f} | "
-                  f"{t_ours:.1f} | {t_ours / t_none:.2f}x | {t_bias / t_ours:.2f}x | {mem} |",
-                  flush=True)
+            print(
+                f"| {n} | {'fwd+bwd' if backward else 'fwd'} | {t_none:.1f} | {t_bias:.1f} | "
+                f"{t_ours:.1f} | {t_ours / t_none:.2f}x | {t_bias / t_ours:.2f}x | {mem} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

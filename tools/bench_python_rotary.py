@@ -24,19 +24,21 @@ import os
 import sys
 
 import torch
+from transformers.models.llama import modeling_llama
 
 import posenc
 from bench_util import median_ms
-from transformers.models.llama import modeling_llama
-
 
 
 def main():
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=30)
-    p.add_argument("--small-pages", action="store_true",
-                   help="4 KiB pages (THP_MEM_ALLOC_ENABLE=0): page faults in every row")
+    p.add_argument(
+        "--small-pages",
+        action="store_true",
+        help="4 KiB pages (THP_MEM_ALLOC_ENABLE=0): page faults in every row",
+    )
     args = p.parse_args()
     want = "0" if args.small_pages else "1"  # read by the allocator when the process starts
     if os.environ.get("THP_MEM_ALLOC_ENABLE", "0") != want:
@@ -45,9 +47,13 @@ def main():
     torch.set_num_threads(args.threads)
     hf = modeling_llama.apply_rotary_pos_emb
     compiled = torch.compile(hf, fullgraph=True, dynamic=False)
-    print(f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}; "
-          f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}")
-    print("| dtype | B x N | pass | HF eager ms | HF compiled ms | posenc ms | eager/posenc | compiled/posenc |")
+    print(
+        f"torch {torch.__version__}, {args.threads} threads; ms are medians of {args.repeat}; "
+        f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '0')}"
+    )
+    print(
+        "| dtype | B x N | pass | HF eager ms | HF compiled ms | posenc ms | eager/posenc | compiled/posenc |"
+    )
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for dtype in (torch.float32, torch.bfloat16):
         for b, n in ((1, 2048), (4, 512)):
@@ -65,6 +71,7 @@ def main():
                     qg.grad, kg.grad = None, None
                     a, c = f(qg, kg, cos, sin)
                     torch.autograd.backward((a, c), (a, c))
+
                 return run
 
             def sum_backward(f):
@@ -72,16 +79,25 @@ def main():
                     qg.grad, kg.grad = None, None
                     a, c = f(qg, kg, cos, sin)
                     (a.sum() + c.sum()).backward()
+
                 return run
 
-            rows["fwd+bwd"] = (backward(hf), backward(compiled),
-                               backward(posenc.apply_rotary_pos_emb))
-            rows["fwd+sum bwd"] = (sum_backward(hf), sum_backward(compiled),
-                                   sum_backward(posenc.apply_rotary_pos_emb))
+            rows["fwd+bwd"] = (
+                backward(hf),
+                backward(compiled),
+                backward(posenc.apply_rotary_pos_emb),
+            )
+            rows["fwd+sum bwd"] = (
+                sum_backward(hf),
+                sum_backward(compiled),
+                sum_backward(posenc.apply_rotary_pos_emb),
+            )
             for name, (e, c, o) in rows.items():
                 te, tc, to = (median_ms(f, args.repeat) for f in (e, c, o))
-                print(f"| {str(dtype).replace('torch.', '')} | {b} x {n} | {name} | {te:.2f} | "
-                      f"{tc:.2f} | {to:.2f} | {te / to:.2f}x | {tc / to:.2f}x |")
+                print(
+                    f"| {str(dtype).replace('torch.', '')} | {b} x {n} | {name} | {te:.2f} | "
+                    f"{tc:.2f} | {to:.2f} | {te / to:.2f}x | {tc / to:.2f}x |"
+                )
 
 
 if __name__ == "__main__":

@@ -8,14 +8,38 @@
 src/<layer>/ or include/posenc/<layer>/ that includes "posenc/<higher layer>/..." is listed, with
 its line, and the exit code is 1. Standard library only; CTest runs it (layers).
 """
+
 import os
 import re
 import sys
 
-ORDER = ["functional", "core|io", "kernels", "encoders", "nn", "config", "ops", "draw", "train",
-         "cli"]
-RANK = {"functional": 0, "io": 1, "core": 1, "kernels": 2, "encoders": 3, "nn": 4, "config": 5,
-        "ops": 6, "draw": 7, "train": 8, "cli": 9, "version.h": -1, "posenc.h": 5}
+ORDER = [
+    "functional",
+    "core|io",
+    "kernels",
+    "encoders",
+    "nn",
+    "config",
+    "ops",
+    "draw",
+    "train",
+    "cli",
+]
+RANK = {
+    "functional": 0,
+    "io": 1,
+    "core": 1,
+    "kernels": 2,
+    "encoders": 3,
+    "nn": 4,
+    "config": 5,
+    "ops": 6,
+    "draw": 7,
+    "train": 8,
+    "cli": 9,
+    "version.h": -1,
+    "posenc.h": 5,
+}
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"posenc/([a-z_]+(?:\.h)?)')
 
@@ -41,14 +65,18 @@ def main():
                 if layer is None:
                     continue
                 if layer not in RANK:  # a new folder is placed in the order, not skipped
-                    bad.append(f"{os.path.relpath(path, ROOT)}: folder '{layer}' is no layer of "
-                               f"tools/check_layers.py's order")
+                    bad.append(
+                        f"{os.path.relpath(path, ROOT)}: folder '{layer}' is no layer of "
+                        f"tools/check_layers.py's order"
+                    )
                     continue
                 for number, line in enumerate(open(path, encoding="utf-8"), 1):
                     m = INCLUDE.match(line)
                     if m and RANK.get(m.group(1), 99) > RANK[layer]:
-                        bad.append(f"{os.path.relpath(path, ROOT)}:{number}: {layer} includes "
-                                   f"posenc/{m.group(1)} (a layer above it)")
+                        bad.append(
+                            f"{os.path.relpath(path, ROOT)}:{number}: {layer} includes "
+                            f"posenc/{m.group(1)} (a layer above it)"
+                        )
     if bad:
         print("\n".join(bad))
         print(f"{len(bad)} upward includes; layers, lowest first: {', '.join(ORDER)}")

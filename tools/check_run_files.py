@@ -40,7 +40,16 @@ def main():
             fail(f"weights.pt: entry {name!r} is not name -> tensor")
 
     ckpt = torch.load(f"{folder}/checkpoint.pt", weights_only=True)
-    expected = {"format", "model", "optimizer", "step", "elapsed", "log_window", "config", "checksum"}
+    expected = {
+        "format",
+        "model",
+        "optimizer",
+        "step",
+        "elapsed",
+        "log_window",
+        "config",
+        "checksum",
+    }
     if json.loads(ckpt.get("config", "{}")).get("train", {}).get("ema_decay", 0):
         expected.add("ema")  # the weight average, by parameter name
         if not set(ckpt["ema"]) <= set(weights):

@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import sys
-from typing import Dict, List
 
 import torch
 
@@ -43,6 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 import diffusers  # noqa: E402
+
 import diffusers_cases  # noqa: E402
 import posenc.integrations.diffusers as pd  # noqa: E402
 
@@ -61,9 +61,12 @@ def _tables(case: diffusers_cases.Case, module: torch.nn.Module):
 
 
 def _record(cos: torch.Tensor, sin: torch.Tensor) -> dict:
-    return {"shape": list(cos.shape), "dtype": str(cos.dtype).replace("torch.", ""),
-            "cos": cos.detach().double().flatten().tolist(),
-            "sin": sin.detach().double().flatten().tolist()}
+    return {
+        "shape": list(cos.shape),
+        "dtype": str(cos.dtype).replace("torch.", ""),
+        "cos": cos.detach().double().flatten().tolist(),
+        "sin": sin.detach().double().flatten().tolist(),
+    }
 
 
 def _families():
@@ -79,15 +82,24 @@ def run_family(family, cases: diffusers_cases.FamilyCases) -> dict:
         cos, sin = _tables(case, theirs_module)
         ours_module = family.replace(theirs_module)
         ours = _tables(case, ours_module)
-        same = all(a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
-                   for a, b in zip(ours, (cos, sin)))
+        same = all(
+            a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+            for a, b in zip(ours, (cos, sin))
+        )
         if not same:
             differs.append(case.name)
         recorded.append({"name": case.name, **_record(cos, sin)})
-    verdict = (f"equal to the bit ({len(recorded)} of {len(recorded)} cases)" if not differs
-               else f"DIFFERS: {', '.join(differs)}")
-    return {"float64": cases.float64, "summary": vars(cases.summary), "verdict": verdict,
-            "cases": recorded}
+    verdict = (
+        f"equal to the bit ({len(recorded)} of {len(recorded)} cases)"
+        if not differs
+        else f"DIFFERS: {', '.join(differs)}"
+    )
+    return {
+        "float64": cases.float64,
+        "summary": vars(cases.summary),
+        "verdict": verdict,
+        "cases": recorded,
+    }
 
 
 def generate() -> dict:
@@ -96,7 +108,7 @@ def generate() -> dict:
         "generator": {
             "script": "tools/gen_diffusers_fixtures.py",
             "command": "ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=python ~/.cache/posenc/venv/bin/python "
-                       "tools/gen_diffusers_fixtures.py",
+            "tools/gen_diffusers_fixtures.py",
             "diffusers": diffusers.__version__,
             "torch": torch.__version__,
             "python": platform.python_version(),
@@ -113,8 +125,10 @@ def generate() -> dict:
     }
     for name, cases in diffusers_cases.CASES.items():
         if name not in families:
-            raise SystemExit(f"gen_diffusers_fixtures: CASES names '{name}', which no family "
-                             f"module registers (registered: {', '.join(sorted(families))})")
+            raise SystemExit(
+                f"gen_diffusers_fixtures: CASES names '{name}', which no family "
+                f"module registers (registered: {', '.join(sorted(families))})"
+            )
         out["families"][name] = run_family(families[name], cases)
     return out
 
@@ -126,25 +140,31 @@ def _rotary_class(family) -> str:
 def docs_table(fixture: dict) -> str:
     families = _families()
     g = fixture["generator"]
-    lines = [BEGIN,
-             f"Generated from diffusers {g['diffusers']} (torch {g['torch']}, ATen "
-             f"{g['aten_cpu_capability']}) by `tools/gen_diffusers_fixtures.py`; the verdict is "
-             f"posenc's replacement module against diffusers' own on every case of "
-             f"`tools/diffusers_cases.py` (tables recorded in "
-             f"`tests/fixtures/diffusers_tables.json`).",
-             "",
-             "| family | diffusers rotary module | processors posenc replaces | axes | θ | layout "
-             "| dtype path | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        f"Generated from diffusers {g['diffusers']} (torch {g['torch']}, ATen "
+        f"{g['aten_cpu_capability']}) by `tools/gen_diffusers_fixtures.py`; the verdict is "
+        f"posenc's replacement module against diffusers' own on every case of "
+        f"`tools/diffusers_cases.py` (tables recorded in "
+        f"`tests/fixtures/diffusers_tables.json`).",
+        "",
+        "| family | diffusers rotary module | processors posenc replaces | axes | θ | layout "
+        "| dtype path | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, entry in fixture["families"].items():
         family, s = families[name], entry["summary"]
         processors = ", ".join(f"`{p.rsplit('.', 1)[1]}`" for p in family.processors) or "—"
-        lines.append(f"| {name} | `{_rotary_class(family)}` | {processors} | {s['axes']} | "
-                     f"{s['theta']} | {s['layout']} | {s['dtype_path']} | {entry['verdict']} |")
+        lines.append(
+            f"| {name} | `{_rotary_class(family)}` | {processors} | {s['axes']} | "
+            f"{s['theta']} | {s['layout']} | {s['dtype_path']} | {entry['verdict']} |"
+        )
     for name in fixture["without_cases"]:
         family = families[name]
-        lines.append(f"| {name} | `{_rotary_class(family)}` | — | — | — | — | — | no cases in "
-                     f"`tools/diffusers_cases.py` yet |")
+        lines.append(
+            f"| {name} | `{_rotary_class(family)}` | — | — | — | — | — | no cases in "
+            f"`tools/diffusers_cases.py` yet |"
+        )
     lines.append(END)
     return "\n".join(lines)
 
@@ -168,11 +188,12 @@ def _atomic_write(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def changed_families(committed: dict, fresh: dict) -> Dict[str, List[str]]:
+def changed_families(committed: dict, fresh: dict) -> dict[str, list[str]]:
     """family -> why its tables differ between the committed fixture and this diffusers."""
-    same_capability = (committed["generator"]["aten_cpu_capability"]
-                       == fresh["generator"]["aten_cpu_capability"])
-    changed: Dict[str, List[str]] = {}
+    same_capability = (
+        committed["generator"]["aten_cpu_capability"] == fresh["generator"]["aten_cpu_capability"]
+    )
+    changed: dict[str, list[str]] = {}
     for name in sorted(set(committed["families"]) | set(fresh["families"])):
         old, new = committed["families"].get(name), fresh["families"].get(name)
         if old is None or new is None:
@@ -187,14 +208,16 @@ def changed_families(committed: dict, fresh: dict) -> Dict[str, List[str]]:
             if before["shape"] != case["shape"] or before["dtype"] != case["dtype"]:
                 changed.setdefault(name, []).append(
                     f"{case['name']}: {before['dtype']}{before['shape']} -> "
-                    f"{case['dtype']}{case['shape']}")
+                    f"{case['dtype']}{case['shape']}"
+                )
                 continue
             for t in ("cos", "sin"):
                 a = torch.tensor(before[t], dtype=torch.float64)
                 b = torch.tensor(case[t], dtype=torch.float64)
                 exact = new["float64"] or same_capability
-                if not (torch.equal(a, b) if exact else torch.allclose(a, b, rtol=0,
-                                                                       atol=FLOAT32_ATOL)):
+                if not (
+                    torch.equal(a, b) if exact else torch.allclose(a, b, rtol=0, atol=FLOAT32_ATOL)
+                ):
                     worst = float((a - b).abs().max())
                     changed.setdefault(name, []).append(f"{case['name']}: {t} (max |d| {worst:g})")
         if "DIFFERS" in new["verdict"]:
@@ -204,8 +227,11 @@ def changed_families(committed: dict, fresh: dict) -> Dict[str, List[str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="compare this diffusers with the committed fixture; write nothing")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare this diffusers with the committed fixture; write nothing",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     fresh = generate()
@@ -213,27 +239,38 @@ def main() -> int:
         with open(FIXTURE, encoding="utf-8") as f:
             committed = json.load(f)
         changed = changed_families(committed, fresh)
-        versions = (f"diffusers {committed['generator']['diffusers']} (committed) vs "
-                    f"{diffusers.__version__}")
+        versions = (
+            f"diffusers {committed['generator']['diffusers']} (committed) vs "
+            f"{diffusers.__version__}"
+        )
         if not changed:
             print(f"gen_diffusers_fixtures --check: no family's tables changed ({versions})")
             return 0
         for name, why in changed.items():
             print(f"{name}: {'; '.join(why)}")
-        print(f"gen_diffusers_fixtures --check: {len(changed)} families changed ({versions}): "
-              f"{', '.join(changed)}", file=sys.stderr)
+        print(
+            f"gen_diffusers_fixtures --check: {len(changed)} families changed ({versions}): "
+            f"{', '.join(changed)}",
+            file=sys.stderr,
+        )
         return 1
     if diffusers.__version__ != PINNED_DIFFUSERS:
-        print(f"gen_diffusers_fixtures: diffusers {diffusers.__version__} is not the pinned "
-              f"{PINNED_DIFFUSERS}; writing anyway", file=sys.stderr)
+        print(
+            f"gen_diffusers_fixtures: diffusers {diffusers.__version__} is not the pinned "
+            f"{PINNED_DIFFUSERS}; writing anyway",
+            file=sys.stderr,
+        )
     _atomic_write(FIXTURE, json.dumps(fresh, separators=(",", ":")) + "\n")
     write_docs(fresh)
     for name, entry in fresh["families"].items():
         print(f"{name}: {entry['verdict']}", file=sys.stderr)
     if fresh["without_cases"]:
         print(f"families without cases: {', '.join(fresh['without_cases'])}", file=sys.stderr)
-    print(f"wrote {FIXTURE} ({os.path.getsize(FIXTURE)} bytes) and {DOCS}'s table at ATen "
-          f"capability {fresh['generator']['aten_cpu_capability']}", file=sys.stderr)
+    print(
+        f"wrote {FIXTURE} ({os.path.getsize(FIXTURE)} bytes) and {DOCS}'s table at ATen "
+        f"capability {fresh['generator']['aten_cpu_capability']}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -41,22 +41,27 @@ import sys
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 import transformers
-from transformers.utils import logging as hf_logging
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
-from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply_rotary_pos_emb
+from transformers.models.gpt_neox.modeling_gpt_neox import (
+    apply_rotary_pos_emb as neox_apply_rotary_pos_emb,
+)
 from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply_rotary_pos_emb
-from transformers.models.gptj.modeling_gptj import create_sinusoidal_positions as gptj_create_sinusoidal_positions
+from transformers.models.gptj.modeling_gptj import (
+    create_sinusoidal_positions as gptj_create_sinusoidal_positions,
+)
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import (
+    apply_rotary_pos_emb as llama_apply_rotary_pos_emb,
+)
 from transformers.models.llama.modeling_llama import rotate_half as llama_rotate_half
 from transformers.models.t5.modeling_t5 import T5Attention
 from transformers.models.videomae.modeling_videomae import get_sinusoid_encoding_table
 from transformers.models.vit_mae.modeling_vit_mae import build_2d_sinusoidal_position_embedding
+from transformers.utils import logging as hf_logging
 
 try:
     import timm
@@ -162,7 +167,9 @@ def rope_input(n, head_dim):
     return torch.sin(torch.arange(n * head_dim, dtype=torch.float64) * 0.37).reshape(n, head_dim)
 
 
-def make_rope_config(head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor=None, num_heads=4):
+def make_rope_config(
+    head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor=None, num_heads=4
+):
     kwargs = dict(
         head_dim=head_dim,
         hidden_size=head_dim * num_heads,
@@ -184,12 +191,22 @@ def ntk_alpha_rope(head_dim, max_position_embeddings, rope_parameters):
     non-zero alpha makes HunYuanDenseV1RotaryEmbedding take compute_ntk_alpha_rope_parameters. Returns the
     HunYuan config (rope_parameters in the posenc/fixture form: rope_type 'ntk_alpha'), inv_freq, scaling."""
     from transformers import HunYuanDenseV1Config
-    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import (
+        HunYuanDenseV1RotaryEmbedding,
+    )
+
     block = dict(rope_parameters, rope_type="dynamic", factor=1.0)
-    config = HunYuanDenseV1Config(head_dim=head_dim, hidden_size=head_dim * 4, num_attention_heads=4,
-                                  num_key_value_heads=4, num_hidden_layers=1, intermediate_size=4 * head_dim,
-                                  vocab_size=16, max_position_embeddings=max_position_embeddings,
-                                  rope_parameters=block)
+    config = HunYuanDenseV1Config(
+        head_dim=head_dim,
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        num_hidden_layers=1,
+        intermediate_size=4 * head_dim,
+        vocab_size=16,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=block,
+    )
     module = HunYuanDenseV1RotaryEmbedding(config)
     assert module.rope_type == "ntk_alpha", module.rope_type
     inv_freq, scaling = HunYuanDenseV1RotaryEmbedding.compute_ntk_alpha_rope_parameters(config)
@@ -197,36 +214,59 @@ def ntk_alpha_rope(head_dim, max_position_embeddings, rope_parameters):
     return config, inv_freq, scaling
 
 
-def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor=None, seq_len=None,
-              positions=ROPE_POSITIONS):
+def rope_case(
+    name,
+    head_dim,
+    max_position_embeddings,
+    rope_parameters,
+    partial_rotary_factor=None,
+    seq_len=None,
+    positions=ROPE_POSITIONS,
+):
     _capture.records.clear()
     hf_logging.warning_once.cache_clear()  # so that every case records its own warn-once validation messages
     if rope_parameters["rope_type"] == "ntk_alpha":
-        config, inv_freq, attention_scaling = ntk_alpha_rope(head_dim, max_position_embeddings, rope_parameters)
-        config.rope_parameters = dict(rope_parameters)  # the fixture's block: posenc's name for the type
-        fn_name = ("transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense.HunYuanDenseV1RotaryEmbedding."
-                   "compute_ntk_alpha_rope_parameters (its class's rope_type for 'dynamic' with alpha)")
+        config, inv_freq, attention_scaling = ntk_alpha_rope(
+            head_dim, max_position_embeddings, rope_parameters
+        )
+        config.rope_parameters = dict(
+            rope_parameters
+        )  # the fixture's block: posenc's name for the type
+        fn_name = (
+            "transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense.HunYuanDenseV1RotaryEmbedding."
+            "compute_ntk_alpha_rope_parameters (its class's rope_type for 'dynamic' with alpha)"
+        )
         rope_type = "ntk_alpha"
     else:
-        config = make_rope_config(head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor)
+        config = make_rope_config(
+            head_dim, max_position_embeddings, rope_parameters, partial_rotary_factor
+        )
         rope_type = config.rope_parameters["rope_type"]
     if rope_type == "ntk_alpha":
         pass
     elif rope_type == "default":
         # LlamaRotaryEmbedding.compute_default_rope_parameters ignores partial_rotary_factor in this version; the
         # GPT-NeoX one (also Phi, StableLM) honours it.  For partial_rotary_factor == 1 both must agree.
-        fn_name = ("transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding."
-                   "compute_default_rope_parameters")
-        inv_freq, attention_scaling = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(config, device="cpu",
-                                                                                             seq_len=seq_len)
-        llama_inv, llama_scale = LlamaRotaryEmbedding.compute_default_rope_parameters(config, device="cpu",
-                                                                                      seq_len=seq_len)
+        fn_name = (
+            "transformers.models.gpt_neox.modeling_gpt_neox.GPTNeoXRotaryEmbedding."
+            "compute_default_rope_parameters"
+        )
+        inv_freq, attention_scaling = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(
+            config, device="cpu", seq_len=seq_len
+        )
+        llama_inv, llama_scale = LlamaRotaryEmbedding.compute_default_rope_parameters(
+            config, device="cpu", seq_len=seq_len
+        )
         if config.rope_parameters.get("partial_rotary_factor", 1.0) == 1.0:
             assert torch.equal(llama_inv, inv_freq) and llama_scale == attention_scaling
     else:
-        fn_name = f"transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[{rope_type!r}] = " \
-                  f"{ROPE_INIT_FUNCTIONS[rope_type].__name__}"
-        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](config, device="cpu", seq_len=seq_len)
+        fn_name = (
+            f"transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[{rope_type!r}] = "
+            f"{ROPE_INIT_FUNCTIONS[rope_type].__name__}"
+        )
+        inv_freq, attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](
+            config, device="cpu", seq_len=seq_len
+        )
     attention_scaling = float(attention_scaling)
     rot_dim = 2 * inv_freq.numel()
 
@@ -253,8 +293,8 @@ def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_
         pos = torch.tensor(positions, dtype=torch.int64)
         n = len(positions)
         # HF convention (LlamaRotaryEmbedding.forward), but evaluated in float64
-        freqs = pos[:, None].double() * inv_freq[None, :].double()           # [N, rot_dim/2]
-        emb = torch.cat((freqs, freqs), dim=-1)                               # [N, rot_dim]
+        freqs = pos[:, None].double() * inv_freq[None, :].double()  # [N, rot_dim/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [N, rot_dim]
         cos = emb.cos() * attention_scaling
         sin = emb.sin() * attention_scaling
 
@@ -267,9 +307,13 @@ def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_
         out_half = out_half[0, 0]
         # cross-check with Llama's apply_rotary_pos_emb/rotate_half on the rotated slice + pass-through
         q_rot = x[None, None, :, :rot_dim]
-        llama_rot, _ = llama_apply_rotary_pos_emb(q_rot, q_rot, cos[None], sin[None], unsqueeze_dim=1)
+        llama_rot, _ = llama_apply_rotary_pos_emb(
+            q_rot, q_rot, cos[None], sin[None], unsqueeze_dim=1
+        )
         llama_out = torch.cat([llama_rot[0, 0], x[:, rot_dim:]], dim=-1)
-        manual = torch.cat([x[:, :rot_dim] * cos + llama_rotate_half(x[:, :rot_dim]) * sin, x[:, rot_dim:]], -1)
+        manual = torch.cat(
+            [x[:, :rot_dim] * cos + llama_rotate_half(x[:, :rot_dim]) * sin, x[:, rot_dim:]], -1
+        )
         assert torch.equal(llama_out, out_half) and torch.equal(manual, out_half)
 
         # rotate-every-two (GPT-J): sin/cos of shape [N, rot_dim/2] are repeat_interleave'd by GPT-J's
@@ -278,16 +322,22 @@ def rope_case(name, head_dim, max_position_embeddings, rope_parameters, partial_
         cos_j = (freqs.cos() * attention_scaling)[None]
         t_rot = x[None, :, None, :rot_dim]
         out_j = gptj_apply_rotary_pos_emb(t_rot, sin_j, cos_j)[0, :, 0]
-        out_inter = torch.cat([out_j, x[:, rot_dim:]], dim=-1)                # as GPTJAttention.forward does
+        out_inter = torch.cat([out_j, x[:, rot_dim:]], dim=-1)  # as GPTJAttention.forward does
 
-        assert cos.dtype == torch.float64 and out_half.dtype == torch.float64 and out_inter.dtype == torch.float64
-        case.update({
-            "cos": flist(cos),
-            "sin": flist(sin),
-            "input": flist(x),
-            "output_half": flist(out_half),
-            "output_interleaved": flist(out_inter),
-        })
+        assert (
+            cos.dtype == torch.float64
+            and out_half.dtype == torch.float64
+            and out_inter.dtype == torch.float64
+        )
+        case.update(
+            {
+                "cos": flist(cos),
+                "sin": flist(sin),
+                "input": flist(x),
+                "output_half": flist(out_half),
+                "output_interleaved": flist(out_inter),
+            }
+        )
     case["hf_warnings"] = list(dict.fromkeys(_capture.records))
     return case
 
@@ -311,19 +361,41 @@ def gen_rope():
     # b) default theta 500000, head_dim 128
     add("default_theta5e5_hd128", 128, 8192, {"rope_type": "default", "rope_theta": 500000.0})
     # c) default with partial_rotary_factor 0.5
-    add("default_partial0.5", 64, 4096, {"rope_type": "default", "rope_theta": T}, partial_rotary_factor=0.5)
+    add(
+        "default_partial0.5",
+        64,
+        4096,
+        {"rope_type": "default", "rope_theta": T},
+        partial_rotary_factor=0.5,
+    )
     # d) linear factor 4
     add("linear_f4", 64, 4096, {"rope_type": "linear", "rope_theta": T, "factor": 4.0})
     # e) dynamic factor 2, max_position_embeddings 2048, seq_len None / 1024 (unchanged) / 8192
     for sl in (None, 1024, 2048, 8192):
-        add(f"dynamic_f2_seq{sl}", 64, 2048, {"rope_type": "dynamic", "rope_theta": T, "factor": 2.0}, seq_len=sl)
+        add(
+            f"dynamic_f2_seq{sl}",
+            64,
+            2048,
+            {"rope_type": "dynamic", "rope_theta": T, "factor": 2.0},
+            seq_len=sl,
+        )
     # f) yarn factor 4, original 4096, max 16384, default betas
-    yarn_base = {"rope_type": "yarn", "rope_theta": T, "factor": 4.0, "original_max_position_embeddings": 4096}
+    yarn_base = {
+        "rope_type": "yarn",
+        "rope_theta": T,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    }
     add("yarn_f4", 64, 16384, dict(yarn_base))
     # g) yarn beta_fast 16, beta_slow 2
     add("yarn_f4_beta16_2", 64, 16384, dict(yarn_base, beta_fast=16.0, beta_slow=2.0))
     # h) DeepSeek-style yarn: factor 40, original 4096 (max 163840), mscale 1 / mscale_all_dim 1; and 0.707 / 1
-    ds = {"rope_type": "yarn", "rope_theta": T, "factor": 40.0, "original_max_position_embeddings": 4096}
+    ds = {
+        "rope_type": "yarn",
+        "rope_theta": T,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+    }
     add("yarn_f40_mscale1_all1", 64, 163840, dict(ds, mscale=1.0, mscale_all_dim=1.0))
     add("yarn_f40_mscale0.707_all1", 64, 163840, dict(ds, mscale=0.707, mscale_all_dim=1.0))
     add("yarn_f40_mscale0.707_only", 64, 163840, dict(ds, mscale=0.707))
@@ -337,14 +409,29 @@ def gen_rope():
     add("yarn_f4_no_original", 64, 16384, {"rope_type": "yarn", "rope_theta": T, "factor": 4.0})
     add("yarn_factorNone_max16384_orig4096", 64, 16384, dict(yarn_base, factor=None))
     # k) llama3
-    add("llama3_f8", 128, 131072, {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                   "original_max_position_embeddings": 8192})
+    add(
+        "llama3_f8",
+        128,
+        131072,
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    )
     # l) longrope short (seq_len 2048) / long (seq_len 8192) / seq_len None
     short = [1.0 + 0.05 * i for i in range(32)]
     long = [1.0 + 0.2 * i for i in range(32)]
-    lr = {"rope_type": "longrope", "rope_theta": T, "short_factor": short, "long_factor": long,
-          "original_max_position_embeddings": 4096}
+    lr = {
+        "rope_type": "longrope",
+        "rope_theta": T,
+        "short_factor": short,
+        "long_factor": long,
+        "original_max_position_embeddings": 4096,
+    }
     add("longrope_seq2048_short", 64, 131072, dict(lr), seq_len=2048)
     add("longrope_seq4096_short", 64, 131072, dict(lr), seq_len=4096)
     add("longrope_seq4097_long", 64, 131072, dict(lr), seq_len=4097)
@@ -356,46 +443,88 @@ def gen_rope():
     # n) partial 0.75 with yarn
     add("yarn_f4_partial0.75", 64, 16384, dict(yarn_base), partial_rotary_factor=0.75)
     # partial rotary with linear and llama3 (scaled types honour partial_rotary_factor)
-    add("linear_f4_partial0.5", 64, 4096, {"rope_type": "linear", "rope_theta": T, "factor": 4.0},
-        partial_rotary_factor=0.5)
+    add(
+        "linear_f4_partial0.5",
+        64,
+        4096,
+        {"rope_type": "linear", "rope_theta": T, "factor": 4.0},
+        partial_rotary_factor=0.5,
+    )
     # o) proportional (Gemma 4): theta^(-2i/Dh) for the rotating pairs, 0 for the rest, / factor
-    add("proportional_partial0.25", 64, 4096, {"rope_type": "proportional", "rope_theta": T},
-        partial_rotary_factor=0.25)
-    add("proportional_f2", 64, 4096, {"rope_type": "proportional", "rope_theta": T, "factor": 2.0},
-        partial_rotary_factor=0.5)
+    add(
+        "proportional_partial0.25",
+        64,
+        4096,
+        {"rope_type": "proportional", "rope_theta": T},
+        partial_rotary_factor=0.25,
+    )
+    add(
+        "proportional_f2",
+        64,
+        4096,
+        {"rope_type": "proportional", "rope_theta": T, "factor": 2.0},
+        partial_rotary_factor=0.5,
+    )
     # p) ntk_alpha (HunYuan): theta * alpha^(r/(r-2)) at every length; HunYuan's released alpha 1000, and 50
-    add("ntk_alpha_1000_hd128", 128, 32768, {"rope_type": "ntk_alpha", "rope_theta": T, "alpha": 1000.0})
+    add(
+        "ntk_alpha_1000_hd128",
+        128,
+        32768,
+        {"rope_type": "ntk_alpha", "rope_theta": T, "alpha": 1000.0},
+    )
     add("ntk_alpha_50", 64, 4096, {"rope_type": "ntk_alpha", "rope_theta": T, "alpha": 50.0})
 
     by_name = {c["name"]: c for c in cases}
 
     # ---- semantic checks used for the notes (all assertions are on HF outputs) ----
-    d_none, d_1024, d_2048 = (by_name[f"dynamic_f2_seq{s}"]["inv_freq"] for s in ("None", 1024, 2048))
+    d_none, d_1024, d_2048 = (
+        by_name[f"dynamic_f2_seq{s}"]["inv_freq"] for s in ("None", 1024, 2048)
+    )
     assert d_none == d_1024 == d_2048 == by_name["default_theta1e4"]["inv_freq"]
     assert by_name["dynamic_f2_seq8192"]["inv_freq"] != d_none
     assert by_name["yarn_f4_max32768_mismatch"]["inv_freq"] == by_name["yarn_f4"]["inv_freq"]
-    assert by_name["yarn_f4_no_original"]["rope_parameters"]["original_max_position_embeddings"] == 16384
+    assert (
+        by_name["yarn_f4_no_original"]["rope_parameters"]["original_max_position_embeddings"]
+        == 16384
+    )
     assert by_name["yarn_f4_no_original"]["inv_freq"] != by_name["yarn_f4"]["inv_freq"]
     assert by_name["yarn_f4_notruncate"]["inv_freq"] != by_name["yarn_f4"]["inv_freq"]
-    assert by_name["yarn_factorNone_max16384_orig4096"]["inv_freq"] == by_name["yarn_f4"]["inv_freq"]
-    assert by_name["yarn_factorNone_max16384_orig4096"]["attention_scaling"] == by_name["yarn_f4"]["attention_scaling"]
+    assert (
+        by_name["yarn_factorNone_max16384_orig4096"]["inv_freq"] == by_name["yarn_f4"]["inv_freq"]
+    )
+    assert (
+        by_name["yarn_factorNone_max16384_orig4096"]["attention_scaling"]
+        == by_name["yarn_f4"]["attention_scaling"]
+    )
     assert by_name["yarn_f40_mscale1_all1"]["attention_scaling"] == 1.0
     assert by_name["yarn_f40_mscale0.707_only"]["attention_scaling"] == 0.1 * math.log(40.0) + 1.0
     assert by_name["yarn_f4"]["attention_scaling"] == 0.1 * math.log(4.0) + 1.0
-    assert by_name["longrope_seq4096_short"]["inv_freq"] == by_name["longrope_seq2048_short"]["inv_freq"]
-    assert by_name["longrope_seq4097_long"]["inv_freq"] == by_name["longrope_seq8192_long"]["inv_freq"]
-    assert by_name["longrope_seq2048_short"]["attention_scaling"] == by_name["longrope_seq8192_long"]["attention_scaling"]
+    assert (
+        by_name["longrope_seq4096_short"]["inv_freq"]
+        == by_name["longrope_seq2048_short"]["inv_freq"]
+    )
+    assert (
+        by_name["longrope_seq4097_long"]["inv_freq"] == by_name["longrope_seq8192_long"]["inv_freq"]
+    )
+    assert (
+        by_name["longrope_seq2048_short"]["attention_scaling"]
+        == by_name["longrope_seq8192_long"]["attention_scaling"]
+    )
     assert len(by_name["default_partial0.5"]["inv_freq"]) == 16
     assert len(by_name["yarn_f4_partial0.75"]["inv_freq"]) == 24
 
     # Llama's default ignores partial_rotary_factor (checked here, recorded in the notes)
-    cfg = make_rope_config(64, 4096, {"rope_type": "default", "rope_theta": T}, partial_rotary_factor=0.5)
+    cfg = make_rope_config(
+        64, 4096, {"rope_type": "default", "rope_theta": T}, partial_rotary_factor=0.5
+    )
     llama_partial_len = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)[0].numel()
     neox_partial_len = GPTNeoXRotaryEmbedding.compute_default_rope_parameters(cfg)[0].numel()
 
     # GPT-J's own sin/cos table (base 10000, float32) agrees with the cos/sin used for output_interleaved
     c = by_name["default_theta1e4"]
-    sc = gptj_create_sinusoidal_positions(max(c["positions"]) + 1, c["rot_dim"])[c["positions"]].double()
+    sc = gptj_create_sinusoidal_positions(max(c["positions"]) + 1, c["rot_dim"])[
+        c["positions"]
+    ].double()
     half = c["rot_dim"] // 2
     gptj_sin, gptj_cos = sc[:, :half], sc[:, half:]
     cos_tab = torch.tensor(c["cos"], dtype=torch.float64)[:, :half]
@@ -484,11 +613,11 @@ def gen_rope():
     return {
         "generator": GENERATOR,
         "source": "HF transformers: transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type](LlamaConfig(...), "
-                  "device='cpu', seq_len=seq_len) for scaled types; "
-                  "GPTNeoXRotaryEmbedding.compute_default_rope_parameters for 'default'; rotations with "
-                  "gpt_neox.modeling_gpt_neox.apply_rotary_pos_emb (rotate_half) and "
-                  "gptj.modeling_gptj.apply_rotary_pos_emb (rotate_every_two); cos/sin tables per the "
-                  "LlamaRotaryEmbedding.forward formula evaluated in float64 (see notes).",
+        "device='cpu', seq_len=seq_len) for scaled types; "
+        "GPTNeoXRotaryEmbedding.compute_default_rope_parameters for 'default'; rotations with "
+        "gpt_neox.modeling_gpt_neox.apply_rotary_pos_emb (rotate_half) and "
+        "gptj.modeling_gptj.apply_rotary_pos_emb (rotate_every_two); cos/sin tables per the "
+        "LlamaRotaryEmbedding.forward formula evaluated in float64 (see notes).",
         "notes": notes,
         "cases": cases,
     }
@@ -502,19 +631,22 @@ def gen_t5():
     cases = []
     for bidirectional in (True, False):
         for num_buckets, max_distance in ((32, 128), (64, 256), (8, 20)):
-            b = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets,
-                                                      max_distance=max_distance)
-            cases.append({
-                "bidirectional": bidirectional,
-                "num_buckets": num_buckets,
-                "max_distance": max_distance,
-                "relative_position": ilist(rel),
-                "buckets": ilist(b),
-            })
+            b = T5Attention._relative_position_bucket(
+                rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+            )
+            cases.append(
+                {
+                    "bidirectional": bidirectional,
+                    "num_buckets": num_buckets,
+                    "max_distance": max_distance,
+                    "relative_position": ilist(rel),
+                    "buckets": ilist(b),
+                }
+            )
     return {
         "generator": GENERATOR,
         "source": "transformers.models.t5.modeling_t5.T5Attention._relative_position_bucket(relative_position, "
-                  "bidirectional, num_buckets, max_distance) on an int64 tensor",
+        "bidirectional, num_buckets, max_distance) on an int64 tensor",
         "notes": [
             "relative_position = memory_position - query_position (key - query), as in HF T5Attention.compute_bias.",
             "bidirectional: num_buckets is halved; positive relative positions get +num_buckets/2; then |rel|. "
@@ -533,15 +665,22 @@ def gen_t5():
 # fairseq/models/transformer.py (TransformerDecoder.__init__), commit 3b7c2eca8397d27be08c6dffad9b60855507f9b7.
 def get_slopes(n):
     def get_slopes_power_of_2(n):
-        start = (2**(-2**-(math.log2(n)-3)))
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
         ratio = start
-        return [start*ratio**i for i in range(n)]
+        return [start * ratio**i for i in range(n)]
 
     if math.log2(n).is_integer():
-        return get_slopes_power_of_2(n)                   #In the paper, we only train models that have 2^a heads for some a. This function has
-    else:                                                 #some good properties that only occur when the input is a power of 2. To maintain that even
-        closest_power_of_2 = 2**math.floor(math.log2(n))  #when the number of heads is not a power of 2, we use this workaround.
-        return get_slopes_power_of_2(closest_power_of_2) + get_slopes(2*closest_power_of_2)[0::2][:n-closest_power_of_2]
+        return get_slopes_power_of_2(
+            n
+        )  # In the paper, we only train models that have 2^a heads for some a. This function has
+    else:  # some good properties that only occur when the input is a power of 2. To maintain that even
+        closest_power_of_2 = 2 ** math.floor(
+            math.log2(n)
+        )  # when the number of heads is not a power of 2, we use this workaround.
+        return (
+            get_slopes_power_of_2(closest_power_of_2)
+            + get_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+        )
 
 
 def gen_alibi():
@@ -549,22 +688,24 @@ def gen_alibi():
     max_rel = 0.0
     for n in range(1, 65):
         mask = torch.ones(1, 2, dtype=torch.int64)
-        alibi = build_alibi_tensor(mask, n, torch.float64)           # [num_heads, 1, 2]
-        hf = (alibi[:, 0, 1] - alibi[:, 0, 0])
+        alibi = build_alibi_tensor(mask, n, torch.float64)  # [num_heads, 1, 2]
+        hf = alibi[:, 0, 1] - alibi[:, 0, 0]
         press = torch.tensor(get_slopes(n), dtype=torch.float64)
         assert hf.shape == press.shape == (n,)
         rel = ((hf - press).abs() / press).max().item()
-        assert rel < 1e-6, (n, rel)                                   # HF computes slopes in float32
+        assert rel < 1e-6, (n, rel)  # HF computes slopes in float32
         max_rel = max(max_rel, rel)
         cases.append({"num_heads": n, "slopes": flist(press), "slopes_hf_bloom": flist(hf)})
-    print(f"  alibi: HF Bloom (float32) vs Press get_slopes (float64) max relative difference {max_rel:.3e}")
+    print(
+        f"  alibi: HF Bloom (float32) vs Press get_slopes (float64) max relative difference {max_rel:.3e}"
+    )
     return {
         "generator": GENERATOR,
         "source": "slopes: Press et al. get_slopes copied verbatim (hand-copied) from "
-                  "github.com/ofirpress/attention_with_linear_biases fairseq/models/transformer.py "
-                  "(TransformerDecoder.__init__, commit 3b7c2eca), evaluated in Python float64; "
-                  "slopes_hf_bloom: transformers.models.bloom.modeling_bloom.build_alibi_tensor(ones(1,2), num_heads, "
-                  "float64)[:, 0, 1] - [:, 0, 0] (HF computes the slopes in float32).",
+        "github.com/ofirpress/attention_with_linear_biases fairseq/models/transformer.py "
+        "(TransformerDecoder.__init__, commit 3b7c2eca), evaluated in Python float64; "
+        "slopes_hf_bloom: transformers.models.bloom.modeling_bloom.build_alibi_tensor(ones(1,2), num_heads, "
+        "float64)[:, 0, 1] - [:, 0, 0] (HF computes the slopes in float32).",
         "notes": [
             f"Both sources agree to float32 precision (max relative difference {max_rel:.3e}); they "
             "are bit-identical whenever the slope base is an exact power of two (e.g. power-of-two "
@@ -589,14 +730,14 @@ def mae_get_1d_sincos_pos_embed_from_grid(embed_dim, pos):
     """
     assert embed_dim % 2 == 0
     omega = np.arange(embed_dim // 2, dtype=np.float32)
-    omega /= embed_dim / 2.
-    omega = 1. / 10000**omega  # (D/2,)
+    omega /= embed_dim / 2.0
+    omega = 1.0 / 10000**omega  # (D/2,)
 
     pos = pos.reshape(-1)  # (M,)
-    out = np.einsum('m,d->md', pos, omega)  # (M, D/2), outer product
+    out = np.einsum("m,d->md", pos, omega)  # (M, D/2), outer product
 
-    emb_sin = np.sin(out) # (M, D/2)
-    emb_cos = np.cos(out) # (M, D/2)
+    emb_sin = np.sin(out)  # (M, D/2)
+    emb_cos = np.cos(out)  # (M, D/2)
 
     emb = np.concatenate([emb_sin, emb_cos], axis=1)  # (M, D)
     return emb
@@ -629,8 +770,13 @@ def gen_sinusoidal():
         int_pos = [p for p in positions if float(p).is_integer()]
         # HF ViT-MAE: 2D builder with width 1 and embed_dim 2*dim -> columns [:dim] are [sin_h | cos_h] with
         # omega_i = temperature**(-i/(dim/2)), float64 internally, for integer positions 0..height-1.
-        hf = build_2d_sinusoidal_position_embedding(height=int(max(int_pos)) + 1, width=1, embed_dim=2 * dim,
-                                                    temperature=base, dtype=torch.float64)[:, :dim].numpy()
+        hf = build_2d_sinusoidal_position_embedding(
+            height=int(max(int_pos)) + 1,
+            width=1,
+            embed_dim=2 * dim,
+            temperature=base,
+            dtype=torch.float64,
+        )[:, :dim].numpy()
         hand = concat_hand(dim, base, positions)
         concat = np.empty_like(hand)
         row_source = []
@@ -643,30 +789,38 @@ def gen_sinusoidal():
                 concat[r] = hand[r]
                 row_source.append("hand_derived_numpy_float64")
         if base == 10000.0:
-            mae = mae_get_1d_sincos_pos_embed_from_grid(dim, np.asarray(positions, dtype=np.float64))
-            assert np.max(np.abs(mae - concat)) < 1e-3 * max(positions)  # float32 omega in the MAE original
-            vm = get_sinusoid_encoding_table(int(max(int_pos)) + 1, dim)[0].double().numpy()   # float32 output
+            mae = mae_get_1d_sincos_pos_embed_from_grid(
+                dim, np.asarray(positions, dtype=np.float64)
+            )
+            assert np.max(np.abs(mae - concat)) < 1e-3 * max(
+                positions
+            )  # float32 omega in the MAE original
+            vm = (
+                get_sinusoid_encoding_table(int(max(int_pos)) + 1, dim)[0].double().numpy()
+            )  # float32 output
         inter = interleaved_hand(dim, base, positions)
         if base == 10000.0:
             for r, p in enumerate(positions):
                 if float(p).is_integer():
                     assert np.max(np.abs(vm[int(p)] - inter[r])) < 1e-5, (dim, p)
-        cases.append({
-            "dim": dim,
-            "base": base,
-            "positions": [float(p) if not float(p).is_integer() else int(p) for p in positions],
-            "concat": flist(concat),
-            "interleaved": flist(inter),
-            "concat_row_source": row_source,
-        })
+        cases.append(
+            {
+                "dim": dim,
+                "base": base,
+                "positions": [float(p) if not float(p).is_integer() else int(p) for p in positions],
+                "concat": flist(concat),
+                "interleaved": flist(inter),
+                "concat_row_source": row_source,
+            }
+        )
     return {
         "generator": GENERATOR,
         "source": "concat (MAE layout, sin block then cos block, omega_i = base**(-i/(dim/2))): rows for integer "
-                  "positions from transformers.models.vit_mae.modeling_vit_mae.build_2d_sinusoidal_position_"
-                  "embedding(height=max_pos+1, width=1, embed_dim=2*dim, temperature=base, dtype=float64)[:, :dim] "
-                  "(float64 internally); rows for fractional positions hand-derived in numpy float64 with the same "
-                  "formula (see concat_row_source). interleaved: hand-derived numpy float64 from Vaswani et al. "
-                  "2017, PE[p,2i] = sin(p/base^(2i/d)), PE[p,2i+1] = cos(p/base^(2i/d)).",
+        "positions from transformers.models.vit_mae.modeling_vit_mae.build_2d_sinusoidal_position_"
+        "embedding(height=max_pos+1, width=1, embed_dim=2*dim, temperature=base, dtype=float64)[:, :dim] "
+        "(float64 internally); rows for fractional positions hand-derived in numpy float64 with the same "
+        "formula (see concat_row_source). interleaved: hand-derived numpy float64 from Vaswani et al. "
+        "2017, PE[p,2i] = sin(p/base^(2i/d)), PE[p,2i+1] = cos(p/base^(2i/d)).",
         "notes": [
             "transformers 5.x no longer has MAE's get_1d_sincos_pos_embed_from_grid; build_2d_sinusoidal_position_"
             "embedding (which accepts a temperature) is used instead. The MAE original (facebookresearch/mae "
@@ -688,27 +842,33 @@ def gen_learned_resize():
     L, D = 7, 3
     pos = torch.arange(L, dtype=torch.float64)[:, None]
     d = torch.arange(D, dtype=torch.float64)[None, :]
-    table = torch.sin(0.7 * pos + 1.3 * d) + 0.1 * pos * pos                # [L, D]
+    table = torch.sin(0.7 * pos + 1.3 * d) + 0.1 * pos * pos  # [L, D]
     cases = []
     for new in (11, 4, 7):
         lin = F.interpolate(table.T[None], size=new, mode="linear", align_corners=False)[0].T
-        cub = F.interpolate(table.T[None, :, :, None], size=(new, 1), mode="bicubic", align_corners=False)[0, :, :, 0].T
+        cub = F.interpolate(
+            table.T[None, :, :, None], size=(new, 1), mode="bicubic", align_corners=False
+        )[0, :, :, 0].T
         assert lin.dtype == torch.float64 and cub.dtype == torch.float64
         assert lin.shape == (new, D) and cub.shape == (new, D)
         if new == L:
-            assert torch.allclose(lin, table, rtol=0, atol=1e-15) and torch.allclose(cub, table, rtol=0, atol=1e-15)
-        cases.append({
-            "old_length": L,
-            "new_length": new,
-            "table": flist(table),
-            "linear": flist(lin),
-            "cubic": flist(cub),
-        })
+            assert torch.allclose(lin, table, rtol=0, atol=1e-15) and torch.allclose(
+                cub, table, rtol=0, atol=1e-15
+            )
+        cases.append(
+            {
+                "old_length": L,
+                "new_length": new,
+                "table": flist(table),
+                "linear": flist(lin),
+                "cubic": flist(cub),
+            }
+        )
     return {
         "generator": GENERATOR,
         "source": "table T[l,d] = sin(0.7*l + 1.3*d) + 0.1*l*l (float64); linear = torch.nn.functional.interpolate("
-                  "T.T[None], size=new, mode='linear', align_corners=False)[0].T; cubic = F.interpolate("
-                  "T.T[None,:,:,None], size=(new,1), mode='bicubic', align_corners=False)[0,:,:,0].T",
+        "T.T[None], size=new, mode='linear', align_corners=False)[0].T; cubic = F.interpolate("
+        "T.T[None,:,:,None], size=(new,1), mode='bicubic', align_corners=False)[0,:,:,0].T",
         "notes": [
             "align_corners=False: source coordinate x = (j + 0.5) * old/new - 0.5. linear clamps x to >= 0 and the "
             "upper neighbour index to old-1. bicubic uses Keys' kernel with A = -0.75 and clamps the 4 tap indices to "

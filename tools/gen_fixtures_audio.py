@@ -11,6 +11,7 @@ filterbank (librosa.filters.mel) and its log-mel spectrogram:
     out = ln(max(S, floor))            [frames, n_mels] (librosa's [n_mels, frames] transposed)
 computed in float64 (the input cast from float32, as posenc reads it).
 """
+
 import json
 import os
 
@@ -31,30 +32,77 @@ def signal(sr, seconds, seed):
     return (0.5 * envelope * (chirp + tones) + noise).astype(np.float32)
 
 
-def case(name, sr, seconds, seed, n_fft, hop, n_mels, win=None, fmin=0.0, fmax=None, htk=False,
-         norm="slaney", center=True, pad_mode="constant", power=2.0, floor=1e-10, bank=False):
+def case(
+    name,
+    sr,
+    seconds,
+    seed,
+    n_fft,
+    hop,
+    n_mels,
+    win=None,
+    fmin=0.0,
+    fmax=None,
+    htk=False,
+    norm="slaney",
+    center=True,
+    pad_mode="constant",
+    power=2.0,
+    floor=1e-10,
+    bank=False,
+):
     y32 = signal(sr, seconds, seed)
     y = y32.astype(np.float64)
     mel = librosa.feature.melspectrogram(
-        y=y, sr=sr, n_fft=n_fft, hop_length=hop, win_length=win, window="hann", center=center,
-        pad_mode=pad_mode, power=power, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk, norm=norm,
-        dtype=np.float64)
+        y=y,
+        sr=sr,
+        n_fft=n_fft,
+        hop_length=hop,
+        win_length=win,
+        window="hann",
+        center=center,
+        pad_mode=pad_mode,
+        power=power,
+        n_mels=n_mels,
+        fmin=fmin,
+        fmax=fmax,
+        htk=htk,
+        norm=norm,
+        dtype=np.float64,
+    )
     out = np.log(np.maximum(mel, floor)).T
     c = {
         "name": name,
-        "options": {"sample_rate": sr, "n_fft": n_fft, "win_length": win or n_fft,
-                    "hop_length": hop, "n_mels": n_mels, "f_min": fmin,
-                    "f_max": fmax if fmax is not None else sr / 2.0,
-                    "mel_scale": "htk" if htk else "slaney",
-                    "norm": "slaney" if norm == "slaney" else "none", "center": center,
-                    "pad_mode": pad_mode, "power": power, "log_floor": floor},
+        "options": {
+            "sample_rate": sr,
+            "n_fft": n_fft,
+            "win_length": win or n_fft,
+            "hop_length": hop,
+            "n_mels": n_mels,
+            "f_min": fmin,
+            "f_max": fmax if fmax is not None else sr / 2.0,
+            "mel_scale": "htk" if htk else "slaney",
+            "norm": "slaney" if norm == "slaney" else "none",
+            "center": center,
+            "pad_mode": pad_mode,
+            "power": power,
+            "log_floor": floor,
+        },
         "samples": [float(v) for v in y32],
         "log_mel_shape": list(out.shape),
         "log_mel": [float(v) for v in out.flatten()],
     }
     if bank:
-        fb = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax, htk=htk,
-                                 norm=norm, dtype=np.float64).T  # [1 + n_fft / 2, n_mels]
+        fb = librosa.filters.mel(
+            sr=sr,
+            n_fft=n_fft,
+            n_mels=n_mels,
+            fmin=fmin,
+            fmax=fmax,
+            htk=htk,
+            norm=norm,
+            dtype=np.float64,
+        ).T  # [1 + n_fft / 2, n_mels]
         c["filterbank_shape"] = list(fb.shape)
         c["filterbank"] = [float(v) for v in fb.flatten()]
     return c
@@ -69,17 +117,26 @@ def main():
         # telephone audio as the asterisk prompts are: 8 kHz, 32 ms window, band-limited bank
         case("asterisk_8k_band", 8000, 0.3, 3, 256, 80, 40, fmin=20.0, fmax=3800.0),
         # a window shorter than the FFT (zero-padded, centred), reflect padding, magnitude
-        case("short_window_reflect_power1", 16000, 0.2, 4, 512, 128, 48, win=320,
-             pad_mode="reflect", power=1.0),
+        case(
+            "short_window_reflect_power1",
+            16000,
+            0.2,
+            4,
+            512,
+            128,
+            48,
+            win=320,
+            pad_mode="reflect",
+            power=1.0,
+        ),
         # no centring: frames start at sample 0
         case("uncentred_htk_slaney_norm", 22050, 0.2, 5, 1024, 256, 128, htk=True, center=False),
     ]
     doc = {
-        "generator": "tools/gen_fixtures_audio.py (librosa {}, numpy {})".format(librosa.__version__,
-                                                                           np.__version__),
+        "generator": f"tools/gen_fixtures_audio.py (librosa {librosa.__version__}, numpy {np.__version__})",
         "source": "librosa.feature.melspectrogram and librosa.filters.mel; log: natural log of "
-                  "max(S, log_floor); log_mel is [frames, n_mels] row-major; filterbank is "
-                  "[1 + n_fft/2, n_mels] row-major",
+        "max(S, log_floor); log_mel is [frames, n_mels] row-major; filterbank is "
+        "[1 + n_fft/2, n_mels] row-major",
         "cases": cases,
     }
     with open(OUT + ".tmp", "w") as f:

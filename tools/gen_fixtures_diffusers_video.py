@@ -64,7 +64,13 @@ def wan_cases():
         (WanRotaryPosEmbed, 128, (1, 2, 2), (3, 4, 6), 10000.0),  # Wan 2.1/2.2 1.3B/14B head dim
         (WanRotaryPosEmbed, 40, (1, 2, 2), (3, 4, 6), 10000.0),  # D // 6 = 6: h = w = 12, t = 16
         (WanRotaryPosEmbed, 64, (1, 1, 1), (1, 2, 70), 10000.0),  # positions up to 69 on w
-        (SkyReelsV2RotaryPosEmbed, 128, (1, 2, 2), (2, 4, 6), 10000.0),  # Wan's rotary, SkyReels-V2's copy
+        (
+            SkyReelsV2RotaryPosEmbed,
+            128,
+            (1, 2, 2),
+            (2, 4, 6),
+            10000.0,
+        ),  # Wan's rotary, SkyReels-V2's copy
     ]:
         module = cls(head_dim, patch, max_seq_len=1024, theta=theta)
         hidden = torch.zeros(1, 1, *latent)
@@ -114,37 +120,91 @@ def ltx2_cases():
     cases = []
     # one video and one audio track per case; (heads, head_dim) of each side's self-attention
     for video, audio, rope_type, double_precision in [
-        ({"frames": 3, "height": 2, "width": 3, "fps": 24.0, "heads": 2, "head_dim": 10},
-         {"frames": 6, "heads": 2, "head_dim": 4}, "interleaved", True),
-        ({"frames": 4, "height": 2, "width": 2, "fps": 25.0, "heads": 3, "head_dim": 6},
-         {"frames": 7, "heads": 1, "head_dim": 8}, "split", True),
-        ({"frames": 2, "height": 3, "width": 2, "fps": 23.976, "heads": 2, "head_dim": 10},
-         {"frames": 5, "heads": 2, "head_dim": 6}, "split", False),
-        ({"frames": 3, "height": 1, "width": 2, "fps": 30.0, "heads": 1, "head_dim": 14},
-         {"frames": 4, "heads": 1, "head_dim": 6}, "interleaved", False),
+        (
+            {"frames": 3, "height": 2, "width": 3, "fps": 24.0, "heads": 2, "head_dim": 10},
+            {"frames": 6, "heads": 2, "head_dim": 4},
+            "interleaved",
+            True,
+        ),
+        (
+            {"frames": 4, "height": 2, "width": 2, "fps": 25.0, "heads": 3, "head_dim": 6},
+            {"frames": 7, "heads": 1, "head_dim": 8},
+            "split",
+            True,
+        ),
+        (
+            {"frames": 2, "height": 3, "width": 2, "fps": 23.976, "heads": 2, "head_dim": 10},
+            {"frames": 5, "heads": 2, "head_dim": 6},
+            "split",
+            False,
+        ),
+        (
+            {"frames": 3, "height": 1, "width": 2, "fps": 30.0, "heads": 1, "head_dim": 14},
+            {"frames": 4, "heads": 1, "head_dim": 6},
+            "interleaved",
+            False,
+        ),
     ]:
-        common = {"theta": 10000.0, "causal_offset": 1, "double_precision": double_precision, "rope_type": rope_type}
+        common = {
+            "theta": 10000.0,
+            "causal_offset": 1,
+            "double_precision": double_precision,
+            "rope_type": rope_type,
+        }
         video_dim = video["heads"] * video["head_dim"]
         audio_dim = audio["heads"] * audio["head_dim"]
-        cross_dim = 8  # the audio-video cross-attention's table: time only (dim audio_cross_attention_dim)
+        cross_dim = (
+            8  # the audio-video cross-attention's table: time only (dim audio_cross_attention_dim)
+        )
         video_rope = LTX2AudioVideoRotaryPosEmbed(
-            dim=video_dim, base_num_frames=20, base_height=2048, base_width=2048, scale_factors=(8, 32, 32),
-            modality="video", num_attention_heads=video["heads"], **common)
+            dim=video_dim,
+            base_num_frames=20,
+            base_height=2048,
+            base_width=2048,
+            scale_factors=(8, 32, 32),
+            modality="video",
+            num_attention_heads=video["heads"],
+            **common,
+        )
         audio_rope = LTX2AudioVideoRotaryPosEmbed(
-            dim=audio_dim, base_num_frames=20, sampling_rate=16000, hop_length=160, scale_factors=[4],
-            modality="audio", num_attention_heads=audio["heads"], **common)
+            dim=audio_dim,
+            base_num_frames=20,
+            sampling_rate=16000,
+            hop_length=160,
+            scale_factors=[4],
+            modality="audio",
+            num_attention_heads=audio["heads"],
+            **common,
+        )
         cross_video = LTX2AudioVideoRotaryPosEmbed(
-            dim=cross_dim, base_num_frames=20, modality="video", num_attention_heads=1, **common)
+            dim=cross_dim, base_num_frames=20, modality="video", num_attention_heads=1, **common
+        )
         cross_audio = LTX2AudioVideoRotaryPosEmbed(
-            dim=cross_dim, base_num_frames=20, sampling_rate=16000, hop_length=160, scale_factors=[4],
-            modality="audio", num_attention_heads=1, **common)
+            dim=cross_dim,
+            base_num_frames=20,
+            sampling_rate=16000,
+            hop_length=160,
+            scale_factors=[4],
+            modality="audio",
+            num_attention_heads=1,
+            **common,
+        )
         video_coords = video_rope.prepare_video_coords(
-            1, video["frames"], video["height"], video["width"], torch.device("cpu"), fps=video["fps"])
+            1,
+            video["frames"],
+            video["height"],
+            video["width"],
+            torch.device("cpu"),
+            fps=video["fps"],
+        )
         audio_coords = audio_rope.prepare_audio_coords(1, audio["frames"], torch.device("cpu"))
         tables = {}
-        for name, module, coords in [("video", video_rope, video_coords), ("audio", audio_rope, audio_coords),
-                                     ("cross_video", cross_video, video_coords[:, 0:1, :]),
-                                     ("cross_audio", cross_audio, audio_coords[:, 0:1, :])]:
+        for name, module, coords in [
+            ("video", video_rope, video_coords),
+            ("audio", audio_rope, audio_coords),
+            ("cross_video", cross_video, video_coords[:, 0:1, :]),
+            ("cross_audio", cross_audio, audio_coords[:, 0:1, :]),
+        ]:
             cos, sin = module(coords)
             if rope_type == "interleaved":  # [1, N, dim] -> per pair [N, dim / 2]
                 cos, sin = pairs_of(cos[0]), pairs_of(sin[0])
@@ -152,17 +212,23 @@ def ltx2_cases():
                 cos, sin = cos[0].transpose(0, 1), sin[0].transpose(0, 1)
             assert cos.dtype == torch.float32
             tables[name] = {"cos": floats(cos), "sin": floats(sin)}
+
         def midpoints(c):
             return ((c[..., 0] + c[..., 1]) / 2.0)[0].transpose(0, 1)  # [N, A]
+
         cases.append(
             {
                 **common,
                 "video": video,
                 "audio": audio,
                 "cross_dim": cross_dim,
-                "video_bounds": floats(video_coords[0].permute(1, 0, 2)),  # [N, 3, 2]: [start, end) per axis
+                "video_bounds": floats(
+                    video_coords[0].permute(1, 0, 2)
+                ),  # [N, 3, 2]: [start, end) per axis
                 "audio_bounds": floats(audio_coords[0].permute(1, 0, 2)),  # [N, 1, 2]
-                "video_positions": floats(midpoints(video_coords)),  # [N, 3]: t seconds, h and w pixels
+                "video_positions": floats(
+                    midpoints(video_coords)
+                ),  # [N, 3]: t seconds, h and w pixels
                 "audio_positions": floats(midpoints(audio_coords)),  # [N, 1]: t seconds
                 "tables": tables,
             }
@@ -195,8 +261,10 @@ def main():
     with open(OUT, "w") as f:
         json.dump(out, f, indent=None, separators=(",", ":"))
         f.write("\n")
-    print(f"wrote {OUT} ({os.path.getsize(OUT)} bytes) at ATen capability {out['generator']['aten_cpu_capability']}",
-          file=sys.stderr)
+    print(
+        f"wrote {OUT} ({os.path.getsize(OUT)} bytes) at ATen capability {out['generator']['aten_cpu_capability']}",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

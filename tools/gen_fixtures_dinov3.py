@@ -93,7 +93,9 @@ def main():
         case(32, (6, 3), True, 7, shift_coords=0.5),
         case(32, (6, 3), True, 8, jitter_coords=1.5),
         case(64, (5, 7), True, 11, shift_coords=0.25, jitter_coords=1.25, rescale_coords=2.0),
-        case(64, (5, 7), True, 12, shift_coords=0.0, jitter_coords=1.0, rescale_coords=1.0),  # draws, no change
+        case(
+            64, (5, 7), True, 12, shift_coords=0.0, jitter_coords=1.0, rescale_coords=1.0
+        ),  # draws, no change
         case(32, (4, 4), True, 3, rotate_half=False, normalize_coords="max", rescale_coords=3.0),
     ]
     out = {

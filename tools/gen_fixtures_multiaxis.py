@@ -39,20 +39,24 @@ import platform
 import sys
 
 import numpy as np
+import timm
 import torch
 import torch.nn.functional as F
-
-import timm
 import transformers
 from timm.layers.pos_embed import resample_abs_pos_embed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, ViTConfig, ViTMAEConfig
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
 from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel
-from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb as qwen2vl_apply_rotary_pos_emb
+from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+    apply_rotary_pos_emb as qwen2vl_apply_rotary_pos_emb,
+)
 from transformers.models.qwen2_vl.modeling_qwen2_vl import rotate_half as qwen2vl_rotate_half
 from transformers.models.vit.modeling_vit import ViTEmbeddings
-from transformers.models.vit_mae.modeling_vit_mae import ViTMAEEmbeddings, build_2d_sinusoidal_position_embedding
+from transformers.models.vit_mae.modeling_vit_mae import (
+    ViTMAEEmbeddings,
+    build_2d_sinusoidal_position_embedding,
+)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT_DIR = os.path.join(REPO_ROOT, "tests", "fixtures")
@@ -110,8 +114,16 @@ def write_json(name, obj):
 
 
 def maxabs(a, b):
-    a = a.detach().double() if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a, dtype=np.float64))
-    b = b.detach().double() if isinstance(b, torch.Tensor) else torch.as_tensor(np.asarray(b, dtype=np.float64))
+    a = (
+        a.detach().double()
+        if isinstance(a, torch.Tensor)
+        else torch.as_tensor(np.asarray(a, dtype=np.float64))
+    )
+    b = (
+        b.detach().double()
+        if isinstance(b, torch.Tensor)
+        else torch.as_tensor(np.asarray(b, dtype=np.float64))
+    )
     assert a.shape == b.shape, (a.shape, b.shape)
     return float((a - b).abs().max()) if a.numel() else 0.0
 
@@ -129,49 +141,84 @@ def mae_2d_sincos_numpy_f64(h, w, dim, temperature):
 
     def one_d(d, pos):
         omega = np.arange(d // 2, dtype=np.float64) / (d / 2.0)
-        omega = 1.0 / temperature ** omega
+        omega = 1.0 / temperature**omega
         out = np.einsum("m,d->md", pos.reshape(-1), omega)
         return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
-    emb_h = one_d(dim // 2, grid[0])  # the original's "emb_h" encodes grid[0], i.e. the w coordinate
+    emb_h = one_d(
+        dim // 2, grid[0]
+    )  # the original's "emb_h" encodes grid[0], i.e. the w coordinate
     emb_w = one_d(dim // 2, grid[1])
     return np.concatenate([emb_h, emb_w], axis=1)  # (h*w, dim), row-major h outer
 
 
 def gen_sincos_2d():
     cases = []
-    combos = [(g, d, 10000.0) for g in ((4, 4), (3, 5), (2, 7)) for d in (16, 32)] + [((3, 5), 16, 100.0)]
+    combos = [(g, d, 10000.0) for g in ((4, 4), (3, 5), (2, 7)) for d in (16, 32)] + [
+        ((3, 5), 16, 100.0)
+    ]
     for (h, w), dim, temp in combos:
         # HF: [sin_h | cos_h | sin_w | cos_w], float64 internally; ViTMAE.initialize_weights swaps the halves.
-        hf = build_2d_sinusoidal_position_embedding(height=h, width=w, embed_dim=dim, temperature=temp,
-                                                    cls_token=False, dtype=torch.float64)
+        hf = build_2d_sinusoidal_position_embedding(
+            height=h, width=w, embed_dim=dim, temperature=temp, cls_token=False, dtype=torch.float64
+        )
         assert hf.shape == (h * w, dim) and hf.dtype == torch.float64
         half = dim // 2
-        mae = torch.cat([hf[..., half:], hf[..., :half]], dim=-1)  # exactly what ViTMAEEmbeddings.initialize_weights does
+        mae = torch.cat(
+            [hf[..., half:], hf[..., :half]], dim=-1
+        )  # exactly what ViTMAEEmbeddings.initialize_weights does
         assert maxabs(mae, mae_2d_sincos_numpy_f64(h, w, dim, temp)) < 1e-12
 
         # timm: computed in float32 internally (float32 grid and bands); its layout is a column permutation of the HF
         # float64 table: [sin_h | sin_w | cos_h | cos_w].  Store the float64 permutation, verified against timm.
         q = dim // 4
-        sin_h, cos_h, sin_w, cos_w = hf[:, :q], hf[:, q:2 * q], hf[:, 2 * q:3 * q], hf[:, 3 * q:]
+        sin_h, cos_h, sin_w, cos_w = (
+            hf[:, :q],
+            hf[:, q : 2 * q],
+            hf[:, 2 * q : 3 * q],
+            hf[:, 3 * q :],
+        )
         timm64 = torch.cat([sin_h, sin_w, cos_h, cos_w], dim=1)
-        timm32 = build_sincos2d_pos_embed(feat_shape=[h, w], dim=dim, temperature=temp, reverse_coord=False,
-                                          interleave_sin_cos=False)
+        timm32 = build_sincos2d_pos_embed(
+            feat_shape=[h, w],
+            dim=dim,
+            temperature=temp,
+            reverse_coord=False,
+            interleave_sin_cos=False,
+        )
         assert timm32.shape == (h * w, dim)
         assert maxabs(timm32, timm64) < 1e-5, maxabs(timm32, timm64)
         # interleave_sin_cos=True in timm is block-wise [sin_h | cos_h | sin_w | cos_w] (= the HF layout), and
         # reverse_coord=True swaps h and w: record both as checks in the notes, not as data.
-        assert maxabs(build_sincos2d_pos_embed([h, w], dim, temp, interleave_sin_cos=True), hf) < 1e-5
+        assert (
+            maxabs(build_sincos2d_pos_embed([h, w], dim, temp, interleave_sin_cos=True), hf) < 1e-5
+        )
         rev = build_sincos2d_pos_embed([h, w], dim, temp, reverse_coord=True)
         assert rev.shape == (h * w, dim)
         # direct check of the token order of the timm table: token t <-> (t // w, t % w)
         hh = torch.arange(h, dtype=torch.float64).repeat_interleave(w)
         ww = torch.arange(w, dtype=torch.float64).repeat(h)
         bands = 1.0 / temp ** (torch.arange(q, dtype=torch.float64) / q)
-        direct = torch.cat([torch.sin(hh[:, None] * bands), torch.sin(ww[:, None] * bands),
-                            torch.cos(hh[:, None] * bands), torch.cos(ww[:, None] * bands)], dim=1)
+        direct = torch.cat(
+            [
+                torch.sin(hh[:, None] * bands),
+                torch.sin(ww[:, None] * bands),
+                torch.cos(hh[:, None] * bands),
+                torch.cos(ww[:, None] * bands),
+            ],
+            dim=1,
+        )
         assert maxabs(direct, timm64) < 1e-12
-        cases.append({"h": h, "w": w, "dim": dim, "temperature": temp, "mae": flist(mae), "timm": flist(timm64)})
+        cases.append(
+            {
+                "h": h,
+                "w": w,
+                "dim": dim,
+                "temperature": temp,
+                "mae": flist(mae),
+                "timm": flist(timm64),
+            }
+        )
 
     # ViTMAE model initialisation (square grid, CLS row) really produces the "mae" layout.
     cfg = ViTMAEConfig(hidden_size=16, image_size=8, patch_size=2, num_channels=3)
@@ -184,13 +231,13 @@ def gen_sincos_2d():
     return {
         "generator": GENERATOR,
         "source": "mae: transformers.models.vit_mae.modeling_vit_mae.build_2d_sinusoidal_position_embedding(height=h, "
-                  "width=w, embed_dim=dim, temperature=temperature, cls_token=False, dtype=torch.float64) (layout "
-                  "[sin_h|cos_h|sin_w|cos_w], float64 internally) followed by the half swap that ViTMAEEmbeddings."
-                  "initialize_weights applies (torch.cat([pe[..., dim/2:], pe[..., :dim/2]], -1)). timm: the same HF "
-                  "float64 table with its four dim/4 column blocks permuted to [sin_h|sin_w|cos_h|cos_w]; checked "
-                  "against timm.layers.pos_embed_sincos.build_sincos2d_pos_embed(feat_shape=[h, w], dim=dim, "
-                  "temperature=temperature, reverse_coord=False, interleave_sin_cos=False) to < 1e-5 (timm computes "
-                  "in float32), and against a direct float64 formula to < 1e-12.",
+        "width=w, embed_dim=dim, temperature=temperature, cls_token=False, dtype=torch.float64) (layout "
+        "[sin_h|cos_h|sin_w|cos_w], float64 internally) followed by the half swap that ViTMAEEmbeddings."
+        "initialize_weights applies (torch.cat([pe[..., dim/2:], pe[..., :dim/2]], -1)). timm: the same HF "
+        "float64 table with its four dim/4 column blocks permuted to [sin_h|sin_w|cos_h|cos_w]; checked "
+        "against timm.layers.pos_embed_sincos.build_sincos2d_pos_embed(feat_shape=[h, w], dim=dim, "
+        "temperature=temperature, reverse_coord=False, interleave_sin_cos=False) to < 1e-5 (timm computes "
+        "in float32), and against a direct float64 formula to < 1e-12.",
         "notes": [
             "Both tables are [h*w, dim], tokens in row-major order: token t = i*w + j is grid row i (height "
             "coordinate, 0..h-1) and column j (width coordinate, 0..w-1), i.e. h outer, w inner. No CLS row "
@@ -221,25 +268,58 @@ def gen_sincos_2d():
 # ----------------------------------------------------------------------------------------------------------------
 # 2. Qwen2-VL M-RoPE
 # ----------------------------------------------------------------------------------------------------------------
-TEXT_IDS = [9707, 11, 1879, 0, 3555, 374, 419, 30, 785, 525, 13, 576]  # arbitrary ordinary text token ids
+TEXT_IDS = [
+    9707,
+    11,
+    1879,
+    0,
+    3555,
+    374,
+    419,
+    30,
+    785,
+    525,
+    13,
+    576,
+]  # arbitrary ordinary text token ids
 
 
 def tiny_text_config(mrope_section):
-    return dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                intermediate_size=64,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(mrope_section)})
+    return dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": list(mrope_section),
+        },
+    )
 
 
 def tiny_qwen2vl():
-    cfg = Qwen2VLConfig(text_config=tiny_text_config([2, 3, 3]),
-                        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2))
+    cfg = Qwen2VLConfig(
+        text_config=tiny_text_config([2, 3, 3]),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2),
+    )
     return Qwen2VLModel(cfg).eval()
 
 
 def tiny_qwen25vl():
-    cfg = Qwen2_5_VLConfig(text_config=tiny_text_config([2, 3, 3]),
-                           vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
-                                              out_hidden_size=32, fullatt_block_indexes=[0], tokens_per_second=4))
+    cfg = Qwen2_5_VLConfig(
+        text_config=tiny_text_config([2, 3, 3]),
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=32,
+            fullatt_block_indexes=[0],
+            tokens_per_second=4,
+        ),
+    )
     return Qwen2_5_VLModel(cfg).eval()
 
 
@@ -307,7 +387,9 @@ def legacy_rope_index(kinds, image_grids, video_grids, merge, time_intervals=Non
             cols += seg
         prev_max = max(max(c) for c in cols)
         i = j
-    pos = np.zeros((3, n), dtype=np.int64)  # 4.x initialised with ones; padded slots here are left at 0 (see notes)
+    pos = np.zeros(
+        (3, n), dtype=np.int64
+    )  # 4.x initialised with ones; padded slots here are left at 0 (see notes)
     valid_idx = [q for q, k in enumerate(kinds) if k != "pad"]
     pos[:, valid_idx] = np.array(cols, dtype=np.int64).T
     delta = int(np.max(cols)) + 1 - len(valid)
@@ -362,7 +444,9 @@ def rope_index_case(model, name, segments, pad_left=0, second_per_grid_ts=None):
 
 
 def gen_mrope():
-    torch.manual_seed(0)  # tiny models' weights are never used; seed only to keep construction reproducible
+    torch.manual_seed(
+        0
+    )  # tiny models' weights are never used; seed only to keep construction reproducible
     m2 = tiny_qwen2vl()
     m25 = tiny_qwen25vl()
     cases = []
@@ -370,30 +454,58 @@ def gen_mrope():
     s1 = [("text", 3), ("image", (1, 4, 6)), ("text", 4)]
     cases.append(rope_index_case(m2, "text3_image_1x4x6_text4", s1))
     # (ii) 2 text, video (4,4,4) -> 4x2x2 = 16 tokens, 3 text
-    cases.append(rope_index_case(m2, "text2_video_4x4x4_text3", [("text", 2), ("video", (4, 4, 4)), ("text", 3)]))
+    cases.append(
+        rope_index_case(
+            m2, "text2_video_4x4x4_text3", [("text", 2), ("video", (4, 4, 4)), ("text", 3)]
+        )
+    )
     # (iii) two images back to back (separated only by <|vision_end|><|vision_start|>)
-    cases.append(rope_index_case(m2, "two_images_back_to_back",
-                                 [("text", 2), ("image", (1, 4, 6)), ("text", 2), ("image", (1, 6, 4)), ("text", 2)]))
+    cases.append(
+        rope_index_case(
+            m2,
+            "two_images_back_to_back",
+            [("text", 2), ("image", (1, 4, 6)), ("text", 2), ("image", (1, 6, 4)), ("text", 2)],
+        )
+    )
     # (iv) stream (i) with 3 left-padding tokens
     cases.append(rope_index_case(m2, "text3_image_1x4x6_text4_leftpad3", s1, pad_left=3))
     # (v) video then image, larger t than h/w (text resumes before the last temporal index)
-    cases.append(rope_index_case(m2, "text2_video_6x2x4_text2_image_1x4x4_text1",
-                                 [("text", 2), ("video", (6, 2, 4)), ("text", 2), ("image", (1, 4, 4)), ("text", 1)]))
+    cases.append(
+        rope_index_case(
+            m2,
+            "text2_video_6x2x4_text2_image_1x4x4_text1",
+            [("text", 2), ("video", (6, 2, 4)), ("text", 2), ("image", (1, 4, 4)), ("text", 1)],
+        )
+    )
     # Qwen2.5-VL: temporal axis scaled by tokens_per_second * second_per_grid_t
-    cases.append(rope_index_case(m25, "qwen2_5_vl_text2_video_4x4x4_text3_spg2.0",
-                                 [("text", 2), ("video", (4, 4, 4)), ("text", 3)], second_per_grid_ts=[2.0]))
-    cases.append(rope_index_case(m25, "qwen2_5_vl_text2_image_1x4x6_text2_video_4x4x4_text2_spg0.3",
-                                 [("text", 2), ("image", (1, 4, 6)), ("text", 2), ("video", (4, 4, 4)), ("text", 2)],
-                                 second_per_grid_ts=[0.3]))
+    cases.append(
+        rope_index_case(
+            m25,
+            "qwen2_5_vl_text2_video_4x4x4_text3_spg2.0",
+            [("text", 2), ("video", (4, 4, 4)), ("text", 3)],
+            second_per_grid_ts=[2.0],
+        )
+    )
+    cases.append(
+        rope_index_case(
+            m25,
+            "qwen2_5_vl_text2_image_1x4x6_text2_video_4x4x4_text2_spg0.3",
+            [("text", 2), ("image", (1, 4, 6)), ("text", 2), ("video", (4, 4, 4)), ("text", 2)],
+            second_per_grid_ts=[0.3],
+        )
+    )
 
     # two images with NO text token between them: mm_token_type_ids groups them into one run -> transformers fails
     adjacent_error = None
     try:
         ids = TEXT_IDS[:2] + [m2.config.image_token_id] * 12 + TEXT_IDS[2:4]
         tt = [0, 0] + [1] * 12 + [0, 0]
-        m2.get_rope_index(torch.tensor([ids]), torch.tensor([tt], dtype=torch.int32),
-                          image_grid_thw=torch.tensor([[1, 4, 6], [1, 6, 4]]),
-                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        m2.get_rope_index(
+            torch.tensor([ids]),
+            torch.tensor([tt], dtype=torch.int32),
+            image_grid_thw=torch.tensor([[1, 4, 6], [1, 6, 4]]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        )
     except Exception as e:  # noqa: BLE001
         adjacent_error = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
     assert adjacent_error is not None
@@ -412,7 +524,9 @@ def gen_mrope():
     inv64 = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     assert maxabs(inv64, rot.inv_freq) < 1e-7
     freqs64 = pos[..., None].double() * inv64  # [3, N, head_dim/2]
-    cos_axes = torch.cat([freqs64.cos(), freqs64.cos()], dim=-1)  # [3, N, head_dim] per-axis (before mrope selection)
+    cos_axes = torch.cat(
+        [freqs64.cos(), freqs64.cos()], dim=-1
+    )  # [3, N, head_dim] per-axis (before mrope selection)
     sin_axes = torch.cat([freqs64.sin(), freqs64.sin()], dim=-1)
     cos64 = rot.recomposition_frequencies(freqs64.cos())  # [N, head_dim]
     sin64 = rot.recomposition_frequencies(freqs64.sin())
@@ -424,7 +538,9 @@ def gen_mrope():
     cos_lib, sin_lib = rot(x, pos[:, None, :])  # [1, N, head_dim]
     assert maxabs(cos_lib[0], cos64) < 1e-5 and maxabs(sin_lib[0], sin64) < 1e-5
     orig = rot.recomposition_frequencies
-    rot.recomposition_frequencies = lambda f: torch.cat((f, f), dim=-1)  # per-axis tables as the forward builds them
+    rot.recomposition_frequencies = lambda f: torch.cat(
+        (f, f), dim=-1
+    )  # per-axis tables as the forward builds them
     try:
         cos_ax_lib, sin_ax_lib = rot(x, pos[:, None, :])  # [3, 1, N, head_dim]
     finally:
@@ -465,16 +581,16 @@ def gen_mrope():
     return {
         "generator": GENERATOR,
         "source": "position ids: transformers.models.qwen2_vl.modeling_qwen2_vl.Qwen2VLModel.get_rope_index and "
-                  "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel.get_rope_index (which call "
-                  "get_vision_position_ids), called on tiny CPU model instances (text: hidden 32, 1 layer, 2 heads -> "
-                  "head_dim 16, rope_theta 10000, mrope_section [2,3,3]; vision: depth 1; default token ids and "
-                  "spatial_merge_size 2 from Qwen2VLConfig()/Qwen2_5_VLConfig(), Qwen2.5 tokens_per_second 4). "
-                  "Fields *_transformers4_rule are HAND-DERIVED (legacy rule, see notes), only present where they "
-                  "differ. rotation: inv_freq/cos/sin computed in float64 by hand (1/theta**(arange(0,hd,2)/hd), "
-                  "pos*inv_freq), recomposed with the library's Qwen2VLRotaryEmbedding.recomposition_frequencies "
-                  "and applied with transformers.models.qwen2_vl.modeling_qwen2_vl.apply_rotary_pos_emb in float64; "
-                  "cross-checked against Qwen2VLRotaryEmbedding.forward (float32 internally) to < 1e-5, cos_axes/"
-                  "sin_axes against the same forward with recomposition_frequencies replaced by cat((f, f), -1).",
+        "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLModel.get_rope_index (which call "
+        "get_vision_position_ids), called on tiny CPU model instances (text: hidden 32, 1 layer, 2 heads -> "
+        "head_dim 16, rope_theta 10000, mrope_section [2,3,3]; vision: depth 1; default token ids and "
+        "spatial_merge_size 2 from Qwen2VLConfig()/Qwen2_5_VLConfig(), Qwen2.5 tokens_per_second 4). "
+        "Fields *_transformers4_rule are HAND-DERIVED (legacy rule, see notes), only present where they "
+        "differ. rotation: inv_freq/cos/sin computed in float64 by hand (1/theta**(arange(0,hd,2)/hd), "
+        "pos*inv_freq), recomposed with the library's Qwen2VLRotaryEmbedding.recomposition_frequencies "
+        "and applied with transformers.models.qwen2_vl.modeling_qwen2_vl.apply_rotary_pos_emb in float64; "
+        "cross-checked against Qwen2VLRotaryEmbedding.forward (float32 internally) to < 1e-5, cos_axes/"
+        "sin_axes against the same forward with recomposition_frequencies replaced by cat((f, f), -1).",
         "notes": [
             "transformers 5.24 has no apply_multimodal_rotary_pos_emb: the mrope_section selection moved into "
             "Qwen2VLRotaryEmbedding.forward (recomposition_frequencies) and the rotation is the plain Llama "
@@ -573,8 +689,14 @@ def hand_resample_matrix(n_in, n_out, mode, antialias):
             support = (2.0 if mode == "bicubic" else 1.0) * s
             center = scale * (i + 0.5)
             lo, hi = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), n_in)
-            ws = [(_cubic((j - center + 0.5) / s, -0.5) if mode == "bicubic" else max(0.0, 1 - abs((j - center + 0.5) / s)))
-                  for j in range(lo, hi)]
+            ws = [
+                (
+                    _cubic((j - center + 0.5) / s, -0.5)
+                    if mode == "bicubic"
+                    else max(0.0, 1 - abs((j - center + 0.5) / s))
+                )
+                for j in range(lo, hi)
+            ]
             for j, wgt in zip(range(lo, hi), ws):
                 M[i, j] += wgt / sum(ws)
         else:
@@ -582,8 +704,15 @@ def hand_resample_matrix(n_in, n_out, mode, antialias):
             if mode == "bicubic":
                 x0 = math.floor(x)
                 t = x - x0
-                for k, wgt in zip(range(x0 - 1, x0 + 3), (_cubic(t + 1, -0.75), _cubic(t, -0.75), _cubic(1 - t, -0.75),
-                                                           _cubic(2 - t, -0.75))):
+                for k, wgt in zip(
+                    range(x0 - 1, x0 + 3),
+                    (
+                        _cubic(t + 1, -0.75),
+                        _cubic(t, -0.75),
+                        _cubic(1 - t, -0.75),
+                        _cubic(2 - t, -0.75),
+                    ),
+                ):
                     M[i, min(max(k, 0), n_in - 1)] += wgt
             else:
                 x = max(x, 0.0)
@@ -596,8 +725,12 @@ def hand_resample_matrix(n_in, n_out, mode, antialias):
 
 def hand_resample(table, old, new, mode, antialias):
     g = table[0, 1:].reshape(old[0], old[1], -1)
-    out = torch.einsum("hi,wj,ijd->hwd", hand_resample_matrix(old[0], new[0], mode, antialias),
-                       hand_resample_matrix(old[1], new[1], mode, antialias), g)
+    out = torch.einsum(
+        "hi,wj,ijd->hwd",
+        hand_resample_matrix(old[0], new[0], mode, antialias),
+        hand_resample_matrix(old[1], new[1], mode, antialias),
+        g,
+    )
     return torch.cat([table[0, :1], out.reshape(-1, g.shape[-1])], dim=0)[None]
 
 
@@ -605,23 +738,41 @@ def gen_resample_2d():
     table = resample_input()
     old = [4, 4]
     cases = []
-    specs = [((6, 6), "bicubic", True), ((3, 5), "bicubic", True), ((2, 2), "bicubic", True),
-             ((3, 5), "bilinear", False)]
+    specs = [
+        ((6, 6), "bicubic", True),
+        ((3, 5), "bicubic", True),
+        ((2, 2), "bicubic", True),
+        ((3, 5), "bilinear", False),
+    ]
     for new, interp, aa in specs:
-        out = resample_abs_pos_embed(table, new_size=list(new), old_size=old, num_prefix_tokens=1,
-                                     interpolation=interp, antialias=aa)
+        out = resample_abs_pos_embed(
+            table,
+            new_size=list(new),
+            old_size=old,
+            num_prefix_tokens=1,
+            interpolation=interp,
+            antialias=aa,
+        )
         assert out.dtype == torch.float64 and out.shape == (1, 1 + new[0] * new[1], 8)
         out64 = timm_f64(table, list(new), old, interp, aa)
         err = maxabs(out, out64)
         assert err < 1e-5, err
         assert maxabs(out64, hand_resample(table, old, new, interp, aa)) < 1e-13
         assert torch.equal(out[0, 0], table[0, 0])
-        cases.append({
-            "implementation": "timm.resample_abs_pos_embed",
-            "old_grid": old, "new_grid": list(new), "num_prefix_tokens": 1,
-            "interpolation": interp, "antialias": aa, "align_corners": False,
-            "input": flist(table[0]), "output": flist(out[0]), "output_float64": flist(out64[0]),
-        })
+        cases.append(
+            {
+                "implementation": "timm.resample_abs_pos_embed",
+                "old_grid": old,
+                "new_grid": list(new),
+                "num_prefix_tokens": 1,
+                "interpolation": interp,
+                "antialias": aa,
+                "align_corners": False,
+                "input": flist(table[0]),
+                "output": flist(out[0]),
+                "output_float64": flist(out64[0]),
+            }
+        )
 
     # antialias=True changes the result even when upsampling (different cubic kernel), recorded in the notes
     up_aa = timm_f64(table, [6, 6], old, "bicubic", True)
@@ -642,22 +793,30 @@ def gen_resample_2d():
         assert out.dtype == torch.float64 and out.shape == (1, 1 + new[0] * new[1], 8)
         assert maxabs(out, timm_f64(table, list(new), old, "bicubic", False)) < 1e-14
         assert maxabs(out, hand_resample(table, old, new, "bicubic", False)) < 1e-13
-        cases.append({
-            "implementation": "transformers ViTEmbeddings.interpolate_pos_encoding",
-            "old_grid": old, "new_grid": list(new), "num_prefix_tokens": 1,
-            "interpolation": "bicubic", "antialias": False, "align_corners": False,
-            "input": flist(table[0]), "output": flist(out[0]), "output_float64": flist(out[0]),
-        })
+        cases.append(
+            {
+                "implementation": "transformers ViTEmbeddings.interpolate_pos_encoding",
+                "old_grid": old,
+                "new_grid": list(new),
+                "num_prefix_tokens": 1,
+                "interpolation": "bicubic",
+                "antialias": False,
+                "align_corners": False,
+                "input": flist(table[0]),
+                "output": flist(out[0]),
+                "output_float64": flist(out[0]),
+            }
+        )
     return {
         "generator": GENERATOR,
         "source": "timm cases: timm.layers.pos_embed.resample_abs_pos_embed(posemb[1,17,8] float64, new_size, "
-                  "old_size=[4,4], num_prefix_tokens=1, interpolation, antialias) -> 'output' (timm casts to float32 "
-                  "for F.interpolate, then back to float64); 'output_float64' = the same pipeline replicated in "
-                  "float64 with torch.nn.functional.interpolate(mode, align_corners=None, antialias) (agrees to "
-                  "< 1e-5). ViT cases: transformers.models.vit.modeling_vit.ViTEmbeddings.interpolate_pos_encoding "
-                  "on a tiny float64 ViTEmbeddings (hidden 8, patch 2, image 8 -> 4x4 grid) whose position_embeddings "
-                  "are set to the input table; height/width passed as new_grid*patch_size (output is float64, "
-                  "'output_float64' == 'output').",
+        "old_size=[4,4], num_prefix_tokens=1, interpolation, antialias) -> 'output' (timm casts to float32 "
+        "for F.interpolate, then back to float64); 'output_float64' = the same pipeline replicated in "
+        "float64 with torch.nn.functional.interpolate(mode, align_corners=None, antialias) (agrees to "
+        "< 1e-5). ViT cases: transformers.models.vit.modeling_vit.ViTEmbeddings.interpolate_pos_encoding "
+        "on a tiny float64 ViTEmbeddings (hidden 8, patch 2, image 8 -> 4x4 grid) whose position_embeddings "
+        "are set to the input table; height/width passed as new_grid*patch_size (output is float64, "
+        "'output_float64' == 'output').",
         "notes": [
             "input/output are [num_prefix_tokens + H*W, D] (leading batch dim dropped). Row 0 is the CLS/prefix "
             "token and is copied unchanged; rows 1.. are the grid in row-major order (h outer, w inner). The grid is "
@@ -688,8 +847,14 @@ def gen_resample_2d():
 # 4. Informer time features
 # ----------------------------------------------------------------------------------------------------------------
 def gen_time_features():
-    stamps = ["2010-01-01 00:00:00", "2010-03-15 13:45:30", "2010-12-31 23:59:59", "2012-02-29 12:00:00",
-              "2012-12-31 06:07:08", "2016-01-03 23:00:59"]
+    stamps = [
+        "2010-01-01 00:00:00",
+        "2010-03-15 13:45:30",
+        "2010-12-31 23:59:59",
+        "2012-02-29 12:00:00",
+        "2012-12-31 06:07:08",
+        "2016-01-03 23:00:59",
+    ]
     cases = []
     for s in stamps:
         dt = datetime.datetime.strptime(s, "%Y-%m-%d %H:%M:%S")
@@ -711,28 +876,48 @@ def gen_time_features():
             "d": ["DayOfWeek", "DayOfMonth", "DayOfYear"],
             "h": ["HourOfDay", "DayOfWeek", "DayOfMonth", "DayOfYear"],
             "t": ["MinuteOfHour", "HourOfDay", "DayOfWeek", "DayOfMonth", "DayOfYear"],
-            "s": ["SecondOfMinute", "MinuteOfHour", "HourOfDay", "DayOfWeek", "DayOfMonth", "DayOfYear"],
+            "s": [
+                "SecondOfMinute",
+                "MinuteOfHour",
+                "HourOfDay",
+                "DayOfWeek",
+                "DayOfMonth",
+                "DayOfYear",
+            ],
         }
-        cases.append({
-            "timestamp": s,
-            "epoch_seconds_utc": calendar.timegm(dt.timetuple()),
-            "calendar": {"year": dt.year, "month": dt.month, "day": dt.day, "hour": dt.hour, "minute": dt.minute,
-                         "second": dt.second, "dayofweek": dt.weekday(), "dayofyear": doy, "isoweek": iso_week},
-            "features": feats,
-            "timeenc1_by_freq": {f: [feats[n] for n in names] for f, names in by_freq.items()},
-            "timeenc0_freq_t": [dt.month, dt.day, dt.weekday(), dt.hour, dt.minute // 15],
-        })
+        cases.append(
+            {
+                "timestamp": s,
+                "epoch_seconds_utc": calendar.timegm(dt.timetuple()),
+                "calendar": {
+                    "year": dt.year,
+                    "month": dt.month,
+                    "day": dt.day,
+                    "hour": dt.hour,
+                    "minute": dt.minute,
+                    "second": dt.second,
+                    "dayofweek": dt.weekday(),
+                    "dayofyear": doy,
+                    "isoweek": iso_week,
+                },
+                "features": feats,
+                "timeenc1_by_freq": {f: [feats[n] for n in names] for f, names in by_freq.items()},
+                "timeenc0_freq_t": [dt.month, dt.day, dt.weekday(), dt.hour, dt.minute // 15],
+            }
+        )
         assert all(-0.5 <= v <= 0.5 for v in feats.values())
     # sanity: epoch and weekday against known values
-    assert cases[0]["epoch_seconds_utc"] == 1262304000 and cases[0]["calendar"]["dayofweek"] == 4  # Friday
+    assert (
+        cases[0]["epoch_seconds_utc"] == 1262304000 and cases[0]["calendar"]["dayofweek"] == 4
+    )  # Friday
     assert cases[3]["calendar"]["dayofyear"] == 60
     return {
         "generator": GENERATOR,
         "source": "HAND-DERIVED with Python's datetime (pandas and gluonts are not installed in the venv), following "
-                  "zhouhaoyi/Informer2020 utils/timefeatures.py (commit 0de49232): SecondOfMinute = second/59 - 0.5, "
-                  "MinuteOfHour = minute/59 - 0.5, HourOfDay = hour/23 - 0.5, DayOfWeek = dayofweek/6 - 0.5 "
-                  "(Monday = 0), DayOfMonth = (day-1)/30 - 0.5, DayOfYear = (dayofyear-1)/365 - 0.5, MonthOfYear = "
-                  "(month-1)/11 - 0.5, WeekOfYear = (isocalendar().week-1)/52 - 0.5.",
+        "zhouhaoyi/Informer2020 utils/timefeatures.py (commit 0de49232): SecondOfMinute = second/59 - 0.5, "
+        "MinuteOfHour = minute/59 - 0.5, HourOfDay = hour/23 - 0.5, DayOfWeek = dayofweek/6 - 0.5 "
+        "(Monday = 0), DayOfMonth = (day-1)/30 - 0.5, DayOfYear = (dayofyear-1)/365 - 0.5, MonthOfYear = "
+        "(month-1)/11 - 0.5, WeekOfYear = (isocalendar().week-1)/52 - 0.5.",
         "notes": [
             "Timestamps are naive and treated as UTC; epoch_seconds_utc = calendar.timegm (seconds since "
             "1970-01-01 00:00:00 UTC, no leap seconds).",

@@ -35,7 +35,6 @@ import types
 
 import numpy as np
 import torch
-
 import transformers
 from transformers import Qwen2_5OmniThinkerConfig
 from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as omni_modeling
@@ -57,9 +56,24 @@ GENERATOR = {
     "numpy": np.__version__,
 }
 
-TEXT_IDS = [9707, 11, 1879, 0, 3555, 374, 419, 30, 785, 525, 13, 576]  # arbitrary ordinary text token ids
+TEXT_IDS = [
+    9707,
+    11,
+    1879,
+    0,
+    3555,
+    374,
+    419,
+    30,
+    785,
+    525,
+    13,
+    576,
+]  # arbitrary ordinary text token ids
 PAD_ID = 151643  # <|endoftext|>, the pad token of the Qwen2.5-Omni tokenizer
-TEMPORAL_PATCH_SIZE = 2  # Qwen2_5OmniVisionEncoderConfig.temporal_patch_size: 2 frames per temporal grid step
+TEMPORAL_PATCH_SIZE = (
+    2  # Qwen2_5OmniVisionEncoderConfig.temporal_patch_size: 2 frames per temporal grid step
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -85,8 +99,10 @@ def write_json(name, obj):
         back = json.load(f)
     assert back == json.loads(text)
     size = os.path.getsize(path)
-    print(f"{os.path.relpath(path, REPO_ROOT)}: {len(back['cases'])} cases, {size} bytes "
-          f"(transformers {transformers.__version__}, torch {torch.__version__})")
+    print(
+        f"{os.path.relpath(path, REPO_ROOT)}: {len(back['cases'])} cases, {size} bytes "
+        f"(transformers {transformers.__version__}, torch {torch.__version__})"
+    )
     if size > 300 * 1024:
         print(f"  WARNING: {name} is larger than 300 KiB")
     return back
@@ -102,20 +118,46 @@ def tiny_omni_thinker():
     of its own but get_rope_index reads config.vision_start_token_id; the checkpoint's thinker_config.json carries
     151652/151653, passed here the same way."""
     cfg = Qwen2_5OmniThinkerConfig(
-        audio_config=dict(num_mel_bins=8, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16, d_model=8,
-                          output_dim=32, max_source_positions=64, n_window=4),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
-                           fullatt_block_indexes=[0]),
-        text_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         intermediate_size=64,
-                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        audio_config=dict(
+            num_mel_bins=8,
+            encoder_layers=1,
+            encoder_attention_heads=2,
+            encoder_ffn_dim=16,
+            d_model=8,
+            output_dim=32,
+            max_source_positions=64,
+            n_window=4,
+        ),
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            out_hidden_size=32,
+            fullatt_block_indexes=[0],
+        ),
+        text_config=dict(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=64,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        ),
         vision_start_token_id=151652,
         vision_end_token_id=151653,
     )
     with torch.device("meta"):
         model = Qwen2_5OmniThinkerModel(cfg)
     model.eval()
-    assert model.spatial_merge_size == 2 and cfg.vision_config.temporal_patch_size == TEMPORAL_PATCH_SIZE
+    assert (
+        model.spatial_merge_size == 2
+        and cfg.vision_config.temporal_patch_size == TEMPORAL_PATCH_SIZE
+    )
     assert cfg.position_id_per_seconds == 25 and cfg.seconds_per_chunk == 2
     return model
 
@@ -131,8 +173,16 @@ def token_ids(cfg):
         "video": cfg.video_token_id,  # <|VIDEO|> 151656
         "audio": cfg.audio_token_id,  # <|AUDIO|> 151646
     }
-    assert ids == {"pad": 151643, "vision_bos": 151652, "vision_eos": 151653, "audio_bos": 151647,
-                   "audio_eos": 151648, "image": 151655, "video": 151656, "audio": 151646}, ids
+    assert ids == {
+        "pad": 151643,
+        "vision_bos": 151652,
+        "vision_eos": 151653,
+        "audio_bos": 151647,
+        "audio_eos": 151648,
+        "image": 151655,
+        "video": 151656,
+        "audio": 151646,
+    }, ids
     return ids
 
 
@@ -150,23 +200,40 @@ def video_with_audio_layout(model, grid_thw, second_per_grid, n_audio_tokens):
     <|vision_eos|> come from the chat template).  Returns the token kinds between the two audio markers and the
     per-chunk (video, audio) counts."""
     cfg = model.config
-    marks = {"<|audio_bos|>": "audio_bos", "<|audio_eos|>": "audio_eos", "<|VIDEO|>": "video", "<|AUDIO|>": "audio"}
+    marks = {
+        "<|audio_bos|>": "audio_bos",
+        "<|audio_eos|>": "audio_eos",
+        "<|VIDEO|>": "video",
+        "<|AUDIO|>": "audio",
+    }
     stub = types.SimpleNamespace(
-        audio_bos_token="<|audio_bos|>", audio_eos_token="<|audio_eos|>", video_token="<|VIDEO|>",
-        audio_token="<|AUDIO|>", video_processor=types.SimpleNamespace(merge_size=model.spatial_merge_size),
+        audio_bos_token="<|audio_bos|>",
+        audio_eos_token="<|audio_eos|>",
+        video_token="<|VIDEO|>",
+        audio_token="<|AUDIO|>",
+        video_processor=types.SimpleNamespace(merge_size=model.spatial_merge_size),
     )
     stub.get_chunked_index = lambda idx, tpc: Qwen2_5OmniProcessor.get_chunked_index(stub, idx, tpc)
-    video_inputs = {"video_grid_thw": torch.tensor([grid_thw]), "video_second_per_grid": [second_per_grid]}
+    video_inputs = {
+        "video_grid_thw": torch.tensor([grid_thw]),
+        "video_second_per_grid": [second_per_grid],
+    }
     audio_inputs = {"num_audio_tokens": torch.tensor([n_audio_tokens])}
     text = Qwen2_5OmniProcessor.replace_video_with_audio_token(
-        stub, video_inputs, 0, audio_inputs, 0,
-        position_id_per_seconds=cfg.position_id_per_seconds, seconds_per_chunk=cfg.seconds_per_chunk)
+        stub,
+        video_inputs,
+        0,
+        audio_inputs,
+        0,
+        position_id_per_seconds=cfg.position_id_per_seconds,
+        seconds_per_chunk=cfg.seconds_per_chunk,
+    )
     kinds = []
     while text:
         for m, k in marks.items():
             if text.startswith(m):
                 kinds.append(k)
-                text = text[len(m):]
+                text = text[len(m) :]
                 break
         else:
             raise AssertionError(text[:40])
@@ -182,7 +249,12 @@ def video_with_audio_layout(model, grid_thw, second_per_grid, n_audio_tokens):
     ach = Qwen2_5OmniProcessor.get_chunked_index(stub, np.arange(n_audio_tokens), tpc)
     chunks = []
     for j in range(max(len(vch), len(ach))):
-        chunks.append([vch[j][1] - vch[j][0] if j < len(vch) else 0, ach[j][1] - ach[j][0] if j < len(ach) else 0])
+        chunks.append(
+            [
+                vch[j][1] - vch[j][0] if j < len(vch) else 0,
+                ach[j][1] - ach[j][0] if j < len(ach) else 0,
+            ]
+        )
     rebuilt = []
     for nv, na in chunks:
         rebuilt += ["video"] * nv + ["audio"] * na
@@ -193,7 +265,11 @@ def video_with_audio_layout(model, grid_thw, second_per_grid, n_audio_tokens):
 def t_offsets(frames, second_per_grid, per_second):
     """Per-frame temporal offsets exactly as get_rope_index computes them:
     (torch.arange(grid_t) * second_per_grids[i].float() * position_id_per_seconds).long()  -- float32, truncated."""
-    return (torch.arange(frames) * torch.tensor([second_per_grid]).float()[0] * per_second).long().tolist()
+    return (
+        (torch.arange(frames) * torch.tensor([second_per_grid]).float()[0] * per_second)
+        .long()
+        .tolist()
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,17 +277,17 @@ def t_offsets(frames, second_per_grid, per_second):
 # ----------------------------------------------------------------------------------------------------------------
 def build_stream(model, segments, use_audio_in_video, pad_to=None):
     """segments (builder terms, markers implicit):
-         {"kind": "padding", "tokens": n}                    left padding (attention_mask 0), only first
-         {"kind": "text", "tokens": n}                       n ordinary text tokens
-         {"kind": "audio", "mel_frames": N}                  <|audio_bos|> + M x <|AUDIO|> + <|audio_eos|>
-         {"kind": "image", "frames": 1, "height": H, "width": W}
-                                                             <|vision_bos|> + t*(H/2)*(W/2) x <|IMAGE|> + <|vision_eos|>
-         {"kind": "video", "frames": T, "height": H, "width": W, "fps": f}
-                                                             <|vision_bos|> + T*(H/2)*(W/2) x <|VIDEO|> + <|vision_eos|>
-         {"kind": "video", ..., "audio_mel_frames": N}      (use_audio_in_video) <|vision_bos|><|audio_bos|> + per
-                                                             2 s chunk: its video tokens then its audio tokens +
-                                                             <|audio_eos|><|vision_eos|>
-       Returns the filled-in segment descriptions, token kinds, input_ids, attention mask and the HF side inputs."""
+      {"kind": "padding", "tokens": n}                    left padding (attention_mask 0), only first
+      {"kind": "text", "tokens": n}                       n ordinary text tokens
+      {"kind": "audio", "mel_frames": N}                  <|audio_bos|> + M x <|AUDIO|> + <|audio_eos|>
+      {"kind": "image", "frames": 1, "height": H, "width": W}
+                                                          <|vision_bos|> + t*(H/2)*(W/2) x <|IMAGE|> + <|vision_eos|>
+      {"kind": "video", "frames": T, "height": H, "width": W, "fps": f}
+                                                          <|vision_bos|> + T*(H/2)*(W/2) x <|VIDEO|> + <|vision_eos|>
+      {"kind": "video", ..., "audio_mel_frames": N}      (use_audio_in_video) <|vision_bos|><|audio_bos|> + per
+                                                          2 s chunk: its video tokens then its audio tokens +
+                                                          <|audio_eos|><|vision_eos|>
+    Returns the filled-in segment descriptions, token kinds, input_ids, attention mask and the HF side inputs."""
     cfg = model.config
     ids_of = token_ids(cfg)
     m = model.spatial_merge_size
@@ -248,13 +324,17 @@ def build_stream(model, segments, use_audio_in_video, pad_to=None):
                 d["span"] = n + 2
                 kinds += ["vision_bos"] + ["image"] * n + ["vision_eos"]
             else:
-                spg = TEMPORAL_PATCH_SIZE / seg["fps"]  # Qwen2_5OmniProcessor._process_videos: temporal_patch_size/fps
+                spg = (
+                    TEMPORAL_PATCH_SIZE / seg["fps"]
+                )  # Qwen2_5OmniProcessor._process_videos: temporal_patch_size/fps
                 d["seconds_per_grid"] = spg
                 d["t_offsets"] = t_offsets(t, spg, cfg.position_id_per_seconds)
                 video_grids.append([t, h, w])
                 spgs.append(spg)
                 has_audio = "audio_mel_frames" in seg
-                assert has_audio == use_audio_in_video, "use_audio_in_video applies to every video of the call"
+                assert has_audio == use_audio_in_video, (
+                    "use_audio_in_video applies to every video of the call"
+                )
                 if has_audio:
                     na = audio_tokens(model, seg["audio_mel_frames"])
                     body, chunks = video_with_audio_layout(model, [t, h, w], spg, na)
@@ -279,8 +359,16 @@ def build_stream(model, segments, use_audio_in_video, pad_to=None):
     it = iter(text_ids)
     ids = [next(it) if kd == "text" else ids_of[kd] for kd in kinds]
     mask = [0 if kd == "pad" else 1 for kd in kinds]
-    return dict(segments=desc, token_kinds=kinds, input_ids=ids, attention_mask=mask, image_grid_thw=image_grids,
-                video_grid_thw=video_grids, audio_seqlens=audio_seqlens, second_per_grids=spgs)
+    return dict(
+        segments=desc,
+        token_kinds=kinds,
+        input_ids=ids,
+        attention_mask=mask,
+        image_grid_thw=image_grids,
+        video_grid_thw=video_grids,
+        audio_seqlens=audio_seqlens,
+        second_per_grids=spgs,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -319,28 +407,37 @@ def ref_positions(model, segments, use_audio_in_video):
         if k == "text":
             line(seg["tokens"])
         elif k == "audio":
-            line(1 + audio_tokens(model, seg["mel_frames"]) + 1)  # bos, audio, eos: one running line
+            line(
+                1 + audio_tokens(model, seg["mel_frames"]) + 1
+            )  # bos, audio, eos: one running line
         else:
             t, gh, gw = seg["frames"], seg["height"] // m, seg["width"] // m
             if k == "image":
-                offs = [f * cfg.position_id_per_seconds for f in range(t)]  # arange(grid_t) * 1 * 25 (grid_t = 1)
+                offs = [
+                    f * cfg.position_id_per_seconds for f in range(t)
+                ]  # arange(grid_t) * 1 * 25 (grid_t = 1)
             else:
                 offs = t_offsets(t, TEMPORAL_PATCH_SIZE / seg["fps"], cfg.position_id_per_seconds)
             if k == "video" and use_audio_in_video:
                 bos = nxt
                 cols += [(bos,) * 3, (bos,) * 3]  # vision_bos and audio_bos share one position
                 s = bos + 1
-                vid = [(s + offs[f], s + r, s + c) for f in range(t) for r in range(gh) for c in range(gw)]
+                vid = [
+                    (s + offs[f], s + r, s + c)
+                    for f in range(t)
+                    for r in range(gh)
+                    for c in range(gw)
+                ]
                 aud = [(s + q,) * 3 for q in range(audio_tokens(model, seg["audio_mel_frames"]))]
                 vch = ref_chunks([p[0] for p in vid], s, per_chunk)
                 ach = ref_chunks([p[0] for p in aud], s, per_chunk)
                 last = None
                 for j in range(max(len(vch), len(ach))):
                     if j < len(vch):
-                        last = vid[vch[j][0]:vch[j][1]]
+                        last = vid[vch[j][0] : vch[j][1]]
                         cols += last
                     if j < len(ach):
-                        last = aud[ach[j][0]:ach[j][1]]
+                        last = aud[ach[j][0] : ach[j][1]]
                         cols += last
                 eos = max(max(p) for p in last) + 1  # max of the LAST appended chunk only
                 cols += [(eos,) * 3, (eos,) * 3]  # audio_eos and vision_eos share one position
@@ -348,7 +445,12 @@ def ref_positions(model, segments, use_audio_in_video):
             else:
                 line(1)  # vision_bos
                 s = nxt
-                blk = [(s + offs[f], s + r, s + c) for f in range(t) for r in range(gh) for c in range(gw)]
+                blk = [
+                    (s + offs[f], s + r, s + c)
+                    for f in range(t)
+                    for r in range(gh)
+                    for c in range(gw)
+                ]
                 cols += blk
                 nxt = max(max(p) for p in blk) + 1
                 line(1)  # vision_eos
@@ -362,8 +464,12 @@ def ref_positions(model, segments, use_audio_in_video):
 def hf_rope_index(model, rows, use_audio_in_video):
     """Calls get_rope_index for a batch of built rows (the side inputs are concatenated in row order)."""
     cat = lambda key: [g for r in rows for g in r[key]]  # noqa: E731
-    image_grids, video_grids, seqlens, spgs = cat("image_grid_thw"), cat("video_grid_thw"), cat("audio_seqlens"), \
-        cat("second_per_grids")
+    image_grids, video_grids, seqlens, spgs = (
+        cat("image_grid_thw"),
+        cat("video_grid_thw"),
+        cat("audio_seqlens"),
+        cat("second_per_grids"),
+    )
     kwargs = dict(
         input_ids=torch.tensor([r["input_ids"] for r in rows], dtype=torch.long),
         image_grid_thw=torch.tensor(image_grids, dtype=torch.long) if image_grids else None,
@@ -375,8 +481,10 @@ def hf_rope_index(model, rows, use_audio_in_video):
         second_per_grids=torch.tensor(spgs, dtype=torch.float32) if spgs else None,
     )
     pos, deltas = model.get_rope_index(**kwargs)
-    assert pos.shape == (3, len(rows), len(rows[0]["input_ids"])) and deltas.shape == (len(rows), 1), \
-        (pos.shape, deltas.shape)
+    assert pos.shape == (3, len(rows), len(rows[0]["input_ids"])) and deltas.shape == (
+        len(rows),
+        1,
+    ), (pos.shape, deltas.shape)
     branch = "3d" if (image_grids or video_grids) else "text_fallback"
     return pos, deltas, branch
 
@@ -401,9 +509,10 @@ def finish_row(model, row, pos, delta, use_audio_in_video):
             continue
         span = seg["tokens"] if seg["kind"] == "text" else seg["span"]
         if seg["kind"] == "video" and "audio_mel_frames" in seg:
-            assert kinds[i:i + 2] == ["vision_bos", "audio_bos"] and kinds[i + span - 2:i + span] == \
-                ["audio_eos", "vision_eos"]
-            body = got[:, i + 2:i + span - 2]
+            assert kinds[i : i + 2] == ["vision_bos", "audio_bos"] and kinds[
+                i + span - 2 : i + span
+            ] == ["audio_eos", "vision_eos"]
+            body = got[:, i + 2 : i + span - 2]
             seg["block_max"] = int(body.max())
             seg["eos_position"] = int(got[0, i + span - 2])
             seg["eos_overlaps_block"] = seg["eos_position"] <= seg["block_max"]
@@ -419,9 +528,13 @@ def single_case(model, name, segments, use_audio_in_video=False, comment=None):
     case = {"name": name, "batch_size": 1}
     if comment:
         case["comment"] = comment
-    case.update(use_audio_in_video=use_audio_in_video, spatial_merge_size=model.spatial_merge_size,
-                position_id_per_seconds=model.config.position_id_per_seconds,
-                seconds_per_chunk=model.config.seconds_per_chunk, hf_branch=branch)
+    case.update(
+        use_audio_in_video=use_audio_in_video,
+        spatial_merge_size=model.spatial_merge_size,
+        position_id_per_seconds=model.config.position_id_per_seconds,
+        seconds_per_chunk=model.config.seconds_per_chunk,
+        hf_branch=branch,
+    )
     case.update(row)
     return case
 
@@ -443,14 +556,18 @@ def batch_case(model, name, rows_segments, use_audio_in_video=False, comment=Non
     case = {"name": name, "batch_size": len(rows)}
     if comment:
         case["comment"] = comment
-    case.update(use_audio_in_video=use_audio_in_video, spatial_merge_size=model.spatial_merge_size,
-                position_id_per_seconds=model.config.position_id_per_seconds,
-                seconds_per_chunk=model.config.seconds_per_chunk, hf_branch=branch,
-                image_grid_thw=[g for r in rows for g in r["image_grid_thw"]],
-                video_grid_thw=[g for r in rows for g in r["video_grid_thw"]],
-                audio_seqlens=[g for r in rows for g in r["audio_seqlens"]],
-                second_per_grids=[g for r in rows for g in r["second_per_grids"]],
-                rows=rows)
+    case.update(
+        use_audio_in_video=use_audio_in_video,
+        spatial_merge_size=model.spatial_merge_size,
+        position_id_per_seconds=model.config.position_id_per_seconds,
+        seconds_per_chunk=model.config.seconds_per_chunk,
+        hf_branch=branch,
+        image_grid_thw=[g for r in rows for g in r["image_grid_thw"]],
+        video_grid_thw=[g for r in rows for g in r["video_grid_thw"]],
+        audio_seqlens=[g for r in rows for g in r["audio_seqlens"]],
+        second_per_grids=[g for r in rows for g in r["second_per_grids"]],
+        rows=rows,
+    )
     return case
 
 
@@ -482,120 +599,245 @@ def gen_tmrope():
     model = tiny_omni_thinker()
     cases = []
     # ---- no audio in video ---------------------------------------------------------------------------------------
-    cases.append(single_case(model, "text3_audio_mel37_text2", [T(3), A(37), T(2)],
-                             comment="no image/video grid: get_rope_index takes its text fallback branch"))
+    cases.append(
+        single_case(
+            model,
+            "text3_audio_mel37_text2",
+            [T(3), A(37), T(2)],
+            comment="no image/video grid: get_rope_index takes its text fallback branch",
+        )
+    )
     cases.append(single_case(model, "text2_image_1x4x6_text3", [T(2), IMG(4, 6), T(3)]))
-    cases.append(single_case(model, "text2_video_4x4x4_fps2_text2", [T(2), VID(4, 4, 4, 2.0), T(2)],
-                             comment="seconds_per_grid 1.0: t offsets 0, 25, 50, 75"))
-    cases.append(single_case(model, "text2_video_4x4x4_fps4_text1_video_3x4x2_fps1_text2",
-                             [T(2), VID(4, 4, 4, 4.0), T(1), VID(3, 4, 2, 1.0), T(2)],
-                             comment="seconds_per_grid 0.5 (t 0, 12, 25, 37: floor of 12.5 steps) and 2.0 (t 0, 50, "
-                                     "100)"))
-    cases.append(single_case(model, "text1_video_6x2x2_fps6.25_text1", [T(1), VID(6, 2, 2, 6.25), T(1)],
-                             comment="seconds_per_grid 0.32: float32 arithmetic gives t offset 39 for frame 5 "
-                                     "(exact 5*0.32*25 = 40)"))
-    cases.append(single_case(model, "text2_audio_mel37_text1_audio_mel64_text2_image_1x4x4_text1",
-                             [T(2), A(37), T(1), A(64), T(2), IMG(4, 4), T(1)],
-                             comment="two audios; the image makes get_rope_index take its 3D branch"))
+    cases.append(
+        single_case(
+            model,
+            "text2_video_4x4x4_fps2_text2",
+            [T(2), VID(4, 4, 4, 2.0), T(2)],
+            comment="seconds_per_grid 1.0: t offsets 0, 25, 50, 75",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text2_video_4x4x4_fps4_text1_video_3x4x2_fps1_text2",
+            [T(2), VID(4, 4, 4, 4.0), T(1), VID(3, 4, 2, 1.0), T(2)],
+            comment="seconds_per_grid 0.5 (t 0, 12, 25, 37: floor of 12.5 steps) and 2.0 (t 0, 50, "
+            "100)",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text1_video_6x2x2_fps6.25_text1",
+            [T(1), VID(6, 2, 2, 6.25), T(1)],
+            comment="seconds_per_grid 0.32: float32 arithmetic gives t offset 39 for frame 5 "
+            "(exact 5*0.32*25 = 40)",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text2_audio_mel37_text1_audio_mel64_text2_image_1x4x4_text1",
+            [T(2), A(37), T(1), A(64), T(2), IMG(4, 4), T(1)],
+            comment="two audios; the image makes get_rope_index take its 3D branch",
+        )
+    )
     # ---- video with its audio (use_audio_in_video=True) ---------------------------------------------------------
-    cases.append(single_case(model, "text2_video_2x4x4_fps4_audio_mel60_text2_1chunk",
-                             [T(2), VID(2, 4, 4, 4.0, audio_mel=60), T(2)], use_audio_in_video=True,
-                             comment="video t 0, 12; audio 15 tokens (0..14): one chunk"))
-    cases.append(single_case(model, "text2_video_3x4x4_fps2_audio_mel320_text2_2chunks_audio_longer",
-                             [T(2), VID(3, 4, 4, 2.0, audio_mel=320), T(2)], use_audio_in_video=True,
-                             comment="video t 0, 25, 50 (2 chunks); audio 80 tokens (2 chunks); audio outlasts video"))
-    cases.append(single_case(model, "leftpad3_text2_video_3x4x4_fps2_audio_mel320_text2",
-                             [PAD(3), T(2), VID(3, 4, 4, 2.0, audio_mel=320), T(2)], use_audio_in_video=True,
-                             comment="previous stream with 3 left-padding tokens (attention_mask 0)"))
-    cases.append(single_case(model, "text2_video_4x4x4_fps2_audio_mel240_text2_2chunks_video_longer",
-                             [T(2), VID(4, 4, 4, 2.0, audio_mel=240), T(2)], use_audio_in_video=True,
-                             comment="video t 0..75, audio 60 tokens, both 2 chunks; the last appended chunk is audio "
-                                     "(max offset 59) so the eos markers and the text after them land below the "
-                                     "video's last t (offset 75)"))
-    cases.append(single_case(model, "text1_video_6x4x2_fps2_audio_mel600_text1_3chunks",
-                             [T(1), VID(6, 4, 2, 2.0, audio_mel=600), T(1)], use_audio_in_video=True,
-                             comment="6 s of video (t 0..125, 3 chunks) with its 6 s of audio (150 tokens, 3 chunks "
-                                     "of 50)"))
-    cases.append(single_case(model, "text1_video_8x2x2_fps2.5_audio_mel100_text1_video_more_chunks",
-                             [T(1), VID(8, 2, 2, 2.5, audio_mel=100), T(1)], use_audio_in_video=True,
-                             comment="seconds_per_grid 0.8: video t 0, 20, .., 140 (3 chunks); audio 25 tokens "
-                                     "(1 chunk): video outlasts audio, last appended chunk is video"))
-    cases.append(single_case(model, "text1_video_3x2x4_fps0.667_audio_mel900_text1_split_frames",
-                             [T(1), VID(3, 2, 4, 2.0 / 3.0, audio_mel=900), T(1)], use_audio_in_video=True,
-                             comment="seconds_per_grid 3.0 (9 s of video) with its 9 s of audio (225 tokens, 5 "
-                                     "chunks): video t 0, 75, 150 jumps over chunk boundaries; the chunker then "
-                                     "emits one-token video chunks (frame 2, at 6 s, split over chunks 2 and 3) and "
-                                     "puts frame 2's first token before the 4-6 s audio chunk"))
-    cases.append(single_case(model, "text1_audio_mel37_text1_image_1x2x2_video_3x4x4_fps2_audio_mel160_text2",
-                             [T(1), A(37), T(1), IMG(2, 2), VID(3, 4, 4, 2.0, audio_mel=160), T(2)],
-                             use_audio_in_video=True,
-                             comment="a standalone audio, an image and a video with audio in one stream; "
-                                     "audio_seqlens are consumed in stream order (standalone audio first)"))
+    cases.append(
+        single_case(
+            model,
+            "text2_video_2x4x4_fps4_audio_mel60_text2_1chunk",
+            [T(2), VID(2, 4, 4, 4.0, audio_mel=60), T(2)],
+            use_audio_in_video=True,
+            comment="video t 0, 12; audio 15 tokens (0..14): one chunk",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text2_video_3x4x4_fps2_audio_mel320_text2_2chunks_audio_longer",
+            [T(2), VID(3, 4, 4, 2.0, audio_mel=320), T(2)],
+            use_audio_in_video=True,
+            comment="video t 0, 25, 50 (2 chunks); audio 80 tokens (2 chunks); audio outlasts video",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "leftpad3_text2_video_3x4x4_fps2_audio_mel320_text2",
+            [PAD(3), T(2), VID(3, 4, 4, 2.0, audio_mel=320), T(2)],
+            use_audio_in_video=True,
+            comment="previous stream with 3 left-padding tokens (attention_mask 0)",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text2_video_4x4x4_fps2_audio_mel240_text2_2chunks_video_longer",
+            [T(2), VID(4, 4, 4, 2.0, audio_mel=240), T(2)],
+            use_audio_in_video=True,
+            comment="video t 0..75, audio 60 tokens, both 2 chunks; the last appended chunk is audio "
+            "(max offset 59) so the eos markers and the text after them land below the "
+            "video's last t (offset 75)",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text1_video_6x4x2_fps2_audio_mel600_text1_3chunks",
+            [T(1), VID(6, 4, 2, 2.0, audio_mel=600), T(1)],
+            use_audio_in_video=True,
+            comment="6 s of video (t 0..125, 3 chunks) with its 6 s of audio (150 tokens, 3 chunks "
+            "of 50)",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text1_video_8x2x2_fps2.5_audio_mel100_text1_video_more_chunks",
+            [T(1), VID(8, 2, 2, 2.5, audio_mel=100), T(1)],
+            use_audio_in_video=True,
+            comment="seconds_per_grid 0.8: video t 0, 20, .., 140 (3 chunks); audio 25 tokens "
+            "(1 chunk): video outlasts audio, last appended chunk is video",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text1_video_3x2x4_fps0.667_audio_mel900_text1_split_frames",
+            [T(1), VID(3, 2, 4, 2.0 / 3.0, audio_mel=900), T(1)],
+            use_audio_in_video=True,
+            comment="seconds_per_grid 3.0 (9 s of video) with its 9 s of audio (225 tokens, 5 "
+            "chunks): video t 0, 75, 150 jumps over chunk boundaries; the chunker then "
+            "emits one-token video chunks (frame 2, at 6 s, split over chunks 2 and 3) and "
+            "puts frame 2's first token before the 4-6 s audio chunk",
+        )
+    )
+    cases.append(
+        single_case(
+            model,
+            "text1_audio_mel37_text1_image_1x2x2_video_3x4x4_fps2_audio_mel160_text2",
+            [T(1), A(37), T(1), IMG(2, 2), VID(3, 4, 4, 2.0, audio_mel=160), T(2)],
+            use_audio_in_video=True,
+            comment="a standalone audio, an image and a video with audio in one stream; "
+            "audio_seqlens are consumed in stream order (standalone audio first)",
+        )
+    )
     # ---- batch ------------------------------------------------------------------------------------------------------
-    cases.append(batch_case(model, "batch2_audio_image__audio_video",
-                            [[T(2), A(37), T(1), IMG(4, 6), T(2)], [T(1), A(64), T(1), VID(2, 4, 4, 2.0), T(1)]],
-                            comment="two rows, the shorter left-padded; image_grid_thw / video_grid_thw / "
-                                    "audio_seqlens / second_per_grids are flat lists consumed in row order"))
+    cases.append(
+        batch_case(
+            model,
+            "batch2_audio_image__audio_video",
+            [[T(2), A(37), T(1), IMG(4, 6), T(2)], [T(1), A(64), T(1), VID(2, 4, 4, 2.0), T(1)]],
+            comment="two rows, the shorter left-padded; image_grid_thw / video_grid_thw / "
+            "audio_seqlens / second_per_grids are flat lists consumed in row order",
+        )
+    )
 
     # ---- checks that back statements in the notes ------------------------------------------------------------------
     by = {c["name"]: c for c in cases}
-    assert by["text2_video_4x4x4_fps4_text1_video_3x4x2_fps1_text2"]["segments"][1]["t_offsets"] == [0, 12, 25, 37]
-    assert by["text1_video_6x2x2_fps6.25_text1"]["segments"][1]["t_offsets"] == [0, 8, 16, 24, 32, 39]
+    assert by["text2_video_4x4x4_fps4_text1_video_3x4x2_fps1_text2"]["segments"][1][
+        "t_offsets"
+    ] == [0, 12, 25, 37]
+    assert by["text1_video_6x2x2_fps6.25_text1"]["segments"][1]["t_offsets"] == [
+        0,
+        8,
+        16,
+        24,
+        32,
+        39,
+    ]
     longer = by["text2_video_4x4x4_fps2_audio_mel240_text2_2chunks_video_longer"]["segments"][1]
-    assert longer["eos_overlaps_block"] and longer["eos_position"] == 3 + 60 and longer["block_max"] == 3 + 75
+    assert (
+        longer["eos_overlaps_block"]
+        and longer["eos_position"] == 3 + 60
+        and longer["block_max"] == 3 + 75
+    )
     split = by["text1_video_3x2x4_fps0.667_audio_mel900_text1_split_frames"]["segments"][1]
     assert split["chunks"] == [[2, 50], [2, 50], [1, 50], [1, 50], [0, 25]], split["chunks"]
-    assert not any(s.get("eos_overlaps_block") for c in cases if c["batch_size"] == 1 for s in c["segments"]
-                   if c["name"] != "text2_video_4x4x4_fps2_audio_mel240_text2_2chunks_video_longer")
+    assert not any(
+        s.get("eos_overlaps_block")
+        for c in cases
+        if c["batch_size"] == 1
+        for s in c["segments"]
+        if c["name"] != "text2_video_4x4x4_fps2_audio_mel240_text2_2chunks_video_longer"
+    )
     # t offsets follow the float32 formula of rule 4
     for c in cases:
-        for r in (c["rows"] if c["batch_size"] > 1 else [c]):
+        for r in c["rows"] if c["batch_size"] > 1 else [c]:
             for sg in r["segments"]:
                 if sg["kind"] == "video":
                     f32 = np.float32
-                    want = [int(np.trunc(f32(f32(f) * f32(sg["seconds_per_grid"])) * f32(25)))
-                            for f in range(sg["frames"])]
+                    want = [
+                        int(np.trunc(f32(f32(f) * f32(sg["seconds_per_grid"])) * f32(25)))
+                        for f in range(sg["frames"])
+                    ]
                     assert sg["t_offsets"] == want, (sg, want)
     # audio token counts: (mel-1)//2+1 then (x-2)//2+1
-    assert [audio_tokens(model, n) for n in (37, 60, 64, 100, 160, 240, 320, 400, 500, 600)] == \
-        [9, 15, 16, 25, 40, 60, 80, 100, 125, 150]
+    assert [audio_tokens(model, n) for n in (37, 60, 64, 100, 160, 240, 320, 400, 500, 600)] == [
+        9,
+        15,
+        16,
+        25,
+        40,
+        60,
+        80,
+        100,
+        125,
+        150,
+    ]
     assert [audio_tokens(model, n) for n in (1, 2, 3, 4, 5, 6, 7)] == [0, 0, 1, 1, 1, 1, 2]
     # text fallback: padded slots 1, delta 0; same values as the 3D branch would give for text+audio
     fb = by["text3_audio_mel37_text2"]
-    assert fb["hf_branch"] == "text_fallback" and fb["position_ids"][0] == list(range(len(fb["input_ids"])))
+    assert fb["hf_branch"] == "text_fallback" and fb["position_ids"][0] == list(
+        range(len(fb["input_ids"]))
+    )
     # processor float64 chunking vs model float32 chunking can disagree (documented in the notes)
     spg = 2.0 / 2.6
     mt = (torch.arange(40) * torch.tensor([spg]).float()[0] * 25).long()
     pt = np.arange(40) * spg * 25
     assert int(mt[39]) == 750 and pt[39] < 750
-    assert Qwen2_5OmniProcessor.get_chunked_index(None, pt, 50) != \
-        model.get_chunked_index(mt, 50, 0)
+    assert Qwen2_5OmniProcessor.get_chunked_index(None, pt, 50) != model.get_chunked_index(
+        mt, 50, 0
+    )
     # videos without second_per_grids fail
     no_spg_error = None
     try:
         row = build_stream(model, [T(1), VID(2, 2, 2, 2.0), T(1)], False)
-        model.get_rope_index(torch.tensor([row["input_ids"]]), None, torch.tensor(row["video_grid_thw"]),
-                             torch.tensor([row["attention_mask"]]), False, None, None)
+        model.get_rope_index(
+            torch.tensor([row["input_ids"]]),
+            None,
+            torch.tensor(row["video_grid_thw"]),
+            torch.tensor([row["attention_mask"]]),
+            False,
+            None,
+            None,
+        )
     except Exception as e:  # noqa: BLE001
         no_spg_error = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
     assert no_spg_error is not None
 
-    src_file = os.path.relpath(omni_modeling.__file__, os.path.dirname(os.path.dirname(transformers.__file__)))
+    src_file = os.path.relpath(
+        omni_modeling.__file__, os.path.dirname(os.path.dirname(transformers.__file__))
+    )
     return {
         "generator": GENERATOR,
         "source": "position_ids / rope_deltas: transformers.models.qwen2_5_omni.modeling_qwen2_5_omni."
-                  "Qwen2_5OmniThinkerModel.get_rope_index (defined on Qwen2_5OmniPreTrainedModelForConditional"
-                  "Generation together with get_llm_pos_ids_for_vision and get_chunked_index; " + src_file + ") "
-                  "called on a tiny thinker built on the meta device (only config values are read: token ids, "
-                  "position_id_per_seconds 25, seconds_per_chunk 2, vision spatial_merge_size 2, temporal_patch_size "
-                  "2 -- all Qwen2.5-Omni-7B defaults; vision_start/end_token_id 151652/151653 passed as in the "
-                  "checkpoint's thinker_config). Token layout of a video with audio: Qwen2_5OmniProcessor."
-                  "replace_video_with_audio_token (processing_qwen2_5_omni.py) called with a stub self. Audio token "
-                  "counts: processing_qwen2_5_omni._get_feat_extract_output_lengths (= Qwen2_5OmniAudioEncoder."
-                  "_get_feat_extract_output_lengths). seconds_per_grid = temporal_patch_size / fps as in "
-                  "Qwen2_5OmniProcessor._process_videos. Every case is also recomputed by a hand-written "
-                  "implementation of the rules below (ref_positions in the generator) and agrees exactly.",
-        "notes": NOTES + [
+        "Qwen2_5OmniThinkerModel.get_rope_index (defined on Qwen2_5OmniPreTrainedModelForConditional"
+        "Generation together with get_llm_pos_ids_for_vision and get_chunked_index; "
+        + src_file
+        + ") "
+        "called on a tiny thinker built on the meta device (only config values are read: token ids, "
+        "position_id_per_seconds 25, seconds_per_chunk 2, vision spatial_merge_size 2, temporal_patch_size "
+        "2 -- all Qwen2.5-Omni-7B defaults; vision_start/end_token_id 151652/151653 passed as in the "
+        "checkpoint's thinker_config). Token layout of a video with audio: Qwen2_5OmniProcessor."
+        "replace_video_with_audio_token (processing_qwen2_5_omni.py) called with a stub self. Audio token "
+        "counts: processing_qwen2_5_omni._get_feat_extract_output_lengths (= Qwen2_5OmniAudioEncoder."
+        "_get_feat_extract_output_lengths). seconds_per_grid = temporal_patch_size / fps as in "
+        "Qwen2_5OmniProcessor._process_videos. Every case is also recomputed by a hand-written "
+        "implementation of the rules below (ref_positions in the generator) and agrees exactly.",
+        "notes": NOTES
+        + [
             "A video without second_per_grids (None) makes get_rope_index fail: " + no_spg_error,
         ],
         "cases": cases,

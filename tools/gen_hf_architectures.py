@@ -71,7 +71,6 @@ import inspect
 import io
 import json
 import logging
-import math
 import os
 import re
 import sys
@@ -80,12 +79,13 @@ import typing
 import warnings
 
 import torch
-
 import transformers
 from transformers import CONFIG_MAPPING, PreTrainedConfig
 
 PINNED_TRANSFORMERS = "5.24.0"
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_architectures")
+OUT = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "hf_architectures"
+)
 POSITIONS = [0, 1, 2, 7, 100, 1023, 4097, 32767]
 GRID = [[0, 0], [0, 1], [1, 0], [2, 3], [7, 5], [31, 17]]  # (row, column) of patches, vision towers
 # (time, row, column) of patches, for towers whose vision model gives three axes (tower_axes)
@@ -144,8 +144,11 @@ def rotary_classes(module):
     for name, obj in sorted(vars(module).items()):
         # "Rotary" classes, and the "Rope" ones that name it otherwise (DINOv3's
         # RopePositionEmbedding, V-JEPA 2's RopeAttention)
-        if not (inspect.isclass(obj) and ("Rotary" in name or "Rope" in name)
-                and obj.__module__ == module.__name__):
+        if not (
+            inspect.isclass(obj)
+            and ("Rotary" in name or "Rope" in name)
+            and obj.__module__ == module.__name__
+        ):
             continue
         if not issubclass(obj, torch.nn.Module):
             continue
@@ -164,14 +167,23 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
     rope_interleave) or the file has no other, else apply_rotary_pos_emb, else _apply_rotary_emb
     (GPT-OSS); it gets cos/sin duplicated as the class's forward returns them. Signatures
     (q, k, cos, sin, ...) and (x, cos, sin, ...) (Gemma 3n, Gemma 4) are probed; others are not."""
-    fn = getattr(module, "apply_rotary_pos_emb", None) or getattr(module, "_apply_rotary_emb", None) \
-        or getattr(module, "apply_rotary_emb", None)  # Llama 4, DeepSeek-V2: complex rotations
+    fn = (
+        getattr(module, "apply_rotary_pos_emb", None)
+        or getattr(module, "_apply_rotary_emb", None)
+        or getattr(module, "apply_rotary_emb", None)
+    )  # Llama 4, DeepSeek-V2: complex rotations
     if vision:  # a tower's own rotation where the file has one (Llama 4's: vision_apply_rotary_emb)
-        fn = getattr(module, "apply_rotary_pos_emb_vision", None) or \
-            (getattr(module, "vision_apply_rotary_emb", None) if vision == "complex" else None) or fn
+        fn = (
+            getattr(module, "apply_rotary_pos_emb_vision", None)
+            or (getattr(module, "vision_apply_rotary_emb", None) if vision == "complex" else None)
+            or fn
+        )
     interleave = getattr(module, "apply_rotary_pos_emb_interleave", None)
-    if interleave is not None and (fn is None or getattr(config, "rope_interleave", False)
-                                   or attention_calls_interleave(module, rotary_name)):
+    if interleave is not None and (
+        fn is None
+        or getattr(config, "rope_interleave", False)
+        or attention_calls_interleave(module, rotary_name)
+    ):
         fn = interleave
     if fn is None:
         return None
@@ -211,7 +223,11 @@ def layout_of(module, config, c, s, dup, vision=False, rotary_name=""):
         elif params[:4] == ["q", "k", "cos", "sin"]:
             out, _ = fn(x[None, None], x[None, None].clone(), cos, sin)
         elif params[:3] == ["x", "cos", "sin"]:
-            out = fn(x[None, None], cos[:, None] if dup == "none" else cos, sin[:, None] if dup == "none" else sin)
+            out = fn(
+                x[None, None],
+                cos[:, None] if dup == "none" else cos,
+                sin[:, None] if dup == "none" else sin,
+            )
         else:
             return None
     except Exception:
@@ -253,7 +269,11 @@ def partial_probe(cls, config, layer_type, force_default=False):
     config's rope_type."""
     c2 = copy.deepcopy(config)
     params = getattr(c2, "rope_parameters", None)
-    nested = layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict)
+    nested = (
+        layer_type is not None
+        and isinstance(params, dict)
+        and isinstance(params.get(layer_type), dict)
+    )
     block = params[layer_type] if nested else params
     if not isinstance(block, dict):
         return {"error": "no rope_parameters block"}
@@ -268,7 +288,7 @@ def partial_probe(cls, config, layer_type, force_default=False):
     def pairs(factor):
         block["partial_rotary_factor"] = factor
         try:
-            setattr(c2, "partial_rotary_factor", factor)
+            c2.partial_rotary_factor = factor
         except Exception:
             pass
         with torch.device("cpu"):
@@ -282,10 +302,17 @@ def partial_probe(cls, config, layer_type, force_default=False):
         before = pairs(float(current))
         after = pairs(factor)
     except Exception as e:
-        return {"rope_type": rope_type, "partial_rotary_factor": factor,
-                "error": f"{type(e).__name__}: {str(e)[:120]}"}
-    return {"rope_type": rope_type, "partial_rotary_factor": factor, "pairs": after,
-            "pairs_before": before}
+        return {
+            "rope_type": rope_type,
+            "partial_rotary_factor": factor,
+            "error": f"{type(e).__name__}: {str(e)[:120]}",
+        }
+    return {
+        "rope_type": rope_type,
+        "partial_rotary_factor": factor,
+        "pairs": after,
+        "pairs_before": before,
+    }
 
 
 # Probe values: no class's default, so a table or a loaded attribute holding one got there by the
@@ -322,7 +349,9 @@ def legacy_probe(cls, config, layer_type, load=None):
             inv = getattr(emb, f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
             if not isinstance(inv, torch.Tensor):
                 raise ValueError("no inv_freq")
-            scaling = getattr(emb, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling", 1.0)
+            scaling = getattr(
+                emb, f"{layer_type}_attention_scaling" if layer_type else "attention_scaling", 1.0
+            )
             out[variant] = {"inv_freq": floats(inv), "attention_scaling": float(scaling)}
         except Exception as e:
             out[variant] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
@@ -347,7 +376,11 @@ def top_level_partial_probe(cls, config, layer_type):
         block.pop("partial_rotary_factor", None)
     current = getattr(config, "partial_rotary_factor", None) or 1.0
     params = getattr(config, "rope_parameters", None)
-    nested = layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict)
+    nested = (
+        layer_type is not None
+        and isinstance(params, dict)
+        and isinstance(params.get(layer_type), dict)
+    )
     block = params[layer_type] if nested else params
     if isinstance(block, dict) and isinstance(block.get("partial_rotary_factor"), (int, float)):
         current = block["partial_rotary_factor"]
@@ -356,7 +389,9 @@ def top_level_partial_probe(cls, config, layer_type):
     try:
         c2 = type(config).from_dict(d)
         with torch.device("cpu"):
-            inv = getattr(cls(config=c2), f"{layer_type}_inv_freq" if layer_type else "inv_freq", None)
+            inv = getattr(
+                cls(config=c2), f"{layer_type}_inv_freq" if layer_type else "inv_freq", None
+            )
         if not isinstance(inv, torch.Tensor):
             raise ValueError("no inv_freq")
     except Exception as e:
@@ -393,7 +428,11 @@ def attention_calls_interleave(module, rotary_name):
     says (DeepSeek-V3.2, AXK2, dots3's text model; their indexers use rotate_half)."""
     prefix = rotary_name.split("RotaryEmbedding")[0]
     for name, obj in vars(module).items():
-        if not (inspect.isclass(obj) and name == prefix + "Attention" and obj.__module__ == module.__name__):
+        if not (
+            inspect.isclass(obj)
+            and name == prefix + "Attention"
+            and obj.__module__ == module.__name__
+        ):
             continue
         try:
             src = inspect.getsource(obj.forward)
@@ -410,8 +449,15 @@ def forward_table(cls, config, layer_type):
     with torch.device("cpu"):
         emb = cls(config=config)
     limit = getattr(config, "max_position_embeddings", None)
-    positions = [p for p in POSITIONS if not (isinstance(limit, int) and getattr(emb, "embed_positions", None)
-                                               is not None and p >= limit)]
+    positions = [
+        p
+        for p in POSITIONS
+        if not (
+            isinstance(limit, int)
+            and getattr(emb, "embed_positions", None) is not None
+            and p >= limit
+        )
+    ]
     pos = torch.tensor([positions], dtype=torch.long)
     x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
     try:
@@ -420,12 +466,21 @@ def forward_table(cls, config, layer_type):
         ids = pos[None].expand(3, -1, -1)
         out = emb(x, ids, layer_type) if layer_type else emb(x, ids)
     if isinstance(out, torch.Tensor):
-        return torch.view_as_real(out).reshape(-1).float() if out.is_complex() else out.reshape(-1).float()
+        return (
+            torch.view_as_real(out).reshape(-1).float()
+            if out.is_complex()
+            else out.reshape(-1).float()
+        )
     return torch.cat([t.reshape(-1).float() for t in out[:2]])
 
 
-READ_KEYS = ("rope_theta", "rope_parameters.rope_theta", "rope_parameters", "rope_scaling",
-             "partial_rotary_factor")
+READ_KEYS = (
+    "rope_theta",
+    "rope_parameters.rope_theta",
+    "rope_parameters",
+    "rope_scaling",
+    "partial_rotary_factor",
+)
 
 
 def reads_probe(cls, config, layer_type, load=None):
@@ -443,9 +498,14 @@ def reads_probe(cls, config, layer_type, load=None):
     load = load or type(config).from_dict
     own = copy.deepcopy(config.to_dict())
     params = own.get("rope_parameters")
-    nested = isinstance(params, dict) and params and \
-        all(isinstance(v, dict) or v is None for v in params.values())
-    if isinstance(params, dict) and isinstance(params.get(layer_type if nested else "rope_theta"), (dict, int, float)):
+    nested = (
+        isinstance(params, dict)
+        and params
+        and all(isinstance(v, dict) or v is None for v in params.values())
+    )
+    if isinstance(params, dict) and isinstance(
+        params.get(layer_type if nested else "rope_theta"), (dict, int, float)
+    ):
         block = params[layer_type] if nested else params
         theta = block.get("rope_theta", own.get("rope_theta"))
     else:
@@ -478,8 +538,11 @@ def reads_probe(cls, config, layer_type, load=None):
                 if isinstance(b, dict) and name == layer_type:
                     b.update(rope_theta=theta_value, **extra)
             return out
-        keep = {k: v for k, v in (block or {}).items()
-                if k not in ("rope_type", "type", "rope_theta", "factor")}
+        keep = {
+            k: v
+            for k, v in (block or {}).items()
+            if k not in ("rope_type", "type", "rope_theta", "factor")
+        }
         return {**keep, "rope_type": "default", "rope_theta": theta_value, **extra}
 
     def table(d):
@@ -497,10 +560,14 @@ def reads_probe(cls, config, layer_type, load=None):
     pairs = {
         "rope_theta": (file(top_theta=theta), file(top_theta=2 * theta)),
         "rope_parameters.rope_theta": (file(blocks=flat(theta)), file(blocks=flat(2 * theta))),
-        "rope_parameters": (file(blocks=flat(theta)),
-                            file(blocks=flat(theta, rope_type="linear", factor=3.0))),
-        "rope_scaling": (file(top_theta=theta),
-                         file(top_theta=theta, scaling={"rope_type": "linear", "factor": 3.0})),
+        "rope_parameters": (
+            file(blocks=flat(theta)),
+            file(blocks=flat(theta, rope_type="linear", factor=3.0)),
+        ),
+        "rope_scaling": (
+            file(top_theta=theta),
+            file(top_theta=theta, scaling={"rope_type": "linear", "factor": 3.0}),
+        ),
         "partial_rotary_factor": (file(blocks=flat(theta)), file(blocks=flat(theta), partial=half)),
     }
     if "rope_theta" in own:  # keep a top-level theta where the file has one beside its block (ESM)
@@ -524,19 +591,28 @@ def patch_centre_probe(emb, config, module):
     in [-1, 1]), written as the float64 value of each float32."""
     centres = getattr(module, "get_patches_center_coordinates", None)
     if centres is None:
-        return [{"error": f"forward{tuple(inspect.signature(emb.forward).parameters)} without the "
-                          f"module's get_patches_center_coordinates"}]
+        return [
+            {
+                "error": f"forward{tuple(inspect.signature(emb.forward).parameters)} without the "
+                f"module's get_patches_center_coordinates"
+            }
+        ]
     emb.eval()
     rows, cols = PATCH_GRID
-    patch = config.patch_size if isinstance(config.patch_size, (list, tuple)) else \
-        (config.patch_size, config.patch_size)
+    patch = (
+        config.patch_size
+        if isinstance(config.patch_size, (list, tuple))
+        else (config.patch_size, config.patch_size)
+    )
     pixels = torch.zeros(1, getattr(config, "num_channels", 3), rows * patch[0], cols * patch[1])
     row = {"layer_type": None}
     try:
         cos, sin = emb(pixels)
         coords = centres(rows, cols, dtype=torch.float32, device=torch.device("cpu"))
     except Exception as e:
-        return [{"layer_type": None, "error": f"forward failed: {type(e).__name__}: {str(e)[:200]}"}]
+        return [
+            {"layer_type": None, "error": f"forward failed: {type(e).__name__}: {str(e)[:200]}"}
+        ]
     inv = getattr(emb, "inv_freq", None)
     if isinstance(inv, torch.Tensor):
         row["inv_freq"] = floats(inv)
@@ -565,12 +641,20 @@ def fixed_grid_probe(emb, config, module):
     if not table.is_complex():
         return [{"layer_type": None, "error": "a fixed table that is not e^(i angle)"}]
     table = table.reshape(table.shape[0], -1)
-    tokens = [t for t in (0, 1, idx, idx + 1, 5 * idx + 7, idx * idx - 1, idx * idx) if t < table.shape[0]]
+    tokens = [
+        t for t in (0, 1, idx, idx + 1, 5 * idx + 7, idx * idx - 1, idx * idx) if t < table.shape[0]
+    ]
     c, s = table.real[tokens].float(), table.imag[tokens].float()
-    row = {"layer_type": None, "attention_scaling": 1.0, "rotary_dim": 2 * int(c.shape[-1]),
-           "duplication": "none", "returns": "complex table (cos and sin of the angles)",
-           "positions": [[t // idx + 1, t % idx + 1] if t < idx * idx else [0, 0] for t in tokens],
-           "cos": [floats(r) for r in c], "sin": [floats(r) for r in s]}
+    row = {
+        "layer_type": None,
+        "attention_scaling": 1.0,
+        "rotary_dim": 2 * int(c.shape[-1]),
+        "duplication": "none",
+        "returns": "complex table (cos and sin of the angles)",
+        "positions": [[t // idx + 1, t % idx + 1] if t < idx * idx else [0, 0] for t in tokens],
+        "cos": [floats(r) for r in c],
+        "sin": [floats(r) for r in s],
+    }
     layout = layout_of(module, config, c, s, "none", vision="complex")
     if layout:
         row["layout"] = layout
@@ -606,21 +690,34 @@ def probe(cls, config, module, layer_types, load=None):
             row["default_partial_probe"] = partial_probe(cls, config, lt, force_default=True)
             row["top_level_partial_probe"] = top_level_partial_probe(cls, config, lt)
             row["legacy_probe"] = legacy_probe(cls, config, lt, load)
-        if not (isinstance(getattr(config, "rope_parameters", None), dict)
-                and config.rope_parameters.get("rope_type") == "axial"):
+        if not (
+            isinstance(getattr(config, "rope_parameters", None), dict)
+            and config.rope_parameters.get("rope_type") == "axial"
+        ):
             row["reads"] = reads_probe(cls, config, lt, load)
         scaling = getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", None)
         if isinstance(scaling, (int, float)):
             row["attention_scaling"] = float(scaling)
         # classes with a fixed table (GPT-J's embed_positions) take positions inside it
         limit = getattr(config, "max_position_embeddings", None)
-        positions = [p for p in POSITIONS if not (isinstance(limit, int) and getattr(emb, "embed_positions", None)
-                                                   is not None and p >= limit)]
+        positions = [
+            p
+            for p in POSITIONS
+            if not (
+                isinstance(limit, int)
+                and getattr(emb, "embed_positions", None) is not None
+                and p >= limit
+            )
+        ]
         pos = torch.tensor([positions], dtype=torch.long)
         x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
-        axial = isinstance(getattr(config, "rope_parameters", None), dict) and \
-            config.rope_parameters.get("rope_type") == "axial"
-        if axial:  # vision towers: position_ids (N, A), one (row, column) or (t, row, column) per patch
+        axial = (
+            isinstance(getattr(config, "rope_parameters", None), dict)
+            and config.rope_parameters.get("rope_type") == "axial"
+        )
+        if (
+            axial
+        ):  # vision towers: position_ids (N, A), one (row, column) or (t, row, column) per patch
             positions = GRID3 if tower_axes(module) == 3 else GRID
             pos = torch.tensor(positions, dtype=torch.long)
             x = torch.zeros(1, len(positions), 8, dtype=torch.float32)
@@ -643,7 +740,11 @@ def probe(cls, config, module, layer_types, load=None):
                 rows.append(row)
                 continue
             try:  # M-RoPE classes that want [axes, B, N] position ids
-                out = emb(x, pos[None].expand(3, -1, -1)) if not lt else emb(x, pos[None].expand(3, -1, -1), lt)
+                out = (
+                    emb(x, pos[None].expand(3, -1, -1))
+                    if not lt
+                    else emb(x, pos[None].expand(3, -1, -1), lt)
+                )
                 row["position_ids"] = "3 axes, equal"
             except Exception:
                 row["error"] = f"forward failed: {type(first).__name__}: {str(first)[:200]}"
@@ -655,7 +756,11 @@ def probe(cls, config, module, layer_types, load=None):
             row["returns"] = "complex"
         else:
             cos, sin = out[0], out[1]
-        if not axial and positions[0] == 0 and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum()):
+        if (
+            not axial
+            and positions[0] == 0
+            and not bool(cos.reshape(-1, cos.shape[-1])[0].abs().sum())
+        ):
             cos, sin = sin, cos  # GPT-J and CodeGen return (sin, cos): cos(0) is 1, sin(0) is 0
             row["returns"] = "sin, cos"
         if cos.dim() == 4:  # per-axis tables [axes, B, N, r] (Qwen2-VL): equal positions -> axis 0
@@ -681,8 +786,14 @@ def probe(cls, config, module, layer_types, load=None):
 def dump(record):
     """JSON with one line per list of numbers (readable diffs, a third of the size of one per line)."""
     text = json.dumps(record, indent=1, allow_nan=False)
-    return re.sub(r"\[\s*(-?[0-9][^\[\]{}\"]*?)\s*\]",
-                  lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text) + "\n"
+    return (
+        re.sub(
+            r"\[\s*(-?[0-9][^\[\]{}\"]*?)\s*\]",
+            lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]",
+            text,
+        )
+        + "\n"
+    )
 
 
 def config_json(cfg):
@@ -713,7 +824,11 @@ def rotary_gate(cfg_cls):
         return None
     if "position_embedding_type" not in own:  # a sub-config's key (Evolla's protein encoder)
         return None
-    return {"key": "position_embedding_type", "rotary": values[0], "absent": own["position_embedding_type"]}
+    return {
+        "key": "position_embedding_type",
+        "rotary": values[0],
+        "absent": own["position_embedding_type"],
+    }
 
 
 def architecture(model_type):
@@ -723,7 +838,10 @@ def architecture(model_type):
     try:
         module = modeling_module(cfg_cls)
     except Exception as e:
-        return None, {"model_type": model_type, "skipped": f"no modeling module ({type(e).__name__})"}
+        return None, {
+            "model_type": model_type,
+            "skipped": f"no modeling module ({type(e).__name__})",
+        }
     try:
         cfg = cfg_cls()
     except Exception as e:
@@ -737,7 +855,11 @@ def architecture(model_type):
     if cfg is not None:
         for path, sub in list(sub_configs(cfg))[1:]:
             sub_type = getattr(sub, "model_type", "")
-            if not sub_type or sub_type not in CONFIG_MAPPING or type(sub).__module__ == cfg_cls.__module__:
+            if (
+                not sub_type
+                or sub_type not in CONFIG_MAPPING
+                or type(sub).__module__ == cfg_cls.__module__
+            ):
                 continue
             try:
                 sub_module = modeling_module(type(sub))
@@ -745,7 +867,10 @@ def architecture(model_type):
                 continue
             if sub_module is module:
                 continue
-            borrowed += [(name, cls, takes, sub_module, path) for name, cls, takes in rotary_classes(sub_module)]
+            borrowed += [
+                (name, cls, takes, sub_module, path)
+                for name, cls, takes in rotary_classes(sub_module)
+            ]
     if not own and not borrowed:
         return None, {"model_type": model_type, "skipped": "no rotary class"}
     if cfg is None:
@@ -755,28 +880,42 @@ def architecture(model_type):
     for name, cls, takes_config, mod, fixed_path in own + borrowed:
         entry = {"class": name}
         if not takes_config:
-            entry["skipped"] = "constructor takes no config (built by the model from computed sizes)"
+            entry["skipped"] = (
+                "constructor takes no config (built by the model from computed sizes)"
+            )
             tables.append(entry)
             continue
         ann = config_annotation(cls, mod)
         if fixed_path is not None:  # a sub-config's own model type: built from that sub-config
-            matches = [(fixed_path, subs[fixed_path])] if ann is not None and isinstance(subs[fixed_path], ann) else []
+            matches = (
+                [(fixed_path, subs[fixed_path])]
+                if ann is not None and isinstance(subs[fixed_path], ann)
+                else []
+            )
         else:
-            matches = [(p, c) for p, c in sub_configs(cfg) if ann is not None and isinstance(c, ann)]
+            matches = [
+                (p, c) for p, c in sub_configs(cfg) if ann is not None and isinstance(c, ann)
+            ]
         if not matches:
             entry["skipped"] = f"no {getattr(ann, '__name__', ann)} in this model type's config"
             tables.append(entry)
             continue
         # The annotated class first; a multimodal model builds its text rotary from text_config even
         # where the annotation names the composite config (Qwen2-VL).
-        candidates = matches + ([(p, subs[p]) for p in ("text_config",) if p in subs] if fixed_path is None else [])
+        candidates = matches + (
+            [(p, subs[p]) for p in ("text_config",) if p in subs] if fixed_path is None else []
+        )
         errors = []
         for path, sub in candidates:
             try:
                 load = None
                 if path == "text_config":  # through the composite, as from_pretrained loads it
+
                     def load(d, root=cfg.to_dict()):  # noqa: B008  (bound now, on purpose)
-                        return cfg_cls.from_dict(dict(copy.deepcopy(root), text_config=d)).text_config
+                        return cfg_cls.from_dict(
+                            dict(copy.deepcopy(root), text_config=d)
+                        ).text_config
+
                 rows = probe(cls, sub, mod, getattr(sub, "layer_types", None), load)
             except Exception as e:
                 errors.append(f"{path or 'config'}: {type(e).__name__}: {str(e)[:200]}")
@@ -789,23 +928,35 @@ def architecture(model_type):
             entry["error"] = "; ".join(errors)
         tables.append(entry)
     if not any("layer_types" in t for t in tables):
-        return None, {"model_type": model_type, "classes": tables,
-                      "skipped": "no rotary class builds from this model type's config"}
+        return None, {
+            "model_type": model_type,
+            "classes": tables,
+            "skipped": "no rotary class builds from this model type's config",
+        }
     record = {"model_type": model_type, "config_class": cfg_cls.__name__, "tables": tables}
-    return (config_json(cfg), record), {"model_type": model_type,
-                                        "classes": [{k: t[k] for k in ("class", "config_path") if k in t}
-                                                    for t in tables]}
+    return (config_json(cfg), record), {
+        "model_type": model_type,
+        "classes": [{k: t[k] for k in ("class", "config_path") if k in t} for t in tables],
+    }
 
 
-MODEL_TYPES_INC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "config",
-                               "hf_model_types.inc")
+MODEL_TYPES_INC = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "src", "config", "hf_model_types.inc"
+)
 
 
-DEFAULTS_INC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "config",
-                            "hf_defaults.inc")
+DEFAULTS_INC = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "src", "config", "hf_defaults.inc"
+)
 # Keys posenc reads whose absence from a config.json transformers fills from the config class.
-DEFAULT_KEYS = ["rope_theta", "partial_rotary_factor", "head_dim", "global_head_dim",
-                "max_position_embeddings", "rope_interleave"]
+DEFAULT_KEYS = [
+    "rope_theta",
+    "partial_rotary_factor",
+    "head_dim",
+    "global_head_dim",
+    "max_position_embeddings",
+    "rope_interleave",
+]
 
 
 def safe_get(obj, key, default=None):
@@ -823,8 +974,13 @@ def without_rope_keys(cfg_cls):
         base = copy.deepcopy(cfg_cls().to_dict())
     except Exception:
         return None
-    for key in ("rope_parameters", "rope_scaling", "rope_theta", "rope_local_base_freq",
-                "partial_rotary_factor"):
+    for key in (
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "rope_local_base_freq",
+        "partial_rotary_factor",
+    ):
         base.pop(key, None)
     return base
 
@@ -845,8 +1001,11 @@ def absent_rope_parameters(cfg_cls):
     except Exception:
         return None
     try:
-        p1 = getattr(cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
-                     "rope_parameters", None)
+        p1 = getattr(
+            cfg_cls.from_dict(dict(copy.deepcopy(base), rope_theta=LEGACY_THETA)),
+            "rope_parameters",
+            None,
+        )
     except Exception:  # a scalar top-level rope_theta fails (UltraBERT zips a list of them)
         p1 = {}
     if not isinstance(p0, dict) or not isinstance(p1, dict) or not p0:
@@ -860,9 +1019,12 @@ def absent_rope_parameters(cfg_cls):
             b0["rope_theta_from_file"] = True
         else:
             carried_everywhere = False
-    generic = not nested and carried_everywhere and set(p0) <= {"rope_type", "rope_theta",
-                                                               "rope_theta_from_file"} \
-        and p0.get("rope_type", "default") in ("default", "axial")  # axial: a vision tower's own
+    generic = (
+        not nested
+        and carried_everywhere
+        and set(p0) <= {"rope_type", "rope_theta", "rope_theta_from_file"}
+        and p0.get("rope_type", "default") in ("default", "axial")
+    )  # axial: a vision tower's own
     return None if generic else json.loads(json.dumps(p0))
 
 
@@ -902,8 +1064,10 @@ def null_rope_scaling_unsets(cfg_cls):
             nulled = cfg_cls.from_dict(dict(copy.deepcopy(base), rope_scaling=None))
         except Exception:
             return False
-        if safe_get(plain, "rope_parameters", None) is not None and \
-                safe_get(nulled, "rope_parameters", None) is None:
+        if (
+            safe_get(plain, "rope_parameters", None) is not None
+            and safe_get(nulled, "rope_parameters", None) is None
+        ):
             return True
     return False
 
@@ -937,10 +1101,19 @@ def _flat_block_file(own, rp, block):
 # only warned about when a config loads, and these probes only load).
 ORIGINAL_PROBE_BLOCKS = {
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
-    "longrope": {"rope_type": "longrope", "short_factor": [1.0] * 4, "long_factor": [1.0] * 4,
-                 "original_max_position_embeddings": 1024},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 4,
+        "long_factor": [1.0] * 4,
+        "original_max_position_embeddings": 1024,
+    },
 }
 
 
@@ -956,8 +1129,11 @@ def original_not_filled(cfg_cls):
     nested = all(isinstance(v, dict) for v in rp.values())
     out = []
     for name in ("yarn", "llama3", "longrope"):
-        block = {k: v for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
-                 if k != "original_max_position_embeddings"}
+        block = {
+            k: v
+            for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
+            if k != "original_max_position_embeddings"
+        }
 
         def load(with_original):
             extra = {"original_max_position_embeddings": 1024} if with_original else {}
@@ -1002,8 +1178,11 @@ def top_original_unread(cfg_cls):
     own, rp = start
     out = []
     for name in ("yarn", "llama3", "longrope"):
-        block = {k: v for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
-                 if k != "original_max_position_embeddings"}
+        block = {
+            k: v
+            for k, v in ORIGINAL_PROBE_BLOCKS[name].items()
+            if k != "original_max_position_embeddings"
+        }
         d = _flat_block_file(own, rp, block)
         d["original_max_position_embeddings"] = 1024
         try:
@@ -1052,16 +1231,18 @@ def mrope_rules(cfg_cls):
     None where the modeling file has no rotary class with a 3-section mrope_section."""
     try:
         own = copy.deepcopy(cfg_cls().to_dict())
-        classes = [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
-                   if takes_config]
+        classes = [
+            obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls)) if takes_config
+        ]
     except Exception:
         return None
     rp = own.get("rope_parameters")
     if not isinstance(rp, dict) or not rp or any(isinstance(v, dict) for v in rp.values()):
         return None
     n = 12
-    positions = torch.stack([torch.arange(n), torch.arange(n) // 3 + 5,
-                             torch.arange(n) % 3 + 9])[:, None, :]  # [3, 1, N]: t, h, w differ
+    positions = torch.stack([torch.arange(n), torch.arange(n) // 3 + 5, torch.arange(n) % 3 + 9])[
+        :, None, :
+    ]  # [3, 1, N]: t, h, w differ
 
     def call(cls, extra):
         d = copy.deepcopy(own)
@@ -1088,8 +1269,9 @@ def mrope_rules(cfg_cls):
                         left[a] -= 1
         if len(axes) != pairs:
             return None
-        angles = torch.stack([positions[axes[i], 0].float() * inv_freq[i].float()
-                              for i in range(pairs)], -1)  # [N, F]
+        angles = torch.stack(
+            [positions[axes[i], 0].float() * inv_freq[i].float() for i in range(pairs)], -1
+        )  # [N, F]
         return torch.cat([angles.cos(), angles.cos()], -1)
 
     for cls in classes:
@@ -1099,14 +1281,21 @@ def mrope_rules(cfg_cls):
             continue
         sections = [int(s) for s in sections]
         layouts = set()
-        for key in ({}, {"mrope_section": sections, "mrope_interleaved": False},
-                    {"mrope_section": sections, "mrope_interleaved": True}):
+        for key in (
+            {},
+            {"mrope_section": sections, "mrope_interleaved": False},
+            {"mrope_section": sections, "mrope_interleaved": True},
+        ):
             e, c = call(cls, key)
             if c is None:
                 return None
-            found = [name for name in ("contiguous", "interleaved")
-                     if (want := expected(e.inv_freq, sections, name)) is not None
-                     and want.shape == c.shape and torch.allclose(want, c, atol=1e-5)]
+            found = [
+                name
+                for name in ("contiguous", "interleaved")
+                if (want := expected(e.inv_freq, sections, name)) is not None
+                and want.shape == c.shape
+                and torch.allclose(want, c, atol=1e-5)
+            ]
             if len(found) != 1:
                 return None
             layouts.add(found[0])
@@ -1154,8 +1343,11 @@ def head_dim_rules(cfg_cls):
     out = {}
     c_h = load(head_dim=PROBE_HEAD)
     if c_h is not None and head_of(c_h) == PROBE_HEAD:
-        alias = [k for k in ROTARY_HEAD_KEYS
-                 if safe_get(c_h, k, None) == PROBE_HEAD and safe_get(c0, k, None) != PROBE_HEAD]
+        alias = [
+            k
+            for k in ROTARY_HEAD_KEYS
+            if safe_get(c_h, k, None) == PROBE_HEAD and safe_get(c0, k, None) != PROBE_HEAD
+        ]
         if alias:
             out["head_dim_alias_of"] = alias[0]
     elif c_h is not None:
@@ -1175,8 +1367,15 @@ def head_dim_rules(cfg_cls):
     return out
 
 
-MAX_POSITION_ALIASES = ("max_seq_len", "model_max_length", "n_positions", "max_sequence_length",
-                        "seq_length", "n_ctx", "max_seq_length")
+MAX_POSITION_ALIASES = (
+    "max_seq_len",
+    "model_max_length",
+    "n_positions",
+    "max_sequence_length",
+    "seq_length",
+    "n_ctx",
+    "max_seq_length",
+)
 PROBE_MAX = 7777  # no class's default context length
 PROBE_VALUES = (LEGACY_THETA, PROBE_PARTIAL, PROBE_LOCAL_BASE, PROBE_CONTEXT, PROBE_HEAD, PROBE_MAX)
 
@@ -1204,9 +1403,15 @@ def max_position_rules(cfg_cls):
         except Exception:
             return None
 
-    def original(key):  # (loaded, the yarn block's original); None where the class takes no flat yarn
-        cfg = load(**{key: PROBE_MAX, "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
-                                                         "rope_theta": 10000.0}})
+    def original(
+        key,
+    ):  # (loaded, the yarn block's original); None where the class takes no flat yarn
+        cfg = load(
+            **{
+                key: PROBE_MAX,
+                "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0},
+            }
+        )
         params = safe_get(cfg, "rope_parameters", None) if cfg is not None else None
         if not isinstance(params, dict) or params.get("rope_type") != "yarn":
             return False, None
@@ -1221,8 +1426,11 @@ def max_position_rules(cfg_cls):
         out["unset_original"] = value
     for key in MAX_POSITION_ALIASES:
         c = load(**{key: PROBE_MAX})
-        if c is not None and safe_get(c, "max_position_embeddings", None) == PROBE_MAX and \
-                safe_get(c0, "max_position_embeddings", None) != PROBE_MAX:
+        if (
+            c is not None
+            and safe_get(c, "max_position_embeddings", None) == PROBE_MAX
+            and safe_get(c0, "max_position_embeddings", None) != PROBE_MAX
+        ):
             out["max_position_alias"] = key
             loaded, value = original(key)
             if not loaded or value != PROBE_MAX:
@@ -1268,7 +1476,9 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
     v5.pop("rope_scaling", None)
     v5["rope_parameters"] = {"rope_type": "default", "rope_theta": LEGACY_THETA}
     try:
-        v5_blocks = rope_blocks(getattr(cfg_cls.from_dict(copy.deepcopy(v5)), "rope_parameters", None))
+        v5_blocks = rope_blocks(
+            getattr(cfg_cls.from_dict(copy.deepcopy(v5)), "rope_parameters", None)
+        )
     except Exception:
         v5_blocks = []
     if len(v5_blocks) == 1:
@@ -1282,8 +1492,11 @@ def legacy_scaling_rules(cfg_cls, absent_partial, absent_theta=None):
         bare = rope_blocks(getattr(cfg_cls.from_dict(copy.deepcopy(base)), "rope_parameters", None))
     except Exception:
         bare = []
-    if len(bare) == 1 and isinstance(bare[0].get("rope_theta"), (int, float)) \
-            and bare[0]["rope_theta"] != absent_theta:
+    if (
+        len(bare) == 1
+        and isinstance(bare[0].get("rope_theta"), (int, float))
+        and bare[0]["rope_theta"] != absent_theta
+    ):
         out["absent_rope_theta"] = float(bare[0]["rope_theta"])
     return out or None
 
@@ -1311,15 +1524,26 @@ def composite_text_defaults(model_type, own):
         a = vars(loaded).get(key, safe_get(loaded, key, None))
         b = vars(bare).get(key, safe_get(bare, key, None))
         if key == "rope_theta":
-            pa, pb = safe_get(loaded, "rope_parameters", None), safe_get(bare, "rope_parameters", None)
+            pa, pb = (
+                safe_get(loaded, "rope_parameters", None),
+                safe_get(bare, "rope_parameters", None),
+            )
             if isinstance(pa, dict) and "rope_theta" in pa:
                 a = pa["rope_theta"]
             if isinstance(pb, dict) and "rope_theta" in pb:
                 b = pb["rope_theta"]
         if key == "head_dim":  # a constant where it is not the loaded hidden_size / heads
-            hidden, heads = safe_get(loaded, "hidden_size", None), safe_get(loaded, "num_attention_heads", None)
-            if isinstance(a, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0 \
-                    and a != hidden // heads:
+            hidden, heads = (
+                safe_get(loaded, "hidden_size", None),
+                safe_get(loaded, "num_attention_heads", None),
+            )
+            if (
+                isinstance(a, int)
+                and isinstance(hidden, int)
+                and isinstance(heads, int)
+                and heads > 0
+                and a != hidden // heads
+            ):
                 out[key] = a
             continue
         if a != b and isinstance(a, (int, float)) and not isinstance(a, bool):
@@ -1333,8 +1557,11 @@ def composite_text_defaults(model_type, own):
         blocks = rope_blocks(safe_get(marked, "rope_parameters", None))
     except Exception:
         blocks = []
-    if len(blocks) == 1 and isinstance(blocks[0].get("rope_theta"), (int, float)) \
-            and blocks[0]["rope_theta"] != LEGACY_THETA:
+    if (
+        len(blocks) == 1
+        and isinstance(blocks[0].get("rope_theta"), (int, float))
+        and blocks[0]["rope_theta"] != LEGACY_THETA
+    ):
         block = {k: v for k, v in blocks[0].items() if k != "type"}
         out["rope_parameters"] = json.loads(json.dumps(block))
     return out or None
@@ -1359,8 +1586,11 @@ def block_theta_defaults(cfg_cls):
     if not isinstance(loaded, dict):
         return None
     if all(isinstance(v, dict) or v is None for v in loaded.values()) and loaded:
-        out = {k: v.get("rope_theta") for k, v in loaded.items()
-               if isinstance(v, dict) and isinstance(v.get("rope_theta"), (int, float))}
+        out = {
+            k: v.get("rope_theta")
+            for k, v in loaded.items()
+            if isinstance(v, dict) and isinstance(v.get("rope_theta"), (int, float))
+        }
         return out or None
     t = loaded.get("rope_theta")
     return float(t) if isinstance(t, (int, float)) else None
@@ -1389,7 +1619,9 @@ def block_theta_missing(cfg_cls):
     if not isinstance(loaded, dict) or not loaded:
         return None
     if "rope_type" not in loaded and all(isinstance(v, dict) or v is None for v in loaded.values()):
-        missing = sorted(k for k, v in loaded.items() if isinstance(v, dict) and "rope_theta" not in v)
+        missing = sorted(
+            k for k, v in loaded.items() if isinstance(v, dict) and "rope_theta" not in v
+        )
         return missing or None
     return [""] if "rope_theta" not in loaded else None
 
@@ -1398,16 +1630,22 @@ SCALED_BLOCKS = {  # one valid block of each scaling type (the rope functions' r
     "linear": {"rope_type": "linear", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024},
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    },
 }
 
 
 def _config_rotary_classes(cfg_cls):
     """The rotary classes of the model type's modeling file that take a config."""
     try:
-        return [obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls))
-                if takes_config]
+        return [
+            obj for _, obj, takes_config in rotary_classes(modeling_module(cfg_cls)) if takes_config
+        ]
     except Exception:
         return []
 
@@ -1442,18 +1680,36 @@ def _nested_rope_types_rejected(cfg_cls, base, own_rp):
         def kept_type(params):  # converted: not this probe's question
             return isinstance(params, dict) and all(
                 isinstance(v, dict) and v.get("rope_type") == block["rope_type"]
-                for v in params.values() if v is not None)
-        return _loads_and_builds(cfg_cls, dict(copy.deepcopy(base), rope_parameters=layers),
-                                 rotary if with_rotary else [], kept_type)
+                for v in params.values()
+                if v is not None
+            )
+
+        return _loads_and_builds(
+            cfg_cls,
+            dict(copy.deepcopy(base), rope_parameters=layers),
+            rotary if with_rotary else [],
+            kept_type,
+        )
 
     if works({"rope_type": "default"}, False) is not True:
         return None
     # the scaled types through the rotary classes too, where they build the default rope
     with_rotary = works({"rope_type": "default"}, True) is True
     rejected = [t for t, b in SCALED_BLOCKS.items() if works(b, with_rotary) is False]
-    if works({"rope_type": "longrope", "original_max_position_embeddings": 1024,
-              "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
-              "short_mscale": 1.0, "long_mscale": 1.0}, False) is False:
+    if (
+        works(
+            {
+                "rope_type": "longrope",
+                "original_max_position_embeddings": 1024,
+                "short_factor": [1.0] * 4,
+                "long_factor": [2.0] * 4,
+                "short_mscale": 1.0,
+                "long_mscale": 1.0,
+            },
+            False,
+        )
+        is False
+    ):
         rejected.append("longrope")
     return rejected or None
 
@@ -1474,22 +1730,33 @@ def rope_types_rejected(cfg_cls):
         own_rp = cfg_cls().to_dict().get("rope_parameters")
     except Exception:
         own_rp = None
-    nested = (isinstance(own_rp, dict) and own_rp
-              and all(isinstance(v, dict) for v in own_rp.values()))
+    nested = (
+        isinstance(own_rp, dict) and own_rp and all(isinstance(v, dict) for v in own_rp.values())
+    )
     if nested:
         return _nested_rope_types_rejected(cfg_cls, base, own_rp)
     base.setdefault("max_position_embeddings", 4096)
     # a head size the rope functions can read (a class leaving head_dim None fails on dynamic and
     # yarn for that reason alone: the resolver's head_dim rules say so)
     hidden, heads = base.get("hidden_size"), base.get("num_attention_heads")
-    if base.get("head_dim") is None and isinstance(hidden, int) and isinstance(heads, int) and heads:
+    if (
+        base.get("head_dim") is None
+        and isinstance(hidden, int)
+        and isinstance(heads, int)
+        and heads
+    ):
         base["head_dim"] = hidden // heads
     rotary = _config_rotary_classes(cfg_cls)
 
     def works(block):
         return _loads_and_builds(  # converted or nested: not this probe's question
-            cfg_cls, dict(copy.deepcopy(base), rope_parameters=dict(block)), rotary,
-            lambda params: isinstance(params, dict) and params.get("rope_type") == block["rope_type"])
+            cfg_cls,
+            dict(copy.deepcopy(base), rope_parameters=dict(block)),
+            rotary,
+            lambda params: (
+                isinstance(params, dict) and params.get("rope_type") == block["rope_type"]
+            ),
+        )
 
     theta = {"rope_theta": 10000.0}
     if works({"rope_type": "default", **theta}) is not True:
@@ -1501,14 +1768,26 @@ def rope_types_rejected(cfg_cls):
     if isinstance(head, int) and head > 0:
         own = cfg_cls().to_dict()
         own_rp = own.get("rope_parameters") if isinstance(own.get("rope_parameters"), dict) else {}
-        partials = {1.0, float(own_rp.get("partial_rotary_factor") or own.get(
-            "partial_rotary_factor") or 1.0)}
+        partials = {
+            1.0,
+            float(own_rp.get("partial_rotary_factor") or own.get("partial_rotary_factor") or 1.0),
+        }
         outcomes = []
         for partial in sorted(partials):
             pairs = int(head * partial) // 2
-            outcomes.append(works({"rope_type": "longrope", "original_max_position_embeddings": 1024,
-                                   "short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
-                                   "short_mscale": 1.0, "long_mscale": 1.0, **theta}))
+            outcomes.append(
+                works(
+                    {
+                        "rope_type": "longrope",
+                        "original_max_position_embeddings": 1024,
+                        "short_factor": [1.0] * pairs,
+                        "long_factor": [2.0] * pairs,
+                        "short_mscale": 1.0,
+                        "long_mscale": 1.0,
+                        **theta,
+                    }
+                )
+            )
         if outcomes and all(o is False for o in outcomes):
             rejected.append("longrope")
     return rejected or None
@@ -1542,7 +1821,9 @@ def values_rejected(cfg_cls):
     base.setdefault("max_position_embeddings", 4096)
     rp = own.get("rope_parameters")
     theta = rp.get("rope_theta") if isinstance(rp, dict) else None
-    theta = float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 10000.0
+    theta = (
+        float(theta) if isinstance(theta, (int, float)) and not isinstance(theta, bool) else 10000.0
+    )
 
     def builds(d, classes):
         try:
@@ -1563,33 +1844,60 @@ def values_rejected(cfg_cls):
     cases = {
         "rope_theta_string": (legacy, dict(copy.deepcopy(legacy), rope_theta=str(theta))),
         "max_position_embeddings_float": (
-            own, dict(copy.deepcopy(own), max_position_embeddings=float(own["max_position_embeddings"]))),
+            own,
+            dict(copy.deepcopy(own), max_position_embeddings=float(own["max_position_embeddings"])),
+        ),
     }
     if theta == int(theta):
         cases["rope_theta_integer"] = (legacy, dict(copy.deepcopy(legacy), rope_theta=int(theta)))
     if isinstance(rp, dict) and rp and not any(isinstance(v, dict) for v in rp.values()):
         flat = dict(copy.deepcopy(own), rope_parameters=dict(rp, rope_theta=theta))
-        cases["block_rope_theta_string"] = (flat, dict(copy.deepcopy(flat),
-                                                       rope_parameters=dict(rp, rope_theta=str(theta))))
+        cases["block_rope_theta_string"] = (
+            flat,
+            dict(copy.deepcopy(flat), rope_parameters=dict(rp, rope_theta=str(theta))),
+        )
     head = own.get("head_dim")
     if isinstance(head, int) and not isinstance(head, bool):
         cases["head_dim_float"] = (own, dict(copy.deepcopy(own), head_dim=float(head)))
     hidden, heads = own.get("hidden_size"), own.get("num_attention_heads")
-    if not isinstance(head, int) and isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+    if (
+        not isinstance(head, int)
+        and isinstance(hidden, int)
+        and isinstance(heads, int)
+        and heads > 0
+    ):
         head = hidden // heads
     if isinstance(head, int) and head > 0 and not isinstance(head, bool):
-        partial = float((rp or {}).get("partial_rotary_factor") or own.get("partial_rotary_factor") or 1.0) \
-            if isinstance(rp, dict) else 1.0
+        partial = (
+            float(
+                (rp or {}).get("partial_rotary_factor") or own.get("partial_rotary_factor") or 1.0
+            )
+            if isinstance(rp, dict)
+            else 1.0
+        )
         pairs = int(head * partial) // 2
-        block = {"short_factor": [1.0] * pairs, "long_factor": [2.0] * pairs,
-                 "original_max_position_embeddings": 1024, "short_mscale": 1.0, "long_mscale": 1.0}
-        cases["rope_type_su"] = (dict(copy.deepcopy(legacy), rope_scaling=dict(block, rope_type="longrope")),
-                                 dict(copy.deepcopy(legacy), rope_scaling=dict(block, type="su")))
+        block = {
+            "short_factor": [1.0] * pairs,
+            "long_factor": [2.0] * pairs,
+            "original_max_position_embeddings": 1024,
+            "short_mscale": 1.0,
+            "long_mscale": 1.0,
+        }
+        cases["rope_type_su"] = (
+            dict(copy.deepcopy(legacy), rope_scaling=dict(block, rope_type="longrope")),
+            dict(copy.deepcopy(legacy), rope_scaling=dict(block, type="su")),
+        )
         if pairs >= 3:
             sections = [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3]
             cases["rope_type_mrope"] = (
-                dict(copy.deepcopy(legacy), rope_scaling={"rope_type": "default", "mrope_section": sections}),
-                dict(copy.deepcopy(legacy), rope_scaling={"type": "mrope", "mrope_section": sections}))
+                dict(
+                    copy.deepcopy(legacy),
+                    rope_scaling={"rope_type": "default", "mrope_section": sections},
+                ),
+                dict(
+                    copy.deepcopy(legacy), rope_scaling={"type": "mrope", "mrope_section": sections}
+                ),
+            )
     out = sorted(name for name, (a, b) in cases.items() if works(a) and not works(b))
     return out or None
 
@@ -1619,9 +1927,11 @@ def absent_defaults(cfg_cls):
         out["rope_theta_raises"] = True
     if null_rope_scaling_unsets(cfg_cls):
         out["null_rope_scaling_unsets"] = True
-    for key, probe in (("original_not_filled", original_not_filled),
-                       ("top_original_unread", top_original_unread),
-                       ("required_block_keys", required_block_keys)):
+    for key, probe in (
+        ("original_not_filled", original_not_filled),
+        ("top_original_unread", top_original_unread),
+        ("required_block_keys", required_block_keys),
+    ):
         found = probe(cfg_cls)
         if found is not None:
             out[key] = found
@@ -1664,9 +1974,12 @@ def absent_defaults(cfg_cls):
             loaded = cfg_cls.from_dict(d)
             # a per-layer attribute (Gemma 4) is stored all the same
             return vars(loaded).get("head_dim", safe_get(loaded, "head_dim", None))
+
         try:
             h1 = head_without_key(hidden)
-            if isinstance(h1, int) and (h1 != hidden // heads or head_without_key(hidden * 2) == h1):
+            if isinstance(h1, int) and (
+                h1 != hidden // heads or head_without_key(hidden * 2) == h1
+            ):
                 out["head_dim"] = h1
         except Exception:
             try:
@@ -1692,11 +2005,13 @@ def numbers_in(value):
 
 
 def defaults_inc(rows):
-    lines = [f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}: for each",
-             "// model type, what its config class uses for a key posenc reads when a config.json leaves it out",
-             "// (a constant of the class; keys it derives, such as head_dim from hidden_size, are not listed).",
-             "// tests/test_hf_architectures.cpp resolves every fixture with these keys removed.",
-             "constexpr std::pair<std::string_view, std::string_view> kAbsentKeyDefaults[] = {"]
+    lines = [
+        f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}: for each",
+        "// model type, what its config class uses for a key posenc reads when a config.json leaves it out",
+        "// (a constant of the class; keys it derives, such as head_dim from hidden_size, are not listed).",
+        "// tests/test_hf_architectures.cpp resolves every fixture with these keys removed.",
+        "constexpr std::pair<std::string_view, std::string_view> kAbsentKeyDefaults[] = {",
+    ]
     for mt, values in rows:
         lines.append(f'    {{"{mt}", R"({json.dumps(values, sort_keys=True)})"}},')
     lines.append("};")
@@ -1719,7 +2034,8 @@ def partial_ignored(records):
                 key = table.get("config_model_type") or record["model_type"]
                 own = record["model_type"] == key  # the model type's own modeling file
                 verdicts.setdefault(key, {True: set(), False: set()})[own].add(
-                    probe_row["pairs"] == probe_row["pairs_before"])
+                    probe_row["pairs"] == probe_row["pairs_before"]
+                )
     # a model type's own class decides (a Llama config also builds GLM-ASR's encoder rotary)
     return sorted(k for k, v in verdicts.items() if (v[True] or v[False]) == {True})
 
@@ -1732,7 +2048,9 @@ def unread_keys(records):
     for record in records:
         for table in record["tables"]:
             key = table.get("config_model_type") or record["model_type"]
-            if key != record["model_type"] or (table.get("config_path") and not table.get("config_model_type")):
+            if key != record["model_type"] or (
+                table.get("config_path") and not table.get("config_model_type")
+            ):
                 continue  # another modeling file's class (GLM-ASR's text model: Llama's), or a
                 # sub-config without a model type (Evolla's protein encoder)
             for row in table.get("layer_types", []):
@@ -1741,7 +2059,8 @@ def unread_keys(records):
                 reads = row.get("reads")
                 for k in READ_KEYS:
                     verdicts.setdefault(key, {}).setdefault(k, set()).add(
-                        reads.get(k) if isinstance(reads, dict) else None)
+                        reads.get(k) if isinstance(reads, dict) else None
+                    )
     out = {}
     for mt, v in sorted(verdicts.items()):
         keys = [k for k in READ_KEYS if v.get(k) == {False}]
@@ -1763,12 +2082,18 @@ def pair_layouts(records):
     for record in records:
         for table in record["tables"]:
             key = table.get("config_model_type") or record["model_type"]
-            if key != record["model_type"] or (table.get("config_path") and not table.get("config_model_type")):
+            if key != record["model_type"] or (
+                table.get("config_path") and not table.get("config_model_type")
+            ):
                 continue
             for row in table.get("layer_types", []):
                 if "layout" in row:
                     seen.setdefault(key, set()).add(row["layout"])
-    return {mt: v.pop() for mt, v in sorted(seen.items()) if len(v) == 1 and v <= {"half", "interleaved"}}
+    return {
+        mt: v.pop()
+        for mt, v in sorted(seen.items())
+        if len(v) == 1 and v <= {"half", "interleaved"}
+    }
 
 
 def text_config_types(records):
@@ -1803,9 +2128,13 @@ def flat_text_carried(text_types):
         except Exception:
             continue
         params = getattr(text, "rope_parameters", None)
-        thetas = [b.get("rope_theta") for b in rope_blocks(params)] or [getattr(text, "rope_theta", None)]
-        if all(t == LEGACY_THETA for t in thetas) and \
-                getattr(text, "max_position_embeddings", None) == PROBE_CONTEXT:
+        thetas = [b.get("rope_theta") for b in rope_blocks(params)] or [
+            getattr(text, "rope_theta", None)
+        ]
+        if (
+            all(t == LEGACY_THETA for t in thetas)
+            and getattr(text, "max_position_embeddings", None) == PROBE_CONTEXT
+        ):
             out.append(composite)
     return out
 
@@ -1830,9 +2159,11 @@ def local_base_freq_readers(model_types):
     return out
 
 
-def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(), flat_carried=(),
-                    local_base=()):
+def model_types_inc(
+    index, ignores_partial=(), top_level_unread=(), text_types=(), flat_carried=(), local_base=()
+):
     """src/config/hf_model_types.inc: the model types of this transformers by status."""
+
     def array(name, names):
         lines, line = [], "   "
         for n in names:
@@ -1843,43 +2174,56 @@ def model_types_inc(index, ignores_partial=(), top_level_unread=(), text_types=(
             line += item
         lines.append(line)
         return f"constexpr std::string_view {name}[] = {{\n" + "\n".join(lines) + "\n};\n"
-    rotary = [r["model_type"] for r in index if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
+
+    rotary = [
+        r["model_type"]
+        for r in index
+        if "skipped" not in r or r["skipped"].startswith("no rotary class builds")
+    ]
     none = [r["model_type"] for r in index if r.get("skipped") == "no rotary class"]
     unchecked = [r["model_type"] for r in index if r.get("skipped", "").startswith("no modeling")]
-    return (f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}'s\n"
-            "// CONFIG_MAPPING; tests/test_hf_architectures.cpp checks it against the fixtures' index.json.\n"
-            "//   kRotaryModelTypes    the modeling file defines a rotary embedding class\n"
-            "//   kNoRotaryModelTypes  the modeling file defines none (learned, sinusoidal, relative or no\n"
-            "//                        positions)\n"
-            "//   kNoModelingModelTypes  no generated modeling file (only a modular one): not checked\n"
-            "//   kDefaultRopeIgnoresPartialModelTypes  the class's default rope takes the whole head\n"
-            "//                        whatever partial_rotary_factor says (its partial_probe)\n"
-            "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
-            "//                        partial_rotary_factor out of rope_parameters (unread)\n"
-            "//   kTextConfigModelTypes  a composite's text_config model type (its default class)\n"
-            "//   kLocalBaseFreqModelTypes  the config class gives a flat rope_local_base_freq to the\n"
-            "//                        sliding-window layers (Gemma 3); the others ignore the key\n"
-            "//   kFlatTextCarriedModelTypes  composites whose config class builds text_config from\n"
-            "//                        top-level text keys when there is none (the others ignore them)\n"
-            + array("kRotaryModelTypes", rotary) + array("kNoRotaryModelTypes", none)
-            + array("kNoModelingModelTypes", unchecked)
-            + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial)
-            + array("kTopLevelPartialUnreadModelTypes", top_level_unread)
-            + "constexpr std::pair<std::string_view, std::string_view> kTextConfigModelTypes[] = {\n"
-            + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types) + "};\n"
-            + array("kFlatTextCarriedModelTypes", flat_carried)
-            + array("kLocalBaseFreqModelTypes", local_base))
+    return (
+        f"// Generated by tools/gen_hf_architectures.py from transformers {transformers.__version__}'s\n"
+        "// CONFIG_MAPPING; tests/test_hf_architectures.cpp checks it against the fixtures' index.json.\n"
+        "//   kRotaryModelTypes    the modeling file defines a rotary embedding class\n"
+        "//   kNoRotaryModelTypes  the modeling file defines none (learned, sinusoidal, relative or no\n"
+        "//                        positions)\n"
+        "//   kNoModelingModelTypes  no generated modeling file (only a modular one): not checked\n"
+        "//   kDefaultRopeIgnoresPartialModelTypes  the class's default rope takes the whole head\n"
+        "//                        whatever partial_rotary_factor says (its partial_probe)\n"
+        "//   kTopLevelPartialUnreadModelTypes  the config class leaves a top-level\n"
+        "//                        partial_rotary_factor out of rope_parameters (unread)\n"
+        "//   kTextConfigModelTypes  a composite's text_config model type (its default class)\n"
+        "//   kLocalBaseFreqModelTypes  the config class gives a flat rope_local_base_freq to the\n"
+        "//                        sliding-window layers (Gemma 3); the others ignore the key\n"
+        "//   kFlatTextCarriedModelTypes  composites whose config class builds text_config from\n"
+        "//                        top-level text keys when there is none (the others ignore them)\n"
+        + array("kRotaryModelTypes", rotary)
+        + array("kNoRotaryModelTypes", none)
+        + array("kNoModelingModelTypes", unchecked)
+        + array("kDefaultRopeIgnoresPartialModelTypes", ignores_partial)
+        + array("kTopLevelPartialUnreadModelTypes", top_level_unread)
+        + "constexpr std::pair<std::string_view, std::string_view> kTextConfigModelTypes[] = {\n"
+        + "".join(f'    {{"{a}", "{b}"}},\n' for a, b in text_types)
+        + "};\n"
+        + array("kFlatTextCarriedModelTypes", flat_carried)
+        + array("kLocalBaseFreqModelTypes", local_base)
+    )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--check", action="store_true", help="compare with the committed fixtures; write nothing")
+    ap.add_argument(
+        "--check", action="store_true", help="compare with the committed fixtures; write nothing"
+    )
     ap.add_argument("--only", nargs="*", help="model types to (re)generate")
     ap.add_argument("--out", default=OUT)
     args = ap.parse_args()
     if not args.check and transformers.__version__ != PINNED_TRANSFORMERS:
-        sys.exit(f"gen_hf_architectures: transformers {transformers.__version__} is installed; the fixtures "
-                 f"are generated with {PINNED_TRANSFORMERS} (use --check to compare a newer one)")
+        sys.exit(
+            f"gen_hf_architectures: transformers {transformers.__version__} is installed; the fixtures "
+            f"are generated with {PINNED_TRANSFORMERS} (use --check to compare a newer one)"
+        )
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     transformers.utils.logging.set_verbosity_error()
@@ -1892,7 +2236,13 @@ def main():
             try:
                 result, row = architecture(mt)
             except Exception as e:
-                result, row = None, {"model_type": mt, "skipped": f"generator error: {type(e).__name__}: {str(e)[:200]}"}
+                result, row = (
+                    None,
+                    {
+                        "model_type": mt,
+                        "skipped": f"generator error: {type(e).__name__}: {str(e)[:200]}",
+                    },
+                )
         index.append(row)
         if result is None:
             if not args.check:  # no stale fixture of an earlier run stays behind
@@ -1903,8 +2253,10 @@ def main():
         text, record = result
         records.append(record)
         record_text = dump(record)
-        paths = {os.path.join(args.out, f"{mt}.config.json"): text,
-                 os.path.join(args.out, f"{mt}.rotary.json"): record_text}
+        paths = {
+            os.path.join(args.out, f"{mt}.config.json"): text,
+            os.path.join(args.out, f"{mt}.rotary.json"): record_text,
+        }
         if args.check:
             for p in paths:
                 old = open(p).read() if os.path.exists(p) else None
@@ -1922,29 +2274,49 @@ def main():
         index_path = os.path.join(args.out, "index.json")
         if os.path.exists(index_path) and not args.only:
             known = {r["model_type"] for r in json.load(open(index_path))["model_types"]}
-            changed += [f"{mt}: no longer in transformers {transformers.__version__}"
-                        for mt in sorted(known - set(types))]
+            changed += [
+                f"{mt}: no longer in transformers {transformers.__version__}"
+                for mt in sorted(known - set(types))
+            ]
         print("\n".join(changed) if changed else "no model type changed")
         return 1 if changed else 0
     if not args.only:
         # float32 tables are torch's vectorized pow/cos/sin at this capability, bit for bit
-        meta = {"transformers": transformers.__version__, "torch": torch.__version__,
-                "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(), "positions": POSITIONS,
-                "grid_positions": GRID, "grid3_positions": GRID3,
-                "model_types": index}
+        meta = {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "positions": POSITIONS,
+            "grid_positions": GRID,
+            "grid3_positions": GRID3,
+            "model_types": index,
+        }
         with open(os.path.join(args.out, "index.json"), "w") as f:
             json.dump(meta, f, indent=1)
             f.write("\n")
         with open(MODEL_TYPES_INC, "w") as f:
-            rotary_types = [r["model_type"] for r in index
-                            if "skipped" not in r or r["skipped"].startswith("no rotary class builds")]
+            rotary_types = [
+                r["model_type"]
+                for r in index
+                if "skipped" not in r or r["skipped"].startswith("no rotary class builds")
+            ]
             text_types = text_config_types(records)
-            f.write(model_types_inc(index, partial_ignored(records), top_level_partial_unread(rotary_types),
-                                    text_types, flat_text_carried(text_types),
-                                    local_base_freq_readers(rotary_types)))
+            f.write(
+                model_types_inc(
+                    index,
+                    partial_ignored(records),
+                    top_level_partial_unread(rotary_types),
+                    text_types,
+                    flat_text_carried(text_types),
+                    local_base_freq_readers(rotary_types),
+                )
+            )
         rows = []
         for mt in sorted(CONFIG_MAPPING.keys()):
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 values = absent_defaults(CONFIG_MAPPING[mt])
             if values:
                 rows.append((mt, values))
@@ -1953,7 +2325,10 @@ def main():
         # composite with a text_config that names only its model type: "<composite>/text_config"
         own = dict(rows)
         for mt in sorted(CONFIG_MAPPING.keys()):
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 values = composite_text_defaults(mt, own)
             if values:
                 rows.append((mt + "/text_config", values))
@@ -1961,15 +2336,24 @@ def main():
         rotary_set = set(rotary_types)
         by_type = dict(rows)
         for mt in sorted(rotary_set & set(CONFIG_MAPPING.keys())):
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 rules = head_dim_rules(CONFIG_MAPPING[mt])
             if rules:
                 by_type.setdefault(mt, {})["head_dim_rules"] = rules
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 rules = max_position_rules(CONFIG_MAPPING[mt])
             if rules:
                 by_type.setdefault(mt, {})["max_position_rules"] = rules
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
                 rejected = rope_types_rejected(CONFIG_MAPPING[mt])
             if rejected:
                 by_type.setdefault(mt, {})["rope_types_rejected"] = rejected
@@ -1980,7 +2364,9 @@ def main():
         rows = sorted(by_type.items())
         leaked = [(mt, v) for mt, values in rows for v in numbers_in(values) if v in PROBE_VALUES]
         if leaked:
-            sys.exit(f"gen_hf_architectures: a probe value reached the generated defaults: {leaked[:5]}")
+            sys.exit(
+                f"gen_hf_architectures: a probe value reached the generated defaults: {leaked[:5]}"
+            )
         with open(DEFAULTS_INC, "w") as f:
             f.write(defaults_inc(rows))
     return 0

@@ -53,7 +53,6 @@ import tempfile
 
 import numpy as np
 import torch
-
 import transformers
 from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -78,13 +77,33 @@ GENERATOR = {
 POSITIONS = [0, 1, 2, 3, 100, 4095, 4096, 8191, 65535]
 # Second case for the seq-len-dependent types (HF picks the factors from max(position_ids) + 1).
 SHORT_POSITIONS = {
-    "dynamic": [0, 1, 2, 3],  # seq_len 4 <= max_position_embeddings: original (unscaled) frequencies
-    "longrope": [0, 1, 2, 3, 100, 4095],  # seq_len 4096 <= original_max_position_embeddings: short_factor
+    "dynamic": [
+        0,
+        1,
+        2,
+        3,
+    ],  # seq_len 4 <= max_position_embeddings: original (unscaled) frequencies
+    "longrope": [
+        0,
+        1,
+        2,
+        3,
+        100,
+        4095,
+    ],  # seq_len 4096 <= original_max_position_embeddings: short_factor
 }
 # Configs whose cases go to "extra_cases" instead of "cases".
 EXTRA_CONFIGS = {"hf_configs/gemma-4-26b-a4b.json"}
 # Qwen2-VL: (t, h, w) triples, fed as position_ids of shape (3, batch=1, n).
-MROPE_POSITIONS = [[0, 0, 0], [1, 1, 1], [2, 3, 4], [100, 7, 9], [4095, 31, 17], [8191, 8191, 8191], [65535, 2, 3]]
+MROPE_POSITIONS = [
+    [0, 0, 0],
+    [1, 1, 1],
+    [2, 3, 4],
+    [100, 7, 9],
+    [4095, 31, 17],
+    [8191, 8191, 8191],
+    [65535, 2, 3],
+]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -92,61 +111,120 @@ MROPE_POSITIONS = [[0, 0, 0], [1, 1, 1], [2, 3, 4], [100, 7, 9], [4095, 31, 17],
 # "layout" is read from the apply function named in "layout_source" (checked against site-packages 5.24.0).
 # ----------------------------------------------------------------------------------------------------------------
 def _family(module, rotary, attention, layout, layout_source, emb="cat"):
-    return dict(module=module, rotary=rotary, attention=attention, layout=layout, layout_source=layout_source, emb=emb)
+    return dict(
+        module=module,
+        rotary=rotary,
+        attention=attention,
+        layout=layout,
+        layout_source=layout_source,
+        emb=emb,
+    )
 
 
-_HALF = "rotate_half: x1 = x[..., :d/2], x2 = x[..., d/2:], cat(-x2, x1); cos/sin = cat(freqs, freqs)"
+_HALF = (
+    "rotate_half: x1 = x[..., :d/2], x2 = x[..., d/2:], cat(-x2, x1); cos/sin = cat(freqs, freqs)"
+)
 FAMILIES = {
     "llama": _family(
-        "transformers.models.llama.modeling_llama", "LlamaRotaryEmbedding", "LlamaAttention", "half",
-        "transformers/models/llama/modeling_llama.py: apply_rotary_pos_emb + rotate_half (" + _HALF + ")"),
+        "transformers.models.llama.modeling_llama",
+        "LlamaRotaryEmbedding",
+        "LlamaAttention",
+        "half",
+        "transformers/models/llama/modeling_llama.py: apply_rotary_pos_emb + rotate_half ("
+        + _HALF
+        + ")",
+    ),
     "qwen2": _family(
-        "transformers.models.qwen2.modeling_qwen2", "Qwen2RotaryEmbedding", "Qwen2Attention", "half",
-        "transformers/models/qwen2/modeling_qwen2.py: apply_rotary_pos_emb + rotate_half (" + _HALF + ")"),
+        "transformers.models.qwen2.modeling_qwen2",
+        "Qwen2RotaryEmbedding",
+        "Qwen2Attention",
+        "half",
+        "transformers/models/qwen2/modeling_qwen2.py: apply_rotary_pos_emb + rotate_half ("
+        + _HALF
+        + ")",
+    ),
     "phi3": _family(
-        "transformers.models.phi3.modeling_phi3", "Phi3RotaryEmbedding", "Phi3Attention", "half",
+        "transformers.models.phi3.modeling_phi3",
+        "Phi3RotaryEmbedding",
+        "Phi3Attention",
+        "half",
         "transformers/models/phi3/modeling_phi3.py: apply_rotary_pos_emb (q[..., :rotary_dim] gets rotate_half, "
-        "the rest passes through) + rotate_half"),
+        "the rest passes through) + rotate_half",
+    ),
     "gpt_neox": _family(
-        "transformers.models.gpt_neox.modeling_gpt_neox", "GPTNeoXRotaryEmbedding", "GPTNeoXAttention", "half",
+        "transformers.models.gpt_neox.modeling_gpt_neox",
+        "GPTNeoXRotaryEmbedding",
+        "GPTNeoXAttention",
+        "half",
         "transformers/models/gpt_neox/modeling_gpt_neox.py: apply_rotary_pos_emb (rotary_dim = cos.shape[-1]; "
-        "q[..., :rotary_dim] gets rotate_half, q[..., rotary_dim:] passes through)"),
+        "q[..., :rotary_dim] gets rotate_half, q[..., rotary_dim:] passes through)",
+    ),
     "glm": _family(
-        "transformers.models.glm.modeling_glm", "GlmRotaryEmbedding", "GlmAttention", "interleaved",
+        "transformers.models.glm.modeling_glm",
+        "GlmRotaryEmbedding",
+        "GlmAttention",
+        "interleaved",
         "transformers/models/glm/modeling_glm.py: apply_rotary_pos_emb takes cos[..., :d/2].repeat_interleave(2) "
         "and rotate_half is x1 = x[..., 0::2], x2 = x[..., 1::2], stack((-x2, x1)).flatten(-2): pairs (2j, 2j+1) "
-        "on the first rotary_dim dims, the rest pass through"),
+        "on the first rotary_dim dims, the rest pass through",
+    ),
     "deepseek_v3": _family(
-        "transformers.models.deepseek_v3.modeling_deepseek_v3", "DeepseekV3RotaryEmbedding", "DeepseekV3Attention",
+        "transformers.models.deepseek_v3.modeling_deepseek_v3",
+        "DeepseekV3RotaryEmbedding",
+        "DeepseekV3Attention",
         "interleaved",
         "transformers/models/deepseek_v3/modeling_deepseek_v3.py: DeepseekV3Attention.forward uses "
         "apply_rotary_pos_emb_interleave when config.rope_interleave (default True): pairs (q[..., 0::2], "
         "q[..., 1::2]) rotated by cos[..., :d/2]; the result is written de-interleaved, cat(evens', odds') "
         "(same permutation for q and k, so q.k is that of the interleaved rotation); rope_interleave=False "
-        "would use rotate_half"),
+        "would use rotate_half",
+    ),
     "gpt_oss": _family(
-        "transformers.models.gpt_oss.modeling_gpt_oss", "GptOssRotaryEmbedding", "GptOssAttention", "half",
+        "transformers.models.gpt_oss.modeling_gpt_oss",
+        "GptOssRotaryEmbedding",
+        "GptOssAttention",
+        "half",
         "transformers/models/gpt_oss/modeling_gpt_oss.py: GptOssRotaryEmbedding.forward returns cos/sin of "
         "freqs only (width r/2, no cat); _apply_rotary_emb splits x with torch.chunk(x, 2) into first/second "
-        "half: pairs (j, j + r/2)", emb="freqs"),
+        "half: pairs (j, j + r/2)",
+        emb="freqs",
+    ),
     "qwen2_vl": _family(
-        "transformers.models.qwen2_vl.modeling_qwen2_vl", "Qwen2VLRotaryEmbedding", "Qwen2VLAttention", "half",
+        "transformers.models.qwen2_vl.modeling_qwen2_vl",
+        "Qwen2VLRotaryEmbedding",
+        "Qwen2VLAttention",
+        "half",
         "transformers/models/qwen2_vl/modeling_qwen2_vl.py: Qwen2VLRotaryEmbedding.recomposition_frequencies "
         "takes frequency block i of mrope_section from position row i % 3 (t, h, w), then cat(freq, freq); "
-        "apply_rotary_pos_emb + rotate_half (copied from llama)"),
+        "apply_rotary_pos_emb + rotate_half (copied from llama)",
+    ),
     "gemma3_text": _family(
-        "transformers.models.gemma3.modeling_gemma3", "Gemma3RotaryEmbedding", "Gemma3Attention", "half",
-        "transformers/models/gemma3/modeling_gemma3.py: apply_rotary_pos_emb + rotate_half (" + _HALF + ")"),
+        "transformers.models.gemma3.modeling_gemma3",
+        "Gemma3RotaryEmbedding",
+        "Gemma3Attention",
+        "half",
+        "transformers/models/gemma3/modeling_gemma3.py: apply_rotary_pos_emb + rotate_half ("
+        + _HALF
+        + ")",
+    ),
     "hunyuan_v1_dense": _family(
-        "transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense", "HunYuanDenseV1RotaryEmbedding",
-        "HunYuanDenseV1Attention", "half",
+        "transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense",
+        "HunYuanDenseV1RotaryEmbedding",
+        "HunYuanDenseV1Attention",
+        "half",
         "transformers/models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: apply_rotary_pos_emb + rotate_half ("
-        + _HALF + "); its rotary class reads rope_type 'dynamic' with a non-zero alpha as 'ntk_alpha' "
-        "(compute_ntk_alpha_rope_parameters: theta * alpha ** (head_dim / (head_dim - 2)), fixed)"),
+        + _HALF
+        + "); its rotary class reads rope_type 'dynamic' with a non-zero alpha as 'ntk_alpha' "
+        "(compute_ntk_alpha_rope_parameters: theta * alpha ** (head_dim / (head_dim - 2)), fixed)",
+    ),
     "gemma4": _family(
-        "transformers.models.gemma4.modeling_gemma4", "Gemma4TextRotaryEmbedding", "Gemma4TextAttention", "half",
+        "transformers.models.gemma4.modeling_gemma4",
+        "Gemma4TextRotaryEmbedding",
+        "Gemma4TextAttention",
+        "half",
         "transformers/models/gemma4/modeling_gemma4.py: apply_rotary_pos_emb(x, cos, sin) + rotate_half "
-        "(" + _HALF + ")"),
+        "(" + _HALF + ")",
+    ),
 }
 
 
@@ -155,7 +233,11 @@ FAMILIES = {
 # ----------------------------------------------------------------------------------------------------------------
 def flist(t):
     """Tensor -> (nested) list of Python floats (float64 values of the tensor's elements, full precision)."""
-    a = t.detach().to(torch.float64).cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t, np.float64)
+    a = (
+        t.detach().to(torch.float64).cpu().numpy()
+        if isinstance(t, torch.Tensor)
+        else np.asarray(t, np.float64)
+    )
     if a.ndim == 0:
         return float(a)
     if a.ndim == 1:
@@ -239,13 +321,19 @@ def softmax_scale_of(attention_cls, cfg, layer_idx):
 # ----------------------------------------------------------------------------------------------------------------
 # one case
 # ----------------------------------------------------------------------------------------------------------------
-def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=None, load_warnings=()):
+def run_case(
+    name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=None, load_warnings=()
+):
     rotary_cls, attention_cls = family_classes(fam)
     per_layer = layer_type is not None
     rope_params = text_cfg.rope_parameters[layer_type] if per_layer else text_cfg.rope_parameters
     rope_type = rope_params["rope_type"]
     # Gemma4 resolves a per-layer-type config (its head_dim differs per layer type) before calling the init fn.
-    init_cfg = text_cfg.per_layer_config[layer_type] if fam["rotary"] == "Gemma4TextRotaryEmbedding" else text_cfg
+    init_cfg = (
+        text_cfg.per_layer_config[layer_type]
+        if fam["rotary"] == "Gemma4TextRotaryEmbedding"
+        else text_cfg
+    )
     head_dim = head_dim_of(init_cfg)
 
     mrope = fam["rotary"] == "Qwen2VLRotaryEmbedding"
@@ -259,14 +347,18 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
     with captured_warnings() as case_warnings:
         # 1. inv_freq / attention_scaling from HF's init function (at the sequence length used, where that matters)
         kwargs = {"layer_type": layer_type} if per_layer else {}
-        if getattr(rotary_cls(text_cfg), "rope_type", None) == "ntk_alpha":  # HunYuan: dynamic + alpha
+        if (
+            getattr(rotary_cls(text_cfg), "rope_type", None) == "ntk_alpha"
+        ):  # HunYuan: dynamic + alpha
             fn_name = f"{fam['module']}.{fam['rotary']}.compute_ntk_alpha_rope_parameters"
             inv_freq, attention_scaling = rotary_cls.compute_ntk_alpha_rope_parameters(init_cfg)
         elif rope_type == "default":
             fn_name = f"{fam['module']}.{fam['rotary']}.compute_default_rope_parameters"
             # called exactly as <Family>RotaryEmbedding.__init__ calls it
             if per_layer:
-                inv_freq, attention_scaling = rotary_cls.compute_default_rope_parameters(init_cfg, None, **kwargs)
+                inv_freq, attention_scaling = rotary_cls.compute_default_rope_parameters(
+                    init_cfg, None, **kwargs
+                )
             else:
                 inv_freq, attention_scaling = rotary_cls.compute_default_rope_parameters(init_cfg)
         else:
@@ -286,7 +378,9 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
         with torch.no_grad():
             cos, sin = module(x, pos, layer_type) if per_layer else module(x, pos)
         used_inv_freq = getattr(module, f"{layer_type}_inv_freq" if per_layer else "inv_freq")
-        used_scaling = getattr(module, f"{layer_type}_attention_scaling" if per_layer else "attention_scaling")
+        used_scaling = getattr(
+            module, f"{layer_type}_attention_scaling" if per_layer else "attention_scaling"
+        )
 
     assert cos.dtype == torch.float32 and sin.dtype == torch.float32
     cos = cos.reshape(-1, cos.shape[-1])  # (n, width)
@@ -295,7 +389,9 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
     if fam["emb"] == "cat":
         half = width // 2
         # the module returns cat(freqs, freqs): both halves identical
-        assert torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(sin[:, :half], sin[:, half:]), name
+        assert torch.equal(cos[:, :half], cos[:, half:]) and torch.equal(
+            sin[:, :half], sin[:, half:]
+        ), name
         applied_dim = width
     else:  # gpt-oss: the module returns the freqs half only, the apply function works on 2 * width dims
         half = width
@@ -309,7 +405,8 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
         "name": name,
         "config_file": "hf_configs/" + config_file,
         "model_type": raw.get("model_type"),
-        "hf_config_class": type(cfg).__name__ + ("" if text_cfg is cfg else f".text_config ({type(text_cfg).__name__})"),
+        "hf_config_class": type(cfg).__name__
+        + ("" if text_cfg is cfg else f".text_config ({type(text_cfg).__name__})"),
         "layer_type": layer_type,
         "rope_type": rope_type,
         "rope_parameters": jsonable(rope_params),
@@ -329,7 +426,11 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
         "hf_function": {
             "inv_freq": fn_name,
             "cos_sin": f"{fam['module']}.{fam['rotary']}.forward (float32, "
-            + ("position_ids shape (3, 1, n): rows t, h, w" if mrope else "position_ids shape (1, n)")
+            + (
+                "position_ids shape (3, 1, n): rows t, h, w"
+                if mrope
+                else "position_ids shape (1, n)"
+            )
             + (f", layer_type={layer_type!r}" if per_layer else "")
             + ")",
         },
@@ -362,10 +463,16 @@ def run_case(name, config_file, raw, cfg, text_cfg, fam, positions, layer_type=N
     # "softmax_scale" (+ "qk_head_dim") only where RoPE scaling changes it (DeepSeek MLA with mscale_all_dim);
     # every other family's module scale goes to "attention_module_scaling" (informative: head_dim**-0.5, Gemma 3
     # query_pre_attn_scalar**-0.5, Gemma 4 1.0 with q/k norms).
-    key = "softmax_scale" if fam["rotary"] == "DeepseekV3RotaryEmbedding" else "attention_module_scaling"
+    key = (
+        "softmax_scale"
+        if fam["rotary"] == "DeepseekV3RotaryEmbedding"
+        else "attention_module_scaling"
+    )
     try:
         case[key] = softmax_scale_of(attention_cls, text_cfg, layer_idx)
-        case["hf_function"][key] = f"{fam['module']}.{fam['attention']}(config, layer_idx={layer_idx}).scaling"
+        case["hf_function"][key] = (
+            f"{fam['module']}.{fam['attention']}(config, layer_idx={layer_idx}).scaling"
+        )
     except Exception as exc:  # recorded, not fatal: the RoPE values do not depend on it
         case[key + "_error"] = f"{type(exc).__name__}: {exc}"
 
@@ -403,20 +510,51 @@ def gen():
         fam_key = raw["model_type"] if raw["model_type"] in FAMILIES else text_cfg.model_type
         fam = FAMILIES[fam_key]
         rp = text_cfg.rope_parameters
-        layer_types = [lt for lt in sorted(set(getattr(text_cfg, "layer_types", None) or [])) if lt in rp]
+        layer_types = [
+            lt for lt in sorted(set(getattr(text_cfg, "layer_types", None) or [])) if lt in rp
+        ]
         if layer_types:  # per-layer-type rope_parameters: one case per layer type
             for lt in layer_types:
-                cases.append(run_case(f"{stem}:{lt}", config_file, raw, cfg, text_cfg, fam, POSITIONS, lt, load_warnings))
+                cases.append(
+                    run_case(
+                        f"{stem}:{lt}",
+                        config_file,
+                        raw,
+                        cfg,
+                        text_cfg,
+                        fam,
+                        POSITIONS,
+                        lt,
+                        load_warnings,
+                    )
+                )
         elif fam["rotary"] == "Qwen2VLRotaryEmbedding":
-            cases.append(run_case(stem, config_file, raw, cfg, text_cfg, fam, MROPE_POSITIONS, None, load_warnings))
+            cases.append(
+                run_case(
+                    stem, config_file, raw, cfg, text_cfg, fam, MROPE_POSITIONS, None, load_warnings
+                )
+            )
         else:
-            cases.append(run_case(stem, config_file, raw, cfg, text_cfg, fam, POSITIONS, None, load_warnings))
+            cases.append(
+                run_case(stem, config_file, raw, cfg, text_cfg, fam, POSITIONS, None, load_warnings)
+            )
             if rp["rope_type"] in SHORT_POSITIONS:
                 cases.append(
-                    run_case(f"{stem}:short", config_file, raw, cfg, text_cfg, fam, SHORT_POSITIONS[rp["rope_type"]],
-                             None, load_warnings)
+                    run_case(
+                        f"{stem}:short",
+                        config_file,
+                        raw,
+                        cfg,
+                        text_cfg,
+                        fam,
+                        SHORT_POSITIONS[rp["rope_type"]],
+                        None,
+                        load_warnings,
+                    )
                 )
-        print(f"{config_file}: {sum(c['config_file'].endswith(config_file) for c in cases)} case(s)")
+        print(
+            f"{config_file}: {sum(c['config_file'].endswith(config_file) for c in cases)} case(s)"
+        )
 
     # Gemma 4 ('proportional' RoPE, per-layer-type head_dim) is kept apart so consumers that iterate "cases"
     # only meet the rope types they were asked to support; same schema.
@@ -426,7 +564,9 @@ def gen():
     return {
         "generator": GENERATOR,
         "source": (
-            "HF transformers " + transformers.__version__ + ": config loaded with AutoConfig.from_pretrained from a "
+            "HF transformers "
+            + transformers.__version__
+            + ": config loaded with AutoConfig.from_pretrained from a "
             "directory holding tests/fixtures/hf_configs/<file> as config.json; inv_freq/attention_scaling from "
             "transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS[rope_type] (scaled types) or the family's "
             "<Family>RotaryEmbedding.compute_default_rope_parameters ('default'); cos/sin from the family's "
@@ -459,7 +599,9 @@ def gen():
             "with 'proportional' RoPE on full-attention layers whose head_dim (global_head_dim 512) differs from "
             "the sliding layers' (256)).",
             "hf_warnings: messages transformers logged while loading/validating the config or building the module.",
-            "load_errors: configs transformers " + transformers.__version__ + " refuses to load (kept as fixtures: "
+            "load_errors: configs transformers "
+            + transformers.__version__
+            + " refuses to load (kept as fixtures: "
             "a loader may want to accept them).",
         ],
         "cases": cases,
@@ -478,9 +620,11 @@ def write_json(name, obj):
         back = json.load(f)
     assert back == json.loads(text)
     size = os.path.getsize(path)
-    print(f"{os.path.relpath(path, REPO_ROOT)}: {len(back['cases'])} cases, {len(back['extra_cases'])} extra cases, "
-          f"{len(back['load_errors'])} load errors, "
-          f"{size} bytes")
+    print(
+        f"{os.path.relpath(path, REPO_ROOT)}: {len(back['cases'])} cases, {len(back['extra_cases'])} extra cases, "
+        f"{len(back['load_errors'])} load errors, "
+        f"{size} bytes"
+    )
     return back
 
 

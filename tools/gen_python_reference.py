@@ -66,7 +66,9 @@ def signature(obj) -> str:
     except (TypeError, ValueError):
         return "(...)"
     sig = sig.replace(
-        parameters=[p.replace(annotation=_as_written(p.annotation)) for p in sig.parameters.values()],
+        parameters=[
+            p.replace(annotation=_as_written(p.annotation)) for p in sig.parameters.values()
+        ],
         return_annotation=_as_written(sig.return_annotation),
     )
     text = str(sig)

@@ -40,17 +40,24 @@ HEAD = {
 def rows_of_table():
     """model_type -> head size rule, from the C++ table's rows {"type", H::kRule, layout, ...}."""
     text = open(TABLE).read()
-    positional = r'\{"([^"]+)",\s*H::(k\w+),'                          # {"type", H::kRule, ...}
-    designated = r'\{\.model_type = "([^"]+)",\s*\.head = H::(k\w+),'  # {.model_type = .., .head = ..}
-    return {m.group(1): HEAD[m.group(2)]
-            for pattern in (positional, designated) for m in re.finditer(pattern, text)}
+    positional = r'\{"([^"]+)",\s*H::(k\w+),'  # {"type", H::kRule, ...}
+    designated = (
+        r'\{\.model_type = "([^"]+)",\s*\.head = H::(k\w+),'  # {.model_type = .., .head = ..}
+    )
+    return {
+        m.group(1): HEAD[m.group(2)]
+        for pattern in (positional, designated)
+        for m in re.finditer(pattern, text)
+    }
 
 
 def rope_type(config, path, layer_type):
     node = config
     for part in [p for p in path.split(".") if p]:
         node = node.get(part, {}) if isinstance(node, dict) else {}
-    if path in ("", "text_config") and not any(k in config for k in ("rope_parameters", "rope_scaling", "rope_theta")):
+    if path in ("", "text_config") and not any(
+        k in config for k in ("rope_parameters", "rope_scaling", "rope_theta")
+    ):
         node = config.get("text_config", node) if path == "" else node
     block = node.get("rope_parameters") or node.get("rope_scaling") or {}
     if layer_type and isinstance(block.get(layer_type), dict):
@@ -78,9 +85,13 @@ def render():
             for row in table.get("layer_types", []):
                 if "cos" not in row or "error" in row:
                     layer = f" ({row['layer_type']})" if row.get("layer_type") else ""
-                    unprobed.append(f"| {mt} | {table['class']}{layer} | {row.get('error', 'no output')} |")
+                    unprobed.append(
+                        f"| {mt} | {table['class']}{layer} | {row.get('error', 'no output')} |"
+                    )
                     continue
-                key = f"{mt}/{table['class']}" + (f":{row['layer_type']}" if row["layer_type"] else "")
+                key = f"{mt}/{table['class']}" + (
+                    f":{row['layer_type']}" if row["layer_type"] else ""
+                )
                 sub = table["config_model_type"]
                 head = rules.get(sub, rules.get(mt, "generic"))
                 if key in refusals:
@@ -91,9 +102,11 @@ def render():
                     identical += 1
                 where = table["config_path"] or "config"
                 layer = f" ({row['layer_type']})" if row["layer_type"] else ""
-                lines.append(f"| {mt} | {table['class']}{layer} | {where} | "
-                             f"{rope_type(config, table['config_path'], row['layer_type'])} | {row['rotary_dim']} | "
-                             f"{row.get('layout', '-')} | {head} | {verdict} |")
+                lines.append(
+                    f"| {mt} | {table['class']}{layer} | {where} | "
+                    f"{rope_type(config, table['config_path'], row['layer_type'])} | {row['rotary_dim']} | "
+                    f"{row.get('layout', '-')} | {head} | {verdict} |"
+                )
     none = sum(1 for e in index["model_types"] if e.get("skipped") == "no rotary class")
     head = [
         "# Supported architectures",
@@ -151,7 +164,9 @@ def main():
     if args.check:
         current = open(OUT).read() if os.path.exists(OUT) else ""
         if current != text:
-            print(f"{os.path.relpath(OUT, ROOT)} is stale: run python3 tools/hf_architectures_table.py")
+            print(
+                f"{os.path.relpath(OUT, ROOT)} is stale: run python3 tools/hf_architectures_table.py"
+            )
             return 1
         return 0
     os.makedirs(os.path.dirname(OUT), exist_ok=True)

@@ -35,15 +35,43 @@ import torch
 # (on the config, and on its text_config when it has one). Values chosen to fit the constraints of
 # most families: heads divide the width, head_dim even, rotary dims even at partial factor 0.5.
 SMALL = dict(
-    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, head_dim=16, vocab_size=101, max_position_embeddings=256,
-    vocab_size_per_layer_input=101, hidden_size_per_layer_input=16,
-    moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4,
-    num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
-    n_group=1, topk_group=1, first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32,
-    qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, n_embd=64, n_head=4, n_layer=2,
-    n_positions=256, rotary_dim=8, d_model=64, num_layers=2, sliding_window=4,
-    index_topk=4, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=101,
+    max_position_embeddings=256,
+    vocab_size_per_layer_input=101,
+    hidden_size_per_layer_input=16,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=32,
+    num_experts=4,
+    num_local_experts=4,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    n_group=1,
+    topk_group=1,
+    first_k_dense_replace=1,
+    kv_lora_rank=16,
+    q_lora_rank=32,
+    qk_rope_head_dim=8,
+    qk_nope_head_dim=8,
+    v_head_dim=16,
+    n_embd=64,
+    n_head=4,
+    n_layer=2,
+    n_positions=256,
+    rotary_dim=8,
+    d_model=64,
+    num_layers=2,
+    sliding_window=4,
+    index_topk=4,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 VOCAB = SMALL["vocab_size"]
 TOKENS = 13
@@ -51,6 +79,7 @@ TOKENS = 13
 
 def modeling_module(model_type: str):
     from transformers.models.auto.configuration_auto import model_type_to_module_name
+
     name = model_type_to_module_name(model_type)
     return importlib.import_module(f"transformers.models.{name}.modeling_{name}")
 
@@ -88,11 +117,14 @@ def _small(base: dict, model_type: str = "") -> dict:
 def small_config(model_type: str):
     """The family's config class with its defaults made small (SMALL), eager attention."""
     import transformers
+
     cls = transformers.CONFIG_MAPPING[model_type]
     base = cls().to_dict()
     kwargs = _small(base, model_type)
     if isinstance(base.get("text_config"), dict):
-        kwargs["text_config"] = _small(base["text_config"], base["text_config"].get("model_type", ""))
+        kwargs["text_config"] = _small(
+            base["text_config"], base["text_config"].get("model_type", "")
+        )
     config = cls(**kwargs)
     config._attn_implementation = "eager"
     text = getattr(config, "text_config", None)
@@ -106,11 +138,16 @@ MAX_PARAMETERS = 4_000_000  # a family whose config does not shrink below this i
 
 def build(model_type: str):
     import transformers
+
     config = small_config(model_type)
     with torch.device("meta"):  # sizes first: a default that SMALL does not reach is not allocated
-        size = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters())
+        size = sum(
+            p.numel() for p in transformers.AutoModelForCausalLM.from_config(config).parameters()
+        )
     if size > MAX_PARAMETERS:
-        raise ValueError(f"the small config still has {size} parameters (MAX_PARAMETERS {MAX_PARAMETERS})")
+        raise ValueError(
+            f"the small config still has {size} parameters (MAX_PARAMETERS {MAX_PARAMETERS})"
+        )
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
@@ -136,8 +173,11 @@ def text_rotary_classes(model, modeling) -> tuple:
     names = set()
     for sub in model.modules():
         cls = type(sub)
-        if cls.__module__ == modeling.__name__ and cls.__name__.endswith("RotaryEmbedding") \
-                and getattr(sub, "config", None) is not None:
+        if (
+            cls.__module__ == modeling.__name__
+            and cls.__name__.endswith("RotaryEmbedding")
+            and getattr(sub, "config", None) is not None
+        ):
             names.add(cls.__name__)
     return tuple(sorted(names))
 
@@ -157,8 +197,11 @@ def compare(want, got) -> str | None:
     """None when equal as the contract says, else why not."""
     for (lw, gw), (lg, gg) in zip(want, got):
         if lw.shape != lg.shape or not torch.equal(lw, lg):
-            return f"logits differ by {(lw - lg).abs().max().item():.3g}" \
-                if lw.shape == lg.shape else "logits' shapes differ"
+            return (
+                f"logits differ by {(lw - lg).abs().max().item():.3g}"
+                if lw.shape == lg.shape
+                else "logits' shapes differ"
+            )
         if gw.keys() != gg.keys():
             return "other parameters have gradients"
         for key in gw:
@@ -197,6 +240,7 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
         own model runs in that dtype (families that rotate in float32 on purpose do not).
     """
     from posenc.integrations import transformers as integration
+
     modeling = modeling_module(model_type)
     if model is None:
         model = build(model_type)
@@ -240,9 +284,11 @@ def check(model_type: str, classes: tuple, layout: str, model=None) -> str | Non
     if not reached:
         return f"the file's {function} does not reach the logits"
     if not torch.equal(sibling, want[0][0]):
-        return (f"an unpatched model of the family changes while another is patched (by "
-                f"{(sibling - want[0][0]).abs().max().item():.3g}): its tables are not in "
-                f"transformers' cat(t, t) order")
+        return (
+            f"an unpatched model of the family changes while another is patched (by "
+            f"{(sibling - want[0][0]).abs().max().item():.3g}): its tables are not in "
+            f"transformers' cat(t, t) order"
+        )
     if hasattr(getattr(modeling, function), "posenc_layout"):
         return "unpatch left posenc's rotation in"
     why = compare(want, got)

@@ -29,7 +29,9 @@ def load(folder):
         with open(path) as f:
             summary = json.load(f)
         if "generalization" not in summary:
-            raise ValueError(f"{path}: no generalization rows (was the run evaluated at its eval_scales?)")
+            raise ValueError(
+                f"{path}: no generalization rows (was the run evaluated at its eval_scales?)"
+            )
         accuracy = {row["x"]: row["metrics"]["accuracy"] for row in summary["generalization"]}
         runs.setdefault(match.group(1), {})[int(match.group(2))] = accuracy
     if not runs:
@@ -52,7 +54,9 @@ def order_of(folder, runs):
 
 def table(runs, order):
     scales = sorted({s for seeds in runs.values() for acc in seeds.values() for s in acc})
-    head = "| encoder | seeds | " + " | ".join(f"{s:g}× ({round(28 * s)} px)" for s in scales) + " |"
+    head = (
+        "| encoder | seeds | " + " | ".join(f"{s:g}× ({round(28 * s)} px)" for s in scales) + " |"
+    )
     lines = [head, "|---|---|" + "---:|" * len(scales)]
     for encoder in order:
         seeds = runs[encoder]
@@ -62,7 +66,9 @@ def table(runs, order):
             mean = sum(values) / len(values)
             each = " / ".join(f"{100 * v:.2f}" for v in values)
             cells.append(f"**{100 * mean:.2f}** ({each})")
-        lines.append(f"| {encoder} | {', '.join(map(str, sorted(seeds)))} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {encoder} | {', '.join(map(str, sorted(seeds)))} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -81,13 +87,21 @@ def svg(runs, order, title):
     ]
     for k in range(11):  # y grid every 10 points
         y = k / 10
-        out.append(f'<line x1="{left}" y1="{py(y):.1f}" x2="{px(x1):.1f}" y2="{py(y):.1f}" stroke="#ddd"/>')
-        out.append(f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{100 * y:.0f}%</text>')
+        out.append(
+            f'<line x1="{left}" y1="{py(y):.1f}" x2="{px(x1):.1f}" y2="{py(y):.1f}" stroke="#ddd"/>'
+        )
+        out.append(
+            f'<text x="{left - 6}" y="{py(y) + 4:.1f}" text-anchor="end">{100 * y:.0f}%</text>'
+        )
     for s in scales:
-        out.append(f'<text x="{px(s):.1f}" y="{height - bottom + 18}" text-anchor="middle">{s:g}× '
-                   f'({round(28 * s)} px)</text>')
-    out.append(f'<text x="{(left + px(x1)) / 2:.1f}" y="{height - 12}" text-anchor="middle">'
-               'test resolution (trained at 28 px)</text>')
+        out.append(
+            f'<text x="{px(s):.1f}" y="{height - bottom + 18}" text-anchor="middle">{s:g}× '
+            f"({round(28 * s)} px)</text>"
+        )
+    out.append(
+        f'<text x="{(left + px(x1)) / 2:.1f}" y="{height - 12}" text-anchor="middle">'
+        "test resolution (trained at 28 px)</text>"
+    )
     for i, encoder in enumerate(order):
         colour = COLOURS[i % len(COLOURS)]
         seeds = runs[encoder]
@@ -96,10 +110,14 @@ def svg(runs, order, title):
         out.append(f'<polyline points="{points}" fill="none" stroke="{colour}" stroke-width="2"/>')
         for k in seeds:
             for s in scales:
-                out.append(f'<circle cx="{px(s):.1f}" cy="{py(seeds[k][s]):.1f}" r="2.5" fill="{colour}"/>')
+                out.append(
+                    f'<circle cx="{px(s):.1f}" cy="{py(seeds[k][s]):.1f}" r="2.5" fill="{colour}"/>'
+                )
         y = top + 10 + 20 * i
-        out.append(f'<line x1="{width - right + 12}" y1="{y}" x2="{width - right + 36}" y2="{y}" stroke="{colour}" '
-                   'stroke-width="2"/>')
+        out.append(
+            f'<line x1="{width - right + 12}" y1="{y}" x2="{width - right + 36}" y2="{y}" stroke="{colour}" '
+            'stroke-width="2"/>'
+        )
         out.append(f'<text x="{width - right + 42}" y="{y + 4}">{encoder}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -118,7 +136,13 @@ def main():
     print(table(runs, order))
     if args.svg:
         with open(args.svg, "w") as f:
-            f.write(svg(runs, order, "Fashion-MNIST ViT: test accuracy by resolution (mean of seeds; dots: seeds)"))
+            f.write(
+                svg(
+                    runs,
+                    order,
+                    "Fashion-MNIST ViT: test accuracy by resolution (mean of seeds; dots: seeds)",
+                )
+            )
         print(f"wrote {args.svg}", file=sys.stderr)
 
 

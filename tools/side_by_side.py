@@ -24,6 +24,7 @@ same number of threads. Only speed is compared; the learning-rate schedule is he
   python3 tools/side_by_side.py --posenc build/posenc --threads 2 --steps 300 --rounds 3
 Run it alone on the machine: anything else running changes the ratios.
 """
+
 import argparse
 import csv
 import gzip
@@ -46,7 +47,7 @@ def load_idx(path):
         data = f.read()
     magic = int.from_bytes(data[0:4], "big")
     dims = magic & 0xFF
-    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
@@ -113,19 +114,22 @@ def patchify(images, p):  # [B, 1, S, S] -> [B, (S/p)^2, p*p]
     return images.view(b, g, p, g, p).permute(0, 1, 3, 2, 4).reshape(b, g * g, p * p)
 
 
-def python_steps_per_second(model, images, labels, steps, warmup, batch, seed, smoothing,
-                            precision="float32"):
+def python_steps_per_second(
+    model, images, labels, steps, warmup, batch, seed, smoothing, precision="float32"
+):
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=2e-3)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=2e-3,
+    )
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(images.shape[0], generator=gen)
     start = None
     for step in range(steps):
         if step == warmup:
             start = time.perf_counter()
-        idx = order[step * batch:(step + 1) * batch]
+        idx = order[step * batch : (step + 1) * batch]
         x = images[idx].float().div_(255).unsqueeze(1)
         flip = torch.rand(batch, generator=gen) < 0.5
         x = torch.where(flip.view(-1, 1, 1, 1), x.flip(-1), x)
@@ -169,6 +173,7 @@ def category(name):
 def python_profile(model, images, labels, steps, batch, smoothing, precision="float32"):
     """ms per step by category over `steps` profiled steps (after 10 unprofiled)."""
     import torch.profiler as tp
+
     python_steps_per_second(model, images, labels, 12, 2, batch, 1, smoothing, precision)
     with tp.profile(activities=[tp.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
@@ -184,7 +189,8 @@ def python_profile(model, images, labels, steps, batch, smoothing, precision="fl
         per[label] = per.get(label, 0.0) + e.self_cpu_time_total / 1e3 / steps
     seen = sum(per.values())
     rows = sorted(per.items(), key=lambda kv: -kv[1]) + [
-        ("outside ops (interpreter, autograd engine, dispatch)", max(wall - seen, 0.0))]
+        ("outside ops (interpreter, autograd engine, dispatch)", max(wall - seen, 0.0))
+    ]
     print(f"Python eager, {steps} steps profiled: {wall:.1f} ms per step (profiler on)")
     print("| category | ms/step | share |")
     print("|---|---:|---:|")
@@ -194,9 +200,22 @@ def python_profile(model, images, labels, steps, batch, smoothing, precision="fl
 
 def posenc_steps_per_second(binary, config, threads, steps, warmup, model_sets):
     with tempfile.TemporaryDirectory() as out:
-        cmd = [binary, "train", config, "--out", out, "--quiet", "--stop-after", str(steps),
-               "--set", f"train.threads={threads}", "--set", "train.log_every=50",
-               "--set", "train.eval_every=1000"] + model_sets
+        cmd = [
+            binary,
+            "train",
+            config,
+            "--out",
+            out,
+            "--quiet",
+            "--stop-after",
+            str(steps),
+            "--set",
+            f"train.threads={threads}",
+            "--set",
+            "train.log_every=50",
+            "--set",
+            "train.eval_every=1000",
+        ] + model_sets
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(out, "metrics.csv")) as f:
             rows = {int(float(r["step"])): float(r["elapsed_s"]) for r in csv.DictReader(f)}
@@ -208,8 +227,11 @@ def posenc_steps_per_second(binary, config, threads, steps, warmup, model_sets):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--posenc", default="build/posenc", help="the posenc binary ('' to skip)")
-    ap.add_argument("--baseline", default="",
-                    help="another posenc binary (an earlier build) run alongside, for before/after")
+    ap.add_argument(
+        "--baseline",
+        default="",
+        help="another posenc binary (an earlier build) run alongside, for before/after",
+    )
     ap.add_argument("--config", default="configs/vit_fashion.yaml")
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--threads", type=int, default=2)
@@ -221,62 +243,125 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--mlp-ratio", type=float, default=2.0)
     ap.add_argument("--label-smoothing", type=float, default=0.1)
-    ap.add_argument("--precision", choices=["float32", "bf16"], default="float32",
-                    help="bf16: Python under torch.autocast('cpu', torch.bfloat16), posenc with "
-                         "train.precision=bf16")
-    ap.add_argument("--profile", type=int, default=0,
-                    help="profile Python eager over this many steps by category (as `posenc train "
-                         "--profile`) and exit")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="rounds in alternating order; the median per trainer is reported")
+    ap.add_argument(
+        "--precision",
+        choices=["float32", "bf16"],
+        default="float32",
+        help="bf16: Python under torch.autocast('cpu', torch.bfloat16), posenc with "
+        "train.precision=bf16",
+    )
+    ap.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="profile Python eager over this many steps by category (as `posenc train "
+        "--profile`) and exit",
+    )
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds in alternating order; the median per trainer is reported",
+    )
     args = ap.parse_args()
     if args.steps <= args.warmup:
         sys.exit("side_by_side: --steps must exceed --warmup")
     torch.set_num_threads(args.threads)
-    images = torch.from_numpy(load_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).copy())
-    labels = torch.from_numpy(load_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz")).copy()).long()
+    images = torch.from_numpy(
+        load_idx(os.path.join(args.data, "train-images-idx3-ubyte.gz")).copy()
+    )
+    labels = torch.from_numpy(
+        load_idx(os.path.join(args.data, "train-labels-idx1-ubyte.gz")).copy()
+    ).long()
     # Rounds in alternating order (eager, compiled, posenc, then reversed, ...), median per
     # trainer: a VM's speed drifts within minutes, and back-to-back alternation spreads it.
     shape = dict(dim=args.dim, heads=args.heads, layers=args.layers, mlp_ratio=args.mlp_ratio)
     model_sets = []
-    for key, value in [("model.dim", args.dim), ("model.num_heads", args.heads),
-                       ("model.num_layers", args.layers), ("model.mlp_ratio", args.mlp_ratio),
-                       ("task.label_smoothing", args.label_smoothing),
-                       ("train.precision", args.precision)]:
+    for key, value in [
+        ("model.dim", args.dim),
+        ("model.num_heads", args.heads),
+        ("model.num_layers", args.layers),
+        ("model.mlp_ratio", args.mlp_ratio),
+        ("task.label_smoothing", args.label_smoothing),
+        ("train.precision", args.precision),
+    ]:
         model_sets += ["--set", f"{key}={value}"]
     torch.manual_seed(0)
     eager = ViT(**shape)
     params = sum(p.numel() for p in eager.parameters())
     if args.profile:
-        python_profile(eager, images, labels, args.profile, 128, args.label_smoothing,
-                       args.precision)
+        python_profile(
+            eager, images, labels, args.profile, 128, args.label_smoothing, args.precision
+        )
         return
-    trainers = [("Python eager", lambda: python_steps_per_second(
-        eager, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing,
-        args.precision))]
+    trainers = [
+        (
+            "Python eager",
+            lambda: python_steps_per_second(
+                eager,
+                images,
+                labels,
+                args.steps,
+                args.warmup,
+                128,
+                0,
+                args.label_smoothing,
+                args.precision,
+            ),
+        )
+    ]
     if not args.no_compile:
         torch.manual_seed(0)
         compiled = torch.compile(ViT(**shape))
-        trainers.append(("Python torch.compile", lambda: python_steps_per_second(
-            compiled, images, labels, args.steps, args.warmup, 128, 0, args.label_smoothing,
-            args.precision)))
+        trainers.append(
+            (
+                "Python torch.compile",
+                lambda: python_steps_per_second(
+                    compiled,
+                    images,
+                    labels,
+                    args.steps,
+                    args.warmup,
+                    128,
+                    0,
+                    args.label_smoothing,
+                    args.precision,
+                ),
+            )
+        )
     if args.posenc:
-        trainers.append(("posenc train", lambda: posenc_steps_per_second(
-            args.posenc, args.config, args.threads, args.steps, args.warmup, model_sets)))
+        trainers.append(
+            (
+                "posenc train",
+                lambda: posenc_steps_per_second(
+                    args.posenc, args.config, args.threads, args.steps, args.warmup, model_sets
+                ),
+            )
+        )
     if args.baseline:
-        trainers.append(("posenc train (baseline build)", lambda: posenc_steps_per_second(
-            args.baseline, args.config, args.threads, args.steps, args.warmup, model_sets)))
+        trainers.append(
+            (
+                "posenc train (baseline build)",
+                lambda: posenc_steps_per_second(
+                    args.baseline, args.config, args.threads, args.steps, args.warmup, model_sets
+                ),
+            )
+        )
     measured = {name: [] for name, _ in trainers}
     for r in range(args.rounds):
-        for name, run in (trainers if r % 2 == 0 else trainers[::-1]):
+        for name, run in trainers if r % 2 == 0 else trainers[::-1]:
             measured[name].append(run())
     results = [(name, sorted(v)[len(v) // 2]) for name, v in measured.items()]
-    print("all rounds (steps/s): " + "; ".join(
-        f"{name} " + ", ".join(f"{x:.2f}" for x in v) for name, v in measured.items()))
+    print(
+        "all rounds (steps/s): "
+        + "; ".join(f"{name} " + ", ".join(f"{x:.2f}" for x in v) for name, v in measured.items())
+    )
     load = os.getloadavg()[0]
-    print(f"model: {params} parameters; precision {args.precision}; {args.threads} threads; "
-          f"steps {args.warmup}..{args.steps}; median of {args.rounds} rounds; "
-          f"torch {torch.__version__}; load average before the last run {load:.2f}")
+    print(
+        f"model: {params} parameters; precision {args.precision}; {args.threads} threads; "
+        f"steps {args.warmup}..{args.steps}; median of {args.rounds} rounds; "
+        f"torch {torch.__version__}; load average before the last run {load:.2f}"
+    )
     print("| trainer | steps/s | posenc / this |")
     print("|---|---:|---:|")
     mine = dict(results).get("posenc train")

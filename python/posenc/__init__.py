@@ -30,13 +30,6 @@ from . import _library
 _library.load()
 
 from . import integrations, timm  # noqa: E402
-from .integrations import transformers as _transformers_integration  # noqa: E402,F401
-from .integrations import timm as _timm_integration  # noqa: E402,F401
-from .integrations import diffusers as _diffusers_integration  # noqa: E402,F401
-from .integrations import chronos as _chronos_integration  # noqa: E402,F401
-from .integrations import uni2ts as _uni2ts_integration  # noqa: E402,F401
-from .integrations import timesfm as _timesfm_integration  # noqa: E402,F401
-from .integrations import toto as _toto_integration  # noqa: E402,F401
 from .attention import (  # noqa: E402
     alibi_attention,
     alibi_slopes,
@@ -45,8 +38,13 @@ from .attention import (  # noqa: E402
     t5_attention,
 )
 from .encoders import Encoder, Plan, Positions, build_encoder  # noqa: E402
-from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
-from .tables import sinusoidal_table  # noqa: E402
+from .integrations import chronos as _chronos_integration  # noqa: E402,F401
+from .integrations import diffusers as _diffusers_integration  # noqa: E402,F401
+from .integrations import timesfm as _timesfm_integration  # noqa: E402,F401
+from .integrations import timm as _timm_integration  # noqa: E402,F401
+from .integrations import toto as _toto_integration  # noqa: E402,F401
+from .integrations import transformers as _transformers_integration  # noqa: E402,F401
+from .integrations import uni2ts as _uni2ts_integration  # noqa: E402,F401
 from .rotary import (  # noqa: E402
     RotaryEmbedding,
     apply_rotary_pos_emb,
@@ -56,8 +54,30 @@ from .rotary import (  # noqa: E402
     rope_rotate,
     rope_rotate_qk,
 )
+from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
+from .tables import sinusoidal_table  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Encoder", "Plan", "Positions", "build_encoder", "RotaryEmbedding", "alibi_attention", "alibi_slopes", "get_rope_index",
-           "get_rope_index_omni", "apply_rotary_pos_emb", "apply_rotary_pos_emb_", "hf_rope",
-           "rope_cos_sin", "rope_rotate", "rope_rotate_qk", "positional_attention", "shaw_attention", "sinusoidal_table", "t5_attention", "integrations", "timm"]
+__all__ = [
+    "Encoder",
+    "Plan",
+    "Positions",
+    "build_encoder",
+    "RotaryEmbedding",
+    "alibi_attention",
+    "alibi_slopes",
+    "get_rope_index",
+    "get_rope_index_omni",
+    "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_",
+    "hf_rope",
+    "rope_cos_sin",
+    "rope_rotate",
+    "rope_rotate_qk",
+    "positional_attention",
+    "shaw_attention",
+    "sinusoidal_table",
+    "t5_attention",
+    "integrations",
+    "timm",
+]

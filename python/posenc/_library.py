@@ -64,8 +64,9 @@ def _refuse_another_copy(path: str) -> None:
     if not torch._C._dispatch_has_kernel("posenc::apply_rotary") or ours is None or _mapped(ours):
         return
     name = os.path.basename(path)
-    other = next((p for p in getattr(torch.ops, "loaded_libraries", ())
-                  if os.path.basename(p) == name), None)
+    other = next(
+        (p for p in getattr(torch.ops, "loaded_libraries", ()) if os.path.basename(p) == name), None
+    )
     if other is not None:
         raise ImportError(
             f"posenc: another copy of its operator library is already loaded ({other}); "
@@ -93,7 +94,9 @@ def load() -> str:
         with open(info_path, encoding="utf-8") as f:
             built_for = json.load(f)["torch_version"]
     except (OSError, ValueError, KeyError) as e:
-        raise ImportError(f"posenc: cannot read {info_path} (which torch the operators need): {e}") from None
+        raise ImportError(
+            f"posenc: cannot read {info_path} (which torch the operators need): {e}"
+        ) from None
     if _public(built_for) != _public(torch.__version__):
         raise ImportError(
             f"posenc: its operators were built against torch {built_for} but torch "

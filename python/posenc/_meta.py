@@ -24,8 +24,20 @@ _HOST_OK = {
     "rope_rotate_qk": ("cos", "sin"),
     "rope_rotate_": ("cos", "sin"),
 }
-_FUSED_HOST_OK = ("q_positions", "k_positions", "slopes", "table", "key_padding", "q_cos",
-                  "q_sin", "k_cos", "k_sin", "sample_ids", "variate_ids", "variate_bias")
+_FUSED_HOST_OK = (
+    "q_positions",
+    "k_positions",
+    "slopes",
+    "table",
+    "key_padding",
+    "q_cos",
+    "q_sin",
+    "k_cos",
+    "k_sin",
+    "sample_ids",
+    "variate_ids",
+    "variate_bias",
+)
 for _name in ("attention_fused", "_attention_fused_forward", "_attention_fused_backward"):
     _HOST_OK[_name] = _FUSED_HOST_OK
 
@@ -42,12 +54,16 @@ def check_same_device(op: str, named, host_ok=()) -> None:
         first, device = anchor
         if name in host_ok:
             if t.device != device and not (device.type == "cuda" and t.device.type == "cpu"):
-                raise RuntimeError(f"{op}: {name} is on {t.device} but {first} is on {device}; "
-                                   f"{name} must be on {first}'s device (or the CPU, for a CUDA "
-                                   f"{first})")
+                raise RuntimeError(
+                    f"{op}: {name} is on {t.device} but {first} is on {device}; "
+                    f"{name} must be on {first}'s device (or the CPU, for a CUDA "
+                    f"{first})"
+                )
         elif t.device != device:
-            raise RuntimeError(f"{op}: {name} is on {t.device} but {first} is on {device}; "
-                               f"every tensor argument must be on {first}'s device")
+            raise RuntimeError(
+                f"{op}: {name} is on {t.device} but {first} is on {device}; "
+                f"every tensor argument must be on {first}'s device"
+            )
 
 
 def _label(name: str) -> str:
@@ -59,6 +75,7 @@ def _label(name: str) -> str:
 
 def _fake(name: str):
     """register_fake for posenc::<name>, the devices of every tensor argument checked first."""
+
     def wrap(fn):
         schema = getattr(torch.ops.posenc, name).default._schema
         names = [a.name for a in schema.arguments]
@@ -72,6 +89,7 @@ def _fake(name: str):
 
         torch.library.register_fake(f"posenc::{name}")(checked)
         return fn
+
     return wrap
 
 
@@ -129,8 +147,14 @@ def _rope_rotate_inplace_fake(x, cos, sin, layout="half", inverse=False):
 
 
 @_fake("rope_cos_sin")
-def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section=(),
-                       section_layout="contiguous", layout="half"):
+def _rope_cos_sin_fake(
+    positions,
+    inv_freq,
+    attention_scaling=1.0,
+    mrope_section=(),
+    section_layout="contiguous",
+    layout="half",
+):
     lead = positions.shape if len(mrope_section) == 0 else positions.shape[:-1]
     shape = (*lead, 2 * inv_freq.shape[0])
     return (
@@ -140,31 +164,57 @@ def _rope_cos_sin_fake(positions, inv_freq, attention_scaling=1.0, mrope_section
 
 
 @_fake("patch_grid_rope")
-def _patch_grid_rope_fake(feat_shape, bands, grid_type="index", ref_feat_shape=None,
-                          grid_offset=0.0, grid_indexing="ij", normalize_coords="separate",
-                          layout="interleaved"):
+def _patch_grid_rope_fake(
+    feat_shape,
+    bands,
+    grid_type="index",
+    ref_feat_shape=None,
+    grid_offset=0.0,
+    grid_indexing="ij",
+    normalize_coords="separate",
+    layout="interleaved",
+):
     n = 1
     for s in feat_shape:
         n = n * s
     shape = (n, 2 * len(feat_shape) * bands.shape[0])
-    return (bands.new_empty(shape, dtype=torch.float32),
-            bands.new_empty(shape, dtype=torch.float32))
+    return (
+        bands.new_empty(shape, dtype=torch.float32),
+        bands.new_empty(shape, dtype=torch.float32),
+    )
 
 
 @_fake("alibi_attention")
-def _alibi_attention_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
+def _alibi_attention_fake(
+    q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None
+):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @_fake("_alibi_attention_forward")
-def _alibi_attention_forward_fake(q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None):
-    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
-            q.new_empty(q.shape[:-1], dtype=torch.float32))
+def _alibi_attention_forward_fake(
+    q, k, v, slopes, causal=False, symmetric=False, scale=None, attention_mask=None
+):
+    return (
+        q.new_empty((*q.shape[:-1], v.shape[-1])),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+    )
 
 
 @_fake("_alibi_attention_backward")
-def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=False,
-                                   symmetric=False, scale=None, attention_mask=None):
+def _alibi_attention_backward_fake(
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    slopes,
+    causal=False,
+    symmetric=False,
+    scale=None,
+    attention_mask=None,
+):
     # contiguous, as the kernel returns them (q, k, v may be transposed views)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
@@ -172,23 +222,59 @@ def _alibi_attention_backward_fake(grad_out, q, k, v, out, lse, slopes, causal=F
 # t5_attention: outputs contiguous as the C++ kernels return them (backward: contiguous
 # float32 gradients converted to each input's dtype, dtable in the table's dtype).
 @_fake("t5_attention")
-def _t5_attention_fake(q, k, v, table, bidirectional=True, max_distance=128, causal=False,
-                       scale=None, attention_mask=None):
+def _t5_attention_fake(
+    q,
+    k,
+    v,
+    table,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @_fake("_t5_attention_forward")
-def _t5_attention_forward_fake(q, k, v, table, bidirectional=True, max_distance=128,
-                               causal=False, scale=None, attention_mask=None):
-    return (q.new_empty((*q.shape[:-1], v.shape[-1])),
-            q.new_empty(q.shape[:-1], dtype=torch.float32))
+def _t5_attention_forward_fake(
+    q,
+    k,
+    v,
+    table,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+):
+    return (
+        q.new_empty((*q.shape[:-1], v.shape[-1])),
+        q.new_empty(q.shape[:-1], dtype=torch.float32),
+    )
 
 
 @_fake("_t5_attention_backward")
-def _t5_attention_backward_fake(grad_out, q, k, v, out, lse, table, bidirectional=True,
-                                max_distance=128, causal=False, scale=None, attention_mask=None):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            table.new_empty(table.shape))
+def _t5_attention_backward_fake(
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    table,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+):
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+        table.new_empty(table.shape),
+    )
 
 
 # shaw_attention: as t5_attention; lse is float64 for float64 inputs (their reference path), and
@@ -205,41 +291,100 @@ def _shaw_attention_forward_fake(q, k, v, table, causal=False, scale=None, atten
 
 
 @_fake("_shaw_attention_backward")
-def _shaw_attention_backward_fake(grad_out, q, k, v, out, lse, table, causal=False, scale=None, attention_mask=None):
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            table.new_empty(table.shape))
+def _shaw_attention_backward_fake(
+    grad_out, q, k, v, out, lse, table, causal=False, scale=None, attention_mask=None
+):
+    return (
+        q.new_empty(q.shape),
+        k.new_empty(k.shape),
+        v.new_empty(v.shape),
+        table.new_empty(table.shape),
+    )
 
 
 # positional_attention: as t5_attention (lse float64 for float64 inputs, their reference path);
 # dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table; dvariate
 # variate_bias's likewise.
 @_fake("positional_attention")
-def _positional_attention_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
-                               symmetric=False, t5_table=None, bidirectional=True,
-                               max_distance=128, causal=False, scale=None, attention_mask=None,
-                               sample_ids=None, variate_ids=None, variate_bias=None):
+def _positional_attention_fake(
+    q,
+    k,
+    v,
+    cos=None,
+    sin=None,
+    layout="half",
+    slopes=None,
+    symmetric=False,
+    t5_table=None,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+    sample_ids=None,
+    variate_ids=None,
+    variate_bias=None,
+):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
 @_fake("_positional_attention_forward")
-def _positional_attention_forward_fake(q, k, v, cos=None, sin=None, layout="half", slopes=None,
-                                       symmetric=False, t5_table=None, bidirectional=True,
-                                       max_distance=128, causal=False, scale=None, attention_mask=None,
-                                       sample_ids=None, variate_ids=None, variate_bias=None):
+def _positional_attention_forward_fake(
+    q,
+    k,
+    v,
+    cos=None,
+    sin=None,
+    layout="half",
+    slopes=None,
+    symmetric=False,
+    t5_table=None,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+    sample_ids=None,
+    variate_ids=None,
+    variate_bias=None,
+):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
 
 
 @_fake("_positional_attention_backward")
-def _positional_attention_backward_fake(grad_out, q, k, v, out, lse, cos=None, sin=None,
-                                        layout="half", slopes=None, symmetric=False,
-                                        t5_table=None, bidirectional=True, max_distance=128,
-                                        causal=False, scale=None, attention_mask=None,
-                                        sample_ids=None, variate_ids=None, variate_bias=None):
-    dtable = (t5_table.new_empty(t5_table.shape) if t5_table is not None
-              else q.new_empty((0,), dtype=torch.float32))
-    dvariate = (variate_bias.new_empty(variate_bias.shape) if variate_bias is not None
-                else q.new_empty((0,), dtype=torch.float32))
+def _positional_attention_backward_fake(
+    grad_out,
+    q,
+    k,
+    v,
+    out,
+    lse,
+    cos=None,
+    sin=None,
+    layout="half",
+    slopes=None,
+    symmetric=False,
+    t5_table=None,
+    bidirectional=True,
+    max_distance=128,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+    sample_ids=None,
+    variate_ids=None,
+    variate_bias=None,
+):
+    dtable = (
+        t5_table.new_empty(t5_table.shape)
+        if t5_table is not None
+        else q.new_empty((0,), dtype=torch.float32)
+    )
+    dvariate = (
+        variate_bias.new_empty(variate_bias.shape)
+        if variate_bias is not None
+        else q.new_empty((0,), dtype=torch.float32)
+    )
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
@@ -260,21 +405,43 @@ def _attention_fused_forward_fake(q, k, v, *args):
     # out: float32 on the CPU (the unrounded values the backward reads), q's dtype on CUDA (the
     # kernel's own); lse [B, H, Nq] float32
     out_dtype = torch.float32 if q.device.type == "cpu" else q.dtype
-    return (q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype),
-            q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32))
+    return (
+        q.new_empty((*q.shape[:-1], v.shape[-1]), dtype=out_dtype),
+        q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32),
+    )
 
 
 @_fake("_attention_fused_backward")
-def _attention_fused_backward_fake(grad_out, out, lse, q, k, v, q_positions, k_positions, slopes,
-                                   symmetric, table, *args, sample_ids=None, variate_ids=None,
-                                   variate_bias=None):
+def _attention_fused_backward_fake(
+    grad_out,
+    out,
+    lse,
+    q,
+    k,
+    v,
+    q_positions,
+    k_positions,
+    slopes,
+    symmetric,
+    table,
+    *args,
+    sample_ids=None,
+    variate_ids=None,
+    variate_bias=None,
+):
     # the last three parameters (sample_ids, variate_ids, variate_bias) may come positionally
     if len(args) >= 16:  # (table_form, ..., rope_layout, sample_ids, variate_ids, variate_bias)
         variate_bias = args[15]
-    dtable = table.new_empty(table.shape) if table is not None else \
-        q.new_empty((0,), dtype=torch.float32)
-    dvariate = variate_bias.new_empty(variate_bias.shape) if variate_bias is not None else \
-        q.new_empty((0,), dtype=torch.float32)
+    dtable = (
+        table.new_empty(table.shape)
+        if table is not None
+        else q.new_empty((0,), dtype=torch.float32)
+    )
+    dvariate = (
+        variate_bias.new_empty(variate_bias.shape)
+        if variate_bias is not None
+        else q.new_empty((0,), dtype=torch.float32)
+    )
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
@@ -295,8 +462,10 @@ def _stream_checks(op, named, token_kinds):
         )
     who = dict(named)
     mask, token_types = who["attention_mask"], who["token_types"]
-    if mask.numel() != 0 and mask.dtype != torch.bool and (
-        mask.dtype.is_floating_point or mask.dtype.is_complex
+    if (
+        mask.numel() != 0
+        and mask.dtype != torch.bool
+        and (mask.dtype.is_floating_point or mask.dtype.is_complex)
     ):
         raise RuntimeError(
             f"{op}: attention_mask must be bool or integer (1 = a real token, 0 = padding), "

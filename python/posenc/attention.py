@@ -38,8 +38,13 @@ import math
 
 import torch
 
-__all__ = ["alibi_attention", "alibi_slopes", "positional_attention", "shaw_attention",
-           "t5_attention"]
+__all__ = [
+    "alibi_attention",
+    "alibi_slopes",
+    "positional_attention",
+    "shaw_attention",
+    "t5_attention",
+]
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -59,10 +64,17 @@ def alibi_slopes(heads: int) -> torch.Tensor:
     return slopes
 
 
-def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: torch.Tensor,
-                    causal: bool = False, symmetric: bool = False,
-                    scale: float | None = None, *,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def alibi_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slopes: torch.Tensor,
+    causal: bool = False,
+    symmetric: bool = False,
+    scale: float | None = None,
+    *,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q k^T * scale - slope_h * distance + causal mask) v, [B, H, Nq, Dv].
 
     attention_mask: transformers' 2-D mask [B, Nk], bool or integer, True / 1 = a key to attend
@@ -72,14 +84,23 @@ def alibi_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slopes: t
     as the padding sits at one end (BLOOM's cumsum positions give the same softmax), not for
     padding between real tokens.
     """
-    return torch.ops.posenc.alibi_attention(q, k, v, slopes, causal, symmetric, scale,
-                                            attention_mask)
+    return torch.ops.posenc.alibi_attention(
+        q, k, v, slopes, causal, symmetric, scale, attention_mask
+    )
 
 
-def t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
-                 bidirectional: bool = True, max_distance: int = 128, causal: bool = False,
-                 scale: float | None = None,
-                 attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def t5_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    table: torch.Tensor,
+    *,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+    causal: bool = False,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(q k^T * scale + table[bucket(j - p_i), h] + causal mask) v, [B, H, Nq, Dv].
 
     T5's relative-position bias (transformers' T5Attention.compute_bias) computed inside the
@@ -92,13 +113,21 @@ def t5_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch
 
     attention_mask: as alibi_attention's.
     """
-    return torch.ops.posenc.t5_attention(q, k, v, table, bidirectional, max_distance, causal,
-                                         scale, attention_mask)
+    return torch.ops.posenc.t5_attention(
+        q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask
+    )
 
 
-def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, *,
-                   causal: bool = False, scale: float | None = None,
-                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+def shaw_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    table: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax((q_i . k_j + q_i . table[clip(j - p_i, -K, K) + K]) * scale + causal mask) v,
     [B, H, Nq, Dv].
 
@@ -130,16 +159,26 @@ def shaw_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: tor
     return torch.ops.posenc.shaw_attention(q, k, v, table, causal, scale, attention_mask)
 
 
-def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                         cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
-                         layout: str = "half", slopes: torch.Tensor | None = None,
-                         symmetric: bool = False, t5_table: torch.Tensor | None = None,
-                         bidirectional: bool = True, max_distance: int = 128,
-                         causal: bool = False, scale: float | None = None,
-                         attention_mask: torch.Tensor | None = None,
-                         sample_ids: torch.Tensor | None = None,
-                         variate_ids: torch.Tensor | None = None,
-                         variate_bias: torch.Tensor | None = None) -> torch.Tensor:
+def positional_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    layout: str = "half",
+    slopes: torch.Tensor | None = None,
+    symmetric: bool = False,
+    t5_table: torch.Tensor | None = None,
+    bidirectional: bool = True,
+    max_distance: int = 128,
+    causal: bool = False,
+    scale: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+    sample_ids: torch.Tensor | None = None,
+    variate_ids: torch.Tensor | None = None,
+    variate_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """softmax(rot(q_i) . rot(k_j) * scale - slope_h d(i, j) + t5_table[bucket(j - p_i), h]
     + variate_bias[variate_i == variate_j, h] + masks) v, [B, H, Nq, Dv]; every part optional,
     all in one pass of the tiled kernel.
@@ -189,7 +228,22 @@ def positional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
     CUDA takes these on the plain-ATen reference path (the CUDA kernel does not read them yet).
     """
-    return torch.ops.posenc.positional_attention(q, k, v, cos, sin, layout, slopes, symmetric,
-                                                 t5_table, bidirectional, max_distance, causal,
-                                                 scale, attention_mask, sample_ids, variate_ids,
-                                                 variate_bias)
+    return torch.ops.posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        layout,
+        slopes,
+        symmetric,
+        t5_table,
+        bidirectional,
+        max_distance,
+        causal,
+        scale,
+        attention_mask,
+        sample_ids,
+        variate_ids,
+        variate_bias,
+    )

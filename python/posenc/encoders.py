@@ -22,7 +22,7 @@ import functools
 import json
 import math
 import os
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -40,44 +40,52 @@ class Positions:
         if not isinstance(coords, torch.Tensor):
             coords = torch.as_tensor(coords, dtype=torch.float64)
         if coords.dim() not in (2, 3):
-            raise ValueError(f"posenc.Positions: coords must be [N, A] or [B, N, A], got shape "
-                             f"{tuple(coords.shape)}")
+            raise ValueError(
+                f"posenc.Positions: coords must be [N, A] or [B, N, A], got shape "
+                f"{tuple(coords.shape)}"
+            )
         if not coords.is_floating_point():
             coords = coords.to(torch.float64)
         axes = tuple(axes) if not isinstance(axes, str) else (axes,)
         if len(axes) != coords.shape[-1]:
-            raise ValueError(f"posenc.Positions: coords have {coords.shape[-1]} axes (last dim) "
-                             f"but {len(axes)} axis names were given {axes}")
+            raise ValueError(
+                f"posenc.Positions: coords have {coords.shape[-1]} axes (last dim) "
+                f"but {len(axes)} axis names were given {axes}"
+            )
         if len(set(axes)) != len(axes) or not all(isinstance(a, str) and a for a in axes):
-            raise ValueError(f"posenc.Positions: axis names must be distinct non-empty strings, "
-                             f"got {axes}")
+            raise ValueError(
+                f"posenc.Positions: axis names must be distinct non-empty strings, got {axes}"
+            )
         self.coords = coords
         self.axes = axes
 
     @staticmethod
-    def sequence(length: int, offset: float = 0.0, axis: str = "t") -> "Positions":
+    def sequence(length: int, offset: float = 0.0, axis: str = "t") -> Positions:
         if length < 0:
             raise ValueError(f"posenc.Positions.sequence: length must be >= 0, got {length}")
         return Positions(torch.arange(length, dtype=torch.float64).add_(offset)[:, None], (axis,))
 
     @staticmethod
-    def values(values: Iterable[float], axis: str = "t") -> "Positions":
+    def values(values: Iterable[float], axis: str = "t") -> Positions:
         return Positions(torch.as_tensor(list(values), dtype=torch.float64).reshape(-1, 1), (axis,))
 
     @staticmethod
-    def grid(height: int, width: int) -> "Positions":
+    def grid(height: int, width: int) -> Positions:
         if height <= 0 or width <= 0:
-            raise ValueError(f"posenc.Positions.grid: height and width must be positive, got "
-                             f"{height} x {width}")
+            raise ValueError(
+                f"posenc.Positions.grid: height and width must be positive, got {height} x {width}"
+            )
         rows = torch.arange(height, dtype=torch.float64).repeat_interleave(width)
         cols = torch.arange(width, dtype=torch.float64).repeat(height)
         return Positions(torch.stack([rows, cols], 1), ("h", "w"))
 
     @staticmethod
-    def volume(frames: int, height: int, width: int) -> "Positions":
+    def volume(frames: int, height: int, width: int) -> Positions:
         if frames <= 0 or height <= 0 or width <= 0:
-            raise ValueError(f"posenc.Positions.volume: frames, height and width must be positive, "
-                             f"got {frames} x {height} x {width}")
+            raise ValueError(
+                f"posenc.Positions.volume: frames, height and width must be positive, "
+                f"got {frames} x {height} x {width}"
+            )
         plane = Positions.grid(height, width).coords.repeat(frames, 1)
         t = torch.arange(frames, dtype=torch.float64).repeat_interleave(height * width)[:, None]
         return Positions(torch.cat([t, plane], 1), ("t", "h", "w"))
@@ -96,18 +104,26 @@ def _to_cpp(t: torch.Tensor, layout: str) -> torch.Tensor:  # [B, H, N, Dh] -> [
 def _key_padding(mask: torch.Tensor) -> torch.Tensor:
     """key_padding as bool (True: a real key); integer 0 / 1 as transformers' attention_mask."""
     if not isinstance(mask, torch.Tensor):
-        raise ValueError(f"posenc Plan.attention: key_padding must be a tensor, got "
-                         f"{type(mask).__name__}")
+        raise ValueError(
+            f"posenc Plan.attention: key_padding must be a tensor, got {type(mask).__name__}"
+        )
     if mask.dtype == torch.bool:
         return mask
     if mask.is_floating_point() or mask.is_complex():
-        raise ValueError(f"posenc Plan.attention: key_padding must be bool or integer (True / 1 "
-                         f"= a real key, 0 = padding), got {mask.dtype}; an additive float mask "
-                         f"(0 keep, -inf pad) is not taken: pass mask == 0")
-    if mask.numel() > 0 and mask.device.type != "meta" and \
-            not bool(((mask == 0) | (mask == 1)).all()):
-        raise ValueError(f"posenc Plan.attention: key_padding values must be 0 or 1, got values "
-                         f"in [{int(mask.min())}, {int(mask.max())}]")
+        raise ValueError(
+            f"posenc Plan.attention: key_padding must be bool or integer (True / 1 "
+            f"= a real key, 0 = padding), got {mask.dtype}; an additive float mask "
+            f"(0 keep, -inf pad) is not taken: pass mask == 0"
+        )
+    if (
+        mask.numel() > 0
+        and mask.device.type != "meta"
+        and not bool(((mask == 0) | (mask == 1)).all())
+    ):
+        raise ValueError(
+            f"posenc Plan.attention: key_padding values must be 0 or 1, got values "
+            f"in [{int(mask.min())}, {int(mask.max())}]"
+        )
     return mask.to(torch.bool)
 
 
@@ -127,8 +143,10 @@ class Plan:
         """q, k rotated by the plan's RoPE (q and k as they are without a rotary part); layout
         "bhnd" [B, H, N, Dh] (SDPA's, transformers') or "bnhd" [B, N, H, Dh] (posenc's)."""
         if q.dim() != 4 or k.dim() != 4:
-            raise ValueError(f"posenc Plan.rotate: q and k must be 4-D ({self._layout}), got "
-                             f"{tuple(q.shape)} and {tuple(k.shape)}")
+            raise ValueError(
+                f"posenc Plan.rotate: q and k must be 4-D ({self._layout}), got "
+                f"{tuple(q.shape)} and {tuple(k.shape)}"
+            )
         qr, kr = self._plan.rotate(_to_cpp(q, self._layout), _to_cpp(k, self._layout))
         return _to_cpp(qr, self._layout), _to_cpp(kr, self._layout)
 
@@ -138,16 +156,26 @@ class Plan:
         depend on it (Shaw's key-side term)."""
         if not self._plan.has_bias():
             return None
-        bias = self._plan.bias(int(heads), _to_cpp(q, self._layout) if q is not None else
-                               torch.empty(0))
+        bias = self._plan.bias(
+            int(heads), _to_cpp(q, self._layout) if q is not None else torch.empty(0)
+        )
         if bias.shape[-3] != heads:  # a table of its own head count (T5's num_heads)
-            raise ValueError(f"posenc Plan.bias: the plan's bias has {bias.shape[-3]} heads "
-                             f"(shape {tuple(bias.shape)}) but heads={heads} was asked for")
+            raise ValueError(
+                f"posenc Plan.bias: the plan's bias has {bias.shape[-3]} heads "
+                f"(shape {tuple(bias.shape)}) but heads={heads} was asked for"
+            )
         return bias
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                  causal: bool = False, key_padding: torch.Tensor | None = None,
-                  scale: float | None = None) -> torch.Tensor:
+    def attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        key_padding: torch.Tensor | None = None,
+        scale: float | None = None,
+    ) -> torch.Tensor:
         """softmax(rot(q) rot(k)^T * scale + bias + masks) v with the plan's positions, in the
         plan's layout ("bhnd": q [B, H, Nq, Dh], k [B, H, Nk, Dh], v [B, H, Nk, Dv]; "bnhd":
         tokens before heads), q, k as projected (unrotated). The C++ layers' backend choice
@@ -162,27 +190,46 @@ class Plan:
         where the dot products are empty and SDPA's logits are the bias alone). Gradients for q,
         k, v and the encoder's parameters (eager; torch.compile breaks the graph here)."""
         if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-            raise ValueError(f"posenc Plan.attention: q, k, v must be 4-D ({self._layout}), got "
-                             f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+            raise ValueError(
+                f"posenc Plan.attention: q, k, v must be 4-D ({self._layout}), got "
+                f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            )
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] > 0 else 1.0
         scale = float(scale)
         padding = _key_padding(key_padding) if key_padding is not None else torch.empty(0)
-        y = self._plan.attention(_to_cpp(q, self._layout), _to_cpp(k, self._layout),
-                                 _to_cpp(v, self._layout), bool(causal), padding, scale)
+        y = self._plan.attention(
+            _to_cpp(q, self._layout),
+            _to_cpp(k, self._layout),
+            _to_cpp(v, self._layout),
+            bool(causal),
+            padding,
+            scale,
+        )
         return _to_cpp(y, self._layout)
 
-    def attention_route(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                        causal: bool = False, key_padding: bool = False) -> str:
+    def attention_route(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        key_padding: bool = False,
+    ) -> str:
         """The backend attention() takes for these inputs and why the ones before it were
         passed over, e.g. "fused with RoPE inside (short_rotary: the plan has a bias; ...)"."""
-        return self._plan.attention_route(_to_cpp(q, self._layout), _to_cpp(k, self._layout),
-                                          _to_cpp(v, self._layout), bool(causal),
-                                          bool(key_padding))
+        return self._plan.attention_route(
+            _to_cpp(q, self._layout),
+            _to_cpp(k, self._layout),
+            _to_cpp(v, self._layout),
+            bool(causal),
+            bool(key_padding),
+        )
 
     @property
     def parts(self) -> list[str]:
-        """"encoder: role" per contribution ("rope: rotary", "alibi: bias (alibi)", ...)."""
+        """ "encoder: role" per contribution ("rope: rotary", "alibi: bias (alibi)", ...)."""
         return list(self._plan.parts())
 
 
@@ -211,8 +258,9 @@ def _config_text(config: dict) -> str:
         if values > max_values:
             raise RuntimeError(f"{_WHO}: more than {max_values} values (the config size limit)")
         if depth > max_depth:
-            raise RuntimeError(f"{_WHO}: nested deeper than {max_depth} levels (the config depth "
-                               f"limit)")
+            raise RuntimeError(
+                f"{_WHO}: nested deeper than {max_depth} levels (the config depth limit)"
+            )
         if isinstance(value, str):
             size += len(value.encode("utf-8", "surrogatepass"))
         elif isinstance(value, dict):
@@ -221,8 +269,10 @@ def _config_text(config: dict) -> str:
         elif isinstance(value, (list, tuple)):
             stack.extend((item, depth + 1) for item in value)
         if size > max_bytes:
-            raise RuntimeError(f"{_WHO}: more than {max_bytes} bytes in its keys and strings (the "
-                               f"config size limit)")
+            raise RuntimeError(
+                f"{_WHO}: more than {max_bytes} bytes in its keys and strings (the "
+                f"config size limit)"
+            )
         if len(stack) > max_values:  # a list longer than the limit, before it is walked
             raise RuntimeError(f"{_WHO}: more than {max_values} values (the config size limit)")
     return json.dumps(config)
@@ -235,13 +285,16 @@ def _read_config_file(path: str) -> str:
     with open(path, "rb") as f:
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise RuntimeError(f"{path}: {os.path.getsize(path)} bytes; configs are limited to "
-                           f"{max_bytes} bytes (the config size limit)")
+        raise RuntimeError(
+            f"{path}: {os.path.getsize(path)} bytes; configs are limited to "
+            f"{max_bytes} bytes (the config size limit)"
+        )
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RuntimeError(f"{path}: byte {e.start} is not valid UTF-8; a config is UTF-8 "
-                           f"text") from None
+        raise RuntimeError(
+            f"{path}: byte {e.start} is not valid UTF-8; a config is UTF-8 text"
+        ) from None
 
 
 class Encoder(torch.nn.Module):
@@ -250,12 +303,19 @@ class Encoder(torch.nn.Module):
     config: a dict, or its text (JSON or YAML), read by the C++ library under its config limits.
     """
 
-    def __init__(self, config: dict | str, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
-                 layout: str = "bhnd"):
+    def __init__(
+        self,
+        config: dict | str,
+        dim: int = 0,
+        num_heads: int = 0,
+        head_dim: int = 0,
+        layout: str = "bhnd",
+    ):
         super().__init__()
         if layout not in ("bhnd", "bnhd"):
-            raise ValueError(f"posenc.build_encoder: layout must be 'bhnd' or 'bnhd', got "
-                             f"{layout!r}")
+            raise ValueError(
+                f"posenc.build_encoder: layout must be 'bhnd' or 'bnhd', got {layout!r}"
+            )
         self.layout = layout
         text = config if isinstance(config, str) else _config_text(config)
         self._enc = torch.classes.posenc.Encoder(text, int(dim), int(num_heads), int(head_dim))
@@ -269,19 +329,30 @@ class Encoder(torch.nn.Module):
             self._names[name.replace(".", "_")] = name
             self._buffers[name.replace(".", "_")] = t
 
-    def forward(self, positions: Positions, keys: Positions | None = None,
-                device: torch.device | str | None = None) -> Plan:
+    def forward(
+        self,
+        positions: Positions,
+        keys: Positions | None = None,
+        device: torch.device | str | None = None,
+    ) -> Plan:
         if not isinstance(positions, Positions):
-            raise ValueError(f"posenc Encoder: positions must be posenc.Positions, got "
-                             f"{type(positions).__name__}")
+            raise ValueError(
+                f"posenc Encoder: positions must be posenc.Positions, got "
+                f"{type(positions).__name__}"
+            )
         if keys is not None and keys.axes != positions.axes:
-            raise ValueError(f"posenc Encoder: keys have axes {keys.axes}, queries {positions.axes}")
+            raise ValueError(
+                f"posenc Encoder: keys have axes {keys.axes}, queries {positions.axes}"
+            )
         if device is None:
             tensors = list(self._parameters.values()) + list(self._buffers.values())
             device = tensors[0].device if tensors else positions.coords.device
-        plan = self._enc.plan(positions.coords, list(positions.axes),
-                              keys.coords if keys is not None else torch.empty(0),
-                              str(torch.device(device)))
+        plan = self._enc.plan(
+            positions.coords,
+            list(positions.axes),
+            keys.coords if keys is not None else torch.empty(0),
+            str(torch.device(device)),
+        )
         return Plan(plan, self.layout)
 
     def train(self, mode: bool = True):
@@ -304,8 +375,9 @@ class Encoder(torch.nn.Module):
         return f"type={self.type!r}, config={json.dumps(self.config)}"
 
 
-def build_encoder(config, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
-                  layout: str = "bhnd") -> Encoder:
+def build_encoder(
+    config, dim: int = 0, num_heads: int = 0, head_dim: int = 0, layout: str = "bhnd"
+) -> Encoder:
     """The encoder a config describes, as the C++ library and `posenc train` build it.
 
     config: a dict ({"type": "rope", ...}; see docs/encoders.md for every type and key), its JSON
@@ -322,6 +394,8 @@ def build_encoder(config, dim: int = 0, num_heads: int = 0, head_dim: int = 0,
             raise ValueError(f"posenc.build_encoder: {path!r} is neither JSON text nor a file")
         config = _read_config_file(path)  # text: parsed in C++, YAML aliases within the limits
     elif not isinstance(config, (str, dict)):
-        raise ValueError(f"posenc.build_encoder: the config must be a dict with a 'type', got "
-                         f"{type(config).__name__}")
+        raise ValueError(
+            f"posenc.build_encoder: the config must be a dict with a 'type', got "
+            f"{type(config).__name__}"
+        )
     return Encoder(config, dim, num_heads, head_dim, layout)

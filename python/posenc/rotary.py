@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,13 +31,25 @@ from . import _library
 _library.load()
 from . import _meta  # noqa: E402,F401  (fake kernels for torch.compile)
 
-__all__ = ["apply_rotary_pos_emb", "apply_rotary_pos_emb_", "rope_cos_sin", "hf_rope",
-           "RotaryEmbedding"]
+__all__ = [
+    "apply_rotary_pos_emb",
+    "apply_rotary_pos_emb_",
+    "rope_cos_sin",
+    "hf_rope",
+    "RotaryEmbedding",
+]
 
 
-def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         position_ids: Any = None, unsqueeze_dim: int = 1, *,
-                         layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_pos_emb(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position_ids: Any = None,
+    unsqueeze_dim: int = 1,
+    *,
+    layout: str = "half",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' apply_rotary_pos_emb: returns (q * c + rot(q) * s, k * c + rot(k) * s).
 
     q: [B, Hq, N, D], k: [B, Hk, N, D] (unsqueeze_dim=1) or [B, N, H, D] (unsqueeze_dim=2);
@@ -52,9 +65,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     return torch.ops.posenc.apply_rotary(q, k, cos, sin, unsqueeze_dim, layout)
 
 
-def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                          sin: torch.Tensor, unsqueeze_dim: int = 1, *,
-                          layout: str = "half") -> None:
+def apply_rotary_pos_emb_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+    *,
+    layout: str = "half",
+) -> None:
     """In place (inference, KV-cache writes): q and k are overwritten; records no gradient.
 
     The arguments are apply_rotary_pos_emb's. With autograd on and an input that needs a
@@ -64,9 +83,14 @@ def apply_rotary_pos_emb_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     torch.ops.posenc.apply_rotary_(q, k, cos, sin, unsqueeze_dim, layout)
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scaling: float = 1.0,
-                 mrope_section: Sequence[int] = (), section_layout: str = "contiguous",
-                 layout: str = "half") -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    attention_scaling: float = 1.0,
+    mrope_section: Sequence[int] = (),
+    section_layout: str = "contiguous",
+    layout: str = "half",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables [..., N, 2F] float32 for positions [..., N] (or [..., N, A] with mrope_section).
 
     inv_freq [F]: float32 frequencies compute the angles as transformers does (float32 products,
@@ -76,12 +100,18 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, attention_scal
     "interleaved" (Qwen3-VL's t h w t h w ...). layout "half": each row cat(t, t), as
     transformers' rotary modules return it; "interleaved": t0 t0 t1 t1 ... (GPT-J's pairs).
     """
-    return torch.ops.posenc.rope_cos_sin(positions, inv_freq, float(attention_scaling),
-                                         list(mrope_section), section_layout, layout)
+    return torch.ops.posenc.rope_cos_sin(
+        positions, inv_freq, float(attention_scaling), list(mrope_section), section_layout, layout
+    )
 
 
-def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str = "half",
-                inverse: bool = False) -> torch.Tensor:
+def rope_rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    inverse: bool = False,
+) -> torch.Tensor:
     """The C++ library's fused rotation, the operator its encoders and trainer call.
 
     x: [B, N, H, Dh] (tokens before heads, as posenc's C++ attention lays them out); cos, sin:
@@ -93,8 +123,14 @@ def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: s
     return torch.ops.posenc.rope_rotate(x, cos, sin, layout, inverse)
 
 
-def rope_rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   layout: str = "half", inverse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_rotate_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str = "half",
+    inverse: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """rope_rotate of q and k sharing the tables (one pass; head counts may differ)."""
     return torch.ops.posenc.rope_rotate_qk(q, k, cos, sin, layout, inverse)
 
@@ -115,11 +151,14 @@ def _config_dict(config: Any) -> dict:
         return dict(config)
     if hasattr(config, "to_json_string"):  # a transformers PretrainedConfig
         return json.loads(config.to_json_string(use_diff=False))
-    raise TypeError(f"posenc: a config is a path, a dict or a transformers config, got {type(config).__name__}")
+    raise TypeError(
+        f"posenc: a config is a path, a dict or a transformers config, got {type(config).__name__}"
+    )
 
 
-def hf_rope(config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
-            seq_len: int = -1) -> tuple[torch.Tensor, float, dict]:
+def hf_rope(
+    config: Any, layer_type: str | None = None, angle_dtype: str = "float32", seq_len: int = -1
+) -> tuple[torch.Tensor, float, dict]:
     """(inv_freq, attention_scaling, resolution) for a config.json, as transformers resolves it.
 
     config: a config.json path (or its folder), a dict or a transformers config; every model type
@@ -133,8 +172,9 @@ def hf_rope(config: Any, layer_type: str | None = None, angle_dtype: str = "floa
     """
     origin = os.fspath(config) if isinstance(config, (str, os.PathLike)) else "config.json"
     text = json.dumps(_config_dict(config), allow_nan=True)
-    inv_freq, scaling, resolution = torch.ops.posenc.hf_rope(text, layer_type or "", angle_dtype,
-                                                             int(seq_len), origin)
+    inv_freq, scaling, resolution = torch.ops.posenc.hf_rope(
+        text, layer_type or "", angle_dtype, int(seq_len), origin
+    )
     return inv_freq, scaling, json.loads(resolution)
 
 
@@ -144,8 +184,13 @@ def _layer_types(cfg: dict) -> list[str]:
     config class makes the last layer full attention whatever the file lists."""
     for c in (cfg, cfg.get("text_config") or {}):
         params, types = c.get("rope_parameters"), c.get("layer_types")
-        if isinstance(params, dict) and types and params and set(params) & set(types) and all(
-                isinstance(v, dict) or v is None for v in params.values()):
+        if (
+            isinstance(params, dict)
+            and types
+            and params
+            and set(params) & set(types)
+            and all(isinstance(v, dict) or v is None for v in params.values())
+        ):
             listed = set(types) | ({"full_attention"} & set(params))
             return sorted(t for t in listed if params.get(t) is not None)
     return []
@@ -156,8 +201,9 @@ class _Table:
 
     def __init__(self, config_text: dict, layer_type: str, angle_dtype: str):
         self.layer_type = layer_type
-        inv_freq, self.attention_scaling, self.resolved = hf_rope(config_text, layer_type,
-                                                                 angle_dtype)
+        inv_freq, self.attention_scaling, self.resolved = hf_rope(
+            config_text, layer_type, angle_dtype
+        )
         self.inv_freq = inv_freq
         c = self.resolved["config"]
         self.rope_type = c.get("rope_type", "default")
@@ -170,8 +216,9 @@ class _Table:
         # angle = (s p) inv_freq: DINOv3's 2 pi over patch centres in [-1, 1]
         self.position_scale = float(c.get("position_scale", 1.0))
         self.max_position_embeddings = int(c.get("max_position_embeddings", 0) or 0)
-        self.original_max = int(c.get("original_max_position_embeddings", 0) or 0) or \
-            self.max_position_embeddings
+        self.original_max = (
+            int(c.get("original_max_position_embeddings", 0) or 0) or self.max_position_embeddings
+        )
         self.max_seq_len_cached = self.max_position_embeddings
         self.long_inv_freq = None
 
@@ -194,19 +241,31 @@ class RotaryEmbedding(nn.Module):
     most transformers modules do; "float32" keeps them float32 whatever x is (OLMo's, Ernie's).
     """
 
-    def __init__(self, config: Any, layer_type: str | None = None, angle_dtype: str = "float32",
-                 table_order: str = "layout", table_dtype: str = "input"):
+    def __init__(
+        self,
+        config: Any,
+        layer_type: str | None = None,
+        angle_dtype: str = "float32",
+        table_order: str = "layout",
+        table_dtype: str = "input",
+    ):
         super().__init__()
         if table_dtype not in ("input", "float32"):
-            raise ValueError(f"posenc.RotaryEmbedding: table_dtype must be 'input' or 'float32', "
-                             f"got {table_dtype!r}")
+            raise ValueError(
+                f"posenc.RotaryEmbedding: table_dtype must be 'input' or 'float32', "
+                f"got {table_dtype!r}"
+            )
         self.table_dtype = table_dtype
         if angle_dtype not in ("float32", "float64"):
-            raise ValueError(f"posenc.RotaryEmbedding: angle_dtype must be 'float32' or 'float64', "
-                             f"got {angle_dtype!r}")
+            raise ValueError(
+                f"posenc.RotaryEmbedding: angle_dtype must be 'float32' or 'float64', "
+                f"got {angle_dtype!r}"
+            )
         if table_order not in ("layout", "transformers", "pairs"):
-            raise ValueError(f"posenc.RotaryEmbedding: table_order must be 'layout', "
-                             f"'transformers' or 'pairs', got {table_order!r}")
+            raise ValueError(
+                f"posenc.RotaryEmbedding: table_order must be 'layout', "
+                f"'transformers' or 'pairs', got {table_order!r}"
+            )
         cfg = _config_dict(config)
         self._config = cfg
         self.angle_dtype = angle_dtype
@@ -222,14 +281,19 @@ class RotaryEmbedding(nn.Module):
             # the frequencies at construction (transformers' original_inv_freq, which dynamic
             # NTK returns to; named apart so that transformers' _init_weights, which recomputes
             # any module with an `original_inv_freq` by its own rope functions, leaves this one be)
-            self.register_buffer(self._buffer(name, "initial_inv_freq"), table.inv_freq.clone(),
-                                 persistent=False)
+            self.register_buffer(
+                self._buffer(name, "initial_inv_freq"), table.inv_freq.clone(), persistent=False
+            )
 
     @classmethod
-    def from_hf_config(cls, config: Any, layer_type: str | None = None,
-                       angle_dtype: str = "float32", table_order: str = "layout",
-                       table_dtype: str = "input"
-                       ) -> "RotaryEmbedding":
+    def from_hf_config(
+        cls,
+        config: Any,
+        layer_type: str | None = None,
+        angle_dtype: str = "float32",
+        table_order: str = "layout",
+        table_dtype: str = "input",
+    ) -> RotaryEmbedding:
         """From a config.json path (or its folder), a dict, or a transformers config.
 
         Resolved as transformers resolves it (every model type of docs/hf_architectures.md, else
@@ -241,8 +305,13 @@ class RotaryEmbedding(nn.Module):
         long/short switch). angle_dtype "float64" computes the angles exactly instead of as
         transformers does; "float32" (default) gives transformers' tables to the bit.
         """
-        return cls(config, layer_type=layer_type, angle_dtype=angle_dtype, table_order=table_order,
-                   table_dtype=table_dtype)
+        return cls(
+            config,
+            layer_type=layer_type,
+            angle_dtype=angle_dtype,
+            table_order=table_order,
+            table_dtype=table_dtype,
+        )
 
     @staticmethod
     def _buffer(layer_type: str, what: str = "inv_freq") -> str:
@@ -251,15 +320,19 @@ class RotaryEmbedding(nn.Module):
     def _table(self, layer_type: str | None) -> _Table:
         if layer_type is None:
             if len(self._tables) != 1:
-                raise ValueError(f"posenc.RotaryEmbedding: this config has per-layer-type rotary "
-                                 f"parameters; pass layer_type, one of {sorted(self._tables)}")
+                raise ValueError(
+                    f"posenc.RotaryEmbedding: this config has per-layer-type rotary "
+                    f"parameters; pass layer_type, one of {sorted(self._tables)}"
+                )
             return next(iter(self._tables.values()))
         if layer_type in self._tables:
             return self._tables[layer_type]
         if "" in self._tables:  # one table for every layer type
             return self._tables[""]
-        raise ValueError(f"posenc.RotaryEmbedding: no rotary parameters for layer type "
-                         f"'{layer_type}'; known: {sorted(self._tables)}")
+        raise ValueError(
+            f"posenc.RotaryEmbedding: no rotary parameters for layer type "
+            f"'{layer_type}'; known: {sorted(self._tables)}"
+        )
 
     @property
     def resolved(self) -> dict:
@@ -284,8 +357,9 @@ class RotaryEmbedding(nn.Module):
             seq_len = int(torch.max(position_ids)) + 1
             cached = table.max_seq_len_cached
             if seq_len > cached:  # growth
-                inv_freq, table.attention_scaling, _ = hf_rope(self._config, table.layer_type,
-                                                               self.angle_dtype, seq_len)
+                inv_freq, table.attention_scaling, _ = hf_rope(
+                    self._config, table.layer_type, self.angle_dtype, seq_len
+                )
                 setattr(self, name, inv_freq.to(device))
                 table.max_seq_len_cached = seq_len
             if seq_len < table.max_position_embeddings and cached > table.max_position_embeddings:
@@ -295,14 +369,18 @@ class RotaryEmbedding(nn.Module):
         elif table.rope_type == "longrope":
             seq_len = torch.max(position_ids) + 1
             if table.long_inv_freq is None:
-                table.long_inv_freq, _, _ = hf_rope(self._config, table.layer_type,
-                                                    self.angle_dtype, table.original_max + 1)
+                table.long_inv_freq, _, _ = hf_rope(
+                    self._config, table.layer_type, self.angle_dtype, table.original_max + 1
+                )
             long_inv = table.long_inv_freq.to(device)  # a plain attribute, as in transformers
             short_inv = getattr(self, self._buffer(table.layer_type, "initial_inv_freq")).to(device)
-            getattr(self, name).copy_(torch.where(seq_len > table.original_max, long_inv, short_inv))
+            getattr(self, name).copy_(
+                torch.where(seq_len > table.original_max, long_inv, short_inv)
+            )
 
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor,
-                layer_type: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [B, N, W] in x's dtype (table_dtype "float32": float32) for position_ids
         [B, N] ([3, B, N] or [B, N] with M-RoPE sections); x gives only the dtype and device."""
         table = self._table(layer_type)
@@ -312,17 +390,21 @@ class RotaryEmbedding(nn.Module):
         if self.angle_dtype == "float32":  # transformers' self.inv_freq[...].float()
             inv_freq = inv_freq.float()
         elif inv_freq.dtype != torch.float64:
-            raise ValueError(f"posenc.RotaryEmbedding: angle_dtype 'float64' needs float64 "
-                             f"frequencies, but the '{name}' buffer was cast to {inv_freq.dtype} "
-                             f"(model.to(dtype)); build the module after the cast, or use "
-                             f"angle_dtype='float32', which follows the cast as transformers does")
+            raise ValueError(
+                f"posenc.RotaryEmbedding: angle_dtype 'float64' needs float64 "
+                f"frequencies, but the '{name}' buffer was cast to {inv_freq.dtype} "
+                f"(model.to(dtype)); build the module after the cast, or use "
+                f"angle_dtype='float32', which follows the cast as transformers does"
+            )
         positions = position_ids
         if not table.mrope_section and positions.dim() == 3:
             # [A, B, N] axes without sections: a 1D table per axis is not what the model does
-            raise ValueError(f"posenc.RotaryEmbedding: position_ids has {positions.shape[0]} axes "
-                             f"(shape {tuple(positions.shape)}) but the resolved config has no "
-                             f"mrope_section to give each axis its pairs; give the model's "
-                             f"mrope_section in rope_parameters, or [B, N] positions")
+            raise ValueError(
+                f"posenc.RotaryEmbedding: position_ids has {positions.shape[0]} axes "
+                f"(shape {tuple(positions.shape)}) but the resolved config has no "
+                f"mrope_section to give each axis its pairs; give the model's "
+                f"mrope_section in rope_parameters, or [B, N] positions"
+            )
         if table.mrope_section:
             axes = len(table.mrope_section)
             if positions.dim() == 2:  # text only: the same position on every axis
@@ -333,8 +415,14 @@ class RotaryEmbedding(nn.Module):
         if table.position_scale != 1.0:  # (s p) first, in the angles' dtype, as transformers
             positions = positions.to(inv_freq.dtype) * table.position_scale
         order = table.layout if self.table_order == "layout" else "half"
-        cos, sin = rope_cos_sin(positions.to(inv_freq.device), inv_freq, 1.0,
-                                table.mrope_section, table.section_layout, order)
+        cos, sin = rope_cos_sin(
+            positions.to(inv_freq.device),
+            inv_freq,
+            1.0,
+            table.mrope_section,
+            table.section_layout,
+            order,
+        )
         if self.table_order == "pairs":  # cat(t, t) -> t
             half = cos.shape[-1] // 2
             cos, sin = cos[..., :half].contiguous(), sin[..., :half].contiguous()

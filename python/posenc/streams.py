@@ -26,15 +26,21 @@ import torch
 __all__ = ["get_rope_index", "get_rope_index_omni"]
 
 
-def get_rope_index(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | None = None,
-                   image_grid_thw: torch.Tensor | None = None,
-                   video_grid_thw: torch.Tensor | None = None,
-                   attention_mask: torch.Tensor | None = None, *,
-                   second_per_grid_ts: torch.Tensor | None = None,
-                   spatial_merge_size: int = 2, tokens_per_second: float = 2.0,
-                   image_token_id: int | None = None, video_token_id: int | None = None,
-                   resume: str = "transformers5",
-                   model: str = "qwen2_vl") -> tuple[torch.Tensor, torch.Tensor]:
+def get_rope_index(
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor | None = None,
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    second_per_grid_ts: torch.Tensor | None = None,
+    spatial_merge_size: int = 2,
+    tokens_per_second: float = 2.0,
+    image_token_id: int | None = None,
+    video_token_id: int | None = None,
+    resume: str = "transformers5",
+    model: str = "qwen2_vl",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(position_ids [3, B, L] int64, deltas [B, 1]) as transformers' Qwen2-VL get_rope_index.
 
     mm_token_type_ids: 0 text, 1 image, 2 video per token (transformers 5); without it, derived
@@ -44,48 +50,67 @@ def get_rope_index(input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor | No
     one position per grid step).
     """
     if model not in ("qwen2_vl", "qwen2_5_vl"):
-        raise ValueError(f"posenc.get_rope_index: model must be 'qwen2_vl' or 'qwen2_5_vl', got "
-                         f"{model!r}")
+        raise ValueError(
+            f"posenc.get_rope_index: model must be 'qwen2_vl' or 'qwen2_5_vl', got {model!r}"
+        )
     if model == "qwen2_5_vl" and second_per_grid_ts is None and video_grid_thw is not None:
         second_per_grid_ts = torch.ones(len(video_grid_thw), dtype=torch.float32)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"posenc.get_rope_index: input_ids must be a [batch, length] tensor, got "
-                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+        raise ValueError(
+            f"posenc.get_rope_index: input_ids must be a [batch, length] tensor, got "
+            f"{getattr(input_ids, 'shape', type(input_ids).__name__)}"
+        )
     if resume not in ("transformers5", "transformers4"):
-        raise ValueError(f"posenc.get_rope_index: resume must be 'transformers5' or "
-                         f"'transformers4', got {resume!r}")
+        raise ValueError(
+            f"posenc.get_rope_index: resume must be 'transformers5' or "
+            f"'transformers4', got {resume!r}"
+        )
     if mm_token_type_ids is None:
         if image_token_id is None and video_token_id is None:
-            raise ValueError("posenc.get_rope_index: give mm_token_type_ids, or image_token_id / "
-                             "video_token_id to find the vision tokens in input_ids")
+            raise ValueError(
+                "posenc.get_rope_index: give mm_token_type_ids, or image_token_id / "
+                "video_token_id to find the vision tokens in input_ids"
+            )
         mm_token_type_ids = torch.zeros_like(input_ids)
         if image_token_id is not None:
             mm_token_type_ids = mm_token_type_ids.masked_fill(input_ids == image_token_id, 1)
         if video_token_id is not None:
             mm_token_type_ids = mm_token_type_ids.masked_fill(input_ids == video_token_id, 2)
     if mm_token_type_ids.shape != input_ids.shape:
-        raise ValueError(f"posenc.get_rope_index: mm_token_type_ids must be {tuple(input_ids.shape)}"
-                         f", got {tuple(mm_token_type_ids.shape)}")
+        raise ValueError(
+            f"posenc.get_rope_index: mm_token_type_ids must be {tuple(input_ids.shape)}"
+            f", got {tuple(mm_token_type_ids.shape)}"
+        )
     empty = input_ids.new_empty(0)
     position_ids, deltas = torch.ops.posenc.qwen2_vl_rope_index(
-        mm_token_type_ids, empty if attention_mask is None else attention_mask,
+        mm_token_type_ids,
+        empty if attention_mask is None else attention_mask,
         empty if image_grid_thw is None else image_grid_thw,
         empty if video_grid_thw is None else video_grid_thw,
         empty.double() if second_per_grid_ts is None else torch.as_tensor(second_per_grid_ts),
-        int(spatial_merge_size), float(tokens_per_second), resume == "transformers5")
+        int(spatial_merge_size),
+        float(tokens_per_second),
+        resume == "transformers5",
+    )
     return position_ids.to(input_ids.dtype), deltas
 
 
-def get_rope_index_omni(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None = None,
-                        video_grid_thw: torch.Tensor | None = None,
-                        attention_mask: torch.Tensor | None = None,
-                        use_audio_in_video: bool = False,
-                        audio_seqlens: torch.Tensor | None = None,
-                        second_per_grids: torch.Tensor | None = None, *,
-                        image_token_id: int = 151655, video_token_id: int = 151656,
-                        audio_token_id: int = 151646, spatial_merge_size: int = 2,
-                        position_id_per_seconds: float = 25,
-                        seconds_per_chunk: float = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def get_rope_index_omni(
+    input_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor | None = None,
+    video_grid_thw: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    use_audio_in_video: bool = False,
+    audio_seqlens: torch.Tensor | None = None,
+    second_per_grids: torch.Tensor | None = None,
+    *,
+    image_token_id: int = 151655,
+    video_token_id: int = 151656,
+    audio_token_id: int = 151646,
+    spatial_merge_size: int = 2,
+    position_id_per_seconds: float = 25,
+    seconds_per_chunk: float = 2,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(position_ids [3, B, L], deltas [B, 1] int64) as transformers' Qwen2.5-Omni get_rope_index.
 
     The arguments are transformers' (Qwen2_5OmniThinkerModel.get_rope_index), in its order; the
@@ -110,10 +135,15 @@ def get_rope_index_omni(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | 
     given (transformers fails on it).
     """
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise ValueError(f"posenc.get_rope_index_omni: input_ids must be a [batch, length] "
-                         f"tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    ids = {"image_token_id": image_token_id, "video_token_id": video_token_id,
-           "audio_token_id": audio_token_id}
+        raise ValueError(
+            f"posenc.get_rope_index_omni: input_ids must be a [batch, length] "
+            f"tensor, got {getattr(input_ids, 'shape', type(input_ids).__name__)}"
+        )
+    ids = {
+        "image_token_id": image_token_id,
+        "video_token_id": video_token_id,
+        "audio_token_id": audio_token_id,
+    }
     if len(set(ids.values())) != 3:
         raise ValueError(f"posenc.get_rope_index_omni: the token ids must differ, got {ids}")
     token_types = torch.zeros_like(input_ids, dtype=torch.long)
@@ -121,14 +151,19 @@ def get_rope_index_omni(input_ids: torch.Tensor, image_grid_thw: torch.Tensor | 
     token_types.masked_fill_(input_ids == video_token_id, 2)
     token_types.masked_fill_(input_ids == audio_token_id, 3)
     empty = input_ids.new_empty(0, dtype=torch.long)
-    no_grids = ((image_grid_thw is None or image_grid_thw.numel() == 0)
-                and (video_grid_thw is None or video_grid_thw.numel() == 0))
+    no_grids = (image_grid_thw is None or image_grid_thw.numel() == 0) and (
+        video_grid_thw is None or video_grid_thw.numel() == 0
+    )
     position_ids, deltas = torch.ops.posenc.qwen2_5_omni_rope_index(
-        token_types, empty if attention_mask is None else attention_mask,
+        token_types,
+        empty if attention_mask is None else attention_mask,
         empty if image_grid_thw is None else image_grid_thw,
         empty if video_grid_thw is None else video_grid_thw,
         empty if audio_seqlens is None else torch.as_tensor(audio_seqlens),
         empty.double() if second_per_grids is None else torch.as_tensor(second_per_grids),
-        bool(use_audio_in_video), int(spatial_merge_size), float(position_id_per_seconds),
-        float(seconds_per_chunk))
+        bool(use_audio_in_video),
+        int(spatial_merge_size),
+        float(position_id_per_seconds),
+        float(seconds_per_chunk),
+    )
     return (position_ids if no_grids else position_ids.to(input_ids.dtype)), deltas

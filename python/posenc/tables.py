@@ -14,8 +14,6 @@ sinusoidal_table(positions, dim, base=10000.0, layout="interleaved", dtype=None)
 
 from __future__ import annotations
 
-from typing import Optional, Union
-
 import torch
 
 from . import _library
@@ -25,13 +23,19 @@ _library.load()
 __all__ = ["sinusoidal_table"]
 
 
-def sinusoidal_table(positions: Union[int, torch.Tensor], dim: int, base: float = 10000.0,
-                     layout: str = "interleaved",
-                     dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+def sinusoidal_table(
+    positions: int | torch.Tensor,
+    dim: int,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
     """positions [...] (or n: 0..n-1) -> [..., dim] sinusoidal table."""
     if isinstance(positions, bool) or not isinstance(positions, (int, torch.Tensor)):
-        raise ValueError(f"posenc.sinusoidal_table: positions must be an int or a tensor, got "
-                         f"{type(positions).__name__}")
+        raise ValueError(
+            f"posenc.sinusoidal_table: positions must be an int or a tensor, got "
+            f"{type(positions).__name__}"
+        )
     if isinstance(positions, int):
         if positions < 0:
             raise ValueError(f"posenc.sinusoidal_table: a length must be >= 0, got {positions}")

@@ -36,8 +36,9 @@ def test_forward_and_gradients_equal_sdpa_with_the_bias(causal, symmetric, nq, n
     q, k, v = _inputs(2, 4, nq, nk, 32)
     slopes = posenc.alibi_slopes(4)
     out = posenc.alibi_attention(q, k, v, slopes, causal=causal, symmetric=symmetric)
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=_bias(slopes, nq, nk, causal,
-                                                                   symmetric))
+    want = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=_bias(slopes, nq, nk, causal, symmetric)
+    )
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v), g)
@@ -51,14 +52,16 @@ def test_bfloat16_and_scale():
     slopes = posenc.alibi_slopes(2)
     out = posenc.alibi_attention(q, k, v, slopes, causal=True, scale=0.3)
     assert out.dtype == torch.bfloat16
-    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.3,
-                                          attn_mask=_bias(slopes, 20, 20, True, False))
+    want = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), scale=0.3, attn_mask=_bias(slopes, 20, 20, True, False)
+    )
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_slopes_are_blooms():
     pytest.importorskip("transformers")
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
     for heads in (1, 4, 6, 12, 16):
         alibi = build_alibi_tensor(torch.ones(1, 3), heads, torch.float32)  # [H, 1, 3]
         # bloom's cumsum positions start at 0: position 1 holds the slope itself
@@ -69,14 +72,18 @@ def test_opcheck():
     q, k, v = _inputs(1, 2, 6, 9, 8)
     slopes = posenc.alibi_slopes(2)
     torch.library.opcheck(torch.ops.posenc.alibi_attention, (q, k, v, slopes, True, False, None))
-    torch.library.opcheck(torch.ops.posenc._alibi_attention_forward,
-                          (q.detach(), k.detach(), v.detach(), slopes, False, True, 0.5))
+    torch.library.opcheck(
+        torch.ops.posenc._alibi_attention_forward,
+        (q.detach(), k.detach(), v.detach(), slopes, False, True, 0.5),
+    )
     # the backward on transposed views (a model's [B, N, H, D] projections): the fake kernel's
     # strides are the kernel's (contiguous), not q's
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     out, lse = torch.ops.posenc._alibi_attention_forward(qt, kt, vt, slopes, True, False, None)
-    torch.library.opcheck(torch.ops.posenc._alibi_attention_backward,
-                          (torch.randn_like(out), qt, kt, vt, out, lse, slopes, True, False, None))
+    torch.library.opcheck(
+        torch.ops.posenc._alibi_attention_backward,
+        (torch.randn_like(out), qt, kt, vt, out, lse, slopes, True, False, None),
+    )
 
 
 def test_compiles_without_graph_breaks_or_recompiles():

@@ -37,13 +37,18 @@ def _both(fn, tensors, dtype, grads=True):
     """fn(*tensors) on the CPU and on CUDA: (outputs, gradients) for each."""
     results = []
     for device in ("cpu", "cuda"):
-        xs = [t.to(device).detach().requires_grad_(t.is_floating_point() and grads)
-              for t in tensors]
+        xs = [
+            t.to(device).detach().requires_grad_(t.is_floating_point() and grads) for t in tensors
+        ]
         out = fn(*xs)
         probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
         (out.float() * probe.to(device).float()).sum().backward()
-        results.append((out.detach().cpu().float(),
-                        [x.grad.cpu().float() if x.grad is not None else None for x in xs]))
+        results.append(
+            (
+                out.detach().cpu().float(),
+                [x.grad.cpu().float() if x.grad is not None else None for x in xs],
+            )
+        )
     return results
 
 
@@ -52,8 +57,12 @@ def test_alibi_causal_cached_keys_padding(dtype):
     q, k, v, mask = _inputs(dtype)
     slopes = posenc.alibi_slopes(3)
     (cpu, gc), (cuda, gg) = _both(
-        lambda q, k, v: posenc.alibi_attention(q, k, v, slopes.to(q.device), causal=True,
-                                               attention_mask=mask.to(q.device)), [q, k, v], dtype)
+        lambda q, k, v: posenc.alibi_attention(
+            q, k, v, slopes.to(q.device), causal=True, attention_mask=mask.to(q.device)
+        ),
+        [q, k, v],
+        dtype,
+    )
     torch.testing.assert_close(cuda, cpu, **TOL[dtype])
     for a, b in zip(gg, gc):
         torch.testing.assert_close(a, b, **TOL[dtype])
@@ -65,10 +74,19 @@ def test_t5_with_table_gradient(dtype, bidirectional):
     q, k, v, mask = _inputs(dtype, nq=33, nk=33)
     table = torch.randn(32, 3)
     (cpu, gc), (cuda, gg) = _both(
-        lambda q, k, v, t: posenc.t5_attention(q, k, v, t, bidirectional=bidirectional,
-                                               causal=not bidirectional, scale=1.0,
-                                               attention_mask=mask.to(q.device)),
-        [q, k, v, table], dtype)
+        lambda q, k, v, t: posenc.t5_attention(
+            q,
+            k,
+            v,
+            t,
+            bidirectional=bidirectional,
+            causal=not bidirectional,
+            scale=1.0,
+            attention_mask=mask.to(q.device),
+        ),
+        [q, k, v, table],
+        dtype,
+    )
     torch.testing.assert_close(cuda, cpu, **TOL[dtype])
     for a, b in zip(gg, gc):
         torch.testing.assert_close(a, b, **TOL[dtype])
@@ -86,19 +104,37 @@ def test_positional_rope_with_one_bias(dtype, part):
     def fn(q, k, v):
         d = q.device
         return posenc.positional_attention(
-            q, k, v, cos=cos.to(d), sin=sin.to(d),
+            q,
+            k,
+            v,
+            cos=cos.to(d),
+            sin=sin.to(d),
             slopes=None if slopes is None else slopes.to(d),
-            t5_table=None if table is None else table.to(d), causal=True,
-            attention_mask=mask.to(d))
+            t5_table=None if table is None else table.to(d),
+            causal=True,
+            attention_mask=mask.to(d),
+        )
 
     (cpu, gc), (cuda, gg) = _both(fn, [q, k, v], dtype)
     torch.testing.assert_close(cuda, cpu, **TOL[dtype])
     for a, b in zip(gg, gc):
         torch.testing.assert_close(a, b, **TOL[dtype])
     route = torch.ops.posenc.positional_attention_route(
-        q.cuda(), k.cuda(), v.cuda(), cos.cuda(), sin.cuda(), "half",
-        None if slopes is None else slopes.cuda(), False,
-        None if table is None else table.cuda(), True, 128, True, None, None)
+        q.cuda(),
+        k.cuda(),
+        v.cuda(),
+        cos.cuda(),
+        sin.cuda(),
+        "half",
+        None if slopes is None else slopes.cuda(),
+        False,
+        None if table is None else table.cuda(),
+        True,
+        128,
+        True,
+        None,
+        None,
+    )
     assert route == "CUDA kernel, RoPE outside (float32)"
 
 
@@ -107,10 +143,24 @@ def test_calls_the_kernel_does_not_take_give_the_reference():
     slopes, table = posenc.alibi_slopes(3).double(), torch.randn(32, 3, dtype=torch.float64)
     for s, t in ((slopes, None), (slopes, table)):
         cpu = posenc.positional_attention(q, k, v, slopes=s, t5_table=t)
-        cuda = posenc.positional_attention(q.cuda(), k.cuda(), v.cuda(), slopes=s.cuda(),
-                                           t5_table=None if t is None else t.cuda())
+        cuda = posenc.positional_attention(
+            q.cuda(), k.cuda(), v.cuda(), slopes=s.cuda(), t5_table=None if t is None else t.cuda()
+        )
         torch.testing.assert_close(cuda.cpu(), cpu, rtol=1e-10, atol=1e-10)
     route = torch.ops.posenc.positional_attention_route(
-        q.float().cuda(), k.float().cuda(), v.float().cuda(), None, None, "half",
-        slopes.float().cuda(), False, table.float().cuda(), True, 128, False, None, None)
+        q.float().cuda(),
+        k.float().cuda(),
+        v.float().cuda(),
+        None,
+        None,
+        "half",
+        slopes.float().cuda(),
+        False,
+        table.float().cuda(),
+        True,
+        128,
+        False,
+        None,
+        None,
+    )
     assert route.startswith("reference: a call the CUDA kernel does not take")

@@ -15,13 +15,48 @@ import posenc  # noqa: F401  (loads the operators)
 OP = torch.ops.posenc.attention_fused.default
 
 
-def call(q, k, v, pq, pk, slopes=None, symmetric=False, table=None, form="none", num_buckets=0,
-         max_distance=0, bidirectional=True, max_relative=0, causal=False, key_padding=None,
-         scale=None, rotary=None, layout="half"):
+def call(
+    q,
+    k,
+    v,
+    pq,
+    pk,
+    slopes=None,
+    symmetric=False,
+    table=None,
+    form="none",
+    num_buckets=0,
+    max_distance=0,
+    bidirectional=True,
+    max_relative=0,
+    causal=False,
+    key_padding=None,
+    scale=None,
+    rotary=None,
+    layout="half",
+):
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     cos_sin = rotary or (None, None, None, None)
-    return (q, k, v, pq, pk, slopes, symmetric, table, form, num_buckets, max_distance,
-            bidirectional, max_relative, causal, key_padding, scale, *cos_sin, layout)
+    return (
+        q,
+        k,
+        v,
+        pq,
+        pk,
+        slopes,
+        symmetric,
+        table,
+        form,
+        num_buckets,
+        max_distance,
+        bidirectional,
+        max_relative,
+        causal,
+        key_padding,
+        scale,
+        *cos_sin,
+        layout,
+    )
 
 
 def t5_bucket(rel, bidirectional, num_buckets, max_distance):
@@ -35,8 +70,14 @@ def t5_bucket(rel, bidirectional, num_buckets, max_distance):
         rel = -torch.clamp(rel, max=0)
     max_exact = num_buckets // 2
     small = rel < max_exact
-    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).long()
+    large = (
+        max_exact
+        + (
+            torch.log(rel.float() / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     large = torch.clamp(large, max=num_buckets - 1)
     return buckets + torch.where(small, rel, large)
 
@@ -44,23 +85,43 @@ def t5_bucket(rel, bidirectional, num_buckets, max_distance):
 def rotate(x, cos, sin):  # half layout, per-pair tables [N, F]
     f = cos.shape[-1]
     c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
-    a, b, rest = x[..., :f], x[..., f:2 * f], x[..., 2 * f:]
+    a, b, rest = x[..., :f], x[..., f : 2 * f], x[..., 2 * f :]
     return torch.cat([a * c - b * s, b * c + a * s, rest], -1)
 
 
-def reference(q, k, v, pq, pk, slopes=None, symmetric=False, table=None, form="none",
-              num_buckets=0, max_distance=0, bidirectional=True, max_relative=0, causal=False,
-              key_padding=None, scale=None, rotary=None, layout="half"):
+def reference(
+    q,
+    k,
+    v,
+    pq,
+    pk,
+    slopes=None,
+    symmetric=False,
+    table=None,
+    form="none",
+    num_buckets=0,
+    max_distance=0,
+    bidirectional=True,
+    max_relative=0,
+    causal=False,
+    key_padding=None,
+    scale=None,
+    rotary=None,
+    layout="half",
+):
     if rotary is not None:
         q, k = rotate(q, rotary[0], rotary[1]), rotate(k, rotary[2], rotary[3])
     logits = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     rel = pk[None, :] - pq[:, None]  # key - query: [Nq, Nk]
     if slopes is not None:
         distance = rel.abs() if symmetric else -rel
-        logits = logits - slopes.double()[:, None, None].to(logits.dtype) * distance.to(logits.dtype)
+        logits = logits - slopes.double()[:, None, None].to(logits.dtype) * distance.to(
+            logits.dtype
+        )
     if form == "bucket_table":
-        logits = logits + table[t5_bucket(rel.long(), bidirectional, num_buckets,
-                                          max_distance)].permute(2, 0, 1)
+        logits = logits + table[
+            t5_bucket(rel.long(), bidirectional, num_buckets, max_distance)
+        ].permute(2, 0, 1)
     if form == "relative_table":
         index = rel.long().clamp(-max_relative, max_relative) + max_relative
         scores = torch.einsum("bqhd,rd->bhqr", q, table) / math.sqrt(q.shape[-1])
@@ -90,19 +151,33 @@ def cases():
     tables = [torch.cos(p[:, None] * inv).float() for p in (pq, pk)]
     sines = [torch.sin(p[:, None] * inv).float() for p in (pq, pk)]
     rotary = (tables[0], sines[0], tables[1], sines[1])
-    return {
-        "plain": dict(pq=iq, pk=ik),
-        "alibi_timestamps_causal": dict(pq=pq, pk=pk, slopes=slopes, causal=True),
-        "alibi_symmetric_padding": dict(pq=pq, pk=pk, slopes=slopes, symmetric=True,
-                                        key_padding=keep),
-        "t5": dict(pq=iq, pk=ik, table=t5, form="bucket_table", num_buckets=8, max_distance=20),
-        "alibi_t5_rope": dict(pq=iq, pk=ik, slopes=slopes, table=t5, form="bucket_table",
-                              num_buckets=8, max_distance=20, bidirectional=False,
-                              rotary=rotary),
-        "shaw": dict(pq=iq, pk=ik, table=shaw, form="relative_table", max_relative=2,
-                     causal=True),
-        "rope_timestamps": dict(pq=pq, pk=pk, rotary=rotary, key_padding=keep),
-    }, (b, nq, nk, h, d), g
+    return (
+        {
+            "plain": dict(pq=iq, pk=ik),
+            "alibi_timestamps_causal": dict(pq=pq, pk=pk, slopes=slopes, causal=True),
+            "alibi_symmetric_padding": dict(
+                pq=pq, pk=pk, slopes=slopes, symmetric=True, key_padding=keep
+            ),
+            "t5": dict(pq=iq, pk=ik, table=t5, form="bucket_table", num_buckets=8, max_distance=20),
+            "alibi_t5_rope": dict(
+                pq=iq,
+                pk=ik,
+                slopes=slopes,
+                table=t5,
+                form="bucket_table",
+                num_buckets=8,
+                max_distance=20,
+                bidirectional=False,
+                rotary=rotary,
+            ),
+            "shaw": dict(
+                pq=iq, pk=ik, table=shaw, form="relative_table", max_relative=2, causal=True
+            ),
+            "rope_timestamps": dict(pq=pq, pk=pk, rotary=rotary, key_padding=keep),
+        },
+        (b, nq, nk, h, d),
+        g,
+    )
 
 
 CASES, SIZES, _ = cases()
@@ -111,8 +186,10 @@ CASES, SIZES, _ = cases()
 def inputs(dtype=torch.float32, requires_grad=False):
     b, nq, nk, h, d = SIZES
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(b, n, h, d, generator=g).to(dtype).requires_grad_(requires_grad)
-            for n in (nq, nk, nk)]
+    return [
+        torch.randn(b, n, h, d, generator=g).to(dtype).requires_grad_(requires_grad)
+        for n in (nq, nk, nk)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -125,12 +202,21 @@ def test_equals_attention_written_out(name):
         kw["table"] = table = table.clone().requires_grad_()
     scale = 0.4
     out = OP(*call(q, k, v, pq, pk, scale=scale, **kw))
-    grads = torch.autograd.grad(out.square().sum(), [q, k, v] + ([table] if table is not None
-                                                                  else []))
-    want = reference(q.double(), k.double(), v.double(), pq, pk, scale=scale,
-                     **{**kw, **({"table": table.double()} if table is not None else {})})
-    wgrads = torch.autograd.grad(want.square().sum(), [q, k, v] + ([table] if table is not None
-                                                                    else []))
+    grads = torch.autograd.grad(
+        out.square().sum(), [q, k, v] + ([table] if table is not None else [])
+    )
+    want = reference(
+        q.double(),
+        k.double(),
+        v.double(),
+        pq,
+        pk,
+        scale=scale,
+        **{**kw, **({"table": table.double()} if table is not None else {})},
+    )
+    wgrads = torch.autograd.grad(
+        want.square().sum(), [q, k, v] + ([table] if table is not None else [])
+    )
     assert out.dtype == q.dtype and out.is_contiguous()
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     for got, exp in zip(grads, wgrads):
@@ -165,20 +251,39 @@ def test_compiles_without_graph_breaks_or_recompiles():
         torch.testing.assert_close(got, layer(q.detach(), k.detach(), v.detach(), p, p))
 
 
-@pytest.mark.parametrize("edit,message", [
-    (dict(pq=torch.arange(4, dtype=torch.float64)), "positions must be [Nq] and [Nk] = [5] and [7]"),
-    (dict(slopes=torch.ones(2)), "2 ALiBi slopes for 3 heads"),
-    (dict(form="bucket_table"), "table_form 'bucket_table' needs a table"),
-    (dict(form="t5", table=torch.zeros(8, 3)), "table_form must be 'none', 'bucket_table'"),
-    (dict(table=torch.zeros(8, 3), form="bucket_table", num_buckets=6, max_distance=20),
-     "the bucket table must be [num_buckets, H] = [6, 3], got [8, 3]"),
-    (dict(pq=torch.tensor([0.5, 1, 2, 3, 4], dtype=torch.float64), table=torch.zeros(8, 3),
-          form="bucket_table", num_buckets=8, max_distance=20), "needs integer positions"),
-    (dict(key_padding=torch.ones(2, 6, dtype=torch.bool)), "key_padding must be [B, Nk] = [2, 7]"),
-    (dict(scale=float("nan")), "scale must be finite"),
-    # an additive 0/-inf mask would otherwise be read as "every key real" (nonzero), silently
-    (dict(key_padding=torch.zeros(2, 7)), "key_padding must be bool"),
-])
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (
+            dict(pq=torch.arange(4, dtype=torch.float64)),
+            "positions must be [Nq] and [Nk] = [5] and [7]",
+        ),
+        (dict(slopes=torch.ones(2)), "2 ALiBi slopes for 3 heads"),
+        (dict(form="bucket_table"), "table_form 'bucket_table' needs a table"),
+        (dict(form="t5", table=torch.zeros(8, 3)), "table_form must be 'none', 'bucket_table'"),
+        (
+            dict(table=torch.zeros(8, 3), form="bucket_table", num_buckets=6, max_distance=20),
+            "the bucket table must be [num_buckets, H] = [6, 3], got [8, 3]",
+        ),
+        (
+            dict(
+                pq=torch.tensor([0.5, 1, 2, 3, 4], dtype=torch.float64),
+                table=torch.zeros(8, 3),
+                form="bucket_table",
+                num_buckets=8,
+                max_distance=20,
+            ),
+            "needs integer positions",
+        ),
+        (
+            dict(key_padding=torch.ones(2, 6, dtype=torch.bool)),
+            "key_padding must be [B, Nk] = [2, 7]",
+        ),
+        (dict(scale=float("nan")), "scale must be finite"),
+        # an additive 0/-inf mask would otherwise be read as "every key real" (nonzero), silently
+        (dict(key_padding=torch.zeros(2, 7)), "key_padding must be bool"),
+    ],
+)
 def test_bad_input_is_one_line(edit, message):
     q, k, v = inputs()
     kw = {"pq": torch.arange(5, dtype=torch.float64), "pk": torch.arange(7, dtype=torch.float64)}
@@ -230,8 +335,9 @@ def test_bfloat16_gradients_read_the_unrounded_output():
     args = dict(slopes=slopes, causal=True)
 
     q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-    reference(q64, k64, v64, p, p, slopes=slopes, causal=True,
-              scale=1.0 / math.sqrt(d)).backward(grad.double())
+    reference(q64, k64, v64, p, p, slopes=slopes, causal=True, scale=1.0 / math.sqrt(d)).backward(
+        grad.double()
+    )
 
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     out = OP(*call(qg, kg, vg, p, p, **args))
@@ -241,13 +347,18 @@ def test_bfloat16_gradients_read_the_unrounded_output():
     assert fwd.dtype == torch.float32 and torch.equal(fwd.to(torch.bfloat16), out.detach())
     rounded = fwd.to(torch.bfloat16)
     dq_r, dk_r, _, _ = torch.ops.posenc._attention_fused_backward(
-        grad, rounded, lse, *call(q, k, v, p, p, **args))
+        grad, rounded, lse, *call(q, k, v, p, p, **args)
+    )
 
     def err(x, ref):  # the share of elements off the correctly rounded float64 value
         return (x != ref.to(torch.bfloat16)).double().mean().item()
 
     # measured: dq 0.3% vs 26% of elements off, dk 0.02% vs 27%
-    assert err(qg.grad, q64.grad) < 0.1 * err(dq_r, q64.grad), (err(qg.grad, q64.grad),
-                                                                err(dq_r, q64.grad))
-    assert err(kg.grad, k64.grad) < 0.1 * err(dk_r, k64.grad), (err(kg.grad, k64.grad),
-                                                                err(dk_r, k64.grad))
+    assert err(qg.grad, q64.grad) < 0.1 * err(dq_r, q64.grad), (
+        err(qg.grad, q64.grad),
+        err(dq_r, q64.grad),
+    )
+    assert err(kg.grad, k64.grad) < 0.1 * err(dk_r, k64.grad), (
+        err(kg.grad, k64.grad),
+        err(dk_r, k64.grad),
+    )

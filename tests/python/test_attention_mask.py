@@ -27,7 +27,7 @@ def _mask(b, nk, padding, lengths):
     m = torch.zeros(b, nk, dtype=torch.bool)
     for r, n in enumerate(lengths):
         if padding == "left":
-            m[r, nk - n:] = True
+            m[r, nk - n :] = True
         else:
             m[r, :n] = True
     return m
@@ -44,9 +44,13 @@ def _alibi_bias(slopes, nq, nk):
 
 def _t5_bias(table, nq, nk, bidirectional, max_distance):
     from transformers.models.t5.modeling_t5 import T5Attention
-    bucket = T5Attention._relative_position_bucket(_rel(nq, nk), bidirectional=bidirectional,
-                                                   num_buckets=table.shape[0],
-                                                   max_distance=max_distance)
+
+    bucket = T5Attention._relative_position_bucket(
+        _rel(nq, nk),
+        bidirectional=bidirectional,
+        num_buckets=table.shape[0],
+        max_distance=max_distance,
+    )
     return table[bucket].permute(2, 0, 1)  # [H, Nq, Nk]
 
 
@@ -57,8 +61,9 @@ def _sdpa(q, k, v, bias, mask, causal, scale=None):
     full = full.masked_fill(~mask[:, None, None, :], NEG)
     if causal:
         full = full.masked_fill(_rel(nq, nk) > 0, NEG)
-    return F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=full,
-                                          scale=scale)
+    return F.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=full, scale=scale
+    )
 
 
 def _seen(mask, nq, nk, causal):
@@ -79,12 +84,19 @@ def _compare(out, want, inputs, seen, tol):
     got = torch.autograd.grad(out, inputs, g.to(out.dtype))
     ref = torch.autograd.grad(want, inputs, g, allow_unused=True)
     for a, b in zip(got, ref):
-        torch.testing.assert_close(a.double(), torch.nan_to_num(b.double(), 0.0), rtol=10 * tol,
-                                   atol=10 * tol)
+        torch.testing.assert_close(
+            a.double(), torch.nan_to_num(b.double(), 0.0), rtol=10 * tol, atol=10 * tol
+        )
 
 
-CASES = [("left", False, 11, 11), ("right", False, 11, 11), ("left", True, 11, 11),
-         ("right", True, 11, 11), ("left", True, 3, 70), ("right", False, 1, 19)]
+CASES = [
+    ("left", False, 11, 11),
+    ("right", False, 11, 11),
+    ("left", True, 11, 11),
+    ("right", True, 11, 11),
+    ("left", True, 3, 70),
+    ("right", False, 1, 19),
+]
 
 
 @pytest.mark.parametrize("padding,causal,nq,nk", CASES)
@@ -96,11 +108,11 @@ def test_alibi_and_t5_with_padding_equal_sdpa(padding, causal, nq, nk):
     q, k, v = _inputs(b, h, nq, nk, d, dtype)
     slopes = posenc.alibi_slopes(h)
     out = posenc.alibi_attention(q, k, v, slopes, causal=causal, attention_mask=mask)
-    _compare(out, _sdpa(q, k, v, _alibi_bias(slopes, nq, nk), mask, causal), (q, k, v), seen,
-             1e-5)
+    _compare(out, _sdpa(q, k, v, _alibi_bias(slopes, nq, nk), mask, causal), (q, k, v), seen, 1e-5)
     table = torch.randn(32, h, dtype=torch.float64).to(dtype).requires_grad_()
-    out = posenc.t5_attention(q, k, v, table, bidirectional=not causal, causal=causal,
-                              attention_mask=mask)
+    out = posenc.t5_attention(
+        q, k, v, table, bidirectional=not causal, causal=causal, attention_mask=mask
+    )
     want = _sdpa(q, k, v, _t5_bias(table.double(), nq, nk, not causal, 128), mask, causal)
     _compare(out, want, (q, k, v, table), seen, 1e-5)
 
@@ -118,18 +130,29 @@ def test_shaw_and_positional_with_padding_equal_sdpa(padding, causal, nq, nk, dt
     table = torch.randn(2 * kmax + 1, d, dtype=torch.float64).to(dtype).requires_grad_()
     out = posenc.shaw_attention(q, k, v, table, causal=causal, attention_mask=mask)
     index = _rel(nq, nk).clamp(-kmax, kmax) + kmax
-    bias = (q.double() @ table.double().t()).gather(
-        -1, index.expand(b, h, nq, nk)) / d ** 0.5
+    bias = (q.double() @ table.double().t()).gather(-1, index.expand(b, h, nq, nk)) / d**0.5
     _compare(out, _sdpa(q, k, v, bias, mask, causal), (q, k, v, table), seen, tol)
     # RoPE inside + ALiBi + T5 in one call
     cos, sin = posenc.rope_cos_sin(torch.arange(nk), 1.0 / 100 ** (torch.arange(0, d, 2) / d))
     slopes = posenc.alibi_slopes(h)
     t5 = torch.randn(16, h, dtype=torch.float64).to(dtype).requires_grad_()
-    out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, slopes=slopes, t5_table=t5,
-                                      bidirectional=not causal, max_distance=20, causal=causal,
-                                      attention_mask=mask)
-    qr = q.double() * cos[nk - nq:].double() + posenc_rotate_half(q.double()) * \
-        sin[nk - nq:].double()
+    out = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=cos,
+        sin=sin,
+        slopes=slopes,
+        t5_table=t5,
+        bidirectional=not causal,
+        max_distance=20,
+        causal=causal,
+        attention_mask=mask,
+    )
+    qr = (
+        q.double() * cos[nk - nq :].double()
+        + posenc_rotate_half(q.double()) * sin[nk - nq :].double()
+    )
     kr = k.double() * cos.double() + posenc_rotate_half(k.double()) * sin.double()
     bias = _alibi_bias(slopes, nq, nk) + _t5_bias(t5.double(), nq, nk, not causal, 20)
     want = _sdpa(qr, kr, v, bias, mask, causal)
@@ -167,14 +190,18 @@ def test_an_all_ones_mask_changes_nothing_and_integer_masks_equal_bool():
     q, k, v = _inputs(2, 2, 7, 7, 8)
     slopes = posenc.alibi_slopes(2)
     plain = posenc.alibi_attention(q, k, v, slopes, causal=True)
-    ones = posenc.alibi_attention(q, k, v, slopes, causal=True,
-                                  attention_mask=torch.ones(2, 7, dtype=torch.long))
+    ones = posenc.alibi_attention(
+        q, k, v, slopes, causal=True, attention_mask=torch.ones(2, 7, dtype=torch.long)
+    )
     torch.testing.assert_close(ones, plain, rtol=0, atol=0)
     mask = _mask(2, 7, "left", [7, 4])
     for dtype in (torch.long, torch.int32, torch.uint8):
         torch.testing.assert_close(
             posenc.alibi_attention(q, k, v, slopes, attention_mask=mask.to(dtype)),
-            posenc.alibi_attention(q, k, v, slopes, attention_mask=mask), rtol=0, atol=0)
+            posenc.alibi_attention(q, k, v, slopes, attention_mask=mask),
+            rtol=0,
+            atol=0,
+        )
 
 
 def test_the_padding_keys_values_do_not_matter():
@@ -185,8 +212,9 @@ def test_the_padding_keys_values_do_not_matter():
     k2, v2 = k.detach().clone(), v.detach().clone()
     k2[1, :, 4:] = 1e4
     v2[1, :, 4:] = -1e4  # finite: a weight of 0 times NaN is NaN here as in SDPA
-    torch.testing.assert_close(posenc.alibi_attention(q, k2, v2, slopes, attention_mask=mask)[1],
-                               out[1], rtol=0, atol=0)
+    torch.testing.assert_close(
+        posenc.alibi_attention(q, k2, v2, slopes, attention_mask=mask)[1], out[1], rtol=0, atol=0
+    )
 
 
 def test_opcheck_with_a_mask():
@@ -197,14 +225,16 @@ def test_opcheck_with_a_mask():
     ops = torch.ops.posenc
     torch.library.opcheck(ops.alibi_attention, (q, k, v, slopes, True, False, None, mask))
     out, lse = ops._alibi_attention_forward(q, k, v, slopes, True, False, None, mask)
-    torch.library.opcheck(ops._alibi_attention_backward,
-                          (torch.randn_like(out), q, k, v, out, lse, slopes, True, False, None,
-                           mask))
+    torch.library.opcheck(
+        ops._alibi_attention_backward,
+        (torch.randn_like(out), q, k, v, out, lse, slopes, True, False, None, mask),
+    )
     torch.library.opcheck(ops.t5_attention, (q, k, v, table, True, 16, False, None, mask))
     torch.library.opcheck(ops.shaw_attention, (q, k, v, torch.randn(5, 8), True, None, mask))
-    torch.library.opcheck(ops.positional_attention,
-                          (q, k, v, None, None, "half", slopes, False, table, True, 16, True,
-                           None, mask))
+    torch.library.opcheck(
+        ops.positional_attention,
+        (q, k, v, None, None, "half", slopes, False, table, True, 16, True, None, mask),
+    )
 
 
 def test_gradcheck_float64_reference_with_a_mask():
@@ -212,8 +242,8 @@ def test_gradcheck_float64_reference_with_a_mask():
     mask = _mask(2, 5, "left", [5, 2])
     table = torch.randn(5, 4, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(
-        lambda *a: posenc.shaw_attention(*a, causal=True, attention_mask=mask),
-        (q, k, v, table))
+        lambda *a: posenc.shaw_attention(*a, causal=True, attention_mask=mask), (q, k, v, table)
+    )
 
 
 def test_compiles_with_a_mask_without_graph_breaks_or_recompiles():
@@ -241,8 +271,9 @@ def test_bad_masks_are_one_line():
     with pytest.raises(RuntimeError, match=r"an additive float mask is not taken"):
         posenc.t5_attention(q, k, v, torch.zeros(8, 2), attention_mask=torch.zeros(2, 6))
     with pytest.raises(RuntimeError, match=r"values must be 0 or 1, got values in \[1, 2\]"):
-        posenc.shaw_attention(q, k, v, torch.zeros(3, 8),
-                              attention_mask=torch.tensor([[1, 1, 1, 1, 1, 2]] * 2))
+        posenc.shaw_attention(
+            q, k, v, torch.zeros(3, 8), attention_mask=torch.tensor([[1, 1, 1, 1, 1, 2]] * 2)
+        )
     with pytest.raises(RuntimeError, match=r"posenc.positional_attention: attention_mask must be"):
         posenc.positional_attention(q, k, v, attention_mask=torch.ones(6, dtype=torch.bool))
 
@@ -254,6 +285,7 @@ def test_a_left_padded_batch_equals_blooms_own_attention():
     pytest.importorskip("transformers")
     from transformers import BloomConfig
     from transformers.models.bloom.modeling_bloom import BloomAttention, build_alibi_tensor
+
     torch.manual_seed(0)
     config = BloomConfig(hidden_size=48, n_head=6, attention_dropout=0.0, hidden_dropout=0.0)
     attn = BloomAttention(config, layer_idx=0).eval()
@@ -267,8 +299,9 @@ def test_a_left_padded_batch_equals_blooms_own_attention():
     theirs, _ = attn(hidden, residual, alibi, additive)
 
     q, k, v = attn._reshape(attn.query_key_value(hidden))
-    ctx = posenc.alibi_attention(q, k, v, posenc.alibi_slopes(h), causal=True,
-                                 attention_mask=mask)  # [B, H, N, D]
+    ctx = posenc.alibi_attention(
+        q, k, v, posenc.alibi_slopes(h), causal=True, attention_mask=mask
+    )  # [B, H, N, D]
     ours = attn.dense(ctx.transpose(1, 2).reshape(b, n, 48)) + residual
     real = mask.bool()
     torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)

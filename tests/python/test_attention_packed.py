@@ -78,7 +78,7 @@ def _uni2ts_bias(weight, variate_ids, nq):
     with torch.no_grad():
         module.emb.weight.copy_(weight)
     nk = variate_ids.shape[1]
-    query_id = variate_ids[:, None, None, nk - nq:]
+    query_id = variate_ids[:, None, None, nk - nq :]
     kv_id = variate_ids[:, None, None, :]
     q_dummy = torch.zeros(variate_ids.shape[0], heads, 1, nq, 4, dtype=weight.dtype)
     k_dummy = torch.zeros(variate_ids.shape[0], heads, 1, nk, 4, dtype=weight.dtype)
@@ -86,8 +86,21 @@ def _uni2ts_bias(weight, variate_ids, nq):
     return bias.squeeze(2), module.emb.weight
 
 
-def _oracle(q, k, v, sample_ids, variate_ids, weight, *, cos=None, sin=None, slopes=None,
-            causal=False, scale=None, attention_mask=None):
+def _oracle(
+    q,
+    k,
+    v,
+    sample_ids,
+    variate_ids,
+    weight,
+    *,
+    cos=None,
+    sin=None,
+    slopes=None,
+    causal=False,
+    scale=None,
+    attention_mask=None,
+):
     """uni2ts' mask and bias, materialized, through SDPA in float64. Returns (out, the weight
     leaf that gradients reach)."""
     nq, nk = q.shape[2], k.shape[2]
@@ -95,11 +108,11 @@ def _oracle(q, k, v, sample_ids, variate_ids, weight, *, cos=None, sin=None, slo
     if cos is not None:
         if cos.dim() == 2:  # apply_rotary_pos_emb unsqueezes dim 1: [B or 1, N, W]
             cos, sin = cos[None], sin[None]
-        cq, sq = cos[..., nk - nq:, :], sin[..., nk - nq:, :]
+        cq, sq = cos[..., nk - nq :, :], sin[..., nk - nq :, :]
         q64 = modeling_llama.apply_rotary_pos_emb(q64, q64, cq.double(), sq.double())[0]
         k64 = modeling_llama.apply_rotary_pos_emb(k64, k64, cos.double(), sin.double())[0]
     bias, leaf = _uni2ts_bias(weight.double(), variate_ids, nq)
-    visible = torch_util.packed_attention_mask(sample_ids)[:, None, nk - nq:, :]
+    visible = torch_util.packed_attention_mask(sample_ids)[:, None, nk - nq :, :]
     if causal:
         visible = visible & torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
     if attention_mask is not None:
@@ -136,8 +149,10 @@ def test_matches_uni2ts_float32(causal, rope, scale):
     if rope == "shared":
         cos, sin = _tables(torch.arange(n), d)
     elif rope == "per_sample":  # Moirai's time_id: positions restart in every sample
-        start = torch.cat([torch.zeros(3, 1, dtype=torch.long),
-                           (sample_ids[:, 1:] != sample_ids[:, :-1]).long()], 1)
+        start = torch.cat(
+            [torch.zeros(3, 1, dtype=torch.long), (sample_ids[:, 1:] != sample_ids[:, :-1]).long()],
+            1,
+        )
         first = torch.cummax(torch.where(start.bool(), torch.arange(n), 0), 1).values
         cos, sin = _tables(torch.arange(n) - first, d)
     slopes = posenc.alibi_slopes(h) if rope == "shared" else None
@@ -146,13 +161,34 @@ def test_matches_uni2ts_float32(causal, rope, scale):
         q = q * scale_value
 
     def ours(q, k, v, w):
-        return posenc.positional_attention(q, k, v, cos=cos, sin=sin, slopes=slopes, causal=causal,
-                                           scale=scale, sample_ids=sample_ids,
-                                           variate_ids=variate_ids, variate_bias=w)
+        return posenc.positional_attention(
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            slopes=slopes,
+            causal=causal,
+            scale=scale,
+            sample_ids=sample_ids,
+            variate_ids=variate_ids,
+            variate_bias=w,
+        )
 
     def theirs(q, k, v, w):
-        out, leaf = _oracle(q, k, v, sample_ids, variate_ids, w, cos=cos, sin=sin, slopes=slopes,
-                            causal=causal, scale=scale)
+        out, leaf = _oracle(
+            q,
+            k,
+            v,
+            sample_ids,
+            variate_ids,
+            w,
+            cos=cos,
+            sin=sin,
+            slopes=slopes,
+            causal=causal,
+            scale=scale,
+        )
         theirs.leaf = leaf
         return out
 
@@ -161,8 +197,9 @@ def test_matches_uni2ts_float32(causal, rope, scale):
     ref_grads[3] = theirs.leaf.grad  # the gradient into BinaryAttentionBias's own weight
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
     for name, a, b in zip("q k v variate_bias".split(), grads, ref_grads):
-        torch.testing.assert_close(a.double(), b.double(), **F32_TOL,
-                                   msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(
+            a.double(), b.double(), **F32_TOL, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -173,9 +210,17 @@ def test_low_precision(dtype):
     cos, sin = _tables(torch.arange(n), d)
 
     def ours(q, k, v, w):
-        return posenc.positional_attention(q, k, v, cos=cos, sin=sin, causal=True,
-                                           sample_ids=sample_ids, variate_ids=variate_ids,
-                                           variate_bias=w)
+        return posenc.positional_attention(
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            causal=True,
+            sample_ids=sample_ids,
+            variate_ids=variate_ids,
+            variate_bias=w,
+        )
 
     def theirs(q, k, v, w):
         out, leaf = _oracle(q, k, v, sample_ids, variate_ids, w, cos=cos, sin=sin, causal=True)
@@ -190,8 +235,12 @@ def test_low_precision(dtype):
     for a, b in zip(grads[:3], ref_grads[:3]):
         torch.testing.assert_close(a.double(), b.double(), **LOW_TOL[dtype])
     # the variate gradient sums N^2 terms: relative to its size
-    torch.testing.assert_close(grads[3].double(), ref_grads[3].double(), rtol=2e-2,
-                               atol=2e-2 * ref_grads[3].abs().max().item())
+    torch.testing.assert_close(
+        grads[3].double(),
+        ref_grads[3].double(),
+        rtol=2e-2,
+        atol=2e-2 * ref_grads[3].abs().max().item(),
+    )
 
 
 def test_cached_keys():
@@ -200,8 +249,9 @@ def test_cached_keys():
     sample_ids, variate_ids = _packed_ids([[100, 150, 30], [200, 80]], 280, seed=5)
 
     def ours(q, k, v, w):
-        return posenc.positional_attention(q, k, v, causal=True, sample_ids=sample_ids,
-                                           variate_ids=variate_ids, variate_bias=w)
+        return posenc.positional_attention(
+            q, k, v, causal=True, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w
+        )
 
     def theirs(q, k, v, w):
         out, leaf = _oracle(q, k, v, sample_ids, variate_ids, w, causal=True)
@@ -223,9 +273,18 @@ def test_sample_with_no_visible_key_gives_zero():
     q, k, v, weight = _inputs(torch.float32, b=1, h=2, nq=n, nk=n, d=8, seed=9)
     sample_ids, variate_ids = _packed_ids([[20, 30, 14]], n, seed=9)
     mask = sample_ids[0] != 1  # sample 1's keys all padded
-    out, grads = _run(lambda q, k, v, w: posenc.positional_attention(
-        q, k, v, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w,
-        attention_mask=mask[None]), [q, k, v, weight])
+    out, grads = _run(
+        lambda q, k, v, w: posenc.positional_attention(
+            q,
+            k,
+            v,
+            sample_ids=sample_ids,
+            variate_ids=variate_ids,
+            variate_bias=w,
+            attention_mask=mask[None],
+        ),
+        [q, k, v, weight],
+    )
     assert torch.equal(out[0, :, 20:50], torch.zeros_like(out[0, :, 20:50]))
     ref, _ = _oracle(q, k, v, sample_ids, variate_ids, weight, attention_mask=mask[None])
     torch.testing.assert_close(out.double(), ref, **F32_TOL)
@@ -251,17 +310,35 @@ def test_gradcheck_float64():
     sample_ids, variate_ids = _packed_ids([[5, 7], [3, 3, 6]], 12, variates=2, seed=13)
     tensors = [t.detach().requires_grad_(True) for t in (q, k, v, weight.double())]
     assert torch.autograd.gradcheck(
-        lambda q, k, v, w: posenc.positional_attention(q, k, v, causal=True, sample_ids=sample_ids,
-                                                       variate_ids=variate_ids, variate_bias=w),
-        tensors)
+        lambda q, k, v, w: posenc.positional_attention(
+            q, k, v, causal=True, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w
+        ),
+        tensors,
+    )
 
 
 def test_opcheck():
     q, k, v, weight = _inputs(torch.float32, b=2, h=2, nq=20, nk=20, d=8, seed=17)
     sample_ids, variate_ids = _packed_ids([[8, 12], [20]], 20, seed=17)
-    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), None, None, "half", None,
-            False, None, True, 128, False, None, None, sample_ids, variate_ids,
-            weight.requires_grad_())
+    args = (
+        q.requires_grad_(),
+        k.requires_grad_(),
+        v.requires_grad_(),
+        None,
+        None,
+        "half",
+        None,
+        False,
+        None,
+        True,
+        128,
+        False,
+        None,
+        None,
+        sample_ids,
+        variate_ids,
+        weight.requires_grad_(),
+    )
     torch.library.opcheck(torch.ops.posenc.positional_attention.default, args)
 
 
@@ -270,24 +347,60 @@ def test_route():
     sample_ids, variate_ids = _packed_ids([[8, 8]], 16)
     cos, sin = _tables(torch.arange(16), 8)
     route = torch.ops.posenc.positional_attention_route(
-        q, k, v, cos, sin, "half", None, False, None, True, 128, False, None, None, sample_ids,
-        variate_ids, weight)
+        q,
+        k,
+        v,
+        cos,
+        sin,
+        "half",
+        None,
+        False,
+        None,
+        True,
+        128,
+        False,
+        None,
+        None,
+        sample_ids,
+        variate_ids,
+        weight,
+    )
     assert route == "fused, RoPE inside"
 
 
-@pytest.mark.parametrize("case, message", [
-    (dict(sample_ids=torch.zeros(2, 16)), "sample_ids must be an integer tensor"),
-    (dict(sample_ids=torch.zeros(2, 15, dtype=torch.long)), "sample_ids must be [B, Nk] = [2, 16]"),
-    (dict(sample_ids=torch.tensor([[0] * 4 + [1] * 4 + [0] * 8, [0] * 16])),
-     "sample_ids[0, 8] = 0 starts a second run"),
-    (dict(variate_ids=torch.tensor([[0] * 16, [0] * 5 + [-1] + [0] * 10]),
-          variate_bias=torch.zeros(2, 2)), "variate_ids[1, 5] = -1 is negative"),
-    (dict(variate_ids=torch.zeros(2, 16, dtype=torch.long)), "variate_ids and variate_bias go"),
-    (dict(variate_ids=torch.zeros(2, 16, dtype=torch.long), variate_bias=torch.zeros(2, 3)),
-     "variate_bias must be [2, H] = [2, 2]"),
-    (dict(variate_ids=torch.zeros(2, 16, dtype=torch.long),
-          variate_bias=torch.zeros(2, 2, dtype=torch.long)), "variate_bias must be floating point"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        (dict(sample_ids=torch.zeros(2, 16)), "sample_ids must be an integer tensor"),
+        (
+            dict(sample_ids=torch.zeros(2, 15, dtype=torch.long)),
+            "sample_ids must be [B, Nk] = [2, 16]",
+        ),
+        (
+            dict(sample_ids=torch.tensor([[0] * 4 + [1] * 4 + [0] * 8, [0] * 16])),
+            "sample_ids[0, 8] = 0 starts a second run",
+        ),
+        (
+            dict(
+                variate_ids=torch.tensor([[0] * 16, [0] * 5 + [-1] + [0] * 10]),
+                variate_bias=torch.zeros(2, 2),
+            ),
+            "variate_ids[1, 5] = -1 is negative",
+        ),
+        (dict(variate_ids=torch.zeros(2, 16, dtype=torch.long)), "variate_ids and variate_bias go"),
+        (
+            dict(variate_ids=torch.zeros(2, 16, dtype=torch.long), variate_bias=torch.zeros(2, 3)),
+            "variate_bias must be [2, H] = [2, 2]",
+        ),
+        (
+            dict(
+                variate_ids=torch.zeros(2, 16, dtype=torch.long),
+                variate_bias=torch.zeros(2, 2, dtype=torch.long),
+            ),
+            "variate_bias must be floating point",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(case, message):
     q, k, v, _ = _inputs(torch.float32, b=2, h=2, nq=16, nk=16, d=8)
     with pytest.raises(RuntimeError) as info:
@@ -305,11 +418,20 @@ def test_cuda_matches_cpu(dtype):
     cos, sin = _tables(torch.arange(n), 32)
     results = []
     for device in ("cpu", "cuda"):
+
         def ours(q, k, v, w, device=device):
             return posenc.positional_attention(
-                q, k, v, cos=cos.to(device), sin=sin.to(device), causal=True,
-                sample_ids=sample_ids.to(device), variate_ids=variate_ids.to(device),
-                variate_bias=w)
+                q,
+                k,
+                v,
+                cos=cos.to(device),
+                sin=sin.to(device),
+                causal=True,
+                sample_ids=sample_ids.to(device),
+                variate_ids=variate_ids.to(device),
+                variate_bias=w,
+            )
+
         results.append(_run(ours, [t.to(device) for t in (q, k, v, weight)]))
     (cpu, gc), (cuda, gg) = results
     tol = F32_TOL if dtype == torch.float32 else LOW_TOL[dtype]

@@ -8,13 +8,26 @@ import torch
 
 import posenc
 
-CONFIG = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 256,
-          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+}
 
 
-YARN = dict(CONFIG, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                     "original_max_position_embeddings": 64})
+YARN = dict(
+    CONFIG,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+)
 
 
 class Block(torch.nn.Module):

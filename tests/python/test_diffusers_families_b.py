@@ -19,12 +19,6 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-import posenc  # noqa: E402,F401  (loads posenc's operators)
-from posenc.integrations import diffusers as pd  # noqa: E402
-from posenc.integrations.diffusers import (  # noqa: E402
-    _cogvideox, _cosmos, _ltx, _ltx2, _mochi, _qwenimage)
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
 from diffusers.models import attention_processor as dap  # noqa: E402
 from diffusers.models import embeddings as demb  # noqa: E402
 from diffusers.models.transformers import transformer_cosmos as dcosmos  # noqa: E402
@@ -33,6 +27,11 @@ from diffusers.models.transformers import transformer_ltx2 as dltx2  # noqa: E40
 from diffusers.models.transformers import transformer_mochi as dmochi  # noqa: E402
 from diffusers.models.transformers import transformer_qwenimage as dqwen  # noqa: E402
 from diffusers.pipelines.cogvideo import pipeline_cogvideox as dcogpipe  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import posenc  # noqa: E402,F401  (loads posenc's operators)
+from posenc.integrations import diffusers as pd  # noqa: E402
+from posenc.integrations.diffusers import _cogvideox, _cosmos, _ltx, _ltx2, _mochi, _qwenimage  # noqa: E402
 
 # Mochi's rope runs under torch.autocast(..., float32), which CPU autocast warns about (diffusers'
 # module and posenc's alike)
@@ -62,25 +61,41 @@ def _randn(*shape):
 
 # -- tiny models: (model, inputs, the input to differentiate, posenc.apply_rotary calls) ---------
 
+
 def _make_cogvideox(grid_type="linspace"):
     torch.manual_seed(0)
     slice_ = grid_type == "slice"
     model = diffusers.CogVideoXTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-        time_embed_dim=8, text_embed_dim=12, num_layers=2, sample_width=8, sample_height=8,
-        sample_frames=9, patch_size=2, patch_size_t=2 if slice_ else None,
-        max_text_seq_length=6, use_rotary_positional_embeddings=True)
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=8,
+        text_embed_dim=12,
+        num_layers=2,
+        sample_width=8,
+        sample_height=8,
+        sample_frames=9,
+        patch_size=2,
+        patch_size_t=2 if slice_ else None,
+        max_text_seq_length=6,
+        use_rotary_positional_embeddings=True,
+    )
     frames = 4 if slice_ else 3
     if slice_:  # CogVideoX 1.5's pipeline: slice grids up to the model's base size
-        tables = _cogvideox.get_3d_rotary_pos_embed(16, None, (4, 4), 2, grid_type="slice",
-                                                    max_size=(4, 4))
+        tables = _cogvideox.get_3d_rotary_pos_embed(
+            16, None, (4, 4), 2, grid_type="slice", max_size=(4, 4)
+        )
     else:  # CogVideoX 1.0's pipeline: the crop of a 4 x 3 grid in the 4 x 4 base
         crops = _cogvideox.get_resize_crop_region_for_grid((4, 3), 4, 4)
         tables = _cogvideox.get_3d_rotary_pos_embed(16, crops, (4, 3), frames)
     width = 8 if slice_ else 6
-    inputs = {"hidden_states": _randn(1, frames, 4, 8, width),
-              "encoder_hidden_states": _randn(1, 6, 12), "timestep": torch.tensor([10]),
-              "image_rotary_emb": tables}
+    inputs = {
+        "hidden_states": _randn(1, frames, 4, 8, width),
+        "encoder_hidden_states": _randn(1, 6, 12),
+        "timestep": torch.tensor([10]),
+        "image_rotary_emb": tables,
+    }
     return model, inputs, "hidden_states", 2
 
 
@@ -91,29 +106,60 @@ def _make_cogvideox_slice():
 def _make_ltx():
     torch.manual_seed(0)
     model = diffusers.LTXVideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=10,
-        cross_attention_dim=20, num_layers=2, caption_channels=12)  # dim 20: 2 padded channels
-    inputs = {"hidden_states": _randn(1, 3 * 4 * 4, 8), "encoder_hidden_states": _randn(1, 5, 12),
-              "timestep": torch.tensor([10]), "encoder_attention_mask": torch.ones(1, 5),
-              "num_frames": 3, "height": 4, "width": 4,
-              "rope_interpolation_scale": (20 / 24, 32, 32)}
+        in_channels=8,
+        out_channels=8,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        cross_attention_dim=20,
+        num_layers=2,
+        caption_channels=12,
+    )  # dim 20: 2 padded channels
+    inputs = {
+        "hidden_states": _randn(1, 3 * 4 * 4, 8),
+        "encoder_hidden_states": _randn(1, 5, 12),
+        "timestep": torch.tensor([10]),
+        "encoder_attention_mask": torch.ones(1, 5),
+        "num_frames": 3,
+        "height": 4,
+        "width": 4,
+        "rope_interpolation_scale": (20 / 24, 32, 32),
+    }
     return model, inputs, "hidden_states", 2
 
 
 def _make_ltx2_config(**extra):
-    return dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=8,
-                cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4,
-                audio_num_attention_heads=2, audio_attention_head_dim=6,
-                audio_cross_attention_dim=12, num_layers=2, caption_channels=10, **extra)
+    return dict(
+        in_channels=8,
+        out_channels=8,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        cross_attention_dim=16,
+        audio_in_channels=4,
+        audio_out_channels=4,
+        audio_num_attention_heads=2,
+        audio_attention_head_dim=6,
+        audio_cross_attention_dim=12,
+        num_layers=2,
+        caption_channels=10,
+        **extra,
+    )
 
 
 def _make_ltx2(**extra):
     torch.manual_seed(0)
     model = diffusers.LTX2VideoTransformer3DModel(**_make_ltx2_config(**extra))
-    inputs = {"hidden_states": _randn(1, 2 * 3 * 3, 8), "audio_hidden_states": _randn(1, 5, 4),
-              "encoder_hidden_states": _randn(1, 4, 10),
-              "audio_encoder_hidden_states": _randn(1, 4, 10), "timestep": torch.tensor([10.0]),
-              "num_frames": 2, "height": 3, "width": 3, "fps": 25.0, "audio_num_frames": 5}
+    inputs = {
+        "hidden_states": _randn(1, 2 * 3 * 3, 8),
+        "audio_hidden_states": _randn(1, 5, 4),
+        "encoder_hidden_states": _randn(1, 4, 10),
+        "audio_encoder_hidden_states": _randn(1, 4, 10),
+        "timestep": torch.tensor([10.0]),
+        "num_frames": 2,
+        "height": 3,
+        "width": 3,
+        "fps": 25.0,
+        "audio_num_frames": 5,
+    }
     # per layer: video and audio self-attention, a2v and v2a cross attention
     return model, inputs, "hidden_states", 2 * 2 + 2 * 2 * 2
 
@@ -121,43 +167,77 @@ def _make_ltx2(**extra):
 def _make_cosmos():
     torch.manual_seed(0)
     model = diffusers.CosmosTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
-        num_layers=2, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 16, 16),
-        patch_size=(1, 2, 2))
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "timestep": torch.tensor([0.5]),
-              "encoder_hidden_states": _randn(1, 5, 16), "fps": 30,
-              "padding_mask": torch.zeros(1, 1, 8, 8)}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=2,
+        mlp_ratio=2.0,
+        text_embed_dim=16,
+        adaln_lora_dim=4,
+        max_size=(4, 16, 16),
+        patch_size=(1, 2, 2),
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 8),
+        "timestep": torch.tensor([0.5]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+        "fps": 30,
+        "padding_mask": torch.zeros(1, 1, 8, 8),
+    }
     return model, inputs, "hidden_states", 2
 
 
 def _make_mochi():
     torch.manual_seed(0)
     model = diffusers.MochiTransformer3DModel(
-        patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2,
-        pooled_projection_dim=8, in_channels=4, text_embed_dim=16, time_embed_dim=4,
-        max_sequence_length=8)
+        patch_size=2,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=2,
+        pooled_projection_dim=8,
+        in_channels=4,
+        text_embed_dim=16,
+        time_embed_dim=4,
+        max_sequence_length=8,
+    )
     with torch.no_grad():  # diffusers initialises the learned frequencies to 0: no rotation
         model.pos_frequencies.copy_(_randn(*model.pos_frequencies.shape))
     mask = torch.ones(1, 6)
     mask[0, 4:] = 0
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "encoder_hidden_states": _randn(1, 6, 16),
-              "timestep": torch.tensor([10]), "encoder_attention_mask": mask}
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 8),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "timestep": torch.tensor([10]),
+        "encoder_attention_mask": mask,
+    }
     return model, inputs, "hidden_states", 2
 
 
 def _make_qwenimage(layer3d=False):
     torch.manual_seed(0)
     model = diffusers.QwenImageTransformer2DModel(
-        patch_size=1, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=32,
-        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(8, 12, 12),
-        use_layer3d_rope=layer3d)
+        patch_size=1,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=12,
+        axes_dims_rope=(8, 12, 12),
+        use_layer3d_rope=layer3d,
+    )
     mask = torch.ones(1, 5)
     mask[0, 4] = 0
     shapes = [[(1, 4, 6), (1, 4, 6)]] if layer3d else [(1, 4, 6)]
     tokens = 48 if layer3d else 24
-    inputs = {"hidden_states": _randn(1, tokens, 4), "encoder_hidden_states": _randn(1, 5, 12),
-              "encoder_hidden_states_mask": mask, "timestep": torch.tensor([0.5]),
-              "img_shapes": shapes}
+    inputs = {
+        "hidden_states": _randn(1, tokens, 4),
+        "encoder_hidden_states": _randn(1, 5, 12),
+        "encoder_hidden_states_mask": mask,
+        "timestep": torch.tensor([0.5]),
+        "img_shapes": shapes,
+    }
     return model, inputs, "hidden_states", 0  # a call per stream and per q/k: counted apart
 
 
@@ -165,9 +245,16 @@ def _make_qwenimage_layer3d():
     return _make_qwenimage(layer3d=True)
 
 
-MODELS = {"cogvideox": _make_cogvideox, "cogvideox_slice": _make_cogvideox_slice,
-          "ltx": _make_ltx, "ltx2": _make_ltx2, "cosmos": _make_cosmos, "mochi": _make_mochi,
-          "qwenimage": _make_qwenimage, "qwenimage_layer3d": _make_qwenimage_layer3d}
+MODELS = {
+    "cogvideox": _make_cogvideox,
+    "cogvideox_slice": _make_cogvideox_slice,
+    "ltx": _make_ltx,
+    "ltx2": _make_ltx2,
+    "cosmos": _make_cosmos,
+    "mochi": _make_mochi,
+    "qwenimage": _make_qwenimage,
+    "qwenimage_layer3d": _make_qwenimage_layer3d,
+}
 # Qwen-Image rotates img q, img k, txt q, txt k apart: 4 calls a layer
 ROTATIONS = {"qwenimage": 8, "qwenimage_layer3d": 8}
 
@@ -192,15 +279,26 @@ def _grads(model, inputs, grad_input):
 
 
 def _processors(model):
-    return {n: m.processor for n, m in model.named_modules()
-            if hasattr(m, "set_processor") or "processor" in vars(m)}
+    return {
+        n: m.processor
+        for n, m in model.named_modules()
+        if hasattr(m, "set_processor") or "processor" in vars(m)
+    }
 
 
 def test_families_are_registered():
     pd.patch(torch.nn.Identity())  # imports the family modules
     names = {f.name for f in pd._registry.FAMILIES}
-    assert names >= {"cogvideox", "ltx", "ltx2", "ltx2_connector", "cosmos", "mochi",
-                     "qwenimage", "qwenimage_layer3d"}
+    assert names >= {
+        "cogvideox",
+        "ltx",
+        "ltx2",
+        "ltx2_connector",
+        "cosmos",
+        "mochi",
+        "qwenimage",
+        "qwenimage_layer3d",
+    }
     assert pd.get_3d_rotary_pos_embed is _cogvideox.get_3d_rotary_pos_embed
 
 
@@ -248,13 +346,22 @@ def test_patched_gradients(family):
     if family == "mochi":  # the learned frequencies get their gradient through posenc's backward
         assert want["pos_frequencies"].abs().sum() > 0
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                                   msg=lambda m, n=name: f"{family} gradient {n}: {m}")
+        torch.testing.assert_close(
+            got[name],
+            want[name],
+            rtol=GRAD_RTOL,
+            atol=GRAD_ATOL,
+            msg=lambda m, n=name: f"{family} gradient {n}: {m}",
+        )
 
 
 # inputs that stay as diffusers' pipelines give them whatever the model's dtype
-_KEEP_DTYPE = ("image_rotary_emb", "timestep", "encoder_attention_mask",
-               "encoder_hidden_states_mask")
+_KEEP_DTYPE = (
+    "image_rotary_emb",
+    "timestep",
+    "encoder_attention_mask",
+    "encoder_hidden_states_mask",
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
@@ -266,8 +373,12 @@ def test_patched_output_in_other_dtypes(family, dtype):
         pytest.skip("diffusers' Cosmos does not run in float64 (its RMSNorm refuses double)")
     model, inputs, _, _ = MODELS[family]()
     model.to(dtype).eval()
-    inputs = {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point()
-              and k not in _KEEP_DTYPE else v for k, v in inputs.items()}
+    inputs = {
+        k: v.to(dtype)
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in _KEEP_DTYPE
+        else v
+        for k, v in inputs.items()
+    }
     with torch.no_grad():
         want = _sample(model, inputs)
     pd.patch(model, strict=True)
@@ -278,31 +389,38 @@ def test_patched_output_in_other_dtypes(family, dtype):
     assert torch.equal(got, want), (got.double() - want.double()).abs().max()
 
 
-@pytest.mark.parametrize("ours,theirs", [
-    (_cogvideox.CogVideoXAttnProcessor2_0, dap.CogVideoXAttnProcessor2_0),
-    (_cogvideox.FusedCogVideoXAttnProcessor2_0, dap.FusedCogVideoXAttnProcessor2_0),
-    (_ltx.LTXVideoAttnProcessor, dltx.LTXVideoAttnProcessor),
-    (_ltx2.LTX2AudioVideoAttnProcessor, dltx2.LTX2AudioVideoAttnProcessor),
-    (_ltx2.LTX2PerturbedAttnProcessor, dltx2.LTX2PerturbedAttnProcessor),
-    (_cosmos.CosmosAttnProcessor2_0, dcosmos.CosmosAttnProcessor2_0),
-    (_cosmos.CosmosAttnProcessor2_5, dcosmos.CosmosAttnProcessor2_5),
-    (_mochi.MochiAttnProcessor2_0, dap.MochiAttnProcessor2_0),
-    (_qwenimage.QwenDoubleStreamAttnProcessor2_0, dqwen.QwenDoubleStreamAttnProcessor2_0)])
+@pytest.mark.parametrize(
+    "ours,theirs",
+    [
+        (_cogvideox.CogVideoXAttnProcessor2_0, dap.CogVideoXAttnProcessor2_0),
+        (_cogvideox.FusedCogVideoXAttnProcessor2_0, dap.FusedCogVideoXAttnProcessor2_0),
+        (_ltx.LTXVideoAttnProcessor, dltx.LTXVideoAttnProcessor),
+        (_ltx2.LTX2AudioVideoAttnProcessor, dltx2.LTX2AudioVideoAttnProcessor),
+        (_ltx2.LTX2PerturbedAttnProcessor, dltx2.LTX2PerturbedAttnProcessor),
+        (_cosmos.CosmosAttnProcessor2_0, dcosmos.CosmosAttnProcessor2_0),
+        (_cosmos.CosmosAttnProcessor2_5, dcosmos.CosmosAttnProcessor2_5),
+        (_mochi.MochiAttnProcessor2_0, dap.MochiAttnProcessor2_0),
+        (_qwenimage.QwenDoubleStreamAttnProcessor2_0, dqwen.QwenDoubleStreamAttnProcessor2_0),
+    ],
+)
 def test_processors_name_every_parameter_diffusers_names(ours, theirs):
     """diffusers' attention modules drop keyword arguments a processor's __call__ does not name
     (image_rotary_emb among them): posenc's take the same names, in the same order. They are
     subclasses of diffusers' (isinstance checks of user code hold)."""
     assert issubclass(ours, theirs)
-    assert list(inspect.signature(ours.__call__).parameters) == \
-        list(inspect.signature(theirs.__call__).parameters)
+    assert list(inspect.signature(ours.__call__).parameters) == list(
+        inspect.signature(theirs.__call__).parameters
+    )
 
 
 def test_fused_cogvideox_processor_equal_to_the_bit():
     model, inputs, _, _ = _make_cogvideox()
     model.fuse_qkv_projections()
     model.eval()
-    assert type(model.transformer_blocks[0].attn1.processor).__name__ == \
-        "FusedCogVideoXAttnProcessor2_0"
+    assert (
+        type(model.transformer_blocks[0].attn1.processor).__name__
+        == "FusedCogVideoXAttnProcessor2_0"
+    )
     with torch.no_grad():
         want = _sample(model, inputs)
     pd.patch(model, strict=True)
@@ -314,59 +432,127 @@ def test_fused_cogvideox_processor_equal_to_the_bit():
 def _outputs(out):
     if isinstance(out, torch.Tensor):
         return [out]
-    return [t for item in (out.to_tuple() if hasattr(out, "to_tuple") else out)
-            for t in _outputs(item)]
+    return [
+        t for item in (out.to_tuple() if hasattr(out, "to_tuple") else out) for t in _outputs(item)
+    ]
 
 
 def _make_consisid():
     torch.manual_seed(0)
     model = diffusers.ConsisIDTransformer3DModel(
-        num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
-        time_embed_dim=8, text_embed_dim=12, num_layers=2, sample_width=8, sample_height=8,
-        sample_frames=9, patch_size=2, max_text_seq_length=6,
-        use_rotary_positional_embeddings=True, is_train_face=False)
+        num_attention_heads=2,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        time_embed_dim=8,
+        text_embed_dim=12,
+        num_layers=2,
+        sample_width=8,
+        sample_height=8,
+        sample_frames=9,
+        patch_size=2,
+        max_text_seq_length=6,
+        use_rotary_positional_embeddings=True,
+        is_train_face=False,
+    )
     tables = _cogvideox.get_3d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4), 3)
-    inputs = {"hidden_states": _randn(1, 3, 4, 8, 8), "encoder_hidden_states": _randn(1, 6, 12),
-              "timestep": torch.tensor([10]), "image_rotary_emb": tables}
+    inputs = {
+        "hidden_states": _randn(1, 3, 4, 8, 8),
+        "encoder_hidden_states": _randn(1, 6, 12),
+        "timestep": torch.tensor([10]),
+        "image_rotary_emb": tables,
+    }
     return model, inputs, 2
 
 
 def _make_cogview3plus():  # CogVideoX's processor without a rotary table: nothing rotates
     torch.manual_seed(0)
     model = diffusers.CogView3PlusTransformer2DModel(
-        patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8, num_attention_heads=2,
-        out_channels=4, text_embed_dim=12, time_embed_dim=8, condition_dim=4,
-        pos_embed_max_size=16, sample_size=8)
-    return model, {"hidden_states": _randn(1, 4, 8, 8), "encoder_hidden_states": _randn(1, 5, 12),
-                   "timestep": torch.tensor([10]), "original_size": torch.tensor([[8, 8]]),
-                   "target_size": torch.tensor([[8, 8]]), "crop_coords": torch.tensor([[0, 0]])}, 0
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        out_channels=4,
+        text_embed_dim=12,
+        time_embed_dim=8,
+        condition_dim=4,
+        pos_embed_max_size=16,
+        sample_size=8,
+    )
+    return (
+        model,
+        {
+            "hidden_states": _randn(1, 4, 8, 8),
+            "encoder_hidden_states": _randn(1, 5, 12),
+            "timestep": torch.tensor([10]),
+            "original_size": torch.tensor([[8, 8]]),
+            "target_size": torch.tensor([[8, 8]]),
+            "crop_coords": torch.tensor([[0, 0]]),
+        },
+        0,
+    )
 
 
 def _make_qwenimage_controlnet():
     torch.manual_seed(0)
     model = diffusers.QwenImageControlNetModel(
-        patch_size=1, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=32,
-        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(8, 12, 12))
-    return model, {"hidden_states": _randn(1, 24, 4), "controlnet_cond": _randn(1, 24, 4),
-                   "encoder_hidden_states": _randn(1, 5, 12),
-                   "encoder_hidden_states_mask": torch.ones(1, 5),
-                   "timestep": torch.tensor([0.5]), "img_shapes": [(1, 4, 6)]}, 8
+        patch_size=1,
+        in_channels=4,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=32,
+        num_attention_heads=2,
+        joint_attention_dim=12,
+        axes_dims_rope=(8, 12, 12),
+    )
+    return (
+        model,
+        {
+            "hidden_states": _randn(1, 24, 4),
+            "controlnet_cond": _randn(1, 24, 4),
+            "encoder_hidden_states": _randn(1, 5, 12),
+            "encoder_hidden_states_mask": torch.ones(1, 5),
+            "timestep": torch.tensor([0.5]),
+            "img_shapes": [(1, 4, 6)],
+        },
+        8,
+    )
 
 
 def _make_cosmos_controlnet():
     torch.manual_seed(0)
     model = diffusers.CosmosControlNetModel(
-        n_controlnet_blocks=2, in_channels=6, latent_channels=6, model_channels=24,
-        num_attention_heads=2, attention_head_dim=12, mlp_ratio=2.0, text_embed_dim=16,
-        adaln_lora_dim=4, max_size=(4, 16, 16))
-    return model, {"controls_latents": _randn(1, 4, 3, 8, 8), "latents": _randn(1, 4, 3, 8, 8),
-                   "timestep": torch.tensor([0.5]), "encoder_hidden_states": _randn(1, 5, 16),
-                   "condition_mask": torch.ones(1, 1, 3, 8, 8),
-                   "padding_mask": torch.zeros(1, 1, 8, 8), "fps": 24}, 2
+        n_controlnet_blocks=2,
+        in_channels=6,
+        latent_channels=6,
+        model_channels=24,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        mlp_ratio=2.0,
+        text_embed_dim=16,
+        adaln_lora_dim=4,
+        max_size=(4, 16, 16),
+    )
+    return (
+        model,
+        {
+            "controls_latents": _randn(1, 4, 3, 8, 8),
+            "latents": _randn(1, 4, 3, 8, 8),
+            "timestep": torch.tensor([0.5]),
+            "encoder_hidden_states": _randn(1, 5, 16),
+            "condition_mask": torch.ones(1, 1, 3, 8, 8),
+            "padding_mask": torch.zeros(1, 1, 8, 8),
+            "fps": 24,
+        },
+        2,
+    )
 
 
-@pytest.mark.parametrize("make", [_make_consisid, _make_cogview3plus, _make_qwenimage_controlnet,
-                                  _make_cosmos_controlnet])
+@pytest.mark.parametrize(
+    "make",
+    [_make_consisid, _make_cogview3plus, _make_qwenimage_controlnet, _make_cosmos_controlnet],
+)
 def test_other_models_with_these_families_modules(make):
     """Models that reuse these families' rotary modules or processors (ConsisID and CogView3Plus:
     CogVideoX's processor; the Qwen-Image and Cosmos controlnets) are patched by the same table."""
@@ -387,14 +573,28 @@ def test_cosmos25_image_context_processor_equal_to_the_bit():
     """Cosmos 2.5: the cross attention takes (text, image) context (CosmosAttnProcessor2_5)."""
     torch.manual_seed(0)
     model = diffusers.CosmosTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12,
-        num_layers=2, mlp_ratio=2.0, text_embed_dim=16, adaln_lora_dim=4, max_size=(4, 16, 16),
-        patch_size=(1, 2, 2), img_context_dim_in=8, img_context_dim_out=24)
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=2,
+        mlp_ratio=2.0,
+        text_embed_dim=16,
+        adaln_lora_dim=4,
+        max_size=(4, 16, 16),
+        patch_size=(1, 2, 2),
+        img_context_dim_in=8,
+        img_context_dim_out=24,
+    )
     model.eval()
     assert type(model.transformer_blocks[0].attn2.processor).__name__ == "CosmosAttnProcessor2_5"
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 8), "timestep": torch.tensor([0.5]),
-              "encoder_hidden_states": (_randn(1, 5, 16), _randn(1, 3, 8)), "fps": 24,
-              "padding_mask": torch.zeros(1, 1, 8, 8)}
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 8),
+        "timestep": torch.tensor([0.5]),
+        "encoder_hidden_states": (_randn(1, 5, 16), _randn(1, 3, 8)),
+        "fps": 24,
+        "padding_mask": torch.zeros(1, 1, 8, 8),
+    }
     with torch.no_grad():
         want = _sample(model, inputs)
     report = pd.patch(model, strict=True)
@@ -406,8 +606,9 @@ def test_cosmos25_image_context_processor_equal_to_the_bit():
 def test_ltx2_perturbed_processor_equal_to_the_bit():
     model, inputs, _, _ = _make_ltx2(perturbed_attn=True)
     model.eval()
-    assert any(type(p).__name__ == "LTX2PerturbedAttnProcessor"
-               for p in _processors(model).values())
+    assert any(
+        type(p).__name__ == "LTX2PerturbedAttnProcessor" for p in _processors(model).values()
+    )
     with torch.no_grad():
         want = _sample(model, inputs)
     assert pd.patch(model, strict=True)["left"] == []
@@ -416,6 +617,7 @@ def test_ltx2_perturbed_processor_equal_to_the_bit():
 
 
 # -- tables ---------------------------------------------------------------------------------------
+
 
 def _tables_equal(ours, theirs):
     assert len(ours) == len(theirs) == 2
@@ -430,13 +632,16 @@ def test_cogvideox_tables_both_grid_types(embed_dim, grid, frames):
     base = (30, 45)  # CogVideoX's 480 x 720 latent grid in patches
     crops = dcogpipe.get_resize_crop_region_for_grid(grid, base[1], base[0])
     assert _cogvideox.get_resize_crop_region_for_grid(grid, base[1], base[0]) == crops
-    cases = [dict(crops_coords=crops),  # CogVideoX 1.0: the crop, fractional positions
-             dict(crops_coords=((0.5, 1.25), (11, 7.5)), theta=500),  # any crop, another theta
-             dict(crops_coords=None, grid_type="slice", max_size=base)]  # CogVideoX 1.5
+    cases = [
+        dict(crops_coords=crops),  # CogVideoX 1.0: the crop, fractional positions
+        dict(crops_coords=((0.5, 1.25), (11, 7.5)), theta=500),  # any crop, another theta
+        dict(crops_coords=None, grid_type="slice", max_size=base),
+    ]  # CogVideoX 1.5
     for case in cases:
         args = dict(embed_dim=embed_dim, grid_size=grid, temporal_size=frames, **case)
-        _tables_equal(_cogvideox.get_3d_rotary_pos_embed(**args),
-                      demb.get_3d_rotary_pos_embed(**args))
+        _tables_equal(
+            _cogvideox.get_3d_rotary_pos_embed(**args), demb.get_3d_rotary_pos_embed(**args)
+        )
 
 
 def test_cogvideox_signature_is_diffusers():
@@ -476,12 +681,15 @@ def test_ltx_tables_at_several_grids(dim):
     theirs = dltx.LTXVideoRotaryPosEmbed(dim, patch_size=2, patch_size_t=1)
     ours = _ltx.LTXVideoRotaryPosEmbed.from_diffusers(theirs)
     x = torch.zeros(2, 3)
-    for kw in (dict(num_frames=1, height=1, width=1),
-               dict(num_frames=3, height=4, width=5, rope_interpolation_scale=(20 / 24, 32, 32)),
-               dict(num_frames=9, height=16, width=22, rope_interpolation_scale=(0.5, 8.0, 8.0)),
-               dict(num_frames=2, height=3, width=3,
-                    rope_interpolation_scale=(torch.tensor(0.75), 32, 32)),
-               dict(video_coords=_randn(2, 3, 37) * 100)):
+    for kw in (
+        dict(num_frames=1, height=1, width=1),
+        dict(num_frames=3, height=4, width=5, rope_interpolation_scale=(20 / 24, 32, 32)),
+        dict(num_frames=9, height=16, width=22, rope_interpolation_scale=(0.5, 8.0, 8.0)),
+        dict(
+            num_frames=2, height=3, width=3, rope_interpolation_scale=(torch.tensor(0.75), 32, 32)
+        ),
+        dict(video_coords=_randn(2, 3, 37) * 100),
+    ):
         _tables_equal(ours(x, **kw), theirs(x, **kw))
 
 
@@ -489,27 +697,38 @@ def test_ltx_tables_at_several_grids(dim):
 @pytest.mark.parametrize("dim", [12, 50, 64, 4096])
 def test_ltx2_video_and_audio_tables_on_one_clock(double_precision, dim):
     """A video grid with its fps and an audio track in seconds, self and cross tables."""
-    video = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, modality="video",
-                                               double_precision=double_precision)
-    audio = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, scale_factors=[4], modality="audio",
-                                               double_precision=double_precision)
+    video = dltx2.LTX2AudioVideoRotaryPosEmbed(
+        dim, modality="video", double_precision=double_precision
+    )
+    audio = dltx2.LTX2AudioVideoRotaryPosEmbed(
+        dim, scale_factors=[4], modality="audio", double_precision=double_precision
+    )
     ours_video = _ltx2.LTX2AudioVideoRotaryPosEmbed.from_diffusers(video)
     ours_audio = _ltx2.LTX2AudioVideoRotaryPosEmbed.from_diffusers(audio)
-    for frames, h, w, fps, audio_frames, shift in ((1, 1, 1, 24.0, 1, 0), (3, 4, 5, 25.0, 7, 2),
-                                                   (5, 8, 6, 30000 / 1001, 26, 0)):
+    for frames, h, w, fps, audio_frames, shift in (
+        (1, 1, 1, 24.0, 1, 0),
+        (3, 4, 5, 25.0, 7, 2),
+        (5, 8, 6, 30000 / 1001, 26, 0),
+    ):
         video_coords = video.prepare_video_coords(2, frames, h, w, "cpu", fps=fps)
         audio_coords = audio.prepare_audio_coords(2, audio_frames, "cpu", shift=shift)
-        assert torch.equal(ours_video.prepare_video_coords(2, frames, h, w, "cpu", fps=fps),
-                           video_coords)
-        assert torch.equal(ours_audio.prepare_audio_coords(2, audio_frames, "cpu", shift=shift),
-                           audio_coords)
-        assert torch.equal(ours_audio.prepare_coords(2, audio_frames, "cpu"),
-                           audio.prepare_coords(2, audio_frames, "cpu"))
-        for ours, theirs, coords in ((ours_video, video, video_coords),
-                                     (ours_audio, audio, audio_coords),
-                                     (ours_video, video, video_coords[:, 0:1]),  # cross: time
-                                     (ours_audio, audio, audio_coords[:, 0:1]),
-                                     (ours_audio, audio, audio_coords[..., 0])):  # [B, A, N]
+        assert torch.equal(
+            ours_video.prepare_video_coords(2, frames, h, w, "cpu", fps=fps), video_coords
+        )
+        assert torch.equal(
+            ours_audio.prepare_audio_coords(2, audio_frames, "cpu", shift=shift), audio_coords
+        )
+        assert torch.equal(
+            ours_audio.prepare_coords(2, audio_frames, "cpu"),
+            audio.prepare_coords(2, audio_frames, "cpu"),
+        )
+        for ours, theirs, coords in (
+            (ours_video, video, video_coords),
+            (ours_audio, audio, audio_coords),
+            (ours_video, video, video_coords[:, 0:1]),  # cross: time
+            (ours_audio, audio, audio_coords[:, 0:1]),
+            (ours_audio, audio, audio_coords[..., 0]),
+        ):  # [B, A, N]
             _tables_equal(ours(coords), theirs(coords))
 
 
@@ -517,6 +736,7 @@ def test_ltx2_video_and_audio_tables_on_one_clock(double_precision, dim):
 @pytest.mark.parametrize("dim", [7, 64, 3840])
 def test_ltx2_connector_tables(double_precision, dim):
     from diffusers.pipelines.ltx2 import connectors
+
     theirs = connectors.LTX2RotaryPosEmbed1d(dim, double_precision=double_precision)
     ours = _ltx2.LTX2RotaryPosEmbed1d.from_diffusers(theirs)
     for batch, length in ((1, 1), (2, 300), (1, 1024)):
@@ -527,13 +747,20 @@ def test_ltx2_text_connectors_patched_to_the_bit():
     """LTX-2's pipeline model that turns the text encoder's states into the DiT's text tokens:
     a 1D rope and the LTX-2 processor."""
     from diffusers.pipelines.ltx2 import connectors
+
     torch.manual_seed(0)
     model = connectors.LTX2TextConnectors(
-        caption_channels=16, text_proj_in_factor=3, video_connector_num_attention_heads=2,
-        video_connector_attention_head_dim=8, video_connector_num_layers=1,
-        video_connector_num_learnable_registers=4, audio_connector_num_attention_heads=2,
-        audio_connector_attention_head_dim=8, audio_connector_num_layers=1,
-        audio_connector_num_learnable_registers=4)
+        caption_channels=16,
+        text_proj_in_factor=3,
+        video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=8,
+        video_connector_num_layers=1,
+        video_connector_num_learnable_registers=4,
+        audio_connector_num_attention_heads=2,
+        audio_connector_attention_head_dim=8,
+        audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=4,
+    )
     model.eval()
     mask = torch.ones(1, 8)
     mask[0, :2] = 0
@@ -552,11 +779,16 @@ def test_ltx2_text_connectors_patched_to_the_bit():
 @pytest.mark.parametrize("head_dim", [12, 16, 24, 128])
 def test_cosmos_tables_at_several_grids(head_dim):
     for rope_scale in ((2.0, 1.0, 1.0), (1.0, 3.0, 3.0)):
-        theirs = dcosmos.CosmosRotaryPosEmbed(head_dim, max_size=(16, 64, 64),
-                                              patch_size=(1, 2, 2), rope_scale=rope_scale)
+        theirs = dcosmos.CosmosRotaryPosEmbed(
+            head_dim, max_size=(16, 64, 64), patch_size=(1, 2, 2), rope_scale=rope_scale
+        )
         ours = _cosmos.CosmosRotaryPosEmbed.from_diffusers(theirs)
-        for shape, fps in (((1, 2, 1, 2, 2), None), ((1, 2, 3, 4, 6), None),
-                           ((1, 1, 5, 8, 10), 30), ((1, 1, 16, 64, 62), 12.5)):
+        for shape, fps in (
+            ((1, 2, 1, 2, 2), None),
+            ((1, 2, 3, 4, 6), None),
+            ((1, 1, 5, 8, 10), 30),
+            ((1, 1, 16, 64, 62), 12.5),
+        ):
             x = torch.zeros(shape)
             _tables_equal(ours(x, fps=fps), theirs(x, fps=fps))
 
@@ -581,8 +813,10 @@ def test_qwenimage_tables_at_several_grids(axes_dim, scale_rope):
     theirs = dqwen.QwenEmbedRope(10000, axes_dim, scale_rope=scale_rope)
     ours = _qwenimage.QwenEmbedRope.from_diffusers(theirs)
     for shapes, text in (((1, 1, 1), 1), ([(1, 4, 6)], 7), ([(2, 5, 3)], 30), ((1, 64, 48), 5)):
-        _tables_equal(ours(shapes, device=cpu, max_txt_seq_len=text),
-                      theirs(shapes, device=cpu, max_txt_seq_len=text))
+        _tables_equal(
+            ours(shapes, device=cpu, max_txt_seq_len=text),
+            theirs(shapes, device=cpu, max_txt_seq_len=text),
+        )
     theirs = dqwen.QwenEmbedLayer3DRope(10000, axes_dim, scale_rope=scale_rope)
     ours = _qwenimage.QwenEmbedLayer3DRope.from_diffusers(theirs)
     for shapes, text in (([[(1, 4, 6), (1, 4, 6), (1, 4, 6)]], 7), ([[(1, 2, 2)]], 3)):
@@ -625,11 +859,13 @@ def test_qwenimage_rotation_follows_the_thread_split(threads):
 
 # -- refusals -------------------------------------------------------------------------------------
 
+
 def test_ltx2_split_rope_is_refused_and_its_output_kept():
     model, inputs, _, _ = _make_ltx2(rope_type="split")
     model.eval()
-    ropes = {n: m for n, m in model.named_modules()
-             if type(m) is dltx2.LTX2AudioVideoRotaryPosEmbed}
+    ropes = {
+        n: m for n, m in model.named_modules() if type(m) is dltx2.LTX2AudioVideoRotaryPosEmbed
+    }
     processors = _processors(model)
     with pytest.raises(ValueError, match="split") as e:
         pd.patch(model, strict=True)
@@ -648,16 +884,27 @@ def test_ltx2_split_rope_is_refused_and_its_output_kept():
 def test_qwenimage_head_posenc_does_not_rotate_exactly_is_refused():
     torch.manual_seed(0)
     model = diffusers.QwenImageTransformer2DModel(
-        patch_size=1, in_channels=4, out_channels=4, num_layers=1, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=12, axes_dims_rope=(4, 6, 6))
+        patch_size=1,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=12,
+        axes_dims_rope=(4, 6, 6),
+    )
     model.eval()
     pos_embed = model.pos_embed
     with pytest.raises(ValueError, match="8 pairs") as e:
         pd.patch(model, strict=True)
     assert "\n" not in str(e.value) and model.pos_embed is pos_embed
-    inputs = {"hidden_states": _randn(1, 12, 4), "encoder_hidden_states": _randn(1, 3, 12),
-              "encoder_hidden_states_mask": torch.ones(1, 3), "timestep": torch.tensor([0.5]),
-              "img_shapes": [(1, 3, 4)]}
+    inputs = {
+        "hidden_states": _randn(1, 12, 4),
+        "encoder_hidden_states": _randn(1, 3, 12),
+        "encoder_hidden_states_mask": torch.ones(1, 3),
+        "timestep": torch.tensor([0.5]),
+        "img_shapes": [(1, 3, 4)],
+    }
     with torch.no_grad():
         want = _sample(model, inputs)
     pd.patch(model)  # the processor keeps diffusers' complex product for this head

@@ -30,8 +30,11 @@ import posenc.integrations.diffusers as pd  # noqa: E402
 with open(os.path.join(ROOT, "tests", "fixtures", "diffusers_tables.json"), encoding="utf-8") as f:
     FIXTURE = json.load(f)
 CAPABILITY = FIXTURE["generator"]["aten_cpu_capability"]
-ROWS = [(family, case["name"]) for family, entry in FIXTURE["families"].items()
-        for case in entry["cases"]]
+ROWS = [
+    (family, case["name"])
+    for family, entry in FIXTURE["families"].items()
+    for case in entry["cases"]
+]
 
 
 def _families():
@@ -63,8 +66,9 @@ def test_posenc_tables_equal_the_committed_ones(family, case_name):
         want = torch.tensor(recorded[name], dtype=torch.float64).reshape(recorded["shape"])
         got = got.double()
         if exact:
-            assert torch.equal(got, want), f"{family}/{case_name} {name}: max |d| " \
-                                           f"{(got - want).abs().max().item()}"
+            assert torch.equal(got, want), (
+                f"{family}/{case_name} {name}: max |d| {(got - want).abs().max().item()}"
+            )
         else:
             torch.testing.assert_close(got, want, rtol=0, atol=diffusers_cases.FLOAT32_ATOL)
 
@@ -75,12 +79,14 @@ def test_check_names_the_families_whose_tables_changed():
     import copy
 
     import gen_diffusers_fixtures as gen
+
     assert gen.changed_families(FIXTURE, FIXTURE) == {}
     fresh = copy.deepcopy(FIXTURE)
-    fresh["families"]["wan"]["cases"][0]["cos"][5] += 2.0 ** -30  # one float64-rounded value
+    fresh["families"]["wan"]["cases"][0]["cos"][5] += 2.0**-30  # one float64-rounded value
     fresh["families"]["flux"]["cases"][1]["shape"] = [1, 2]
-    fresh["families"]["flux2"]["cases"].append(dict(fresh["families"]["flux2"]["cases"][0],
-                                                    name="a_new_case"))
+    fresh["families"]["flux2"]["cases"].append(
+        dict(fresh["families"]["flux2"]["cases"][0], name="a_new_case")
+    )
     changed = gen.changed_families(FIXTURE, fresh)
     assert set(changed) == {"wan", "flux", "flux2"}
     assert "cos" in changed["wan"][0] and "new case" in changed["flux2"][0]

@@ -17,13 +17,14 @@ import torch
 
 diffusers = pytest.importorskip("diffusers")
 
-import posenc  # noqa: E402,F401  (loads posenc's operators)
 from diffusers.models import embeddings as demb  # noqa: E402
 from diffusers.models.transformers import transformer_flux2 as dflux2  # noqa: E402
 from diffusers.models.transformers import transformer_wan as dwan  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+import posenc  # noqa: E402,F401  (loads posenc's operators)
 from posenc.integrations import diffusers as pd  # noqa: E402
 from posenc.integrations.diffusers import _registry  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 # Gradients: the rotation's backward is posenc's (dq = dy cos + rot(dy) (-swap sin)), not autograd's
 # through diffusers' formula; measured equal to the bit on an AVX-512 EPYC for every model here,
@@ -60,11 +61,24 @@ def _randn(*shape):
 
 def _wan_like(cls, **extra):
     torch.manual_seed(0)
-    model = cls(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-                out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
-                rope_max_seq_len=32, **extra)
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": _randn(1, 5, 16)}
+    model = cls(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+        **extra,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+    }
     return model, inputs, "hidden_states", 2  # 2 self-attentions rotate
 
 
@@ -74,10 +88,14 @@ def _wan():
 
 def _wan_i2v():
     """Wan's image-to-video attention: image tokens before 512 text tokens, the added k/v."""
-    model, inputs, grad_input, rotating = _wan_like(diffusers.WanTransformer3DModel, image_dim=8,
-                                                    added_kv_proj_dim=24)
-    inputs = dict(inputs, encoder_hidden_states=_randn(1, 512, 16),
-                  encoder_hidden_states_image=_randn(1, 3, 8))
+    model, inputs, grad_input, rotating = _wan_like(
+        diffusers.WanTransformer3DModel, image_dim=8, added_kv_proj_dim=24
+    )
+    inputs = dict(
+        inputs,
+        encoder_hidden_states=_randn(1, 512, 16),
+        encoder_hidden_states_image=_randn(1, 3, 8),
+    )
     return model, inputs, grad_input, rotating
 
 
@@ -88,12 +106,28 @@ def _skyreels_v2():
 def _hunyuan_video():
     torch.manual_seed(0)
     model = diffusers.HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=2, num_refiner_layers=1, patch_size=1, patch_size_t=1,
-        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4))
-    inputs = {"hidden_states": _randn(1, 4, 2, 4, 6), "timestep": torch.tensor([300.0]),
-              "encoder_hidden_states": _randn(1, 6, 16), "pooled_projections": _randn(1, 8),
-              "encoder_attention_mask": torch.ones(1, 6), "guidance": torch.tensor([600.0])}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        num_layers=1,
+        num_single_layers=2,
+        num_refiner_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        guidance_embeds=True,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4),
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 2, 4, 6),
+        "timestep": torch.tensor([300.0]),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "pooled_projections": _randn(1, 8),
+        "encoder_attention_mask": torch.ones(1, 6),
+        "guidance": torch.tensor([600.0]),
+    }
     return model, inputs, "hidden_states", 3  # 1 double-stream, 2 single-stream blocks
 
 
@@ -101,20 +135,39 @@ def _hunyuan_video_framepack():
     """FramePack: the latents' frames and the clean, 2x and 4x history at their own indices."""
     torch.manual_seed(0)
     model = diffusers.HunyuanVideoFramepackTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1,
-        guidance_embeds=True, text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4),
-        has_image_proj=True, image_proj_dim=16, has_clean_x_embedder=True)
-    inputs = {"hidden_states": _randn(1, 4, 3, 4, 4), "timestep": torch.tensor([300]),
-              "encoder_hidden_states": _randn(1, 6, 16), "pooled_projections": _randn(1, 8),
-              "encoder_attention_mask": torch.ones(1, 6), "guidance": torch.tensor([600]),
-              "image_embeds": _randn(1, 6, 16), "indices_latents": torch.tensor([9.0, 10, 11]),
-              "latents_clean": _randn(1, 4, 2, 4, 4),
-              "indices_latents_clean": torch.tensor([0.0, 12]),
-              "latents_history_2x": _randn(1, 4, 2, 4, 4),
-              "indices_latents_history_2x": torch.tensor([13.0, 14]),
-              "latents_history_4x": _randn(1, 4, 8, 4, 4),
-              "indices_latents_history_4x": torch.arange(15, 23).float()}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        num_layers=1,
+        num_single_layers=1,
+        num_refiner_layers=1,
+        patch_size=2,
+        patch_size_t=1,
+        guidance_embeds=True,
+        text_embed_dim=16,
+        pooled_projection_dim=8,
+        rope_axes_dim=(2, 4, 4),
+        has_image_proj=True,
+        image_proj_dim=16,
+        has_clean_x_embedder=True,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 4, 4),
+        "timestep": torch.tensor([300]),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "pooled_projections": _randn(1, 8),
+        "encoder_attention_mask": torch.ones(1, 6),
+        "guidance": torch.tensor([600]),
+        "image_embeds": _randn(1, 6, 16),
+        "indices_latents": torch.tensor([9.0, 10, 11]),
+        "latents_clean": _randn(1, 4, 2, 4, 4),
+        "indices_latents_clean": torch.tensor([0.0, 12]),
+        "latents_history_2x": _randn(1, 4, 2, 4, 4),
+        "indices_latents_history_2x": torch.tensor([13.0, 14]),
+        "latents_history_4x": _randn(1, 4, 8, 4, 4),
+        "indices_latents_history_4x": torch.arange(15, 23).float(),
+    }
     return model, inputs, "hidden_states", 2
 
 
@@ -122,11 +175,23 @@ def _hunyuanimage():
     """HunyuanImage 2.1: HunyuanVideo's tables on a 2D grid, its attention."""
     torch.manual_seed(0)
     model = diffusers.HunyuanImageTransformer2DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
-        num_single_layers=2, num_refiner_layers=1, patch_size=(1, 1), text_embed_dim=16,
-        rope_axes_dim=(4, 4))
-    inputs = {"hidden_states": _randn(1, 4, 4, 6), "timestep": torch.tensor([300.0]),
-              "encoder_hidden_states": _randn(1, 6, 16), "encoder_attention_mask": torch.ones(1, 6)}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=1,
+        num_single_layers=2,
+        num_refiner_layers=1,
+        patch_size=(1, 1),
+        text_embed_dim=16,
+        rope_axes_dim=(4, 4),
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 4, 6),
+        "timestep": torch.tensor([300.0]),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "encoder_attention_mask": torch.ones(1, 6),
+    }
     return model, inputs, "hidden_states", 3
 
 
@@ -135,26 +200,57 @@ def _motif_video():
     rotates the queries only."""
     torch.manual_seed(0)
     model = diffusers.MotifVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
-        num_single_layers=1, num_decoder_layers=1, patch_size=1, patch_size_t=1, text_embed_dim=16,
-        rope_axes_dim=(2, 4, 4), enable_text_cross_attention_dual=True,
-        enable_text_cross_attention_single=True)
-    inputs = {"hidden_states": _randn(1, 4, 2, 4, 6), "timestep": torch.tensor([300.0]),
-              "encoder_hidden_states": _randn(1, 6, 16), "encoder_attention_mask": torch.ones(1, 6)}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=10,
+        num_layers=1,
+        num_single_layers=1,
+        num_decoder_layers=1,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=16,
+        rope_axes_dim=(2, 4, 4),
+        enable_text_cross_attention_dual=True,
+        enable_text_cross_attention_single=True,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 2, 4, 6),
+        "timestep": torch.tensor([300.0]),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "encoder_attention_mask": torch.ones(1, 6),
+    }
     return model, inputs, "hidden_states", 3
 
 
 def _hunyuan_video15():
     torch.manual_seed(0)
     model = diffusers.HunyuanVideo15Transformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=2,
-        num_refiner_layers=1, mlp_ratio=2.0, patch_size=1, patch_size_t=1, text_embed_dim=16,
-        text_embed_2_dim=8, image_embed_dim=12, rope_axes_dim=(2, 2, 4), target_size=16,
-        task_type="t2v")
-    inputs = {"hidden_states": _randn(1, 4, 2, 4, 6), "timestep": torch.tensor([1.0]),
-              "encoder_hidden_states": _randn(1, 6, 16), "encoder_hidden_states_2": _randn(1, 4, 8),
-              "encoder_attention_mask": torch.ones(1, 6),
-              "encoder_attention_mask_2": torch.ones(1, 4), "image_embeds": torch.zeros(1, 3, 12)}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=8,
+        num_layers=2,
+        num_refiner_layers=1,
+        mlp_ratio=2.0,
+        patch_size=1,
+        patch_size_t=1,
+        text_embed_dim=16,
+        text_embed_2_dim=8,
+        image_embed_dim=12,
+        rope_axes_dim=(2, 2, 4),
+        target_size=16,
+        task_type="t2v",
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 2, 4, 6),
+        "timestep": torch.tensor([1.0]),
+        "encoder_hidden_states": _randn(1, 6, 16),
+        "encoder_hidden_states_2": _randn(1, 4, 8),
+        "encoder_attention_mask": torch.ones(1, 6),
+        "encoder_attention_mask_2": torch.ones(1, 4),
+        "image_embeds": torch.zeros(1, 3, 12),
+    }
     return model, inputs, "hidden_states", 2
 
 
@@ -162,12 +258,25 @@ def _wan_vace():
     """Wan VACE: transformer_wan's rotary module and processor, plus the control blocks."""
     torch.manual_seed(0)
     model = diffusers.WanVACETransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
-        vace_layers=[0], vace_in_channels=12)
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": _randn(1, 5, 16),
-              "control_hidden_states": _randn(1, 12, 3, 8, 6)}
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+        vace_layers=[0],
+        vace_in_channels=12,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+        "control_hidden_states": _randn(1, 12, 3, 8, 6),
+    }
     return model, inputs, "hidden_states", 3  # 2 blocks and 1 control block
 
 
@@ -176,11 +285,23 @@ def _chronoedit():
     (16, 12, 12), and two frames (its temporal skip)."""
     torch.manual_seed(0)
     model = diffusers.ChronoEditTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=40, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32,
-        rope_temporal_skip_len=5)
-    inputs = {"hidden_states": _randn(1, 4, 2, 8, 6), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": _randn(1, 5, 16)}
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=40,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+        rope_temporal_skip_len=5,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 2, 8, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+    }
     return model, inputs, "hidden_states", 2
 
 
@@ -189,30 +310,65 @@ def _wan_animate():
     face frames through the motion and face encoders."""
     torch.manual_seed(0)
     model = diffusers.WanAnimateTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=12,
-        latent_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
-        image_dim=16, rope_max_seq_len=32,
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=12,
+        latent_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        image_dim=16,
+        rope_max_seq_len=32,
         motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
-        motion_encoder_size=16, motion_style_dim=8, motion_dim=4, motion_encoder_dim=16,
-        face_encoder_hidden_dim=16, face_encoder_num_heads=2, inject_face_latents_blocks=2)
-    inputs = {"hidden_states": _randn(1, 12, 5, 4, 6), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": _randn(1, 5, 16),
-              "encoder_hidden_states_image": _randn(1, 3, 16),
-              "pose_hidden_states": _randn(1, 4, 4, 4, 6),
-              "face_pixel_values": _randn(1, 3, 13, 16, 16)}
+        motion_encoder_size=16,
+        motion_style_dim=8,
+        motion_dim=4,
+        motion_encoder_dim=16,
+        face_encoder_hidden_dim=16,
+        face_encoder_num_heads=2,
+        inject_face_latents_blocks=2,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 12, 5, 4, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+        "encoder_hidden_states_image": _randn(1, 3, 16),
+        "pose_hidden_states": _randn(1, 4, 4, 4, 6),
+        "face_pixel_values": _randn(1, 3, 13, 16, 16),
+    }
     return model, inputs, "hidden_states", 2
 
 
 def _sana_video():
     torch.manual_seed(0)
     model = diffusers.SanaVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=12, num_layers=2,
-        num_cross_attention_heads=2, cross_attention_head_dim=12, cross_attention_dim=24,
-        caption_channels=16, mlp_ratio=2.5, dropout=0.0, attention_bias=False, sample_size=8,
-        patch_size=(1, 2, 2), norm_elementwise_affine=False, norm_eps=1e-6,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    inputs = {"hidden_states": _randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": _randn(1, 5, 16)}
+        in_channels=4,
+        out_channels=4,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        num_layers=2,
+        num_cross_attention_heads=2,
+        cross_attention_head_dim=12,
+        cross_attention_dim=24,
+        caption_channels=16,
+        mlp_ratio=2.5,
+        dropout=0.0,
+        attention_bias=False,
+        sample_size=8,
+        patch_size=(1, 2, 2),
+        norm_elementwise_affine=False,
+        norm_eps=1e-6,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    inputs = {
+        "hidden_states": _randn(1, 4, 3, 8, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": _randn(1, 5, 16),
+    }
     return model, inputs, "hidden_states", 2
 
 
@@ -223,15 +379,27 @@ def _grid_ids(*sizes):
 def _flux():
     torch.manual_seed(0)
     model = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8])
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    )
     img_ids = torch.cat([torch.ones(20, 1, dtype=torch.long), _grid_ids(4, 5)], dim=1).float()
     txt_ids = torch.zeros(7, 3)
     txt_ids[:, 0] = torch.arange(7) * 0.5  # fractional ids: the float path
-    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 7, 32),
-              "pooled_projections": _randn(1, 32), "timestep": torch.tensor([0.4]),
-              "img_ids": img_ids, "txt_ids": txt_ids}
+    inputs = {
+        "hidden_states": _randn(1, 20, 4),
+        "encoder_hidden_states": _randn(1, 7, 32),
+        "pooled_projections": _randn(1, 32),
+        "timestep": torch.tensor([0.4]),
+        "img_ids": img_ids,
+        "txt_ids": txt_ids,
+    }
     return model, inputs, "hidden_states", 3
 
 
@@ -248,9 +416,18 @@ def _chroma():
     with warnings.catch_warnings():  # embeddings.FluxPosEmbed's deprecation
         warnings.simplefilter("ignore", FutureWarning)
         model = diffusers.ChromaTransformer2DModel(
-            patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-            num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(4, 4, 8),
-            approximator_num_channels=8, approximator_hidden_dim=16, approximator_layers=1)
+            patch_size=1,
+            in_channels=4,
+            num_layers=1,
+            num_single_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=32,
+            axes_dims_rope=(4, 4, 8),
+            approximator_num_channels=8,
+            approximator_hidden_dim=16,
+            approximator_layers=1,
+        )
     _, inputs, grad_input, rotating = _flux()
     inputs = {k: v for k, v in inputs.items() if k != "pooled_projections"}
     return model, inputs, grad_input, rotating
@@ -260,37 +437,71 @@ def _longcat_image():
     """LongCat-Image: its own copies of Flux's rotary module and processor."""
     torch.manual_seed(0)
     model = diffusers.LongCatImageTransformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
-        axes_dims_rope=[4, 4, 8])
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+    )
     _, inputs, grad_input, rotating = _flux()
-    return model, {k: v for k, v in inputs.items() if k != "pooled_projections"}, grad_input, \
-        rotating
+    return (
+        model,
+        {k: v for k, v in inputs.items() if k != "pooled_projections"},
+        grad_input,
+        rotating,
+    )
 
 
 def _ovis_image():
     """Ovis-Image: its own copies of Flux's rotary module and processor."""
     torch.manual_seed(0)
     model = diffusers.OvisImageTransformer2DModel(
-        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_single_layers=2,
-        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-        axes_dims_rope=(4, 4, 8))
+        patch_size=1,
+        in_channels=4,
+        out_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 4, 8),
+    )
     _, inputs, grad_input, rotating = _flux()
-    return model, {k: v for k, v in inputs.items() if k != "pooled_projections"}, grad_input, \
-        rotating
+    return (
+        model,
+        {k: v for k, v in inputs.items() if k != "pooled_projections"},
+        grad_input,
+        rotating,
+    )
 
 
 def _flux2():
     torch.manual_seed(0)
     model = diffusers.Flux2Transformer2DModel(
-        patch_size=1, in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, timestep_guidance_channels=256,
-        axes_dims_rope=[4, 4, 4, 4])
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        timestep_guidance_channels=256,
+        axes_dims_rope=[4, 4, 4, 4],
+    )
     img_ids = _grid_ids(1, 4, 5, 1)
     txt_ids = _grid_ids(1, 1, 1, 9)
-    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 9, 32),
-              "img_ids": img_ids, "txt_ids": txt_ids, "timestep": torch.tensor([0.7]),
-              "guidance": torch.tensor([3.5])}
+    inputs = {
+        "hidden_states": _randn(1, 20, 4),
+        "encoder_hidden_states": _randn(1, 9, 32),
+        "img_ids": img_ids,
+        "txt_ids": txt_ids,
+        "timestep": torch.tensor([0.7]),
+        "guidance": torch.tensor([3.5]),
+    }
     return model, inputs, "hidden_states", 3
 
 
@@ -300,13 +511,25 @@ def _flux3():
     float32."""
     torch.manual_seed(0)
     model = diffusers.Flux3Transformer2DModel(
-        in_channels=4, cond_in_channels=4, num_layers=1, num_single_layers=2, attention_head_dim=16,
-        num_attention_heads=2, joint_attention_dim=32, timestep_channels=32,
-        axes_dims_rope=(4, 4, 4, 4))
-    inputs = {"hidden_states": _randn(1, 20, 4), "encoder_hidden_states": _randn(1, 9, 32),
-              "timestep": torch.tensor([0.7]), "img_ids": _grid_ids(1, 4, 5, 1),
-              "txt_ids": _grid_ids(1, 1, 1, 9), "image_cond_hidden_states": _randn(1, 6, 4),
-              "image_cond_ids": _grid_ids(1, 2, 3, 1) + 10}
+        in_channels=4,
+        cond_in_channels=4,
+        num_layers=1,
+        num_single_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        timestep_channels=32,
+        axes_dims_rope=(4, 4, 4, 4),
+    )
+    inputs = {
+        "hidden_states": _randn(1, 20, 4),
+        "encoder_hidden_states": _randn(1, 9, 32),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": _grid_ids(1, 4, 5, 1),
+        "txt_ids": _grid_ids(1, 1, 1, 9),
+        "image_cond_hidden_states": _randn(1, 6, 4),
+        "image_cond_ids": _grid_ids(1, 2, 3, 1) + 10,
+    }
     return model, inputs, "hidden_states", 5
 
 
@@ -314,37 +537,79 @@ def _krea2():
     """Krea 2: grouped-query attention (4 q heads, 2 k/v heads), theta 1000, a padded text."""
     torch.manual_seed(0)
     model = diffusers.Krea2Transformer2DModel(
-        in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=32, timestep_embed_dim=8, text_hidden_dim=16,
-        num_text_layers=3, text_num_attention_heads=2, text_num_key_value_heads=1,
-        text_intermediate_size=16, num_layerwise_text_blocks=1, num_refiner_text_blocks=1,
-        axes_dims_rope=(4, 2, 2), rope_theta=1000.0)
+        in_channels=16,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=32,
+        timestep_embed_dim=8,
+        text_hidden_dim=16,
+        num_text_layers=3,
+        text_num_attention_heads=2,
+        text_num_key_value_heads=1,
+        text_intermediate_size=16,
+        num_layerwise_text_blocks=1,
+        num_refiner_text_blocks=1,
+        axes_dims_rope=(4, 2, 2),
+        rope_theta=1000.0,
+    )
     n_txt, h, w = 4, 3, 4
     position_ids = torch.zeros(n_txt + h * w, 3)
     position_ids[n_txt:, 1] = torch.arange(h).repeat_interleave(w)
     position_ids[n_txt:, 2] = torch.arange(w).repeat(h)
     mask = torch.ones(1, n_txt, dtype=torch.bool)
     mask[:, -1] = False
-    inputs = {"hidden_states": _randn(1, h * w, 16),
-              "encoder_hidden_states": _randn(1, n_txt, 3, 16),
-              "timestep": torch.tensor([0.5]), "position_ids": position_ids,
-              "encoder_attention_mask": mask}
+    inputs = {
+        "hidden_states": _randn(1, h * w, 16),
+        "encoder_hidden_states": _randn(1, n_txt, 3, 16),
+        "timestep": torch.tensor([0.5]),
+        "position_ids": position_ids,
+        "encoder_attention_mask": mask,
+    }
     return model, inputs, "hidden_states", 2
 
 
-MODELS = {"wan": _wan, "wan_i2v": _wan_i2v, "wan_vace": _wan_vace, "wan_animate": _wan_animate,
-          "sana_video": _sana_video, "chronoedit": _chronoedit, "skyreels_v2": _skyreels_v2,
-          "hunyuan_video": _hunyuan_video, "hunyuan_video15": _hunyuan_video15,
-          "hunyuan_video_framepack": _hunyuan_video_framepack, "hunyuanimage": _hunyuanimage,
-          "motif_video": _motif_video,
-          "flux": _flux,
-          "flux_fused": _flux_fused, "chroma": _chroma, "flux2": _flux2, "flux3": _flux3,
-          "krea2": _krea2, "longcat_image": _longcat_image, "ovis_image": _ovis_image}
-FAMILIES = ("wan", "wan_animate", "sana_video", "chronoedit", "skyreels_v2", "hunyuan_video",
-            "hunyuan_video15", "hunyuan_video_framepack", "hunyuanimage", "motif_video", "flux",
-            "flux2", "flux3",
-            "krea2",
-            "longcat_image", "ovis_image")
+MODELS = {
+    "wan": _wan,
+    "wan_i2v": _wan_i2v,
+    "wan_vace": _wan_vace,
+    "wan_animate": _wan_animate,
+    "sana_video": _sana_video,
+    "chronoedit": _chronoedit,
+    "skyreels_v2": _skyreels_v2,
+    "hunyuan_video": _hunyuan_video,
+    "hunyuan_video15": _hunyuan_video15,
+    "hunyuan_video_framepack": _hunyuan_video_framepack,
+    "hunyuanimage": _hunyuanimage,
+    "motif_video": _motif_video,
+    "flux": _flux,
+    "flux_fused": _flux_fused,
+    "chroma": _chroma,
+    "flux2": _flux2,
+    "flux3": _flux3,
+    "krea2": _krea2,
+    "longcat_image": _longcat_image,
+    "ovis_image": _ovis_image,
+}
+FAMILIES = (
+    "wan",
+    "wan_animate",
+    "sana_video",
+    "chronoedit",
+    "skyreels_v2",
+    "hunyuan_video",
+    "hunyuan_video15",
+    "hunyuan_video_framepack",
+    "hunyuanimage",
+    "motif_video",
+    "flux",
+    "flux2",
+    "flux3",
+    "krea2",
+    "longcat_image",
+    "ovis_image",
+)
 
 
 def _sample(model, inputs):
@@ -415,8 +680,13 @@ def test_patched_gradients(family):
     pd.unpatch(model)
     assert set(got) == set(want)
     for name in want:
-        torch.testing.assert_close(got[name], want[name], rtol=GRAD_RTOL, atol=GRAD_ATOL,
-                                   msg=lambda m, n=name: f"{family} gradient {n}: {m}")
+        torch.testing.assert_close(
+            got[name],
+            want[name],
+            rtol=GRAD_RTOL,
+            atol=GRAD_ATOL,
+            msg=lambda m, n=name: f"{family} gradient {n}: {m}",
+        )
 
 
 def _tables_equal(ours, theirs):
@@ -432,13 +702,15 @@ def test_wan_tables_at_several_grids(grid, head_dim):
     from diffusers.models.transformers import transformer_sana_video as dsana
     from diffusers.models.transformers import transformer_skyreels_v2 as dsky
     from diffusers.models.transformers import transformer_wan_animate as danimate
+
     from posenc.integrations.diffusers import _sana_video, _skyreels_v2, _wan, _wan_animate
-    for theirs_cls, ours_cls in ((dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
-                                 (dsky.SkyReelsV2RotaryPosEmbed,
-                                  _skyreels_v2.SkyReelsV2RotaryPosEmbed),
-                                 (danimate.WanRotaryPosEmbed,
-                                  _wan_animate.WanAnimateRotaryPosEmbed),
-                                 (dsana.WanRotaryPosEmbed, _sana_video.SanaVideoRotaryPosEmbed)):
+
+    for theirs_cls, ours_cls in (
+        (dwan.WanRotaryPosEmbed, _wan.WanRotaryPosEmbed),
+        (dsky.SkyReelsV2RotaryPosEmbed, _skyreels_v2.SkyReelsV2RotaryPosEmbed),
+        (danimate.WanRotaryPosEmbed, _wan_animate.WanAnimateRotaryPosEmbed),
+        (dsana.WanRotaryPosEmbed, _sana_video.SanaVideoRotaryPosEmbed),
+    ):
         theirs = theirs_cls(head_dim, (1, 2, 2), 64)
         ours = ours_cls.from_diffusers(theirs)
         assert ours.freqs_dtype == torch.float64  # diffusers' path on a CPU without MPS
@@ -452,7 +724,9 @@ def test_wan_tables_at_several_grids(grid, head_dim):
 def test_chronoedit_tables(frames, head_dim, skip):
     """ChronoEdit's forward splits Wan's buffers with its own sizes and skips frames at two."""
     from diffusers.models.transformers import transformer_chronoedit as dce
+
     from posenc.integrations.diffusers import _chronoedit
+
     theirs = dce.ChronoEditRotaryPosEmbed(head_dim, (1, 2, 2), 32, temporal_skip_len=skip)
     ours = _chronoedit.ChronoEditRotaryPosEmbed.from_diffusers(theirs)
     x = torch.zeros(1, 1, frames, 6, 10)
@@ -463,6 +737,7 @@ def test_wan_tables_on_the_float32_path(monkeypatch):
     """Where MPS is available diffusers computes Wan's tables from float32 frequencies."""
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
     from posenc.integrations.diffusers import _wan
+
     theirs = dwan.WanRotaryPosEmbed(128, (1, 2, 2), 1024)
     ours = _wan.WanRotaryPosEmbed.from_diffusers(theirs)
     assert ours.freqs_dtype == torch.float32
@@ -474,22 +749,38 @@ def test_wan_tables_on_the_float32_path(monkeypatch):
 def test_hunyuan_tables_at_several_grids(grid, rope_dim):
     from diffusers.models.transformers import transformer_hunyuan_video as dh
     from diffusers.models.transformers import transformer_hunyuan_video15 as dh15
+
     from posenc.integrations.diffusers import _hunyuan_video, _hunyuan_video15
-    for theirs, ours_cls in ((dh.HunyuanVideoRotaryPosEmbed(2, 1, list(rope_dim), 256.0),
-                              _hunyuan_video.HunyuanVideoRotaryPosEmbed),
-                             (dh15.HunyuanVideo15RotaryPosEmbed(2, 1, list(rope_dim), 256.0),
-                              _hunyuan_video15.HunyuanVideo15RotaryPosEmbed)):
+
+    for theirs, ours_cls in (
+        (
+            dh.HunyuanVideoRotaryPosEmbed(2, 1, list(rope_dim), 256.0),
+            _hunyuan_video.HunyuanVideoRotaryPosEmbed,
+        ),
+        (
+            dh15.HunyuanVideo15RotaryPosEmbed(2, 1, list(rope_dim), 256.0),
+            _hunyuan_video15.HunyuanVideo15RotaryPosEmbed,
+        ),
+    ):
         ours = ours_cls.from_diffusers(theirs)
         x = torch.zeros(1, 1, grid[0], 2 * grid[1], 2 * grid[2])
         _tables_equal(ours(x), theirs(x))
 
 
-@pytest.mark.parametrize("theta,axes_dim,flux2", [
-    (10000, [16, 56, 56], False), (10000, [4, 4, 8], False), (2000, [32, 32, 32, 32], True),
-    (2000, [4, 4, 4, 4], True)])
+@pytest.mark.parametrize(
+    "theta,axes_dim,flux2",
+    [
+        (10000, [16, 56, 56], False),
+        (10000, [4, 4, 8], False),
+        (2000, [32, 32, 32, 32], True),
+        (2000, [4, 4, 4, 4], True),
+    ],
+)
 def test_flux_tables_at_several_ids(theta, axes_dim, flux2):
     from diffusers.models.transformers import transformer_flux as dflux
+
     from posenc.integrations.diffusers import _flux, _flux2
+
     theirs = (dflux2.Flux2PosEmbed if flux2 else dflux.FluxPosEmbed)(theta, axes_dim)
     ours = (_flux2.Flux2PosEmbed if flux2 else _flux.FluxPosEmbed).from_diffusers(theirs)
     n = len(axes_dim)
@@ -506,28 +797,41 @@ def test_flux_tables_at_several_ids(theta, axes_dim, flux2):
 @pytest.mark.parametrize("sequence_dim", [1, 2])
 def test_apply_rotary_emb_equals_diffusers(dtype, unbind, sequence_dim):
     from posenc.integrations.diffusers import _common
+
     x = _randn(2, 5, 3, 8).to(dtype) if sequence_dim == 1 else _randn(2, 3, 5, 8).to(dtype)
-    cos, sin = demb.get_1d_rotary_pos_embed(8, torch.arange(5).float() * 3.5, 10000.0,
-                                            use_real=True, repeat_interleave_real=unbind == -1)
-    want = demb.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
-                                 sequence_dim=sequence_dim)
-    got = pd.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind,
-                              sequence_dim=sequence_dim)
+    cos, sin = demb.get_1d_rotary_pos_embed(
+        8,
+        torch.arange(5).float() * 3.5,
+        10000.0,
+        use_real=True,
+        repeat_interleave_real=unbind == -1,
+    )
+    want = demb.apply_rotary_emb(
+        x, (cos, sin), use_real_unbind_dim=unbind, sequence_dim=sequence_dim
+    )
+    got = pd.apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=unbind, sequence_dim=sequence_dim)
     assert got.dtype == want.dtype and torch.equal(got, want)
-    q, k = _common.apply_rotary_emb_qk(x, x * 2, (cos, sin), use_real_unbind_dim=unbind,
-                                       sequence_dim=sequence_dim)
+    q, k = _common.apply_rotary_emb_qk(
+        x, x * 2, (cos, sin), use_real_unbind_dim=unbind, sequence_dim=sequence_dim
+    )
     assert torch.equal(q, want)
-    assert torch.equal(k, demb.apply_rotary_emb(x * 2, (cos, sin), use_real_unbind_dim=unbind,
-                                                sequence_dim=sequence_dim))
+    assert torch.equal(
+        k,
+        demb.apply_rotary_emb(
+            x * 2, (cos, sin), use_real_unbind_dim=unbind, sequence_dim=sequence_dim
+        ),
+    )
 
 
 def test_float32_ladders_equal_diffusers_float32_path():
     """Flux's tables where ids' device has no float64 (mps, npu, neuron): float32 frequencies."""
     from posenc.integrations.diffusers import _common
+
     pos = torch.arange(0, 700).float() * 0.75
     for dim, theta in ((16, 10000), (56, 10000), (32, 2000), (16, 256.0)):
-        want = demb.get_1d_rotary_pos_embed(dim, pos, theta, use_real=True,
-                                            freqs_dtype=torch.float32)
+        want = demb.get_1d_rotary_pos_embed(
+            dim, pos, theta, use_real=True, freqs_dtype=torch.float32
+        )
         got = _common.axes_tables(pos[:, None], [_common.frequencies(dim, theta, torch.float32)])
         _tables_equal(got, want)
     assert _common.adjusted_float64(torch.device("cpu")) == torch.float64
@@ -605,12 +909,20 @@ class UnlistedProcessor:
 
     def __init__(self):
         from diffusers.models.transformers import transformer_flux as dflux
+
         self.inner = dflux.FluxAttnProcessor()
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
-                 image_rotary_emb=None):
-        return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask,
-                          image_rotary_emb)
+    def __call__(
+        self,
+        attn,
+        hidden_states,
+        encoder_hidden_states=None,
+        attention_mask=None,
+        image_rotary_emb=None,
+    ):
+        return self.inner(
+            attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+        )
 
 
 def test_unlisted_rotating_processor_refuses_strict_and_nothing_changes():
@@ -636,15 +948,19 @@ def test_flux_ip_adapter_processor():
     """load_ip_adapter's processor (an nn.Module with weights): posenc's shares its modules; the
     output with IP-Adapter tokens equal to the bit, state_dict unchanged, unpatch restores it."""
     from diffusers.models.transformers import transformer_flux as dflux
+
     model, inputs, _, _ = _flux()
     torch.manual_seed(1)
     for block in model.transformer_blocks:
-        block.attn.set_processor(dflux.FluxIPAdapterAttnProcessor(32, 32, num_tokens=(4, 2),
-                                                                  scale=[0.7, 0.3]))
+        block.attn.set_processor(
+            dflux.FluxIPAdapterAttnProcessor(32, 32, num_tokens=(4, 2), scale=[0.7, 0.3])
+        )
     ip = model.transformer_blocks[0].attn.processor
     keys = list(model.state_dict())
-    inputs = dict(inputs, joint_attention_kwargs={"ip_hidden_states": [_randn(1, 4, 32),
-                                                                       _randn(1, 2, 32) * 2]})
+    inputs = dict(
+        inputs,
+        joint_attention_kwargs={"ip_hidden_states": [_randn(1, 4, 32), _randn(1, 2, 32) * 2]},
+    )
     model.eval()
     with torch.no_grad():
         want = _sample(model, inputs)
@@ -675,13 +991,17 @@ def test_flux2_kv_cache_processors():
         block.attn.set_processor(dflux2.Flux2KVParallelSelfAttnProcessor())
     model.eval()
     refs = 6
-    extract = dict(inputs, hidden_states=_randn(1, refs + 20, 4),
-                   img_ids=torch.cat([_grid_ids(1, 2, 3, 1) + 10, inputs["img_ids"]]))
+    extract = dict(
+        inputs,
+        hidden_states=_randn(1, refs + 20, 4),
+        img_ids=torch.cat([_grid_ids(1, 2, 3, 1) + 10, inputs["img_ids"]]),
+    )
 
     def run():
         with torch.no_grad(), CountOps() as ops:
-            first, cache = model(**extract, kv_cache_mode="extract", num_ref_tokens=refs,
-                                 return_dict=False)
+            first, cache = model(
+                **extract, kv_cache_mode="extract", num_ref_tokens=refs, return_dict=False
+            )
             second = _sample_kv(model, inputs, cache)
         return first, second, _rotations(ops)
 
@@ -700,6 +1020,7 @@ def _sample_kv(model, inputs, cache):
 
 def test_bad_inputs_are_one_line():
     from posenc.integrations.diffusers import _common, _flux, _hunyuan_video, _wan
+
     x = torch.zeros(1, 2, 3, 8)
     cos = torch.ones(3, 8)
     cases = [
@@ -734,6 +1055,7 @@ def test_tables_on_another_device_than_x_are_moved_as_diffusers_moves_them():
     """diffusers' apply_rotary_emb moves cos/sin to x's device; a dtype of x other than the
     table's is taken as there (x.float() * cos)."""
     from posenc.integrations.diffusers import _common
+
     x = _randn(1, 4, 2, 8)
     cos, sin = demb.get_1d_rotary_pos_embed(8, 4, 10000.0, use_real=True)
     want = demb.apply_rotary_emb(x, (cos.double(), sin.double()), sequence_dim=1)
@@ -743,14 +1065,16 @@ def test_tables_on_another_device_than_x_are_moved_as_diffusers_moves_them():
 
 def _cast_inputs(inputs, dtype):
     # ids stay float32/int as the pipelines give them; the latents and embeddings take the dtype
-    return {k: (v.to(dtype) if v.is_floating_point() and not k.endswith("_ids") else v)
-            for k, v in inputs.items()}
+    return {
+        k: (v.to(dtype) if v.is_floating_point() and not k.endswith("_ids") else v)
+        for k, v in inputs.items()
+    }
 
 
 # what diffusers' own model (unpatched) fails to run: no output to compare with
 DIFFUSERS_CANNOT = {
     ("motif_video", torch.float64): "diffusers' Motif-Video fails in float64 itself (a float32 "
-                                    "tensor meets float64 weights in a linear layer)",
+    "tensor meets float64 weights in a linear layer)",
 }
 
 

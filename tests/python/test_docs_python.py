@@ -27,8 +27,14 @@ def blocks() -> list[tuple[str, str]]:
 
 def test_the_page_has_an_example_per_task():
     titles = {title for title, _ in blocks()}
-    for task in ("Patch a transformers model", "Patch a timm model", "Patch a diffusers model",
-                 "Call the operators", "Build an encoder", "Compile and export"):
+    for task in (
+        "Patch a transformers model",
+        "Patch a timm model",
+        "Patch a diffusers model",
+        "Call the operators",
+        "Build an encoder",
+        "Compile and export",
+    ):
         assert task in titles, f"docs/python.md: no example under '## {task}'"
 
 

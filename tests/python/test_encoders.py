@@ -51,11 +51,18 @@ def test_t5_bias_is_transformers_with_the_same_weights():
     from transformers.models.t5.modeling_t5 import T5Attention
 
     heads, n = 4, 40
-    enc = posenc.build_encoder({"type": "t5", "num_buckets": 32, "max_distance": 128},
-                               num_heads=heads)
-    (name, weight), = list(enc.named_parameters())
-    cfg = T5Config(num_heads=heads, d_model=64, d_kv=16, relative_attention_num_buckets=32,
-                   relative_attention_max_distance=128, is_decoder=False)
+    enc = posenc.build_encoder(
+        {"type": "t5", "num_buckets": 32, "max_distance": 128}, num_heads=heads
+    )
+    ((name, weight),) = list(enc.named_parameters())
+    cfg = T5Config(
+        num_heads=heads,
+        d_model=64,
+        d_kv=16,
+        relative_attention_num_buckets=32,
+        relative_attention_max_distance=128,
+        is_decoder=False,
+    )
     hf = T5Attention(cfg, has_relative_attention_bias=True)
     with torch.no_grad():
         hf.relative_attention_bias.weight.copy_(weight)
@@ -72,19 +79,27 @@ def test_rope_rotates_as_transformers_llama():
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
     heads, head_dim, n = 2, 16, 12
-    cfg = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
-                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    cfg = LlamaConfig(
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     q, k = torch.randn(1, heads, n, head_dim), torch.randn(1, heads, n, head_dim)
     cos, sin = LlamaRotaryEmbedding(cfg)(q, torch.arange(n)[None])
     q_hf, k_hf = apply_rotary_pos_emb(q, k, cos, sin)
-    enc = posenc.build_encoder({"type": "rope", "rope_theta": 10000.0},
-                               dim=heads * head_dim, num_heads=heads)
+    enc = posenc.build_encoder(
+        {"type": "rope", "rope_theta": 10000.0}, dim=heads * head_dim, num_heads=heads
+    )
     q_pe, k_pe = enc(posenc.Positions.sequence(n)).rotate(q, k)
     torch.testing.assert_close(q_pe, q_hf, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(k_pe, k_hf, rtol=1e-5, atol=1e-5)
     # posenc's own layout [B, N, H, Dh] gives the same rotation
-    enc_bnhd = posenc.build_encoder({"type": "rope", "rope_theta": 10000.0},
-                                    dim=heads * head_dim, num_heads=heads, layout="bnhd")
+    enc_bnhd = posenc.build_encoder(
+        {"type": "rope", "rope_theta": 10000.0},
+        dim=heads * head_dim,
+        num_heads=heads,
+        layout="bnhd",
+    )
     q2, _ = enc_bnhd(posenc.Positions.sequence(n)).rotate(q.transpose(1, 2), k.transpose(1, 2))
     torch.testing.assert_close(q2.transpose(1, 2), q_pe, rtol=0, atol=0)
 
@@ -100,14 +115,14 @@ def test_sinusoidal_table_is_the_formula():
     expected[:, 0::2], expected[:, 1::2] = torch.sin(pos * freq), torch.cos(pos * freq)
     # (posenc's layout option: interleaved sin/cos as Vaswani et al., or concatenated)
     concat = torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], 1)
-    assert (torch.allclose(table, expected, atol=1e-6) or torch.allclose(table, concat, atol=1e-6))
+    assert torch.allclose(table, expected, atol=1e-6) or torch.allclose(table, concat, atol=1e-6)
 
 
 def test_a_learned_table_trains_from_python_and_moves_with_the_module():
     torch.manual_seed(0)
     dim, n = 8, 5
     enc = posenc.build_encoder({"type": "learned", "max_positions": 16}, dim=dim)
-    (name, weight), = list(enc.named_parameters())
+    ((name, weight),) = list(enc.named_parameters())
     assert weight.shape == (16, dim) and weight.requires_grad
     positions = posenc.Positions.sequence(n)
     target = torch.randn(1, n, dim)
@@ -132,8 +147,9 @@ def test_a_learned_table_trains_from_python_and_moves_with_the_module():
 
 
 def test_compose_holds_every_part():
-    enc = posenc.build_encoder({"type": "compose", "encoders": [{"type": "rope"}, {"type": "alibi"}]},
-                               dim=16, num_heads=2)
+    enc = posenc.build_encoder(
+        {"type": "compose", "encoders": [{"type": "rope"}, {"type": "alibi"}]}, dim=16, num_heads=2
+    )
     plan = enc(posenc.Positions.sequence(8))
     assert plan.parts == ["rope: rotary", "alibi: bias (alibi)"]
     assert plan.bias(2).shape == (2, 8, 8)

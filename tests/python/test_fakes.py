@@ -19,20 +19,28 @@ import re
 
 import pytest
 import torch
-from test_operator_entry import EXAMPLES
 from torch._library.simple_registry import singleton
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 import posenc
+from test_operator_entry import EXAMPLES
 
 OPS = torch.ops.posenc
 
 # One valid call for each operator that test_operator_entry.py leaves out (fewer than two tensors).
 SINGLE_TENSOR_EXAMPLES = {
     "sinusoidal_table": lambda: [torch.arange(5.0), 8, 10000.0, "interleaved"],
-    "hf_rope": lambda: [json.dumps({"model_type": "llama", "hidden_size": 64,
-                                    "num_attention_heads": 4, "rope_theta": 10000.0,
-                                    "max_position_embeddings": 128})],
+    "hf_rope": lambda: [
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "rope_theta": 10000.0,
+                "max_position_embeddings": 128,
+            }
+        )
+    ],
     "patch_grid_bands": lambda: [4, True, 224.0, 10000.0, False],
     "patch_grid_rope": lambda: [[3, 4], torch.linspace(1.0, 8.0, 4)],
     "resample_grid_table": lambda: [torch.randn(1 + 16, 8), [4, 4], [6, 5], 1],
@@ -43,19 +51,24 @@ SINGLE_TENSOR_EXAMPLES = {
 
 
 def all_operators():
-    return sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
-                  if n.startswith("posenc::"))
+    return sorted(
+        n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("posenc::")
+    )
 
 
 def has_fake(name: str) -> bool:
     qualified = f"posenc::{name}"
-    return (singleton.find(qualified).fake_impl.kernel is not None
-            or torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "Meta"))
+    return singleton.find(
+        qualified
+    ).fake_impl.kernel is not None or torch._C._dispatch_has_kernel_for_dispatch_key(
+        qualified, "Meta"
+    )
 
 
 def decomposes(name: str) -> bool:
-    return torch._C._dispatch_has_kernel_for_dispatch_key(f"posenc::{name}",
-                                                          "CompositeImplicitAutograd")
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"posenc::{name}", "CompositeImplicitAutograd"
+    )
 
 
 def test_every_operator_has_a_fake_kernel():
@@ -70,8 +83,10 @@ def test_every_operator_has_a_fake_kernel():
 def test_every_operator_has_an_example_here():
     examples = {**EXAMPLES, **SINGLE_TENSOR_EXAMPLES}
     missing = [n for n in all_operators() if n not in examples]
-    assert not missing, (f"operators without an example call (test_operator_entry.EXAMPLES or "
-                         f"SINGLE_TENSOR_EXAMPLES here): {missing}")
+    assert not missing, (
+        f"operators without an example call (test_operator_entry.EXAMPLES or "
+        f"SINGLE_TENSOR_EXAMPLES here): {missing}"
+    )
 
 
 # The route explainers (a str naming the kernel a call would take and why) read the tables' values
@@ -112,10 +127,12 @@ def test_the_fake_promises_what_the_real_call_returns(name):
 
 
 def test_the_stream_fakes_refuse_what_the_kernels_refuse_without_values():
-    types, mask, images, videos = (torch.zeros(2, 5, dtype=torch.long),
-                                   torch.ones(2, 5, dtype=torch.long),
-                                   torch.zeros(0, 3, dtype=torch.long),
-                                   torch.zeros(0, 3, dtype=torch.long))
+    types, mask, images, videos = (
+        torch.zeros(2, 5, dtype=torch.long),
+        torch.ones(2, 5, dtype=torch.long),
+        torch.zeros(0, 3, dtype=torch.long),
+        torch.zeros(0, 3, dtype=torch.long),
+    )
     seconds = torch.zeros(0, dtype=torch.float64)
     mode = FakeTensorMode()
     fake = [mode.from_tensor(t) for t in (types, mask, images, videos, seconds)]
@@ -130,7 +147,8 @@ def test_the_stream_fakes_refuse_what_the_kernels_refuse_without_values():
             OPS.qwen2_vl_rope_index(*args)
     # all on meta: the shapes; a meta tensor among CPU ones: one line naming it
     position_ids, deltas = OPS.qwen2_vl_rope_index(
-        *[t.to("meta") for t in (types, mask, images, videos, seconds)])
+        *[t.to("meta") for t in (types, mask, images, videos, seconds)]
+    )
     assert position_ids.shape == (3, 2, 5) and deltas.shape == (2, 1)
     assert position_ids.dtype == deltas.dtype == torch.long
     with pytest.raises(RuntimeError, match="attention_mask is on meta, which holds no values"):
@@ -141,7 +159,8 @@ def test_get_rope_index_compiles_with_the_stream_fakes():
     types = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]])
     grid = torch.tensor([[1, 4, 4]])
     want = posenc.get_rope_index(types, types, grid)
-    compiled = torch.compile(lambda ids, t, g: posenc.get_rope_index(ids, t, g), fullgraph=True,
-                             backend="eager")
+    compiled = torch.compile(
+        lambda ids, t, g: posenc.get_rope_index(ids, t, g), fullgraph=True, backend="eager"
+    )
     got = compiled(types, types, grid)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

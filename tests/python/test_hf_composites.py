@@ -72,8 +72,7 @@ def _rotary_class(model_type, table):
 CASES = [(mt, t, v) for mt, t in _composites() for v in VARIANTS]
 
 
-@pytest.mark.parametrize("model_type,table,variant", CASES,
-                         ids=[f"{mt}-{v}" for mt, _, v in CASES])
+@pytest.mark.parametrize("model_type,table,variant", CASES, ids=[f"{mt}-{v}" for mt, _, v in CASES])
 def test_composite_layouts_match_transformers_or_are_refused(model_type, table, variant):
     with open(os.path.join(ARCH, model_type + ".config.json")) as f:
         full = json.load(f)
@@ -98,22 +97,32 @@ def test_composite_layouts_match_transformers_or_are_refused(model_type, table, 
             continue
         assert inv_freq.shape == expected.shape, (
             f"{model_type} {variant} {lt}: posenc {tuple(inv_freq.shape)}, "
-            f"transformers {tuple(expected.shape)}")
+            f"transformers {tuple(expected.shape)}"
+        )
         assert torch.equal(inv_freq.to(expected.dtype), expected), (
-            f"{model_type} {variant} {lt}: a different table")
+            f"{model_type} {variant} {lt}: a different table"
+        )
 
 
 def test_flat_qwen2_vl_without_theta_takes_the_text_class_default():
-    d = {"model_type": "qwen2_vl", "hidden_size": 1536, "num_attention_heads": 12,
-         "max_position_embeddings": 32768,
-         "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    d = {
+        "model_type": "qwen2_vl",
+        "hidden_size": 1536,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 32768,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+    }
     inv_freq, _, resolved = posenc.hf_rope(d)
     assert resolved["config"]["rope_theta"] == 1e6
     assert resolved["model_type"] == "qwen2_vl_text"
 
 
 def test_flat_llava_is_refused_with_one_line():
-    d = {"model_type": "llava", "hidden_size": 4096, "num_attention_heads": 32,
-         "rope_theta": 500000.0}
+    d = {
+        "model_type": "llava",
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "rope_theta": 500000.0,
+    }
     with pytest.raises(RuntimeError, match="'text_config' only"):
         posenc.hf_rope(d)

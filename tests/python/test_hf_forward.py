@@ -40,18 +40,41 @@ def _blocks(pairs):
         "linear": block({"rope_type": "linear", "factor": 3.0}),
         "dynamic": block({"rope_type": "dynamic", "factor": 2.0}),
         "yarn": block({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
-        "llama3": block({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
-        "longrope": block({"rope_type": "longrope", "original_max_position_embeddings": 64,
-                           "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
-                           "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
-                           "short_mscale": 1.1, "long_mscale": 1.1}),
-        "yarn_every_key": block({"rope_type": "yarn", "factor": 8.0,
-                                 "original_max_position_embeddings": 64, "attention_factor": 0.9,
-                                 "beta_fast": 16.0, "beta_slow": 2.0, "mscale": 0.707,
-                                 "mscale_all_dim": 1.0, "truncate": False}),
-        "linear_partial": block({"rope_type": "linear", "factor": 2.0,
-                                 "partial_rotary_factor": 0.25}),
+        "llama3": block(
+            {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        ),
+        "longrope": block(
+            {
+                "rope_type": "longrope",
+                "original_max_position_embeddings": 64,
+                "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+                "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
+                "short_mscale": 1.1,
+                "long_mscale": 1.1,
+            }
+        ),
+        "yarn_every_key": block(
+            {
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "original_max_position_embeddings": 64,
+                "attention_factor": 0.9,
+                "beta_fast": 16.0,
+                "beta_slow": 2.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 1.0,
+                "truncate": False,
+            }
+        ),
+        "linear_partial": block(
+            {"rope_type": "linear", "factor": 2.0, "partial_rotary_factor": 0.25}
+        ),
         "legacy_yarn_mscale": perturbed.CHANGES["legacy_yarn_mscale"],
         "legacy_llama3": perturbed.CHANGES["legacy_llama3"],
     }
@@ -60,8 +83,9 @@ def _blocks(pairs):
 CASES = list(perturbed._rows())
 
 
-@pytest.mark.parametrize("model_type,table,rows", CASES,
-                         ids=[f"{mt}-{t['class']}" for mt, t, _ in CASES])
+@pytest.mark.parametrize(
+    "model_type,table,rows", CASES, ids=[f"{mt}-{t['class']}" for mt, t, _ in CASES]
+)
 def test_rotary_forward_equals_posenc_or_is_refused(model_type, table, rows):
     cls = perturbed._rotary_class(model_type, table)
     if cls is None:
@@ -96,17 +120,23 @@ def test_rotary_forward_equals_posenc_or_is_refused(model_type, table, rows):
                 except Exception:
                     continue  # a forward that needs more than (x, position_ids)
                 try:
-                    inv_freq, scaling, _ = posenc.hf_rope(config, layer_type=layer_type,
-                                                          seq_len=length)
+                    inv_freq, scaling, _ = posenc.hf_rope(
+                        config, layer_type=layer_type, seq_len=length
+                    )
                 except RuntimeError:
                     continue  # refused: no table to differ
                 called += 1
                 per_pair = (positions[0, :, None].float() * inv_freq.float()).cos() * scaling
-                layouts = [torch.cat([per_pair, per_pair], -1), per_pair.repeat_interleave(2, -1),
-                           per_pair]
+                layouts = [
+                    torch.cat([per_pair, per_pair], -1),
+                    per_pair.repeat_interleave(2, -1),
+                    per_pair,
+                ]
                 got = cos.reshape(-1, cos.shape[-1])[:length].float()
-                if not any(got.shape == want.shape and
-                           torch.allclose(got, want, rtol=1e-6, atol=1e-6) for want in layouts):
+                if not any(
+                    got.shape == want.shape and torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+                    for want in layouts
+                ):
                     differs.append(f"{name} {layer_type} L={length}")
     assert not differs, f"{model_type} {table['class']}: forward differs: {differs[:6]}"
     if called == 0:
@@ -119,8 +149,9 @@ def _mrope_cases():
             yield mt, table
 
 
-@pytest.mark.parametrize("model_type,table", list(_mrope_cases()),
-                         ids=[f"{mt}-{t['class']}" for mt, t in _mrope_cases()])
+@pytest.mark.parametrize(
+    "model_type,table", list(_mrope_cases()), ids=[f"{mt}-{t['class']}" for mt, t in _mrope_cases()]
+)
 def test_mrope_forward_on_three_axes_equals_posenc(model_type, table):
     """M-RoPE classes called on (t, h, w) positions that differ per axis, with the committed
     config.json as it is (no mrope_section: the class's default sections; no mrope_interleaved:
@@ -147,8 +178,9 @@ def test_mrope_forward_on_three_axes_equals_posenc(model_type, table):
     if ours.resolved["config"].get("layout", "half") != "half":
         pytest.skip("pair-interleaved rotation: its tables are laid out otherwise")
     n = 12
-    positions = torch.stack([torch.arange(n), torch.arange(n) // 3 + 5,
-                             torch.arange(n) % 3 + 9])[:, None, :]
+    positions = torch.stack([torch.arange(n), torch.arange(n) // 3 + 5, torch.arange(n) % 3 + 9])[
+        :, None, :
+    ]
     try:
         cos, sin = emb(torch.zeros(1, n, 8), positions)
     except Exception:

@@ -23,7 +23,9 @@ ARCH = os.path.join(FIXTURES, "hf_architectures")
 # float32 tables are torch's vectorized math at the ATen CPU capability the generator ran at:
 # to the bit there, else within tests/test_hf_architectures.cpp's bound (4 eps (1 + |p| max f))
 with open(os.path.join(ARCH, "index.json")) as _f:
-    BITS_HOLD = json.load(_f).get("aten_cpu_capability", "AVX2") == torch.backends.cpu.get_cpu_capability()
+    BITS_HOLD = (
+        json.load(_f).get("aten_cpu_capability", "AVX2") == torch.backends.cpu.get_cpu_capability()
+    )
 
 
 def _rows():
@@ -86,14 +88,21 @@ def _compare(model_type, table, row):
         # (1 + |p| max f) (tests/test_hf_architectures.cpp's bound at another CPU capability);
         # so are all rows at a capability other than the fixtures' (BITS_HOLD)
         f_max = max(abs(v) for v in row.get("inv_freq", [1.0]))
-        bound = torch.tensor([4 * 2.0 ** -23 * (1 + max(map(abs, p if grid else [p])) * f_max)
-                              for p in positions])[:, None]
-        if not (((got_cos - want_cos).abs() <= bound).all() and ((got_sin - want_sin).abs() <= bound).all()):
+        bound = torch.tensor(
+            [4 * 2.0**-23 * (1 + max(map(abs, p if grid else [p])) * f_max) for p in positions]
+        )[:, None]
+        if not (
+            ((got_cos - want_cos).abs() <= bound).all()
+            and ((got_sin - want_sin).abs() <= bound).all()
+        ):
             return "different", f"cos/sin differ by {(got_cos - want_cos).abs().max().item()}"
     elif not (torch.equal(got_cos, want_cos) and torch.equal(got_sin, want_sin)):
         return "different", f"cos/sin differ by {(got_cos - want_cos).abs().max().item()}"
-    if "attention_scaling" in row and abs(rope._table(row.get("layer_type")).attention_scaling
-                                          - row["attention_scaling"]) > 1e-7:
+    if (
+        "attention_scaling" in row
+        and abs(rope._table(row.get("layer_type")).attention_scaling - row["attention_scaling"])
+        > 1e-7
+    ):
         return "different", "attention_scaling"
     return "identical", ""
 
@@ -102,7 +111,9 @@ def test_every_committed_architecture_is_identical_or_refused():
     outcomes = {}
     for model_type, table, row in _rows():
         outcome, why = _compare(model_type, table, row)
-        outcomes.setdefault(outcome, []).append((model_type, table["class"], row.get("layer_type"), why))
+        outcomes.setdefault(outcome, []).append(
+            (model_type, table["class"], row.get("layer_type"), why)
+        )
     counts = {k: len(v) for k, v in outcomes.items()}
     print(f"[hf_parity] {counts}")
     assert not outcomes.get("different"), outcomes.get("different")[:10]
@@ -117,16 +128,35 @@ ROPE_PARAMETERS = [
     {"rope_type": "default", "rope_theta": 10000.0},
     {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
     {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
-    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64},
-    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-     "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 64,
+    },
+    {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
 ]
 
 
 def llama_config(rope_parameters, **kw):
-    base = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                num_hidden_layers=2, intermediate_size=96, vocab_size=101,
-                max_position_embeddings=128, rope_parameters=dict(rope_parameters))
+    base = dict(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=2,
+        intermediate_size=96,
+        vocab_size=101,
+        max_position_embeddings=128,
+        rope_parameters=dict(rope_parameters),
+    )
     base.update(kw)
     return transformers.LlamaConfig(**base)
 
@@ -150,9 +180,22 @@ def test_rotary_module_equals_transformers(params):
 def test_hunyuan_dynamic_with_alpha_equals_its_class(model_type):
     # HunYuan's class reads 'dynamic' + alpha as ntk_alpha (a fixed base): no growth past the context
     config = transformers.AutoConfig.for_model(
-        model_type, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_hidden_layers=1, intermediate_size=96, vocab_size=101, max_position_embeddings=32,
-        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0})
+        model_type,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=1,
+        intermediate_size=96,
+        vocab_size=101,
+        max_position_embeddings=32,
+        rope_parameters={
+            "rope_type": "dynamic",
+            "rope_theta": 10000.0,
+            "alpha": 1000.0,
+            "factor": 1.0,
+        },
+    )
     modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     cls = next(getattr(modeling, n) for n in dir(modeling) if n.endswith("RotaryEmbedding"))
     theirs = cls(config)
@@ -168,13 +211,25 @@ def test_hunyuan_dynamic_with_alpha_equals_its_class(model_type):
 
 def test_longrope_switches_tables_as_transformers_does():
     config = transformers.Phi3Config(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=1,
-        intermediate_size=96, vocab_size=101, max_position_embeddings=256,
-        original_max_position_embeddings=64, partial_rotary_factor=0.5,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                         "short_factor": [1.0, 1.1, 1.2, 1.3],
-                         "long_factor": [1.5, 2.0, 3.0, 4.0]}, pad_token_id=0)
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=1,
+        intermediate_size=96,
+        vocab_size=101,
+        max_position_embeddings=256,
+        original_max_position_embeddings=64,
+        partial_rotary_factor=0.5,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.3],
+            "long_factor": [1.5, 2.0, 3.0, 4.0],
+        },
+        pad_token_id=0,
+    )
     from transformers.models.phi3 import modeling_phi3
+
     theirs = modeling_phi3.Phi3RotaryEmbedding(config)
     ours = posenc.RotaryEmbedding.from_hf_config(config)
     x = torch.zeros(1)
@@ -185,8 +240,9 @@ def test_longrope_switches_tables_as_transformers_does():
         assert torch.equal(c1, c2) and torch.equal(s1, s2), n
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16],
-                         ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str
+)
 def test_apply_rotary_pos_emb_equals_transformers(dtype):
     torch.manual_seed(0)
     config = llama_config(ROPE_PARAMETERS[0])
@@ -204,10 +260,18 @@ def test_apply_rotary_pos_emb_equals_transformers(dtype):
 
 def test_glm_interleaved_partial_equals_transformers():
     from transformers.models.glm import modeling_glm
+
     torch.manual_seed(1)
-    config = transformers.GlmConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                                    head_dim=16, num_hidden_layers=1, intermediate_size=96,
-                                    vocab_size=101, partial_rotary_factor=0.5)
+    config = transformers.GlmConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=1,
+        intermediate_size=96,
+        vocab_size=101,
+        partial_rotary_factor=0.5,
+    )
     theirs = modeling_glm.GlmRotaryEmbedding(config)
     ours = posenc.RotaryEmbedding.from_hf_config(config)
     q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16)

@@ -53,9 +53,15 @@ def _legacy(kind):
             "linear": {"rope_type": "linear", "factor": 2.0},
             "legacy_type": {"type": "linear", "factor": 2.0},
             "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-            "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+            "llama3": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
         }[kind]
+
     return change
 
 
@@ -73,8 +79,15 @@ def _legacy_yarn_mscale(n):
     # DeepSeek-style files: a legacy yarn block with mscale keys and both betas
     _pop(n, "rope_parameters")
     n["rope_theta"] = 10000.0
-    n["rope_scaling"] = {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
-                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+    n["rope_scaling"] = {
+        "type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
 
 
 def _v5_block(block):
@@ -85,6 +98,7 @@ def _v5_block(block):
                 v.update(copy.deepcopy(block))
         else:
             n["rope_parameters"] = {"rope_theta": 10000.0, **(rp or {}), **copy.deepcopy(block)}
+
     return change
 
 
@@ -94,16 +108,23 @@ def _legacy_longrope(n, pairs):
     n["rope_theta"] = 10000.0
     n["original_max_position_embeddings"] = 4096
     n["max_position_embeddings"] = 131072
-    n["rope_scaling"] = {"type": "longrope",
-                         "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
-                         "long_factor": [1.0 + 0.5 * i for i in range(pairs)]}
+    n["rope_scaling"] = {
+        "type": "longrope",
+        "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+        "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
+    }
 
 
 def _v5_longrope_top_original(n, pairs):
     # a v5 longrope block, the original context at the top level (Phi-3.5's keys in a v5 file);
     # per-layer blocks each with factors for their own rotary size
-    _v5_block({"rope_type": "longrope", "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
-               "long_factor": [1.0 + 0.5 * i for i in range(pairs)]})(n)
+    _v5_block(
+        {
+            "rope_type": "longrope",
+            "short_factor": [1.0 + 0.01 * i for i in range(pairs)],
+            "long_factor": [1.0 + 0.5 * i for i in range(pairs)],
+        }
+    )(n)
     rp = n["rope_parameters"]
     if all(isinstance(v, dict) for v in rp.values()) and isinstance(n.get("head_dim"), int):
         for block in rp.values():
@@ -137,56 +158,101 @@ CHANGES = {
     "other_head_dim": lambda n: n.__setitem__("head_dim", 96 if n.get("head_dim") != 96 else 80),
     # more files as they ship: Llama-2-style `rope_scaling: null` beside a top-level theta; a
     # DeepSeek-style legacy yarn block; v5 linear/dynamic blocks; a longer context
-    "legacy_scaling_null": lambda n: (_pop(n, "rope_parameters"),
-                                      n.update({"rope_theta": 30000.0, "rope_scaling": None})),
+    "legacy_scaling_null": lambda n: (
+        _pop(n, "rope_parameters"),
+        n.update({"rope_theta": 30000.0, "rope_scaling": None}),
+    ),
     "legacy_yarn_mscale": _legacy_yarn_mscale,
     "v5_linear": _v5_block({"rope_type": "linear", "factor": 3.0}),
     "v5_dynamic": _v5_block({"rope_type": "dynamic", "factor": 2.0}),
     "longer_context": lambda n: n.__setitem__(
-        "max_position_embeddings", 4 * int(n.get("max_position_embeddings") or 2048)),
+        "max_position_embeddings", 4 * int(n.get("max_position_embeddings") or 2048)
+    ),
     # every yarn key, a llama3 block, a yarn block without its original context, a default block
     # with a factor it does not take, a legacy longrope block (one factor per frequency)
-    "v5_yarn_all_keys": _v5_block({"rope_type": "yarn", "factor": 8.0,
-                                   "original_max_position_embeddings": 2048,
-                                   "attention_factor": 0.9, "beta_fast": 16.0, "beta_slow": 2.0,
-                                   "mscale": 0.707, "mscale_all_dim": 1.0, "truncate": False}),
-    "v5_llama3": _v5_block({"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "v5_yarn_all_keys": _v5_block(
+        {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 2048,
+            "attention_factor": 0.9,
+            "beta_fast": 16.0,
+            "beta_slow": 2.0,
+            "mscale": 0.707,
+            "mscale_all_dim": 1.0,
+            "truncate": False,
+        }
+    ),
+    "v5_llama3": _v5_block(
+        {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    ),
     "v5_yarn_no_original": _v5_block({"rope_type": "yarn", "factor": 4.0}),
     "v5_default_with_factor": _v5_block({"rope_type": "default", "factor": 4.0}),
     "legacy_longrope": _legacy_longrope,
     "v5_longrope_top_original": _v5_longrope_top_original,
     # the original context at the top level (as Phi-3's files carry it) beside a block without
     # one, or with another one: which wins is each config class's own conversion
-    "legacy_yarn_top_original": lambda n: (_pop(n, "rope_parameters"), n.update({
-        "rope_theta": 10000.0, "original_max_position_embeddings": 1024,
-        "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})),
-    "v5_yarn_top_original": lambda n: (_v5_block({"rope_type": "yarn", "factor": 4.0})(n),
-                                       n.__setitem__("original_max_position_embeddings", 1024)),
+    "legacy_yarn_top_original": lambda n: (
+        _pop(n, "rope_parameters"),
+        n.update(
+            {
+                "rope_theta": 10000.0,
+                "original_max_position_embeddings": 1024,
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0},
+            }
+        ),
+    ),
+    "v5_yarn_top_original": lambda n: (
+        _v5_block({"rope_type": "yarn", "factor": 4.0})(n),
+        n.__setitem__("original_max_position_embeddings", 1024),
+    ),
     "v5_yarn_both_originals": lambda n: (
-        _v5_block({"rope_type": "yarn", "factor": 4.0,
-                   "original_max_position_embeddings": 2048})(n),
-        n.__setitem__("original_max_position_embeddings", 1024)),
+        _v5_block({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048})(
+            n
+        ),
+        n.__setitem__("original_max_position_embeddings", 1024),
+    ),
     # more keys where real files put them: a top-level partial factor beside a v5 block, a
     # context length missing, an integer theta, a v5 longrope block with the original context at
     # the top level (Phi-3.5's layout in a v5 file), a dynamic block with a top-level original
-    "v5_yarn_top_partial": lambda n: (_v5_block({"rope_type": "yarn", "factor": 4.0,
-                                                 "original_max_position_embeddings": 1024})(n),
-                                      n.__setitem__("partial_rotary_factor", 0.5)),
+    "v5_yarn_top_partial": lambda n: (
+        _v5_block({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})(
+            n
+        ),
+        n.__setitem__("partial_rotary_factor", 0.5),
+    ),
     "v5_yarn_no_max_position": lambda n: (
-        _v5_block({"rope_type": "yarn", "factor": 4.0,
-                   "original_max_position_embeddings": 1024})(n),
-        _pop(n, "max_position_embeddings")),
+        _v5_block({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024})(
+            n
+        ),
+        _pop(n, "max_position_embeddings"),
+    ),
     "v5_integer_theta": lambda n: _v5_block({"rope_type": "default", "rope_theta": 500000})(n),
-    "v5_dynamic_top_original": lambda n: (_v5_block({"rope_type": "dynamic", "factor": 2.0})(n),
-                                          n.__setitem__("original_max_position_embeddings", 1024)),
+    "v5_dynamic_top_original": lambda n: (
+        _v5_block({"rope_type": "dynamic", "factor": 2.0})(n),
+        n.__setitem__("original_max_position_embeddings", 1024),
+    ),
     "v5_block_without_type": lambda n: _v5_block({"factor": 2.0})(n),
-    "legacy_yarn_without_factor": lambda n: (_pop(n, "rope_parameters"), n.update({
-        "rope_theta": 10000.0, "rope_scaling": {"type": "yarn",
-                                                "original_max_position_embeddings": 1024}})),
-    "legacy_llama3_top_original": lambda n: (_legacy("llama3")(n),
-                                             n["rope_scaling"].pop("original_max_position_embeddings"),
-                                             n.__setitem__("original_max_position_embeddings", 4096)),
+    "legacy_yarn_without_factor": lambda n: (
+        _pop(n, "rope_parameters"),
+        n.update(
+            {
+                "rope_theta": 10000.0,
+                "rope_scaling": {"type": "yarn", "original_max_position_embeddings": 1024},
+            }
+        ),
+    ),
+    "legacy_llama3_top_original": lambda n: (
+        _legacy("llama3")(n),
+        n["rope_scaling"].pop("original_max_position_embeddings"),
+        n.__setitem__("original_max_position_embeddings", 4096),
+    ),
 }
 # changes that take the table's number of frequencies
 NEEDS_PAIRS = {"legacy_longrope", "v5_longrope_top_original"}
@@ -227,8 +293,9 @@ def _rotary_class(model_type, table):
 CASES = [(mt, t, rows, ch) for mt, t, rows in _rows() for ch in CHANGES]
 
 
-@pytest.mark.parametrize("model_type,table,rows,change", CASES,
-                         ids=[f"{mt}-{t['class']}-{ch}" for mt, t, _, ch in CASES])
+@pytest.mark.parametrize(
+    "model_type,table,rows,change", CASES, ids=[f"{mt}-{t['class']}-{ch}" for mt, t, _, ch in CASES]
+)
 def test_changed_configs_match_the_config_class_or_are_refused(model_type, table, rows, change):
     with open(os.path.join(ARCH, model_type + ".config.json")) as f:
         config = json.load(f)
@@ -257,8 +324,10 @@ def test_changed_configs_match_the_config_class_or_are_refused(model_type, table
                 resolved.append(str(row.get("layer_type")))
             except RuntimeError:
                 pass
-        assert not resolved, (f"{model_type} after {change}: transformers fails ({message[:120]}) "
-                              f"but posenc resolves {resolved}")
+        assert not resolved, (
+            f"{model_type} after {change}: transformers fails ({message[:120]}) "
+            f"but posenc resolves {resolved}"
+        )
         return
     differs = []
     for row in rows:
@@ -270,14 +339,20 @@ def test_changed_configs_match_the_config_class_or_are_refused(model_type, table
             inv_freq, scaling, _ = posenc.hf_rope(config, layer_type=lt)
         except RuntimeError:
             continue  # refused: no table to differ
-        hf_scaling = float(getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", 1.0))
-        same = (inv_freq.shape == expected.shape
-                and torch.equal(inv_freq.to(expected.dtype), expected)
-                and abs(scaling - hf_scaling) <= 1e-12)
+        hf_scaling = float(
+            getattr(emb, f"{lt}_attention_scaling" if lt else "attention_scaling", 1.0)
+        )
+        same = (
+            inv_freq.shape == expected.shape
+            and torch.equal(inv_freq.to(expected.dtype), expected)
+            and abs(scaling - hf_scaling) <= 1e-12
+        )
         if not same and (model_type, lt, change) not in KNOWN:
-            differs.append(f"{lt}: posenc {inv_freq.numel()} frequencies "
-                           f"{inv_freq[:2].tolist()}, transformers {expected.numel()} "
-                           f"{expected[:2].tolist()}")
+            differs.append(
+                f"{lt}: posenc {inv_freq.numel()} frequencies "
+                f"{inv_freq[:2].tolist()}, transformers {expected.numel()} "
+                f"{expected[:2].tolist()}"
+            )
         if (model_type, lt, change) in KNOWN and same:
             differs.append(f"{lt}: listed in KNOWN but now equal: take it off the list")
     assert not differs, f"{model_type} {table['class']} after {change}: " + "; ".join(differs)
@@ -288,63 +363,199 @@ def test_changed_configs_match_the_config_class_or_are_refused(model_type, table
 # types, a nested block without rope_theta beside a top-level one, rope_scaling beside
 # rope_parameters, an empty rope_scaling, Gemma 3's flat scaling without rope_local_base_freq.
 REVIEW = [
-    ("phi", {"hidden_size": 2560, "num_attention_heads": 32, "partial_rotary_factor": 0.4,
-             "rope_theta": 10000.0, "rope_scaling": None}, None),
-    ("phi3", {"hidden_size": 3072, "num_attention_heads": 24, "partial_rotary_factor": 0.75,
-              "rope_theta": 10000.0}, None),
+    (
+        "phi",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 32,
+            "partial_rotary_factor": 0.4,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+        },
+        None,
+    ),
+    (
+        "phi3",
+        {
+            "hidden_size": 3072,
+            "num_attention_heads": 24,
+            "partial_rotary_factor": 0.75,
+            "rope_theta": 10000.0,
+        },
+        None,
+    ),
     ("apertus", {"hidden_size": 4096, "num_attention_heads": 32, "rotary_pct": 0.5}, None),
     ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "rotary_emb_base": 20000}, None),
-    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
-                     "rope_theta": 5e5, "rope_parameters": {
-                         "full_attention": {"rope_type": "default"},
-                         "sliding_attention": {"rope_type": "default"}}}, "sliding_attention"),
-    ("gpt_neox", {"hidden_size": 6144, "num_attention_heads": 64, "rope_theta": 2e4,
-                  "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25}}, None),
-    ("cohere2_moe", {"hidden_size": 8192, "num_attention_heads": 64, "head_dim": 128,
-                     "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
-                     "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
-    ("glm4", {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128,
-              "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
-                                  "partial_rotary_factor": 0.5},
-              "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
-    ("llama", {"hidden_size": 4096, "num_attention_heads": 32, "rope_scaling": {},
-               "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4}},
-     None),
-    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
-                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}, "full_attention"),
-    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
-                     "rope_scaling": {"factor": 8.0, "rope_type": "linear"}},
-     "sliding_attention"),
+    (
+        "gemma3_text",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "head_dim": 256,
+            "rope_theta": 5e5,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default"},
+                "sliding_attention": {"rope_type": "default"},
+            },
+        },
+        "sliding_attention",
+    ),
+    (
+        "gpt_neox",
+        {
+            "hidden_size": 6144,
+            "num_attention_heads": 64,
+            "rope_theta": 2e4,
+            "rope_parameters": {"rope_type": "default", "partial_rotary_factor": 0.25},
+        },
+        None,
+    ),
+    (
+        "cohere2_moe",
+        {
+            "hidden_size": 8192,
+            "num_attention_heads": 64,
+            "head_dim": 128,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+        None,
+    ),
+    (
+        "glm4",
+        {
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "head_dim": 128,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 1e4,
+                "partial_rotary_factor": 0.5,
+            },
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+        None,
+    ),
+    (
+        "llama",
+        {
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "rope_scaling": {},
+            "rope_parameters": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e4},
+        },
+        None,
+    ),
+    (
+        "gemma3_text",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "head_dim": 256,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        },
+        "full_attention",
+    ),
+    (
+        "gemma3_text",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "head_dim": 256,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+        },
+        "sliding_attention",
+    ),
     # second round: Llama 4 Scout's llama3 block (low = high = 1: no medium band), a block of the
     # file's own without the factor the class's default block carried, rope_scaling beside
     # rope_parameters, a per-layer yarn block's truncate and a top-level original context
-    ("llama", {"hidden_size": 5120, "num_attention_heads": 40, "head_dim": 128,
-               "rope_theta": 500000.0, "max_position_embeddings": 10485760,
-               "rope_scaling": {"factor": 16.0, "high_freq_factor": 1.0, "low_freq_factor": 1.0,
-                                "original_max_position_embeddings": 8192,
-                                "rope_type": "llama3"}}, None),
-    ("moonshine_streaming", {"hidden_size": 320, "num_attention_heads": 8,
-                             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
-     None),
-    ("mistral4", {"hidden_size": 4096, "num_attention_heads": 32, "qk_rope_head_dim": 64,
-                  "qk_nope_head_dim": 64, "head_dim": 128,
-                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-                  "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, None),
-    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
-                     "max_position_embeddings": 32768, "rope_parameters": {
-                         "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0,
-                                            "original_max_position_embeddings": 2048,
-                                            "truncate": False},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     "full_attention"),
-    ("glmasr", {"text_config": {"model_type": "llama", "hidden_size": 2048,
-                                "num_attention_heads": 16, "rope_theta": 30000.0}}, None),
-    ("gemma3_text", {"hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
-                     "max_position_embeddings": 32768, "original_max_position_embeddings": 2048,
-                     "rope_parameters": {
-                         "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0},
-                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     "full_attention"),
+    (
+        "llama",
+        {
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "head_dim": 128,
+            "rope_theta": 500000.0,
+            "max_position_embeddings": 10485760,
+            "rope_scaling": {
+                "factor": 16.0,
+                "high_freq_factor": 1.0,
+                "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192,
+                "rope_type": "llama3",
+            },
+        },
+        None,
+    ),
+    (
+        "moonshine_streaming",
+        {
+            "hidden_size": 320,
+            "num_attention_heads": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        None,
+    ),
+    (
+        "mistral4",
+        {
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 64,
+            "head_dim": 128,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+        None,
+    ),
+    (
+        "gemma3_text",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "head_dim": 256,
+            "max_position_embeddings": 32768,
+            "rope_parameters": {
+                "full_attention": {
+                    "rope_type": "yarn",
+                    "rope_theta": 1e6,
+                    "factor": 8.0,
+                    "original_max_position_embeddings": 2048,
+                    "truncate": False,
+                },
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+        "full_attention",
+    ),
+    (
+        "glmasr",
+        {
+            "text_config": {
+                "model_type": "llama",
+                "hidden_size": 2048,
+                "num_attention_heads": 16,
+                "rope_theta": 30000.0,
+            }
+        },
+        None,
+    ),
+    (
+        "gemma3_text",
+        {
+            "hidden_size": 2560,
+            "num_attention_heads": 8,
+            "head_dim": 256,
+            "max_position_embeddings": 32768,
+            "original_max_position_embeddings": 2048,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        },
+        "full_attention",
+    ),
 ]
 
 
@@ -357,8 +568,9 @@ def _class_of(model_type):
     return None
 
 
-@pytest.mark.parametrize("model_type,config,layer_type", REVIEW,
-                         ids=[f"{i}-{mt}" for i, (mt, _, _) in enumerate(REVIEW)])
+@pytest.mark.parametrize(
+    "model_type,config,layer_type", REVIEW, ids=[f"{i}-{mt}" for i, (mt, _, _) in enumerate(REVIEW)]
+)
 def test_reviewed_files_match_or_are_refused(model_type, config, layer_type):
     config = dict(config, model_type=model_type)
     cls = _class_of(model_type)
@@ -372,9 +584,12 @@ def test_reviewed_files_match_or_are_refused(model_type, config, layer_type):
         inv_freq, _, _ = posenc.hf_rope(config, layer_type=layer_type)
     except RuntimeError:
         return  # refused
-    assert inv_freq.shape == expected.shape and torch.equal(inv_freq.to(expected.dtype), expected), (
+    assert inv_freq.shape == expected.shape and torch.equal(
+        inv_freq.to(expected.dtype), expected
+    ), (
         f"posenc {inv_freq[:2].tolist()} ({inv_freq.numel()}), "
-        f"transformers {expected[:2].tolist()} ({expected.numel()})")
+        f"transformers {expected[:2].tolist()} ({expected.numel()})"
+    )
 
 
 def test_phimoe_longrope_equals_its_rotary_forward():
@@ -389,13 +604,23 @@ def test_phimoe_longrope_equals_its_rotary_forward():
     head = config["hidden_size"] // config["num_attention_heads"]
     config.pop("rope_parameters", None)
     mscale = 1.243163121016122
-    config.update({"rope_theta": 10000.0, "max_position_embeddings": 131072,
-                   "rope_scaling": {"type": "longrope", "original_max_position_embeddings": 4096,
-                                    "short_factor": [1.0 + 0.01 * i for i in range(head // 2)],
-                                    "long_factor": [1.0 + 0.5 * i for i in range(head // 2)],
-                                    "short_mscale": mscale, "long_mscale": mscale}})
-    emb = modeling.PhimoeRotaryEmbedding(config=CONFIG_MAPPING["phimoe"].from_dict(
-        copy.deepcopy(config)))
+    config.update(
+        {
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 131072,
+            "rope_scaling": {
+                "type": "longrope",
+                "original_max_position_embeddings": 4096,
+                "short_factor": [1.0 + 0.01 * i for i in range(head // 2)],
+                "long_factor": [1.0 + 0.5 * i for i in range(head // 2)],
+                "short_mscale": mscale,
+                "long_mscale": mscale,
+            },
+        }
+    )
+    emb = modeling.PhimoeRotaryEmbedding(
+        config=CONFIG_MAPPING["phimoe"].from_dict(copy.deepcopy(config))
+    )
     for length in (16, 5000):  # within and past the original context
         positions = torch.arange(length)[None]
         cos, sin = emb(torch.zeros(1, length, head), positions)
@@ -403,8 +628,10 @@ def test_phimoe_longrope_equals_its_rotary_forward():
         assert scaling == mscale
         mine_cos, mine_sin = posenc.rope_cos_sin(positions, inv_freq, scaling)
         assert torch.equal(mine_cos, cos) and torch.equal(mine_sin, sin), length
-    for change, message in [({"short_mscale": None}, "short_mscale' must be a number"),
-                            ({"long_mscale": 1.1}, "differ: model type 'phimoe''s rotary forward")]:
+    for change, message in [
+        ({"short_mscale": None}, "short_mscale' must be a number"),
+        ({"long_mscale": 1.1}, "differ: model type 'phimoe''s rotary forward"),
+    ]:
         bad = copy.deepcopy(config)
         bad["rope_scaling"].update(change)
         with pytest.raises(RuntimeError, match=message):

@@ -18,9 +18,10 @@ import os
 import re
 import sys
 
-import posenc
 import pytest
 import torch
+
+import posenc
 from conftest import FIXTURES
 
 transformers = pytest.importorskip("transformers")
@@ -40,8 +41,12 @@ def test_no_probe_value_of_the_generator_is_in_the_generated_defaults():
     with open(os.path.join(ROOT, "src", "config", "hf_defaults.inc")) as f:
         rows = re.findall(r'\{"([^"]+)", R"\((.*)\)"\},', f.read())
     assert len(rows) >= 400
-    leaked = [(mt, v) for mt, text in rows for v in gen.numbers_in(json.loads(text))
-              if v in gen.PROBE_VALUES]
+    leaked = [
+        (mt, v)
+        for mt, text in rows
+        for v in gen.numbers_in(json.loads(text))
+        if v in gen.PROBE_VALUES
+    ]
     assert not leaked, leaked[:10]
 
 
@@ -59,9 +64,13 @@ def _module(model_type):
 def _their_rotation(model_type, config, q, pos):
     """q [1, H, N, D] rotated by the model type's own rotary class and rotation function."""
     module = _module(model_type)
-    cls = next(getattr(module, n) for n in sorted(dir(module))
-               if n.endswith("RotaryEmbedding") and "Vision" not in n
-               and "config" in inspect.signature(getattr(module, n).__init__).parameters)
+    cls = next(
+        getattr(module, n)
+        for n in sorted(dir(module))
+        if n.endswith("RotaryEmbedding")
+        and "Vision" not in n
+        and "config" in inspect.signature(getattr(module, n).__init__).parameters
+    )
     emb = cls(config=config)
     x = torch.zeros(1, q.shape[2], 8)
     out = emb(x, pos)
@@ -95,7 +104,9 @@ def _our_rotation(config_dict, q, pos):
 
 def _changed(d, key):
     d = copy.deepcopy(d)
-    theta = float(d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+    theta = float(
+        d.get("rope_theta") or (d.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    )
     if key == "rope_theta":
         d["rope_theta"] = 2 * theta
         if isinstance(d.get("rope_parameters"), dict):
@@ -141,4 +152,8 @@ def test_q_rotated_as_the_models_own_code_rotates_it(model_type, key):
     # ulp in a frequency: at position 1023 that is ~1e-4 of a radian; a wrong theta, scaling or
     # pair layout moves q by O(1)
     assert torch.allclose(ours, theirs, atol=2e-3, rtol=0), (
-        model_type, key, layout, (ours - theirs).abs().max().item())
+        model_type,
+        key,
+        layout,
+        (ours - theirs).abs().max().item(),
+    )

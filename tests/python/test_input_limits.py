@@ -14,19 +14,26 @@ import subprocess
 import sys
 import textwrap
 
-import posenc
-import posenc._library as library
 import pytest
 import torch
 import yaml
+
+import posenc
+import posenc._library as library
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(library.__file__)))
 
 
 def _run_child(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ, POSENC_OPS_LIBRARY=library.library_path(), PYTHONPATH=PYTHON_DIR)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _nested_compose(levels: int) -> dict:
@@ -60,8 +67,11 @@ def test_a_compose_nested_50000_deep_is_one_line_not_a_segfault():
         """)
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.strip().splitlines() == [
-        ("posenc.build_encoder config: nested 100001 levels deep; configs are limited to 64 levels "
-         "(the config depth limit)")]
+        (
+            "posenc.build_encoder config: nested 100001 levels deep; configs are limited to 64 levels "
+            "(the config depth limit)"
+        )
+    ]
 
 
 def test_a_compose_nested_5000_deep_is_refused_at_once_in_little_memory():
@@ -89,15 +99,19 @@ def test_a_compose_nested_5000_deep_is_refused_at_once_in_little_memory():
 
 DOORS = {
     "torch.classes.posenc.Encoder": lambda c, tmp: torch.classes.posenc.Encoder(
-        json.dumps(c), 16, 2, 0),
+        json.dumps(c), 16, 2, 0
+    ),
     "posenc.Encoder(text)": lambda c, tmp: posenc.Encoder(json.dumps(c), dim=16, num_heads=2),
     "build_encoder(dict)": lambda c, tmp: posenc.build_encoder(c, dim=16, num_heads=2),
-    "build_encoder(json text)": lambda c, tmp: posenc.build_encoder(json.dumps(c), dim=16,
-                                                                    num_heads=2),
+    "build_encoder(json text)": lambda c, tmp: posenc.build_encoder(
+        json.dumps(c), dim=16, num_heads=2
+    ),
     "build_encoder(.json)": lambda c, tmp: posenc.build_encoder(
-        _write(tmp / "c.json", json.dumps(c)), dim=16, num_heads=2),
+        _write(tmp / "c.json", json.dumps(c)), dim=16, num_heads=2
+    ),
     "build_encoder(.yaml)": lambda c, tmp: posenc.build_encoder(
-        _write(tmp / "c.yaml", yaml.safe_dump(c)), dim=16, num_heads=2),
+        _write(tmp / "c.yaml", yaml.safe_dump(c)), dim=16, num_heads=2
+    ),
 }
 
 
@@ -123,30 +137,49 @@ def test_a_yaml_alias_bomb_is_one_line_not_a_hang(tmp_path):
     # never returned. The C++ library counts the values as the aliases expand.
     path = tmp_path / "config.yaml"
     path.write_text(_alias_bomb())
-    r = _run_child(f"""
+    r = _run_child(
+        f"""
         import posenc, yaml
         for config in ({str(path)!r}, yaml.safe_load(open({str(path)!r}).read())):
             try:
                 posenc.build_encoder(config)
             except RuntimeError as e:
                 print(str(e))
-        """, timeout=60)
+        """,
+        timeout=60,
+    )
     assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
     assert r.stdout.strip().splitlines() == [
-        ("posenc.build_encoder config: more than 1000000 values once aliases are expanded (the "
-         "config size limit)"),
-        "posenc.build_encoder config: more than 1000000 values (the config size limit)"]
+        (
+            "posenc.build_encoder config: more than 1000000 values once aliases are expanded (the "
+            "config size limit)"
+        ),
+        "posenc.build_encoder config: more than 1000000 values (the config size limit)",
+    ]
 
 
 def test_aliases_of_a_long_string_meet_the_size_limit():
     # 100 x 100 aliases of a 4000-byte string: 10^4 values, but 40 MB of text once expanded.
-    text = ('type: rope\na: &a "' + "x" * 4000 + '"\nb: &b [' + ", ".join(["*a"] * 100) +
-            "]\nc: [" + ", ".join(["*b"] * 100) + "]\n")
-    with pytest.raises(RuntimeError, match=r"more than 4194304 bytes in its keys and strings once "
-                                           r"aliases are expanded \(the config size limit\)"):
+    text = (
+        'type: rope\na: &a "'
+        + "x" * 4000
+        + '"\nb: &b ['
+        + ", ".join(["*a"] * 100)
+        + "]\nc: ["
+        + ", ".join(["*b"] * 100)
+        + "]\n"
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"more than 4194304 bytes in its keys and strings once "
+        r"aliases are expanded \(the config size limit\)",
+    ):
         posenc.Encoder(text, dim=16, num_heads=2)
-    with pytest.raises(RuntimeError, match=r"more than 4194304 bytes in its keys and strings \(the "
-                                           r"config size limit\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"more than 4194304 bytes in its keys and strings \(the "
+        r"config size limit\)",
+    ):
         posenc.build_encoder({"type": "rope", "x": ["x" * 4000] * 2000}, dim=16, num_heads=2)
 
 
@@ -162,16 +195,23 @@ def test_a_config_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path
     path.write_text('{"type": "rope", "x": "' + "y" * (5 << 20) + '"}')
     with pytest.raises(RuntimeError) as e:
         posenc.build_encoder(str(path), dim=16, num_heads=2)
-    assert str(e.value) == (f"{path}: {path.stat().st_size} bytes; configs are limited to 4194304 "
-                            "bytes (the config size limit)")
+    assert str(e.value) == (
+        f"{path}: {path.stat().st_size} bytes; configs are limited to 4194304 "
+        "bytes (the config size limit)"
+    )
 
 
 def test_yaml_text_is_read_by_the_cpp_library_and_given_back_as_the_config():
-    enc = posenc.Encoder("type: compose\nencoders:\n  - {type: rope, axes: [t]}\n  - type: alibi\n",
-                         dim=16, num_heads=2)
+    enc = posenc.Encoder(
+        "type: compose\nencoders:\n  - {type: rope, axes: [t]}\n  - type: alibi\n",
+        dim=16,
+        num_heads=2,
+    )
     assert enc.type == "compose"
-    assert enc.config == {"type": "compose", "encoders": [{"type": "rope", "axes": ["t"]},
-                                                          {"type": "alibi"}]}
+    assert enc.config == {
+        "type": "compose",
+        "encoders": [{"type": "rope", "axes": ["t"]}, {"type": "alibi"}],
+    }
     assert enc(posenc.Positions.sequence(4)).parts == ["rope: rotary", "alibi: bias (alibi)"]
 
 

@@ -32,6 +32,7 @@ def one_line(info) -> str:
 
 # ---- one valid CPU call per operator (fresh tensors each time: in-place ones are written) -----
 
+
 def _rotary():
     torch.manual_seed(0)
     inv = 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8))
@@ -65,28 +66,64 @@ def _packed():  # sample_ids, variate_ids [B, Nk], variate_bias [2, H]
 
 def _positional_tail():  # cos, sin, layout, slopes, symmetric, t5_table, bidirectional, ...
     cos, sin = _rotary()[2:]
-    return [cos[0, :, :4], sin[0, :, :4], "half", posenc.alibi_slopes(2), False, _t5_table(),
-            True, 16, False, None, _mask(), *_packed()]
+    return [
+        cos[0, :, :4],
+        sin[0, :, :4],
+        "half",
+        posenc.alibi_slopes(2),
+        False,
+        _t5_table(),
+        True,
+        16,
+        False,
+        None,
+        _mask(),
+        *_packed(),
+    ]
 
 
 def _fused_tail():  # attention_fused's parameters after q, k, v
     qc, qs = _pairs()
-    return [torch.arange(3.0), torch.arange(3.0), posenc.alibi_slopes(2), False, _t5_table(),
-            "bucket_table", 8, 16, True, 0, False, _mask(), 0.5, qc[:, :2], qs[:, :2],
-            qc[:, :2].clone(), qs[:, :2].clone(), "half", *_packed()]
+    return [
+        torch.arange(3.0),
+        torch.arange(3.0),
+        posenc.alibi_slopes(2),
+        False,
+        _t5_table(),
+        "bucket_table",
+        8,
+        16,
+        True,
+        0,
+        False,
+        _mask(),
+        0.5,
+        qc[:, :2],
+        qs[:, :2],
+        qc[:, :2].clone(),
+        qs[:, :2].clone(),
+        "half",
+        *_packed(),
+    ]
 
 
 def _bnhd():  # attention_fused's q, k, v [B, N, H, D], grad_out, out [B, N, H, Dv], lse [B, H, N]
     q, k, v, g, lse, out = _sdpa()
+
     def t(x):
-        return (x.transpose(1, 2).contiguous())
+        return x.transpose(1, 2).contiguous()
+
     return t(q), t(k), t(v), t(g), t(out), lse
 
 
 def _streams():
     types = torch.zeros(1, 4, dtype=torch.long)
-    return [types, torch.ones(1, 4, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long),
-            torch.zeros(0, 3, dtype=torch.long)]
+    return [
+        types,
+        torch.ones(1, 4, dtype=torch.long),
+        torch.zeros(0, 3, dtype=torch.long),
+        torch.zeros(0, 3, dtype=torch.long),
+    ]
 
 
 EXAMPLES = {
@@ -94,48 +131,108 @@ EXAMPLES = {
     "apply_rotary_": lambda: [*_rotary(), 1, "half"],
     "apply_rotary_reference": lambda: [*_rotary(), 1, "half"],
     "apply_rotary_route": lambda: [*_rotary(), 1, "half"],
-    "apply_rotary_backward_route": lambda: [*_rotary(), 1, "half", torch.randn(1, 2, 3, 8),
-                                            torch.randn(1, 1, 3, 8)],
+    "apply_rotary_backward_route": lambda: [
+        *_rotary(),
+        1,
+        "half",
+        torch.randn(1, 2, 3, 8),
+        torch.randn(1, 1, 3, 8),
+    ],
     "rope_rotate": lambda: [torch.randn(1, 3, 2, 8), *_pairs(), "half", False],
     "rope_rotate_": lambda: [torch.randn(1, 3, 2, 8), *_pairs(), "half", False],
-    "rope_rotate_qk": lambda: [torch.randn(1, 3, 2, 8), torch.randn(1, 3, 1, 8), *_pairs(),
-                               "half", False],
-    "rope_cos_sin": lambda: [torch.arange(3.0), torch.tensor([1.0, 0.1]), 1.0, [], "contiguous",
-                             "half"],
-    "alibi_attention": lambda: [*_sdpa()[:3], posenc.alibi_slopes(2), True, False, None,
-                                _mask()],
-    "_alibi_attention_forward": lambda: [*_sdpa()[:3], posenc.alibi_slopes(2), True, False, None,
-                                         _mask()],
-    "_alibi_attention_backward": lambda: [_sdpa()[5], *_sdpa()[:5], posenc.alibi_slopes(2), True,
-                                          False, None, _mask()],
+    "rope_rotate_qk": lambda: [
+        torch.randn(1, 3, 2, 8),
+        torch.randn(1, 3, 1, 8),
+        *_pairs(),
+        "half",
+        False,
+    ],
+    "rope_cos_sin": lambda: [
+        torch.arange(3.0),
+        torch.tensor([1.0, 0.1]),
+        1.0,
+        [],
+        "contiguous",
+        "half",
+    ],
+    "alibi_attention": lambda: [*_sdpa()[:3], posenc.alibi_slopes(2), True, False, None, _mask()],
+    "_alibi_attention_forward": lambda: [
+        *_sdpa()[:3],
+        posenc.alibi_slopes(2),
+        True,
+        False,
+        None,
+        _mask(),
+    ],
+    "_alibi_attention_backward": lambda: [
+        _sdpa()[5],
+        *_sdpa()[:5],
+        posenc.alibi_slopes(2),
+        True,
+        False,
+        None,
+        _mask(),
+    ],
     "t5_attention": lambda: [*_sdpa()[:3], _t5_table(), True, 16, False, None, _mask()],
     "_t5_attention_forward": lambda: [*_sdpa()[:3], _t5_table(), True, 16, False, None, _mask()],
-    "_t5_attention_backward": lambda: [_sdpa()[5], *_sdpa()[:5], _t5_table(), True, 16, False,
-                                       None, _mask()],
+    "_t5_attention_backward": lambda: [
+        _sdpa()[5],
+        *_sdpa()[:5],
+        _t5_table(),
+        True,
+        16,
+        False,
+        None,
+        _mask(),
+    ],
     "shaw_attention": lambda: [*_sdpa()[:3], torch.randn(5, 4), False, None, _mask()],
     "_shaw_attention_forward": lambda: [*_sdpa()[:3], torch.randn(5, 4), False, None, _mask()],
-    "_shaw_attention_backward": lambda: [_sdpa()[5], *_sdpa()[:5], torch.randn(5, 4), False, None,
-                                         _mask()],
+    "_shaw_attention_backward": lambda: [
+        _sdpa()[5],
+        *_sdpa()[:5],
+        torch.randn(5, 4),
+        False,
+        None,
+        _mask(),
+    ],
     "positional_attention": lambda: [*_sdpa()[:3], *_positional_tail()],
     "_positional_attention_forward": lambda: [*_sdpa()[:3], *_positional_tail()],
     "_positional_attention_backward": lambda: [_sdpa()[5], *_sdpa()[:5], *_positional_tail()],
     "positional_attention_route": lambda: [*_sdpa()[:3], *_positional_tail()],
     "attention_fused": lambda: [*_bnhd()[:3], *_fused_tail()],
     "_attention_fused_forward": lambda: [*_bnhd()[:3], *_fused_tail()],
-    "_attention_fused_backward": lambda: [_bnhd()[3], _bnhd()[4], _bnhd()[5], *_bnhd()[:3],
-                                          *_fused_tail()],
+    "_attention_fused_backward": lambda: [
+        _bnhd()[3],
+        _bnhd()[4],
+        _bnhd()[5],
+        *_bnhd()[:3],
+        *_fused_tail(),
+    ],
     "rope_periods_cos_sin": lambda: [torch.rand(6, 2), torch.tensor([1.0, 4.0, 16.0]), "half"],
     "rope_mixed_cos_sin": lambda: [torch.rand(6, 2), torch.randn(2, 3, 4), "interleaved"],
-    "qwen2_vl_rope_index": lambda: [*_streams(), torch.zeros(0, dtype=torch.float64), 2, 2.0,
-                                    True],
-    "qwen2_5_omni_rope_index": lambda: [*_streams(), torch.zeros(0, dtype=torch.long),
-                                        torch.zeros(0, dtype=torch.float64), False, 2, 25.0, 2.0],
+    "qwen2_vl_rope_index": lambda: [*_streams(), torch.zeros(0, dtype=torch.float64), 2, 2.0, True],
+    "qwen2_5_omni_rope_index": lambda: [
+        *_streams(),
+        torch.zeros(0, dtype=torch.long),
+        torch.zeros(0, dtype=torch.float64),
+        False,
+        2,
+        25.0,
+        2.0,
+    ],
 }
 
 # Operators with fewer than two tensor arguments: nothing to mix.
-SINGLE_TENSOR = {"sinusoidal_table", "hf_rope", "patch_grid_bands", "patch_grid_rope",
-                 "resample_grid_table", "axial_sincos_table", "patch_grid_coords",
-                 "dinov3_periods"}
+SINGLE_TENSOR = {
+    "sinusoidal_table",
+    "hf_rope",
+    "patch_grid_bands",
+    "patch_grid_rope",
+    "resample_grid_table",
+    "axial_sincos_table",
+    "patch_grid_coords",
+    "dinov3_periods",
+}
 # The streams read their arguments' values on the host: real devices may mix (the documented
 # exception), a meta tensor among real ones (no values) is refused; all on meta, their fakes give
 # the shapes.
@@ -145,18 +242,26 @@ NO_ALL_META = {"apply_rotary_route", "apply_rotary_backward_route", "positional_
 
 
 def all_operators():
-    return sorted(n.split("::")[1] for n in torch._C._dispatch_get_all_op_names()
-                  if n.startswith("posenc::"))
+    return sorted(
+        n.split("::")[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("posenc::")
+    )
 
 
 def tensor_arguments(name):
     schema = getattr(OPS, name).default._schema
-    return [(i, a.name) for i, a in enumerate(schema.arguments)
-            if str(a.type) in ("Tensor", "Optional[Tensor]")]
+    return [
+        (i, a.name)
+        for i, a in enumerate(schema.arguments)
+        if str(a.type) in ("Tensor", "Optional[Tensor]")
+    ]
 
 
-CASES = [(name, arg) for name in sorted(EXAMPLES) if hasattr(OPS, name)
-         for _, arg in tensor_arguments(name)]
+CASES = [
+    (name, arg)
+    for name in sorted(EXAMPLES)
+    if hasattr(OPS, name)
+    for _, arg in tensor_arguments(name)
+]
 
 
 def test_every_operator_is_enumerated_here():
@@ -208,6 +313,7 @@ def test_a_tensor_on_cuda_among_cpu_ones_is_one_line(name, arg):
 
 # ---- aliasing: every in-place operator, every operand pair -------------------------------------
 
+
 def rotary_inplace(q, k, cos, sin):
     torch.ops.posenc.apply_rotary_(q, k, cos, sin, 1, "half")
 
@@ -235,8 +341,14 @@ def test_apply_rotary_inplace_refuses_every_overlapping_pair(pair):
 def takes_views_of_one_buffer_that_are_apart():
     # q and k sliced from one packed row (a fused projection), non-dense views of one storage
     q0, k0, cos, sin = _rotary()
-    packed = torch.cat([q0.transpose(1, 2).reshape(1, 3, 16), k0.transpose(1, 2).reshape(1, 3, 8),
-                        torch.randn(1, 3, 8)], -1)  # [B, N, (2 + 1 + 1) * 8]: q, k, v
+    packed = torch.cat(
+        [
+            q0.transpose(1, 2).reshape(1, 3, 16),
+            k0.transpose(1, 2).reshape(1, 3, 8),
+            torch.randn(1, 3, 8),
+        ],
+        -1,
+    )  # [B, N, (2 + 1 + 1) * 8]: q, k, v
     q = packed[..., :16].view(1, 3, 2, 8).transpose(1, 2)
     k = packed[..., 16:24].view(1, 3, 1, 8).transpose(1, 2)
     want = torch.ops.posenc.apply_rotary(q0, k0, cos, sin, 1, "half")
@@ -277,12 +389,12 @@ def test_rope_rotate_inplace_refuses_every_overlapping_pair(pair):
 # ---- shapes as transformers computes them -------------------------------------------------------
 
 TABLE_SHAPES = [  # (q shape, k shape, cos shape)
-    ((1, 4, 4, 4), (1, 4, 4, 4), (1, 4, 4)),   # the hostile pass's: -1 broadcasts over D
+    ((1, 4, 4, 4), (1, 4, 4, 4), (1, 4, 4)),  # the hostile pass's: -1 broadcasts over D
     ((2, 3, 5, 8), (2, 1, 5, 8), (2, 5, 8)),
     ((2, 3, 5, 8), (2, 3, 5, 8), (1, 5, 8)),
     ((1, 2, 4, 8), (1, 2, 4, 8), (4, 8)),
     ((2, 4, 2, 6), (2, 4, 2, 6), (2, 4, 2)),
-    ((1, 3, 5, 8), (1, 3, 5, 8), (1, 5, 1)),   # width 1: over the whole head dim
+    ((1, 3, 5, 8), (1, 3, 5, 8), (1, 5, 1)),  # width 1: over the whole head dim
     ((3, 3, 3, 4), (3, 3, 3, 4), (3, 3, 4)),
 ]
 
@@ -304,9 +416,12 @@ def test_every_unsqueeze_dim_gives_transformers_shapes(shapes, unsqueeze_dim, dt
 
     def transformers(x):  # its formula; partial rotary (1 < W < D, posenc's own) on x[..., :W]
         if width in (1, x.shape[-1]):
-            return modeling_llama.apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=unsqueeze_dim)[0]
-        rot = modeling_llama.apply_rotary_pos_emb(x[..., :width], x[..., :width], cos, sin,
-                                                  unsqueeze_dim=unsqueeze_dim)[0]
+            return modeling_llama.apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=unsqueeze_dim)[
+                0
+            ]
+        rot = modeling_llama.apply_rotary_pos_emb(
+            x[..., :width], x[..., :width], cos, sin, unsqueeze_dim=unsqueeze_dim
+        )[0]
         return torch.cat([rot, x[..., width:].expand(*rot.shape[:-1], -1)], -1)
 
     try:
@@ -328,13 +443,17 @@ def test_every_unsqueeze_dim_gives_transformers_shapes(shapes, unsqueeze_dim, dt
         cg, sg = cos.clone().requires_grad_(), sin.clone().requires_grad_()
         torch.autograd.gradcheck(
             lambda a, b, c, s: posenc.apply_rotary_pos_emb(a, b, c, s, unsqueeze_dim=unsqueeze_dim),
-            (qg, kg, cg, sg))
+            (qg, kg, cg, sg),
+        )
 
 
 def test_partial_rotary_with_tables_that_grow_q():
     # q of batch 1, tables of batch 3, rotary width 4 of 8: the pass-through dims follow
     torch.manual_seed(3)
-    q, k = torch.randn(1, 2, 5, 8, dtype=torch.float64), torch.randn(3, 2, 5, 8, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 2, 5, 8, dtype=torch.float64),
+        torch.randn(3, 2, 5, 8, dtype=torch.float64),
+    )
     cos, sin = torch.randn(3, 5, 4, dtype=torch.float64), torch.randn(3, 5, 4, dtype=torch.float64)
     got = posenc.apply_rotary_pos_emb(q, k, cos, sin)
     c, s = cos[:, None], sin[:, None]
@@ -344,11 +463,14 @@ def test_partial_rotary_with_tables_that_grow_q():
         assert y.shape == (3, 2, 5, 8) and torch.equal(y, want)
         assert torch.equal(y[..., :4], x[..., :4] * c + modeling_llama.rotate_half(x[..., :4]) * s)
     torch.library.opcheck(torch.ops.posenc.apply_rotary.default, (q, k, cos, sin, 1, "half"))
-    torch.autograd.gradcheck(lambda a, b: posenc.apply_rotary_pos_emb(a, b, cos, sin),
-                             (q.requires_grad_(), k.requires_grad_()))
+    torch.autograd.gradcheck(
+        lambda a, b: posenc.apply_rotary_pos_emb(a, b, cos, sin),
+        (q.requires_grad_(), k.requires_grad_()),
+    )
 
 
 # ---- dtypes: real positions, supported activations, masks --------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.bool])
 def test_positions_must_be_real(dtype):
@@ -369,7 +491,9 @@ def test_float8_and_complex_activations_are_one_line(call, argument):
     for dtype in (torch.float8_e4m3fn, torch.complex64):
         args = [*_rotary(), 1, "half"]
         args[argument] = args[argument].to(dtype)
-        with pytest.raises(RuntimeError, match="must be a floating-point tensor of float32") as info:
+        with pytest.raises(
+            RuntimeError, match="must be a floating-point tensor of float32"
+        ) as info:
             getattr(torch.ops.posenc, call)(*args)
         one_line(info)
 
@@ -379,12 +503,19 @@ def test_stream_inputs_are_integers_and_masks_not_float():
     seconds = torch.zeros(0, dtype=torch.float64)
     for bad, message in [
         ((types.bool(), mask, images, videos, seconds), "token types must be integers"),
-        ((types.to(torch.complex64), mask, images, videos, seconds), "token types must be integers"),
+        (
+            (types.to(torch.complex64), mask, images, videos, seconds),
+            "token types must be integers",
+        ),
         ((types, mask.float(), images, videos, seconds), "attention_mask must be bool or integer"),
-        ((types, mask, torch.tensor([[1, 2, 2]]).to(torch.complex64), videos, seconds),
-         "image_grid_thw must hold integers"),
-        ((types, mask, images, videos, torch.ones(1, dtype=torch.complex64)),
-         "second_per_grid_ts must hold real numbers"),
+        (
+            (types, mask, torch.tensor([[1, 2, 2]]).to(torch.complex64), videos, seconds),
+            "image_grid_thw must hold integers",
+        ),
+        (
+            (types, mask, images, videos, torch.ones(1, dtype=torch.complex64)),
+            "second_per_grid_ts must hold real numbers",
+        ),
     ]:
         with pytest.raises(RuntimeError, match=message) as info:
             torch.ops.posenc.qwen2_vl_rope_index(*bad)
@@ -400,9 +531,11 @@ def test_alibi_slopes_must_be_real():
 
 # ---- Plan.attention and Plan.bias ----------------------------------------------------------------
 
+
 def _t5_plan(heads=2):
-    enc = posenc.build_encoder({"type": "t5", "num_buckets": 8, "max_distance": 16},
-                               num_heads=heads)
+    enc = posenc.build_encoder(
+        {"type": "t5", "num_buckets": 8, "max_distance": 16}, num_heads=heads
+    )
     return enc(posenc.Positions.sequence(5))
 
 
@@ -420,9 +553,13 @@ def test_plan_attention_refuses_a_float_mask_and_reads_integers_as_transformers(
         plan.attention(q, k, v, key_padding=keep * 2)
     got = plan.attention(q, k, v, key_padding=keep)
     assert torch.equal(got, plan.attention(q, k, v, key_padding=keep.bool()))
-    want = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.bias(2)
-                                          + torch.zeros(2, 1, 1, 5).masked_fill(
-                                              keep[:, None, None] == 0, float("-inf")))
+    want = F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=plan.bias(2)
+        + torch.zeros(2, 1, 1, 5).masked_fill(keep[:, None, None] == 0, float("-inf")),
+    )
     assert torch.allclose(got, want, atol=1e-5)
 
 
@@ -443,14 +580,16 @@ def test_head_dim_zero_with_default_scale_is_sdpa():
     assert torch.allclose(got, want, atol=1e-6), (got, want)
     got = posenc.positional_attention(q, k, v, slopes=slopes, symmetric=True)
     assert torch.allclose(got, want, atol=1e-6), (got, want)
-    plan = posenc.build_encoder({"type": "t5", "num_buckets": 8, "max_distance": 16},
-                                num_heads=2)(posenc.Positions.sequence(3))
+    plan = posenc.build_encoder({"type": "t5", "num_buckets": 8, "max_distance": 16}, num_heads=2)(
+        posenc.Positions.sequence(3)
+    )
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=plan.bias(2))
     got = plan.attention(q, k, v)
     assert torch.allclose(got, want, atol=1e-6), (got, want)
 
 
 # ---- the rotary backward on expanded gradients ---------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_backward_takes_expanded_gradients_on_the_fused_kernel(dtype):
@@ -461,7 +600,10 @@ def test_rotary_backward_takes_expanded_gradients_on_the_fused_kernel(dtype):
     cos, sin = posenc.rope_cos_sin(torch.arange(6)[None], inv)
     cos, sin = cos.to(dtype), sin.to(dtype)
     a, b = posenc.apply_rotary_pos_emb(q, k, cos, sin)
-    ga, gb = torch.ones((), dtype=dtype).expand(a.shape), torch.ones((), dtype=dtype).expand(b.shape)
+    ga, gb = (
+        torch.ones((), dtype=dtype).expand(a.shape),
+        torch.ones((), dtype=dtype).expand(b.shape),
+    )
     route = torch.ops.posenc.apply_rotary_backward_route(q, k, cos, sin, 1, "half", ga, gb)
     assert route == "gradients made dense first, then fused", route
     assert torch.ops.posenc.apply_rotary_backward_route(q, k, cos, sin, 1, "half") == "fused"

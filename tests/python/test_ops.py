@@ -13,7 +13,7 @@ DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
 
 def rotate_half(x):  # transformers' modeling_llama.rotate_half
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 
 
@@ -49,19 +49,28 @@ def tables(batch, tokens, width, layout="half", dtype=torch.float32, offset=0, e
 
 
 # (B, Hq, Hk, N, D, W): full, grouped-query, partial rotary, one-token decode, odd sizes, empty
-SHAPES = [(2, 4, 4, 7, 16, 16), (1, 8, 2, 5, 64, 64), (2, 3, 1, 6, 24, 12), (3, 4, 2, 1, 32, 32),
-          (1, 2, 2, 9, 10, 6), (0, 2, 2, 3, 8, 8), (2, 2, 2, 0, 8, 8)]
+SHAPES = [
+    (2, 4, 4, 7, 16, 16),
+    (1, 8, 2, 5, 64, 64),
+    (2, 3, 1, 6, 24, 12),
+    (3, 4, 2, 1, 32, 32),
+    (1, 2, 2, 9, 10, 6),
+    (0, 2, 2, 3, 8, 8),
+    (2, 2, 2, 0, 8, 8),
+]
 
 
-def inputs(shape, dtype, layout="half", unsqueeze_dim=1, equal_pairs=True, grad=False,
-           table_batch=None):
+def inputs(
+    shape, dtype, layout="half", unsqueeze_dim=1, equal_pairs=True, grad=False, table_batch=None
+):
     b, hq, hk, n, d, w = shape
     if unsqueeze_dim == 1:
         q, k = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     else:
         q, k = torch.randn(b, n, hq, d), torch.randn(b, n, hk, d)
-    cos, sin = tables(b if table_batch is None else table_batch, n, w, layout, dtype,
-                      equal_pairs=equal_pairs)
+    cos, sin = tables(
+        b if table_batch is None else table_batch, n, w, layout, dtype, equal_pairs=equal_pairs
+    )
     q, k = q.to(dtype).requires_grad_(grad), k.to(dtype).requires_grad_(grad)
     return q, k, cos, sin
 
@@ -73,15 +82,18 @@ def test_equals_the_formula_to_the_bit(dtype, layout, shape):
     torch.manual_seed(0)
     for unsqueeze_dim, equal_pairs in itertools.product([1, 2], [True, False]):
         q, k, cos, sin = inputs(shape, dtype, layout, unsqueeze_dim, equal_pairs)
-        got = posenc.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim,
-                                          layout=layout)
+        got = posenc.apply_rotary_pos_emb(
+            q, k, cos, sin, unsqueeze_dim=unsqueeze_dim, layout=layout
+        )
         want = formula(q, k, cos, sin, unsqueeze_dim, layout)
         route = torch.ops.posenc.apply_rotary_route(q, k, cos, sin, unsqueeze_dim, layout)
         if q.numel() == 0:
             assert route == "reference: empty"
         elif dtype == torch.float64 and not torch.equal(cos.float().double(), cos):
-            assert route == ("reference: cos/sin are float64 values float32 cannot hold (the "
-                             "kernel reads float32 tables)")
+            assert route == (
+                "reference: cos/sin are float64 values float32 cannot hold (the "
+                "kernel reads float32 tables)"
+            )
         elif equal_pairs:
             assert route == "fused", route
         else:
@@ -112,9 +124,15 @@ def test_wider_tables_promote_as_eager_does():
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("dtype,table_dtype", [(torch.bfloat16, torch.float32),
-                                               (torch.float16, torch.float32),
-                                               (torch.float32, torch.float64)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,table_dtype",
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float64),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("shape", [(2, 4, 2, 7, 16, 16), (1, 2, 2, 5, 24, 12)])
 def test_promoting_tables_give_eagers_gradients_to_the_bit(layout, dtype, table_dtype, shape):
     # OLMo's and Ernie 4.5's rotation: x in bfloat16, tables in float32; eager autograd rounds
@@ -138,8 +156,9 @@ def test_promoting_tables_give_eagers_gradients_to_the_bit(layout, dtype, table_
     assert not torch.equal(once[0].to(dtype), theirs[0])
 
 
-@pytest.mark.parametrize("dtype,table_dtype", [(torch.bfloat16, torch.float32),
-                                               (torch.float32, torch.float64)], ids=str)
+@pytest.mark.parametrize(
+    "dtype,table_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float64)], ids=str
+)
 def test_promoting_tables_that_broadcast_q_give_eagers_gradients(dtype, table_dtype):
     # q of batch 1 with tables of batch 3: eager sums over the broadcast batch in the wider dtype
     # and rounds after
@@ -161,8 +180,9 @@ def test_opcheck_apply_rotary(dtype, layout):
         for unsqueeze_dim in (1, 2):
             grad = dtype in (torch.float32, torch.float64)
             q, k, cos, sin = inputs(shape, dtype, layout, unsqueeze_dim, grad=grad)
-            torch.library.opcheck(torch.ops.posenc.apply_rotary.default,
-                                  (q, k, cos, sin, unsqueeze_dim, layout))
+            torch.library.opcheck(
+                torch.ops.posenc.apply_rotary.default, (q, k, cos, sin, unsqueeze_dim, layout)
+            )
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -171,8 +191,9 @@ def test_opcheck_in_place(dtype):
     for shape, layout in itertools.product(SHAPES[:5], ["half", "interleaved"]):
         q, k, cos, sin = inputs(shape, dtype, layout)
         want = formula(q, k, cos, sin, 1, layout)
-        torch.library.opcheck(torch.ops.posenc.apply_rotary_.default,
-                              (q.clone(), k.clone(), cos, sin, 1, layout))
+        torch.library.opcheck(
+            torch.ops.posenc.apply_rotary_.default, (q.clone(), k.clone(), cos, sin, 1, layout)
+        )
         posenc.apply_rotary_pos_emb_(q, k, cos, sin, layout=layout)
         assert torch.equal(q, want[0]) and torch.equal(k, want[1])
 
@@ -208,7 +229,10 @@ def test_tables_that_broadcast_q_larger_give_transformers_result(layout):
     # with tables of five: the result takes the broadcast shape, as transformers' does
     torch.manual_seed(4)
     cos, sin = tables(3, 5, 8, layout)
-    q, k = torch.randn(1, 2, 5, 8, dtype=torch.float64), torch.randn(3, 2, 1, 8, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 2, 5, 8, dtype=torch.float64),
+        torch.randn(3, 2, 1, 8, dtype=torch.float64),
+    )
     cos, sin = cos.double(), sin.double()
     want = formula(q, k, cos, sin, 1, layout)
     got = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout=layout)
@@ -217,10 +241,13 @@ def test_tables_that_broadcast_q_larger_give_transformers_result(layout):
     torch.library.opcheck(torch.ops.posenc.apply_rotary.default, (q, k, cos, sin, 1, layout))
     q.requires_grad_(True)
     k.requires_grad_(True)
-    torch.autograd.gradcheck(lambda a, b: torch.ops.posenc.apply_rotary(a, b, cos, sin, 1, layout),
-                             (q, k))
+    torch.autograd.gradcheck(
+        lambda a, b: torch.ops.posenc.apply_rotary(a, b, cos, sin, 1, layout), (q, k)
+    )
     with pytest.raises(RuntimeError, match="in place cannot grow them"):
-        posenc.apply_rotary_pos_emb_(q.detach().clone(), k.detach().clone(), cos, sin, layout=layout)
+        posenc.apply_rotary_pos_emb_(
+            q.detach().clone(), k.detach().clone(), cos, sin, layout=layout
+        )
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -248,8 +275,10 @@ def test_gradients_equal_autograd_through_the_formula():
         torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("sections,section_layout", [([], "contiguous"), ([2, 3, 3], "contiguous"),
-                                                     ([2, 3, 3], "interleaved")])
+@pytest.mark.parametrize(
+    "sections,section_layout",
+    [([], "contiguous"), ([2, 3, 3], "contiguous"), ([2, 3, 3], "interleaved")],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
 def test_opcheck_rope_cos_sin(sections, section_layout, dtype):
     inv = 1.0 / (10000 ** (torch.arange(0, 16, 2, dtype=dtype) / 16))
@@ -268,14 +297,26 @@ def test_opcheck_rope_cos_sin(sections, section_layout, dtype):
         assert torch.equal(cos, emb.cos() * 0.5) and torch.equal(sin, emb.sin() * 0.5)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s, layout="diagonal"), "diagonal"),
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c[..., :5], s[..., :5]), "must be even"),
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q[..., :4], k, c, s), "exceeds the head dim"),
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s[..., :4]), "shapes differ"),
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=7), "unsqueeze_dim"),
-    (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q.long(), k, c, s), "floating-point"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s, layout="diagonal"), "diagonal"),
+        (
+            lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c[..., :5], s[..., :5]),
+            "must be even",
+        ),
+        (
+            lambda q, k, c, s: posenc.apply_rotary_pos_emb(q[..., :4], k, c, s),
+            "exceeds the head dim",
+        ),
+        (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s[..., :4]), "shapes differ"),
+        (
+            lambda q, k, c, s: posenc.apply_rotary_pos_emb(q, k, c, s, unsqueeze_dim=7),
+            "unsqueeze_dim",
+        ),
+        (lambda q, k, c, s: posenc.apply_rotary_pos_emb(q.long(), k, c, s), "floating-point"),
+    ],
+)
 def test_bad_input_is_one_line(call, message):
     q, k, cos, sin = inputs((1, 2, 2, 3, 8, 8), torch.float32)
     with pytest.raises(RuntimeError, match=message) as e:
@@ -291,7 +332,10 @@ def test_tables_refuse_gradients():
 
 def test_float64_tables_keep_float64_precision():
     # tables computed in float64 (values float32 cannot hold): the formula's float64 result
-    q, k = torch.randn(2, 4, 5, 64, dtype=torch.float64), torch.randn(2, 2, 5, 64, dtype=torch.float64)
+    q, k = (
+        torch.randn(2, 4, 5, 64, dtype=torch.float64),
+        torch.randn(2, 2, 5, 64, dtype=torch.float64),
+    )
     inv = 1 / (1e4 ** (torch.arange(0, 64, 2, dtype=torch.float64) / 64))
     f = torch.arange(5, dtype=torch.float64)[None, :, None] * inv
     e = torch.cat([f, f], -1).expand(2, 5, 64)

@@ -14,8 +14,13 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(library.__file__)))
 
 def _import_in_child(lib):
     env = dict(os.environ, POSENC_OPS_LIBRARY=lib, PYTHONPATH=PYTHON_DIR)
-    return subprocess.run([sys.executable, "-c", "import posenc"], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "import posenc"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_another_torch_is_refused_in_one_line(tmp_path):
@@ -40,19 +45,27 @@ def test_a_second_copy_of_the_library_is_one_line_not_an_abort(tmp_path):
     # operator again, which aborts the interpreter from C++. It is refused in one line instead.
     lib = tmp_path / "libposenc_ops.so"
     shutil.copy(library.library_path(), lib)
-    shutil.copy(os.path.splitext(library.library_path())[0] + ".json", tmp_path / "libposenc_ops.json")
-    code = (f"import torch; torch.ops.load_library({str(lib)!r}); import posenc")
+    shutil.copy(
+        os.path.splitext(library.library_path())[0] + ".json", tmp_path / "libposenc_ops.json"
+    )
+    code = f"import torch; torch.ops.load_library({str(lib)!r}); import posenc"
     env = dict(os.environ, POSENC_OPS_LIBRARY=library.library_path(), PYTHONPATH=PYTHON_DIR)
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 1, r.stderr[-2000:]
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("ImportError: posenc: another copy of its operator library is already loaded")
+    assert last.startswith(
+        "ImportError: posenc: another copy of its operator library is already loaded"
+    )
     # The same path loaded first is the same copy: no refusal.
-    code = (f"import torch; torch.ops.load_library({library.library_path()!r}); import posenc; "
-            "print(posenc.apply_rotary_pos_emb)")
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
+    code = (
+        f"import torch; torch.ops.load_library({library.library_path()!r}); import posenc; "
+        "print(posenc.apply_rotary_pos_emb)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -68,6 +81,7 @@ def test_the_same_file_under_another_name_or_loader_is_let_through(tmp_path):
     env = dict(os.environ, POSENC_OPS_LIBRARY=lib, PYTHONPATH=PYTHON_DIR)
     for first in (f"torch.ops.load_library({str(link)!r})", f"ctypes.CDLL({lib!r})"):
         code = f"import ctypes, torch; {first}; import posenc; print(posenc.apply_rotary_pos_emb)"
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
         assert r.returncode == 0, (first, r.stderr[-2000:])

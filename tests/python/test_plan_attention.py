@@ -18,11 +18,16 @@ def by_hand(plan, q, k, v, causal=False, key_padding=None):
     nq, nk = q.shape[2], k.shape[2]
     mask = torch.zeros(nq, nk) if bias is None else bias.float()
     if causal:
-        mask = mask.masked_fill(torch.ones(nq, nk, dtype=torch.bool).triu(1 + nk - nq),
-                                float("-inf"))
+        mask = mask.masked_fill(
+            torch.ones(nq, nk, dtype=torch.bool).triu(1 + nk - nq), float("-inf")
+        )
     if key_padding is not None:
-        mask = mask + torch.zeros(key_padding.shape).masked_fill(~key_padding, float("-inf"))[
-            :, None, None, :]
+        mask = (
+            mask
+            + torch.zeros(key_padding.shape).masked_fill(~key_padding, float("-inf"))[
+                :, None, None, :
+            ]
+        )
     return F.scaled_dot_product_attention(qr, kr, v, attn_mask=mask)
 
 
@@ -30,8 +35,11 @@ CONFIGS = {
     "rope": ({"type": "rope"}, None, "short_rotary"),
     "alibi_timestamps": ({"type": "alibi"}, [0.0, 0.5, 1.75, 2.0, 4.5, 7.0, 7.25, 9.0], "fused"),
     "t5": ({"type": "t5"}, None, "fused"),
-    "rope_alibi": ({"type": "compose", "encoders": [{"type": "rope"}, {"type": "alibi"}]}, None,
-                   "fused with RoPE inside"),
+    "rope_alibi": (
+        {"type": "compose", "encoders": [{"type": "rope"}, {"type": "alibi"}]},
+        None,
+        "fused with RoPE inside",
+    ),
     "shaw": ({"type": "shaw", "max_relative_position": 3}, None, "fused"),
 }
 
@@ -45,8 +53,9 @@ def test_equals_sdpa_over_the_plans_parts(name, causal):
     positions = posenc.Positions.values(times) if times else posenc.Positions.sequence(8)
     plan = encoder(positions)
     q, k, v = (torch.randn(2, H, 8, DH, requires_grad=True) for _ in range(3))
-    assert plan.attention_route(q, k, v, causal=causal).startswith(route.split()[0]), \
+    assert plan.attention_route(q, k, v, causal=causal).startswith(route.split()[0]), (
         plan.attention_route(q, k, v, causal=causal)
+    )
     got = plan.attention(q, k, v, causal=causal)
     want = by_hand(plan, q, k, v, causal)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

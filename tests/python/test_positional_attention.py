@@ -50,6 +50,7 @@ NUM_BUCKETS, MAX_DISTANCE = 32, 20
 
 # ---- transformers' pieces ------------------------------------------------------------------
 
+
 def _rotary(family, nk, head_dim=HEAD_DIM, heads=HEADS):
     """(apply_rotary_pos_emb, cos, sin, posenc layout) from one transformers family: the tables
     of its rotary module for positions 0..nk-1 ([1, nk, W] float32, transformers' order) and the
@@ -57,31 +58,43 @@ def _rotary(family, nk, head_dim=HEAD_DIM, heads=HEADS):
     x = torch.zeros(1, nk, heads * head_dim)
     positions = torch.arange(nk)[None]
     if family == "llama":  # rotate_half, full head
-        config = transformers.LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
-                                          head_dim=head_dim)
+        config = transformers.LlamaConfig(
+            hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim
+        )
         cos, sin = modeling_llama.LlamaRotaryEmbedding(config)(x, positions)
         return modeling_llama.apply_rotary_pos_emb, cos, sin, "half", cos, sin
     if family == "phi3":  # rotate_half over the first half of each head
-        config = transformers.Phi3Config(hidden_size=heads * head_dim, num_attention_heads=heads,
-                                         partial_rotary_factor=0.5)
+        config = transformers.Phi3Config(
+            hidden_size=heads * head_dim, num_attention_heads=heads, partial_rotary_factor=0.5
+        )
         cos, sin = modeling_phi3.Phi3RotaryEmbedding(config)(x, positions)
         return modeling_phi3.apply_rotary_pos_emb, cos, sin, "half", cos, sin
     factor = 0.5 if family == "glm" else 1.0  # GLM: interleaved pairs, partial or full
-    config = transformers.GlmConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
-                                    head_dim=head_dim, partial_rotary_factor=factor)
+    config = transformers.GlmConfig(
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        head_dim=head_dim,
+        partial_rotary_factor=factor,
+    )
     cos, sin = modeling_glm.GlmRotaryEmbedding(config)(x, positions)
 
     def interleave(t):  # what GLM's apply_rotary_pos_emb does to cat(t, t) itself
-        return t[..., :t.shape[-1] // 2].repeat_interleave(2, dim=-1)
+        return t[..., : t.shape[-1] // 2].repeat_interleave(2, dim=-1)
 
-    return modeling_glm.apply_rotary_pos_emb, cos, sin, "interleaved", interleave(cos), \
-        interleave(sin)
+    return (
+        modeling_glm.apply_rotary_pos_emb,
+        cos,
+        sin,
+        "interleaved",
+        interleave(cos),
+        interleave(sin),
+    )
 
 
 def _rotate(rope, q, k, cos, sin):
     """transformers' rotation of q (rows Nk - Nq..Nk-1 of the tables) and k (all rows)."""
     nq, nk = q.shape[-2], k.shape[-2]
-    qr = rope(q, q, cos[:, nk - nq:], sin[:, nk - nq:])[0]
+    qr = rope(q, q, cos[:, nk - nq :], sin[:, nk - nq :])[0]
     kr = rope(k, k, cos, sin)[0]
     return qr, kr
 
@@ -94,10 +107,15 @@ def _bloom_alibi(batch, heads, nk):
 
 def _t5_compute_bias(table, nq, nk, bidirectional, max_distance):
     """T5Attention.compute_bias with `table` as relative_attention_bias.weight: [1, H, Nq, Nk]."""
-    config = transformers.T5Config(d_model=table.shape[1] * 8, d_kv=8, num_heads=table.shape[1],
-                                   relative_attention_num_buckets=table.shape[0],
-                                   relative_attention_max_distance=max_distance,
-                                   is_decoder=not bidirectional, dropout_rate=0.0)
+    config = transformers.T5Config(
+        d_model=table.shape[1] * 8,
+        d_kv=8,
+        num_heads=table.shape[1],
+        relative_attention_num_buckets=table.shape[0],
+        relative_attention_max_distance=max_distance,
+        is_decoder=not bidirectional,
+        dropout_rate=0.0,
+    )
     attn = modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0).eval()
     with torch.no_grad():
         attn.relative_attention_bias.weight.copy_(table)
@@ -108,13 +126,29 @@ def _t5_bias_with_grad(table, nq, nk, bidirectional, max_distance):
     """The same bias through T5's bucket function and an embedding: differentiable in table."""
     rel = torch.arange(nk)[None, :] - torch.arange(nk - nq, nk)[:, None]
     bucket = modeling_t5.T5Attention._relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance)
+        rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance
+    )
     return F.embedding(bucket, table).permute(2, 0, 1)  # [H, Nq, Nk]
 
 
-def _oracle(q, k, v, *, rope=None, cos=None, sin=None, alibi=False, symmetric=False,
-            slopes=None, table=None, bidirectional=True, max_distance=MAX_DISTANCE,
-            causal=False, scale=None, table_grad=False):
+def _oracle(
+    q,
+    k,
+    v,
+    *,
+    rope=None,
+    cos=None,
+    sin=None,
+    alibi=False,
+    symmetric=False,
+    slopes=None,
+    table=None,
+    bidirectional=True,
+    max_distance=MAX_DISTANCE,
+    causal=False,
+    scale=None,
+    table_grad=False,
+):
     """softmax(rot(q) rot(k)^T * scale + alibi + t5_bias + causal) v in float64, written out
     with transformers' pieces; differentiable in q, k, v (and the table with table_grad)."""
     q, k, v = q.double(), k.double(), v.double()
@@ -130,8 +164,11 @@ def _oracle(q, k, v, *, rope=None, cos=None, sin=None, alibi=False, symmetric=Fa
     elif alibi:
         logits = logits + _bloom_alibi(b, h, nk)
     if table is not None:
-        bias = (_t5_bias_with_grad(table, nq, nk, bidirectional, max_distance) if table_grad else
-                _t5_compute_bias(table.detach(), nq, nk, bidirectional, max_distance))
+        bias = (
+            _t5_bias_with_grad(table, nq, nk, bidirectional, max_distance)
+            if table_grad
+            else _t5_compute_bias(table.detach(), nq, nk, bidirectional, max_distance)
+        )
         logits = logits + bias.double()
     if causal:
         logits = logits.masked_fill(rel > 0, float("-inf"))
@@ -213,8 +250,10 @@ def test_layouts_and_partial_rotary(family, causal):
     the first half (GLM) or the whole head, with ALiBi and T5: outputs and gradients."""
     q, k, v, table = _inputs(2, HEADS, 21, 50, HEAD_DIM, seed=2)
     _, _, _, layout, pcos, psin = _rotary(family, 50)
-    assert torch.ops.posenc.positional_attention_route(q, k, v, pcos, psin, layout) == \
-        "fused, RoPE inside"
+    assert (
+        torch.ops.posenc.positional_attention_route(q, k, v, pcos, psin, layout)
+        == "fused, RoPE inside"
+    )
     out, theirs = _call(q, k, v, "rope+alibi+t5", table, causal, family=family)
     want = _oracle(q, k, v, table_grad=True, **theirs)
     torch.testing.assert_close(out.double(), want, **F32_TOL)
@@ -223,11 +262,19 @@ def test_layouts_and_partial_rotary(family, causal):
     for name, a, b_ in zip("q k v table".split(), got, ref):
         torch.testing.assert_close(a, b_, **F32_GRAD_TOL, msg=lambda m: f"d{name}: {m}")
     # the layout matters: the other one's result is far off
-    wrong = posenc.positional_attention(q, k, v, cos=pcos, sin=psin,
-                                        layout="interleaved" if layout == "half" else "half",
-                                        slopes=posenc.alibi_slopes(HEADS), t5_table=table,
-                                        bidirectional=not causal, max_distance=MAX_DISTANCE,
-                                        causal=causal)
+    wrong = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=pcos,
+        sin=psin,
+        layout="interleaved" if layout == "half" else "half",
+        slopes=posenc.alibi_slopes(HEADS),
+        t5_table=table,
+        bidirectional=not causal,
+        max_distance=MAX_DISTANCE,
+        causal=causal,
+    )
     assert (wrong - out).abs().max() > 1e-2
 
 
@@ -250,8 +297,16 @@ def test_one_token_decode_with_cached_keys():
     n = 300
     q, k, v, table = _inputs(2, HEADS, n, n, HEAD_DIM, seed=4)
     _, _, _, layout, cos, sin = _rotary("llama", n)
-    kwargs = dict(cos=cos, sin=sin, layout=layout, slopes=posenc.alibi_slopes(HEADS),
-                  t5_table=table, bidirectional=False, max_distance=MAX_DISTANCE, causal=True)
+    kwargs = dict(
+        cos=cos,
+        sin=sin,
+        layout=layout,
+        slopes=posenc.alibi_slopes(HEADS),
+        t5_table=table,
+        bidirectional=False,
+        max_distance=MAX_DISTANCE,
+        causal=True,
+    )
     full = posenc.positional_attention(q, k, v, **kwargs)
     for chunk in (1, 3):
         step = posenc.positional_attention(q[:, :, -chunk:], k, v, **kwargs)
@@ -261,8 +316,13 @@ def test_one_token_decode_with_cached_keys():
 def test_rope_goes_inside_or_is_rotated_first_never_a_different_result():
     q, k, v, table = _inputs(3, HEADS, 20, 45, HEAD_DIM, seed=5)
     rope, cos, sin, layout, _, _ = _rotary("llama", 45)
-    common = dict(slopes=posenc.alibi_slopes(HEADS), t5_table=table, bidirectional=False,
-                  max_distance=MAX_DISTANCE, causal=True)
+    common = dict(
+        slopes=posenc.alibi_slopes(HEADS),
+        t5_table=table,
+        bidirectional=False,
+        max_distance=MAX_DISTANCE,
+        causal=True,
+    )
     route = torch.ops.posenc.positional_attention_route
     positions = torch.stack([torch.arange(45), torch.arange(45) + 7, torch.arange(45) * 2])
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, HEAD_DIM, 2).double() / HEAD_DIM))
@@ -276,19 +336,33 @@ def test_rope_goes_inside_or_is_rotated_first_never_a_different_result():
         (skewed, "fused, RoPE outside: the two members of a pair read different table values"),
     ]
     for (c, s), want_route in cases:
-        assert route(q, k, v, c, s, layout, common["slopes"], False, table, False, MAX_DISTANCE,
-                     True, None).startswith(want_route), want_route
+        assert route(
+            q, k, v, c, s, layout, common["slopes"], False, table, False, MAX_DISTANCE, True, None
+        ).startswith(want_route), want_route
         out = posenc.positional_attention(q, k, v, cos=c, sin=s, layout=layout, **common)
         hf_c, hf_s = (c if c.dim() == 3 else c[None]), (s if s.dim() == 3 else s[None])
-        want = _oracle(q, k, v, rope=rope, cos=hf_c, sin=hf_s, alibi=True, table=table,
-                       bidirectional=False, causal=True, table_grad=True)
-        torch.testing.assert_close(out.double(), want, **F32_TOL,
-                                   msg=lambda m: f"{want_route}: {m}")
+        want = _oracle(
+            q,
+            k,
+            v,
+            rope=rope,
+            cos=hf_c,
+            sin=hf_s,
+            alibi=True,
+            table=table,
+            bidirectional=False,
+            causal=True,
+            table_grad=True,
+        )
+        torch.testing.assert_close(
+            out.double(), want, **F32_TOL, msg=lambda m: f"{want_route}: {m}"
+        )
         got = torch.autograd.grad(out.sum(), (q, k, v, table))
         ref = torch.autograd.grad(want.sum(), (q, k, v, table))
         for name, a, b_ in zip("q k v table".split(), got, ref):
-            torch.testing.assert_close(a, b_, **F32_GRAD_TOL,
-                                       msg=lambda m: f"{want_route} d{name}: {m}")
+            torch.testing.assert_close(
+                a, b_, **F32_GRAD_TOL, msg=lambda m: f"{want_route} d{name}: {m}"
+            )
     assert route(q.double(), k.double(), v.double(), cos, sin).startswith("reference: float64")
     assert route(q, k, v) == "fused"
 
@@ -300,11 +374,31 @@ def test_learned_tables_get_gradients_through_apply_rotary():
     rope, cos, sin, layout, _, _ = _rotary("llama", 30)
     cos, sin = cos.clone().requires_grad_(), sin.clone().requires_grad_()
     assert torch.ops.posenc.positional_attention_route(q, k, v, cos, sin).startswith(
-        "apply_rotary first (cos/sin require grad), then fused")
-    out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, t5_table=table, causal=True,
-                                      bidirectional=False, max_distance=MAX_DISTANCE)
-    want = _oracle(q, k, v, rope=rope, cos=cos, sin=sin, table=table, bidirectional=False,
-                   causal=True, table_grad=True)
+        "apply_rotary first (cos/sin require grad), then fused"
+    )
+    out = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=cos,
+        sin=sin,
+        t5_table=table,
+        causal=True,
+        bidirectional=False,
+        max_distance=MAX_DISTANCE,
+    )
+    want = _oracle(
+        q,
+        k,
+        v,
+        rope=rope,
+        cos=cos,
+        sin=sin,
+        table=table,
+        bidirectional=False,
+        causal=True,
+        table_grad=True,
+    )
     torch.testing.assert_close(out.double(), want, **F32_TOL)
     inputs = (q, k, v, table, cos, sin)
     got = torch.autograd.grad(out.sum(), inputs)
@@ -313,9 +407,20 @@ def test_learned_tables_get_gradients_through_apply_rotary():
         torch.testing.assert_close(a, b_, **F32_GRAD_TOL, msg=lambda m: f"d{name}: {m}")
     with torch.no_grad():  # no gradient wanted: the tables go inside as constants
         torch.testing.assert_close(
-            posenc.positional_attention(q, k, v, cos=cos, sin=sin, t5_table=table, causal=True,
-                                        bidirectional=False, max_distance=MAX_DISTANCE),
-            out.detach(), **F32_TOL)
+            posenc.positional_attention(
+                q,
+                k,
+                v,
+                cos=cos,
+                sin=sin,
+                t5_table=table,
+                causal=True,
+                bidirectional=False,
+                max_distance=MAX_DISTANCE,
+            ),
+            out.detach(),
+            **F32_TOL,
+        )
 
 
 def test_slopes_have_no_gradient():
@@ -332,77 +437,143 @@ def test_half_precision_and_default_scale(dtype, table_dtype):
     q, k, v, table = _inputs(1, HEADS, 20, 33, HEAD_DIM, dtype)
     table = table.detach().to(dtype if table_dtype == "q" else torch.float32).requires_grad_()
     rope, cos, sin, layout, _, _ = _rotary("llama", 33)
-    out = posenc.positional_attention(q, k, v, cos=cos.to(dtype), sin=sin.to(dtype),
-                                      slopes=posenc.alibi_slopes(HEADS), t5_table=table,
-                                      bidirectional=False, max_distance=MAX_DISTANCE, causal=True)
+    out = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=cos.to(dtype),
+        sin=sin.to(dtype),
+        slopes=posenc.alibi_slopes(HEADS),
+        t5_table=table,
+        bidirectional=False,
+        max_distance=MAX_DISTANCE,
+        causal=True,
+    )
     assert out.dtype == dtype
-    want = _oracle(q.detach().float(), k.detach().float(), v.detach().float(), rope=rope,
-                   cos=cos.to(dtype), sin=sin.to(dtype), alibi=True, table=table.detach().float(),
-                   bidirectional=False, causal=True)
+    want = _oracle(
+        q.detach().float(),
+        k.detach().float(),
+        v.detach().float(),
+        rope=rope,
+        cos=cos.to(dtype),
+        sin=sin.to(dtype),
+        alibi=True,
+        table=table.detach().float(),
+        bidirectional=False,
+        causal=True,
+    )
     torch.testing.assert_close(out.double(), want, **HALF_TOL)
     out.float().sum().backward()
     assert q.grad.dtype == dtype and table.grad.dtype == table.dtype
     table32 = table.detach().float().requires_grad_()
-    _oracle(q.detach().float(), k.detach().float(), v.detach().float(), rope=rope,
-            cos=cos.to(dtype), sin=sin.to(dtype), alibi=True, table=table32, bidirectional=False,
-            causal=True, table_grad=True).sum().backward()
+    _oracle(
+        q.detach().float(),
+        k.detach().float(),
+        v.detach().float(),
+        rope=rope,
+        cos=cos.to(dtype),
+        sin=sin.to(dtype),
+        alibi=True,
+        table=table32,
+        bidirectional=False,
+        causal=True,
+        table_grad=True,
+    ).sum().backward()
     torch.testing.assert_close(table.grad.float(), table32.grad, rtol=3e-2, atol=3e-2)
 
 
 def test_gradcheck_float64():
     """float64 takes the float64 plain-ATen reference: central differences on q, k, v and the
     T5 table, RoPE (partial, interleaved) with ALiBi and T5, cached keys."""
-    q, k, v, table = (t.detach().double().requires_grad_()
-                      for t in _inputs(1, 2, 3, 6, 8, num_buckets=8))
+    q, k, v, table = (
+        t.detach().double().requires_grad_() for t in _inputs(1, 2, 3, 6, 8, num_buckets=8)
+    )
     _, _, _, layout, cos, sin = _rotary("glm", 6, head_dim=8, heads=2)
     slopes = posenc.alibi_slopes(2)
     torch.autograd.gradcheck(
-        lambda *a: posenc.positional_attention(*a[:3], cos=cos, sin=sin, layout=layout,
-                                               slopes=slopes, t5_table=a[3], bidirectional=False,
-                                               max_distance=5, causal=True),
-        (q, k, v, table))
+        lambda *a: posenc.positional_attention(
+            *a[:3],
+            cos=cos,
+            sin=sin,
+            layout=layout,
+            slopes=slopes,
+            t5_table=a[3],
+            bidirectional=False,
+            max_distance=5,
+            causal=True,
+        ),
+        (q, k, v, table),
+    )
     # and the float64 result is the float32 kernel's within float32's precision
-    out64 = posenc.positional_attention(q, k, v, cos=cos, sin=sin, layout=layout, slopes=slopes,
-                                        t5_table=table, bidirectional=False, max_distance=5)
-    out32 = posenc.positional_attention(q.float(), k.float(), v.float(), cos=cos, sin=sin,
-                                        layout=layout, slopes=slopes, t5_table=table.float(),
-                                        bidirectional=False, max_distance=5)
+    out64 = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=cos,
+        sin=sin,
+        layout=layout,
+        slopes=slopes,
+        t5_table=table,
+        bidirectional=False,
+        max_distance=5,
+    )
+    out32 = posenc.positional_attention(
+        q.float(),
+        k.float(),
+        v.float(),
+        cos=cos,
+        sin=sin,
+        layout=layout,
+        slopes=slopes,
+        t5_table=table.float(),
+        bidirectional=False,
+        max_distance=5,
+    )
     torch.testing.assert_close(out32.double(), out64, **F32_TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_opcheck(dtype):
-    q, k, v, table = (t.detach().to(dtype).requires_grad_()
-                      for t in _inputs(2, 2, 6, 9, 8, num_buckets=8))
+    q, k, v, table = (
+        t.detach().to(dtype).requires_grad_() for t in _inputs(2, 2, 6, 9, 8, num_buckets=8)
+    )
     _, _, _, _, cos, sin = _rotary("llama", 9, head_dim=8, heads=2)
     _, _, _, _, icos, isin = _rotary("glm", 9, head_dim=8, heads=2)
     slopes = posenc.alibi_slopes(2)
     op = torch.ops.posenc.positional_attention
-    torch.library.opcheck(op, (q, k, v, cos, sin, "half", slopes, False, table, True, 16, False,
-                               None))
-    torch.library.opcheck(op, (q, k, v, icos[0], isin[0], "interleaved", None, False, table,
-                               False, 5, True, 0.5))
-    torch.library.opcheck(op, (q, k, v, None, None, "half", slopes, True, None, True, 128, True,
-                               None))
-    torch.library.opcheck(op, (q, k, v, cos, sin, "half", None, False, None, True, 128, False,
-                               1.0))
+    torch.library.opcheck(
+        op, (q, k, v, cos, sin, "half", slopes, False, table, True, 16, False, None)
+    )
+    torch.library.opcheck(
+        op, (q, k, v, icos[0], isin[0], "interleaved", None, False, table, False, 5, True, 0.5)
+    )
+    torch.library.opcheck(
+        op, (q, k, v, None, None, "half", slopes, True, None, True, 128, True, None)
+    )
+    torch.library.opcheck(op, (q, k, v, cos, sin, "half", None, False, None, True, 128, False, 1.0))
     # non-contiguous inputs (transposed projections) and per-batch tables (rotated first)
-    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
-                  for t in (q, k, v))
+    qt, kt, vt = (
+        t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)
+    )
     assert not qt.is_contiguous()
     per_batch = (torch.cat([cos, cos.roll(1, 1)]), torch.cat([sin, sin.roll(1, 1)]))
-    torch.library.opcheck(op, (qt, kt, vt, *per_batch, "half", slopes, False, table, True, 16,
-                               True, None))
+    torch.library.opcheck(
+        op, (qt, kt, vt, *per_batch, "half", slopes, False, table, True, 16, True, None)
+    )
     args = (cos, sin, "half", slopes, False, table.detach(), False, 6, True, 0.5)
     q, k, v = (t.detach() for t in (qt, kt, vt))
     torch.library.opcheck(torch.ops.posenc._positional_attention_forward, (q, k, v, *args))
     out, lse = torch.ops.posenc._positional_attention_forward(q, k, v, *args)
-    torch.library.opcheck(torch.ops.posenc._positional_attention_backward,
-                          (torch.randn_like(out), q, k, v, out, lse, *args))
+    torch.library.opcheck(
+        torch.ops.posenc._positional_attention_backward,
+        (torch.randn_like(out), q, k, v, out, lse, *args),
+    )
     args = (None, None, "half", slopes, False, None, False, 6, True, 0.5)  # no table: dtable [0]
     out, lse = torch.ops.posenc._positional_attention_forward(q, k, v, *args)
-    torch.library.opcheck(torch.ops.posenc._positional_attention_backward,
-                          (torch.randn_like(out), q, k, v, out, lse, *args))
+    torch.library.opcheck(
+        torch.ops.posenc._positional_attention_backward,
+        (torch.randn_like(out), q, k, v, out, lse, *args),
+    )
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 3, 5), (2, 2, 0, 0), (2, 2, 0, 5), (1, 0, 3, 3)])
@@ -414,9 +585,17 @@ def test_empty_tensors(shape):
     table = torch.randn(8, h, requires_grad=True)
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 8, 2).float() / 8))
     cos, sin = posenc.rope_cos_sin(torch.arange(nk).float(), inv_freq)
-    out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, slopes=posenc.alibi_slopes(h)
-                                      if h else torch.zeros(0), t5_table=table, max_distance=16,
-                                      causal=True)
+    out = posenc.positional_attention(
+        q,
+        k,
+        v,
+        cos=cos,
+        sin=sin,
+        slopes=posenc.alibi_slopes(h) if h else torch.zeros(0),
+        t5_table=table,
+        max_distance=16,
+        causal=True,
+    )
     assert out.shape == (b, h, nq, 8)
     out.sum().backward()
     for t in (q, k, v, table):
@@ -430,9 +609,18 @@ def test_compiles_without_graph_breaks_or_recompiles():
 
     def f(q, k, v, table):
         cos, sin = posenc.rope_cos_sin(torch.arange(k.shape[2], dtype=torch.float32), inv_freq)
-        return posenc.positional_attention(q, k, v, cos=cos, sin=sin, slopes=slopes,
-                                           t5_table=table, bidirectional=False,
-                                           max_distance=MAX_DISTANCE, causal=True).sum()
+        return posenc.positional_attention(
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            slopes=slopes,
+            t5_table=table,
+            bidirectional=False,
+            max_distance=MAX_DISTANCE,
+            causal=True,
+        ).sum()
 
     compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -461,34 +649,99 @@ def test_bad_input_is_one_line():
     name = r"posenc.positional_attention: "
     fails(name + r"cos and sin go together; got cos without sin", q, k, v, cos=cos)
     fails(name + r"cos and sin go together; got sin without cos", q, k, v, sin=sin)
-    fails(name + r"cos and sin shapes differ: \[6, 8\] vs \[6, 6\]", q, k, v, cos=cos,
-          sin=sin[:, :6])
-    fails(name + r"cos, sin must be \[Nk, W\] or \[B or 1, Nk, W\] \(rows for the key positions "
-          r"0..Nk-1\) with Nk=6, got \[4, 8\]", q, k, v, cos=cos[:4], sin=sin[:4])
+    fails(
+        name + r"cos and sin shapes differ: \[6, 8\] vs \[6, 6\]", q, k, v, cos=cos, sin=sin[:, :6]
+    )
+    fails(
+        name + r"cos, sin must be \[Nk, W\] or \[B or 1, Nk, W\] \(rows for the key positions "
+        r"0..Nk-1\) with Nk=6, got \[4, 8\]",
+        q,
+        k,
+        v,
+        cos=cos[:4],
+        sin=sin[:4],
+    )
     fails(r"cos, sin must be \[Nk, W\].*got \[8\]", q, k, v, cos=cos[0], sin=sin[0])
-    fails(r"cos, sin batch must be 1 or B=1, got \[3, 6, 8\]", q, k, v,
-          cos=cos.expand(3, -1, -1), sin=sin.expand(3, -1, -1))
-    fails(r"the rotary width cos.size\(-1\) must be even, got 7", q, k, v, cos=cos[:, :7],
-          sin=sin[:, :7])
-    fails(r"the rotary width cos.size\(-1\)=10 exceeds the head dim D=8", q, k, v,
-          cos=torch.ones(6, 10), sin=torch.ones(6, 10))
+    fails(
+        r"cos, sin batch must be 1 or B=1, got \[3, 6, 8\]",
+        q,
+        k,
+        v,
+        cos=cos.expand(3, -1, -1),
+        sin=sin.expand(3, -1, -1),
+    )
+    fails(
+        r"the rotary width cos.size\(-1\) must be even, got 7",
+        q,
+        k,
+        v,
+        cos=cos[:, :7],
+        sin=sin[:, :7],
+    )
+    fails(
+        r"the rotary width cos.size\(-1\)=10 exceeds the head dim D=8",
+        q,
+        k,
+        v,
+        cos=torch.ones(6, 10),
+        sin=torch.ones(6, 10),
+    )
     fails(r"cos, sin must be floating point, got Long", q, k, v, cos=cos.long(), sin=sin.long())
-    fails(name + r"layout must be 'half' or 'interleaved', got 'rotate_half'", q, k, v, cos=cos,
-          sin=sin, layout="rotate_half")
+    fails(
+        name + r"layout must be 'half' or 'interleaved', got 'rotate_half'",
+        q,
+        k,
+        v,
+        cos=cos,
+        sin=sin,
+        layout="rotate_half",
+    )
     fails(name + r"slopes must be \[H\] = \[2\], got \[3\]", q, k, v, slopes=torch.ones(3))
-    fails(name + r"slopes must be floating point, got Long", q, k, v,
-          slopes=torch.ones(2, dtype=torch.long))
-    fails(name + r"t5_table must be \[num_buckets, H\] = \[num_buckets, 2\], got \[32, 3\]",
-          q, k, v, t5_table=torch.zeros(32, 3))
-    fails(name + r"t5_table.size\(0\) \(num_buckets\) must be >= 4 with bidirectional=True, "
-          r"got 3", q, k, v, t5_table=torch.zeros(3, 2))
-    fails(name + r"max_distance must exceed the exact range 8 \(num_buckets=32, bidirectional\), "
-          r"got 8", q, k, v, t5_table=table, max_distance=8)
-    fails(name + r"t5_table must be float32 or q's dtype \(Float\), got BFloat16", q, k, v,
-          t5_table=table.bfloat16())
+    fails(
+        name + r"slopes must be floating point, got Long",
+        q,
+        k,
+        v,
+        slopes=torch.ones(2, dtype=torch.long),
+    )
+    fails(
+        name + r"t5_table must be \[num_buckets, H\] = \[num_buckets, 2\], got \[32, 3\]",
+        q,
+        k,
+        v,
+        t5_table=torch.zeros(32, 3),
+    )
+    fails(
+        name + r"t5_table.size\(0\) \(num_buckets\) must be >= 4 with bidirectional=True, "
+        r"got 3",
+        q,
+        k,
+        v,
+        t5_table=torch.zeros(3, 2),
+    )
+    fails(
+        name + r"max_distance must exceed the exact range 8 \(num_buckets=32, bidirectional\), "
+        r"got 8",
+        q,
+        k,
+        v,
+        t5_table=table,
+        max_distance=8,
+    )
+    fails(
+        name + r"t5_table must be float32 or q's dtype \(Float\), got BFloat16",
+        q,
+        k,
+        v,
+        t5_table=table.bfloat16(),
+    )
     fails(name + r"more queries \(4\) than keys \(3\)", q, k[:, :, :3], v[:, :, :3])
-    fails(name + r"q, k, v must share one of float32, bfloat16, float16, float64; got Int",
-          q.int(), k.int(), v.int())
+    fails(
+        name + r"q, k, v must share one of float32, bfloat16, float16, float64; got Int",
+        q.int(),
+        k.int(),
+        v.int(),
+    )
     fails(name + r"head counts differ: q 2, k 1, v 1", q, k[:, :1], v[:, :1])
     fails(name + r"q has D=8 but k has D=4", q, k[..., :4], v)
     assert math.isfinite(posenc.positional_attention(q, k, v, cos=cos, sin=sin).sum().item())

@@ -34,6 +34,8 @@ def test_every_public_name_has_a_docstring():
             missing.append(module_name)
         for name in getattr(module, "__all__", []):
             obj = getattr(module, name)
-            if (inspect.isclass(obj) or inspect.isfunction(obj)) and not gen_python_reference.own_doc(obj):
+            if (
+                inspect.isclass(obj) or inspect.isfunction(obj)
+            ) and not gen_python_reference.own_doc(obj):
                 missing.append(f"{module_name}.{name}")
     assert not missing, f"public names without a docstring: {missing}"

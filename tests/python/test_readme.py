@@ -33,8 +33,10 @@ def quick_start_code() -> str:
 def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
     # the config path the README names, from the committed fixture (Llama 3.1 8B's config.json)
     (tmp_path / "Llama-3.1-8B").mkdir()
-    shutil.copy(os.path.join(ROOT, "tests", "fixtures", "hf_configs", "llama-3.1-8b.json"),
-                tmp_path / "Llama-3.1-8B" / "config.json")
+    shutil.copy(
+        os.path.join(ROOT, "tests", "fixtures", "hf_configs", "llama-3.1-8b.json"),
+        tmp_path / "Llama-3.1-8B" / "config.json",
+    )
     monkeypatch.chdir(tmp_path)
     torch.manual_seed(0)
     b, h, n, d = 2, 8, 12, 128
@@ -42,12 +44,22 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
     inv_freq = 1.0 / 500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
     cos, sin = posenc.rope_cos_sin(positions.float(), inv_freq)
     ns = {
-        "q": torch.randn(b, h, n, d), "k": torch.randn(b, h, n, d), "v": torch.randn(b, h, n, d),
-        "cos": cos, "sin": sin, "n": n,
-        "x": torch.randn(b, n, 64), "position_ids": positions,
-        "config": transformers.LlamaConfig(hidden_size=64, intermediate_size=128,
-                                           num_attention_heads=4, num_key_value_heads=2,
-                                           num_hidden_layers=2, vocab_size=100),
+        "q": torch.randn(b, h, n, d),
+        "k": torch.randn(b, h, n, d),
+        "v": torch.randn(b, h, n, d),
+        "cos": cos,
+        "sin": sin,
+        "n": n,
+        "x": torch.randn(b, n, 64),
+        "position_ids": positions,
+        "config": transformers.LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            vocab_size=100,
+        ),
         "posemb": torch.randn(1, 1 + 16 * 16, 32),
         "input_ids": torch.zeros(1, 8, dtype=torch.long),
         "mm_token_type_ids": torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0]]),
@@ -57,10 +69,22 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
     ns["transformer"] = diffusers.WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=4,
-        out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
-    wan_inputs = {"hidden_states": torch.randn(1, 4, 3, 8, 6), "timestep": torch.tensor([500]),
-                  "encoder_hidden_states": torch.randn(1, 5, 16)}
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=4,
+        out_channels=4,
+        text_dim=16,
+        freq_dim=16,
+        ffn_dim=32,
+        num_layers=2,
+        rope_max_seq_len=32,
+    )
+    wan_inputs = {
+        "hidden_states": torch.randn(1, 4, 3, 8, 6),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, 5, 16),
+    }
     with torch.no_grad():
         wan_want = ns["transformer"](**wan_inputs).sample
     q0, k0, posemb0 = ns["q"], ns["k"], ns["posemb"]
@@ -95,6 +119,7 @@ def test_the_readme_python_quick_start_runs_as_written(tmp_path, monkeypatch):
     assert torch.equal(ns["posemb"], timm_pos.resample_abs_pos_embed(posemb0, (24, 24)))
     # Qwen2-VL's get_rope_index, as transformers' own
     from test_streams import _hf
+
     want_pos, want_delta = _hf(ns["mm_token_type_ids"], ns["image_grid_thw"], None, None)
     assert torch.equal(ns["pos"], want_pos)
     assert torch.equal(ns["deltas"].view(-1), want_delta.view(-1).to(ns["deltas"].dtype))

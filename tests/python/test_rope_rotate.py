@@ -34,20 +34,27 @@ def peer(x, cos, sin, layout):
     partial rotary as their callers do it (rotate the first 2F dims, pass the rest)."""
     f = cos.shape[-1]
     c, s = (cos, sin) if cos.dim() == 3 else (cos[None], sin[None])
-    rot, rest = x[..., : 2 * f], x[..., 2 * f:]
+    rot, rest = x[..., : 2 * f], x[..., 2 * f :]
     if layout == "half":
         full_c, full_s = torch.cat([c, c], -1), torch.cat([s, s], -1)  # [B, N, 2F]
-        y, _ = modeling_llama.apply_rotary_pos_emb(rot, rot, full_c.to(x.dtype),
-                                                   full_s.to(x.dtype), unsqueeze_dim=2)
+        y, _ = modeling_llama.apply_rotary_pos_emb(
+            rot, rot, full_c.to(x.dtype), full_s.to(x.dtype), unsqueeze_dim=2
+        )
     else:  # GPT-J: sin, cos [B, N, F] repeat_interleave'd inside, unsqueezed at dim 2
         y = modeling_gptj.apply_rotary_pos_emb(rot, s.to(x.dtype), c.to(x.dtype))
     return torch.cat([y, rest], -1)
 
 
 # (B, N, H, Dh, F, batched tables): full, partial, odd F, one token, batched, empty batch/tokens
-SHAPES = [(2, 7, 3, 16, 8, None), (1, 5, 2, 24, 6, None), (2, 6, 4, 10, 5, 2),
-          (3, 1, 2, 32, 16, None), (2, 9, 1, 64, 32, 2), (0, 3, 2, 8, 4, None),
-          (2, 0, 2, 8, 4, None)]
+SHAPES = [
+    (2, 7, 3, 16, 8, None),
+    (1, 5, 2, 24, 6, None),
+    (2, 6, 4, 10, 5, 2),
+    (3, 1, 2, 32, 16, None),
+    (2, 9, 1, 64, 32, 2),
+    (0, 3, 2, 8, 4, None),
+    (2, 0, 2, 8, 4, None),
+]
 
 
 def make(shape, dtype, head_major=False, seed=0):
@@ -87,7 +94,7 @@ def test_other_dtypes_round_once_from_the_float_computation(dtype, layout):
     if dtype == torch.float64:
         torch.testing.assert_close(got, want, rtol=1e-15, atol=1e-15)
     else:  # one rounding of the same float32 value: equal, or one ulp apart where fma differs
-        torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-6)
+        torch.testing.assert_close(got.float(), want.float(), rtol=2**-7, atol=1e-6)
         assert (got == want).float().mean() > 0.99
 
 
@@ -96,10 +103,13 @@ def test_inverse_undoes_the_rotation_and_equals_negated_sine(layout):
     x, cos, sin = make((2, 8, 2, 16, 8, None), torch.float64)
     y = posenc.rope_rotate(x, cos, sin, layout)
     # float32 tables: cos^2 + sin^2 is 1 within ~1e-7, so the round trip is exact to that
-    torch.testing.assert_close(posenc.rope_rotate(y, cos, sin, layout, inverse=True), x,
-                               rtol=0, atol=1e-6)
-    assert torch.equal(posenc.rope_rotate(x, cos, sin, layout, inverse=True),
-                       posenc.rope_rotate(x, cos, -sin, layout))
+    torch.testing.assert_close(
+        posenc.rope_rotate(y, cos, sin, layout, inverse=True), x, rtol=0, atol=1e-6
+    )
+    assert torch.equal(
+        posenc.rope_rotate(x, cos, sin, layout, inverse=True),
+        posenc.rope_rotate(x, cos, -sin, layout),
+    )
 
 
 def test_batch_one_tables_broadcast():
@@ -118,8 +128,9 @@ def test_opcheck(dtype, layout, shape):
         x.requires_grad_(grad)
         torch.library.opcheck(torch.ops.posenc.rope_rotate.default, (x, cos, sin, layout, False))
         k = torch.randn(x.shape[0], x.shape[1], 1, x.shape[3]).to(dtype).requires_grad_(grad)
-        torch.library.opcheck(torch.ops.posenc.rope_rotate_qk.default,
-                              (x, k, cos, sin, layout, True))
+        torch.library.opcheck(
+            torch.ops.posenc.rope_rotate_qk.default, (x, k, cos, sin, layout, True)
+        )
         y = x.detach().contiguous()
         torch.library.opcheck(torch.ops.posenc.rope_rotate_.default, (y, cos, sin, layout, False))
 
@@ -157,8 +168,9 @@ def test_only_one_of_q_and_k_used_gets_its_gradient():
     yq, _ = posenc.rope_rotate_qk(q, k, cos, sin)
     yq.sum().backward()
     assert k.grad is None
-    torch.testing.assert_close(q.grad, posenc.rope_rotate(torch.ones_like(x), cos, sin,
-                                                          inverse=True))
+    torch.testing.assert_close(
+        q.grad, posenc.rope_rotate(torch.ones_like(x), cos, sin, inverse=True)
+    )
 
 
 def test_in_place_rotates_bumps_the_version_and_refuses_autograd():
@@ -173,7 +185,9 @@ def test_in_place_rotates_bumps_the_version_and_refuses_autograd():
         torch.ops.posenc.rope_rotate_(z, cos, sin)
     with torch.no_grad():
         torch.ops.posenc.rope_rotate_(z, cos, sin)
-    with pytest.raises(RuntimeError, match="single memory location"):  # an expanded tensor writes one element twice
+    with pytest.raises(
+        RuntimeError, match="single memory location"
+    ):  # an expanded tensor writes one element twice
         torch.ops.posenc.rope_rotate_(torch.ones(1, 5, 1, 16).expand(1, 5, 3, 16), cos, sin)
 
 
@@ -202,22 +216,40 @@ def test_compile_fullgraph_dynamic_no_recompile_with_backward():
             torch.testing.assert_close(gk, k.grad, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda x, c, s: posenc.rope_rotate(x, c.double(), s.double()),
-     "rope_rotate: cos/sin must be float32 (the kernels' per-pair tables), got Double and Double"),
-    (lambda x, c, s: posenc.rope_rotate(x, c[:3], s[:3]),
-     "rope_rotate: cos/sin have 3 positions but x has N=5"),
-    (lambda x, c, s: posenc.rope_rotate(x[..., :6], c, s),
-     "rope_rotate: rotary width 2F=8 exceeds head_dim=6"),
-    (lambda x, c, s: posenc.rope_rotate(x[0], c, s),
-     "rope_rotate: x must be [B, N, H, Dh], got shape [5, 2, 8]"),
-    (lambda x, c, s: posenc.rope_rotate(x, c, s[:, :3]), "rope_rotate: cos and sin shapes differ"),
-    (lambda x, c, s: posenc.rope_rotate(x, c, s, "sideways"), "unknown layout 'sideways'"),
-    (lambda x, c, s: posenc.rope_rotate(x, c.expand(4, 5, 4), s.expand(4, 5, 4)),
-     "rope_rotate: cos/sin batch 4 is neither 1 nor x's B=2"),
-    (lambda x, c, s: posenc.rope_rotate_qk(x, x.double(), c, s),
-     "rope_rotate_qk: q is Float but k is Double"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda x, c, s: posenc.rope_rotate(x, c.double(), s.double()),
+            "rope_rotate: cos/sin must be float32 (the kernels' per-pair tables), got Double and Double",
+        ),
+        (
+            lambda x, c, s: posenc.rope_rotate(x, c[:3], s[:3]),
+            "rope_rotate: cos/sin have 3 positions but x has N=5",
+        ),
+        (
+            lambda x, c, s: posenc.rope_rotate(x[..., :6], c, s),
+            "rope_rotate: rotary width 2F=8 exceeds head_dim=6",
+        ),
+        (
+            lambda x, c, s: posenc.rope_rotate(x[0], c, s),
+            "rope_rotate: x must be [B, N, H, Dh], got shape [5, 2, 8]",
+        ),
+        (
+            lambda x, c, s: posenc.rope_rotate(x, c, s[:, :3]),
+            "rope_rotate: cos and sin shapes differ",
+        ),
+        (lambda x, c, s: posenc.rope_rotate(x, c, s, "sideways"), "unknown layout 'sideways'"),
+        (
+            lambda x, c, s: posenc.rope_rotate(x, c.expand(4, 5, 4), s.expand(4, 5, 4)),
+            "rope_rotate: cos/sin batch 4 is neither 1 nor x's B=2",
+        ),
+        (
+            lambda x, c, s: posenc.rope_rotate_qk(x, x.double(), c, s),
+            "rope_rotate_qk: q is Float but k is Double",
+        ),
+    ],
+)
 def test_bad_input_is_one_line(call, message):
     x, cos, sin = make((2, 5, 2, 8, 4, None), torch.float32)
     with pytest.raises(RuntimeError) as info:

@@ -28,7 +28,8 @@ import posenc
 transformers = pytest.importorskip("transformers")
 modeling_w2v2_bert = pytest.importorskip("transformers.models.wav2vec2_bert.modeling_wav2vec2_bert")
 modeling_m4t_v2 = pytest.importorskip(
-    "transformers.models.seamless_m4t_v2.modeling_seamless_m4t_v2")
+    "transformers.models.seamless_m4t_v2.modeling_seamless_m4t_v2"
+)
 
 # float32 against a float64 oracle: the kernel sums tiles in float32 (a few ulps per term)
 F32_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -80,20 +81,29 @@ def _assert_grads_close(got, want, names, **tol):
 
 # ---- transformers 5.x: Wav2Vec2-BERT and SeamlessM4Tv2 relative_key, whole modules ----------
 
+
 def _hf_module(kind, heads, head_dim, left, right, dtype):
     hidden = heads * head_dim
     if kind == "wav2vec2_bert":
         config = transformers.Wav2Vec2BertConfig(
-            hidden_size=hidden, num_attention_heads=heads, position_embeddings_type="relative_key",
-            left_max_position_embeddings=left, right_max_position_embeddings=right,
-            attention_dropout=0.0)
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            position_embeddings_type="relative_key",
+            left_max_position_embeddings=left,
+            right_max_position_embeddings=right,
+            attention_dropout=0.0,
+        )
         config._attn_implementation = "eager"
         module = modeling_w2v2_bert.Wav2Vec2BertSelfAttention(config)
     else:
         config = transformers.SeamlessM4Tv2Config(
-            hidden_size=hidden, speech_encoder_attention_heads=heads,
-            position_embeddings_type="relative_key", left_max_position_embeddings=left,
-            right_max_position_embeddings=right, speech_encoder_dropout=0.0)
+            hidden_size=hidden,
+            speech_encoder_attention_heads=heads,
+            position_embeddings_type="relative_key",
+            left_max_position_embeddings=left,
+            right_max_position_embeddings=right,
+            speech_encoder_dropout=0.0,
+        )
         config._attn_implementation = "eager"
         module = modeling_m4t_v2.SeamlessM4Tv2ConformerSelfAttention(config)
     torch.manual_seed(0)
@@ -123,13 +133,16 @@ def _posenc_module_forward(module, x, heads, head_dim, left, right):
 
 
 @pytest.mark.parametrize("kind", ["wav2vec2_bert", "seamless_m4t_v2"])
-@pytest.mark.parametrize("left,right,n", [
-    (6, 6, 5),     # no clipping (N <= K): the table is distance_embedding.weight itself
-    (6, 6, 23),    # clipped on both sides
-    (16, 3, 29),   # asymmetric, as the 64/8 default: edge rows repeated
-    (2, 9, 14),    # asymmetric the other way
-    (64, 8, 140),  # the defaults, a query tile crossed
-])
+@pytest.mark.parametrize(
+    "left,right,n",
+    [
+        (6, 6, 5),  # no clipping (N <= K): the table is distance_embedding.weight itself
+        (6, 6, 23),  # clipped on both sides
+        (16, 3, 29),  # asymmetric, as the 64/8 default: edge rows repeated
+        (2, 9, 14),  # asymmetric the other way
+        (64, 8, 140),  # the defaults, a query tile crossed
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_hf_relative_key_module_with_posenc_inside(kind, left, right, n, dtype):
     heads, head_dim = 4, 16
@@ -144,14 +157,16 @@ def test_hf_relative_key_module_with_posenc_inside(kind, left, right, n, dtype):
     tol, grad_tol = (F32_TOL, F32_GRAD_TOL) if dtype == torch.float32 else (F64_TOL, F64_TOL)
     torch.testing.assert_close(got, want, **tol)
     got_grads = _grads(got, params, g)
-    _assert_grads_close(got_grads, want_grads, [name for name, _ in module.named_parameters()],
-                        **grad_tol)
+    _assert_grads_close(
+        got_grads, want_grads, [name for name, _ in module.named_parameters()], **grad_tol
+    )
     # the table's gradient is not trivially zero
     names = [name for name, _ in module.named_parameters()]
     assert got_grads[names.index("distance_embedding.weight")].abs().max() > 1e-4
 
 
 # ---- BERT's relative_key (transformers 4.x), written out ------------------------------------
+
 
 def _bert_relative_key(q, k, v, weight, max_position_embeddings):
     """transformers 4.x BertSelfAttention, position_embedding_type="relative_key" (its lines):
@@ -165,7 +180,8 @@ def _bert_relative_key(q, k, v, weight, max_position_embeddings):
     position_ids_r = torch.arange(key_length, dtype=torch.long).view(1, -1)
     distance = position_ids_l - position_ids_r
     positional_embedding = torch.nn.functional.embedding(
-        distance + max_position_embeddings - 1, weight).to(q.dtype)
+        distance + max_position_embeddings - 1, weight
+    ).to(q.dtype)
     scores = q @ k.transpose(-1, -2)
     scores = scores + torch.einsum("bhld,lrd->bhlr", q, positional_embedding)
     scores = scores / math.sqrt(q.shape[-1])
@@ -177,15 +193,20 @@ def _bert_relative_key(q, k, v, weight, max_position_embeddings):
 def test_bert_relative_key_equals_with_the_table_flipped(nq, nk, dtype):
     max_positions = 64  # E [127, D]; BERT indexes out of it past 64 tokens
     q, k, v, _ = _inputs(2, 3, nq, nk, 8, 1, dtype, seed=nq + nk)
-    weight = torch.randn(2 * max_positions - 1, 8, dtype=dtype,
-                         generator=torch.Generator().manual_seed(1)).requires_grad_()
+    weight = torch.randn(
+        2 * max_positions - 1, 8, dtype=dtype, generator=torch.Generator().manual_seed(1)
+    ).requires_grad_()
     want = _bert_relative_key(q, k, v, weight, max_positions)
     got = posenc.shaw_attention(q, k, v, weight.flip(0))  # K = max_positions - 1
     tol, grad_tol = (F32_TOL, F32_GRAD_TOL) if dtype == torch.float32 else (F64_TOL, F64_TOL)
     torch.testing.assert_close(got, want, **tol)
     g = torch.randn_like(want)
-    _assert_grads_close(_grads(got, (q, k, v, weight), g), _grads(want, (q, k, v, weight), g),
-                        ["q", "k", "v", "E"], **grad_tol)
+    _assert_grads_close(
+        _grads(got, (q, k, v, weight), g),
+        _grads(want, (q, k, v, weight), g),
+        ["q", "k", "v", "E"],
+        **grad_tol,
+    )
 
 
 # ---- Shaw's formula: causal, cache, tiles, scale ----------------------------------------------
@@ -209,7 +230,7 @@ def test_forward_and_gradients_equal_the_formula(causal, scale, nq, nk, kmax):
     without = _reference(*inputs64[:3], torch.zeros_like(inputs64[3]), causal=causal, scale=scale)
     assert (out.double() - without).abs().max() > 0.05
     if 2 * kmax + 1 > 2 * nk - 1:  # rows no offset reaches: a zero gradient
-        assert got[3][: kmax - (nk - 1)].abs().max() == 0 and got[3][kmax + nk:].abs().max() == 0
+        assert got[3][: kmax - (nk - 1)].abs().max() == 0 and got[3][kmax + nk :].abs().max() == 0
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -221,8 +242,12 @@ def test_float64_takes_the_float64_reference(causal, nq, nk):
     want = _reference(q, k, v, table, causal=causal)
     torch.testing.assert_close(out, want, **F64_TOL)
     g = torch.randn_like(want)
-    _assert_grads_close(_grads(out, (q, k, v, table), g), _grads(want, (q, k, v, table), g),
-                        ["q", "k", "v", "table"], **F64_TOL)
+    _assert_grads_close(
+        _grads(out, (q, k, v, table), g),
+        _grads(want, (q, k, v, table), g),
+        ["q", "k", "v", "table"],
+        **F64_TOL,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -235,7 +260,8 @@ def test_cuda_registration_reference_equals_the_formula(dtype, causal, nq, nk, k
     cuda = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
     q, k, v, table = (t.detach() for t in _inputs(2, 3, nq, nk, 8, kmax, dtype, seed=nk))
     out, lse = torch.ops.posenc._shaw_attention_forward.default.redispatch(
-        cuda, q, k, v, table, causal, None)
+        cuda, q, k, v, table, causal, None
+    )
     assert out.dtype == dtype and lse.dtype == torch.float32
     inputs64 = _as64(q, k, v, table)
     want = _reference(*inputs64, causal=causal)
@@ -243,7 +269,8 @@ def test_cuda_registration_reference_equals_the_formula(dtype, causal, nq, nk, k
     torch.testing.assert_close(out.double(), want, **tol)
     g = torch.randn_like(want)
     got = torch.ops.posenc._shaw_attention_backward.default.redispatch(
-        cuda, g.to(dtype), q, k, v, out, lse, table, causal, None)
+        cuda, g.to(dtype), q, k, v, out, lse, table, causal, None
+    )
     grad_tol = F32_GRAD_TOL if dtype == torch.float32 else dict(rtol=5e-2, atol=5e-2)
     _assert_grads_close(got, _grads(want, inputs64, g), ["q", "k", "v", "table"], **grad_tol)
 
@@ -261,21 +288,28 @@ def test_half_precision(dtype, table_dtype):
     g = torch.randn_like(want)
     got = _grads(out, (q, k, v, table), g.to(dtype))
     assert got[3].dtype == table.dtype and got[0].dtype == dtype
-    _assert_grads_close(got, _grads(want, inputs64, g), ["q", "k", "v", "table"], rtol=5e-2,
-                        atol=5e-2)
+    _assert_grads_close(
+        got, _grads(want, inputs64, g), ["q", "k", "v", "table"], rtol=5e-2, atol=5e-2
+    )
 
 
 def test_transposed_views_equal_contiguous():
     q, k, v, table = _inputs(2, 3, 17, 17, 8, 4)
-    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
-                  for t in (q, k, v))
+    qt, kt, vt = (
+        t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)
+    )
     assert not qt.is_contiguous()
     out = posenc.shaw_attention(q, k, v, table, causal=True)
     out_t = posenc.shaw_attention(qt, kt, vt, table, causal=True)
     torch.testing.assert_close(out_t, out, rtol=0, atol=0)
     g = torch.randn_like(out)
-    _assert_grads_close(_grads(out_t, (qt, kt, vt, table), g), _grads(out, (q, k, v, table), g),
-                        ["q", "k", "v", "table"], rtol=0, atol=0)
+    _assert_grads_close(
+        _grads(out_t, (qt, kt, vt, table), g),
+        _grads(out, (q, k, v, table), g),
+        ["q", "k", "v", "table"],
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_one_token_decode_equals_the_last_row_of_the_full_sequence():
@@ -301,12 +335,13 @@ def test_empty_tensors(dtype, b, nq, nk):
 
 # ---- operator checks ---------------------------------------------------------------------------
 
+
 def test_gradcheck_float64():
     for causal, nq, nk, kmax in [(False, 3, 5, 1), (True, 3, 5, 2), (False, 4, 4, 6)]:
         q, k, v, table = _inputs(1, 2, nq, nk, 4, kmax, torch.float64, seed=nk + kmax)
         torch.autograd.gradcheck(
-            lambda *a, c=causal: posenc.shaw_attention(*a, causal=c, scale=0.7),
-            (q, k, v, table))
+            lambda *a, c=causal: posenc.shaw_attention(*a, causal=c, scale=0.7), (q, k, v, table)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -317,16 +352,21 @@ def test_opcheck(dtype):
     table32 = table.detach().float().requires_grad_()
     torch.library.opcheck(torch.ops.posenc.shaw_attention, (q, k, v, table32, True, None))
     # non-contiguous inputs (transposed projections): the fake kernels' strides
-    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
-                  for t in (q, k, v))
+    qt, kt, vt = (
+        t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)
+    )
     assert not qt.is_contiguous()
     torch.library.opcheck(torch.ops.posenc.shaw_attention, (qt, kt, vt, table, True, 0.5))
-    torch.library.opcheck(torch.ops.posenc._shaw_attention_forward,
-                          (q.detach(), k.detach(), v.detach(), table.detach(), False, 0.5))
+    torch.library.opcheck(
+        torch.ops.posenc._shaw_attention_forward,
+        (q.detach(), k.detach(), v.detach(), table.detach(), False, 0.5),
+    )
     qt, kt, vt, table = (t.detach() for t in (qt, kt, vt, table))
     out, lse = torch.ops.posenc._shaw_attention_forward(qt, kt, vt, table, True, 0.5)
-    torch.library.opcheck(torch.ops.posenc._shaw_attention_backward,
-                          (torch.randn_like(out), qt, kt, vt, out, lse, table, True, 0.5))
+    torch.library.opcheck(
+        torch.ops.posenc._shaw_attention_backward,
+        (torch.randn_like(out), qt, kt, vt, out, lse, table, True, 0.5),
+    )
 
 
 def test_compiles_without_graph_breaks_or_recompiles():
@@ -357,21 +397,54 @@ def test_bad_input_is_one_line():
             posenc.shaw_attention(*args, **kwargs)
         assert "\n" not in str(e.value).strip(), str(e.value)
 
-    fails(r"posenc.shaw_attention: table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number "
-          r"of rows\), got \[8, 8\]", q, k, v, torch.zeros(8, 8))
-    fails(r"table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number of rows\), got \[7, 4\]",
-          q, k, v, torch.zeros(7, 4))
-    fails(r"table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number of rows\), got \[7, 2, 8\]",
-          q, k, v, torch.zeros(7, 2, 8))  # per-head tables: Shaw's is shared by the heads
-    fails(r"table must be float32 or q's dtype \(BFloat16\), got Double",
-          q.bfloat16(), k.bfloat16(), v.bfloat16(), table.double())
+    fails(
+        r"posenc.shaw_attention: table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number "
+        r"of rows\), got \[8, 8\]",
+        q,
+        k,
+        v,
+        torch.zeros(8, 8),
+    )
+    fails(
+        r"table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number of rows\), got \[7, 4\]",
+        q,
+        k,
+        v,
+        torch.zeros(7, 4),
+    )
+    fails(
+        r"table must be \[2K\+1, D\] = \[2K\+1, 8\] \(an odd number of rows\), got \[7, 2, 8\]",
+        q,
+        k,
+        v,
+        torch.zeros(7, 2, 8),
+    )  # per-head tables: Shaw's is shared by the heads
+    fails(
+        r"table must be float32 or q's dtype \(BFloat16\), got Double",
+        q.bfloat16(),
+        k.bfloat16(),
+        v.bfloat16(),
+        table.double(),
+    )
     fails(r"table must be float32 or q's dtype \(Float\), got BFloat16", q, k, v, table.bfloat16())
     fails(r"more queries \(4\) than keys \(3\)", q, k[:, :, :3], v[:, :, :3], table)
-    fails(r"posenc.shaw_attention: q, k, v must share one of float32, bfloat16, float16, "
-          r"float64; got Float, Double, Float", q, k.double(), v, table)
+    fails(
+        r"posenc.shaw_attention: q, k, v must share one of float32, bfloat16, float16, "
+        r"float64; got Float, Double, Float",
+        q,
+        k.double(),
+        v,
+        table,
+    )
     fails(r"q, k, v must share one of .* got Int", q.int(), k.int(), v.int(), table)
-    fails(r"posenc.shaw_attention: head counts differ: q 2, k 1, v 1 \(repeat grouped k, v "
-          r"heads first\)", q, k[:, :1], v[:, :1], table)  # grouped-query heads: refused
+    fails(
+        r"posenc.shaw_attention: head counts differ: q 2, k 1, v 1 \(repeat grouped k, v "
+        r"heads first\)",
+        q,
+        k[:, :1],
+        v[:, :1],
+        table,
+    )  # grouped-query heads: refused
     fails(r"q has D=8 but k has D=4", q, k[..., :4], v, table)
     fails(r"q, k, v must be \[B, H, N, D\]", q[0], k[0], v[0], table)
     fails(r"head dim D must be >= 1, got 0", q[..., :0], k[..., :0], v, torch.zeros(7, 0))

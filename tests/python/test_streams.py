@@ -15,11 +15,15 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel  # noqa:
 
 def _hf(token_types, image_grid_thw, video_grid_thw, attention_mask, merge=2):
     fake = types.SimpleNamespace(
-        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=merge)))
-    fake.get_vision_position_ids = lambda *a, **k: Qwen2VLModel.get_vision_position_ids(fake, *a, **k)
+        config=types.SimpleNamespace(vision_config=types.SimpleNamespace(spatial_merge_size=merge))
+    )
+    fake.get_vision_position_ids = lambda *a, **k: Qwen2VLModel.get_vision_position_ids(
+        fake, *a, **k
+    )
     input_ids = torch.zeros_like(token_types)
-    return Qwen2VLModel.get_rope_index(fake, input_ids, token_types, image_grid_thw,
-                                       video_grid_thw, attention_mask)
+    return Qwen2VLModel.get_rope_index(
+        fake, input_ids, token_types, image_grid_thw, video_grid_thw, attention_mask
+    )
 
 
 def _row(*parts):
@@ -41,10 +45,11 @@ CASES = {
     "image": [[("t", 3), ("i", 1, 4, 6), ("t", 5)]],
     "video": [[("t", 2), ("v", 3, 4, 4), ("t", 4)]],
     "long_video": [[("v", 9, 2, 4), ("t", 3), ("i", 1, 6, 2)]],
-    "left_padding": [[("p", 4), ("t", 2), ("i", 1, 2, 2), ("t", 2)],
-                     [("t", 1), ("i", 1, 4, 4), ("t", 2), ("v", 2, 2, 2)]],
-    "right_padding": [[("t", 4), ("i", 1, 2, 4), ("p", 5)],
-                      [("t", 2), ("i", 1, 4, 2), ("t", 7)]],
+    "left_padding": [
+        [("p", 4), ("t", 2), ("i", 1, 2, 2), ("t", 2)],
+        [("t", 1), ("i", 1, 4, 4), ("t", 2), ("v", 2, 2, 2)],
+    ],
+    "right_padding": [[("t", 4), ("i", 1, 2, 4), ("p", 5)], [("t", 2), ("i", 1, 4, 2), ("t", 7)]],
     "text_only": [[("t", 7)]],
 }
 
@@ -61,8 +66,9 @@ def test_get_rope_index_is_transformers(name):
     image_grid_thw = torch.tensor(images) if images else None
     video_grid_thw = torch.tensor(videos) if videos else None
     want_pos, want_delta = _hf(token_types, image_grid_thw, video_grid_thw, mask)
-    pos, delta = posenc.get_rope_index(torch.zeros_like(token_types), token_types, image_grid_thw,
-                                       video_grid_thw, mask)
+    pos, delta = posenc.get_rope_index(
+        torch.zeros_like(token_types), token_types, image_grid_thw, video_grid_thw, mask
+    )
     assert torch.equal(pos, want_pos)
     assert torch.equal(delta.view(-1), want_delta.view(-1).to(delta.dtype))
 
@@ -73,8 +79,9 @@ def test_transformers4_rule_resumes_after_the_longest_axis():
     token_types = torch.tensor([[2] * 18 + [0, 0]])
     grid = torch.tensor([[9, 2, 4]])
     p5, _ = posenc.get_rope_index(torch.zeros_like(token_types), token_types, None, grid)
-    p4, d4 = posenc.get_rope_index(torch.zeros_like(token_types), token_types, None, grid,
-                                   resume="transformers4")
+    p4, d4 = posenc.get_rope_index(
+        torch.zeros_like(token_types), token_types, None, grid, resume="transformers4"
+    )
     assert p5[0, 0, 18].item() == 2 and p4[0, 0, 18].item() == 9
     assert d4.item() == 10 + 1 - 20
 
@@ -96,19 +103,31 @@ def test_qwen2_5_vl_time_axis_is_transformers(seconds):
     # 25 fps: 0.08 s per grid step, 2 tokens per second: HF's float32 arithmetic puts grid step 25
     # at 4 (exact arithmetic: 3.999.. -> 3)
     from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLModel
-    fake = types.SimpleNamespace(config=types.SimpleNamespace(vision_config=types.SimpleNamespace(
-        spatial_merge_size=2, tokens_per_second=2)))
+
+    fake = types.SimpleNamespace(
+        config=types.SimpleNamespace(
+            vision_config=types.SimpleNamespace(spatial_merge_size=2, tokens_per_second=2)
+        )
+    )
     fake.get_vision_position_ids = lambda *a, **k: Qwen2_5_VLModel.get_vision_position_ids(
-        fake, *a, **k)
+        fake, *a, **k
+    )
     frames = 60
     token_types = torch.tensor([[0] * 3 + [2] * (frames * 2) + [0] * 4])
     grid = torch.tensor([[frames, 2, 4]])
     spg = None if seconds is None else torch.tensor(seconds, dtype=torch.float32)
     want_pos, want_delta = Qwen2_5_VLModel.get_rope_index(
-        fake, torch.zeros_like(token_types), token_types, None, grid, spg, None)
-    pos, delta = posenc.get_rope_index(torch.zeros_like(token_types), token_types, None, grid,
-                                       second_per_grid_ts=spg, tokens_per_second=2,
-                                       model="qwen2_5_vl")
+        fake, torch.zeros_like(token_types), token_types, None, grid, spg, None
+    )
+    pos, delta = posenc.get_rope_index(
+        torch.zeros_like(token_types),
+        token_types,
+        None,
+        grid,
+        second_per_grid_ts=spg,
+        tokens_per_second=2,
+        model="qwen2_5_vl",
+    )
     assert torch.equal(pos, want_pos)
     assert torch.equal(delta.view(-1), want_delta.view(-1).to(delta.dtype))
 
@@ -117,17 +136,32 @@ def test_qwen2_5_vl_time_axis_is_transformers(seconds):
 def test_qwen2_5_vl_seconds_out_of_reach_are_one_line(seconds):
     # transformers' .long() turns a float past int64 into int64's minimum without a word: refused
     token_types = torch.tensor([[0] * 3 + [2] * 8 + [0] * 4])
-    with pytest.raises(RuntimeError, match=r"second_per_grid_ts\[0\] must be finite|past the position limit"):
-        posenc.get_rope_index(torch.zeros_like(token_types), token_types, None,
-                              torch.tensor([[4, 2, 4]]),
-                              second_per_grid_ts=torch.tensor([seconds]), tokens_per_second=2,
-                              model="qwen2_5_vl")
+    with pytest.raises(
+        RuntimeError, match=r"second_per_grid_ts\[0\] must be finite|past the position limit"
+    ):
+        posenc.get_rope_index(
+            torch.zeros_like(token_types),
+            token_types,
+            None,
+            torch.tensor([[4, 2, 4]]),
+            second_per_grid_ts=torch.tensor([seconds]),
+            tokens_per_second=2,
+            model="qwen2_5_vl",
+        )
 
 
 # ---- Qwen2.5-Omni: posenc.get_rope_index_omni against transformers' own get_rope_index ----------
 
-_OMNI = dict(pad=151643, vbos=151652, veos=151653, abos=151647, aeos=151648, image=151655,
-             video=151656, audio=151646)
+_OMNI = dict(
+    pad=151643,
+    vbos=151652,
+    veos=151653,
+    abos=151647,
+    aeos=151648,
+    image=151655,
+    video=151656,
+    audio=151646,
+)
 
 
 def _omni_self():
@@ -136,10 +170,13 @@ def _omni_self():
     checkpoint's vision_start_token_id, which 5.24's config class lacks) serves as self."""
     from transformers import Qwen2_5OmniThinkerConfig
     from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import (
-        Qwen2_5OmniPreTrainedModelForConditionalGeneration as base)
+        Qwen2_5OmniPreTrainedModelForConditionalGeneration as base,
+    )
+
     config = Qwen2_5OmniThinkerConfig(vision_start_token_id=_OMNI["vbos"])
-    fake = types.SimpleNamespace(config=config,
-                                 spatial_merge_size=config.vision_config.spatial_merge_size)
+    fake = types.SimpleNamespace(
+        config=config, spatial_merge_size=config.vision_config.spatial_merge_size
+    )
     fake.get_llm_pos_ids_for_vision = lambda *a: base.get_llm_pos_ids_for_vision(fake, *a)
     fake.get_chunked_index = lambda *a: base.get_chunked_index(fake, *a)
     return fake, base.get_rope_index
@@ -211,18 +248,23 @@ def _omni_batch(rows, left=True, dtype=torch.long):
         mask.append([0] * pad + r[1] if left else r[1] + [0] * pad)
     flat = [[x for r in rows for x in r[k]] for k in range(2, 6)]
     images, videos, spgs, mels = flat
-    return (torch.tensor(ids, dtype=dtype), torch.tensor(images) if images else None,
-            torch.tensor(videos) if videos else None, torch.tensor(mask),
-            torch.tensor(mels) if mels else None,
-            torch.tensor(spgs, dtype=torch.float32) if spgs else None)
+    return (
+        torch.tensor(ids, dtype=dtype),
+        torch.tensor(images) if images else None,
+        torch.tensor(videos) if videos else None,
+        torch.tensor(mask),
+        torch.tensor(mels) if mels else None,
+        torch.tensor(spgs, dtype=torch.float32) if spgs else None,
+    )
 
 
 def _omni_check(rows, use_audio_in_video=False, left=True, dtype=torch.long):
     ids, images, videos, mask, mels, spgs = _omni_batch(rows, left, dtype)
     fake, hf = _omni_self()
     want_pos, want_delta = hf(fake, ids, images, videos, mask, use_audio_in_video, mels, spgs)
-    pos, delta = posenc.get_rope_index_omni(ids, images, videos, mask, use_audio_in_video, mels,
-                                            spgs)
+    pos, delta = posenc.get_rope_index_omni(
+        ids, images, videos, mask, use_audio_in_video, mels, spgs
+    )
     assert pos.dtype == want_pos.dtype and delta.dtype == want_delta.dtype
     assert torch.equal(pos, want_pos), (pos, want_pos)
     assert torch.equal(delta, want_delta), (delta, want_delta)
@@ -235,16 +277,32 @@ OMNI_CASES = {
     "text_audio_image": ([[("t", 2), ("a", 37), ("t", 1), ("i", 1, 2, 2), ("t", 1)]], False, True),
     "audio_only_fallback": ([[("t", 2), ("a", 37), ("t", 1)]], False, True),
     "fallback_padded_delta": ([[("t", 1)], [("t", 4)]], False, True),
-    "video_with_audio_eos_below_block": ([[("t", 2), ("va", 4, 2, 4, 1.0, 240), ("t", 2)]], True,
-                                         True),
-    "video_with_audio_split_frames": ([[("t", 1), ("va", 3, 2, 4, 3.0, 900), ("t", 1)],
-                                       [("t", 3), ("a", 50), ("va", 3, 4, 2, 0.5, 100)]], True,
-                                      True),
-    "left_padding": ([[("t", 2), ("i", 1, 2, 2), ("t", 1)],
-                      [("t", 1), ("v", 2, 2, 2, 1.0), ("t", 2), ("a", 20), ("i", 1, 4, 2)]],
-                     False, True),
-    "right_padding": ([[("t", 4), ("i", 1, 2, 4)], [("t", 2), ("i", 1, 4, 2), ("t", 7)]], False,
-                      False),
+    "video_with_audio_eos_below_block": (
+        [[("t", 2), ("va", 4, 2, 4, 1.0, 240), ("t", 2)]],
+        True,
+        True,
+    ),
+    "video_with_audio_split_frames": (
+        [
+            [("t", 1), ("va", 3, 2, 4, 3.0, 900), ("t", 1)],
+            [("t", 3), ("a", 50), ("va", 3, 4, 2, 0.5, 100)],
+        ],
+        True,
+        True,
+    ),
+    "left_padding": (
+        [
+            [("t", 2), ("i", 1, 2, 2), ("t", 1)],
+            [("t", 1), ("v", 2, 2, 2, 1.0), ("t", 2), ("a", 20), ("i", 1, 4, 2)],
+        ],
+        False,
+        True,
+    ),
+    "right_padding": (
+        [[("t", 4), ("i", 1, 2, 4)], [("t", 2), ("i", 1, 4, 2), ("t", 7)]],
+        False,
+        False,
+    ),
 }
 
 
@@ -268,15 +326,22 @@ def test_get_rope_index_omni_keeps_the_ids_dtype_and_transformers_defaults():
     assert pos.dtype == want.dtype == torch.int32 and torch.equal(pos, want)
     assert torch.equal(delta, want_delta)
     import inspect
+
     defaults = inspect.signature(posenc.get_rope_index_omni).parameters
-    for key in ("image_token_id", "video_token_id", "audio_token_id", "position_id_per_seconds",
-                "seconds_per_chunk"):
+    for key in (
+        "image_token_id",
+        "video_token_id",
+        "audio_token_id",
+        "position_id_per_seconds",
+        "seconds_per_chunk",
+    ):
         assert defaults[key].default == getattr(fake.config, key), key
     assert defaults["spatial_merge_size"].default == fake.spatial_merge_size
 
 
 def test_get_rope_index_omni_random_batches_are_transformers():
     import random
+
     rng = random.Random(0)
     spgs = [1.0, 0.5, 2 / 6.25, 2 / 0.667, 2 / 2.6, 2 / 29.97, 3.0]
     for trial in range(100):
@@ -304,8 +369,9 @@ def test_get_rope_index_omni_random_batches_are_transformers():
         try:
             _omni_check(rows, use_audio_in_video, left=rng.random() < 0.5)
         except AssertionError as e:
-            raise AssertionError(f"trial {trial}: rows {described}, use_audio_in_video "
-                                 f"{use_audio_in_video}") from e
+            raise AssertionError(
+                f"trial {trial}: rows {described}, use_audio_in_video {use_audio_in_video}"
+            ) from e
 
 
 def test_get_rope_index_omni_without_mask_is_all_real():
@@ -321,19 +387,36 @@ def test_get_rope_index_omni_without_mask_is_all_real():
 
 
 def _omni_call(segs, use_audio_in_video=False, **change):
-    args = dict(zip(("input_ids", "image_grid_thw", "video_grid_thw", "attention_mask",
-                     "audio_seqlens", "second_per_grids"), _omni_batch([_omni_row(*segs)])))
+    args = dict(
+        zip(
+            (
+                "input_ids",
+                "image_grid_thw",
+                "video_grid_thw",
+                "attention_mask",
+                "audio_seqlens",
+                "second_per_grids",
+            ),
+            _omni_batch([_omni_row(*segs)]),
+        )
+    )
     args.update(change)
     return posenc.get_rope_index_omni(use_audio_in_video=use_audio_in_video, **args)
 
 
 def test_get_rope_index_omni_refuses_in_one_line():
     image = [("t", 2), ("i", 1, 2, 4), ("t", 1)]
-    with pytest.raises(RuntimeError, match=r"a run of 2 image tokens at column 3, but "
-                                           r"image_grid_thw\[0\] makes 4"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"a run of 2 image tokens at column 3, but "
+        r"image_grid_thw\[0\] makes 4",
+    ):
         _omni_call(image, image_grid_thw=torch.tensor([[1, 4, 4]]))
-    with pytest.raises(RuntimeError, match=r"has an image at column 7 but image_grid_thw has only "
-                                           r"0 rows"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"has an image at column 7 but image_grid_thw has only "
+        r"0 rows",
+    ):
         _omni_call([("t", 1), ("v", 1, 2, 2, 1.0)] + image, image_grid_thw=None)
     with pytest.raises(RuntimeError, match=r"image token at column 3 but image_grid_thw is empty"):
         _omni_call(image, image_grid_thw=None)
@@ -343,8 +426,11 @@ def test_get_rope_index_omni_refuses_in_one_line():
     audio = [("t", 1), ("a", 37), ("i", 1, 2, 2)]
     with pytest.raises(RuntimeError, match=r"audio at column 2 but audio_seqlens has 0 values"):
         _omni_call(audio, audio_seqlens=None)
-    with pytest.raises(RuntimeError, match=r"a run of 9 audio tokens at column 2, but "
-                                           r"audio_seqlens \(mel frames\)\[0\] makes 25"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"a run of 9 audio tokens at column 2, but "
+        r"audio_seqlens \(mel frames\)\[0\] makes 25",
+    ):
         _omni_call(audio, audio_seqlens=torch.tensor([100]))
     video = [("t", 1), ("v", 2, 2, 2, 1.0), ("t", 1)]
     with pytest.raises(RuntimeError, match=r"video at column 2 but no second_per_grids"):
@@ -352,13 +438,19 @@ def test_get_rope_index_omni_refuses_in_one_line():
     with pytest.raises(RuntimeError, match=r"has no audio tokens, but use_audio_in_video is set"):
         _omni_call(video, use_audio_in_video=True, audio_seqlens=torch.tensor([100]))
     with_audio = [("t", 1), ("va", 2, 2, 2, 1.0, 100), ("t", 1)]
-    with pytest.raises(RuntimeError, match=r"holds audio tokens; a video with its audio needs "
-                                           r"use_audio_in_video=True"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"holds audio tokens; a video with its audio needs "
+        r"use_audio_in_video=True",
+    ):
         _omni_call(with_audio)
     with pytest.raises(RuntimeError, match=r"audio_seqlens\[0\] = 2 mel frames make 0 audio"):
         _omni_call(with_audio, True, audio_seqlens=torch.tensor([2]))
-    with pytest.raises(RuntimeError, match=r"holds 2 video and 25 audio tokens, but video_grid_"
-                                           r"thw\[0\] makes 2 and audio_seqlens\[0\] 24"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"holds 2 video and 25 audio tokens, but video_grid_"
+        r"thw\[0\] makes 2 and audio_seqlens\[0\] 24",
+    ):
         _omni_call(with_audio, True, audio_seqlens=torch.tensor([96]))
     with pytest.raises(RuntimeError, match=r"row 0 has no real token \(attention_mask all 0\)"):
         ids, grid, _, mask = _omni_batch([_omni_row(*image)])[:4]

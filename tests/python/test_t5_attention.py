@@ -18,10 +18,15 @@ T5Config = pytest.importorskip("transformers").T5Config
 
 
 def _hf_attention(heads, num_buckets, max_distance, bidirectional, d_kv=16):
-    config = T5Config(d_model=heads * d_kv, d_kv=d_kv, num_heads=heads,
-                      relative_attention_num_buckets=num_buckets,
-                      relative_attention_max_distance=max_distance,
-                      is_decoder=not bidirectional, dropout_rate=0.0)
+    config = T5Config(
+        d_model=heads * d_kv,
+        d_kv=d_kv,
+        num_heads=heads,
+        relative_attention_num_buckets=num_buckets,
+        relative_attention_max_distance=max_distance,
+        is_decoder=not bidirectional,
+        dropout_rate=0.0,
+    )
     config._attn_implementation = "eager"
     return modeling_t5.T5Attention(config, has_relative_attention_bias=True, layer_idx=0).eval()
 
@@ -44,7 +49,8 @@ def _bias_with_grad(table, nq, nk, bidirectional, max_distance, causal):
     """The same bias, differentiable in `table` (transformers' bucket function, an embedding)."""
     rel = torch.arange(nk)[None, :] - torch.arange(nk - nq, nk)[:, None]
     bucket = modeling_t5.T5Attention._relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance)
+        rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance
+    )
     bias = F.embedding(bucket, table).permute(2, 0, 1)  # [H, Nq, Nk]
     if causal:
         bias = bias.masked_fill(rel > 0, float("-inf"))
@@ -67,18 +73,32 @@ def _inputs(b, h, nq, nk, d, dtype=torch.float32, seed=0, num_buckets=32):
 
 
 CASES = [  # bidirectional, causal, max_distance: encoder, decoder, and the other two mixes
-    (True, False, 128), (False, True, 128), (True, False, 20), (False, True, 20),
-    (False, False, 40), (True, True, 40)]
+    (True, False, 128),
+    (False, True, 128),
+    (True, False, 20),
+    (False, True, 20),
+    (False, False, 40),
+    (True, True, 40),
+]
 SIZES = [(37, 37), (5, 64), (1, 19), (130, 300)]
 
 
 @pytest.mark.parametrize("bidirectional,causal,max_distance", CASES)
 @pytest.mark.parametrize("nq,nk", SIZES)
 def test_forward_equals_t5_compute_bias_in_sdpa_and_the_plain_reference(
-        bidirectional, causal, max_distance, nq, nk):
+    bidirectional, causal, max_distance, nq, nk
+):
     q, k, v, table = _inputs(2, 4, nq, nk, 16)
-    out = posenc.t5_attention(q, k, v, table, bidirectional=bidirectional,
-                              max_distance=max_distance, causal=causal, scale=1.0)
+    out = posenc.t5_attention(
+        q,
+        k,
+        v,
+        table,
+        bidirectional=bidirectional,
+        max_distance=max_distance,
+        causal=causal,
+        scale=1.0,
+    )
     bias = _hf_bias(table.detach(), nq, nk, bidirectional, max_distance, causal)
     sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
     torch.testing.assert_close(out, sdpa, rtol=1e-5, atol=1e-5)
@@ -89,14 +109,27 @@ def test_forward_equals_t5_compute_bias_in_sdpa_and_the_plain_reference(
 
 @pytest.mark.parametrize("bidirectional,causal,max_distance", CASES)
 @pytest.mark.parametrize("nq,nk", SIZES)
-def test_gradients_equal_autograd_through_the_materialized_bias(bidirectional, causal,
-                                                                max_distance, nq, nk):
+def test_gradients_equal_autograd_through_the_materialized_bias(
+    bidirectional, causal, max_distance, nq, nk
+):
     q, k, v, table = _inputs(2, 4, nq, nk, 16, seed=1)
-    out = posenc.t5_attention(q, k, v, table, bidirectional=bidirectional,
-                              max_distance=max_distance, causal=causal, scale=1.0)
+    out = posenc.t5_attention(
+        q,
+        k,
+        v,
+        table,
+        bidirectional=bidirectional,
+        max_distance=max_distance,
+        causal=causal,
+        scale=1.0,
+    )
     want = F.scaled_dot_product_attention(
-        q, k, v, scale=1.0,
-        attn_mask=_bias_with_grad(table, nq, nk, bidirectional, max_distance, causal))
+        q,
+        k,
+        v,
+        scale=1.0,
+        attn_mask=_bias_with_grad(table, nq, nk, bidirectional, max_distance, causal),
+    )
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     g = torch.randn_like(out)
     got = torch.autograd.grad(out, (q, k, v, table), g)
@@ -127,9 +160,16 @@ def test_t5_attention_module_with_posenc_inside(bidirectional):
     def split(t):
         return t.view(2, n, heads, d_kv).transpose(1, 2)  # non-contiguous, as T5 passes them
 
-    out = posenc.t5_attention(split(attn.q(x)), split(attn.k(x)), split(attn.v(x)),
-                              attn.relative_attention_bias.weight, bidirectional=bidirectional,
-                              max_distance=24, causal=not bidirectional, scale=1.0)
+    out = posenc.t5_attention(
+        split(attn.q(x)),
+        split(attn.k(x)),
+        split(attn.v(x)),
+        attn.relative_attention_bias.weight,
+        bidirectional=bidirectional,
+        max_distance=24,
+        causal=not bidirectional,
+        scale=1.0,
+    )
     got = attn.o(out.transpose(1, 2).reshape(2, n, heads * d_kv))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     got_grads = torch.autograd.grad(got.square().sum(), list(attn.parameters()))
@@ -151,8 +191,11 @@ def test_half_precision_and_default_scale(dtype, table_dtype):
     assert table.grad.dtype == table.dtype and q.grad.dtype == dtype
     table32 = table.detach().float().requires_grad_()
     want = F.scaled_dot_product_attention(
-        q.detach().float(), k.detach().float(), v.detach().float(),
-        attn_mask=_bias_with_grad(table32, 20, 33, False, 128, True))
+        q.detach().float(),
+        k.detach().float(),
+        v.detach().float(),
+        attn_mask=_bias_with_grad(table32, 20, 33, False, 128, True),
+    )
     want.sum().backward()
     torch.testing.assert_close(table.grad.float(), table32.grad, rtol=3e-2, atol=3e-2)
 
@@ -166,35 +209,39 @@ def test_gradcheck_float64():
         pytest.skip("t5_attention computes in float32 (float64 is refused, as alibi_attention)")
     torch.autograd.gradcheck(
         lambda *a: posenc.t5_attention(*a, bidirectional=False, max_distance=4, causal=True),
-        (q, k, v, table))
+        (q, k, v, table),
+    )
 
 
 def test_opcheck():
     q, k, v, table = _inputs(1, 2, 6, 9, 8, num_buckets=8)
-    torch.library.opcheck(torch.ops.posenc.t5_attention,
-                          (q, k, v, table, True, 128, False, None))
+    torch.library.opcheck(torch.ops.posenc.t5_attention, (q, k, v, table, True, 128, False, None))
     torch.library.opcheck(torch.ops.posenc.t5_attention, (q, k, v, table, False, 5, True, 1.0))
     # non-contiguous inputs (T5's transposed projections): the fake kernels' strides
-    qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_()
-                  for t in (q, k, v))
+    qt, kt, vt = (
+        t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)
+    )
     assert not qt.is_contiguous()
     torch.library.opcheck(torch.ops.posenc.t5_attention, (qt, kt, vt, table, True, 16, True, 0.5))
-    torch.library.opcheck(torch.ops.posenc._t5_attention_forward,
-                          (q.detach(), k.detach(), v.detach(), table.detach(), False, 6, True,
-                           0.5))
+    torch.library.opcheck(
+        torch.ops.posenc._t5_attention_forward,
+        (q.detach(), k.detach(), v.detach(), table.detach(), False, 6, True, 0.5),
+    )
     qt, kt, vt, table = (t.detach() for t in (qt, kt, vt, table))
     out, lse = torch.ops.posenc._t5_attention_forward(qt, kt, vt, table, True, 16, True, 0.5)
-    torch.library.opcheck(torch.ops.posenc._t5_attention_backward,
-                          (torch.randn_like(out), qt, kt, vt, out, lse, table, True, 16, True,
-                           0.5))
+    torch.library.opcheck(
+        torch.ops.posenc._t5_attention_backward,
+        (torch.randn_like(out), qt, kt, vt, out, lse, table, True, 16, True, 0.5),
+    )
 
 
 def test_compiles_without_graph_breaks_or_recompiles():
     table = torch.randn(32, 2, requires_grad=True)
 
     def f(q, k, v, table):
-        return posenc.t5_attention(q, k, v, table, bidirectional=False, causal=True,
-                                   scale=1.0).sum()
+        return posenc.t5_attention(
+            q, k, v, table, bidirectional=False, causal=True, scale=1.0
+        ).sum()
 
     compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
     with torch._dynamo.config.patch(error_on_recompile=True):
@@ -219,26 +266,69 @@ def test_bad_input_is_one_line():
             posenc.t5_attention(*args, **kwargs)
         assert "\n" not in str(e.value).strip(), str(e.value)
 
-    fails(r"posenc.t5_attention: table must be \[num_buckets, H\] = \[num_buckets, 2\], "
-          r"got \[32, 3\]", q, k, v, torch.zeros(32, 3))
-    fails(r"table must be \[num_buckets, H\] = \[num_buckets, 2\], got \[64\]",
-          q, k, v, torch.zeros(64))
-    fails(r"table.size\(0\) \(num_buckets\) must be >= 4 with bidirectional=True, got 3",
-          q, k, v, torch.zeros(3, 2))
-    fails(r"table.size\(0\) \(num_buckets\) must be >= 2, got 1",
-          q, k, v, torch.zeros(1, 2), bidirectional=False)
-    fails(r"max_distance must exceed the exact range 8 \(num_buckets=32, bidirectional\), got 8",
-          q, k, v, table, max_distance=8)
-    fails(r"max_distance must exceed the exact range 16 \(num_buckets=32\), got 3",
-          q, k, v, table, bidirectional=False, max_distance=3)
-    fails(r"table must be float32 or q's dtype \(BFloat16\), got Double",
-          q.bfloat16(), k.bfloat16(), v.bfloat16(), table.double())
-    fails(r"table must be float32 or q's dtype \(Float\), got BFloat16",
-          q, k, v, table.bfloat16())
+    fails(
+        r"posenc.t5_attention: table must be \[num_buckets, H\] = \[num_buckets, 2\], "
+        r"got \[32, 3\]",
+        q,
+        k,
+        v,
+        torch.zeros(32, 3),
+    )
+    fails(
+        r"table must be \[num_buckets, H\] = \[num_buckets, 2\], got \[64\]",
+        q,
+        k,
+        v,
+        torch.zeros(64),
+    )
+    fails(
+        r"table.size\(0\) \(num_buckets\) must be >= 4 with bidirectional=True, got 3",
+        q,
+        k,
+        v,
+        torch.zeros(3, 2),
+    )
+    fails(
+        r"table.size\(0\) \(num_buckets\) must be >= 2, got 1",
+        q,
+        k,
+        v,
+        torch.zeros(1, 2),
+        bidirectional=False,
+    )
+    fails(
+        r"max_distance must exceed the exact range 8 \(num_buckets=32, bidirectional\), got 8",
+        q,
+        k,
+        v,
+        table,
+        max_distance=8,
+    )
+    fails(
+        r"max_distance must exceed the exact range 16 \(num_buckets=32\), got 3",
+        q,
+        k,
+        v,
+        table,
+        bidirectional=False,
+        max_distance=3,
+    )
+    fails(
+        r"table must be float32 or q's dtype \(BFloat16\), got Double",
+        q.bfloat16(),
+        k.bfloat16(),
+        v.bfloat16(),
+        table.double(),
+    )
+    fails(r"table must be float32 or q's dtype \(Float\), got BFloat16", q, k, v, table.bfloat16())
     fails(r"more queries \(4\) than keys \(3\)", q, k[:, :, :3], v[:, :, :3], table)
-    fails(r"posenc.t5_attention: q, k, v must share one of float32",
-          q.double(), k.double(), v.double(), table)
-    fails(r"posenc.t5_attention: head counts differ: q 2, k 1, v 1",
-          q, k[:, :1], v[:, :1], table)
+    fails(
+        r"posenc.t5_attention: q, k, v must share one of float32",
+        q.double(),
+        k.double(),
+        v.double(),
+        table,
+    )
+    fails(r"posenc.t5_attention: head counts differ: q 2, k 1, v 1", q, k[:, :1], v[:, :1], table)
     fails(r"q has D=8 but k has D=4", q, k[..., :4], v, table)
     assert math.isfinite(posenc.t5_attention(q, k, v, table).sum().item())

@@ -20,7 +20,7 @@ def test_interleaved_equals_distilberts_table(n_pos, dim):
     got = posenc.sinusoidal_table(n_pos, dim, dtype=torch.float32)
     # both are float64 formulas rounded once to float32 (numpy's p / 10000^(2i/d), posenc's
     # p * 10000^(-2i/d)): equal but where the float64 values straddle a float32 rounding point
-    differ = (got != want)
+    differ = got != want
     assert differ.sum().item() <= max(1, got.numel() // 10000), differ.sum()
     ulp = torch.finfo(torch.float32).eps * want.abs().clamp_min(1e-30)
     assert ((got - want).abs() <= ulp).all()
@@ -31,7 +31,7 @@ def test_concat_equals_marians_table(n_pos, dim):
     module = marian.MarianSinusoidalPositionalEmbedding(n_pos, dim)
     want = module.create_weight()
     got = posenc.sinusoidal_table(n_pos, dim, layout="concat", dtype=torch.float32)
-    differ = (got != want)
+    differ = got != want
     assert differ.sum().item() <= max(1, got.numel() // 10000), differ.sum()
     ulp = torch.finfo(torch.float32).eps * want.abs().clamp_min(1e-30)
     assert ((got - want).abs() <= ulp).all()
@@ -44,8 +44,7 @@ def test_fractional_positions_and_the_formula_by_hand():
     for idx in [(0, 1), (1, 0), (1, 1)]:
         p = t[idx].item()
         want = [math.sin(p), math.cos(p), math.sin(p / 10.0), math.cos(p / 10.0)]  # 100^(-2/4)
-        assert torch.allclose(got[idx], torch.tensor(want, dtype=torch.float64), rtol=0,
-                              atol=1e-12)
+        assert torch.allclose(got[idx], torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-12)
 
 
 def test_bad_input_is_one_line_and_opcheck():
@@ -58,8 +57,9 @@ def test_bad_input_is_one_line_and_opcheck():
     with pytest.raises(ValueError, match="a length must be >= 0, got -3"):
         posenc.sinusoidal_table(-3, 4)
     positions = torch.arange(7, dtype=torch.float64).requires_grad_()
-    torch.library.opcheck(torch.ops.posenc.sinusoidal_table, (positions, 8),
-                          {"layout": "concat"})
+    torch.library.opcheck(torch.ops.posenc.sinusoidal_table, (positions, 8), {"layout": "concat"})
     # the table's gradient with respect to fractional positions (timestamps) is the formula's
-    assert torch.autograd.gradcheck(lambda p: posenc.sinusoidal_table(p, 6, base=10.0),
-                                    (positions.detach()[:4].clone().requires_grad_(),))
+    assert torch.autograd.gradcheck(
+        lambda p: posenc.sinusoidal_table(p, 6, base=10.0),
+        (positions.detach()[:4].clone().requires_grad_(),),
+    )

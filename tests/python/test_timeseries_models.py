@@ -70,8 +70,11 @@ class CountOps(TorchDispatchMode):
 
 def _attention_calls(ops: CountOps) -> int:
     """Calls of posenc's fused attention (its forward operator, below autograd)."""
-    return sum(n for name, n in ops.calls.items()
-               if name.startswith("posenc.") and "attention" in name and "backward" not in name)
+    return sum(
+        n
+        for name, n in ops.calls.items()
+        if name.startswith("posenc.") and "attention" in name and "backward" not in name
+    )
 
 
 def _close(got, want, rtol=RTOL):
@@ -95,17 +98,31 @@ def _grads(out, inputs, seed_grad):
 
 # ---- Chronos-2 -------------------------------------------------------------------------------
 
+
 def _chronos_model(attn="sdpa"):
     pytest.importorskip("chronos.chronos2.model")
     from chronos.chronos2.config import Chronos2CoreConfig
     from chronos.chronos2.model import Chronos2Model
+
     torch.manual_seed(0)
     config = Chronos2CoreConfig(
-        d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, dropout_rate=0.0,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        dropout_rate=0.0,
         attn_implementation=attn,
-        chronos_config=dict(context_length=64, output_patch_size=4, input_patch_size=4,
-                            input_patch_stride=4, quantiles=[0.1, 0.5, 0.9], use_reg_token=True,
-                            max_output_patches=2))
+        chronos_config=dict(
+            context_length=64,
+            output_patch_size=4,
+            input_patch_size=4,
+            input_patch_stride=4,
+            quantiles=[0.1, 0.5, 0.9],
+            use_reg_token=True,
+            max_output_patches=2,
+        ),
+    )
     return Chronos2Model(config).eval()
 
 
@@ -138,8 +155,9 @@ def test_chronos2_time_attention(attn):
     q, k, v = split(mha.q(x)), split(mha.k(x)), split(mha.v(x))
     cos, sin = posenc.rope_cos_sin(positions, mha.rope_embed.inv_freq)
     with CountOps() as ops:
-        out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0,
-                                          attention_mask=kept.bool())
+        out = posenc.positional_attention(
+            q, k, v, cos=cos, sin=sin, scale=1.0, attention_mask=kept.bool()
+        )
     assert _attention_calls(ops) == 1
     got = mha.o(out.transpose(1, 2).reshape(batch, length, heads * dim))
     _close(got, want)
@@ -173,9 +191,9 @@ def test_chronos2_group_attention():
 
     q, k, v = split(mha.q(h)), split(mha.k(h)), split(mha.v(h))
     with CountOps() as ops:
-        out = posenc.positional_attention(q, k, v, scale=1.0,
-                                          sample_ids=groups.expand(length, -1),
-                                          attention_mask=kept.T.bool())
+        out = posenc.positional_attention(
+            q, k, v, scale=1.0, sample_ids=groups.expand(length, -1), attention_mask=kept.T.bool()
+        )
     assert _attention_calls(ops) == 1
     got = x + mha.o(out.transpose(1, 2).reshape(length, batch, heads * dim)).transpose(0, 1)
     _close(got, want)
@@ -196,8 +214,10 @@ def test_chronos2_patch_forecasts_equal():
     model = _chronos_model()
     context, groups = _chronos_inputs()
     want = model(context, num_output_patches=2, group_ids=groups).quantile_preds
-    assert posenc_chronos.patch(model) == ["encoder.block.0.layer.0.self_attention",
-                                           "encoder.block.1.layer.0.self_attention"]
+    assert posenc_chronos.patch(model) == [
+        "encoder.block.0.layer.0.self_attention",
+        "encoder.block.1.layer.0.self_attention",
+    ]
     with CountOps() as ops:
         got = model(context, num_output_patches=2, group_ids=groups).quantile_preds
     assert _attention_calls(ops) == 2  # a time attention per block
@@ -205,12 +225,16 @@ def test_chronos2_patch_forecasts_equal():
     # gradients of every parameter, patched vs unpatched
     seed = torch.randn_like(want)
     params = [p for p in model.parameters() if p.requires_grad]
-    got_grads = _grads(model(context, num_output_patches=2, group_ids=groups).quantile_preds,
-                       params, seed)
-    assert posenc_chronos.unpatch(model) == ["encoder.block.0.layer.0.self_attention",
-                                             "encoder.block.1.layer.0.self_attention"]
-    want_grads = _grads(model(context, num_output_patches=2, group_ids=groups).quantile_preds,
-                        params, seed)
+    got_grads = _grads(
+        model(context, num_output_patches=2, group_ids=groups).quantile_preds, params, seed
+    )
+    assert posenc_chronos.unpatch(model) == [
+        "encoder.block.0.layer.0.self_attention",
+        "encoder.block.1.layer.0.self_attention",
+    ]
+    want_grads = _grads(
+        model(context, num_output_patches=2, group_ids=groups).quantile_preds, params, seed
+    )
     _grads_close(got_grads, want_grads)
     # unpatched: Chronos' own forward, the same bits as before, posenc not called
     with CountOps() as ops:
@@ -245,17 +269,25 @@ def test_chronos2_patch_refusals():
     mha = model.encoder.block[0].layer[0].self_attention
     x = torch.randn(1, 5, 32)
     with pytest.raises(ValueError, match="returns no weights"):
-        mha(x, mask=torch.zeros(1, 1, 1, 5), position_ids=torch.arange(5)[None],
-            output_attentions=True)
+        mha(
+            x,
+            mask=torch.zeros(1, 1, 1, 5),
+            position_ids=torch.arange(5)[None],
+            output_attentions=True,
+        )
     with pytest.raises(ValueError, match="masks every key"):
-        mha(x, mask=torch.full((1, 1, 1, 5), torch.finfo(torch.float32).min),
-            position_ids=torch.arange(5)[None])
+        mha(
+            x,
+            mask=torch.full((1, 1, 1, 5), torch.finfo(torch.float32).min),
+            position_ids=torch.arange(5)[None],
+        )
     with pytest.raises(ValueError, match="not a padding mask"):
         mha(x, mask=torch.full((1, 1, 1, 5), -1.0), position_ids=torch.arange(5)[None])
     posenc_chronos.unpatch(model)
 
 
 # ---- Moirai-2 --------------------------------------------------------------------------------
+
 
 def _moirai_module():
     """uni2ts' Moirai2Module, imported without uni2ts.model.moirai2's package file (it imports
@@ -273,8 +305,15 @@ def _moirai_module():
 def _moirai(seed=0):
     module = _moirai_module()
     torch.manual_seed(seed)
-    model = module.Moirai2Module(d_model=128, d_ff=64, num_layers=2, patch_size=4, max_seq_len=64,
-                                 attn_dropout_p=0.0, dropout_p=0.0).eval()
+    model = module.Moirai2Module(
+        d_model=128,
+        d_ff=64,
+        num_layers=2,
+        patch_size=4,
+        max_seq_len=64,
+        attn_dropout_p=0.0,
+        dropout_p=0.0,
+    ).eval()
     with torch.no_grad():  # learned variate bias away from its init, distinct per head
         for layer in model.encoder.layers:
             layer.self_attn.var_attn_bias.emb.weight.normal_()
@@ -285,12 +324,19 @@ def _packed_ids():
     """Two packed rows: row 0 = a series of 2 variates x 5 patches and one of 3 variates x 3,
     then 3 padding tokens (sample_id 0, uni2ts' padding); row 1 = one univariate series of 11
     and one of 2 variates x 4, then 3 padding tokens."""
-    sample = torch.tensor([[1] * 10 + [2] * 9 + [0] * 3,
-                           [1] * 11 + [2] * 8 + [0] * 3])
-    variate = torch.tensor([[0] * 5 + [1] * 5 + [0] * 3 + [1] * 3 + [2] * 3 + [0] * 3,
-                            [0] * 11 + [0] * 4 + [1] * 4 + [0] * 3])
-    time = torch.tensor([list(range(5)) * 2 + list(range(3)) * 3 + [0] * 3,
-                         list(range(11)) + list(range(4)) * 2 + [0] * 3])
+    sample = torch.tensor([[1] * 10 + [2] * 9 + [0] * 3, [1] * 11 + [2] * 8 + [0] * 3])
+    variate = torch.tensor(
+        [
+            [0] * 5 + [1] * 5 + [0] * 3 + [1] * 3 + [2] * 3 + [0] * 3,
+            [0] * 11 + [0] * 4 + [1] * 4 + [0] * 3,
+        ]
+    )
+    time = torch.tensor(
+        [
+            list(range(5)) * 2 + list(range(3)) * 3 + [0] * 3,
+            list(range(11)) + list(range(4)) * 2 + [0] * 3,
+        ]
+    )
     return sample, variate, time
 
 
@@ -318,8 +364,16 @@ def test_moirai2_attention_packed(packing):
     else:
         mask = torch_util.packed_attention_mask(sample)
     x = torch.randn(batch, length, 128, requires_grad=True)
-    want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
-                     query_time_id=time, kv_time_id=time)
+    want = attention(
+        x,
+        x,
+        x,
+        attn_mask=mask,
+        query_var_id=variate,
+        kv_var_id=variate,
+        query_time_id=time,
+        kv_time_id=time,
+    )
 
     def split(t):
         return t.view(batch, length, heads, dim).transpose(1, 2)
@@ -347,10 +401,13 @@ def test_moirai2_attention_packed(packing):
 def _univariate_ids():
     """Packed series of one variate each (time in token order within a series), then padding:
     Moirai-2's packed causal mask is then causal in token order within each run."""
-    sample = torch.tensor([[1] * 7 + [2] * 5 + [3] * 7 + [0] * 3,
-                           [1] * 12 + [2] * 10])
-    time = torch.cat([torch.cat([torch.arange(n) for n in (7, 5, 7, 3)])[None],
-                      torch.cat([torch.arange(n) for n in (12, 10)])[None]])
+    sample = torch.tensor([[1] * 7 + [2] * 5 + [3] * 7 + [0] * 3, [1] * 12 + [2] * 10])
+    time = torch.cat(
+        [
+            torch.cat([torch.arange(n) for n in (7, 5, 7, 3)])[None],
+            torch.cat([torch.arange(n) for n in (12, 10)])[None],
+        ]
+    )
     variate = torch.zeros_like(sample)
     variate[0, 12:19] = 1  # ids need not be 0 in a series of one variate
     return sample, variate, time
@@ -374,8 +431,16 @@ def test_moirai_fused_sample_mask_and_variate_bias(packing):
     batch, length = sample.shape
     heads, dim = attention.num_heads, attention.head_dim
     x = torch.randn(batch, length, 128, requires_grad=True)
-    want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
-                     query_time_id=time, kv_time_id=time)
+    want = attention(
+        x,
+        x,
+        x,
+        attn_mask=mask,
+        query_var_id=variate,
+        kv_var_id=variate,
+        query_time_id=time,
+        kv_time_id=time,
+    )
 
     def split(t):
         return t.view(batch, length, heads, dim).transpose(1, 2)
@@ -383,16 +448,27 @@ def test_moirai_fused_sample_mask_and_variate_bias(packing):
     q = attention.q_norm(split(attention.q_proj(x)))
     k = attention.k_norm(split(attention.k_proj(x)))
     v = split(attention.v_proj(x))
-    cos, sin = posenc.rope_cos_sin(time, attention.time_qk_proj.query_proj.theta,
-                                   layout="interleaved")
+    cos, sin = posenc.rope_cos_sin(
+        time, attention.time_qk_proj.query_proj.theta, layout="interleaved"
+    )
     table = attention.var_attn_bias.emb.weight
-    runs = torch.cat([torch.ones(batch, 1, dtype=torch.bool), sample[:, 1:] != sample[:, :-1]],
-                     1).cumsum(1)  # uni2ts' ids renumbered as contiguous runs (0 is a sample too)
+    runs = torch.cat(
+        [torch.ones(batch, 1, dtype=torch.bool), sample[:, 1:] != sample[:, :-1]], 1
+    ).cumsum(1)  # uni2ts' ids renumbered as contiguous runs (0 is a sample too)
     with CountOps() as ops:
-        out = posenc.positional_attention(q, k, v, cos=cos, sin=sin, layout="interleaved",
-                                          scale=attention.softmax_scale,
-                                          causal=packing == "causal", sample_ids=runs,
-                                          variate_ids=variate, variate_bias=table)
+        out = posenc.positional_attention(
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            layout="interleaved",
+            scale=attention.softmax_scale,
+            causal=packing == "causal",
+            sample_ids=runs,
+            variate_ids=variate,
+            variate_bias=table,
+        )
     assert _attention_calls(ops) == 1
     got = attention.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
     _close(got, want)
@@ -413,8 +489,15 @@ def _moirai_inputs():
     target = torch.randn(*sample.shape, 4)
     observed = torch.rand(*sample.shape, 4) > 0.1
     prediction = (time == time.max()) & (sample > 0)
-    return dict(target=target, observed_mask=observed, sample_id=sample, time_id=time,
-                variate_id=variate, prediction_mask=prediction, training_mode=False)
+    return dict(
+        target=target,
+        observed_mask=observed,
+        sample_id=sample,
+        time_id=time,
+        variate_id=variate,
+        prediction_mask=prediction,
+        training_mode=False,
+    )
 
 
 def test_moirai2_patch_predictions_equal():
@@ -448,10 +531,15 @@ def test_moirai2_patch_fused_path():
     model = _moirai()
     sample, variate, time = _univariate_ids()
     torch.manual_seed(3)
-    inputs = dict(target=torch.randn(*sample.shape, 4),
-                  observed_mask=torch.rand(*sample.shape, 4) > 0.1, sample_id=sample,
-                  time_id=time, variate_id=variate,
-                  prediction_mask=(time >= 4) & (sample > 0), training_mode=False)
+    inputs = dict(
+        target=torch.randn(*sample.shape, 4),
+        observed_mask=torch.rand(*sample.shape, 4) > 0.1,
+        sample_id=sample,
+        time_id=time,
+        variate_id=variate,
+        prediction_mask=(time >= 4) & (sample > 0),
+        training_mode=False,
+    )
     want = model(**inputs)
     names = posenc_uni2ts.patch(model)
     with CountOps() as ops:
@@ -462,13 +550,12 @@ def test_moirai2_patch_fused_path():
     # the variate biases' gradients are 0 in exact arithmetic here (one variate per series: a
     # row's logits all take the same bias) and float32 noise in both: checked small, not equal
     biases = [layer.self_attn.var_attn_bias.emb.weight for layer in model.encoder.layers]
-    params = [p for p in model.parameters()
-              if p.requires_grad and all(p is not b for b in biases)]
+    params = [p for p in model.parameters() if p.requires_grad and all(p is not b for b in biases)]
     got_grads = _grads(model(**inputs), params + biases, seed)
     assert posenc_uni2ts.unpatch(model) == names
     want_grads = _grads(model(**inputs), params + biases, seed)
-    _grads_close(got_grads[:len(params)], want_grads[:len(params)])
-    for g, w in zip(got_grads[len(params):], want_grads[len(params):]):
+    _grads_close(got_grads[: len(params)], want_grads[: len(params)])
+    for g, w in zip(got_grads[len(params) :], want_grads[len(params) :]):
         assert g.abs().max() < 1e-5 and w.abs().max() < 1e-5
 
 
@@ -483,14 +570,32 @@ def test_moirai2_patch_non_contiguous_samples():
     time = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]])
     variate = torch.zeros_like(sample)
     x = torch.randn(1, 8, 128)
-    for mask in (torch_util.packed_attention_mask(sample),
-                 torch_util.packed_causal_attention_mask(sample, time)):
-        want = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
-                         query_time_id=time, kv_time_id=time)
+    for mask in (
+        torch_util.packed_attention_mask(sample),
+        torch_util.packed_causal_attention_mask(sample, time),
+    ):
+        want = attention(
+            x,
+            x,
+            x,
+            attn_mask=mask,
+            query_var_id=variate,
+            kv_var_id=variate,
+            query_time_id=time,
+            kv_time_id=time,
+        )
         posenc_uni2ts.patch(model)
         with CountOps() as ops:
-            got = attention(x, x, x, attn_mask=mask, query_var_id=variate, kv_var_id=variate,
-                            query_time_id=time, kv_time_id=time)
+            got = attention(
+                x,
+                x,
+                x,
+                attn_mask=mask,
+                query_var_id=variate,
+                kv_var_id=variate,
+                query_time_id=time,
+                kv_time_id=time,
+            )
         posenc_uni2ts.unpatch(model)
         assert _attention_calls(ops) == 0 and ops.calls["posenc.apply_rotary"] == 1
         assert torch.equal(got, want)
@@ -509,12 +614,14 @@ def test_moirai2_patch_refusals():
     x = torch.randn(1, 4, 128)
     time, other = torch.arange(4)[None], torch.arange(1, 5)[None]
     with pytest.raises(ValueError, match="same time_id"):
-        attention(x, x, x, query_var_id=time * 0, kv_var_id=time * 0, query_time_id=time,
-                  kv_time_id=other)
+        attention(
+            x, x, x, query_var_id=time * 0, kv_var_id=time * 0, query_time_id=time, kv_time_id=other
+        )
     posenc_uni2ts.unpatch(model)
 
 
 # ---- TimesFM 2.5 -----------------------------------------------------------------------------
+
 
 def _left_padding(batch, length):
     padded = torch.zeros(batch, length, dtype=torch.bool)
@@ -549,14 +656,14 @@ def test_timesfm25_attention_left_padded():
     def split(t):
         return t.view(batch, length, heads, dim)
 
-    q, k = posenc.apply_rotary_pos_emb(split(attention.query(x)), split(attention.key(x)), cos,
-                                       sin, unsqueeze_dim=2)
+    q, k = posenc.apply_rotary_pos_emb(
+        split(attention.query(x)), split(attention.key(x)), cos, sin, unsqueeze_dim=2
+    )
     q = attention.per_dim_scale(attention.query_ln(q)).transpose(1, 2)
     k = attention.key_ln(k).transpose(1, 2)
     v = split(attention.value(x)).transpose(1, 2)
     with CountOps() as ops:
-        out = posenc.positional_attention(q, k, v, scale=1.0, causal=True,
-                                          attention_mask=~padded)
+        out = posenc.positional_attention(q, k, v, scale=1.0, causal=True, attention_mask=~padded)
     assert _attention_calls(ops) == 1
     got = attention.out(out.transpose(1, 2).reshape(batch, length, heads * dim))
     kept = (~padded)[..., None]
@@ -564,7 +671,12 @@ def test_timesfm25_attention_left_padded():
     # padded queries see no key: 0 from SDPA and from posenc (their rows feed nothing downstream)
     assert torch.equal(got[padded], want[padded])
     seed = torch.randn_like(want) * kept
-    params = [x, attention.query.weight, attention.key.weight, attention.per_dim_scale.per_dim_scale]
+    params = [
+        x,
+        attention.query.weight,
+        attention.key.weight,
+        attention.per_dim_scale.per_dim_scale,
+    ]
     _grads_close(_grads(got, params, seed), _grads(want, params, seed))
 
 
@@ -575,9 +687,17 @@ class _TimesFMStack(torch.nn.Module):
     def __init__(self, transformer, configs):
         super().__init__()
         config = configs.TransformerConfig(
-            model_dims=64, hidden_dims=64, num_heads=4, attention_norm="rms",
-            feedforward_norm="rms", qk_norm="rms", use_bias=True,
-            use_rotary_position_embeddings=True, ff_activation="swish", fuse_qkv=True)
+            model_dims=64,
+            hidden_dims=64,
+            num_heads=4,
+            attention_norm="rms",
+            feedforward_norm="rms",
+            qk_norm="rms",
+            use_bias=True,
+            use_rotary_position_embeddings=True,
+            ff_activation="swish",
+            fuse_qkv=True,
+        )
         self.layers = torch.nn.ModuleList([transformer.Transformer(config) for _ in range(2)])
 
     def forward(self, x, padded):
@@ -640,10 +760,17 @@ def test_transformers_timesfm2_5_positions_and_tables():
     them; posenc's rotation + fused attention give that output to 1e-6."""
     tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
     from transformers import TimesFm2_5Config
+
     torch.manual_seed(0)
-    config = TimesFm2_5Config(hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=4, num_key_value_heads=4, head_dim=16,
-                              attn_implementation="sdpa")
+    config = TimesFm2_5Config(
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=16,
+        attn_implementation="sdpa",
+    )
     rotary = tf.TimesFm2_5RotaryEmbedding(config)
     attention = tf.TimesFm2_5Attention(config, layer_idx=0).eval()
     with torch.no_grad():
@@ -656,8 +783,10 @@ def test_transformers_timesfm2_5_positions_and_tables():
     cos, sin = posenc.rope_cos_sin(positions, rotary.inv_freq)
     assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
     from transformers.masking_utils import create_causal_mask
-    mask = create_causal_mask(config=config, inputs_embeds=x,
-                              attention_mask=(~padded).to(torch.int64), cache=None)
+
+    mask = create_causal_mask(
+        config=config, inputs_embeds=x, attention_mask=(~padded).to(torch.int64), cache=None
+    )
     want, _ = attention(x, position_embeddings=(want_cos, want_sin), attention_mask=mask)
     with_posenc_tables, _ = attention(x, position_embeddings=(cos, sin), attention_mask=mask)
     assert torch.equal(with_posenc_tables, want)
@@ -680,11 +809,21 @@ def test_transformers_timesfm2_5_patch_equal():
     tables through posenc.rope_cos_sin, attention through posenc's fused kernel."""
     tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
     from transformers import TimesFm2_5Config
+
     torch.manual_seed(0)
-    config = TimesFm2_5Config(patch_length=4, context_length=64, horizon_length=8, hidden_size=64,
-                              intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              num_key_value_heads=2, head_dim=16, output_quantile_len=8,
-                              attn_implementation="sdpa")
+    config = TimesFm2_5Config(
+        patch_length=4,
+        context_length=64,
+        horizon_length=8,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        output_quantile_len=8,
+        attn_implementation="sdpa",
+    )
     model = tf.TimesFm2_5Model(config).eval()
     with torch.no_grad():
         for layer in model.layers:
@@ -713,6 +852,7 @@ def test_transformers_timesfm2_5_patch_equal():
 
 # ---- Toto ------------------------------------------------------------------------------------
 
+
 def _toto():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ImportWarning)  # xFormers not installed: SDPA path
@@ -723,11 +863,16 @@ def _toto():
     torch.manual_seed(0)
     heads, dim = 4, 16
     # as toto/model/transformer.py builds it: TimeAwareRotaryEmbedding(head_dim, use_xpos=True)
-    rotary = rope.TimeAwareRotaryEmbedding(dim, use_xpos=True, cache_if_possible=True,
-                                           seq_before_head_dim=False)
-    time = attention.TimeWiseMultiheadAttention(embed_dim=heads * dim, num_heads=heads, dropout=0.0,
-                                                rotary_emb=rotary,
-                                                use_memory_efficient_attention=False).eval()
+    rotary = rope.TimeAwareRotaryEmbedding(
+        dim, use_xpos=True, cache_if_possible=True, seq_before_head_dim=False
+    )
+    time = attention.TimeWiseMultiheadAttention(
+        embed_dim=heads * dim,
+        num_heads=heads,
+        dropout=0.0,
+        rotary_emb=rotary,
+        use_memory_efficient_attention=False,
+    ).eval()
     return time, rotary
 
 
@@ -745,7 +890,7 @@ def test_toto_time_attention():
     assert torch.equal(cos, freqs.cos()) and torch.equal(sin, freqs.sin())
     q, k = posenc.apply_rotary_pos_emb(q, k, cos[None], sin[None], layout="interleaved")
     scale = rotary.get_scale(seq)
-    out = posenc.positional_attention(q * scale, k * scale ** -1, v, causal=True)
+    out = posenc.positional_attention(q * scale, k * scale**-1, v, causal=True)
     got = attention.wO(attention.rearrange_output(out, batch, variates, length))
     _close(got, want)
     seed = torch.randn_like(want)
@@ -766,19 +911,26 @@ def test_toto_xpos_layout():
     assert not torch.equal(scale, per_pair.repeat_interleave(2, -1))
 
 
-
 def test_toto_patch_equal():
     """toto's own Transformer (time-wise and space-wise layers, SDPA path): patched = unpatched
     to 1e-6, forward and backward; the rotation of every time-wise layer through posenc."""
     _toto()  # imports toto quietly (the xFormers warnings)
     transformer = importlib.import_module("toto.model.transformer")
     torch.manual_seed(0)
-    model = transformer.Transformer(num_layers=4, embed_dim=64, num_heads=4, mlp_hidden_dim=64,
-                                    dropout=0.0, spacewise_every_n_layers=2,
-                                    spacewise_first=False,
-                                    use_memory_efficient_attention=False).eval()
-    time_layers = sum(layer.attention_axis == importlib.import_module(
-        "toto.model.attention").AttentionAxis.TIME for layer in model.layers)
+    model = transformer.Transformer(
+        num_layers=4,
+        embed_dim=64,
+        num_heads=4,
+        mlp_hidden_dim=64,
+        dropout=0.0,
+        spacewise_every_n_layers=2,
+        spacewise_first=False,
+        use_memory_efficient_attention=False,
+    ).eval()
+    time_layers = sum(
+        layer.attention_axis == importlib.import_module("toto.model.attention").AttentionAxis.TIME
+        for layer in model.layers
+    )
     assert 0 < time_layers < 4
     batch, variates, length = 2, 3, 12
     x = torch.randn(batch, variates, length, 64)

@@ -9,20 +9,30 @@ import posenc
 timm_layers = pytest.importorskip("timm.layers")
 
 
-@pytest.mark.parametrize("old,new,prefix,mode,antialias", [
-    ((4, 4), (6, 6), 1, "bicubic", True),     # the main job's 1.5x evaluation grid, a CLS row
-    ((14, 14), (7, 7), 0, "bicubic", True),   # shrinking: antialias matters
-    ((4, 6), (8, 3), 2, "bilinear", False),   # non-square both ways, two prefix rows
-    ((7, 7), (9, 12), 1, "bilinear", True),
-])
+@pytest.mark.parametrize(
+    "old,new,prefix,mode,antialias",
+    [
+        ((4, 4), (6, 6), 1, "bicubic", True),  # the main job's 1.5x evaluation grid, a CLS row
+        ((14, 14), (7, 7), 0, "bicubic", True),  # shrinking: antialias matters
+        ((4, 6), (8, 3), 2, "bilinear", False),  # non-square both ways, two prefix rows
+        ((7, 7), (9, 12), 1, "bilinear", True),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 def test_resample_abs_pos_embed_equals_timm(old, new, prefix, mode, antialias, dtype):
     torch.manual_seed(0)
     posemb = torch.randn(1, prefix + old[0] * old[1], 24).to(dtype)
-    want = timm_layers.resample_abs_pos_embed(posemb, list(new), list(old), num_prefix_tokens=prefix,
-                                              interpolation=mode, antialias=antialias)
-    got = posenc.timm.resample_abs_pos_embed(posemb, new, old, num_prefix_tokens=prefix,
-                                             interpolation=mode, antialias=antialias)
+    want = timm_layers.resample_abs_pos_embed(
+        posemb,
+        list(new),
+        list(old),
+        num_prefix_tokens=prefix,
+        interpolation=mode,
+        antialias=antialias,
+    )
+    got = posenc.timm.resample_abs_pos_embed(
+        posemb, new, old, num_prefix_tokens=prefix, interpolation=mode, antialias=antialias
+    )
     assert got.shape == want.shape and got.dtype == want.dtype
     # the same F.interpolate on the same float32 values: the same bits
     assert torch.equal(got, want), (got.double() - want.double()).abs().max()
@@ -56,15 +66,16 @@ def test_resample_refuses_in_one_line():
 @pytest.mark.parametrize("reverse_coord", [False, True])
 @pytest.mark.parametrize("interleave", [False, True])
 def test_build_sincos2d_pos_embed_equals_timm(shape, reverse_coord, interleave):
-    kw = dict(dim=64, temperature=10000.0, reverse_coord=reverse_coord,
-              interleave_sin_cos=interleave)
+    kw = dict(
+        dim=64, temperature=10000.0, reverse_coord=reverse_coord, interleave_sin_cos=interleave
+    )
     want = timm_layers.build_sincos2d_pos_embed(list(shape), **kw)
     got = posenc.timm.build_sincos2d_pos_embed(shape, **kw)
     assert got.shape == want.shape and got.dtype == want.dtype
     # timm's angles are float32 products (positions <= 13: ~1e-6), posenc's float64 rounded once
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
     exact = posenc.timm.build_sincos2d_pos_embed(shape, dtype=torch.float64, **kw)
-    assert (exact - got.double()).abs().max() <= 2 ** -24  # posenc's: one rounding of the exact
+    assert (exact - got.double()).abs().max() <= 2**-24  # posenc's: one rounding of the exact
 
 
 def test_sincos_takes_two_dimensional_grids_only():
@@ -82,22 +93,33 @@ def test_the_layouts_would_be_seen():
 def test_opcheck_grid_operators():
     torch.manual_seed(1)
     table = torch.randn(1 + 16, 8, dtype=torch.float64, requires_grad=True)
-    torch.library.opcheck(torch.ops.posenc.resample_grid_table.default,
-                          (table, [4, 4], [6, 5], 1, "bicubic", True, False))
+    torch.library.opcheck(
+        torch.ops.posenc.resample_grid_table.default,
+        (table, [4, 4], [6, 5], 1, "bicubic", True, False),
+    )
     coords = torch.rand(2, 6, 2, dtype=torch.float64) * 10
     torch.library.opcheck(torch.ops.posenc.axial_sincos_table.default, (coords, 16, 100.0, "mae"))
     # a learned table trained at one grid takes gradients through the resampling
     torch.autograd.gradcheck(
-        lambda t: torch.ops.posenc.resample_grid_table(t, [4, 4], [3, 5], 1, "bilinear", False,
-                                                       False), (table,))
+        lambda t: torch.ops.posenc.resample_grid_table(
+            t, [4, 4], [3, 5], 1, "bilinear", False, False
+        ),
+        (table,),
+    )
 
 
 @pytest.mark.parametrize("half", [False, True])
-@pytest.mark.parametrize("dtype,emb_dtype", [(torch.float32, torch.float32),
-                                             (torch.bfloat16, torch.float32),
-                                             (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtype,emb_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+    ],
+)
 def test_apply_rot_embed_cat_is_timms(half, dtype, emb_dtype):
     from timm.layers.pos_embed_sincos import RotaryEmbeddingCat, apply_rot_embed_cat
+
     rope = RotaryEmbeddingCat(dim=32, in_pixels=False, feat_shape=[7, 9], rotate_half=half)
     emb = rope.get_embed().to(emb_dtype)  # [63, 64]
     g = torch.Generator().manual_seed(1)
@@ -135,11 +157,17 @@ _GRIDS = [(14, 14), (7, 9), (3, 5, 4), (1, 6)]
 @pytest.mark.parametrize("rotate_half", [False, True])
 def test_build_rotary_pos_embed_equals_timm(feat_shape, grid_type, in_pixels, rotate_half):
     ref = [16] * len(feat_shape)
-    for kwargs in [dict(), dict(ref_feat_shape=ref), dict(grid_offset=0.5),
-                   dict(grid_indexing="xy"), dict(normalize_coords="max"),
-                   dict(normalize_coords="min", ref_feat_shape=ref, grid_indexing="xy")]:
-        args = dict(dim=64, in_pixels=in_pixels, grid_type=grid_type, rotate_half=rotate_half,
-                    **kwargs)
+    for kwargs in [
+        dict(),
+        dict(ref_feat_shape=ref),
+        dict(grid_offset=0.5),
+        dict(grid_indexing="xy"),
+        dict(normalize_coords="max"),
+        dict(normalize_coords="min", ref_feat_shape=ref, grid_indexing="xy"),
+    ]:
+        args = dict(
+            dim=64, in_pixels=in_pixels, grid_type=grid_type, rotate_half=rotate_half, **kwargs
+        )
         want = pos_embed_sincos.build_rotary_pos_embed(list(feat_shape), **args)
         got = posenc.timm.build_rotary_pos_embed(feat_shape, **args)
         for g, w in zip(got, want):  # sin, cos
@@ -155,17 +183,26 @@ def test_pixel_and_ladder_bands_equal_timm(linear_bands, max_res):
     assert torch.equal(got, want)
     for temperature in [10000.0, 100.0, 7.5]:
         want = pos_embed_sincos.freq_bands(16, temperature=temperature, step=1)
-        assert torch.equal(torch.ops.posenc.patch_grid_bands(16, False, 224.0, temperature, False),
-                           want)
+        assert torch.equal(
+            torch.ops.posenc.patch_grid_bands(16, False, 224.0, temperature, False), want
+        )
 
 
 def _eva_settings():  # EVA-02's: ladder bands, index grid, pretraining grid 16 x 16
     return dict(in_pixels=False, ref_feat_shape=[16, 16])
 
 
-@pytest.mark.parametrize("settings", [dict(), _eva_settings(), dict(rotate_half=True),
-                                      dict(grid_type="centered", normalize_coords="max"),
-                                      dict(grid_indexing="xy", linear_bands=True)], ids=str)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(),
+        _eva_settings(),
+        dict(rotate_half=True),
+        dict(grid_type="centered", normalize_coords="max"),
+        dict(grid_indexing="xy", linear_bands=True),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("cached", [False, True])
 def test_rotary_embedding_cat_module_equals_timms(settings, cached):
     feat_shape = [12, 10] if cached else None
@@ -176,16 +213,19 @@ def test_rotary_embedding_cat_module_equals_timms(settings, cached):
         want = want_m.get_embed(shape)
         assert torch.equal(got_m.get_embed(shape), want)
         assert torch.equal(from_timm.get_embed(shape), want)
-        assert torch.equal(got_m.get_embed(shape, dtype=torch.bfloat16),
-                           want_m.get_embed(shape, dtype=torch.bfloat16))
+        assert torch.equal(
+            got_m.get_embed(shape, dtype=torch.bfloat16),
+            want_m.get_embed(shape, dtype=torch.bfloat16),
+        )
     x = torch.randn(2, 32, 12, 10)
     assert torch.equal(got_m(x), want_m(x))
     if not cached:
         shapes = [(3, 4), (5, 2), (4, 4)]
         for g, w in zip(got_m.get_batch_embeds(shapes), want_m.get_batch_embeds(shapes)):
             assert torch.equal(g, w)
-        assert torch.equal(got_m.get_batch_embeds(shapes, seq_len=20),
-                           want_m.get_batch_embeds(shapes, seq_len=20))
+        assert torch.equal(
+            got_m.get_batch_embeds(shapes, seq_len=20), want_m.get_batch_embeds(shapes, seq_len=20)
+        )
     else:  # a new grid: the cache follows, as timm's does
         got_m.update_feat_shape([6, 8])
         want_m.update_feat_shape([6, 8])
@@ -212,8 +252,9 @@ def test_rotary_embedding_module_and_casts_equal_timms():
 def test_rotary_tables_rotate_as_timms_eva_attention_does():
     # EVA's attention: q, k [B, H, N, Dh] rotated by RotaryEmbeddingCat(Dh / 2 ... ) tables
     torch.manual_seed(0)
-    rope_t = pos_embed_sincos.RotaryEmbeddingCat(32, in_pixels=False, feat_shape=[6, 6],
-                                                 ref_feat_shape=[16, 16])
+    rope_t = pos_embed_sincos.RotaryEmbeddingCat(
+        32, in_pixels=False, feat_shape=[6, 6], ref_feat_shape=[16, 16]
+    )
     rope_p = posenc.timm.RotaryEmbeddingCat.from_timm(rope_t)
     q = torch.randn(2, 3, 36, 32)
     want = pos_embed_sincos.apply_rot_embed_cat(q, rope_t.get_embed())
@@ -244,12 +285,17 @@ def test_axial_rope_ops_pass_opcheck():
     # mode cannot inspect the Device argument of the aten::to inside (new tensors, no aliasing)
     static = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
     bands = torch.ops.posenc.patch_grid_bands(8, False, 224.0, 100.0, False)
-    torch.library.opcheck(torch.ops.posenc.patch_grid_rope, ([5, 6], bands),
-                          {"grid_type": "centered", "ref_feat_shape": [8, 8]}, test_utils=static)
+    torch.library.opcheck(
+        torch.ops.posenc.patch_grid_rope,
+        ([5, 6], bands),
+        {"grid_type": "centered", "ref_feat_shape": [8, 8]},
+        test_utils=static,
+    )
     with pytest.raises(RuntimeError, match="no gradient with respect to the bands"):
         torch.ops.posenc.patch_grid_rope([2, 2], bands.clone().requires_grad_())
     # the fake kernel's shapes are the kernel's
     from torch._subclasses.fake_tensor import FakeTensorMode
+
     cos, sin = torch.ops.posenc.patch_grid_rope([3, 4, 5], bands, layout="half")
     with FakeTensorMode() as mode:
         fake = torch.ops.posenc.patch_grid_rope([3, 4, 5], mode.from_tensor(bands), layout="half")
@@ -263,8 +309,10 @@ _CLASSES = ["RotaryEmbeddingCat", "RotaryEmbedding"]
 
 
 def _both(cls, *args, **kwargs):
-    return (getattr(posenc.timm, cls)(*args, **kwargs),
-            getattr(pos_embed_sincos, cls)(*args, **kwargs))
+    return (
+        getattr(posenc.timm, cls)(*args, **kwargs),
+        getattr(pos_embed_sincos, cls)(*args, **kwargs),
+    )
 
 
 def _same(got, want):
@@ -282,8 +330,18 @@ def _same_buffers(got_m, want_m):
 
 
 @pytest.mark.parametrize("cls", _CLASSES)
-@pytest.mark.parametrize("casts", [("half",), ("bfloat16",), ("double",), ("double", "half"),
-                                   ("half", "double"), ("bfloat16", "float")], ids=str)
+@pytest.mark.parametrize(
+    "casts",
+    [
+        ("half",),
+        ("bfloat16",),
+        ("double",),
+        ("double", "half"),
+        ("half", "double"),
+        ("bfloat16", "float"),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("settings", [_eva_settings(), dict()], ids=["eva", "pixel"])
 def test_cached_tables_after_casts_and_new_grids_equal_timms(cls, casts, settings):
     got_m, want_m = _both(cls, 32, feat_shape=[8, 8], **settings)
@@ -303,8 +361,11 @@ def test_cached_tables_after_casts_and_new_grids_equal_timms(cls, casts, setting
 
 @pytest.mark.parametrize("cls", _CLASSES)
 @pytest.mark.parametrize("build", ["dtype=float64", ".double()", "default float64"])
-@pytest.mark.parametrize("settings", [_eva_settings(), dict(), dict(grid_type="centered")],
-                         ids=["eva", "pixel", "centered"])
+@pytest.mark.parametrize(
+    "settings",
+    [_eva_settings(), dict(), dict(grid_type="centered")],
+    ids=["eva", "pixel", "centered"],
+)
 def test_float64_bands_give_timms_tables(cls, build, settings):
     if build == "default float64":
         previous = torch.get_default_dtype()
@@ -324,8 +385,10 @@ def test_float64_bands_give_timms_tables(cls, build, settings):
         _same(got_m.get_embed([7, 9], dtype=dtype), want_m.get_embed([7, 9], dtype=dtype))
     x = torch.randn(2, 32, 7, 9, dtype=torch.float64)
     _same(got_m(x), want_m(x))
-    _same(posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands),
-          pos_embed_sincos.build_rotary_pos_embed([5, 6], bands=want_m.bands))
+    _same(
+        posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands),
+        pos_embed_sincos.build_rotary_pos_embed([5, 6], bands=want_m.bands),
+    )
     # float64 tables kept float64 by timm: not posenc's (its float64-band tables are float32)
     with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
         got_m.get_embed([7, 9], dtype=torch.float64)
@@ -350,16 +413,19 @@ def test_given_bands_keep_timms_output_dtype():
                 with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
                     posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=None)
                 continue
-            _same(posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
-                  pos_embed_sincos.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype))
+            _same(
+                posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
+                pos_embed_sincos.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
+            )
 
 
 @pytest.mark.parametrize("cls", _CLASSES)
 @pytest.mark.parametrize("casts", [(), ("half",), ("double",), ("bfloat16",)], ids=str)
 @pytest.mark.parametrize("cached", [False, True])
 def test_from_timm_takes_a_cast_modules_state(cls, casts, cached):
-    timm_m = getattr(pos_embed_sincos, cls)(32, feat_shape=[8, 8] if cached else None,
-                                            **_eva_settings())
+    timm_m = getattr(pos_embed_sincos, cls)(
+        32, feat_shape=[8, 8] if cached else None, **_eva_settings()
+    )
     for cast in casts:
         timm_m = getattr(timm_m, cast)()
     got_m = getattr(posenc.timm, cls).from_timm(timm_m)
@@ -374,7 +440,9 @@ def test_from_timm_takes_a_cast_modules_state(cls, casts, cached):
 
 def test_from_timm_refuses_a_cache_it_would_not_give():
     # .half().float(): timm's float32 cache holds float16-rounded values; posenc's would not
-    timm_m = pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    timm_m = (
+        pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    )
     with pytest.raises(ValueError, match="cached table is not the one its settings give"):
         posenc.timm.RotaryEmbeddingCat.from_timm(timm_m)
     # posenc's own module, cast the same way, keeps the same rounded values as timm's
@@ -386,31 +454,49 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
     # timm's `x * cos + rot(x) * sin` aligns an [E, N, 2D] emb with the heads of a 4-D x and with
     # the batch of a 3-D x; posenc's follows, forward and gradients, and refuses other ranks
     from timm.layers.pos_embed_sincos import apply_rot_embed_cat as timms
+
     g = torch.Generator().manual_seed(3)
     for half in (False, True):
-        for xs, es in [((2, 2, 10, 16), (2, 10, 32)), ((1, 3, 10, 16), (3, 10, 32)),
-                       ((2, 3, 10, 16), (1, 10, 32)), ((2, 10, 16), (2, 10, 32)),
-                       ((2, 3, 10, 16), (2, 1, 10, 32)), ((2, 3, 10, 16), (1, 1, 10, 32))]:
+        for xs, es in [
+            ((2, 2, 10, 16), (2, 10, 32)),
+            ((1, 3, 10, 16), (3, 10, 32)),
+            ((2, 3, 10, 16), (1, 10, 32)),
+            ((2, 10, 16), (2, 10, 32)),
+            ((2, 3, 10, 16), (2, 1, 10, 32)),
+            ((2, 3, 10, 16), (1, 1, 10, 32)),
+        ]:
             x = torch.randn(xs, generator=g).bfloat16().requires_grad_()
             emb = torch.randn(es, generator=g).requires_grad_()
             a, b = posenc.timm.apply_rot_embed_cat(x, emb, half), timms(x, emb, half)
             assert a.shape == b.shape and torch.equal(a, b), (xs, es)
             grad = torch.randn(b.shape, generator=g).to(b.dtype)
-            for u, w in zip(torch.autograd.grad(a, (x, emb), grad), torch.autograd.grad(b, (x, emb), grad)):
+            for u, w in zip(
+                torch.autograd.grad(a, (x, emb), grad), torch.autograd.grad(b, (x, emb), grad)
+            ):
                 assert torch.equal(u, w), (xs, es)
     with pytest.raises(ValueError, match=r"emb must be \[N, 2D\], \[E, N, 2D\] or \[B, 1, N, 2D\]"):
         posenc.timm.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))
 
 
-AUGMENT = [dict(shift_coords=0.5), dict(jitter_coords=1.5), dict(rescale_coords=2.0),
-           dict(shift_coords=1.0, jitter_coords=1.2, rescale_coords=1.5)]
+AUGMENT = [
+    dict(shift_coords=0.5),
+    dict(jitter_coords=1.5),
+    dict(rescale_coords=2.0),
+    dict(shift_coords=1.0, jitter_coords=1.2, rescale_coords=1.5),
+]
 
 
 @pytest.mark.parametrize("augment", AUGMENT, ids=str)
-@pytest.mark.parametrize("settings", [
-    dict(in_pixels=False, ref_feat_shape=[16, 16]), dict(in_pixels=True),
-    dict(in_pixels=False, grid_indexing="xy", rotate_half=True),
-    dict(grid_type="centered", in_pixels=False)], ids=str)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(in_pixels=False, ref_feat_shape=[16, 16]),
+        dict(in_pixels=True),
+        dict(in_pixels=False, grid_indexing="xy", rotate_half=True),
+        dict(grid_type="centered", in_pixels=False),
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("cls", ["RotaryEmbeddingCat", "RotaryEmbedding"])
 def test_axial_modules_augment_with_timms_draws(cls, settings, augment):
     # timm 1.0.x: shift / jitter / rescale_coords in training mode, one draw per get_embed on the
@@ -422,14 +508,16 @@ def test_axial_modules_augment_with_timms_draws(cls, settings, augment):
         for train in (True, False):
             for m in (theirs, ours, built):
                 m.train(train)
-            for shape in ([[4, 7]] if feat_shape is None else [None]):
+            for shape in [[4, 7]] if feat_shape is None else [None]:
                 torch.manual_seed(5)
                 want = theirs.get_embed(shape)
                 for m in (ours, built):
                     torch.manual_seed(5)
                     got = m.get_embed(shape)
-                    for g, w in zip(got if cls == "RotaryEmbedding" else [got],
-                                    want if cls == "RotaryEmbedding" else [want]):
+                    for g, w in zip(
+                        got if cls == "RotaryEmbedding" else [got],
+                        want if cls == "RotaryEmbedding" else [want],
+                    ):
                         assert g.dtype == w.dtype and torch.equal(g, w), (train, shape)
         torch.manual_seed(6)  # the comparison can fail: each call draws anew
         theirs.train()

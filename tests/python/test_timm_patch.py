@@ -13,15 +13,33 @@ eva = pytest.importorskip("timm.models.eva")
 
 def _eva(**kwargs):
     torch.manual_seed(0)
-    args = dict(img_size=28, patch_size=7, in_chans=1, num_classes=10, embed_dim=64, depth=2,
-                num_heads=2, use_rot_pos_emb=True, ref_feat_shape=(16, 16), swiglu_mlp=True)
+    args = dict(
+        img_size=28,
+        patch_size=7,
+        in_chans=1,
+        num_classes=10,
+        embed_dim=64,
+        depth=2,
+        num_heads=2,
+        use_rot_pos_emb=True,
+        ref_feat_shape=(16, 16),
+        swiglu_mlp=True,
+    )
     args.update(kwargs)
     return eva.Eva(**args).eval()
 
 
-@pytest.mark.parametrize("kwargs", [dict(), dict(dynamic_img_size=True),
-                                    dict(rope_rotate_half=True), dict(rope_grid_indexing="xy"),
-                                    dict(rope_grid_offset=0.5, ref_feat_shape=None)], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(dynamic_img_size=True),
+        dict(rope_rotate_half=True),
+        dict(rope_grid_indexing="xy"),
+        dict(rope_grid_offset=0.5, ref_feat_shape=None),
+    ],
+    ids=str,
+)
 def test_patched_eva_gives_timms_logits_and_gradients(kwargs):
     model = _eva(**kwargs)
     x = torch.randn(3, 1, 28, 28)
@@ -62,16 +80,23 @@ def test_unpatched_module_kinds_are_reported_or_refused():
     assert posenc.integrations.timm.patch(mixed) == {"patched": ["rope"], "left": []}
     augmenting = _eva(rope_shift_coords=1.0).double()  # float64 training tables: not posenc's
     report = posenc.integrations.timm.patch(augmenting)
-    assert report["left"] == ["rope: float64 bands with coordinate augmentation give float64 "
-                              "tables in timm's training mode, which posenc's operators round to "
-                              "float32"]
+    assert report["left"] == [
+        "rope: float64 bands with coordinate augmentation give float64 "
+        "tables in timm's training mode, which posenc's operators round to "
+        "float32"
+    ]
     with pytest.raises(ValueError, match="expected an nn.Module"):
         posenc.integrations.timm.patch("eva")
 
 
-@pytest.mark.parametrize("kwargs", [dict(rope_shift_coords=1.0, rope_jitter_coords=1.5,
-                                         rope_rescale_coords=2.0),
-                                    dict(rope_rescale_coords=1.5, dynamic_img_size=True)], ids=str)
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(rope_shift_coords=1.0, rope_jitter_coords=1.5, rope_rescale_coords=2.0),
+        dict(rope_rescale_coords=1.5, dynamic_img_size=True),
+    ],
+    ids=str,
+)
 def test_patched_eva_augmenting_in_training_gives_timms_logits(kwargs):
     reference = _eva(**kwargs).train()
     model = _eva(**kwargs).train()
@@ -120,8 +145,9 @@ def test_patched_cast_eva_gives_timms_logits(cast, kwargs):
         assert torch.equal(model(bigger), patched)
 
 
-@pytest.mark.parametrize("casts", [("double",), ("bfloat16",), ("half", "float"),
-                                   ("double", "half")], ids=str)
+@pytest.mark.parametrize(
+    "casts", [("double",), ("bfloat16",), ("half", "float"), ("double", "half")], ids=str
+)
 @pytest.mark.parametrize("kwargs", [dict(), dict(dynamic_img_size=True)], ids=str)
 def test_unpatch_gives_back_the_module_in_the_models_state(casts, kwargs):
     # the same steps on a model never patched: its rope is what unpatch must give back

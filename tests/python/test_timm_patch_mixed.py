@@ -21,8 +21,9 @@ import posenc
 timm = pytest.importorskip("timm")
 sincos = pytest.importorskip("timm.layers.pos_embed_sincos")
 
-SMALL = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10,
-             init_values=None)  # no layer scale: gradients of a useful size reach the tables
+SMALL = dict(
+    img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=4, num_classes=10, init_values=None
+)  # no layer scale: gradients of a useful size reach the tables
 AUGMENT = dict(rope_shift_coords=0.5, rope_jitter_coords=1.5, rope_rescale_coords=2.0)
 MODELS = {
     "mixed": ("vit_small_patch16_rope_mixed_224", {}),
@@ -32,13 +33,20 @@ MODELS = {
     "dinov3_fixed": ("vit_small_patch16_dinov3", dict(dynamic_img_size=False)),  # cached table
     "dinov3_augmented": ("vit_small_patch16_dinov3", AUGMENT),
     "dinov3_periods": ("vit_small_patch16_dinov3", dict(rope_rotate_half=False)),
-    "mrope": ("vit_small_patch16_dinov3", dict(rope_type="mrope", num_heads=2,
-                                               rope_temperature=10000.0)),
-    "mrope_augmented": ("vit_small_patch16_dinov3", dict(rope_type="mrope", num_heads=2,
-                                                         rope_temperature=10000.0, **AUGMENT)),
+    "mrope": (
+        "vit_small_patch16_dinov3",
+        dict(rope_type="mrope", num_heads=2, rope_temperature=10000.0),
+    ),
+    "mrope_augmented": (
+        "vit_small_patch16_dinov3",
+        dict(rope_type="mrope", num_heads=2, rope_temperature=10000.0, **AUGMENT),
+    ),
 }
-CLASSES = {"mixed": "RotaryEmbeddingMixed", "dinov3": "RotaryEmbeddingDinoV3",
-           "mrope": "RotaryEmbeddingMRope"}
+CLASSES = {
+    "mixed": "RotaryEmbeddingMixed",
+    "dinov3": "RotaryEmbeddingDinoV3",
+    "mrope": "RotaryEmbeddingMRope",
+}
 
 
 def _model(kind):
@@ -98,7 +106,7 @@ def test_patched_model_gives_timms_logits_and_gradients(kind, mode):
             torch.testing.assert_close(got_grads[n], want_grads[n], rtol=1e-5, atol=0, msg=n)
         if kind.startswith("mixed"):  # the learned frequencies learn
             assert got_grads["rope.freqs"].abs().max() > 1e-6
-            assert model.rope.freqs is getattr(model.rope, "_posenc_timm_original").freqs
+            assert model.rope.freqs is model.rope._posenc_timm_original.freqs
 
 
 @pytest.mark.parametrize("kind", ["mixed_augmented", "dinov3_augmented", "mrope_augmented"])
@@ -182,7 +190,8 @@ def test_mrope_in_bfloat16_is_timms_and_in_float64_is_one_line():
     cast = _model("mrope").double()
     assert posenc.integrations.timm.patch(cast)["left"] == [
         "rope: float64 inv_freq gives float64 tables in timm, which posenc's rope_cos_sin rounds "
-        "to float32"]
+        "to float32"
+    ]
 
 
 def test_unpatch_follows_a_new_grid_and_train_mode():
@@ -193,8 +202,9 @@ def test_unpatch_follows_a_new_grid_and_train_mode():
         m.train()
     assert model.rope.feat_shape == reference.rope.feat_shape == (5, 5)
     assert posenc.integrations.timm.unpatch(model) == ["rope"]
-    assert model.rope.training and torch.equal(model.rope.pos_embed_cached,
-                                               reference.rope.pos_embed_cached)
+    assert model.rope.training and torch.equal(
+        model.rope.pos_embed_cached, reference.rope.pos_embed_cached
+    )
     assert not hasattr(model.rope, "_posenc_timm_original")
 
 
@@ -206,17 +216,27 @@ def _naflex_batch(grids, patch=4, channels=3):
     valid = torch.zeros(len(grids), n, dtype=torch.bool)
     for b, (h, w) in enumerate(grids):
         y, x = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        coord[b, :h * w] = torch.stack([y.flatten(), x.flatten()], -1)
-        valid[b, :h * w] = True
-    return dict(patches=torch.randn(len(grids), n, patch * patch * channels), patch_coord=coord,
-                patch_valid=valid)
+        coord[b, : h * w] = torch.stack([y.flatten(), x.flatten()], -1)
+        valid[b, : h * w] = True
+    return dict(
+        patches=torch.randn(len(grids), n, patch * patch * channels),
+        patch_coord=coord,
+        patch_valid=valid,
+    )
 
 
-@pytest.mark.parametrize("rope", [dict(rope_type="axial"), dict(rope_type="mixed"),
-                                  dict(rope_type="dinov3", rope_rotate_half=True),
-                                  dict(rope_type="mrope", rope_mrope_section=(4, 6, 6)),
-                                  dict(rope_type="dinov3", rope_rotate_half=True, **AUGMENT),
-                                  dict(rope_type="mixed", **AUGMENT)], ids=str)
+@pytest.mark.parametrize(
+    "rope",
+    [
+        dict(rope_type="axial"),
+        dict(rope_type="mixed"),
+        dict(rope_type="dinov3", rope_rotate_half=True),
+        dict(rope_type="mrope", rope_mrope_section=(4, 6, 6)),
+        dict(rope_type="dinov3", rope_rotate_half=True, **AUGMENT),
+        dict(rope_type="mixed", **AUGMENT),
+    ],
+    ids=str,
+)
 def test_patched_naflexvit_gives_timms_logits_for_variable_grids(rope):
     # NaFlexVit: one batch of samples with their own grids (get_batch_embeds, Mixed's iterator)
     naflexvit = pytest.importorskip("timm.models.naflexvit")
@@ -234,22 +254,29 @@ def test_patched_naflexvit_gives_timms_logits_for_variable_grids(rope):
                 m.train(train)
                 torch.manual_seed(1)
                 outputs.append(m(inputs))
-            assert torch.equal(outputs[1], outputs[0]), (train,
-                                                         (outputs[1] - outputs[0]).abs().max())
+            assert torch.equal(outputs[1], outputs[0]), (
+                train,
+                (outputs[1] - outputs[0]).abs().max(),
+            )
 
 
 # ---- posenc.timm's modules on their own, against timm's ---------------------------------------
+
 
 def _same(got, want):
     assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
     assert torch.equal(got, want), (got.double() - want.double()).abs().max()
 
 
-DINO = [dict(), dict(feat_shape=[6, 5]), dict(min_period=0.5, max_period=50.0, feat_shape=[4, 4]),
-        dict(rotate_half=False, grid_indexing="xy", grid_offset=0.25, normalize_coords="max"),
-        dict(normalize_coords="min", feat_shape=[3, 7]),
-        dict(shift_coords=0.3, jitter_coords=1.5, rescale_coords=2.0, feat_shape=[5, 5]),
-        dict(rescale_coords=2.0)]
+DINO = [
+    dict(),
+    dict(feat_shape=[6, 5]),
+    dict(min_period=0.5, max_period=50.0, feat_shape=[4, 4]),
+    dict(rotate_half=False, grid_indexing="xy", grid_offset=0.25, normalize_coords="max"),
+    dict(normalize_coords="min", feat_shape=[3, 7]),
+    dict(shift_coords=0.3, jitter_coords=1.5, rescale_coords=2.0, feat_shape=[5, 5]),
+    dict(rescale_coords=2.0),
+]
 
 
 @pytest.mark.parametrize("kwargs", DINO, ids=str)
@@ -280,8 +307,12 @@ def test_dinov3_module_equals_timms(kwargs):
         _same(ours(x), want)
 
 
-MIXED = [dict(), dict(feat_shape=[4, 6]), dict(grid_indexing="ij", feat_shape=[3, 5]),
-         dict(shift_coords=0.5, jitter_coords=1.2, rescale_coords=1.5, feat_shape=[4, 4])]
+MIXED = [
+    dict(),
+    dict(feat_shape=[4, 6]),
+    dict(grid_indexing="ij", feat_shape=[3, 5]),
+    dict(shift_coords=0.5, jitter_coords=1.2, rescale_coords=1.5, feat_shape=[4, 4]),
+]
 
 
 @pytest.mark.parametrize("kwargs", MIXED, ids=str)
@@ -315,8 +346,9 @@ def test_mixed_module_equals_timms(kwargs):
         _same(ours(x, block_index=1), want)
 
 
-@pytest.mark.parametrize("dim,section", [(64, (8, 12, 12)), (72, (8, 12, 12)), (48, (8, 8, 8)),
-                                         (32, (4, 6, 6))])
+@pytest.mark.parametrize(
+    "dim,section", [(64, (8, 12, 12)), (72, (8, 12, 12)), (48, (8, 8, 8)), (32, (4, 6, 6))]
+)
 def test_mrope_module_equals_timms(dim, section):
     kwargs = dict(mrope_section=section, shift_coords=1.0, jitter_coords=1.3)
     theirs = sincos.RotaryEmbeddingMRope(dim, **kwargs)
@@ -353,6 +385,7 @@ def test_mixed_gradients_equal_timms():
 
 # ---- what posenc leaves to timm, and bad input ------------------------------------------------
 
+
 def test_what_patch_leaves_is_reported_or_refused():
     class Subclass(sincos.RotaryEmbeddingDinoV3):  # not timm's class itself: not assumed
         pass
@@ -367,7 +400,8 @@ def test_what_patch_leaves_is_reported_or_refused():
     edited.rope.pos_embed_cached.add_(1e-3)
     assert posenc.integrations.timm.patch(edited)["left"] == [
         "rope: the timm module's cached table is not the one its settings give (cast through a "
-        "lower precision and back, or edited); posenc would not give the same tables"]
+        "lower precision and back, or edited); posenc would not give the same tables"
+    ]
 
 
 def _one_line(info) -> str:
@@ -376,34 +410,75 @@ def _one_line(info) -> str:
     return text
 
 
-@pytest.mark.parametrize("call,error,message", [
-    (lambda: posenc.timm.RotaryEmbeddingMixed(30, depth=2, num_heads=4), ValueError,
-     "dim / num_heads must be a whole multiple of 4, got dim 30, num_heads 4"),
-    (lambda: posenc.timm.RotaryEmbeddingDinoV3(32, jitter_coords=0.5), ValueError,
-     "jitter_coords must be finite and >= 1, got 0.5"),
-    (lambda: posenc.timm.RotaryEmbeddingDinoV3(32, shift_coords="1"), ValueError,
-     "shift_coords must be a real number"),
-    (lambda: posenc.timm.RotaryEmbeddingDinoV3(32, feat_shape=[2, 2, 2]), ValueError,
-     "feat_shape must be \\[height, width\\]"),
-    (lambda: posenc.timm.RotaryEmbeddingMRope(64, mrope_section=(20, 2, 12)), ValueError,
-     "not the interleave of its counts"),
-    (lambda: posenc.timm.RotaryEmbeddingMRope(64).double().get_embed([2, 2]), RuntimeError,
-     "float64 tables from float64 inv_freq"),
-    (lambda: posenc.timm.RotaryEmbeddingMixed(64, 2, 4)(torch.randn(1, 64, 2, 2), 2), ValueError,
-     "block_index must be in \\[0, 2\\), got 2"),
-    (lambda: torch.ops.posenc.rope_mixed_cos_sin(torch.rand(4, 2), torch.randn(2, 3, 4).double()),
-     RuntimeError, "freqs must be float32"),
-    (lambda: torch.ops.posenc.rope_mixed_cos_sin(torch.rand(4, 3), torch.randn(2, 4)),
-     RuntimeError, "coords must be \\[N, 2\\] \\(x, y\\), got shape \\[4, 3\\]"),
-    (lambda: torch.ops.posenc.rope_periods_cos_sin(torch.rand(4, 2), torch.ones(3).half()),
-     RuntimeError, "periods must be float32"),
-    (lambda: torch.ops.posenc.dinov3_periods(2), RuntimeError, "dim must be >= 4"),
-    (lambda: torch.ops.posenc.dinov3_periods(16, None), RuntimeError,
-     "give min_period and max_period, or temperature"),
-    (lambda: torch.ops.posenc.patch_grid_coords([3, 0]), RuntimeError,
-     "feat_shape sizes must be >= 1"),
-    (lambda: torch.ops.posenc.patch_grid_coords([3, 4], "centred"), RuntimeError, "centred"),
-])
+@pytest.mark.parametrize(
+    "call,error,message",
+    [
+        (
+            lambda: posenc.timm.RotaryEmbeddingMixed(30, depth=2, num_heads=4),
+            ValueError,
+            "dim / num_heads must be a whole multiple of 4, got dim 30, num_heads 4",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, jitter_coords=0.5),
+            ValueError,
+            "jitter_coords must be finite and >= 1, got 0.5",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, shift_coords="1"),
+            ValueError,
+            "shift_coords must be a real number",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, feat_shape=[2, 2, 2]),
+            ValueError,
+            "feat_shape must be \\[height, width\\]",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingMRope(64, mrope_section=(20, 2, 12)),
+            ValueError,
+            "not the interleave of its counts",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingMRope(64).double().get_embed([2, 2]),
+            RuntimeError,
+            "float64 tables from float64 inv_freq",
+        ),
+        (
+            lambda: posenc.timm.RotaryEmbeddingMixed(64, 2, 4)(torch.randn(1, 64, 2, 2), 2),
+            ValueError,
+            "block_index must be in \\[0, 2\\), got 2",
+        ),
+        (
+            lambda: torch.ops.posenc.rope_mixed_cos_sin(
+                torch.rand(4, 2), torch.randn(2, 3, 4).double()
+            ),
+            RuntimeError,
+            "freqs must be float32",
+        ),
+        (
+            lambda: torch.ops.posenc.rope_mixed_cos_sin(torch.rand(4, 3), torch.randn(2, 4)),
+            RuntimeError,
+            "coords must be \\[N, 2\\] \\(x, y\\), got shape \\[4, 3\\]",
+        ),
+        (
+            lambda: torch.ops.posenc.rope_periods_cos_sin(torch.rand(4, 2), torch.ones(3).half()),
+            RuntimeError,
+            "periods must be float32",
+        ),
+        (lambda: torch.ops.posenc.dinov3_periods(2), RuntimeError, "dim must be >= 4"),
+        (
+            lambda: torch.ops.posenc.dinov3_periods(16, None),
+            RuntimeError,
+            "give min_period and max_period, or temperature",
+        ),
+        (
+            lambda: torch.ops.posenc.patch_grid_coords([3, 0]),
+            RuntimeError,
+            "feat_shape sizes must be >= 1",
+        ),
+        (lambda: torch.ops.posenc.patch_grid_coords([3, 4], "centred"), RuntimeError, "centred"),
+    ],
+)
 def test_bad_input_is_one_line(call, error, message):
     with pytest.raises(error, match=message) as info:
         call()
@@ -413,7 +488,11 @@ def test_bad_input_is_one_line(call, error, message):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_opcheck_vision_rope_operators(layout):
     coords = torch.rand(6, 2) * 2 - 1
-    torch.library.opcheck(torch.ops.posenc.rope_periods_cos_sin.default,
-                          (coords, torch.tensor([1.0, 3.0, 9.0]), layout))
-    torch.library.opcheck(torch.ops.posenc.rope_mixed_cos_sin.default,
-                          (coords, torch.randn(2, 3, 4, requires_grad=True), layout))
+    torch.library.opcheck(
+        torch.ops.posenc.rope_periods_cos_sin.default,
+        (coords, torch.tensor([1.0, 3.0, 9.0]), layout),
+    )
+    torch.library.opcheck(
+        torch.ops.posenc.rope_mixed_cos_sin.default,
+        (coords, torch.randn(2, 3, 4, requires_grad=True), layout),
+    )

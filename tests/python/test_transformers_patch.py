@@ -14,35 +14,74 @@ transformers = pytest.importorskip("transformers")
 import posenc  # noqa: E402
 from posenc.integrations.transformers import SUPPORTED, patch, unpatch  # noqa: E402
 
-COMMON = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-              intermediate_size=96, vocab_size=101, max_position_embeddings=256, pad_token_id=0)
+COMMON = dict(
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=2,
+    intermediate_size=96,
+    vocab_size=101,
+    max_position_embeddings=256,
+    pad_token_id=0,
+)
 
 FAMILIES = {
     "llama": lambda: transformers.LlamaConfig(**COMMON, head_dim=16),
     "llama-llama3": lambda: transformers.LlamaConfig(
-        **COMMON, head_dim=16, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+        **COMMON,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+    ),
     "llama-yarn": lambda: transformers.LlamaConfig(
-        **COMMON, head_dim=16, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
-                                                "factor": 4.0, "original_max_position_embeddings": 64}),
+        **COMMON,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ),
     # keys Llama's code does not read: its default rope takes the whole head, rotate_half pairs
     "llama-unread-keys": lambda: transformers.LlamaConfig(
-        **COMMON, head_dim=16, partial_rotary_factor=0.5, rope_interleave=True),
+        **COMMON, head_dim=16, partial_rotary_factor=0.5, rope_interleave=True
+    ),
     "mistral": lambda: transformers.MistralConfig(**COMMON, head_dim=16),
     "qwen2": lambda: transformers.Qwen2Config(**COMMON),
     "qwen3": lambda: transformers.Qwen3Config(**COMMON, head_dim=16),
     "gemma3_text": lambda: transformers.Gemma3TextConfig(
-        **COMMON, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+        **COMMON, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+    ),
     "phi3-longrope": lambda: transformers.Phi3Config(
-        **COMMON, original_max_position_embeddings=8, partial_rotary_factor=0.5,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
-                         "short_factor": [1.0, 1.1, 1.2, 1.3], "long_factor": [1.5, 2.0, 3.0, 4.0]}),
+        **COMMON,
+        original_max_position_embeddings=8,
+        partial_rotary_factor=0.5,
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0, 1.1, 1.2, 1.3],
+            "long_factor": [1.5, 2.0, 3.0, 4.0],
+        },
+    ),
     "glm": lambda: transformers.GlmConfig(**COMMON, head_dim=16, partial_rotary_factor=0.5),
     "qwen2_vl": lambda: transformers.Qwen2VLConfig(
-        text_config=dict(COMMON, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                  "mrope_section": [2, 3, 3]}),
-        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2)),
+        text_config=dict(
+            COMMON,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        ),
+        vision_config=dict(depth=1, embed_dim=32, num_heads=2, hidden_size=64, mlp_ratio=2),
+    ),
 }
 
 
@@ -69,10 +108,14 @@ def test_patched_model_equals_transformers(name):
     assert model.config.model_type in SUPPORTED
     torch.manual_seed(1)
     ids = torch.randint(1, 101, (2, 13))
-    packed = torch.tensor([list(range(13)), list(range(6)) + list(range(7))])  # two sequences in a row
+    packed = torch.tensor(
+        [list(range(13)), list(range(6)) + list(range(7))]
+    )  # two sequences in a row
     if name == "qwen2_vl":  # M-RoPE: (t, h, w) per token, as for a 1 x 3 x 4 grid after text
         t = torch.arange(13)
-        packed = torch.stack([t, torch.where(t < 1, t, 1 + (t - 1) // 4), torch.where(t < 1, t, 1 + (t - 1) % 4)])
+        packed = torch.stack(
+            [t, torch.where(t < 1, t, 1 + (t - 1) // 4), torch.where(t < 1, t, 1 + (t - 1) % 4)]
+        )
         packed = packed[:, None].expand(3, 2, 13)
     want = [run(model, ids), run(model, ids, packed)]
     patched = patch(copy.deepcopy(model))
@@ -102,6 +145,7 @@ def test_long_context_past_the_original_is_equal_too():
 def test_a_wrong_layout_would_be_seen():
     # the comparison can fail: GLM's interleaved pairs rotated as halves change the logits
     from posenc.integrations import transformers as integration
+
     model = build("glm")
     ids = torch.randint(1, 101, (1, 9))
     want = model(input_ids=ids).logits
@@ -190,13 +234,16 @@ def test_unchecked_family_is_refused_in_one_line():
     config = transformers.CONFIG_MAPPING["nanochat"]()
     model = torch.nn.Module()
     model.config = config
-    with pytest.raises(ValueError, match="model type 'nanochat' is not one posenc has checked") as e:
+    with pytest.raises(
+        ValueError, match="model type 'nanochat' is not one posenc has checked"
+    ) as e:
         patch(model)
     assert "flips the signs" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_unpatch_restores_transformers():
     from transformers.models.llama import modeling_llama
+
     original = modeling_llama.apply_rotary_pos_emb
     model = patch(build("llama"))
     assert modeling_llama.apply_rotary_pos_emb is not original

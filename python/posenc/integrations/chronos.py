@@ -54,56 +54,79 @@ def _layers():
     try:
         return importlib.import_module("chronos.chronos2.layers")
     except ImportError as e:
-        raise ValueError(f"posenc.integrations.chronos: chronos-forecasting (chronos.chronos2) is "
-                         f"not importable ({e})") from None
+        raise ValueError(
+            f"posenc.integrations.chronos: chronos-forecasting (chronos.chronos2) is "
+            f"not importable ({e})"
+        ) from None
 
 
 def _keys_kept(mask: torch.Tensor, batch: int, keys: int) -> torch.Tensor:
     """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]."""
     if mask.dim() != 4 or mask.shape[0] != batch or mask.shape[2] != 1 or mask.shape[3] != keys:
-        raise ValueError(f"posenc.integrations.chronos: the time attention takes a padding mask "
-                         f"[B={batch}, 1, 1, Nk={keys}] (Chronos2Encoder's), got "
-                         f"{tuple(mask.shape)}")
+        raise ValueError(
+            f"posenc.integrations.chronos: the time attention takes a padding mask "
+            f"[B={batch}, 1, 1, Nk={keys}] (Chronos2Encoder's), got "
+            f"{tuple(mask.shape)}"
+        )
     if mask.dtype == torch.bool:
         kept = mask
     else:
         low = torch.finfo(mask.dtype).min
         if not bool(((mask == 0) | (mask == low)).all()):
-            raise ValueError("posenc.integrations.chronos: the time mask holds values other than 0 "
-                             "and finfo.min (not a padding mask); unpatch() for it")
+            raise ValueError(
+                "posenc.integrations.chronos: the time mask holds values other than 0 "
+                "and finfo.min (not a padding mask); unpatch() for it"
+            )
         kept = mask == 0
     if kept.shape[1] != 1 and not bool((kept == kept[:, :1]).all()):
-        raise ValueError("posenc.integrations.chronos: the time mask differs between heads; "
-                         "unpatch() for it")
+        raise ValueError(
+            "posenc.integrations.chronos: the time mask differs between heads; unpatch() for it"
+        )
     kept = kept[:, 0, 0, :]
     if not bool(kept.any(-1).all()):
         row = int((~kept.any(-1)).nonzero()[0, 0])
-        raise ValueError(f"posenc.integrations.chronos: series {row} masks every key (Chronos "
-                         f"averages all the values there, posenc's attention returns 0)")
+        raise ValueError(
+            f"posenc.integrations.chronos: series {row} masks every key (Chronos "
+            f"averages all the values there, posenc's attention returns 0)"
+        )
     return kept
 
 
-def _time_attention(self, hidden_states: torch.Tensor, mask: torch.Tensor,
-                    encoder_states: torch.Tensor | None = None,
-                    position_ids: torch.Tensor | None = None, output_attentions: bool = False):
+def _time_attention(
+    self,
+    hidden_states: torch.Tensor,
+    mask: torch.Tensor,
+    encoder_states: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    output_attentions: bool = False,
+):
     """MHA.forward of a RoPE time attention, computed by posenc (the contract of Chronos')."""
     layers = _layers()
     if encoder_states is not None:
-        raise ValueError("posenc.integrations.chronos: a patched time attention is self-attention "
-                         "(encoder_states given)")
+        raise ValueError(
+            "posenc.integrations.chronos: a patched time attention is self-attention "
+            "(encoder_states given)"
+        )
     if output_attentions:
-        raise ValueError("posenc.integrations.chronos: the fused attention returns no weights "
-                         "(output_attentions=True); unpatch() for them")
+        raise ValueError(
+            "posenc.integrations.chronos: the fused attention returns no weights "
+            "(output_attentions=True); unpatch() for them"
+        )
     if self.training and self.dropout > 0:
-        raise ValueError(f"posenc.integrations.chronos: the fused attention has no dropout "
-                         f"(training with dropout_rate={self.dropout}); eval() or dropout_rate=0")
+        raise ValueError(
+            f"posenc.integrations.chronos: the fused attention has no dropout "
+            f"(training with dropout_rate={self.dropout}); eval() or dropout_rate=0"
+        )
     if position_ids is None:
-        raise ValueError("posenc.integrations.chronos: position_ids must be given to a RoPE "
-                         "time attention")
+        raise ValueError(
+            "posenc.integrations.chronos: position_ids must be given to a RoPE time attention"
+        )
     if hidden_states.dtype not in _DTYPES:
-        raise ValueError(f"posenc.integrations.chronos: float32 or float64 activations, got "
-                         f"{hidden_states.dtype} (Chronos rounds its RoPE to that dtype, posenc "
-                         f"rotates in float32)")
+        raise ValueError(
+            f"posenc.integrations.chronos: float32 or float64 activations, got "
+            f"{hidden_states.dtype} (Chronos rounds its RoPE to that dtype, posenc "
+            f"rotates in float32)"
+        )
     batch, length, _ = hidden_states.shape
     kept = _keys_kept(mask, batch, length)
 
@@ -115,9 +138,11 @@ def _time_attention(self, hidden_states: torch.Tensor, mask: torch.Tensor,
     v = heads(self.v(hidden_states))
     # Chronos2RotaryEmbedding.forward: float32 angles p * inv_freq, autocast off, cat(t, t)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
-        cos, sin = rope_cos_sin(position_ids.to(hidden_states.device),
-                                self.rope_embed.inv_freq.float(),
-                                float(self.rope_embed.attention_scaling))
+        cos, sin = rope_cos_sin(
+            position_ids.to(hidden_states.device),
+            self.rope_embed.inv_freq.float(),
+            float(self.rope_embed.attention_scaling),
+        )
     cos, sin = cos.to(hidden_states.dtype), sin.to(hidden_states.dtype)
     out = positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0, attention_mask=kept)
     out = self.o(out.transpose(1, 2).reshape(batch, length, self.inner_dim))
@@ -125,8 +150,9 @@ def _time_attention(self, hidden_states: torch.Tensor, mask: torch.Tensor,
 
 
 def _rope_attentions(model: torch.nn.Module, layers) -> list:
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, layers.MHA) and m.use_rope]
+    return [
+        (name, m) for name, m in model.named_modules() if isinstance(m, layers.MHA) and m.use_rope
+    ]
 
 
 def patch(model: torch.nn.Module) -> list[str]:
@@ -134,19 +160,24 @@ def patch(model: torch.nn.Module) -> list[str]:
     posenc's; returns their names. Refuses (ValueError, nothing changed) a model without one or
     with parameters that are not float32/float64."""
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.chronos.patch: expected an nn.Module, got "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            f"posenc.integrations.chronos.patch: expected an nn.Module, got {type(model).__name__}"
+        )
     layers = _layers()
     found = _rope_attentions(model, layers)
     if not found:
-        raise ValueError(f"posenc.integrations.chronos.patch: {type(model).__name__} has no "
-                         f"Chronos-2 RoPE time attention (chronos.chronos2.layers.MHA, "
-                         f"use_rope=True)")
+        raise ValueError(
+            f"posenc.integrations.chronos.patch: {type(model).__name__} has no "
+            f"Chronos-2 RoPE time attention (chronos.chronos2.layers.MHA, "
+            f"use_rope=True)"
+        )
     for name, module in found:
         for p in module.parameters():
             if p.dtype not in _DTYPES:
-                raise ValueError(f"posenc.integrations.chronos.patch: {name} holds {p.dtype} "
-                                 f"weights; posenc's patch computes float32 or float64")
+                raise ValueError(
+                    f"posenc.integrations.chronos.patch: {name} holds {p.dtype} "
+                    f"weights; posenc's patch computes float32 or float64"
+                )
     names = []
     for name, module in found:
         if not module.__dict__.get(_MARK, False):

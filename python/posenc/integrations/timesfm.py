@@ -67,15 +67,18 @@ def _transformer():
     try:
         return importlib.import_module("timesfm.torch.transformer")
     except ImportError as e:
-        raise ValueError(f"posenc.integrations.timesfm: timesfm (timesfm.torch) is not importable "
-                         f"({e})") from None
+        raise ValueError(
+            f"posenc.integrations.timesfm: timesfm (timesfm.torch) is not importable ({e})"
+        ) from None
 
 
 def _rotary(self, inputs: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
     """RotaryPositionalEmbedding.forward by posenc: inputs [B, N, H, D] rotated at `position`."""
     if inputs.dim() != 4 or inputs.shape[-1] != self.embedding_dims:
-        raise ValueError(f"posenc.integrations.timesfm: the patched rotary embedding takes "
-                         f"[B, N, H, D={self.embedding_dims}] inputs, got {tuple(inputs.shape)}")
+        raise ValueError(
+            f"posenc.integrations.timesfm: the patched rotary embedding takes "
+            f"[B, N, H, D={self.embedding_dims}] inputs, got {tuple(inputs.shape)}"
+        )
     if position is None:  # timesfm's default: 0..N-1
         position = torch.arange(inputs.shape[1], dtype=torch.float32, device=inputs.device)[None]
     half = self.embedding_dims // 2
@@ -86,21 +89,37 @@ def _rotary(self, inputs: torch.Tensor, position: torch.Tensor | None = None) ->
     return rope_rotate(inputs, cos[..., :half], sin[..., :half], "half")
 
 
-def _attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-               mask: torch.Tensor | None = None, *, original=None) -> torch.Tensor:
+def _attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    original=None,
+) -> torch.Tensor:
     """timesfm's attention_fn ([B, L, H, D], unscaled) by posenc where the mask is causal with
     the left padding masked; timesfm's own function for any other mask."""
     batch, queries, _, _ = query.shape
     keys = key.shape[1]
-    if mask is None or mask.dtype != torch.bool or mask.shape != (batch, 1, queries, keys) \
-            or queries != keys:
+    if (
+        mask is None
+        or mask.dtype != torch.bool
+        or mask.shape != (batch, 1, queries, keys)
+        or queries != keys
+    ):
         return original(query, key, value, mask)
     kept = mask[:, 0, -1, :]  # the last query sees every key that is not padding
     causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril()
     if not torch.equal(mask[:, 0], causal & kept[:, None, :]):
         return original(query, key, value, mask)
-    out = positional_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                               causal=True, scale=1.0, attention_mask=kept)
+    out = positional_attention(
+        query.transpose(1, 2),
+        key.transpose(1, 2),
+        value.transpose(1, 2),
+        causal=True,
+        scale=1.0,
+        attention_mask=kept,
+    )
     return out.transpose(1, 2)
 
 
@@ -117,8 +136,9 @@ def _hf_modeling():
 
 def _hf_rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
     """TimesFm2_5RotaryEmbedding.forward by posenc: cat(t, t) tables in x's dtype."""
-    cos, sin = rope_cos_sin(position_ids.to(x.device), self.inv_freq.float(),
-                            float(self.attention_scaling))
+    cos, sin = rope_cos_sin(
+        position_ids.to(x.device), self.inv_freq.float(), float(self.attention_scaling)
+    )
     return cos.to(x.dtype), sin.to(x.dtype)
 
 
@@ -139,17 +159,22 @@ def _causal_keys(mask: torch.Tensor | None, batch: int, length: int, device) -> 
     return kept if torch.equal(mask[:, 0], causal & kept[:, None, :]) else None
 
 
-def _hf_attention(self, hidden_states: torch.Tensor, position_embeddings, attention_mask,
-                  cache=None, **kwargs):
+def _hf_attention(
+    self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs
+):
     """TimesFm2_5Attention.forward by posenc where the mask is causal with left padding."""
     batch, length, _ = hidden_states.shape
     kept = None
-    if cache is None and not kwargs.get("output_attentions") and not (
-            self.training and self.attention_dropout > 0):
+    if (
+        cache is None
+        and not kwargs.get("output_attentions")
+        and not (self.training and self.attention_dropout > 0)
+    ):
         kept = _causal_keys(attention_mask, batch, length, hidden_states.device)
     if kept is None:  # transformers' own forward (its class's)
-        return type(self).forward(self, hidden_states, position_embeddings, attention_mask,
-                                  cache=cache, **kwargs)
+        return type(self).forward(
+            self, hidden_states, position_embeddings, attention_mask, cache=cache, **kwargs
+        )
     shape = (batch, length, -1, self.head_dim)
     q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
     k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
@@ -180,27 +205,36 @@ def patch(model: torch.nn.Module) -> list[str]:
     timesfm package's MultiHeadAttention; transformers' TimesFm2_5RotaryEmbedding and
     TimesFm2_5Attention) by posenc's; returns their names."""
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.timesfm.patch: expected an nn.Module, got "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            f"posenc.integrations.timesfm.patch: expected an nn.Module, got {type(model).__name__}"
+        )
     hf = _hf_found(model)
     found = []
     if not hf:
         transformer = _transformer()
-        found = [(name, m) for name, m in model.named_modules()
-                 if isinstance(m, transformer.MultiHeadAttention)
-                 and m.use_rotary_position_embeddings]
+        found = [
+            (name, m)
+            for name, m in model.named_modules()
+            if isinstance(m, transformer.MultiHeadAttention) and m.use_rotary_position_embeddings
+        ]
     if not found and not hf:
-        raise ValueError(f"posenc.integrations.timesfm.patch: {type(model).__name__} has no timesfm "
-                         f"MultiHeadAttention with rotary position embeddings and no transformers "
-                         f"TimesFM 2.5 attention")
+        raise ValueError(
+            f"posenc.integrations.timesfm.patch: {type(model).__name__} has no timesfm "
+            f"MultiHeadAttention with rotary position embeddings and no transformers "
+            f"TimesFM 2.5 attention"
+        )
     for name, module in found + hf:
         if getattr(module, "rope_type", "default") != "default":
-            raise ValueError(f"posenc.integrations.timesfm.patch: {name}: rope_type "
-                             f"{module.rope_type!r} (posenc's patch computes the default RoPE)")
+            raise ValueError(
+                f"posenc.integrations.timesfm.patch: {name}: rope_type "
+                f"{module.rope_type!r} (posenc's patch computes the default RoPE)"
+            )
         for p in list(module.parameters()) + list(module.buffers()):
             if p.is_floating_point() and p.dtype != torch.float32:
-                raise ValueError(f"posenc.integrations.timesfm.patch: {name} holds {p.dtype} "
-                                 f"weights; posenc's patch computes float32")
+                raise ValueError(
+                    f"posenc.integrations.timesfm.patch: {name} holds {p.dtype} "
+                    f"weights; posenc's patch computes float32"
+                )
     for _, module in found:
         if module.__dict__.get(_MARK) is None:
             rotary = module.rotary_position_embedding
@@ -208,13 +242,15 @@ def patch(model: torch.nn.Module) -> list[str]:
             original = module.attention_fn
             module.__dict__[_MARK] = original
             module.attention_fn = lambda q, k, v, mask=None, _o=original: _attention(
-                q, k, v, mask, original=_o)
+                q, k, v, mask, original=_o
+            )
     modeling = _hf_modeling()
     for _, module in hf:
         if module.__dict__.get(_MARK) is None:
             rotary = isinstance(module, modeling.TimesFm2_5RotaryEmbedding)
-            module.__dict__["forward"] = types.MethodType(_hf_rotary if rotary else _hf_attention,
-                                                          module)
+            module.__dict__["forward"] = types.MethodType(
+                _hf_rotary if rotary else _hf_attention, module
+            )
             module.__dict__[_MARK] = "forward"
     return [name for name, _ in found + hf]
 

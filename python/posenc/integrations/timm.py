@@ -41,8 +41,6 @@ freqs is the same parameter throughout: what training changed while patched stay
 
 from __future__ import annotations
 
-from typing import Dict, List
-
 import torch
 
 from .. import timm as _ptimm
@@ -53,15 +51,18 @@ _ORIGINAL = _ptimm._ORIGINAL  # where the replaced module is kept
 
 
 # timm's class name -> posenc's (the same contract, timm's signatures)
-_CLASSES = (("RotaryEmbeddingCat", _ptimm.RotaryEmbeddingCat),
-            ("RotaryEmbedding", _ptimm.RotaryEmbedding),
-            ("RotaryEmbeddingMixed", _ptimm.RotaryEmbeddingMixed),
-            ("RotaryEmbeddingDinoV3", _ptimm.RotaryEmbeddingDinoV3),
-            ("RotaryEmbeddingMRope", _ptimm.RotaryEmbeddingMRope))
+_CLASSES = (
+    ("RotaryEmbeddingCat", _ptimm.RotaryEmbeddingCat),
+    ("RotaryEmbedding", _ptimm.RotaryEmbedding),
+    ("RotaryEmbeddingMixed", _ptimm.RotaryEmbeddingMixed),
+    ("RotaryEmbeddingDinoV3", _ptimm.RotaryEmbeddingDinoV3),
+    ("RotaryEmbeddingMRope", _ptimm.RotaryEmbeddingMRope),
+)
 
 
 def _timm_classes():
     from timm.layers import pos_embed_sincos as t  # imported on use: timm is optional
+
     return t
 
 
@@ -91,13 +92,14 @@ def _set(model: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
     setattr(parent, attr, module)
 
 
-def patch(model: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
+def patch(model: torch.nn.Module, strict: bool = False) -> dict[str, list[str]]:
     """Replace the model's timm rotary modules by posenc's; returns {"patched": [...],
     "left": ["name: why", ...]}. strict=True: a module left as it is raises ValueError (nothing
     is replaced then)."""
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.timm.patch: expected an nn.Module, got "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            f"posenc.integrations.timm.patch: expected an nn.Module, got {type(model).__name__}"
+        )
     plan, left = [], []
     for name, module in list(_rotary_modules(model)):
         new, why = _replacement(module)
@@ -106,8 +108,10 @@ def patch(model: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
         else:
             plan.append((name, module, new))
     if strict and left:
-        raise ValueError(f"posenc.integrations.timm.patch: {type(model).__name__} has rotary "
-                         f"modules posenc does not compute: {'; '.join(left)}")
+        raise ValueError(
+            f"posenc.integrations.timm.patch: {type(model).__name__} has rotary "
+            f"modules posenc does not compute: {'; '.join(left)}"
+        )
     for name, module, new in plan:
         # kept, but not as a submodule (no state_dict keys); it follows new's casts and grids
         object.__setattr__(new, _ORIGINAL, module)
@@ -115,7 +119,7 @@ def patch(model: torch.nn.Module, strict: bool = False) -> Dict[str, List[str]]:
     return {"patched": [name for name, _, _ in plan], "left": left}
 
 
-def unpatch(model: torch.nn.Module) -> List[str]:
+def unpatch(model: torch.nn.Module) -> list[str]:
     """Put back the modules patch() replaced, in the model's present state (dtype, device,
     grid, train/eval); returns their names."""
     restored = []

@@ -47,62 +47,86 @@ def _rope():
     try:
         return importlib.import_module("toto.model.rope")
     except ImportError as e:
-        raise ValueError(f"posenc.integrations.toto: toto-ts (toto.model) is not importable ({e})") \
-            from None
+        raise ValueError(
+            f"posenc.integrations.toto: toto-ts (toto.model) is not importable ({e})"
+        ) from None
 
 
-def _rotate_queries_and_keys(self, q: torch.Tensor, k: torch.Tensor, seq_dim: int | None = None,
-                             seq_pos: torch.Tensor | None = None, seq_pos_offset: int = 0):
+def _rotate_queries_and_keys(
+    self,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    seq_dim: int | None = None,
+    seq_pos: torch.Tensor | None = None,
+    seq_pos_offset: int = 0,
+):
     """TimeAwareRotaryEmbedding.rotate_queries_and_keys by posenc (Toto's contract)."""
     seq_dim = self.default_seq_dim if seq_dim is None else seq_dim
     if q.dim() != 4 or k.dim() != 4 or seq_dim not in (-2, -3, 1, 2):
-        raise ValueError(f"posenc.integrations.toto: q and k of 4 dimensions with the sequence at "
-                         f"dimension -2 or -3, got {tuple(q.shape)} and seq_dim {seq_dim}")
+        raise ValueError(
+            f"posenc.integrations.toto: q and k of 4 dimensions with the sequence at "
+            f"dimension -2 or -3, got {tuple(q.shape)} and seq_dim {seq_dim}"
+        )
     heads_first = seq_dim in (-2, 2)
     length = q.shape[seq_dim]
-    seq = seq_pos if seq_pos is not None else self.get_seq_pos(length, dtype=q.dtype,
-                                                               device=q.device)
+    seq = (
+        seq_pos if seq_pos is not None else self.get_seq_pos(length, dtype=q.dtype, device=q.device)
+    )
     seq = seq + seq_pos_offset
     if seq.dim() != 1:
-        raise ValueError(f"posenc.integrations.toto: one position per step (seq_pos [N]), got "
-                         f"{tuple(seq.shape)}")
+        raise ValueError(
+            f"posenc.integrations.toto: one position per step (seq_pos [N]), got {tuple(seq.shape)}"
+        )
     if 2 * self.freqs.shape[-1] != q.shape[-1]:
-        raise ValueError(f"posenc.integrations.toto: a rotary width of the head size, got "
-                         f"{2 * self.freqs.shape[-1]} of {q.shape[-1]}")
+        raise ValueError(
+            f"posenc.integrations.toto: a rotary width of the head size, got "
+            f"{2 * self.freqs.shape[-1]} of {q.shape[-1]}"
+        )
     cos, sin = rope_cos_sin(seq.to(self.freqs.dtype), self.freqs, layout="interleaved")
-    q_rotated, k_rotated = apply_rotary_pos_emb(q, k, cos[None], sin[None],
-                                                unsqueeze_dim=1 if heads_first else 2,
-                                                layout="interleaved")
+    q_rotated, k_rotated = apply_rotary_pos_emb(
+        q, k, cos[None], sin[None], unsqueeze_dim=1 if heads_first else 2, layout="interleaved"
+    )
     scale = self.get_scale(seq).to(q.dtype)  # Toto's own xPos scale, [N, D]
     if not heads_first:
         scale = scale.unsqueeze(1)
-    return (q_rotated * scale).type(q.dtype), (k_rotated * scale ** -1).type(k.dtype)
+    return (q_rotated * scale).type(q.dtype), (k_rotated * scale**-1).type(k.dtype)
 
 
 def patch(model: torch.nn.Module) -> list[str]:
     """Replace rotate_queries_and_keys of the model's TimeAwareRotaryEmbedding modules by
     posenc's; returns their names. Refuses (ValueError, nothing changed) a model without one."""
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.toto.patch: expected an nn.Module, got "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            f"posenc.integrations.toto.patch: expected an nn.Module, got {type(model).__name__}"
+        )
     rope = _rope()
-    found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, rope.TimeAwareRotaryEmbedding)]
+    found = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, rope.TimeAwareRotaryEmbedding)
+    ]
     if not found:
-        raise ValueError(f"posenc.integrations.toto.patch: {type(model).__name__} has no Toto "
-                         f"TimeAwareRotaryEmbedding")
+        raise ValueError(
+            f"posenc.integrations.toto.patch: {type(model).__name__} has no Toto "
+            f"TimeAwareRotaryEmbedding"
+        )
     for name, module in found:
         if not module.use_xpos:
-            raise ValueError(f"posenc.integrations.toto.patch: {name} has no xPos (Toto's "
-                             f"rotate_queries_and_keys requires it)")
+            raise ValueError(
+                f"posenc.integrations.toto.patch: {name} has no xPos (Toto's "
+                f"rotate_queries_and_keys requires it)"
+            )
         if module.freqs.dtype != torch.float32 or module.learned_freq:
-            raise ValueError(f"posenc.integrations.toto.patch: {name}: posenc's patch takes "
-                             f"fixed float32 frequencies, got {module.freqs.dtype}"
-                             f"{' (learned)' if module.learned_freq else ''}")
+            raise ValueError(
+                f"posenc.integrations.toto.patch: {name}: posenc's patch takes "
+                f"fixed float32 frequencies, got {module.freqs.dtype}"
+                f"{' (learned)' if module.learned_freq else ''}"
+            )
     for _, module in found:
         if not module.__dict__.get(_MARK, False):
             module.__dict__["rotate_queries_and_keys"] = types.MethodType(
-                _rotate_queries_and_keys, module)
+                _rotate_queries_and_keys, module
+            )
             module.__dict__[_MARK] = True
     return [name for name, _ in found]
 

@@ -43,13 +43,23 @@ from . import _families
 # vision rotary) is left.
 HAND_CHECKED = {
     "llama": ("transformers.models.llama.modeling_llama", ("LlamaRotaryEmbedding",), "half"),
-    "mistral": ("transformers.models.mistral.modeling_mistral", ("MistralRotaryEmbedding",), "half"),
+    "mistral": (
+        "transformers.models.mistral.modeling_mistral",
+        ("MistralRotaryEmbedding",),
+        "half",
+    ),
     "qwen2": ("transformers.models.qwen2.modeling_qwen2", ("Qwen2RotaryEmbedding",), "half"),
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", ("Qwen3RotaryEmbedding",), "half"),
-    "qwen2_vl": ("transformers.models.qwen2_vl.modeling_qwen2_vl", ("Qwen2VLRotaryEmbedding",),
-                 "half"),
-    "gemma3_text": ("transformers.models.gemma3.modeling_gemma3", ("Gemma3RotaryEmbedding",),
-                    "half"),
+    "qwen2_vl": (
+        "transformers.models.qwen2_vl.modeling_qwen2_vl",
+        ("Qwen2VLRotaryEmbedding",),
+        "half",
+    ),
+    "gemma3_text": (
+        "transformers.models.gemma3.modeling_gemma3",
+        ("Gemma3RotaryEmbedding",),
+        "half",
+    ),
     "phi3": ("transformers.models.phi3.modeling_phi3", ("Phi3RotaryEmbedding",), "half"),
     "glm": ("transformers.models.glm.modeling_glm", ("GlmRotaryEmbedding",), "interleaved"),
 }
@@ -63,6 +73,7 @@ _PATCHED = "_posenc_patched_models"  # weak references to the patched models of 
 @dataclasses.dataclass(frozen=True)
 class Rotation:
     """What a family's rotation is: the one place patch(), unpatch() and the checker read it."""
+
     function: str  # the modeling file's function posenc's replaces
     pairs: str  # the pair layout posenc's resolver must give the family's config
     float32_tables: bool = False  # its modules return float32 tables whatever x's dtype
@@ -87,14 +98,25 @@ ROTATIONS = {
     "deinterleave": Rotation("apply_rotary_pos_emb_interleave", "interleaved"),
     "half_one": Rotation("apply_rotary_pos_emb", "half"),
     "half_f32": Rotation("apply_rotary_pos_emb", "half", float32_tables=True, promotes="products"),
-    "interleaved_f32": Rotation("apply_rotary_pos_emb", "interleaved", float32_tables=True,
-                                promotes="products", rounds_to_float32=True),
+    "interleaved_f32": Rotation(
+        "apply_rotary_pos_emb",
+        "interleaved",
+        float32_tables=True,
+        promotes="products",
+        rounds_to_float32=True,
+    ),
     "half_fresh": Rotation("apply_rotary_pos_emb", "half", fresh=True),
     "half_pairs": Rotation("apply_rotary_pos_emb", "half", tables="pairs"),
-    "half_float": Rotation("apply_rotary_pos_emb", "half", promotes="products",
-                           rounds_to_float32=True),
-    "interleaved_float": Rotation("apply_rotary_pos_emb", "interleaved", tables="layout",
-                                  promotes="upfront", rounds_to_float32=True),
+    "half_float": Rotation(
+        "apply_rotary_pos_emb", "half", promotes="products", rounds_to_float32=True
+    ),
+    "interleaved_float": Rotation(
+        "apply_rotary_pos_emb",
+        "interleaved",
+        tables="layout",
+        promotes="upfront",
+        rounds_to_float32=True,
+    ),
 }
 
 
@@ -107,7 +129,9 @@ def _tables_first_half_twice(t: torch.Tensor, pairs: str) -> torch.Tensor:
     """Each table's first half (pair i's value) laid out for `pairs`: t0 t0 t1 t1 ... (GLM's and
     Ernie's repeat_interleave) or cat(h, h) (what DeepSeek's interleave function reads)."""
     half = t[..., : t.shape[-1] // 2]
-    return half.repeat_interleave(2, dim=-1) if pairs == "interleaved" else torch.cat([half, half], -1)
+    return (
+        half.repeat_interleave(2, dim=-1) if pairs == "interleaved" else torch.cat([half, half], -1)
+    )
 
 
 def _rotation(layout: str):
@@ -149,6 +173,7 @@ def _rotation(layout: str):
         return t
 
     if rotation.promotes:
+
         def posenc_apply_rotary_pos_emb_promoted(q, k, cos, sin, unsqueeze_dim=1):
             q_dtype, k_dtype = q.dtype, (q.dtype if rotation.rounds_to_float32 else k.dtype)
             if rotation.rounds_to_float32:  # q.float(): float64 rounded to float32
@@ -159,18 +184,27 @@ def _rotation(layout: str):
                 compute = torch.promote_types(compute, t.dtype)
 
             def operand(x):  # bfloat16/float16 stay: the operator promotes each product
-                keep = rotation.promotes == "products" and x.dtype in (torch.bfloat16, torch.float16)
+                keep = rotation.promotes == "products" and x.dtype in (
+                    torch.bfloat16,
+                    torch.float16,
+                )
                 return x if keep else x.to(compute)
 
             q_embed, k_embed = apply_rotary_pos_emb(
-                operand(q), operand(k), tables(cos).to(compute), tables(sin).to(compute),
-                unsqueeze_dim=unsqueeze_dim, layout=pairs)
+                operand(q),
+                operand(k),
+                tables(cos).to(compute),
+                tables(sin).to(compute),
+                unsqueeze_dim=unsqueeze_dim,
+                layout=pairs,
+            )
             return q_embed.to(q_dtype), k_embed.to(k_dtype)
 
         posenc_apply_rotary_pos_emb_promoted.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_promoted
 
     if layout == "half_one":
+
         def posenc_apply_rotary_pos_emb_one(x, cos, sin, unsqueeze_dim=1):
             # the operator rotates a pair (q, k); k is one head of x (the dim cos is unsqueezed
             # at), so the second result costs 1/H of the first
@@ -181,21 +215,28 @@ def _rotation(layout: str):
         return posenc_apply_rotary_pos_emb_one
 
     if layout == "deinterleave":
-        def posenc_apply_rotary_pos_emb_interleave(q, k, cos, sin, position_ids=None,
-                                                   unsqueeze_dim=1):
+
+        def posenc_apply_rotary_pos_emb_interleave(
+            q, k, cos, sin, position_ids=None, unsqueeze_dim=1
+        ):
             def split(x):
                 return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
-            return apply_rotary_pos_emb(split(q), split(k), _tables_first_half_twice(cos, "half"),
-                                        _tables_first_half_twice(sin, "half"),
-                                        unsqueeze_dim=unsqueeze_dim)
+            return apply_rotary_pos_emb(
+                split(q),
+                split(k),
+                _tables_first_half_twice(cos, "half"),
+                _tables_first_half_twice(sin, "half"),
+                unsqueeze_dim=unsqueeze_dim,
+            )
 
         posenc_apply_rotary_pos_emb_interleave.posenc_layout = layout
         return posenc_apply_rotary_pos_emb_interleave
 
     def posenc_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
-        return apply_rotary_pos_emb(q, k, tables(cos), tables(sin), unsqueeze_dim=unsqueeze_dim,
-                                    layout=pairs)
+        return apply_rotary_pos_emb(
+            q, k, tables(cos), tables(sin), unsqueeze_dim=unsqueeze_dim, layout=pairs
+        )
 
     posenc_apply_rotary_pos_emb.posenc_layout = layout
     return posenc_apply_rotary_pos_emb
@@ -210,8 +251,9 @@ def _buffer_device(module: torch.nn.Module) -> torch.device:
 def _is_table(name: str) -> bool:
     """A current frequency buffer (inv_freq, <layer_type>_inv_freq), not a construction-time copy
     (transformers' original_inv_freq, posenc's initial_inv_freq)."""
-    return name.endswith("inv_freq") and not name.endswith(("original_inv_freq",
-                                                              "initial_inv_freq"))
+    return name.endswith("inv_freq") and not name.endswith(
+        ("original_inv_freq", "initial_inv_freq")
+    )
 
 
 def _frequency_pairs(source: torch.nn.Module, target: torch.nn.Module) -> list:
@@ -219,6 +261,7 @@ def _frequency_pairs(source: torch.nn.Module, target: torch.nn.Module) -> list:
     (posenc says initial_inv_freq where transformers says original_inv_freq), and a single table on
     each side paired whatever its name (Mellum's one layer type is `full_attention_inv_freq` in
     transformers, `inv_freq` in posenc's module of one table)."""
+
     def key(name):
         return name.replace("initial_inv_freq", "original_inv_freq")
 
@@ -254,19 +297,25 @@ def _frequencies_differ(theirs: torch.nn.Module, ours: torch.nn.Module, exact: b
     pairs = [(t, o) for t, o in _frequency_pairs(theirs, ours) if _is_table(o)]
     tables = [n for n, _ in ours.named_buffers(recurse=False) if _is_table(n)]
     if len(pairs) != len(tables):
-        return (f"its frequency buffers ({', '.join(sorted(buffers))}) do not match posenc's "
-                f"tables ({', '.join(tables)})")
+        return (
+            f"its frequency buffers ({', '.join(sorted(buffers))}) do not match posenc's "
+            f"tables ({', '.join(tables)})"
+        )
     for name, mine in pairs:
         want = getattr(theirs, name.replace("inv_freq", "original_inv_freq"), None)
         if not isinstance(want, torch.Tensor):
             want = buffers[name]
         got = getattr(ours, mine).to(want.dtype)
         same = want.shape == got.shape and (
-            torch.equal(got, want) if exact else torch.allclose(got.double(), want.double(),
-                                                                rtol=1e-6, atol=0.0))
+            torch.equal(got, want)
+            if exact
+            else torch.allclose(got.double(), want.double(), rtol=1e-6, atol=0.0)
+        )
         if not same:
-            return (f"posenc's frequencies for '{name}' ({tuple(got.shape)}) differ from the "
-                    f"module's own ({tuple(want.shape)})")
+            return (
+                f"posenc's frequencies for '{name}' ({tuple(got.shape)}) differ from the "
+                f"module's own ({tuple(want.shape)})"
+            )
     return None
 
 
@@ -292,8 +341,10 @@ def _scaling_differs(theirs: torch.nn.Module, ours: RotaryEmbedding, exact: bool
         else:
             same = abs(got - want) <= 1e-6 * abs(want)
         if not same:
-            return (f"posenc's attention scaling{' for ' + repr(name) if name else ''} ({got!r}) "
-                    f"differs from the module's own ({want!r})")
+            return (
+                f"posenc's attention scaling{' for ' + repr(name) if name else ''} ({got!r}) "
+                f"differs from the module's own ({want!r})"
+            )
     return None
 
 
@@ -307,9 +358,11 @@ def _grown(theirs: torch.nn.Module) -> str | None:
         return None
     for name, value in vars(theirs).items():
         if name.endswith("max_seq_len_cached") and value != original:
-            return (f"its dynamic tables have grown ({name} {value} > original_max_seq_len "
-                    f"{original}: the model ran past max_position_embeddings); patch it before "
-                    f"such use")
+            return (
+                f"its dynamic tables have grown ({name} {value} > original_max_seq_len "
+                f"{original}: the model ran past max_position_embeddings); patch it before "
+                f"such use"
+            )
     return None
 
 
@@ -398,16 +451,19 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in SUPPORTED:
         why = _families.LEFT_OUT.get(model_type)
-        raise ValueError(f"posenc.patch: model type '{model_type}' is not one posenc has checked "
-                         f"against transformers' code"
-                         + (f" (its check: {why})" if why else "")
-                         + f"; {len(SUPPORTED)} families are: posenc.integrations.transformers"
-                         f".SUPPORTED")
+        raise ValueError(
+            f"posenc.patch: model type '{model_type}' is not one posenc has checked "
+            f"against transformers' code"
+            + (f" (its check: {why})" if why else "")
+            + f"; {len(SUPPORTED)} families are: posenc.integrations.transformers"
+            f".SUPPORTED"
+        )
     return _patch_with(model, model_type, SUPPORTED[model_type], angle_dtype)
 
 
-def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
-                angle_dtype: str = "float32") -> torch.nn.Module:
+def _patch_with(
+    model: torch.nn.Module, model_type: str, entry: tuple, angle_dtype: str = "float32"
+) -> torch.nn.Module:
     """patch() with the family's (modeling file, rotary classes, pair layout) given: the checker
     (tools/patch_families.py) calls it for families not yet listed."""
     module_name, classes, layout = entry
@@ -418,16 +474,26 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
         ours = RotaryEmbedding.from_hf_config(
-            sub.config, angle_dtype=angle_dtype, table_order=rotation.tables,
-            table_dtype="float32" if rotation.float32_tables else "input")
+            sub.config,
+            angle_dtype=angle_dtype,
+            table_order=rotation.tables,
+            table_dtype="float32" if rotation.float32_tables else "input",
+        )
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
         # resolve to other frequencies than the module was built with; refused, not guessed
         # (a "fresh" module, PhiMoE's, reads its scaling from the config on every call, not from
         # its attention_scaling: the config posenc's module is built from is the oracle there)
-        why = _grown(sub) or _frequencies_differ(sub, ours, exact=angle_dtype == "float32") or (
-            None if rotation.fresh else _scaling_differs(sub, ours, exact=angle_dtype == "float32"))
+        why = (
+            _grown(sub)
+            or _frequencies_differ(sub, ours, exact=angle_dtype == "float32")
+            or (
+                None
+                if rotation.fresh
+                else _scaling_differs(sub, ours, exact=angle_dtype == "float32")
+            )
+        )
         if why is not None:
             raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
         # the dtypes transformers' buffers have now (model.to(dtype)); a "fresh" module recomputes
@@ -438,10 +504,12 @@ def _patch_with(model: torch.nn.Module, model_type: str, entry: tuple,
         ours.config = sub.config  # transformers' modules keep theirs (Granite SWA reads its theta)
         layouts = {t.layout for t in ours._tables.values()}
         if layouts != {rotation.pairs}:  # posenc's resolver and the family's code disagree
-            raise ValueError(f"posenc.patch: {name or 'the model'}'s config resolves to the "
-                             f"{'/'.join(sorted(layouts))} pair layout, but "
-                             f"{modeling.__name__}.{rotation.function} rotates "
-                             f"{rotation.pairs} pairs; not patched")
+            raise ValueError(
+                f"posenc.patch: {name or 'the model'}'s config resolves to the "
+                f"{'/'.join(sorted(layouts))} pair layout, but "
+                f"{modeling.__name__}.{rotation.function} rotates "
+                f"{rotation.pairs} pairs; not patched"
+            )
         replacements.append((name, ours))
     if not replacements:
         raise ValueError(f"posenc.patch: no rotary module of {modeling.__name__} in this model")

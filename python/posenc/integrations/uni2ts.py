@@ -78,19 +78,23 @@ def _why_not(module, position) -> str:
     """'' when posenc computes the module's positions, else why not."""
     proj = module.time_qk_proj
     if not isinstance(proj, position.QueryKeyProjection) or not isinstance(
-            proj.query_proj, position.RotaryProjection):
+        proj.query_proj, position.RotaryProjection
+    ):
         return "its time projection is not uni2ts' RotaryProjection"
     if proj.key_proj is not proj.query_proj:
         return "its queries and keys rotate by different projections"
     if proj.split_sizes[0] != 0:
-        return (f"its rotary part starts at dimension {proj.split_sizes[0]} (posenc rotates the "
-                f"first dimensions of a head)")
+        return (
+            f"its rotary part starts at dimension {proj.split_sizes[0]} (posenc rotates the "
+            f"first dimensions of a head)"
+        )
     if module.var_qk_proj is not None:
         return "it projects q and k by variate too"
     if module.time_attn_bias is not None:
         return "it adds a time bias"
-    if module.var_attn_bias is not None and not isinstance(module.var_attn_bias,
-                                                           position.BinaryAttentionBias):
+    if module.var_attn_bias is not None and not isinstance(
+        module.var_attn_bias, position.BinaryAttentionBias
+    ):
         return f"its variate bias is {type(module.var_attn_bias).__name__}, not BinaryAttentionBias"
     for p in list(module.parameters()) + [proj.query_proj.theta]:
         if p.dtype != torch.float32:
@@ -100,8 +104,10 @@ def _why_not(module, position) -> str:
 
 def _same_ids(a, b, name: str) -> torch.Tensor:
     if a is None or b is None or (a is not b and not torch.equal(a, b)):
-        raise ValueError(f"posenc.integrations.uni2ts: the patched attention takes the same "
-                         f"{name} for queries and keys (self-attention)")
+        raise ValueError(
+            f"posenc.integrations.uni2ts: the patched attention takes the same "
+            f"{name} for queries and keys (self-attention)"
+        )
     return a
 
 
@@ -113,8 +119,9 @@ def _packed_runs(mask: torch.Tensor | None, batch: int, length: int):
     if mask is None or mask.dtype != torch.bool or mask.shape != (batch, length, length):
         return None
     sees_previous = mask.diagonal(offset=-1, dim1=1, dim2=2)  # [B, N-1]: mask[b, i, i-1]
-    starts = torch.cat([torch.ones(batch, 1, dtype=torch.bool, device=mask.device),
-                        ~sees_previous], dim=1)
+    starts = torch.cat(
+        [torch.ones(batch, 1, dtype=torch.bool, device=mask.device), ~sees_previous], dim=1
+    )
     sample_ids = starts.to(torch.int64).cumsum(1)
     same = sample_ids[:, :, None] == sample_ids[:, None, :]
     if torch.equal(mask, same):
@@ -124,12 +131,23 @@ def _packed_runs(mask: torch.Tensor | None, batch: int, length: int):
     return None
 
 
-def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_var_id=None,
-               query_time_id=None, kv_time_id=None):
+def _attention(
+    self,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    query_var_id=None,
+    kv_var_id=None,
+    query_time_id=None,
+    kv_time_id=None,
+):
     """GroupedQueryAttention.forward with posenc's RoPE (uni2ts' contract, [B, N, dim] inputs)."""
     if query.dim() != 3:
-        raise ValueError(f"posenc.integrations.uni2ts: the patched attention takes [B, N, dim] "
-                         f"inputs, got {tuple(query.shape)}")
+        raise ValueError(
+            f"posenc.integrations.uni2ts: the patched attention takes [B, N, dim] "
+            f"inputs, got {tuple(query.shape)}"
+        )
     time_id = _same_ids(query_time_id, kv_time_id, "time_id")
     var_id = query_var_id
     if self.var_attn_bias is not None:
@@ -140,7 +158,11 @@ def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_va
     q = self.q_norm(self.q_proj(query).view(batch, length, heads, dim).transpose(1, 2))
     k = self.k_proj(key).view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
     k = self.k_norm(k.reshape(batch, length, heads, dim).transpose(1, 2))
-    v = self.v_proj(value).view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
+    v = (
+        self.v_proj(value)
+        .view(batch, length, groups, 1, dim)
+        .expand(-1, -1, -1, heads // groups, -1)
+    )
     v = v.reshape(batch, length, heads, dim).transpose(1, 2)
     # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
     rotary = self.time_qk_proj.query_proj
@@ -150,10 +172,18 @@ def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_va
         sample_ids, causal = runs
         bias = self.var_attn_bias
         out = positional_attention(
-            q, k, v, cos=cos, sin=sin, layout="interleaved", scale=self.softmax_scale,
-            causal=causal, sample_ids=sample_ids,
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            layout="interleaved",
+            scale=self.softmax_scale,
+            causal=causal,
+            sample_ids=sample_ids,
             variate_ids=None if bias is None else var_id,
-            variate_bias=None if bias is None else bias.emb.weight)
+            variate_bias=None if bias is None else bias.emb.weight,
+        )
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
     q, k = apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")
     # the variate bias and the packed mask as uni2ts builds them, and its SDPA call, on its
@@ -162,8 +192,9 @@ def _attention(self, query, key, value, attn_mask=None, query_var_id=None, kv_va
     q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
     ids = None if var_id is None else var_id[:, None, None, :]
     mask = self._update_attn_mask(attn_mask, q, k, query_var_id=ids, kv_var_id=ids)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.attn_dropout_p,
-                                         scale=self.softmax_scale)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=self.attn_dropout_p, scale=self.softmax_scale
+    )
     out = out.reshape(batch, heads, length, dim)
     return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
 
@@ -173,14 +204,20 @@ def patch(model: torch.nn.Module) -> list[str]:
     RotaryProjection on time) by posenc's; returns their names. Refuses (ValueError, nothing
     changed) a model without one or with one posenc does not reproduce."""
     if not isinstance(model, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.uni2ts.patch: expected an nn.Module, got "
-                         f"{type(model).__name__}")
+        raise ValueError(
+            f"posenc.integrations.uni2ts.patch: expected an nn.Module, got {type(model).__name__}"
+        )
     attention, position = _modules()
-    found = [(name, m) for name, m in model.named_modules()
-             if isinstance(m, attention.GroupedQueryAttention) and m.time_qk_proj is not None]
+    found = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, attention.GroupedQueryAttention) and m.time_qk_proj is not None
+    ]
     if not found:
-        raise ValueError(f"posenc.integrations.uni2ts.patch: {type(model).__name__} has no uni2ts "
-                         f"attention with a rotary time projection")
+        raise ValueError(
+            f"posenc.integrations.uni2ts.patch: {type(model).__name__} has no uni2ts "
+            f"attention with a rotary time projection"
+        )
     for name, module in found:
         why = _why_not(module, position)
         if why:

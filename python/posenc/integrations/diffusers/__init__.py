@@ -41,19 +41,43 @@ import re
 
 import torch
 
-__all__ = ["patch", "unpatch", "FAMILY_MODULES", "get_3d_rotary_pos_embed",
-           "get_resize_crop_region_for_grid", "apply_rotary_emb"]
+__all__ = [
+    "patch",
+    "unpatch",
+    "FAMILY_MODULES",
+    "get_3d_rotary_pos_embed",
+    "get_resize_crop_region_for_grid",
+    "apply_rotary_emb",
+]
 
 # The family modules of this package, imported on first use (each registers its Family).
-_FAMILY_MODULES = ("_wan", "_skyreels_v2", "_hunyuan_video", "_hunyuan_video15", "_flux", "_flux2",
-                   "_cogvideox", "_ltx", "_ltx2", "_cosmos", "_mochi", "_qwenimage",
-                   "_wan_animate", "_sana_video", "_chronoedit", "_flux3", "_krea2",
-                   "_hunyuan_video_framepack", "_flux_like", "_hunyuanimage",
-                   "_motif_video")
+_FAMILY_MODULES = (
+    "_wan",
+    "_skyreels_v2",
+    "_hunyuan_video",
+    "_hunyuan_video15",
+    "_flux",
+    "_flux2",
+    "_cogvideox",
+    "_ltx",
+    "_ltx2",
+    "_cosmos",
+    "_mochi",
+    "_qwenimage",
+    "_wan_animate",
+    "_sana_video",
+    "_chronoedit",
+    "_flux3",
+    "_krea2",
+    "_hunyuan_video_framepack",
+    "_flux_like",
+    "_hunyuanimage",
+    "_motif_video",
+)
 FAMILY_MODULES = _FAMILY_MODULES
 # CogVideoX's pipeline-side table builders under diffusers' names (no diffusers import needed)
-from ._cogvideox_tables import (  # noqa: E402
-    get_3d_rotary_pos_embed, get_resize_crop_region_for_grid)
+from ._cogvideox_tables import get_3d_rotary_pos_embed, get_resize_crop_region_for_grid  # noqa: E402
+
 # diffusers' embeddings.apply_rotary_emb (use_real=True) through posenc's operator, to the bit
 from ._common import apply_rotary_emb  # noqa: E402
 
@@ -75,9 +99,11 @@ def _load_families():
     try:
         importlib.import_module("diffusers")
     except ImportError as e:
-        raise ValueError(f"posenc.integrations.diffusers: diffusers is not importable "
-                         f"({e})") from None
+        raise ValueError(
+            f"posenc.integrations.diffusers: diffusers is not importable ({e})"
+        ) from None
     from . import _registry
+
     if not _loaded:
         for name in _FAMILY_MODULES:
             importlib.import_module(f"{__name__}.{name}")
@@ -126,8 +152,11 @@ def _plan(model: torch.nn.Module, registry):
             except ValueError as e:
                 why = str(e).split(": ", 1)[-1]
                 left.append(f"{name or 'the model'}: {type(module).__name__} ({why})")
-        elif (_ROTARY_NAME.search(type(module).__name__) and not list(module.children())
-              and not type(module).__module__.startswith("posenc.")):
+        elif (
+            _ROTARY_NAME.search(type(module).__name__)
+            and not list(module.children())
+            and not type(module).__module__.startswith("posenc.")
+        ):
             left.append(f"{name or 'the model'}: {type(module).__name__} (not computed by posenc)")
         processor = _processor_of(module)
         if processor is None:
@@ -143,8 +172,10 @@ def _plan(model: torch.nn.Module, registry):
                 why = str(e).split(": ", 1)[-1]
                 left.append(f"{name}.processor: {type(processor).__name__} ({why})")
         elif _rotates(processor):
-            left.append(f"{name}.processor: {type(processor).__name__} (its rotation is not "
-                        f"computed by posenc)")
+            left.append(
+                f"{name}.processor: {type(processor).__name__} (its rotation is not "
+                f"computed by posenc)"
+            )
     return modules, processors, left, already
 
 
@@ -153,16 +184,22 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> dict[str, list[
     {"patched": [names], "left": ["name: why", ...]}. strict=True: anything left raises
     ValueError (nothing is replaced then)."""
     if not isinstance(transformer, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.diffusers.patch: expected an nn.Module, got "
-                         f"{type(transformer).__name__}")
+        raise ValueError(
+            f"posenc.integrations.diffusers.patch: expected an nn.Module, got "
+            f"{type(transformer).__name__}"
+        )
     registry = _load_families()
     modules, processors, left, already = _plan(transformer, registry)
     if not modules and not processors and not left and not already:
-        left.append(f"{type(transformer).__name__}: no rotary module or processor posenc computes "
-                    f"(families: {', '.join(f.name for f in registry.FAMILIES)})")
+        left.append(
+            f"{type(transformer).__name__}: no rotary module or processor posenc computes "
+            f"(families: {', '.join(f.name for f in registry.FAMILIES)})"
+        )
     if strict and left:
-        raise ValueError(f"posenc.integrations.diffusers.patch: {type(transformer).__name__} has "
-                         f"what posenc does not compute: {'; '.join(left)}")
+        raise ValueError(
+            f"posenc.integrations.diffusers.patch: {type(transformer).__name__} has "
+            f"what posenc does not compute: {'; '.join(left)}"
+        )
     for name, module, new in modules:
         object.__setattr__(new, _ORIGINAL, module)  # kept, not registered; follows new's casts
         new.train(module.training)
@@ -172,15 +209,19 @@ def patch(transformer: torch.nn.Module, strict: bool = False) -> dict[str, list[
         # replacement's too: no second set of state_dict keys)
         object.__setattr__(new, _ORIGINAL_PROCESSOR, processor)
         attention.processor = new  # an nn.Module processor is registered in its place
-    return {"patched": [n for n, _, _ in modules] + [f"{n}.processor" for n, *_ in processors],
-            "left": left}
+    return {
+        "patched": [n for n, _, _ in modules] + [f"{n}.processor" for n, *_ in processors],
+        "left": left,
+    }
 
 
 def unpatch(transformer: torch.nn.Module) -> list[str]:
     """Put back the objects patch() replaced, in the model's present state; returns their names."""
     if not isinstance(transformer, torch.nn.Module):
-        raise ValueError(f"posenc.integrations.diffusers.unpatch: expected an nn.Module, got "
-                         f"{type(transformer).__name__}")
+        raise ValueError(
+            f"posenc.integrations.diffusers.unpatch: expected an nn.Module, got "
+            f"{type(transformer).__name__}"
+        )
     restored = []
     for name, module in list(transformer.named_modules()):
         original = module.__dict__.get(_ORIGINAL)
@@ -191,8 +232,7 @@ def unpatch(transformer: torch.nn.Module) -> list[str]:
             restored.append(name)
             continue
         processor = _processor_of(module)
-        original = (getattr(processor, _ORIGINAL_PROCESSOR, None) if processor is not None
-                    else None)
+        original = getattr(processor, _ORIGINAL_PROCESSOR, None) if processor is not None else None
         if original is not None:
             for setting in _PROCESSOR_SETTINGS:
                 if setting in vars(processor):

@@ -28,34 +28,48 @@ __all__ = ["ChronoEditRotaryPosEmbed", "ChronoEditAttnProcessor"]
 class ChronoEditRotaryPosEmbed(WanRotaryPosEmbed):
     """diffusers' ChronoEditRotaryPosEmbed: Wan's buffers by posenc, ChronoEdit's forward."""
 
-    def __init__(self, attention_head_dim: int, patch_size, max_seq_len: int,
-                 theta: float = 10000.0, temporal_skip_len: int = 8,
-                 freqs_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        attention_head_dim: int,
+        patch_size,
+        max_seq_len: int,
+        theta: float = 10000.0,
+        temporal_skip_len: int = 8,
+        freqs_dtype: torch.dtype | None = None,
+    ):
         super().__init__(attention_head_dim, patch_size, max_seq_len, theta, freqs_dtype)
         if temporal_skip_len < 1:
-            raise ValueError(f"posenc ChronoEditRotaryPosEmbed: temporal_skip_len must be >= 1, "
-                             f"got {temporal_skip_len}")
+            raise ValueError(
+                f"posenc ChronoEditRotaryPosEmbed: temporal_skip_len must be >= 1, "
+                f"got {temporal_skip_len}"
+            )
         self.temporal_skip_len = temporal_skip_len
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "ChronoEditRotaryPosEmbed":
+    def from_diffusers(cls, module: torch.nn.Module) -> ChronoEditRotaryPosEmbed:
         ours = super().from_diffusers(module)  # Wan's buffers, checked against the module's
         ours.temporal_skip_len = module.temporal_skip_len
         return ours
 
     def forward(self, hidden_states: torch.Tensor):
         if hidden_states.dim() != 5:
-            raise ValueError(f"posenc ChronoEditRotaryPosEmbed: hidden_states must be "
-                             f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"posenc ChronoEditRotaryPosEmbed: hidden_states must be "
+                f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}"
+            )
         _, _, num_frames, height, width = hidden_states.shape
         p_t, p_h, p_w = self.patch_size
         ppf, pph, ppw = num_frames // p_t, height // p_h, width // p_w
         if max(ppf, pph, ppw) > self.max_seq_len:
-            raise ValueError(f"posenc ChronoEditRotaryPosEmbed: the grid {(ppf, pph, ppw)} "
-                             f"exceeds max_seq_len {self.max_seq_len}")
+            raise ValueError(
+                f"posenc ChronoEditRotaryPosEmbed: the grid {(ppf, pph, ppw)} "
+                f"exceeds max_seq_len {self.max_seq_len}"
+            )
         if num_frames == 2 and ppf != 2:
-            raise ValueError(f"posenc ChronoEditRotaryPosEmbed: two frames take the temporal skip, "
-                             f"which needs 2 patched frames, got {ppf} (patch_size {p_t})")
+            raise ValueError(
+                f"posenc ChronoEditRotaryPosEmbed: two frames take the temporal skip, "
+                f"which needs 2 patched frames, got {ppf} (patch_size {p_t})"
+            )
         d = self.attention_head_dim
         split_sizes = [d - 2 * (d // 3), d // 3, d // 3]  # the forward's sizes, not __init__'s
         out = []
@@ -77,23 +91,33 @@ class ChronoEditAttnProcessor(_dce.WanAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dce.WanAttention",
+        attn: _dce.WanAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return _wan_call(self, _dce, attn, hidden_states, encoder_hidden_states, attention_mask,
-                         rotary_emb, skyreels=False)
+        return _wan_call(
+            self,
+            _dce,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            rotary_emb,
+            skyreels=False,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "ChronoEditAttnProcessor":
+    def from_diffusers(cls, processor) -> ChronoEditAttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="chronoedit",
-    rotary_class=qualified_name(_dce.ChronoEditRotaryPosEmbed),
-    replace=ChronoEditRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dce.WanAttnProcessor): ChronoEditAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="chronoedit",
+        rotary_class=qualified_name(_dce.ChronoEditRotaryPosEmbed),
+        replace=ChronoEditRotaryPosEmbed.from_diffusers,
+        processors={qualified_name(_dce.WanAttnProcessor): ChronoEditAttnProcessor.from_diffusers},
+    )
+)

@@ -20,23 +20,30 @@ tools/gen_diffusers_fixtures.py, runs every family's tables) and gives posenc's.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 from diffusers.models import attention_processor as _dap
 
 from . import _common
-from ._cogvideox_tables import (Rotary3DTable, get_3d_rotary_pos_embed,  # noqa: F401
-                                get_resize_crop_region_for_grid)
+from ._cogvideox_tables import (  # noqa: F401
+    Rotary3DTable,
+    get_3d_rotary_pos_embed,
+    get_resize_crop_region_for_grid,
+)
 from ._registry import Family, qualified_name, register
 
-__all__ = ["get_3d_rotary_pos_embed", "get_resize_crop_region_for_grid",
-           "CogVideoXAttnProcessor2_0", "FusedCogVideoXAttnProcessor2_0", "Rotary3DTable"]
+__all__ = [
+    "get_3d_rotary_pos_embed",
+    "get_resize_crop_region_for_grid",
+    "CogVideoXAttnProcessor2_0",
+    "FusedCogVideoXAttnProcessor2_0",
+    "Rotary3DTable",
+]
 
 
-def _rotate_video_tokens(attn, query: torch.Tensor, key: torch.Tensor, text_seq_length: int,
-                         image_rotary_emb) -> None:
+def _rotate_video_tokens(
+    attn, query: torch.Tensor, key: torch.Tensor, text_seq_length: int, image_rotary_emb
+) -> None:
     """diffusers: query[:, :, text:] = apply_rotary_emb(query[:, :, text:], image_rotary_emb),
     and key's (unless cross attention); here through posenc's operator, q and k in one call.
     The operator's autograd keeps its inputs for the tables' gradient, so it rotates copies of
@@ -47,7 +54,8 @@ def _rotate_video_tokens(attn, query: torch.Tensor, key: torch.Tensor, text_seq_
         query[:, :, text_seq_length:] = _common.apply_rotary_emb(video_query, image_rotary_emb)
         return
     video_query, video_key = _common.apply_rotary_emb_qk(
-        video_query, key[:, :, text_seq_length:].clone(), image_rotary_emb)
+        video_query, key[:, :, text_seq_length:].clone(), image_rotary_emb
+    )
     query[:, :, text_seq_length:] = video_query
     key[:, :, text_seq_length:] = video_key
 
@@ -56,7 +64,7 @@ class CogVideoXAttnProcessor2_0(_dap.CogVideoXAttnProcessor2_0):
     """diffusers' CogVideoXAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "CogVideoXAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> CogVideoXAttnProcessor2_0:
         return cls()
 
     def __call__(
@@ -64,30 +72,33 @@ class CogVideoXAttnProcessor2_0(_dap.CogVideoXAttnProcessor2_0):
         attn,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         batch_size, sequence_length, _ = hidden_states.shape
         if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length,
-                                                         batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1,
-                                                 attention_mask.shape[-1])
+            attention_mask = attn.prepare_attention_mask(
+                attention_mask, sequence_length, batch_size
+            )
+            attention_mask = attention_mask.view(
+                batch_size, attn.heads, -1, attention_mask.shape[-1]
+            )
 
         query = attn.to_q(hidden_states)
         key = attn.to_k(hidden_states)
         value = attn.to_v(hidden_states)
-        return _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask,
-                       image_rotary_emb)
+        return _attend(
+            attn, query, key, value, batch_size, text_seq_length, attention_mask, image_rotary_emb
+        )
 
 
 class FusedCogVideoXAttnProcessor2_0(_dap.FusedCogVideoXAttnProcessor2_0):
     """diffusers' FusedCogVideoXAttnProcessor2_0 (fused QKV), the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "FusedCogVideoXAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> FusedCogVideoXAttnProcessor2_0:
         return cls()
 
     def __call__(
@@ -95,28 +106,30 @@ class FusedCogVideoXAttnProcessor2_0(_dap.FusedCogVideoXAttnProcessor2_0):
         attn,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
-        attention_mask: Optional[torch.Tensor] = None,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         text_seq_length = encoder_hidden_states.size(1)
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         # diffusers reads the shape of encoder_hidden_states here (the text length): kept as is
         batch_size, sequence_length, _ = encoder_hidden_states.shape
         if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length,
-                                                         batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1,
-                                                 attention_mask.shape[-1])
+            attention_mask = attn.prepare_attention_mask(
+                attention_mask, sequence_length, batch_size
+            )
+            attention_mask = attention_mask.view(
+                batch_size, attn.heads, -1, attention_mask.shape[-1]
+            )
 
         qkv = attn.to_qkv(hidden_states)
         split_size = qkv.shape[-1] // 3
         query, key, value = torch.split(qkv, split_size, dim=-1)
-        return _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask,
-                       image_rotary_emb)
+        return _attend(
+            attn, query, key, value, batch_size, text_seq_length, attention_mask, image_rotary_emb
+        )
 
 
-def _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask,
-            image_rotary_emb):
+def _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask, image_rotary_emb):
     """The rest of both CogVideoX processors (diffusers' lines after the projections)."""
     inner_dim = key.shape[-1]
     head_dim = inner_dim // attn.heads
@@ -130,13 +143,15 @@ def _attend(attn, query, key, value, batch_size, text_seq_length, attention_mask
     if image_rotary_emb is not None:
         _rotate_video_tokens(attn, query, key, text_seq_length, image_rotary_emb)
 
-    hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                   dropout_p=0.0, is_causal=False)
+    hidden_states = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
+    )
     hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
     hidden_states = attn.to_out[0](hidden_states)
     hidden_states = attn.to_out[1](hidden_states)
     encoder_hidden_states, hidden_states = hidden_states.split(
-        [text_seq_length, hidden_states.size(1) - text_seq_length], dim=1)
+        [text_seq_length, hidden_states.size(1) - text_seq_length], dim=1
+    )
     return hidden_states, encoder_hidden_states
 
 
@@ -144,23 +159,32 @@ def _replace(module: torch.nn.Module) -> Rotary3DTable:
     """diffusers' table function wrapped as a Rotary3DTable -> posenc's; anything else: refused
     (CogVideoX's transformer has no rotary module: the pipeline builds the table)."""
     function = getattr(module, "function", None)
-    if isinstance(module, Rotary3DTable) and \
-            getattr(function, "__module__", None) == "diffusers.models.embeddings" and \
-            getattr(function, "__name__", None) == "get_3d_rotary_pos_embed":
+    if (
+        isinstance(module, Rotary3DTable)
+        and getattr(function, "__module__", None) == "diffusers.models.embeddings"
+        and getattr(function, "__name__", None) == "get_3d_rotary_pos_embed"
+    ):
         return Rotary3DTable(get_3d_rotary_pos_embed)
-    raise ValueError(f"CogVideoX has no rotary module (its pipeline builds the table with "
-                     f"get_3d_rotary_pos_embed); got {type(module).__name__}")
+    raise ValueError(
+        f"CogVideoX has no rotary module (its pipeline builds the table with "
+        f"get_3d_rotary_pos_embed); got {type(module).__name__}"
+    )
 
 
 # rotary_class names diffusers' table function: no module's type matches it, so patch() replaces
 # only the processors
-FAMILY = register(Family(
-    name="cogvideox",
-    rotary_class="diffusers.models.embeddings.get_3d_rotary_pos_embed",
-    replace=_replace,
-    processors={
-        qualified_name(_dap.CogVideoXAttnProcessor2_0): CogVideoXAttnProcessor2_0.from_diffusers,
-        qualified_name(_dap.FusedCogVideoXAttnProcessor2_0):
-            FusedCogVideoXAttnProcessor2_0.from_diffusers,
-    },
-))
+FAMILY = register(
+    Family(
+        name="cogvideox",
+        rotary_class="diffusers.models.embeddings.get_3d_rotary_pos_embed",
+        replace=_replace,
+        processors={
+            qualified_name(
+                _dap.CogVideoXAttnProcessor2_0
+            ): CogVideoXAttnProcessor2_0.from_diffusers,
+            qualified_name(
+                _dap.FusedCogVideoXAttnProcessor2_0
+            ): FusedCogVideoXAttnProcessor2_0.from_diffusers,
+        },
+    )
+)

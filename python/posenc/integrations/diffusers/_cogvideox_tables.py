@@ -30,7 +30,7 @@ which tools/gen_diffusers_fixtures.py runs diffusers' function and posenc's side
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -47,13 +47,13 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
-def _pair(name: str, value) -> Tuple:
+def _pair(name: str, value) -> tuple:
     if not isinstance(value, (tuple, list)) or len(value) != 2:
         raise ValueError(f"{_NAME}: {name} must be a pair, got {value!r}")
     return tuple(value)
 
 
-def _axis_table(dim: int, positions: torch.Tensor, theta) -> Tuple[torch.Tensor, torch.Tensor]:
+def _axis_table(dim: int, positions: torch.Tensor, theta) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers' get_1d_rotary_pos_embed(dim, positions, theta, use_real=True): [S, dim]."""
     ladder = _common.frequencies(dim, theta, torch.float32, device=positions.device)
     return torch.ops.posenc.rope_cos_sin(positions, ladder, 1.0, [], "contiguous", "interleaved")
@@ -67,14 +67,16 @@ def get_3d_rotary_pos_embed(
     theta: int = 10000,
     use_real: bool = True,
     grid_type: str = "linspace",
-    max_size: Optional[Tuple[int, int]] = None,
-    device: Optional[torch.device] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    max_size: tuple[int, int] | None = None,
+    device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers.models.embeddings.get_3d_rotary_pos_embed: (cos, sin) [T gh gw, D] float32,
     equal to diffusers' to the bit for grid_type "linspace" (crops) and "slice"."""
     if use_real is not True:
-        raise ValueError(f"{_NAME}: use_real=False (complex tables) is not supported, as in "
-                         f"diffusers; got use_real={use_real!r}")
+        raise ValueError(
+            f"{_NAME}: use_real=False (complex tables) is not supported, as in "
+            f"diffusers; got use_real={use_real!r}"
+        )
     if grid_type not in ("linspace", "slice"):
         raise ValueError(f"{_NAME}: grid_type must be 'linspace' or 'slice', got {grid_type!r}")
     embed_dim = _positive_int("embed_dim", embed_dim)
@@ -82,41 +84,70 @@ def get_3d_rotary_pos_embed(
     grid_size_h = _positive_int("grid_size[0]", grid_size_h)
     grid_size_w = _positive_int("grid_size[1]", grid_size_w)
     temporal_size = _positive_int("temporal_size", temporal_size)
-    if isinstance(theta, bool) or not isinstance(theta, numbers.Real) or not theta > 0 \
-            or theta == float("inf"):
+    if (
+        isinstance(theta, bool)
+        or not isinstance(theta, numbers.Real)
+        or not theta > 0
+        or theta == float("inf")
+    ):
         raise ValueError(f"{_NAME}: theta must be a finite number > 0, got {theta!r}")
     dim_t = embed_dim // 4
     dim_h = embed_dim // 8 * 3
     dim_w = embed_dim // 8 * 3
     for axis, dim in (("t", dim_t), ("h", dim_h), ("w", dim_w)):
         if dim % 2 != 0:  # diffusers: an AssertionError in get_1d_rotary_pos_embed
-            raise ValueError(f"{_NAME}: embed_dim {embed_dim} gives the {axis} axis {dim} "
-                             f"channels (t: embed_dim // 4, h and w: embed_dim // 8 * 3); each "
-                             f"must be even")
+            raise ValueError(
+                f"{_NAME}: embed_dim {embed_dim} gives the {axis} axis {dim} "
+                f"channels (t: embed_dim // 4, h and w: embed_dim // 8 * 3); each "
+                f"must be even"
+            )
 
     if grid_type == "linspace":
         start, stop = _pair("crops_coords", crops_coords)
         start, stop = _pair("crops_coords[0]", start), _pair("crops_coords[1]", stop)
         for value in (*start, *stop):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-                    or value != value or abs(value) == float("inf"):
-                raise ValueError(f"{_NAME}: crops_coords must be finite numbers "
-                                 f"((top, left), (bottom, right)), got {crops_coords!r}")
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, numbers.Real)
+                or value != value
+                or abs(value) == float("inf")
+            ):
+                raise ValueError(
+                    f"{_NAME}: crops_coords must be finite numbers "
+                    f"((top, left), (bottom, right)), got {crops_coords!r}"
+                )
         # diffusers' position builders, the same expressions (the end computed in Python)
-        grid_h = torch.linspace(start[0], stop[0] * (grid_size_h - 1) / grid_size_h, grid_size_h,
-                                device=device, dtype=torch.float32)
-        grid_w = torch.linspace(start[1], stop[1] * (grid_size_w - 1) / grid_size_w, grid_size_w,
-                                device=device, dtype=torch.float32)
-        grid_t = torch.linspace(0, temporal_size * (temporal_size - 1) / temporal_size,
-                                temporal_size, device=device, dtype=torch.float32)
+        grid_h = torch.linspace(
+            start[0],
+            stop[0] * (grid_size_h - 1) / grid_size_h,
+            grid_size_h,
+            device=device,
+            dtype=torch.float32,
+        )
+        grid_w = torch.linspace(
+            start[1],
+            stop[1] * (grid_size_w - 1) / grid_size_w,
+            grid_size_w,
+            device=device,
+            dtype=torch.float32,
+        )
+        grid_t = torch.linspace(
+            0,
+            temporal_size * (temporal_size - 1) / temporal_size,
+            temporal_size,
+            device=device,
+            dtype=torch.float32,
+        )
     else:
         if max_size is None:
             raise ValueError(f"{_NAME}: grid_type 'slice' needs max_size (max_h, max_w)")
         max_h, max_w = _pair("max_size", max_size)
         max_h, max_w = _positive_int("max_size[0]", max_h), _positive_int("max_size[1]", max_w)
         if grid_size_h > max_h or grid_size_w > max_w:
-            raise ValueError(f"{_NAME}: grid_size ({grid_size_h}, {grid_size_w}) exceeds max_size "
-                             f"({max_h}, {max_w}) for grid_type 'slice'")
+            raise ValueError(
+                f"{_NAME}: grid_size ({grid_size_h}, {grid_size_w}) exceeds max_size "
+                f"({max_h}, {max_w}) for grid_type 'slice'"
+            )
         # diffusers slices the tables of arange(max) to the grid: the same rows
         grid_h = torch.arange(max_h, device=device, dtype=torch.float32)[:grid_size_h]
         grid_w = torch.arange(max_w, device=device, dtype=torch.float32)[:grid_size_w]
@@ -142,8 +173,12 @@ def get_resize_crop_region_for_grid(src: Sequence[int], tgt_width: int, tgt_heig
     name = "posenc.integrations.diffusers.get_resize_crop_region_for_grid"
     if not isinstance(src, (tuple, list)) or len(src) != 2:
         raise ValueError(f"{name}: src must be (height, width), got {src!r}")
-    for what, value in (("src[0]", src[0]), ("src[1]", src[1]), ("tgt_width", tgt_width),
-                        ("tgt_height", tgt_height)):
+    for what, value in (
+        ("src[0]", src[0]),
+        ("src[1]", src[1]),
+        ("tgt_width", tgt_width),
+        ("tgt_height", tgt_height),
+    ):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
             raise ValueError(f"{name}: {what} must be a positive integer, got {value!r}")
     tw = tgt_width

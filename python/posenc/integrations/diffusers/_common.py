@@ -33,14 +33,22 @@ diffusers' embeddings.py (0.42.1) is the source of the arithmetic reproduced her
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
 from ... import rotary as _rotary  # noqa: F401  (loads posenc's operators)
 
-__all__ = ["ORIGINAL", "DiffusersRotary", "frequencies", "axes_tables", "apply_rotary_emb",
-           "apply_rotary_emb_qk", "adjusted_float64", "same_tables"]
+__all__ = [
+    "ORIGINAL",
+    "DiffusersRotary",
+    "frequencies",
+    "axes_tables",
+    "apply_rotary_emb",
+    "apply_rotary_emb_qk",
+    "adjusted_float64",
+    "same_tables",
+]
 
 # where a replaced diffusers object is kept on posenc's replacement (not registered: no
 # state_dict keys, no second cast); unpatch() puts it back
@@ -66,60 +74,86 @@ def adjusted_float64(device: torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type in ("mps", "npu", "neuron") else torch.float64
 
 
-def frequencies(dim: int, theta: float, dtype: torch.dtype, device=None, ntk_factor: float = 1.0,
-                linear_factor: float = 1.0) -> torch.Tensor:
+def frequencies(
+    dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    device=None,
+    ntk_factor: float = 1.0,
+    linear_factor: float = 1.0,
+) -> torch.Tensor:
     """diffusers' ladder 1 / ((theta ntk)^(2i/dim)) / linear_factor, i < dim/2, in its op order."""
     if dim % 2 != 0:
-        raise ValueError(f"posenc.integrations.diffusers: a rotary axis needs an even dim, "
-                         f"got {dim}")
+        raise ValueError(
+            f"posenc.integrations.diffusers: a rotary axis needs an even dim, got {dim}"
+        )
     theta = theta * ntk_factor
     ladder = torch.arange(0, dim, 2, dtype=dtype, device=device) / dim
-    return 1.0 / (theta ** ladder) / linear_factor
+    return 1.0 / (theta**ladder) / linear_factor
 
 
-def axes_tables(positions: torch.Tensor, ladders: Sequence[torch.Tensor],
-                layout: str = "interleaved") -> Tuple[torch.Tensor, torch.Tensor]:
+def axes_tables(
+    positions: torch.Tensor, ladders: Sequence[torch.Tensor], layout: str = "interleaved"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cat over axes a of get_1d_rotary_pos_embed(dims[a], positions[:, a], use_real=True) with
     the ladders given (one per axis, all float32 or all float64): positions [S, A] -> cos, sin
     [S, sum dims] float32, each axis's pairs laid out as `layout` (interleaved: t0 t0 t1 t1 ...,
     diffusers' repeat_interleave_real) one axis after the other, by posenc's rope_cos_sin."""
     if positions.dim() != 2 or positions.shape[1] != len(ladders):
-        raise ValueError(f"posenc.integrations.diffusers: positions must be [S, {len(ladders)}], "
-                         f"got shape {tuple(positions.shape)}")
+        raise ValueError(
+            f"posenc.integrations.diffusers: positions must be [S, {len(ladders)}], "
+            f"got shape {tuple(positions.shape)}"
+        )
     sections = [int(f.numel()) for f in ladders]
     inv_freq = torch.cat(list(ladders)) if len(ladders) > 1 else ladders[0]
     if layout == "interleaved":
-        return torch.ops.posenc.rope_cos_sin(positions, inv_freq, 1.0, sections, "contiguous",
-                                             "interleaved")
+        return torch.ops.posenc.rope_cos_sin(
+            positions, inv_freq, 1.0, sections, "contiguous", "interleaved"
+        )
     # cat(t, t) per axis: one call per axis (the half layout spans the axis's own width)
-    cos, sin = zip(*(torch.ops.posenc.rope_cos_sin(positions[:, a].contiguous(), f, 1.0, [],
-                                                   "contiguous", "half")
-                     for a, f in enumerate(ladders)))
+    cos, sin = zip(
+        *(
+            torch.ops.posenc.rope_cos_sin(
+                positions[:, a].contiguous(), f, 1.0, [], "contiguous", "half"
+            )
+            for a, f in enumerate(ladders)
+        )
+    )
     return torch.cat(cos, -1), torch.cat(sin, -1)
 
 
 def _tables_for(x: torch.Tensor, freqs_cis, sequence_dim: int):
     if not isinstance(freqs_cis, (tuple, list)) or len(freqs_cis) != 2:
-        raise ValueError("posenc.integrations.diffusers.apply_rotary_emb: use_real=True takes "
-                         f"(cos, sin), got {type(freqs_cis).__name__}")
+        raise ValueError(
+            "posenc.integrations.diffusers.apply_rotary_emb: use_real=True takes "
+            f"(cos, sin), got {type(freqs_cis).__name__}"
+        )
     cos, sin = freqs_cis
     if sequence_dim not in (1, 2):
         raise ValueError(f"`sequence_dim={sequence_dim}` but should be 1 or 2.")
     if cos.dim() != 2 or sin.shape != cos.shape:
-        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: cos and sin must be "
-                         f"[S, D] of one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(
+            f"posenc.integrations.diffusers.apply_rotary_emb: cos and sin must be "
+            f"[S, D] of one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
     if x.dim() != 4:
-        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: x must be [B, H, S, D] "
-                         f"or [B, S, H, D], got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"posenc.integrations.diffusers.apply_rotary_emb: x must be [B, H, S, D] "
+            f"or [B, S, H, D], got shape {tuple(x.shape)}"
+        )
     for name, t in (("x", x), ("cos", cos), ("sin", sin)):
         if t.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
-            raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: {name} must be "
-                             f"float32, float64, bfloat16 or float16, got {t.dtype}")
+            raise ValueError(
+                f"posenc.integrations.diffusers.apply_rotary_emb: {name} must be "
+                f"float32, float64, bfloat16 or float16, got {t.dtype}"
+            )
     if cos.shape[0] not in (1, x.shape[sequence_dim]) or cos.shape[1] != x.shape[-1]:
-        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: tables "
-                         f"{tuple(cos.shape)} do not fit x {tuple(x.shape)} with sequence_dim "
-                         f"{sequence_dim} (diffusers broadcasts [S, D] over x's sequence and head "
-                         f"dims)")
+        raise ValueError(
+            f"posenc.integrations.diffusers.apply_rotary_emb: tables "
+            f"{tuple(cos.shape)} do not fit x {tuple(x.shape)} with sequence_dim "
+            f"{sequence_dim} (diffusers broadcasts [S, D] over x's sequence and head "
+            f"dims)"
+        )
     # diffusers: cos[None, None] (sequence_dim 2) or cos[None, :, None] (1), moved to x's device
     return cos.to(x.device)[None], sin.to(x.device)[None], 1 if sequence_dim == 2 else 2
 
@@ -138,23 +172,36 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype == torch.float64 else x
 
 
-def apply_rotary_emb_qk(q: torch.Tensor, k: torch.Tensor, freqs_cis, use_real: bool = True,
-                        use_real_unbind_dim: int = -1, sequence_dim: int = 2,
-                        fused: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary_emb_qk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    freqs_cis,
+    use_real: bool = True,
+    use_real_unbind_dim: int = -1,
+    sequence_dim: int = 2,
+    fused: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers' apply_rotary_emb of q and of k with the same tables, in one posenc call:
     torch.ops.posenc.apply_rotary, or with `fused` posenc's fused rope_rotate_qk wherever it gives
     the same results and gradients (fused_takes; q, k [B, S, H, D] with tables whose pair members
     are equal, as the families' rotary modules give them)."""
     if not use_real:
-        raise ValueError("posenc.integrations.diffusers.apply_rotary_emb: the complex path "
-                         "(use_real=False) is not computed by posenc")
+        raise ValueError(
+            "posenc.integrations.diffusers.apply_rotary_emb: the complex path "
+            "(use_real=False) is not computed by posenc"
+        )
     layout = _layout(use_real_unbind_dim)
     cos, sin, unsqueeze_dim = _tables_for(q, freqs_cis, sequence_dim)
-    if k.device != q.device or k.dim() != 4 or k.dtype not in (torch.float32, torch.float64,
-                                                               torch.bfloat16, torch.float16):
-        raise ValueError(f"posenc.integrations.diffusers.apply_rotary_emb: k must be a 4-D "
-                         f"floating tensor on q's device ({q.device}), got {tuple(k.shape)} "
-                         f"{k.dtype} on {k.device}")
+    if (
+        k.device != q.device
+        or k.dim() != 4
+        or k.dtype not in (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    ):
+        raise ValueError(
+            f"posenc.integrations.diffusers.apply_rotary_emb: k must be a 4-D "
+            f"floating tensor on q's device ({q.device}), got {tuple(k.shape)} "
+            f"{k.dtype} on {k.device}"
+        )
     q_in, k_in = _as_float(q), _as_float(k)
     # q, k [B, S, H, D]: the fused kernel's layout. Its tables are checked for equal pair members,
     # a data-dependent test that torch.compile cannot trace: compiled code takes apply_rotary.
@@ -178,14 +225,15 @@ def per_pair_tables(cos: torch.Tensor, sin: torch.Tensor, layout: str):
         first, second = (cos[..., 0::2], sin[..., 0::2]), (cos[..., 1::2], sin[..., 1::2])
     else:
         first = (cos[..., : width // 2], sin[..., : width // 2])
-        second = (cos[..., width // 2:], sin[..., width // 2:])
+        second = (cos[..., width // 2 :], sin[..., width // 2 :])
     if not all(torch.equal(a, b) for a, b in zip(first, second)):
         return None
     return first
 
 
-def fused_takes(q: torch.Tensor, k: torch.Tensor, cos_pairs: torch.Tensor,
-                sin_pairs: torch.Tensor) -> bool:
+def fused_takes(
+    q: torch.Tensor, k: torch.Tensor, cos_pairs: torch.Tensor, sin_pairs: torch.Tensor
+) -> bool:
     """Whether posenc's fused rope_rotate_qk gives diffusers' results here, forward and backward.
 
     Its forward is the formula's, product for product (x_a c - x_b s, x_b c + x_a s in the
@@ -209,12 +257,19 @@ def fused_takes(q: torch.Tensor, k: torch.Tensor, cos_pairs: torch.Tensor,
     return not (half and records)
 
 
-def apply_rotary_emb(x: torch.Tensor, freqs_cis, use_real: bool = True,
-                     use_real_unbind_dim: int = -1, sequence_dim: int = 2) -> torch.Tensor:
+def apply_rotary_emb(
+    x: torch.Tensor,
+    freqs_cis,
+    use_real: bool = True,
+    use_real_unbind_dim: int = -1,
+    sequence_dim: int = 2,
+) -> torch.Tensor:
     """diffusers' embeddings.apply_rotary_emb (use_real=True), name, signature and result."""
     if not use_real:
-        raise ValueError("posenc.integrations.diffusers.apply_rotary_emb: the complex path "
-                         "(use_real=False) is not computed by posenc")
+        raise ValueError(
+            "posenc.integrations.diffusers.apply_rotary_emb: the complex path "
+            "(use_real=False) is not computed by posenc"
+        )
     layout = _layout(use_real_unbind_dim)
     cos, sin, unsqueeze_dim = _tables_for(x, freqs_cis, sequence_dim)
     # the operator rotates a pair (q, k); k is one head of x, so the second result costs 1/H
@@ -224,14 +279,16 @@ def apply_rotary_emb(x: torch.Tensor, freqs_cis, use_real: bool = True,
     return torch.ops.posenc.apply_rotary(xf, head, cos, sin, unsqueeze_dim, layout)[0].to(x.dtype)
 
 
-def same_tables(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> Optional[str]:
+def same_tables(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> str | None:
     """Why two (cos, sin) pairs differ (shape, dtype, device or a value), or None."""
     for name, a, b in zip(("cos", "sin"), ours, theirs):
         if b.device.type == "meta":
             return f"its {name} table is on the meta device (not materialised): patch after loading"
         if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
-            return (f"{name} {tuple(b.shape)} {b.dtype} on {b.device} where posenc computes "
-                    f"{tuple(a.shape)} {a.dtype} on {a.device}")
+            return (
+                f"{name} {tuple(b.shape)} {b.dtype} on {b.device} where posenc computes "
+                f"{tuple(a.shape)} {a.dtype} on {a.device}"
+            )
         if not torch.equal(a, b):
             bad = int((a != b).sum())
             return f"{name} differs from posenc's in {bad} of {a.numel()} values"

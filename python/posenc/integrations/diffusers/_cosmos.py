@@ -21,8 +21,6 @@ The rotation (apply_rotary_emb(x, tables, use_real=True, use_real_unbind_dim=-2)
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers import transformer_cosmos as _dcosmos
@@ -39,19 +37,26 @@ def _ladder(theta: float, dim: int, device) -> torch.Tensor:
     """diffusers: 1.0 / (theta ** (arange(0, dim, 2)[: dim // 2] / dim)), float32, on the
     latents' device (where diffusers computes it: another device's pow may round otherwise)."""
     dim_range = torch.arange(0, dim, 2, device=device, dtype=torch.float32)[: (dim // 2)] / dim
-    return 1.0 / (theta ** dim_range)
+    return 1.0 / (theta**dim_range)
 
 
 class CosmosRotaryPosEmbed(_common.DiffusersRotary):
     """diffusers' CosmosRotaryPosEmbed (the same settings and forward) computed by posenc."""
 
-    def __init__(self, hidden_size: int, max_size: Tuple[int, int, int] = (128, 240, 240),
-                 patch_size: Tuple[int, int, int] = (1, 2, 2), base_fps: int = 24,
-                 rope_scale: Tuple[float, float, float] = (2.0, 1.0, 1.0)) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        max_size: tuple[int, int, int] = (128, 240, 240),
+        patch_size: tuple[int, int, int] = (1, 2, 2),
+        base_fps: int = 24,
+        rope_scale: tuple[float, float, float] = (2.0, 1.0, 1.0),
+    ) -> None:
         super().__init__()
         if not isinstance(hidden_size, int) or hidden_size < 12 or hidden_size % 2 != 0:
-            raise ValueError(f"{_NAME}: hidden_size (the head dim) must be an even integer >= 12 "
-                             f"(each axis at least 4 channels), got {hidden_size!r}")
+            raise ValueError(
+                f"{_NAME}: hidden_size (the head dim) must be an even integer >= 12 "
+                f"(each axis at least 4 channels), got {hidden_size!r}"
+            )
         self.max_size = [size // patch for size, patch in zip(max_size, patch_size)]
         self.patch_size = patch_size
         self.base_fps = base_fps
@@ -63,7 +68,7 @@ class CosmosRotaryPosEmbed(_common.DiffusersRotary):
         self.t_ntk_factor = rope_scale[0] ** (self.dim_t / (self.dim_t - 2))
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "CosmosRotaryPosEmbed":
+    def from_diffusers(cls, module: torch.nn.Module) -> CosmosRotaryPosEmbed:
         hidden_size = module.dim_t + module.dim_h + module.dim_w
         new = cls(hidden_size, patch_size=module.patch_size, base_fps=module.base_fps)
         # the module's own settings as it holds them (max_size already in patches, NTK factors)
@@ -72,37 +77,50 @@ class CosmosRotaryPosEmbed(_common.DiffusersRotary):
             setattr(new, name, getattr(module, name))
         return new
 
-    def forward(self, hidden_states: torch.Tensor, fps: Optional[float] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, hidden_states: torch.Tensor, fps: float | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if hidden_states.dim() != 5:
-            raise ValueError(f"{_NAME}: hidden_states must be [B, C, T, H, W], got shape "
-                             f"{tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"{_NAME}: hidden_states must be [B, C, T, H, W], got shape "
+                f"{tuple(hidden_states.shape)}"
+            )
         _, _, num_frames, height, width = hidden_states.shape
-        pe_size = [num_frames // self.patch_size[0], height // self.patch_size[1],
-                   width // self.patch_size[2]]
+        pe_size = [
+            num_frames // self.patch_size[0],
+            height // self.patch_size[1],
+            width // self.patch_size[2],
+        ]
         longest = max(self.max_size)
         if max(pe_size) > longest:
-            raise ValueError(f"{_NAME}: the patch grid {tuple(pe_size)} exceeds the module's "
-                             f"max_size {tuple(self.max_size)} (in patches)")
+            raise ValueError(
+                f"{_NAME}: the patch grid {tuple(pe_size)} exceeds the module's "
+                f"max_size {tuple(self.max_size)} (in patches)"
+            )
         device = hidden_states.device
         seq = torch.arange(longest, device=device, dtype=torch.float32)
         if fps is None:  # images
             pos_t = seq[: pe_size[0]]
         else:  # videos: diffusers' seq / fps * base_fps
             pos_t = seq[: pe_size[0]] / fps * self.base_fps
-        positions = torch.stack(torch.meshgrid(pos_t, seq[: pe_size[1]], seq[: pe_size[2]],
-                                               indexing="ij"), dim=-1).reshape(-1, 3)
-        ladders = [_ladder(10000.0 * self.t_ntk_factor, self.dim_t, device),
-                   _ladder(10000.0 * self.h_ntk_factor, self.dim_h, device),
-                   _ladder(10000.0 * self.w_ntk_factor, self.dim_w, device)]
+        positions = torch.stack(
+            torch.meshgrid(pos_t, seq[: pe_size[1]], seq[: pe_size[2]], indexing="ij"), dim=-1
+        ).reshape(-1, 3)
+        ladders = [
+            _ladder(10000.0 * self.t_ntk_factor, self.dim_t, device),
+            _ladder(10000.0 * self.h_ntk_factor, self.dim_h, device),
+            _ladder(10000.0 * self.w_ntk_factor, self.dim_w, device),
+        ]
         sections = [int(f.numel()) for f in ladders]
-        return torch.ops.posenc.rope_cos_sin(positions, torch.cat(ladders), 1.0, sections,
-                                             "contiguous", "half")
+        return torch.ops.posenc.rope_cos_sin(
+            positions, torch.cat(ladders), 1.0, sections, "contiguous", "half"
+        )
 
 
 def _rotate(query, key, image_rotary_emb):
-    return _common.apply_rotary_emb_qk(query, key, image_rotary_emb, use_real=True,
-                                       use_real_unbind_dim=-2)
+    return _common.apply_rotary_emb_qk(
+        query, key, image_rotary_emb, use_real=True, use_real_unbind_dim=-2
+    )
 
 
 def _grouped(query, key, value):
@@ -124,16 +142,16 @@ class CosmosAttnProcessor2_0(_dcosmos.CosmosAttnProcessor2_0):
     """diffusers' CosmosAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "CosmosAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> CosmosAttnProcessor2_0:
         return cls()
 
     def __call__(
         self,
         attn,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
@@ -149,8 +167,13 @@ class CosmosAttnProcessor2_0(_dcosmos.CosmosAttnProcessor2_0):
             query, key = _rotate(query, key, image_rotary_emb)
         key, value = _grouped(query, key, value)
         hidden_states = dispatch_attention_fn(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+        )
         hidden_states = hidden_states.flatten(2, 3).type_as(query)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -161,16 +184,16 @@ class CosmosAttnProcessor2_5(_dcosmos.CosmosAttnProcessor2_5):
     """diffusers' CosmosAttnProcessor2_5 (text and image context) with posenc's rotation."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "CosmosAttnProcessor2_5":
+    def from_diffusers(cls, processor) -> CosmosAttnProcessor2_5:
         return cls()
 
     def __call__(
         self,
         attn,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: Tuple[torch.Tensor, torch.Tensor],
-        attention_mask: Tuple[torch.Tensor, torch.Tensor],
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        encoder_hidden_states: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: tuple[torch.Tensor, torch.Tensor],
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         if not isinstance(encoder_hidden_states, tuple):
             raise ValueError("Expected encoder_hidden_states as (text_context, img_context) tuple.")
@@ -191,8 +214,13 @@ class CosmosAttnProcessor2_5(_dcosmos.CosmosAttnProcessor2_5):
             query, key = _rotate(query, key, image_rotary_emb)
         key, value = _grouped(query, key, value)
         attn_out = dispatch_attention_fn(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-            attn_mask=text_mask, dropout_p=0.0, is_causal=False)
+            query.transpose(1, 2),
+            key.transpose(1, 2),
+            value.transpose(1, 2),
+            attn_mask=text_mask,
+            dropout_p=0.0,
+            is_causal=False,
+        )
         attn_out = attn_out.flatten(2, 3).type_as(query)
 
         if img_context is not None:
@@ -212,8 +240,13 @@ class CosmosAttnProcessor2_5(_dcosmos.CosmosAttnProcessor2_5):
             k_img = k_img.repeat_interleave(q_img_idx // k_img_idx, dim=3)
             v_img = v_img.repeat_interleave(q_img_idx // v_img_idx, dim=3)
             img_out = dispatch_attention_fn(
-                q_img.transpose(1, 2), k_img.transpose(1, 2), v_img.transpose(1, 2),
-                attn_mask=img_mask, dropout_p=0.0, is_causal=False)
+                q_img.transpose(1, 2),
+                k_img.transpose(1, 2),
+                v_img.transpose(1, 2),
+                attn_mask=img_mask,
+                dropout_p=0.0,
+                is_causal=False,
+            )
             img_out = img_out.flatten(2, 3).type_as(q_img)
             hidden_states = attn_out + img_out
         else:
@@ -223,12 +256,14 @@ class CosmosAttnProcessor2_5(_dcosmos.CosmosAttnProcessor2_5):
         return hidden_states
 
 
-FAMILY = register(Family(
-    name="cosmos",
-    rotary_class=qualified_name(_dcosmos.CosmosRotaryPosEmbed),
-    replace=CosmosRotaryPosEmbed.from_diffusers,
-    processors={
-        qualified_name(_dcosmos.CosmosAttnProcessor2_0): CosmosAttnProcessor2_0.from_diffusers,
-        qualified_name(_dcosmos.CosmosAttnProcessor2_5): CosmosAttnProcessor2_5.from_diffusers,
-    },
-))
+FAMILY = register(
+    Family(
+        name="cosmos",
+        rotary_class=qualified_name(_dcosmos.CosmosRotaryPosEmbed),
+        replace=CosmosRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(_dcosmos.CosmosAttnProcessor2_0): CosmosAttnProcessor2_0.from_diffusers,
+            qualified_name(_dcosmos.CosmosAttnProcessor2_5): CosmosAttnProcessor2_5.from_diffusers,
+        },
+    )
+)

@@ -56,8 +56,9 @@ class AxesIdsPosEmbed(DiffusersRotary):
         super().__init__()
         axes_dim = list(axes_dim)
         if not axes_dim or any(int(d) != d or d <= 0 or d % 2 for d in axes_dim):
-            raise ValueError(f"posenc {self.name}: axes_dim must be positive even sizes, "
-                             f"got {axes_dim}")
+            raise ValueError(
+                f"posenc {self.name}: axes_dim must be positive even sizes, got {axes_dim}"
+            )
         if not theta > 0:
             raise ValueError(f"posenc {self.name}: theta must be > 0, got {theta}")
         self.theta = theta
@@ -69,16 +70,21 @@ class AxesIdsPosEmbed(DiffusersRotary):
 
     def forward(self, ids: torch.Tensor):
         if ids.dim() != 2:
-            raise ValueError(f"posenc {self.name}: ids must be [S, A], got shape "
-                             f"{tuple(ids.shape)}")
+            raise ValueError(
+                f"posenc {self.name}: ids must be [S, A], got shape {tuple(ids.shape)}"
+            )
         n_axes = ids.shape[-1] if self.axes_from_ids else len(self.axes_dim)
         if n_axes > len(self.axes_dim) or n_axes > ids.shape[-1]:
-            raise ValueError(f"posenc {self.name}: ids have {ids.shape[-1]} axes, axes_dim "
-                             f"{self.axes_dim} has {len(self.axes_dim)}")
+            raise ValueError(
+                f"posenc {self.name}: ids have {ids.shape[-1]} axes, axes_dim "
+                f"{self.axes_dim} has {len(self.axes_dim)}"
+            )
         pos = ids.float()
         freqs_dtype = adjusted_float64(ids.device)
-        ladders = [frequencies(self.axes_dim[a], self.theta, freqs_dtype, ids.device)
-                   for a in range(n_axes)]
+        ladders = [
+            frequencies(self.axes_dim[a], self.theta, freqs_dtype, ids.device)
+            for a in range(n_axes)
+        ]
         return axes_tables(pos[:, :n_axes], ladders)
 
 
@@ -86,13 +92,22 @@ class FluxPosEmbed(AxesIdsPosEmbed):
     """diffusers' FluxPosEmbed, tables by posenc's operator."""
 
 
-def flux_attention(processor, module, attn, hidden_states, encoder_hidden_states, attention_mask,
-                   image_rotary_emb, by_heads: bool = False):
+def flux_attention(
+    processor,
+    module,
+    attn,
+    hidden_states,
+    encoder_hidden_states,
+    attention_mask,
+    image_rotary_emb,
+    by_heads: bool = False,
+):
     """FluxAttnProcessor.__call__ up to the attention's output (Flux2AttnProcessor's with `module`
     transformer_flux2; LongCat-Image's and Ovis-Image's with `by_heads`: they split the heads by
     attn.heads, Flux by attn.head_dim)."""
     query, key, value, encoder_query, encoder_key, encoder_value = module._get_qkv_projections(
-        attn, hidden_states, encoder_hidden_states)
+        attn, hidden_states, encoder_hidden_states
+    )
     split = (attn.heads, -1) if by_heads else (-1, attn.head_dim)
     query = query.unflatten(-1, split)
     key = key.unflatten(-1, split)
@@ -110,12 +125,16 @@ def flux_attention(processor, module, attn, hidden_states, encoder_hidden_states
         value = torch.cat([encoder_value, value], dim=1)
 
     if image_rotary_emb is not None:  # posenc's rotation
-        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                         fused=True)
+        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1, fused=True)
 
     hidden_states = module.dispatch_attention_fn(
-        query, key, value, attn_mask=attention_mask, backend=processor._attention_backend,
-        parallel_config=processor._parallel_config)
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        backend=processor._attention_backend,
+        parallel_config=processor._parallel_config,
+    )
     hidden_states = hidden_states.flatten(2, 3)
     hidden_states = hidden_states.to(query.dtype)
     return hidden_states
@@ -126,18 +145,23 @@ class FluxAttnProcessor(_df.FluxAttnProcessor):
 
     def __call__(
         self,
-        attn: "_df.FluxAttention",
+        attn: _df.FluxAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden_states = flux_attention(self, _df, attn, hidden_states, encoder_hidden_states,
-                                       attention_mask, image_rotary_emb)
+        hidden_states = flux_attention(
+            self, _df, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+        )
         if encoder_hidden_states is not None:
             encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                [encoder_hidden_states.shape[1],
-                 hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                [
+                    encoder_hidden_states.shape[1],
+                    hidden_states.shape[1] - encoder_hidden_states.shape[1],
+                ],
+                dim=1,
+            )
             hidden_states = attn.to_out[0](hidden_states.contiguous())
             hidden_states = attn.to_out[1](hidden_states)
             encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
@@ -145,7 +169,7 @@ class FluxAttnProcessor(_df.FluxAttnProcessor):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "FluxAttnProcessor":
+    def from_diffusers(cls, processor) -> FluxAttnProcessor:
         return carry_settings(cls(), processor)
 
 
@@ -155,7 +179,7 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
 
     def __call__(
         self,
-        attn: "_df.FluxAttention",
+        attn: _df.FluxAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
@@ -165,7 +189,8 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
     ) -> torch.Tensor:
         batch_size = hidden_states.shape[0]
         query, key, value, encoder_query, encoder_key, encoder_value = _df._get_qkv_projections(
-            attn, hidden_states, encoder_hidden_states)
+            attn, hidden_states, encoder_hidden_states
+        )
         query = query.unflatten(-1, (attn.heads, -1))
         key = key.unflatten(-1, (attn.heads, -1))
         value = value.unflatten(-1, (attn.heads, -1))
@@ -183,20 +208,32 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
             value = torch.cat([encoder_value, value], dim=1)
 
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
 
         hidden_states = _df.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
 
         if encoder_hidden_states is None:
             return hidden_states
         encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-            [encoder_hidden_states.shape[1],
-             hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+            [
+                encoder_hidden_states.shape[1],
+                hidden_states.shape[1] - encoder_hidden_states.shape[1],
+            ],
+            dim=1,
+        )
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
@@ -204,22 +241,31 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
         # IP-Adapter: the image queries (unrotated) against each adapter's tokens
         ip_attn_output = torch.zeros_like(hidden_states)
         for current_ip_hidden_states, scale, to_k_ip, to_v_ip in zip(
-                ip_hidden_states, self.scale, self.to_k_ip, self.to_v_ip):
+            ip_hidden_states, self.scale, self.to_k_ip, self.to_v_ip
+        ):
             ip_key = to_k_ip(current_ip_hidden_states)
             ip_value = to_v_ip(current_ip_hidden_states)
             ip_key = ip_key.view(batch_size, -1, attn.heads, attn.head_dim)
             ip_value = ip_value.view(batch_size, -1, attn.heads, attn.head_dim)
             current_ip_hidden_states = _df.dispatch_attention_fn(
-                ip_query, ip_key, ip_value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend, parallel_config=self._parallel_config)
+                ip_query,
+                ip_key,
+                ip_value,
+                attn_mask=None,
+                dropout_p=0.0,
+                is_causal=False,
+                backend=self._attention_backend,
+                parallel_config=self._parallel_config,
+            )
             current_ip_hidden_states = current_ip_hidden_states.reshape(
-                batch_size, -1, attn.heads * attn.head_dim)
+                batch_size, -1, attn.heads * attn.head_dim
+            )
             current_ip_hidden_states = current_ip_hidden_states.to(ip_query.dtype)
             ip_attn_output += scale * current_ip_hidden_states
         return hidden_states, encoder_hidden_states, ip_attn_output
 
     @classmethod
-    def from_diffusers(cls, processor) -> "FluxIPAdapterAttnProcessor":
+    def from_diffusers(cls, processor) -> FluxIPAdapterAttnProcessor:
         """A shallow copy of the loaded processor as posenc's class: its own registries, the
         same to_k_ip / to_v_ip modules (and so the same weights) and settings."""
         ours = copy.copy(processor)
@@ -229,11 +275,16 @@ class FluxIPAdapterAttnProcessor(_df.FluxIPAdapterAttnProcessor):
         return ours
 
 
-FAMILY = register(Family(
-    name="flux",
-    rotary_class=qualified_name(_df.FluxPosEmbed),
-    replace=FluxPosEmbed.from_diffusers,
-    processors={qualified_name(_df.FluxAttnProcessor): FluxAttnProcessor.from_diffusers,
-                qualified_name(_df.FluxIPAdapterAttnProcessor):
-                    FluxIPAdapterAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="flux",
+        rotary_class=qualified_name(_df.FluxPosEmbed),
+        replace=FluxPosEmbed.from_diffusers,
+        processors={
+            qualified_name(_df.FluxAttnProcessor): FluxAttnProcessor.from_diffusers,
+            qualified_name(
+                _df.FluxIPAdapterAttnProcessor
+            ): FluxIPAdapterAttnProcessor.from_diffusers,
+        },
+    )
+)

@@ -27,8 +27,13 @@ from ._flux import AxesIdsPosEmbed, flux_attention
 from ._registry import Family, qualified_name, register
 from ._wan import carry_settings
 
-__all__ = ["Flux2PosEmbed", "Flux2AttnProcessor", "Flux2ParallelSelfAttnProcessor",
-           "Flux2KVAttnProcessor", "Flux2KVParallelSelfAttnProcessor"]
+__all__ = [
+    "Flux2PosEmbed",
+    "Flux2AttnProcessor",
+    "Flux2ParallelSelfAttnProcessor",
+    "Flux2KVAttnProcessor",
+    "Flux2KVParallelSelfAttnProcessor",
+]
 
 
 class Flux2PosEmbed(AxesIdsPosEmbed):
@@ -43,18 +48,23 @@ class Flux2AttnProcessor(_df2.Flux2AttnProcessor):
 
     def __call__(
         self,
-        attn: "_df2.Flux2Attention",
+        attn: _df2.Flux2Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden_states = flux_attention(self, _df2, attn, hidden_states, encoder_hidden_states,
-                                       attention_mask, image_rotary_emb)
+        hidden_states = flux_attention(
+            self, _df2, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+        )
         if encoder_hidden_states is not None:
             encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                [encoder_hidden_states.shape[1],
-                 hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                [
+                    encoder_hidden_states.shape[1],
+                    hidden_states.shape[1] - encoder_hidden_states.shape[1],
+                ],
+                dim=1,
+            )
             encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -63,7 +73,7 @@ class Flux2AttnProcessor(_df2.Flux2AttnProcessor):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Flux2AttnProcessor":
+    def from_diffusers(cls, processor) -> Flux2AttnProcessor:
         return carry_settings(cls(), processor)
 
 
@@ -74,8 +84,9 @@ def _parallel_qkv(attn, hidden_states, image_rotary_emb):
     qkv_dim = 3 * attn.inner_dim
     mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
     local_qkv = projected.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
-    qkv, mlp_hidden_states = torch.split(projected, [local_qkv, projected.shape[-1] - local_qkv],
-                                         dim=-1)
+    qkv, mlp_hidden_states = torch.split(
+        projected, [local_qkv, projected.shape[-1] - local_qkv], dim=-1
+    )
     query, key, value = qkv.chunk(3, dim=-1)
     query = query.unflatten(-1, (-1, attn.head_dim))
     key = key.unflatten(-1, (-1, attn.head_dim))
@@ -83,8 +94,7 @@ def _parallel_qkv(attn, hidden_states, image_rotary_emb):
     query = attn.norm_q(query)
     key = attn.norm_k(key)
     if image_rotary_emb is not None:  # posenc's rotation
-        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                         fused=True)
+        query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1, fused=True)
     return query, key, value, mlp_hidden_states
 
 
@@ -95,23 +105,44 @@ def _parallel_out(attn, attn_output, query, mlp_hidden_states):
     return attn.to_out(torch.cat([attn_output, mlp_hidden_states], dim=-1))
 
 
-def _kv_attention(processor, query, key, value, attention_mask, kv_cache, kv_cache_mode,
-                  num_txt_tokens, num_ref_tokens):
+def _kv_attention(
+    processor,
+    query,
+    key,
+    value,
+    attention_mask,
+    kv_cache,
+    kv_cache_mode,
+    num_txt_tokens,
+    num_ref_tokens,
+):
     """The KV processors' attention: store the reference tokens' keys and values ("extract"),
     causal attention over them, or attention with the cached ones ("cached"), as diffusers'."""
     if kv_cache_mode == "extract" and kv_cache is not None and num_ref_tokens > 0:
         ref_start, ref_end = num_txt_tokens, num_txt_tokens + num_ref_tokens
         kv_cache.store(key[:, ref_start:ref_end].clone(), value[:, ref_start:ref_end].clone())
     if kv_cache_mode == "extract" and num_ref_tokens > 0:
-        return _df2._flux2_kv_causal_attention(query, key, value, num_txt_tokens, num_ref_tokens,
-                                               backend=processor._attention_backend)
+        return _df2._flux2_kv_causal_attention(
+            query, key, value, num_txt_tokens, num_ref_tokens, backend=processor._attention_backend
+        )
     if kv_cache_mode == "cached" and kv_cache is not None:
-        return _df2._flux2_kv_causal_attention(query, key, value, num_txt_tokens, 0,
-                                               kv_cache=kv_cache,
-                                               backend=processor._attention_backend)
-    return _df2.dispatch_attention_fn(query, key, value, attn_mask=attention_mask,
-                                      backend=processor._attention_backend,
-                                      parallel_config=processor._parallel_config)
+        return _df2._flux2_kv_causal_attention(
+            query,
+            key,
+            value,
+            num_txt_tokens,
+            0,
+            kv_cache=kv_cache,
+            backend=processor._attention_backend,
+        )
+    return _df2.dispatch_attention_fn(
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        backend=processor._attention_backend,
+        parallel_config=processor._parallel_config,
+    )
 
 
 class Flux2ParallelSelfAttnProcessor(_df2.Flux2ParallelSelfAttnProcessor):
@@ -119,19 +150,24 @@ class Flux2ParallelSelfAttnProcessor(_df2.Flux2ParallelSelfAttnProcessor):
 
     def __call__(
         self,
-        attn: "_df2.Flux2ParallelSelfAttention",
+        attn: _df2.Flux2ParallelSelfAttention,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
         query, key, value, mlp_hidden_states = _parallel_qkv(attn, hidden_states, image_rotary_emb)
         hidden_states = _df2.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         return _parallel_out(attn, hidden_states, query, mlp_hidden_states)
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Flux2ParallelSelfAttnProcessor":
+    def from_diffusers(cls, processor) -> Flux2ParallelSelfAttnProcessor:
         return carry_settings(cls(), processor)
 
 
@@ -140,17 +176,18 @@ class Flux2KVAttnProcessor(_df2.Flux2KVAttnProcessor):
 
     def __call__(
         self,
-        attn: "_df2.Flux2Attention",
+        attn: _df2.Flux2Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
-        kv_cache: "_df2.Flux2KVLayerCache | None" = None,
+        kv_cache: _df2.Flux2KVLayerCache | None = None,
         kv_cache_mode: str | None = None,
         num_ref_tokens: int = 0,
     ) -> torch.Tensor:
-        query, key, value, encoder_query, encoder_key, encoder_value = \
-            _df2._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query, key, value, encoder_query, encoder_key, encoder_value = _df2._get_qkv_projections(
+            attn, hidden_states, encoder_hidden_states
+        )
         query = query.unflatten(-1, (-1, attn.head_dim))
         key = key.unflatten(-1, (-1, attn.head_dim))
         value = value.unflatten(-1, (-1, attn.head_dim))
@@ -166,18 +203,32 @@ class Flux2KVAttnProcessor(_df2.Flux2KVAttnProcessor):
             key = torch.cat([encoder_key, key], dim=1)
             value = torch.cat([encoder_value, value], dim=1)
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
 
         num_txt_tokens = encoder_hidden_states.shape[1] if encoder_hidden_states is not None else 0
-        hidden_states = _kv_attention(self, query, key, value, attention_mask, kv_cache,
-                                      kv_cache_mode, num_txt_tokens, num_ref_tokens)
+        hidden_states = _kv_attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            kv_cache,
+            kv_cache_mode,
+            num_txt_tokens,
+            num_ref_tokens,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
         if encoder_hidden_states is not None:
             encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-                [encoder_hidden_states.shape[1],
-                 hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+                [
+                    encoder_hidden_states.shape[1],
+                    hidden_states.shape[1] - encoder_hidden_states.shape[1],
+                ],
+                dim=1,
+            )
             encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
@@ -186,7 +237,7 @@ class Flux2KVAttnProcessor(_df2.Flux2KVAttnProcessor):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Flux2KVAttnProcessor":
+    def from_diffusers(cls, processor) -> Flux2KVAttnProcessor:
         return carry_settings(cls(), processor)
 
 
@@ -195,35 +246,48 @@ class Flux2KVParallelSelfAttnProcessor(_df2.Flux2KVParallelSelfAttnProcessor):
 
     def __call__(
         self,
-        attn: "_df2.Flux2ParallelSelfAttention",
+        attn: _df2.Flux2ParallelSelfAttention,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
-        kv_cache: "_df2.Flux2KVLayerCache | None" = None,
+        kv_cache: _df2.Flux2KVLayerCache | None = None,
         kv_cache_mode: str | None = None,
         num_txt_tokens: int = 0,
         num_ref_tokens: int = 0,
     ) -> torch.Tensor:
         query, key, value, mlp_hidden_states = _parallel_qkv(attn, hidden_states, image_rotary_emb)
-        attn_output = _kv_attention(self, query, key, value, attention_mask, kv_cache,
-                                    kv_cache_mode, num_txt_tokens, num_ref_tokens)
+        attn_output = _kv_attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            kv_cache,
+            kv_cache_mode,
+            num_txt_tokens,
+            num_ref_tokens,
+        )
         return _parallel_out(attn, attn_output, query, mlp_hidden_states)
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Flux2KVParallelSelfAttnProcessor":
+    def from_diffusers(cls, processor) -> Flux2KVParallelSelfAttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="flux2",
-    rotary_class=qualified_name(_df2.Flux2PosEmbed),
-    replace=Flux2PosEmbed.from_diffusers,
-    processors={
-        qualified_name(_df2.Flux2AttnProcessor): Flux2AttnProcessor.from_diffusers,
-        qualified_name(_df2.Flux2ParallelSelfAttnProcessor):
-            Flux2ParallelSelfAttnProcessor.from_diffusers,
-        qualified_name(_df2.Flux2KVAttnProcessor): Flux2KVAttnProcessor.from_diffusers,
-        qualified_name(_df2.Flux2KVParallelSelfAttnProcessor):
-            Flux2KVParallelSelfAttnProcessor.from_diffusers,
-    },
-))
+FAMILY = register(
+    Family(
+        name="flux2",
+        rotary_class=qualified_name(_df2.Flux2PosEmbed),
+        replace=Flux2PosEmbed.from_diffusers,
+        processors={
+            qualified_name(_df2.Flux2AttnProcessor): Flux2AttnProcessor.from_diffusers,
+            qualified_name(
+                _df2.Flux2ParallelSelfAttnProcessor
+            ): Flux2ParallelSelfAttnProcessor.from_diffusers,
+            qualified_name(_df2.Flux2KVAttnProcessor): Flux2KVAttnProcessor.from_diffusers,
+            qualified_name(
+                _df2.Flux2KVParallelSelfAttnProcessor
+            ): Flux2KVParallelSelfAttnProcessor.from_diffusers,
+        },
+    )
+)

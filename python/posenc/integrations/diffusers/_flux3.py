@@ -37,7 +37,7 @@ class Flux3AttnProcessor(_df3.Flux3AttnProcessor):
 
     def __call__(
         self,
-        attn: "_df3.Flux3Attention",
+        attn: _df3.Flux3Attention,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -49,12 +49,18 @@ class Flux3AttnProcessor(_df3.Flux3AttnProcessor):
         query = attn.norm_q(query.float())
         key = attn.norm_k(key.float())
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
         query, key = query.to(value.dtype), key.to(value.dtype)
         hidden_states = _df3.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
         hidden_states = attn.to_out[0](hidden_states)
@@ -62,13 +68,15 @@ class Flux3AttnProcessor(_df3.Flux3AttnProcessor):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Flux3AttnProcessor":
+    def from_diffusers(cls, processor) -> Flux3AttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="flux3",
-    rotary_class=qualified_name(_df3.Flux3PosEmbed),
-    replace=Flux3PosEmbed.from_diffusers,
-    processors={qualified_name(_df3.Flux3AttnProcessor): Flux3AttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="flux3",
+        rotary_class=qualified_name(_df3.Flux3PosEmbed),
+        replace=Flux3PosEmbed.from_diffusers,
+        processors={qualified_name(_df3.Flux3AttnProcessor): Flux3AttnProcessor.from_diffusers},
+    )
+)

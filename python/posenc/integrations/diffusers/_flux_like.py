@@ -19,20 +19,37 @@ from ._flux import AxesIdsPosEmbed, flux_attention
 from ._registry import Family, qualified_name, register
 from ._wan import carry_settings
 
-__all__ = ["LongCatImagePosEmbed", "LongCatImageAttnProcessor", "OvisImagePosEmbed",
-           "OvisImageAttnProcessor"]
+__all__ = [
+    "LongCatImagePosEmbed",
+    "LongCatImageAttnProcessor",
+    "OvisImagePosEmbed",
+    "OvisImageAttnProcessor",
+]
 
 
-def _flux_like_call(processor, module, attn, hidden_states, encoder_hidden_states, attention_mask,
-                    image_rotary_emb):
+def _flux_like_call(
+    processor, module, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+):
     """The two processors' __call__ (their code is one): Flux's, heads split by attn.heads, the
     output projections on the split views as they are."""
-    hidden_states = flux_attention(processor, module, attn, hidden_states, encoder_hidden_states,
-                                   attention_mask, image_rotary_emb, by_heads=True)
+    hidden_states = flux_attention(
+        processor,
+        module,
+        attn,
+        hidden_states,
+        encoder_hidden_states,
+        attention_mask,
+        image_rotary_emb,
+        by_heads=True,
+    )
     if encoder_hidden_states is not None:
         encoder_hidden_states, hidden_states = hidden_states.split_with_sizes(
-            [encoder_hidden_states.shape[1],
-             hidden_states.shape[1] - encoder_hidden_states.shape[1]], dim=1)
+            [
+                encoder_hidden_states.shape[1],
+                hidden_states.shape[1] - encoder_hidden_states.shape[1],
+            ],
+            dim=1,
+        )
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
@@ -57,17 +74,18 @@ class LongCatImageAttnProcessor(_dlc.LongCatImageAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dlc.LongCatImageAttention",
+        attn: _dlc.LongCatImageAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _flux_like_call(self, _dlc, attn, hidden_states, encoder_hidden_states,
-                               attention_mask, image_rotary_emb)
+        return _flux_like_call(
+            self, _dlc, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "LongCatImageAttnProcessor":
+    def from_diffusers(cls, processor) -> LongCatImageAttnProcessor:
         return carry_settings(cls(), processor)
 
 
@@ -76,31 +94,42 @@ class OvisImageAttnProcessor(_dov.OvisImageAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dov.OvisImageAttention",
+        attn: _dov.OvisImageAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return _flux_like_call(self, _dov, attn, hidden_states, encoder_hidden_states,
-                               attention_mask, image_rotary_emb)
+        return _flux_like_call(
+            self, _dov, attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "OvisImageAttnProcessor":
+    def from_diffusers(cls, processor) -> OvisImageAttnProcessor:
         return carry_settings(cls(), processor)
 
 
 FAMILIES = (
-    register(Family(
-        name="longcat_image",
-        rotary_class=qualified_name(_dlc.LongCatImagePosEmbed),
-        replace=LongCatImagePosEmbed.from_diffusers,
-        processors={qualified_name(_dlc.LongCatImageAttnProcessor):
-                    LongCatImageAttnProcessor.from_diffusers})),
-    register(Family(
-        name="ovis_image",
-        rotary_class=qualified_name(_dov.OvisImagePosEmbed),
-        replace=OvisImagePosEmbed.from_diffusers,
-        processors={qualified_name(_dov.OvisImageAttnProcessor):
-                    OvisImageAttnProcessor.from_diffusers})),
+    register(
+        Family(
+            name="longcat_image",
+            rotary_class=qualified_name(_dlc.LongCatImagePosEmbed),
+            replace=LongCatImagePosEmbed.from_diffusers,
+            processors={
+                qualified_name(
+                    _dlc.LongCatImageAttnProcessor
+                ): LongCatImageAttnProcessor.from_diffusers
+            },
+        )
+    ),
+    register(
+        Family(
+            name="ovis_image",
+            rotary_class=qualified_name(_dov.OvisImagePosEmbed),
+            replace=OvisImagePosEmbed.from_diffusers,
+            processors={
+                qualified_name(_dov.OvisImageAttnProcessor): OvisImageAttnProcessor.from_diffusers
+            },
+        )
+    ),
 )

@@ -46,8 +46,10 @@ class HunyuanVideoRotaryPosEmbed(DiffusersRotary):
         super().__init__()
         rope_dim = list(rope_dim)
         if len(rope_dim) != 3 or any(int(d) != d or d < 0 or d % 2 for d in rope_dim):
-            raise ValueError(f"posenc HunyuanVideoRotaryPosEmbed: rope_dim must be three even "
-                             f"sizes (t, h, w), got {rope_dim}")
+            raise ValueError(
+                f"posenc HunyuanVideoRotaryPosEmbed: rope_dim must be three even "
+                f"sizes (t, h, w), got {rope_dim}"
+            )
         if not theta > 0:
             raise ValueError(f"posenc HunyuanVideoRotaryPosEmbed: theta must be > 0, got {theta}")
         self.patch_size = patch_size
@@ -56,24 +58,36 @@ class HunyuanVideoRotaryPosEmbed(DiffusersRotary):
         self.theta = theta
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "HunyuanVideoRotaryPosEmbed":
+    def from_diffusers(cls, module: torch.nn.Module) -> HunyuanVideoRotaryPosEmbed:
         return cls(module.patch_size, module.patch_size_t, module.rope_dim, module.theta)
 
     def forward(self, hidden_states: torch.Tensor):
         if hidden_states.dim() != 5:
-            raise ValueError(f"posenc HunyuanVideoRotaryPosEmbed: hidden_states must be "
-                             f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"posenc HunyuanVideoRotaryPosEmbed: hidden_states must be "
+                f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}"
+            )
         _, _, num_frames, height, width = hidden_states.shape
-        sizes = [num_frames // self.patch_size_t, height // self.patch_size,
-                 width // self.patch_size]
+        sizes = [
+            num_frames // self.patch_size_t,
+            height // self.patch_size,
+            width // self.patch_size,
+        ]
         device = hidden_states.device
         positions = hunyuan_grid(sizes, device)
         ladders = [frequencies(d, self.theta, torch.float32, device) for d in self.rope_dim]
         return axes_tables(positions, ladders)
 
 
-def hunyuan_attention(processor, dispatch_attention_fn, attn, hidden_states,
-                      encoder_hidden_states, attention_mask, image_rotary_emb):
+def hunyuan_attention(
+    processor,
+    dispatch_attention_fn,
+    attn,
+    hidden_states,
+    encoder_hidden_states,
+    attention_mask,
+    image_rotary_emb,
+):
     """HunyuanVideoAttnProcessor2_0.__call__ (HunyuanImageAttnProcessor's is the same code), the
     rotation posenc's; every other line as diffusers'."""
     if attn.add_q_proj is None and encoder_hidden_states is not None:
@@ -97,13 +111,15 @@ def hunyuan_attention(processor, dispatch_attention_fn, attn, hidden_states,
     if image_rotary_emb is not None:
         if attn.add_q_proj is None and encoder_hidden_states is not None:
             n_text = encoder_hidden_states.shape[1]
-            q_rot, k_rot = apply_rotary_emb_qk(query[:, :-n_text], key[:, :-n_text],
-                                               image_rotary_emb, sequence_dim=1, fused=True)
+            q_rot, k_rot = apply_rotary_emb_qk(
+                query[:, :-n_text], key[:, :-n_text], image_rotary_emb, sequence_dim=1, fused=True
+            )
             query = torch.cat([q_rot, query[:, -n_text:]], dim=1)
             key = torch.cat([k_rot, key[:, -n_text:]], dim=1)
         else:
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
 
     # 4. Encoder condition QKV projection and normalization
     if attn.add_q_proj is not None and encoder_hidden_states is not None:
@@ -123,8 +139,15 @@ def hunyuan_attention(processor, dispatch_attention_fn, attn, hidden_states,
 
     # 5. Attention
     hidden_states = dispatch_attention_fn(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-        backend=processor._attention_backend, parallel_config=processor._parallel_config)
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=0.0,
+        is_causal=False,
+        backend=processor._attention_backend,
+        parallel_config=processor._parallel_config,
+    )
     hidden_states = hidden_states.flatten(2, 3)
     hidden_states = hidden_states.to(query.dtype)
 
@@ -132,7 +155,7 @@ def hunyuan_attention(processor, dispatch_attention_fn, attn, hidden_states,
     if encoder_hidden_states is not None:
         hidden_states, encoder_hidden_states = (
             hidden_states[:, : -encoder_hidden_states.shape[1]],
-            hidden_states[:, -encoder_hidden_states.shape[1]:],
+            hidden_states[:, -encoder_hidden_states.shape[1] :],
         )
         if getattr(attn, "to_out", None) is not None:
             hidden_states = attn.to_out[0](hidden_states)
@@ -148,24 +171,36 @@ class HunyuanVideoAttnProcessor2_0(_dh.HunyuanVideoAttnProcessor2_0):
 
     def __call__(
         self,
-        attn: "_dh.Attention",
+        attn: _dh.Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return hunyuan_attention(self, _dh.dispatch_attention_fn, attn, hidden_states,
-                                 encoder_hidden_states, attention_mask, image_rotary_emb)
+        return hunyuan_attention(
+            self,
+            _dh.dispatch_attention_fn,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            image_rotary_emb,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "HunyuanVideoAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> HunyuanVideoAttnProcessor2_0:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="hunyuan_video",
-    rotary_class=qualified_name(_dh.HunyuanVideoRotaryPosEmbed),
-    replace=HunyuanVideoRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dh.HunyuanVideoAttnProcessor2_0):
-                HunyuanVideoAttnProcessor2_0.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="hunyuan_video",
+        rotary_class=qualified_name(_dh.HunyuanVideoRotaryPosEmbed),
+        replace=HunyuanVideoRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dh.HunyuanVideoAttnProcessor2_0
+            ): HunyuanVideoAttnProcessor2_0.from_diffusers
+        },
+    )
+)

@@ -34,7 +34,7 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
 
     def __call__(
         self,
-        attn: "_dh15.Attention",
+        attn: _dh15.Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -54,8 +54,9 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
 
         # 3. Rotary embeddings on the latent stream (posenc's rotation)
         if image_rotary_emb is not None:
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
 
         # 4. Encoder condition QKV projection and normalization
         if encoder_hidden_states is not None:
@@ -82,8 +83,15 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
 
         # 5. Attention
         hidden_states = _dh15.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
 
@@ -91,7 +99,7 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
         if encoder_hidden_states is not None:
             hidden_states, encoder_hidden_states = (
                 hidden_states[:, : -encoder_hidden_states.shape[1]],
-                hidden_states[:, -encoder_hidden_states.shape[1]:],
+                hidden_states[:, -encoder_hidden_states.shape[1] :],
             )
             if getattr(attn, "to_out", None) is not None:
                 hidden_states = attn.to_out[0](hidden_states)
@@ -102,14 +110,19 @@ class HunyuanVideo15AttnProcessor2_0(_dh15.HunyuanVideo15AttnProcessor2_0):
         return hidden_states, encoder_hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "HunyuanVideo15AttnProcessor2_0":
+    def from_diffusers(cls, processor) -> HunyuanVideo15AttnProcessor2_0:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="hunyuan_video15",
-    rotary_class=qualified_name(_dh15.HunyuanVideo15RotaryPosEmbed),
-    replace=HunyuanVideo15RotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dh15.HunyuanVideo15AttnProcessor2_0):
-                HunyuanVideo15AttnProcessor2_0.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="hunyuan_video15",
+        rotary_class=qualified_name(_dh15.HunyuanVideo15RotaryPosEmbed),
+        replace=HunyuanVideo15RotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dh15.HunyuanVideo15AttnProcessor2_0
+            ): HunyuanVideo15AttnProcessor2_0.from_diffusers
+        },
+    )
+)

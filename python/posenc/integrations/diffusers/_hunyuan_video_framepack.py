@@ -30,24 +30,32 @@ __all__ = ["HunyuanVideoFramepackRotaryPosEmbed"]
 class HunyuanVideoFramepackRotaryPosEmbed(HunyuanVideoRotaryPosEmbed):
     """diffusers' HunyuanVideoFramepackRotaryPosEmbed, tables by posenc's operator."""
 
-    def forward(self, frame_indices: torch.Tensor, height: int, width: int,
-                device: torch.device):
+    def forward(self, frame_indices: torch.Tensor, height: int, width: int, device: torch.device):
         if not isinstance(frame_indices, torch.Tensor) or frame_indices.dim() != 1:
-            raise ValueError(f"posenc HunyuanVideoFramepackRotaryPosEmbed: frame_indices must be a "
-                             f"1-D tensor, got {getattr(frame_indices, 'shape', frame_indices)}")
-        axes = [frame_indices.to(device=device, dtype=torch.float32),
-                torch.arange(0, height // self.patch_size, device=device, dtype=torch.float32),
-                torch.arange(0, width // self.patch_size, device=device, dtype=torch.float32)]
+            raise ValueError(
+                f"posenc HunyuanVideoFramepackRotaryPosEmbed: frame_indices must be a "
+                f"1-D tensor, got {getattr(frame_indices, 'shape', frame_indices)}"
+            )
+        axes = [
+            frame_indices.to(device=device, dtype=torch.float32),
+            torch.arange(0, height // self.patch_size, device=device, dtype=torch.float32),
+            torch.arange(0, width // self.patch_size, device=device, dtype=torch.float32),
+        ]
         grid = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=0)  # [3, T, H, W]
         positions = grid.reshape(3, -1).t()
         ladders = [frequencies(d, self.theta, torch.float32, device) for d in self.rope_dim]
         return axes_tables(positions, ladders)
 
 
-FAMILY = register(Family(
-    name="hunyuan_video_framepack",
-    rotary_class=qualified_name(_dhf.HunyuanVideoFramepackRotaryPosEmbed),
-    replace=HunyuanVideoFramepackRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dh.HunyuanVideoAttnProcessor2_0):
-                HunyuanVideoAttnProcessor2_0.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="hunyuan_video_framepack",
+        rotary_class=qualified_name(_dhf.HunyuanVideoFramepackRotaryPosEmbed),
+        replace=HunyuanVideoFramepackRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dh.HunyuanVideoAttnProcessor2_0
+            ): HunyuanVideoAttnProcessor2_0.from_diffusers
+        },
+    )
+)

@@ -32,25 +32,30 @@ class HunyuanImageRotaryPosEmbed(DiffusersRotary):
         super().__init__()
         patch_size, rope_dim = list(patch_size), list(rope_dim)
         if len(patch_size) not in (2, 3) or len(rope_dim) != len(patch_size):
-            raise ValueError(f"posenc HunyuanImageRotaryPosEmbed: patch_size and rope_dim must "
-                             f"have 2 or 3 entries each, got {patch_size} and {rope_dim}")
+            raise ValueError(
+                f"posenc HunyuanImageRotaryPosEmbed: patch_size and rope_dim must "
+                f"have 2 or 3 entries each, got {patch_size} and {rope_dim}"
+            )
         if any(int(d) != d or d < 0 or d % 2 for d in rope_dim):
-            raise ValueError(f"posenc HunyuanImageRotaryPosEmbed: rope_dim must be even sizes, got "
-                             f"{rope_dim}")
+            raise ValueError(
+                f"posenc HunyuanImageRotaryPosEmbed: rope_dim must be even sizes, got {rope_dim}"
+            )
         self.patch_size = patch_size
         self.rope_dim = rope_dim
         self.theta = theta
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "HunyuanImageRotaryPosEmbed":
+    def from_diffusers(cls, module: torch.nn.Module) -> HunyuanImageRotaryPosEmbed:
         return cls(module.patch_size, module.rope_dim, module.theta)
 
     def forward(self, hidden_states: torch.Tensor):
         axes = len(self.patch_size)
         if hidden_states.dim() != axes + 2:
-            raise ValueError(f"posenc HunyuanImageRotaryPosEmbed: hidden_states must be "
-                             f"{axes + 2}-D for patch_size {self.patch_size}, got shape "
-                             f"{tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"posenc HunyuanImageRotaryPosEmbed: hidden_states must be "
+                f"{axes + 2}-D for patch_size {self.patch_size}, got shape "
+                f"{tuple(hidden_states.shape)}"
+            )
         sizes = [n // p for n, p in zip(hidden_states.shape[2:], self.patch_size)]
         device = hidden_states.device
         ladders = [frequencies(d, self.theta, torch.float32, device) for d in self.rope_dim]
@@ -62,24 +67,34 @@ class HunyuanImageAttnProcessor(_dhi.HunyuanImageAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dhi.Attention",
+        attn: _dhi.Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        return hunyuan_attention(self, _dhi.dispatch_attention_fn, attn, hidden_states,
-                                 encoder_hidden_states, attention_mask, image_rotary_emb)
+        return hunyuan_attention(
+            self,
+            _dhi.dispatch_attention_fn,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            image_rotary_emb,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "HunyuanImageAttnProcessor":
+    def from_diffusers(cls, processor) -> HunyuanImageAttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="hunyuanimage",
-    rotary_class=qualified_name(_dhi.HunyuanImageRotaryPosEmbed),
-    replace=HunyuanImageRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dhi.HunyuanImageAttnProcessor):
-                HunyuanImageAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="hunyuanimage",
+        rotary_class=qualified_name(_dhi.HunyuanImageRotaryPosEmbed),
+        replace=HunyuanImageRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(_dhi.HunyuanImageAttnProcessor): HunyuanImageAttnProcessor.from_diffusers
+        },
+    )
+)

@@ -36,7 +36,7 @@ class Krea2AttnProcessor(_dk2.Krea2AttnProcessor):
 
     def __call__(
         self,
-        attn: "_dk2.Krea2Attention",
+        attn: _dk2.Krea2Attention,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -48,27 +48,35 @@ class Krea2AttnProcessor(_dk2.Krea2AttnProcessor):
         query = attn.norm_q(query)
         key = attn.norm_k(key)
         if image_rotary_emb is not None:  # posenc's rotation
-            query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                             fused=True)
+            query, key = apply_rotary_emb_qk(
+                query, key, image_rotary_emb, sequence_dim=1, fused=True
+            )
         num_key_value_groups = attn.num_heads // attn.num_kv_heads
         if num_key_value_groups > 1:
             key = key.repeat_interleave(num_key_value_groups, dim=2)
             value = value.repeat_interleave(num_key_value_groups, dim=2)
         hidden_states = _dk2.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states * torch.sigmoid(gate)
         return attn.to_out[0](hidden_states)
 
     @classmethod
-    def from_diffusers(cls, processor) -> "Krea2AttnProcessor":
+    def from_diffusers(cls, processor) -> Krea2AttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="krea2",
-    rotary_class=qualified_name(_dk2.Krea2RotaryPosEmbed),
-    replace=Krea2RotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dk2.Krea2AttnProcessor): Krea2AttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="krea2",
+        rotary_class=qualified_name(_dk2.Krea2RotaryPosEmbed),
+        replace=Krea2RotaryPosEmbed.from_diffusers,
+        processors={qualified_name(_dk2.Krea2AttnProcessor): Krea2AttnProcessor.from_diffusers},
+    )
+)

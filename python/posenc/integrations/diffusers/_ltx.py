@@ -31,7 +31,6 @@ in one line; posenc computes this table in float32 only.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -45,8 +44,9 @@ __all__ = ["LTXVideoRotaryPosEmbed", "LTXVideoAttnProcessor", "rotate_across_hea
 _NAME = "posenc.integrations.diffusers.LTXVideoRotaryPosEmbed"
 
 
-def rotate_across_heads(query: torch.Tensor, key: torch.Tensor, query_tables, key_tables=None
-                        ) -> Tuple[torch.Tensor, torch.Tensor]:
+def rotate_across_heads(
+    query: torch.Tensor, key: torch.Tensor, query_tables, key_tables=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """diffusers' LTX apply_rotary_emb(query, tables), apply_rotary_emb(key, tables) (LTX-2:
     apply_interleaved_rotary_emb with the key's own tables) through posenc's operator.
 
@@ -54,9 +54,9 @@ def rotate_across_heads(query: torch.Tensor, key: torch.Tensor, query_tables, ke
     projected width. One operator call where q and k share the tables, else one each."""
     if key_tables is None or key_tables is query_tables:
         cos, sin = query_tables
-        q, k = torch.ops.posenc.apply_rotary(_as_float(query).unsqueeze(2),
-                                             _as_float(key).unsqueeze(2), cos, sin, 2,
-                                             "interleaved")
+        q, k = torch.ops.posenc.apply_rotary(
+            _as_float(query).unsqueeze(2), _as_float(key).unsqueeze(2), cos, sin, 2, "interleaved"
+        )
         return q.squeeze(2).to(query.dtype), k.squeeze(2).to(key.dtype)
     return _rotate_one(query, query_tables), _rotate_one(key, key_tables)
 
@@ -72,24 +72,38 @@ def _rotate_one(x: torch.Tensor, tables) -> torch.Tensor:
     cos, sin = tables
     head = _as_float(x).unsqueeze(2)
     # the operator rotates a pair; the second is the same tensor (no extra input)
-    return torch.ops.posenc.apply_rotary(head, head, cos, sin, 2, "interleaved")[0].squeeze(2) \
+    return (
+        torch.ops.posenc.apply_rotary(head, head, cos, sin, 2, "interleaved")[0]
+        .squeeze(2)
         .to(x.dtype)
+    )
 
 
 class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
     """diffusers' LTXVideoRotaryPosEmbed (same settings, same forward) computed by posenc."""
 
-    def __init__(self, dim: int, base_num_frames: int = 20, base_height: int = 2048,
-                 base_width: int = 2048, patch_size: int = 1, patch_size_t: int = 1,
-                 theta: float = 10000.0) -> None:
+    def __init__(
+        self,
+        dim: int,
+        base_num_frames: int = 20,
+        base_height: int = 2048,
+        base_width: int = 2048,
+        patch_size: int = 1,
+        patch_size_t: int = 1,
+        theta: float = 10000.0,
+    ) -> None:
         super().__init__()
         if not isinstance(dim, int) or dim < 6:
-            raise ValueError(f"{_NAME}: dim must be an integer >= 6 (one frequency per axis), "
-                             f"got {dim!r}")
-        if not (isinstance(theta, (int, float)) and theta > 0 and theta != 1
-                and math.isfinite(theta)):
-            raise ValueError(f"{_NAME}: theta must be a finite number > 0 other than 1 "
-                             f"(diffusers takes log base theta), got {theta!r}")
+            raise ValueError(
+                f"{_NAME}: dim must be an integer >= 6 (one frequency per axis), got {dim!r}"
+            )
+        if not (
+            isinstance(theta, (int, float)) and theta > 0 and theta != 1 and math.isfinite(theta)
+        ):
+            raise ValueError(
+                f"{_NAME}: theta must be a finite number > 0 other than 1 "
+                f"(diffusers takes log base theta), got {theta!r}"
+            )
         self.dim = dim
         self.base_num_frames = base_num_frames
         self.base_height = base_height
@@ -99,14 +113,26 @@ class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
         self.theta = theta
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "LTXVideoRotaryPosEmbed":
-        return cls(dim=module.dim, base_num_frames=module.base_num_frames,
-                   base_height=module.base_height, base_width=module.base_width,
-                   patch_size=module.patch_size, patch_size_t=module.patch_size_t,
-                   theta=module.theta)
+    def from_diffusers(cls, module: torch.nn.Module) -> LTXVideoRotaryPosEmbed:
+        return cls(
+            dim=module.dim,
+            base_num_frames=module.base_num_frames,
+            base_height=module.base_height,
+            base_width=module.base_width,
+            patch_size=module.patch_size,
+            patch_size_t=module.patch_size_t,
+            theta=module.theta,
+        )
 
-    def _prepare_video_coords(self, batch_size: int, num_frames: int, height: int, width: int,
-                              rope_interpolation_scale, device: torch.device) -> torch.Tensor:
+    def _prepare_video_coords(
+        self,
+        batch_size: int,
+        num_frames: int,
+        height: int,
+        width: int,
+        rope_interpolation_scale,
+        device: torch.device,
+    ) -> torch.Tensor:
         # diffusers' position builder, line by line
         grid_h = torch.arange(height, dtype=torch.float32, device=device)
         grid_w = torch.arange(width, dtype=torch.float32, device=device)
@@ -115,45 +141,76 @@ class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
         grid = torch.stack(grid, dim=0)
         grid = grid.unsqueeze(0).repeat(batch_size, 1, 1, 1, 1)
         if rope_interpolation_scale is not None:
-            grid[:, 0:1] = grid[:, 0:1] * rope_interpolation_scale[0] * self.patch_size_t \
+            grid[:, 0:1] = (
+                grid[:, 0:1]
+                * rope_interpolation_scale[0]
+                * self.patch_size_t
                 / self.base_num_frames
-            grid[:, 1:2] = grid[:, 1:2] * rope_interpolation_scale[1] * self.patch_size \
-                / self.base_height
-            grid[:, 2:3] = grid[:, 2:3] * rope_interpolation_scale[2] * self.patch_size \
-                / self.base_width
+            )
+            grid[:, 1:2] = (
+                grid[:, 1:2] * rope_interpolation_scale[1] * self.patch_size / self.base_height
+            )
+            grid[:, 2:3] = (
+                grid[:, 2:3] * rope_interpolation_scale[2] * self.patch_size / self.base_width
+            )
         return grid.flatten(2, 4).transpose(1, 2)
 
     def frequencies(self, device) -> torch.Tensor:
         """diffusers' ladder theta ** linspace(0, 1, dim // 6) * pi / 2, float32."""
-        freqs = self.theta ** torch.linspace(math.log(1.0, self.theta),
-                                             math.log(self.theta, self.theta), self.dim // 6,
-                                             device=device, dtype=torch.float32)
+        freqs = self.theta ** torch.linspace(
+            math.log(1.0, self.theta),
+            math.log(self.theta, self.theta),
+            self.dim // 6,
+            device=device,
+            dtype=torch.float32,
+        )
         return freqs * math.pi / 2.0
 
-    def forward(self, hidden_states: torch.Tensor, num_frames: Optional[int] = None,
-                height: Optional[int] = None, width: Optional[int] = None,
-                rope_interpolation_scale=None, video_coords: Optional[torch.Tensor] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        num_frames: int | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        rope_interpolation_scale=None,
+        video_coords: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         batch_size = hidden_states.size(0)
         if video_coords is None:
             if num_frames is None or height is None or width is None:
-                raise ValueError(f"{_NAME}: without video_coords, num_frames, height and width "
-                                 f"are needed, got {num_frames!r}, {height!r}, {width!r}")
-            grid = self._prepare_video_coords(batch_size, num_frames, height, width,
-                                              rope_interpolation_scale, hidden_states.device)
+                raise ValueError(
+                    f"{_NAME}: without video_coords, num_frames, height and width "
+                    f"are needed, got {num_frames!r}, {height!r}, {width!r}"
+                )
+            grid = self._prepare_video_coords(
+                batch_size,
+                num_frames,
+                height,
+                width,
+                rope_interpolation_scale,
+                hidden_states.device,
+            )
         else:
-            grid = torch.stack([video_coords[:, 0] / self.base_num_frames,
-                                video_coords[:, 1] / self.base_height,
-                                video_coords[:, 2] / self.base_width], dim=-1)
+            grid = torch.stack(
+                [
+                    video_coords[:, 0] / self.base_num_frames,
+                    video_coords[:, 1] / self.base_height,
+                    video_coords[:, 2] / self.base_width,
+                ],
+                dim=-1,
+            )
         if grid.dtype != torch.float32:
-            raise ValueError(f"{_NAME}: posenc computes LTX's table from float32 coordinates; "
-                             f"got {grid.dtype} (video_coords {video_coords.dtype}, for which "
-                             f"diffusers computes {grid.dtype} angles)")
+            raise ValueError(
+                f"{_NAME}: posenc computes LTX's table from float32 coordinates; "
+                f"got {grid.dtype} (video_coords {video_coords.dtype}, for which "
+                f"diffusers computes {grid.dtype} angles)"
+            )
         freqs = self.frequencies(hidden_states.device)
         count = freqs.numel()
         coords = (grid * 2 - 1).contiguous()  # [B, N, 3], diffusers' grid * 2 - 1
-        cos, sin = torch.ops.posenc.rope_cos_sin(coords, freqs.repeat_interleave(3), 1.0,
-                                                 [count] * 3, "interleaved", "interleaved")
+        cos, sin = torch.ops.posenc.rope_cos_sin(
+            coords, freqs.repeat_interleave(3), 1.0, [count] * 3, "interleaved", "interleaved"
+        )
         if self.dim % 6 != 0:
             cos_padding = torch.ones_like(cos[:, :, : self.dim % 6])
             sin_padding = torch.zeros_like(cos[:, :, : self.dim % 6])
@@ -173,24 +230,27 @@ class LTXVideoAttnProcessor(_dltx.LTXVideoAttnProcessor):
     """diffusers' LTXVideoAttnProcessor with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "LTXVideoAttnProcessor":
+    def from_diffusers(cls, processor) -> LTXVideoAttnProcessor:
         return _carry_settings(cls(), processor)
 
     def __call__(
         self,
         attn,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         batch_size, sequence_length, _ = (
-            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
         if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length,
-                                                         batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1,
-                                                 attention_mask.shape[-1])
+            attention_mask = attn.prepare_attention_mask(
+                attention_mask, sequence_length, batch_size
+            )
+            attention_mask = attention_mask.view(
+                batch_size, attn.heads, -1, attention_mask.shape[-1]
+            )
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
 
@@ -206,8 +266,15 @@ class LTXVideoAttnProcessor(_dltx.LTXVideoAttnProcessor):
         key = key.unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
         hidden_states = dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
         hidden_states = attn.to_out[0](hidden_states)
@@ -215,9 +282,13 @@ class LTXVideoAttnProcessor(_dltx.LTXVideoAttnProcessor):
         return hidden_states
 
 
-FAMILY = register(Family(
-    name="ltx",
-    rotary_class=qualified_name(_dltx.LTXVideoRotaryPosEmbed),
-    replace=LTXVideoRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dltx.LTXVideoAttnProcessor): LTXVideoAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="ltx",
+        rotary_class=qualified_name(_dltx.LTXVideoRotaryPosEmbed),
+        replace=LTXVideoRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(_dltx.LTXVideoAttnProcessor): LTXVideoAttnProcessor.from_diffusers
+        },
+    )
+)

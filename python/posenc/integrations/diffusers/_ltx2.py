@@ -42,7 +42,6 @@ apply_split_rotary_emb, so a split model keeps diffusers' output exactly.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -52,8 +51,12 @@ from . import _common
 from ._ltx import _carry_settings, rotate_across_heads
 from ._registry import Family, qualified_name, register
 
-__all__ = ["LTX2AudioVideoRotaryPosEmbed", "LTX2RotaryPosEmbed1d", "LTX2AudioVideoAttnProcessor",
-           "LTX2PerturbedAttnProcessor"]
+__all__ = [
+    "LTX2AudioVideoRotaryPosEmbed",
+    "LTX2RotaryPosEmbed1d",
+    "LTX2AudioVideoAttnProcessor",
+    "LTX2PerturbedAttnProcessor",
+]
 
 _NAME = "posenc.integrations.diffusers.LTX2AudioVideoRotaryPosEmbed"
 
@@ -61,17 +64,31 @@ _NAME = "posenc.integrations.diffusers.LTX2AudioVideoRotaryPosEmbed"
 class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
     """diffusers' LTX2AudioVideoRotaryPosEmbed (interleaved tables) computed by posenc."""
 
-    def __init__(self, dim: int, patch_size: int = 1, patch_size_t: int = 1,
-                 base_num_frames: int = 20, base_height: int = 2048, base_width: int = 2048,
-                 sampling_rate: int = 16000, hop_length: int = 160,
-                 scale_factors: Tuple[int, ...] = (8, 32, 32), theta: float = 10000.0,
-                 causal_offset: int = 1, modality: str = "video", double_precision: bool = True,
-                 rope_type: str = "interleaved", num_attention_heads: int = 32) -> None:
+    def __init__(
+        self,
+        dim: int,
+        patch_size: int = 1,
+        patch_size_t: int = 1,
+        base_num_frames: int = 20,
+        base_height: int = 2048,
+        base_width: int = 2048,
+        sampling_rate: int = 16000,
+        hop_length: int = 160,
+        scale_factors: tuple[int, ...] = (8, 32, 32),
+        theta: float = 10000.0,
+        causal_offset: int = 1,
+        modality: str = "video",
+        double_precision: bool = True,
+        rope_type: str = "interleaved",
+        num_attention_heads: int = 32,
+    ) -> None:
         super().__init__()
         if rope_type != "interleaved":
-            raise ValueError(f"{_NAME}: rope_type {rope_type!r} is not computed by posenc "
-                             f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
-                             f"the CPU; posenc rounds the product and the sum apart)")
+            raise ValueError(
+                f"{_NAME}: rope_type {rope_type!r} is not computed by posenc "
+                f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
+                f"the CPU; posenc rounds the product and the sum apart)"
+            )
         if modality not in ("video", "audio"):
             raise ValueError(f"{_NAME}: modality must be 'video' or 'audio', got {modality!r}")
         if not isinstance(dim, int) or dim < 2:
@@ -88,8 +105,9 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         self.base_width = base_width
         self.sampling_rate = sampling_rate
         self.hop_length = hop_length
-        self.audio_latents_per_second = \
+        self.audio_latents_per_second = (
             float(sampling_rate) / float(hop_length) / float(scale_factors[0])
+        )
         self.scale_factors = scale_factors
         self.theta = theta
         self.causal_offset = causal_offset
@@ -97,26 +115,45 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         self.double_precision = double_precision
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "LTX2AudioVideoRotaryPosEmbed":
-        return cls(dim=module.dim, patch_size=module.patch_size,
-                   patch_size_t=module.patch_size_t, base_num_frames=module.base_num_frames,
-                   base_height=module.base_height, base_width=module.base_width,
-                   sampling_rate=module.sampling_rate, hop_length=module.hop_length,
-                   scale_factors=module.scale_factors, theta=module.theta,
-                   causal_offset=module.causal_offset, modality=module.modality,
-                   double_precision=module.double_precision, rope_type=module.rope_type,
-                   num_attention_heads=module.num_attention_heads)
+    def from_diffusers(cls, module: torch.nn.Module) -> LTX2AudioVideoRotaryPosEmbed:
+        return cls(
+            dim=module.dim,
+            patch_size=module.patch_size,
+            patch_size_t=module.patch_size_t,
+            base_num_frames=module.base_num_frames,
+            base_height=module.base_height,
+            base_width=module.base_width,
+            sampling_rate=module.sampling_rate,
+            hop_length=module.hop_length,
+            scale_factors=module.scale_factors,
+            theta=module.theta,
+            causal_offset=module.causal_offset,
+            modality=module.modality,
+            double_precision=module.double_precision,
+            rope_type=module.rope_type,
+            num_attention_heads=module.num_attention_heads,
+        )
 
     # -- positions: diffusers' builders, line by line --------------------------------------------
-    def prepare_video_coords(self, batch_size: int, num_frames: int, height: int, width: int,
-                             device: torch.device, fps: float = 24.0) -> torch.Tensor:
+    def prepare_video_coords(
+        self,
+        batch_size: int,
+        num_frames: int,
+        height: int,
+        width: int,
+        device: torch.device,
+        fps: float = 24.0,
+    ) -> torch.Tensor:
         """Patch boundaries [B, 3, N, 2]: frames in seconds (fps), height and width in pixels."""
-        grid_f = torch.arange(start=0, end=num_frames, step=self.patch_size_t,
-                              dtype=torch.float32, device=device)
-        grid_h = torch.arange(start=0, end=height, step=self.patch_size, dtype=torch.float32,
-                              device=device)
-        grid_w = torch.arange(start=0, end=width, step=self.patch_size, dtype=torch.float32,
-                              device=device)
+        grid_f = torch.arange(
+            start=0, end=num_frames, step=self.patch_size_t, dtype=torch.float32, device=device
+        )
+        grid_h = torch.arange(
+            start=0, end=height, step=self.patch_size, dtype=torch.float32, device=device
+        )
+        grid_w = torch.arange(
+            start=0, end=width, step=self.patch_size, dtype=torch.float32, device=device
+        )
         grid = torch.meshgrid(grid_f, grid_h, grid_w, indexing="ij")
         grid = torch.stack(grid, dim=0)
         patch_size = (self.patch_size_t, self.patch_size, self.patch_size)
@@ -129,16 +166,23 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         broadcast_shape = [1] * latent_coords.ndim
         broadcast_shape[1] = -1
         pixel_coords = latent_coords * scale_tensor.view(*broadcast_shape)
-        pixel_coords[:, 0, ...] = (pixel_coords[:, 0, ...] + self.causal_offset
-                                   - self.scale_factors[0]).clamp(min=0)
+        pixel_coords[:, 0, ...] = (
+            pixel_coords[:, 0, ...] + self.causal_offset - self.scale_factors[0]
+        ).clamp(min=0)
         pixel_coords[:, 0, ...] = pixel_coords[:, 0, ...] / fps
         return pixel_coords
 
-    def prepare_audio_coords(self, batch_size: int, num_frames: int, device: torch.device,
-                             shift: int = 0) -> torch.Tensor:
+    def prepare_audio_coords(
+        self, batch_size: int, num_frames: int, device: torch.device, shift: int = 0
+    ) -> torch.Tensor:
         """Latent audio frames' [start, end) in seconds: [B, 1, N, 2]."""
-        grid_f = torch.arange(start=shift, end=num_frames + shift, step=self.patch_size_t,
-                              dtype=torch.float32, device=device)
+        grid_f = torch.arange(
+            start=shift,
+            end=num_frames + shift,
+            step=self.patch_size_t,
+            dtype=torch.float32,
+            device=device,
+        )
         audio_scale_factor = self.scale_factors[0]
         grid_start_mel = grid_f * audio_scale_factor
         grid_start_mel = (grid_start_mel + self.causal_offset - audio_scale_factor).clip(min=0)
@@ -161,35 +205,53 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         rounded to float32."""
         return _ladder(self.theta, count, self.double_precision, device)
 
-    def forward(self, coords: torch.Tensor, device=None) -> Tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(coords, torch.Tensor) or coords.ndim not in (3, 4) or \
-                (coords.ndim == 4 and coords.shape[-1] != 2):
+    def forward(self, coords: torch.Tensor, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        if (
+            not isinstance(coords, torch.Tensor)
+            or coords.ndim not in (3, 4)
+            or (coords.ndim == 4 and coords.shape[-1] != 2)
+        ):
             got = tuple(coords.shape) if isinstance(coords, torch.Tensor) else repr(coords)
-            raise ValueError(f"{_NAME}: coords must be [B, A, N] positions or [B, A, N, 2] "
-                             f"[start, end) bounds, got {got}")
+            raise ValueError(
+                f"{_NAME}: coords must be [B, A, N] positions or [B, A, N, 2] "
+                f"[start, end) bounds, got {got}"
+            )
         device = device or coords.device
         num_pos_dims = coords.shape[1]
-        max_positions = ((self.base_num_frames, self.base_height, self.base_width)
-                         if self.modality == "video" else (self.base_num_frames,))
+        max_positions = (
+            (self.base_num_frames, self.base_height, self.base_width)
+            if self.modality == "video"
+            else (self.base_num_frames,)
+        )
         if num_pos_dims > len(max_positions):
-            raise ValueError(f"{_NAME}: {num_pos_dims} position axes for the {self.modality} "
-                             f"modality, which has {len(max_positions)}")
+            raise ValueError(
+                f"{_NAME}: {num_pos_dims} position axes for the {self.modality} "
+                f"modality, which has {len(max_positions)}"
+            )
         if coords.ndim == 4:  # [start, end) -> the midpoint
             coords_start, coords_end = coords.chunk(2, dim=-1)
             coords = (coords_start + coords_end) / 2.0
             coords = coords.squeeze(-1)
-        grid = torch.stack([coords[:, i] / max_positions[i] for i in range(num_pos_dims)],
-                           dim=-1).to(device)
+        grid = torch.stack(
+            [coords[:, i] / max_positions[i] for i in range(num_pos_dims)], dim=-1
+        ).to(device)
         if grid.dtype != torch.float32:
-            raise ValueError(f"{_NAME}: posenc computes LTX-2's table from float32 coordinates; "
-                             f"got {grid.dtype} (diffusers then computes {grid.dtype} angles)")
+            raise ValueError(
+                f"{_NAME}: posenc computes LTX-2's table from float32 coordinates; "
+                f"got {grid.dtype} (diffusers then computes {grid.dtype} angles)"
+            )
         num_rope_elems = num_pos_dims * 2
         count = self.dim // num_rope_elems
         freqs = self.frequencies(count, device)
         positions = (grid * 2 - 1).contiguous()  # [B, N, A], diffusers' grid * 2 - 1
-        cos, sin = torch.ops.posenc.rope_cos_sin(positions, freqs.repeat_interleave(num_pos_dims),
-                                                 1.0, [count] * num_pos_dims, "interleaved",
-                                                 "interleaved")
+        cos, sin = torch.ops.posenc.rope_cos_sin(
+            positions,
+            freqs.repeat_interleave(num_pos_dims),
+            1.0,
+            [count] * num_pos_dims,
+            "interleaved",
+            "interleaved",
+        )
         if self.dim % num_rope_elems != 0:
             cos_padding = torch.ones_like(cos[:, :, : self.dim % num_rope_elems])
             sin_padding = torch.zeros_like(cos[:, :, : self.dim % num_rope_elems])
@@ -202,8 +264,9 @@ def _ladder(theta: float, count: int, double_precision: bool, device) -> torch.T
     """diffusers' ladder theta ** linspace(0, 1, count) * pi / 2 (float64 or float32), rounded to
     float32."""
     dtype = torch.float64 if double_precision else torch.float32
-    pow_indices = torch.pow(theta, torch.linspace(start=0.0, end=1.0, steps=count, dtype=dtype,
-                                                  device=device))
+    pow_indices = torch.pow(
+        theta, torch.linspace(start=0.0, end=1.0, steps=count, dtype=dtype, device=device)
+    )
     return (pow_indices * torch.pi / 2.0).to(dtype=torch.float32)
 
 
@@ -213,14 +276,22 @@ class LTX2RotaryPosEmbed1d(_common.DiffusersRotary):
 
     _NAME = "posenc.integrations.diffusers.LTX2RotaryPosEmbed1d"
 
-    def __init__(self, dim: int, base_seq_len: int = 4096, theta: float = 10000.0,
-                 double_precision: bool = True, rope_type: str = "interleaved",
-                 num_attention_heads: int = 32) -> None:
+    def __init__(
+        self,
+        dim: int,
+        base_seq_len: int = 4096,
+        theta: float = 10000.0,
+        double_precision: bool = True,
+        rope_type: str = "interleaved",
+        num_attention_heads: int = 32,
+    ) -> None:
         super().__init__()
         if rope_type != "interleaved":
-            raise ValueError(f"{self._NAME}: rope_type {rope_type!r} is not computed by posenc "
-                             f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
-                             f"the CPU; posenc rounds the product and the sum apart)")
+            raise ValueError(
+                f"{self._NAME}: rope_type {rope_type!r} is not computed by posenc "
+                f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
+                f"the CPU; posenc rounds the product and the sum apart)"
+            )
         if not isinstance(dim, int) or dim < 2:
             raise ValueError(f"{self._NAME}: dim must be an integer >= 2, got {dim!r}")
         self.dim = dim
@@ -231,18 +302,24 @@ class LTX2RotaryPosEmbed1d(_common.DiffusersRotary):
         self.num_attention_heads = num_attention_heads
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "LTX2RotaryPosEmbed1d":
-        return cls(dim=module.dim, base_seq_len=module.base_seq_len, theta=module.theta,
-                   double_precision=module.double_precision, rope_type=module.rope_type,
-                   num_attention_heads=module.num_attention_heads)
+    def from_diffusers(cls, module: torch.nn.Module) -> LTX2RotaryPosEmbed1d:
+        return cls(
+            dim=module.dim,
+            base_seq_len=module.base_seq_len,
+            theta=module.theta,
+            double_precision=module.double_precision,
+            rope_type=module.rope_type,
+            num_attention_heads=module.num_attention_heads,
+        )
 
-    def forward(self, batch_size: int, pos: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch_size: int, pos: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         grid_1d = torch.arange(pos, dtype=torch.float32, device=device)
         grid_1d = grid_1d / self.base_seq_len
         grid = grid_1d.unsqueeze(0).repeat(batch_size, 1)  # [B, S]
         freqs = _ladder(self.theta, self.dim // 2, self.double_precision, device)
-        cos, sin = torch.ops.posenc.rope_cos_sin((grid * 2 - 1).contiguous(), freqs, 1.0, [],
-                                                 "contiguous", "interleaved")
+        cos, sin = torch.ops.posenc.rope_cos_sin(
+            (grid * 2 - 1).contiguous(), freqs, 1.0, [], "contiguous", "interleaved"
+        )
         if self.dim % 2 != 0:
             cos = torch.cat([torch.ones_like(cos[:, :, :1]), cos], dim=-1)
             sin = torch.cat([torch.zeros_like(sin[:, :, :1]), sin], dim=-1)
@@ -255,8 +332,10 @@ def _rotate(attn, query, key, query_rotary_emb, key_rotary_emb):
     if attn.rope_type == "interleaved":
         return rotate_across_heads(query, key, query_rotary_emb, key_tables)
     if attn.rope_type == "split":  # not computed by posenc (see the module's docstring)
-        return (_dltx2.apply_split_rotary_emb(query, query_rotary_emb),
-                _dltx2.apply_split_rotary_emb(key, key_tables))
+        return (
+            _dltx2.apply_split_rotary_emb(query, query_rotary_emb),
+            _dltx2.apply_split_rotary_emb(key, key_tables),
+        )
     return query, key  # diffusers rotates nothing for another rope_type
 
 
@@ -271,7 +350,8 @@ def _gate(attn, hidden_states, gate_logits):
 
 def _prologue(attn, hidden_states, encoder_hidden_states, attention_mask):
     batch_size, sequence_length, _ = (
-        hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape)
+        hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+    )
     if attention_mask is not None:
         attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
         attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
@@ -285,20 +365,21 @@ class LTX2AudioVideoAttnProcessor(_dltx2.LTX2AudioVideoAttnProcessor):
     """diffusers' LTX2AudioVideoAttnProcessor with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "LTX2AudioVideoAttnProcessor":
+    def from_diffusers(cls, processor) -> LTX2AudioVideoAttnProcessor:
         return _carry_settings(cls(), processor)
 
     def __call__(
         self,
         attn,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        query_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-        key_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         encoder_hidden_states, attention_mask, gate_logits = _prologue(
-            attn, hidden_states, encoder_hidden_states, attention_mask)
+            attn, hidden_states, encoder_hidden_states, attention_mask
+        )
         query = attn.to_q(hidden_states)
         key = attn.to_k(encoder_hidden_states)
         value = attn.to_v(encoder_hidden_states)
@@ -310,8 +391,15 @@ class LTX2AudioVideoAttnProcessor(_dltx2.LTX2AudioVideoAttnProcessor):
         key = key.unflatten(2, (attn.heads, -1))
         value = value.unflatten(2, (attn.heads, -1))
         hidden_states = dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-            backend=self._attention_backend, parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
         hidden_states = _gate(attn, hidden_states, gate_logits)
@@ -324,26 +412,28 @@ class LTX2PerturbedAttnProcessor(_dltx2.LTX2PerturbedAttnProcessor):
     """diffusers' LTX2PerturbedAttnProcessor with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "LTX2PerturbedAttnProcessor":
+    def from_diffusers(cls, processor) -> LTX2PerturbedAttnProcessor:
         return _carry_settings(cls(), processor)
 
     def __call__(
         self,
         attn,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: Optional[torch.Tensor] = None,
-        attention_mask: Optional[torch.Tensor] = None,
-        query_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-        key_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-        perturbation_mask: Optional[torch.Tensor] = None,
-        all_perturbed: Optional[bool] = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        query_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+        perturbation_mask: torch.Tensor | None = None,
+        all_perturbed: bool | None = None,
     ) -> torch.Tensor:
         encoder_hidden_states, attention_mask, gate_logits = _prologue(
-            attn, hidden_states, encoder_hidden_states, attention_mask)
+            attn, hidden_states, encoder_hidden_states, attention_mask
+        )
         value = attn.to_v(encoder_hidden_states)
         if all_perturbed is None:
-            all_perturbed = torch.all(perturbation_mask == 0) if perturbation_mask is not None \
-                else False
+            all_perturbed = (
+                torch.all(perturbation_mask == 0) if perturbation_mask is not None else False
+            )
         if all_perturbed:
             hidden_states = value
         else:
@@ -357,8 +447,15 @@ class LTX2PerturbedAttnProcessor(_dltx2.LTX2PerturbedAttnProcessor):
             key = key.unflatten(2, (attn.heads, -1))
             value = value.unflatten(2, (attn.heads, -1))
             hidden_states = dispatch_attention_fn(
-                query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-                backend=self._attention_backend, parallel_config=self._parallel_config)
+                query,
+                key,
+                value,
+                attn_mask=attention_mask,
+                dropout_p=0.0,
+                is_causal=False,
+                backend=self._attention_backend,
+                parallel_config=self._parallel_config,
+            )
             hidden_states = hidden_states.flatten(2, 3)
             hidden_states = hidden_states.to(query.dtype)
             if perturbation_mask is not None:
@@ -370,21 +467,27 @@ class LTX2PerturbedAttnProcessor(_dltx2.LTX2PerturbedAttnProcessor):
         return hidden_states
 
 
-FAMILY = register(Family(
-    name="ltx2",
-    rotary_class=qualified_name(_dltx2.LTX2AudioVideoRotaryPosEmbed),
-    replace=LTX2AudioVideoRotaryPosEmbed.from_diffusers,
-    processors={
-        qualified_name(_dltx2.LTX2AudioVideoAttnProcessor):
-            LTX2AudioVideoAttnProcessor.from_diffusers,
-        qualified_name(_dltx2.LTX2PerturbedAttnProcessor):
-            LTX2PerturbedAttnProcessor.from_diffusers,
-    },
-))
+FAMILY = register(
+    Family(
+        name="ltx2",
+        rotary_class=qualified_name(_dltx2.LTX2AudioVideoRotaryPosEmbed),
+        replace=LTX2AudioVideoRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dltx2.LTX2AudioVideoAttnProcessor
+            ): LTX2AudioVideoAttnProcessor.from_diffusers,
+            qualified_name(
+                _dltx2.LTX2PerturbedAttnProcessor
+            ): LTX2PerturbedAttnProcessor.from_diffusers,
+        },
+    )
+)
 # LTX-2's text connectors (a pipeline model; its class named as a string: importing
 # diffusers.pipelines.ltx2 here would import the pipelines' text-encoder dependencies)
-register(Family(
-    name="ltx2_connector",
-    rotary_class="diffusers.pipelines.ltx2.connectors.LTX2RotaryPosEmbed1d",
-    replace=LTX2RotaryPosEmbed1d.from_diffusers,
-))
+register(
+    Family(
+        name="ltx2_connector",
+        rotary_class="diffusers.pipelines.ltx2.connectors.LTX2RotaryPosEmbed1d",
+        replace=LTX2RotaryPosEmbed1d.from_diffusers,
+    )
+)

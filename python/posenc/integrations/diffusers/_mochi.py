@@ -25,8 +25,6 @@ through posenc's backward (dcos, dsin) and autograd through cos/sin and the eins
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 from diffusers.models import attention_processor as _dap
@@ -48,7 +46,7 @@ class MochiRoPE(_common.DiffusersRotary):
         self.target_area = base_height * base_width
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "MochiRoPE":
+    def from_diffusers(cls, module: torch.nn.Module) -> MochiRoPE:
         new = cls()
         new.target_area = module.target_area
         return new
@@ -57,8 +55,9 @@ class MochiRoPE(_common.DiffusersRotary):
         edges = torch.linspace(start, stop, num + 1, device=device, dtype=dtype)
         return (edges[:-1] + edges[1:]) / 2
 
-    def _get_positions(self, num_frames: int, height: int, width: int, device=None,
-                       dtype=None) -> torch.Tensor:
+    def _get_positions(
+        self, num_frames: int, height: int, width: int, device=None, dtype=None
+    ) -> torch.Tensor:
         scale = (self.target_area / (height * width)) ** 0.5
         t = torch.arange(num_frames, device=device, dtype=dtype)
         h = self._centers(-height * scale / 2, height * scale / 2, height, device, dtype)
@@ -71,12 +70,20 @@ class MochiRoPE(_common.DiffusersRotary):
             freqs = torch.einsum("nd,dhf->nhf", pos.to(torch.float32), freqs.to(torch.float32))
         return torch.cos(freqs), torch.sin(freqs)
 
-    def forward(self, pos_frequencies: torch.Tensor, num_frames: int, height: int, width: int,
-                device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        pos_frequencies: torch.Tensor,
+        num_frames: int,
+        height: int,
+        width: int,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if pos_frequencies.dim() != 3 or pos_frequencies.shape[0] != 3:
-            raise ValueError(f"{_NAME}: pos_frequencies must be [3, heads, head_dim / 2], got "
-                             f"shape {tuple(pos_frequencies.shape)}")
+            raise ValueError(
+                f"{_NAME}: pos_frequencies must be [3, heads, head_dim / 2], got "
+                f"shape {tuple(pos_frequencies.shape)}"
+            )
         pos = self._get_positions(num_frames, height, width, device, dtype)
         return self._create_rope(pos_frequencies, pos)
 
@@ -89,9 +96,14 @@ def _rotate(query: torch.Tensor, key: torch.Tensor, image_rotary_emb):
     # unsqueeze_dim 0: the tables [1, S, heads, Dh] broadcast over the batch
     # diffusers' x.float(): float64 q, k rounded to float32 first (bfloat16/float16 are promoted
     # product by product by the operator, as x.float() * cos is)
-    q, k = torch.ops.posenc.apply_rotary(query.float() if query.dtype == torch.float64 else query,
-                                         key.float() if key.dtype == torch.float64 else key,
-                                         cos, sin, 0, "interleaved")
+    q, k = torch.ops.posenc.apply_rotary(
+        query.float() if query.dtype == torch.float64 else query,
+        key.float() if key.dtype == torch.float64 else key,
+        cos,
+        sin,
+        0,
+        "interleaved",
+    )
     return q.to(query.dtype), k.to(key.dtype)
 
 
@@ -99,7 +111,7 @@ class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
     """diffusers' MochiAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "MochiAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> MochiAttnProcessor2_0:
         return cls()
 
     def __call__(
@@ -108,8 +120,8 @@ class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         query = attn.to_q(hidden_states)
         key = attn.to_k(hidden_states)
         value = attn.to_v(hidden_states)
@@ -136,9 +148,11 @@ class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
             query, key = _rotate(query, key, image_rotary_emb)
 
         query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        encoder_query, encoder_key, encoder_value = (encoder_query.transpose(1, 2),
-                                                     encoder_key.transpose(1, 2),
-                                                     encoder_value.transpose(1, 2))
+        encoder_query, encoder_key, encoder_value = (
+            encoder_query.transpose(1, 2),
+            encoder_key.transpose(1, 2),
+            encoder_value.transpose(1, 2),
+        )
         sequence_length = query.size(2)
         encoder_sequence_length = encoder_query.size(2)
         total_length = sequence_length + encoder_sequence_length
@@ -147,21 +161,23 @@ class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
         for idx in range(batch_size):
             mask = attention_mask[idx][None, :]
             valid_prompt_token_indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
-            valid_encoder_query = encoder_query[idx: idx + 1, :, valid_prompt_token_indices, :]
-            valid_encoder_key = encoder_key[idx: idx + 1, :, valid_prompt_token_indices, :]
-            valid_encoder_value = encoder_value[idx: idx + 1, :, valid_prompt_token_indices, :]
-            valid_query = torch.cat([query[idx: idx + 1], valid_encoder_query], dim=2)
-            valid_key = torch.cat([key[idx: idx + 1], valid_encoder_key], dim=2)
-            valid_value = torch.cat([value[idx: idx + 1], valid_encoder_value], dim=2)
-            attn_output = F.scaled_dot_product_attention(valid_query, valid_key, valid_value,
-                                                         dropout_p=0.0, is_causal=False)
+            valid_encoder_query = encoder_query[idx : idx + 1, :, valid_prompt_token_indices, :]
+            valid_encoder_key = encoder_key[idx : idx + 1, :, valid_prompt_token_indices, :]
+            valid_encoder_value = encoder_value[idx : idx + 1, :, valid_prompt_token_indices, :]
+            valid_query = torch.cat([query[idx : idx + 1], valid_encoder_query], dim=2)
+            valid_key = torch.cat([key[idx : idx + 1], valid_encoder_key], dim=2)
+            valid_value = torch.cat([value[idx : idx + 1], valid_encoder_value], dim=2)
+            attn_output = F.scaled_dot_product_attention(
+                valid_query, valid_key, valid_value, dropout_p=0.0, is_causal=False
+            )
             valid_sequence_length = attn_output.size(2)
             attn_output = F.pad(attn_output, (0, 0, 0, total_length - valid_sequence_length))
             attn_outputs.append(attn_output)
         hidden_states = torch.cat(attn_outputs, dim=0)
         hidden_states = hidden_states.transpose(1, 2).flatten(2, 3)
         hidden_states, encoder_hidden_states = hidden_states.split_with_sizes(
-            (sequence_length, encoder_sequence_length), dim=1)
+            (sequence_length, encoder_sequence_length), dim=1
+        )
         hidden_states = attn.to_out[0](hidden_states)
         hidden_states = attn.to_out[1](hidden_states)
         if hasattr(attn, "to_add_out"):
@@ -169,9 +185,13 @@ class MochiAttnProcessor2_0(_dap.MochiAttnProcessor2_0):
         return hidden_states, encoder_hidden_states
 
 
-FAMILY = register(Family(
-    name="mochi",
-    rotary_class=qualified_name(_dmochi.MochiRoPE),
-    replace=MochiRoPE.from_diffusers,
-    processors={qualified_name(_dap.MochiAttnProcessor2_0): MochiAttnProcessor2_0.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="mochi",
+        rotary_class=qualified_name(_dmochi.MochiRoPE),
+        replace=MochiRoPE.from_diffusers,
+        processors={
+            qualified_name(_dap.MochiAttnProcessor2_0): MochiAttnProcessor2_0.from_diffusers
+        },
+    )
+)

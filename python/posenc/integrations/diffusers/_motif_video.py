@@ -32,8 +32,11 @@ from ._hunyuan_video import HunyuanVideoRotaryPosEmbed, hunyuan_grid
 from ._registry import Family, qualified_name, register
 from ._wan import carry_settings
 
-__all__ = ["MotifVideoRotaryPosEmbed", "MotifVideoAttnProcessor2_0",
-           "MotifVideoCrossAttnProcessor2_0"]
+__all__ = [
+    "MotifVideoRotaryPosEmbed",
+    "MotifVideoAttnProcessor2_0",
+    "MotifVideoCrossAttnProcessor2_0",
+]
 
 
 class MotifVideoRotaryPosEmbed(HunyuanVideoRotaryPosEmbed):
@@ -41,11 +44,16 @@ class MotifVideoRotaryPosEmbed(HunyuanVideoRotaryPosEmbed):
 
     def forward(self, hidden_states: torch.Tensor):
         if hidden_states.dim() != 5:
-            raise ValueError(f"posenc MotifVideoRotaryPosEmbed: hidden_states must be "
-                             f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"posenc MotifVideoRotaryPosEmbed: hidden_states must be "
+                f"[B, C, F, H, W], got shape {tuple(hidden_states.shape)}"
+            )
         _, _, num_frames, height, width = hidden_states.shape
-        sizes = [num_frames // self.patch_size_t, height // self.patch_size,
-                 width // self.patch_size]
+        sizes = [
+            num_frames // self.patch_size_t,
+            height // self.patch_size,
+            width // self.patch_size,
+        ]
         device = hidden_states.device
         freqs_dtype = adjusted_float64(device)
         ladders = [frequencies(d, self.theta, freqs_dtype, device) for d in self.rope_dim]
@@ -57,7 +65,7 @@ class MotifVideoAttnProcessor2_0(_dmv.MotifVideoAttnProcessor2_0):
 
     def __call__(
         self,
-        attn: "_dmv.MotifVideoAttention",
+        attn: _dmv.MotifVideoAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
@@ -79,14 +87,19 @@ class MotifVideoAttnProcessor2_0(_dmv.MotifVideoAttnProcessor2_0):
         if image_rotary_emb is not None:  # posenc's rotation
             if attn.add_q_proj is None and encoder_hidden_states is not None:
                 split_idx = -encoder_hidden_states.shape[1]
-                q_rot, k_rot = apply_rotary_emb_qk(query[:, :split_idx, :, :],
-                                                   key[:, :split_idx, :, :], image_rotary_emb,
-                                                   sequence_dim=1, fused=True)
+                q_rot, k_rot = apply_rotary_emb_qk(
+                    query[:, :split_idx, :, :],
+                    key[:, :split_idx, :, :],
+                    image_rotary_emb,
+                    sequence_dim=1,
+                    fused=True,
+                )
                 query = torch.cat([q_rot, query[:, split_idx:, :, :]], dim=1)
                 key = torch.cat([k_rot, key[:, split_idx:, :, :]], dim=1)
             else:
-                query, key = apply_rotary_emb_qk(query, key, image_rotary_emb, sequence_dim=1,
-                                                 fused=True)
+                query, key = apply_rotary_emb_qk(
+                    query, key, image_rotary_emb, sequence_dim=1, fused=True
+                )
 
         if attn.add_q_proj is not None and encoder_hidden_states is not None:
             encoder_query = attn.add_q_proj(encoder_hidden_states)
@@ -104,15 +117,20 @@ class MotifVideoAttnProcessor2_0(_dmv.MotifVideoAttnProcessor2_0):
             value = torch.cat([value, encoder_value], dim=1)
 
         hidden_states = _dmv.dispatch_attention_fn(
-            query, key, value, attn_mask=attention_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=attention_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
 
         if encoder_hidden_states is not None:
             hidden_states, encoder_hidden_states = (
                 hidden_states[:, : -encoder_hidden_states.shape[1]],
-                hidden_states[:, -encoder_hidden_states.shape[1]:],
+                hidden_states[:, -encoder_hidden_states.shape[1] :],
             )
             if attn.to_out is not None:
                 hidden_states = attn.to_out[0](hidden_states)
@@ -127,7 +145,7 @@ class MotifVideoAttnProcessor2_0(_dmv.MotifVideoAttnProcessor2_0):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "MotifVideoAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> MotifVideoAttnProcessor2_0:
         return carry_settings(cls(), processor)
 
 
@@ -136,7 +154,7 @@ class MotifVideoCrossAttnProcessor2_0(_dmv.MotifVideoCrossAttnProcessor2_0):
 
     def __call__(
         self,
-        attn: "_dmv.MotifVideoCrossAttention",
+        attn: _dmv.MotifVideoCrossAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
@@ -161,8 +179,13 @@ class MotifVideoCrossAttnProcessor2_0(_dmv.MotifVideoCrossAttnProcessor2_0):
         if image_rotary_emb is not None:  # posenc's rotation, of the queries only
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
         hidden_states = _dmv.dispatch_attention_fn(
-            query, key, value, attn_mask=text_mask, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            query,
+            key,
+            value,
+            attn_mask=text_mask,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
         hidden_states = attn.to_out[0](hidden_states)
@@ -170,17 +193,22 @@ class MotifVideoCrossAttnProcessor2_0(_dmv.MotifVideoCrossAttnProcessor2_0):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "MotifVideoCrossAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> MotifVideoCrossAttnProcessor2_0:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="motif_video",
-    rotary_class=qualified_name(_dmv.MotifVideoRotaryPosEmbed),
-    replace=MotifVideoRotaryPosEmbed.from_diffusers,
-    processors={
-        qualified_name(_dmv.MotifVideoAttnProcessor2_0): MotifVideoAttnProcessor2_0.from_diffusers,
-        qualified_name(_dmv.MotifVideoCrossAttnProcessor2_0):
-            MotifVideoCrossAttnProcessor2_0.from_diffusers,
-    },
-))
+FAMILY = register(
+    Family(
+        name="motif_video",
+        rotary_class=qualified_name(_dmv.MotifVideoRotaryPosEmbed),
+        replace=MotifVideoRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dmv.MotifVideoAttnProcessor2_0
+            ): MotifVideoAttnProcessor2_0.from_diffusers,
+            qualified_name(
+                _dmv.MotifVideoCrossAttnProcessor2_0
+            ): MotifVideoCrossAttnProcessor2_0.from_diffusers,
+        },
+    )
+)

@@ -39,7 +39,6 @@ apply_rotary_emb_qwen, keeping diffusers' output exactly.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -48,8 +47,12 @@ from diffusers.models.transformers import transformer_qwenimage as _dqwen
 from . import _common
 from ._registry import Family, qualified_name, register
 
-__all__ = ["QwenEmbedRope", "QwenEmbedLayer3DRope", "QwenDoubleStreamAttnProcessor2_0",
-           "rotate_complex"]
+__all__ = [
+    "QwenEmbedRope",
+    "QwenEmbedLayer3DRope",
+    "QwenDoubleStreamAttnProcessor2_0",
+    "rotate_complex",
+]
 
 _NAME = "posenc.integrations.diffusers.QwenEmbedRope"
 _logger = logging.getLogger(__name__)
@@ -97,18 +100,21 @@ def _posenc_rotates(x: torch.Tensor) -> bool:
 class QwenEmbedRope(_common.DiffusersRotary):
     """diffusers' QwenEmbedRope (the same settings, tables and forward) for posenc's processor."""
 
-    def __init__(self, theta: int, axes_dim: List[int], scale_rope: bool = False) -> None:
+    def __init__(self, theta: int, axes_dim: list[int], scale_rope: bool = False) -> None:
         super().__init__()
         if len(axes_dim) != 3 or any(not isinstance(d, int) or d <= 0 or d % 2 for d in axes_dim):
-            raise ValueError(f"{_NAME}: axes_dim must be three positive even integers, got "
-                             f"{list(axes_dim)!r}")
+            raise ValueError(
+                f"{_NAME}: axes_dim must be three positive even integers, got {list(axes_dim)!r}"
+            )
         pairs = sum(axes_dim) // 2
         if pairs % _VECTOR_STEP != 0:
-            raise ValueError(f"{_NAME}: a head of {sum(axes_dim)} channels ({pairs} pairs) is "
-                             f"not computed by posenc: diffusers rotates the last "
-                             f"{pairs % _VECTOR_STEP} pairs of each row with ATen's scalar "
-                             f"complex product (a fused multiply-add); heads with a multiple of "
-                             f"{2 * _VECTOR_STEP} channels are")
+            raise ValueError(
+                f"{_NAME}: a head of {sum(axes_dim)} channels ({pairs} pairs) is "
+                f"not computed by posenc: diffusers rotates the last "
+                f"{pairs % _VECTOR_STEP} pairs of each row with ATen's scalar "
+                f"complex product (a fused multiply-add); heads with a multiple of "
+                f"{2 * _VECTOR_STEP} channels are"
+            )
         self.theta = theta
         self.axes_dim = list(axes_dim)
         self.scale_rope = scale_rope
@@ -118,32 +124,40 @@ class QwenEmbedRope(_common.DiffusersRotary):
         self.neg_freqs = torch.cat([self.rope_params(neg_index, d, theta) for d in axes_dim], dim=1)
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "QwenEmbedRope":
+    def from_diffusers(cls, module: torch.nn.Module) -> QwenEmbedRope:
         new = cls(module.theta, module.axes_dim, module.scale_rope)
         for name in ("pos_freqs", "neg_freqs"):
             theirs, ours = getattr(module, name), getattr(new, name)
-            if theirs.shape != ours.shape or theirs.dtype != ours.dtype or \
-                    not torch.equal(theirs.cpu(), ours):
-                raise ValueError(f"{_NAME}: the module's {name} is not what its settings give "
-                                 f"(theta {module.theta}, axes_dim {module.axes_dim})")
+            if (
+                theirs.shape != ours.shape
+                or theirs.dtype != ours.dtype
+                or not torch.equal(theirs.cpu(), ours)
+            ):
+                raise ValueError(
+                    f"{_NAME}: the module's {name} is not what its settings give "
+                    f"(theta {module.theta}, axes_dim {module.axes_dim})"
+                )
         return new
 
     @staticmethod
     def rope_params(index: torch.Tensor, dim: int, theta=10000) -> torch.Tensor:
         """diffusers' rows: polar(1, outer(index, 1 / theta ** (arange(0, dim, 2) / dim)))."""
-        freqs = torch.outer(index, 1.0 / torch.pow(theta, torch.arange(0, dim, 2)
-                                                   .to(torch.float32).div(dim)))
+        freqs = torch.outer(
+            index, 1.0 / torch.pow(theta, torch.arange(0, dim, 2).to(torch.float32).div(dim))
+        )
         return torch.polar(torch.ones_like(freqs), freqs)
 
-    def _get_device_freqs(self, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _get_device_freqs(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         return self.pos_freqs.to(device), self.neg_freqs.to(device)
 
     def _rows(self, height: int, width: int, freqs_pos, freqs_neg, frame, frame_count: int):
         if self.scale_rope:
-            freqs_height = torch.cat([freqs_neg[1][-(height - height // 2):],
-                                      freqs_pos[1][: height // 2]], dim=0)
-            freqs_width = torch.cat([freqs_neg[2][-(width - width // 2):],
-                                     freqs_pos[2][: width // 2]], dim=0)
+            freqs_height = torch.cat(
+                [freqs_neg[1][-(height - height // 2) :], freqs_pos[1][: height // 2]], dim=0
+            )
+            freqs_width = torch.cat(
+                [freqs_neg[2][-(width - width // 2) :], freqs_pos[2][: width // 2]], dim=0
+            )
         else:
             freqs_height = freqs_pos[1][:height]
             freqs_width = freqs_pos[2][:width]
@@ -154,23 +168,30 @@ class QwenEmbedRope(_common.DiffusersRotary):
         return freqs.reshape(frame_count * height * width, -1).clone().contiguous()
 
     def _split(self, device):
-        pos_freqs, neg_freqs = (self._get_device_freqs(device) if device is not None
-                                else (self.pos_freqs, self.neg_freqs))
+        pos_freqs, neg_freqs = (
+            self._get_device_freqs(device)
+            if device is not None
+            else (self.pos_freqs, self.neg_freqs)
+        )
         halves = [x // 2 for x in self.axes_dim]
         return pos_freqs.split(halves, dim=1), neg_freqs.split(halves, dim=1)
 
-    def _compute_video_freqs(self, frame: int, height: int, width: int, idx: int = 0,
-                             device=None) -> torch.Tensor:
+    def _compute_video_freqs(
+        self, frame: int, height: int, width: int, idx: int = 0, device=None
+    ) -> torch.Tensor:
         freqs_pos, freqs_neg = self._split(device)
-        return self._rows(height, width, freqs_pos, freqs_neg, freqs_pos[0][idx: idx + frame],
-                          frame)
+        return self._rows(
+            height, width, freqs_pos, freqs_neg, freqs_pos[0][idx : idx + frame], frame
+        )
 
     def _first_shapes(self, video_fhw, what: str):
         if isinstance(video_fhw, list) and len(video_fhw) > 1:
             first = video_fhw[0]
             if not all(fhw == first for fhw in video_fhw):
-                _logger.warning(f"Batch inference with variable-sized images is not currently "
-                                f"supported in {what}; using the first image's {first}")
+                _logger.warning(
+                    f"Batch inference with variable-sized images is not currently "
+                    f"supported in {what}; using the first image's {first}"
+                )
         if isinstance(video_fhw, list):
             video_fhw = video_fhw[0]
         if not isinstance(video_fhw, list):
@@ -180,10 +201,11 @@ class QwenEmbedRope(_common.DiffusersRotary):
     def _text(self, max_vid_index: int, max_txt_seq_len, device) -> torch.Tensor:
         pos_freqs_device, _ = self._get_device_freqs(device)
         count = int(max_txt_seq_len)
-        return pos_freqs_device[max_vid_index: max_vid_index + count, ...]
+        return pos_freqs_device[max_vid_index : max_vid_index + count, ...]
 
-    def forward(self, video_fhw, device=None, max_txt_seq_len=None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, video_fhw, device=None, max_txt_seq_len=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if max_txt_seq_len is None:
             raise ValueError("`max_txt_seq_len` must be provided.")
         video_fhw = self._first_shapes(video_fhw, "QwenEmbedRope")
@@ -203,13 +225,13 @@ class QwenEmbedRope(_common.DiffusersRotary):
 class QwenEmbedLayer3DRope(QwenEmbedRope):
     """diffusers' QwenEmbedLayer3DRope (layers of one image, the last one the condition)."""
 
-    def _compute_condition_freqs(self, frame: int, height: int, width: int,
-                                 device=None) -> torch.Tensor:
+    def _compute_condition_freqs(
+        self, frame: int, height: int, width: int, device=None
+    ) -> torch.Tensor:
         freqs_pos, freqs_neg = self._split(device)
         return self._rows(height, width, freqs_pos, freqs_neg, freqs_neg[0][-1:], frame)
 
-    def forward(self, video_fhw, max_txt_seq_len, device=None
-                ) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, video_fhw, max_txt_seq_len, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         video_fhw = self._first_shapes(video_fhw, "QwenEmbedLayer3DRope")
         vid_freqs = []
         max_vid_index = 0
@@ -239,7 +261,7 @@ class QwenDoubleStreamAttnProcessor2_0(_dqwen.QwenDoubleStreamAttnProcessor2_0):
     """diffusers' QwenDoubleStreamAttnProcessor2_0 with the rotation computed by posenc."""
 
     @classmethod
-    def from_diffusers(cls, processor) -> "QwenDoubleStreamAttnProcessor2_0":
+    def from_diffusers(cls, processor) -> QwenDoubleStreamAttnProcessor2_0:
         new = cls()
         for setting in ("_attention_backend", "_parallel_config"):
             if setting in vars(processor):
@@ -252,20 +274,24 @@ class QwenDoubleStreamAttnProcessor2_0(_dqwen.QwenDoubleStreamAttnProcessor2_0):
         hidden_states: torch.FloatTensor,
         encoder_hidden_states: torch.FloatTensor = None,
         encoder_hidden_states_mask: torch.FloatTensor = None,
-        attention_mask: Optional[torch.FloatTensor] = None,
-        image_rotary_emb: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        attention_mask: torch.FloatTensor | None = None,
+        image_rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if encoder_hidden_states is None:
-            raise ValueError("QwenDoubleStreamAttnProcessor2_0 requires encoder_hidden_states "
-                             "(text stream)")
+            raise ValueError(
+                "QwenDoubleStreamAttnProcessor2_0 requires encoder_hidden_states (text stream)"
+            )
         if attention_mask is not None:
-            raise ValueError("QwenDoubleStreamAttnProcessor2_0 does not accept an external "
-                             "attention_mask. Pass encoder_hidden_states_mask to let the "
-                             "processor build the joint mask.")
+            raise ValueError(
+                "QwenDoubleStreamAttnProcessor2_0 does not accept an external "
+                "attention_mask. Pass encoder_hidden_states_mask to let the "
+                "processor build the joint mask."
+            )
         if encoder_hidden_states_mask is not None:
             seq_img = hidden_states.shape[1]
-            image_mask = torch.ones((hidden_states.shape[0], seq_img), dtype=torch.bool,
-                                    device=hidden_states.device)
+            image_mask = torch.ones(
+                (hidden_states.shape[0], seq_img), dtype=torch.bool, device=hidden_states.device
+            )
             attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)
             attention_mask = attention_mask[:, None, None, :]
         seq_txt = encoder_hidden_states.shape[1]
@@ -303,9 +329,15 @@ class QwenDoubleStreamAttnProcessor2_0(_dqwen.QwenDoubleStreamAttnProcessor2_0):
         joint_key = torch.cat([txt_key, img_key], dim=1)
         joint_value = torch.cat([txt_value, img_value], dim=1)
         joint_hidden_states = dispatch_attention_fn(
-            joint_query, joint_key, joint_value, attn_mask=attention_mask, dropout_p=0.0,
-            is_causal=False, backend=self._attention_backend,
-            parallel_config=self._parallel_config)
+            joint_query,
+            joint_key,
+            joint_value,
+            attn_mask=attention_mask,
+            dropout_p=0.0,
+            is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=self._parallel_config,
+        )
         joint_hidden_states = joint_hidden_states.flatten(2, 3)
         joint_hidden_states = joint_hidden_states.to(joint_query.dtype)
         txt_attn_output = joint_hidden_states[:, :seq_txt, :]
@@ -317,15 +349,22 @@ class QwenDoubleStreamAttnProcessor2_0(_dqwen.QwenDoubleStreamAttnProcessor2_0):
         return img_attn_output, txt_attn_output
 
 
-register(Family(
-    name="qwenimage",
-    rotary_class=qualified_name(_dqwen.QwenEmbedRope),
-    replace=QwenEmbedRope.from_diffusers,
-    processors={qualified_name(_dqwen.QwenDoubleStreamAttnProcessor2_0):
-                QwenDoubleStreamAttnProcessor2_0.from_diffusers},
-))
-register(Family(
-    name="qwenimage_layer3d",
-    rotary_class=qualified_name(_dqwen.QwenEmbedLayer3DRope),
-    replace=QwenEmbedLayer3DRope.from_diffusers,
-))
+register(
+    Family(
+        name="qwenimage",
+        rotary_class=qualified_name(_dqwen.QwenEmbedRope),
+        replace=QwenEmbedRope.from_diffusers,
+        processors={
+            qualified_name(
+                _dqwen.QwenDoubleStreamAttnProcessor2_0
+            ): QwenDoubleStreamAttnProcessor2_0.from_diffusers
+        },
+    )
+)
+register(
+    Family(
+        name="qwenimage_layer3d",
+        rotary_class=qualified_name(_dqwen.QwenEmbedLayer3DRope),
+        replace=QwenEmbedLayer3DRope.from_diffusers,
+    )
+)

@@ -20,8 +20,9 @@ applied outside a processor (then the rotary module's replacement is the whole p
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping
+from typing import Callable
 
 import torch
 
@@ -36,8 +37,8 @@ class Family:
     processors: Mapping[str, Callable[[object], object]] = field(default_factory=dict)
 
 
-FAMILIES: List[Family] = []
-_BY_CLASS: Dict[str, Family] = {}
+FAMILIES: list[Family] = []
+_BY_CLASS: dict[str, Family] = {}
 
 
 def qualified_name(obj_or_type) -> str:
@@ -49,8 +50,10 @@ def qualified_name(obj_or_type) -> str:
 def register(family: Family) -> Family:
     """Adds a family to the table; a second family for the same rotary class is a bug."""
     if family.rotary_class in _BY_CLASS:
-        raise RuntimeError(f"posenc.integrations.diffusers: {family.rotary_class} is registered "
-                           f"twice ({_BY_CLASS[family.rotary_class].name}, {family.name})")
+        raise RuntimeError(
+            f"posenc.integrations.diffusers: {family.rotary_class} is registered "
+            f"twice ({_BY_CLASS[family.rotary_class].name}, {family.name})"
+        )
     FAMILIES.append(family)
     _BY_CLASS[family.rotary_class] = family
     return family

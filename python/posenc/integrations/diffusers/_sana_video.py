@@ -34,15 +34,17 @@ class SanaLinearAttnProcessor3_0(_dsv.SanaLinearAttnProcessor3_0):
 
     def __call__(
         self,
-        attn: "_dsv.Attention",
+        attn: _dsv.Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rotary_emb: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if rotary_emb is None:
-            raise ValueError("posenc SanaLinearAttnProcessor3_0: rotary_emb is required "
-                             "(diffusers' processor fails without it)")
+            raise ValueError(
+                "posenc SanaLinearAttnProcessor3_0: rotary_emb is required "
+                "(diffusers' processor fails without it)"
+            )
         original_dtype = hidden_states.dtype
         if encoder_hidden_states is None:
             encoder_hidden_states = hidden_states
@@ -78,14 +80,19 @@ class SanaLinearAttnProcessor3_0(_dsv.SanaLinearAttnProcessor3_0):
         return hidden_states
 
     @classmethod
-    def from_diffusers(cls, processor) -> "SanaLinearAttnProcessor3_0":
+    def from_diffusers(cls, processor) -> SanaLinearAttnProcessor3_0:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="sana_video",
-    rotary_class=qualified_name(_dsv.WanRotaryPosEmbed),
-    replace=SanaVideoRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dsv.SanaLinearAttnProcessor3_0):
-                SanaLinearAttnProcessor3_0.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="sana_video",
+        rotary_class=qualified_name(_dsv.WanRotaryPosEmbed),
+        replace=SanaVideoRotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(
+                _dsv.SanaLinearAttnProcessor3_0
+            ): SanaLinearAttnProcessor3_0.from_diffusers
+        },
+    )
+)

@@ -28,24 +28,35 @@ class SkyReelsV2AttnProcessor(_ds.SkyReelsV2AttnProcessor):
 
     def __call__(
         self,
-        attn: "_ds.SkyReelsV2Attention",
+        attn: _ds.SkyReelsV2Attention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return _wan_call(self, _ds, attn, hidden_states, encoder_hidden_states, attention_mask,
-                         rotary_emb, skyreels=True)
+        return _wan_call(
+            self,
+            _ds,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            rotary_emb,
+            skyreels=True,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "SkyReelsV2AttnProcessor":
+    def from_diffusers(cls, processor) -> SkyReelsV2AttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="skyreels_v2",
-    rotary_class=qualified_name(_ds.SkyReelsV2RotaryPosEmbed),
-    replace=SkyReelsV2RotaryPosEmbed.from_diffusers,
-    processors={
-        qualified_name(_ds.SkyReelsV2AttnProcessor): SkyReelsV2AttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="skyreels_v2",
+        rotary_class=qualified_name(_ds.SkyReelsV2RotaryPosEmbed),
+        replace=SkyReelsV2RotaryPosEmbed.from_diffusers,
+        processors={
+            qualified_name(_ds.SkyReelsV2AttnProcessor): SkyReelsV2AttnProcessor.from_diffusers
+        },
+    )
+)

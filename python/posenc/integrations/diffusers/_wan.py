@@ -45,15 +45,24 @@ def wan_axes(attention_head_dim: int):
 class WanRotaryPosEmbed(DiffusersRotary):
     """diffusers' WanRotaryPosEmbed (and SkyReelsV2RotaryPosEmbed), tables by posenc's operator."""
 
-    def __init__(self, attention_head_dim: int, patch_size, max_seq_len: int,
-                 theta: float = 10000.0, freqs_dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        attention_head_dim: int,
+        patch_size,
+        max_seq_len: int,
+        theta: float = 10000.0,
+        freqs_dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         if attention_head_dim < 6 or attention_head_dim % 2:
-            raise ValueError(f"posenc WanRotaryPosEmbed: attention_head_dim must be even and >= 6, "
-                             f"got {attention_head_dim}")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: attention_head_dim must be even and >= 6, "
+                f"got {attention_head_dim}"
+            )
         if max_seq_len < 1:
-            raise ValueError(f"posenc WanRotaryPosEmbed: max_seq_len must be >= 1, "
-                             f"got {max_seq_len}")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: max_seq_len must be >= 1, got {max_seq_len}"
+            )
         self.attention_head_dim = attention_head_dim
         self.patch_size = patch_size
         self.max_seq_len = max_seq_len
@@ -69,38 +78,48 @@ class WanRotaryPosEmbed(DiffusersRotary):
         self.register_buffer("freqs_sin", sin, persistent=False)
 
     @classmethod
-    def from_diffusers(cls, module: torch.nn.Module) -> "WanRotaryPosEmbed":
+    def from_diffusers(cls, module: torch.nn.Module) -> WanRotaryPosEmbed:
         """posenc's module for diffusers' one, its tables checked equal to the module's own."""
         ours = cls(module.attention_head_dim, module.patch_size, module.max_seq_len)
         theirs = (module.freqs_cos, module.freqs_sin)
         if theirs[0].device.type == "meta":
-            raise ValueError("posenc WanRotaryPosEmbed: its tables are on the meta device (not "
-                             "materialised); patch the model after loading it")
+            raise ValueError(
+                "posenc WanRotaryPosEmbed: its tables are on the meta device (not "
+                "materialised); patch the model after loading it"
+            )
         ours.to(device=theirs[0].device)
         ours.freqs_cos = ours.freqs_cos.to(theirs[0].dtype)
         ours.freqs_sin = ours.freqs_sin.to(theirs[1].dtype)
         split = tuple(getattr(module, n, None) for n in ("t_dim", "h_dim", "w_dim"))
         if None not in split and split != (ours.t_dim, ours.h_dim, ours.w_dim):
-            raise ValueError(f"posenc WanRotaryPosEmbed: its split "
-                             f"{(module.t_dim, module.h_dim, module.w_dim)} is not diffusers' "
-                             f"{(ours.t_dim, ours.h_dim, ours.w_dim)} for "
-                             f"D={module.attention_head_dim}")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: its split "
+                f"{(module.t_dim, module.h_dim, module.w_dim)} is not diffusers' "
+                f"{(ours.t_dim, ours.h_dim, ours.w_dim)} for "
+                f"D={module.attention_head_dim}"
+            )
         why = same_tables((ours.freqs_cos, ours.freqs_sin), theirs)
         if why is not None:
-            raise ValueError(f"posenc WanRotaryPosEmbed: its tables are not what its settings give "
-                             f"with theta 1e4 ({why}); another theta or a cast buffer")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: its tables are not what its settings give "
+                f"with theta 1e4 ({why}); another theta or a cast buffer"
+            )
         return ours
 
     def forward(self, hidden_states: torch.Tensor):
         if hidden_states.dim() != 5:
-            raise ValueError(f"posenc WanRotaryPosEmbed: hidden_states must be [B, C, F, H, W], "
-                             f"got shape {tuple(hidden_states.shape)}")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: hidden_states must be [B, C, F, H, W], "
+                f"got shape {tuple(hidden_states.shape)}"
+            )
         _, _, num_frames, height, width = hidden_states.shape
         p_t, p_h, p_w = self.patch_size
         ppf, pph, ppw = num_frames // p_t, height // p_h, width // p_w
         if max(ppf, pph, ppw) > self.max_seq_len:
-            raise ValueError(f"posenc WanRotaryPosEmbed: the grid {(ppf, pph, ppw)} exceeds "
-                             f"max_seq_len {self.max_seq_len}")
+            raise ValueError(
+                f"posenc WanRotaryPosEmbed: the grid {(ppf, pph, ppw)} exceeds "
+                f"max_seq_len {self.max_seq_len}"
+            )
         split_sizes = [self.t_dim, self.h_dim, self.w_dim]
         out = []
         for table in (self.freqs_cos, self.freqs_sin):  # diffusers' gather, op for op
@@ -112,25 +131,37 @@ class WanRotaryPosEmbed(DiffusersRotary):
         return out[0], out[1]
 
 
-def rotate_wan(query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor,
-               freqs_sin: torch.Tensor):
+def rotate_wan(
+    query: torch.Tensor, key: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor
+):
     """Wan's apply_rotary_emb of q and k ([B, N, H, D]; tables [1, N, 1, D]), posenc's operator."""
     if freqs_cos.dim() != 4 or freqs_cos.shape[2] != 1 or freqs_sin.shape != freqs_cos.shape:
-        raise ValueError(f"posenc Wan rotation: tables must be [1, N, 1, D] of one shape, got "
-                         f"{tuple(freqs_cos.shape)} and {tuple(freqs_sin.shape)}")
+        raise ValueError(
+            f"posenc Wan rotation: tables must be [1, N, 1, D] of one shape, got "
+            f"{tuple(freqs_cos.shape)} and {tuple(freqs_sin.shape)}"
+        )
     cos_pairs = freqs_cos[..., 0::2].squeeze(2)  # [1, N, D/2]: the even columns, as Wan reads
     sin_pairs = freqs_sin[..., 1::2].squeeze(2)  # the odd columns
     if fused_takes(query, key, cos_pairs, sin_pairs):
-        return torch.ops.posenc.rope_rotate_qk(query, key, cos_pairs, sin_pairs, "interleaved",
-                                               False)
+        return torch.ops.posenc.rope_rotate_qk(
+            query, key, cos_pairs, sin_pairs, "interleaved", False
+        )
     cos = cos_pairs.repeat_interleave(2, dim=-1)  # [1, N, D]: c0 c0 c1 c1 ...
     sin = sin_pairs.repeat_interleave(2, dim=-1)
     q, k = torch.ops.posenc.apply_rotary(query, key, cos, sin, 2, "interleaved")
     return q.to(query.dtype), k.to(key.dtype)
 
 
-def _wan_call(processor, diffusers_module, attn, hidden_states, encoder_hidden_states,
-              attention_mask, rotary_emb, skyreels: bool):
+def _wan_call(
+    processor,
+    diffusers_module,
+    attn,
+    hidden_states,
+    encoder_hidden_states,
+    attention_mask,
+    rotary_emb,
+    skyreels: bool,
+):
     """WanAttnProcessor.__call__ (SkyReelsV2AttnProcessor's with `skyreels`), the rotation
     posenc's; every other line as diffusers' (its helpers and dispatch_attention_fn)."""
     dispatch_attention_fn = diffusers_module.dispatch_attention_fn
@@ -141,8 +172,9 @@ def _wan_call(processor, diffusers_module, attn, hidden_states, encoder_hidden_s
         encoder_hidden_states_img = encoder_hidden_states[:, :image_context_length]
         encoder_hidden_states = encoder_hidden_states[:, image_context_length:]
 
-    query, key, value = diffusers_module._get_qkv_projections(attn, hidden_states,
-                                                              encoder_hidden_states)
+    query, key, value = diffusers_module._get_qkv_projections(
+        attn, hidden_states, encoder_hidden_states
+    )
     query = attn.norm_q(query)
     key = attn.norm_k(key)
     query = query.unflatten(2, (attn.heads, -1))
@@ -154,15 +186,22 @@ def _wan_call(processor, diffusers_module, attn, hidden_states, encoder_hidden_s
 
     hidden_states_img = None
     if encoder_hidden_states_img is not None:  # I2V
-        key_img, value_img = diffusers_module._get_added_kv_projections(attn,
-                                                                        encoder_hidden_states_img)
+        key_img, value_img = diffusers_module._get_added_kv_projections(
+            attn, encoder_hidden_states_img
+        )
         key_img = attn.norm_added_k(key_img)
         key_img = key_img.unflatten(2, (attn.heads, -1))
         value_img = value_img.unflatten(2, (attn.heads, -1))
         hidden_states_img = dispatch_attention_fn(
-            query, key_img, value_img, attn_mask=None, dropout_p=0.0, is_causal=False,
+            query,
+            key_img,
+            value_img,
+            attn_mask=None,
+            dropout_p=0.0,
+            is_causal=False,
             backend=processor._attention_backend,
-            parallel_config=processor._parallel_config if skyreels else None)
+            parallel_config=processor._parallel_config if skyreels else None,
+        )
         hidden_states_img = hidden_states_img.flatten(2, 3)
         hidden_states_img = hidden_states_img.type_as(query)
 
@@ -171,8 +210,15 @@ def _wan_call(processor, diffusers_module, attn, hidden_states, encoder_hidden_s
     else:
         parallel_config = processor._parallel_config if encoder_hidden_states is None else None
     hidden_states = dispatch_attention_fn(
-        query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
-        backend=processor._attention_backend, parallel_config=parallel_config)
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=0.0,
+        is_causal=False,
+        backend=processor._attention_backend,
+        parallel_config=parallel_config,
+    )
     hidden_states = hidden_states.flatten(2, 3)
     hidden_states = hidden_states.type_as(query)
     if hidden_states_img is not None:
@@ -196,23 +242,33 @@ class WanAttnProcessor(_dw.WanAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dw.WanAttention",
+        attn: _dw.WanAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return _wan_call(self, _dw, attn, hidden_states, encoder_hidden_states, attention_mask,
-                         rotary_emb, skyreels=False)
+        return _wan_call(
+            self,
+            _dw,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            rotary_emb,
+            skyreels=False,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "WanAttnProcessor":
+    def from_diffusers(cls, processor) -> WanAttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="wan",
-    rotary_class=qualified_name(_dw.WanRotaryPosEmbed),
-    replace=WanRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dw.WanAttnProcessor): WanAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="wan",
+        rotary_class=qualified_name(_dw.WanRotaryPosEmbed),
+        replace=WanRotaryPosEmbed.from_diffusers,
+        processors={qualified_name(_dw.WanAttnProcessor): WanAttnProcessor.from_diffusers},
+    )
+)

@@ -29,23 +29,33 @@ class WanAnimateAttnProcessor(_dwa.WanAttnProcessor):
 
     def __call__(
         self,
-        attn: "_dwa.WanAttention",
+        attn: _dwa.WanAttention,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rotary_emb: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return _wan_call(self, _dwa, attn, hidden_states, encoder_hidden_states, attention_mask,
-                         rotary_emb, skyreels=False)
+        return _wan_call(
+            self,
+            _dwa,
+            attn,
+            hidden_states,
+            encoder_hidden_states,
+            attention_mask,
+            rotary_emb,
+            skyreels=False,
+        )
 
     @classmethod
-    def from_diffusers(cls, processor) -> "WanAnimateAttnProcessor":
+    def from_diffusers(cls, processor) -> WanAnimateAttnProcessor:
         return carry_settings(cls(), processor)
 
 
-FAMILY = register(Family(
-    name="wan_animate",
-    rotary_class=qualified_name(_dwa.WanRotaryPosEmbed),
-    replace=WanAnimateRotaryPosEmbed.from_diffusers,
-    processors={qualified_name(_dwa.WanAttnProcessor): WanAnimateAttnProcessor.from_diffusers},
-))
+FAMILY = register(
+    Family(
+        name="wan_animate",
+        rotary_class=qualified_name(_dwa.WanRotaryPosEmbed),
+        replace=WanAnimateRotaryPosEmbed.from_diffusers,
+        processors={qualified_name(_dwa.WanAttnProcessor): WanAnimateAttnProcessor.from_diffusers},
+    )
+)
