@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CUDA kernels' device code is unchanged by the launch macros (src/kernels/cuda/launch.cuh):
-# nvcc -ptx of src/kernels/cuda/*.cu at REF and in the working tree, byte for byte, for each
-# architecture the build targets (sm_80, sm_90). REF defaults to the commit before the one that
-# introduced POSENC_LAUNCH (or HEAD while it is not committed).
-#   scripts/check_ptx.sh [REF]        exit 0: identical; 1: differs; 77: no nvcc
+# nvcc -ptx of src/kernels/cuda/*.cu at REF and at AFTER, byte for byte, for each architecture the
+# build targets (sm_80, sm_90). Without arguments: the commit that introduced POSENC_LAUNCH against
+# its parent, the macros' change alone (later changes to the kernels are meant to change the PTX);
+# with REF and no AFTER: REF against the working tree.
+#   scripts/check_ptx.sh [REF [AFTER]]   exit 0: identical; 1: differs; 77: no nvcc
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
@@ -12,11 +13,13 @@ if [ ! -x "$nvcc" ]; then
   exit 77
 fi
 ref=${1:-}
+after_ref=${2:-}
 if [ -z "$ref" ]; then
   introduced=$(git -C "$root" log --format=%H -S'POSENC_LAUNCH' -- src/kernels/cuda/rope_cuda.cu |
     tail -n 1)
   ref=${introduced:+$introduced^}
   ref=${ref:-HEAD}
+  after_ref=$introduced
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -28,6 +31,8 @@ for side in before after; do
   mkdir -p "$tree/src/kernels" "$tree/include/posenc" "$tmp/$side"
   if [ $side = before ]; then
     git -C "$root" archive "$ref" src/kernels/cuda include/posenc/kernels | tar -x -C "$tree"
+  elif [ -n "$after_ref" ]; then
+    git -C "$root" archive "$after_ref" src/kernels/cuda include/posenc/kernels | tar -x -C "$tree"
   else
     cp -r "$root/src/kernels/cuda" "$tree/src/kernels/"
     cp -r "$root/include/posenc/kernels" "$tree/include/posenc/"
@@ -44,9 +49,10 @@ for cu in rope_cuda attention_cuda; do
     after="$tmp/after/$cu.sm_$arch.ptx"
     entries=$(grep -c '\.entry ' "$after" || true)
     if cmp -s "$tmp/before/$cu.sm_$arch.ptx" "$after"; then
-      echo "check_ptx: $cu.cu sm_$arch: identical to $ref ($(wc -c <"$after") bytes, $entries kernels)"
+      echo "check_ptx: $cu.cu sm_$arch: ${after_ref:-the working tree} identical to $ref" \
+        "($(wc -c <"$after") bytes, $entries kernels)"
     else
-      echo "check_ptx: $cu.cu sm_$arch: DIFFERS from $ref"
+      echo "check_ptx: $cu.cu sm_$arch: ${after_ref:-the working tree} DIFFERS from $ref"
       diff "$tmp/before/$cu.sm_$arch.ptx" "$after" | head -20
       status=1
     fi
