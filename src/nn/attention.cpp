@@ -149,6 +149,15 @@ at::Tensor attend(const AttentionRoute& route, const at::Tensor& q, const at::Te
       masks.key_padding = key_padding.defined() && key_padding.scalar_type() != torch::kBool
                               ? key_padding.to(torch::kBool)
                               : key_padding;
+      // the plan's ids per batch row [B, Nk] (a plan over unbatched positions holds [Nk])
+      auto per_row = [&](const at::Tensor& ids) {
+        return ids.to(q.device()).expand({q.size(0), k.size(1)}).contiguous();
+      };
+      if (plan.has_sample_mask()) masks.sample_ids = per_row(plan.sample_ids());
+      if (plan.has_variate_bias()) {
+        masks.variate_ids = per_row(plan.variate_ids());
+        masks.variate_bias = plan.variate_table();
+      }
       return attention_fused(q, k, v, route.fused, masks, scale, route.rotary);
     }
     case AttentionBackend::kReference:

@@ -83,10 +83,11 @@ std::string admit_fused(const AttentionCall& c, AttentionRoute& route) {
   if (c.prefix > 0) return "prefix tokens without position";
   if (c.plan.has_bias() && !c.plan.bias_describable())
     return "the bias is not one the kernel computes (materialized only)";
-  if (c.plan.has_variate_bias() || c.plan.has_sample_mask())
-    return "the variate bias and the sample mask are not in the fused kernel yet";
-  if (!c.plan.has_bias() && !c.key_padding && !(c.options.causal() && c.cached > 0))
-    return "nothing for it to add (no bias, key padding or cached causal keys)";
+  if ((c.plan.has_variate_bias() || c.plan.has_sample_mask()) && !c.q.device().is_cpu())
+    return "the variate bias and the sample mask are fused on the CPU only";
+  if (!c.plan.has_bias() && !c.plan.has_sample_mask() && !c.key_padding &&
+      !(c.options.causal() && c.cached > 0))
+    return "nothing for it to add (no bias, sample mask, key padding or cached causal keys)";
   auto fused = c.plan.fused_bias();
   if (!attention_fused_supported(*fused, c.q)) return "the fused kernel does not take these inputs";
   route.fused = fused;

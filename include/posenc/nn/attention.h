@@ -9,7 +9,8 @@
 //   out     = softmax(logits + masks) v W_o          [B, N, D]
 //   masks: causal, key padding, and the plan's packed samples (keys of the query's sample only)
 // Kernels: no bias and no padding -> torch's scaled_dot_product_attention; describable bias
-// parts (and padding, cached keys) -> posenc's fused kernel (RoPE applied inside its tiles on
+// parts (and padding, cached keys; on the CPU the variate part's ids and the packed samples'
+// sample ids, read per row in O(N)) -> posenc's fused kernel (RoPE applied inside its tiles on
 // the CPU when there is no cache); anything else -> the materialized reference.
 //
 // The temperature τ scales the content logits of query i in head h (the bias parts are not
