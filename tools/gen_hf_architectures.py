@@ -316,8 +316,9 @@ def partial_probe(cls, config, layer_type, force_default=False):
 
 
 # Probe values: no class's default, so a table or a loaded attribute holding one got there by the
-# key the probe set. None may reach the generated data (PROBE_VALUES; tests/python/
-# test_hf_generated.py reads every number of hf_defaults.inc against them).
+# key the probe set. None may reach the generated data (PROBE_VALUES: main() refuses to write one;
+# tests/python/test_hf_reads.py and tests/test_hf_architectures.cpp read every number of
+# hf_defaults.inc against them).
 LEGACY_THETA = 123456.0  # a top-level rope_theta
 PROBE_PARTIAL = 0.375  # a top-level partial_rotary_factor
 PROBE_LOCAL_BASE = 7777.0  # a flat rope_local_base_freq
