@@ -59,8 +59,8 @@ struct HfAxialUnit {
   std::string_view name;
   int64_t axes;     ///< position axes: 2 (row, column) or 3 (time, row, column)
   bool whole_head;  ///< the class sizes its rotary from the head, ignoring the factor
-  std::string_view section_layout;    ///< "contiguous" or "interleaved" (RopeSectionLayout)
-  std::vector<int64_t> section_axes;  ///< the axis each section reads (empty: in order)
+  std::string_view section_layout;         ///< "contiguous" or "interleaved" (RopeSectionLayout)
+  std::vector<int64_t> section_axes = {};  ///< the axis each section reads (empty: in order)
   bool dealt;  ///< one ladder over the rotary part dealt to the axes (RopeFrequencyOrder::kDealt);
                ///< else one ladder per axis (per_axis_frequencies)
   std::string_view source;      ///< the transformers code it follows
