@@ -38,17 +38,11 @@ HEAD = {
 
 
 def rows_of_table():
-    """model_type -> head size rule, from the C++ table's rows {"type", H::kRule, layout, ...}."""
+    """model_type -> head size rule, from the C++ table's designated-initializer rows
+    {.model_type = "type", .head = H::kRule, ...}; a row without .head takes the generic rule."""
     text = open(TABLE).read()
-    positional = r'\{"([^"]+)",\s*H::(k\w+),'  # {"type", H::kRule, ...}
-    designated = (
-        r'\{\.model_type = "([^"]+)",\s*\.head = H::(k\w+),'  # {.model_type = .., .head = ..}
-    )
-    return {
-        m.group(1): HEAD[m.group(2)]
-        for pattern in (positional, designated)
-        for m in re.finditer(pattern, text)
-    }
+    designated = r'\{\.model_type = "([^"]+)",(?:\s*\.head = H::(k\w+),)?'
+    return {m.group(1): HEAD[m.group(2) or "kGeneric"] for m in re.finditer(designated, text)}
 
 
 def rope_type(config, path, layer_type):
