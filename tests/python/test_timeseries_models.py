@@ -283,6 +283,12 @@ def test_chronos2_patch_refusals():
         )
     with pytest.raises(ValueError, match="not a padding mask"):
         mha(x, mask=torch.full((1, 1, 1, 5), -1.0), position_ids=torch.arange(5)[None])
+    # float32 activations, bfloat16 projections under autocast: Chronos rotates in bfloat16
+    with (
+        torch.autocast("cpu", torch.bfloat16),
+        pytest.raises(ValueError, match="projections, got torch.bfloat16"),
+    ):
+        mha(x, mask=torch.zeros(1, 1, 1, 5), position_ids=torch.arange(5)[None])
     posenc_chronos.unpatch(model)
 
 
@@ -848,6 +854,63 @@ def test_transformers_timesfm2_5_patch_equal():
     with CountOps() as ops:
         again = model(values, padding).last_hidden_state
     assert _attention_calls(ops) == 0 and torch.equal(again, want)
+
+
+def test_timesfm_rows_without_keys_take_the_peer():
+    """A left-padded query row sees no key: posenc gives 0 there, as SDPA with a boolean mask does,
+    but transformers' eager attention (finfo.min added) and timesfm's einsum attention
+    (_dot_product_attention) average the values: with left padding those run their own function,
+    every position equal (padded ones too); without padding posenc's kernel still runs."""
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    from transformers import TimesFm2_5Config
+
+    torch.manual_seed(0)
+    config = TimesFm2_5Config(
+        patch_length=4,
+        context_length=64,
+        horizon_length=8,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        output_quantile_len=8,
+        attn_implementation="eager",
+    )
+    model = tf.TimesFm2_5Model(config).eval()
+    values = torch.randn(3, 64)
+    padding = torch.zeros(3, 64, dtype=torch.long)
+    padding[1, :20] = 1
+    want = model(values, padding).last_hidden_state
+    posenc_timesfm.patch(model)
+    with CountOps() as ops:
+        got = model(values, padding).last_hidden_state
+    assert _attention_calls(ops) == 0 and torch.equal(got, want)
+    unpadded = torch.zeros_like(padding)
+    with CountOps() as ops:
+        got = model(values, unpadded).last_hidden_state
+    assert _attention_calls(ops) == 2
+    posenc_timesfm.unpatch(model)
+    _close(got, model(values, unpadded).last_hidden_state)
+
+    transformer = pytest.importorskip("timesfm.torch.transformer")
+    stack = _TimesFMStack(transformer, importlib.import_module("timesfm.configs")).eval()
+    for layer in stack.layers:
+        layer.attn.attention_fn = transformer._dot_product_attention
+    padded = _left_padding(3, 16)
+    x = torch.randn(3, 16, 64)
+    want = stack(x, padded)
+    posenc_timesfm.patch(stack)
+    with CountOps() as ops:
+        got = stack(x, padded)
+    assert _attention_calls(ops) == 0
+    _close(got, want)  # every position, the padded ones too (posenc's rotation: 1e-6)
+    with CountOps() as ops:
+        got = stack(x, torch.zeros_like(padded))
+    assert _attention_calls(ops) == 2
+    posenc_timesfm.unpatch(stack)
+    _close(got, stack(x, torch.zeros_like(padded)))
 
 
 # ---- Toto ------------------------------------------------------------------------------------

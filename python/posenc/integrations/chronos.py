@@ -27,11 +27,12 @@ attention_mask=keys kept). The result is Chronos' to float32 rounding (a tiled o
 not SDPA's: 1e-6 relative in tests/python/test_timeseries_models.py, outputs and gradients).
 
 Refused in one line (ValueError): a model without Chronos-2's RoPE attention, activations that
-are not float32 or float64 (Chronos rounds its tables and rotation to bfloat16/float16; posenc's
-kernel rotates in float32), and, at call time, what the fused attention does not compute:
-attention weights (output_attentions=True), dropout while training, a mask that is not a
-padding mask on the keys, a query row with every key masked (Chronos averages all the values
-there, posenc returns 0), and cross-attention. chronos is imported on first use.
+are not float32 or float64, autocast to another dtype included (Chronos rounds its tables and
+rotation to bfloat16/float16; posenc's kernel rotates in float32), and, at call time, what the
+fused attention does not compute: attention weights (output_attentions=True), dropout while
+training, a mask that is not a padding mask on the keys, a query row with every key masked
+(Chronos averages all the values there, posenc returns 0), and cross-attention. chronos is
+imported on first use.
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ def _time_attention(
     q = heads(self.q(hidden_states))
     k = heads(self.k(hidden_states))
     v = heads(self.v(hidden_states))
+    if q.dtype not in _DTYPES:  # autocast: float32 activations, bfloat16/float16 projections
+        raise ValueError(
+            f"posenc.integrations.chronos: float32 or float64 projections, got {q.dtype} "
+            f"(autocast; Chronos rounds its RoPE to that dtype, posenc rotates in float32)"
+        )
     # Chronos2RotaryEmbedding.forward: float32 angles p * inv_freq, autocast off, cat(t, t)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         cos, sin = rope_cos_sin(

@@ -22,7 +22,9 @@ posenc.rope_cos_sin(position, 1 / timescale) and the rotation by posenc.rope_rot
 D], tokens before heads); and its attention_fn -> posenc.positional_attention(causal=True,
 scale=1.0, attention_mask=the unpadded keys) where timesfm's mask is exactly that (the prefill:
 causal with the left padding masked); a mask of another form (decoding with a cache, whose
-queries sit at next_index in a longer buffer) runs timesfm's own attention function. timesfm
+queries sit at next_index in a longer buffer), or left padding (a query row that sees no key)
+under an attention_fn other than timesfm's SDPA one, runs timesfm's own attention function
+(posenc gives 0 on such a row, as SDPA does; an einsum softmax averages the values). timesfm
 divides the position by the timescale where posenc multiplies by its inverse, so the angles
 differ by at most one rounding: the patched forecasts equal timesfm's to 1e-6 relative
 (tests/python/test_timeseries_models.py), not to the bit; posenc's tiled softmax sums in
@@ -37,7 +39,9 @@ patch() replaces, on such a model, the rotary module's forward (posenc.rope_cos_
 tables to the bit) and each attention's forward (posenc.apply_rotary_pos_emb, transformers'
 rotation to the bit, then the module's own norms and scale, then posenc.positional_attention
 with causal=True and the unpadded keys, where the mask is causal with left padding; any other
-mask, a cache or output_attentions runs transformers' own forward): last hidden states and
+mask, a cache, output_attentions or left padding outside SDPA's boolean mask (eager attention
+averages the values on a row that sees no key, posenc gives 0) runs transformers' own
+forward): last hidden states and
 forecasts equal to 1e-6 (posenc's tiled softmax), forward and backward.
 
 Refused in one line (ValueError, nothing changed): a model without a timesfm MultiHeadAttention
@@ -89,6 +93,15 @@ def _rotary(self, inputs: torch.Tensor, position: torch.Tensor | None = None) ->
     return rope_rotate(inputs, cos[..., :half], sin[..., :half], "half")
 
 
+def _padded_rows_zero(kept: torch.Tensor, peer_gives_zero: bool) -> bool:
+    """Whether posenc's answer on the query rows that see no key (a left-padded row sees only
+    padding: every row when its first key, at 0, is padded) is the peer's. posenc gives 0 there;
+    SDPA with a boolean mask gives 0 too (torch >= 2.5), but timesfm's einsum attention
+    (_dot_product_attention, -max / 2 on the masked keys) and transformers' eager attention
+    (finfo.min added) average the values: those take the peer's own function."""
+    return peer_gives_zero or bool(kept[:, 0].all())
+
+
 def _attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -111,6 +124,8 @@ def _attention(
     kept = mask[:, 0, -1, :]  # the last query sees every key that is not padding
     causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril()
     if not torch.equal(mask[:, 0], causal & kept[:, None, :]):
+        return original(query, key, value, mask)
+    if not _padded_rows_zero(kept, original is _transformer()._torch_dot_product_attention):
         return original(query, key, value, mask)
     out = positional_attention(
         query.transpose(1, 2),
@@ -171,6 +186,11 @@ def _hf_attention(
         and not (self.training and self.attention_dropout > 0)
     ):
         kept = _causal_keys(attention_mask, batch, length, hidden_states.device)
+        sdpa = self.config._attn_implementation == "sdpa" and (
+            attention_mask is None or attention_mask.dtype == torch.bool
+        )
+        if kept is not None and not _padded_rows_zero(kept, sdpa):
+            kept = None
     if kept is None:  # transformers' own forward (its class's)
         return type(self).forward(
             self, hidden_states, position_embeddings, attention_mask, cache=cache, **kwargs
