@@ -283,6 +283,19 @@ def test_chronos2_patch_refusals():
         )
     with pytest.raises(ValueError, match="not a padding mask"):
         mha(x, mask=torch.full((1, 1, 1, 5), -1.0), position_ids=torch.arange(5)[None])
+    # a boolean mask: SDPA masks with it, Chronos' eager attention adds it (0 / 1, nothing masked)
+    kept = torch.tensor([[False, True, True, True, True]])[:, None, None, :]
+    posenc_chronos.unpatch(model)
+    want = mha(x, mask=kept, position_ids=torch.arange(5)[None])
+    posenc_chronos.patch(model)
+    got = mha(x, mask=kept, position_ids=torch.arange(5)[None])
+    _close(got.hidden_states, want.hidden_states)
+    eager = _chronos_model("eager")
+    posenc_chronos.patch(eager)
+    with pytest.raises(ValueError, match="boolean time mask under Chronos' eager attention"):
+        eager.encoder.block[0].layer[0].self_attention(
+            x, mask=kept, position_ids=torch.arange(5)[None]
+        )
     # float32 activations, bfloat16 projections under autocast: Chronos rotates in bfloat16
     with (
         torch.autocast("cpu", torch.bfloat16),

@@ -30,7 +30,8 @@ Refused in one line (ValueError): a model without Chronos-2's RoPE attention, ac
 are not float32 or float64, autocast to another dtype included (Chronos rounds its tables and
 rotation to bfloat16/float16; posenc's kernel rotates in float32), and, at call time, what the
 fused attention does not compute: attention weights (output_attentions=True), dropout while
-training, a mask that is not a padding mask on the keys, a query row with every key masked
+training, a mask that is not a padding mask on the keys (a boolean one under Chronos' eager
+attention, which adds it as 0 / 1), a query row with every key masked
 (Chronos averages all the values there, posenc returns 0), and cross-attention. chronos is
 imported on first use.
 """
@@ -61,8 +62,10 @@ def _layers():
         ) from None
 
 
-def _keys_kept(mask: torch.Tensor, batch: int, keys: int) -> torch.Tensor:
-    """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]."""
+def _keys_kept(mask: torch.Tensor, batch: int, keys: int, sdpa: bool) -> torch.Tensor:
+    """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]; a
+    boolean mask only where Chronos runs SDPA (its eager attention adds a boolean mask as 0 / 1:
+    nothing masked)."""
     if mask.dim() != 4 or mask.shape[0] != batch or mask.shape[2] != 1 or mask.shape[3] != keys:
         raise ValueError(
             f"posenc.integrations.chronos: the time attention takes a padding mask "
@@ -70,6 +73,11 @@ def _keys_kept(mask: torch.Tensor, batch: int, keys: int) -> torch.Tensor:
             f"{tuple(mask.shape)}"
         )
     if mask.dtype == torch.bool:
+        if not sdpa:
+            raise ValueError(
+                "posenc.integrations.chronos: a boolean time mask under Chronos' eager attention "
+                "(it adds the mask as 0 / 1, masking nothing); unpatch() for it"
+            )
         kept = mask
     else:
         low = torch.finfo(mask.dtype).min
@@ -129,7 +137,7 @@ def _time_attention(
             f"rotates in float32)"
         )
     batch, length, _ = hidden_states.shape
-    kept = _keys_kept(mask, batch, length)
+    kept = _keys_kept(mask, batch, length, self.config._attn_implementation == "sdpa")
 
     def heads(x: torch.Tensor) -> torch.Tensor:  # [B, N, H * D] -> [B, H, N, D]
         return x.view(batch, length, self.n_heads, self.kv_proj_dim).transpose(1, 2)
