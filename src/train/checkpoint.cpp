@@ -21,6 +21,7 @@
 
 #include "posenc/io/durable_file.h"
 #include "posenc/io/input_file.h"
+#include "posenc/train/safetensors.h"
 
 namespace posenc::train {
 
@@ -345,8 +346,18 @@ int64_t weights_checksum(torch::nn::Module& model) {
   return static_cast<int64_t>(sum.hash());
 }
 
+std::string safetensors_path(const std::string& path) {
+  const bool pt = path.size() > 3 && path.substr(path.size() - 3) == ".pt";
+  return (pt ? path.substr(0, path.size() - 3) : path) + ".safetensors";
+}
+
 void save_weights(const std::string& path, torch::nn::Module& model) {
-  write_file_atomically(path, torch_save_bytes(state_dict(model, /*for_file=*/true)));
+  const auto dict = state_dict(model, /*for_file=*/true);
+  write_file_atomically(path, torch_save_bytes(dict));
+  NamedTensors tensors;
+  for (const auto& item : dict)
+    tensors.emplace_back(item.key().toStringRef(), item.value().toTensor());
+  write_safetensors(safetensors_path(path), tensors, {{"format", "pt"}});
 }
 
 std::string previous_checkpoint_path(const std::string& path) {
@@ -380,11 +391,18 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
 
 void load_parameters(const std::string& path, torch::nn::Module& model) {
   TORCH_CHECK(std::filesystem::is_regular_file(path), "init: '", path,
-              "' is not a file (expected a run's weights.pt or checkpoint.pt)");
-  const auto loaded = torch_load_bytes(read_file(path), path);
-  TORCH_CHECK(loaded.isGenericDict(), "init: '", path, "' holds a ", loaded.tagKind(),
-              ", expected a {name: tensor} dict (weights.pt)");
-  auto dict = loaded.toGenericDict();
+              "' is not a file (expected a run's weights.pt, weights.safetensors or "
+              "checkpoint.pt)");
+  c10::impl::GenericDict dict = string_dict();
+  const bool safetensors = path.size() > 12 && path.substr(path.size() - 12) == ".safetensors";
+  if (safetensors) {
+    for (auto& [name, tensor] : read_safetensors(path)) dict.insert(name, tensor);
+  } else {
+    const auto loaded = torch_load_bytes(read_file(path), path);
+    TORCH_CHECK(loaded.isGenericDict(), "init: '", path, "' holds a ", loaded.tagKind(),
+                ", expected a {name: tensor} dict (weights.pt)");
+    dict = loaded.toGenericDict();
+  }
   if (dict.contains("format") && dict.contains("model"))  // a checkpoint: its model tensors
     dict = dict.at("model").toGenericDict();
   std::map<std::string, at::Tensor> params, buffers;

@@ -4,6 +4,7 @@
 // file written on a GPU loads on a machine without one; loading copies onto the model's device.
 //
 //   weights.pt     {name: tensor} for every parameter and buffer (model.state_dict() in Python)
+//   weights.safetensors  the same tensors in safetensors format (posenc/train/safetensors.h)
 //   checkpoint.pt  {"format": "posenc-checkpoint-1",
 //                   "model": {name: tensor},                       as state_dict()
 //                   "optimizer": {"state": {i: {"step", "exp_avg", "exp_avg_sq"}},
@@ -54,8 +55,11 @@ inline constexpr int64_t kMaxCheckpointBytes = int64_t{16} << 30;
 /// The checkpoint checksum's walk (FNV-1a, 64 bit) over the model's parameters and buffers by
 /// name: equal exactly when two models hold the same weights (data-parallel ranks compare it).
 int64_t weights_checksum(torch::nn::Module& model);
-/// weights.pt: {name: tensor} of parameters and buffers, written atomically.
+/// weights.pt: {name: tensor} of parameters and buffers, written atomically; the same tensors
+/// beside it as weights.safetensors (posenc/train/safetensors.h, with its checksum).
 void save_weights(const std::string& path, torch::nn::Module& model);
+/// The safetensors file beside a .pt file (weights.pt -> weights.safetensors).
+std::string safetensors_path(const std::string& path);
 /// checkpoint.pt as above; the previous one (if any) becomes <path without .pt>.prev.pt.
 void save_checkpoint(const std::string& path, torch::nn::Module& model,
                      torch::optim::AdamW& optimizer, const CheckpointState& state);
@@ -64,12 +68,12 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
 /// model's tensors (names and shapes must match) and the optimizer's state. Errors name the file.
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
                                 torch::optim::AdamW& optimizer, const std::string& expected_config);
-/// `--init-from` / `posenc eval --weights`: the parameters of a weights.pt (or of a
-/// checkpoint.pt's "model") copied into the model's, strictly: every parameter of the model must
-/// be in the file with its shape, and every tensor of the file must be a parameter or buffer of
-/// the model; an error names the file, the tensor and both shapes. Buffers are not read: they are
-/// tables the current config computes (RoPE's inverse frequencies, a scaling's attention factor),
-/// so a model trained with one encoder config is evaluated or fine-tuned with another.
+/// `--init-from` / `posenc eval --weights`: the parameters of a weights.pt or weights.safetensors
+/// (or of a checkpoint.pt's "model") copied into the model's, strictly: every parameter of the
+/// model must be in the file with its shape, and every tensor of the file must be a parameter or
+/// buffer of the model; an error names the file, the tensor and both shapes. Buffers are not read:
+/// they are tables the current config computes (RoPE's inverse frequencies, a scaling's attention
+/// factor), so a model trained with one encoder config is evaluated or fine-tuned with another.
 void load_parameters(const std::string& path, torch::nn::Module& model);
 /// The path save_checkpoint keeps the previous checkpoint under (checkpoint.prev.pt).
 std::string previous_checkpoint_path(const std::string& path);
