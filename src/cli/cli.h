@@ -61,6 +61,7 @@ struct TrainArgs {
   int64_t nproc = 1;      ///< train: ranks of a data-parallel run on this machine (launch.cpp)
   std::string init_from;  ///< train: start from these weights (weights.pt / checkpoint.pt)
   std::string weights;    ///< eval: the weights to evaluate
+  std::vector<std::string> images;  ///< eval --image: classify these files instead
 };
 
 /// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.
@@ -73,6 +74,8 @@ int run_plot(const EncoderArgs& args, const std::string& out, int64_t reference_
 int run_train(const TrainArgs& args);
 /// `posenc eval`: a config's model with given weights, evaluated without training; 0.
 int run_eval(const TrainArgs& args);
+/// `posenc export RUN --to timm [--out DIR]` (posenc/train/export_timm.h); 0.
+int run_export(const std::string& run, const std::string& to, const std::string& out);
 /// `posenc train --nproc N`: starts N ranks of the run and waits for them; the first failing
 /// rank's exit code, 130 when they stopped on a signal, else 0.
 int launch_ranks(const TrainArgs& args);

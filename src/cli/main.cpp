@@ -5,7 +5,8 @@
 //   posenc train   CONFIG.yaml [--run NAME] [--set k=v]... [--out DIR] [--resume] [--stop-after N]
 //                  [--profile N] [--nproc N]
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
-//   posenc eval    CONFIG.yaml --weights W [--run NAME] [--set k=v]... [--out DIR]
+//   posenc eval    CONFIG.yaml --weights W [--run NAME] [--set k=v]... [--out DIR] [--image F]...
+//   posenc export  RUN --to timm [--out DIR]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -200,6 +201,17 @@ int main(int argc, char** argv) {
   eval->add_option("--set", train_args.overrides,
                    "override a config key: key.path=value (repeatable)");
   eval->add_option("--out", train_args.output, "output folder (default: the config's + /eval)");
+  eval->add_option("--image", train_args.images,
+                   "classify this image file instead (repeatable; one JSON line each)");
+  std::string export_run, export_to, export_out;
+  auto* export_command = app.add_subcommand(
+      "export",
+      "write a trained run's model for another library (timm: model.safetensors + "
+      "timm.json)");
+  export_command->add_option("run", export_run, "the run folder (config.json, weights)")
+      ->required();
+  export_command->add_option("--to", export_to, "the library: timm")->required();
+  export_command->add_option("--out", export_out, "output folder (default: RUN/timm)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -226,6 +238,7 @@ int main(int argc, char** argv) {
     if (train->parsed()) return posenc::cli::run_train(train_args);
     if (compare->parsed()) return posenc::cli::run_compare(train_args);
     if (eval->parsed()) return posenc::cli::run_eval(train_args);
+    if (export_command->parsed()) return posenc::cli::run_export(export_run, export_to, export_out);
     return posenc::cli::run_plot(args, out, reference_patch);
   } catch (const posenc::EnvironmentError& e) {  // disk full, no permission: exit 1
     std::cerr << "posenc: error: " << e.what() << "\n";

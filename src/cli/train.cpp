@@ -6,6 +6,8 @@
 // SLURM with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 //   posenc eval    CONFIG --weights W [--run NAME] [--set key.path=value]... [--out DIR]
+//                  [--image FILE]...   (classify image files: one JSON line each)
+//   posenc export  RUN --to timm [--out DIR]   (posenc/train/export_timm.h)
 // `train --init-from W` starts from the parameters of W (weights.pt or checkpoint.pt; the encoder
 // config may differ from the one W was trained with); `eval` evaluates W without training.
 // With --jobs N > 1, compare runs each entry as `posenc train CONFIG --run NAME` in a child
@@ -19,6 +21,7 @@
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -31,6 +34,7 @@
 
 #include "cli.h"
 #include "posenc/core/errors.h"
+#include "posenc/train/export_timm.h"
 #include "posenc/train/trainer.h"
 
 namespace posenc::cli {
@@ -132,7 +136,35 @@ int run_train(const TrainArgs& args) {
 
 int run_eval(const TrainArgs& args) {
   auto config = train::select_run(load_run_config(args.config), args.run);
+  if (!args.images.empty()) {
+    // one JSON line per image: the class, its probability, every logit (9 digits: float32 exact)
+    std::vector<std::string> classes;
+    auto logits =
+        train::classify_image_files(config, run_options(args), args.weights, args.images, &classes);
+    auto p = logits.softmax(-1);
+    for (size_t i = 0; i < args.images.size(); ++i) {
+      const auto row = logits[static_cast<int64_t>(i)].to(torch::kDouble).contiguous();
+      const int64_t best = row.argmax().item<int64_t>();
+      nlohmann::ordered_json line = {
+          {"image", args.images[i]},
+          {"class", best < static_cast<int64_t>(classes.size()) ? classes[best] : ""},
+          {"label", best},
+          {"probability", p[static_cast<int64_t>(i)][best].item<double>()},
+          {"logits",
+           std::vector<double>(row.data_ptr<double>(), row.data_ptr<double>() + row.numel())}};
+      std::cout << line.dump() << "\n";
+    }
+    return 0;
+  }
   train::run_evaluation(config, run_options(args), args.weights);
+  return 0;
+}
+
+int run_export(const std::string& run, const std::string& to, const std::string& out) {
+  TORCH_CHECK(to == "timm", "export: --to must be 'timm', got '", to, "'");
+  const auto folder = train::export_run_to_timm(run, out);
+  std::cout << "export: " << folder << "/model.safetensors and " << folder
+            << "/timm.json (timm.create_model(model_name, pretrained=False, **model_args))\n";
   return 0;
 }
 

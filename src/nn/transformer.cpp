@@ -14,7 +14,8 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
   TORCH_CHECK(o.dropout() >= 0 && o.dropout() < 1, "transformer: dropout must be in [0, 1), got ",
               o.dropout());
   const auto hidden = static_cast<int64_t>(o.mlp_ratio() * static_cast<double>(o.dim()));
-  norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()})));
+  norm1 = register_module(
+      "norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()}).eps(o.norm_eps())));
   attention =
       register_module("attention", SelfAttention(AttentionOptions(o.dim(), o.num_heads())
                                                      .causal(o.causal())
@@ -27,7 +28,8 @@ TransformerBlockImpl::TransformerBlockImpl(const TransformerOptions& o,
   // The stack registers the shared encoder once; registered in every block too, its parameters
   // would be listed (and stepped by an optimizer) once per block.
   attention->unregister_module("encoder");
-  norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()})));
+  norm2 = register_module(
+      "norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.dim()}).eps(o.norm_eps())));
   fc1 = register_module("fc1", torch::nn::Linear(o.dim(), hidden));
   fc2 = register_module("fc2", torch::nn::Linear(hidden, o.dim()));
   dropout = register_module("dropout", torch::nn::Dropout(o.dropout()));
@@ -68,8 +70,9 @@ TransformerImpl::TransformerImpl(TransformerOptions options_, PositionalEncoding
   for (int64_t i = 0; i < options.num_layers(); ++i) {
     blocks->push_back(TransformerBlock(options, encoder));
   }
-  norm =
-      register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.dim()})));
+  norm = register_module(
+      "norm",
+      torch::nn::LayerNorm(torch::nn::LayerNormOptions({options.dim()}).eps(options.norm_eps())));
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& x, const Positions& positions,

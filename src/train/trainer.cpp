@@ -141,7 +141,11 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   run.config_text = config.dump();
   torch::manual_seed(run.seed);
   run.task = make_task(config);
-  if (run.ranks->lead()) write_class_names(*run.task, run.output);
+  if (run.ranks->lead()) {
+    write_class_names(*run.task, run.output);
+    // the resolved config, for `posenc export RUN` (posenc/train/export_timm.h)
+    write_file_atomically(run.output + "/config.json", config.dump(2) + "\n");
+  }
   auto model = run.task->model();
   // before the optimizer and the weight average take their tensors
   place_on_device(*run.task, run.ranks->device());
@@ -360,6 +364,24 @@ RunResult run_evaluation(const nlohmann::json& run_config, const RunOptions& opt
   from_weights.init_from = weights;
   // never over the run's own summary.json unless --out says where
   return evaluate_weights(config, from_weights, options.output.empty() ? "/eval" : "");
+}
+
+at::Tensor classify_image_files(const nlohmann::json& run_config, const RunOptions& options,
+                                const std::string& weights, const std::vector<std::string>& files,
+                                std::vector<std::string>* classes) {
+  nlohmann::json config = run_config;
+  for (const auto& assignment : options.overrides) apply_override(config, assignment);
+  const auto settings = read_settings(config);
+  const auto device = training_device(settings.device, DistributedOptions{});
+  use_threads(settings, DistributedOptions{});
+  auto task = make_task(config);
+  auto model = task->model();
+  place_on_device(*task, device);
+  load_parameters(weights, *model);
+  if (classes) *classes = task->class_names();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  return task->classify_files(files).to(torch::kCPU);
 }
 
 RunResult run_training(const nlohmann::json& run_config, const RunOptions& options) {

@@ -53,6 +53,9 @@ struct TransformerOptions {
   TORCH_ARG(int64_t, logn_length) = 0;
   /// The attention logits' scale (default 0: 1/sqrt(Dh); 1.0: unscaled, as Chronos-2).
   TORCH_ARG(double, attention_scale) = 0.0;
+  /// Every LayerNorm's epsilon (default 1e-5, torch's; 1e-6: timm's ViT and EVA, which
+  /// `posenc export --to timm` needs).
+  TORCH_ARG(double, norm_eps) = 1e-5;
 };
 
 class TransformerBlockImpl : public torch::nn::Module {

@@ -12,6 +12,12 @@
 
 namespace posenc::train {
 
+at::Tensor Task::classify_files(const std::vector<std::string>& /*files*/) {
+  TORCH_CHECK(false,
+              "eval --image: this task does not classify image files (image_classification "
+              "does)");
+}
+
 double metric_value(const Metrics& metrics, const std::string& name) {
   for (const auto& [key, value] : metrics) {
     if (key == name) return value;
@@ -28,6 +34,9 @@ TransformerOptions transformer_options(ConfigReader& r) {
   o.temperature(attention_temperature_from_string(r.string("attention_temperature", "none")));
   o.logn_length(r.integer("logn_length", 0));
   o.attention_scale(r.number("attention_scale", 0.0));
+  o.norm_eps(r.number("norm_eps", o.norm_eps()));
+  TORCH_CHECK(o.norm_eps() > 0 && o.norm_eps() <= 0.1, r.where(),
+              ": norm_eps must be in (0, 0.1], got ", o.norm_eps());
   TORCH_CHECK(std::isfinite(o.attention_scale()) && o.attention_scale() >= 0, r.where(),
               ": attention_scale must be >= 0 (0: 1/sqrt(head_dim)), got ", o.attention_scale());
   TORCH_CHECK(o.dim() > 0 && o.num_heads() > 0 && o.dim() % o.num_heads() == 0, r.where(),

@@ -21,7 +21,8 @@ inline constexpr int64_t kMaxContextTokens = int64_t{1} << 20;
 inline constexpr int64_t kMaxLayers = 1024;   // transformer blocks of a model
 inline constexpr double kMaxMlpRatio = 64.0;  // MLP width / model width
 
-/// The `model` section: dim, num_heads, num_layers, mlp_ratio, dropout, fused (+ pooling, read
+/// The `model` section: dim, num_heads, num_layers, mlp_ratio, dropout, fused, norm_eps,
+/// attention_temperature, logn_length, attention_scale (+ pooling, read
 /// by the caller if it wants it: call before finish()).
 TransformerOptions transformer_options(ConfigReader& model);
 /// The `encoder` section of the config, built for the model's sizes (NoPE when absent).

@@ -217,6 +217,19 @@ class ImageClassification : public Task {
   std::string metric_name() const override { return "accuracy"; }
   std::vector<std::string> class_names() const override { return classes_; }
 
+  at::Tensor classify_files(const std::vector<std::string>& files) override {
+    std::vector<at::Tensor> raw;
+    for (const auto& file : files) raw.push_back(vision::decode_image_file(file, channels_, side_));
+    auto images = on_device(prepare(torch::stack(raw), 1.0, false));
+    auto patches = vision::patchify(images, patch_);
+    return model_(patches.tokens, patches.positions);
+  }
+
+  nlohmann::json image_input() const override {
+    return {{"channels", channels_}, {"image_size", side_}, {"pad", pad_},
+            {"patch", patch_},       {"mean", mean_},       {"std", std_}};
+  }
+
   at::Tensor train_loss(const at::Tensor& indices, double* metric) override {
     vision::Patches patches;
     at::Tensor labels;
