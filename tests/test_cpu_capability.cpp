@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu/cpu_kernels.h"
 #include "posenc/kernels/cpu_capability.h"
 
@@ -132,6 +136,17 @@ TEST(CpuCapability, RopeRowsGiveTheSameBitsAtEveryVectorLevel) {
         k->rope_f32(x.data_ptr<float>(), y.data_ptr<float>(), c.data_ptr<float>(),
                     s.data_ptr<float>(), f, interleaved, false);
         ys.push_back(y);
+        // non-temporal stores (the large passes' rows) where the row allows them: the same bits
+        auto streamed = x.clone();
+        if (k->rope_f32_stream_ok(x.data_ptr<float>(), streamed.data_ptr<float>(), f)) {
+          k->rope_f32(x.data_ptr<float>(), streamed.data_ptr<float>(), c.data_ptr<float>(),
+                      s.data_ptr<float>(), f, interleaved, true);
+#if defined(__x86_64__)
+          _mm_sfence();
+#endif
+          EXPECT_TRUE(torch::equal(streamed, y))
+              << "F=" << f << " streamed at " << posenc::to_string(k->capability);
+        }
       }
       EXPECT_TRUE(torch::equal(ys[0], ys[1])) << "F=" << f << " interleaved=" << interleaved;
       // and the formula itself, each product and sum rounded alone (as eager's ops)

@@ -4,12 +4,19 @@
 // table entry per level, cpu_kernels.h), other dtypes and the scalar level through a plain loop
 // the compiler vectorizes (-O3). Specification: rope_apply (src/functional/rope.cpp); contract in
 // include/posenc/kernels/rope.h.
+// Float32 outputs of kRopeStreamMinBytes or more are written with non-temporal stores (they
+// would not stay in the cache anyway; the pass then moves the bytes copy_ moves); a smaller
+// output stays in the cache for the attention that reads it next (streaming a 1.5 MiB output
+// cost the main job's RoPE pass up to 2x). Each tensor's pointers and strides are read once per
+// pass, not per token (at::Tensor's accessors check the dtype on every call).
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include <vector>
 
 #include "cpu_kernels.h"
 #include "parallel.h"
@@ -23,6 +30,10 @@
 namespace posenc {
 
 namespace {
+
+/// Bytes written by one pass from which float32 rows use non-temporal stores: half the 32 MiB
+/// L3 of the EPYC this was measured on (bench/bench_kernel_width.cpp, docs/performance.md).
+constexpr int64_t kRopeStreamMinBytes = int64_t{16} << 20;
 
 // Scalar rotation of one row; s already carries the direction's sign. y may alias x (each pair
 // is read before it is written). kRoundEach: every product is rounded to T before the sum, as
@@ -52,10 +63,10 @@ void rotate_row_scalar(const T* x, T* y, const float* c, const float* s, int64_t
 // bfloat16 / float16 rows of the half layout), else the plain loop.
 template <typename T>
 void rotate_any_row(const detail::CpuKernels& k, const T* x, T* y, const float* c, const float* s,
-                    int64_t f, bool interleaved, bool round_each_op) {
+                    int64_t f, bool interleaved, bool round_each_op, bool stream) {
   if constexpr (std::is_same_v<T, float>) {
     if (k.rope_f32 != nullptr) {
-      k.rope_f32(x, y, c, s, f, interleaved, k.rope_f32_stream_ok(x, y, f));
+      k.rope_f32(x, y, c, s, f, interleaved, stream && k.rope_f32_stream_ok(x, y, f));
       return;
     }
   }
@@ -128,6 +139,9 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   // tokens in memory order instead (one stream per thread, not H strided ones).
   const bool head_major = first.size(2) > 1 && first.stride(2) > first.stride(1);
   const detail::CpuKernels& kernels = detail::cpu_kernels();
+  int64_t out_bytes = 0;
+  for (const auto& y : outputs) out_bytes += y.numel() * static_cast<int64_t>(y.element_size());
+  const bool stream = out_bytes >= kRopeStreamMinBytes;
   if (head_major) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
@@ -147,7 +161,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
                   const scalar_t* xr = xb + n * x.stride(1);
                   scalar_t* yr = yb + n * y.stride(1);
                   rotate_any_row<scalar_t>(kernels, xr, yr, cos_data + row, sin_data + row, f,
-                                           interleaved, round_each_op);
+                                           interleaved, round_each_op, stream);
                   if (xr != yr)
                     for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
                 }
@@ -161,25 +175,39 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
     return;
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
+    // each tensor's data and strides, read once for the pass
+    struct Rows {
+      const scalar_t* x;
+      scalar_t* y;
+      int64_t x_stride[3], y_stride[3], heads, dh;
+    };
+    std::vector<Rows> rows(inputs.size());
+    for (size_t t = 0; t < inputs.size(); ++t) {
+      const auto& x = inputs[t];
+      const auto& y = outputs[t];
+      rows[t] = {x.const_data_ptr<scalar_t>(),
+                 y.data_ptr<scalar_t>(),
+                 {x.stride(0), x.stride(1), x.stride(2)},
+                 {y.stride(0), y.stride(1), y.stride(2)},
+                 x.size(2),
+                 x.size(3)};
+    }
     detail::parallel_for(0, batch * tokens, grain, [&](int64_t begin, int64_t end) {
       for (int64_t token = begin; token < end; ++token) {
         const int64_t b = token / tokens, n = token % tokens;
         const int64_t row = (batched_table ? token : n) * f;
         const float* c = cos_data + row;
         const float* s = sin_data + row;
-        for (size_t t = 0; t < inputs.size(); ++t) {
-          const auto& x = inputs[t];
-          const auto& y = outputs[t];
-          const scalar_t* xb = x.const_data_ptr<scalar_t>() + b * x.stride(0) + n * x.stride(1);
-          scalar_t* yb = y.data_ptr<scalar_t>() + b * y.stride(0) + n * y.stride(1);
-          const int64_t heads = x.size(2), dh = x.size(3);
+        for (const Rows& r : rows) {
+          const scalar_t* xb = r.x + b * r.x_stride[0] + n * r.x_stride[1];
+          scalar_t* yb = r.y + b * r.y_stride[0] + n * r.y_stride[1];
           const bool alias = xb == yb;
-          for (int64_t h = 0; h < heads; ++h) {
-            const scalar_t* xr = xb + h * x.stride(2);
-            scalar_t* yr = yb + h * y.stride(2);
-            rotate_any_row<scalar_t>(kernels, xr, yr, c, s, f, interleaved, round_each_op);
+          for (int64_t h = 0; h < r.heads; ++h) {
+            const scalar_t* xr = xb + h * r.x_stride[2];
+            scalar_t* yr = yb + h * r.y_stride[2];
+            rotate_any_row<scalar_t>(kernels, xr, yr, c, s, f, interleaved, round_each_op, stream);
             if (!alias)
-              for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
+              for (int64_t d = 2 * f; d < r.dh; ++d) yr[d] = xr[d];
           }
         }
       }

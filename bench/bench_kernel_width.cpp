@@ -1,0 +1,259 @@
+// The element-wise fused CPU kernels (RoPE, GELU forward and backward, add + LayerNorm forward and
+// backward) against the memory-bandwidth floor and against ATen, at two sizes (issue 49: each
+// fused kernel at >= 0.9x the copy_ bandwidth of its bytes, at the AVX2 and the AVX-512 level):
+//   vit     the main job's activations (configs/vit_fashion.yaml: batch 128 x 16 tokens, D 96,
+//           3 heads of 32, MLP 192): everything in L2 or L3
+//   large   out of cache: 30 MiB per tensor (7.5 Mi floats; 60-120 MiB per pass, > the 32 MiB L3).
+//           Just below glibc's 32 MiB mmap ceiling: with GLIBC_TUNABLES
+//           (tools/bench_kernel_width.sh) freed outputs stay in the heap, so no case pays the
+//           kernel's page faults for fresh pages on every call (which otherwise cost more than the
+//           pass itself here)
+// Per case, the bytes the pass must move (every input read once, every output written once):
+//   rope        q, k in, q', k' out (the [N, Dh/2] tables are small)   4 n floats (n = q's size)
+//   gelu        x in, y out                                              2 n
+//   gelu_bwd    dy, x in, dx out                                         3 n
+//   ln          x, r in, h, y out (add + LayerNorm)                      4 n
+//   ln_bwd      dy, dh_in, h in, dh out (dw, db: [D] each)               4 n
+// and three cases per kernel, each allocating its outputs as the fused kernel does:
+//   fused   posenc's pass at the process's level (POSENC_CPU_CAPABILITY=avx2|avx512)
+//   aten    what eager LibTorch runs (ATen at its own level; ATEN_CPU_CAPABILITY=avx2 lowers it):
+//           rope: q cos + rotate_half(q) sin on [N, Dh] tables; gelu: at::gelu /
+//           at::gelu_backward; ln: x + r, at::layer_norm; ln_bwd: at::native_layer_norm_backward
+//           then + dh_in
+//   copy    copy_ of the same number of bytes (half read, half written) into a fresh tensor: the
+//           floor; GB/s = the kernel's bytes / time.
+// Threads: --threads=N (default 1). Run with repetitions and random interleaving on a shared
+// machine; the ratio table uses each case's median (ratio_reporter.h):
+//   POSENC_CPU_CAPABILITY=avx512 ./build/bench/bench_kernel_width --threads=1 \
+//     --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+// tools/bench_kernel_width.sh runs it at both levels and both thread counts.
+#include <ATen/Version.h>
+#include <benchmark/benchmark.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "posenc/kernels/gelu.h"
+#include "posenc/kernels/layer_norm.h"
+#include "posenc/kernels/rope.h"
+#include "posenc/posenc.h"
+#include "ratio_reporter.h"
+
+namespace {
+
+using posenc::RopeLayout;
+
+struct Size {
+  const char* name;
+  int64_t rows, d;                 // gelu and ln: [rows, d]
+  int64_t rope_b, rope_n, rope_h;  // rope: [b, n, h, rope_d]
+  int64_t rope_d;
+};
+// vit: gelu on the MLP's [2048, 192], ln on [2048, 96], RoPE on q, k = [128, 16, 3, 32]
+// large: 8 Mi floats per tensor ([8192, 1024], q, k = [2, 2048, 16, 128])
+constexpr Size kSizes[] = {{"vit", 2048, 96, 128, 16, 3, 32},
+                           {"large", 8192, 1024, 2, 2048, 16, 128}};
+constexpr int64_t kGeluWidthVit = 192;  // the MLP's hidden width (mlp_ratio 2)
+
+int64_t gelu_cols(int64_t size) { return size == 0 ? kGeluWidthVit : kSizes[1].d; }
+
+enum Kernel { kRope, kGelu, kGeluBackward, kLayerNorm, kLayerNormBackward, kKernels };
+const char* const kKernelNames[] = {"rope", "gelu", "gelu_bwd", "ln", "ln_bwd"};
+
+// floats one pass moves (inputs read + outputs written)
+int64_t floats_moved(int kernel, int64_t size) {
+  const Size& s = kSizes[size];
+  switch (kernel) {
+    case kRope:
+      return 4 * s.rope_b * s.rope_n * s.rope_h * s.rope_d;
+    case kGelu:
+      return 2 * s.rows * gelu_cols(size);
+    case kGeluBackward:
+      return 3 * s.rows * gelu_cols(size);
+    default:
+      return 4 * s.rows * s.d;
+  }
+}
+
+void set_threads(int threads) { at::set_num_threads(threads); }
+
+struct RopeInputs {
+  at::Tensor q, k, cos, sin, cos_full, sin_full;
+  explicit RopeInputs(const Size& s) {
+    torch::manual_seed(0);
+    q = torch::randn({s.rope_b, s.rope_n, s.rope_h, s.rope_d});
+    k = torch::randn({s.rope_b, s.rope_n, s.rope_h, s.rope_d});
+    auto inv =
+        torch::pow(100.0, -torch::arange(0, s.rope_d, 2, torch::kFloat64) / double(s.rope_d));
+    std::tie(cos, sin) = posenc::rope_cos_sin(torch::arange(s.rope_n, torch::kFloat64), inv);
+    cos_full = torch::cat({cos, cos}, -1).view({1, s.rope_n, 1, s.rope_d});
+    sin_full = torch::cat({sin, sin}, -1).view({1, s.rope_n, 1, s.rope_d});
+  }
+};
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+struct NormInputs {
+  at::Tensor x, r, w, b, dy, dh_in, h, mean, rstd, aten_mean, aten_rstd;
+  explicit NormInputs(const Size& s) {
+    torch::manual_seed(0);
+    x = torch::randn({s.rows, s.d});
+    r = torch::randn({s.rows, s.d});
+    w = 1 + 0.1 * torch::randn({s.d});
+    b = 0.1 * torch::randn({s.d});
+    dy = torch::randn({s.rows, s.d});
+    dh_in = torch::randn({s.rows, s.d});
+    if (posenc::add_layer_norm_fused_supported(x, r, w, b))
+      std::tie(h, std::ignore, mean, rstd) =
+          posenc::detail::add_layer_norm_forward_cpu(x, r, w, b, 1e-5);
+    else
+      h = x + r;
+    std::tie(std::ignore, aten_mean, aten_rstd) = at::native_layer_norm(h, {s.d}, w, b, 1e-5);
+  }
+};
+
+// state.range(0): the size; --threads sets the thread count before any case runs. The bytes are
+// copied in pieces of at most one of the kernel's tensors (below glibc's mmap ceiling, as the
+// kernel's own outputs are).
+void BM_Copy(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const int64_t piece = kernel == kGelu || kernel == kGeluBackward
+                            ? kSizes[size].rows * gelu_cols(size)
+                            : floats_moved(kernel, size) / 4;
+  std::vector<at::Tensor> sources;
+  for (int64_t left = floats_moved(kernel, size) / 2; left > 0; left -= piece)
+    sources.push_back(torch::randn({std::min(left, piece)}));
+  for (auto _ : state) {
+    for (const auto& src : sources) {
+      auto dst = at::empty_like(src);
+      dst.copy_(src);
+      benchmark::DoNotOptimize(dst.data_ptr());
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+void BM_Fused(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const Size& s = kSizes[size];
+  if (kernel == kRope) {
+    RopeInputs in(s);
+    torch::NoGradGuard no_grad;
+    for (auto _ : state) {
+      auto [q, k] = posenc::rope_fused_qk(in.q, in.k, in.cos, in.sin, RopeLayout::kHalf);
+      benchmark::DoNotOptimize(k.data_ptr());
+    }
+  } else if (kernel == kGelu || kernel == kGeluBackward) {
+    const auto x = torch::randn({s.rows, gelu_cols(size)});
+    const auto dy = torch::randn({s.rows, gelu_cols(size)});
+    if (!posenc::gelu_fused_supported(x)) return state.SkipWithError("no fused GELU at this level");
+    for (auto _ : state) {
+      auto y = kernel == kGelu ? posenc::gelu_forward_cpu(x) : posenc::gelu_backward_cpu(dy, x);
+      benchmark::DoNotOptimize(y.data_ptr());
+    }
+  } else {
+    NormInputs in(s);
+    if (!in.mean.defined()) return state.SkipWithError("no fused LayerNorm at this level");
+    for (auto _ : state) {
+      if (kernel == kLayerNorm) {
+        auto out = posenc::detail::add_layer_norm_forward_cpu(in.x, in.r, in.w, in.b, 1e-5);
+        benchmark::DoNotOptimize(std::get<1>(out).data_ptr());
+      } else {
+        auto out = posenc::detail::add_layer_norm_backward_cpu(in.dy, in.dh_in, in.h, in.mean,
+                                                               in.rstd, in.w);
+        benchmark::DoNotOptimize(std::get<0>(out).data_ptr());
+      }
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+void BM_Aten(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const Size& s = kSizes[size];
+  torch::NoGradGuard no_grad;
+  if (kernel == kRope) {
+    RopeInputs in(s);
+    for (auto _ : state) {
+      auto q = in.q * in.cos_full + rotate_half(in.q) * in.sin_full;
+      auto k = in.k * in.cos_full + rotate_half(in.k) * in.sin_full;
+      benchmark::DoNotOptimize(k.data_ptr());
+    }
+  } else if (kernel == kGelu || kernel == kGeluBackward) {
+    const auto x = torch::randn({s.rows, gelu_cols(size)});
+    const auto dy = torch::randn({s.rows, gelu_cols(size)});
+    for (auto _ : state) {
+      auto y = kernel == kGelu ? at::gelu(x) : at::gelu_backward(dy, x);
+      benchmark::DoNotOptimize(y.data_ptr());
+    }
+  } else {
+    NormInputs in(s);
+    for (auto _ : state) {
+      if (kernel == kLayerNorm) {
+        auto h = in.x + in.r;
+        auto y = at::layer_norm(h, {s.d}, in.w, in.b, 1e-5);
+        benchmark::DoNotOptimize(y.data_ptr());
+      } else {
+        auto [dh, dw, db] = at::native_layer_norm_backward(
+            in.dy, in.h, {s.d}, in.aten_mean, in.aten_rstd, in.w, in.b, {true, true, true});
+        dh.add_(in.dh_in);
+        benchmark::DoNotOptimize(dh.data_ptr());
+      }
+    }
+  }
+  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+void register_cases() {
+  for (int kernel = 0; kernel < kKernels; ++kernel) {
+    const std::string k = kKernelNames[kernel];
+    for (auto [name, f] : {std::pair{"copy", &BM_Copy}, {"fused", &BM_Fused}, {"aten", &BM_Aten}})
+      benchmark::RegisterBenchmark((std::string(name) + "/" + k).c_str(), f, kernel)
+          ->Arg(0)
+          ->Arg(1)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime()
+          ->MinTime(0.2);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  posenc::use_all_cores();
+  int threads = 1;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0)
+      threads = std::stoi(argv[i] + 10);
+    else
+      args.push_back(argv[i]);
+  }
+  set_threads(threads);
+  int count = static_cast<int>(args.size());
+  register_cases();
+  std::cout << "threads: " << at::get_num_threads()
+            << ", ATen CPU capability: " << at::get_cpu_capability() << "\n";
+  return posenc::bench::run_with_ratios(
+      count, args.data(), [](const posenc::bench::RatioReporter& r) {
+        for (int kernel = 0; kernel < kKernels; ++kernel)
+          for (int64_t size = 0; size < 2; ++size) {
+            const std::string tail =
+                std::string(kKernelNames[kernel]) + "/" + std::to_string(size) + "/";
+            const double fused = r.time("fused/" + tail), copy = r.time("copy/" + tail),
+                         aten = r.time("aten/" + tail);
+            if (fused <= 0) continue;
+            const double gbs = floats_moved(kernel, size) * 4 / (fused * 1e-6) / 1e9;
+            const std::string what = std::string(kKernelNames[kernel]) + " " + kSizes[size].name;
+            r.value(what + ": fused", gbs, "GB/s");
+            r.row(what + ": fused bandwidth / copy_'s", copy / fused, ">= 0.9");
+            r.row(what + ": aten time / fused", aten / fused, "> 1");
+          }
+      });
+}
