@@ -14,8 +14,18 @@ import os
 import numpy as np
 from PIL import Image
 
-CLASSES = ("t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker",
-           "bag", "ankle boot")
+CLASSES = (
+    "t-shirt",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle boot",
+)
 
 
 def read_idx(path: str) -> np.ndarray:
@@ -24,7 +34,7 @@ def read_idx(path: str) -> np.ndarray:
     if data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ValueError(f"{path}: not an unsigned-byte IDX file")
     ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * d: 8 + 4 * d], "big") for d in range(ndim)]
+    dims = [int.from_bytes(data[4 + 4 * d : 8 + 4 * d], "big") for d in range(ndim)]
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
