@@ -8,6 +8,7 @@ otherwise fail with undefined symbols, or worse, not at all).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -107,5 +108,24 @@ def load() -> str:
         torch.ops.load_library(path)
     except OSError as e:
         raise ImportError(f"posenc: cannot load {path}: {e}") from None
+    _tag_compile_caches()
     _LOADED = path
     return path
+
+
+def _tag_compile_caches() -> None:
+    """torch.compile's on-disk caches (FX graph, AOTAutograd: /tmp/torchinductor_<user> unless
+    TORCHINDUCTOR_CACHE_DIR) key a graph by its code, which names posenc's operators but not their
+    schemas or fakes: a graph cached by another posenc build replays that build's calls (other
+    arguments, other outputs) and gives silently wrong results. A digest of every posenc schema and
+    of the fakes' source joins torch.compiler.config.cache_key_tag, so another build misses."""
+    schemas = sorted(
+        str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("posenc::")
+    )
+    with open(os.path.join(os.path.dirname(__file__), "_meta.py"), "rb") as f:
+        fakes = f.read()
+    digest = hashlib.sha256("\n".join(schemas).encode() + fakes).hexdigest()[:16]
+    tag = f"posenc-{digest}"
+    current = torch.compiler.config.cache_key_tag
+    if tag not in current:
+        torch.compiler.config.cache_key_tag = f"{current}+{tag}" if current else tag

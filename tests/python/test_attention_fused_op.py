@@ -346,7 +346,7 @@ def test_bfloat16_gradients_read_the_unrounded_output():
     fwd, lse = torch.ops.posenc._attention_fused_forward(*call(q, k, v, p, p, **args))
     assert fwd.dtype == torch.float32 and torch.equal(fwd.to(torch.bfloat16), out.detach())
     rounded = fwd.to(torch.bfloat16)
-    dq_r, dk_r, _, _ = torch.ops.posenc._attention_fused_backward(
+    dq_r, dk_r, _, _, _ = torch.ops.posenc._attention_fused_backward(
         grad, rounded, lse, *call(q, k, v, p, p, **args)
     )
 
