@@ -50,11 +50,10 @@ inline std::vector<EncoderCase> encoder_cases() {
   add("rope_fractional", Positions::volume(2, 2, 3));  // LTX-2's (t, h, w); max 20, 2048, 2048
   add("freq_time", freq_time);
   // tokens (patch, variate): 5 patches of variates 0 and 1, variate-major (the packed forecaster's)
-  auto patch_variate = Positions(
-      torch::stack({torch::arange(10, torch::kFloat64).remainder(5),
-                    torch::arange(10, torch::kFloat64).div(5, "floor")},
-                   -1),
-      {"time", "variate"});
+  auto patch_variate = Positions(torch::stack({torch::arange(10, torch::kFloat64).remainder(5),
+                                               torch::arange(10, torch::kFloat64).div(5, "floor")},
+                                              -1),
+                                 {"time", "variate"});
   add("variate_bias", patch_variate);
   return out;
 }
