@@ -1,8 +1,9 @@
 // Image folders (modalities/vision/image_folder.h, the image_classification task's `images` key):
 // files made here by OpenCV (PNG, JPEG, 16-bit, gray, RGBA) decode as stated; each kind of bad
 // file (corrupt, truncated, empty, empty class, wrong extension, not a regular file, unreadable)
-// is one line naming the file, or skipped with a count; and Fashion-MNIST written out as PNG
-// files trains to exactly the numbers the same images give from IDX files (PNG is lossless: the
+// is one line naming the file, or skipped with a count, and a directory link back into the walk
+// (a loop, a second way to a folder) is one line in both modes; and Fashion-MNIST written out as
+// PNG files trains to exactly the numbers the same images give from IDX files (PNG is lossless: the
 // same pixels in the same order, so the same seed gives the same batches and the same weights).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -186,6 +187,40 @@ TEST(ImageFolder, EachKindOfBadFileIsOneLineOrSkipped) {
     EXPECT_EQ(skipped.images.size(0), 4);
     EXPECT_NE(skipped.first_skipped.find(bad.string()), std::string::npos);
   }
+}
+
+// A directory symlink back to the root or to a folder already scanned: torchvision's os.walk
+// (followlinks=True) and a plain recursive walk follow it until the kernel's ELOOP, so class "a"
+// took every image of the folder 40 times, class b's among them under a's label (bad_images:
+// skip trained on 329 files from 8); refused in one line naming the link.
+TEST(ImageFolder, DirectoryLinkLoopIsOneLine) {
+  for (const std::string target : {"..", "../b", "."}) {
+    SCOPED_TRACE(target);
+    auto root = good_folder("link_loop");
+    fs::create_directory_symlink(target, root / "a" / "loop");
+    for (auto bad : {BadImages::kStop, BadImages::kSkip}) {
+      auto message = error_of([&] { load_image_folder(root.string(), options_of(8, bad)); });
+      EXPECT_NE(message.find("image folder: '" + (root / "a" / "loop").string() + "' leads to"),
+                std::string::npos)
+          << message;
+      EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+    }
+  }
+  // a class folder that is a link to another class (or to the root): its images twice
+  auto twin = good_folder("link_class");
+  fs::create_directory_symlink(twin / "a", twin / "c");
+  auto message = error_of([&] { load_image_folder(twin.string(), options_of(8)); });
+  EXPECT_NE(message.find("image folder: the class folder '" + (twin / "c").string() + "' leads to"),
+            std::string::npos)
+      << message;
+  // a link to a folder outside the image folder is followed (a data set assembled from links)
+  auto root = good_folder("link_outside");
+  auto outside = fresh_folder("link_outside_target");
+  write_bytes(outside / "3.png", encode(".png", colour_image(8, 8, 9)));
+  fs::create_directory_symlink(outside, root / "a" / "more");
+  auto folder = load_image_folder(root.string(), options_of(8));
+  EXPECT_EQ(folder.files.size(), 5u);
+  EXPECT_TRUE(torch::equal(folder.labels, torch::tensor({0, 0, 0, 1, 1}, torch::kLong)));
 }
 
 TEST(ImageFolder, UnreadableFileNamesIt) {

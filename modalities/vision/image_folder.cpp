@@ -10,6 +10,7 @@
 #include <iostream>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <set>
 #include <thread>
 
 #include "posenc/io/input_file.h"
@@ -163,7 +164,16 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
                 "'), not the training folder's ", expected_classes.size(), " (first '",
                 expected_classes.front(), "'): the class subfolders must be the same");
   }
-  // Every file, class after class, sorted by path.
+  // Every file, class after class, sorted by path. Directory links are followed, but never to a
+  // folder already in the walk (the root, a class, a folder scanned before): a link back would
+  // repeat images until ELOOP, under another class's label.
+  std::set<fs::path> folders{fs::canonical(root)};
+  for (const auto& name : folder.classes) {
+    const auto class_root = fs::path(root) / name, target = fs::canonical(class_root);
+    TORCH_CHECK(folders.insert(target).second, "image folder: the class folder '",
+                class_root.string(), "' leads to '", target.string(),
+                "', the image folder itself or another class's folder (a directory link)");
+  }
   std::vector<int64_t> labels;
   for (size_t c = 0; c < folder.classes.size(); ++c) {
     const fs::path class_root = fs::path(root) / folder.classes[c];
@@ -176,7 +186,14 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
         continue;
       }
       std::error_code error;
-      if (it->is_directory(error)) continue;
+      if (it->is_directory(error)) {
+        const auto target = fs::canonical(it->path());
+        TORCH_CHECK(folders.insert(target).second, "image folder: '", it->path().string(),
+                    "' leads to '", target.string(),
+                    "', a folder the walk has reached already (through a directory link: its "
+                    "images would be read twice, or without end in a loop)");
+        continue;
+      }
       files.push_back(it->path().string());  // regular or not: decode_image_file says which
     }
     std::sort(files.begin(), files.end());

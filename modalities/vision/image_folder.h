@@ -5,7 +5,11 @@
 // classes = the subfolder names, sorted (bytewise, as Python's sorted()), label = the index in
 // that list; the files of a class are found recursively (symbolic links followed, as
 // torchvision's os.walk(followlinks=True)) and sorted by path, class after class. Names that
-// start with '.' (.DS_Store, .git) are passed over, files and folders alike.
+// start with '.' (.DS_Store, .git) are passed over, files and folders alike. A directory link to
+// a folder the walk reaches anyway (the root, a class, a folder already scanned: a loop, which
+// os.walk follows until ELOOP, filing the root's images under the linking class) is refused in
+// one line, in both bad_images modes; EXIF orientation is not applied (IMREAD_UNCHANGED), as
+// PIL's Image.open + convert("RGB") in torchvision's and timm's loaders does not apply it.
 //
 // Decoding (OpenCV's imdecode, any format it reads) into the cache every step reads from:
 //   8-bit pixels kept, 16-bit scaled by 1/257 (to 8 bits, rounded), other depths refused;
