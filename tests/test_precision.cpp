@@ -5,7 +5,9 @@
 // its losses are not float32's, its weights stay float32, summary.json and --profile say bf16) or
 // the refusal, before the run folder exists. CTest runs these at the CPU's level (`unit`: on an
 // AVX-512 BF16 machine the training branch) and with POSENC_CPU_CAPABILITY=avx2
-// (`unit_precision_avx2`: the refusal branch on every CPU of ours).
+// (`unit_precision_avx2`: the refusal branch on every CPU of ours). Reading a bf16 run is not
+// training: its evaluation (posenc eval, evaluate_only) runs in float32 on every CPU and gives the
+// run's own numbers (the CTest cli_eval_bf16_run_avx2 does it for a run trained in bf16).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -116,6 +118,41 @@ TEST(Precision, Bf16TrainsWhereTheCpuHasItAndIsRefusedElsewhere) {
   EXPECT_NE(read_text(profiled.output + "/profile.md").find("; precision: bf16"),
             std::string::npos);
   for (const auto& folder : {options.output, reference.output, profiled.output})
+    fs::remove_all(folder);
+}
+
+// Evaluating a bf16 run's weights works at every level (here also where bf16 training is refused):
+// the evaluation is float32, so a config saying bf16 gives the numbers a float32 config gives for
+// the same weights, to the bit, and those are the run's own final numbers.
+TEST(Precision, Bf16RunEvaluatesOnEveryCpu) {
+  RunOptions options;
+  options.output = temp_folder("weights");
+  options.quiet = true;
+  const auto trained = run_training(smoke_vit("float32"), options);
+  ASSERT_TRUE(trained.finished);
+  const auto weights = options.output + "/weights.pt";
+  RunOptions eval_options = options;
+  eval_options.output = temp_folder("eval_bf16");
+  const auto as_bf16 = run_evaluation(smoke_vit("bf16"), eval_options, weights);
+  ASSERT_TRUE(as_bf16.finished);
+  ASSERT_FALSE(as_bf16.final_metrics.empty());
+  EXPECT_EQ(as_bf16.final_metrics, trained.final_metrics);
+  ASSERT_EQ(as_bf16.generalization.size(), trained.generalization.size());
+  for (size_t i = 0; i < trained.generalization.size(); ++i)
+    EXPECT_EQ(as_bf16.generalization[i].metrics, trained.generalization[i].metrics) << i;
+  EXPECT_EQ(nlohmann::json::parse(read_text(eval_options.output + "/summary.json")).at("precision"),
+            "bf16");
+  // evaluate_only: the same, through run_training
+  auto evaluate_only = smoke_vit("bf16");
+  evaluate_only["evaluate_only"] = true;
+  evaluate_only["init_from"] = weights;
+  RunOptions only_options = options;
+  only_options.output = temp_folder("evaluate_only");
+  EXPECT_EQ(run_training(evaluate_only, only_options).final_metrics, trained.final_metrics);
+  // a value that is neither is refused when reading too
+  EXPECT_EQ(test::error_of([&] { run_evaluation(smoke_vit("fp16"), eval_options, weights); }),
+            "train: precision must be 'float32' or 'bf16', got 'fp16'");
+  for (const auto& folder : {options.output, eval_options.output, only_options.output})
     fs::remove_all(folder);
 }
 

@@ -20,9 +20,10 @@
 //            SDPA's bf16 flash backward at N = 16 is ~20x slower); GELU, whose fused pass is
 //            float32 only, runs ATen's bf16 gelu on fc1's bf16 output; a long sequence's RoPE
 //            pass reads bf16 q and k (angles in float32).
-// bf16 needs native bfloat16 on the CPU (posenc/kernels/cpu_capability.h: AVX-512 BF16 or
-// AMX-BF16 at posenc's avx512 level); elsewhere bf16 has no arithmetic of its own to run on, and
-// the run is refused in one line. CPU only (train.device: cpu).
+// Training in bf16 needs native bfloat16 on the CPU (posenc/kernels/cpu_capability.h: AVX-512
+// BF16 or AMX-BF16 at posenc's avx512 level); elsewhere bf16 has no arithmetic of its own to run
+// on, and the training run is refused in one line. CPU only (train.device: cpu). Reading a bf16
+// run (eval, eval --image, evaluate_only) is not training: its evaluation is float32 on any CPU.
 #pragma once
 
 #include <ATen/autocast_mode.h>
@@ -34,11 +35,20 @@
 
 namespace posenc::train {
 
-/// Checks train.precision: "float32", or "bf16" on a CPU run whose CPU has native bfloat16; an
-/// error (c10::Error: exit 2) names the value and why.
-inline void check_precision_setting(const std::string& precision, const std::string& device) {
+/// Checks train.precision's value when the config is read: "float32" or "bf16"; an error
+/// (c10::Error: exit 2) names the value. Every command that reads a run checks this.
+inline void check_precision_value(const std::string& precision) {
   TORCH_CHECK(precision == "float32" || precision == "bf16",
               "train: precision must be 'float32' or 'bf16', got '", precision, "'");
+}
+
+/// Checks that this process can train at train.precision: bf16 needs a CPU run on a CPU with
+/// native bfloat16 (at posenc's avx512 level); an error (exit 2) names the value and why. Only
+/// training asks: evaluating a bf16 run (posenc eval, eval --image, evaluate_only, export) reads
+/// float32 weights and evaluates in float32, as the run's own evaluation did, so it runs on any
+/// CPU and prints the run's numbers.
+inline void check_precision_can_train(const std::string& precision, const std::string& device) {
+  check_precision_value(precision);
   if (precision != "bf16") return;
   TORCH_CHECK(device == "cpu",
               "train: precision 'bf16' is CPU autocast; train.device must be 'cpu', got '", device,

@@ -61,10 +61,14 @@ TrainSettings read_settings(const nlohmann::json& config) {
               "train: gradient_sync must be 'overlap' or 'after_backward', got '", s.gradient_sync,
               "'");
   check_device_setting(s.device);
-  check_precision_setting(s.precision, s.device);
+  check_precision_value(s.precision);
   TORCH_CHECK(s.ema_decay >= 0 && s.ema_decay < 1,
               "train: ema_decay must be in [0, 1) (0: off), got ", s.ema_decay);
   return s;
+}
+
+void check_settings_can_train(const TrainSettings& s) {
+  check_precision_can_train(s.precision, s.device);
 }
 
 StepCounts step_counts(const TrainSettings& s, int64_t train_size) {

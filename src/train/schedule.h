@@ -39,8 +39,11 @@ struct TrainSettings {
 inline constexpr double kMaxRankTimeoutS = 86400;  // train.rank_timeout_s: at most a day
 inline constexpr double kMaxBucketMb = 1024;       // train.bucket_mb
 
-/// The `train` section, checked (unknown keys and out-of-range values are errors).
+/// The `train` section, checked (unknown keys and out-of-range values are errors). What every
+/// command that reads a run checks; training checks check_settings_can_train as well.
 TrainSettings read_settings(const nlohmann::json& config);
+/// What only training needs of this process (precision.h: bf16 on a CPU with native bfloat16).
+void check_settings_can_train(const TrainSettings& s);
 struct StepCounts {
   int64_t steps_per_epoch, epochs, total;
 };

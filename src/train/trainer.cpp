@@ -125,6 +125,7 @@ Run open_run(const nlohmann::json& config, const RunOptions& options, RunResult&
   const auto identity = read_identity(config, options, result);
   run.seed = identity.seed;
   run.settings = read_settings(config);
+  check_settings_can_train(run.settings);
   const int world = run.ranks->world_size();
   check_batch_split(run.settings, world);
   run.rank_batch = run.settings.batch_size / world;
@@ -312,6 +313,7 @@ void check_run_config(const nlohmann::json& run_config, const std::vector<std::s
   nlohmann::json config = run_config;
   for (const auto& assignment : overrides) apply_override(config, assignment);
   const auto settings = read_settings(config);
+  check_settings_can_train(settings);
   check_batch_split(settings, world_size);
   check_device_setting(settings.device, world_size);
 }
@@ -400,6 +402,7 @@ RunResult run_training(const nlohmann::json& run_config, const RunOptions& optio
   std::shared_ptr<DataParallel> ranks;
   {
     const auto settings = read_settings(config);
+    check_settings_can_train(settings);
     const auto timeout =
         std::chrono::milliseconds(static_cast<int64_t>(settings.rank_timeout_s * 1000));
     ranks = std::make_shared<DataParallel>(options.distributed, timeout,
