@@ -47,7 +47,9 @@ forecasts equal to 1e-6 (posenc's tiled softmax), forward and backward.
 Refused in one line (ValueError, nothing changed): a model without a timesfm MultiHeadAttention
 that rotates or a transformers TimesFM 2.5 attention, a rope_type other than "default", weights
 other than float32, and at call time inputs that are not [B, N, H, D] or tables whose width is
-not the head size. timesfm and transformers are imported on first use.
+not the head size, and activations that are not float32 or run under autocast (a model moved
+after patch(): transformers' bfloat16 attention differed by 1.7e-2 relative). timesfm and
+transformers are imported on first use.
 """
 
 from __future__ import annotations
@@ -76,8 +78,25 @@ def _transformer():
         ) from None
 
 
+def _check_dtype(x: torch.Tensor) -> None:
+    """float32 activations outside autocast, as patch() checked the weights (a model moved to
+    another dtype after patch(): timesfm's rotation returns float32 for bfloat16 inputs,
+    transformers' attention rounds to bfloat16 where posenc's kernel computes float32)."""
+    if x.dtype != torch.float32:
+        raise ValueError(
+            f"posenc.integrations.timesfm: float32 activations, got {x.dtype} (the model "
+            f"was moved after patch(); unpatch() for it)"
+        )
+    if torch.is_autocast_enabled(x.device.type):
+        raise ValueError(
+            "posenc.integrations.timesfm: under autocast the projections run in the autocast "
+            "dtype, posenc's attention computes float32; unpatch() for it"
+        )
+
+
 def _rotary(self, inputs: torch.Tensor, position: torch.Tensor | None = None) -> torch.Tensor:
     """RotaryPositionalEmbedding.forward by posenc: inputs [B, N, H, D] rotated at `position`."""
+    _check_dtype(inputs)
     if inputs.dim() != 4 or inputs.shape[-1] != self.embedding_dims:
         raise ValueError(
             f"posenc.integrations.timesfm: the patched rotary embedding takes "
@@ -178,6 +197,7 @@ def _hf_attention(
     self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs
 ):
     """TimesFm2_5Attention.forward by posenc where the mask is causal with left padding."""
+    _check_dtype(hidden_states)
     batch, length, _ = hidden_states.shape
     kept = None
     if (

@@ -25,8 +25,10 @@ relative (tests/python/test_timeseries_models.py), not to the bit. The attention
 Toto's (SDPA or xFormers).
 
 Refused in one line (ValueError): a model without a TimeAwareRotaryEmbedding with xPos, weights
-or tables other than float32, and at call time q, k that are not 4-D, per-series positions
-(seq_pos of more than one dimension), and a rotary width below the head size.
+or tables other than float32 (at call time too: a module moved after patch() differed by 3e-8
+relative in float64), and at call time q, k that are not 4-D, per-series positions (seq_pos of
+more than one dimension), and a rotary width below the head size. q, k of another dtype than the
+tables (bfloat16 under autocast) are rotated as Toto does, in float32, rounded once.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def _rotate_queries_and_keys(
     if seq.dim() != 1:
         raise ValueError(
             f"posenc.integrations.toto: one position per step (seq_pos [N]), got {tuple(seq.shape)}"
+        )
+    if self.freqs.dtype != torch.float32:  # e.g. the module moved to another dtype after patch()
+        raise ValueError(
+            f"posenc.integrations.toto: posenc's patch takes fixed float32 frequencies, got "
+            f"{self.freqs.dtype} (the module was moved after patch(); unpatch() for it)"
         )
     if 2 * self.freqs.shape[-1] != q.shape[-1]:
         raise ValueError(

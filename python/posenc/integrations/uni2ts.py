@@ -44,7 +44,9 @@ Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 Refused in one line (ValueError, nothing changed): a model without such an attention, an
 attention with another position layout (a variate projection, a time bias, a rotary part that
 does not start at dimension 0, separate query and key rotations), weights that are not float32,
-and at call time inputs that are not [B, N, dim] with the same ids for queries and keys.
+and at call time inputs that are not [B, N, dim] with the same ids for queries and keys, and
+activations or weights that are not float32 (a model moved after patch(): uni2ts keeps float32
+tables, so float64 differed by 4e-8 relative) or autocast.
 uni2ts is imported on first use (only its modules under uni2ts.module, not uni2ts.model's
 package, which imports lightning and gluonts).
 """
@@ -147,6 +149,17 @@ def _attention(
         raise ValueError(
             f"posenc.integrations.uni2ts: the patched attention takes [B, N, dim] "
             f"inputs, got {tuple(query.shape)}"
+        )
+    weight = self.q_proj.weight.dtype
+    if query.dtype != torch.float32 or weight != torch.float32:  # moved after patch()
+        raise ValueError(
+            f"posenc.integrations.uni2ts: float32 activations and weights, got {query.dtype} "
+            f"and {weight} (uni2ts' rotary tables stay float32 values; unpatch() for it)"
+        )
+    if torch.is_autocast_enabled(query.device.type):
+        raise ValueError(
+            "posenc.integrations.uni2ts: under autocast uni2ts projects in the autocast dtype, "
+            "posenc's attention computes float32; unpatch() for it"
         )
     time_id = _same_ids(query_time_id, kv_time_id, "time_id")
     var_id = query_var_id

@@ -1,0 +1,182 @@
+"""The time-series drop-ins (posenc.integrations.uni2ts, .toto, .timesfm) on activations of another
+dtype than the float32 they were patched at: each equals the package's own code there, or refuses
+in one line (ValueError). Checked live against the packages' own classes (uni2ts 2.0.0, toto-ts
+0.2.0, timesfm 3.0.2, transformers 5.24's timesfm2_5), tiny random instances built by
+test_timeseries_models' helpers.
+
+What the packages do there, and why posenc refuses rather than computes:
+
+* uni2ts' RotaryProjection keeps float32 cos/sin buffers that model.double() only casts, while
+  posenc's tables for float64 theta are float64 products: the patched Moirai attention differed by
+  3.8e-8 relative (float64), silently; bfloat16/float16 failed inside posenc.rope_cos_sin, and
+  autocast inside posenc.positional_attention (q float32 from the norm, v bfloat16), neither
+  naming the patch. Now one line, at call time.
+* Toto's rotate_queries_and_keys multiplies q of any dtype by float32 tables (products in float32,
+  one rounding to q's dtype at the end); so does the patch (posenc's rotation of bfloat16 q by
+  float32 tables is float32, then Toto's own scale): equal but for the order of two float32
+  products, a few elements in 10^4 one ulp of q's dtype apart (bfloat16: 3 to 8 of 230,400). A
+  module moved to float64 after patch() (float64 tables) differed by 3e-8 relative: refused.
+* transformers' TimesFm2_5Attention in bfloat16 rounds q, k, the scores and the softmax to
+  bfloat16 (SDPA); posenc's kernel computes in float32 inside: last hidden states differed by
+  1.7e-2 relative. The timesfm package's own rotation returns float32 for bfloat16 inputs and its
+  attention then raises; the patch answered. Both refused (patch() already refused those weights).
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from posenc.integrations import timesfm as posenc_timesfm
+from posenc.integrations import toto as posenc_toto
+from posenc.integrations import uni2ts as posenc_uni2ts
+from test_timeseries_models import (
+    _left_padding,
+    _moirai,
+    _moirai_inputs,
+    _packed_ids,
+    _TimesFMStack,
+    _toto,
+)
+
+# ---- Moirai (uni2ts) ------------------------------------------------------------------------
+
+
+def _moirai_attention_call(attention, dtype):
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    sample, variate, time = _packed_ids()
+    x = torch.randn(*sample.shape, 128).to(dtype)
+    mask = torch_util.packed_attention_mask(sample)
+    return attention(
+        x,
+        x,
+        x,
+        attn_mask=mask,
+        query_var_id=variate,
+        kv_var_id=variate,
+        query_time_id=time,
+        kv_time_id=time,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+def test_moirai_patched_then_moved_refuses(dtype):
+    model = _moirai()
+    posenc_uni2ts.patch(model)
+    model.to(dtype)
+    attention = model.encoder.layers[0].self_attn
+    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*float32"):
+        _moirai_attention_call(attention, dtype)
+    posenc_uni2ts.unpatch(model)
+    _moirai_attention_call(attention, dtype)  # uni2ts' own forward takes it
+
+
+def test_moirai_patched_under_autocast_refuses():
+    model = _moirai()
+    posenc_uni2ts.patch(model)
+    with (
+        torch.autocast("cpu", torch.bfloat16),
+        pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*autocast"),
+    ):
+        model(**_moirai_inputs())
+    posenc_uni2ts.unpatch(model)
+
+
+# ---- Toto -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+def test_toto_patched_rotation_other_query_dtypes(dtype, seq_dim):
+    """q, k of another dtype than the module's float32 tables: Toto's rotation (float32 products,
+    one rounding to q's dtype) to one ulp of q's dtype relative to the largest value, and in
+    bfloat16/float16 all but 1e-3 of the elements to the bit (the two float32 products in another
+    order move a rounding of q's dtype only near its midpoint: measured 3 to 8 of 230,400 in
+    bfloat16, 31 to 35 in float16); 300 positions (bfloat16 positions above 256 are Toto's own
+    rounded get_seq_pos)."""
+    _, rotary = _toto()
+    shape = (6, 4, 300, 16) if seq_dim == -2 else (6, 300, 4, 16)
+    torch.manual_seed(0)
+    q, k = (torch.randn(shape) * 3).to(dtype), (torch.randn(shape) * 3).to(dtype)
+    want = rotary.rotate_queries_and_keys(q, k, seq_dim=seq_dim, seq_pos_offset=5)
+    posenc_toto.patch(rotary)
+    got = rotary.rotate_queries_and_keys(q, k, seq_dim=seq_dim, seq_pos_offset=5)
+    posenc_toto.unpatch(rotary)
+    ulp = torch.finfo(dtype).eps
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == dtype
+        err = ((g.double() - w.double()).abs().max() / w.double().abs().max()).item()
+        assert err <= ulp, f"relative error {err:.3g} above one ulp {ulp:.3g} of {dtype}"
+        if dtype != torch.float64:
+            assert int((g != w).sum()) <= 1e-3 * w.numel()
+
+
+def test_toto_patched_then_moved_refuses():
+    _, rotary = _toto()
+    posenc_toto.patch(rotary)
+    rotary.to(torch.float64)
+    q = torch.randn(2, 4, 6, 16, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"posenc.integrations.toto: .*float32 frequencies"):
+        rotary.rotate_queries_and_keys(q, q)
+    posenc_toto.unpatch(rotary)
+
+
+# ---- TimesFM 2.5 ----------------------------------------------------------------------------
+
+
+def test_timesfm_patched_then_bfloat16_refuses():
+    transformer = pytest.importorskip("timesfm.torch.transformer")
+    configs = importlib.import_module("timesfm.configs")
+    torch.manual_seed(0)
+    model = _TimesFMStack(transformer, configs).eval()
+    posenc_timesfm.patch(model)
+    model.to(torch.bfloat16)
+    x = torch.randn(3, 16, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"posenc.integrations.timesfm: .*bfloat16"):
+        model(x, _left_padding(3, 16))
+    posenc_timesfm.unpatch(model)
+
+
+def _hf_timesfm():
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    from transformers import TimesFm2_5Config
+
+    torch.manual_seed(0)
+    config = TimesFm2_5Config(
+        patch_length=4,
+        context_length=64,
+        horizon_length=8,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        output_quantile_len=8,
+        attn_implementation="sdpa",
+    )
+    return tf.TimesFm2_5Model(config).eval()
+
+
+def test_transformers_timesfm2_5_patched_then_bfloat16_refuses():
+    model = _hf_timesfm()
+    posenc_timesfm.patch(model)
+    model.to(torch.bfloat16)
+    values = torch.randn(3, 64, dtype=torch.bfloat16)
+    padding = torch.zeros(3, 64, dtype=torch.long)
+    padding[1, :20] = 1
+    with pytest.raises(ValueError, match=r"posenc.integrations.timesfm: .*bfloat16"):
+        model(values, padding)
+    posenc_timesfm.unpatch(model)
+    model(values, padding)  # transformers' own forward takes it
+
+
+def test_transformers_timesfm2_5_patched_under_autocast_refuses():
+    model = _hf_timesfm()
+    posenc_timesfm.patch(model)
+    with (
+        torch.autocast("cpu", torch.bfloat16),
+        pytest.raises(ValueError, match=r"posenc.integrations.timesfm: .*autocast"),
+    ):
+        model(torch.randn(3, 64), torch.zeros(3, 64, dtype=torch.long))
+    posenc_timesfm.unpatch(model)
