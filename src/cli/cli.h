@@ -62,6 +62,7 @@ struct TrainArgs {
   std::string init_from;  ///< train: start from these weights (weights.pt / checkpoint.pt)
   std::string weights;    ///< eval: the weights to evaluate
   std::vector<std::string> images;  ///< eval --image: classify these files instead
+  std::vector<std::string> videos;  ///< eval --video: classify these clips instead
 };
 
 /// `posenc inspect`: prints one JSON object; input: "" or a JSON vector.

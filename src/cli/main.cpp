@@ -6,6 +6,7 @@
 //                  [--profile N] [--nproc N]
 //   posenc compare CONFIG.yaml [--set k=v]... [--out DIR] [--resume] [--jobs N]
 //   posenc eval    CONFIG.yaml --weights W [--run NAME] [--set k=v]... [--out DIR] [--image F]...
+//                  [--video F]...
 //   posenc export  RUN --to timm [--out DIR]
 // Bad arguments get a one-line error on stderr and exit code 2; never a stack trace.
 #include <c10/util/Exception.h>
@@ -203,6 +204,9 @@ int main(int argc, char** argv) {
   eval->add_option("--out", train_args.output, "output folder (default: the config's + /eval)");
   eval->add_option("--image", train_args.images,
                    "classify this image file instead (repeatable; one JSON line each)");
+  eval->add_option("--video", train_args.videos,
+                   "classify this clip instead (a video_classification run on clips: "
+                   "repeatable; one JSON line each)");
   std::string export_run, export_to, export_out;
   auto* export_command = app.add_subcommand(
       "export",

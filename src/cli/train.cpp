@@ -6,7 +6,7 @@
 // SLURM with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 //   posenc eval    CONFIG --weights W [--run NAME] [--set key.path=value]... [--out DIR]
-//                  [--image FILE]...   (classify image files: one JSON line each)
+//                  [--image FILE]... | [--video FILE]...   (classify files: one JSON line each)
 //   posenc export  RUN --to timm [--out DIR]   (posenc/train/export_timm.h)
 // `train --init-from W` starts from the parameters of W (weights.pt or checkpoint.pt; the encoder
 // config may differ from the one W was trained with); `eval` evaluates W without training.
@@ -136,17 +136,21 @@ int run_train(const TrainArgs& args) {
 
 int run_eval(const TrainArgs& args) {
   auto config = train::select_run(load_run_config(args.config), args.run);
-  if (!args.images.empty()) {
-    // one JSON line per image: the class, its probability, every logit (9 digits: float32 exact)
+  TORCH_CHECK(args.images.empty() || args.videos.empty(),
+              "eval: give --image or --video, not both (a run classifies one kind of file)");
+  if (!args.images.empty() || !args.videos.empty()) {
+    // one JSON line per file: the class, its probability, every logit (9 digits: float32 exact)
+    const bool video = !args.videos.empty();
+    const auto& files = video ? args.videos : args.images;
     std::vector<std::string> classes;
     auto logits =
-        train::classify_image_files(config, run_options(args), args.weights, args.images, &classes);
+        train::classify_image_files(config, run_options(args), args.weights, files, &classes);
     auto p = logits.softmax(-1);
-    for (size_t i = 0; i < args.images.size(); ++i) {
+    for (size_t i = 0; i < files.size(); ++i) {
       const auto row = logits[static_cast<int64_t>(i)].to(torch::kDouble).contiguous();
       const int64_t best = row.argmax().item<int64_t>();
       nlohmann::ordered_json line = {
-          {"image", args.images[i]},
+          {video ? "video" : "image", files[i]},
           {"class", best < static_cast<int64_t>(classes.size()) ? classes[best] : ""},
           {"label", best},
           {"probability", p[static_cast<int64_t>(i)][best].item<double>()},

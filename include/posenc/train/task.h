@@ -97,8 +97,8 @@ class Task {
   /// A classifier's class names, label order (the trainer writes them to classes.json in the run
   /// folder and `posenc eval` prints them); empty for other tasks.
   virtual std::vector<std::string> class_names() const { return {}; }
-  /// An image classifier's logits [F, K] for image files (decoded and normalized as its held-out
-  /// images are; model in eval mode, no grad); other tasks refuse.
+  /// An image (or video) classifier's logits [F, K] for image files (clips), decoded and
+  /// normalized as its held-out ones are (model in eval mode, no grad); other tasks refuse.
   virtual at::Tensor classify_files(const std::vector<std::string>& files);
   /// An image classifier's input: {"channels", "image_size", "pad", "patch", "mean", "std"}
   /// (null for other tasks), for exporting the model (posenc/train/export_timm.h).

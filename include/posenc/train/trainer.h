@@ -101,8 +101,9 @@ void check_run_config(const nlohmann::json& config, const std::vector<std::strin
                       int world_size);
 /// Trains the run `config` describes (a plain run config; see above).
 RunResult run_training(const nlohmann::json& config, const RunOptions& options);
-/// `posenc eval --image`: the model of `config` with `weights`, its logits [F, K] for image files
-/// (image_classification); `classes` receives the class names.
+/// `posenc eval --image` / `--video`: the model of `config` with `weights`, its logits [F, K] for
+/// image files (image_classification) or clips (video_classification on clips); `classes`
+/// receives the class names.
 at::Tensor classify_image_files(const nlohmann::json& config, const RunOptions& options,
                                 const std::string& weights, const std::vector<std::string>& files,
                                 std::vector<std::string>* classes);

@@ -14,8 +14,8 @@ namespace posenc::train {
 
 at::Tensor Task::classify_files(const std::vector<std::string>& /*files*/) {
   TORCH_CHECK(false,
-              "eval --image: this task does not classify image files (image_classification "
-              "does)");
+              "eval --image / --video: this task does not classify files (image_classification "
+              "does images, video_classification with task.videos or task.labels does clips)");
 }
 
 double metric_value(const Metrics& metrics, const std::string& name) {

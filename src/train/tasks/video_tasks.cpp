@@ -1,7 +1,8 @@
 // Video tasks on moving Fashion-MNIST clips (modalities/video/moving_fashion.h): an item moves
 // in one of 4 (or 8) directions; only the order of frames tells "left" from "right".
 //
-// video_classification: the direction of motion from tubelets (ViViT tubelet embedding) with
+// video_classification: (with task.videos or task.labels: the user's clips, video_clips.cpp)
+//   the direction of motion from tubelets (ViViT tubelet embedding) with
 //   positions on the axes `position_axes` (default t, h, w). With tubelet_frames = 1 no token
 //   holds two frames, so an encoding without the t axis leaves the model blind to frame order:
 //   it can tell the axis of motion (horizontal or vertical) but not its sign.
@@ -305,6 +306,10 @@ class TextVideoMatching : public Task {
 }  // namespace
 
 std::unique_ptr<Task> make_video_classification(const nlohmann::json& config) {
+  // the user's clips (video_clips.cpp) when the task names them
+  const auto& task = config.at("task");
+  if (task.is_object() && (task.contains("videos") || task.contains("labels")))
+    return make_video_clip_classification(config);
   return std::make_unique<VideoClassification>(config, config.value("seed", uint64_t{0}));
 }
 
