@@ -21,14 +21,17 @@ link=$(tail -n 1 "$tmp/commands" | sed 's/^: && //; s/ && :$//')
 mutations=(
   "wrong tile index: a lane reads key row lane of the unpadded stride|attention_cuda.cu|const float* krow = ks + lane * ldk;|const float* krow = ks + lane * dim;|"
   "__syncthreads removed after loading a tile (read before write)|attention_cuda.cu|    __syncthreads();\n\n    const int64_t j = j0 + lane;\n    const bool key_real|\n    const int64_t j = j0 + lane;\n    const bool key_real|"
-  "__syncthreads removed before overwriting a tile (write after read)|attention_cuda.cu|    __syncthreads();  // the previous tile is consumed (and qs is written, the first time)\n|    // (barrier removed)\n|"
+  "__syncthreads removed before overwriting a tile (write after read)|attention_cuda.cu|    __syncthreads();  // the previous tile is consumed (and qs, the ids written, the first time)\n|    // (barrier removed)\n|"
   "divergent __shfl_xor_sync: half a warp at another call site|attention_cuda.cu|  for (int o = 16; o > 0; o /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));|  for (int o = 16; o > 0; o /= 2) {\n    if (threadIdx.x % 32 < 16)\n      x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));\n    else\n      x = fmaxf(x, __shfl_xor_sync(kFullMask, x, o));\n  }|"
   "forward shared memory one value row short|attention_cuda.cu|kBlockK * (a.dim + 1) + kBlockK * a.dim_v);|kBlockK * (a.dim + 1) + (kBlockK - 1) * a.dim_v);|"
   "dK/dV shared memory one dO row short|attention_cuda.cu|kBlockQ * (a.dim + 1 + a.dim_v + 1) +|kBlockQ * (a.dim + 1 + a.dim_v + 1) - (a.dim_v + 1) +|"
   "missing >48 KiB opt-in|attention_cuda.cu|  if (shared <= 48 * 1024) return cudaSuccess;|  return cudaSuccess;|"
   "misaligned 16-byte RoPE loads: pointer alignment unchecked (UBSan)|rope_cuda.cu|      ok = reinterpret_cast<uintptr_t>(u.x) % bytes == 0 &&\n           reinterpret_cast<uintptr_t>(u.y) % bytes == 0;|      ok = true;|-fsanitize=alignment -fno-sanitize-recover=alignment"
+  "packed samples: the forward's sample check dropped (keys of other samples visible)|attention_cuda.cu|qsample_s[row] == ksample);  // same sample|true);  // same sample|"
+  "packed samples: a query tile's key range one key short (the last sample's last key skipped)|attention_cuda.cu|  const int64_t last = static_cast<int64_t>(a.sample_last[row + i_last + offset]) + 1;|  const int64_t last = static_cast<int64_t>(a.sample_last[row + i_last + offset]);|"
+  "variate bias gradient: warp 0's partial sum left out of the block's reduce|attention_cuda.cu|      for (int w = 0; w < kWarps; ++w) sum += lse_s[2 * w + threadIdx.x];|      for (int w = 1; w < kWarps; ++w) sum += lse_s[2 * w + threadIdx.x];|"
   "RoPE wrong pair index: b = a + F - 1|rope_cuda.cu|reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs);|reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs - (a.pairs > V ? V : 0));|"
-  "__syncthreads removed before overwriting a tile (write after read), ThreadSanitizer|attention_cuda.cu|    __syncthreads();  // the previous tile is consumed (and qs is written, the first time)\n|    // (barrier removed)\n|-fsanitize=thread -g1|threads"
+  "__syncthreads removed before overwriting a tile (write after read), ThreadSanitizer|attention_cuda.cu|    __syncthreads();  // the previous tile is consumed (and qs, the ids written, the first time)\n|    // (barrier removed)\n|-fsanitize=thread -g1|threads"
 )
 
 tsan_options="halt_on_error=1:suppressions=$root/scripts/tsan.supp"

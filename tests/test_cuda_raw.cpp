@@ -12,13 +12,22 @@
 // with cached keys, T5 bidirectional with key padding (the table-gradient atomics), symmetric
 // ALiBi with padding for one query and Dv 200}, forward and backward for every type, plus an fp32
 // case whose 98 KiB of shared memory takes the >48 KiB opt-in. The head dims pick every
-// register-tile width (kChunks 1, 2, 4, 8) of each attention kernel.
+// register-tile width (kChunks 1, 2, 4, 8) of each attention kernel. Packed samples and Moirai's
+// binary variate bias (the kernels' kIds instantiations), 3 storage types x {samples + variates,
+// samples with causal ALiBi and cached keys (a sample no query sees), samples + variates with T5
+// and padding that leaves a sample no key, variates alone for one query and Dv 200}, forward, lse
+// and backward incl. d variate_bias (the kernel's per-key-tile partial sums), the same four
+// register-tile widths; and a poisoned cache: NaN keys and values outside every query's sample
+// leave the output and dq finite (the tiles outside the samples are never read).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "posenc/functional/relative.h"
@@ -53,6 +62,9 @@ constexpr Tolerance kAttentionFloat16{1.0 / 2048, 5e-5};
 // exact in fp32 (the oracle sees the same rounded q, k, v, dO; delta is exact), so only fp32
 // summation over up to 70 keys and 45 queries differs from float64.
 constexpr double kGradientTolerance = 1e-4;
+// d variate_bias: per head a float32 sum of dS over every pair (up to 2 x 100 x 100), whose terms
+// cancel (each row's dS sums to 0), relative to the largest entry.
+constexpr double kVariateGradientTolerance = 1e-3;
 
 bool has_cuda_device() {
   int count = 0;
@@ -332,11 +344,43 @@ std::string attention_case_name(const testing::TestParamInfo<AttentionCase>& inf
   return storage_name(info.param.storage) + "_" + info.param.name;
 }
 
-class CudaRawAttention : public ::testing::TestWithParam<AttentionCase> {};
+// Packed samples (run lengths per batch row, the remainder one more sample; empty: none) and the
+// binary variate bias (random variate ids in [0, 3) per token), and which keys to pad.
+struct Packed {
+  std::vector<std::vector<int64_t>> lengths;
+  bool variates = false;
+  int64_t padded_sample = -1;  ///< pad every key of this sample of row 0 (-1: none)
+};
 
-TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
-  SKIP_WITHOUT_DEVICE();
-  const auto& c = GetParam();
+// sample_ids [B, N] from run lengths (the remainder of a row one more sample)
+torch::Tensor sample_ids_from(const std::vector<std::vector<int64_t>>& lengths, int64_t n) {
+  auto ids = torch::empty({static_cast<int64_t>(lengths.size()), n}, torch::kInt64);
+  for (size_t b = 0; b < lengths.size(); ++b) {
+    int64_t j = 0, id = 0;
+    for (int64_t length : lengths[b]) {
+      ids[b].narrow(0, j, length).fill_(id++);
+      j += length;
+    }
+    if (j < n) ids[b].narrow(0, j, n - j).fill_(id);
+  }
+  return ids;
+}
+
+// each token's sample bounds (first and last token of its run), as the kernel takes them
+std::pair<torch::Tensor, torch::Tensor> sample_bounds_of(const torch::Tensor& ids) {
+  auto first = torch::empty(ids.sizes(), torch::kInt32), last = torch::empty_like(first);
+  const int64_t nk = ids.size(1);
+  auto id = ids.accessor<int64_t, 2>();
+  auto f = first.accessor<int32_t, 2>(), l = last.accessor<int32_t, 2>();
+  for (int64_t b = 0; b < ids.size(0); ++b) {
+    for (int64_t j = 0; j < nk; ++j) f[b][j] = j > 0 && id[b][j] == id[b][j - 1] ? f[b][j - 1] : j;
+    for (int64_t j = nk - 1; j >= 0; --j)
+      l[b][j] = j + 1 < nk && id[b][j] == id[b][j + 1] ? l[b][j + 1] : j;
+  }
+  return {first, last};
+}
+
+void check_attention(const AttentionCase& c, const Packed& packed) {
   const auto dtype = scalar_type_of(c.storage);
   const Tolerance tolerance = c.storage == cuda::Storage::kFloat32    ? kAttentionFloat32
                               : c.storage == cuda::Storage::kBFloat16 ? kAttentionBFloat16
@@ -358,6 +402,17 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
     masks.key_padding = torch::ones({b, c.nk}, torch::kBool);
     masks.key_padding[b - 1].narrow(0, c.nk - 3, 3).fill_(false);
     masks.key_padding[0][0] = false;
+  }
+  torch::Tensor sample_first, sample_last, variate_bias;
+  if (!packed.lengths.empty()) {
+    masks.sample_ids = sample_ids_from(packed.lengths, c.nk);
+    std::tie(sample_first, sample_last) = sample_bounds_of(masks.sample_ids);
+    if (packed.padded_sample >= 0)
+      masks.key_padding.index_put_({0, masks.sample_ids[0] == packed.padded_sample}, false);
+  }
+  if (packed.variates) {
+    masks.variate_ids = torch::randint(0, 3, {b, c.nk}, torch::kInt64);
+    variate_bias = torch::randn({2, h});
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
 
@@ -391,7 +446,7 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
   a.causal = c.causal;
   a.q_positions = dqp.get<double>();
   a.k_positions = dkp.get<double>();
-  std::unique_ptr<DeviceBuffer> dslopes, dtable, dbuckets, dkeep;
+  std::unique_ptr<DeviceBuffer> dslopes, dtable, dbuckets, dkeep, dfirst, dlast, dvariates, dweight;
   if (spec.form == BiasForm::kAlibi) {
     dslopes = std::make_unique<DeviceBuffer>(spec.slopes);
     a.bias = cuda::AttentionBias::kAlibi;
@@ -414,6 +469,18 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
     dkeep = std::make_unique<DeviceBuffer>(masks.key_padding.to(torch::kUInt8));
     a.key_keep = dkeep->get<uint8_t>();
   }
+  if (sample_first.defined()) {
+    dfirst = std::make_unique<DeviceBuffer>(sample_first);
+    dlast = std::make_unique<DeviceBuffer>(sample_last);
+    a.sample_first = dfirst->get<int32_t>();
+    a.sample_last = dlast->get<int32_t>();
+  }
+  if (packed.variates) {
+    dvariates = std::make_unique<DeviceBuffer>(masks.variate_ids);
+    dweight = std::make_unique<DeviceBuffer>(variate_bias);
+    a.variate_ids = dvariates->get<int64_t>();
+    a.variate_bias = dweight->get<float>();
+  }
   ASSERT_EQ(cuda::attention_forward(a, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dout.read(out);
@@ -426,15 +493,25 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
   auto table64 = table.to(torch::kFloat64).requires_grad_(true);
   auto bias = bias_from_spec(spec_for(c.form, h, table64), qp, kp, h);
   if (bias.defined()) bias = bias.to(torch::kFloat64);
+  torch::Tensor variate64;
+  if (packed.variates) {
+    variate64 = variate_bias.to(torch::kFloat64).requires_grad_(true);
+    masks.variate_bias = variate64;
+  }
   auto want = attention_reference(q64, k64, v64, bias, masks, scale);
   EXPECT_EQ(compare(out, want, tolerance), "") << "output";
   // log-sum-exp of the masked, biased logits (float32 for every storage type)
   auto logits = torch::einsum("bqhd,bkhd->bhqk", {q64, k64}).detach() * scale;
   if (bias.defined()) logits = logits + bias.detach();
+  if (packed.variates)
+    logits = logits + variate_bias_from_ids(masks.variate_ids, variate64.detach(), c.nq);
   auto i = torch::arange(c.nq).unsqueeze(1), j = torch::arange(c.nk).unsqueeze(0);
   if (c.causal) logits = logits.masked_fill(j > i + (c.nk - c.nq), -INFINITY);
   if (c.padding)
     logits = logits.masked_fill(masks.key_padding.logical_not().view({b, 1, 1, c.nk}), -INFINITY);
+  if (masks.sample_ids.defined())
+    logits = logits.masked_fill(
+        sample_mask_from_ids(masks.sample_ids, c.nq).logical_not().unsqueeze(1), -INFINITY);
   EXPECT_EQ(compare(lse, torch::logsumexp(logits, -1), {1e-5, 5e-5}), "") << "lse";
 
   // backward for a probe dO (rounded to the storage type) with delta_i = dO_i . O_i exact
@@ -444,7 +521,10 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
   auto gq = torch::empty({b, c.nq, h, c.d}), gk = torch::empty({b, c.nk, h, c.d}),
        gv = torch::empty({b, c.nk, h, c.dv});
   auto gtable = torch::zeros_like(table);
-  DeviceBuffer dprobe(probe), ddelta(delta), dgq(gq), dgk(gk), dgv(gv), dgtable(gtable);
+  const int64_t key_tiles = (c.nk + cuda::kAttentionKeyTile - 1) / cuda::kAttentionKeyTile;
+  auto gvariate = torch::full({b, h, key_tiles, 2}, NAN);  // every entry written
+  DeviceBuffer dprobe(probe), ddelta(delta), dgq(gq), dgk(gk), dgv(gv), dgtable(gtable),
+      dgvariate(gvariate);
   cuda::AttentionBackwardLaunch g;
   g.forward = a;
   g.dout = dprobe.get<void>();
@@ -453,23 +533,40 @@ TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
   g.dk = dgk.get<float>();
   g.dv = dgv.get<float>();
   if (spec.form == BiasForm::kBucketTable) g.dtable = dgtable.get<float>();
+  if (packed.variates) g.dvariate_partial = dgvariate.get<float>();
   ASSERT_EQ(cuda::attention_backward(g, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   dgq.read(gq);
   dgk.read(gk);
   dgv.read(gv);
   dgtable.read(gtable);
+  dgvariate.read(gvariate);
   (want * probe64).sum().backward();
   EXPECT_LT(relative_diff(gq, q64.grad()), kGradientTolerance) << "dq";
   EXPECT_LT(relative_diff(gk, k64.grad()), kGradientTolerance) << "dk";
   EXPECT_LT(relative_diff(gv, v64.grad()), kGradientTolerance) << "dv";
   if (spec.form == BiasForm::kBucketTable)
     EXPECT_LT(relative_diff(gtable, table64.grad()), kGradientTolerance) << "dtable";
+  if (packed.variates) {  // the partial sums over the batch and the key tiles: [2, H]
+    EXPECT_LT(relative_diff(gvariate.sum({0, 2}).t(), variate64.grad()), kVariateGradientTolerance)
+        << "dvariate_bias";
+  } else {  // a variate gradient without variate ids is refused
+    g.dvariate_partial = dgvariate.get<float>();
+    EXPECT_EQ(cuda::attention_backward(g, nullptr), cudaErrorInvalidValue);
+    g.dvariate_partial = nullptr;
+  }
   // a table gradient without a table bias is refused
   if (spec.form != BiasForm::kBucketTable) {
     g.dtable = dgtable.get<float>();
     EXPECT_EQ(cuda::attention_backward(g, nullptr), cudaErrorInvalidValue);
   }
+}
+
+class CudaRawAttention : public ::testing::TestWithParam<AttentionCase> {};
+
+TEST_P(CudaRawAttention, ForwardAndBackwardMatchReference) {
+  SKIP_WITHOUT_DEVICE();
+  check_attention(GetParam(), {});
 }
 
 std::vector<AttentionCase> attention_cases() {
@@ -492,6 +589,49 @@ std::vector<AttentionCase> attention_cases() {
 
 INSTANTIATE_TEST_SUITE_P(StoragesForms, CudaRawAttention, ::testing::ValuesIn(attention_cases()),
                          attention_case_name);
+
+// ---- packed samples and the binary variate bias (the kernels' kIds instantiations) -------------
+
+struct PackedCase {
+  AttentionCase base;
+  Packed packed;
+};
+
+class CudaRawPackedAttention : public ::testing::TestWithParam<PackedCase> {};
+
+TEST_P(CudaRawPackedAttention, ForwardAndBackwardMatchReference) {
+  SKIP_WITHOUT_DEVICE();
+  check_attention(GetParam().base, GetParam().packed);
+}
+
+std::vector<PackedCase> packed_cases() {
+  std::vector<PackedCase> out;
+  // the same register tiles as attention_cases: chunks 1, 2, 4, 8
+  for (auto s : {cuda::Storage::kFloat32, cuda::Storage::kBFloat16, cuda::Storage::kFloat16}) {
+    // several samples of different lengths across key tiles, variate ids per token
+    out.push_back({{s, Form::kNone, false, false, 2, 2, 100, 100, 16, 8, "SamplesVariates"},
+                   {{{30, 45, 25}, {7, 60}}, true, -1}});
+    // queries the last 37 of 90 tokens: sample 0 (tokens 0-19) has no query
+    out.push_back(
+        {{s, Form::kAlibiCausal, true, false, 2, 3, 37, 90, 24, 40, "SamplesAlibiCausalCachedKeys"},
+         {{{20, 50}, {90}}, false, -1}});
+    // every key of sample 0 of row 0 padded: its queries see no key (0, lse -inf)
+    out.push_back({{s, Form::kT5Bidirectional, false, true, 2, 2, 70, 70, 100, 96,
+                    "SamplesVariatesT5PaddedSample"},
+                   {{{10, 25, 35}, {33}}, true, 0}});
+    out.push_back(
+        {{s, Form::kAlibiSymmetric, false, true, 2, 2, 1, 65, 32, 200, "VariatesOneQueryDv200"},
+         {{}, true, -1}});
+  }
+  return out;
+}
+
+std::string packed_case_name(const testing::TestParamInfo<PackedCase>& info) {
+  return storage_name(info.param.base.storage) + "_" + info.param.base.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(StoragesForms, CudaRawPackedAttention, ::testing::ValuesIn(packed_cases()),
+                         packed_case_name);
 
 }  // namespace
 }  // namespace posenc

@@ -5,13 +5,18 @@
 // by hand: the glue's strides of non-contiguous views (q, k, v as [B, H, N, D] transposed; a
 // strided rotation in place), positions cast to float64, ALiBi slopes, the T5 bucket lookup built
 // with t5_offset_buckets, the padding mask as bytes, delta = dO . O, the float32 gradient buffers
-// cast back to each storage type, the empty-input early returns, and its argument checks.
+// cast back to each storage type, the empty-input early returns, and its argument checks. Packed
+// samples and the variate bias as posenc::attention_fused runs them on CUDA: q, k rotated by the
+// RoPE kernel first, sample_ids into per-token sample bounds on the ids' device, the variate
+// bias's gradient summed from the kernel's partial sums, dq and dk rotated back.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ostream>
 #include <string>
+#include <tuple>
 
 #include "../../src/kernels/cuda/tensor_launch.h"
 #include "posenc/posenc.h"
@@ -264,6 +269,143 @@ TEST(TensorLaunchAttentionChecks, RefusesBadArguments) {
   EXPECT_NE(message(x.to(at::kDouble), x.to(at::kDouble), x.to(at::kDouble))
                 .find("float32, bfloat16 or float16, got Double"),
             std::string::npos);
+}
+
+// ---- packed samples + variate bias with RoPE and ALiBi, as attention_fused runs them on CUDA ----
+
+struct PackedGlueCase {
+  at::ScalarType dtype;
+  bool causal;
+  int64_t nq;  ///< queries: the last nq of 150 tokens
+};
+
+void PrintTo(const PackedGlueCase& c, std::ostream* os) {
+  *os << c.dtype << (c.causal ? " causal" : "") << " nq " << c.nq;
+}
+
+class TensorLaunchPackedAttention : public ::testing::TestWithParam<PackedGlueCase> {};
+
+TEST_P(TensorLaunchPackedAttention, RopeAlibiSamplesVariatesMatchReference) {
+  const auto [dtype, causal, nq] = GetParam();
+  torch::manual_seed(41);
+  const int64_t b = 2, h = 3, nk = 150, d = 32;
+  auto q = torch::randn({b, h, nq, d}).to(dtype).transpose(1, 2);
+  auto k = torch::randn({b, h, nk, d}).to(dtype).transpose(1, 2);
+  auto v = torch::randn({b, h, nk, d}).to(dtype).transpose(1, 2);
+  // samples of 40, 70, 40 tokens and 5, 100, 45; variates in runs of 7 inside each row
+  auto sample_ids =
+      torch::cat({torch::repeat_interleave(torch::arange(3), torch::tensor({40, 70, 40})),
+                  torch::repeat_interleave(torch::arange(3), torch::tensor({5, 100, 45}))})
+          .view({b, nk});
+  auto variate_ids = (torch::arange(nk).div(7, "floor") % 4).repeat({b, 1});
+  auto weight = torch::randn({2, h});
+  AttentionMasks masks;
+  masks.causal = causal;
+  masks.sample_ids = sample_ids;
+  masks.variate_ids = variate_ids;
+  masks.variate_bias = weight;
+  masks.key_padding = torch::ones({b, nk}, torch::kBool);
+  masks.key_padding[1].narrow(0, 0, 5).fill_(false);  // row 1's first sample: no key at all
+  // RoPE with positions restarting in every sample (Moirai's time_id), 12 of 16 pairs
+  auto starts = torch::cat({torch::ones({b, 1}, torch::kBool),
+                            sample_ids.narrow(1, 1, nk - 1) != sample_ids.narrow(1, 0, nk - 1)},
+                           1);
+  auto first = std::get<0>(torch::cummax(torch::where(starts, torch::arange(nk), 0), 1));
+  auto time = (torch::arange(nk) - first).to(torch::kFloat64);  // [B, Nk]
+  auto inv = torch::pow(10000.0, -torch::arange(0, 24, 2, torch::kFloat64) / 32.0);
+  auto [cos, sin] = rope_cos_sin(time, inv);  // [B, Nk, 12] float32
+  auto q_cos = cos.narrow(1, nk - nq, nq).contiguous(),
+       q_sin = sin.narrow(1, nk - nq, nq).contiguous();
+  BiasSpec alibi = spec_for(Form::kAlibiCausal, h, torch::Tensor());
+  auto kp = torch::arange(nk, torch::kFloat64);
+  auto qp = kp.narrow(0, nk - nq, nq);
+  const double scale = 0.25;
+
+  // the operator's CUDA path: rotate, attend, rotate the gradients back
+  auto qr = torch::empty_like(q), kr = torch::empty_like(k);
+  detail::rope_rotate_launch({q}, {qr}, q_cos, q_sin, RopeLayout::kHalf, false, nullptr);
+  detail::rope_rotate_launch({k}, {kr}, cos, sin, RopeLayout::kHalf, false, nullptr);
+  auto [out, lse] = detail::attention_forward_launch(qr, kr, v, torch::zeros({0}), alibi, qp, kp,
+                                                     masks, scale, nullptr);
+  auto probe = torch::randn({b, nq, h, d}).to(dtype);
+  at::Tensor dvariate;
+  auto [dq, dk, dv, dtable] =
+      detail::attention_backward_launch(probe, out, lse, qr, kr, v, torch::zeros({0}), alibi, qp,
+                                        kp, masks, scale, nullptr, &dvariate);
+  EXPECT_FALSE(dtable.defined());
+  ASSERT_TRUE(dvariate.defined());
+  EXPECT_EQ(dvariate.sizes(), (at::IntArrayRef{2, h}));
+  auto dq_back = torch::empty_like(dq), dk_back = torch::empty_like(dk);
+  detail::rope_rotate_launch({dq}, {dq_back}, q_cos, q_sin, RopeLayout::kHalf, true, nullptr);
+  detail::rope_rotate_launch({dk}, {dk_back}, cos, sin, RopeLayout::kHalf, true, nullptr);
+
+  // the specification in float64, autograd through the rotation and the variate bias
+  auto q64 = q.to(at::kDouble).requires_grad_(true);
+  auto k64 = k.to(at::kDouble).requires_grad_(true);
+  auto v64 = v.to(at::kDouble).requires_grad_(true);
+  auto w64 = weight.to(at::kDouble).requires_grad_(true);
+  AttentionMasks masks64 = masks;
+  masks64.variate_bias = w64;
+  auto c64 = cos.to(at::kDouble), s64 = sin.to(at::kDouble);
+  auto qrot =
+      rope_apply(q64, c64.narrow(1, nk - nq, nq), s64.narrow(1, nk - nq, nq), RopeLayout::kHalf);
+  auto krot = rope_apply(k64, c64, s64, RopeLayout::kHalf);
+  // the rotation's output rounded to the storage type, as the RoPE kernel hands it to the
+  // attention kernel (the gradient passes through the rounding unchanged)
+  auto rounded = [&](const at::Tensor& x) {
+    return x + (x.to(dtype).to(at::kDouble) - x).detach();
+  };
+  auto bias = bias_from_spec(alibi, qp, kp, h).to(at::kDouble);
+  auto want = attention_reference(rounded(qrot), rounded(krot), v64, bias, masks64, scale);
+  EXPECT_EQ(worst(out, want, tolerance_for(dtype, true)), "") << "output";
+  const auto no_key = out.select(0, 1).narrow(0, 0, std::max<int64_t>(0, 5 - (nk - nq)));
+  EXPECT_TRUE(torch::equal(no_key, torch::zeros_like(no_key))) << "row 1's queries without a key";
+  (want * probe.to(at::kDouble)).sum().backward();
+  const double g = gradient_tolerance(dtype);
+  EXPECT_LT(relative_diff(dq_back, q64.grad()), g) << "dq";
+  EXPECT_LT(relative_diff(dk_back, k64.grad()), g) << "dk";
+  EXPECT_LT(relative_diff(dv, v64.grad()), g) << "dv";
+  EXPECT_LT(relative_diff(dvariate, w64.grad()), 10 * g) << "dvariate_bias";
+}
+
+INSTANTIATE_TEST_SUITE_P(StoragesCausal, TensorLaunchPackedAttention,
+                         ::testing::Values(PackedGlueCase{at::kFloat, false, 150},
+                                           PackedGlueCase{at::kFloat, true, 150},
+                                           PackedGlueCase{at::kFloat, true, 60},
+                                           PackedGlueCase{at::kBFloat16, true, 150},
+                                           PackedGlueCase{at::kHalf, false, 60}),
+                         [](const testing::TestParamInfo<PackedGlueCase>& info) {
+                           const auto d = info.param.dtype;
+                           return std::string(d == at::kFloat      ? "f32"
+                                              : d == at::kBFloat16 ? "bf16"
+                                                                   : "f16") +
+                                  (info.param.causal ? "_causal" : "") + "_nq" +
+                                  std::to_string(info.param.nq);
+                         });
+
+TEST(TensorLaunchPackedAttentionChecks, RefusesIdsOfTheWrongShape) {
+  BiasSpec none;
+  auto x = torch::randn({2, 4, 2, 8});
+  auto p = torch::arange(4, torch::kDouble);
+  auto message = [&](const AttentionMasks& masks) {
+    try {
+      detail::attention_forward_launch(x, x, x, torch::zeros({0}), none, p, p, masks, 1.0, nullptr);
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  AttentionMasks masks;
+  masks.sample_ids = torch::zeros({2, 3}, torch::kLong);
+  EXPECT_NE(message(masks).find("sample_ids must be [B, Nk] = [2, 4] with Nq=4 <= Nk, got [2, 3]"),
+            std::string::npos)
+      << message(masks);
+  masks = {};
+  masks.variate_ids = torch::zeros({2, 4}, torch::kLong);
+  masks.variate_bias = torch::zeros({2, 3});
+  EXPECT_NE(message(masks).find("variate_ids needs variate_bias [2, H] = [2, 2]"),
+            std::string::npos)
+      << message(masks);
 }
 
 }  // namespace

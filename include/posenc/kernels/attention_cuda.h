@@ -10,6 +10,15 @@
 //                       bucket_of_offset[(p_j - p_i) - offset_min]: the glue fills it with
 //                       t5_relative_position_bucket (src/functional/relative.cpp), the one formula
 //   masks: causal (key j visible to query i when j <= i + Nk - Nq) and key_keep [B, Nk] (0 = pad)
+//   packed samples (Moirai's sample_id): key j visible to query i only when j lies in the sample
+//          of token t = i + Nk - Nq (the queries take the last Nq tokens), given as each token's
+//          sample bounds sample_first/sample_last [B, Nk] (each sample one contiguous run of
+//          tokens; the glue derives them from sample_ids). A query tile visits only the key tiles
+//          in [sample_first of its first query, sample_last of its last], a key tile only the
+//          query tiles whose samples meet it: a packed batch costs the sum of its samples' squares.
+//   binary variate bias (Moirai's BinaryAttentionBias): + variate_bias[1, h] when
+//          variate_ids[b, j] == variate_ids[b, t], variate_bias[0, h] otherwise, added after the
+//          position bias (unscaled), as the CPU kernel adds it
 //
 //   q: [B, Nq, H, D]  k: [B, Nk, H, D]  v: [B, Nk, H, Dv]   element strides, last dim contiguous
 //   out: [B, Nq, H, Dv] contiguous, the storage type of q
@@ -54,10 +63,20 @@ struct AttentionLaunch {
   int64_t offset_min = 0, offset_count = 0;   ///< offsets p_j - p_i in [min, min + count)
   bool causal = false;
   const uint8_t* key_keep = nullptr;  ///< [B, Nk], nonzero = a real key; nullptr = all real
+  // packed samples (both or neither; needs Nq <= Nk): key j visible to token t's query when
+  // sample_first[b, j] == sample_first[b, t]
+  const int32_t* sample_first = nullptr;  ///< [B, Nk]: first token of the sample holding j
+  const int32_t* sample_last = nullptr;   ///< [B, Nk]: last token of the sample holding j
+  // binary variate bias (both or neither; needs Nq <= Nk)
+  const int64_t* variate_ids = nullptr;  ///< [B, Nk]
+  const float* variate_bias = nullptr;   ///< [2, H] contiguous: row 0 different ids, row 1 same
 };
 
 /// Largest D and Dv the kernel takes.
 constexpr int64_t kAttentionMaxDim = 256;
+/// Keys per tile of the dK/dV backward (one block each): dvariate_partial has
+/// ceil(Nk / kAttentionKeyTile) entries per (b, h).
+constexpr int64_t kAttentionKeyTile = 32;
 
 /// Launches the forward kernel on `stream`; returns the launch error (cudaSuccess when fine).
 cudaError_t attention_forward(const AttentionLaunch& launch, cudaStream_t stream);
@@ -69,9 +88,14 @@ cudaError_t attention_forward(const AttentionLaunch& launch, cudaStream_t stream
 ///   dS_ij = P_ij (dP_ij - delta_i)           delta_i = dO_i . O_i  (given, [B, H, Nq])
 ///   dQ_i  = scale sum_j dS_ij k_j            dK_j  = scale sum_i dS_ij q_i
 ///   dtable[bucket(p_j - p_i), h] += dS_ij    (kBucketTable, when dtable is given)
+///   dvariate_bias[s, h] = sum_{b, i, j: [variate ids equal] = s} dS_ij   (variate bias)
 /// Two kernels, so that each gradient element has one writer: one block per (b, h, key tile)
 /// computes dK, dV (and sums dtable in shared memory, then one atomicAdd per bucket and block)
 /// looping over query tiles; one block per (b, h, query tile) computes dQ looping over key tiles.
+/// The variate bias's gradient is a deterministic two-pass reduce, no atomics: each dK/dV block
+/// writes its two sums of dS (per thread, then over the warps in a fixed order) to
+/// dvariate_partial[b, h, key tile, s]; the caller sums over b and the key tiles (the glue: one
+/// at::sum), so the result does not depend on the blocks' order.
 struct AttentionBackwardLaunch {
   AttentionLaunch forward;       ///< the forward's launch; its lse is read, its out unused
   const void* dout = nullptr;    ///< [B, Nq, H, Dv] contiguous, the storage type of q
@@ -80,6 +104,10 @@ struct AttentionBackwardLaunch {
   float* dk = nullptr;           ///< [B, Nk, H, D] float32 contiguous (written)
   float* dv = nullptr;           ///< [B, Nk, H, Dv] float32 contiguous (written)
   float* dtable = nullptr;       ///< [num_buckets, H] float32, added to; nullptr: not wanted
+  /// [B, H, ceil(Nk / kAttentionKeyTile), 2] float32 (written, every entry): per key tile the sums
+  /// of dS over the pairs of different (0) and equal (1) variate ids; nullptr: not wanted (needs
+  /// the forward's variate_ids)
+  float* dvariate_partial = nullptr;
 };
 
 /// Launches the two backward kernels on `stream`; returns the first launch error.

@@ -15,6 +15,13 @@
 // row's max and sum are warp shuffles, and acc[row][d] (d = lane + 32 chunk) stays in registers.
 // Backward dQ has the forward's shape (dO tile beside the q tile, v tile padded like k); backward
 // dK/dV is its transpose: warp w owns key rows, lane c holds query i0 + c.
+// Packed samples and the variate bias (kIds = true, a second instantiation of each kernel, so the
+// kernels without ids keep their registers): the ids of a block's own tile (its query tile; dK/dV:
+// its key tile) sit in shared memory ahead of the fp32 tiles (int64 first, for its alignment), the
+// other side's ids are one per lane; the loops run only over the tiles whose samples meet the
+// block's (sample_first/sample_last of the tile's first and last token), so a packed batch costs
+// the sum of its samples' squares, not N^2. The variate bias's gradient: per-thread sums of dS,
+// reduced over the block in a fixed order into dvariate_partial (no atomics: deterministic).
 #include <cfloat>
 #include <cmath>
 
@@ -32,6 +39,12 @@ constexpr int kBlockQ = 32;
 constexpr int kBlockK = 32;  // one key per lane
 constexpr int kRowsPerWarp = kBlockQ / kWarps;
 constexpr unsigned kFullMask = 0xffffffffu;
+static_assert(kBlockK == kAttentionKeyTile, "dvariate_partial's key tiles are the dK/dV blocks'");
+// a tile's ids in shared memory: variate [32] int64, then sample_first [32] int32 (384 bytes, a
+// multiple of 16: the fp32 tiles after them keep their alignment)
+constexpr int kTileIds = 32;
+static_assert(kBlockQ == kTileIds && kBlockK == kTileIds, "one id per tile row");
+constexpr size_t kTileIdBytes = kTileIds * (sizeof(int64_t) + sizeof(int32_t));
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -45,11 +58,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// The biased logit of query i and key j, or -inf where j is not visible to i (padding, causal,
-// or a row/column past the end). bucket: the T5 bucket used (kBucketTable), else untouched.
+// The biased logit of query i and key j, or -inf where j is not visible to i (padding, another
+// sample, causal, or a row/column past the end). key_real: a real key of the query's sample;
+// variate: the variate bias's term (read only with variate_ids), added after the position bias as
+// on the CPU. bucket: the T5 bucket used (kBucketTable), else untouched.
+template <bool kIds>
 __device__ __forceinline__ float logit(const AttentionLaunch& a, float dot, int64_t h, float slope,
                                        int64_t i, double pq, int64_t j, double pk, bool key_real,
-                                       int* bucket) {
+                                       float variate, int* bucket) {
   const bool visible = key_real && i < a.nq && (!a.causal || j <= i + (a.nk - a.nq));
   if (!visible) return -INFINITY;
   float s = dot * a.scale;
@@ -62,7 +78,33 @@ __device__ __forceinline__ float logit(const AttentionLaunch& a, float dot, int6
     *bucket = bk;
     s += a.table[static_cast<int64_t>(bk) * a.heads + h];
   }
+  if (kIds && a.variate_ids != nullptr) s += variate;
   return s;
+}
+
+// Token t's sample (its first token) and variate id; -1 where there is none (no packed samples,
+// no variate bias, or not a token: a row or column past the end, which logit masks anyway), so
+// that without samples every query and key compare equal.
+__device__ __forceinline__ int sample_of(const AttentionLaunch& a, int64_t b, int64_t t,
+                                         bool token) {
+  return a.sample_first != nullptr && token ? a.sample_first[b * a.nk + t] : -1;
+}
+__device__ __forceinline__ int64_t variate_of(const AttentionLaunch& a, int64_t b, int64_t t,
+                                              bool token) {
+  return a.variate_ids != nullptr && token ? a.variate_ids[b * a.nk + t] : -1;
+}
+
+// Packed samples: the key range [*begin, *end) the query tile at i0 visits, narrowed to the
+// samples of its first and last query (the first key tile starts at the first sample's first key:
+// no key outside those samples is read); unchanged without them.
+__device__ __forceinline__ void packed_key_range(const AttentionLaunch& a, int64_t b, int64_t i0,
+                                                 int64_t* begin, int64_t* end) {
+  if (a.sample_first == nullptr) return;
+  const int64_t i_last = (i0 + kBlockQ < a.nq ? i0 + kBlockQ : a.nq) - 1;
+  const int64_t offset = a.nk - a.nq, row = b * a.nk;
+  *begin = a.sample_first[row + i0 + offset];
+  const int64_t last = static_cast<int64_t>(a.sample_last[row + i_last + offset]) + 1;
+  if (last < *end) *end = last;
 }
 
 __device__ __forceinline__ bool key_is_real(const AttentionLaunch& a, int64_t b, int64_t j) {
@@ -93,13 +135,15 @@ __device__ __forceinline__ void add_weighted_rows(float (&acc)[kRowsPerWarp][kCh
 }
 
 // kChunks: Dv <= 32 kChunks (acc registers per row).
-template <typename T, int kChunks>
+template <typename T, int kChunks, bool kIds>
 __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLaunch a) {
   POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v), ldk = dim + 1;
-  float* qs = shared;              // [kBlockQ, D]
-  float* ks = qs + kBlockQ * dim;  // [kBlockK, D + 1]
-  float* vs = ks + kBlockK * ldk;  // [kBlockK, Dv]
+  int64_t* qvariate_s = reinterpret_cast<int64_t*>(shared);                   // [kBlockQ]
+  int* qsample_s = reinterpret_cast<int*>(qvariate_s + kBlockQ);              // [kBlockQ]
+  float* qs = kIds ? reinterpret_cast<float*>(qsample_s + kBlockQ) : shared;  // [kBlockQ, D]
+  float* ks = qs + kBlockQ * dim;                                             // [kBlockK, D + 1]
+  float* vs = ks + kBlockK * ldk;                                             // [kBlockK, Dv]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t q_blocks = (a.nq + kBlockQ - 1) / kBlockQ;
   const int64_t qb = blockIdx.x % q_blocks, bh = blockIdx.x / q_blocks;
@@ -114,6 +158,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     const int64_t i = i0 + r;
     qs[idx] = i < a.nq ? load(q + i * a.q_stride_token + d) : 0.0f;
   }
+  const int64_t offset = a.nk - a.nq;   // causal: key j visible to query i when j <= i + offset
+  if (kIds && threadIdx.x < kBlockQ) {  // query i is token i + offset
+    const int64_t i = i0 + threadIdx.x;
+    qsample_s[threadIdx.x] = sample_of(a, b, i + offset, i < a.nq);
+    qvariate_s[threadIdx.x] = variate_of(a, b, i + offset, i < a.nq);
+  }
 
   float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][kChunks];
   double pq[kRowsPerWarp];
@@ -127,15 +177,18 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     for (int ch = 0; ch < kChunks; ++ch) acc[rr][ch] = 0.0f;
   }
   const float slope = a.bias == AttentionBias::kAlibi ? a.slopes[h] : 0.0f;
-  const int64_t offset = a.nk - a.nq;  // causal: key j visible to query i when j <= i + offset
-  int64_t j_end = a.nk;
+  const bool variate = kIds && a.variate_ids != nullptr;
+  const float differ = variate ? a.variate_bias[h] : 0.0f;
+  const float same = variate ? a.variate_bias[a.heads + h] : 0.0f;
+  int64_t j_begin = 0, j_end = a.nk;
   if (a.causal) {
     const int64_t i_last = (i0 + kBlockQ < a.nq ? i0 + kBlockQ : a.nq) - 1;
     j_end = i_last + offset + 1 < a.nk ? i_last + offset + 1 : a.nk;
   }
+  if (kIds) packed_key_range(a, b, i0, &j_begin, &j_end);
 
-  for (int64_t j0 = 0; j0 < j_end; j0 += kBlockK) {
-    __syncthreads();  // the previous tile is consumed (and qs is written, the first time)
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kBlockK) {
+    __syncthreads();  // the previous tile is consumed (and qs, the ids written, the first time)
     for (int idx = threadIdx.x; idx < kBlockK * dim; idx += kThreads) {
       const int c = idx / dim, d = idx % dim;
       const int64_t j = j0 + c;
@@ -151,6 +204,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     const int64_t j = j0 + lane;
     const bool key_real = key_is_real(a, b, j);
     const double pk = key_real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
+    const int ksample = kIds ? sample_of(a, b, j, j < a.nk) : -1;
+    const int64_t kvariate = kIds ? variate_of(a, b, j, j < a.nk) : -1;
     // scores: d outer, so each key element is read from shared memory once for the 8 rows
     float p[kRowsPerWarp];
 #pragma unroll
@@ -164,9 +219,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     }
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int64_t i = i0 + warp * kRowsPerWarp + rr;
+      const int row = warp * kRowsPerWarp + rr;
+      const int64_t i = i0 + row;
+      const bool real = key_real && (!kIds || qsample_s[row] == ksample);  // same sample
+      const float term = kIds && qvariate_s[row] == kvariate ? same : differ;
       int bucket = 0;
-      p[rr] = logit(a, p[rr], h, slope, i, pq[rr], j, pk, key_real, &bucket);
+      p[rr] = logit<kIds>(a, p[rr], h, slope, i, pq[rr], j, pk, real, term, &bucket);
     }
     // online softmax, one row per rr (all lanes of the warp hold the row's m and l)
 #pragma unroll
@@ -214,18 +272,27 @@ cudaError_t allow_shared(Kernel kernel, size_t shared) {
                               static_cast<int>(shared));
 }
 
-template <typename T, int kChunks>
-cudaError_t launch(const AttentionLaunch& a, cudaStream_t stream) {
+template <typename T, int kChunks, bool kIds>
+cudaError_t launch_forward(const AttentionLaunch& a, cudaStream_t stream) {
   const size_t shared =
+      (kIds ? kTileIdBytes : 0) +
       sizeof(float) * (kBlockQ * a.dim + kBlockK * (a.dim + 1) + kBlockK * a.dim_v);
-  auto kernel = attention_forward_kernel<T, kChunks>;
+  auto kernel = attention_forward_kernel<T, kChunks, kIds>;
   const cudaError_t err = allow_shared(kernel, shared);
   if (err != cudaSuccess) return err;
   const int64_t blocks = a.batch * a.heads * ((a.nq + kBlockQ - 1) / kBlockQ);
   if (blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const auto grid = static_cast<unsigned>(blocks);
-  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_forward_kernel<T, kChunks>)(a);
+  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_forward_kernel<T, kChunks, kIds>)(a);
   return cudaGetLastError();
+}
+
+// The kernels with ids where the launch has packed samples or a variate bias.
+template <typename T, int kChunks>
+cudaError_t launch(const AttentionLaunch& a, cudaStream_t stream) {
+  if (a.sample_first != nullptr || a.variate_ids != nullptr)
+    return launch_forward<T, kChunks, true>(a, stream);
+  return launch_forward<T, kChunks, false>(a, stream);
 }
 
 template <typename T>
@@ -239,25 +306,28 @@ cudaError_t launch_for_dim_v(const AttentionLaunch& a, cudaStream_t stream) {
 // ---- backward
 // ------------------------------------------------------------------------------------
 
-// dK, dV (and dtable) for one (b, h, key tile). Shared memory (fp32):
+// dK, dV (and dtable, the variate bias's partial sums) for one (b, h, key tile). Shared memory
+// (fp32 after the key tile's ids):
 //   ks [kBlockK, D], vs [kBlockK, Dv]      the key tile (rows read as warp broadcasts)
 //   qs [kBlockQ, D+1], dos [kBlockQ, Dv+1] the query tile (lane c reads row c: padded)
 //   lse_s, delta_s [kBlockQ]; dtable_s [num_buckets] when dtable is wanted
 // kChunks: max(D, Dv) <= 32 kChunks.
-template <typename T, int kChunks>
+template <typename T, int kChunks, bool kIds>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dkdv_kernel(AttentionBackwardLaunch g) {
   const AttentionLaunch& a = g.forward;
   POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
   const int ldq = dim + 1, ldo = dim_v + 1;
-  float* ks = shared;                   // [kBlockK, D]
-  float* vs = ks + kBlockK * dim;       // [kBlockK, Dv]
-  float* qs = vs + kBlockK * dim_v;     // [kBlockQ, D + 1]
-  float* dos = qs + kBlockQ * ldq;      // [kBlockQ, Dv + 1]
-  float* lse_s = dos + kBlockQ * ldo;   // [kBlockQ]
-  float* delta_s = lse_s + kBlockQ;     // [kBlockQ]
-  float* dtable_s = delta_s + kBlockQ;  // [num_buckets]
+  int64_t* kvariate_s = reinterpret_cast<int64_t*>(shared);                   // [kBlockK]
+  int* ksample_s = reinterpret_cast<int*>(kvariate_s + kBlockK);              // [kBlockK]
+  float* ks = kIds ? reinterpret_cast<float*>(ksample_s + kBlockK) : shared;  // [kBlockK, D]
+  float* vs = ks + kBlockK * dim;                                             // [kBlockK, Dv]
+  float* qs = vs + kBlockK * dim_v;                                           // [kBlockQ, D + 1]
+  float* dos = qs + kBlockQ * ldq;                                            // [kBlockQ, Dv + 1]
+  float* lse_s = dos + kBlockQ * ldo;                                         // [kBlockQ]
+  float* delta_s = lse_s + kBlockQ;                                           // [kBlockQ]
+  float* dtable_s = delta_s + kBlockQ;                                        // [num_buckets]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t k_blocks = (a.nk + kBlockK - 1) / kBlockK;
   const int64_t kb = blockIdx.x % k_blocks, bh = blockIdx.x / k_blocks;
@@ -280,6 +350,11 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (g.dtable != nullptr)
     for (int64_t idx = threadIdx.x; idx < a.num_buckets; idx += kThreads) dtable_s[idx] = 0.0f;
+  if (kIds && threadIdx.x < kBlockK) {
+    const int64_t j = j0 + threadIdx.x;
+    ksample_s[threadIdx.x] = sample_of(a, b, j, j < a.nk);
+    kvariate_s[threadIdx.x] = variate_of(a, b, j, j < a.nk);
+  }
 
   float dk[kRowsPerWarp][kChunks], dv[kRowsPerWarp][kChunks];
 #pragma unroll
@@ -288,16 +363,28 @@ __global__ void __launch_bounds__(kThreads)
     for (int ch = 0; ch < kChunks; ++ch) dk[rr][ch] = dv[rr][ch] = 0.0f;
   }
   const float slope = a.bias == AttentionBias::kAlibi ? a.slopes[h] : 0.0f;
+  const bool variate = kIds && a.variate_ids != nullptr;
+  const float differ = variate ? a.variate_bias[h] : 0.0f;
+  const float same = variate ? a.variate_bias[a.heads + h] : 0.0f;
+  float dvariate_differ = 0.0f, dvariate_same = 0.0f;  // this thread's sums of dS
+  const int64_t offset = a.nk - a.nq;                  // query i is token i + offset
   // causal: query i sees key j0 from i = j0 - (Nk - Nq) on; earlier query tiles contribute nothing
-  int64_t i_begin = 0;
+  int64_t i_begin = 0, i_end = a.nq;
   if (a.causal) {
-    const int64_t first = j0 - (a.nk - a.nq);
+    const int64_t first = j0 - offset;
     i_begin = first > 0 ? first / kBlockQ * kBlockQ : 0;
   }
+  if (kIds && a.sample_first != nullptr) {  // the queries whose samples meet keys [j0, j_last]
+    const int64_t j_last = (j0 + kBlockK < a.nk ? j0 + kBlockK : a.nk) - 1;
+    const int64_t first = a.sample_first[b * a.nk + j0] - offset;
+    const int64_t last = a.sample_last[b * a.nk + j_last] - offset + 1;
+    if (first > i_begin) i_begin = first;  // no query outside those samples is read
+    if (last < i_end) i_end = last;
+  }
 
-  for (int64_t i0 = i_begin; i0 < a.nq; i0 += kBlockQ) {
-    __syncthreads();  // the previous query tile is consumed (ks, vs, dtable_s written the first
-                      // time)
+  for (int64_t i0 = i_begin; i0 < i_end; i0 += kBlockQ) {
+    __syncthreads();  // the previous query tile is consumed (ks, vs, dtable_s, the ids written the
+                      // first time)
     for (int idx = threadIdx.x; idx < kBlockQ * dim; idx += kThreads) {
       const int r = idx / dim, d = idx % dim;
       qs[r * ldq + d] = i0 + r < a.nq ? load(q + (i0 + r) * a.q_stride_token + d) : 0.0f;
@@ -318,6 +405,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = i0 + lane;
     const double pq = i < a.nq && a.q_positions != nullptr ? a.q_positions[i] : 0.0;
     const float lse_i = lse_s[lane], delta_i = delta_s[lane];
+    const int qsample = kIds ? sample_of(a, b, i + offset, i < a.nq) : -1;
+    const int64_t qvariate = kIds ? variate_of(a, b, i + offset, i < a.nq) : -1;
     float p[kRowsPerWarp], ds[kRowsPerWarp];
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = ds[rr] = 0.0f;
@@ -340,12 +429,22 @@ __global__ void __launch_bounds__(kThreads)
       // the loop in 8 doubles and 8 flags (with them the half-precision kernels spilled)
       const bool real = key_is_real(a, b, j);
       const double pk = real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
+      const int row = warp * kRowsPerWarp + rr;
+      const bool same_variate = kIds && kvariate_s[row] == qvariate;
       int bucket = -1;
-      const float x = logit(a, p[rr], h, slope, i, pq, j, pk, real, &bucket);
+      const float x = logit<kIds>(a, p[rr], h, slope, i, pq, j, pk,
+                                  real && (!kIds || ksample_s[row] == qsample),
+                                  same_variate ? same : differ, &bucket);
       p[rr] = x == -INFINITY ? 0.0f : expf(x - lse_i);  // visible: lse_i is finite
       ds[rr] = p[rr] * (ds[rr] - delta_i);
       if (g.dtable != nullptr && bucket >= 0 && ds[rr] != 0.0f)
         atomicAdd(dtable_s + bucket, ds[rr]);
+      if (kIds) {
+        if (same_variate)
+          dvariate_same += ds[rr];
+        else
+          dvariate_differ += ds[rr];
+      }
     }
     // dV_j += sum_c P_cj dO_c,  dK_j += sum_c dS_cj q_c  (query c's values sit in lane c)
     const int rows = static_cast<int>(a.nq - i0 < kBlockQ ? a.nq - i0 : kBlockQ);
@@ -371,22 +470,39 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t idx = threadIdx.x; idx < a.num_buckets; idx += kThreads)
       if (dtable_s[idx] != 0.0f) atomicAdd(g.dtable + idx * a.heads + h, dtable_s[idx]);
   }
+  if (kIds &&
+      g.dvariate_partial != nullptr) {  // the block's two sums, in a fixed order: no atomics
+    const float warp_differ = warp_sum(dvariate_differ), warp_same = warp_sum(dvariate_same);
+    __syncthreads();  // lse_s is consumed: it takes the warps' sums
+    if (lane == 0) {
+      lse_s[2 * warp] = warp_differ;
+      lse_s[2 * warp + 1] = warp_same;
+    }
+    __syncthreads();
+    if (threadIdx.x < 2) {
+      float sum = 0.0f;
+      for (int w = 0; w < kWarps; ++w) sum += lse_s[2 * w + threadIdx.x];
+      g.dvariate_partial[(bh * k_blocks + kb) * 2 + threadIdx.x] = sum;
+    }
+  }
 }
 
 // dQ for one (b, h, query tile): the forward's layout. Shared memory (fp32):
 //   qs [kBlockQ, D], dos [kBlockQ, Dv]       the query tile (rows read as warp broadcasts)
 //   ks [kBlockK, D+1], vs [kBlockK, Dv+1]    the key tile (lane c reads row c: padded)
-template <typename T, int kChunks>
+template <typename T, int kChunks, bool kIds>
 __global__ void __launch_bounds__(kThreads)
     attention_backward_dq_kernel(AttentionBackwardLaunch g) {
   const AttentionLaunch& a = g.forward;
   POSENC_EXTERN_SHARED(float, shared);
   const int dim = static_cast<int>(a.dim), dim_v = static_cast<int>(a.dim_v);
   const int ldk = dim + 1, ldv = dim_v + 1;
-  float* qs = shared;                 // [kBlockQ, D]
-  float* dos = qs + kBlockQ * dim;    // [kBlockQ, Dv]
-  float* ks = dos + kBlockQ * dim_v;  // [kBlockK, D + 1]
-  float* vs = ks + kBlockK * ldk;     // [kBlockK, Dv + 1]
+  int64_t* qvariate_s = reinterpret_cast<int64_t*>(shared);                   // [kBlockQ]
+  int* qsample_s = reinterpret_cast<int*>(qvariate_s + kBlockQ);              // [kBlockQ]
+  float* qs = kIds ? reinterpret_cast<float*>(qsample_s + kBlockQ) : shared;  // [kBlockQ, D]
+  float* dos = qs + kBlockQ * dim;                                            // [kBlockQ, Dv]
+  float* ks = dos + kBlockQ * dim_v;                                          // [kBlockK, D + 1]
+  float* vs = ks + kBlockK * ldk;                                             // [kBlockK, Dv + 1]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t q_blocks = (a.nq + kBlockQ - 1) / kBlockQ;
   const int64_t qb = blockIdx.x % q_blocks, bh = blockIdx.x / q_blocks;
@@ -406,6 +522,11 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = i0 + r;
     dos[idx] = i < a.nq ? load(dout + ((b * a.nq + i) * a.heads + h) * a.dim_v + d) : 0.0f;
   }
+  if (kIds && threadIdx.x < kBlockQ) {  // query i is token i + Nk - Nq
+    const int64_t i = i0 + threadIdx.x;
+    qsample_s[threadIdx.x] = sample_of(a, b, i + (a.nk - a.nq), i < a.nq);
+    qvariate_s[threadIdx.x] = variate_of(a, b, i + (a.nk - a.nq), i < a.nq);
+  }
 
   float lse_r[kRowsPerWarp], delta_r[kRowsPerWarp], dq[kRowsPerWarp][kChunks];
   double pq[kRowsPerWarp];
@@ -420,15 +541,20 @@ __global__ void __launch_bounds__(kThreads)
     for (int ch = 0; ch < kChunks; ++ch) dq[rr][ch] = 0.0f;
   }
   const float slope = a.bias == AttentionBias::kAlibi ? a.slopes[h] : 0.0f;
-  int64_t j_end = a.nk;
+  const bool variate = kIds && a.variate_ids != nullptr;
+  const float differ = variate ? a.variate_bias[h] : 0.0f;
+  const float same = variate ? a.variate_bias[a.heads + h] : 0.0f;
+  int64_t j_begin = 0, j_end = a.nk;
   if (a.causal) {
     const int64_t i_last = (i0 + kBlockQ < a.nq ? i0 + kBlockQ : a.nq) - 1;
     const int64_t last = i_last + (a.nk - a.nq) + 1;
     j_end = last < a.nk ? last : a.nk;
   }
+  if (kIds) packed_key_range(a, b, i0, &j_begin, &j_end);
 
-  for (int64_t j0 = 0; j0 < j_end; j0 += kBlockK) {
-    __syncthreads();  // the previous key tile is consumed (and qs, dos written, the first time)
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kBlockK) {
+    __syncthreads();  // the previous key tile is consumed (and qs, dos, the ids written, the first
+                      // time)
     for (int idx = threadIdx.x; idx < kBlockK * dim; idx += kThreads) {
       const int c = idx / dim, d = idx % dim;
       ks[c * ldk + d] = j0 + c < a.nk ? load(k + (j0 + c) * a.k_stride_token + d) : 0.0f;
@@ -442,6 +568,8 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t j = j0 + lane;
     const bool real = key_is_real(a, b, j);
     const double pk = real && a.k_positions != nullptr ? a.k_positions[j] : 0.0;
+    const int ksample = kIds ? sample_of(a, b, j, j < a.nk) : -1;
+    const int64_t kvariate = kIds ? variate_of(a, b, j, j < a.nk) : -1;
     float p[kRowsPerWarp], ds[kRowsPerWarp];
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) p[rr] = ds[rr] = 0.0f;
@@ -459,9 +587,12 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const int64_t i = i0 + warp * kRowsPerWarp + rr;
+      const int row = warp * kRowsPerWarp + rr;
+      const int64_t i = i0 + row;
       int bucket = -1;
-      const float x = logit(a, p[rr], h, slope, i, pq[rr], j, pk, real, &bucket);
+      const float x = logit<kIds>(a, p[rr], h, slope, i, pq[rr], j, pk,
+                                  real && (!kIds || qsample_s[row] == ksample),
+                                  kIds && qvariate_s[row] == kvariate ? same : differ, &bucket);
       const float pij = x == -INFINITY ? 0.0f : expf(x - lse_r[rr]);
       ds[rr] = pij * (ds[rr] - delta_r[rr]);
     }
@@ -483,32 +614,42 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename T, int kChunks>
-cudaError_t launch_backward(const AttentionBackwardLaunch& g, cudaStream_t stream) {
+template <typename T, int kChunks, bool kIds>
+cudaError_t launch_backward_kernels(const AttentionBackwardLaunch& g, cudaStream_t stream) {
   const AttentionLaunch& a = g.forward;
   const int64_t q_blocks = a.batch * a.heads * ((a.nq + kBlockQ - 1) / kBlockQ);
   const int64_t k_blocks = a.batch * a.heads * ((a.nk + kBlockK - 1) / kBlockK);
   if (q_blocks > 0x7fffffff || k_blocks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   if (k_blocks > 0) {
     const size_t shared =
+        (kIds ? kTileIdBytes : 0) +
         sizeof(float) * (kBlockK * (a.dim + a.dim_v) + kBlockQ * (a.dim + 1 + a.dim_v + 1) +
                          2 * kBlockQ + (g.dtable != nullptr ? a.num_buckets : 0));
-    auto kernel = attention_backward_dkdv_kernel<T, kChunks>;
+    auto kernel = attention_backward_dkdv_kernel<T, kChunks, kIds>;
     cudaError_t err = allow_shared(kernel, shared);
     if (err != cudaSuccess) return err;
     const auto grid = static_cast<unsigned>(k_blocks);
-    POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dkdv_kernel<T, kChunks>)(g);
+    POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dkdv_kernel<T, kChunks, kIds>)
+    (g);
     err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
   const size_t shared =
+      (kIds ? kTileIdBytes : 0) +
       sizeof(float) * (kBlockQ * (a.dim + a.dim_v) + kBlockK * (a.dim + 1 + a.dim_v + 1));
-  auto kernel = attention_backward_dq_kernel<T, kChunks>;
+  auto kernel = attention_backward_dq_kernel<T, kChunks, kIds>;
   const cudaError_t err = allow_shared(kernel, shared);
   if (err != cudaSuccess) return err;
   const auto grid = static_cast<unsigned>(q_blocks);
-  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dq_kernel<T, kChunks>)(g);
+  POSENC_LAUNCH(grid, kThreads, shared, stream, attention_backward_dq_kernel<T, kChunks, kIds>)(g);
   return cudaGetLastError();
+}
+
+template <typename T, int kChunks>
+cudaError_t launch_backward(const AttentionBackwardLaunch& g, cudaStream_t stream) {
+  if (g.forward.sample_first != nullptr || g.forward.variate_ids != nullptr)
+    return launch_backward_kernels<T, kChunks, true>(g, stream);
+  return launch_backward_kernels<T, kChunks, false>(g, stream);
 }
 
 template <typename T>
@@ -531,6 +672,13 @@ cudaError_t check_arguments(const AttentionLaunch& a) {
   if (a.bias == AttentionBias::kBucketTable &&
       (a.table == nullptr || a.bucket_of_offset == nullptr || a.q_positions == nullptr ||
        a.k_positions == nullptr || a.offset_count < 1))
+    return cudaErrorInvalidValue;
+  // packed samples and the variate bias: each pair of pointers given together; the queries take
+  // the last Nq ids
+  if ((a.sample_first == nullptr) != (a.sample_last == nullptr) ||
+      (a.variate_ids == nullptr) != (a.variate_bias == nullptr))
+    return cudaErrorInvalidValue;
+  if ((a.sample_first != nullptr || a.variate_ids != nullptr) && a.nq > a.nk)
     return cudaErrorInvalidValue;
   return cudaSuccess;
 }
@@ -560,7 +708,8 @@ cudaError_t attention_backward(const AttentionBackwardLaunch& g, cudaStream_t st
   if (a.batch == 0 || a.heads == 0 || a.nq == 0) return cudaSuccess;
   if (g.dout == nullptr || g.delta == nullptr || g.dq == nullptr ||
       (a.nk > 0 && (g.dk == nullptr || g.dv == nullptr)) ||
-      (g.dtable != nullptr && a.bias != AttentionBias::kBucketTable))
+      (g.dtable != nullptr && a.bias != AttentionBias::kBucketTable) ||
+      (g.dvariate_partial != nullptr && a.variate_ids == nullptr))
     return cudaErrorInvalidValue;
   const cudaError_t err = check_arguments(a);
   if (err != cudaSuccess) return err;

@@ -46,10 +46,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
     const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
-    double scale) {
+    double scale, at::Tensor* dvariate) {
   c10::cuda::CUDAGuard guard(q.device());
   return attention_backward_launch(grad_out, out, lse, q, k, v, table, bias, q_positions,
-                                   k_positions, masks, scale, c10::cuda::getCurrentCUDAStream());
+                                   k_positions, masks, scale, c10::cuda::getCurrentCUDAStream(),
+                                   dvariate);
 }
 
 }  // namespace posenc::detail

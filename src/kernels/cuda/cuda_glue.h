@@ -25,8 +25,9 @@ bool attention_cuda_supported(const at::Tensor& q);
 /// The CUDA kernels of posenc::_attention_fused_forward / _attention_fused_backward
 /// (src/ops/attention_fused.cpp: arguments checked there, RoPE applied before): q, k, v
 /// [B, N, H, D] on one device; table: the T5 table or [0]; bias: one part (ALiBi or T5).
-/// Forward -> (out [B, Nq, H, Dv] in q's dtype, lse [B, H, Nq] float32); backward -> (dq, dk, dv,
-/// dtable: the T5 table's gradient, or undefined).
+/// masks: causal, key padding, packed samples and the binary variate bias. Forward -> (out
+/// [B, Nq, H, Dv] in q's dtype, lse [B, H, Nq] float32); backward -> (dq, dk, dv, dtable: the T5
+/// table's gradient, or undefined), *dvariate (when given): the variate bias's [2, H] float32.
 std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
     const BiasSpec& bias, const at::Tensor& q_positions, const at::Tensor& k_positions,
@@ -35,5 +36,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_cu
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
     const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
-    double scale);
+    double scale, at::Tensor* dvariate = nullptr);
 }  // namespace posenc::detail

@@ -7,6 +7,9 @@
 
 #include <ATen/ATen.h>
 
+#include <limits>
+#include <utility>
+
 #include "posenc/functional/relative.h"
 #include "posenc/kernels/attention_cuda.h"
 #include "posenc/kernels/rope_cuda.h"
@@ -126,7 +129,32 @@ at::Tensor last_dim_contiguous(const at::Tensor& x) {
 struct PreparedAttention {
   cuda::AttentionLaunch launch;
   at::Tensor q, k, v, q_positions, k_positions, slopes, table, bucket, keep;
+  at::Tensor sample_first, sample_last, variate_ids, variate_bias;
 };
+
+// Packed samples: each token's sample bounds [B, Nk] int32, the first and the last token of the
+// run of equal sample ids holding it (the operator has checked that every id is one contiguous run
+// per row: posenc::detail::check_packed_ids), computed on the ids' device:
+//   begins[j] = (j == 0 or ids[j] != ids[j - 1]),  first[j] = max_{j' <= j, begins[j']} j'
+//   ends[j]   = (j == Nk - 1 or ids[j] != ids[j + 1]),  last[j] = min_{j' >= j, ends[j']} j'
+std::pair<at::Tensor, at::Tensor> sample_bounds(const at::Tensor& sample_ids) {
+  const auto ids = sample_ids.to(at::kLong);
+  const int64_t nk = ids.size(1);
+  TORCH_CHECK(nk <= std::numeric_limits<int32_t>::max(),
+              "attention_fused (CUDA): sample_ids with Nk=", nk, " keys (at most 2^31 - 1)");
+  const auto index = at::arange(nk, ids.options()).expand_as(ids);
+  auto begins = at::ones_like(ids, ids.options().dtype(at::kBool));
+  auto ends = at::ones_like(begins);
+  if (nk > 1) {
+    const auto differ = ids.narrow(1, 1, nk - 1) != ids.narrow(1, 0, nk - 1);
+    begins.narrow(1, 1, nk - 1).copy_(differ);
+    ends.narrow(1, 0, nk - 1).copy_(differ);
+  }
+  auto first = std::get<0>(at::cummax(at::where(begins, index, at::zeros_like(index)), 1));
+  auto last =
+      std::get<0>(at::cummin(at::where(ends, index, at::full_like(index, nk)).flip(1), 1)).flip(1);
+  return {first.to(at::kInt).contiguous(), last.to(at::kInt).contiguous()};
+}
 
 PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_in,
                                     const at::Tensor& v_in, const at::Tensor& table,
@@ -187,10 +215,22 @@ PreparedAttention prepare_attention(const at::Tensor& q_in, const at::Tensor& k_
     p.keep = masks.key_padding.to(device, at::kByte).contiguous();
     a.key_keep = p.keep.const_data_ptr<uint8_t>();
   }
+  if (masks.sample_ids.defined() && a.nk > 0) {
+    std::tie(p.sample_first, p.sample_last) = sample_bounds(masks.sample_ids.to(device));
+    a.sample_first = p.sample_first.const_data_ptr<int32_t>();
+    a.sample_last = p.sample_last.const_data_ptr<int32_t>();
+  }
+  if (masks.variate_ids.defined() && a.nk > 0) {
+    p.variate_ids = masks.variate_ids.to(device, at::kLong).contiguous();
+    p.variate_bias = masks.variate_bias.detach().to(device, at::kFloat).contiguous();
+    a.variate_ids = p.variate_ids.const_data_ptr<int64_t>();
+    a.variate_bias = p.variate_bias.const_data_ptr<float>();
+  }
   return p;
 }
 
-void check_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in) {
+void check_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                          const AttentionMasks& masks) {
   const auto device = q_in.device();
   TORCH_CHECK(k_in.device() == device && v_in.device() == device,
               "attention_fused (CUDA): q, k, v must share a device, got ", device, ", ",
@@ -201,6 +241,20 @@ void check_attention_cuda(const at::Tensor& q_in, const at::Tensor& k_in, const 
   TORCH_CHECK(q_in.size(3) <= cuda::kAttentionMaxDim && v_in.size(3) <= cuda::kAttentionMaxDim,
               "attention_fused (CUDA): head dims up to ", cuda::kAttentionMaxDim,
               ", got D=", q_in.size(3), " Dv=", v_in.size(3), "; use attention_reference");
+  // the ids' values are the operator's to check (check_packed_ids); their shapes are read here
+  for (const auto& [name, ids] :
+       {std::pair<const char*, const at::Tensor&>{"sample_ids", masks.sample_ids},
+        {"variate_ids", masks.variate_ids}})
+    TORCH_CHECK(!ids.defined() || (ids.dim() == 2 && ids.size(0) == q_in.size(0) &&
+                                   ids.size(1) == k_in.size(1) && q_in.size(1) <= k_in.size(1)),
+                "attention_fused (CUDA): ", name, " must be [B, Nk] = [", q_in.size(0), ", ",
+                k_in.size(1), "] with Nq=", q_in.size(1), " <= Nk, got ", ids.sizes());
+  TORCH_CHECK(masks.variate_ids.defined() == masks.variate_bias.defined() &&
+                  (!masks.variate_bias.defined() ||
+                   (masks.variate_bias.dim() == 2 && masks.variate_bias.size(0) == 2 &&
+                    masks.variate_bias.size(1) == q_in.size(2))),
+              "attention_fused (CUDA): variate_ids needs variate_bias [2, H] = [2, ", q_in.size(2),
+              "]");
 }
 
 }  // namespace
@@ -209,7 +263,7 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_launch(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& table,
     const BiasSpec& bias, const at::Tensor& q_positions, const at::Tensor& k_positions,
     const AttentionMasks& masks, double scale, cudaStream_t stream) {
-  check_attention_cuda(q_in, k_in, v_in);
+  check_attention_cuda(q_in, k_in, v_in, masks);
   const int64_t batch = q_in.size(0), nq = q_in.size(1), heads = q_in.size(2);
   auto out = at::empty({batch, nq, heads, v_in.size(3)}, q_in.options());
   auto lse = at::empty({batch, heads, nq}, q_in.options().dtype(at::kFloat));
@@ -229,10 +283,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_la
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& spec,
     const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
-    double scale, cudaStream_t stream) {
-  check_attention_cuda(q, k, v);
+    double scale, cudaStream_t stream, at::Tensor* dvariate) {
+  check_attention_cuda(q, k, v, masks);
   auto f32 = q.options().dtype(at::kFloat);
   const bool table_grad = spec.form == BiasForm::kBucketTable && table.numel() > 0;
+  if (dvariate != nullptr)  // [2, H] float32 with a variate bias, else undefined
+    *dvariate = masks.variate_ids.defined() ? at::zeros({2, q.size(2)}, f32) : at::Tensor();
   if (out.numel() == 0 || k.size(1) == 0) {  // no rows, or no key for any row: no gradient
     const auto contiguous = at::MemoryFormat::Contiguous;
     return {at::zeros_like(q, contiguous), at::zeros_like(k, contiguous),
@@ -258,8 +314,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_la
     dtable = at::zeros({table.size(0), table.size(1)}, f32);
     g.dtable = dtable.data_ptr<float>();
   }
+  // the variate bias's gradient, deterministic: per key tile partial sums [B, H, tiles, 2] from
+  // the dK/dV kernel, summed here over the batch and the tiles (no atomics)
+  at::Tensor dvariate_partial;
+  if (dvariate != nullptr && prepared.launch.variate_ids != nullptr) {
+    const int64_t tiles = (k.size(1) + cuda::kAttentionKeyTile - 1) / cuda::kAttentionKeyTile;
+    dvariate_partial = at::empty({q.size(0), q.size(2), tiles, 2}, f32);
+    g.dvariate_partial = dvariate_partial.data_ptr<float>();
+  }
   check_launch(cuda::attention_backward(g, stream), "attention_fused backward");
   if (dtable.defined()) dtable = dtable.to(table.scalar_type());
+  if (dvariate_partial.defined()) *dvariate = dvariate_partial.sum({0, 2}).t().contiguous();
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable};
 }
 

@@ -6,7 +6,9 @@
 // the glue run in CI without a GPU.
 //   rope:      q [B, N, Hq, Dh], k [B, N, Hk, Dh] (last dim contiguous), cos/sin [N, F] | [B, N, F]
 //   attention: q [B, Nq, H, D], k [B, Nk, H, D], v [B, Nk, H, Dv] -> out [B, Nq, H, Dv],
-//              lse [B, H, Nq] float32; backward -> dq, dk, dv in the inputs' dtypes, dtable
+//              lse [B, H, Nq] float32; backward -> dq, dk, dv in the inputs' dtypes, dtable,
+//              dvariate; masks.sample_ids into per-token sample bounds (sample_first/last),
+//              masks.variate_ids / variate_bias as they are (values checked by the operator)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,11 +37,13 @@ std::tuple<at::Tensor, at::Tensor> attention_forward_launch(
     const AttentionMasks& masks, double scale, cudaStream_t stream);
 
 /// posenc::_attention_fused_backward's through cuda::attention_backward (tiles recomputed from
-/// the saved log-sum-exp): (dq, dk, dv, dtable: the T5 table's gradient or undefined).
+/// the saved log-sum-exp): (dq, dk, dv, dtable: the T5 table's gradient or undefined);
+/// *dvariate (when given): masks.variate_bias's gradient [2, H] float32, or undefined without a
+/// variate bias (the kernel's per-key-tile partial sums added up here: deterministic).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_backward_launch(
     const at::Tensor& grad_out, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& q,
     const at::Tensor& k, const at::Tensor& v, const at::Tensor& table, const BiasSpec& bias,
     const at::Tensor& q_positions, const at::Tensor& k_positions, const AttentionMasks& masks,
-    double scale, cudaStream_t stream);
+    double scale, cudaStream_t stream, at::Tensor* dvariate = nullptr);
 
 }  // namespace posenc::detail
