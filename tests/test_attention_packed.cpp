@@ -7,6 +7,12 @@
 // crossed, so whole tiles are skipped), a sample whose keys are all padded, gradients for q, k, v
 // and variate_bias, a float64 central-difference check of the reference's variate_bias gradient,
 // and bad ids refused in one line naming the tensor and the first bad index.
+// Causal on ids (AttentionMasks::causal_ids: Moirai-2's packed_causal_attention_mask on time_id,
+// key j visible to query i when time_j <= time_i): series of several variates packed
+// variate-major (time restarts in every variate, so token order is not time order) with the
+// sample mask, the variate bias, RoPE and ALiBi, whole tiles skipped (variates longer than a
+// tile); random unsorted ids with ties and padded keys; the materialized mask against uni2ts'
+// rule written out; refusals (causal together with causal_ids, float ids, a wrong shape).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -52,12 +58,43 @@ std::pair<at::Tensor, at::Tensor> packed_ids(const std::vector<std::vector<int64
   return {samples, variates};
 }
 
+// Moirai-2's packing: per row, series of (variates, times) each listing variate 0's times
+// 0..T-1, then variate 1's, ... (variate-major); the rest of the row one padding series of one
+// variate. sample ids, variate ids and time ids [B, n].
+struct VariateMajorIds {
+  at::Tensor samples, variates, times;
+};
+
+VariateMajorIds variate_major_ids(const std::vector<std::vector<std::pair<int64_t, int64_t>>>& rows,
+                                  int64_t n) {
+  const auto batch = static_cast<int64_t>(rows.size());
+  VariateMajorIds ids{torch::empty({batch, n}, torch::kLong),
+                      torch::empty({batch, n}, torch::kLong),
+                      torch::empty({batch, n}, torch::kLong)};
+  for (int64_t b = 0; b < batch; ++b) {
+    auto series = rows[b];
+    int64_t total = 0;
+    for (auto [variates, times] : series) total += variates * times;
+    if (total < n) series.push_back({1, n - total});
+    int64_t j = 0;
+    for (size_t s = 0; s < series.size(); ++s)
+      for (int64_t var = 0; var < series[s].first; ++var)
+        for (int64_t t = 0; t < series[s].second && j < n; ++t, ++j) {
+          ids.samples[b][j] = static_cast<int64_t>(s);
+          ids.variates[b][j] = var;
+          ids.times[b][j] = t;
+        }
+  }
+  return ids;
+}
+
 struct PackedCase {
   bool causal;
   bool rotary;
   bool alibi;
   int64_t nq, nk;
   at::ScalarType dtype;
+  bool time_causal = false;  ///< causal_ids = Moirai-2's time ids (variate-major), not causal
 };
 
 class AttentionPacked : public ::testing::TestWithParam<PackedCase> {};
@@ -74,6 +111,13 @@ TEST_P(AttentionPacked, MatchesReferenceForwardAndBackward) {
   auto [samples, variates] = packed_ids({{70, 130, 9, 51}, {c.nk}, {1, 180, 64}}, c.nk);
   AttentionMasks masks;
   masks.causal = c.causal;
+  if (c.time_causal) {  // several variates per series, packed variate-major, causal in time
+    auto ids =
+        variate_major_ids({{{3, 40}, {2, 150}, {1, 10}}, {{2, 300}}, {{4, 20}, {1, 250}}}, c.nk);
+    samples = ids.samples;
+    variates = ids.variates;
+    masks.causal_ids = ids.times;
+  }
   masks.sample_ids = samples;
   masks.variate_ids = variates;
   masks.variate_bias = weight;
@@ -137,6 +181,11 @@ std::vector<PackedCase> packed_cases() {
   out.push_back({false, false, true, 300, 300, torch::kFloat32});
   out.push_back({true, true, false, 300, 300, torch::kBFloat16});
   out.push_back({false, true, true, 300, 300, torch::kHalf});
+  // causal on Moirai-2's time ids (variate-major): RoPE and ALiBi or not, cached keys, bfloat16
+  for (bool rotary : {false, true})
+    out.push_back({false, rotary, rotary, 600, 600, torch::kFloat32, true});
+  out.push_back({false, true, false, 70, 600, torch::kFloat32, true});
+  out.push_back({false, true, true, 600, 600, torch::kBFloat16, true});
   return out;
 }
 
@@ -188,6 +237,83 @@ TEST(AttentionPackedMasks, ReferenceVariateGradientMatchesCentralDifferences) {
     }
 }
 
+// Causal on unsorted ids with ties (several tokens per id), sample runs and padded keys: a query
+// whose visible keys are all padding gives 0, as the reference.
+TEST(AttentionPackedMasks, CausalIdsRandomWithTiesAndPadding) {
+  torch::manual_seed(5);
+  const int64_t b = 2, n = 520, h = 3, d = 16;
+  auto q = torch::randn({b, n, h, d}).requires_grad_(true);
+  auto k = torch::randn({b, n, h, d}).requires_grad_(true);
+  auto v = torch::randn({b, n, h, d}).requires_grad_(true);
+  AttentionMasks masks;
+  masks.causal_ids = torch::randint(0, 40, {b, n}, torch::kLong);
+  masks.sample_ids = packed_ids({{300, 200}, {20, 480}}, n).first;
+  masks.key_padding = torch::rand({b, n}) > 0.2;
+  // query 0 of row 1 holds the row's smallest id, its only equal-id key (itself) padded
+  masks.causal_ids[1][0] = -1;
+  masks.key_padding[1][0] = false;
+  auto pos = torch::arange(n, torch::kFloat64);
+  auto fused = attention_fused(q, k, v, fused_bias({}, pos, pos), masks, 0.25);
+  auto reference = attention_reference(q, k, v, {}, masks, 0.25);
+  EXPECT_LT(max_abs_diff(fused, reference), kForwardTolerance);
+  EXPECT_TRUE(torch::equal(fused[1][0], torch::zeros({h, d})));
+  auto probe = torch::randn(reference.sizes());
+  auto gf = torch::autograd::grad({(fused * probe).sum()}, {q, k, v});
+  auto gr = torch::autograd::grad({(reference * probe).sum()}, {q, k, v});
+  for (size_t i = 0; i < gf.size(); ++i)
+    EXPECT_LT(max_abs_diff(gf[i], gr[i]),
+              kGradientTolerance * std::max(1.0, gr[i].abs().max().item<double>()))
+        << "gradient " << i;
+}
+
+// Tile skipping at its boundary: ids j, but one id repeated at 127/128 and again at 255/256, so
+// a key tile's smallest id equals its query block's largest (forward: queries [128, 256) and keys
+// [256, 512); backward the same tiles): those tiles must be visited. And ids = the token positions
+// give causal=true's attention.
+TEST(AttentionPackedMasks, CausalIdsTileBoundaries) {
+  torch::manual_seed(6);
+  const int64_t n = 520, h = 2, d = 8;
+  auto q = torch::randn({1, n, h, d}).requires_grad_(true);
+  auto k = torch::randn({1, n, h, d}).requires_grad_(true);
+  auto v = torch::randn({1, n, h, d}).requires_grad_(true);
+  auto j = torch::arange(n, torch::kLong);
+  AttentionMasks repeated;
+  repeated.causal_ids =
+      (j - (j >= 128).to(torch::kLong) - (j >= 256).to(torch::kLong)).view({1, n});
+  auto pos = torch::arange(n, torch::kFloat64);
+  auto fused = attention_fused(q, k, v, fused_bias({}, pos, pos), repeated, 0.5);
+  auto reference = attention_reference(q, k, v, {}, repeated, 0.5);
+  EXPECT_LT(max_abs_diff(fused, reference), kForwardTolerance);
+  auto probe = torch::randn(reference.sizes());
+  auto gf = torch::autograd::grad({(fused * probe).sum()}, {q, k, v});
+  auto gr = torch::autograd::grad({(reference * probe).sum()}, {q, k, v});
+  for (size_t i = 0; i < gf.size(); ++i)
+    EXPECT_LT(max_abs_diff(gf[i], gr[i]),
+              kGradientTolerance * std::max(1.0, gr[i].abs().max().item<double>()))
+        << "gradient " << i;
+  AttentionMasks positions, causal;
+  positions.causal_ids = j.view({1, n});
+  causal.causal = true;
+  EXPECT_LT(max_abs_diff(attention_fused(q, k, v, fused_bias({}, pos, pos), positions, 0.5),
+                         attention_fused(q, k, v, fused_bias({}, pos, pos), causal, 0.5)),
+            kForwardTolerance);
+}
+
+// causal_mask_from_ids against uni2ts' packed_causal_attention_mask's time rule written out:
+// mask[b, i, j] = time[b, j] <= time[b, i], the queries at the last Nq ids.
+TEST(AttentionPackedMasks, CausalMaskFromIdsIsUni2tsRule) {
+  auto times = torch::tensor({{0, 1, 2, 0, 1, 2, 5}, {3, 3, 1, 0, 2, 2, 0}}, torch::kLong);
+  const int64_t nq = 4, nk = 7;
+  auto mask = causal_mask_from_ids(times, nq);
+  ASSERT_EQ(mask.sizes(), at::IntArrayRef({2, nq, nk}));
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < nq; ++i)
+      for (int64_t j = 0; j < nk; ++j)
+        EXPECT_EQ(mask[b][i][j].item<bool>(),
+                  times[b][j].item<int64_t>() <= times[b][nk - nq + i].item<int64_t>())
+            << b << ", " << i << ", " << j;
+}
+
 // The one-line refusal's first line, and that it names what it should.
 std::string refusal(const AttentionMasks& masks) {
   auto q = torch::randn({2, 16, 2, 8});
@@ -222,6 +348,22 @@ TEST(AttentionPackedMasks, BadIdsAreOneLine) {
   shape.variate_bias = torch::zeros({3, 2});
   EXPECT_NE(refusal(shape).find("variate_bias must be [2, H] = [2, 2]"), std::string::npos)
       << refusal(shape);
+  AttentionMasks both;
+  both.causal = true;
+  both.causal_ids = torch::zeros({2, 16}, torch::kLong);
+  EXPECT_NE(refusal(both).find("causal and causal_ids together are two causal rules"),
+            std::string::npos)
+      << refusal(both);
+  AttentionMasks float_times;
+  float_times.causal_ids = torch::zeros({2, 16});
+  EXPECT_NE(refusal(float_times).find("causal_ids must be an integer tensor (int64), got Float"),
+            std::string::npos)
+      << refusal(float_times);
+  AttentionMasks short_times;
+  short_times.causal_ids = torch::zeros({2, 15}, torch::kLong);
+  EXPECT_NE(refusal(short_times).find("causal_ids must be [B, Nk] = [2, 16], got [2, 15]"),
+            std::string::npos)
+      << refusal(short_times);
 }
 
 }  // namespace

@@ -37,6 +37,7 @@ _FUSED_HOST_OK = (
     "sample_ids",
     "variate_ids",
     "variate_bias",
+    "causal_ids",
 )
 for _name in ("attention_fused", "_attention_fused_forward", "_attention_fused_backward"):
     _HOST_OK[_name] = _FUSED_HOST_OK
@@ -304,7 +305,7 @@ def _shaw_attention_backward_fake(
 
 # positional_attention: as t5_attention (lse float64 for float64 inputs, their reference path);
 # dtable is the T5 table's shape and dtype, or an empty float32 [0] without a table; dvariate
-# variate_bias's likewise.
+# variate_bias's likewise. causal_ids (like sample_ids) changes no shape.
 @_fake("positional_attention")
 def _positional_attention_fake(
     q,
@@ -324,6 +325,7 @@ def _positional_attention_fake(
     sample_ids=None,
     variate_ids=None,
     variate_bias=None,
+    causal_ids=None,
 ):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
@@ -347,6 +349,7 @@ def _positional_attention_forward_fake(
     sample_ids=None,
     variate_ids=None,
     variate_bias=None,
+    causal_ids=None,
 ):
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return (q.new_empty((*q.shape[:-1], v.shape[-1])), q.new_empty(q.shape[:-1], dtype=lse_dtype))
@@ -374,6 +377,7 @@ def _positional_attention_backward_fake(
     sample_ids=None,
     variate_ids=None,
     variate_bias=None,
+    causal_ids=None,
 ):
     dtable = (
         t5_table.new_empty(t5_table.shape)
@@ -428,9 +432,11 @@ def _attention_fused_backward_fake(
     sample_ids=None,
     variate_ids=None,
     variate_bias=None,
+    causal_ids=None,
 ):
-    # the last three parameters (sample_ids, variate_ids, variate_bias) may come positionally
-    if len(args) >= 16:  # (table_form, ..., rope_layout, sample_ids, variate_ids, variate_bias)
+    # the last four parameters (sample_ids, variate_ids, variate_bias, causal_ids) may come
+    # positionally: (table_form, ..., rope_layout, sample_ids, variate_ids, variate_bias, ...)
+    if len(args) >= 16:
         variate_bias = args[15]
     dtable = (
         table.new_empty(table.shape)

@@ -178,6 +178,7 @@ def positional_attention(
     sample_ids: torch.Tensor | None = None,
     variate_ids: torch.Tensor | None = None,
     variate_bias: torch.Tensor | None = None,
+    causal_ids: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(rot(q_i) . rot(k_j) * scale - slope_h d(i, j) + t5_table[bucket(j - p_i), h]
     + variate_bias[variate_i == variate_j, h] + masks) v, [B, H, Nq, Dv]; every part optional,
@@ -225,6 +226,12 @@ def positional_attention(
     * variate_ids [B, Nk] int64 >= 0 with variate_bias [2, H]: + variate_bias[1, h] where the
       two tokens' variate ids are equal, + variate_bias[0, h] otherwise; variate_bias is
       Moirai's ``nn.Embedding(2, H).weight`` as is, with a gradient (two sums of dS per head).
+    * causal_ids [B, Nk] int64: causal in these ids instead of token order: key j is visible to
+      query i only when causal_ids[b, j] <= causal_ids[b, Nk - Nq + i] (Moirai-2's
+      packed_causal_attention_mask with time_id: a series of several variates packed
+      variate-major is not in time order). Together with sample_ids both rules hold; with
+      causal=True it is refused (two causal rules). The kernel skips a tile whose keys' smallest
+      id exceeds its queries' largest; no [Nq, Nk] mask is built.
 
     CUDA takes these on the plain-ATen reference path (the CUDA kernel does not read them yet).
     """
@@ -246,4 +253,5 @@ def positional_attention(
         sample_ids,
         variate_ids,
         variate_bias,
+        causal_ids,
     )

@@ -113,7 +113,8 @@ bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q,
                                const AttentionMasks& masks) {
   // packed samples and the variate bias: the CPU kernel only (the CUDA kernel does not read them)
   const bool ids = masks.sample_ids.defined() || masks.variate_ids.defined();
-  return attention_fused_supported(bias, q) && (!ids || q.device().is_cpu());
+  return attention_fused_supported(bias, q) && (!ids || q.device().is_cpu()) &&
+         (!masks.causal_ids.defined() || q.device().is_cpu());  // causal ids: the CPU kernel
 }
 
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
@@ -157,6 +158,11 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
   if (masks.sample_ids.defined())
     logits = logits.masked_fill(
         ~sample_mask_from_ids(masks.sample_ids.to(q.device()), nq).unsqueeze(1), inf);
+  detail::check_causal_ids("attention_reference", masks.causal_ids, masks.causal, q.size(0), nq,
+                           nk);
+  if (masks.causal_ids.defined())
+    logits = logits.masked_fill(
+        ~causal_mask_from_ids(masks.causal_ids.to(q.device()), nq).unsqueeze(1), inf);
   auto weights = torch::softmax(logits, -1);
   weights = torch::where(torch::isnan(weights), torch::zeros_like(weights), weights);  // no key
   return torch::einsum("bhqk,bkhd->bqhd", {weights, v.to(compute)}).to(q.scalar_type());
@@ -176,6 +182,15 @@ at::Tensor equal_ids(const at::Tensor& ids, int64_t nq, const char* name) {
 
 at::Tensor sample_mask_from_ids(const at::Tensor& sample_ids, int64_t nq) {
   return equal_ids(sample_ids, nq, "sample_mask_from_ids: sample_ids");
+}
+
+at::Tensor causal_mask_from_ids(const at::Tensor& causal_ids, int64_t nq) {
+  TORCH_CHECK(causal_ids.dim() == 2 && nq <= causal_ids.size(1),
+              "causal_mask_from_ids: causal_ids must be [B, Nk] with Nk >= Nq=", nq, ", got ",
+              causal_ids.sizes());
+  const int64_t nk = causal_ids.size(1);
+  // uni2ts' packed_causal_attention_mask: time_id[..., None, :] <= time_id[..., :, None]
+  return causal_ids.unsqueeze(1) <= causal_ids.narrow(1, nk - nq, nq).unsqueeze(2);
 }
 
 at::Tensor variate_bias_from_ids(const at::Tensor& variate_ids, const at::Tensor& variate_bias,

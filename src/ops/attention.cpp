@@ -82,6 +82,11 @@
 //     variate_ids [B, Nk] int64 >= 0, variate_bias [2, H]: + variate_bias[1, h] on equal ids,
 //       variate_bias[0, h] otherwise (row 0 different, row 1 same: Moirai's Embedding(2, H)
 //       weight as is), with a gradient: two sums of dS per head.
+//     causal_ids [B, Nk] int64: key j visible to query i only when causal_ids[b, j] <=
+//       causal_ids[b, Nk - Nq + i] (causal in these ids instead of token order: Moirai-2's
+//       packed_causal_attention_mask on time_id, whose variate-major packing is not in time
+//       order); refused with causal=True (two causal rules). The kernel skips a tile whose keys'
+//       smallest id exceeds its queries' largest.
 //   CUDA takes them on the reference path (the CUDA kernel does not read them yet).
 // posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
 // posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...)
@@ -757,7 +762,10 @@ struct Positional {
   at::Tensor mask;                     ///< [B, Nk] bool: transformers' attention_mask (key_mask_of)
   at::Tensor sample_ids, variate_ids;  ///< [B, Nk] integer (packed samples, variate bias)
   at::Tensor variate_bias;             ///< [2, H]
-  bool packed() const { return sample_ids.defined() || variate_ids.defined(); }
+  at::Tensor causal_ids;               ///< [B, Nk] integer: causal on these ids
+  bool packed() const {
+    return sample_ids.defined() || variate_ids.defined() || causal_ids.defined();
+  }
   bool rotary() const { return cos.defined() && cos.size(-1) > 0; }
 };
 
@@ -770,16 +778,14 @@ RopeLayout positional_layout(c10::string_view layout) {
   return rope_layout_from_string(name);
 }
 
-Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const std::optional<at::Tensor>& cos,
-                           const std::optional<at::Tensor>& sin, c10::string_view layout,
-                           const std::optional<at::Tensor>& slopes, bool symmetric,
-                           const std::optional<at::Tensor>& t5_table, bool bidirectional,
-                           int64_t max_distance, bool causal, std::optional<double> scale,
-                           const std::optional<at::Tensor>& attention_mask,
-                           const std::optional<at::Tensor>& sample_ids,
-                           const std::optional<at::Tensor>& variate_ids,
-                           const std::optional<at::Tensor>& variate_bias) {
+Positional positional_args(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
+    c10::string_view layout, const std::optional<at::Tensor>& slopes, bool symmetric,
+    const std::optional<at::Tensor>& t5_table, bool bidirectional, int64_t max_distance,
+    bool causal, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask,
+    const std::optional<at::Tensor>& sample_ids, const std::optional<at::Tensor>& variate_ids,
+    const std::optional<at::Tensor>& variate_bias, const std::optional<at::Tensor>& causal_ids) {
   check_qkv(kPositional, q, k, v, /*allow_double=*/true);
   Positional a;
   a.layout = positional_layout(layout);
@@ -838,6 +844,8 @@ Positional positional_args(const at::Tensor& q, const at::Tensor& k, const at::T
   a.variate_bias = defined(variate_bias);
   detail::check_packed_ids(kPositional, a.sample_ids, a.variate_ids, a.variate_bias, q.size(0),
                            k.size(2), q.size(1));
+  a.causal_ids = defined(causal_ids);
+  detail::check_causal_ids(kPositional, a.causal_ids, causal, q.size(0), q.size(2), k.size(2));
   return a;
 }
 
@@ -942,6 +950,12 @@ PositionalLogits positional_logits_of(const at::Tensor& q, const at::Tensor& k,
     logits = logits.masked_fill(at::logical_not(visible).unsqueeze(1),
                                 -std::numeric_limits<double>::infinity());
   }
+  if (a.causal_ids.defined()) {  // uni2ts: time_id[..., None, :] <= time_id[..., :, None]
+    const auto ids = a.causal_ids.to(at::kLong);
+    const auto visible = ids.unsqueeze(1) <= ids.narrow(1, nk - nq, nq).unsqueeze(2);
+    logits = logits.masked_fill(at::logical_not(visible).unsqueeze(1),
+                                -std::numeric_limits<double>::infinity());
+  }
   l.logits = masked(logits, a.mask);
   return l;
 }
@@ -1001,6 +1015,7 @@ void prepare_positional(PreparedPositional& out, const at::Tensor& qh, const at:
   if (a.table.defined()) set_t5_table(p, out.pos, a.table, a.bidirectional, a.max_distance);
   set_key_mask(p, a.mask);
   detail::set_packed(p, kPositional, a.sample_ids, a.variate_ids, a.variate_bias);
+  detail::set_causal_ids(p, kPositional, a.causal_ids);
   if (rotary_inside) {  // per-pair tables [N, F]: one member of each pair (both read the same)
     const int64_t width = a.cos.size(-1), pairs = width / 2;
     const auto per_pair = [&](const at::Tensor& t) {
@@ -1044,7 +1059,8 @@ std::vector<NamedTensor> positional_tables(
     const std::optional<at::Tensor>& cos, const std::optional<at::Tensor>& sin,
     const std::optional<at::Tensor>& slopes, const std::optional<at::Tensor>& t5_table,
     const std::optional<at::Tensor>& attention_mask, const std::optional<at::Tensor>& sample_ids,
-    const std::optional<at::Tensor>& variate_ids, const std::optional<at::Tensor>& variate_bias) {
+    const std::optional<at::Tensor>& variate_ids, const std::optional<at::Tensor>& variate_bias,
+    const std::optional<at::Tensor>& causal_ids) {
   return {{"cos", cos},
           {"sin", sin},
           {"slopes", slopes},
@@ -1052,7 +1068,8 @@ std::vector<NamedTensor> positional_tables(
           {"attention_mask", attention_mask},
           {"sample_ids", sample_ids},
           {"variate_ids", variate_ids},
-          {"variate_bias", variate_bias}};
+          {"variate_bias", variate_bias},
+          {"causal_ids", causal_ids}};
 }
 
 #define POSITIONAL_PARAMS                                                                       \
@@ -1061,10 +1078,10 @@ std::vector<NamedTensor> positional_tables(
       const std::optional<at::Tensor>&t5_table, bool bidirectional, int64_t max_distance,       \
       bool causal, std::optional<double> scale, const std::optional<at::Tensor>&attention_mask, \
       const std::optional<at::Tensor>&sample_ids, const std::optional<at::Tensor>&variate_ids,  \
-      const std::optional<at::Tensor>&variate_bias
+      const std::optional<at::Tensor>&variate_bias, const std::optional<at::Tensor>&causal_ids
 #define POSITIONAL_ARGS                                                                      \
   cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale, \
-      attention_mask, sample_ids, variate_ids, variate_bias
+      attention_mask, sample_ids, variate_ids, variate_bias, causal_ids
 
 std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor& q,
                                                                 const at::Tensor& k,
@@ -1072,7 +1089,7 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor
                                                                 POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias));
+                                          variate_ids, variate_bias, causal_ids));
   return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
 }
 
@@ -1082,7 +1099,7 @@ positional_backward_reference(const at::Tensor& grad_out, const at::Tensor& q, c
                               POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
                          positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                           variate_ids, variate_bias));
+                                           variate_ids, variate_bias, causal_ids));
   return positional_backward_reference_of(grad_out, q, k, v, out, lse,
                                           positional_args(q, k, v, POSITIONAL_ARGS));
 }
@@ -1091,7 +1108,7 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, c
                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias));
+                                          variate_ids, variate_bias, causal_ids));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_forward_reference_of(q, k, v, a);
@@ -1110,7 +1127,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positiona
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
                          positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                           variate_ids, variate_bias));
+                                           variate_ids, variate_bias, causal_ids));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!positional_reference_reason(q, v).empty())
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1349,7 +1366,7 @@ std::tuple<at::Tensor, at::Tensor> positional_forward_cuda(const at::Tensor& q, 
                                                            const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias));
+                                          variate_ids, variate_bias, causal_ids));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!cuda_kernel_takes(q, v, a)) return positional_forward_reference_of(q, k, v, a);
   return cuda_forward_of(q, k, v, a);
@@ -1360,7 +1377,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positiona
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
                          positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                           variate_ids, variate_bias));
+                                           variate_ids, variate_bias, causal_ids));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!cuda_kernel_takes(q, v, a))
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
@@ -1382,7 +1399,7 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias));
+                                          variate_ids, variate_bias, causal_ids));
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
@@ -1392,7 +1409,8 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
     if (!cuda_kernel_takes(q, v, a))
       return first +
              "reference: a call the CUDA kernel does not take (float64, a head dim of 0 "
-             "or above 256, ALiBi and T5 together, or sample ids / a variate bias)";
+             "or above 256, ALiBi and T5 together, or sample ids / a variate bias / causal "
+             "ids)";
     return first + (a.rotary() && !learned ? "CUDA kernel, RoPE outside (float32)" : "CUDA kernel");
   }
 #endif
@@ -1449,21 +1467,24 @@ POSENC_LIBRARY_FRAGMENT(m) {
       "layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
       "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
-      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None, "
+      "Tensor? causal_ids=None) -> "
       "Tensor");
   m.def(
       "_positional_attention_forward(Tensor q, Tensor k, Tensor v, Tensor? cos=None, Tensor? "
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
       "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
-      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None, "
+      "Tensor? causal_ids=None) -> "
       "(Tensor, Tensor)");
   m.def(
       "_positional_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
       "Tensor lse, Tensor? cos=None, Tensor? sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
       "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
-      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None, "
+      "Tensor? causal_ids=None) -> "
       "(Tensor, Tensor, Tensor, "
       "Tensor, Tensor)");
   // Which path positional_attention takes and why (inspection; any device).
@@ -1472,7 +1493,8 @@ POSENC_LIBRARY_FRAGMENT(m) {
       "sin=None, str layout=\"half\", "
       "Tensor? slopes=None, bool symmetric=False, Tensor? t5_table=None, bool bidirectional=True, "
       "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None, "
-      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None) -> "
+      "Tensor? sample_ids=None, Tensor? variate_ids=None, Tensor? variate_bias=None, "
+      "Tensor? causal_ids=None) -> "
       "str",
       TORCH_FN(positional_attention_route));
 }

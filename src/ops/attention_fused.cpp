@@ -80,7 +80,8 @@ void check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    const std::optional<at::Tensor>& k_cos, const std::optional<at::Tensor>& k_sin,
                    const std::optional<at::Tensor>& sample_ids,
                    const std::optional<at::Tensor>& variate_ids,
-                   const std::optional<at::Tensor>& variate_bias) {
+                   const std::optional<at::Tensor>& variate_bias,
+                   const std::optional<at::Tensor>& causal_ids) {
   check_same_device("attention_fused", {{"q", q}, {"k", k}, {"v", v}},
                     {{"q_positions", q_positions},
                      {"k_positions", k_positions},
@@ -93,7 +94,8 @@ void check_devices(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                      {"k_sin", k_sin},
                      {"sample_ids", sample_ids},
                      {"variate_ids", variate_ids},
-                     {"variate_bias", variate_bias}});
+                     {"variate_bias", variate_bias},
+                     {"causal_ids", causal_ids}});
 }
 
 // Positions, slopes and tables hold real numbers (an imaginary part would be dropped).
@@ -108,7 +110,7 @@ void check_real(const char* name, const std::optional<at::Tensor>& t, bool integ
 Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 POSENC_ATTENTION_FUSED_PARAMS) {
   check_devices(q, k, v, q_positions, k_positions, slopes, table, key_padding, q_cos, q_sin, k_cos,
-                k_sin, sample_ids, variate_ids, variate_bias);
+                k_sin, sample_ids, variate_ids, variate_bias, causal_ids);
   check_real("q_positions", q_positions, true);
   check_real("k_positions", k_positions, true);
   check_real("slopes", slopes, false);
@@ -200,6 +202,9 @@ Unpacked unpack(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(!u.masks.sample_ids.defined() || q.size(1) <= k.size(1),
               "attention_fused: sample_ids with more queries (", q.size(1), ") than keys (",
               k.size(1), "): the queries take the last Nq ids");
+  if (auto s = given(causal_ids)) u.masks.causal_ids = *s;
+  detail::check_causal_ids("attention_fused", u.masks.causal_ids, causal, k.size(0), q.size(1),
+                           k.size(1));
   const bool any_table = given(q_cos) || given(q_sin) || given(k_cos) || given(k_sin);
   if (any_table) {
     TORCH_CHECK(given(q_cos) && given(q_sin) && given(k_cos) && given(k_sin),
@@ -285,6 +290,7 @@ detail::AttentionProblem make_problem(const at::Tensor& qh, const at::Tensor& kh
   }
   detail::set_packed(p, "attention_fused", u.masks.sample_ids, u.masks.variate_ids,
                      u.masks.variate_bias);
+  detail::set_causal_ids(p, "attention_fused", u.masks.causal_ids);
   return p;
 }
 
@@ -355,6 +361,9 @@ BiasSpec cuda_bias(const Unpacked& u, const at::Tensor& q) {
   TORCH_CHECK(!u.masks.sample_ids.defined() && !u.masks.variate_ids.defined(),
               "attention_fused (CUDA): sample_ids and the variate bias run on the CPU kernel (the "
               "CUDA kernel does not read them yet); use attention_reference on CUDA");
+  TORCH_CHECK(!u.masks.causal_ids.defined(),
+              "attention_fused (CUDA): causal_ids run on the CPU kernel; use attention_reference "
+              "on CUDA");
   BiasSpec spec = bias.table;
   if (bias.alibi) {
     spec = BiasSpec{};
@@ -415,7 +424,7 @@ at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const 
   "str table_form, int num_buckets, int max_distance, bool bidirectional, "                   \
   "int max_relative_position, bool causal, Tensor? key_padding, float scale, Tensor? q_cos, " \
   "Tensor? q_sin, Tensor? k_cos, Tensor? k_sin, str rope_layout, Tensor? sample_ids=None, "   \
-  "Tensor? variate_ids=None, Tensor? variate_bias=None"
+  "Tensor? variate_ids=None, Tensor? variate_bias=None, Tensor? causal_ids=None"
 
 // Registered once per process (see rope_rotate.cpp: the static core may be loaded twice).
 bool register_once() {
@@ -507,6 +516,7 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
               masks.sample_ids.defined() || masks.variate_ids.defined()
                   ? ", sample ids or a variate bias (CPU kernel only)"
                   : "",
+              masks.causal_ids.defined() ? ", causal ids (CPU kernel only)" : "",
               "); use attention_reference");
   auto opt = [](bool has, const at::Tensor& t) {
     return has ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -521,7 +531,8 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
       opt(rotary.defined(), rotary.k_cos), opt(rotary.defined(), rotary.k_sin),
       to_string(rotary.layout), opt(masks.sample_ids.defined(), masks.sample_ids),
       opt(masks.variate_ids.defined(), masks.variate_ids),
-      opt(masks.variate_bias.defined(), masks.variate_bias));
+      opt(masks.variate_bias.defined(), masks.variate_bias),
+      opt(masks.causal_ids.defined(), masks.causal_ids));
 }
 
 }  // namespace posenc

@@ -16,7 +16,9 @@
 //   j <= i + Nk - Nq; q_cos .. k_sin per-pair float32 tables [Nq, F], [Nk, F] (RoPE inside)
 //   sample_ids [B, Nk] int64 (packed samples: attend within equal ids, one run each), variate_ids
 //   [B, Nk] int64 >= 0 with variate_bias [2, H] (+ variate_bias[ids equal, h]; Moirai's binary
-//   bias); the queries take the last Nq ids. CPU kernel only (CUDA refuses them).
+//   bias); causal_ids [B, Nk] int64 (key j visible to query i when causal_ids[b, j] <=
+//   causal_ids[b, i + Nk - Nq]: causal in these ids, e.g. Moirai-2's time_id; not with causal);
+//   the queries take the last Nq ids. CPU kernel only (CUDA refuses them).
 //   -> out [B, Nq, H, Dv] in q's dtype (contiguous); lse [B, H, Nq] float32
 //   _attention_fused_forward -> (out, lse), out on the CPU in float32: the accumulator's values,
 //   which the backward reads for delta = dO . O (unrounded: bfloat16 dq, dk land on float64's
@@ -41,20 +43,21 @@
 namespace posenc::ops {
 
 // The operators' parameters after (q, k, v), in the schema's order (attention_fused.cpp).
-#define POSENC_ATTENTION_FUSED_PARAMS                                                          \
-  const at::Tensor &q_positions, const at::Tensor &k_positions,                                \
-      const std::optional<at::Tensor>&slopes, bool symmetric,                                  \
-      const std::optional<at::Tensor>&table, c10::string_view table_form, int64_t num_buckets, \
-      int64_t max_distance, bool bidirectional, int64_t max_relative_position, bool causal,    \
-      const std::optional<at::Tensor>&key_padding, double scale,                               \
-      const std::optional<at::Tensor>&q_cos, const std::optional<at::Tensor>&q_sin,            \
-      const std::optional<at::Tensor>&k_cos, const std::optional<at::Tensor>&k_sin,            \
-      c10::string_view rope_layout, const std::optional<at::Tensor>&sample_ids,                \
-      const std::optional<at::Tensor>&variate_ids, const std::optional<at::Tensor>&variate_bias
+#define POSENC_ATTENTION_FUSED_PARAMS                                                            \
+  const at::Tensor &q_positions, const at::Tensor &k_positions,                                  \
+      const std::optional<at::Tensor>&slopes, bool symmetric,                                    \
+      const std::optional<at::Tensor>&table, c10::string_view table_form, int64_t num_buckets,   \
+      int64_t max_distance, bool bidirectional, int64_t max_relative_position, bool causal,      \
+      const std::optional<at::Tensor>&key_padding, double scale,                                 \
+      const std::optional<at::Tensor>&q_cos, const std::optional<at::Tensor>&q_sin,              \
+      const std::optional<at::Tensor>&k_cos, const std::optional<at::Tensor>&k_sin,              \
+      c10::string_view rope_layout, const std::optional<at::Tensor>&sample_ids,                  \
+      const std::optional<at::Tensor>&variate_ids, const std::optional<at::Tensor>&variate_bias, \
+      const std::optional<at::Tensor>&causal_ids
 #define POSENC_ATTENTION_FUSED_ARGS                                                          \
   q_positions, k_positions, slopes, symmetric, table, table_form, num_buckets, max_distance, \
       bidirectional, max_relative_position, causal, key_padding, scale, q_cos, q_sin, k_cos, \
-      k_sin, rope_layout, sample_ids, variate_ids, variate_bias
+      k_sin, rope_layout, sample_ids, variate_ids, variate_bias, causal_ids
 
 /// _attention_fused_forward's out as attention_fused returns it, in q's dtype: a copy only
 /// where the dtypes differ (an operator below autograd must not hand back its input).

@@ -60,8 +60,13 @@ def _t5_table():
     return torch.randn(8, 2)
 
 
-def _packed():  # sample_ids, variate_ids [B, Nk], variate_bias [2, H]
-    return [torch.tensor([[0, 0, 1]]), torch.tensor([[0, 1, 1]]), torch.randn(2, 2)]
+def _packed():  # sample_ids, variate_ids [B, Nk], variate_bias [2, H], causal_ids [B, Nk]
+    return [
+        torch.tensor([[0, 0, 1]]),
+        torch.tensor([[0, 1, 1]]),
+        torch.randn(2, 2),
+        torch.tensor([[0, 0, 0]]),
+    ]
 
 
 def _positional_tail():  # cos, sin, layout, slopes, symmetric, t5_table, bidirectional, ...

@@ -21,6 +21,13 @@
 //          + variate_bias[0, h] otherwise;  variate_ids [B, Nk] int64 >= 0, variate_bias [2, H]
 //          learnable (Moirai's nn.Embedding(2, H).weight as is), its gradient two sums of dS per
 //          head: d variate_bias[s, h] = sum_{b, i, j : [equal ids] = s} dS[b, h, i, j].
+//   causal on ids (Moirai-2's packed_causal_attention_mask, uni2ts/common/torch_util.py):
+//          causal_ids [B, Nk] int64; key j visible to query i only when
+//          causal_ids[b, j] <= causal_ids[b, i + Nk - Nq] (causal in these ids, e.g. time ids,
+//          instead of token order: a variate-major packing lists variate 1's time 0 after
+//          variate 0's time 9). With sample_ids both hold. causal=true with causal_ids is refused
+//          (two causal rules). The kernel skips a tile whose keys' smallest id exceeds its
+//          queries' largest (CPU kernel only).
 //   A query row that sees no key (all its keys padded or masked) gives 0, lse -inf.
 //   rotary (optional, CPU): q_i and k_j are rotated by their RoPE tables as each tile is loaded
 //          (Su et al. 2021; layouts as rope_apply), so no rotated copy of q and k is written;
@@ -55,11 +62,17 @@ struct AttentionMasks {
   at::Tensor sample_ids;    ///< [B, Nk] int64: packed samples, attend within equal ids (runs)
   at::Tensor variate_ids;   ///< [B, Nk] int64 >= 0: the binary variate bias's ids
   at::Tensor variate_bias;  ///< [2, H] float: row 0 different variate ids, row 1 the same
+  at::Tensor causal_ids;    ///< [B, Nk] int64: key j visible when its id <= the query's (not
+                            ///< with causal = true)
 };
 
 /// Packed samples' mask, materialized (the reference's, and for tests): [B, Nq, Nk] bool, true
 /// where key j is visible to query i (equal sample ids; queries at the last Nq ids).
 at::Tensor sample_mask_from_ids(const at::Tensor& sample_ids, int64_t nq);
+/// The causal mask on ids, materialized: [B, Nq, Nk] bool, true where key j is visible to query
+/// i (causal_ids[b, j] <= causal_ids[b, i + Nk - Nq]; uni2ts' packed_causal_attention_mask's
+/// time_id part).
+at::Tensor causal_mask_from_ids(const at::Tensor& causal_ids, int64_t nq);
 /// The binary variate bias, materialized and differentiable in variate_bias:
 /// [B, H, Nq, Nk] = variate_bias[ids equal, h] (queries at the last Nq ids), as uni2ts'
 /// BinaryAttentionBias computes ~ind * weight[0] + ind * weight[1].
@@ -117,7 +130,7 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
                            const at::Tensor& k_positions, const AttentionMasks& masks, double scale,
                            const AttentionRotary& rotary = {});
 /// The specification: logits = q k^T * scale + bias (materialized) + the variate bias + masks
-/// (causal, key padding, sample ids), softmax, times v; a row that sees no key gives 0.
+/// (causal, key padding, sample ids, causal ids), softmax, times v; a row that sees no key gives 0.
 /// bias: [H, Nq, Nk], [B, H, Nq, Nk] or undefined. Autograd-able (q, k, v, bias, variate_bias).
 at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& bias, const AttentionMasks& masks, double scale);

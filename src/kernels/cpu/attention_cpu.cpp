@@ -19,6 +19,10 @@
 // pairs of different ids with -inf. The binary variate bias (uni2ts' BinaryAttentionBias:
 // weight[1, h] for equal variate ids, weight[0, h] otherwise) is added per pair; its gradient is
 // two sums of dS per head, accumulated per (b, h) and summed over b (no atomics).
+// Causal on ids (Moirai-2's packed_causal_attention_mask on time_id): key j is masked for query i
+// when causal_ids[j] > causal_ids[i + Nk - Nq]; a tile is skipped (forward and backward) when the
+// smallest id of its keys exceeds the largest of its queries (a variate-major packing: a query
+// block of times [a, b] skips every key block of times > b in every variate).
 #include "attention_cpu.h"
 
 #include <ATen/ATen.h>
@@ -53,6 +57,8 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   const bool relative = p.table_form == BiasForm::kRelativeTable;
   const int64_t* sample = p.packed ? p.sample_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
   const int64_t* variate = p.variate ? p.variate_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
+  const int64_t* causal_ids =
+      p.causal_by_ids ? p.causal_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
   const float differ = p.variate ? p.variate_bias[h] : 0.0f;
   const float same = p.variate ? p.variate_bias[p.heads + h] : 0.0f;
   for (int64_t r = 0; r < rows; ++r) {
@@ -87,6 +93,12 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
     if (p.causal) {
       const int64_t last = i + offset;  // last visible key
       for (int64_t c = std::max<int64_t>(0, last + 1 - j0); c < cols; ++c) row[c] = kNegInf;
+    }
+    if (causal_ids) {  // causal on ids: keys with a larger id than the query's are masked
+      const int64_t ti = causal_ids[i + offset];
+      const int64_t* tk = causal_ids + j0;
+      for (int64_t c = 0; c < cols; ++c)
+        if (tk[c] > ti) row[c] = kNegInf;
     }
     if (sample) {  // the block-diagonal mask of packed samples
       const int64_t si = sample[i + offset];
@@ -145,7 +157,42 @@ std::pair<int64_t, int64_t> packed_queries(const AttentionProblem& p, int64_t b,
           std::min<int64_t>(p.nq - 1, p.run_last[b * p.nk + j0 + cols - 1] - offset)};
 }
 
+// Causal on ids: the largest id of queries [i0, i0 + rows) and the smallest of keys
+// [j0, j0 + cols) of row b; a tile with smallest key id > largest query id is all masked.
+int64_t largest_query_id(const AttentionProblem& p, int64_t b, int64_t i0, int64_t rows) {
+  const int64_t* ids = p.causal_ids.const_data_ptr<int64_t>() + b * p.nk + (p.nk - p.nq) + i0;
+  return *std::max_element(ids, ids + rows);
+}
+
+int64_t smallest_key_id(const AttentionProblem& p, int64_t b, int64_t j0, int64_t cols) {
+  const int64_t* ids = p.causal_ids.const_data_ptr<int64_t>() + b * p.nk + j0;
+  return *std::min_element(ids, ids + cols);
+}
+
 }  // namespace
+
+void check_causal_ids(const char* op, const at::Tensor& causal_ids, bool causal, int64_t batch,
+                      int64_t nq, int64_t nk) {
+  if (!causal_ids.defined()) return;
+  TORCH_CHECK_VALUE(!causal, op,
+                    ": causal and causal_ids together are two causal rules (token order and ids); "
+                    "pass one of them");
+  TORCH_CHECK_VALUE(at::isIntegralType(causal_ids.scalar_type(), /*includeBool=*/false), op,
+                    ": causal_ids must be an integer tensor (int64), got ",
+                    causal_ids.scalar_type());
+  TORCH_CHECK_VALUE(
+      causal_ids.dim() == 2 && causal_ids.size(0) == batch && causal_ids.size(1) == nk, op,
+      ": causal_ids must be [B, Nk] = [", batch, ", ", nk, "], got ", causal_ids.sizes());
+  TORCH_CHECK_VALUE(nq <= nk, op, ": causal_ids with more queries (", nq, ") than keys (", nk,
+                    "): the queries take the last Nq ids");
+}
+
+void set_causal_ids(AttentionProblem& p, const char* op, const at::Tensor& causal_ids) {
+  check_causal_ids(op, causal_ids, p.causal, p.batch, p.nq, p.nk);
+  if (!causal_ids.defined()) return;
+  p.causal_by_ids = true;
+  p.causal_ids = causal_ids.to(at::kCPU, at::kLong).contiguous();
+}
 
 void check_packed_ids(const char* op, const at::Tensor& sample_ids, const at::Tensor& variate_ids,
                       const at::Tensor& variate_bias, int64_t batch, int64_t nk, int64_t heads) {
@@ -254,10 +301,12 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
       std::fill(l.begin(), l.end(), 0.0f);
       float* accp = acc.data_ptr<float>();
       const auto [j_first, j_last] = packed_keys(p, b, i0, rows);
+      const int64_t query_id_max = p.causal_by_ids ? largest_query_id(p, b, i0, rows) : 0;
       for (int64_t j0 = j_first; j0 <= j_last; j0 += kBlockK) {
         const int64_t cols =
             visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, j_last + 1 - j0));
         if (cols == 0) break;
+        if (p.causal_by_ids && smallest_key_id(p, b, j0, cols) > query_id_max) continue;
         auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
         at::mm_out(s_blk, q_blk, k_bh.narrow(0, j0, cols).t());
         float* s = tile.data_ptr<float>();
@@ -334,10 +383,12 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
         auto dk_blk = dk[b][h].narrow(0, j0, cols_all);
         auto dv_blk = dv[b][h].narrow(0, j0, cols_all);
         const auto [i_first, i_last] = packed_queries(p, b, j0, cols_all);
+        const int64_t key_id_min = p.causal_by_ids ? smallest_key_id(p, b, j0, cols_all) : 0;
         for (int64_t i0 = i_first; i0 <= i_last; i0 += kBlockQ) {
           const int64_t rows = std::min(kBlockQ, i_last + 1 - i0);
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
+          if (p.causal_by_ids && key_id_min > largest_query_id(p, b, i0, rows)) continue;
           auto q_blk = q_bh.narrow(0, i0, rows);
           auto do_blk = grad_out[b][h].narrow(0, i0, rows);
           auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);

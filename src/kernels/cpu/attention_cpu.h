@@ -54,6 +54,11 @@ struct AttentionProblem {
   bool variate = false;
   at::Tensor variate_ids;           ///< [B, Nk] int64 contiguous
   std::vector<float> variate_bias;  ///< [2, H]
+  // Causal on ids (Moirai-2's time_id): key j visible to query i only when
+  // causal_ids[b, j] <= causal_ids[b, i + Nk - Nq]; a tile whose keys' smallest id exceeds its
+  // queries' largest is skipped.
+  bool causal_by_ids = false;
+  at::Tensor causal_ids;  ///< [B, Nk] int64 contiguous
 };
 
 /// Checks sample_ids / variate_ids [B, Nk] (integer, on any device) and variate_bias [2, H]
@@ -66,6 +71,13 @@ void check_packed_ids(const char* op, const at::Tensor& sample_ids, const at::Te
 /// must be set. Checks as check_packed_ids.
 void set_packed(AttentionProblem& p, const char* op, const at::Tensor& sample_ids,
                 const at::Tensor& variate_ids, const at::Tensor& variate_bias);
+
+/// Checks causal_ids [B, Nk] (integer, on any device; undefined: none) and that `causal` is not
+/// set with it (two causal rules); one line naming the tensor.
+void check_causal_ids(const char* op, const at::Tensor& causal_ids, bool causal, int64_t batch,
+                      int64_t nq, int64_t nk);
+/// Sets the problem's causal mask on ids (undefined: none); p's sizes and causal must be set.
+void set_causal_ids(AttentionProblem& p, const char* op, const at::Tensor& causal_ids);
 
 /// The problem's tensors and sizes from contiguous float32 qh, kh [B, H, N, D] and vh [B, H, Nk,
 /// Dv] (the bias, masks and rotary parts are the caller's).

@@ -193,7 +193,8 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
                                int64_t max_distance, bool causal, std::optional<double> scale,
                                const OptionalTensor& attention_mask,
                                const OptionalTensor& sample_ids, const OptionalTensor& variate_ids,
-                               const OptionalTensor& variate_bias) {
+                               const OptionalTensor& variate_bias,
+                               const OptionalTensor& causal_ids) {
     static const auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("posenc::_positional_attention_forward", "")
@@ -202,16 +203,17 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
                 const OptionalTensor&, c10::string_view, const OptionalTensor&, bool,
                 const OptionalTensor&, bool, int64_t, bool, std::optional<double>,
                 const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
-                const OptionalTensor&)>();
+                const OptionalTensor&, const OptionalTensor&)>();
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, lse] =
         op.call(q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance,
-                causal, scale, attention_mask, sample_ids, variate_ids, variate_bias);
+                causal, scale, attention_mask, sample_ids, variate_ids, variate_bias, causal_ids);
     ctx->save_for_backward({q, k, v, out, lse, cos.value_or(at::Tensor()),
                             sin.value_or(at::Tensor()), slopes.value_or(at::Tensor()),
                             t5_table.value_or(at::Tensor()), attention_mask.value_or(at::Tensor()),
                             sample_ids.value_or(at::Tensor()), variate_ids.value_or(at::Tensor()),
-                            variate_bias.value_or(at::Tensor())});
+                            variate_bias.value_or(at::Tensor()),
+                            causal_ids.value_or(at::Tensor())});
     ctx->saved_data["layout"] = layout;
     ctx->saved_data["symmetric"] = symmetric;
     ctx->saved_data["bidirectional"] = bidirectional;
@@ -231,20 +233,20 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
                 const at::Tensor&, const at::Tensor&, const OptionalTensor&, const OptionalTensor&,
                 c10::string_view, const OptionalTensor&, bool, const OptionalTensor&, bool, int64_t,
                 bool, std::optional<double>, const OptionalTensor&, const OptionalTensor&,
-                const OptionalTensor&, const OptionalTensor&)>();
+                const OptionalTensor&, const OptionalTensor&, const OptionalTensor&)>();
     const auto s = ctx->get_saved_variables();
     const auto scale_value = ctx->saved_data["scale"];
     const std::optional<double> scale =
         scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
     const auto layout = ctx->saved_data["layout"].toStringRef();
-    auto [dq, dk, dv, dtable, dvariate] =
-        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], optional_of(s[5]),
-                optional_of(s[6]), layout, optional_of(s[7]), ctx->saved_data["symmetric"].toBool(),
-                optional_of(s[8]), ctx->saved_data["bidirectional"].toBool(),
-                ctx->saved_data["max_distance"].toInt(), ctx->saved_data["causal"].toBool(), scale,
-                optional_of(s[9]), optional_of(s[10]), optional_of(s[11]), optional_of(s[12]));
+    auto [dq, dk, dv, dtable, dvariate] = op.call(
+        grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], optional_of(s[5]), optional_of(s[6]),
+        layout, optional_of(s[7]), ctx->saved_data["symmetric"].toBool(), optional_of(s[8]),
+        ctx->saved_data["bidirectional"].toBool(), ctx->saved_data["max_distance"].toInt(),
+        ctx->saved_data["causal"].toBool(), scale, optional_of(s[9]), optional_of(s[10]),
+        optional_of(s[11]), optional_of(s[12]), optional_of(s[13]));
     // q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance,
-    // causal, scale, attention_mask, sample_ids, variate_ids, variate_bias
+    // causal, scale, attention_mask, sample_ids, variate_ids, variate_bias, causal_ids
     return {dq,
             dk,
             dv,
@@ -261,7 +263,8 @@ class PositionalAttentionFunction : public torch::autograd::Function<PositionalA
             at::Tensor(),
             at::Tensor(),
             at::Tensor(),
-            s[12].defined() ? dvariate : at::Tensor()};
+            s[12].defined() ? dvariate : at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -277,7 +280,7 @@ at::Tensor positional_attention_autograd(
     bool symmetric, const OptionalTensor& t5_table, bool bidirectional, int64_t max_distance,
     bool causal, std::optional<double> scale, const OptionalTensor& attention_mask,
     const OptionalTensor& sample_ids, const OptionalTensor& variate_ids,
-    const OptionalTensor& variate_bias) {
+    const OptionalTensor& variate_bias, const OptionalTensor& causal_ids) {
   static const auto route =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("posenc::positional_attention_route", "")
@@ -285,7 +288,7 @@ at::Tensor positional_attention_autograd(
                              const OptionalTensor&, const OptionalTensor&, c10::string_view,
                              const OptionalTensor&, bool, const OptionalTensor&, bool, int64_t,
                              bool, std::optional<double>, const OptionalTensor&,
-                             const OptionalTensor&, const OptionalTensor&,
+                             const OptionalTensor&, const OptionalTensor&, const OptionalTensor&,
                              const OptionalTensor&)>();
   TORCH_CHECK(!(at::GradMode::is_enabled() && slopes.has_value() && slopes->defined() &&
                 slopes->requires_grad()),
@@ -296,7 +299,7 @@ at::Tensor positional_attention_autograd(
                        (cos->requires_grad() || sin->requires_grad());
   if (learned) {  // rotate first, differentiably in the tables (checks all arguments first)
     route.call(q, k, v, cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance,
-               causal, scale, attention_mask, sample_ids, variate_ids, variate_bias);
+               causal, scale, attention_mask, sample_ids, variate_ids, variate_bias, causal_ids);
     static const auto rotate = c10::Dispatcher::singleton()
                                    .findSchemaOrThrow("posenc::apply_rotary", "")
                                    .typed<std::tuple<at::Tensor, at::Tensor>(
@@ -310,11 +313,12 @@ at::Tensor positional_attention_autograd(
     return PositionalAttentionFunction::apply(
         qr.to(q.scalar_type()), kr.to(k.scalar_type()), v, std::nullopt, std::nullopt,
         std::string(layout), slopes, symmetric, t5_table, bidirectional, max_distance, causal,
-        scale, attention_mask, sample_ids, variate_ids, variate_bias)[0];
+        scale, attention_mask, sample_ids, variate_ids, variate_bias, causal_ids)[0];
   }
-  return PositionalAttentionFunction::apply(
-      q, k, v, cos, sin, std::string(layout), slopes, symmetric, t5_table, bidirectional,
-      max_distance, causal, scale, attention_mask, sample_ids, variate_ids, variate_bias)[0];
+  return PositionalAttentionFunction::apply(q, k, v, cos, sin, std::string(layout), slopes,
+                                            symmetric, t5_table, bidirectional, max_distance,
+                                            causal, scale, attention_mask, sample_ids, variate_ids,
+                                            variate_bias, causal_ids)[0];
 }
 
 }  // namespace

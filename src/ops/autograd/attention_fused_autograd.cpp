@@ -23,7 +23,7 @@ using torch::autograd::variable_list;
 struct Arguments : torch::CustomClassHolder {
   at::Tensor q_positions, k_positions;
   std::optional<at::Tensor> slopes, key_padding, q_cos, q_sin, k_cos, k_sin, sample_ids,
-      variate_ids;
+      variate_ids, causal_ids;
   bool symmetric = false, bidirectional = true, causal = false, has_table = false;
   bool has_variate = false;
   std::string table_form, rope_layout;
@@ -36,7 +36,8 @@ struct Arguments : torch::CustomClassHolder {
 #define POSENC_SAVED_ARGS(a, table, variate_bias)                                                 \
   a.q_positions, a.k_positions, a.slopes, a.symmetric, table, a.table_form, a.num_buckets,        \
       a.max_distance, a.bidirectional, a.max_relative_position, a.causal, a.key_padding, a.scale, \
-      a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.rope_layout, a.sample_ids, a.variate_ids, variate_bias
+      a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.rope_layout, a.sample_ids, a.variate_ids,             \
+      variate_bias, a.causal_ids
 
 class AttentionFusedFunction : public torch::autograd::Function<AttentionFusedFunction> {
  public:
@@ -112,6 +113,7 @@ at::Tensor attention_fused_autograd(const at::Tensor& q, const at::Tensor& k, co
   a->rope_layout = std::string(rope_layout);
   a->sample_ids = sample_ids;
   a->variate_ids = variate_ids;
+  a->causal_ids = causal_ids;
   a->has_variate = variate_bias.has_value() && variate_bias->defined();
   const auto t = a->has_table ? *table : at::empty({0}, q.options().dtype(at::kFloat));
   const auto w = a->has_variate ? *variate_bias : at::empty({0}, q.options().dtype(at::kFloat));
