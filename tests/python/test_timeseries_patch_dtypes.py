@@ -180,3 +180,28 @@ def test_transformers_timesfm2_5_patched_under_autocast_refuses():
     ):
         model(torch.randn(3, 64), torch.zeros(3, 64, dtype=torch.long))
     posenc_timesfm.unpatch(model)
+
+
+@pytest.mark.parametrize("packing", ["bidirectional", "causal"])
+def test_moirai_patched_without_ids_takes_uni2ts_defaults(packing):
+    """Ids left out: uni2ts' GroupedQueryAttention takes time_id = 0..N-1 and variate_id = 0 for
+    every token (_get_time_id, _get_var_id); the patch refused that call with a message about
+    queries and keys differing. Now the same defaults, equal to uni2ts' to 1e-6 (the fused path's
+    tolerance) on a block-per-run mask and on Moirai-2's mask across variates."""
+    from test_timeseries_models import _close, _univariate_ids
+
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    model = _moirai()
+    attention = model.encoder.layers[0].self_attn
+    if packing == "bidirectional":
+        sample, _, _ = _univariate_ids()
+        mask = torch_util.packed_attention_mask(sample)
+    else:
+        sample, _, time = _packed_ids()
+        mask = torch_util.packed_causal_attention_mask(sample, time)
+    x = torch.randn(*sample.shape, 128)
+    want = attention(x, x, x, attn_mask=mask)
+    posenc_uni2ts.patch(model)
+    got = attention(x, x, x, attn_mask=mask)
+    posenc_uni2ts.unpatch(model)
+    _close(got, want)

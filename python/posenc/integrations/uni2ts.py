@@ -44,7 +44,8 @@ Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 Refused in one line (ValueError, nothing changed): a model without such an attention, an
 attention with another position layout (a variate projection, a time bias, a rotary part that
 does not start at dimension 0, separate query and key rotations), weights that are not float32,
-and at call time inputs that are not [B, N, dim] with the same ids for queries and keys, and
+and at call time inputs that are not [B, N, dim] with the same ids for queries and keys (ids
+left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), and
 activations or weights that are not float32 (a model moved after patch(): uni2ts keeps float32
 tables, so float64 differed by 4e-8 relative) or autocast.
 uni2ts is imported on first use (only its modules under uni2ts.module, not uni2ts.model's
@@ -161,11 +162,16 @@ def _attention(
             "posenc.integrations.uni2ts: under autocast uni2ts projects in the autocast dtype, "
             "posenc's attention computes float32; unpatch() for it"
         )
+    batch, length, _ = query.shape
+    # ids left out: uni2ts' defaults (_get_time_id: 0..N-1; _get_var_id: 0 for every token)
+    if query_time_id is None and kv_time_id is None:
+        query_time_id = kv_time_id = torch.arange(length, device=query.device).expand(batch, -1)
+    if query_var_id is None and kv_var_id is None and self.var_attn_bias is not None:
+        query_var_id = kv_var_id = torch.zeros(batch, length, dtype=torch.long, device=query.device)
     time_id = _same_ids(query_time_id, kv_time_id, "time_id")
     var_id = query_var_id
     if self.var_attn_bias is not None:
         var_id = _same_ids(query_var_id, kv_var_id, "variate_id")
-    batch, length, _ = query.shape
     heads, groups, dim = self.num_heads, self.num_groups, self.head_dim
     # [B, N, heads * D] -> [B, heads, N, D]; k and v repeated over the heads of their group
     q = self.q_norm(self.q_proj(query).view(batch, length, heads, dim).transpose(1, 2))
