@@ -12,7 +12,9 @@
 // PIL's Image.open + convert("RGB") in torchvision's and timm's loaders does not apply it.
 //
 // Decoding (OpenCV's imdecode, any format it reads) into the cache every step reads from:
-//   8-bit pixels kept, 16-bit scaled by 1/257 (to 8 bits, rounded), other depths refused;
+//   8-bit pixels kept, 16-bit scaled by 1/257 (to 8 bits, rounded), other depths refused (PIL,
+//   torchvision's and timm's loader, clips a 16-bit gray PNG at 255 instead: 257 -> 255, not 1;
+//   a CMYK JPEG is OpenCV's CMYK -> BGR, within 1 level of PIL's convert("RGB"), measured);
 //   gray -> replicated to 3 channels (channels = 3), BGR -> RGB, BGRA -> RGB with the alpha
 //   dropped (not composited: the colour values as stored, as PIL's convert("RGB") that
 //   torchvision's default loader calls); channels = 1: colour -> luma 0.299 R + 0.587 G +
