@@ -233,7 +233,9 @@ def positional_attention(
       causal=True it is refused (two causal rules). The kernel skips a tile whose keys' smallest
       id exceeds its queries' largest; no [Nq, Nk] mask is built.
 
-    CUDA takes these on the plain-ATen reference path (the CUDA kernel does not read them yet).
+    On CUDA the CUDA kernel reads sample_ids and the variate bias the same way (tiles skipped,
+    the gradient of variate_bias a deterministic sum); causal_ids take the plain-ATen reference
+    path there.
     """
     return torch.ops.posenc.positional_attention(
         q,

@@ -111,9 +111,8 @@ bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q) {
 
 bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q,
                                const AttentionMasks& masks) {
-  // packed samples and the variate bias: the CPU kernel only (the CUDA kernel does not read them)
-  const bool ids = masks.sample_ids.defined() || masks.variate_ids.defined();
-  return attention_fused_supported(bias, q) && (!ids || q.device().is_cpu()) &&
+  // packed samples and the variate bias: both kernels (CUDA: src/kernels/cuda/attention_cuda.cu)
+  return attention_fused_supported(bias, q) &&
          (!masks.causal_ids.defined() || q.device().is_cpu());  // causal ids: the CPU kernel
 }
 

@@ -1182,7 +1182,7 @@ at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, co
 bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v, const Positional& a) {
   return detail::attention_cuda_supported(q) && v.size(3) > 0 && q.size(3) > 0 &&
          detail::attention_cuda_supported(v) && !(a.slopes.defined() && a.table.defined()) &&
-         !a.packed();
+         !a.causal_ids.defined();
 }
 
 BiasSpec cuda_bias_of(const Positional& a) {
@@ -1225,6 +1225,9 @@ CudaProblem cuda_problem(const at::Tensor& q, const at::Tensor& k, const at::Ten
   c.spec = cuda_bias_of(a);
   c.masks.causal = a.causal;
   c.masks.key_padding = a.mask;
+  c.masks.sample_ids = a.sample_ids;  // packed samples and the variate bias: the kernel reads them
+  c.masks.variate_ids = a.variate_ids;
+  c.masks.variate_bias = a.variate_bias;
   return c;
 }
 
@@ -1237,16 +1240,21 @@ std::tuple<at::Tensor, at::Tensor> cuda_forward_of(const at::Tensor& q, const at
   return {out.transpose(1, 2).to(q.scalar_type()).contiguous(), lse};
 }
 
-// (dq, dk, dv, dtable: T5's in the table's dtype, else undefined)
+// (dq, dk, dv, dtable: T5's in the table's dtype, else undefined); *dvariate (when given):
+// variate_bias's gradient on its device, in its dtype, or an empty float32 [0] without one
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_backward_of(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const Positional& a) {
+    const at::Tensor& out, const at::Tensor& lse, const Positional& a,
+    at::Tensor* dvariate = nullptr) {
   const auto c = cuda_problem(q, k, v, a);
   const auto st = c.qh.scalar_type();
   auto [dq, dk, dv, dtable] = detail::attention_backward_cuda(
       grad_out.to(st).transpose(1, 2), out.to(st).transpose(1, 2), lse, c.qh.transpose(1, 2),
       c.kh.transpose(1, 2), c.vh.transpose(1, 2), c.spec.table, c.spec, c.q_positions,
-      c.k_positions, c.masks, a.scale);  // [B, N, H, D]
+      c.k_positions, c.masks, a.scale, dvariate);  // [B, N, H, D]
+  if (dvariate != nullptr)
+    *dvariate = a.variate_ids.defined() ? dvariate->to(a.variate_bias.options())
+                                        : at::empty({0}, q.options().dtype(at::kFloat));
   dq = dq.transpose(1, 2);
   dk = dk.transpose(1, 2);
   dv = dv.transpose(1, 2);
@@ -1381,9 +1389,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positiona
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   if (!cuda_kernel_takes(q, v, a))
     return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
-  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a);
+  at::Tensor dvariate;
+  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a, &dvariate);
   if (!dtable.defined()) dtable = at::empty({0}, q.options().dtype(at::kFloat));
-  return {dq, dk, dv, dtable, at::empty({0}, q.options().dtype(at::kFloat))};
+  return {dq, dk, dv, dtable, dvariate};
 }
 
 at::Tensor positional_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -1409,8 +1418,7 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
     if (!cuda_kernel_takes(q, v, a))
       return first +
              "reference: a call the CUDA kernel does not take (float64, a head dim of 0 "
-             "or above 256, ALiBi and T5 together, or sample ids / a variate bias / causal "
-             "ids)";
+             "or above 256, ALiBi and T5 together, or causal ids)";
     return first + (a.rotary() && !learned ? "CUDA kernel, RoPE outside (float32)" : "CUDA kernel");
   }
 #endif

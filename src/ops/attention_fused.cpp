@@ -358,9 +358,6 @@ BiasSpec cuda_bias(const Unpacked& u, const at::Tensor& q) {
               "attention_fused (CUDA): one bias part, ALiBi or T5 (a relative table or two parts "
               "run on the CPU); got ",
               bias.alibi ? "alibi + " : "", to_string(bias.table.form));
-  TORCH_CHECK(!u.masks.sample_ids.defined() && !u.masks.variate_ids.defined(),
-              "attention_fused (CUDA): sample_ids and the variate bias run on the CPU kernel (the "
-              "CUDA kernel does not read them yet); use attention_reference on CUDA");
   TORCH_CHECK(!u.masks.causal_ids.defined(),
               "attention_fused (CUDA): causal_ids run on the CPU kernel; use attention_reference "
               "on CUDA");
@@ -401,15 +398,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   check_backward(grad_out, out, lse, q, v);
   const auto spec = cuda_bias(u, q);
   auto [qr, kr] = rotated(q, k, u.rotary);
+  at::Tensor dvariate;  // [2, H] float32 with a variate bias
   auto [dq, dk, dv, dtable] = detail::attention_backward_cuda(
       grad_out, out.to(q.scalar_type()), lse, qr, kr, v, u.table, spec, u.bias->q_positions,
-      u.bias->k_positions, u.masks, scale);
+      u.bias->k_positions, u.masks, scale, &dvariate);
   if (u.rotary.defined()) {
     const auto layout = to_string(u.rotary.layout);
     dq = rope_rotate_op().call(dq, u.rotary.q_cos, u.rotary.q_sin, layout, true);
     dk = rope_rotate_op().call(dk, u.rotary.k_cos, u.rotary.k_sin, layout, true);
   }
-  return {dq, dk, dv, table_gradient(dtable, u), variate_gradient({}, u, q)};
+  return {dq, dk, dv, table_gradient(dtable, u), variate_gradient(dvariate, u, q)};
 }
 
 at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -513,9 +511,6 @@ at::Tensor attention_fused(const at::Tensor& q, const at::Tensor& k, const at::T
               bias.unsupported.empty() ? "" : bias.unsupported + ", ", "bias ",
               bias.alibi ? "alibi + " : "", to_string(bias.table.form), ", device ", q.device(),
               ", dtype ", q.scalar_type(),
-              masks.sample_ids.defined() || masks.variate_ids.defined()
-                  ? ", sample ids or a variate bias (CPU kernel only)"
-                  : "",
               masks.causal_ids.defined() ? ", causal ids (CPU kernel only)" : "",
               "); use attention_reference");
   auto opt = [](bool has, const at::Tensor& t) {

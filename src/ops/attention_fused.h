@@ -18,7 +18,8 @@
 //   [B, Nk] int64 >= 0 with variate_bias [2, H] (+ variate_bias[ids equal, h]; Moirai's binary
 //   bias); causal_ids [B, Nk] int64 (key j visible to query i when causal_ids[b, j] <=
 //   causal_ids[b, i + Nk - Nq]: causal in these ids, e.g. Moirai-2's time_id; not with causal);
-//   the queries take the last Nq ids. CPU kernel only (CUDA refuses them).
+//   the queries take the last Nq ids. Sample and variate ids: both kernels; causal_ids: the CPU
+//   kernel (CUDA refuses them).
 //   -> out [B, Nq, H, Dv] in q's dtype (contiguous); lse [B, H, Nq] float32
 //   _attention_fused_forward -> (out, lse), out on the CPU in float32: the accumulator's values,
 //   which the backward reads for delta = dO . O (unrounded: bfloat16 dq, dk land on float64's

@@ -16,7 +16,13 @@ is set to 0, posenc's convention, where SDPA gives NaN). Cases: several samples 
 lengths per row, tiles crossed (N > 256), causal and not, cached keys (Nq < Nk), ALiBi with RoPE,
 unscaled attention (scale=1.0), padding that leaves a sample with no visible key, float32 /
 bfloat16 / float16, float64 gradcheck (the reference path), opcheck (the fake kernel), the route,
-bad input in one line, and CUDA against the CPU (skipped without a GPU).
+bad input in one line, and CUDA against the CPU (skipped without a GPU): positional_attention
+and the C++ library's operator attention_fused on CUDA tensors run the CUDA kernel
+(src/kernels/cuda/attention_cuda.cu reads the ids; the route says so), outputs and gradients
+(q, k, v, variate_bias) equal the CPU kernel's, with the ids on the GPU or on the CPU, and
+d variate_bias is the same bits on every run (the kernel's two-pass reduce has no atomics).
+Without a GPU the same CUDA kernels run on the CPU emulator in CTest (cuda_emu:
+tests/test_cuda_raw.cpp, tests/cuda_emu/test_tensor_launch_emu.cpp).
 """
 
 import pytest
@@ -438,3 +444,103 @@ def test_cuda_matches_cpu(dtype):
     torch.testing.assert_close(cuda.cpu().double(), cpu.double(), **tol)
     for a, b in zip(gg, gc):
         torch.testing.assert_close(a.cpu().double(), b.double(), **tol)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_cuda
+def test_cuda_route_takes_the_kernel():
+    """Sample ids and the variate bias no longer send a CUDA call to the reference."""
+    q, k, v, weight = _inputs(torch.float32, b=1, h=2, nq=16, nk=16, d=8)
+    sample_ids, variate_ids = _packed_ids([[8, 8]], 16)
+    cos, sin = _tables(torch.arange(16), 8)
+    q, k, v, weight, cos, sin, sample_ids, variate_ids = (
+        t.cuda() for t in (q, k, v, weight, cos, sin, sample_ids, variate_ids)
+    )
+    route = torch.ops.posenc.positional_attention_route(
+        q, k, v, cos, sin, "half", None, False, None, True, 128, False, None, None,
+        sample_ids, variate_ids, weight,
+    )  # fmt: skip
+    assert route == "CUDA kernel, RoPE outside (float32)", route
+
+
+def _fused_call(q, k, v, slopes, cos, sin, padding, sample_ids, variate_ids, weight, causal):
+    """posenc::attention_fused's arguments: q, k, v [B, N, H, D], keys at positions 0..Nk-1, the
+    queries the last Nq of them, ALiBi slopes, RoPE tables inside, key padding, the ids."""
+    nq, nk = q.shape[1], k.shape[1]
+    pk = torch.arange(nk, dtype=torch.float64, device=slopes.device)
+    scale = 1.0 / q.shape[-1] ** 0.5
+    return (
+        q, k, v, pk[nk - nq :], pk, slopes, False, None, "none", 0, 0, True, 0, causal, padding,
+        scale, cos[nk - nq :], sin[nk - nq :], cos, sin, "half", sample_ids, variate_ids, weight,
+    )  # fmt: skip
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("ids_on", ["cuda", "cpu"])
+def test_cuda_attention_fused_matches_cpu(dtype, causal, ids_on):
+    """The C++ library's operator on CUDA (RoPE kernel, then the attention kernel with the ids)
+    against its CPU kernel: 3 rows of several samples across 32-key tiles, cached keys (the
+    queries the last 200 of 300 tokens), ALiBi, padding that leaves a sample without a key, the
+    ids and variate_bias on the GPU or left on the CPU (the operator's device exception)."""
+    n, nq, h, d = 300, 200, 4, 32
+    g = torch.Generator().manual_seed(23)
+    q = torch.randn(3, nq, h, d, generator=g).to(dtype)
+    k = torch.randn(3, n, h, d, generator=g).to(dtype)
+    v = torch.randn(3, n, h, d, generator=g).to(dtype)
+    weight = torch.randn(2, h, generator=g)
+    sample_ids, variate_ids = _packed_ids(LENGTHS, n, seed=23)
+    padding = torch.ones(3, n, dtype=torch.bool)
+    padding[2, 1:181] = False  # row 2's sample 1: no real key
+    cos, sin = (t[:, : d // 2] for t in _tables(torch.arange(n), d))  # [N, F] per pair
+    slopes = posenc.alibi_slopes(h)
+    results = []
+    for device in ("cpu", "cuda"):
+        small = ids_on if device == "cuda" else "cpu"  # positions, tables, ids: CPU allowed
+        leaves = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+        w = weight.detach().to(small).requires_grad_()
+        args = _fused_call(
+            *leaves,
+            slopes.to(small),
+            cos.to(small),
+            sin.to(small),
+            padding.to(small),
+            sample_ids.to(small),
+            variate_ids.to(small),
+            w,
+            causal,
+        )
+        out = torch.ops.posenc.attention_fused(*args)
+        probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+        (out.float() * probe.to(device)).sum().backward()
+        results.append((out.detach().cpu().double(), [x.grad.cpu().double() for x in leaves + [w]]))
+    (cpu, gc), (cuda, gg) = results
+    tol = F32_TOL if dtype == torch.float32 else LOW_TOL[dtype]
+    torch.testing.assert_close(cuda, cpu, **tol)
+    # row 2's queries 0..80 are tokens 100..180 of its sample 1, whose keys are all padded: 0
+    assert torch.equal(cuda[2, :81], torch.zeros_like(cuda[2, :81]))
+    for name, a, b in zip("q k v".split(), gg, gc):
+        torch.testing.assert_close(a, b, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    # d variate_bias sums every pair's dS: relative to its size
+    scale = gc[3].abs().max().item()
+    torch.testing.assert_close(gg[3], gc[3], rtol=tol["rtol"], atol=tol["atol"] * scale)
+
+
+@needs_cuda
+def test_cuda_variate_gradient_is_the_same_bits_every_run():
+    """d variate_bias: per-key-tile partial sums reduced in a fixed order (no atomics)."""
+    n, h, d = 300, 4, 32
+    q, k, v, weight = (t.cuda() for t in _inputs(torch.float32, b=3, h=h, nq=n, nk=n, d=d, seed=5))
+    sample_ids, variate_ids = (t.cuda() for t in _packed_ids(LENGTHS, n, seed=5))
+    grads = []
+    for _ in range(3):
+        w = weight.detach().clone().requires_grad_()
+        out = posenc.positional_attention(
+            q, k, v, causal=True, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w
+        )
+        out.sum().backward()
+        grads.append(w.grad)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])

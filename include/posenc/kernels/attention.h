@@ -28,6 +28,8 @@
 //          variate 0's time 9). With sample_ids both hold. causal=true with causal_ids is refused
 //          (two causal rules). The kernel skips a tile whose keys' smallest id exceeds its
 //          queries' largest (CPU kernel only).
+//          CUDA reads both too (src/kernels/cuda/attention_cuda.cu: the same tile skipping, the
+//          gradient a deterministic two-pass reduce).
 //   A query row that sees no key (all its keys padded or masked) gives 0, lse -inf.
 //   rotary (optional, CPU): q_i and k_j are rotated by their RoPE tables as each tile is loaded
 //          (Su et al. 2021; layouts as rope_apply), so no rotated copy of q and k is written;
@@ -113,7 +115,7 @@ std::shared_ptr<const FusedBias> fused_bias(const std::vector<BiasSpec>& parts,
 
 /// Whether attention_fused takes this bias and these positions (else use the reference).
 bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q);
-/// The same with the call's masks (sample ids and the variate bias: the CPU kernel only).
+/// The same with the call's masks (sample ids and the variate bias: both kernels).
 bool attention_fused_supported(const FusedBias& bias, const at::Tensor& q,
                                const AttentionMasks& masks);
 bool attention_fused_supported(const BiasSpec& bias, const at::Tensor& q,
