@@ -67,7 +67,8 @@ if [ "$mode" = thread ]; then
     # per CUDA thread, happens-before only where a GPU gives it), so a missing __syncthreads is a
     # reported race (scripts/cuda_emu_mutants.sh shows it). The emulator's self-tests but the
     # thread engine's are left out: they switch to the fiber schedules, whose stack switches TSan
-    # cannot follow. 67 tests, ~3 minutes on 2 cores.
+    # cannot follow. 85 tests (18 with packed samples and the variate bias), several minutes on 2
+    # cores.
     POSENC_CUDA_EMU_SCHEDULE=threads "$dir/tests/posenc_cuda_emu_tests" \
       --gtest_filter='CudaEmu.ThreadEngine*:*CudaRaw*:*TensorLaunch*'
     echo "check (thread): the CUDA kernels on the emulator's thread engine:" \
