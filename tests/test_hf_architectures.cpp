@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -32,6 +33,7 @@
 
 #include "posenc/config/hf_architectures.h"
 #include "posenc/config/hf_config.h"
+#include "posenc/config/hf_generated_rules.h"
 #include "posenc/config/registry.h"
 #include "posenc/encoders/rope.h"
 #include "support/cpu_capability.h"
@@ -85,15 +87,18 @@ json config_for(const json& root, const std::string& path) {
 }
 
 // A config.json as an older or hand-written one reads: every key posenc reads whose value is its
-// config class's default for an absent key (hf_absent_key_defaults) left out, also rope_theta
+// config class's default for an absent key (hf_generated_rules' defaults) left out, also rope_theta
 // inside a flat rope_parameters block. transformers reads the same table from it.
 json without_defaults(json node) {
   if (!node.is_object()) return node;
   if (node.contains("text_config")) node["text_config"] = without_defaults(node["text_config"]);
   const auto type = node.value("model_type", std::string());
-  const auto* defaults = hf_absent_key_defaults(type);
-  if (defaults == nullptr) return node;
-  for (const auto& item : defaults->items()) {
+  const auto* rules = hf_generated_rules(type);
+  if (rules == nullptr) return node;
+  const json row = to_json(*rules);
+  const json* defaults = &row;  // (block_rope_theta, block_theta_missing: rules of the row)
+  const json values = to_json(rules->defaults);
+  for (const auto& item : values.items()) {
     if (node.contains(item.key()) && node[item.key()] == item.value()) node.erase(item.key());
     // a block's rope_theta is a default where the class gives a block without one that value
     // (block_rope_theta: Ministral 3's block default is 1e4 beside a 1e6 class default), and
@@ -489,8 +494,8 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
 
 TEST(HfArchitectures, NoGeneratedDefaultIsAProbeValueOfTheGenerator) {
   // tools/gen_hf_architectures.py's PROBE_VALUES: numbers no class has as a default, set by its
-  // probes so that their arrival tells which key carried them; one in hf_defaults.inc is a probe's
-  // leak (its legacy-theta probe once put 123456 into 788 rows as "absent_rope_theta")
+  // probes so that their arrival tells which key carried them; one in the generated rules is a
+  // probe's leak (its legacy-theta probe once put 123456 into 788 rows as "absent_rope_theta")
   const std::set<double> probe_values{123456.0, 0.375, 7777.0, 12345.0, 88.0};
   std::function<void(const json&, const std::string&)> scan = [&](const json& v,
                                                                   const std::string& where) {
@@ -502,15 +507,59 @@ TEST(HfArchitectures, NoGeneratedDefaultIsAProbeValueOfTheGenerator) {
       for (const auto& item : v) scan(item, where + "[]");
   };
   int rows = 0;
-  for (const auto status :
-       {HfModelTypeStatus::kRotary, HfModelTypeStatus::kNoRotary, HfModelTypeStatus::kUnchecked})
-    for (const auto& mt : hf_model_types(status))
-      for (const auto& name : {mt, mt + "/text_config"})
-        if (const auto* d = hf_absent_key_defaults(name)) {
-          ++rows;
-          scan(*d, name);
-        }
+  for (const auto& row : hf_generated_rule_rows()) {
+    const std::string mt(row.model_type);
+    EXPECT_NE(hf_model_type_status(mt), HfModelTypeStatus::kUnknown) << mt;
+    ++rows;
+    scan(to_json(row), mt);
+  }
   EXPECT_GE(rows, 400);
+}
+
+// JSON with every array of strings sorted (the generator's lists and the typed sets' order differ;
+// neither order means anything).
+json sorted_string_lists(json v) {
+  if (v.is_object())
+    for (auto& item : v.items()) item.value() = sorted_string_lists(item.value());
+  if (v.is_array() && !v.empty() &&
+      std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_string(); }))
+    std::sort(v.begin(), v.end());
+  return v;
+}
+
+// "i" or "f" for each number of v, in order of its (sorted) keys.
+std::string number_kinds(const json& v) {
+  if (v.is_number()) return v.is_number_float() ? "f" : "i";
+  std::string out;
+  if (v.is_structured())
+    for (const auto& e : v) out += number_kinds(e);
+  return out;
+}
+
+TEST(HfArchitectures, TheCompiledRulesAreTheGeneratorsRows) {
+  // tools/gen_hf_architectures.py writes each row twice: as JSON (generated_rules.json) and as the
+  // typed table compiled into posenc (src/config/hf_generated_rules.inc). Every row read back from
+  // the compiled table must be the JSON row, field for field and value for value (a field the
+  // renderer drops, mistypes or rounds fails here; tests/python/test_hf_reads.py checks that the
+  // .inc is the renderer's output of the JSON).
+  const json data = load_config(kDir + "/generated_rules.json");
+  ASSERT_TRUE(data.contains("rows"));
+  EXPECT_EQ(data["transformers"].get<std::string>(), std::string(kHfArchitecturesTransformers));
+  size_t checked = 0;
+  for (const auto& expected : data["rows"]) {
+    const auto mt = expected["model_type"].get<std::string>();
+    const auto* rules = hf_generated_rules(mt);
+    ASSERT_NE(rules, nullptr) << mt << " is in generated_rules.json but not in the compiled table";
+    const json got = to_json(*rules);
+    EXPECT_EQ(sorted_string_lists(got), sorted_string_lists(expected))
+        << mt << ": compiled " << got.dump() << "\n generated " << expected.dump();
+    // numbers keep their kind (an integer default stays one in the file posenc fills; JSON
+    // equality compares 8192 and 8192.0 equal)
+    EXPECT_EQ(number_kinds(got), number_kinds(expected)) << mt;
+    ++checked;
+  }
+  EXPECT_EQ(checked, hf_generated_rule_rows().size());
+  EXPECT_GE(checked, 500u);
 }
 
 TEST(HfArchitectures, ALegacyBlockWithoutRopeThetaTakesTheClasssOwnTheta) {
@@ -553,9 +602,11 @@ TEST(HfArchitectures, KeysTheRotaryClassNeverReadsLeaveItsTable) {
   // the top-level rope_theta. posenc's table must not move with such a key either.
   int checked = 0;
   for (const auto& mt : hf_model_types(HfModelTypeStatus::kRotary)) {
-    const auto* d = hf_absent_key_defaults(mt);
+    const auto* rules = hf_generated_rules(mt);
     const std::string path = kDir + "/" + mt + ".config.json";
-    if (d == nullptr || !d->contains("unread_keys") || !std::filesystem::exists(path)) continue;
+    if (rules == nullptr || rules->unread_keys.empty() || !std::filesystem::exists(path)) continue;
+    const json row = to_json(*rules);
+    const json* d = &row;
     const json file = load_config(path);
     RopeFrequencies base;
     int64_t base_r = 0;

@@ -116,7 +116,7 @@ def render():
         f"**{identical + refused} rotary tables: {identical} identical** (bit for bit with `--angle-dtype float32`;",
         f"inv_freq within 1e-6 relative in float64), **{refused} refused** with the reason below, **0 different**.",
         "Each identical table is checked again on the same config.json with every key whose value is its",
-        "config class's default for an absent key removed (`src/config/hf_defaults.inc`, generated): posenc",
+        "config class's default for an absent key removed (`src/config/hf_generated_rules.inc`, generated): posenc",
         "fills them as transformers does.",
         f"The {none} model types without a rotary class (BERT, GPT-2, T5, ...) are refused by name; a model",
         "type posenc has not checked resolves by the generic rule with a warning naming it.",

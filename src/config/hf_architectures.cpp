@@ -8,14 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <utility>
 
 namespace posenc {
 
 namespace {
 
-#include "hf_defaults.inc"
 #include "hf_model_types.inc"
 
 using H = HfHeadSize;
@@ -496,17 +494,6 @@ const HfArchitecture* find_hf_architecture(std::string_view model_type) {
     if (row.model_type == model_type) return &row;
   static const HfArchitecture kGenericRow{.model_type = "", .source = "the generic rule"};
   return &kGenericRow;
-}
-
-const nlohmann::json* hf_absent_key_defaults(std::string_view model_type) {
-  static const auto parsed = [] {
-    std::map<std::string, nlohmann::json, std::less<>> out;
-    for (const auto& [type, text] : kAbsentKeyDefaults)
-      out.emplace(std::string(type), nlohmann::json::parse(text));
-    return out;
-  }();
-  const auto it = parsed.find(model_type);
-  return it == parsed.end() ? nullptr : &it->second;
 }
 
 bool hf_default_rope_ignores_partial(std::string_view model_type) {

@@ -78,41 +78,10 @@ const std::set<std::string> kBlockKeys{"rope_type",
                                        "mrope_interleaved",
                                        "alpha"};
 
-// Names of hf_defaults.inc's generated entries that are rules, not a config class's default for
-// an absent key (fill_absent_keys fills every other entry into the file).
-const std::set<std::string> kGeneratedRules{"rope_parameters",
-                                            "legacy_rope_scaling",
-                                            "head_dim_rules",
-                                            "rope_theta_raises",
-                                            "null_rope_scaling_unsets",
-                                            "original_not_filled",
-                                            "top_original_unread",
-                                            "required_block_keys",
-                                            "mrope_default_section",
-                                            "mrope_layout",
-                                            "max_position_rules",
-                                            "block_theta_missing",
-                                            "rope_types_rejected",
-                                            "unread_keys",
-                                            "rotary_gate",
-                                            "values_rejected",
-                                            "pair_layout"};
-
 std::string describe(const nlohmann::json& v) {
   std::string text = v.dump();
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return std::string(v.type_name()) + " " + text;
-}
-
-// Whether the model type's generated list `rule` (hf_defaults.inc: rope_types_rejected,
-// original_not_filled, top_original_unread, ...) names `value`.
-bool generated_rule_names(const std::string& model_type, const char* rule,
-                          const std::string& value) {
-  const auto* own = hf_absent_key_defaults(model_type);
-  if (own == nullptr || !own->contains(rule)) return false;
-  for (const auto& t : (*own)[rule])
-    if (t.is_string() && t.get<std::string>() == value) return true;
-  return false;
 }
 
 // A composite builds its text model, and the text rotary, from text_config (kTextConfigModelTypes
@@ -154,39 +123,36 @@ void Resolver::composite_text_config(HfResolution& out) {
 // default None): any other value, or the class's default for a file without the key, has no
 // RoPE at all.
 void Resolver::check_rotary_gate(const HfResolution& out) const {
-  const auto* own = hf_absent_key_defaults(out.model_type);
-  if (own == nullptr || !own->contains("rotary_gate") || !(*own)["rotary_gate"].is_object()) return;
-  const auto& gate = (*own)["rotary_gate"];
-  const std::string key = gate.value("key", std::string());
+  const HfRotaryGate& gate = rules().rotary_gate;
+  if (gate.key.empty()) return;
+  const std::string key(gate.key);
+  const nlohmann::json rotary = std::string(gate.rotary);
   const auto& c = model();
-  const nlohmann::json value = c.is_object() && c.contains(key) ? c[key] : gate["absent"];
-  TORCH_CHECK(value == gate["rotary"], origin_, ": refused: '", prefix_, key, "' is ", value.dump(),
-              c.is_object() && c.contains(key) ? "" : " (the class's default)",
-              ", and model type '", out.model_type, "''s modeling file builds its rotary only for ",
-              gate["rotary"].dump(), ": this model has no RoPE, so there is no table to resolve");
+  const bool given = c.is_object() && c.contains(key);
+  const nlohmann::json value = given         ? c[key]
+                               : gate.absent ? nlohmann::json(std::string(*gate.absent))
+                                             : nlohmann::json(nullptr);
+  TORCH_CHECK(value == rotary, origin_, ": refused: '", prefix_, key, "' is ", value.dump(),
+              given ? "" : " (the class's default)", ", and model type '", out.model_type,
+              "''s modeling file builds its rotary only for ", rotary.dump(),
+              ": this model has no RoPE, so there is no table to resolve");
 }
 
 // Spellings the model type's config or rotary class refuses (generated values_rejected: its
 // strict dataclass fields, its rope functions' pow, its ROPE_INIT_FUNCTIONS without legacy
 // names), refused here too rather than read leniently into a table transformers never builds.
 void Resolver::refuse_rejected_values(const HfResolution& out) const {
-  const auto* own = hf_absent_key_defaults(out.model_type);
-  if (own == nullptr || !own->contains("values_rejected")) return;
+  const HfRejectedValues& rejected = rules().values_rejected;
   const auto& c = model();
-  auto rejected = [&](const char* name) {
-    for (const auto& k : (*own)["values_rejected"])
-      if (k.is_string() && k.get<std::string>() == name) return true;
-    return false;
-  };
   auto refuse = [&](const std::string& key, const nlohmann::json& v, const char* why) {
     TORCH_CHECK(false, origin_, ": refused: '", prefix_, key, "' is ", describe(v),
                 ", which model type '", out.model_type, "''s config or rotary class refuses (", why,
                 "; transformers ", std::string(kHfArchitecturesTransformers),
                 " cannot build this model)");
   };
-  if (has(c, "rope_theta") && c["rope_theta"].is_string() && rejected("rope_theta_string"))
+  if (has(c, "rope_theta") && c["rope_theta"].is_string() && rejected.rope_theta_string)
     refuse("rope_theta", c["rope_theta"], "a number is expected");
-  if (has(c, "rope_theta") && c["rope_theta"].is_number_integer() && rejected("rope_theta_integer"))
+  if (has(c, "rope_theta") && c["rope_theta"].is_number_integer() && rejected.rope_theta_integer)
     refuse("rope_theta", c["rope_theta"],
            "its typed field takes only a float; write it as 10000.0");
   for (const char* b : {"rope_parameters", "rope_scaling"}) {
@@ -205,23 +171,23 @@ void Resolver::refuse_rejected_values(const HfResolution& out) const {
     }
     for (const auto& [name, block] : blocks) {
       if (block->contains("rope_theta") && (*block)["rope_theta"].is_string() &&
-          rejected("block_rope_theta_string"))
+          rejected.block_rope_theta_string)
         refuse(name + ".rope_theta", (*block)["rope_theta"], "a number is expected");
       for (const char* type_key : {"rope_type", "type"}) {
         if (!block->contains(type_key) || !(*block)[type_key].is_string()) continue;
         const std::string type = (*block)[type_key].get<std::string>();
-        if ((type == "su" && rejected("rope_type_su")) ||
-            (type == "mrope" && rejected("rope_type_mrope")))
+        if ((type == "su" && rejected.rope_type_su) ||
+            (type == "mrope" && rejected.rope_type_mrope))
           refuse(name + "." + type_key, (*block)[type_key],
                  "a legacy name its ROPE_INIT_FUNCTIONS does not know: KeyError");
       }
     }
   }
-  for (const char* key : {"head_dim", "max_position_embeddings"}) {
-    const std::string probe = std::string(key) + "_float";
-    if (has(c, key) && c[key].is_number_float() && rejected(probe.c_str()))
+  for (const auto& [key, float_rejected] :
+       {std::pair<const char*, bool>{"head_dim", rejected.head_dim_float},
+        {"max_position_embeddings", rejected.max_position_embeddings_float}})
+    if (has(c, key) && c[key].is_number_float() && float_rejected)
       refuse(key, c[key], "its typed field takes only an integer");
-  }
 }
 
 // Keys of the file the model type's rotary class never reads (unread()) do not change posenc's
@@ -234,8 +200,8 @@ void Resolver::ignore_unread_keys(HfResolution& out) {
   // its own rules (a llama3 block without rope_theta fails to load, KeyError) even where its
   // rotary class never reads them; posenc does not mirror those rules: refused. A class that
   // takes no block at all (GPT-J, CodeGen) loads any: ignored below.
-  const auto* own = hf_absent_key_defaults(out.model_type);
-  const bool class_takes_blocks = own != nullptr && own->contains("legacy_rope_scaling");
+  const auto& legacy = rules().legacy_rope_scaling;
+  const bool class_takes_blocks = legacy.has_value();
   for (const char* b : {"rope_parameters", "rope_scaling"}) {
     const bool plain_theta_block = std::string(b) == "rope_parameters" && has(c, b) &&
                                    c[b].is_object() && !unread("rope_parameters.rope_theta") &&
@@ -282,8 +248,7 @@ void Resolver::ignore_unread_keys(HfResolution& out) {
       drop(params, "rope_theta", "rope_parameters.rope_theta");
     }
   }
-  const bool scaling_refused = own != nullptr && own->contains("legacy_rope_scaling") &&
-                               !(*own)["legacy_rope_scaling"].value("reads_scaling", true);
+  const bool scaling_refused = legacy && !legacy->reads_scaling;
   if (unread("rope_scaling") && !scaling_refused) drop(patched, "rope_scaling", "rope_scaling");
   // (probed on a file without a block: beside one, the class's conversion may take it into the
   // block, which the rules below decide)
@@ -344,12 +309,12 @@ void Resolver::apply_length_mscale(const nlohmann::json& block) {
 }
 
 // Keys posenc reads that the file leaves out take the model type's config-class default
-// (hf_defaults.inc, generated from transformers): Qwen3 without head_dim is 128, not
-// hidden_size / num_attention_heads; Qwen2-VL's text model without rope_theta is 1e6. Steps:
+// (hf_generated_rules.inc's defaults, generated from transformers): Qwen3 without head_dim is 128,
+// not hidden_size / num_attention_heads; Qwen2-VL's text model without rope_theta is 1e6. Steps:
 // the class's default block(s) for a file without any, transformers 4's rope_scaling where
 // the class departs from the standard conversion, then the plain absent keys.
 void Resolver::fill_absent_defaults(HfResolution& out, const HfArchitecture& arch) {
-  nlohmann::json merged = class_defaults(out.model_type);
+  class_defaults_ = class_defaults();
   // transformers reads `rope_scaling or rope_parameters`: an empty rope_scaling is absent
   if (has(model(), "rope_scaling") && model()["rope_scaling"].is_object() &&
       model()["rope_scaling"].empty()) {
@@ -357,8 +322,6 @@ void Resolver::fill_absent_defaults(HfResolution& out, const HfArchitecture& arc
     without.erase("rope_scaling");
     patched_ = std::move(without);
   }
-  if (merged.empty()) return;
-  defaults_ = merged;
   const auto& c = model();
   nlohmann::json patched = c;
   fill_default_blocks(arch, c, patched);
@@ -367,18 +330,27 @@ void Resolver::fill_absent_defaults(HfResolution& out, const HfArchitecture& arc
   if (!defaulted_.empty()) patched_ = std::move(patched);
 }
 
-// The model type's generated defaults and rules; a composite merges its own defaults into the
-// text_config dict (Voxtral: rope_theta 1e8), which then count as the file's (composite_keys_).
-nlohmann::json Resolver::class_defaults(const std::string& type) {
-  nlohmann::json merged = nlohmann::json::object();
-  if (const auto* own = hf_absent_key_defaults(type)) merged = *own;
-  if (text_ != nullptr && has(*root_, "model_type") && (*root_)["model_type"].is_string())
-    if (const auto* composite =
-            hf_absent_key_defaults((*root_)["model_type"].get<std::string>() + "/text_config"))
-      for (const auto& item : composite->items()) {
-        merged[item.key()] = item.value();
-        composite_keys_.insert(item.key());
-      }
+// The model type's generated defaults for absent keys; a composite merges its own text_config
+// defaults over them (Voxtral: rope_theta 1e8), which then count as the file's (composite_keys_).
+HfClassDefaults Resolver::class_defaults() {
+  HfClassDefaults merged = rules().defaults;
+  if (text_ == nullptr || !has(*root_, "model_type") || !(*root_)["model_type"].is_string())
+    return merged;
+  const auto* composite = hf_generated_rules((*root_)["model_type"].get<std::string>());
+  if (composite == nullptr) return merged;
+  const HfClassDefaults& own = composite->text_config_defaults;
+  auto take = [](auto& into, const auto& from) {
+    if (from) into = from;
+  };
+  take(merged.rope_theta, own.rope_theta);
+  take(merged.partial_rotary_factor, own.partial_rotary_factor);
+  take(merged.head_dim, own.head_dim);
+  take(merged.global_head_dim, own.global_head_dim);
+  take(merged.max_position_embeddings, own.max_position_embeddings);
+  take(merged.rope_interleave, own.rope_interleave);
+  if (!own.rope_parameters.empty()) merged.rope_parameters = own.rope_parameters;
+  const nlohmann::json keys = to_json(own);  // (items() of a temporary would dangle)
+  for (const auto& item : keys.items()) composite_keys_.insert(item.key());
   return merged;
 }
 
@@ -395,30 +367,27 @@ void Resolver::fill_default_blocks(const HfArchitecture& arch, const nlohmann::j
     return k.find("rope") != std::string::npos || k.find("rotary") != std::string::npos ||
            k.find("theta") != std::string::npos;
   });
-  if (!defaults_.contains("rope_parameters") || (!arch.flat_refusal.empty() && rope_keys) ||
+  if (class_defaults_.rope_parameters.empty() || (!arch.flat_refusal.empty() && rope_keys) ||
       has(c, "rope_parameters") || has(c, "rope_scaling") || has(c, "rope_local_base_freq"))
     return;
-  nlohmann::json params = defaults_["rope_parameters"];
-  auto fill = [&](nlohmann::json& b) {
-    if (!b.is_object()) return;
-    if (b.value("rope_theta_from_file", false) && has(c, "rope_theta"))
-      b["rope_theta"] = c["rope_theta"];
+  auto fill = [&](nlohmann::json& b, bool theta_from_file) {
+    if (theta_from_file && has(c, "rope_theta")) b["rope_theta"] = c["rope_theta"];
     // a top-level partial_rotary_factor reaches the block (classes that leave it out were
     // refused by refuse_unread_partial); GPT-NeoX's class sets its block from its own keys
     if (has(c, "partial_rotary_factor")) b["partial_rotary_factor"] = c["partial_rotary_factor"];
-    if (arch.reads_neox_keys && !b.value("rope_theta_from_file", false) &&
-        has(c, "rotary_emb_base"))
+    if (arch.reads_neox_keys && !theta_from_file && has(c, "rotary_emb_base"))
       b["rope_theta"] = c["rotary_emb_base"];
     if (arch.reads_neox_keys && has(c, "rotary_pct")) b["partial_rotary_factor"] = c["rotary_pct"];
-    b.erase("rope_theta_from_file");
   };
-  const bool nested = std::all_of(params.begin(), params.end(), [](const nlohmann::json& v) {
-    return v.is_object() || v.is_null();
-  });
-  if (nested)
-    for (auto& item : params.items()) fill(item.value());
-  else
-    fill(params);
+  nlohmann::json params = nlohmann::json::object();
+  for (const HfDefaultBlock& block : class_defaults_.rope_parameters) {
+    nlohmann::json b = hf_default_block_json(block);
+    if (!block.no_rope) fill(b, block.rope_theta_from_file);
+    if (block.layer_type.empty())
+      params = b;  // a flat block (the only one)
+    else
+      params[std::string(block.layer_type)] = b;
+  }
   patched["rope_parameters"] = params;
   defaulted_.insert("rope_parameters");
 }
@@ -432,54 +401,53 @@ void Resolver::fill_default_blocks(const HfArchitecture& arch, const nlohmann::j
 // default is then not filled in).
 bool Resolver::fill_legacy_scaling(HfResolution& out, const nlohmann::json& c,
                                    nlohmann::json& patched) {
-  if (!defaults_.contains("legacy_rope_scaling")) return false;
-  const auto& legacy = defaults_["legacy_rope_scaling"];
+  if (!rules().legacy_rope_scaling) return false;
+  const HfLegacyScaling& legacy = *rules().legacy_rope_scaling;
   const std::string& type = out.model_type;
   if (has(c, "rope_scaling"))
-    TORCH_CHECK(legacy.value("reads_scaling", true), origin_, ": refused: model type '", type,
+    TORCH_CHECK(legacy.reads_scaling, origin_, ": refused: model type '", type,
                 "''s config class never reads '", prefix_,
                 "rope_scaling' (transformers builds its RoPE without it); give only "
                 "'rope_parameters', as transformers 5 writes it");
   if (has(c, "rope_scaling") && !has(c, "rope_parameters")) {
-    if (!legacy.value("rope_theta_from_file", true) && legacy.contains("rope_theta") &&
-        legacy["rope_theta"].is_number() && !has(c, "rotary_emb_base")) {
-      if (has(c, "rope_theta") && c["rope_theta"] != legacy["rope_theta"])
+    const std::optional<double> class_theta =
+        legacy.rope_theta ? legacy.rope_theta->value : std::nullopt;
+    if (!legacy.rope_theta_from_file && class_theta && !has(c, "rotary_emb_base")) {
+      if (has(c, "rope_theta") && c["rope_theta"] != nlohmann::json(*class_theta))
         out.warnings.push_back(origin_ + ": '" + prefix_ + "rope_theta' beside 'rope_scaling' is " +
                                "not read by model type '" + type + "''s config class; ignored, " +
                                "as transformers ignores it");
-      patched["rope_theta"] = legacy["rope_theta"];
+      patched["rope_theta"] = *class_theta;
       defaulted_.insert("rope_theta");
     }
-    if (!has(c, "rope_theta") && legacy.contains("absent_rope_theta") &&
-        legacy["absent_rope_theta"].is_number() && !has(c, "rotary_emb_base") &&
+    if (!has(c, "rope_theta") && legacy.absent_rope_theta && !has(c, "rotary_emb_base") &&
         !c["rope_scaling"].contains("rope_theta")) {
-      patched["rope_theta"] = legacy["absent_rope_theta"];
+      patched["rope_theta"] = *legacy.absent_rope_theta;
       defaulted_.insert("rope_theta");
     }
   }
   // the factor the class gives a block that replaced its default one (null: none, the whole
   // head)
   bool legacy_partial_set = false;
-  auto take_replaced_partial = [&](const nlohmann::json& v) {
+  auto take_replaced_partial = [&](const HfOrNone<double>& v) {
     legacy_partial_set = true;
-    if (!v.is_number()) return;
-    patched["partial_rotary_factor"] = v;
+    if (!v.value) return;
+    patched["partial_rotary_factor"] = *v.value;
     defaulted_.insert("partial_rotary_factor");
   };
   // transformers reads `rope_scaling or rope_parameters`: a rope_scaling replaces the class's
   // default block, and the factor it carried, beside a rope_parameters too (Mistral 4)
-  if (has(c, "rope_scaling") && c["rope_scaling"].is_object() &&
-      legacy.contains("partial_rotary_factor") && !has(c, "partial_rotary_factor") &&
-      !c["rope_scaling"].contains("partial_rotary_factor"))
-    take_replaced_partial(legacy["partial_rotary_factor"]);
+  if (has(c, "rope_scaling") && c["rope_scaling"].is_object() && legacy.partial_rotary_factor &&
+      !has(c, "partial_rotary_factor") && !c["rope_scaling"].contains("partial_rotary_factor"))
+    take_replaced_partial(*legacy.partial_rotary_factor);
   // the file's own flat rope_parameters block without a factor replaces the class's default
   // block, and with it the factor that block carried (Moonshine Streaming: the whole head)
-  if (legacy.contains("block_partial_rotary_factor") && !has(c, "rope_scaling") &&
-      has(c, "rope_parameters") && c["rope_parameters"].is_object() &&
+  if (legacy.block_partial_rotary_factor && !has(c, "rope_scaling") && has(c, "rope_parameters") &&
+      c["rope_parameters"].is_object() &&
       (c["rope_parameters"].contains("rope_type") || c["rope_parameters"].contains("type") ||
        c["rope_parameters"].contains("rope_theta")) &&
       !c["rope_parameters"].contains("partial_rotary_factor") && !has(c, "partial_rotary_factor"))
-    take_replaced_partial(legacy["block_partial_rotary_factor"]);
+    take_replaced_partial(*legacy.block_partial_rotary_factor);
   return legacy_partial_set;
 }
 
@@ -497,9 +465,10 @@ void Resolver::fill_absent_keys(const HfArchitecture& arch, const nlohmann::json
   auto block_partial = [&](const char* b) {
     return has(c, b) && c[b].is_object() && c[b].contains("partial_rotary_factor");
   };
-  for (const auto& item : defaults_.items()) {
+  nlohmann::json values = to_json(class_defaults_);
+  values.erase("rope_parameters");  // (fill_default_blocks')
+  for (const auto& item : values.items()) {
     const std::string& key = item.key();
-    if (kGeneratedRules.count(key)) continue;
     if (key == "partial_rotary_factor" && legacy_partial_set) continue;
     if (has(c, key)) continue;
     // a composite merges its defaults under the file's keys ({**defaults, **file}): a null in
@@ -520,9 +489,8 @@ void Resolver::fill_absent_keys(const HfArchitecture& arch, const nlohmann::json
 // Files the model type's config class fails on before any head size is read (generated
 // rope_theta_raises: a top-level rope_theta zipped with layer_types; null_rope_scaling_unsets:
 // "rope_scaling": null assigned over the blocks).
-void Resolver::refuse_class_failures(const HfResolution& out, const nlohmann::json& own,
-                                     const nlohmann::json& file) const {
-  if (own.value("rope_theta_raises", false))
+void Resolver::refuse_class_failures(const HfResolution& out, const nlohmann::json& file) const {
+  if (rules().rope_theta_raises)
     TORCH_CHECK(
         !has(file, "rope_theta") || has(file, "rope_parameters") || has(file, "rope_scaling"),
         origin_, ": refused: a top-level '", prefix_,
@@ -533,7 +501,7 @@ void Resolver::refuse_class_failures(const HfResolution& out, const nlohmann::js
         ": TypeError); give per-layer-type 'rope_parameters'");
   // "rope_scaling": null (Llama 2's files carry it) is assigned over the blocks by some classes
   // (DiffusionGemma, EmbeddingGemma 2, Zaya): rope_parameters None, their rotary class fails
-  if (own.value("null_rope_scaling_unsets", false))
+  if (rules().null_rope_scaling_unsets)
     TORCH_CHECK(
         !(file.is_object() && file.contains("rope_scaling") && file["rope_scaling"].is_null()),
         origin_, ": refused: '", prefix_, "rope_scaling': null: model type '", out.model_type,
@@ -542,8 +510,8 @@ void Resolver::refuse_class_failures(const HfResolution& out, const nlohmann::js
         std::string(kHfArchitecturesTransformers), ": TypeError); leave the key out");
 }
 
-// head_dim as the model type's config class takes it (hf_defaults.inc's generated
-// "head_dim_rules", tools/gen_hf_architectures.py's head_dim_rules):
+// head_dim as the model type's config class takes it (the generated head_dim_rules,
+// tools/gen_hf_architectures.py's head_dim_rules):
 // - the class sets head_dim itself (DeepSeek-V2: qk_rope_head_dim): the file's value is unread;
 // - an alias (JetMoE's head_dim is kv_channels): the file's value is that key's;
 // - "head_dim": null: a validation error (Qwen3's typed field: refused), hidden_size /
@@ -554,35 +522,32 @@ void Resolver::refuse_class_failures(const HfResolution& out, const nlohmann::js
 // head_dim: the file's is set last and the rotary class reads it, while the attention rotates
 // qk_rope_head_dim) is checked against that key once the head size is known (head_dim_kept_).
 void Resolver::apply_head_dim_rules(HfResolution& out) {
-  const auto* own = hf_absent_key_defaults(out.model_type);
-  if (own == nullptr) return;
   const auto& c = model();
   const nlohmann::json& file = text_ ? *text_ : *root_;  // before any default was filled
-  refuse_class_failures(out, *own, file);
-  if (!own->contains("head_dim_rules")) return;
-  const auto& rules = (*own)["head_dim_rules"];
+  refuse_class_failures(out, file);
+  if (!rules().head_dim_rules) return;
+  const HfHeadDimRules& head_rules = *rules().head_dim_rules;
   const bool given = file.is_object() && file.contains("head_dim");
   const bool null = given && file["head_dim"].is_null();
   nlohmann::json patched = c;
   bool changed = false;
   if (given && !null) {
-    TORCH_CHECK(!rules.value("head_dim_raises", false), origin_, ": refused: model type '",
-                out.model_type, "''s config class fails on a '", prefix_,
-                "head_dim' key (transformers ", std::string(kHfArchitecturesTransformers),
-                " cannot load this file); leave it out");
-    if (rules.value("head_dim_overridden", false)) {
+    TORCH_CHECK(!head_rules.head_dim_raises, origin_, ": refused: model type '", out.model_type,
+                "''s config class fails on a '", prefix_, "head_dim' key (transformers ",
+                std::string(kHfArchitecturesTransformers), " cannot load this file); leave it out");
+    if (head_rules.head_dim_overridden) {
       out.warnings.push_back(origin_ + ": '" + prefix_ + "head_dim' " + c["head_dim"].dump() +
                              " is not read: model type '" + out.model_type +
                              "''s config class sets head_dim itself; ignored, as transformers "
                              "ignores it");
       patched.erase("head_dim");
-      if (const auto* d = hf_absent_key_defaults(out.model_type); d && d->contains("head_dim")) {
-        patched["head_dim"] = (*d)["head_dim"];
+      if (const auto& head = rules().defaults.head_dim) {
+        patched["head_dim"] = *head;
         defaulted_.insert("head_dim");
       }
       changed = true;
-    } else if (rules.contains("head_dim_alias_of") && rules["head_dim_alias_of"].is_string()) {
-      const std::string key = rules["head_dim_alias_of"].get<std::string>();
+    } else if (!head_rules.head_dim_alias_of.empty()) {
+      const std::string key(head_rules.head_dim_alias_of);
       if (has(c, key) && c[key] != c["head_dim"])
         out.warnings.push_back(origin_ + ": '" + prefix_ + "head_dim' " + c["head_dim"].dump() +
                                " is model type '" + out.model_type + "''s alias of '" + key +
@@ -595,12 +560,13 @@ void Resolver::apply_head_dim_rules(HfResolution& out) {
     }
   }
   if (null) {
-    const std::string outcome = rules.value("null_head_dim", "");
-    TORCH_CHECK(outcome != "raises", origin_, ": '", prefix_, "head_dim' is null, and model type '",
-                out.model_type, "''s config class takes only an integer there (transformers ",
+    const HfNullHeadDim outcome = head_rules.null_head_dim;
+    TORCH_CHECK(outcome != HfNullHeadDim::kRaises, origin_, ": '", prefix_,
+                "head_dim' is null, and model type '", out.model_type,
+                "''s config class takes only an integer there (transformers ",
                 std::string(kHfArchitecturesTransformers),
                 " refuses the file); give the head size or leave the key out");
-    if (outcome == "derived") {
+    if (outcome == HfNullHeadDim::kDerived) {
       TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads") &&
                       integer_at(c, "num_attention_heads") > 0,
                   origin_, ": '", prefix_, "head_dim' is null: model type '", out.model_type,
@@ -608,11 +574,11 @@ void Resolver::apply_head_dim_rules(HfResolution& out) {
       patched["head_dim"] = integer_at(c, "hidden_size") / integer_at(c, "num_attention_heads");
       head_null_derived_ = true;
       changed = true;
-    } else if (outcome == "none") {
+    } else if (outcome == HfNullHeadDim::kNone) {
       head_none_ = true;
     }
   }
-  if (!given && rules.value("absent_head_dim_none", false)) head_none_ = true;
+  if (!given && head_rules.absent_head_dim_none) head_none_ = true;
   if (head_none_ && defaulted_.count("head_dim")) {
     patched.erase("head_dim");
     defaulted_.erase("head_dim");

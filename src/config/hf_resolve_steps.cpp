@@ -1,9 +1,10 @@
 // The HF resolver's run(): config.json -> the resolution as a pipeline of named steps, each a
 // function of the file, the model type's row (hf_architectures.h) and the resolution so far (the
-// Step and the values resolved), naming the rules it reads (generated ones from hf_defaults.inc /
-// hf_model_types.inc, the scaling units' facts from rope_scaling.h). The order is the order
-// transformers' config and rotary classes decide in. The file's preparation (the class's defaults
-// for absent keys, unread keys, head_dim's rules, the scaling block) is hf_config.cpp's.
+// Step and the values resolved), naming the rules it reads (generated ones from the typed table of
+// hf_generated_rules.h and hf_model_types.inc, the scaling units' facts from rope_scaling.h). The
+// order is the order transformers' config and rotary classes decide in. The file's preparation (the
+// class's defaults for absent keys, unread keys, head_dim's rules, the scaling block) is
+// hf_config.cpp's.
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -127,12 +128,11 @@ void Resolver::resolve_rope_type(HfResolution& out, const HfArchitecture& arch, 
 // HfAxial unit's any_rope_type: DINOv3 whatever the file says) is resolved by resolve_axial.
 void Resolver::resolve_sections(HfResolution& out, const HfArchitecture& arch, Step& s) {
   const auto& block = s.block;
-  s.mrope = hf_absent_key_defaults(out.model_type);
-  if (s.mrope != nullptr && !s.mrope->contains("mrope_layout")) s.mrope = nullptr;
+  s.mrope_layout = rules().mrope_layout;
   if (has(block, "mrope_section")) {
     s.sections = integers_at(block, "mrope_section", from_block("mrope_section"));
-  } else if (s.mrope != nullptr && s.rope_type != "axial") {
-    s.sections = (*s.mrope)["mrope_default_section"].get<std::vector<int64_t>>();
+  } else if (!s.mrope_layout.empty() && s.rope_type != "axial") {
+    s.sections = rules().mrope_default_section;
     s.sections_defaulted = true;
   }
   // a tower's config class gives a file without rope_type 'axial' (its rotary class raises on
@@ -173,10 +173,9 @@ void Resolver::record_rope_type(HfResolution& out, const HfArchitecture& arch, c
       : has(block, "rope_type")
           ? where(from_block("rope_type"))
           : (has(block, "type") ? where(from_block("type")) : "transformers default"));
-  TORCH_CHECK(!generated_rule_names(out.model_type, "rope_types_rejected", s.rope_type), origin_,
-              ": refused: model type '", out.model_type, "' does not take rope_type '", s.rope_type,
-              "' (", from_block(type_key), "): transformers ",
-              std::string(kHfArchitecturesTransformers),
+  TORCH_CHECK(!rules().rope_types_rejected.names(s.rope_type), origin_, ": refused: model type '",
+              out.model_type, "' does not take rope_type '", s.rope_type, "' (",
+              from_block(type_key), "): transformers ", std::string(kHfArchitecturesTransformers),
               "'s config or rotary class raises on it, so there is no table to match");
 }
 
@@ -325,10 +324,8 @@ void Resolver::resolve_layout(HfResolution& out, const HfArchitecture& arch, con
   std::string layout(arch.layout);
   std::string layout_source =
       arch.model_type.empty() ? std::string("transformers default (rotate_half)") : s.rule;
-  if (const auto* own = hf_absent_key_defaults(out.model_type);
-      arch.model_type.empty() && own != nullptr && own->contains("pair_layout") &&
-      (*own)["pair_layout"].is_string()) {
-    layout = (*own)["pair_layout"].get<std::string>();
+  if (arch.model_type.empty() && !rules().pair_layout.empty()) {
+    layout = std::string(rules().pair_layout);
     layout_source = "transformers: model type '" + out.model_type + "''s attention rotates " +
                     layout +
                     " pairs (tools/gen_hf_architectures.py's layout probe of its own rotation)";
@@ -370,11 +367,9 @@ bool Resolver::file_gives_theta() const {
 void Resolver::refuse_block_without_theta(const HfResolution& out, const Step& s) const {
   const bool file_theta = file_gives_theta();
   const double class_theta = class_block_theta(layer_type_);
-  const bool neox_unread = file_theta && defaults_.is_object() &&
-                           defaults_.contains("legacy_rope_scaling") &&
-                           !defaults_["legacy_rope_scaling"].value("rope_theta_from_file", true) &&
-                           defaults_["legacy_rope_scaling"].contains("rope_theta") &&
-                           defaults_["legacy_rope_scaling"]["rope_theta"].is_number();
+  const auto& legacy = rules().legacy_rope_scaling;
+  const bool neox_unread = file_theta && legacy && !legacy->rope_theta_from_file &&
+                           legacy->rope_theta && legacy->rope_theta->value;
   TORCH_CHECK(has(s.block, "rope_theta") || !file_theta ||
                   ((std::isnan(class_theta) || layer_type_.empty()) && !neox_unread),
               origin_, ": refused: '", prefix_, block_name_,
@@ -382,11 +377,9 @@ void Resolver::refuse_block_without_theta(const HfResolution& out, const Step& s
               "''s config class decides per block whether the top-level value applies (it "
               "gives some blocks its own); put rope_theta in every block, as transformers 5 "
               "writes it");
-  if (!has(s.block, "rope_theta") && !file_theta && defaults_.is_object() &&
-      defaults_.contains("block_theta_missing") && defaults_["block_theta_missing"].is_array())
-    for (const auto& t : defaults_["block_theta_missing"])
-      TORCH_CHECK(!t.is_string() || (t != "*" && t.get<std::string>() != layer_type_), origin_,
-                  ": refused: ", prefix_, block_name_,
+  if (!has(s.block, "rope_theta") && !file_theta)
+    for (const std::string_view t : rules().block_theta_missing)
+      TORCH_CHECK(t != "*" && t != layer_type_, origin_, ": refused: ", prefix_, block_name_,
                   " has no rope_theta, none is given at the top level, and model type '",
                   out.model_type, "''s config class fills none (transformers ",
                   std::string(kHfArchitecturesTransformers),
@@ -476,12 +469,8 @@ void Resolver::resolve_partial(HfResolution& out, const HfArchitecture& arch, co
 // n_positions); both given must agree.
 void Resolver::resolve_max_position(const HfResolution& out, Step& s) {
   const auto& c = model();
-  if (const auto* d = hf_absent_key_defaults(out.model_type);
-      d != nullptr && d->contains("max_position_rules"))
-    s.max_rules = &(*d)["max_position_rules"];
-  s.alias = s.max_rules != nullptr && s.max_rules->contains("max_position_alias")
-                ? (*s.max_rules)["max_position_alias"].get<std::string>()
-                : std::string();
+  if (rules().max_position_rules) s.max_rules = &*rules().max_position_rules;
+  s.alias = s.max_rules != nullptr ? std::string(s.max_rules->max_position_alias) : std::string();
   s.file_max = has(c, "max_position_embeddings") && !defaulted_.count("max_position_embeddings");
   s.by_alias = !s.alias.empty() && has(c, s.alias);
   TORCH_CHECK(!s.by_alias || !s.file_max ||
@@ -513,7 +502,7 @@ void Resolver::resolve_original_context(const HfResolution& out, const Step& s) 
   const std::string& rope_type = s.rope_type;
   const std::string version(kHfArchitecturesTransformers);
   TORCH_CHECK(has(block, "original_max_position_embeddings") ||
-                  !generated_rule_names(out.model_type, "top_original_unread", rope_type),
+                  !rules().top_original_unread.names(rope_type),
               origin_, ": refused: rope_type '", rope_type,
               "' without 'original_max_position_embeddings' in ", block_name_, ": model type '",
               out.model_type,
@@ -521,7 +510,10 @@ void Resolver::resolve_original_context(const HfResolution& out, const Step& s) 
               "(transformers ",
               version, " fails on it: KeyError); give it in the block");
   const std::string max_key = s.by_alias ? s.alias : std::string("max_position_embeddings");
-  const char* fill_rule = s.by_alias ? "alias_original" : "unset_original";
+  // the class's fill for a block without one (generated alias_original / unset_original)
+  const std::optional<HfOrNone<int64_t>> fill = s.max_rules == nullptr ? std::nullopt
+                                                : s.by_alias           ? s.max_rules->alias_original
+                                                             : s.max_rules->unset_original;
   if (has(c, "original_max_position_embeddings") && layer_type_.empty()) {
     set("original_max_position_embeddings", integer_at(c, "original_max_position_embeddings"),
         where("original_max_position_embeddings") +
@@ -531,23 +523,20 @@ void Resolver::resolve_original_context(const HfResolution& out, const Step& s) 
         integer_at(block, "original_max_position_embeddings",
                    from_block("original_max_position_embeddings")),
         where(from_block("original_max_position_embeddings")));
-  } else if (layer_type_.empty() && s.max_rules != nullptr && s.max_rules->contains(fill_rule) &&
-             ((*s.max_rules)[fill_rule].is_null() || s.by_alias || s.file_max)) {
+  } else if (layer_type_.empty() && fill && (!fill->value || s.by_alias || s.file_max)) {
     // the class fills the block's original before it sets the file's context length (or not
     // at all: transformers then fails on the block, KeyError)
-    const auto& filled = (*s.max_rules)[fill_rule];
-    TORCH_CHECK(filled.is_number_integer(), origin_, ": refused: rope_type '", rope_type,
+    TORCH_CHECK(fill->value.has_value(), origin_, ": refused: rope_type '", rope_type,
                 "' without 'original_max_position_embeddings', which model type '", out.model_type,
                 "''s config class does not fill from ", max_key, " (transformers ", version,
                 " fails on it: KeyError); give original_max_position_embeddings in ", block_name_);
-    set("original_max_position_embeddings", filled.get<int64_t>(),
+    set("original_max_position_embeddings", *fill->value,
         "transformers: model type '" + out.model_type +
             "''s config class fills it with its default before it sets the file's " + max_key);
   } else {
-    TORCH_CHECK(!generated_rule_names(out.model_type, "original_not_filled", rope_type), origin_,
-                ": refused: rope_type '", rope_type,
-                "' without 'original_max_position_embeddings' in ", block_name_, ": model type '",
-                out.model_type,
+    TORCH_CHECK(!rules().original_not_filled.names(rope_type), origin_, ": refused: rope_type '",
+                rope_type, "' without 'original_max_position_embeddings' in ", block_name_,
+                ": model type '", out.model_type,
                 "''s config class does not fill it from max_position_embeddings "
                 "(transformers ",
                 version, " fails on it: KeyError); give it in the block");
@@ -587,17 +576,14 @@ void Resolver::resolve_block_numbers(HfResolution& out, const Step& s) {
     }
     set(key, number_at(block, key, from_block(key)), where(from_block(key)));
   }
-  if (const auto* own = hf_absent_key_defaults(out.model_type);
-      own != nullptr && own->contains("required_block_keys") &&
-      (*own)["required_block_keys"].contains(rope_type))
-    for (const auto& key : (*own)["required_block_keys"][rope_type]) {
-      const auto k = key.get<std::string>();
-      TORCH_CHECK(has(block, k), origin_, ": refused: rope_type '", rope_type, "' without '", k,
-                  "' in ", block_name_, ": model type '", out.model_type,
-                  "''s config class requires it (transformers ",
-                  std::string(kHfArchitecturesTransformers),
-                  " fails on it: KeyError); give it in the block");
-    }
+  for (const std::string_view key : rules().required_block_keys.of(rope_type)) {
+    const std::string k(key);
+    TORCH_CHECK(has(block, k), origin_, ": refused: rope_type '", rope_type, "' without '", k,
+                "' in ", block_name_, ": model type '", out.model_type,
+                "''s config class requires it (transformers ",
+                std::string(kHfArchitecturesTransformers),
+                " fails on it: KeyError); give it in the block");
+  }
   if (!has(block, "factor") && s.unit != nullptr &&
       depends_on(*s.unit, "max_position_embeddings", true)) {
     TORCH_CHECK(s.has_max, origin_, ": rope_type '", rope_type,
@@ -646,8 +632,8 @@ void Resolver::record_sections(HfResolution& out, const Step& s) {
                            : where(from_block("mrope_section")));
   const bool interleaved_given =
       has(block, "mrope_interleaved") && block["mrope_interleaved"].is_boolean();
-  if (s.mrope != nullptr) {
-    const std::string layout = (*s.mrope)["mrope_layout"].get<std::string>();
+  if (!s.mrope_layout.empty()) {
+    const std::string layout(s.mrope_layout);
     if (interleaved_given && block["mrope_interleaved"].get<bool>() != (layout == "interleaved"))
       out.warnings.push_back(origin_ + ": '" + from_block("mrope_interleaved") + "' " +
                              block["mrope_interleaved"].dump() + " is not read: model type '" +

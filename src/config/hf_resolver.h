@@ -20,6 +20,7 @@
 
 #include "posenc/config/hf_architectures.h"
 #include "posenc/config/hf_config.h"
+#include "posenc/config/hf_generated_rules.h"
 #include "posenc/functional/rope_scaling.h"
 
 namespace posenc::hf_resolve {
@@ -28,15 +29,8 @@ namespace posenc::hf_resolve {
 extern const std::set<std::string> kPositionKeys;
 // Keys of a rope_scaling / rope_parameters block that posenc's rope encoder takes.
 extern const std::set<std::string> kBlockKeys;
-// Names of hf_defaults.inc's generated entries that are rules, not a config class's default for
-// an absent key (fill_absent_keys fills every other entry into the file).
-extern const std::set<std::string> kGeneratedRules;
 /// A JSON value's type and its first characters, for error lines.
 std::string describe(const nlohmann::json& v);
-/// Whether the model type's generated list `rule` (hf_defaults.inc: rope_types_rejected,
-/// original_not_filled, top_original_unread, ...) names `value`.
-bool generated_rule_names(const std::string& model_type, const char* rule,
-                          const std::string& value);
 
 class Resolver {
  public:
@@ -71,7 +65,7 @@ class Resolver {
     bool axial = false;             ///< a vision tower's 2D (or 3D) rotary
     std::vector<int64_t> sections;  ///< M-RoPE sections (the block's or the class's default)
     bool sections_defaulted = false;
-    const nlohmann::json* mrope = nullptr;  ///< generated mrope_layout / mrope_default_section
+    std::string_view mrope_layout;  ///< generated mrope_layout (empty: the block's own layout)
     int64_t head_dim = 0;
     bool took_head_dim = false;     ///< the head-size rule read head_dim itself
     bool head_from_layers = false;  ///< per_layer_config gave this layer type its head size
@@ -79,7 +73,7 @@ class Resolver {
     bool file_max = false;          ///< ... given by the file, not a class default
     std::string alias;              ///< the key the class reads as max_position_embeddings
     bool by_alias = false;          ///< the file gives that key
-    const nlohmann::json* max_rules = nullptr;  ///< generated max_position_rules
+    const HfMaxPositionRules* max_rules = nullptr;  ///< generated max_position_rules
   };
   std::string from_block(const std::string& key) const { return block_name_ + "." + key; }
 
@@ -128,11 +122,15 @@ class Resolver {
   // unread_keys, tools/gen_hf_architectures.py's reads_probe: GPT-J's and CodeGen's tables
   // hard-code their base; ESM's reads only the top-level rope_theta).
   bool unread(const std::string& key) const {
-    const auto* own = hf_absent_key_defaults(model_type_);
-    if (own == nullptr || !own->contains("unread_keys")) return false;
-    for (const auto& k : (*own)["unread_keys"])
-      if (k.is_string() && k.get<std::string>() == key) return true;
-    return false;
+    const auto& keys = rules().unread_keys;
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  }
+  // The model type's generated rules (hf_generated_rules.h); an empty row where the generator
+  // recorded none.
+  const HfGeneratedRules& rules() const {
+    static const HfGeneratedRules kNone{.model_type = ""};
+    const auto* own = hf_generated_rules(model_type_);
+    return own != nullptr ? *own : kNone;
   }
   void check_rotary_gate(const HfResolution& out) const;
   void refuse_rejected_values(const HfResolution& out) const;
@@ -140,14 +138,13 @@ class Resolver {
   void refuse_unread_partial(const HfResolution& out) const;
   void apply_length_mscale(const nlohmann::json& block);
   void fill_absent_defaults(HfResolution& out, const HfArchitecture& arch);
-  nlohmann::json class_defaults(const std::string& type);
+  HfClassDefaults class_defaults();
   void fill_default_blocks(const HfArchitecture& arch, const nlohmann::json& c,
                            nlohmann::json& patched);
   bool fill_legacy_scaling(HfResolution& out, const nlohmann::json& c, nlohmann::json& patched);
   void fill_absent_keys(const HfArchitecture& arch, const nlohmann::json& c,
                         nlohmann::json& patched, bool legacy_partial_set);
-  void refuse_class_failures(const HfResolution& out, const nlohmann::json& own,
-                             const nlohmann::json& file) const;
+  void refuse_class_failures(const HfResolution& out, const nlohmann::json& file) const;
   void apply_head_dim_rules(HfResolution& out);
   void partial_from_layer_heads(HfResolution& out, const nlohmann::json& c, int64_t head_dim);
   void check_head_dim_rules(const HfResolution& out, const nlohmann::json& c,
@@ -213,17 +210,17 @@ class Resolver {
   const nlohmann::json* text_ = nullptr;
   std::string flat_text_type_;  ///< the text model type a flat composite's top level is read as
   std::set<std::string> composite_keys_;  ///< keys filled from "<composite>/text_config"
-  nlohmann::json defaults_;  ///< the model type's config-class defaults (hf_defaults.inc)
+  /// the model type's config-class defaults for absent keys, a composite's own text_config
+  /// defaults over them (generated; class_defaults)
+  HfClassDefaults class_defaults_;
 
   // The rope_theta the class gives a block of the file without one, for the resolved layer type
-  // (hf_defaults.inc's block_rope_theta, probed per class); NaN when not known.
+  // (the generated block_rope_theta, probed per class); NaN when not known.
   // `layer`: a layer type, or "" for a flat block.
   double class_block_theta(const std::string& layer) const {
-    if (!defaults_.is_object() || !defaults_.contains("block_rope_theta")) return NAN;
-    const auto& t = defaults_["block_rope_theta"];
-    if (t.is_number()) return layer.empty() ? t.get<double>() : NAN;
-    if (!t.is_object() || layer.empty() || !t.contains(layer) || !t[layer].is_number()) return NAN;
-    return t[layer].get<double>();
+    for (const auto& t : rules().block_rope_theta)
+      if (t.layer_type == layer) return t.rope_theta;
+    return NAN;
   }
   std::string prefix_;
   std::string block_name_;

@@ -6,8 +6,9 @@ GPT-J's and CodeGen's tables hard-code theta 10000 and read no rope block; ESM's
 top-level rope_theta; Llama 4 and DeepSeek-V2 turn (2i, 2i+1) pairs as complex numbers. posenc
 must rotate q as the model does (frequencies and pair layout), or refuse the file where
 transformers cannot build it; tools/gen_hf_architectures.py generates what posenc knows of this
-(hf_defaults.inc: unread_keys, pair_layout, rotary_gate, values_rejected), and the first test
-checks that none of its probe values leaked into that file.
+(hf_generated_rules.inc, a typed table rendered from generated_rules.json: unread_keys, pair_layout,
+rotary_gate, values_rejected), and the first tests check that none of its probe values leaked into
+it and that the committed table is the generator's rendering of its rows.
 """
 
 import copy
@@ -15,7 +16,6 @@ import importlib
 import inspect
 import json
 import os
-import re
 import sys
 
 import pytest
@@ -32,22 +32,44 @@ ARCH = os.path.join(FIXTURES, "hf_architectures")
 POSITIONS = [0, 1, 2, 7, 100, 1023]
 
 
-def test_no_probe_value_of_the_generator_is_in_the_generated_defaults():
+def _generator():
     sys.path.insert(0, os.path.join(ROOT, "tools"))
     try:
-        gen = importlib.import_module("gen_hf_architectures")
+        return importlib.import_module("gen_hf_architectures")
     finally:
         sys.path.pop(0)
-    with open(os.path.join(ROOT, "src", "config", "hf_defaults.inc")) as f:
-        rows = re.findall(r'\{"([^"]+)", R"\((.*)\)"\},', f.read())
+
+
+def _generated_rules():
+    with open(os.path.join(ARCH, "generated_rules.json")) as f:
+        return json.load(f)
+
+
+def test_no_probe_value_of_the_generator_is_in_the_generated_defaults():
+    gen = _generator()
+    rows = _generated_rules()["rows"]
     assert len(rows) >= 400
     leaked = [
-        (mt, v)
-        for mt, text in rows
-        for v in gen.numbers_in(json.loads(text))
-        if v in gen.PROBE_VALUES
+        (r["model_type"], v) for r in rows for v in gen.numbers_in(r) if v in gen.PROBE_VALUES
     ]
     assert not leaked, leaked[:10]
+
+
+def test_the_typed_table_is_the_generators_rendering_of_its_rows():
+    # src/config/hf_generated_rules.inc is what tools/gen_hf_architectures.py renders from the rows
+    # it writes to generated_rules.json (tests/test_hf_architectures.cpp checks the compiled table
+    # against the same rows): neither file is edited by hand, and the renderer still takes every
+    # row (a rule without a field in hf_generated_rules.h stops it)
+    gen = _generator()
+    data = _generated_rules()
+    with open(gen.RULES_INC) as f:
+        committed = f.read()
+    assert gen.rules_inc(data["rows"], data["transformers"]) == committed
+    # a rule the typed table has no field for is refused, not dropped
+    with pytest.raises(ValueError, match="no field"):
+        gen.rules_inc([{"model_type": "llama", "rope_theta_raise": True}], data["transformers"])
+    with pytest.raises(ValueError, match="no field"):
+        gen.rules_inc([{"model_type": "llama", "defaults": {"rope_thetaa": 1.0}}], "5")
 
 
 def _config(model_type):

@@ -151,13 +151,8 @@ bool hf_reads_local_base_freq(std::string_view model_type);
 
 /// The model types of each status (for the tests and `posenc inspect --hf-architectures`).
 std::vector<std::string> hf_model_types(HfModelTypeStatus status);
-/// What a model type's config class uses for keys posenc reads when a config.json leaves them out
-/// (rope_theta, partial_rotary_factor, head_dim, global_head_dim, max_position_embeddings,
-/// rope_interleave; only constants, not keys the class derives), as a JSON object; nullptr when
-/// none is known. Also how the class takes a head_dim ("head_dim_rules": overridden, an alias,
-/// what null gives) and whether it fails on a scalar top-level rope_theta ("rope_theta_raises").
-/// Generated from transformers (src/config/hf_defaults.inc).
-const nlohmann::json* hf_absent_key_defaults(std::string_view model_type);
+/// What a model type's config class uses for keys a config.json leaves out, and how its classes
+/// read a file, probed from transformers: hf_generated_rules (posenc/config/hf_generated_rules.h).
 /// Every row with more than the generic rule.
 std::vector<HfArchitecture> hf_architecture_rows();
 std::string to_string(HfHeadSize head);
