@@ -21,15 +21,16 @@
 //          + variate_bias[0, h] otherwise;  variate_ids [B, Nk] int64 >= 0, variate_bias [2, H]
 //          learnable (Moirai's nn.Embedding(2, H).weight as is), its gradient two sums of dS per
 //          head: d variate_bias[s, h] = sum_{b, i, j : [equal ids] = s} dS[b, h, i, j].
+//          Packed samples and the variate bias: both kernels, CPU and CUDA (CUDA:
+//          src/kernels/cuda/attention_cuda.cu, the same tile skipping; d variate_bias a
+//          deterministic two-pass reduce, no atomics).
 //   causal on ids (Moirai-2's packed_causal_attention_mask, uni2ts/common/torch_util.py):
 //          causal_ids [B, Nk] int64; key j visible to query i only when
 //          causal_ids[b, j] <= causal_ids[b, i + Nk - Nq] (causal in these ids, e.g. time ids,
 //          instead of token order: a variate-major packing lists variate 1's time 0 after
 //          variate 0's time 9). With sample_ids both hold. causal=true with causal_ids is refused
 //          (two causal rules). The kernel skips a tile whose keys' smallest id exceeds its
-//          queries' largest (CPU kernel only).
-//          CUDA reads both too (src/kernels/cuda/attention_cuda.cu: the same tile skipping, the
-//          gradient a deterministic two-pass reduce).
+//          queries' largest (CPU kernel only; CUDA refuses causal_ids).
 //   A query row that sees no key (all its keys padded or masked) gives 0, lse -inf.
 //   rotary (optional, CPU): q_i and k_j are rotated by their RoPE tables as each tile is loaded
 //          (Su et al. 2021; layouts as rope_apply), so no rotated copy of q and k is written;
