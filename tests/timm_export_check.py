@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
-"""`posenc export RUN --to timm` against timm's own VisionTransformer (CTest `timm_export`).
+"""`posenc export RUN --to timm` against timm's own VisionTransformer and Eva (CTest `timm_export`).
 
-For each exported architecture (a learned table with a class token, 2D sin-cos with mean pooling,
-no positions), the script makes a small folder of RGB images (PNG, plus a JPEG per class that only
-training reads), trains a tiny ViT on it with `posenc train`, exports it, and checks:
+For each exported architecture the script makes a small folder of RGB images (PNG, plus a JPEG per
+class that only training reads), trains a tiny ViT on it with `posenc train`, exports it, and
+checks:
   * timm.create_model(model_name, pretrained=False, **model_args) loads model.safetensors with
     load_state_dict(strict=True), and its logits on images posenc classifies (`posenc eval
     --image`, logits printed to float32 exactness) agree within 1e-5 (float32);
   * weights.safetensors read by safetensors.torch.load_file holds the tensors of weights.pt
     (torch.load), bit for bit.
-Refusals: a RoPE model (timm's EVA attention has no key bias) and a model with torch's LayerNorm
-eps 1e-5 (timm's is 1e-6): one line, exit 2.
+Architectures: timm's VisionTransformer for a learned table with a class token, 2D sin-cos with
+mean pooling, no positions; timm's Eva (attn_type 'rope': its qkv bias includes the key's, as
+posenc's) for each rotary encoder with a timm twin: axial RoPE ('rope', per_axis_frequencies) as
+rope_type 'cat' (half pairs, rows first, class token; interleaved pairs, columns first
+(rope_grid_indexing 'xy'), theta 100, mean pooling, LayerNorm eps 1e-5: the DINOv3 names' eps;
+beside a learned table, class token: Naver's RoPE + APE), 'rope_mixed' as 'mixed' (its learned
+frequencies repeated over timm's per-block ones), 'rope_dinov3' as 'dinov3' (with DINOv3's
+training-time rescale, mean pooling).
+Refusals, one line, exit 2: axial RoPE over one frequency ladder (M-RoPE), RoPE-Mixed with half
+pairs, DINOv3 RoPE with min/max periods, a composite rotating by one axis only, an encoder
+without a timm twin ('rope_fractional'), and a VisionTransformer with torch's LayerNorm eps 1e-5
+(timm's is 1e-6).
 The images are 16 x 16 = image_size, so neither side resizes; PNG is lossless, and the
 normalization is written as posenc's prepare() computes it ((x / 255 - mean) / std in float32).
 
@@ -95,8 +105,8 @@ def normalized(path: str, mean: list, std: list) -> torch.Tensor:
 
 
 def check_architecture(posenc: str, root: str, val_files: list, name: str, encoder: dict,
-                       pooling: str) -> None:
-    cfg = config(root, name, encoder, pooling)
+                       pooling: str, norm_eps: float = 1e-6) -> None:
+    cfg = config(root, name, encoder, pooling, norm_eps)
     cfg_path = os.path.join(root, f"{name}.json")
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)
@@ -128,9 +138,11 @@ def check_architecture(posenc: str, root: str, val_files: list, name: str, encod
     diff = (theirs.double() - ours_logits).abs().max().item()
     assert diff <= TOLERANCE, f"{name}: timm's logits differ from posenc's by {diff}"
     assert [r["class"] for r in rows] == [exported["classes"][i] for i in theirs.argmax(-1)]
-    print(f"{name}: {exported['model_args']['pos_embed']} pos_embed, "
-          f"global_pool {exported['model_args']['global_pool']}: max |logit diff| {diff:.2e} "
-          f"over {len(val_files)} images")
+    args = exported["model_args"]
+    what = (f"Eva rope_type {args['rope_type']}" if args.get("use_rot_pos_emb")
+            else f"{args['pos_embed']} pos_embed")
+    print(f"{name}: {exported['model_name']}, {what}, global_pool {args['global_pool']}: "
+          f"max |logit diff| {diff:.2e} over {len(val_files)} images")
 
 
 def check_refusal(posenc: str, root: str, name: str, encoder: dict, norm_eps: float,
@@ -157,9 +169,33 @@ def main() -> None:
                        {"type": "learned_grid", "grid_height": 4, "grid_width": 4}, "cls")
     check_architecture(posenc, root, val_files, "sincos_mean", {"type": "axial_sincos"}, "mean")
     check_architecture(posenc, root, val_files, "nope_mean", {"type": "nope"}, "mean")
-    check_refusal(posenc, root, "rope_refused",
-                  {"type": "rope", "mrope_section": [4, 4], "per_axis_frequencies": True}, 1e-6,
-                  "timm's EVA / ViT-RoPE attention has no key bias")
+    axial = {"type": "rope", "mrope_section": [4, 4], "per_axis_frequencies": True}  # Dh = 16
+    check_architecture(posenc, root, val_files, "rope_cls", axial, "cls")
+    check_architecture(posenc, root, val_files, "rope_xy_mean",
+                       {**axial, "layout": "interleaved", "section_axes": [1, 0], "rope_theta": 100},
+                       "mean", norm_eps=1e-5)
+    check_architecture(posenc, root, val_files, "rope_ape_cls",
+                       {"type": "compose", "encoders": [
+                           {"type": "learned_grid", "grid_height": 4, "grid_width": 4}, axial]},
+                       "cls")
+    check_architecture(posenc, root, val_files, "rope_mixed_cls", {"type": "rope_mixed"}, "cls")
+    check_architecture(posenc, root, val_files, "rope_dinov3_mean",
+                       {"type": "rope_dinov3", "rescale_coords": 2}, "mean", norm_eps=1e-5)
+    check_refusal(posenc, root, "mrope_refused", {"type": "rope", "mrope_section": [4, 4]}, 1e-6,
+                  "the 'rope' encoder takes its frequencies from the 'ladder' source; timm's axial "
+                  "RoPE restarts the ladder theta^(-i/(Dh/4)) on each axis (per_axis_frequencies: "
+                  "true)")
+    check_refusal(posenc, root, "mixed_half_refused", {"type": "rope_mixed", "layout": "half"},
+                  1e-6, "timm's RoPE-Mixed requires interleaved pairs (layout: interleaved)")
+    check_refusal(posenc, root, "dinov3_periods_refused",
+                  {"type": "rope_dinov3", "min_period": 0.5, "max_period": 20}, 1e-6,
+                  "timm's Eva builds DINOv3 periods from rope_temperature only")
+    check_refusal(posenc, root, "one_axis_refused",
+                  {"type": "compose", "encoders": [{"type": "rope", "axes": ["h"]}]}, 1e-6,
+                  "the composite's 'rope' part rotates by some axes only")
+    check_refusal(posenc, root, "fractional_refused",
+                  {"type": "rope_fractional", "max_positions": [4, 4]}, 1e-6,
+                  "the 'rope_fractional' encoder's rotation has no timm twin")
     check_refusal(posenc, root, "eps_refused", {"type": "axial_sincos"}, 1e-5,
                   "timm's ViT uses 1e-06 (train with model.norm_eps: 1e-6 to export)")
 

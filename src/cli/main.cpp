@@ -211,7 +211,8 @@ int main(int argc, char** argv) {
   auto* export_command = app.add_subcommand(
       "export",
       "write a trained run's model for another library (timm: model.safetensors + "
-      "timm.json)");
+      "timm.json; a ViT with additive or no positions as timm's VisionTransformer, one with "
+      "axial, mixed or DINOv3 RoPE as timm's Eva; no timm twin: refused in one line)");
   export_command->add_option("run", export_run, "the run folder (config.json, weights)")
       ->required();
   export_command->add_option("--to", export_to, "the library: timm")->required();
