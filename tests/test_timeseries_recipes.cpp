@@ -244,6 +244,51 @@ TEST(TimeseriesRecipes, PackedForecasterEqualsOneSampleAtATime) {
   }
 }
 
+// A NaN reading in an observed token does not stay in its sample: a masked key still enters the
+// fused kernel's tile (0 * NaN = NaN in P V; SDPA with the materialized mask does the same), so
+// the other samples in its row forecast NaN and training stops with "lower the learning rate".
+// pack_samples refuses it in one line; an unobserved token may hold anything (the forecaster
+// reads its place, never its value), and the other samples keep their forecasts.
+TEST(TimeseriesRecipes, PackSamplesRefusesNonFiniteObservedReadings) {
+  torch::manual_seed(2);
+  auto t = TransformerOptions(16, 2, 1).mlp_ratio(2);
+  auto encoder = build_encoder(json::parse(R"({"type": "compose", "encoders": [
+      {"type": "rope", "axes": ["time"]}, {"type": "variate_bias", "init_std": 0.5}]})"),
+                               {16, 2, 0});
+  Forecaster model(ForecasterOptions(4, t), encoder);
+  model->eval();
+  torch::NoGradGuard no_grad;
+  auto sample = [](int64_t n) {
+    timeseries::PackSample s;
+    s.tokens = torch::randn({n, 4});
+    s.time = torch::arange(n, torch::kFloat64);
+    s.variate = torch::zeros({n}, torch::kLong);
+    s.observed = torch::ones({n}, torch::kBool);
+    s.observed[n - 1] = false;
+    return s;
+  };
+  std::vector<timeseries::PackSample> samples{sample(5), sample(6), sample(4)};
+  auto clean = timeseries::pack_samples(samples, 16);
+  auto y_clean =
+      model->forward_packed(clean.tokens, clean.observed, clean.positions, clean.sample_ids);
+  auto bad = samples;
+  bad[0].tokens = samples[0].tokens.clone();
+  bad[0].tokens[2][1] = std::nanf("");
+  EXPECT_TRUE(contains(error_of([&] { timeseries::pack_samples(bad, 16); }),
+                       "pack_samples: sample 0 tokens: nan at index [2, 1] is not finite"));
+  bad[0].tokens[2][1] = INFINITY;
+  EXPECT_TRUE(contains(error_of([&] { timeseries::pack_samples(bad, 16); }),
+                       "pack_samples: sample 0 tokens: inf at index [2, 1] is not finite"));
+  // where the token is not observed, its value is never read: packed, and sample 1 and 2 as before
+  bad[0].tokens = samples[0].tokens.clone();
+  bad[0].tokens[4][0] = std::nanf("");
+  auto packed = timeseries::pack_samples(bad, 16);
+  auto y =
+      model->forward_packed(packed.tokens, packed.observed, packed.positions, packed.sample_ids);
+  EXPECT_FALSE(y.isnan().any().item<bool>());
+  EXPECT_TRUE(torch::equal(y, y_clean));
+}
+
 TEST(TimeseriesRecipes, UnscaledAttention) {
   // Chronos-2: softmax(q k^T) v, no 1/sqrt(Dh)
   torch::manual_seed(2);

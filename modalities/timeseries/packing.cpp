@@ -38,6 +38,16 @@ PackedBatch pack_samples(const std::vector<PackSample>& samples, int64_t max_tok
     for (const auto* part : {&sample.time, &sample.variate, &sample.observed})
       TORCH_CHECK(part->defined() && part->dim() == 1 && part->size(0) == n, who,
                   ": time, variate and observed must be [", n, "]");
+    // an observed reading must be finite: a NaN or inf key reaches the other samples of its row
+    // (a masked key still enters the attention's tile: 0 * NaN = NaN, as in SDPA with the mask);
+    // a token to predict may hold anything (the model reads its place, never its value)
+    auto values = sample.tokens.detach().to(torch::kCPU).reshape({-1});
+    auto observed = sample.observed.to(torch::kCPU, torch::kBool).unsqueeze(1);
+    auto bad = (~values.isfinite().view({n, width}) & observed).view(-1).nonzero();
+    TORCH_CHECK(bad.size(0) == 0, who, " tokens: ", values[bad[0][0]].item<double>(), " at index ",
+                index_text(bad[0][0].item<int64_t>(), {n, width}),
+                " is not finite (an observed reading; mark the token observed = false, or drop "
+                "the reading)");
     auto variate = checked_ids(sample.variate, who + " variate");
     check_times_per_sample(sample.time, torch::zeros({n}, torch::kLong), variate, who + " time");
     if (used + n > max_tokens) {

@@ -49,7 +49,9 @@ struct PackedBatch {
 
 /// Packs samples in order into rows of max_tokens tokens: a sample goes into the current row if
 /// it fits, else it opens the next one. Samples are checked (shapes, integer variate ids, time
-/// not going backwards inside a (sample, variate)); one line names the sample, tensor and index.
+/// not going backwards inside a (sample, variate), observed readings finite: a NaN key would reach
+/// the other samples of its row through the attention's 0 * NaN); one line names the sample,
+/// tensor and index.
 PackedBatch pack_samples(const std::vector<PackSample>& samples, int64_t max_tokens);
 
 }  // namespace posenc::timeseries
