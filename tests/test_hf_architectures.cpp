@@ -755,7 +755,20 @@ TEST(HfArchitectures, TheTableAndTheModelTypeListsAreTheGenerators) {
     SCOPED_TRACE(std::string(row.model_type));
     EXPECT_TRUE(rotary.count(std::string(row.model_type)))
         << "a table row for a model type without a rotary class in transformers";
-    EXPECT_TRUE(row.layout == "half" || row.layout == "interleaved");
+    EXPECT_TRUE(row.layout.empty() || row.layout == "half" || row.layout == "interleaved");
+    // a layout is written only where the generator could not probe it (else it is generated)
+    const auto* generated = hf_generated_rules(row.model_type);
+    EXPECT_TRUE(row.layout.empty() || generated == nullptr || generated->pair_layout.empty())
+        << "the row writes the pair layout the generator probed";
+    // a row holds more than its source (what it holds alone is the generic rule)
+    EXPECT_TRUE(row.head != HfHeadSize::kGeneric || !row.layout.empty() || !row.refusal.empty() ||
+                !row.flat_refusal.empty() || !row.flat_scaling_refusal.empty() ||
+                row.dynamic_with_alpha_is_ntk_alpha || row.reads_rope_interleave ||
+                row.rotary_dim_sets_partial || row.yarn_is_longrope || row.type_alias_unread ||
+                row.reads_neox_keys || row.partial_from_layer_heads ||
+                row.longrope_mscale_by_length || row.axial != HfAxial::kRowsThenColumns ||
+                row.tower)
+        << "a row without a fact of its own";
     EXPECT_FALSE(row.source.empty());
   }
 }

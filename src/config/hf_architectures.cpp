@@ -17,14 +17,14 @@ namespace {
 #include "hf_model_types.inc"
 
 using H = HfHeadSize;
-constexpr const char* kHalf = "half";
 constexpr const char* kInter = "interleaved";
 
 // Why vision towers with rope_type "axial" and other refusals are refused is said in hf_config.cpp;
 // the rows here are the model types whose own code differs from the generic rule.
 const HfArchitecture kRows[] = {
-    // pair layout (2i, 2i+1): the family's rotate function or its
-    // apply_rotary_pos_emb_interleave
+    // pair layout (2i, 2i+1) where the generator could not run the rotation (a composite's, a
+    // rotate_every_two without a (q, k, cos, sin) signature), and the readers of rope_interleave;
+    // every other model type's layout is its generated pair_layout (hf_generated_rules.inc)
     {.model_type = "gptj",
      .head = H::kRotaryDim,
      .layout = kInter,
@@ -33,108 +33,40 @@ const HfArchitecture kRows[] = {
      .head = H::kRotaryDim,
      .layout = kInter,
      .source = "models/codegen/modeling_codegen.py: rotate_every_two"},
-    {.model_type = "glm",
-     .layout = kInter,
-     .source = "models/glm/modeling_glm.py: rotate_half over 0::2, 1::2"},
-    {.model_type = "glm4",
-     .layout = kInter,
-     .source = "models/glm4/modeling_glm4.py: rotate_half over 0::2, 1::2"},
     {.model_type = "glm_ocr",
      .layout = kInter,
      .source = "models/glm_ocr/modeling_glm_ocr.py: rotate_half_llm"},
-    {.model_type = "glm_ocr_text",
-     .layout = kInter,
-     .source = "models/glm_ocr/modeling_glm_ocr.py: rotate_half_llm"},
-    {.model_type = "cohere",
-     .layout = kInter,
-     .source = "models/cohere/modeling_cohere.py: repeat_interleave"},
-    {.model_type = "cohere2",
-     .layout = kInter,
-     .source = "models/cohere2/modeling_cohere2.py: repeat_interleave"},
-    {.model_type = "cohere2_moe",
-     .layout = kInter,
-     .source = "models/cohere2_moe/modeling_cohere2_moe.py"},
-    {.model_type = "deepseek_v2",
-     .layout = kInter,
-     .source = "models/deepseek_v2: view_as_complex over (2i, 2i+1)"},
     {.model_type = "deepseek_v3",
-     .layout = kInter,
      .source = "models/deepseek_v3/configuration_deepseek_v3.py: rope_interleave=True",
      .reads_rope_interleave = true},
     {.model_type = "axk1",
-     .layout = kInter,
      .source = "models/axk1/modeling_axk1.py: rope_interleave",
      .reads_rope_interleave = true},
-    {.model_type = "deepseek_v32",
-     .layout = kInter,
-     .source = "models/deepseek_v32/modeling_deepseek_v32.py: DeepseekV32Attention rotates with "
-               "apply_rotary_pos_emb_interleave whatever rope_interleave says (its indexer: "
-               "rotate_half)"},
-    {.model_type = "axk2",
-     .layout = kInter,
-     .source =
-         "models/axk2/modeling_axk2.py: AXK2Attention rotates with apply_rotary_pos_emb_interleave "
-         "whatever rope_interleave says (its indexer: rotate_half)"},
     {.model_type = "youtu",
-     .layout = kInter,
      .source = "models/youtu/modeling_youtu.py: rope_interleave",
      .reads_rope_interleave = true},
     {.model_type = "glm4_moe_lite",
-     .layout = kInter,
      .source = "models/glm4_moe_lite: rope_interleave",
      .reads_rope_interleave = true},
-    {.model_type = "bailing_hybrid",
-     .layout = kInter,
-     .source = "models/bailing_hybrid/modeling_bailing_hybrid.py: apply_rotary_pos_emb_interleave"},
-    {.model_type = "glm_moe_dsa",
-     .layout = kInter,
-     .source = "models/glm_moe_dsa/modeling_glm_moe_dsa.py: apply_rotary_pos_emb_interleave"},
-    {.model_type = "longcat_flash",
-     .layout = kInter,
-     .source = "models/longcat_flash/modeling_longcat_flash.py: apply_rotary_pos_emb_interleave"},
     {.model_type = "mistral_large4",
      .layout = kInter,
      .source = "models/mistral_large4/modeling_mistral_large4.py: apply_rotary_pos_emb_interleave"},
-    {.model_type = "mistral_large4_text",
-     .layout = kInter,
-     .source = "models/mistral_large4/modeling_mistral_large4.py: apply_rotary_pos_emb_interleave"},
-    {.model_type = "ernie4_5",
-     .layout = kInter,
-     .source = "models/ernie4_5/modeling_ernie4_5.py: rotate_half 0::2"},
-    {.model_type = "ernie4_5_moe",
-     .layout = kInter,
-     .source = "models/ernie4_5_moe: rotate_half over 0::2, 1::2"},
-    {.model_type = "helium",
-     .layout = kInter,
-     .source = "models/helium/modeling_helium.py: rotate_half 0::2"},
     {.model_type = "hy_v4_vl",
-     .layout = kInter,
-     .source = "models/hy_v4_vl/modeling_hy_v4_vl.py: 0::2, 1::2"},
-    {.model_type = "hy_v4_vl_text",
      .layout = kInter,
      .source = "models/hy_v4_vl/modeling_hy_v4_vl.py: 0::2, 1::2"},
     {.model_type = "pe_audio",
      .layout = kInter,
      .source = "models/pe_audio/modeling_pe_audio.py: 0::2, 1::2"},
-    {.model_type = "pe_audio_encoder", .layout = kInter, .source = "models/pe_audio: 0::2, 1::2"},
     {.model_type = "pe_audio_video",
-     .layout = kInter,
-     .source = "models/pe_audio_video: 0::2, 1::2"},
-    {.model_type = "pe_audio_video_encoder",
      .layout = kInter,
      .source = "models/pe_audio_video: 0::2, 1::2"},
     {.model_type = "pe_video",
      .layout = kInter,
      .source = "models/pe_video/modeling_pe_video.py: 0::2, 1::2"},
-    {.model_type = "pe_video_encoder", .layout = kInter, .source = "models/pe_video: 0::2, 1::2"},
     {.model_type = "moonshine",
      .head = H::kDecoderHeads,
-     .layout = kInter,
      .source = "models/moonshine/modeling_moonshine.py: rotate_half 0::2; hidden_size / "
                "decoder_num_attention_heads"},
-    {.model_type = "moonshine_streaming",
-     .layout = kInter,
-     .source = "models/moonshine_streaming/modeling_moonshine_streaming.py: rotate_half 0::2"},
     // rope_type 'dynamic' with a non-zero alpha read as ntk_alpha by the model type's own class
     {.model_type = "hunyuan_v1_dense",
      .head = H::kHeadDim,
@@ -241,7 +173,6 @@ const HfArchitecture kRows[] = {
      .partial_from_layer_heads = true},
     {.model_type = "dots3_note_text",
      .head = H::kHeadDim,
-     .layout = kInter,
      .source = "models/dots3_note: head_dim * partial_rotary_factor (not qk_rope_head_dim); "
                "Dots3NoteTextAttention: apply_rotary_pos_emb_interleave",
      .flat_refusal = "its config class derives each layer type's theta and partial rotary from "
@@ -253,7 +184,6 @@ const HfArchitecture kRows[] = {
          "models/gemma4/configuration_gemma4.py: full_attention layers take global_head_dim (512)"},
     {.model_type = "gemma4_text",
      .head = H::kGlobalHeadDim,
-     .layout = kHalf,
      .source = "models/gemma4/configuration_gemma4.py: full_attention layers take "
                "global_head_dim (512)",
      .flat_refusal = "its config class builds a proportional full-attention RoPE from flat keys"},
@@ -262,7 +192,6 @@ const HfArchitecture kRows[] = {
      .source = "models/gemma4_unified: full_attention layers take global_head_dim (512)"},
     {.model_type = "gemma4_unified_text",
      .head = H::kGlobalHeadDim,
-     .layout = kHalf,
      .source = "models/gemma4_unified: full_attention layers take global_head_dim (512)",
      .flat_refusal = "its config class builds a proportional full-attention RoPE from flat keys"},
     {.model_type = "diffusion_gemma",
@@ -277,10 +206,6 @@ const HfArchitecture kRows[] = {
     {.model_type = "embedding_gemma2_text",
      .head = H::kGlobalHeadDim,
      .source = "models/embedding_gemma2: full_attention layers take global_head_dim (512)"},
-    {.model_type = "openai_privacy_filter",
-     .layout = kInter,
-     .source = "models/openai_privacy_filter/modeling_openai_privacy_filter.py: _apply_rotary_emb "
-               "over 0::2, 1::2"},
     // vision towers whose axes sit in the head their own way (HfAxial; rope_type 'axial')
     {.model_type = "pixtral",
      .source = "models/pixtral/modeling_pixtral.py: PixtralVisionRotaryEmbedding "
@@ -293,7 +218,6 @@ const HfArchitecture kRows[] = {
      .axial = HfAxial::kColumnsThenRows,
      .tower = true},
     {.model_type = "inkling2_vision",
-     .layout = kInter,
      .source = "models/inkling2/modeling_inkling2.py: Inkling2VisionRotaryEmbedding (cat(w, h), "
                "repeat_interleave; rotate_pairwise)",
      .axial = HfAxial::kColumnsThenRows,
@@ -343,7 +267,6 @@ const HfArchitecture kRows[] = {
     // Llama 4's vision rotary: a fixed e^(i angle) table over its patch grid, view_as_complex
     // over (2i, 2i + 1); positions (row + 1, column + 1), the class token (0, 0)
     {.model_type = "llama4_vision_model",
-     .layout = kInter,
      .source = "models/llama4/modeling_llama4.py: Llama4VisionRotaryEmbedding._compute_freqs_ci, "
                "vision_apply_rotary_emb",
      .axial = HfAxial::kColumnsThenRowsFixedGrid},
@@ -397,7 +320,6 @@ const HfArchitecture kRows[] = {
      .source =
          "models/ernie4_5_vl_moe/modeling_ernie4_5_vl_moe.py: Ernie4_5_VLMoeTextRotaryEmbedding"},
     {.model_type = "ernie4_5_vl_moe_text",
-     .layout = kInter,
      .refusal = "its 3D rotary turns pair i at the ladder's i-th frequency and alternates rows and "
                 "columns over the first mrope_section[0] + mrope_section[1] pairs, time over the "
                 "last mrope_section[2] (recomposition_frequencies), neither contiguous nor "

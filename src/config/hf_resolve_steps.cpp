@@ -317,18 +317,21 @@ void Resolver::generic_head_size(const HfArchitecture& arch, Step& s) {
 
 // Step: the pair layout. rope_interleave where the config sets it and the model type's code
 // reads it (the row's reads_rope_interleave; an unknown or unchecked model type is taken at its
-// word), else the model type's modeling code: its row, else the generated pair_layout (the
-// rotation its attention applies, probed), else rotate_half.
+// word), else the model type's modeling code: the generated pair_layout (the rotation its
+// attention applies, probed), else its row's layout (written where the generator could not run
+// the rotation: GPT-J's rotate_every_two, the trackers' rotate_pairwise, ...), else rotate_half.
 void Resolver::resolve_layout(HfResolution& out, const HfArchitecture& arch, const Step& s) {
   const auto& c = model();
-  std::string layout(arch.layout);
-  std::string layout_source =
-      arch.model_type.empty() ? std::string("transformers default (rotate_half)") : s.rule;
-  if (arch.model_type.empty() && !rules().pair_layout.empty()) {
+  std::string layout = "half";
+  std::string layout_source = "transformers default (rotate_half)";
+  if (!rules().pair_layout.empty()) {
     layout = std::string(rules().pair_layout);
     layout_source = "transformers: model type '" + out.model_type + "''s attention rotates " +
                     layout +
                     " pairs (tools/gen_hf_architectures.py's layout probe of its own rotation)";
+  } else if (!arch.layout.empty()) {
+    layout = std::string(arch.layout);
+    layout_source = s.rule;
   }
   if (has(c, "rope_interleave")) {
     TORCH_CHECK(c["rope_interleave"].is_boolean(), origin_, ": '", prefix_,

@@ -7,8 +7,10 @@
 // hidden_size / num_attention_heads; partial_rotary_factor > rotary_pct > 1 (1 for the default
 // rope of the model types whose class ignores it); rotate_half pairs (i, i + r/2); rope_interleave
 // decides the layout only for the model types whose code reads it (and for unknown ones).
-// A row says where its head size comes from (HfHeadSize), its pair layout as its modeling file's
-// apply_rotary_pos_emb rotates them, or why posenc refuses it. The model types transformers ships
+// A row says what the generator cannot probe (posenc/config/hf_generated_rules.h holds what it
+// can: defaults, unread keys, the pair layout its attention rotates): where its head size comes
+// from (HfHeadSize), its pair layout where the rotation could not be run, flags, or why posenc
+// refuses it. The model types transformers ships
 // are known by name: one without a rotary class is refused (its positions are not RoPE), one posenc
 // has never seen resolves by the generic rule with a warning naming it.
 #pragma once
@@ -72,8 +74,10 @@ const HfAxialUnit& hf_axial_unit(HfAxial axial);
 struct HfArchitecture {
   std::string_view model_type;
   HfHeadSize head = HfHeadSize::kGeneric;
-  /// "half" (rotate_half) or "interleaved" (pairs (2i, 2i+1)); rope_interleave overrides it.
-  std::string_view layout = "half";
+  /// "half" (rotate_half) or "interleaved" (pairs (2i, 2i+1)), written only where the generator
+  /// could not probe the model type's rotation (its generated pair_layout decides elsewhere;
+  /// empty: that, else rotate_half); rope_interleave overrides it where the code reads it.
+  std::string_view layout = {};
   /// Non-empty: posenc refuses this model type, for this reason.
   std::string_view refusal = {};
   /// The transformers code the row follows (models/<type>/modeling_<type>.py: what).
