@@ -11,9 +11,11 @@ packages' own code (tiny random instances of their own classes, in this process)
   sample_id (causal in time across a series' variates), packed batches of several series and
   variates of different lengths: posenc's tables and rotation, to the bit; the sample-id mask
   and the variate bias in posenc's fused kernel (sample_ids, variate_ids, variate_bias) where
-  the mask is a block per run (Moirai 1) or that and causal (series of one variate), 1e-6;
-  posenc.integrations.uni2ts.patch(module): predictions equal to the bit on the materialized
-  path (several variates per series), 1e-6 on the fused path, forward and backward.
+  the mask is a block per run (Moirai 1), that and causal (series of one variate), or that and
+  causal in time_id (causal_ids: series of several variates packed variate-major), 1e-6;
+  posenc.integrations.uni2ts.patch(module): predictions and gradients to 1e-6 on the fused
+  path (several variates per series too, packed series of different lengths crossing the
+  kernel's tiles), equal to the bit on the materialized path (a sample id in two runs).
 * TimesFM 2.5 (timesfm 3.0.2 timesfm/torch/transformer.py, and transformers 5.24's timesfm2_5):
   position = arange - num_masked (left padding shifts the positions), RoPE before the per-head
   RMSNorm and the per-dimension query scale, unscaled causal attention with the left padding
@@ -36,6 +38,7 @@ position / timescale there and position * (1 / timescale) in posenc, to the same
 """
 
 import collections
+import copy
 import importlib
 import sys
 import types
@@ -83,13 +86,29 @@ def _close(got, want, rtol=RTOL):
     assert err <= rtol, f"max error {err:.3g} relative to max |want| (bound {rtol:g})"
 
 
-def _grads_close(got, want):
-    """Each gradient tensor to GRAD_RTOL of its largest element, plus GRAD_ATOL (a tensor whose
-    gradient cancels to ~1e-8 overall has no relative precision left)."""
+def _grads_close(got, want, rtol=GRAD_RTOL):
+    """Each gradient tensor to rtol (GRAD_RTOL unless given) of its largest element, plus
+    GRAD_ATOL (a tensor whose gradient cancels to ~1e-8 overall has no relative precision
+    left)."""
     for g, w in zip(got, want):
         err = (g - w).abs().max().item()
-        bound = GRAD_RTOL * w.abs().max().item() + GRAD_ATOL
+        bound = rtol * w.abs().max().item() + GRAD_ATOL
         assert err <= bound, f"gradient error {err:.3g} above {bound:.3g} (shape {tuple(w.shape)})"
+
+
+def _grads_as_exact_as_peer(got, peer, exact):
+    """Each of posenc's float32 gradient tensors against the peer's own code run in float64
+    (exact): within RTOL of its largest element, or no further from exact than twice the peer's
+    own float32 gradient is (a sum over N^2 logits, like the variate bias's, carries ~1e-6 of
+    float32 rounding in any order of summation)."""
+    for g, p, e in zip(got, peer, exact):
+        scale = e.abs().max().item()
+        err, peer_err = (g.double() - e).abs().max().item(), (p.double() - e).abs().max().item()
+        bound = max(RTOL * scale, 2 * peer_err) + GRAD_ATOL
+        assert err <= bound, (
+            f"gradient error {err / scale:.3g} relative (the peer's float32: "
+            f"{peer_err / scale:.3g}) above {bound / scale:.3g} (shape {tuple(e.shape)})"
+        )
 
 
 def _grads(out, inputs, seed_grad):
@@ -520,27 +539,101 @@ def _moirai_inputs():
 
 
 def test_moirai2_patch_predictions_equal():
+    """Several variates per series (Moirai-2's mask causal in time across them): the patched
+    attention runs in posenc's fused kernel with causal_ids = time_id; predictions to 1e-6 of
+    uni2ts' own model, every parameter's gradient (the variate biases' among them) against
+    uni2ts' own model in float64 (_grads_as_exact_as_peer)."""
     model = _moirai()
     inputs = _moirai_inputs()
+    exact = copy.deepcopy(model).double()
+    inputs64 = {
+        k: v.double() if torch.is_tensor(v) and v.is_floating_point() else v
+        for k, v in inputs.items()
+    }
     want = model(**inputs)
     names = posenc_uni2ts.patch(model)
     assert names == ["encoder.layers.0.self_attn", "encoder.layers.1.self_attn"]
     with CountOps() as ops:
         got = model(**inputs)
-    # several variates per series: the materialized path (rotation by posenc, SDPA), to the bit
-    assert ops.calls["posenc.apply_rotary"] == 2 and ops.calls["posenc.rope_cos_sin"] == 2
-    assert _attention_calls(ops) == 0
-    assert torch.equal(got, want)
+    assert _attention_calls(ops) == 2 and ops.calls["posenc.rope_cos_sin"] == 2
+    assert ops.calls["posenc.apply_rotary"] == 0  # RoPE inside the kernel's tiles
+    _close(got, want)
     seed = torch.randn_like(want)
     params = [p for p in model.parameters() if p.requires_grad]
     got_grads = _grads(model(**inputs), params, seed)
     assert posenc_uni2ts.unpatch(model) == names
     want_grads = _grads(model(**inputs), params, seed)
-    for g, w in zip(got_grads, want_grads):
-        assert torch.equal(g, w)
+    params64 = [p for p in exact.parameters() if p.requires_grad]
+    exact_grads = _grads(exact(**inputs64), params64, seed.double())
+    _grads_as_exact_as_peer(got_grads, want_grads, exact_grads)
     with CountOps() as ops:
         again = model(**inputs)
     assert ops.calls["posenc.apply_rotary"] == 0 and torch.equal(again, want)
+
+
+def _long_variate_major_ids():
+    """Two packed rows crossing the kernel's 128 x 256 tiles, Moirai-2's variate-major packing:
+    row 0 = a series of 3 variates x 150 patches, one of 2 x 40, then 20 padding tokens (sample
+    0); row 1 = a univariate series of 300 and one of 4 variates x 60, then 10 padding tokens.
+    (sample_id, variate_id, time_id) [2, 550]."""
+    rows = [[(1, 3, 150), (2, 2, 40), (0, 1, 20)], [(1, 1, 300), (2, 4, 60), (0, 1, 10)]]
+    ids = [[], [], []]
+    for row in rows:
+        sample, variate, time = [], [], []
+        for sid, variates, times in row:
+            for var in range(variates):
+                sample += [sid] * times
+                variate += [var] * times
+                time += list(range(times))
+        for out, row_ids in zip(ids, (sample, variate, time)):
+            out.append(row_ids)
+    return tuple(torch.tensor(x) for x in ids)
+
+
+def test_moirai2_patch_several_variates_long():
+    """uni2ts' own attention with Moirai-2's packed causal mask over long series of several
+    variates (a query tile's keys span variates whose times run ahead: the kernel skips the
+    tiles whose keys all lie later in time): the patched attention in the fused kernel
+    (causal_ids = time_id), output to 1e-6, the gradients of the input, the variate bias and the
+    projections against uni2ts' attention in float64 (_grads_as_exact_as_peer)."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    model = _moirai()
+    attention = model.encoder.layers[0].self_attn
+    exact = copy.deepcopy(attention).double()
+    sample, variate, time = _long_variate_major_ids()
+    mask = torch_util.packed_causal_attention_mask(sample, time)
+    x = torch.randn(*sample.shape, 128, requires_grad=True)
+    x64 = x.detach().double().requires_grad_()
+
+    def run(module=attention, x=x):
+        return module(
+            x,
+            x,
+            x,
+            attn_mask=mask,
+            query_var_id=variate,
+            kv_var_id=variate,
+            query_time_id=time,
+            kv_time_id=time,
+        )
+
+    want = run()
+    posenc_uni2ts.patch(model)
+    try:
+        with CountOps() as ops:
+            got = run()
+        assert _attention_calls(ops) == 1 and ops.calls["posenc.apply_rotary"] == 0
+        _close(got, want)
+        seed = torch.randn_like(want)
+        params = [x, attention.var_attn_bias.emb.weight, attention.q_proj.weight]
+        params += [attention.k_proj.weight, attention.v_proj.weight]
+        got_grads = _grads(got, params, seed)
+    finally:
+        posenc_uni2ts.unpatch(model)
+    params64 = [x64, exact.var_attn_bias.emb.weight, exact.q_proj.weight]
+    params64 += [exact.k_proj.weight, exact.v_proj.weight]
+    exact_grads = _grads(run(exact, x64), params64, seed.double())
+    _grads_as_exact_as_peer(got_grads, _grads(want, params, seed), exact_grads)
 
 
 def test_moirai2_patch_fused_path():

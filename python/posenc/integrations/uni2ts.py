@@ -28,16 +28,20 @@ to the bit: the same float32 products time_id * theta, cos, sin), then one of tw
 
 * the mask is a block per contiguous run of tokens (Moirai 1's packed_attention_mask), or that
   and causal in token order (Moirai-2's packed_causal_attention_mask when every packed series
-  has one variate, its patches in time order), and no attention dropout: everything in posenc's
-  fused kernel, posenc.positional_attention(cos, sin, layout="interleaved", causal,
-  sample_ids=the runs, variate_ids, variate_bias=the BinaryAttentionBias weight): no [N, N]
-  mask or bias is built; equal to uni2ts to 1e-6 (a tiled online softmax against SDPA);
-* any other mask, Moirai-2's with several variates in a series among them (causal in time
-  across the variates: variate 1's patch at time 0 sees variate 0's at time 0 but not at time
-  1, which comes first in token order): the rotation of the first W dimensions by
-  posenc.apply_rotary_pos_emb(layout="interleaved", partial width W) (uni2ts' cos * x + sin *
-  rotate(x) to the bit), the variate bias and the mask built as uni2ts builds them (its own
-  BinaryAttentionBias; [B, H, N, N]) and SDPA as uni2ts calls it: equal to uni2ts to the bit.
+  has one variate, its patches in time order), or that and causal in time_id (Moirai-2's mask
+  with several variates in a series: variate 1's patch at time 0 sees variate 0's at time 0
+  but not at time 1, which comes first in token order), and no attention dropout: everything
+  in posenc's fused kernel, posenc.positional_attention(cos, sin, layout="interleaved", causal
+  or causal_ids=time_id, sample_ids=the runs, variate_ids, variate_bias=the
+  BinaryAttentionBias weight): no [N, N] mask or bias is built; equal to uni2ts to 1e-6 (a
+  tiled online softmax against SDPA). Which of them uni2ts' mask is, is checked exactly
+  (torch.equal against the mask the kernel will apply), so a mask it is not takes the path
+  below;
+* any other mask (a sample id in two separate runs, a mask of another rule, attention
+  dropout): the rotation of the first W dimensions by posenc.apply_rotary_pos_emb(
+  layout="interleaved", partial width W) (uni2ts' cos * x + sin * rotate(x) to the bit), the
+  variate bias and the mask built as uni2ts builds them (its own BinaryAttentionBias;
+  [B, H, N, N]) and SDPA as uni2ts calls it: equal to uni2ts to the bit.
 
 Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 
@@ -114,23 +118,36 @@ def _same_ids(a, b, name: str) -> torch.Tensor:
     return a
 
 
-def _packed_runs(mask: torch.Tensor | None, batch: int, length: int):
-    """(sample_ids [B, N], causal) when uni2ts' boolean mask [B, N, N] is exactly a block per
-    contiguous run of tokens (packed_attention_mask), or that and causal in token order
-    (packed_causal_attention_mask of series of one variate each, whose patches are in time
-    order); else None. A run starts where a token does not see the token before it."""
+def _packed_runs(mask: torch.Tensor | None, time_id: torch.Tensor, batch: int, length: int):
+    """(sample_ids [B, N], causal, causal_ids) when uni2ts' boolean mask [B, N, N] is exactly a
+    block per contiguous run of tokens (packed_attention_mask: causal False, causal_ids None),
+    that and causal in token order (packed_causal_attention_mask of series of one variate each,
+    whose patches are in time order: causal True), or that and causal in time_id
+    (packed_causal_attention_mask of series of several variates: causal_ids = time_id); else
+    None. Two tokens of one sample see each other in at least one direction (time_j <= time_i
+    or time_i <= time_j), so mask | mask^T is the sample mask; a run starts where a token and
+    the one before it are not in one sample."""
     if mask is None or mask.dtype != torch.bool or mask.shape != (batch, length, length):
         return None
-    sees_previous = mask.diagonal(offset=-1, dim1=1, dim2=2)  # [B, N-1]: mask[b, i, i-1]
+    either_way = mask | mask.mT
+    with_previous = either_way.diagonal(offset=-1, dim1=1, dim2=2)  # [B, N-1]: [b, i, i-1]
     starts = torch.cat(
-        [torch.ones(batch, 1, dtype=torch.bool, device=mask.device), ~sees_previous], dim=1
+        [torch.ones(batch, 1, dtype=torch.bool, device=mask.device), ~with_previous], dim=1
     )
     sample_ids = starts.to(torch.int64).cumsum(1)
     same = sample_ids[:, :, None] == sample_ids[:, None, :]
     if torch.equal(mask, same):
-        return sample_ids, False
+        return sample_ids, False, None
     if torch.equal(mask, same.tril()):
-        return sample_ids, True
+        return sample_ids, True, None
+    if (
+        time_id.shape == (batch, length)
+        and not time_id.dtype.is_floating_point
+        and not time_id.dtype.is_complex
+        and time_id.dtype != torch.bool
+        and torch.equal(mask, same & (time_id[:, None, :] <= time_id[:, :, None]))
+    ):
+        return sample_ids, False, time_id  # uni2ts: time_id[..., None, :] <= time_id[..., :, None]
     return None
 
 
@@ -186,9 +203,9 @@ def _attention(
     # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
     rotary = self.time_qk_proj.query_proj
     cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
-    runs = _packed_runs(attn_mask, batch, length) if self.attn_dropout_p == 0 else None
+    runs = _packed_runs(attn_mask, time_id, batch, length) if self.attn_dropout_p == 0 else None
     if runs is not None:  # the mask is posenc's sample-id mask: all in the fused kernel
-        sample_ids, causal = runs
+        sample_ids, causal, causal_ids = runs
         bias = self.var_attn_bias
         out = positional_attention(
             q,
@@ -202,6 +219,7 @@ def _attention(
             sample_ids=sample_ids,
             variate_ids=None if bias is None else var_id,
             variate_bias=None if bias is None else bias.emb.weight,
+            causal_ids=causal_ids,
         )
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, heads * dim))
     q, k = apply_rotary_pos_emb(q, k, cos, sin, layout="interleaved")

@@ -18,7 +18,13 @@
 // backward only the query rows whose runs meet its key block, and the tiles in between mask the
 // pairs of different ids with -inf. The binary variate bias (uni2ts' BinaryAttentionBias:
 // weight[1, h] for equal variate ids, weight[0, h] otherwise) is added per pair; its gradient is
-// two sums of dS per head, accumulated per (b, h) and summed over b (no atomics).
+// two sums of dS per head, accumulated per (b, h) and summed over b (no atomics): per query row
+// sum_{j same} dS_ij from the row's sums of P dP and P over its same-variate keys and all its
+// keys, P normalized by its own row sum (sum_j dS_ij = 0 then holds to rounding: the float32 lse
+// no longer scales the row), and weight[0, h]'s the opposite (a constant on a whole row changes
+// no probability). Against uni2ts in float64 (tests/python/test_timeseries_models.py' Moirai-2
+// model) this is under 5e-7 relative where uni2ts' own float32 autograd is 6e-7; summing dS
+// directly gave 1.9e-6.
 // Causal on ids (Moirai-2's packed_causal_attention_mask on time_id): key j is masked for query i
 // when causal_ids[j] > causal_ids[i + Nk - Nq]; a tile is skipped (forward and backward) when the
 // smallest id of its keys exceeds the largest of its queries (a variate-major packing: a query
@@ -364,9 +370,19 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
     auto q_rot = p.rotary ? at::empty({p.nq, p.dim}, at::kFloat) : at::Tensor();  // one head
     auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
+    // the variate bias's gradient per query row: sums over its same-variate keys and over all of
+    // its keys of P dP and of P (float64), combined after the row's last key block
+    std::vector<double> same_pdp, all_pdp, same_p, all_p;
+    if (p.variate) {
+      for (auto* row_sums : {&same_pdp, &all_pdp, &same_p, &all_p}) row_sums->resize(p.nq);
+    }
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
       if (relative) dqr.zero_();
+      if (p.variate) {
+        for (auto* row_sums : {&same_pdp, &all_pdp, &same_p, &all_p})
+          std::fill(row_sums->begin(), row_sums->end(), 0.0);
+      }
       float* table_acc = table_grad ? partial[b][h].data_ptr<float>() : nullptr;
       double* variate_acc = p.variate ? variate_partial[b][h].data_ptr<double>() : nullptr;
       const int64_t* variate =
@@ -407,18 +423,32 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           dv_blk.narrow(0, 0, cols).addmm_(s_blk.t(), do_blk);       // dV += P^T dO
           at::mm_out(dp_blk, do_blk, v_blk.narrow(0, 0, cols).t());  // dP = dO V^T
           float* dps = dp.data_ptr<float>();
+          if (variate_acc) {  // per row: P dP and P over its same-variate keys and all its keys
+            for (int64_t r = 0; r < rows; ++r) {
+              const float* prow = s + r * kBlockK;
+              const float* dprow = dps + r * kBlockK;
+              const int64_t vi = variate[i0 + r + (p.nk - p.nq)];
+              float spd = 0.0f, apd = 0.0f, sp = 0.0f, ap = 0.0f;
+              for (int64_t c = 0; c < cols; ++c) {
+                const float pdp = prow[c] * dprow[c];
+                apd += pdp;
+                ap += prow[c];
+                if (variate[j0 + c] == vi) {
+                  spd += pdp;
+                  sp += prow[c];
+                }
+              }
+              same_pdp[i0 + r] += spd;
+              all_pdp[i0 + r] += apd;
+              same_p[i0 + r] += sp;
+              all_p[i0 + r] += ap;
+            }
+          }
           for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - D), in place of P
             float* row = s + r * kBlockK;
             const float* dprow = dps + r * kBlockK;
             const float d = dot_bh[i0 + r];
             for (int64_t c = 0; c < cols; ++c) row[c] *= dprow[c] - d;
-            if (variate_acc) {
-              const int64_t vi = variate[i0 + r + (p.nk - p.nq)];
-              float differ = 0.0f, same = 0.0f;
-              for (int64_t c = 0; c < cols; ++c) (variate[j0 + c] == vi ? same : differ) += row[c];
-              variate_acc[0] += differ;
-              variate_acc[1] += same;
-            }
             if (table_acc) {
               const int64_t base = -p.iq[i0 + r] - p.rel_min;
               for (int64_t c = 0; c < cols; ++c) table_acc[p.bucket[p.ik[j0 + c] + base]] += row[c];
@@ -434,6 +464,19 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           dq_bh.narrow(0, i0, rows).addmm_(s_blk, k_blk.narrow(0, 0, cols), 1.0, p.scale);
           dk_blk.narrow(0, 0, cols).addmm_(s_blk.t(), q_blk, 1.0, p.scale);
         }
+      }
+      if (variate_acc) {
+        // d weight[1, h] = sum_i sum_{j same} dS_ij with dS_ij = P_ij (dP_ij - D_i), the row's
+        // P normalized by its own sum s_i (P_ij / s_i; D_i = sum_j P_ij dP_ij / s_i): the float32
+        // rounding of lse scales a row's P by 1 + O(1e-7), which the two sums of dS (each ~0
+        // after cancellation: sum_j dS_ij = 0) would otherwise pick up. weight[0, h] gets the
+        // opposite (a constant added to every logit of a row changes no probability).
+        double same_sum = 0.0;
+        for (int64_t i = 0; i < p.nq; ++i)
+          if (all_p[i] > 0)
+            same_sum += (same_pdp[i] - same_p[i] * (all_pdp[i] / all_p[i])) / all_p[i];
+        variate_acc[0] = -same_sum;
+        variate_acc[1] = same_sum;
       }
       if (p.rotary) {  // gradients for the rotated q', k' -> for q, k: the inverse rotation
         float* g = dq_bh.data_ptr<float>();
