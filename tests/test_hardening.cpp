@@ -121,6 +121,33 @@ TEST(Hardening, AWeightsFileWithFlippedBytesFailsItsCrc) {
   fs::remove_all(dir);
 }
 
+// A run with a weight average (train.ema_decay) evaluates the average and writes it to weights.pt;
+// its checkpoint.pt's "model" holds the raw training weights. `posenc eval --weights
+// RUN/checkpoint.pt` read those and printed other numbers than the run's summary without a word:
+// refused in one line that names weights.pt. A checkpoint without an average still loads.
+TEST(Hardening, ACheckpointWithAWeightAverageIsNotReadAsTheRunsWeights) {
+  const auto dir = fresh_folder("ema_checkpoint");
+  const auto path = (dir / "checkpoint.pt").string();
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 3);
+  torch::optim::AdamW optimizer(model->parameters());
+  train::CheckpointState state;
+  state.config = "{}";
+  train::save_checkpoint(path, *model, optimizer, state);
+  torch::nn::Linear other(4, 3);
+  train::load_parameters(path, *other);  // no average: the model's weights
+  EXPECT_TRUE(torch::equal(other->weight, model->weight));
+  state.ema = {{"weight", model->weight.detach() * 0.5}, {"bias", model->bias.detach() * 0.5}};
+  train::save_checkpoint(path, *model, optimizer, state);
+  const auto error = error_of([&] { train::load_parameters(path, *other); });
+  EXPECT_TRUE(contains(error, "init: '" + path +
+                                  "' is the checkpoint of a run with a weight "
+                                  "average (train.ema_decay)"))
+      << error;
+  EXPECT_TRUE(contains(error, "weights.pt")) << error;
+  fs::remove_all(dir);
+}
+
 TEST(Hardening, StepTotalsThatOverflowAreRefused) {
   train::TrainSettings s;
   s.batch_size = 1;

@@ -403,8 +403,15 @@ void load_parameters(const std::string& path, torch::nn::Module& model) {
                 ", expected a {name: tensor} dict (weights.pt)");
     dict = loaded.toGenericDict();
   }
-  if (dict.contains("format") && dict.contains("model"))  // a checkpoint: its model tensors
+  if (dict.contains("format") && dict.contains("model")) {  // a checkpoint: its model tensors
+    // with a weight average, "model" is the raw training weights: not what the run evaluated
+    TORCH_CHECK(!dict.contains("ema") || dict.at("ema").toGenericDict().empty(), "init: '", path,
+                "' is the checkpoint of a run with a weight average (train.ema_decay): its "
+                "\"model\" is the raw training weights, not the average the run evaluated and "
+                "wrote; read the run's weights.pt (or weights.safetensors), or continue the run "
+                "with --resume");
     dict = dict.at("model").toGenericDict();
+  }
   std::map<std::string, at::Tensor> params, buffers;
   for (const auto& item : model.named_parameters()) params[item.key()] = item.value();
   for (const auto& item : model.named_buffers()) buffers[item.key()] = item.value();

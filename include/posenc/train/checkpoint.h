@@ -69,7 +69,8 @@ void save_checkpoint(const std::string& path, torch::nn::Module& model,
 CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& model,
                                 torch::optim::AdamW& optimizer, const std::string& expected_config);
 /// `--init-from` / `posenc eval --weights`: the parameters of a weights.pt or weights.safetensors
-/// (or of a checkpoint.pt's "model") copied into the model's, strictly: every parameter of the
+/// (or of a checkpoint.pt's "model"; refused where the checkpoint holds a weight average, whose run
+/// evaluated the average in weights.pt) copied into the model's, strictly: every parameter of the
 /// model must be in the file with its shape, and every tensor of the file must be a parameter or
 /// buffer of the model; an error names the file, the tensor and both shapes. Buffers are not read:
 /// they are tables the current config computes (RoPE's inverse frequencies, a scaling's attention
