@@ -7,7 +7,8 @@ half the spread (max - min) / 2 and each seed's value, beside persistence (the l
 largest gap between the readings of a (sample, variate) (the runs' generalization rows, lower bin edges in hours; a
 bin with fewer than 20 pairs in a run is left out).
 Writes a line chart of the seed means of MAE against the gap (one line per variant, each seed as a dot) as SVG.
-Nothing is recomputed: the numbers are the summaries' own.
+Nothing is recomputed: the numbers are the summaries' own. Variants with different seed sets, or runs
+that trained different numbers of steps (a stopped run beside finished ones), are refused in one line.
 
     ~/.cache/posenc/venv/bin/python tools/irregular_table.py runs/forecast_irregular [--svg docs/irregular.svg]
 """
@@ -37,6 +38,15 @@ def load(folder):
         runs.setdefault(match.group(1), {})[int(match.group(2))] = summary
     if not runs:
         raise ValueError(f"{folder}: no finished runs named <variant>_s<seed>")
+    # like with like: every variant over the same seeds, every run the same number of steps
+    seed_sets = {variant: sorted(seeds) for variant, seeds in runs.items()}
+    if len({tuple(s) for s in seed_sets.values()}) > 1:
+        each = "; ".join(f"{v}: {', '.join(map(str, s))}" for v, s in seed_sets.items())
+        raise ValueError(f"{folder}: the seeds differ between variants ({each}); finish the runs")
+    steps = {f"{v}_s{k}": s["steps"] for v, seeds in runs.items() for k, s in seeds.items()}
+    if len(set(steps.values())) > 1:
+        each = ", ".join(f"{name}: {n}" for name, n in steps.items())
+        raise ValueError(f"{folder}: the runs trained different numbers of steps ({each})")
     return runs
 
 
