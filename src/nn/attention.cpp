@@ -200,7 +200,8 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   check_inputs(x, plan, cache);
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads(), dh = options.dim() / h;
   const int64_t cached = cache != nullptr ? cache->size() : 0, prefix = options.num_prefix_tokens();
-  auto packed = qkv->forward(x).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
+  // at::linear (one addmm with the bias, as Python's F.linear; transformer.cpp's mlp)
+  auto packed = at::linear(x, qkv->weight, qkv->bias).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
   // Under CPU autocast to bfloat16 (train.precision: bf16) the projection comes out bf16; the
   // short kernel reads float32 (its scratch and arithmetic are float32), so a short sequence's
   // q, k, v are widened (exact) and attended there, not by SDPA's bf16 flash kernel (at N = 16
@@ -231,7 +232,7 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   auto y = short_backend && q.is_same(parts[0]) && k.is_same(parts[1]) && v.is_same(parts[2])
                ? attention_short_packed(packed, scale, chosen.rotary, options.causal())
                : attend(chosen, q, k, v, plan, key_padding, scale, options.causal(), prefix);
-  return out->forward(y.reshape({b, n, options.dim()}));
+  return at::linear(y.reshape({b, n, options.dim()}), out->weight, out->bias);
 }
 
 AttentionRoute plan_attention_route(const EncodingPlan& plan, const at::Tensor& q,

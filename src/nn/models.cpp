@@ -41,7 +41,8 @@ TokenClassifierImpl::TokenClassifierImpl(TokenClassifierOptions options_,
 at::Tensor TokenClassifierImpl::forward(const at::Tensor& tokens, const Positions& positions) {
   TORCH_CHECK(tokens.dim() == 3 && tokens.size(2) == options.token_dim(),
               "classifier: tokens must be [B, N, ", options.token_dim(), "], got ", tokens.sizes());
-  auto x = embed(tokens);  // [B, N, D]
+  // [B, N, D]: at::linear, one addmm with the bias (transformer.cpp's mlp says why)
+  auto x = at::linear(tokens, embed->weight, embed->bias);
   if (options.pooling() == Pooling::kCls) {
     x = torch::cat({cls.expand({x.size(0), 1, x.size(2)}), x}, 1);
   }

@@ -43,9 +43,13 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan
 }
 
 at::Tensor TransformerBlockImpl::mlp(const at::Tensor& normed) {
-  // fused: one pass forward and one backward over the MLP's activations (posenc/kernels/gelu.h)
-  const auto hidden = fc1(normed);
-  return dropout(fc2(fused_ ? gelu_fused(hidden) : torch::gelu(hidden)));
+  // fused: one pass forward and one backward over the MLP's activations (posenc/kernels/gelu.h).
+  // at::linear, as Python's F.linear: a contiguous [B, N, D] input is one addmm with the bias
+  // (LibTorch's torch::nn::Linear takes matmul + a separate bias add_ for inputs above 2D: one
+  // more pass and two more autograd nodes per layer)
+  const auto hidden = at::linear(normed, fc1->weight, fc1->bias);
+  const auto activated = fused_ ? gelu_fused(hidden) : torch::gelu(hidden);
+  return dropout(at::linear(activated, fc2->weight, fc2->bias));
 }
 
 std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward_normed(
