@@ -125,6 +125,13 @@ def check_architecture(posenc: str, root: str, val_files: list, name: str, encod
     state = safetensors.torch.load_file(os.path.join(run_dir, "timm", "model.safetensors"))
     model.load_state_dict(state, strict=True)
     model.eval()
+    # timm's own data config resolves posenc's preprocessing (not timm's 224 px / 0.5 defaults).
+    data = timm.data.resolve_data_config(model=model)
+    inp = exported["input"]
+    want = (inp["channels"], inp["image_size"], inp["image_size"])
+    assert tuple(data["input_size"]) == want, f"{name}: timm resolves {data['input_size']}"
+    assert list(data["mean"]) == inp["mean"] and list(data["std"]) == inp["std"], (name, data)
+    assert data["crop_pct"] == 1.0 and data["crop_mode"] == "squash", (name, data)
     lines = run([posenc, "eval", cfg_path, "--weights",
                  os.path.join(run_dir, "weights.safetensors")]
                 + [a for f in val_files for a in ("--image", f)]).stdout.splitlines()

@@ -243,6 +243,18 @@ TimmExport timm_export(const nlohmann::json& config, const std::string& weights)
                     {"global_pool", cls ? "token" : "avg"},
                     {"no_embed_class", true},
                     {"init_values", nullptr}};
+  // timm's data config (resolve_data_config / create_transform) from posenc's preprocessing:
+  // without it timm resolves 224 px, mean/std 0.5, crop_pct 0.9, bicubic, and its standard eval
+  // transform feeds the model other pixels. 'squash' resizes to side x side as posenc does;
+  // posenc's zero padding ('pad') has no timm counterpart and stays in timm.json's "input".
+  out.model_args["pretrained_cfg_overlay"] = {
+      {"input_size",
+       {channels, input.at("image_size").get<int64_t>(), input.at("image_size").get<int64_t>()}},
+      {"mean", input.at("mean")},
+      {"std", input.at("std")},
+      {"crop_pct", 1.0},
+      {"crop_mode", "squash"},
+      {"interpolation", "bilinear"}};
   if (!rotary) {
     out.model_name = "vit_base_patch16_224";  // its defaults all overridden
     out.model_args["fc_norm"] = false;
