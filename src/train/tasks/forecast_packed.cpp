@@ -6,7 +6,10 @@
 // Data: several real series (task.series, each one CSV column: a variate), every variate losing
 // readings on its own (sensor loss): each reading at random with drop_probability, and bursts
 // (a burst starts after a kept reading with burst_probability and removes min_burst..max_burst
-// readings), so variates are sampled at different, uneven times.
+// readings), so variates are sampled at different, uneven times. Each CSV is read as
+// timeseries::load_csv reads it with kSort and kDropRow: rows out of time order sorted (stable),
+// duplicate timestamps kept (a patch may start where the previous one did), an empty reading's
+// row dropped, a NaN/inf reading or an unparseable timestamp one line naming the file and line.
 // A sample: a cutoff time c; for each variate the last k * patch readings before c (k context
 // patches, k in [min_context_patches, max_context_patches], varying per sample) and the next
 // `patch` readings at or after c (the patch to forecast). Tokens are (patch, variate), variate-
