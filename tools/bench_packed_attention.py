@@ -7,7 +7,8 @@ NotImplementedError "FlexAttention does not support backward on CPU" for inputs 
 grad): its fwd+bwd row says so, and it is timed on the forward.
 
     POSENC_OPS_LIBRARY=$(find build -name libposenc_ops.so | head -1) PYTHONPATH=python \
-      ~/.cache/posenc/venv/bin/python tools/bench_packed_attention.py [--threads 2] [--repeat 3]
+      ~/.cache/posenc/venv/bin/python tools/bench_packed_attention.py [--threads 2] [--repeat 3] \
+      [--mask samples|moirai2]
 
 Shape: 64 series of 128..896 patches (mean 512; lengths drawn with seed 0) packed into 16 rows of
 2,048 tokens (4 series a row, the run lengths differ per row), each series 4 variates (contiguous
@@ -15,6 +16,16 @@ runs); H = 4 heads of D = 64 (Moirai-2 small's head size; RoPE is left out: it i
 pass for every contender). q, k, v [B, H, N, D] float32; the learned variate bias [2, H] (row 0
 different variates, row 1 the same: uni2ts' BinaryAttentionBias) receives a gradient in every
 contender.
+
+Masks (--mask):
+  samples   a block per series (uni2ts' packed_attention_mask: Moirai 1, or Moirai-2 with one
+            variate per series), the series' variates contiguous runs of it
+  moirai2   Moirai-2's packed_causal_attention_mask with several variates: each series packed
+            variate-major (variate 0's patches at time_id 0..T-1, then variate 1's, ...; T = the
+            series' length / 4, the variates' lengths differing by at most one), key j visible to
+            query i when same series and time_id[j] <= time_id[i] (causal in time across the
+            variates, not in token order); posenc takes it as causal_ids=time_id, FlexAttention
+            as mask_mod, SDPA materialized
 
 Contenders, each out = attention(q, k, v) under no_grad ("forward"), or with q, k, v and the weight
 requiring grad, then out.backward(grad) ("fwd+bwd"):
@@ -24,8 +35,10 @@ requiring grad, then out.backward(grad) ("fwd+bwd"):
   flex    torch.nn.attention.flex_attention under torch.compile, score_mod adding
           where(variate equal, w[1, h], w[0, h]), block_mask from mask_mod sample equal
           (create_block_mask, 128 x 128 blocks: the blocks outside every sample are skipped)
-  posenc  posenc.positional_attention(q, k, v, sample_ids=..., variate_ids=..., variate_bias=w):
-          the tiled CPU kernel, tiles outside the samples skipped, O(N) extra memory
+  posenc  posenc.positional_attention(q, k, v, sample_ids=..., variate_ids=..., variate_bias=w
+          [, causal_ids=time_ids]): the tiled CPU kernel, tiles outside the samples skipped (and,
+          with causal_ids, tiles whose keys all lie later in time than their queries), O(N) extra
+          memory
 Times are medians of --repeat calls after one warm-up (the contenders interleaved call by call, so
 a change of load hits them alike). "peak MB" is each contender's own peak resident memory above its
 inputs for that pass, measured in a fresh child process (--peak-of NAME PASS; VmHWM), so the
@@ -50,10 +63,11 @@ HEADS, HEAD_DIM, ROWS, TOKENS, SERIES_PER_ROW, VARIATES = 4, 64, 16, 2048, 4, 4
 
 
 def packed_batch(seed=0):
-    """sample_ids, variate_ids [ROWS, TOKENS]: 4 series per row, lengths 128..896 summing to
-    TOKENS, each series split into VARIATES contiguous runs."""
+    """sample_ids, variate_ids, time_ids [ROWS, TOKENS]: 4 series per row, lengths 128..896
+    summing to TOKENS, each series split into VARIATES contiguous runs, each run's time ids
+    0, 1, ... (Moirai-2's variate-major packing)."""
     g = torch.Generator().manual_seed(seed)
-    samples, variates = [], []
+    samples, variates, times = [], [], []
     for _ in range(ROWS):
         while True:
             lengths = torch.randint(128, 897, (SERIES_PER_ROW - 1,), generator=g)
@@ -62,17 +76,10 @@ def packed_batch(seed=0):
                 break
         lengths = torch.cat([lengths, torch.tensor([last])])
         samples.append(torch.repeat_interleave(torch.arange(SERIES_PER_ROW), lengths))
-        variates.append(
-            torch.cat(
-                [
-                    torch.arange(VARIATES).repeat_interleave(
-                        torch.diff(torch.linspace(0, int(n), VARIATES + 1).long())
-                    )
-                    for n in lengths
-                ]
-            )
-        )
-    return torch.stack(samples), torch.stack(variates)
+        runs = [torch.diff(torch.linspace(0, int(n), VARIATES + 1).long()) for n in lengths]
+        variates.append(torch.cat([torch.arange(VARIATES).repeat_interleave(r) for r in runs]))
+        times.append(torch.cat([torch.arange(int(n)) for r in runs for n in r]))
+    return torch.stack(samples), torch.stack(variates), torch.stack(times)
 
 
 def inputs():
@@ -83,19 +90,26 @@ def inputs():
     return q, k, v, grad, weight
 
 
-def contenders(sample_ids, variate_ids):
+def contenders(sample_ids, variate_ids, time_ids, mask):
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    in_time = mask == "moirai2"
 
     def sdpa(q, k, v, w):
         same = (variate_ids[:, :, None] == variate_ids[:, None, :])[:, None]  # [B, 1, N, N]
         bias = ~same * w[0].view(1, -1, 1, 1) + same * w[1].view(1, -1, 1, 1)  # uni2ts' form
-        visible = (sample_ids[:, :, None] == sample_ids[:, None, :])[:, None]
+        visible = sample_ids[:, :, None] == sample_ids[:, None, :]
+        if in_time:  # uni2ts' packed_causal_attention_mask
+            visible = visible & (time_ids[:, None, :] <= time_ids[:, :, None])
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=bias.masked_fill(~visible, -torch.inf)
+            q, k, v, attn_mask=bias.masked_fill(~visible[:, None], -torch.inf)
         )
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return sample_ids[b, q_idx] == sample_ids[b, kv_idx]
+        same = sample_ids[b, q_idx] == sample_ids[b, kv_idx]
+        if in_time:
+            return same & (time_ids[b, kv_idx] <= time_ids[b, q_idx])
+        return same
 
     block_mask = create_block_mask(mask_mod, ROWS, None, TOKENS, TOKENS, device="cpu")
     flex_compiled = torch.compile(flex_attention, dynamic=False)
@@ -109,7 +123,13 @@ def contenders(sample_ids, variate_ids):
 
     def ours(q, k, v, w):
         return posenc.positional_attention(
-            q, k, v, sample_ids=sample_ids, variate_ids=variate_ids, variate_bias=w
+            q,
+            k,
+            v,
+            sample_ids=sample_ids,
+            variate_ids=variate_ids,
+            variate_bias=w,
+            causal_ids=time_ids if in_time else None,
         )
 
     return {"sdpa": sdpa, "flex": flex, "posenc": ours}
@@ -158,12 +178,11 @@ def reset_peak_rss():
         f.write("5")
 
 
-def peak_of(name, pass_name, threads):
+def peak_of(name, pass_name, threads, mask):
     """One contender's peak resident memory above its inputs for one pass, in MB (a child)."""
     torch.set_num_threads(threads)
-    sample_ids, variate_ids = packed_batch()
     q, k, v, grad, weight = inputs()
-    fn = contenders(sample_ids, variate_ids)[name]
+    fn = contenders(*packed_batch(), mask)[name]
     run = PASSES[pass_name]
     if name == "flex":  # compile first: the compiler's own memory is not the attention's
         run(fn, q, k, v, grad, weight)
@@ -177,21 +196,24 @@ def main():
     p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--mask", choices=("samples", "moirai2"), default="samples")
     p.add_argument("--peak-of", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.peak_of:
-        return peak_of(*args.peak_of, args.threads)
+        return peak_of(*args.peak_of, args.threads, args.mask)
     torch.set_num_threads(args.threads)
-    sample_ids, variate_ids = packed_batch()
+    sample_ids, variate_ids, time_ids = packed_batch()
     q, k, v, grad, weight = inputs()
-    runs = contenders(sample_ids, variate_ids)
-    pairs = sum(
-        int((torch.unique_consecutive(r, return_counts=True)[1] ** 2).sum()) for r in sample_ids
-    )
+    runs = contenders(sample_ids, variate_ids, time_ids, args.mask)
+    visible = sample_ids[:, :, None] == sample_ids[:, None, :]
+    if args.mask == "moirai2":
+        visible = visible & (time_ids[:, None, :] <= time_ids[:, :, None])
+    pairs = int(visible.sum())
     print(f"torch {torch.__version__}, {args.threads} threads; {machine()}")
     print(
         f"{ROWS * SERIES_PER_ROW} series (128..896 patches, mean {ROWS * TOKENS / (ROWS * SERIES_PER_ROW):.0f}) "
-        f"packed in [{ROWS}, {TOKENS}] tokens, {VARIATES} variates each; H={HEADS}, D={HEAD_DIM}, "
+        f"packed in [{ROWS}, {TOKENS}] tokens, {VARIATES} variates each; mask {args.mask}; "
+        f"H={HEADS}, D={HEAD_DIM}, "
         f"float32; visible pairs {pairs / (ROWS * TOKENS * TOKENS):.1%} of N^2; "
         f"ms = median of {args.repeat} after a warm-up"
     )
@@ -228,6 +250,8 @@ def main():
                     pass_name,
                     "--threads",
                     str(args.threads),
+                    "--mask",
+                    args.mask,
                 ],
                 capture_output=True,
                 text=True,
