@@ -22,7 +22,9 @@ and the C++ library's operator attention_fused on CUDA tensors run the CUDA kern
 (q, k, v, variate_bias) equal the CPU kernel's, with the ids on the GPU or on the CPU, and
 d variate_bias is the same bits on every run (the kernel's two-pass reduce has no atomics).
 Without a GPU the same CUDA kernels run on the CPU emulator in CTest (cuda_emu:
-tests/test_cuda_raw.cpp, tests/cuda_emu/test_tensor_launch_emu.cpp).
+tests/test_cuda_raw.cpp, tests/cuda_emu/test_tensor_launch_emu.cpp). causal_ids (Moirai-2's
+time_id, several variates per series packed variate-major) against uni2ts'
+packed_causal_attention_mask, and its refusals (CPU).
 """
 
 import pytest
@@ -106,8 +108,10 @@ def _oracle(
     causal=False,
     scale=None,
     attention_mask=None,
+    time_ids=None,
 ):
-    """uni2ts' mask and bias, materialized, through SDPA in float64. Returns (out, the weight
+    """uni2ts' mask and bias, materialized, through SDPA in float64 (time_ids: uni2ts'
+    packed_causal_attention_mask instead of packed_attention_mask). Returns (out, the weight
     leaf that gradients reach)."""
     nq, nk = q.shape[2], k.shape[2]
     q64, k64, v64 = q.double(), k.double(), v.double()
@@ -119,6 +123,9 @@ def _oracle(
         k64 = modeling_llama.apply_rotary_pos_emb(k64, k64, cos.double(), sin.double())[0]
     bias, leaf = _uni2ts_bias(weight.double(), variate_ids, nq)
     visible = torch_util.packed_attention_mask(sample_ids)[:, None, nk - nq :, :]
+    if time_ids is not None:
+        visible = torch_util.packed_causal_attention_mask(sample_ids, time_ids)
+        visible = visible[:, None, nk - nq :, :]
     if causal:
         visible = visible & torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
     if attention_mask is not None:
@@ -206,6 +213,88 @@ def test_matches_uni2ts_float32(causal, rope, scale):
         torch.testing.assert_close(
             a.double(), b.double(), **F32_TOL, msg=lambda m, name=name: f"{name}: {m}"
         )
+
+
+def _variate_major_ids(rows, n):
+    """Moirai-2's packing: per row, series of (variates, times) listing variate 0's time ids
+    0..T-1, then variate 1's, ...; the rest of the row one padding series. (sample_ids,
+    variate_ids, time_ids) [B, n] int64."""
+    out = [[], [], []]
+    for series in rows:
+        series = series + [(1, n - sum(v * t for v, t in series))]
+        sample = torch.cat([torch.full((v * t,), i) for i, (v, t) in enumerate(series)])
+        variate = torch.cat([torch.arange(v).repeat_interleave(t) for v, t in series])
+        time = torch.cat([torch.arange(t).repeat(v) for v, t in series])
+        for ids, row in zip(out, (sample, variate, time)):
+            ids.append(row)
+    return tuple(torch.stack(ids) for ids in out)
+
+
+@pytest.mark.parametrize("nq", [600, 70])
+@pytest.mark.parametrize("rope", [False, True])
+def test_causal_ids_match_uni2ts(nq, rope):
+    """causal_ids = Moirai-2's time_id over series of several variates packed variate-major
+    (uni2ts' packed_causal_attention_mask: causal in time, not in token order), with the sample
+    mask, the variate bias, RoPE and ALiBi, cached keys (the queries take the last Nq ids):
+    outputs and gradients of q, k, v and variate_bias against SDPA with uni2ts' materialized
+    mask and bias (float64)."""
+    n, h, d = 600, 4, 32
+    q, k, v, weight = _inputs(torch.float32, b=2, h=h, nq=nq, nk=n, d=d, seed=9)
+    sample_ids, variate_ids, time_ids = _variate_major_ids(
+        [[(3, 40), (2, 150), (1, 10)], [(2, 250), (4, 20)]], n
+    )
+    cos, sin = _tables(torch.arange(n), d) if rope else (None, None)
+    slopes = posenc.alibi_slopes(h) if rope else None
+
+    def ours(q, k, v, w):
+        return posenc.positional_attention(
+            q,
+            k,
+            v,
+            cos=cos,
+            sin=sin,
+            slopes=slopes,
+            sample_ids=sample_ids,
+            variate_ids=variate_ids,
+            variate_bias=w,
+            causal_ids=time_ids,
+        )
+
+    def theirs(q, k, v, w):
+        out, leaf = _oracle(
+            q, k, v, sample_ids, variate_ids, w, cos=cos, sin=sin, slopes=slopes, time_ids=time_ids
+        )
+        theirs.leaf = leaf
+        return out
+
+    assert torch.ops.posenc.positional_attention_route(
+        q, k, v, cos=cos, sin=sin, sample_ids=sample_ids, causal_ids=time_ids
+    ) == ("fused, RoPE inside" if rope else "fused")
+    out, grads = _run(ours, [q, k, v, weight])
+    ref, ref_grads = _run(theirs, [q, k, v, weight])
+    ref_grads[3] = theirs.leaf.grad
+    torch.testing.assert_close(out.double(), ref, **F32_TOL)
+    for name, a, b in zip("q k v variate_bias".split(), grads, ref_grads):
+        torch.testing.assert_close(
+            a.double(), b.double(), **F32_TOL, msg=lambda m, name=name: f"{name}: {m}"
+        )
+
+
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        (dict(causal=True), "causal and causal_ids together are two causal rules"),
+        (dict(causal_ids=torch.zeros(2, 16)), "causal_ids must be an integer tensor"),
+        (dict(causal_ids=torch.zeros(2, 15, dtype=torch.long)), "must be [B, Nk] = [2, 16]"),
+    ],
+)
+def test_bad_causal_ids_are_one_line(case, message):
+    q, k, v, _ = _inputs(torch.float32, b=2, h=2, nq=16, nk=16, d=8)
+    case.setdefault("causal_ids", torch.zeros(2, 16, dtype=torch.long))
+    with pytest.raises(ValueError) as info:
+        posenc.positional_attention(q, k, v, **case)
+    text = str(info.value).splitlines()[0]
+    assert "posenc.positional_attention" in text and message in text, text
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
