@@ -2216,7 +2216,7 @@ def _cpp(value, kind, where):
         blocks = (
             [
                 dict(v or {}, layer_type=k, **({"no_rope": True} if v is None else {}))
-                for k, v in value.items()
+                for k, v in sorted(value.items())  # (the class's dict order means nothing)
             ]
             if nested
             else [value]
