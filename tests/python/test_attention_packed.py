@@ -435,6 +435,8 @@ def test_opcheck():
         weight.requires_grad_(),
     )
     torch.library.opcheck(torch.ops.posenc.positional_attention.default, args)
+    times = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3] + list(range(12)), list(range(20))])
+    torch.library.opcheck(torch.ops.posenc.positional_attention.default, (*args, times))
 
 
 def test_route():
