@@ -671,6 +671,30 @@ def test_moirai2_patch_fused_path():
         assert g.abs().max() < 1e-5 and w.abs().max() < 1e-5
 
 
+def test_moirai2_patch_negative_variate_ids():
+    """uni2ts' binary variate bias reads only whether two ids are equal, so it accepts negative
+    ids; the fused path takes them too (shifted by their minimum, which keeps every equality):
+    predictions to 1e-6, where posenc's kernel refused negative ids before."""
+    model = _moirai()
+    sample, variate, time = _univariate_ids()
+    torch.manual_seed(3)
+    inputs = dict(
+        target=torch.randn(*sample.shape, 4),
+        observed_mask=torch.rand(*sample.shape, 4) > 0.1,
+        sample_id=sample,
+        time_id=time,
+        variate_id=variate - 5,
+        prediction_mask=(time >= 4) & (sample > 0),
+        training_mode=False,
+    )
+    want = model(**inputs)
+    posenc_uni2ts.patch(model)
+    with CountOps() as ops:
+        got = model(**inputs)
+    assert _attention_calls(ops) == 2
+    _close(got, want)
+
+
 def test_moirai2_patch_non_contiguous_samples():
     """A sample id in two separate runs (1, 1, 2, 2, 1, 1): the mask is not a block per run, so
     the patched attention takes the materialized path and equals uni2ts' to the bit (the fused

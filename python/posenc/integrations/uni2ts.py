@@ -217,7 +217,8 @@ def _attention(
             scale=self.softmax_scale,
             causal=causal,
             sample_ids=sample_ids,
-            variate_ids=None if bias is None else var_id,
+            # the bias reads only equality of ids: shifted to start at 0 (uni2ts takes any ids)
+            variate_ids=None if bias is None else var_id - var_id.amin(),
             variate_bias=None if bias is None else bias.emb.weight,
             causal_ids=causal_ids,
         )
