@@ -15,10 +15,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <opencv2/imgcodecs.hpp>
 #include <opencv2/videoio.hpp>
 
 #include "posenc/train/task.h"
 #include "video/video_folder.h"
+#include "vision/image_folder.h"
+#include "vision/images.h"
 
 namespace posenc::video {
 namespace {
@@ -142,6 +145,16 @@ TEST(VideoFolder, GrayAndResize) {
   auto gray = sample_clip((root / "a.avi").string(), 0, kForever, options);
   EXPECT_EQ(gray.frames.sizes(), (std::vector<int64_t>{2, 1, 10, 10}));
   EXPECT_EQ(frame_indices(gray.frames), (std::vector<int64_t>{0, 1}));
+  // colour: OpenCV's BGR comes out as RGB (a red clip: channel 0 high, channel 2 low)
+  {
+    cv::VideoWriter writer((root / "red.avi").string(), cv::CAP_FFMPEG,
+                           cv::VideoWriter::fourcc('M', 'J', 'P', 'G'), 10, cv::Size(16, 16), true);
+    for (int k = 0; k < 2; ++k) writer.write(cv::Mat(16, 16, CV_8UC3, cv::Scalar(0, 0, 200)));
+  }
+  auto red = sample_clip((root / "red.avi").string(), 0, kForever, options_of(1, 10, 16));
+  auto mean = red.frames.to(torch::kDouble).mean({0, 2, 3});  // per channel
+  EXPECT_NEAR(mean[0].item<double>(), 200, 8);
+  EXPECT_NEAR(mean[2].item<double>(), 0, 8);
 }
 
 TEST(VideoFolder, LabelsFileFormat) {
@@ -400,6 +413,46 @@ TEST(VideoFolder, TaskPositionsAreSecondsFromTheFrames) {
   bad["task"]["bad_videos"] = "ignore";
   EXPECT_EQ(error_of([&] { train::make_task(bad); }),
             "task: bad_videos must be 'stop' or 'skip', got 'ignore'");
+}
+
+// A gray frame is copied out of OpenCV's buffer: with C = 1, [S, S, 1] -> [1, S, S] is already
+// contiguous, so .contiguous() kept a view of the freed cv::Mat and frame 0 of a black clip read
+// back as 4.87 on average once the allocator reused the memory (1 in 1-300 calls here).
+TEST(VideoFolder, GrayFramesAreCopiedOutOfOpenCV) {
+  auto root = fresh_folder("gray_copy");
+  write_clip(root / "a.avi", 4, 10, 40, 30);
+  auto options = options_of(2, 10, 10);
+  for (int rep = 0; rep < 100; ++rep) {
+    options.channels = 3;
+    auto rgb = sample_clip((root / "a.avi").string(), 0, kForever, options);
+    options.channels = 1;
+    auto gray = sample_clip((root / "a.avi").string(), 0, kForever, options);
+    ASSERT_EQ(frame_indices(rgb.frames), (std::vector<int64_t>{0, 1})) << "call " << rep;
+    ASSERT_EQ(frame_indices(gray.frames), (std::vector<int64_t>{0, 1})) << "call " << rep;
+    ASSERT_EQ(gray.frames[0].max().item<int64_t>(), 0) << "call " << rep;
+  }
+}
+
+// The same for vision::decode_image_file (eval --image keeps every decoded image until it stacks
+// them; the folder's threads copy each into the cache while others allocate) and
+// vision::load_image: a gray image must own its pixels (they read back as the last image's, 220,
+// before the fix).
+TEST(VideoFolder, DecodedGrayImagesOwnTheirPixels) {
+  auto root = fresh_folder("gray_images");
+  std::vector<at::Tensor> decoded, loaded;
+  for (int level = 0; level < 12; ++level) {
+    const auto path = (root / (std::to_string(level) + ".png")).string();
+    ASSERT_TRUE(cv::imwrite(path, cv::Mat(20, 20, CV_8UC1, cv::Scalar(level * 20))));
+    decoded.push_back(vision::decode_image_file(path, 1, 20));
+    loaded.push_back(vision::load_image(path));  // float [1, 20, 20] in [0, 1]
+  }
+  for (int level = 0; level < 12; ++level) {
+    EXPECT_EQ(decoded[level].min().item<int64_t>(), level * 20) << level;
+    EXPECT_EQ(decoded[level].max().item<int64_t>(), level * 20) << level;
+    EXPECT_EQ(loaded[level].sizes(), (std::vector<int64_t>{1, 20, 20}));
+    EXPECT_EQ(loaded[level].min().item<float>(), loaded[level].max().item<float>()) << level;
+    EXPECT_NEAR(loaded[level].max().item<float>() * 255, level * 20, 1e-3) << level;
+  }
 }
 
 }  // namespace

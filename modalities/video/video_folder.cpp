@@ -154,7 +154,9 @@ at::Tensor frame_to_cache(const cv::Mat& decoded, int64_t channels, int64_t size
   }
   if (!converted.isContinuous()) converted = converted.clone();
   auto hwc = torch::from_blob(converted.data, {size, size, channels}, torch::kUInt8);
-  return hwc.permute({2, 0, 1}).contiguous();  // copies out of the cv::Mat
+  // a copy out of the cv::Mat, always: with C = 1 the permute is already contiguous, and
+  // .contiguous() would return a view of memory the Mat frees on return
+  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
 }
 
 void check_options(const VideoFolderOptions& options) {

@@ -148,7 +148,9 @@ at::Tensor decode_image_file(const std::string& path, int64_t channels, int64_t 
   }
   if (!converted.isContinuous()) converted = converted.clone();
   auto hwc = torch::from_blob(converted.data, {size, size, channels}, torch::kUInt8);
-  return hwc.permute({2, 0, 1}).contiguous();  // copies out of the cv::Mat
+  // a copy out of the cv::Mat, always: with C = 1 the permute is already contiguous, and
+  // .contiguous() would return a view of memory the Mat frees on return
+  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
 }
 
 ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions& options,

@@ -40,7 +40,9 @@ at::Tensor load_image(const std::string& path) {
   converted.convertTo(as_float, CV_32F, scale);
   auto hwc = torch::from_blob(as_float.data, {as_float.rows, as_float.cols, as_float.channels()},
                               torch::kFloat32);
-  return hwc.permute({2, 0, 1}).contiguous();  // copies out of the cv::Mat
+  // a copy out of the cv::Mat, always: with C = 1 the permute is already contiguous, and
+  // .contiguous() would return a view of memory the Mat frees on return
+  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
 }
 
 at::Tensor resize_images(const at::Tensor& images, int64_t height, int64_t width) {
