@@ -148,6 +148,36 @@ TEST(Hardening, ACheckpointWithAWeightAverageIsNotReadAsTheRunsWeights) {
   fs::remove_all(dir);
 }
 
+// A resume with another config names the first setting that differs (it said only "a different
+// config", leaving the user to diff two JSON texts).
+TEST(Hardening, AResumeWithAnotherConfigNamesTheSetting) {
+  const auto dir = fresh_folder("resume_config");
+  const auto path = (dir / "checkpoint.pt").string();
+  torch::nn::Linear model(4, 3);
+  torch::optim::AdamW optimizer(model->parameters());
+  train::CheckpointState state;
+  state.config = R"({"model": {"dim": 32}, "train": {"precision": "float32", "threads": 1}})";
+  train::save_checkpoint(path, *model, optimizer, state);
+  // threads only says how the run executes: resumes
+  train::load_checkpoint(path, *model, optimizer,
+                         R"({"model": {"dim": 32.0}, "train": {"precision": "float32"}})");
+  auto error = error_of([&] {
+    train::load_checkpoint(path, *model, optimizer,
+                           R"({"model": {"dim": 32}, "train": {"precision": "bf16"}})");
+  });
+  EXPECT_TRUE(contains(error,
+                       "was written by a different config (train.precision: \"float32\" "
+                       "in the checkpoint, \"bf16\" now)"))
+      << error;
+  error = error_of([&] {
+    train::load_checkpoint(
+        path, *model, optimizer,
+        R"({"model": {"dim": 32, "depth": 2}, "train": {"precision": "float32"}})");
+  });
+  EXPECT_TRUE(contains(error, "(model.depth: absent in the checkpoint, 2 now)")) << error;
+  fs::remove_all(dir);
+}
+
 TEST(Hardening, StepTotalsThatOverflowAreRefused) {
   train::TrainSettings s;
   s.batch_size = 1;

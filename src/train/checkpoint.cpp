@@ -17,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "posenc/io/durable_file.h"
@@ -202,6 +203,41 @@ std::string comparable_config(const std::string& text) {
       config["train"].erase(key);
   }
   return normalized(config).dump();
+}
+
+// The first setting (dotted path) whose value differs between two comparable configs, as
+// "key: A in the checkpoint, B now"; empty when they are equal.
+std::string first_difference(const nlohmann::json& saved, const nlohmann::json& now,
+                             const std::string& where) {
+  const auto name = where.empty() ? std::string("the config") : where;
+  if (saved.is_object() && now.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& item : saved.items()) keys.insert(item.key());
+    for (const auto& item : now.items()) keys.insert(item.key());
+    for (const auto& key : keys) {
+      const auto path = where.empty() ? key : where + "." + key;
+      if (!saved.contains(key) || !now.contains(key)) {
+        return path + ": " + (saved.contains(key) ? saved[key].dump() : "absent") +
+               " in the checkpoint, " + (now.contains(key) ? now[key].dump() : "absent") + " now";
+      }
+      auto inner = first_difference(saved[key], now[key], path);
+      if (!inner.empty()) return inner;
+    }
+    return "";
+  }
+  if (saved == now) return "";
+  return name + ": " + saved.dump() + " in the checkpoint, " + now.dump() + " now";
+}
+
+// " (key: A in the checkpoint, B now)", or empty where a config is not JSON.
+std::string config_difference(const std::string& saved, const std::string& now) {
+  try {
+    const auto difference = first_difference(nlohmann::json::parse(comparable_config(saved)),
+                                             nlohmann::json::parse(comparable_config(now)), "");
+    return difference.empty() ? "" : " (" + difference + ")";
+  } catch (const nlohmann::json::exception&) {
+    return "";
+  }
 }
 
 std::string read_file(const std::string& path) {
@@ -461,9 +497,9 @@ CheckpointState load_checkpoint(const std::string& path, torch::nn::Module& mode
   CheckpointState state;
   state.config = entry(dict, "config", path).toStringRef();
   TORCH_CHECK(comparable_config(state.config) == comparable_config(expected_config), "resume: '",
-              path,
-              "' was written by a different config; start afresh (without --resume) or use "
-              "another output folder");
+              path, "' was written by a different config",
+              config_difference(state.config, expected_config),
+              "; start afresh (without --resume) or use another output folder");
   // model: every tensor by name, shapes checked
   const auto weights = entry(dict, "model", path).toGenericDict();
   auto own = state_dict(model);
