@@ -118,14 +118,19 @@ def _tag_compile_caches() -> None:
     TORCHINDUCTOR_CACHE_DIR) key a graph by its code, which names posenc's operators but not their
     schemas or fakes: a graph cached by another posenc build replays that build's calls (other
     arguments, other outputs) and gives silently wrong results. A digest of every posenc schema and
-    of the fakes' source joins torch.compiler.config.cache_key_tag, so another build misses."""
+    of the fakes' source joins torch.compiler.config.cache_key_tag, so another build misses.
+    ATen's CPU capability joins it too: a graph cached under another ATEN_CPU_CAPABILITY (inductor
+    picks its vector ISA from it, and torch 2.15's cache key misses that) gave wrong numbers
+    (test_compile's backward, avx512 entries read at avx2) or crashed the interpreter (avx2 entries
+    read at avx512)."""
     schemas = sorted(
         str(s) for s in torch._C._jit_get_all_schemas() if s.name.startswith("posenc::")
     )
     with open(os.path.join(os.path.dirname(__file__), "_meta.py"), "rb") as f:
         fakes = f.read()
     digest = hashlib.sha256("\n".join(schemas).encode() + fakes).hexdigest()[:16]
-    tag = f"posenc-{digest}"
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    tag = f"posenc-{digest}-{capability}"
     current = torch.compiler.config.cache_key_tag
     if tag not in current:
         torch.compiler.config.cache_key_tag = f"{current}+{tag}" if current else tag
