@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "posenc/io/input_file.h"
+#include "vision/image_folder.h"
 
 namespace posenc::video {
 
@@ -119,44 +120,10 @@ double seconds_cell(const std::string& cell, double fallback, const std::string&
   return value;
 }
 
-// A decoded frame (BGR, BGRA or gray; 8 or 16 bit) -> uint8 [C, size, size], as
-// vision::decode_image_file converts and resizes an image.
-at::Tensor frame_to_cache(const cv::Mat& decoded, int64_t channels, int64_t size,
+// A decoded frame -> uint8 [C, size, size], converted and resized as an image file is.
+at::Tensor frame_to_cache(const cv::Mat& frame, int64_t channels, int64_t size,
                           const std::string& path) {
-  cv::Mat frame = decoded;
-  if (frame.depth() == CV_16U) {
-    cv::Mat eight;
-    frame.convertTo(eight, CV_8U, 1.0 / 257);
-    frame = eight;
-  }
-  TORCH_CHECK(frame.depth() == CV_8U, "video: '", path, "' has frames of OpenCV depth ",
-              frame.depth(), "; only 8- and 16-bit frames are read");
-  const int stored = frame.channels();
-  TORCH_CHECK(stored == 1 || stored == 3 || stored == 4, "video: '", path, "' has frames of ",
-              stored, " channels; expected 1, 3 (BGR) or 4 (BGRA)");
-  cv::Mat converted;
-  if (channels == 1) {
-    if (stored == 1)
-      converted = frame;
-    else
-      cv::cvtColor(frame, converted, stored == 4 ? cv::COLOR_BGRA2GRAY : cv::COLOR_BGR2GRAY);
-  } else if (stored == 1) {
-    cv::cvtColor(frame, converted, cv::COLOR_GRAY2RGB);
-  } else {
-    cv::cvtColor(frame, converted, stored == 4 ? cv::COLOR_BGRA2RGB : cv::COLOR_BGR2RGB);
-  }
-  if (converted.rows != size || converted.cols != size) {
-    cv::Mat resized;
-    const bool shrink = converted.rows > size && converted.cols > size;
-    cv::resize(converted, resized, cv::Size(static_cast<int>(size), static_cast<int>(size)), 0, 0,
-               shrink ? cv::INTER_AREA : cv::INTER_LINEAR);
-    converted = resized;
-  }
-  if (!converted.isContinuous()) converted = converted.clone();
-  auto hwc = torch::from_blob(converted.data, {size, size, channels}, torch::kUInt8);
-  // a copy out of the cv::Mat, always: with C = 1 the permute is already contiguous, and
-  // .contiguous() would return a view of memory the Mat frees on return
-  return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
+  return vision::pixels_to_chw(frame, channels, size, "video: '" + path + "'");
 }
 
 void check_options(const VideoFolderOptions& options) {

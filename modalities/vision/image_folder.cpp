@@ -89,42 +89,18 @@ std::vector<std::string> image_folder_classes(const std::string& root) {
   return classes;
 }
 
-at::Tensor decode_image_file(const std::string& path, int64_t channels, int64_t size) {
-  TORCH_CHECK(channels == 1 || channels == 3, "image: channels must be 1 or 3, got ", channels);
-  TORCH_CHECK(size > 0, "image: size must be positive, got ", size);
-  const auto extension = lower(fs::path(path).extension().string());
-  const auto& known = image_extensions();
-  TORCH_CHECK(std::find(known.begin(), known.end(), extension) != known.end(), "image: '", path,
-              "' does not have an image extension (", extension.empty() ? "none" : extension,
-              "; expected .png, .jpg, .jpeg, .bmp, .tif, .webp, .ppm, ...)");
-  const auto bytes = read_regular_file(path, "image", kMaxImageFileBytes, "kMaxImageFileBytes");
-  TORCH_CHECK(!bytes.empty(), "image: '", path, "' is empty (0 bytes)");
-  static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
-  static const unsigned char jpeg_magic[3] = {0xFF, 0xD8, 0xFF};
-  TORCH_CHECK(!starts_with(bytes, png_magic, 8) || png_complete(bytes), "image: '", path,
-              "' is truncated (a PNG without its IEND chunk)");
-  TORCH_CHECK(!starts_with(bytes, jpeg_magic, 3) || jpeg_complete(bytes), "image: '", path,
-              "' is truncated (a JPEG without its end-of-image marker)");
-  cv::Mat image;
-  try {
-    const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
-    image = cv::imdecode(buffer, cv::IMREAD_UNCHANGED);
-  } catch (const cv::Exception& e) {
-    TORCH_CHECK(false, "image: '", path, "' cannot be decoded (", e.err, ")");
-  }
-  TORCH_CHECK(!image.empty(), "image: '", path,
-              "' cannot be decoded (corrupt, or not an image format OpenCV reads)");
+at::Tensor pixels_to_chw(cv::Mat image, int64_t channels, int64_t size, const std::string& source) {
   if (image.depth() == CV_16U) {
     cv::Mat eight;
     image.convertTo(eight, CV_8U, 1.0 / 257);
     image = eight;
   }
-  TORCH_CHECK(image.depth() == CV_8U, "image: '", path, "' has pixels of OpenCV depth ",
-              image.depth(), "; only 8- and 16-bit integer images are read");
+  TORCH_CHECK(image.depth() == CV_8U, source, " has pixels of OpenCV depth ", image.depth(),
+              "; only 8- and 16-bit integer images are read");
   cv::Mat converted;
   const int stored = image.channels();
-  TORCH_CHECK(stored == 1 || stored == 2 || stored == 3 || stored == 4, "image: '", path, "' has ",
-              stored, " channels; expected 1 (gray), 2 (gray + alpha), 3 (BGR) or 4 (BGRA)");
+  TORCH_CHECK(stored == 1 || stored == 2 || stored == 3 || stored == 4, source, " has ", stored,
+              " channels; expected 1 (gray), 2 (gray + alpha), 3 (BGR) or 4 (BGRA)");
   if (stored == 2) {  // gray + alpha: the gray
     cv::extractChannel(image, image, 0);
   }
@@ -151,6 +127,34 @@ at::Tensor decode_image_file(const std::string& path, int64_t channels, int64_t 
   // a copy out of the cv::Mat, always: with C = 1 the permute is already contiguous, and
   // .contiguous() would return a view of memory the Mat frees on return
   return hwc.permute({2, 0, 1}).clone(at::MemoryFormat::Contiguous);
+}
+
+at::Tensor decode_image_file(const std::string& path, int64_t channels, int64_t size) {
+  TORCH_CHECK(channels == 1 || channels == 3, "image: channels must be 1 or 3, got ", channels);
+  TORCH_CHECK(size > 0, "image: size must be positive, got ", size);
+  const auto extension = lower(fs::path(path).extension().string());
+  const auto& known = image_extensions();
+  TORCH_CHECK(std::find(known.begin(), known.end(), extension) != known.end(), "image: '", path,
+              "' does not have an image extension (", extension.empty() ? "none" : extension,
+              "; expected .png, .jpg, .jpeg, .bmp, .tif, .webp, .ppm, ...)");
+  const auto bytes = read_regular_file(path, "image", kMaxImageFileBytes, "kMaxImageFileBytes");
+  TORCH_CHECK(!bytes.empty(), "image: '", path, "' is empty (0 bytes)");
+  static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  static const unsigned char jpeg_magic[3] = {0xFF, 0xD8, 0xFF};
+  TORCH_CHECK(!starts_with(bytes, png_magic, 8) || png_complete(bytes), "image: '", path,
+              "' is truncated (a PNG without its IEND chunk)");
+  TORCH_CHECK(!starts_with(bytes, jpeg_magic, 3) || jpeg_complete(bytes), "image: '", path,
+              "' is truncated (a JPEG without its end-of-image marker)");
+  cv::Mat image;
+  try {
+    const cv::Mat buffer(1, static_cast<int>(bytes.size()), CV_8U, const_cast<char*>(bytes.data()));
+    image = cv::imdecode(buffer, cv::IMREAD_UNCHANGED);
+  } catch (const cv::Exception& e) {
+    TORCH_CHECK(false, "image: '", path, "' cannot be decoded (", e.err, ")");
+  }
+  TORCH_CHECK(!image.empty(), "image: '", path,
+              "' cannot be decoded (corrupt, or not an image format OpenCV reads)");
+  return pixels_to_chw(image, channels, size, "image: '" + path + "'");
 }
 
 ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions& options,

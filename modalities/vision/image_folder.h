@@ -40,6 +40,10 @@
 #include <string>
 #include <vector>
 
+namespace cv {
+class Mat;
+}
+
 namespace posenc::vision {
 
 /// What to do with a bad file (above).
@@ -88,5 +92,11 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
 /// One image file -> uint8 [C, size, size], with the checks and conversions above; errors are
 /// one line naming the file.
 at::Tensor decode_image_file(const std::string& path, int64_t channels, int64_t size);
+
+/// Decoded pixels (OpenCV's BGR, BGRA, gray or gray + alpha; 8 or 16 bit) -> uint8
+/// [C, size, size]: 16 bit scaled by 1/257, converted to gray or RGB, resized (area when
+/// shrinking both sides, bilinear otherwise), copied out of the Mat. `source` names the input in
+/// errors ("image: 'a.png'"). Video frames take the same path (video_folder.cpp).
+at::Tensor pixels_to_chw(cv::Mat image, int64_t channels, int64_t size, const std::string& source);
 
 }  // namespace posenc::vision

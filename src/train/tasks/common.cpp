@@ -158,4 +158,16 @@ audio::LogMelOptions speech_log_mel(int64_t n_mels) {
   return mel;
 }
 
+std::vector<double> per_channel(ConfigReader& task, const nlohmann::json& section,
+                                const std::string& key, int64_t channels,
+                                std::vector<double> fallback) {
+  if (!task.has(key)) return fallback;
+  auto values =
+      section.at(key).is_number() ? std::vector<double>{task.number(key, 0.0)} : task.numbers(key);
+  if (values.size() == 1) values.assign(static_cast<size_t>(channels), values[0]);
+  TORCH_CHECK(static_cast<int64_t>(values.size()) == channels, "task: ", key, " needs ", channels,
+              " values (one per channel) or one, got ", values.size());
+  return values;
+}
+
 }  // namespace posenc::train

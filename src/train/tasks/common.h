@@ -60,4 +60,10 @@ audio::LogMelOptions speech_log_mel(int64_t n_mels);
 /// Seeded generator for data that must not depend on the training step (held-out windows).
 std::mt19937_64 data_rng(uint64_t seed, uint64_t stream);
 
+/// A per-channel key of `section` (mean, std): one number for every channel, or one per channel;
+/// `fallback` when absent.
+std::vector<double> per_channel(ConfigReader& task, const nlohmann::json& section,
+                                const std::string& key, int64_t channels,
+                                std::vector<double> fallback);
+
 }  // namespace posenc::train

@@ -89,19 +89,6 @@ std::pair<LabeledImages, LabeledImages> split_by_class(const LabeledImages& all,
   return {pick(train_index), pick(held_index)};
 }
 
-// A per-channel key: one number for every channel, or one per channel.
-std::vector<double> per_channel(ConfigReader& task, const nlohmann::json& section,
-                                const std::string& key, int64_t channels,
-                                std::vector<double> fallback) {
-  if (!task.has(key)) return fallback;
-  auto values =
-      section.at(key).is_number() ? std::vector<double>{task.number(key, 0.0)} : task.numbers(key);
-  if (values.size() == 1) values.assign(static_cast<size_t>(channels), values[0]);
-  TORCH_CHECK(static_cast<int64_t>(values.size()) == channels, "task: ", key, " needs ", channels,
-              " values (one per channel) or one, got ", values.size());
-  return values;
-}
-
 class ImageClassification : public Task {
  public:
   explicit ImageClassification(const nlohmann::json& config) {

@@ -55,19 +55,6 @@ struct ClipCache {
   at::Tensor labels;  ///< [N] int64
 };
 
-// One number for every channel, or one per channel.
-std::vector<double> per_channel(ConfigReader& task, const nlohmann::json& section,
-                                const std::string& key, int64_t channels,
-                                std::vector<double> fallback) {
-  if (!task.has(key)) return fallback;
-  auto values =
-      section.at(key).is_number() ? std::vector<double>{task.number(key, 0.0)} : task.numbers(key);
-  if (values.size() == 1) values.assign(static_cast<size_t>(channels), values[0]);
-  TORCH_CHECK(static_cast<int64_t>(values.size()) == channels, "task: ", key, " needs ", channels,
-              " values (one per channel) or one, got ", values.size());
-  return values;
-}
-
 class VideoClipClassification : public Task {
  public:
   explicit VideoClipClassification(const nlohmann::json& config) {
