@@ -6,15 +6,16 @@ RoPE applied inside the same kernel, in SDPA's layout.
 
 equals torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias) with
 bias[h, i, j] = -slopes[h] * (p_i - p_j) (causal; |p_i - p_j| with symmetric=True), the keys at
-positions 0..Nk-1 and the queries at the last Nq of them (cached keys first). CPU kernel with its
-backward (torch.ops.posenc.alibi_attention; fake kernels for torch.compile); on CUDA tensors the
-CUDA kernel (alibi, t5, positional; Shaw's query-dependent bias takes the plain-ATen reference).
+positions 0..Nk-1 and the queries at the last Nq of them (cached keys first): positional_attention
+with slopes=slopes (one operator, torch.ops.posenc.positional_attention: its tiled CPU kernel and
+backward, its fake kernel for torch.compile, on CUDA tensors its CUDA kernel; Shaw's
+query-dependent bias takes the plain-ATen reference there).
 
     out = posenc.t5_attention(q, k, v, table, scale=1.0)         # table [num_buckets, H]
 
 equals SDPA with attn_mask=T5Attention.compute_bias(Nq, Nk, past_seen_tokens=Nk - Nq) (the same
-table as relative_attention_bias.weight), gradients for q, k, v and the table
-(torch.ops.posenc.t5_attention).
+table as relative_attention_bias.weight), gradients for q, k, v and the table: positional_attention
+with t5_table=table.
 
     out = posenc.shaw_attention(q, k, v, table)                  # table [2K+1, D]
 
@@ -45,6 +46,43 @@ __all__ = [
     "shaw_attention",
     "t5_attention",
 ]
+
+
+# alibi_attention and t5_attention are positional_attention with one bias part: the same operator,
+# kernels, fake and autograd. What they refuse beyond it (float64, which positional_attention
+# takes on its reference path) and the messages that name them are checked here, as the C++ check
+# of positional_attention words them (src/bindings/attention.cpp, check_qkv), RuntimeError as there;
+# under torch.compile each is a guard on the shapes' relation (true for every call that runs).
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _check_sdpa_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise RuntimeError(
+            f"{op}: q, k, v must be [B, H, N, D] (SDPA's layout), got {list(q.shape)}, "
+            f"{list(k.shape)}, {list(v.shape)}"
+        )
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        raise RuntimeError(f"{op}: batch sizes differ: {q.shape[0]}, {k.shape[0]}, {v.shape[0]}")
+    if q.shape[1] != k.shape[1] or k.shape[1] != v.shape[1]:
+        raise RuntimeError(
+            f"{op}: head counts differ: q {q.shape[1]}, k {k.shape[1]}, v {v.shape[1]} "
+            "(repeat grouped k, v heads first)"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise RuntimeError(f"{op}: q has D={q.shape[3]} but k has D={k.shape[3]}")
+    if k.shape[2] != v.shape[2]:
+        raise RuntimeError(f"{op}: k has Nk={k.shape[2]} but v has {v.shape[2]}")
+    if q.shape[2] > k.shape[2]:
+        raise RuntimeError(
+            f"{op}: more queries ({q.shape[2]}) than keys ({k.shape[2]}): the queries are the "
+            "last keys' positions"
+        )
+    if q.dtype not in _KERNEL_DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise RuntimeError(
+            f"{op}: q, k, v must share one of float32, bfloat16, float16; got {q.dtype}, "
+            f"{k.dtype}, {v.dtype}"
+        )
 
 
 def alibi_slopes(heads: int) -> torch.Tensor:
@@ -84,8 +122,16 @@ def alibi_attention(
     as the padding sits at one end (BLOOM's cumsum positions give the same softmax), not for
     padding between real tokens.
     """
-    return torch.ops.posenc.alibi_attention(
-        q, k, v, slopes, causal, symmetric, scale, attention_mask
+    _check_sdpa_qkv("posenc.alibi_attention", q, k, v)
+    return positional_attention(
+        q,
+        k,
+        v,
+        slopes=slopes,
+        symmetric=symmetric,
+        causal=causal,
+        scale=scale,
+        attention_mask=attention_mask,
     )
 
 
@@ -113,8 +159,22 @@ def t5_attention(
 
     attention_mask: as alibi_attention's.
     """
-    return torch.ops.posenc.t5_attention(
-        q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask
+    _check_sdpa_qkv("posenc.t5_attention", q, k, v)
+    if table.dim() != 2 or table.shape[1] != q.shape[1]:
+        raise RuntimeError(
+            f"posenc.t5_attention: table must be [num_buckets, H] = [num_buckets, {q.shape[1]}], "
+            f"got {list(table.shape)}"
+        )
+    return positional_attention(
+        q,
+        k,
+        v,
+        t5_table=table,
+        bidirectional=bidirectional,
+        max_distance=max_distance,
+        causal=causal,
+        scale=scale,
+        attention_mask=attention_mask,
     )
 
 
