@@ -737,6 +737,35 @@ def test_moirai2_patch_non_contiguous_samples():
         assert torch.equal(got, want)
 
 
+def test_moirai2_patch_refuses_negative_time_ids():
+    """uni2ts' RotaryProjection indexes its cos/sin rows by time_id (self.cos[seq_id]), so a
+    negative id reads a row from the end of the buffer (position max_len - 3 for -3), where
+    posenc's tables rotate by the id itself: the patched attention gave 0.24 relative error
+    against uni2ts' own without a word; it refuses in one line (both paths), nothing changed."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    model = _moirai()
+    attention = model.encoder.layers[0].self_attn
+    sample, variate, time = _packed_ids()
+    time = time - 3
+    x = torch.randn(*sample.shape, 128)
+    posenc_uni2ts.patch(model)
+    for mask in (torch_util.packed_causal_attention_mask(sample, time), None):
+        with pytest.raises(ValueError) as info:
+            attention(
+                x,
+                x,
+                x,
+                attn_mask=mask,
+                query_var_id=variate,
+                kv_var_id=variate,
+                query_time_id=time,
+                kv_time_id=time,
+            )
+        text = str(info.value)
+        assert "\n" not in text and "time_id" in text and "-3" in text, text
+    posenc_uni2ts.unpatch(model)
+
+
 def test_moirai2_patch_refusals():
     with pytest.raises(ValueError, match="no uni2ts attention"):
         posenc_uni2ts.patch(torch.nn.Linear(2, 2))

@@ -49,7 +49,8 @@ Refused in one line (ValueError, nothing changed): a model without such an atten
 attention with another position layout (a variate projection, a time bias, a rotary part that
 does not start at dimension 0, separate query and key rotations), weights that are not float32,
 and at call time inputs that are not [B, N, dim] with the same ids for queries and keys (ids
-left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), and
+left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), a negative time_id
+(uni2ts reads self.cos[time_id]: -3 is a row from the end of its buffer), and
 activations or weights that are not float32 (a model moved after patch(): uni2ts keeps float32
 tables, so float64 differed by 4e-8 relative) or autocast.
 uni2ts is imported on first use (only its modules under uni2ts.module, not uni2ts.model's
@@ -186,6 +187,12 @@ def _attention(
     if query_var_id is None and kv_var_id is None and self.var_attn_bias is not None:
         query_var_id = kv_var_id = torch.zeros(batch, length, dtype=torch.long, device=query.device)
     time_id = _same_ids(query_time_id, kv_time_id, "time_id")
+    if time_id.numel() > 0 and time_id.min() < 0:
+        raise ValueError(
+            f"posenc.integrations.uni2ts: time_id {time_id.min().item()} is negative (uni2ts "
+            f"indexes its cos/sin rows by time_id, so a negative id reads a row from the end of "
+            f"its buffer, not the rotation by that id); unpatch() for uni2ts' own"
+        )
     var_id = query_var_id
     if self.var_attn_bias is not None:
         var_id = _same_ids(query_var_id, kv_var_id, "variate_id")
