@@ -22,7 +22,10 @@ pairs, DINOv3 RoPE with min/max periods, a composite rotating by one axis only, 
 without a timm twin ('rope_fractional'), and a VisionTransformer with torch's LayerNorm eps 1e-5
 (timm's is 1e-6).
 The images are 16 x 16 = image_size, so neither side resizes; PNG is lossless, and the
-normalization is written as posenc's prepare() computes it ((x / 255 - mean) / std in float32).
+normalization is written as posenc's prepare() computes it ((x / 255 - mean) / std in float32);
+timm's own eval transform (create_transform of the resolved data config) gives the same tensors
+to the bit. An image of another size is resized by posenc with OpenCV (INTER_AREA / bilinear)
+and by timm's transform with PIL: other pixels (measured 5e-3 .. 5e-2 in the logits).
 
   python tests/timm_export_check.py PATH/TO/posenc WORK_DIR
 """
@@ -137,8 +140,12 @@ def check_architecture(posenc: str, root: str, val_files: list, name: str, encod
                 + [a for f in val_files for a in ("--image", f)]).stdout.splitlines()
     rows = [json.loads(line) for line in lines if line.startswith("{")]
     assert len(rows) == len(val_files), lines
-    inp = exported["input"]
     batch = torch.stack([normalized(f, inp["mean"], inp["std"]) for f in val_files])
+    # timm's own eval transform from that data config gives those tensors, to the bit, for images
+    # already image_size x image_size (others it resizes with PIL, not OpenCV: other pixels)
+    transform = timm.data.create_transform(**data)
+    via_timm = torch.stack([transform(Image.open(f).convert("RGB")) for f in val_files])
+    assert torch.equal(via_timm, batch), f"{name}: timm's eval transform gives other tensors"
     with torch.no_grad():
         theirs = model(batch)
     ours_logits = torch.tensor([r["logits"] for r in rows], dtype=torch.float64)

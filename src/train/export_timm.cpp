@@ -245,7 +245,9 @@ TimmExport timm_export(const nlohmann::json& config, const std::string& weights)
                     {"init_values", nullptr}};
   // timm's data config (resolve_data_config / create_transform) from posenc's preprocessing:
   // without it timm resolves 224 px, mean/std 0.5, crop_pct 0.9, bicubic, and its standard eval
-  // transform feeds the model other pixels. 'squash' resizes to side x side as posenc does;
+  // transform feeds the model other pixels. 'squash' resizes to side x side as posenc does, but
+  // with PIL (posenc: OpenCV's INTER_AREA / bilinear), so only an image already side x side gets
+  // posenc's tensor to the bit (other sizes: 5e-3 .. 5e-2 in the logits of a 16 px model);
   // posenc's zero padding ('pad') has no timm counterpart and stays in timm.json's "input".
   out.model_args["pretrained_cfg_overlay"] = {
       {"input_size",

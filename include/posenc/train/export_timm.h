@@ -48,6 +48,10 @@
 // one ladder over both axes, RoPE-Mixed with half pairs, DINOv3 min/max periods or min/max
 // normalization, a composite part rotating by one axis, 'rope_fractional', ...), bias encoders
 // (ALiBi, relative tables: timm's ViT adds nothing to the logits), other tasks.
+// timm's data config (pretrained_cfg_overlay: input size, mean, std, crop_pct 1, squash,
+// bilinear) makes timm's eval transform give posenc's tensors to the bit for images already
+// image_size square; other sizes it resizes with PIL where posenc uses OpenCV (INTER_AREA when
+// shrinking, bilinear otherwise): other pixels, 5e-3 .. 5e-2 in the logits of a 16 px model.
 // Written (atomically): DIR/model.safetensors and DIR/timm.json {"model_name", "model_args",
 // "input": {channels, image_size, pad, patch, mean, std}, "classes"}.
 #pragma once
