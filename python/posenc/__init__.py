@@ -22,7 +22,9 @@ rope_periods_cos_sin, rope_mixed_cos_sin},
 compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
 CPU), and alibi_attention, t5_attention, shaw_attention and positional_attention (the bias
-computed on the fly, RoPE inside the tiles; CPU, Autograd and fake kernels).
+computed on the fly, RoPE inside the tiles; CPU, Autograd and fake kernels). Which path a call
+takes, and why the others were passed over: posenc.positional_attention_route,
+posenc.apply_rotary_route and Plan.attention_route, each a posenc.AttentionRoute.
 """
 
 from . import _library
@@ -54,11 +56,13 @@ from .rotary import (  # noqa: E402
     rope_rotate,
     rope_rotate_qk,
 )
+from .routes import AttentionRoute, apply_rotary_route, positional_attention_route  # noqa: E402
 from .streams import get_rope_index, get_rope_index_omni  # noqa: E402
 from .tables import sinusoidal_table  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
+    "AttentionRoute",
     "Encoder",
     "Plan",
     "Positions",
@@ -70,11 +74,13 @@ __all__ = [
     "get_rope_index_omni",
     "apply_rotary_pos_emb",
     "apply_rotary_pos_emb_",
+    "apply_rotary_route",
     "hf_rope",
     "rope_cos_sin",
     "rope_rotate",
     "rope_rotate_qk",
     "positional_attention",
+    "positional_attention_route",
     "shaw_attention",
     "sinusoidal_table",
     "t5_attention",

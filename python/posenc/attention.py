@@ -261,7 +261,7 @@ def positional_attention(
       differ, pairs whose two members hold different values) q and k are rotated first in
       float32 by the same formula, and tables that require a gradient (under grad mode) by
       posenc.apply_rotary_pos_emb in q's dtype (gradients for cos and sin through it).
-      torch.ops.posenc.positional_attention_route says which path a call takes.
+      posenc.positional_attention_route says which path a call takes (a posenc.AttentionRoute).
     * ALiBi (slopes [H], e.g. posenc.alibi_slopes(H); no gradient): -slope_h (p_i - p_j), or
       -slope_h |p_i - p_j| with symmetric=True (Press et al. 2022; BLOOM's build_alibi_tensor up
       to a per-row constant).

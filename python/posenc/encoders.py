@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from .routes import AttentionRoute
+
 __all__ = ["Positions", "Plan", "Encoder", "build_encoder"]
 
 
@@ -216,15 +218,20 @@ class Plan:
         *,
         causal: bool = False,
         key_padding: bool = False,
-    ) -> str:
+    ) -> AttentionRoute:
         """The backend attention() takes for these inputs and why the ones before it were
-        passed over, e.g. "fused with RoPE inside (short_rotary: the plan has a bias; ...)"."""
-        return self._plan.attention_route(
-            _to_cpp(q, self._layout),
-            _to_cpp(k, self._layout),
-            _to_cpp(v, self._layout),
-            bool(causal),
-            bool(key_padding),
+        passed over, as a posenc.AttentionRoute: ``taken`` ("short_rotary", "short", "sdpa",
+        "fused", "reference"), ``rope_inside``, ``not_taken`` ((backend, why) in priority order);
+        ``str(route)`` is the C++ line, e.g. "fused with RoPE inside (short_rotary: the plan has a
+        bias; ...)"."""
+        return AttentionRoute.from_plan(
+            self._plan.attention_route(
+                _to_cpp(q, self._layout),
+                _to_cpp(k, self._layout),
+                _to_cpp(v, self._layout),
+                bool(causal),
+                bool(key_padding),
+            )
         )
 
     @property

@@ -32,7 +32,7 @@ def by_hand(plan, q, k, v, causal=False, key_padding=None):
 
 
 CONFIGS = {
-    "rope": ({"type": "rope"}, None, "short_rotary"),
+    "rope": ({"type": "rope"}, None, "short_rotary with RoPE inside"),
     "alibi_timestamps": ({"type": "alibi"}, [0.0, 0.5, 1.75, 2.0, 4.5, 7.0, 7.25, 9.0], "fused"),
     "t5": ({"type": "t5"}, None, "fused"),
     "rope_alibi": (
@@ -44,6 +44,11 @@ CONFIGS = {
 }
 
 
+# posenc::select_attention's backends in priority order (src/nn/attention_backend.cpp): the
+# route names every one before the taken one, with why.
+PRIORITY = ["short_rotary", "short", "sdpa", "fused", "reference"]
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("causal", [False, True])
 def test_equals_sdpa_over_the_plans_parts(name, causal):
@@ -53,9 +58,10 @@ def test_equals_sdpa_over_the_plans_parts(name, causal):
     positions = posenc.Positions.values(times) if times else posenc.Positions.sequence(8)
     plan = encoder(positions)
     q, k, v = (torch.randn(2, H, 8, DH, requires_grad=True) for _ in range(3))
-    assert plan.attention_route(q, k, v, causal=causal).startswith(route.split()[0]), (
-        plan.attention_route(q, k, v, causal=causal)
-    )
+    taken = plan.attention_route(q, k, v, causal=causal)  # a posenc.AttentionRoute
+    assert taken.taken == route.split()[0], str(taken)
+    assert taken.rope_inside == route.endswith("with RoPE inside"), str(taken)
+    assert [path for path, _ in taken.not_taken] == PRIORITY[: PRIORITY.index(taken.taken)]
     got = plan.attention(q, k, v, causal=causal)
     want = by_hand(plan, q, k, v, causal)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
