@@ -220,6 +220,20 @@ def test_transformers_init_weights_leaves_a_patched_model_as_it_was():
         unpatch(patched)
 
 
+def test_a_model_built_on_the_meta_device_is_refused_in_one_line():
+    # a model built under torch.device("meta") (from_pretrained's empty init, before its weights
+    # and buffers are materialized) has no frequencies to compare posenc's with, and a module
+    # built there would keep garbage after to_empty(): refused until the model is materialized
+    config = FAMILIES["llama"]()
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="on the meta device") as e:
+        patch(model)
+    assert "\n" not in str(e.value)
+    assert not any(isinstance(m, posenc.RotaryEmbedding) for m in model.modules())
+
+
 def test_float64_angles_refuse_a_cast_buffer_in_one_line():
     model = patch(build("llama"), angle_dtype="float64").to(torch.bfloat16)
     try:

@@ -473,6 +473,12 @@ def _patch_with(
     for name, sub in list(model.named_modules()):
         if type(sub).__module__ != modeling.__name__ or type(sub).__name__ not in classes:
             continue
+        if _buffer_device(sub).type == "meta":  # nothing to compare with; garbage after to_empty()
+            raise ValueError(
+                f"posenc.patch: {name or 'the model'}: its rotary buffers are on the meta device "
+                f"(the model is not materialized yet); patch it after its weights are loaded; "
+                f"not patched"
+            )
         ours = RotaryEmbedding.from_hf_config(
             sub.config,
             angle_dtype=angle_dtype,
