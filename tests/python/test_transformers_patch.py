@@ -234,6 +234,17 @@ def test_a_model_built_on_the_meta_device_is_refused_in_one_line():
     assert not any(isinstance(m, posenc.RotaryEmbedding) for m in model.modules())
 
 
+def test_a_config_posencs_resolver_refuses_is_a_one_line_value_error():
+    # the resolver's refusal (a RuntimeError from its operator) reaches patch()'s caller as the
+    # ValueError patch() documents, naming the module, the model left as it was
+    model = build("llama")
+    model.config.rope_parameters["rope_type"] = "no_such_type"
+    with pytest.raises(ValueError, match="model.rotary_emb: .*unknown rope_type") as e:
+        patch(model)
+    assert "\n" not in str(e.value)
+    assert not any(isinstance(m, posenc.RotaryEmbedding) for m in model.modules())
+
+
 def test_float64_angles_refuse_a_cast_buffer_in_one_line():
     model = patch(build("llama"), angle_dtype="float64").to(torch.bfloat16)
     try:

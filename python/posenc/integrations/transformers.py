@@ -479,12 +479,16 @@ def _patch_with(
                 f"(the model is not materialized yet); patch it after its weights are loaded; "
                 f"not patched"
             )
-        ours = RotaryEmbedding.from_hf_config(
-            sub.config,
-            angle_dtype=angle_dtype,
-            table_order=rotation.tables,
-            table_dtype="float32" if rotation.float32_tables else "input",
-        )
+        try:
+            ours = RotaryEmbedding.from_hf_config(
+                sub.config,
+                angle_dtype=angle_dtype,
+                table_order=rotation.tables,
+                table_dtype="float32" if rotation.float32_tables else "input",
+            )
+        except RuntimeError as e:  # the resolver's refusal (its operator's TORCH_CHECK)
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched") from None
         ours.to(_buffer_device(sub))
         # the live module is the oracle: a config edited after construction (from_pretrained's
         # keyword overrides set rope_parameters without the keys the constructor filled in) can
