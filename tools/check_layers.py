@@ -1,14 +1,27 @@
 #!/usr/bin/env python3
 """No upward include: each layer of posenc includes only itself and the layers below it.
 
-    functional  <  core, io  <  kernels  <  encoders  <  nn  <  config  <  ops  <  draw  <  train  <  cli
+    functional  <  core, io  <  kernels, modalities  <  encoders  <  nn  <  config  <  bindings
+                <  draw  <  train  <  cli
 
-(ops: the operators in PyTorch's dispatcher, over the kernels and the config resolver.)
-(posenc/version.h is below everything; the umbrella posenc/posenc.h sits with config.) A file in
-src/<layer>/ or include/posenc/<layer>/ that includes "posenc/<higher layer>/..." is listed, with
-its line, and the exit code is 1. Standard library only; CTest runs it (layers).
+(kernels: the CPU and CUDA kernels with their dispatcher entry points, src/kernels/dispatch/;
+modalities: modalities/<name>/, data into tokens and positions over core and io; bindings: the
+Python-facing operators of libposenc_ops, over the kernels and the config resolver.)
+(posenc/version.h is below everything; the umbrella posenc/posenc.h sits with config.)
+
+Every quoted include of a file in src/<layer>/, include/posenc/<layer>/ or modalities/ is
+resolved to the file it names, as the compiler finds it: next to the including file first
+("../kernels/cpu/attention_cpu.h", "registration.h"), then on the include path (include/ for
+"posenc/...", modalities/ for "vision/images.h"). A file that includes one of a higher layer is
+listed with its line, and the exit code is 1; so is a quoted include that resolves to no file
+(a typo or a moved file the compiler would also miss, unless a build directory generates it:
+posenc/version.h). Standard library only; CTest runs it (layers);
+tests/python/test_check_layers.py holds it to refusing an upward include, relative or not.
+
+    python3 tools/check_layers.py [--root DIR]     (DIR: the tree to check, default this one)
 """
 
+import argparse
 import os
 import re
 import sys
@@ -16,72 +29,109 @@ import sys
 ORDER = [
     "functional",
     "core|io",
-    "kernels",
+    "kernels|modalities",
     "encoders",
     "nn",
     "config",
-    "ops",
+    "bindings",
     "draw",
     "train",
     "cli",
 ]
-RANK = {
-    "functional": 0,
-    "io": 1,
-    "core": 1,
-    "kernels": 2,
-    "encoders": 3,
-    "nn": 4,
-    "config": 5,
-    "ops": 6,
-    "draw": 7,
-    "train": 8,
-    "cli": 9,
-    "version.h": -1,
-    "posenc.h": 5,
-}
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"posenc/([a-z_]+(?:\.h)?)')
+RANK = {layer: rank for rank, group in enumerate(ORDER) for layer in group.split("|")}
+RANK_OF_TOP_HEADER = {"version.h": -1, "posenc.h": RANK["config"]}
+GENERATED = {os.path.join("include", "posenc", "version.h")}  # cmake/version.h.in, in build/
+TOPS = ("src", os.path.join("include", "posenc"), "modalities")
+INCLUDE_PATH = ("include", "modalities")  # as the targets' include directories
+SOURCES = (".h", ".cpp", ".cu", ".cuh", ".inc")
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+DEFAULT_ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def layer_of(path):
-    parts = os.path.relpath(path, ROOT).split(os.sep)
+def layer_of(relative):
+    """The layer of a path relative to the root (a layer name, a top header's rank, or None)."""
+    parts = relative.split(os.sep)
     if parts[0] == "src" and len(parts) > 2:
         return parts[1]
-    if parts[:2] == ["include", "posenc"] and len(parts) > 3:
-        return parts[2]
+    if parts[:2] == ["include", "posenc"] and len(parts) > 2:
+        return parts[2] if len(parts) > 3 or parts[2] in RANK_OF_TOP_HEADER else None
+    if parts[0] == "modalities" and len(parts) > 2:
+        return "modalities"
     return None
 
 
-def main():
+def rank_of(layer):
+    return RANK_OF_TOP_HEADER[layer] if layer in RANK_OF_TOP_HEADER else RANK.get(layer)
+
+
+def resolve(root, including, name):
+    """The file a quoted include names, relative to root (None: no such file)."""
+    candidates = [os.path.join(os.path.dirname(including), name)]
+    candidates += [os.path.join(root, folder, name) for folder in INCLUDE_PATH]
+    for candidate in candidates:
+        relative = os.path.relpath(os.path.normpath(candidate), root)
+        if os.path.isfile(candidate) or relative in GENERATED:
+            return relative
+    return None
+
+
+def check(root):
+    """The upward (or unresolvable) includes under root, one line each."""
     bad = []
-    for top in ("src", os.path.join("include", "posenc")):
-        for folder, _, files in os.walk(os.path.join(ROOT, top)):
-            for name in files:
-                if not name.endswith((".h", ".cpp", ".cu", ".cuh", ".inc")):
+    for top in TOPS:
+        for folder, _, files in sorted(os.walk(os.path.join(root, top))):
+            for name in sorted(files):
+                if not name.endswith(SOURCES):
                     continue
                 path = os.path.join(folder, name)
-                layer = layer_of(path)
-                if layer is None:
+                relative = os.path.relpath(path, root)
+                layer = layer_of(relative)
+                if layer is None or layer in RANK_OF_TOP_HEADER:
                     continue
                 if layer not in RANK:  # a new folder is placed in the order, not skipped
                     bad.append(
-                        f"{os.path.relpath(path, ROOT)}: folder '{layer}' is no layer of "
-                        f"tools/check_layers.py's order"
+                        f"{relative}: folder '{layer}' is no layer of tools/check_layers.py's order"
                     )
                     continue
-                for number, line in enumerate(open(path, encoding="utf-8"), 1):
+                with open(path, encoding="utf-8") as source:
+                    lines = list(source)
+                for number, line in enumerate(lines, 1):
                     m = INCLUDE.match(line)
-                    if m and RANK.get(m.group(1), 99) > RANK[layer]:
+                    if not m:
+                        continue
+                    target = resolve(root, path, m.group(1))
+                    if target is None:
                         bad.append(
-                            f"{os.path.relpath(path, ROOT)}:{number}: {layer} includes "
-                            f"posenc/{m.group(1)} (a layer above it)"
+                            f'{relative}:{number}: "{m.group(1)}" resolves to no file (next to '
+                            f"{relative} or under {', '.join(INCLUDE_PATH)})"
                         )
+                        continue
+                    target_layer = layer_of(target)
+                    target_rank = rank_of(target_layer) if target_layer is not None else None
+                    if target_rank is None:
+                        bad.append(
+                            f'{relative}:{number}: "{m.group(1)}" is {target}, in no layer of '
+                            f"tools/check_layers.py's order"
+                        )
+                    elif target_rank > RANK[layer]:
+                        bad.append(
+                            f'{relative}:{number}: {layer} includes "{m.group(1)}" ({target}, '
+                            f"layer {target_layer}: a layer above it)"
+                        )
+    return bad
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default=DEFAULT_ROOT, help="the tree to check (default: posenc)")
+    args = parser.parse_args(argv)
+    layers = ", ".join(ORDER)
+    bad = check(os.path.abspath(args.root))
     if bad:
         print("\n".join(bad))
-        print(f"{len(bad)} upward includes; layers, lowest first: {', '.join(ORDER)}")
+        print(f"{len(bad)} upward or unresolved includes; layers, lowest first: {layers}")
         return 1
-    print("no upward include (layers, lowest first: " + ", ".join(ORDER) + ")")
+    print(f"no upward include (layers, lowest first: {layers})")
     return 0
 
 

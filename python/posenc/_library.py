@@ -60,7 +60,7 @@ def _refuse_another_copy(path: str) -> None:
     another name (a symlink, a hard link, loaded by ctypes) is the same library to dlopen, which
     knows it by device and inode, and is let through. A copy loaded after this one (a
     torch.ops.load_library after the import) registers nothing itself and says so in one line
-    (src/ops/registration.h)."""
+    (src/bindings/registration.h)."""
     ours = _file_id(path)
     if not torch._C._dispatch_has_kernel("posenc::apply_rotary") or ours is None or _mapped(ours):
         return

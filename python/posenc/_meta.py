@@ -1,14 +1,15 @@
 """Fake (meta) kernels: shapes, dtypes and strides only, for torch.compile and torch.export.
 
-Each promises exactly what the C++ kernels return (src/ops/*.cpp): apply_rotary's outputs are laid
-out as empty_like(q) / empty_like(k) in the promoted dtype on every path; rope_rotate's are
-contiguous in x's shape and dtype; rope_cos_sin's are contiguous float32 [..., N, 2F].
+Each promises exactly what the C++ kernels return (src/bindings/*.cpp,
+src/kernels/dispatch/*.cpp): apply_rotary's outputs are laid out as empty_like(q) / empty_like(k)
+in the promoted dtype on every path; rope_rotate's are contiguous in x's shape and dtype;
+rope_cos_sin's are contiguous float32 [..., N, 2F].
 
 Every fake first checks its tensor arguments' devices as the C++ kernels do
-(src/ops/operator_checks.h, the same words): a fake sees tensors on different devices only in an
-eager call that mixes meta and real tensors (Meta outranks CPU in dispatch, so a meta table among
-CPU tensors lands here, and a fake would hand back uninitialized CPU memory); under FakeTensorMode
-every tensor carries the one fake device and all-meta calls (compile, export) pass.
+(src/kernels/dispatch/operator_checks.h, the same words): a fake sees tensors on different devices
+only in an eager call that mixes meta and real tensors (Meta outranks CPU in dispatch, so a meta
+table among CPU tensors lands here, and a fake would hand back uninitialized CPU memory); under
+FakeTensorMode every tensor carries the one fake device and all-meta calls (compile, export) pass.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def _apply_rotary_inplace_fake(q, k, cos, sin, unsqueeze_dim=1, layout="half"):
     return None
 
 
-# rope_rotate*: results contiguous in x's shape and dtype (src/ops/rope_rotate.cpp's empty_result).
+# rope_rotate*: results contiguous in x's shape and dtype (empty_result in
+# src/kernels/dispatch/rope_rotate_operator.cpp).
 # Tables on x's device, or on the CPU for a CUDA x (_HOST_OK).
 def _rope_rotate_shapes(op, cos, sin):
     torch._check(cos.shape == sin.shape, lambda: f"{op}: cos and sin shapes differ")
@@ -392,9 +394,10 @@ def _positional_attention_backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
-# attention_fused (the C++ library's attention, src/ops/attention_fused.cpp): q, k, v [B, N, H, D],
-# out [B, Nq, H, Dv] contiguous in q's dtype, lse [B, H, Nq] float32; the backward's dtable has the
-# table's shape and dtype, [0] float32 without one, and dvariate_bias variate_bias's ([0] without).
+# attention_fused (the C++ library's attention, src/kernels/dispatch/attention_fused_operator.cpp):
+# q, k, v [B, N, H, D], out [B, Nq, H, Dv] contiguous in q's dtype, lse [B, H, Nq] float32; the
+# backward's dtable has the table's shape and dtype, [0] float32 without one, and dvariate_bias
+# variate_bias's ([0] without).
 # Positions, slopes, tables and ids may live on the CPU for CUDA activations (_HOST_OK); q, k, v
 # share one device.
 
@@ -451,10 +454,10 @@ def _attention_fused_backward_fake(
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dtable, dvariate
 
 
-# The stream operators (src/ops/streams.cpp): integer bookkeeping that reads its arguments' values
-# on the host, so inputs on different real devices are read alike (the documented exception) and
-# a meta tensor among real ones is one line (it holds no values); all on meta (compile, export)
-# the shapes are the token types' alone: position_ids [3, B, L] int64, deltas [B, 1] int64, both
+# The stream operators (src/bindings/streams.cpp): integer bookkeeping that reads its arguments'
+# values on the host, so inputs on different real devices are read alike (the documented
+# exception) and a meta tensor among real ones is one line (it holds no values); all on meta
+# (compile, export) the shapes are the token types' alone: position_ids [3, B, L] int64, deltas [B, 1] int64, both
 # contiguous on the token types' device. The checks are the C++ kernels' that read no values.
 def _stream_checks(op, named, token_kinds):
     tensors = [(n, t) for n, t in named if isinstance(t, torch.Tensor)]

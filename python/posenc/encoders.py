@@ -10,7 +10,7 @@
 An encoder enters attention in one of three places (added to the embeddings, rotating q and k,
 biasing the logits); a plan holds the parts of every encoder of the config (a "compose" config
 stacks several), so a model never asks which encoder it holds. The C++ module is built by
-torch.classes.posenc.Encoder (src/ops/encoders.cpp); its parameters and buffers are the tensors
+torch.classes.posenc.Encoder (src/bindings/encoders.cpp); its parameters and buffers are the tensors
 of this module (stepped in place by any torch.optim optimizer, moved by .to(), saved by
 state_dict under the C++ names with "." written "_"). Positions are float coordinates with named
 axes (posenc.Positions): a token index "t", a patch's "h" and "w", a timestamp, a frame.

@@ -6,16 +6,17 @@
 //   attention_reference: softmax(q k^T * scale + bias + masks) v, with a row that sees no key
 //   giving 0; bias_from_spec: the bias a BiasSpec describes, materialized (ALiBi, T5, Shaw).
 //
-// attention_fused itself is the operator posenc::attention_fused (src/ops/attention_fused.cpp:
-// one dispatch point between the CPU and CUDA kernels). Contract: posenc/kernels/attention.h.
+// attention_fused itself is the operator posenc::attention_fused
+// (dispatch/attention_fused_operator.cpp: one dispatch point between the CPU and CUDA kernels).
+// Contract: posenc/kernels/attention.h.
 #include "posenc/kernels/attention.h"
 
 #include <torch/torch.h>
 
 #include <limits>
 
-#include "../ops/attention_fused.h"
 #include "cpu/attention_cpu.h"
+#include "dispatch/attention_fused_operator.h"
 #include "posenc/functional/relative.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "cuda/cuda_glue.h"

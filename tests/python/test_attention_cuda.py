@@ -1,6 +1,6 @@
 """posenc's attention operators on CUDA tensors (alibi_attention, t5_attention,
-positional_attention: the CUDA kernel through src/ops/attention.cpp's CUDA registration) against
-the same operators on the CPU (the tiled CPU kernel, itself checked against SDPA and transformers
+positional_attention: the CUDA kernel through src/bindings/attention.cpp's CUDA registration)
+against the same operators on the CPU (the tiled CPU kernel, itself checked against SDPA and transformers
 in test_attention.py, test_t5_attention.py and test_positional_attention.py): outputs and
 gradients (q, k, v, the T5 table), causal with cached keys, padding masks, RoPE with ALiBi or T5,
 float32 and bfloat16; the route string; the calls the CUDA kernel does not take (float64, ALiBi

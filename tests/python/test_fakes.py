@@ -91,7 +91,7 @@ def test_every_operator_has_an_example_here():
 
 # The route explainers (a str naming the kernel a call would take and why) read the tables' values
 # (do a pair's two members hold the same value? is a float64 table exact in float32?, at::equal in
-# src/ops/rotary.cpp; positional_attention_route reads its arguments' storage there):
+# src/bindings/rotary.cpp; positional_attention_route reads its arguments' storage there):
 # inspection, not traced; under FakeTensorMode they stop with a RuntimeError (torch's
 # DataDependentOutputException, or "data is not allocated" for a storage read), never a made-up
 # answer.

@@ -22,8 +22,8 @@
 namespace posenc {
 
 // The three below call the operators posenc::rope_rotate, rope_rotate_qk and rope_rotate_ through
-// PyTorch's dispatcher (src/ops/rope_rotate.h): CPU and CUDA kernels per dispatch key, autograd
-// whose backward is the operator again (differentiable). cos/sin: float32.
+// PyTorch's dispatcher (src/kernels/dispatch/rope_rotate_operator.h): CPU and CUDA kernels per
+// dispatch key, autograd whose backward is the operator again (differentiable). cos/sin: float32.
 
 /// Autograd-aware fused rotation of one tensor (out of place).
 at::Tensor rope_fused(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

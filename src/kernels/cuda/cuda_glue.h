@@ -1,7 +1,8 @@
 // Internal: the glue between tensors and the raw CUDA kernels (rope_cuda.h, attention_cuda.h),
 // built only when the LibTorch has CUDA (POSENC_HAS_CUDA_GLUE). The rotation is the CUDA kernel of
-// the operators posenc::rope_rotate* (registered per dispatch key in src/ops/rope_rotate.cpp);
-// so are the forward and backward of posenc::attention_fused (src/ops/attention_fused.cpp).
+// the operators posenc::rope_rotate* (registered per dispatch key in
+// src/kernels/dispatch/rope_rotate_operator.cpp); so are the forward and backward of
+// posenc::attention_fused (src/kernels/dispatch/attention_fused_operator.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,9 +24,9 @@ void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<a
 bool attention_cuda_supported(const at::Tensor& q);
 
 /// The CUDA kernels of posenc::_attention_fused_forward / _attention_fused_backward
-/// (src/ops/attention_fused.cpp: arguments checked there, RoPE applied before): q, k, v
-/// [B, N, H, D] on one device; table: the T5 table or [0]; bias: one part (ALiBi or T5).
-/// masks: causal, key padding, packed samples and the binary variate bias. Forward -> (out
+/// (src/kernels/dispatch/attention_fused_operator.cpp: arguments checked there, RoPE applied
+/// before): q, k, v [B, N, H, D] on one device; table: the T5 table or [0]; bias: one part (ALiBi
+/// or T5). masks: causal, key padding, packed samples and the binary variate bias. Forward -> (out
 /// [B, Nq, H, Dv] in q's dtype, lse [B, H, Nq] float32); backward -> (dq, dk, dv, dtable: the T5
 /// table's gradient, or undefined), *dvariate (when given): the variate bias's [2, H] float32.
 std::tuple<at::Tensor, at::Tensor> attention_forward_cuda(

@@ -14,9 +14,9 @@
 // are taken by the reference, every unsqueeze_dim transformers takes with its shapes (-1: the
 // table's last dim 1 broadcast over the head dim, which rotates whole); shapes the formula cannot
 // broadcast are one line, as are dtypes other than float32/float64/bfloat16/float16 and tensors
-// on different devices (operator_checks.h). Results have the dtype eager PyTorch's formula gives
-// (q's, unless cos is of a wider type). Head counts of q and k may differ (grouped-query
-// attention).
+// on different devices (src/kernels/dispatch/operator_checks.h). Results have the dtype eager
+// PyTorch's formula gives (q's, unless cos is of a wider type). Head counts of q and k may differ
+// (grouped-query attention).
 //
 // Paths (one dispatch point, apply_rotary_route): the fused CPU kernel (rope_rotate_cpu) where
 // its conditions hold — it computes the formula with the same roundings, so float32/float64

@@ -1,10 +1,8 @@
 // posenc::attention_fused, _attention_fused_forward, _attention_fused_backward: schemas, the
 // argument checks every path shares, the per-device kernels registered per dispatch key, and the
 // C++ library's entry point attention_fused (posenc/kernels/attention.h) as a call through the
-// dispatcher. The math, shapes and conventions are in attention_fused.h; the plain-ATen
+// dispatcher. The math, shapes and conventions are in attention_fused_operator.h; the plain-ATen
 // specification is attention_reference with bias_from_spec (src/kernels/attention.cpp).
-#include "attention_fused.h"
-
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -13,13 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/cpu/attention_cpu.h"
+#include "../cpu/attention_cpu.h"
+#include "attention_fused_operator.h"
 #include "operator_checks.h"
 #include "posenc/kernels/attention.h"
 #include "posenc/kernels/rope.h"
-#include "rope_rotate.h"
+#include "rope_rotate_operator.h"
 #if POSENC_HAS_CUDA_GLUE
-#include "../kernels/cuda/cuda_glue.h"
+#include "../cuda/cuda_glue.h"
 #endif
 
 namespace posenc {
@@ -424,7 +423,7 @@ at::Tensor attention_fused_cuda(const at::Tensor& q, const at::Tensor& k, const 
   "Tensor? q_sin, Tensor? k_cos, Tensor? k_sin, str rope_layout, Tensor? sample_ids=None, "   \
   "Tensor? variate_ids=None, Tensor? variate_bias=None, Tensor? causal_ids=None"
 
-// Registered once per process (see rope_rotate.cpp: the static core may be loaded twice).
+// Registered once per process (see rope_rotate_operator.cpp: the static core may be loaded twice).
 bool register_once() {
   if (c10::Dispatcher::singleton().findSchema({"posenc::attention_fused", ""}).has_value())
     return false;

@@ -27,7 +27,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "operator_checks.h"
+#include "../kernels/dispatch/operator_checks.h"
 #include "posenc/config/hf_config.h"
 #include "posenc/encoders/rope.h"
 #include "posenc/functional/rope.h"

@@ -11,7 +11,8 @@
 // Python's import refuses a second copy loaded before it in one line (python/posenc/_library.py).
 //
 // The core's own operators (rope_rotate*, attention_fused*) register once the same way in
-// rope_rotate.cpp / attention_fused.cpp (the static core may be linked into several objects).
+// src/kernels/dispatch/rope_rotate_operator.cpp / attention_fused_operator.cpp (the static core may
+// be linked into several objects).
 #pragma once
 
 #include <torch/library.h>

@@ -22,7 +22,7 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
-#include "../operator_checks.h"
+#include "../../kernels/dispatch/operator_checks.h"
 #include "../registration.h"
 #include "../rotary.h"
 

@@ -1,8 +1,8 @@
 // posenc::rope_rotate, rope_rotate_qk, rope_rotate_: schemas, the per-device kernels registered
 // per dispatch key, and the C++ library's entry points (rope_fused, rope_fused_qk, rope_fused_)
-// as calls through the dispatcher. The math, shapes and conventions are in rope_rotate.h; the
-// plain-ATen specification is rope_apply (posenc/functional/rope.h).
-#include "rope_rotate.h"
+// as calls through the dispatcher. The math, shapes and conventions are in rope_rotate_operator.h;
+// the plain-ATen specification is rope_apply (posenc/functional/rope.h).
+#include "rope_rotate_operator.h"
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
@@ -15,7 +15,7 @@
 #include "operator_checks.h"
 #include "posenc/kernels/rope.h"
 #if POSENC_HAS_CUDA_GLUE
-#include "../kernels/cuda/cuda_glue.h"
+#include "../cuda/cuda_glue.h"
 #endif
 
 namespace posenc {

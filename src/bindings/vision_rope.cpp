@@ -39,7 +39,7 @@
 
 #include <cmath>
 
-#include "operator_checks.h"
+#include "../kernels/dispatch/operator_checks.h"
 #include "posenc/functional/patch_grid.h"
 #include "posenc/functional/rope.h"
 #include "registration.h"

@@ -8,7 +8,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <torch/library.h>
 
-#include "operator_checks.h"
+#include "../kernels/dispatch/operator_checks.h"
 #include "posenc/kernels/rope.h"
 #include "registration.h"
 
@@ -78,7 +78,8 @@ at::Tensor as_output(const at::Tensor& x, const at::Tensor& y) {
 }
 
 // In place writes each element of q and k once, reading the tables: q and k must not overlap
-// themselves (an expanded tensor), each other, or the tables (operator_checks.h).
+// themselves (an expanded tensor), each other, or the tables
+// (src/kernels/dispatch/operator_checks.h).
 void check_writable(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                     const at::Tensor& sin) {
   check_no_aliasing("posenc.apply_rotary_", {{"q", q}, {"k", k}}, {{"cos", cos}, {"sin", sin}},

@@ -1,16 +1,16 @@
-// Autograd for posenc::attention_fused (the math in ../attention_fused.h): the forward calls
-// _attention_fused_forward (out and the rows' log-sum-exp), the backward _attention_fused_backward
-// with them (the tiles recomputed from lse: dS = P * (dP - delta), delta_i = dO_i . O_i), each
-// dispatched to the device's kernel. Gradients for q, k, v, the T5 or Shaw table and the binary
-// variate bias [2, H]; positions,
-// slopes, masks and the rotary tables are constants here (learned frequencies rotate q and k
-// outside, with rope_fused). First order only: the backward kernels are not differentiable.
+// Autograd for posenc::attention_fused (the math in ../dispatch/attention_fused_operator.h): the
+// forward calls _attention_fused_forward (out and the rows' log-sum-exp), the backward
+// _attention_fused_backward with them (the tiles recomputed from lse: dS = P * (dP - delta),
+// delta_i = dO_i . O_i), each dispatched to the device's kernel. Gradients for q, k, v, the T5 or
+// Shaw table and the binary variate bias [2, H]; positions, slopes, masks and the rotary tables are
+// constants here (learned frequencies rotate q and k outside, with rope_fused). First order only:
+// the backward kernels are not differentiable.
 #include <torch/autograd.h>
 
 #include <string>
 
-#include "../../kernels/autograd/first_order.h"
-#include "../attention_fused.h"
+#include "../dispatch/attention_fused_operator.h"
+#include "first_order.h"
 
 namespace posenc::ops {
 

@@ -40,7 +40,7 @@
 #include <cmath>
 #include <string>
 
-#include "operator_checks.h"
+#include "../kernels/dispatch/operator_checks.h"
 #include "posenc/core/stream.h"
 #include "registration.h"
 

@@ -112,7 +112,7 @@
 #ifdef POSENC_HAS_CUDA_GLUE
 #include "../kernels/cuda/cuda_glue.h"
 #endif
-#include "operator_checks.h"
+#include "../kernels/dispatch/operator_checks.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
 #include "registration.h"
@@ -212,9 +212,10 @@ constexpr const char* kAlibi = "posenc.alibi_attention";
 constexpr const char* kT5 = "posenc.t5_attention";
 constexpr const char* kShaw = "posenc.shaw_attention";
 
-// Every tensor argument of an attention operator on q's device (operator_checks.h), in the
-// schema's order: the forward's q, k, v and its tables (slopes, a bias table, rotary tables, the
-// mask), the backward's grad_out, q, k, v, out, lse and the same tables.
+// Every tensor argument of an attention operator on q's device
+// (src/kernels/dispatch/operator_checks.h), in the schema's order: the forward's q, k, v and its
+// tables (slopes, a bias table, rotary tables, the mask), the backward's grad_out, q, k, v, out,
+// lse and the same tables.
 void check_forward_devices(const char* op, const at::Tensor& q, const at::Tensor& k,
                            const at::Tensor& v, const std::vector<NamedTensor>& tables) {
   std::vector<NamedTensor> all{{"q", q}, {"k", k}, {"v", v}};

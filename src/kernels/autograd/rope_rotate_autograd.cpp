@@ -1,4 +1,5 @@
-// Autograd for posenc::rope_rotate / rope_rotate_qk (the math in ../rope_rotate.h):
+// Autograd for posenc::rope_rotate / rope_rotate_qk (the math in
+// ../dispatch/rope_rotate_operator.h):
 //   y = R(theta) x   ->   dx = R(theta)^T dy = R(-theta) dy = rope_rotate(dy, inverse = !inverse)
 // The backward calls the operator, not a kernel, so it is itself differentiable (the rotation is
 // linear in x: the second derivative is the operator again) and torch.compile traces it. cos/sin
@@ -7,7 +8,7 @@
 // rope_rotate_ records no gradients: with autograd on and an input that needs one, one line.
 #include <torch/autograd.h>
 
-#include "../rope_rotate.h"
+#include "../dispatch/rope_rotate_operator.h"
 
 namespace posenc::ops {
 

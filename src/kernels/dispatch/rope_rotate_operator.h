@@ -10,15 +10,15 @@
 //
 // The dispatcher is the one dispatch point between devices: CPU -> rope_rotate_cpu
 // (src/kernels/cpu/rope_cpu.cpp), CUDA -> the CUDA kernel's glue (src/kernels/cuda/, where the
-// LibTorch has CUDA), Autograd -> autograd/rope_rotate_autograd.cpp (the backward is the operator
-// with `inverse` flipped, so it is itself differentiable; tables that need a gradient take the
-// plain-ATen reference rope_apply, the specification). Fake kernels: python/posenc/_meta.py.
+// LibTorch has CUDA), Autograd -> ../autograd/rope_rotate_autograd.cpp (the backward is the
+// operator with `inverse` flipped, so it is itself differentiable; tables that need a gradient take
+// the plain-ATen reference rope_apply, the specification). Fake kernels: python/posenc/_meta.py.
 // The C++ library's rope_fused, rope_fused_qk and rope_fused_ (posenc/kernels/rope.h) call these
 // operators; so do Python (torch.ops.posenc.rope_rotate*) and every caller in between.
 //
 // The schemas, the per-key registrations and the C++ entry points sit in one translation unit
-// (rope_rotate.cpp) so that linking the static core for rope_fused keeps them all; they are
-// registered once per process, however many copies of the static core are loaded.
+// (rope_rotate_operator.cpp) so that linking the static core for rope_fused keeps them all; they
+// are registered once per process, however many copies of the static core are loaded.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -53,7 +53,8 @@ const c10::TypedOperatorHandle<RopeRotateSignature>& rope_rotate_op();
 const c10::TypedOperatorHandle<RopeRotateQkSignature>& rope_rotate_qk_op();
 const c10::TypedOperatorHandle<RopeRotateInPlaceSignature>& rope_rotate_inplace_op();
 
-/// The Autograd kernels (autograd/rope_rotate_autograd.cpp), registered in rope_rotate.cpp.
+/// The Autograd kernels (../autograd/rope_rotate_autograd.cpp), registered in
+/// rope_rotate_operator.cpp.
 at::Tensor rope_rotate_autograd(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                 c10::string_view layout, bool inverse);
 std::tuple<at::Tensor, at::Tensor> rope_rotate_qk_autograd(const at::Tensor& q, const at::Tensor& k,

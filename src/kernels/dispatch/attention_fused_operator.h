@@ -28,7 +28,7 @@
 // The dispatcher is the one dispatch point between devices: CPU -> the tiled kernel
 // (src/kernels/cpu/attention_cpu.cpp), CUDA -> the CUDA kernel's glue (src/kernels/cuda/, where the
 // LibTorch has CUDA; RoPE as one rotation pass before it, posenc::rope_rotate), Autograd ->
-// autograd/attention_fused_autograd.cpp (forward: _attention_fused_forward, backward:
+// ../autograd/attention_fused_autograd.cpp (forward: _attention_fused_forward, backward:
 // _attention_fused_backward, each with a CPU and a CUDA kernel; gradients for q, k, v, the
 // table and variate_bias). The specification is attention_reference with bias_from_spec
 // (posenc/kernels/attention.h). The C++ library's attention_fused (that header) calls this
@@ -43,7 +43,7 @@
 
 namespace posenc::ops {
 
-// The operators' parameters after (q, k, v), in the schema's order (attention_fused.cpp).
+// The operators' parameters after (q, k, v), in the schema's order (attention_fused_operator.cpp).
 #define POSENC_ATTENTION_FUSED_PARAMS                                                            \
   const at::Tensor &q_positions, const at::Tensor &k_positions,                                  \
       const std::optional<at::Tensor>&slopes, bool symmetric,                                    \
@@ -84,7 +84,8 @@ const c10::TypedOperatorHandle<AttentionFusedSignature>& attention_fused_op();
 const c10::TypedOperatorHandle<AttentionFusedForwardSignature>& attention_fused_forward_op();
 const c10::TypedOperatorHandle<AttentionFusedBackwardSignature>& attention_fused_backward_op();
 
-/// The Autograd kernel (autograd/attention_fused_autograd.cpp), registered in attention_fused.cpp.
+/// The Autograd kernel (../autograd/attention_fused_autograd.cpp), registered in
+/// attention_fused_operator.cpp.
 at::Tensor attention_fused_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     POSENC_ATTENTION_FUSED_PARAMS);
 

@@ -1,4 +1,5 @@
-// Argument checks every operator of src/ops shares, one line each naming the argument:
+// Argument checks every posenc operator shares (src/kernels/dispatch, src/bindings), one line each
+// naming the argument:
 //
 // check_same_device(op, {{"q", q}, {"cos", cos}, ...}, host_ok)
 //   Every tensor argument on the first one's device (meta included: a meta table among CPU
