@@ -14,6 +14,7 @@
 #include <fstream>
 #include <opencv2/imgcodecs.hpp>
 
+#include "posenc/train/export_timm.h"
 #include "posenc/train/trainer.h"
 #include "support/run_files.h"
 #include "vision/idx.h"
@@ -358,6 +359,52 @@ TEST(ImageFolder, FashionMnistAsPngFilesTrainsAsFromIdx) {
   EXPECT_EQ(task_a->train_size(), task_b->train_size());
   EXPECT_GT(task_a->train_size(), 320 * 0.7);
   EXPECT_LT(task_a->train_size(), 320 * 0.8);
+}
+
+// The class names come from the data (folder names, sorted) each time the task is built, and
+// the weights' outputs from the folder as it was at training (classes.json in the run folder): a
+// class folder renamed since (here a -> c: the sorted order becomes b, c) named the outputs
+// wrongly without a word in eval --image, in eval's accuracy and in timm.json's classes. Each is
+// refused in one line naming classes.json and the first class that differs.
+TEST(ImageFolder, EvalRefusesClassesThatChangedSinceTraining) {
+  auto root = good_folder("renamed");
+  nlohmann::json config = nlohmann::json::parse(R"({
+    "name": "renamed", "seed": 0,
+    "task": {"type": "image_classification", "image_size": 8, "val_fraction": 0.5},
+    "model": {"dim": 8, "num_heads": 1, "num_layers": 1, "mlp_ratio": 2, "norm_eps": 1e-6},
+    "encoder": {"type": "axial_sincos"},
+    "train": {"epochs": 1, "batch_size": 2, "lr": 0.001, "log_every": 1}
+  })");
+  config["task"]["images"] = (root / "classes").string();
+  fs::create_directories(root / "classes");
+  fs::rename(root / "a", root / "classes" / "a");
+  fs::rename(root / "b", root / "classes" / "b");
+  train::RunOptions options;
+  options.quiet = true;
+  options.output = (root / "run").string();
+  ASSERT_TRUE(train::run_training(config, options).finished);
+  const auto weights = options.output + "/weights.pt";
+  const std::vector<std::string> image = {(root / "classes" / "a" / "1.png").string()};
+  std::vector<std::string> classes;
+  train::RunOptions eval;
+  eval.quiet = true;
+  train::classify_image_files(config, eval, weights, image, &classes);
+  EXPECT_EQ(classes, (std::vector<std::string>{"a", "b"}));
+  // unchanged folder: eval and export go on
+  EXPECT_EQ(error_of([&] { train::export_run_to_timm(options.output, ""); }), "");
+
+  fs::rename(root / "classes" / "a", root / "classes" / "c");
+  const std::vector<std::string> moved = {(root / "classes" / "c" / "1.png").string()};
+  const std::string expected = "class 0 is 'b' now, 'a' in " + options.output + "/classes.json";
+  const auto classify =
+      error_of([&] { train::classify_image_files(config, eval, weights, moved, nullptr); });
+  EXPECT_NE(classify.find(expected), std::string::npos) << classify;
+  EXPECT_EQ(classify.find('\n'), std::string::npos) << classify;
+  eval.output = (root / "eval").string();
+  const auto evaluate = error_of([&] { train::run_evaluation(config, eval, weights); });
+  EXPECT_NE(evaluate.find(expected), std::string::npos) << evaluate;
+  const auto exported = error_of([&] { train::export_run_to_timm(options.output, ""); });
+  EXPECT_NE(exported.find(expected), std::string::npos) << exported;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "posenc/nn/models.h"
 #include "posenc/train/checkpoint.h"
 #include "posenc/train/task.h"
+#include "run_folder.h"
 
 namespace posenc::train {
 
@@ -174,6 +175,7 @@ TimmExport timm_export(const nlohmann::json& config, const std::string& weights)
               "'; only image_classification ViTs have a timm counterpart");
   torch::manual_seed(0);
   auto task = make_task(config);
+  check_class_names(task->class_names(), weights);  // timm.json's classes: the weights' own
   auto model = std::dynamic_pointer_cast<TokenClassifierImpl>(task->model());
   TORCH_CHECK(model, "export --to timm: the run's model is not a TokenClassifier");
   load_parameters(weights, *model);

@@ -9,6 +9,10 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "posenc/core/errors.h"
 
@@ -64,6 +68,30 @@ void check_run_name(const std::string& name, const std::string& where) {
               where, ": run name '", name,
               "' must be 1 to 128 characters, not start with '-', and hold no '/', '\\' or '..' "
               "(it names a folder)");
+}
+
+void check_class_names(const std::vector<std::string>& now, const std::string& weights) {
+  if (now.empty() || weights.empty()) return;
+  const auto path = (std::filesystem::path(weights).parent_path() / "classes.json").string();
+  if (!std::filesystem::is_regular_file(path)) return;
+  std::ifstream in(path);
+  const auto saved = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  bool names = saved.is_array();
+  for (size_t i = 0; names && i < saved.size(); ++i) names = saved[i].is_string();
+  TORCH_CHECK(names, "'", path, "' is not a JSON array of class names (posenc train writes it)");
+  const auto trained = saved.get<std::vector<std::string>>();
+  if (trained == now) return;
+  size_t i = 0;
+  while (i < now.size() && i < trained.size() && now[i] == trained[i]) ++i;
+  std::ostringstream differ;
+  if (i < now.size() && i < trained.size())
+    differ << "class " << i << " is '" << now[i] << "' now, '" << trained[i] << "' in " << path;
+  else
+    differ << now.size() << " classes now, " << trained.size() << " in " << path;
+  TORCH_CHECK(false,
+              "the data's classes differ from those the weights were trained with: ", differ.str(),
+              " (a class folder or label renamed, added or removed since training: the outputs "
+              "would be named and scored wrongly)");
 }
 
 }  // namespace posenc::train

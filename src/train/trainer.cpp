@@ -335,6 +335,7 @@ RunResult evaluate_weights(const nlohmann::json& config, const RunOptions& optio
   RunFolderLock lock(result.output);
   torch::manual_seed(identity.seed);
   auto task = make_task(config);
+  check_class_names(task->class_names(), identity.init_from);  // before classes.json is written
   write_class_names(*task, result.output);
   if (const auto names = task->class_names(); !names.empty()) {
     std::cout << result.name << ": " << names.size() << " classes:";
@@ -377,6 +378,7 @@ at::Tensor classify_image_files(const nlohmann::json& run_config, const RunOptio
   const auto device = training_device(settings.device, DistributedOptions{});
   use_threads(settings, DistributedOptions{});
   auto task = make_task(config);
+  check_class_names(task->class_names(), weights);
   auto model = task->model();
   place_on_device(*task, device);
   load_parameters(weights, *model);
