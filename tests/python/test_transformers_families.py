@@ -332,6 +332,26 @@ def test_phimoe_longrope_as_its_checkpoints_configure_it():
     integration.unpatch(patched)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_phimoe_cast_after_patch_keeps_its_float32_frequencies(dtype):
+    # PhiMoE's module recomputes float32 frequencies from the config on every call, whatever
+    # model.to(dtype) did to its buffers: posenc's replacement must not turn at frequencies a
+    # cast after patch() rounded (found by the review: bfloat16 logits off by 2e-3)
+    import copy
+
+    model = pf.build("phimoe")
+    ids, packed = pf.inputs()
+    with pf.quiet():
+        want = pf.run(copy.deepcopy(model).to(dtype), ids, packed)
+    patched = integration.patch(copy.deepcopy(model)).to(dtype)
+    try:
+        with pf.quiet():
+            got = pf.run(patched, ids, packed)
+    finally:
+        integration.unpatch(patched)
+    assert pf.compare([want], [got]) is None, pf.compare([want], [got])
+
+
 def test_gemma4_per_layer_head_sizes_resolve_as_transformers_or_are_refused():
     # saved configs keep the head sizes in per_layer_config (by layer index): it wins over a
     # global_head_dim; the layers of one type must agree and layer_types must be given

@@ -242,6 +242,21 @@ def _rotation(layout: str):
     return posenc_apply_rotary_pos_emb
 
 
+class _FreshRotaryEmbedding(RotaryEmbedding):
+    """The replacement for a "fresh" family's module (PhiMoE's recomputes float32 frequencies from
+    the config on every call): model.to(dtype) after patch() moves its buffers to the new device
+    and keeps their dtype, so it never turns at frequencies the cast rounded, as PhiMoE's does."""
+
+    def _apply(self, fn, recurse=True):
+        kept = dict(self.named_buffers(recurse=False))
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = getattr(self, name)
+            if after.dtype != before.dtype:
+                setattr(self, name, before.to(device=after.device))
+        return self
+
+
 def _buffer_device(module: torch.nn.Module) -> torch.device:
     for b in module.buffers():
         return b.device
@@ -480,7 +495,7 @@ def _patch_with(
                 f"not patched"
             )
         try:
-            ours = RotaryEmbedding.from_hf_config(
+            ours = (_FreshRotaryEmbedding if rotation.fresh else RotaryEmbedding).from_hf_config(
                 sub.config,
                 angle_dtype=angle_dtype,
                 table_order=rotation.tables,
