@@ -21,8 +21,9 @@ axial_sincos_table, sinusoidal_table, patch_grid_bands, patch_grid_coords, dinov
 rope_periods_cos_sin, rope_mixed_cos_sin},
 compositions of ATen ops, patch_grid_rope (timm's axial RoPE tables), and
 qwen2_vl_rope_index and qwen2_5_omni_rope_index (stream positions, integer bookkeeping on the
-CPU), and alibi_attention, t5_attention, shaw_attention and positional_attention (the bias
-computed on the fly, RoPE inside the tiles; CPU, Autograd and fake kernels). Which path a call
+CPU), and shaw_attention and positional_attention (the bias computed on the fly, RoPE inside the
+tiles; CPU, CUDA, Autograd and fake kernels; posenc.alibi_attention and posenc.t5_attention are
+positional_attention with one bias part). Which path a call
 takes, and why the others were passed over: posenc.positional_attention_route,
 posenc.apply_rotary_route and Plan.attention_route, each a posenc.AttentionRoute.
 """

@@ -1,35 +1,25 @@
-// ALiBi attention as dispatcher operators, in SDPA's layout, the bias computed on the fly:
+// The SDPA-layout attention operators (q [B, H, N, D]), the position bias computed on the fly:
+// posenc::positional_attention (ALiBi, T5's buckets, RoPE, padding, packed ids; every part
+// optional) and posenc::shaw_attention. posenc.alibi_attention and posenc.t5_attention (Python)
+// are positional_attention with one bias part.
 //
-//   out[b,h,i] = sum_j softmax_j(q_i . k_j * scale - slope_h * d(i, j) + causal_ij) v_j
-//   d(i, j) = p_i - p_j (causal ALiBi, Press et al. 2022) or |p_i - p_j| (symmetric), with the
-//   keys at positions 0..Nk-1 and the queries at Nk-Nq..Nk-1 (cached keys first, as SDPA's
-//   lower-right causal mask: key j visible to query i when j <= i + Nk - Nq).
+//   ALiBi (Press et al. 2022): - slope_h * d(i, j), d(i, j) = p_i - p_j (causal) or |p_i - p_j|
+//   (symmetric), slopes [H], no gradient.
+//   T5 (Raffel et al. 2020; transformers' T5Attention): + table[bucket(j - p_i), h], bucket = T5's
+//   _relative_position_bucket(key minus query position, bidirectional, num_buckets =
+//   table.size(0), max_distance) (src/functional/relative.cpp, bit-equal to transformers'),
+//   table [num_buckets, H], float32 or q's dtype, with a gradient (dS summed per bucket and head).
+//   The keys sit at positions 0..Nk-1 and the queries at Nk-Nq..Nk-1 (cached keys first, as
+//   SDPA's lower-right causal mask: key j visible to query i when j <= i + Nk - Nq). scale None:
+//   1/sqrt(D), as SDPA (T5 itself does not scale: pass 1.0).
 //
-// posenc::alibi_attention(q, k, v, slopes, causal, symmetric, scale) -> out
-//   q [B, H, Nq, D], k [B, H, Nk, D], v [B, H, Nk, Dv], slopes [H] -> [B, H, Nq, Dv]; scale
-//   None: 1/sqrt(D). No [H, Nq, Nk] bias is materialized: O(H) memory for the bias.
-// posenc::_alibi_attention_forward(...) -> (out, lse [B, H, Nq] float32)
-// posenc::_alibi_attention_backward(grad_out, q, k, v, out, lse, slopes, causal, symmetric,
-//                                   scale) -> (dq, dk, dv)
-//   The tiled CPU kernel (src/kernels/cpu/attention_cpu.cpp; FlashAttention-style online softmax,
-//   backward recomputing tiles from lse), float32 inside, results in q's dtype. The plain-ATen
-//   specification is posenc::attention_reference (materialized bias), the tests' oracle.
-//
-// T5's relative-position bias the same way (Raffel et al. 2020; transformers' T5Attention):
-//
-//   out[b,h,i] = sum_j softmax_j(q_i . k_j * scale + table[bucket(j - p_i), h] + causal_ij) v_j
-//   bucket = T5's _relative_position_bucket(key minus query position, bidirectional,
-//            num_buckets = table.size(0), max_distance) (src/functional/relative.cpp, bit-equal
-//            to transformers'), the same positions and causal mask as above.
-//
-// posenc::t5_attention(q, k, v, table, bidirectional, max_distance, causal, scale) -> out
-//   table [num_buckets, H], float32 or q's dtype. scale None: 1/sqrt(D), as SDPA (T5 itself does
-//   not scale: pass 1.0). The kernel looks the bias up per key-minus-query offset, an
-//   [H, Nq + Nk - 1] table, instead of an [H, Nq, Nk] bias.
-// posenc::_t5_attention_forward(...) -> (out, lse [B, H, Nq] float32)
-// posenc::_t5_attention_backward(grad_out, q, k, v, out, lse, table, bidirectional,
-//                                max_distance, causal, scale) -> (dq, dk, dv, dtable)
-//   dtable [num_buckets, H] in the table's dtype: dS summed per (bucket, head).
+// positional_attention is one operator over posenc::attention_fused's CPU and CUDA paths
+// (src/kernels/dispatch/attention_fused_operator.h): its forward and backward hand q, k, v to
+// _attention_fused_forward / _backward as [B, N, H, D] views, and route_positional
+// (positional_route.h) decides, once for the operator, its backward and
+// positional_attention_route, whether a call takes the tiled CPU kernel (RoPE inside its tiles,
+// or q, k rotated first), the CUDA kernel (RoPE rotated first) or the plain-ATen reference here
+// (float64, and what the kernels do not take).
 //
 // Shaw et al. 2018 ("Self-Attention with Relative Position Representations", eq. 5, key side)
 // the same way, the bias depending on the query:
@@ -87,7 +77,7 @@
 //       packed_causal_attention_mask on time_id, whose variate-major packing is not in time
 //       order); refused with causal=True (two causal rules). The kernel skips a tile whose keys'
 //       smallest id exceeds its queries' largest.
-//   CUDA takes them on the reference path (the CUDA kernel does not read them yet).
+//   The CUDA kernel reads sample_ids and the variate bias; causal_ids take the reference there.
 // posenc::_positional_attention_forward(...) -> (out, lse [B, H, Nq]: float32, float64 for float64)
 // posenc::_positional_attention_backward(grad_out, q, k, v, out, lse, ...)
 //   -> (dq, dk, dv, dtable, dvariate_bias)
@@ -97,9 +87,9 @@
 // (bool or integer; 1 = a key to attend to, 0 = padding), -inf on the padding keys' logits before
 // the softmax, as SDPA's boolean mask. The kernel reads it as one byte per key (key_keep); a query
 // that sees no key gets 0 and lse -inf. The positions stay 0..Nk-1.
-// CUDA (a LibTorch with CUDA): alibi, t5 and positional run the CUDA kernel
-// (src/kernels/cuda/attention_cuda.cu) where it takes the call, RoPE applied before it (see
-// cuda_kernel_takes below); Shaw's query-dependent bias and the rest take the reference.
+// CUDA: positional_attention's CUDA kernel through attention_fused (a LibTorch with the CUDA glue)
+// where route_positional sends it, the reference elsewhere; Shaw's query-dependent bias takes the
+// reference.
 // Autograd: autograd/attention_autograd.cpp; fake kernels: python/posenc/_meta.py.
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -109,12 +99,11 @@
 #include <string>
 
 #include "../kernels/cpu/attention_cpu.h"
-#ifdef POSENC_HAS_CUDA_GLUE
-#include "../kernels/cuda/cuda_glue.h"
-#endif
+#include "../kernels/dispatch/attention_fused_operator.h"
 #include "../kernels/dispatch/operator_checks.h"
 #include "posenc/functional/relative.h"
 #include "posenc/functional/rope.h"
+#include "positional_route.h"
 #include "registration.h"
 #include "rotary.h"
 
@@ -150,35 +139,6 @@ void set_token_positions(detail::AttentionProblem& p, KernelPositions& pos) {
   p.ik = pos.ik.data();
 }
 
-// ALiBi: one slope per head.
-void set_alibi(detail::AttentionProblem& p, const at::Tensor& slopes, bool symmetric) {
-  p.alibi = true;
-  p.symmetric = symmetric;
-  const auto s = slopes.detach().to(at::kCPU, at::kFloat).contiguous();
-  p.slopes.assign(s.const_data_ptr<float>(), s.const_data_ptr<float>() + s.numel());
-}
-
-// T5: the bucket of each key-minus-query offset that occurs, and the table read through it as a
-// per-head lookup [H, rel_count].
-void set_t5_table(detail::AttentionProblem& p, KernelPositions& pos, const at::Tensor& table,
-                  bool bidirectional, int64_t max_distance) {
-  p.table_form = BiasForm::kBucketTable;
-  const auto offsets =
-      t5_offset_buckets(at::arange(p.nk - p.nq, p.nk, at::kLong), at::arange(p.nk, at::kLong),
-                        bidirectional, table.size(0), max_distance);
-  pos.buckets = offsets.buckets.contiguous();
-  p.rel_min = offsets.offset_min;
-  p.rel_count = pos.buckets.numel();
-  p.bucket = pos.buckets.const_data_ptr<int64_t>();
-  p.num_buckets = table.size(0);
-  const auto lut = table.detach()
-                       .to(at::kCPU, at::kFloat)
-                       .index_select(0, pos.buckets)
-                       .t()
-                       .contiguous();  // [H, rel_count]
-  p.lut.assign(lut.const_data_ptr<float>(), lut.const_data_ptr<float>() + lut.numel());
-}
-
 // q, k, v in SDPA's layout, one dtype and device; `op` names the operator in the messages.
 // allow_double: float64 as well (an op whose float64 path is the plain-ATen reference).
 void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -208,8 +168,6 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
               v.device());
 }
 
-constexpr const char* kAlibi = "posenc.alibi_attention";
-constexpr const char* kT5 = "posenc.t5_attention";
 constexpr const char* kShaw = "posenc.shaw_attention";
 
 // Every tensor argument of an attention operator on q's device
@@ -231,17 +189,6 @@ void check_backward_devices(const char* op, const at::Tensor& grad_out, const at
   check_same_device(op, all);
 }
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                  const at::Tensor& slopes) {
-  check_qkv("posenc.alibi_attention", q, k, v);
-  TORCH_CHECK(slopes.dim() == 1 && slopes.size(0) == q.size(1),
-              "posenc.alibi_attention: slopes must be [H] = [", q.size(1), "], got ",
-              slopes.sizes());
-  TORCH_CHECK(at::isFloatingType(slopes.scalar_type()),
-              "posenc.alibi_attention: slopes must be floating point, got ", slopes.scalar_type());
-  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}});
-}
-
 // The table [num_buckets, H] and the bucket parameters T5's formula accepts (HF does not check:
 // max_distance <= the exact range gives NaN or negative buckets there). `op` and `arg` name the
 // operator and the argument in the messages.
@@ -261,12 +208,6 @@ void check_bucket_table(const char* op, const char* arg, const at::Tensor& q,
               table.scalar_type());
   TORCH_CHECK(table.device() == q.device(), op, ": ", arg, " must be on q's device (", q.device(),
               "), got ", table.device());
-}
-
-void check_t5(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-              const at::Tensor& table, bool bidirectional, int64_t max_distance) {
-  check_qkv("posenc.t5_attention", q, k, v);
-  check_bucket_table("posenc.t5_attention", "table", q, table, bidirectional, max_distance);
 }
 
 // scale None: 1/sqrt(D), as SDPA; with D = 0 the dot products are empty sums (0) and SDPA's
@@ -316,70 +257,7 @@ at::Tensor masked(const at::Tensor& logits, const at::Tensor& mask) {
                             -std::numeric_limits<double>::infinity());
 }
 
-// The kernel's problem; the position vectors live in `out` as long as the problem is used.
-void prepare(Prepared& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
-             const at::Tensor& slopes, bool causal, bool symmetric, double scale) {
-  auto& p = out.p;
-  detail::set_tensors(p, qh, kh, vh, scale);
-  p.causal = causal;
-  set_token_positions(p, out.pos);
-  set_alibi(p, slopes, symmetric);
-}
-
 at::Tensor f32(const at::Tensor& t) { return t.detach().to(at::kFloat).contiguous(); }
-
-std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                               const at::Tensor& v, const at::Tensor& slopes,
-                                               bool causal, bool symmetric,
-                                               std::optional<double> scale,
-                                               const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  Prepared prepared;
-  prepare(prepared, f32(q), f32(k), f32(v), slopes, causal, symmetric, scale_of(q, scale));
-  set_key_mask(prepared.p, key_mask_of(kAlibi, q, k, attention_mask));
-  const auto& p = prepared.p;
-  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
-  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
-  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
-  return {out.to(q.scalar_type()), lse};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
-    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
-                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  Prepared prepared;
-  auto qh = f32(q), kh = f32(k), vh = f32(v);
-  prepare(prepared, qh, kh, vh, slopes, causal, symmetric, scale_of(q, scale));
-  set_key_mask(prepared.p, key_mask_of(kAlibi, q, k, attention_mask));
-  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
-  at::Tensor dtable;
-  if (qh.numel() > 0 && kh.numel() > 0)
-    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
-                                   dv, dtable);
-  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type())};
-}
-
-// The plain-ATen specification of the two ops (the bias materialized, [H, Nq, Nk]): the CUDA
-// registration where the CUDA kernel does not take a call, and the formula the CPU kernel is tested
-// against (tests/python/test_attention.py compares both with SDPA and a materialized bias).
-at::Tensor logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& slopes,
-                     bool causal, bool symmetric, double scale) {
-  const int64_t nq = q.size(2), nk = k.size(2);
-  const auto opts = q.options().dtype(at::kFloat);
-  const auto pk = at::arange(nk, opts);
-  const auto pq = at::arange(nk - nq, nk, opts);
-  auto d = pq.unsqueeze(1) - pk.unsqueeze(0);  // [Nq, Nk]
-  if (symmetric) d = d.abs();
-  auto logits = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale -
-                slopes.to(at::kFloat).view({-1, 1, 1}) * d;
-  if (causal) logits = logits.masked_fill(d.lt(0), -std::numeric_limits<float>::infinity());
-  return logits;
-}
 
 // softmax(logits) v and the row log-sum-exp (in the logits' dtype); rows that see no key give 0
 // (lse -inf).
@@ -406,176 +284,6 @@ ReferenceGrads softmax_backward(const at::Tensor& grad_out, const at::Tensor& q,
   const auto dq = at::matmul(ds, k.to(ct)) * s;
   const auto dk = at::matmul(ds.transpose(-1, -2), q.to(ct)) * s;
   return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), ds};
-}
-
-std::tuple<at::Tensor, at::Tensor> forward_reference(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& slopes,
-    bool causal, bool symmetric, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  return softmax_forward(q, v,
-                         masked(logits_of(q, k, slopes, causal, symmetric, scale_of(q, scale)),
-                                key_mask_of(kAlibi, q, k, attention_mask)));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_reference(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
-    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
-                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  const double s = scale_of(q, scale);
-  const auto g = softmax_backward(grad_out, q, k, v, out, lse,
-                                  masked(logits_of(q, k, slopes, causal, symmetric, s),
-                                         key_mask_of(kAlibi, q, k, attention_mask)),
-                                  s);
-  return {g.dq, g.dk, g.dv};
-}
-
-at::Tensor alibi_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& slopes, bool causal, bool symmetric,
-                                     std::optional<double> scale,
-                                     const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(forward_reference(q, k, v, slopes, causal, symmetric, scale, attention_mask));
-}
-
-at::Tensor alibi_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& slopes, bool causal, bool symmetric,
-                               std::optional<double> scale,
-                               const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(forward_cpu(q, k, v, slopes, causal, symmetric, scale, attention_mask));
-}
-
-// ---- T5 -----------------------------------------------------------------------------------
-
-using PreparedT5 = Prepared;
-
-void prepare_t5(PreparedT5& out, const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh,
-                const at::Tensor& table, bool bidirectional, int64_t max_distance, bool causal,
-                double scale) {
-  auto& p = out.p;
-  detail::set_tensors(p, qh, kh, vh, scale);
-  p.causal = causal;
-  set_token_positions(p, out.pos);
-  set_t5_table(p, out.pos, table, bidirectional, max_distance);
-}
-
-std::tuple<at::Tensor, at::Tensor> t5_forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                  const at::Tensor& v, const at::Tensor& table,
-                                                  bool bidirectional, int64_t max_distance,
-                                                  bool causal, std::optional<double> scale,
-                                                  const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  PreparedT5 prepared;
-  prepare_t5(prepared, f32(q), f32(k), f32(v), table, bidirectional, max_distance, causal,
-             scale_of(q, scale));
-  set_key_mask(prepared.p, key_mask_of(kT5, q, k, attention_mask));
-  const auto& p = prepared.p;
-  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
-  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
-  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
-  return {out.to(q.scalar_type()), lse};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
-    int64_t max_distance, bool causal, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
-                         {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  PreparedT5 prepared;
-  auto qh = f32(q), kh = f32(k), vh = f32(v);
-  prepare_t5(prepared, qh, kh, vh, table, bidirectional, max_distance, causal, scale_of(q, scale));
-  set_key_mask(prepared.p, key_mask_of(kT5, q, k, attention_mask));
-  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
-  at::Tensor dtable;
-  if (qh.numel() > 0 && kh.numel() > 0)
-    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
-                                   dv, dtable);
-  if (!dtable.defined()) dtable = at::zeros({table.size(0), table.size(1)}, at::kFloat);
-  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
-          dtable.to(table.scalar_type())};
-}
-
-// The plain-ATen T5 specification (bias [H, Nq, Nk] materialized).
-// bucket: [Nq, Nk] int64 on q's device; rel = key minus query position.
-at::Tensor t5_logits_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
-                        const at::Tensor& bucket, const at::Tensor& rel, bool causal,
-                        double scale) {
-  const int64_t nq = q.size(2), nk = k.size(2), heads = q.size(1);
-  const auto bias = table.to(at::kFloat)
-                        .index_select(0, bucket.reshape({-1}))
-                        .view({nq, nk, heads})
-                        .permute({2, 0, 1});  // [H, Nq, Nk]
-  auto logits = at::matmul(q.to(at::kFloat), k.to(at::kFloat).transpose(-1, -2)) * scale + bias;
-  if (causal) logits = logits.masked_fill(rel.gt(0), -std::numeric_limits<float>::infinity());
-  return logits;
-}
-
-std::tuple<at::Tensor, at::Tensor> t5_rel_and_bucket(const at::Tensor& q, const at::Tensor& k,
-                                                     const at::Tensor& table, bool bidirectional,
-                                                     int64_t max_distance) {
-  const int64_t nq = q.size(2), nk = k.size(2);
-  const auto longs = q.options().dtype(at::kLong);
-  auto rel = at::arange(nk, longs).unsqueeze(0) - at::arange(nk - nq, nk, longs).unsqueeze(1);
-  auto bucket = t5_relative_position_bucket(rel, bidirectional, table.size(0), max_distance);
-  return {rel, bucket};
-}
-
-std::tuple<at::Tensor, at::Tensor> t5_forward_reference(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
-    bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
-  return softmax_forward(q, v,
-                         masked(t5_logits_of(q, k, table, bucket, rel, causal, scale_of(q, scale)),
-                                key_mask_of(kT5, q, k, attention_mask)));
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_reference(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
-    int64_t max_distance, bool causal, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
-                         {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  const double s = scale_of(q, scale);
-  const auto [rel, bucket] = t5_rel_and_bucket(q, k, table, bidirectional, max_distance);
-  const auto g = softmax_backward(grad_out, q, k, v, out, lse,
-                                  masked(t5_logits_of(q, k, table, bucket, rel, causal, s),
-                                         key_mask_of(kT5, q, k, attention_mask)),
-                                  s);
-  // dtable[bucket(i, j), h] += sum_b dS[b, h, i, j]
-  const int64_t heads = q.size(1);
-  const auto dbias = g.ds.sum(0).permute({1, 2, 0}).reshape(
-      {q.size(2) * k.size(2), heads});  // [Nq * Nk, H] (H may be 0)
-  const auto dtable =
-      at::zeros({table.size(0), heads}, g.ds.options()).index_add_(0, bucket.reshape({-1}), dbias);
-  return {g.dq, g.dk, g.dv, dtable.to(table.scalar_type())};
-}
-
-at::Tensor t5_attention_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                                  bool causal, std::optional<double> scale,
-                                  const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal,
-                                          scale, attention_mask));
-}
-
-at::Tensor t5_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                            bool causal, std::optional<double> scale,
-                            const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(
-      t5_forward_cpu(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask));
 }
 
 // ---- Shaw ---------------------------------------------------------------------------------
@@ -895,14 +603,6 @@ std::string positional_rotary_outside(const Positional& a) {
   return "";
 }
 
-// The reference instead of the kernel: float64 (exact), not on the CPU, or an empty head dim.
-std::string positional_reference_reason(const at::Tensor& q, const at::Tensor& v) {
-  if (q.scalar_type() == at::kDouble) return "float64 (the kernel computes in float32)";
-  if (!q.device().is_cpu()) return "not on the CPU";
-  if (q.numel() > 0 && (q.size(3) == 0 || v.size(3) == 0)) return "a head dim of 0";
-  return "";
-}
-
 // The plain-ATen specification, in float32 (float64 for float64 q):
 // logits = rot(q) rot(k)^T * scale - slope_h d(i, j) + table[bucket(j - p_i), h] + causal.
 struct PositionalLogits {
@@ -1003,57 +703,6 @@ positional_backward_reference_of(const at::Tensor& grad_out, const at::Tensor& q
           g.dv.contiguous(), dtable, variate_gradient_of(g.ds, l, a, q)};
 }
 
-// The kernel's problem: ALiBi and T5 parts, positions, and (rotary_inside) the per-pair tables.
-using PreparedPositional = Prepared;
-
-void prepare_positional(PreparedPositional& out, const at::Tensor& qh, const at::Tensor& kh,
-                        const at::Tensor& vh, const Positional& a, bool rotary_inside) {
-  auto& p = out.p;
-  detail::set_tensors(p, qh, kh, vh, a.scale);
-  p.causal = a.causal;
-  set_token_positions(p, out.pos);
-  if (a.slopes.defined()) set_alibi(p, a.slopes, a.symmetric);
-  if (a.table.defined()) set_t5_table(p, out.pos, a.table, a.bidirectional, a.max_distance);
-  set_key_mask(p, a.mask);
-  detail::set_packed(p, kPositional, a.sample_ids, a.variate_ids, a.variate_bias);
-  detail::set_causal_ids(p, kPositional, a.causal_ids);
-  if (rotary_inside) {  // per-pair tables [N, F]: one member of each pair (both read the same)
-    const int64_t width = a.cos.size(-1), pairs = width / 2;
-    const auto per_pair = [&](const at::Tensor& t) {
-      const auto t2 = t.dim() == 3 ? t[0] : t;  // [Nk, W]
-      return a.layout == RopeLayout::kHalf ? t2.narrow(-1, 0, pairs) : t2.slice(-1, 0, width, 2);
-    };
-    const auto cos = per_pair(a.cos), sin = per_pair(a.sin);  // [Nk, F]
-    p.rotary = true;
-    p.rotary_pairs = pairs;
-    p.rotary_interleaved = a.layout == RopeLayout::kInterleaved;
-    p.k_cos = f32(cos);
-    p.k_sin = f32(sin);
-    p.q_cos = f32(cos.narrow(0, p.nk - p.nq, p.nq));  // the queries' rows: the last Nq
-    p.q_sin = f32(sin.narrow(0, p.nk - p.nq, p.nq));
-  }
-}
-
-// q, k as the kernel reads them (float32), rotated here when the tables cannot go inside.
-struct KernelInputs {
-  at::Tensor qh, kh, vh;
-  bool rotary_inside = false, rotary_outside = false;
-};
-
-KernelInputs kernel_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const Positional& a) {
-  KernelInputs in{f32(q), f32(k), f32(v)};
-  if (!a.rotary() || q.numel() == 0) return in;
-  if (positional_rotary_outside(a).empty()) {
-    in.rotary_inside = true;
-  } else {
-    in.rotary_outside = true;
-    in.qh = rotate_rows_of(in.qh, a, k.size(2) - q.size(2), /*inverse=*/false);
-    in.kh = rotate_rows_of(in.kh, a, 0, /*inverse=*/false);
-  }
-  return in;
-}
-
 // The schema's optional parts, one spelling for the six functions below.
 // The positional operators' table arguments, in the schema's order.
 std::vector<NamedTensor> positional_tables(
@@ -1084,327 +733,150 @@ std::vector<NamedTensor> positional_tables(
   cos, sin, layout, slopes, symmetric, t5_table, bidirectional, max_distance, causal, scale, \
       attention_mask, sample_ids, variate_ids, variate_bias, causal_ids
 
-std::tuple<at::Tensor, at::Tensor> positional_forward_reference(const at::Tensor& q,
-                                                                const at::Tensor& k,
-                                                                const at::Tensor& v,
-                                                                POSITIONAL_PARAMS) {
-  check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias, causal_ids));
-  return positional_forward_reference_of(q, k, v, positional_args(q, k, v, POSITIONAL_ARGS));
-}
+// ---- the kernels: posenc::attention_fused's, in its layout ----------------------------------
+// positional_attention is one operator over attention_fused's CPU and CUDA paths: q, k, v go to
+// _attention_fused_forward / _backward as views in its layout [B, N, H, D] (SDPA's [B, H, N, D]
+// transposed: no copy; its CPU kernel makes the float32 heads-first copy it always makes, its CUDA
+// glue reads any strides), with the positions of SDPA's convention (keys 0..Nk-1, queries the last
+// Nq), and come back transposed. Which path a call takes is route_positional's decision
+// (positional_route.h): the tiled CPU kernel with RoPE inside its tiles (per-pair [N, W/2] tables)
+// where it reads the tables, or q, k rotated first in float32 by the reference's formula (and the
+// gradients rotated back: R^T) where it does not and on CUDA, where the kernel reads no tables.
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-positional_backward_reference(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                              POSITIONAL_PARAMS) {
-  check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
-                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                           variate_ids, variate_bias, causal_ids));
-  return positional_backward_reference_of(grad_out, q, k, v, out, lse,
-                                          positional_args(q, k, v, POSITIONAL_ARGS));
-}
-
-std::tuple<at::Tensor, at::Tensor> positional_forward_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                          const at::Tensor& v, POSITIONAL_PARAMS) {
-  check_forward_devices(kPositional, q, k, v,
-                        positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                          variate_ids, variate_bias, causal_ids));
-  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
-  if (!positional_reference_reason(q, v).empty())
-    return positional_forward_reference_of(q, k, v, a);
-  const auto in = kernel_inputs(q, k, v, a);
-  PreparedPositional prepared;
-  prepare_positional(prepared, in.qh, in.kh, in.vh, a, in.rotary_inside);
-  const auto& p = prepared.p;
-  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
-  auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
-  if (out.numel() > 0) detail::attention_forward_cpu(p, out, lse);
-  return {out.to(q.scalar_type()), lse};
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cpu(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
-  check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
-                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
-                                           variate_ids, variate_bias, causal_ids));
-  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
-  if (!positional_reference_reason(q, v).empty())
-    return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
-  const auto in = kernel_inputs(q, k, v, a);
-  PreparedPositional prepared;
-  prepare_positional(prepared, in.qh, in.kh, in.vh, a, in.rotary_inside);
-  auto dq = at::zeros_like(in.qh), dk = at::zeros_like(in.kh), dv = at::zeros_like(in.vh);
-  at::Tensor dtable;    // [num_buckets, H] float32 with a T5 table
-  at::Tensor dvariate;  // [2, H] float32 with a variate bias
-  if (in.qh.numel() > 0 && in.kh.numel() > 0)
-    detail::attention_backward_cpu(prepared.p, f32(out), lse.contiguous(), f32(grad_out), dq, dk,
-                                   dv, dtable,
-                                   &dvariate);  // rotated back inside when rotary_inside
-  if (in.rotary_outside) {
-    dq = rotate_rows_of(dq, a, k.size(2) - q.size(2), /*inverse=*/true);
-    dk = rotate_rows_of(dk, a, 0, /*inverse=*/true);
-  }
-  if (a.table.defined()) {
-    if (!dtable.defined()) dtable = at::zeros({a.table.size(0), a.table.size(1)}, at::kFloat);
-    dtable = dtable.to(a.table.scalar_type());
-  } else {
-    dtable = at::empty({0}, q.options().dtype(at::kFloat));
-  }
-  if (a.variate_ids.defined()) {
-    if (!dvariate.defined()) dvariate = at::zeros({2, q.size(1)}, at::kFloat);
-    dvariate = dvariate.to(a.variate_bias.scalar_type());
-  } else {
-    dvariate = at::empty({0}, q.options().dtype(at::kFloat));
-  }
-  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()), dtable, dvariate};
-}
-
-at::Tensor positional_attention_reference(const at::Tensor& q, const at::Tensor& k,
-                                          const at::Tensor& v, POSITIONAL_PARAMS) {
-  return std::get<0>(positional_forward_reference(q, k, v, POSITIONAL_ARGS));
-}
-
-at::Tensor positional_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    POSITIONAL_PARAMS) {
-  return std::get<0>(positional_forward_cpu(q, k, v, POSITIONAL_ARGS));
-}
-
-// ---- CUDA: the fused CUDA kernel (src/kernels/cuda/, through cuda_glue.h) ---------------------
+PositionalCall positional_call(const at::Tensor& q, const at::Tensor& v, const Positional& a,
+                               bool learned) {
+  PositionalCall c;
+  c.device = q.device().type();
+  c.dtype = q.scalar_type();
+  c.head_dim = q.size(3);
+  c.value_dim = v.size(3);
+  c.empty = q.numel() == 0;
+  c.alibi = a.slopes.defined();
+  c.t5 = a.table.defined();
+  c.causal_ids = a.causal_ids.defined();
+  c.rotary = a.rotary();
+  c.learned_tables = learned;
+  // the tables' values decide it (at::equal): read only where the CPU kernel could take them in
+  if (c.rotary && !learned && c.device == c10::DeviceType::CPU)
+    c.tables_unreadable = positional_rotary_outside(a);
 #ifdef POSENC_HAS_CUDA_GLUE
-// The ops' SDPA layout [B, H, N, D] is the kernel's [B, N, H, D] transposed (the glue takes any
-// strides with a contiguous last dim: tests/cuda_emu/test_tensor_launch_emu.cpp runs it on such
-// views), with the ops' positions (keys 0..Nk-1, queries Nk-Nq..Nk-1) and one bias part, ALiBi or
-// T5. RoPE is applied first by the reference's formula in float32 (rotate_rows_of) and the
-// gradients rotated back; q, k, v then go to the kernel as float32 (it accumulates in float32 for
-// every storage type, so this changes no result). The reference stays where the kernel does not
-// go: float64, head dims of 0 or above cuda::kAttentionMaxDim, or ALiBi and T5 together.
-bool cuda_kernel_takes(const at::Tensor& q, const at::Tensor& v, const Positional& a) {
-  return detail::attention_cuda_supported(q) && v.size(3) > 0 && q.size(3) > 0 &&
-         detail::attention_cuda_supported(v) && !(a.slopes.defined() && a.table.defined()) &&
-         !a.causal_ids.defined();
-}
-
-BiasSpec cuda_bias_of(const Positional& a) {
-  BiasSpec spec;
-  if (a.slopes.defined()) {
-    spec.form = BiasForm::kAlibi;
-    spec.slopes = a.slopes;
-    spec.symmetric = a.symmetric;
-  } else if (a.table.defined()) {
-    spec.form = BiasForm::kBucketTable;
-    spec.table = a.table;
-    spec.num_buckets = a.table.size(0);
-    spec.max_distance = a.max_distance;
-    spec.bidirectional = a.bidirectional;
-  }
-  return spec;
-}
-
-struct CudaProblem {
-  at::Tensor qh, kh, vh;                ///< [B, H, N, D] as the kernel reads them (rotated)
-  at::Tensor q_positions, k_positions;  ///< [Nq], [Nk] float64 (the glue moves them)
-  BiasSpec spec;
-  AttentionMasks masks;
-};
-
-CudaProblem cuda_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const Positional& a) {
-  CudaProblem c;
-  const int64_t nq = q.size(2), nk = k.size(2);
-  c.qh = q;
-  c.kh = k;
-  c.vh = v;
-  if (a.rotary()) {  // the reference's rotation, in float32
-    c.qh = rotate_rows_of(q.to(at::kFloat), a, nk - nq, /*inverse=*/false);
-    c.kh = rotate_rows_of(k.to(at::kFloat), a, 0, /*inverse=*/false);
-    c.vh = v.to(at::kFloat);
-  }
-  c.k_positions = at::arange(nk, at::TensorOptions().dtype(at::kDouble));
-  c.q_positions = c.k_positions.narrow(0, nk - nq, nq);
-  c.spec = cuda_bias_of(a);
-  c.masks.causal = a.causal;
-  c.masks.key_padding = a.mask;
-  c.masks.sample_ids = a.sample_ids;  // packed samples and the variate bias: the kernel reads them
-  c.masks.variate_ids = a.variate_ids;
-  c.masks.variate_bias = a.variate_bias;
+  c.cuda_glue = true;
+#endif
   return c;
 }
 
-std::tuple<at::Tensor, at::Tensor> cuda_forward_of(const at::Tensor& q, const at::Tensor& k,
-                                                   const at::Tensor& v, const Positional& a) {
-  const auto c = cuda_problem(q, k, v, a);
-  auto [out, lse] = detail::attention_forward_cuda(
-      c.qh.transpose(1, 2), c.kh.transpose(1, 2), c.vh.transpose(1, 2), c.spec.table, c.spec,
-      c.q_positions, c.k_positions, c.masks, a.scale);  // out [B, Nq, H, Dv]
-  return {out.transpose(1, 2).to(q.scalar_type()).contiguous(), lse};
-}
-
-// (dq, dk, dv, dtable: T5's in the table's dtype, else undefined); *dvariate (when given):
-// variate_bias's gradient on its device, in its dtype, or an empty float32 [0] without one
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> cuda_backward_of(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const Positional& a,
-    at::Tensor* dvariate = nullptr) {
-  const auto c = cuda_problem(q, k, v, a);
-  const auto st = c.qh.scalar_type();
-  auto [dq, dk, dv, dtable] = detail::attention_backward_cuda(
-      grad_out.to(st).transpose(1, 2), out.to(st).transpose(1, 2), lse, c.qh.transpose(1, 2),
-      c.kh.transpose(1, 2), c.vh.transpose(1, 2), c.spec.table, c.spec, c.q_positions,
-      c.k_positions, c.masks, a.scale, dvariate);  // [B, N, H, D]
-  if (dvariate != nullptr)
-    *dvariate = a.variate_ids.defined() ? dvariate->to(a.variate_bias.options())
-                                        : at::empty({0}, q.options().dtype(at::kFloat));
-  dq = dq.transpose(1, 2);
-  dk = dk.transpose(1, 2);
-  dv = dv.transpose(1, 2);
-  if (a.rotary()) {  // gradients of the rotated q', k': rotated back (R^T)
-    dq = rotate_rows_of(dq.to(at::kFloat), a, k.size(2) - q.size(2), /*inverse=*/true);
-    dk = rotate_rows_of(dk.to(at::kFloat), a, 0, /*inverse=*/true);
-  }
-  if (a.table.defined()) {
-    if (!dtable.defined())
-      dtable = at::zeros({a.table.size(0), a.table.size(1)}, a.table.options());
-    dtable = dtable.to(a.table.scalar_type());
-  }
-  return {dq.to(q.scalar_type()).contiguous(), dk.to(k.scalar_type()).contiguous(),
-          dv.to(v.scalar_type()).contiguous(), dtable};
-}
-
-Positional alibi_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& slopes,
-                         bool causal, bool symmetric, std::optional<double> scale,
-                         const std::optional<at::Tensor>& attention_mask) {
+// A call's arguments, checked, and the path it takes; the operators' tensors on the way in.
+struct Routed {
   Positional a;
-  a.slopes = slopes;
-  a.symmetric = symmetric;
-  a.causal = causal;
-  a.scale = scale_of(q, scale);
-  a.mask = key_mask_of(kAlibi, q, k, attention_mask);
-  return a;
+  PositionalRoute route;
+};
+
+Routed routed(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, POSITIONAL_PARAMS) {
+  Routed r{positional_args(q, k, v, POSITIONAL_ARGS), {}};
+  r.route = route_positional(positional_call(q, v, r.a, /*learned=*/false));
+  return r;
 }
 
-Positional t5_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& table,
-                      bool bidirectional, int64_t max_distance, bool causal,
-                      std::optional<double> scale,
-                      const std::optional<at::Tensor>& attention_mask) {
-  Positional a;
-  a.table = table;
-  a.bidirectional = bidirectional;
-  a.max_distance = max_distance;
-  a.causal = causal;
-  a.scale = scale_of(q, scale);
-  a.mask = key_mask_of(kT5, q, k, attention_mask);
-  return a;
+// attention_fused's arguments after (q, k, v) for one positional call.
+struct FusedCall {
+  at::Tensor q, k, v;                   ///< [B, N, H, D] views (rotated first: float32, contiguous)
+  at::Tensor q_positions, k_positions;  ///< [Nq], [Nk] float64 on the CPU (the glue moves them)
+  std::optional<at::Tensor> q_cos, q_sin, k_cos, k_sin;  ///< RoPE inside: per-pair [N, W/2]
+};
+
+FusedCall fused_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const Routed& r) {
+  const auto& a = r.a;
+  const int64_t nq = q.size(2), nk = k.size(2);
+  FusedCall f;
+  auto qh = q, kh = k;
+  if (r.route.rotate_first) {  // the reference's rotation, in float32
+    qh = rotate_rows_of(q.to(at::kFloat), a, nk - nq, /*inverse=*/false);
+    kh = rotate_rows_of(k.to(at::kFloat), a, 0, /*inverse=*/false);
+  }
+  f.q = qh.transpose(1, 2);
+  f.k = kh.transpose(1, 2);
+  f.v = (r.route.rotate_first ? v.to(at::kFloat) : v).transpose(1, 2);
+  f.k_positions = at::arange(nk, at::TensorOptions().dtype(at::kDouble));
+  f.q_positions = f.k_positions.narrow(0, nk - nq, nq);
+  if (r.route.rope_inside) {  // one member of each pair (both read the same), constants
+    const int64_t width = a.cos.size(-1), pairs = width / 2;
+    const auto per_pair = [&](const at::Tensor& t) {
+      const auto t2 = t.dim() == 3 ? t[0] : t;  // [Nk, W]: the batch rows are equal
+      return f32(a.layout == RopeLayout::kHalf ? t2.narrow(-1, 0, pairs)
+                                               : t2.slice(-1, 0, width, 2));
+    };
+    f.k_cos = per_pair(a.cos);
+    f.k_sin = per_pair(a.sin);
+    f.q_cos = f.k_cos->narrow(0, nk - nq, nq);  // the queries' rows: the last Nq
+    f.q_sin = f.k_sin->narrow(0, nk - nq, nq);
+  }
+  return f;
 }
 
-std::tuple<at::Tensor, at::Tensor> forward_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                const at::Tensor& v, const at::Tensor& slopes,
-                                                bool causal, bool symmetric,
-                                                std::optional<double> scale,
-                                                const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kAlibi, q, k, v, {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  const auto a = alibi_problem(q, k, slopes, causal, symmetric, scale, attention_mask);
-  if (!cuda_kernel_takes(q, v, a))
-    return forward_reference(q, k, v, slopes, causal, symmetric, scale, attention_mask);
-  return cuda_forward_of(q, k, v, a);
+std::optional<at::Tensor> given(const at::Tensor& t) {
+  return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& slopes, bool causal,
-    bool symmetric, std::optional<double> scale, const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kAlibi, grad_out, q, k, v, out, lse,
-                         {{"slopes", slopes}, {"attention_mask", attention_mask}});
-  check_inputs(q, k, v, slopes);
-  const auto a = alibi_problem(q, k, slopes, causal, symmetric, scale, attention_mask);
-  if (!cuda_kernel_takes(q, v, a))
-    return backward_reference(grad_out, q, k, v, out, lse, slopes, causal, symmetric, scale,
-                              attention_mask);
-  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a);
-  return {dq, dk, dv};
-}
+// attention_fused's parameters after (q, k, v), in its schema's order.
+#define POSENC_FUSED_ARGS(f, a)                                                              \
+  f.q_positions, f.k_positions, given(a.slopes), a.symmetric, given(a.table),                \
+      a.table.defined() ? "bucket_table" : "none", a.table.defined() ? a.table.size(0) : 0,  \
+      a.max_distance, a.bidirectional, /*max_relative_position=*/0, a.causal, given(a.mask), \
+      a.scale, f.q_cos, f.q_sin, f.k_cos, f.k_sin, to_string(a.layout), given(a.sample_ids), \
+      given(a.variate_ids), given(a.variate_bias), given(a.causal_ids)
 
-at::Tensor alibi_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                const at::Tensor& slopes, bool causal, bool symmetric,
-                                std::optional<double> scale,
-                                const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(forward_cuda(q, k, v, slopes, causal, symmetric, scale, attention_mask));
-}
-
-std::tuple<at::Tensor, at::Tensor> t5_forward_cuda(
-    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& table,
-    bool bidirectional, int64_t max_distance, bool causal, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_forward_devices(kT5, q, k, v, {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  const auto a =
-      t5_problem(q, k, table, bidirectional, max_distance, causal, scale, attention_mask);
-  if (!cuda_kernel_takes(q, v, a))
-    return t5_forward_reference(q, k, v, table, bidirectional, max_distance, causal, scale,
-                                attention_mask);
-  return cuda_forward_of(q, k, v, a);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> t5_backward_cuda(
-    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& table, bool bidirectional,
-    int64_t max_distance, bool causal, std::optional<double> scale,
-    const std::optional<at::Tensor>& attention_mask) {
-  check_backward_devices(kT5, grad_out, q, k, v, out, lse,
-                         {{"table", table}, {"attention_mask", attention_mask}});
-  check_t5(q, k, v, table, bidirectional, max_distance);
-  const auto a =
-      t5_problem(q, k, table, bidirectional, max_distance, causal, scale, attention_mask);
-  if (!cuda_kernel_takes(q, v, a))
-    return t5_backward_reference(grad_out, q, k, v, out, lse, table, bidirectional, max_distance,
-                                 causal, scale, attention_mask);
-  return cuda_backward_of(grad_out, q, k, v, out, lse, a);
-}
-
-at::Tensor t5_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                             bool causal, std::optional<double> scale,
-                             const std::optional<at::Tensor>& attention_mask) {
-  return std::get<0>(
-      t5_forward_cuda(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask));
-}
-
-std::tuple<at::Tensor, at::Tensor> positional_forward_cuda(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& v, POSITIONAL_PARAMS) {
+std::tuple<at::Tensor, at::Tensor> positional_forward(const at::Tensor& q, const at::Tensor& k,
+                                                      const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
                         positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
                                           variate_ids, variate_bias, causal_ids));
-  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
-  if (!cuda_kernel_takes(q, v, a)) return positional_forward_reference_of(q, k, v, a);
-  return cuda_forward_of(q, k, v, a);
+  const auto r = routed(q, k, v, POSITIONAL_ARGS);
+  if (r.route.path == PositionalPath::kReference)
+    return positional_forward_reference_of(q, k, v, r.a);
+  const auto f = fused_call(q, k, v, r);
+  // out [B, Nq, H, Dv]: float32 from the CPU kernel (the accumulator's values), the kernel's
+  // input dtype from CUDA; lse [B, H, Nq]
+  auto [out, lse] = attention_fused_forward_op().call(f.q, f.k, f.v, POSENC_FUSED_ARGS(f, r.a));
+  return {out.transpose(1, 2).to(q.scalar_type()).contiguous(), lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> positional_backward(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, POSITIONAL_PARAMS) {
   check_backward_devices(kPositional, grad_out, q, k, v, out, lse,
                          positional_tables(cos, sin, slopes, t5_table, attention_mask, sample_ids,
                                            variate_ids, variate_bias, causal_ids));
-  const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
-  if (!cuda_kernel_takes(q, v, a))
-    return positional_backward_reference_of(grad_out, q, k, v, out, lse, a);
-  at::Tensor dvariate;
-  auto [dq, dk, dv, dtable] = cuda_backward_of(grad_out, q, k, v, out, lse, a, &dvariate);
-  if (!dtable.defined()) dtable = at::empty({0}, q.options().dtype(at::kFloat));
-  return {dq, dk, dv, dtable, dvariate};
+  const auto r = routed(q, k, v, POSITIONAL_ARGS);
+  // nothing to differentiate (no query or no key): the reference's zeros in every shape
+  if (r.route.path == PositionalPath::kReference || q.numel() == 0 || k.numel() == 0)
+    return positional_backward_reference_of(grad_out, q, k, v, out, lse, r.a);
+  const auto f = fused_call(q, k, v, r);
+  const auto st = f.q.scalar_type();  // the CUDA kernel reads out and grad_out in q's dtype
+  auto [dq, dk, dv, dtable, dvariate] = attention_fused_backward_op().call(
+      grad_out.to(st).transpose(1, 2), out.to(st).transpose(1, 2), lse, f.q, f.k, f.v,
+      POSENC_FUSED_ARGS(f, r.a));  // [B, N, H, D]
+  dq = dq.transpose(1, 2);
+  dk = dk.transpose(1, 2);
+  if (r.route.rotate_first) {  // gradients of the rotated q', k': rotated back (R^T)
+    dq = rotate_rows_of(dq.to(at::kFloat), r.a, k.size(2) - q.size(2), /*inverse=*/true);
+    dk = rotate_rows_of(dk.to(at::kFloat), r.a, 0, /*inverse=*/true);
+  }
+  return {dq.to(q.scalar_type()).contiguous(), dk.to(k.scalar_type()).contiguous(),
+          dv.transpose(1, 2).to(v.scalar_type()).contiguous(), dtable, dvariate};
 }
 
-at::Tensor positional_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     POSITIONAL_PARAMS) {
-  return std::get<0>(positional_forward_cuda(q, k, v, POSITIONAL_ARGS));
-}
-#endif  // POSENC_HAS_CUDA_GLUE
+#undef POSENC_FUSED_ARGS
 
-// Which path a call takes, and why (inspection; the tests assert RoPE goes inside): "fused",
-// "fused, RoPE inside", "fused, RoPE outside: <why>", "reference: <why>"; tables that require a
-// gradient are rotated by apply_rotary first (the Autograd kernel), then "fused".
+at::Tensor positional_attention_kernel(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, POSITIONAL_PARAMS) {
+  return std::get<0>(positional_forward(q, k, v, POSITIONAL_ARGS));
+}
+
+// Which path a call takes, and why (inspection; python/posenc/routes.py reads the line as an
+// AttentionRoute): describe(route_positional(...)), the decision the operator itself reads, with
+// tables that require a gradient (under grad mode) rotated by apply_rotary first (the Autograd
+// kernel does that).
 std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& v, POSITIONAL_PARAMS) {
   check_forward_devices(kPositional, q, k, v,
@@ -1413,21 +885,7 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
   const auto a = positional_args(q, k, v, POSITIONAL_ARGS);
   const bool learned =
       at::GradMode::is_enabled() && a.rotary() && (a.cos.requires_grad() || a.sin.requires_grad());
-  const std::string first = learned ? "apply_rotary first (cos/sin require grad), then " : "";
-#ifdef POSENC_HAS_CUDA_GLUE
-  if (q.is_cuda()) {
-    if (!cuda_kernel_takes(q, v, a))
-      return first +
-             "reference: a call the CUDA kernel does not take (float64, a head dim of 0 "
-             "or above 256, ALiBi and T5 together, or causal ids)";
-    return first + (a.rotary() && !learned ? "CUDA kernel, RoPE outside (float32)" : "CUDA kernel");
-  }
-#endif
-  if (const auto why = positional_reference_reason(q, v); !why.empty())
-    return first + "reference: " + why;
-  if (!a.rotary() || learned) return first + "fused";
-  const auto why = positional_rotary_outside(a);
-  return why.empty() ? "fused, RoPE inside" : "fused, RoPE outside: " + why;
+  return describe(route_positional(positional_call(q, v, a, learned)));
 }
 
 #undef POSITIONAL_ARGS
@@ -1436,30 +894,6 @@ std::string positional_attention_route(const at::Tensor& q, const at::Tensor& k,
 }  // namespace
 
 POSENC_LIBRARY_FRAGMENT(m) {
-  m.def(
-      "alibi_attention(Tensor q, Tensor k, Tensor v, Tensor slopes, bool causal=False, "
-      "bool symmetric=False, float? scale=None, Tensor? attention_mask=None) -> Tensor");
-  m.def(
-      "_alibi_attention_forward(Tensor q, Tensor k, Tensor v, Tensor slopes, bool causal=False, "
-      "bool symmetric=False, float? scale=None, Tensor? attention_mask=None) -> (Tensor, Tensor)");
-  m.def(
-      "_alibi_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-      "Tensor lse, Tensor slopes, bool causal=False, bool symmetric=False, float? scale=None, "
-      "Tensor? attention_mask=None) -> "
-      "(Tensor, Tensor, Tensor)");
-  m.def(
-      "t5_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
-      "Tensor");
-  m.def(
-      "_t5_attention_forward(Tensor q, Tensor k, Tensor v, Tensor table, bool bidirectional=True, "
-      "int max_distance=128, bool causal=False, float? scale=None, Tensor? attention_mask=None) -> "
-      "(Tensor, Tensor)");
-  m.def(
-      "_t5_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
-      "Tensor lse, Tensor table, bool bidirectional=True, int max_distance=128, "
-      "bool causal=False, float? scale=None, Tensor? attention_mask=None) -> (Tensor, Tensor, "
-      "Tensor, Tensor)");
   m.def(
       "shaw_attention(Tensor q, Tensor k, Tensor v, Tensor table, bool causal=False, "
       "float? scale=None, Tensor? attention_mask=None) -> Tensor");
@@ -1509,43 +943,22 @@ POSENC_LIBRARY_FRAGMENT(m) {
 }
 
 POSENC_LIBRARY_IMPL(CPU, m) {
-  m.impl("alibi_attention", TORCH_FN(alibi_attention_cpu));
-  m.impl("_alibi_attention_forward", TORCH_FN(forward_cpu));
-  m.impl("_alibi_attention_backward", TORCH_FN(backward_cpu));
-  m.impl("t5_attention", TORCH_FN(t5_attention_cpu));
-  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_cpu));
-  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_cpu));
   m.impl("shaw_attention", TORCH_FN(shaw_attention_cpu));
   m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_cpu));
   m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_cpu));
-  m.impl("positional_attention", TORCH_FN(positional_attention_cpu));
-  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_cpu));
-  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_cpu));
+  m.impl("positional_attention", TORCH_FN(positional_attention_kernel));
+  m.impl("_positional_attention_forward", TORCH_FN(positional_forward));
+  m.impl("_positional_attention_backward", TORCH_FN(positional_backward));
 }
 
+// CUDA: the same functions (route_positional sends a call to the CUDA kernel through
+// attention_fused, or to the reference: a LibTorch without the CUDA glue, or a call the kernel does
+// not take); Shaw's query-dependent bias takes the reference.
 POSENC_LIBRARY_IMPL(CUDA, m) {
-#ifdef POSENC_HAS_CUDA_GLUE  // the CUDA kernel where it takes the call (cuda_kernel_takes)
-  m.impl("alibi_attention", TORCH_FN(alibi_attention_cuda));
-  m.impl("_alibi_attention_forward", TORCH_FN(forward_cuda));
-  m.impl("_alibi_attention_backward", TORCH_FN(backward_cuda));
-  m.impl("t5_attention", TORCH_FN(t5_attention_cuda));
-  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_cuda));
-  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_cuda));
-  m.impl("positional_attention", TORCH_FN(positional_attention_cuda));
-  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_cuda));
-  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_cuda));
-#else  // a LibTorch without CUDA glue: the plain-ATen reference
-  m.impl("alibi_attention", TORCH_FN(alibi_attention_reference));
-  m.impl("_alibi_attention_forward", TORCH_FN(forward_reference));
-  m.impl("_alibi_attention_backward", TORCH_FN(backward_reference));
-  m.impl("t5_attention", TORCH_FN(t5_attention_reference));
-  m.impl("_t5_attention_forward", TORCH_FN(t5_forward_reference));
-  m.impl("_t5_attention_backward", TORCH_FN(t5_backward_reference));
-  m.impl("positional_attention", TORCH_FN(positional_attention_reference));
-  m.impl("_positional_attention_forward", TORCH_FN(positional_forward_reference));
-  m.impl("_positional_attention_backward", TORCH_FN(positional_backward_reference));
-#endif
-  m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));  // a query-dependent bias
+  m.impl("positional_attention", TORCH_FN(positional_attention_kernel));
+  m.impl("_positional_attention_forward", TORCH_FN(positional_forward));
+  m.impl("_positional_attention_backward", TORCH_FN(positional_backward));
+  m.impl("shaw_attention", TORCH_FN(shaw_attention_reference));
   m.impl("_shaw_attention_forward", TORCH_FN(shaw_forward_reference));
   m.impl("_shaw_attention_backward", TORCH_FN(shaw_backward_reference));
 }

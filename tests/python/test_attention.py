@@ -69,20 +69,24 @@ def test_slopes_are_blooms():
 
 
 def test_opcheck():
+    # alibi_attention is positional_attention with slopes: its operator, forward and backward
     q, k, v = _inputs(1, 2, 6, 9, 8)
     slopes = posenc.alibi_slopes(2)
-    torch.library.opcheck(torch.ops.posenc.alibi_attention, (q, k, v, slopes, True, False, None))
+    ops = torch.ops.posenc
+    alibi = (None, None, "half", slopes)  # cos, sin, layout, slopes; then symmetric, t5_table, ...
+    causal = (*alibi, False, None, True, 128, True, None)
+    torch.library.opcheck(ops.positional_attention, (q, k, v, *causal))
     torch.library.opcheck(
-        torch.ops.posenc._alibi_attention_forward,
-        (q.detach(), k.detach(), v.detach(), slopes, False, True, 0.5),
+        ops._positional_attention_forward,
+        (q.detach(), k.detach(), v.detach(), *alibi, True, None, True, 128, False, 0.5),
     )
     # the backward on transposed views (a model's [B, N, H, D] projections): the fake kernel's
     # strides are the kernel's (contiguous), not q's
     qt, kt, vt = (t.detach().transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    out, lse = torch.ops.posenc._alibi_attention_forward(qt, kt, vt, slopes, True, False, None)
+    out, lse = ops._positional_attention_forward(qt, kt, vt, *causal)
     torch.library.opcheck(
-        torch.ops.posenc._alibi_attention_backward,
-        (torch.randn_like(out), qt, kt, vt, out, lse, slopes, True, False, None),
+        ops._positional_attention_backward,
+        (torch.randn_like(out), qt, kt, vt, out, lse, *causal),
     )
 
 

@@ -223,13 +223,14 @@ def test_opcheck_with_a_mask():
     slopes = posenc.alibi_slopes(2)
     table = torch.randn(8, 2)
     ops = torch.ops.posenc
-    torch.library.opcheck(ops.alibi_attention, (q, k, v, slopes, True, False, None, mask))
-    out, lse = ops._alibi_attention_forward(q, k, v, slopes, True, False, None, mask)
+    alibi = (None, None, "half", slopes, False, None, True, 128, True, None, mask)
+    torch.library.opcheck(ops.positional_attention, (q, k, v, *alibi))
+    out, lse = ops._positional_attention_forward(q, k, v, *alibi)
     torch.library.opcheck(
-        ops._alibi_attention_backward,
-        (torch.randn_like(out), q, k, v, out, lse, slopes, True, False, None, mask),
+        ops._positional_attention_backward, (torch.randn_like(out), q, k, v, out, lse, *alibi)
     )
-    torch.library.opcheck(ops.t5_attention, (q, k, v, table, True, 16, False, None, mask))
+    t5 = (None, None, "half", None, False, table, True, 16, False, None, mask)
+    torch.library.opcheck(ops.positional_attention, (q, k, v, *t5))
     torch.library.opcheck(ops.shaw_attention, (q, k, v, torch.randn(5, 8), True, None, mask))
     torch.library.opcheck(
         ops.positional_attention,

@@ -5,11 +5,11 @@ positional_attention with one bias part, take its path and give its results to t
 
 Each explainer's line is produced here by a real call where this machine can make it (CPU); the
 CUDA lines of positional_attention_route, which need a GPU, are read from the C++ code's own
-strings (src/bindings/attention.cpp) so the parser is pinned to them; a line of no grammar is a
-ValueError, never a guessed route.
+strings (describe in src/bindings/positional_route.cpp, whose decisions tests/test_positional_route.cpp
+checks for every device) so the parser is pinned to them; a line of no grammar is a ValueError,
+never a guessed route.
 """
 
-import re
 from pathlib import Path
 
 import pytest
@@ -67,19 +67,24 @@ def test_positional_routes_on_the_cpu():
 
 
 def test_the_cuda_lines_of_positional_attention_route():
-    # the CUDA branch of positional_attention_route, as the C++ writes it (needs a GPU to run)
-    source = (ROOT / "src/bindings/attention.cpp").read_text()
-    cuda = source[source.index("std::string positional_attention_route(") :]
-    cuda = cuda[: cuda.index("#endif")]
-    reference = "".join(re.findall(r'"([^"]*)"', cuda[cuda.index('"reference: ') :].split(";")[0]))
-    assert reference.startswith("reference: a call the CUDA kernel does not take")
-    route = AttentionRoute.from_positional(reference, cuda=True)
-    assert route.taken == "reference" and route.not_taken[0][0] == "cuda"
-    for line, inside in (("CUDA kernel", False), ("CUDA kernel, RoPE outside (float32)", False)):
-        assert f'"{line}"' in cuda, line
-        route = AttentionRoute.from_positional(line, cuda=True)
-        assert (route.taken, route.rope_inside) == ("cuda", inside)
+    # the CUDA lines of positional_attention_route, as describe() in src/bindings/positional_route.cpp
+    # writes them (tests/test_positional_route.cpp checks which call gets which; a GPU runs them)
+    source = (ROOT / "src/bindings/positional_route.cpp").read_text()
+    describe = source[source.index("std::string describe(const PositionalRoute& route)") :]
+    for line in ("CUDA kernel", "CUDA kernel, RoPE outside (float32)"):
+        assert f'"{line}"' in describe, line
+    assert '"reference: a call the CUDA kernel does not take ("' in describe
+    route = AttentionRoute.from_positional(
+        "reference: a call the CUDA kernel does not take (ALiBi and T5 together)", cuda=True
+    )
+    assert route.taken == "reference"
+    assert route.not_taken == (
+        ("cuda", "a call the CUDA kernel does not take (ALiBi and T5 together)"),
+    )
+    route = AttentionRoute.from_positional("CUDA kernel", cuda=True)
+    assert (route.taken, route.rope_inside, route.not_taken) == ("cuda", False, ())
     route = AttentionRoute.from_positional("CUDA kernel, RoPE outside (float32)", cuda=True)
+    assert (route.taken, route.rope_inside) == ("cuda", False)
     assert route.why_not("RoPE inside") is not None
 
 

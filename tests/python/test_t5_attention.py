@@ -214,24 +214,30 @@ def test_gradcheck_float64():
 
 
 def test_opcheck():
+    # t5_attention is positional_attention with t5_table: its operator, forward and backward
     q, k, v, table = _inputs(1, 2, 6, 9, 8, num_buckets=8)
-    torch.library.opcheck(torch.ops.posenc.t5_attention, (q, k, v, table, True, 128, False, None))
-    torch.library.opcheck(torch.ops.posenc.t5_attention, (q, k, v, table, False, 5, True, 1.0))
+    ops = torch.ops.posenc
+
+    def t5(table, bidirectional, max_distance, causal, scale):  # positional's arguments after v
+        return (None, None, "half", None, False, table, bidirectional, max_distance, causal, scale)
+
+    torch.library.opcheck(ops.positional_attention, (q, k, v, *t5(table, True, 128, False, None)))
+    torch.library.opcheck(ops.positional_attention, (q, k, v, *t5(table, False, 5, True, 1.0)))
     # non-contiguous inputs (T5's transposed projections): the fake kernels' strides
     qt, kt, vt = (
         t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (q, k, v)
     )
     assert not qt.is_contiguous()
-    torch.library.opcheck(torch.ops.posenc.t5_attention, (qt, kt, vt, table, True, 16, True, 0.5))
+    torch.library.opcheck(ops.positional_attention, (qt, kt, vt, *t5(table, True, 16, True, 0.5)))
     torch.library.opcheck(
-        torch.ops.posenc._t5_attention_forward,
-        (q.detach(), k.detach(), v.detach(), table.detach(), False, 6, True, 0.5),
+        ops._positional_attention_forward,
+        (q.detach(), k.detach(), v.detach(), *t5(table.detach(), False, 6, True, 0.5)),
     )
     qt, kt, vt, table = (t.detach() for t in (qt, kt, vt, table))
-    out, lse = torch.ops.posenc._t5_attention_forward(qt, kt, vt, table, True, 16, True, 0.5)
+    out, lse = ops._positional_attention_forward(qt, kt, vt, *t5(table, True, 16, True, 0.5))
     torch.library.opcheck(
-        torch.ops.posenc._t5_attention_backward,
-        (torch.randn_like(out), qt, kt, vt, out, lse, table, True, 16, True, 0.5),
+        ops._positional_attention_backward,
+        (torch.randn_like(out), qt, kt, vt, out, lse, *t5(table, True, 16, True, 0.5)),
     )
 
 

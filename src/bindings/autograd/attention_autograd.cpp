@@ -1,17 +1,15 @@
-// Autograd for posenc::alibi_attention (the formula in ../attention.cpp): the forward op saves
-// the log-sum-exp of each row, the backward op recomputes the tiles from it
-// (FlashAttention-2's backward): dq, dk, dv; the slopes are constants (no gradient: ALiBi's are
-// fixed). Both go through the dispatcher, so torch.compile sees the two ops and their fake
+// Autograd for the SDPA-layout attention operators (../attention.cpp): the forward op saves the
+// log-sum-exp of each row, the backward op recomputes the tiles from it (FlashAttention-2's
+// backward). Both go through the dispatcher, so torch.compile sees the two ops and their fake
 // kernels (python/posenc/_meta.py).
-// posenc::t5_attention the same way, with a gradient for its bucket table as well
-// (_t5_attention_backward's dtable: dS summed per bucket and head).
-// posenc::shaw_attention likewise, with a gradient for its [2K+1, D] table
+// posenc::shaw_attention: dq, dk, dv and a gradient for its [2K+1, D] table
 // (_shaw_attention_backward's dtable: sum_{b,h} dqr^T q, dqr = dS summed per clipped offset).
-// posenc::positional_attention (RoPE inside + ALiBi + T5 + packed samples + binary variate bias)
-// likewise: gradients for q, k, v (the backward op rotates dq, dk back), the T5 table and
-// variate_bias [2, H]; the slopes, the ids and the rotary tables are constants. Rotary tables that
-// require a gradient (learned frequencies) are applied first by posenc::apply_rotary (its own
-// Autograd kernel gives dcos, dsin; a rotated copy of q and k), then the op runs without them.
+// posenc::positional_attention (RoPE inside + ALiBi + T5 + packed samples + binary variate bias;
+// posenc.alibi_attention and posenc.t5_attention are it): gradients for q, k, v (the backward op
+// rotates dq, dk back), the T5 table and variate_bias [2, H]; the slopes, the ids and the
+// rotary tables are constants. Rotary tables that require a gradient (learned frequencies) are
+// applied first by posenc::apply_rotary (its own Autograd kernel gives dcos, dsin; a rotated copy
+// of q and k), then the op runs without them.
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -30,111 +28,6 @@ using OptionalTensor = std::optional<at::Tensor>;
 
 OptionalTensor optional_of(const at::Tensor& t) {
   return t.defined() ? OptionalTensor(t) : std::nullopt;
-}
-
-class AlibiAttentionFunction : public torch::autograd::Function<AlibiAttentionFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& slopes, bool causal,
-                               bool symmetric, std::optional<double> scale,
-                               const OptionalTensor& attention_mask) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("posenc::_alibi_attention_forward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
-                bool, std::optional<double>, const OptionalTensor&)>();
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] = op.call(q, k, v, slopes, causal, symmetric, scale, attention_mask);
-    ctx->save_for_backward({q, k, v, out, lse, slopes, attention_mask.value_or(at::Tensor())});
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["symmetric"] = symmetric;
-    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
-    return {out};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    detail::require_first_order("posenc attention");
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("posenc::_alibi_attention_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, bool,
-                std::optional<double>, const OptionalTensor&)>();
-    const auto s = ctx->get_saved_variables();
-    const auto scale_value = ctx->saved_data["scale"];
-    const std::optional<double> scale =
-        scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
-    auto [dq, dk, dv] = op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
-                                ctx->saved_data["causal"].toBool(),
-                                ctx->saved_data["symmetric"].toBool(), scale, optional_of(s[6]));
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-at::Tensor alibi_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    const at::Tensor& slopes, bool causal, bool symmetric,
-                                    std::optional<double> scale,
-                                    const OptionalTensor& attention_mask) {
-  TORCH_CHECK(!(at::GradMode::is_enabled() && slopes.requires_grad()),
-              "posenc.alibi_attention: the slopes have no gradient (ALiBi's are fixed); pass "
-              "them detached");
-  return AlibiAttentionFunction::apply(q, k, v, slopes, causal, symmetric, scale,
-                                       attention_mask)[0];
-}
-
-class T5AttentionFunction : public torch::autograd::Function<T5AttentionFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const at::Tensor& table, bool bidirectional,
-                               int64_t max_distance, bool causal, std::optional<double> scale,
-                               const OptionalTensor& attention_mask) {
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("posenc::_t5_attention_forward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
-                int64_t, bool, std::optional<double>, const OptionalTensor&)>();
-    at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, lse] =
-        op.call(q, k, v, table, bidirectional, max_distance, causal, scale, attention_mask);
-    ctx->save_for_backward({q, k, v, out, lse, table, attention_mask.value_or(at::Tensor())});
-    ctx->saved_data["bidirectional"] = bidirectional;
-    ctx->saved_data["max_distance"] = max_distance;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["scale"] = scale.has_value() ? c10::IValue(*scale) : c10::IValue();
-    return {out};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    detail::require_first_order("posenc attention");
-    static const auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("posenc::_t5_attention_backward", "")
-            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, int64_t, bool,
-                std::optional<double>, const OptionalTensor&)>();
-    const auto s = ctx->get_saved_variables();
-    const auto scale_value = ctx->saved_data["scale"];
-    const std::optional<double> scale =
-        scale_value.isNone() ? std::nullopt : std::optional<double>(scale_value.toDouble());
-    auto [dq, dk, dv, dtable] =
-        op.call(grads[0].contiguous(), s[0], s[1], s[2], s[3], s[4], s[5],
-                ctx->saved_data["bidirectional"].toBool(), ctx->saved_data["max_distance"].toInt(),
-                ctx->saved_data["causal"].toBool(), scale, optional_of(s[6]));
-    return {dq,           dk,           dv,           dtable,      at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-at::Tensor t5_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& table, bool bidirectional, int64_t max_distance,
-                                 bool causal, std::optional<double> scale,
-                                 const OptionalTensor& attention_mask) {
-  return T5AttentionFunction::apply(q, k, v, table, bidirectional, max_distance, causal, scale,
-                                    attention_mask)[0];
 }
 
 class ShawAttentionFunction : public torch::autograd::Function<ShawAttentionFunction> {
@@ -324,8 +217,6 @@ at::Tensor positional_attention_autograd(
 }  // namespace
 
 POSENC_LIBRARY_IMPL(Autograd, m) {
-  m.impl("alibi_attention", TORCH_FN(alibi_attention_autograd));
-  m.impl("t5_attention", TORCH_FN(t5_attention_autograd));
   m.impl("shaw_attention", TORCH_FN(shaw_attention_autograd));
   m.impl("positional_attention", TORCH_FN(positional_attention_autograd));
 }
