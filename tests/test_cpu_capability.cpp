@@ -2,11 +2,13 @@
 // picks the level from CPUID and the two environment variables, its one-line refusals, the
 // level this process runs at (CTest's unit_cpu_* entries force each in turn), and the vector
 // levels against each other in one process: element-wise kernels (GELU, RoPE's float32 rows)
-// give the same bits at 8 and 16 lanes (the same IEEE operations per lane).
+// give the same bits at 8 and 16 lanes (the same IEEE operations per lane), GELU at the scalar
+// level too.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -104,11 +106,17 @@ std::vector<const posenc::detail::CpuKernels*> vector_levels() {
   return out;
 }
 
-TEST(CpuCapability, GeluGivesTheSameBitsAtEveryVectorLevel) {
-  const auto levels = vector_levels();
-  if (levels.size() < 2) GTEST_SKIP() << "one vector level on this CPU";
+TEST(CpuCapability, GeluGivesTheSameBitsAtEveryLevel) {
+  // the scalar level's plain loop too (std::fma: the vector levels' operations one at a time)
+  auto levels = vector_levels();
+  levels.insert(levels.begin(), &posenc::detail::cpu_kernels_at(CpuCapability::kScalar));
+  if (levels.size() < 2) GTEST_SKIP() << "one level on this CPU";
   torch::manual_seed(3);
-  const auto x = torch::randn({1037}) * 4;  // 64 vectors of 16 and a tail of 13
+  const float inf = std::numeric_limits<float>::infinity();
+  const auto x = torch::cat({torch::randn({1037}) * 4,  // 64 vectors of 16 and a tail of 13
+                             torch::arange(-7 * 4096, 7 * 4096 + 1, torch::kFloat) / 4096.0,
+                             torch::tensor({0.0f, -0.0f, inf, -inf, 1e30f, -1e30f, 1e-30f, -1e-30f,
+                                            5.4f, -5.4f, 6.0f, -6.0f})});
   const auto dy = torch::randn_like(x);
   std::vector<torch::Tensor> ys, dxs;
   for (const auto* k : levels) {
@@ -118,8 +126,13 @@ TEST(CpuCapability, GeluGivesTheSameBitsAtEveryVectorLevel) {
     ys.push_back(y);
     dxs.push_back(dx);
   }
-  EXPECT_TRUE(torch::equal(ys[0], ys[1]));
-  EXPECT_TRUE(torch::equal(dxs[0], dxs[1]));
+  for (size_t i = 1; i < levels.size(); ++i) {
+    // bits, signed zeros included
+    EXPECT_TRUE(torch::equal(ys[0].view(torch::kInt32), ys[i].view(torch::kInt32)))
+        << posenc::to_string(levels[i]->capability);
+    EXPECT_TRUE(torch::equal(dxs[0].view(torch::kInt32), dxs[i].view(torch::kInt32)))
+        << posenc::to_string(levels[i]->capability);
+  }
 }
 
 TEST(CpuCapability, RopeRowsGiveTheSameBitsAtEveryVectorLevel) {

@@ -29,7 +29,8 @@ struct CpuKernels {
   // softmax rows (softmax_rows.h): max_c x[c]; x[c] <- exp(x[c] - m), returns the sum
   float (*row_max)(const float* x, int64_t n);
   float (*exp_sub_sum)(float* x, int64_t n, float m);
-  // GELU (gelu_rows.h): y = gelu(x); dx = dy gelu'(x), over n values; null at kScalar
+  // GELU (gelu_rows.h): y = gelu(x); dx = dy gelu'(x), over n values (the same bits at every
+  // level)
   void (*gelu)(const float* x, float* y, int64_t n);
   void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n);
   // add + LayerNorm rows of d % 8 == 0 values (layer_norm_rows.h); null at kScalar

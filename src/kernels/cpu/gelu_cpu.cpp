@@ -1,9 +1,12 @@
-// GELU's forward and backward passes over the CPU level's vector lanes (the loops: gelu_rows.h,
-// one table entry per level, cpu_kernels.h); the math, its source and its error are in
-// posenc/kernels/gelu.h.
+// GELU's forward and backward passes at the CPU level (the loops: gelu_rows.h, one table entry per
+// level, cpu_kernels.h: vector lanes at AVX2 and AVX-512, one value at a time at the scalar level,
+// the same bits at each); the math, its source and its error are in posenc/kernels/gelu.h. The
+// *_out entries write into the caller's tensor (the benchmarks' preallocated outputs; an output
+// may be an input, element for element, never a partial overlap).
 // Chunks of kGeluGrain elements per thread: a tensor below that runs on the calling thread
 // without waking the pool (the main job's MLP activations, 2048 x 192, are two chunks).
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -23,9 +26,15 @@ constexpr int64_t kGeluGrain = 1 << 16;
 
 void check_input(const char* what, const at::Tensor& x) {
   TORCH_CHECK(gelu_fused_supported(x), "gelu_fused: ", what,
-              " must be a contiguous float32 CPU tensor at CPU level avx2 or avx512, got ",
-              x.scalar_type(), " on ", x.device(), x.is_contiguous() ? "" : " (not contiguous)",
-              " at level ", to_string(cpu_capability()));
+              " must be a contiguous float32 CPU tensor, got ", x.scalar_type(), " on ", x.device(),
+              x.is_contiguous() ? "" : " (not contiguous)");
+}
+
+void check_output(const char* what, const at::Tensor& out, const at::Tensor& x) {
+  check_input(what, out);
+  TORCH_CHECK(out.sizes() == x.sizes(), "gelu_fused: ", what, " ", out.sizes(), " and x ",
+              x.sizes(), " differ in shape");
+  at::assert_no_partial_overlap(out, x);
 }
 
 }  // namespace
@@ -35,29 +44,42 @@ bool gelu_fused_supported(const at::Tensor& x) {
          x.layout() == at::kStrided && x.is_contiguous() && detail::cpu_kernels().gelu != nullptr;
 }
 
-at::Tensor gelu_forward_cpu(const at::Tensor& x) {
+void gelu_forward_cpu_out(const at::Tensor& x, at::Tensor& y) {
   check_input("x", x);
-  auto y = at::empty_like(x);
+  check_output("y", y, x);
   const float* in = x.const_data_ptr<float>();
   float* out = y.mutable_data_ptr<float>();
   const auto gelu = detail::cpu_kernels().gelu;
   detail::parallel_for(0, x.numel(), kGeluGrain,
                        [&](int64_t b, int64_t e) { gelu(in + b, out + b, e - b); });
+}
+
+at::Tensor gelu_forward_cpu(const at::Tensor& x) {
+  check_input("x", x);
+  auto y = at::empty_like(x);
+  gelu_forward_cpu_out(x, y);
   return y;
 }
 
-at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
+void gelu_backward_cpu_out(const at::Tensor& grad, const at::Tensor& x, at::Tensor& dx) {
   check_input("x", x);
   check_input("grad", grad);
   TORCH_CHECK(grad.sizes() == x.sizes(), "gelu_fused: grad ", grad.sizes(), " and x ", x.sizes(),
               " differ in shape");
-  auto dx = at::empty_like(x);
+  check_output("dx", dx, x);
+  at::assert_no_partial_overlap(dx, grad);
   const float* g = grad.const_data_ptr<float>();
   const float* in = x.const_data_ptr<float>();
   float* out = dx.mutable_data_ptr<float>();
   const auto gelu_backward = detail::cpu_kernels().gelu_backward;
   detail::parallel_for(0, x.numel(), kGeluGrain,
                        [&](int64_t b, int64_t e) { gelu_backward(g + b, in + b, out + b, e - b); });
+}
+
+at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
+  check_input("x", x);
+  auto dx = at::empty_like(x);
+  gelu_backward_cpu_out(grad, x, dx);
   return dx;
 }
 

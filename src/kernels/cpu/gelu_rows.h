@@ -1,84 +1,119 @@
-// GELU's forward and backward passes over a vector type's lanes (vec_avx2.h: 8, vec_avx512.h:
-// 16; the math, its source and its error are in posenc/kernels/gelu.h). Per lane,
-// z = x / sqrt 2 (x * M_SQRT1_2, as ATen):
-//   t = 1 / (1 + p |z|),  e = exp(-z^2),  erf(z) = sign(z) (1 - t P(t) e)
-//   forward   y  = (x / 2) (1 + erf(z))
-//   backward  dx = dy ((1 + erf(z)) / 2 + x e / sqrt(2 pi))   (e = exp(-x^2 / 2) = phi sqrt(2 pi))
-// The same operations per lane at either width: a value does not depend on the level, its
-// position or the tail (the last n % lanes values through a masked load and store).
-// Included only inside a vector type's target region (kernels_avx2.cpp, kernels_avx512.cpp).
+// GELU's forward and backward passes: GeluRows over a vector type's lanes (vec_avx2.h: 8,
+// vec_avx512.h: 16), PlainGeluRows one value at a time (the scalar level); the math, its source
+// and its error are in posenc/kernels/gelu.h. Per value, a = |x| (clamped), two tails of the
+// normal distribution as piecewise polynomials (gelu_tables.h, fitted by
+// tools/gen_gelu_polynomials.py):
+//   Q(a) = Phi(-a)                  forward   y  = relu(x) - a Q(a)              (one rounding)
+//   S(a) = Phi(-a) - a phi(a)       backward  dx = dy (x < 0 ? S(a) : 1 - S(a))
+// A tail on interval n of u = a k: w = fma(a, k, 1.5 2^23) rounds a k to the integer n (its low
+// mantissa bits, the table index), t = fma(a, k, 1.5 2^23 - w) = a k - n, then Horner in t with
+// the interval's coefficients (a permute per coefficient: vpermps over 8 entries):
+//   forward ~20 vector operations, backward ~24 (no division, no exponential, no range checks).
+// Every level runs the same IEEE operations in the same order, fused multiply-adds included
+// (std::fma in the plain loop; min and max as MINPS / MAXPS order their operands), so a value is
+// the same bits at scalar, AVX2 and AVX-512 and does not depend on its position or the tail (the
+// last n % lanes values through a masked load and store). Special values: gelu(+inf) = +inf,
+// gelu(-inf) = -0 (a clamped, the tail zero there), NaN -> NaN; gelu'(+inf) = 1, gelu'(-inf) = 0.
+// GeluRows is instantiated only inside a vector type's target region (kernels_avx2.cpp,
+// kernels_avx512.cpp); PlainGeluRows by kernels_scalar.cpp.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
-#include "softmax_rows.h"
+#include "gelu_tables.h"
 
 namespace posenc::detail {
 namespace {
 
+/// 1.5 2^23: x + kGeluRound rounds x (|x| < 2^22) to an integer, held in the low mantissa bits.
+constexpr float kGeluRound = 12582912.0f;
+
 template <class Vec>
 struct GeluRows {
   using V = typename Vec::V;
-  using M = typename Vec::M;
   static constexpr int64_t kLanes = Vec::kLanes;
-  struct Erf {
-    V erf;  // erf(z)
-    V e;    // exp(-z^2)
-  };
-  static inline __attribute__((always_inline)) Erf erf(V z) {
-    const V neg_zero = Vec::set1(-0.0f);
-    const V one = Vec::set1(1.0f);
-    const V sign = Vec::and_(neg_zero, z);
-    const V a = Vec::xor_(sign, z);
-    const V t = Vec::div(one, Vec::fmadd(Vec::set1(0.3275911f), a, one));
-    V r = Vec::fmadd(Vec::set1(1.061405429f), t, Vec::set1(-1.453152027f));
-    r = Vec::fmadd(r, t, Vec::set1(1.421413741f));
-    r = Vec::fmadd(r, t, Vec::set1(-0.284496736f));
-    r = Vec::fmadd(r, t, Vec::set1(0.254829592f));
-    const V e = VecSoftmaxRows<Vec>::exp(Vec::xor_(neg_zero, Vec::mul(z, z)));
-    // 1 - r t e, then the sign of z
-    const V erf_abs = Vec::fmadd(Vec::xor_(neg_zero, Vec::mul(r, t)), e, one);
-    return {Vec::xor_(sign, erf_abs), e};
-  }
-  static constexpr float kSqrtHalf = static_cast<float>(M_SQRT1_2);
-  static constexpr float kInvSqrtTwoPi = static_cast<float>(M_2_SQRTPI * M_SQRT1_2 * 0.5);
 
-  // Lanes where x is -inf / +-inf: there the products below are inf * 0, and the limits hold.
-  static inline __attribute__((always_inline)) M is_negative_infinity(V x) {
-    return Vec::equal(x, Vec::set1(-INFINITY));
+  // tail(a) = sum_j table[j][n] t^j (table: Vec::table8 of each coefficient row)
+  template <int kDegree>
+  static inline __attribute__((always_inline)) V tail(const V* table, V a, V scale) {
+    const V round = Vec::set1(kGeluRound);
+    const V w = Vec::fmadd(a, scale, round);
+    const V t = Vec::fmadd(a, scale, Vec::sub(round, w));
+    V r = Vec::lookup8(table[kDegree], w);
+    for (int j = kDegree - 1; j >= 0; --j) r = Vec::fmadd(r, t, Vec::lookup8(table[j], w));
+    return r;
   }
-  static inline __attribute__((always_inline)) M is_infinity(V x) {
-    return Vec::equal(Vec::andnot(Vec::set1(-0.0f), x), Vec::set1(INFINITY));
+  // a = min(clamp, |x|), NaN kept (MINPS returns its second operand when either is NaN)
+  static inline __attribute__((always_inline)) V clamped_abs(V x, float clamp) {
+    return Vec::min(Vec::set1(clamp), Vec::andnot(Vec::set1(-0.0f), x));
   }
-  // gelu(-inf) = lim x Phi(x) = -0 (as gelu(-3e38) = -0), not -inf * 0; gelu(+inf) = +inf.
-  static inline __attribute__((always_inline)) V forward(V x) {
-    const Erf f = erf(Vec::mul(x, Vec::set1(kSqrtHalf)));
-    const V y = Vec::mul(Vec::mul(x, Vec::set1(0.5f)), Vec::add(Vec::set1(1.0f), f.erf));
-    return Vec::select(is_negative_infinity(x), Vec::set1(-0.0f), y);
+  // gelu(x) = relu(x) - a Q(a); relu as MAXPS(-0, x): -0 for x < 0, x otherwise (NaN kept)
+  static inline __attribute__((always_inline)) V forward(V x, const V* q) {
+    const V a = clamped_abs(x, kGeluQClamp);
+    const V tail_q = tail<kGeluQDegree>(q, a, Vec::set1(kGeluQScale));
+    return Vec::fnmadd(a, tail_q, Vec::max(Vec::set1(-0.0f), x));
   }
-  // gelu'(+-inf) = Phi(+-inf) = 1 / 0 (x phi(x) -> 0), not Phi + inf * 0.
-  static inline __attribute__((always_inline)) V backward(V dy, V x) {
-    const Erf f = erf(Vec::mul(x, Vec::set1(kSqrtHalf)));
-    const V cdf = Vec::mul(Vec::set1(0.5f), Vec::add(Vec::set1(1.0f), f.erf));
-    const V pdf = Vec::mul(Vec::set1(kInvSqrtTwoPi), f.e);
-    const V slope = Vec::select(is_infinity(x), cdf, Vec::fmadd(x, pdf, cdf));
-    return Vec::mul(dy, slope);
+  // gelu'(x) dy = (x < 0 ? S(a) : 1 - S(a)) dy
+  static inline __attribute__((always_inline)) V backward(V dy, V x, const V* s) {
+    const V tail_s = tail<kGeluSDegree>(s, clamped_abs(x, kGeluSClamp), Vec::set1(kGeluSScale));
+    return Vec::mul(dy, Vec::select_sign(x, tail_s, Vec::sub(Vec::set1(1.0f), tail_s)));
   }
   // y[i] = gelu(x[i]) for i in [0, n)
   static void span(const float* x, float* y, int64_t n) {
+    V q[kGeluQDegree + 1];
+    for (int j = 0; j <= kGeluQDegree; ++j) q[j] = Vec::table8(kGeluQ[j]);
     int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) Vec::store(y + i, forward(Vec::load(x + i)));
-    if (i < n) Vec::store_first(y + i, forward(Vec::load_first(x + i, n - i)), n - i);
+    for (; i + kLanes <= n; i += kLanes) Vec::store(y + i, forward(Vec::load(x + i), q));
+    if (i < n) Vec::store_first(y + i, forward(Vec::load_first(x + i, n - i), q), n - i);
   }
   // dx[i] = dy[i] gelu'(x[i]) for i in [0, n)
   static void backward_span(const float* dy, const float* x, float* dx, int64_t n) {
+    V s[kGeluSDegree + 1];
+    for (int j = 0; j <= kGeluSDegree; ++j) s[j] = Vec::table8(kGeluS[j]);
     int64_t i = 0;
     for (; i + kLanes <= n; i += kLanes)
-      Vec::store(dx + i, backward(Vec::load(dy + i), Vec::load(x + i)));
+      Vec::store(dx + i, backward(Vec::load(dy + i), Vec::load(x + i), s));
     if (i < n)
-      Vec::store_first(
-          dx + i, backward(Vec::load_first(dy + i, n - i), Vec::load_first(x + i, n - i)), n - i);
+      Vec::store_first(dx + i,
+                       backward(Vec::load_first(dy + i, n - i), Vec::load_first(x + i, n - i), s),
+                       n - i);
+  }
+};
+
+// The same operations on one value at a time (std::fma: one rounding, as the vector FMAs).
+struct PlainGeluRows {
+  template <int kDegree>
+  static float tail(const float (*table)[16], float a, float scale) {
+    const float w = std::fma(a, scale, kGeluRound);
+    const float t = std::fma(a, scale, kGeluRound - w);
+    uint32_t bits;
+    std::memcpy(&bits, &w, sizeof bits);
+    const uint32_t n = bits & 7u;
+    float r = table[kDegree][n];
+    for (int j = kDegree - 1; j >= 0; --j) r = std::fma(r, t, table[j][n]);
+    return r;
+  }
+  // MINPS(clamp, |x|): clamp < |x| ? clamp : |x| (NaN kept)
+  static float clamped_abs(float x, float clamp) {
+    const float s = std::fabs(x);
+    return clamp < s ? clamp : s;
+  }
+  static float forward(float x) {
+    const float a = clamped_abs(x, kGeluQClamp);
+    const float relu = -0.0f > x ? -0.0f : x;  // MAXPS(-0, x)
+    return std::fma(-a, tail<kGeluQDegree>(kGeluQ, a, kGeluQScale), relu);
+  }
+  static float backward(float dy, float x) {
+    const float s = tail<kGeluSDegree>(kGeluS, clamped_abs(x, kGeluSClamp), kGeluSScale);
+    return dy * (std::signbit(x) ? s : 1.0f - s);
+  }
+  static void span(const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = forward(x[i]);
+  }
+  static void backward_span(const float* dy, const float* x, float* dx, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) dx[i] = backward(dy[i], x[i]);
   }
 };
 

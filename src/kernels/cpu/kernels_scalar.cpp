@@ -1,8 +1,9 @@
 // The fused CPU kernels' loops at the scalar level (cpu_kernels.h), for any CPU: the plain
 // softmax rows (std::exp), the short attention's dot-product form, the AdamW loop and sum of
-// squares as the compiler vectorizes them for the baseline ISA (SSE2 on x86-64), and RoPE's plain
-// rows in rope_cpu.cpp (null here). GELU and add + LayerNorm have no plain pass: null entries,
-// their callers take the ATen reference (as on a CPU without AVX2 before the levels existed).
+// squares as the compiler vectorizes them for the baseline ISA (SSE2 on x86-64), GELU's plain
+// loops (gelu_rows.h: the vector levels' operations one value at a time, std::fma included, so the
+// same bits as AVX2 and AVX-512) and RoPE's plain rows in rope_cpu.cpp (null here). Add +
+// LayerNorm has no plain pass: null entries, its callers take the ATen reference.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "adamw_rows.h"
 #include "cpu_kernels.h"
+#include "gelu_rows.h"
 #include "short_attention_rows.h"
 #include "softmax_rows.h"
 
@@ -21,8 +23,8 @@ const CpuKernels kScalarKernels = {
     CpuCapability::kScalar,
     &PlainSoftmaxRows::row_max,
     &PlainSoftmaxRows::exp_sub_sum,
-    nullptr,  // gelu
-    nullptr,  // gelu_backward
+    &PlainGeluRows::span,
+    &PlainGeluRows::backward_span,
     nullptr,  // layer_norm_forward_row
     nullptr,  // layer_norm_backward_row
     nullptr,  // rope_f32

@@ -64,6 +64,15 @@ struct VecAvx2 {
   POSENC_VEC_INLINE M is_nan(V a) { return _mm256_cmp_ps(a, a, _CMP_UNORD_Q); }
   POSENC_VEC_INLINE V select(M m, V yes, V no) { return _mm256_blendv_ps(no, yes, m); }
   POSENC_VEC_INLINE V keep(M m, V v) { return _mm256_and_ps(m, v); }  // v where m, else 0
+  // yes in the lanes where x's sign bit is set (x < 0, -0, a NaN with the sign bit), else no
+  POSENC_VEC_INLINE V select_sign(V x, V yes, V no) { return _mm256_blendv_ps(no, yes, x); }
+  // 8-entry tables (GELU's piecewise polynomials, gelu_rows.h): table8(p) holds p[0..7] (16
+  // floats at p, p[8..15] zero: vec_avx512.h loads them all); lookup8(table, index) = table[n]
+  // per lane, n the low 3 bits of index's bits (vec_avx512.h: the low 4, the same for n < 8)
+  POSENC_VEC_INLINE V table8(const float* p) { return _mm256_loadu_ps(p); }
+  POSENC_VEC_INLINE V lookup8(V table, V index) {
+    return _mm256_permutevar8x32_ps(table, _mm256_castps_si256(index));
+  }
   POSENC_VEC_INLINE float hsum(V v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));

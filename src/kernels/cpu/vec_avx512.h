@@ -56,6 +56,13 @@ struct VecAvx512 {
   POSENC_VEC_INLINE M is_nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   POSENC_VEC_INLINE V select(M m, V yes, V no) { return _mm512_mask_blend_ps(m, no, yes); }
   POSENC_VEC_INLINE V keep(M m, V v) { return _mm512_maskz_mov_ps(m, v); }
+  POSENC_VEC_INLINE V select_sign(V x, V yes, V no) {
+    return _mm512_mask_blend_ps(_mm512_movepi32_mask(_mm512_castps_si512(x)), no, yes);
+  }
+  POSENC_VEC_INLINE V table8(const float* p) { return _mm512_loadu_ps(p); }  // p[0..15]
+  POSENC_VEC_INLINE V lookup8(V table, V index) {
+    return _mm512_permutexvar_ps(_mm512_castps_si512(index), table);
+  }
   // halves added as vec_avx2.h's hsum adds its 8 lanes: (lo + hi) then the AVX2 tree
   POSENC_VEC_INLINE float hsum(V v) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
