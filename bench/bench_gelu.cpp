@@ -1,9 +1,10 @@
 // The MLP's GELU at the main job's size (batch 128 x 16 tokens x 192 hidden = 393,216 floats),
-// forward and backward, 2 threads:
-//   aten   at::gelu / at::gelu_backward (what torch::gelu's autograd runs)
-//   fused  gelu_forward_cpu / gelu_backward_cpu (posenc/kernels/gelu.h)
+// forward and backward, each case into an output allocated once (no allocation in the loop):
+//   aten   at::gelu_out / at::gelu_backward_out (the kernels torch::gelu's autograd runs)
+//   fused  gelu_forward_cpu_out / gelu_backward_cpu_out (posenc/kernels/gelu.h)
 //   copy   copy_ of the bytes each pass reads and writes (forward: 1 in, 1 out; backward: 2 in,
-//          1 out): the memory-bound floor
+//          1 out: add_out): the memory-bound floor
+// bench_kernel_width.cpp measures the same passes per CPU level and out of cache.
 //   ./build/bench/bench_gelu
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
@@ -18,27 +19,39 @@ const std::vector<int64_t> kShape = {128 * 16, 192};
 
 void BM_AtenForward(benchmark::State& state) {
   const auto x = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(at::gelu(x).data_ptr());
+  auto y = at::empty_like(x);
+  for (auto _ : state) benchmark::DoNotOptimize(at::gelu_out(y, x).data_ptr());
 }
 void BM_FusedForward(benchmark::State& state) {
   const auto x = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(posenc::gelu_forward_cpu(x).data_ptr());
+  auto y = at::empty_like(x);
+  for (auto _ : state) {
+    posenc::gelu_forward_cpu_out(x, y);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
 }
 void BM_CopyForward(benchmark::State& state) {
   const auto x = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(x.clone().data_ptr());
+  auto y = at::empty_like(x);
+  for (auto _ : state) benchmark::DoNotOptimize(y.copy_(x).data_ptr());
 }
 void BM_AtenBackward(benchmark::State& state) {
   const auto x = torch::randn(kShape), g = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(at::gelu_backward(g, x).data_ptr());
+  auto dx = at::empty_like(x);
+  for (auto _ : state) benchmark::DoNotOptimize(at::gelu_backward_out(dx, g, x).data_ptr());
 }
 void BM_FusedBackward(benchmark::State& state) {
   const auto x = torch::randn(kShape), g = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(posenc::gelu_backward_cpu(g, x).data_ptr());
+  auto dx = at::empty_like(x);
+  for (auto _ : state) {
+    posenc::gelu_backward_cpu_out(g, x, dx);
+    benchmark::DoNotOptimize(dx.data_ptr());
+  }
 }
 void BM_CopyBackward(benchmark::State& state) {
   const auto x = torch::randn(kShape), g = torch::randn(kShape);
-  for (auto _ : state) benchmark::DoNotOptimize(at::add(x, g).data_ptr());
+  auto sum = at::empty_like(x);
+  for (auto _ : state) benchmark::DoNotOptimize(at::add_out(sum, x, g).data_ptr());
 }
 
 BENCHMARK(BM_AtenForward)->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(1);

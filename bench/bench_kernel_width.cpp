@@ -3,25 +3,29 @@
 // fused kernel at >= 0.9x the copy_ bandwidth of its bytes, at the AVX2 and the AVX-512 level):
 //   vit     the main job's activations (configs/vit_fashion.yaml: batch 128 x 16 tokens, D 96,
 //           3 heads of 32, MLP 192): everything in L2 or L3
-//   large   out of cache: 30 MiB per tensor (7.5 Mi floats; 60-120 MiB per pass, > the 32 MiB L3).
-//           Just below glibc's 32 MiB mmap ceiling: with GLIBC_TUNABLES
-//           (tools/bench_kernel_width.sh) freed outputs stay in the heap, so no case pays the
-//           kernel's page faults for fresh pages on every call (which otherwise cost more than the
-//           pass itself here)
+//   large   out of cache: 30 MiB per tensor (7.5 Mi floats; 60-120 MiB per pass, > the 32 MiB L3)
 // Per case, the bytes the pass must move (every input read once, every output written once):
 //   rope        q, k in, q', k' out (the [N, Dh/2] tables are small)   4 n floats (n = q's size)
 //   gelu        x in, y out                                              2 n
 //   gelu_bwd    dy, x in, dx out                                         3 n
 //   ln          x, r in, h, y out (add + LayerNorm)                      4 n
 //   ln_bwd      dy, dh_in, h in, dh out (dw, db: [D] each)               4 n
-// and three cases per kernel, each allocating its outputs as the fused kernel does:
-//   fused   posenc's pass at the process's level (POSENC_CPU_CAPABILITY=avx2|avx512)
-//   aten    what eager LibTorch runs (ATen at its own level; ATEN_CPU_CAPABILITY=avx2 lowers it):
-//           rope: q cos + rotate_half(q) sin on [N, Dh] tables; gelu: at::gelu /
-//           at::gelu_backward; ln: x + r, at::layer_norm; ln_bwd: at::native_layer_norm_backward
-//           then + dh_in
-//   copy    copy_ of the same number of bytes (half read, half written) into a fresh tensor: the
-//           floor; GB/s = the kernel's bytes / time.
+// Every case writes into outputs allocated once before its loop, so no case pays the kernel's
+// page faults for fresh pages (nor malloc's) inside the timed loop:
+//   fused   posenc's pass at the process's level (POSENC_CPU_CAPABILITY=avx2|avx512) through the
+//           *_out entries (rope_rotate_cpu, gelu_*_cpu_out, add_layer_norm_*_cpu_out)
+//   avx2, avx512   (gelu, gelu_bwd) the level's table entry itself, whatever the process's level,
+//           chunked as the fused pass chunks: both levels in one process, interleaved
+//   aten    what eager LibTorch runs (ATen at its own level; ATEN_CPU_CAPABILITY=avx2 lowers it),
+//           its out= kernels into preallocated tensors: rope: q cos + rotate_half(q) sin as
+//           mul_out, neg_out, cat_out, mul_out, add_out; gelu: at::gelu_out /
+//           at::gelu_backward_out; ln: at::add_out, then at::layer_norm; ln_bwd:
+//           at::native_layer_norm_backward, then dh.add_(dh_in). ATen's layer norm has no out=
+//           kernel (native_layer_norm.out and its backward's are generated: the functional op,
+//           then a copy, one more pass), so those two allocate their outputs, from the heap that
+//           GLIBC_TUNABLES keeps (tools/bench_kernel_width.sh: freed tensors below 32 MiB stay)
+//   copy    copy_ of the same number of bytes (half read, half written) into preallocated
+//           tensors: the floor; GB/s = the kernel's bytes / time.
 // Threads: --threads=N (default 1). Run with repetitions and random interleaving on a shared
 // machine; the ratio table uses each case's median (ratio_reporter.h):
 //   POSENC_CPU_CAPABILITY=avx512 ./build/bench/bench_kernel_width --threads=1 \
@@ -36,6 +40,8 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/cpu_kernels.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/kernels/gelu.h"
 #include "posenc/kernels/layer_norm.h"
 #include "posenc/kernels/rope.h"
@@ -61,6 +67,8 @@ constexpr int64_t kGeluWidthVit = 192;  // the MLP's hidden width (mlp_ratio 2)
 int64_t gelu_cols(int64_t size) { return size == 0 ? kGeluWidthVit : kSizes[1].d; }
 
 enum Kernel { kRope, kGelu, kGeluBackward, kLayerNorm, kLayerNormBackward, kKernels };
+/// Elements per parallel chunk of the per-level GELU cases (gelu_cpu.cpp's kGeluGrain).
+constexpr int64_t kGeluGrain = 1 << 16;
 const char* const kKernelNames[] = {"rope", "gelu", "gelu_bwd", "ln", "ln_bwd"};
 
 // floats one pass moves (inputs read + outputs written)
@@ -94,10 +102,24 @@ struct RopeInputs {
   }
 };
 
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
+// eager's q cos + rotate_half(q) sin, each op into a preallocated tensor (the same ops as
+// `q * cos + torch::cat({-q2, q1}, -1) * sin`)
+struct EagerRope {
+  at::Tensor product_cos, negated, rotated, product_sin;
+  explicit EagerRope(const at::Tensor& x)
+      : product_cos(at::empty_like(x)),
+        negated(at::empty_like(x.narrow(-1, 0, x.size(-1) / 2))),
+        rotated(at::empty_like(x)),
+        product_sin(at::empty_like(x)) {}
+  void run(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+    const int64_t half = x.size(-1) / 2;
+    at::mul_out(product_cos, x, cos);
+    at::neg_out(negated, x.narrow(-1, half, half));
+    at::cat_out(rotated, {negated, x.narrow(-1, 0, half)}, -1);
+    at::mul_out(product_sin, rotated, sin);
+    at::add_out(out, product_cos, product_sin);
+  }
+};
 
 struct NormInputs {
   at::Tensor x, r, w, b, dy, dh_in, h, mean, rstd, aten_mean, aten_rstd;
@@ -119,21 +141,21 @@ struct NormInputs {
 };
 
 // state.range(0): the size; --threads sets the thread count before any case runs. The bytes are
-// copied in pieces of at most one of the kernel's tensors (below glibc's mmap ceiling, as the
-// kernel's own outputs are).
+// copied in pieces of at most one of the kernel's tensors, into tensors allocated once.
 void BM_Copy(benchmark::State& state, int kernel) {
   const int64_t size = state.range(0);
   const int64_t piece = kernel == kGelu || kernel == kGeluBackward
                             ? kSizes[size].rows * gelu_cols(size)
                             : floats_moved(kernel, size) / 4;
-  std::vector<at::Tensor> sources;
-  for (int64_t left = floats_moved(kernel, size) / 2; left > 0; left -= piece)
+  std::vector<at::Tensor> sources, targets;
+  for (int64_t left = floats_moved(kernel, size) / 2; left > 0; left -= piece) {
     sources.push_back(torch::randn({std::min(left, piece)}));
+    targets.push_back(at::empty_like(sources.back()));
+  }
   for (auto _ : state) {
-    for (const auto& src : sources) {
-      auto dst = at::empty_like(src);
-      dst.copy_(src);
-      benchmark::DoNotOptimize(dst.data_ptr());
+    for (size_t i = 0; i < sources.size(); ++i) {
+      targets[i].copy_(sources[i]);
+      benchmark::DoNotOptimize(targets[i].data_ptr());
     }
   }
   state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
@@ -144,32 +166,63 @@ void BM_Fused(benchmark::State& state, int kernel) {
   const Size& s = kSizes[size];
   if (kernel == kRope) {
     RopeInputs in(s);
-    torch::NoGradGuard no_grad;
+    const std::vector<at::Tensor> inputs = {in.q, in.k};
+    const std::vector<at::Tensor> outputs = {at::empty_like(in.q), at::empty_like(in.k)};
     for (auto _ : state) {
-      auto [q, k] = posenc::rope_fused_qk(in.q, in.k, in.cos, in.sin, RopeLayout::kHalf);
-      benchmark::DoNotOptimize(k.data_ptr());
+      posenc::rope_rotate_cpu(inputs, outputs, in.cos, in.sin, RopeLayout::kHalf,
+                              /*inverse=*/false);
+      benchmark::DoNotOptimize(outputs[1].data_ptr());
     }
   } else if (kernel == kGelu || kernel == kGeluBackward) {
     const auto x = torch::randn({s.rows, gelu_cols(size)});
     const auto dy = torch::randn({s.rows, gelu_cols(size)});
-    if (!posenc::gelu_fused_supported(x)) return state.SkipWithError("no fused GELU at this level");
+    auto y = at::empty_like(x);
     for (auto _ : state) {
-      auto y = kernel == kGelu ? posenc::gelu_forward_cpu(x) : posenc::gelu_backward_cpu(dy, x);
+      if (kernel == kGelu)
+        posenc::gelu_forward_cpu_out(x, y);
+      else
+        posenc::gelu_backward_cpu_out(dy, x, y);
       benchmark::DoNotOptimize(y.data_ptr());
     }
   } else {
     NormInputs in(s);
     if (!in.mean.defined()) return state.SkipWithError("no fused LayerNorm at this level");
+    auto h = at::empty_like(in.x), y = at::empty_like(in.x);
+    auto mean = at::empty_like(in.mean), rstd = at::empty_like(in.rstd);
+    auto dw = at::empty_like(in.w), db = at::empty_like(in.b);
     for (auto _ : state) {
-      if (kernel == kLayerNorm) {
-        auto out = posenc::detail::add_layer_norm_forward_cpu(in.x, in.r, in.w, in.b, 1e-5);
-        benchmark::DoNotOptimize(std::get<1>(out).data_ptr());
-      } else {
-        auto out = posenc::detail::add_layer_norm_backward_cpu(in.dy, in.dh_in, in.h, in.mean,
-                                                               in.rstd, in.w);
-        benchmark::DoNotOptimize(std::get<0>(out).data_ptr());
-      }
+      if (kernel == kLayerNorm)
+        posenc::detail::add_layer_norm_forward_cpu_out(in.x, in.r, in.w, in.b, 1e-5, h, y, mean,
+                                                       rstd);
+      else
+        posenc::detail::add_layer_norm_backward_cpu_out(in.dy, in.dh_in, in.h, in.mean, in.rstd,
+                                                        in.w, y, dw, db);
+      benchmark::DoNotOptimize(y.data_ptr());
     }
+  }
+  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+// GELU through one level's table entry (state.range(1): the CpuCapability), whatever the level of
+// the process: both vector levels measured in one process.
+void BM_GeluLevel(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const auto level = static_cast<posenc::CpuCapability>(state.range(1));
+  const posenc::detail::CpuKernels& table = posenc::detail::cpu_kernels_at(level);
+  const auto x = torch::randn({kSizes[size].rows, gelu_cols(size)});
+  const auto dy = torch::randn_like(x);
+  auto y = at::empty_like(x);
+  const float* px = x.const_data_ptr<float>();
+  const float* pdy = dy.const_data_ptr<float>();
+  float* py = y.mutable_data_ptr<float>();
+  for (auto _ : state) {
+    at::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
+      if (kernel == kGelu)
+        table.gelu(px + b, py + b, e - b);
+      else
+        table.gelu_backward(pdy + b, px + b, py + b, e - b);
+    });
+    benchmark::DoNotOptimize(y.data_ptr());
   }
   state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
 }
@@ -180,23 +233,30 @@ void BM_Aten(benchmark::State& state, int kernel) {
   torch::NoGradGuard no_grad;
   if (kernel == kRope) {
     RopeInputs in(s);
+    EagerRope eager_q(in.q), eager_k(in.k);
+    auto q = at::empty_like(in.q), k = at::empty_like(in.k);
     for (auto _ : state) {
-      auto q = in.q * in.cos_full + rotate_half(in.q) * in.sin_full;
-      auto k = in.k * in.cos_full + rotate_half(in.k) * in.sin_full;
+      eager_q.run(in.q, in.cos_full, in.sin_full, q);
+      eager_k.run(in.k, in.cos_full, in.sin_full, k);
       benchmark::DoNotOptimize(k.data_ptr());
     }
   } else if (kernel == kGelu || kernel == kGeluBackward) {
     const auto x = torch::randn({s.rows, gelu_cols(size)});
     const auto dy = torch::randn({s.rows, gelu_cols(size)});
+    auto y = at::empty_like(x);
     for (auto _ : state) {
-      auto y = kernel == kGelu ? at::gelu(x) : at::gelu_backward(dy, x);
+      if (kernel == kGelu)
+        at::gelu_out(y, x);
+      else
+        at::gelu_backward_out(y, dy, x);
       benchmark::DoNotOptimize(y.data_ptr());
     }
   } else {
     NormInputs in(s);
+    auto h = at::empty_like(in.x);
     for (auto _ : state) {
       if (kernel == kLayerNorm) {
-        auto h = in.x + in.r;
+        at::add_out(h, in.x, in.r);
         auto y = at::layer_norm(h, {s.d}, in.w, in.b, 1e-5);
         benchmark::DoNotOptimize(y.data_ptr());
       } else {
@@ -210,16 +270,31 @@ void BM_Aten(benchmark::State& state, int kernel) {
   state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
 }
 
+// The vector levels this CPU has (the per-level GELU cases).
+std::vector<posenc::CpuCapability> vector_levels() {
+  std::vector<posenc::CpuCapability> out;
+  for (const auto level : {posenc::CpuCapability::kAvx2, posenc::CpuCapability::kAvx512})
+    if (level <= posenc::cpu_capability_detected()) out.push_back(level);
+  return out;
+}
+
 void register_cases() {
+  const auto configure = [](benchmark::internal::Benchmark* b) {
+    b->Unit(benchmark::kMicrosecond)->UseRealTime()->MinTime(0.2);
+  };
   for (int kernel = 0; kernel < kKernels; ++kernel) {
     const std::string k = kKernelNames[kernel];
     for (auto [name, f] : {std::pair{"copy", &BM_Copy}, {"fused", &BM_Fused}, {"aten", &BM_Aten}})
-      benchmark::RegisterBenchmark((std::string(name) + "/" + k).c_str(), f, kernel)
-          ->Arg(0)
-          ->Arg(1)
-          ->Unit(benchmark::kMicrosecond)
-          ->UseRealTime()
-          ->MinTime(0.2);
+      configure(benchmark::RegisterBenchmark((std::string(name) + "/" + k).c_str(), f, kernel)
+                    ->Arg(0)
+                    ->Arg(1));
+    if (kernel != kGelu && kernel != kGeluBackward) continue;
+    for (const auto level : vector_levels())
+      configure(
+          benchmark::RegisterBenchmark((std::string(posenc::to_string(level)) + "/" + k).c_str(),
+                                       &BM_GeluLevel, kernel)
+              ->Args({0, static_cast<int64_t>(level)})
+              ->Args({1, static_cast<int64_t>(level)}));
   }
 }
 
@@ -239,7 +314,8 @@ int main(int argc, char** argv) {
   int count = static_cast<int>(args.size());
   register_cases();
   std::cout << "threads: " << at::get_num_threads()
-            << ", ATen CPU capability: " << at::get_cpu_capability() << "\n";
+            << ", ATen CPU capability: " << at::get_cpu_capability()
+            << ", posenc CPU level: " << posenc::to_string(posenc::cpu_capability()) << "\n";
   return posenc::bench::run_with_ratios(
       count, args.data(), [](const posenc::bench::RatioReporter& r) {
         for (int kernel = 0; kernel < kKernels; ++kernel)
@@ -254,6 +330,14 @@ int main(int argc, char** argv) {
             r.value(what + ": fused", gbs, "GB/s");
             r.row(what + ": fused bandwidth / copy_'s", copy / fused, ">= 0.9");
             r.row(what + ": aten time / fused", aten / fused, "> 1");
+            if (kernel != kGelu && kernel != kGeluBackward) continue;
+            for (const auto level : vector_levels()) {
+              const std::string name = posenc::to_string(level);
+              const double at_level = r.time(name + "/" + tail);
+              if (at_level <= 0) continue;
+              r.row(what + ": " + name + " level's bandwidth / copy_'s", copy / at_level, ">= 0.9");
+              r.row(what + ": aten time / " + name + " level", aten / at_level, "> 1");
+            }
           }
       });
 }

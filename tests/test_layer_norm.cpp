@@ -2,10 +2,13 @@
 // h = x + r and at::layer_norm(h) with ATen's autograd, and both against a float64 evaluation:
 // forward, backward with and without the residual's gradient, row counts across the row blocks,
 // widths, results independent of the thread count, the inputs left to the reference, second
-// order (a gradient penalty) against ATen's, and a transformer whose residual adds run fused
-// against one that does not.
+// order (a gradient penalty) against ATen's, a transformer whose residual adds run fused against
+// one that does not, and the *_out entries (the same bits into the caller's tensors, refusals).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <functional>
+#include <string>
 
 #include "posenc/config/registry.h"
 #include "posenc/kernels/layer_norm.h"
@@ -119,6 +122,54 @@ TEST(AddLayerNorm, ResultsDoNotDependOnTheThreadCount) {
   for (const auto& [a, c] :
        {std::pair{one.y, many.y}, {one.dx, many.dx}, {one.dw, many.dw}, {one.db, many.db}})
     EXPECT_TRUE(torch::equal(a, c));
+}
+
+TEST(AddLayerNorm, OutEntriesWriteTheSameBitsIntoTheCallersTensors) {
+  SKIP_WITHOUT_AVX2();
+  torch::manual_seed(7);
+  const auto x = torch::randn({70, 24}), r = torch::randn({70, 24});
+  const auto w = 1 + 0.3 * torch::randn({24}), b = 0.3 * torch::randn({24});
+  const auto dy = torch::randn({70, 24}), dh_in = torch::randn({70, 24});
+  namespace d = posenc::detail;
+  const auto [h, y, mean, rstd] = d::add_layer_norm_forward_cpu(x, r, w, b, 1e-5);
+  auto h2 = torch::full_like(x, 7.0f), y2 = torch::full_like(x, 7.0f);
+  auto mean2 = torch::full({70}, 7.0f), rstd2 = torch::full({70}, 7.0f);
+  d::add_layer_norm_forward_cpu_out(x, r, w, b, 1e-5, h2, y2, mean2, rstd2);
+  for (const auto& [a, c] : {std::pair{h, h2}, {y, y2}, {mean, mean2}, {rstd, rstd2}})
+    EXPECT_TRUE(torch::equal(a, c));
+  const auto [dh, dw, db] = d::add_layer_norm_backward_cpu(dy, dh_in, h, mean, rstd, w);
+  auto dh2 = torch::full_like(x, 7.0f), dw2 = torch::full({24}, 7.0f), db2 = dw2.clone();
+  d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, dh2, dw2, db2);
+  for (const auto& [a, c] : {std::pair{dh, dh2}, {dw, dw2}, {db, db2}})
+    EXPECT_TRUE(torch::equal(a, c));
+  // refusals, one line each: a wrong shape, an output overlapping an input or another output
+  auto wrong = torch::empty({70, 25});
+  auto alias = x;
+  auto short_stats = torch::empty({69});
+  const auto one_line = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const c10::Error& e) {
+      return std::string(e.what_without_backtrace()).find('\n') == std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(one_line(
+      [&] { d::add_layer_norm_forward_cpu_out(x, r, w, b, 1e-5, wrong, y2, mean2, rstd2); }));
+  EXPECT_TRUE(one_line(
+      [&] { d::add_layer_norm_forward_cpu_out(x, r, w, b, 1e-5, alias, y2, mean2, rstd2); }));
+  EXPECT_TRUE(
+      one_line([&] { d::add_layer_norm_forward_cpu_out(x, r, w, b, 1e-5, h2, h2, mean2, rstd2); }));
+  EXPECT_TRUE(one_line(
+      [&] { d::add_layer_norm_forward_cpu_out(x, r, w, b, 1e-5, h2, y2, short_stats, rstd2); }));
+  EXPECT_TRUE(one_line(
+      [&] { d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, wrong, dw2, db2); }));
+  auto dy_alias = dy;
+  EXPECT_TRUE(one_line([&] {
+    d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, dy_alias, dw2, db2);
+  }));
+  EXPECT_TRUE(one_line(
+      [&] { d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, dh2, dw2, dw2); }));
 }
 
 TEST(AddLayerNorm, OtherInputsTakeTheReference) {

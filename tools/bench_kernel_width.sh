@@ -6,8 +6,10 @@
 # and after each process, and each process's ratio table.
 #   bash tools/bench_kernel_width.sh [repetitions, default 5] [extra benchmark flags...]
 # Output: one block per (posenc level, ATen level, threads); logs under ${OUT_DIR:-/tmp}.
-# GLIBC_TUNABLES below keeps freed tensors in the heap: each case allocates its outputs as the
-# fused kernels do, and fresh pages from mmap on every call would measure the page faults.
+# Every case writes into outputs allocated before its loop (no page faults of fresh outputs in the
+# timed loop) but ATen's layer norm, which has no out= kernel: GLIBC_TUNABLES below keeps its
+# freed outputs in the heap, so fresh pages from mmap on every call are not measured there either.
+# The per-level GELU cases (avx2/gelu, avx512/gelu, ...) run both vector levels in every process.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-${ROOT}/build/bench/bench_kernel_width}

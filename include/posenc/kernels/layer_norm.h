@@ -62,6 +62,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forwar
 std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
     const at::Tensor& dy, const at::Tensor& dh_in, const at::Tensor& h, const at::Tensor& mean,
     const at::Tensor& rstd, const at::Tensor& weight);
+/// The forward pass into the caller's tensors: h and y of x's shape, mean and rstd [rows], each
+/// contiguous float32 CPU, overlapping no input and no other output.
+void add_layer_norm_forward_cpu_out(const at::Tensor& x, const at::Tensor& r,
+                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                    at::Tensor& h, at::Tensor& y, at::Tensor& mean,
+                                    at::Tensor& rstd);
+/// The backward pass into the caller's tensors: dh of h's shape, dweight and dbias [D], as above.
+void add_layer_norm_backward_cpu_out(const at::Tensor& dy, const at::Tensor& dh_in,
+                                     const at::Tensor& h, const at::Tensor& mean,
+                                     const at::Tensor& rstd, const at::Tensor& weight,
+                                     at::Tensor& dh, at::Tensor& dweight, at::Tensor& dbias);
 }  // namespace detail
 
 }  // namespace posenc

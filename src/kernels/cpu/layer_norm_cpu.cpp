@@ -1,8 +1,10 @@
 // The residual add and layer norm passes over the CPU level's vector lanes (the row loops:
 // layer_norm_rows.h, one table entry per level, cpu_kernels.h); the math and its source are in
 // posenc/kernels/layer_norm.h. Rows are split in blocks of kLayerNormRowBlock; a parallel chunk is
-// at least kLayerNormGrain elements (the main job's [2048, 96] runs as two chunks).
+// at least kLayerNormGrain elements (the main job's [2048, 96] runs as two chunks). The *_out
+// entries write into the caller's tensors (the benchmarks' preallocated outputs).
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 
 #include <cmath>
 #include <vector>
@@ -34,6 +36,19 @@ void check_inputs(const at::Tensor& x, const at::Tensor& r, const at::Tensor& we
               ", bias ", bias.defined() ? bias.sizes() : at::IntArrayRef{});
 }
 
+// An output the caller passes: float32 contiguous CPU of the given shape, overlapping no input.
+void check_output(const char* name, const at::Tensor& out, at::IntArrayRef sizes,
+                  std::initializer_list<const at::Tensor*> inputs) {
+  TORCH_CHECK(out.defined() && out.device().is_cpu() && out.scalar_type() == at::kFloat &&
+                  out.layout() == at::kStrided && out.is_contiguous() && out.sizes().equals(sizes),
+              "add_layer_norm: ", name, " must be a contiguous float32 CPU tensor of shape ", sizes,
+              ", got ", out.defined() ? out.sizes() : at::IntArrayRef{}, " ",
+              out.defined() ? c10::toString(out.scalar_type()) : "undefined",
+              out.defined() && !out.is_contiguous() ? " (not contiguous)" : "");
+  for (const at::Tensor* in : inputs)
+    if (in->defined()) at::assert_no_overlap(out, *in);
+}
+
 }  // namespace
 
 bool add_layer_norm_fused_supported(const at::Tensor& x, const at::Tensor& r,
@@ -62,16 +77,19 @@ std::tuple<at::Tensor, at::Tensor> add_layer_norm_reference(const at::Tensor& x,
 
 namespace detail {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward_cpu(
-    const at::Tensor& x, const at::Tensor& r, const at::Tensor& weight, const at::Tensor& bias,
-    double eps) {
+void add_layer_norm_forward_cpu_out(const at::Tensor& x, const at::Tensor& r,
+                                    const at::Tensor& weight, const at::Tensor& bias, double eps,
+                                    at::Tensor& h, at::Tensor& y, at::Tensor& mean,
+                                    at::Tensor& rstd) {
   check_inputs(x, r, weight, bias);
   const int64_t d = x.size(-1);
   const int64_t rows = x.numel() / d;
-  auto h = at::empty_like(x);
-  auto y = at::empty_like(x);
-  auto mean = at::empty({rows}, x.options());
-  auto rstd = at::empty({rows}, x.options());
+  for (auto [name, out] : {std::pair{"h", &h}, {"y", &y}})
+    check_output(name, *out, x.sizes(), {&x, &r, &weight, &bias});
+  for (auto [name, out] : {std::pair{"mean", &mean}, {"rstd", &rstd}})
+    check_output(name, *out, {rows}, {&x, &r, &weight, &bias, &h, &y});
+  at::assert_no_overlap(h, y);
+  at::assert_no_overlap(mean, rstd);
   const float* px = x.const_data_ptr<float>();
   const float* pr = r.const_data_ptr<float>();
   const float* pw = weight.const_data_ptr<float>();
@@ -87,12 +105,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forwar
     for (int64_t i = b0 * kLayerNormRowBlock; i < std::min(rows, b1 * kLayerNormRowBlock); ++i)
       forward_row(px + i * d, pr + i * d, pw, pb, ph + i * d, py + i * d, d, e, pm + i, ps + i);
   });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> add_layer_norm_forward_cpu(
+    const at::Tensor& x, const at::Tensor& r, const at::Tensor& weight, const at::Tensor& bias,
+    double eps) {
+  check_inputs(x, r, weight, bias);
+  const int64_t rows = x.numel() / x.size(-1);
+  auto h = at::empty_like(x);
+  auto y = at::empty_like(x);
+  auto mean = at::empty({rows}, x.options());
+  auto rstd = at::empty({rows}, x.options());
+  add_layer_norm_forward_cpu_out(x, r, weight, bias, eps, h, y, mean, rstd);
   return {h, y, mean, rstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
-    const at::Tensor& dy, const at::Tensor& dh_in, const at::Tensor& h, const at::Tensor& mean,
-    const at::Tensor& rstd, const at::Tensor& weight) {
+void add_layer_norm_backward_cpu_out(const at::Tensor& dy, const at::Tensor& dh_in,
+                                     const at::Tensor& h, const at::Tensor& mean,
+                                     const at::Tensor& rstd, const at::Tensor& weight,
+                                     at::Tensor& dh, at::Tensor& dweight, at::Tensor& dbias) {
   const int64_t d = h.size(-1);
   const int64_t rows = h.numel() / d;
   TORCH_CHECK(dy.sizes().equals(h.sizes()) && dy.is_contiguous() && dy.scalar_type() == at::kFloat,
@@ -101,8 +132,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
   TORCH_CHECK(!dh_in.defined() || (dh_in.sizes().equals(h.sizes()) && dh_in.is_contiguous() &&
                                    dh_in.scalar_type() == at::kFloat),
               "add_layer_norm backward: the gradient of h must be contiguous float32 ", h.sizes());
+  check_output("dh", dh, h.sizes(), {&dy, &dh_in, &h, &mean, &rstd, &weight});
+  for (auto [name, out] : {std::pair{"dweight", &dweight}, {"dbias", &dbias}})
+    check_output(name, *out, {d}, {&dy, &dh_in, &h, &mean, &rstd, &weight, &dh});
+  at::assert_no_overlap(dweight, dbias);
   const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
-  auto dh = at::empty_like(h);
   auto partial = at::zeros({blocks, 2, d}, h.options());  // per block: dw, db
   const float* pdy = dy.const_data_ptr<float>();
   const float* pin = dh_in.defined() ? dh_in.const_data_ptr<float>() : nullptr;
@@ -125,14 +159,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
     }
   });
   // the blocks' partial sums added in block order: the same for any thread count
-  auto dwb = at::empty({2, d}, h.options());
-  float* out = dwb.mutable_data_ptr<float>();
+  float* out[2] = {dweight.mutable_data_ptr<float>(), dbias.mutable_data_ptr<float>()};
   for (int64_t j = 0; j < 2 * d; ++j) {
     float acc = 0.0f;
     for (int64_t blk = 0; blk < blocks; ++blk) acc += pp[blk * 2 * d + j];
-    out[j] = acc;
+    out[j / d][j % d] = acc;
   }
-  return {dh, dwb[0], dwb[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> add_layer_norm_backward_cpu(
+    const at::Tensor& dy, const at::Tensor& dh_in, const at::Tensor& h, const at::Tensor& mean,
+    const at::Tensor& rstd, const at::Tensor& weight) {
+  auto dh = at::empty_like(h);
+  auto dweight = at::empty({h.size(-1)}, h.options());
+  auto dbias = at::empty({h.size(-1)}, h.options());
+  add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, weight, dh, dweight, dbias);
+  return {dh, dweight, dbias};
 }
 
 }  // namespace detail
