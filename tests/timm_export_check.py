@@ -14,11 +14,13 @@ mean pooling, no positions; timm's Eva (attn_type 'rope': its qkv bias includes 
 posenc's) for each rotary encoder with a timm twin: axial RoPE ('rope', per_axis_frequencies) as
 rope_type 'cat' (half pairs, rows first, class token; interleaved pairs, columns first
 (rope_grid_indexing 'xy'), theta 100, mean pooling, LayerNorm eps 1e-5: the DINOv3 names' eps;
-beside a learned table, class token: Naver's RoPE + APE), 'rope_mixed' as 'mixed' (its learned
+beside a learned table, class token: Naver's RoPE + APE; a composite's part naming both axes
+in the grid's order), 'rope_mixed' as 'mixed' (its learned
 frequencies repeated over timm's per-block ones), 'rope_dinov3' as 'dinov3' (with DINOv3's
 training-time rescale, mean pooling).
 Refusals, one line, exit 2: axial RoPE over one frequency ladder (M-RoPE), RoPE-Mixed with half
-pairs, DINOv3 RoPE with min/max periods, a composite rotating by one axis only, an encoder
+pairs, DINOv3 RoPE with min/max periods, a composite part rotating by one axis only or by both
+in the other order, an encoder
 without a timm twin ('rope_fractional'), and a VisionTransformer with torch's LayerNorm eps 1e-5
 (timm's is 1e-6).
 The images are 16 x 16 = image_size, so neither side resizes; PNG is lossless, and the
@@ -193,6 +195,8 @@ def main() -> None:
                            {"type": "learned_grid", "grid_height": 4, "grid_width": 4}, axial]},
                        "cls")
     check_architecture(posenc, root, val_files, "rope_mixed_cls", {"type": "rope_mixed"}, "cls")
+    check_architecture(posenc, root, val_files, "rope_part_hw_cls",
+                       {"type": "compose", "encoders": [{**axial, "axes": ["h", "w"]}]}, "cls")
     check_architecture(posenc, root, val_files, "rope_dinov3_mean",
                        {"type": "rope_dinov3", "rescale_coords": 2}, "mean", norm_eps=1e-5)
     check_refusal(posenc, root, "mrope_refused", {"type": "rope", "mrope_section": [4, 4]}, 1e-6,
@@ -206,7 +210,11 @@ def main() -> None:
                   "timm's Eva builds DINOv3 periods from rope_temperature only")
     check_refusal(posenc, root, "one_axis_refused",
                   {"type": "compose", "encoders": [{"type": "rope", "axes": ["h"]}]}, 1e-6,
-                  "the composite's 'rope' part rotates by some axes only")
+                  "the composite's 'rope' part reads the axes [h] of the grid's [h, w]; timm's "
+                  "Eva rotates by both, in the grid's order")
+    check_refusal(posenc, root, "axes_wh_refused",
+                  {"type": "compose", "encoders": [{**axial, "axes": ["w", "h"]}]}, 1e-6,
+                  "the composite's 'rope' part reads the axes [w, h] of the grid's [h, w]")
     check_refusal(posenc, root, "fractional_refused",
                   {"type": "rope_fractional", "max_positions": [4, 4]}, 1e-6,
                   "the 'rope_fractional' encoder's rotation has no timm twin")

@@ -152,8 +152,15 @@ EvaRope eva_rope(const PositionalEncoding& encoder, const Positions& grid, int64
                        : Positions(grid.coords().index_select(1, torch::tensor(axes, torch::kLong)),
                                    part.axes);
       if (!part.encoder.ptr()->plan(own).has_rotary()) continue;
-      TORCH_CHECK(part.axes.empty(), "export --to timm: the composite's '", part.encoder->type(),
-                  "' part rotates by some axes only; timm's Eva rotates by both axes of the grid");
+      auto names = [](const std::vector<std::string>& axes) {
+        std::string out = "[";
+        for (size_t i = 0; i < axes.size(); ++i) out += (i ? ", " : "") + axes[i];
+        return out + "]";
+      };
+      TORCH_CHECK(part.axes.empty() || part.axes == grid.axes(),
+                  "export --to timm: the composite's '", part.encoder->type(),
+                  "' part reads the axes ", names(part.axes), " of the grid's ", names(grid.axes()),
+                  "; timm's Eva rotates by both, in the grid's order");
       rotary = part.encoder.ptr();
     }
   }

@@ -46,8 +46,9 @@
 // prefix rows in the additive table.
 // Refused, one line saying what differs (exit 2): rotary encoders without a timm twin (M-RoPE's
 // one ladder over both axes, RoPE-Mixed with half pairs, DINOv3 min/max periods or min/max
-// normalization, a composite part rotating by one axis, 'rope_fractional', ...), bias encoders
-// (ALiBi, relative tables: timm's ViT adds nothing to the logits), other tasks.
+// normalization, a composite part rotating by one axis or by both in another order,
+// 'rope_fractional', ...), bias encoders (ALiBi, relative tables: timm's ViT adds nothing to the
+// logits), other tasks.
 // timm's data config (pretrained_cfg_overlay: input size, mean, std, crop_pct 1, squash,
 // bilinear) makes timm's eval transform give posenc's tensors to the bit for images already
 // image_size square; other sizes it resizes with PIL where posenc uses OpenCV (INTER_AREA when
