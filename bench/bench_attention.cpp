@@ -19,8 +19,8 @@
 #include <iostream>
 #include <map>
 
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
 #include "ratio_reporter.h"
 

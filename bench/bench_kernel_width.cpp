@@ -44,7 +44,7 @@
 #include "posenc/kernels/cpu_capability.h"
 #include "posenc/kernels/gelu.h"
 #include "posenc/kernels/layer_norm.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
 #include "ratio_reporter.h"
 

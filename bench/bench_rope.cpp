@@ -12,7 +12,7 @@
 #include <iostream>
 #include <map>
 
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
 #include "ratio_reporter.h"
 

@@ -14,8 +14,8 @@
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/kernels/short_attention.h"
 #include "posenc/posenc.h"
 #include "ratio_reporter.h"

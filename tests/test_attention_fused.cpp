@@ -4,7 +4,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"
 #include "support/dispatcher_calls.h"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "posenc/functional/rope.h"
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 #include "support/fixtures.h"
 
 namespace posenc {

@@ -5,7 +5,7 @@
 // kernels; what the kernel refuses.
 #include <gtest/gtest.h>
 
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/short_attention.h"
 #include "posenc/posenc.h"
 #include "support/fixtures.h"

@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "posenc/config/registry.h"
-#include "posenc/kernels/attention.h"
 #include "posenc/kernels/attention_cuda.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/rope_cuda.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"
 #include "support/encoder_cases.h"

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "posenc/functional/relative.h"
-#include "posenc/kernels/attention.h"
 #include "posenc/kernels/attention_cuda.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/rope_cuda.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"

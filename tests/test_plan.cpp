@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "posenc/config/registry.h"
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/posenc.h"
 #include "support/fixtures.h"
 

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
 #include "support/dispatcher_calls.h"
 #include "support/fixtures.h"

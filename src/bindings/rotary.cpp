@@ -9,7 +9,7 @@
 #include <torch/library.h>
 
 #include "../kernels/dispatch/operator_checks.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 #include "registration.h"
 
 namespace posenc::ops {

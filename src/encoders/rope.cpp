@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 
 namespace posenc {
 

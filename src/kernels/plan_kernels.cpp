@@ -7,8 +7,8 @@
 #include <torch/torch.h>
 
 #include "posenc/core/plan.h"
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 
 namespace posenc {
 

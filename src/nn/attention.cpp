@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/short_attention.h"
 #include "posenc/nn/attention_backend.h"
 

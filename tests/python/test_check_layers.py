@@ -45,7 +45,10 @@ BASE = {
     ("files", "ok"),
     [
         # downward and sideways, relative and through posenc/: accepted
-        ({"src/kernels/attention.cpp": '#include "dispatch/attention_fused_operator.h"\n'}, True),
+        (
+            {"src/kernels/attention_fused.cpp": '#include "dispatch/attention_fused_operator.h"\n'},
+            True,
+        ),
         ({"src/kernels/dispatch/x.cpp": '#include "../cpu/attention_cpu.h"\n'}, True),
         (
             {"src/bindings/x.cpp": '#include "../kernels/dispatch/attention_fused_operator.h"\n'},
@@ -55,8 +58,8 @@ BASE = {
         ({"src/train/x.cpp": '#include "vision/images.h"\n'}, True),
         ({"src/nn/x.cpp": '#include "posenc/core/positions.h"\n'}, True),
         ({"src/core/x.cpp": '#include "posenc/version.h"\n'}, True),  # generated in build/
-        # upward through a relative path (the include src/kernels/attention.cpp had)
-        ({"src/kernels/attention.cpp": '#include "../bindings/registration.h"\n'}, False),
+        # upward through a relative path (the include src/kernels/attention_fused.cpp had)
+        ({"src/kernels/attention_fused.cpp": '#include "../bindings/registration.h"\n'}, False),
         ({"src/kernels/dispatch/x.cpp": '#include "../../bindings/registration.h"\n'}, False),
         # upward through posenc/ and through the modalities' include path
         ({"src/kernels/x.cpp": '#include "posenc/nn/attention.h"\n'}, False),
@@ -77,13 +80,16 @@ def test_an_upward_include_is_refused(tmp_path, files, ok):
 
 
 def test_the_refusal_names_the_line_and_both_layers(tmp_path):
-    write_tree(tmp_path, {**BASE, "src/kernels/attention.cpp": '// x\n#include "../nn/y.h"\n'})
+    write_tree(
+        tmp_path, {**BASE, "src/kernels/attention_fused.cpp": '// x\n#include "../nn/y.h"\n'}
+    )
     (tmp_path / "src/nn").mkdir(parents=True, exist_ok=True)
     (tmp_path / "src/nn/y.h").write_text("#pragma once\n")
     result = run_tool(tmp_path)
     assert result.returncode == 1
-    assert 'src/kernels/attention.cpp:2: kernels includes "../nn/y.h" (src/nn/y.h, layer nn' in (
-        result.stdout
+    assert (
+        'src/kernels/attention_fused.cpp:2: kernels includes "../nn/y.h" (src/nn/y.h, layer nn'
+        in (result.stdout)
     )
 
 

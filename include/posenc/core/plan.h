@@ -104,7 +104,7 @@ struct PlanPart {
   std::string role;     ///< "additive", "rotary", "bias (alibi)", "bias (materialized)", ...
 };
 
-struct FusedBias;  // the fused kernel's per-forward bias data (posenc/kernels/attention.h)
+struct FusedBias;  // the fused kernel's per-forward bias data (posenc/kernels/attention_fused.h)
 
 class EncodingPlan {
  public:

@@ -210,8 +210,8 @@ struct RopeOptions {
   TORCH_ARG(bool, xpos) = false;
   /// xPos scale base (default 512).
   TORCH_ARG(double, xpos_scale_base) = 512.0;
-  /// Use the fused kernels (posenc/kernels/rope.h) where they apply (default true); false runs
-  /// the reference rope_apply.
+  /// Use the fused kernels (posenc/kernels/rope_fused.h) where they apply (default true); false
+  /// runs the reference rope_apply.
   TORCH_ARG(bool, fused) = true;
 };
 

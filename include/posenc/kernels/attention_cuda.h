@@ -1,7 +1,8 @@
 // CUDA attention forward and backward with the position bias computed on the fly, raw-pointer
-// interface (no LibTorch). Same contract as the CPU kernel (include/posenc/kernels/attention.h;
-// oracle: attention_reference): FlashAttention-style tiling with an online softmax (Dao et al.
-// 2022), fp32 accumulation, fp32/bf16/fp16 storage; no [H, Nq, Nk] tensor is materialized.
+// interface (no LibTorch). Same contract as the CPU kernel
+// (include/posenc/kernels/attention_fused.h; oracle: attention_reference): FlashAttention-style
+// tiling with an online softmax (Dao et al. 2022), fp32 accumulation, fp32/bf16/fp16 storage; no
+// [H, Nq, Nk] tensor is materialized.
 //
 //   out_i = sum_j softmax_j(q_i . k_j * scale + b_h(p_i, p_j) + mask_ij) v_j
 //   b_h:  kNone         0

@@ -22,7 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 
 namespace posenc {
 

@@ -55,7 +55,7 @@ struct AttentionOptions {
   TORCH_ARG(bool, causal) = false;
   /// Use a fused attention kernel (default true): torch's scaled_dot_product_attention when
   /// there is no bias and no key padding, else posenc's (bias computed on the fly,
-  /// posenc/kernels/attention.h) when it takes the encoder's bias; false always materializes.
+  /// posenc/kernels/attention_fused.h) when it takes the encoder's bias; false always materializes.
   TORCH_ARG(bool, fused) = true;
   /// Leading tokens without a position (CLS, registers; default 0).
   TORCH_ARG(int64_t, num_prefix_tokens) = 0;

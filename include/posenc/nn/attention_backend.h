@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "posenc/core/plan.h"
-#include "posenc/kernels/attention.h"
+#include "posenc/kernels/attention_fused.h"
 
 namespace posenc {
 

@@ -1,5 +1,5 @@
 // Tiled CPU attention with the position bias computed on the fly (contract in
-// include/posenc/kernels/attention.h). Forward: for each (b, h, query block) an online softmax
+// posenc/kernels/attention_fused.h). Forward: for each (b, h, query block) an online softmax
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
 // so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen

@@ -1,5 +1,5 @@
 // Internal: the tiled CPU attention kernel's problem description and entry points
-// (public contract in include/posenc/kernels/attention.h).
+// (public contract in include/posenc/kernels/attention_fused.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

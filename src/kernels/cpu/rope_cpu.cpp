@@ -3,7 +3,7 @@
 // level's vector loops (rope_rows.h: float32, and bfloat16 / float16 in the half layout; one
 // table entry per level, cpu_kernels.h), other dtypes and the scalar level through a plain loop
 // the compiler vectorizes (-O3). Specification: rope_apply (src/functional/rope.cpp); contract in
-// include/posenc/kernels/rope.h.
+// include/posenc/kernels/rope_fused.h.
 // Float32 outputs of kRopeStreamMinBytes or more are written with non-temporal stores (they
 // would not stay in the cache anyway; the pass then moves the bytes copy_ moves); a smaller
 // output stays in the cache for the attention that reads it next (streaming a 1.5 MiB output
@@ -25,7 +25,7 @@
 #include <immintrin.h>
 #endif
 
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 
 namespace posenc {
 

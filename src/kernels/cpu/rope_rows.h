@@ -1,5 +1,5 @@
 // RoPE on one row over a vector type's lanes (vec_avx2.h: 8, vec_avx512.h: 16); the callers and
-// the contract are rope_cpu.cpp and include/posenc/kernels/rope.h. s already carries the
+// the contract are rope_cpu.cpp and include/posenc/kernels/rope_fused.h. s already carries the
 // direction's sign; y may alias x (every vector is loaded before it is stored). Products and sums
 // round separately (no fused multiply-add; the level TUs are compiled with -ffp-contract=off), as
 // eager PyTorch's float32 ops do, so a float32 result equals `x * cos + rotate_half(x) * sin` to

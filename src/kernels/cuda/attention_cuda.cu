@@ -1,6 +1,6 @@
 // CUDA attention forward and backward with the bias computed on the fly; interface, math and
 // limits in include/posenc/kernels/attention_cuda.h. Specification and test oracle:
-// attention_reference (src/kernels/attention.cpp); the CPU kernel
+// attention_reference (src/kernels/attention_fused.cpp); the CPU kernel
 // (src/kernels/cpu/attention_cpu.cpp) follows the same online softmax (Dao et al. 2022, 2023):
 //   per key tile:  m' = max(m, max_j s_ij),  p_ij = exp(s_ij - m'),  alpha = exp(m - m')
 //                  l' = l alpha + sum_j p_ij,  acc' = acc alpha + sum_j p_ij v_j

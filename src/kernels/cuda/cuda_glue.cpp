@@ -2,7 +2,7 @@
 // attention_cuda}.h), compiled only when the LibTorch has CUDA (POSENC_HAS_CUDA_GLUE): the inputs'
 // device made current, their current stream taken, and the rest (tensors into launch structs,
 // outputs, casts) left to tensor_launch.cpp, which the CPU emulator's tests also run. Contracts
-// are the public ones (posenc/kernels/rope.h, attention.h); the references rope_apply /
+// are the public ones (posenc/kernels/rope_fused.h, attention_fused.h); the references rope_apply /
 // attention_reference are the specification.
 //   rope:      q [B, N, Hq, Dh], k [B, N, Hk, Dh] (last dim contiguous), cos/sin [N, F] | [B, N, F]
 //   attention: q [B, Nq, H, D], k [B, Nk, H, D], v [B, Nk, H, Dv] -> [B, Nq, H, Dv]

@@ -10,8 +10,8 @@
 #include <tuple>
 #include <vector>
 
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 
 namespace posenc::detail {
 

@@ -17,12 +17,12 @@
 #include <tuple>
 #include <vector>
 
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 
 namespace posenc::detail {
 
-/// rope_rotate_cpu's contract (posenc/kernels/rope.h) through cuda::rope_rotate_tables: every
+/// rope_rotate_cpu's contract (posenc/kernels/rope_fused.h) through cuda::rope_rotate_tables: every
 /// tensor on one device (cos/sin moved there as float32), fp32/bf16/fp16.
 void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
                         const std::vector<at::Tensor>& outputs, const at::Tensor& cos,

@@ -1,8 +1,9 @@
 // posenc::attention_fused, _attention_fused_forward, _attention_fused_backward: schemas, the
 // argument checks every path shares, the per-device kernels registered per dispatch key, and the
-// C++ library's entry point attention_fused (posenc/kernels/attention.h) as a call through the
-// dispatcher. The math, shapes and conventions are in attention_fused_operator.h; the plain-ATen
-// specification is attention_reference with bias_from_spec (src/kernels/attention.cpp).
+// C++ library's entry point attention_fused (posenc/kernels/attention_fused.h) as a call through
+// the dispatcher. The math, shapes and conventions are in attention_fused_operator.h; the
+// plain-ATen specification is attention_reference with bias_from_spec
+// (src/kernels/attention_fused.cpp).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -14,8 +15,8 @@
 #include "../cpu/attention_cpu.h"
 #include "attention_fused_operator.h"
 #include "operator_checks.h"
-#include "posenc/kernels/attention.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/rope_fused.h"
 #include "rope_rotate_operator.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "../cuda/cuda_glue.h"

@@ -31,7 +31,7 @@
 // ../autograd/attention_fused_autograd.cpp (forward: _attention_fused_forward, backward:
 // _attention_fused_backward, each with a CPU and a CUDA kernel; gradients for q, k, v, the
 // table and variate_bias). The specification is attention_reference with bias_from_spec
-// (posenc/kernels/attention.h). The C++ library's attention_fused (that header) calls this
+// (posenc/kernels/attention_fused.h). The C++ library's attention_fused (that header) calls this
 // operator; fakes: python/_meta.py.
 #pragma once
 

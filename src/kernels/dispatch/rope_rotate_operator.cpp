@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "operator_checks.h"
-#include "posenc/kernels/rope.h"
+#include "posenc/kernels/rope_fused.h"
 #if POSENC_HAS_CUDA_GLUE
 #include "../cuda/cuda_glue.h"
 #endif

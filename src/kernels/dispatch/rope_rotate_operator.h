@@ -13,8 +13,8 @@
 // LibTorch has CUDA), Autograd -> ../autograd/rope_rotate_autograd.cpp (the backward is the
 // operator with `inverse` flipped, so it is itself differentiable; tables that need a gradient take
 // the plain-ATen reference rope_apply, the specification). Fake kernels: python/posenc/_meta.py.
-// The C++ library's rope_fused, rope_fused_qk and rope_fused_ (posenc/kernels/rope.h) call these
-// operators; so do Python (torch.ops.posenc.rope_rotate*) and every caller in between.
+// The C++ library's rope_fused, rope_fused_qk and rope_fused_ (posenc/kernels/rope_fused.h) call
+// these operators; so do Python (torch.ops.posenc.rope_rotate*) and every caller in between.
 //
 // The schemas, the per-key registrations and the C++ entry points sit in one translation unit
 // (rope_rotate_operator.cpp) so that linking the static core for rope_fused keeps them all; they

@@ -8,8 +8,8 @@
 //
 // attention_fused itself is the operator posenc::attention_fused
 // (dispatch/attention_fused_operator.cpp: one dispatch point between the CPU and CUDA kernels).
-// Contract: posenc/kernels/attention.h.
-#include "posenc/kernels/attention.h"
+// Contract: posenc/kernels/attention_fused.h.
+#include "posenc/kernels/attention_fused.h"
 
 #include <torch/torch.h>
 
