@@ -2,7 +2,7 @@
 
 The contract of each public name (the exact peer function it reproduces, shapes, dtypes, what it
 refuses) lives in its docstring, next to the code; this page collects them so that they can be
-read in one place: for posenc, posenc.timm and every posenc.integrations module, the module's
+read in one place: for posenc, posenc.timm_layers and every posenc.integrations module, the module's
 docstring, then each name of its __all__ with its signature (inspect.signature) and its own
 docstring (not one inherited from nn.Module), and for a class its public methods defined in the
 class itself (a method without a docstring: its signature alone). Docstrings are
@@ -31,11 +31,11 @@ COMMAND = (
     "PYTHONPATH=python POSENC_OPS_LIBRARY=build/libposenc_ops.so "
     "python tools/gen_python_reference.py"
 )
-BASE_MODULES = ("posenc", "posenc.timm")
+BASE_MODULES = ("posenc", "posenc.timm_layers")
 
 
 def modules() -> list[str]:
-    """posenc, posenc.timm and every public posenc.integrations module (found, not listed)."""
+    """posenc, posenc.timm_layers and every public posenc.integrations module (found, not listed)."""
     integrations = importlib.import_module("posenc.integrations")
     found = sorted(
         f"posenc.integrations.{m.name}"

@@ -6,7 +6,7 @@
     cos, sin = rope(x, position_ids)
     posenc.integrations.transformers.patch(model)                  # a loaded HF model, patched
 
-    posenc.timm.resample_abs_pos_embed(posemb, (h, w))             # timm's functions
+    posenc.timm_layers.resample_abs_pos_embed(posemb, (h, w))      # timm's functions
     pos, deltas = posenc.get_rope_index(input_ids, mm_token_type_ids, image_grid_thw)  # Qwen2-VL
 
     enc = posenc.build_encoder({"type": "alibi"}, num_heads=8)     # any encoder of the C++ library
@@ -32,7 +32,7 @@ from . import _library
 
 _library.load()
 
-from . import integrations, timm  # noqa: E402
+from . import integrations, timm_layers  # noqa: E402
 from .attention import (  # noqa: E402
     alibi_attention,
     alibi_slopes,
@@ -86,5 +86,5 @@ __all__ = [
     "sinusoidal_table",
     "t5_attention",
     "integrations",
-    "timm",
+    "timm_layers",
 ]

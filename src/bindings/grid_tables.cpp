@@ -1,5 +1,5 @@
-// Patch-grid tables as dispatcher operators (what timm's layers compute; python/posenc/timm.py
-// gives them timm's signatures):
+// Patch-grid tables as dispatcher operators (what timm's layers compute;
+// python/posenc/timm_layers.py gives them timm's signatures):
 //
 // posenc::resample_grid_table(table, old_size, new_size, num_prefix_tokens, mode, antialias,
 //                             align_corners) -> Tensor

@@ -1,5 +1,5 @@
 // Vision RoPE tables whose angles are not a grid times fixed bands, as dispatcher operators
-// (timm 1.0.x layers/pos_embed_sincos.py; python/posenc/timm.py gives them timm's modules):
+// (timm 1.0.x layers/pos_embed_sincos.py; python/posenc/timm_layers.py gives them timm's modules):
 //
 // posenc::patch_grid_coords(feat_shape, grid_type, ref_feat_shape, grid_offset, grid_indexing,
 //                           normalize_coords) -> Tensor

@@ -1,4 +1,4 @@
-"""posenc.timm against timm's own functions (timm.layers: resample_abs_pos_embed,
+"""posenc.timm_layers against timm's own functions (timm.layers: resample_abs_pos_embed,
 build_sincos2d_pos_embed), and the operators behind them under PyTorch's own checks."""
 
 import pytest
@@ -30,7 +30,7 @@ def test_resample_abs_pos_embed_equals_timm(old, new, prefix, mode, antialias, d
         interpolation=mode,
         antialias=antialias,
     )
-    got = posenc.timm.resample_abs_pos_embed(
+    got = posenc.timm_layers.resample_abs_pos_embed(
         posemb, new, old, num_prefix_tokens=prefix, interpolation=mode, antialias=antialias
     )
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -41,23 +41,25 @@ def test_resample_abs_pos_embed_equals_timm(old, new, prefix, mode, antialias, d
 
 def test_resample_keeps_timms_early_outs_and_its_square_default():
     posemb = torch.randn(1, 1 + 25, 8)
-    assert posenc.timm.resample_abs_pos_embed(posemb, (5, 5)) is posemb
+    assert posenc.timm_layers.resample_abs_pos_embed(posemb, (5, 5)) is posemb
     want = timm_layers.resample_abs_pos_embed(posemb, [7, 7])  # old size: sqrt(25) = 5
-    assert torch.equal(posenc.timm.resample_abs_pos_embed(posemb, (7, 7)), want)
+    assert torch.equal(posenc.timm_layers.resample_abs_pos_embed(posemb, (7, 7)), want)
 
 
 def test_resample_keeps_float64_prefix_rows_as_timm_does():
     posemb = torch.randn(1, 1 + 49, 12, dtype=torch.float64)
     want = timm_layers.resample_abs_pos_embed(posemb, [14, 14])
-    got = posenc.timm.resample_abs_pos_embed(posemb, (14, 14))
+    got = posenc.timm_layers.resample_abs_pos_embed(posemb, (14, 14))
     assert torch.equal(got, want) and torch.equal(got[:, :1], posemb[:, :1])
 
 
 def test_resample_refuses_in_one_line():
     with pytest.raises(RuntimeError, match="table has 17 rows but prefix 1 \\+ grid 3x3 needs 10"):
-        posenc.timm.resample_abs_pos_embed(torch.randn(1, 17, 8), (5, 5), (3, 3))
+        posenc.timm_layers.resample_abs_pos_embed(torch.randn(1, 17, 8), (5, 5), (3, 3))
     with pytest.raises(ValueError, match="interpolation must be 'bicubic' or 'bilinear'"):
-        posenc.timm.resample_abs_pos_embed(torch.randn(1, 17, 8), (5, 5), interpolation="nearest")
+        posenc.timm_layers.resample_abs_pos_embed(
+            torch.randn(1, 17, 8), (5, 5), interpolation="nearest"
+        )
     with pytest.raises(RuntimeError, match="new_size must be positive"):
         torch.ops.posenc.resample_grid_table(torch.randn(16, 8), [4, 4], [0, 3])
 
@@ -70,23 +72,23 @@ def test_build_sincos2d_pos_embed_equals_timm(shape, reverse_coord, interleave):
         dim=64, temperature=10000.0, reverse_coord=reverse_coord, interleave_sin_cos=interleave
     )
     want = timm_layers.build_sincos2d_pos_embed(list(shape), **kw)
-    got = posenc.timm.build_sincos2d_pos_embed(shape, **kw)
+    got = posenc.timm_layers.build_sincos2d_pos_embed(shape, **kw)
     assert got.shape == want.shape and got.dtype == want.dtype
     # timm's angles are float32 products (positions <= 13: ~1e-6), posenc's float64 rounded once
     torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
-    exact = posenc.timm.build_sincos2d_pos_embed(shape, dtype=torch.float64, **kw)
+    exact = posenc.timm_layers.build_sincos2d_pos_embed(shape, dtype=torch.float64, **kw)
     assert (exact - got.double()).abs().max() <= 2**-24  # posenc's: one rounding of the exact
 
 
 def test_sincos_takes_two_dimensional_grids_only():
     with pytest.raises(ValueError, match="feat_shape must be \\[height, width\\]"):
-        posenc.timm.build_sincos2d_pos_embed([7], dim=24)
+        posenc.timm_layers.build_sincos2d_pos_embed([7], dim=24)
 
 
 def test_the_layouts_would_be_seen():
     # the comparison can fail: sin/cos interleaved against timm's default order differ
     want = timm_layers.build_sincos2d_pos_embed([4, 4], dim=32)
-    got = posenc.timm.build_sincos2d_pos_embed((4, 4), dim=32, interleave_sin_cos=True)
+    got = posenc.timm_layers.build_sincos2d_pos_embed((4, 4), dim=32, interleave_sin_cos=True)
     assert (got - want).abs().max() > 0.1
 
 
@@ -126,13 +128,13 @@ def test_apply_rot_embed_cat_is_timms(half, dtype, emb_dtype):
     q = torch.randn(2, 3, 63, 32, generator=g).to(dtype).requires_grad_()
     k = torch.randn(2, 3, 63, 32, generator=g).to(dtype).requires_grad_()
     want_q, want_k = apply_rot_embed_cat(q, emb, half=half), apply_rot_embed_cat(k, emb, half=half)
-    got_q, got_k = posenc.timm.apply_rot_embed_cat_qk(q, k, emb, half=half)
+    got_q, got_k = posenc.timm_layers.apply_rot_embed_cat_qk(q, k, emb, half=half)
     assert got_q.dtype == want_q.dtype
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-    assert torch.equal(posenc.timm.apply_rot_embed_cat(q, emb, half=half), want_q)
+    assert torch.equal(posenc.timm_layers.apply_rot_embed_cat(q, emb, half=half), want_q)
     gq = torch.randn_like(want_q)
     want = torch.autograd.grad(want_q, q, gq)[0]
-    got = torch.autograd.grad(posenc.timm.apply_rot_embed_cat(q, emb, half=half), q, gq)[0]
+    got = torch.autograd.grad(posenc.timm_layers.apply_rot_embed_cat(q, emb, half=half), q, gq)[0]
     # float32: to the bit; bfloat16 gradients: within one bfloat16 rounding (the backward's
     # products round in another order)
     exact = dtype == torch.float32
@@ -141,7 +143,7 @@ def test_apply_rot_embed_cat_is_timms(half, dtype, emb_dtype):
 
 def test_apply_rot_embed_cat_bad_shape_is_one_line():
     with pytest.raises(ValueError, match=r"emb must be \[\.\.\., N, 2D\]"):
-        posenc.timm.apply_rot_embed_cat(torch.zeros(1, 2, 5, 8), torch.zeros(5, 8))
+        posenc.timm_layers.apply_rot_embed_cat(torch.zeros(1, 2, 5, 8), torch.zeros(5, 8))
 
 
 # --- axial RoPE tables: build_rotary_pos_embed, RotaryEmbeddingCat, RotaryEmbedding ---
@@ -169,7 +171,7 @@ def test_build_rotary_pos_embed_equals_timm(feat_shape, grid_type, in_pixels, ro
             dim=64, in_pixels=in_pixels, grid_type=grid_type, rotate_half=rotate_half, **kwargs
         )
         want = pos_embed_sincos.build_rotary_pos_embed(list(feat_shape), **args)
-        got = posenc.timm.build_rotary_pos_embed(feat_shape, **args)
+        got = posenc.timm_layers.build_rotary_pos_embed(feat_shape, **args)
         for g, w in zip(got, want):  # sin, cos
             assert g.shape == w.shape and g.dtype == w.dtype, (g.shape, w.shape)
             assert torch.equal(g, w), (kwargs, (g - w).abs().max())
@@ -207,8 +209,8 @@ def _eva_settings():  # EVA-02's: ladder bands, index grid, pretraining grid 16 
 def test_rotary_embedding_cat_module_equals_timms(settings, cached):
     feat_shape = [12, 10] if cached else None
     want_m = pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=feat_shape, **settings)
-    got_m = posenc.timm.RotaryEmbeddingCat(32, feat_shape=feat_shape, **settings)
-    from_timm = posenc.timm.RotaryEmbeddingCat.from_timm(want_m)
+    got_m = posenc.timm_layers.RotaryEmbeddingCat(32, feat_shape=feat_shape, **settings)
+    from_timm = posenc.timm_layers.RotaryEmbeddingCat.from_timm(want_m)
     for shape in ([12, 10], [7, 7]):
         want = want_m.get_embed(shape)
         assert torch.equal(got_m.get_embed(shape), want)
@@ -234,7 +236,7 @@ def test_rotary_embedding_cat_module_equals_timms(settings, cached):
 
 def test_rotary_embedding_module_and_casts_equal_timms():
     want_m = pos_embed_sincos.RotaryEmbedding(32, feat_shape=[8, 8], in_pixels=False)
-    got_m = posenc.timm.RotaryEmbedding(32, feat_shape=[8, 8], in_pixels=False)
+    got_m = posenc.timm_layers.RotaryEmbedding(32, feat_shape=[8, 8], in_pixels=False)
     for g, w in zip(got_m.get_embed(), want_m.get_embed()):
         assert torch.equal(g, w)
     x = torch.randn(2, 32, 8, 8)
@@ -244,7 +246,7 @@ def test_rotary_embedding_module_and_casts_equal_timms():
     assert got_m.bands.dtype == torch.float32
     for g, w in zip(got_m.get_embed(), want_m.get_embed()):
         assert g.dtype == torch.bfloat16 and torch.equal(g, w)
-    free = posenc.timm.RotaryEmbeddingCat(32, in_pixels=False).half()
+    free = posenc.timm_layers.RotaryEmbeddingCat(32, in_pixels=False).half()
     reference = pos_embed_sincos.RotaryEmbeddingCat(32, in_pixels=False).half()
     assert torch.equal(free.get_embed([5, 5]), reference.get_embed([5, 5]))
 
@@ -255,29 +257,29 @@ def test_rotary_tables_rotate_as_timms_eva_attention_does():
     rope_t = pos_embed_sincos.RotaryEmbeddingCat(
         32, in_pixels=False, feat_shape=[6, 6], ref_feat_shape=[16, 16]
     )
-    rope_p = posenc.timm.RotaryEmbeddingCat.from_timm(rope_t)
+    rope_p = posenc.timm_layers.RotaryEmbeddingCat.from_timm(rope_t)
     q = torch.randn(2, 3, 36, 32)
     want = pos_embed_sincos.apply_rot_embed_cat(q, rope_t.get_embed())
-    assert torch.equal(posenc.timm.apply_rot_embed_cat(q, rope_p.get_embed()), want)
+    assert torch.equal(posenc.timm_layers.apply_rot_embed_cat(q, rope_p.get_embed()), want)
 
 
 def test_axial_rope_bad_input_is_one_line():
     with pytest.raises(ValueError, match="jitter_coords must be finite and >= 1, got 0.5"):
-        posenc.timm.RotaryEmbeddingCat(32, jitter_coords=0.5)
+        posenc.timm_layers.RotaryEmbeddingCat(32, jitter_coords=0.5)
     with pytest.raises(ValueError, match="shift_coords must be a real number"):
-        posenc.timm.build_rotary_pos_embed([4, 4], shift_coords=True)
+        posenc.timm_layers.build_rotary_pos_embed([4, 4], shift_coords=True)
     with pytest.raises(RuntimeError, match="unknown grid_type 'pixels'"):
-        posenc.timm.build_rotary_pos_embed([4, 4], grid_type="pixels")
+        posenc.timm_layers.build_rotary_pos_embed([4, 4], grid_type="pixels")
     with pytest.raises(RuntimeError, match="grid_indexing must be 'ij' or 'xy', got 'yx'"):
-        posenc.timm.build_rotary_pos_embed([4, 4], grid_indexing="yx")
+        posenc.timm_layers.build_rotary_pos_embed([4, 4], grid_indexing="yx")
     with pytest.raises(RuntimeError, match="every axis needs >= 1 patch, got shape \\[4, 0\\]"):
-        posenc.timm.build_rotary_pos_embed([4, 0])
+        posenc.timm_layers.build_rotary_pos_embed([4, 0])
     with pytest.raises(RuntimeError, match="reference shape \\[16\\] must have one size per axis"):
-        posenc.timm.build_rotary_pos_embed([4, 4], ref_feat_shape=[16])
+        posenc.timm_layers.build_rotary_pos_embed([4, 4], ref_feat_shape=[16])
     with pytest.raises(RuntimeError, match="bands must be \\[F\\]"):
         torch.ops.posenc.patch_grid_rope([4, 4], torch.ones(2, 2))
     with pytest.raises(RuntimeError, match="give a shape"):
-        posenc.timm.RotaryEmbeddingCat(32).get_embed()
+        posenc.timm_layers.RotaryEmbeddingCat(32).get_embed()
 
 
 def test_axial_rope_ops_pass_opcheck():
@@ -310,7 +312,7 @@ _CLASSES = ["RotaryEmbeddingCat", "RotaryEmbedding"]
 
 def _both(cls, *args, **kwargs):
     return (
-        getattr(posenc.timm, cls)(*args, **kwargs),
+        getattr(posenc.timm_layers, cls)(*args, **kwargs),
         getattr(pos_embed_sincos, cls)(*args, **kwargs),
     )
 
@@ -386,14 +388,14 @@ def test_float64_bands_give_timms_tables(cls, build, settings):
     x = torch.randn(2, 32, 7, 9, dtype=torch.float64)
     _same(got_m(x), want_m(x))
     _same(
-        posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands),
+        posenc.timm_layers.build_rotary_pos_embed([5, 6], bands=want_m.bands),
         pos_embed_sincos.build_rotary_pos_embed([5, 6], bands=want_m.bands),
     )
     # float64 tables kept float64 by timm: not posenc's (its float64-band tables are float32)
     with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
         got_m.get_embed([7, 9], dtype=torch.float64)
     with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
-        posenc.timm.build_rotary_pos_embed([5, 6], bands=want_m.bands, dtype=torch.float64)
+        posenc.timm_layers.build_rotary_pos_embed([5, 6], bands=want_m.bands, dtype=torch.float64)
     # cached at construction and on a new grid: from fresh float32 bands, cast to float64
     kwargs = dict(dtype=torch.float64) if build == "dtype=float64" else {}
     got_m, want_m = _both(cls, 32, feat_shape=[8, 8], **kwargs, **settings)
@@ -411,10 +413,10 @@ def test_given_bands_keep_timms_output_dtype():
         for dtype in (None, torch.float32, torch.bfloat16):
             if b.dtype == torch.float64 and dtype is None:  # timm: dtype=None -> the bands' dtype
                 with pytest.raises(RuntimeError, match="float64 tables from float64 bands"):
-                    posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=None)
+                    posenc.timm_layers.build_rotary_pos_embed([4, 5], bands=b, dtype=None)
                 continue
             _same(
-                posenc.timm.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
+                posenc.timm_layers.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
                 pos_embed_sincos.build_rotary_pos_embed([4, 5], bands=b, dtype=dtype),
             )
 
@@ -428,7 +430,7 @@ def test_from_timm_takes_a_cast_modules_state(cls, casts, cached):
     )
     for cast in casts:
         timm_m = getattr(timm_m, cast)()
-    got_m = getattr(posenc.timm, cls).from_timm(timm_m)
+    got_m = getattr(posenc.timm_layers, cls).from_timm(timm_m)
     _same_buffers(got_m, timm_m)
     if cached:
         got_m.update_feat_shape([5, 6])
@@ -444,9 +446,11 @@ def test_from_timm_refuses_a_cache_it_would_not_give():
         pos_embed_sincos.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
     )
     with pytest.raises(ValueError, match="cached table is not the one its settings give"):
-        posenc.timm.RotaryEmbeddingCat.from_timm(timm_m)
+        posenc.timm_layers.RotaryEmbeddingCat.from_timm(timm_m)
     # posenc's own module, cast the same way, keeps the same rounded values as timm's
-    own = posenc.timm.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    own = (
+        posenc.timm_layers.RotaryEmbeddingCat(32, feat_shape=[8, 8], in_pixels=False).half().float()
+    )
     _same_buffers(own, timm_m)
 
 
@@ -467,7 +471,7 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
         ]:
             x = torch.randn(xs, generator=g).bfloat16().requires_grad_()
             emb = torch.randn(es, generator=g).requires_grad_()
-            a, b = posenc.timm.apply_rot_embed_cat(x, emb, half), timms(x, emb, half)
+            a, b = posenc.timm_layers.apply_rot_embed_cat(x, emb, half), timms(x, emb, half)
             assert a.shape == b.shape and torch.equal(a, b), (xs, es)
             grad = torch.randn(b.shape, generator=g).to(b.dtype)
             for u, w in zip(
@@ -475,7 +479,7 @@ def test_apply_rot_embed_cat_broadcasts_a_3d_emb_as_timm_does():
             ):
                 assert torch.equal(u, w), (xs, es)
     with pytest.raises(ValueError, match=r"emb must be \[N, 2D\], \[E, N, 2D\] or \[B, 1, N, 2D\]"):
-        posenc.timm.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))
+        posenc.timm_layers.apply_rot_embed_cat(torch.randn(2, 2, 10, 16), torch.randn(1, 2, 10, 32))
 
 
 AUGMENT = [
@@ -503,8 +507,8 @@ def test_axial_modules_augment_with_timms_draws(cls, settings, augment):
     # bands' device, in DINOv3's order; the same seed gives the same tables
     for feat_shape in (None, [5, 6]):
         theirs = getattr(pos_embed_sincos, cls)(32, feat_shape=feat_shape, **settings, **augment)
-        ours = getattr(posenc.timm, cls).from_timm(theirs)
-        built = getattr(posenc.timm, cls)(32, feat_shape=feat_shape, **settings, **augment)
+        ours = getattr(posenc.timm_layers, cls).from_timm(theirs)
+        built = getattr(posenc.timm_layers, cls)(32, feat_shape=feat_shape, **settings, **augment)
         for train in (True, False):
             for m in (theirs, ours, built):
                 m.train(train)
@@ -531,6 +535,6 @@ def test_build_rotary_pos_embed_augments_as_timm():
     torch.manual_seed(9)
     want = timm_layers.build_rotary_pos_embed([5, 3], **kwargs)
     torch.manual_seed(9)
-    got = posenc.timm.build_rotary_pos_embed([5, 3], **kwargs)
+    got = posenc.timm_layers.build_rotary_pos_embed([5, 3], **kwargs)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and torch.equal(g, w)

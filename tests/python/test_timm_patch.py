@@ -49,7 +49,7 @@ def test_patched_eva_gives_timms_logits_and_gradients(kwargs):
     model.zero_grad()
     report = posenc.integrations.timm.patch(model)
     assert report == {"patched": ["rope"], "left": []}
-    assert isinstance(model.rope, posenc.timm.RotaryEmbeddingCat)
+    assert isinstance(model.rope, posenc.timm_layers.RotaryEmbeddingCat)
     got = model(x)
     assert torch.equal(got, want)
     got.sum().backward()

@@ -3,7 +3,7 @@ timm 1.0.x (timm/layers/pos_embed_sincos.py RotaryEmbeddingMixed, RotaryEmbeddin
 RotaryEmbeddingMRope; timm/models/eva.py): the logits equal to the unpatched model's to the bit, in
 eval and in train mode (training-time coordinate augmentation: the same seed gives timm's tables),
 at the training resolution and another one; gradients of the input and of every parameter (RoPE-
-Mixed's learned frequencies included) equal; state_dict unchanged; posenc.timm's modules on their
+Mixed's learned frequencies included) equal; state_dict unchanged; posenc.timm_layers's modules on their
 own against timm's; bad input in one line.
 
 The models are timm's own registrations (vit_small_patch16_rope_mixed_224,
@@ -85,7 +85,7 @@ def test_patched_model_gives_timms_logits_and_gradients(kind, mode):
     want_state = reference.state_dict()
     report = posenc.integrations.timm.patch(model, strict=True)
     assert report == {"patched": ["rope"], "left": []}
-    assert type(model.rope) is getattr(posenc.timm, CLASSES[kind.split("_")[0]])
+    assert type(model.rope) is getattr(posenc.timm_layers, CLASSES[kind.split("_")[0]])
     state = model.state_dict()  # the same keys and values (RoPE-Mixed's freqs included)
     assert list(state) == list(want_state)
     assert all(torch.equal(state[k], want_state[k]) for k in state)
@@ -260,7 +260,7 @@ def test_patched_naflexvit_gives_timms_logits_for_variable_grids(rope):
             )
 
 
-# ---- posenc.timm's modules on their own, against timm's ---------------------------------------
+# ---- posenc.timm_layers's modules on their own, against timm's ---------------------------------------
 
 
 def _same(got, want):
@@ -282,9 +282,9 @@ DINO = [
 @pytest.mark.parametrize("kwargs", DINO, ids=str)
 def test_dinov3_module_equals_timms(kwargs):
     theirs = sincos.RotaryEmbeddingDinoV3(32, **kwargs)
-    ours = posenc.timm.RotaryEmbeddingDinoV3(32, **kwargs)  # timm's signature
+    ours = posenc.timm_layers.RotaryEmbeddingDinoV3(32, **kwargs)  # timm's signature
     _same(ours.periods, theirs.periods)
-    copied = posenc.timm.RotaryEmbeddingDinoV3.from_timm(theirs)
+    copied = posenc.timm_layers.RotaryEmbeddingDinoV3.from_timm(theirs)
     for train in (False, True):
         for m in (theirs, ours, copied):
             m.train(train)
@@ -320,9 +320,9 @@ def test_mixed_module_equals_timms(kwargs):
     torch.manual_seed(3)
     theirs = sincos.RotaryEmbeddingMixed(64, depth=2, num_heads=4, **kwargs)
     torch.manual_seed(3)
-    ours = posenc.timm.RotaryEmbeddingMixed(64, depth=2, num_heads=4, **kwargs)
+    ours = posenc.timm_layers.RotaryEmbeddingMixed(64, depth=2, num_heads=4, **kwargs)
     _same(ours.freqs.data, theirs.freqs.data)  # timm's initialisation, the same draw
-    copied = posenc.timm.RotaryEmbeddingMixed.from_timm(theirs)
+    copied = posenc.timm_layers.RotaryEmbeddingMixed.from_timm(theirs)
     assert copied.freqs is theirs.freqs
     for train in (False, True):
         for m in (theirs, ours, copied):
@@ -352,8 +352,8 @@ def test_mixed_module_equals_timms(kwargs):
 def test_mrope_module_equals_timms(dim, section):
     kwargs = dict(mrope_section=section, shift_coords=1.0, jitter_coords=1.3)
     theirs = sincos.RotaryEmbeddingMRope(dim, **kwargs)
-    ours = posenc.timm.RotaryEmbeddingMRope(dim, **kwargs)
-    copied = posenc.timm.RotaryEmbeddingMRope.from_timm(theirs)
+    ours = posenc.timm_layers.RotaryEmbeddingMRope(dim, **kwargs)
+    copied = posenc.timm_layers.RotaryEmbeddingMRope.from_timm(theirs)
     _same(ours.inv_freq, theirs.inv_freq)
     for train in (False, True):
         for m in (theirs, ours, copied):
@@ -372,7 +372,7 @@ def test_mrope_module_equals_timms(dim, section):
 def test_mixed_gradients_equal_timms():
     torch.manual_seed(5)
     theirs = sincos.RotaryEmbeddingMixed(32, depth=3, num_heads=2)
-    ours = posenc.timm.RotaryEmbeddingMixed.from_timm(theirs)
+    ours = posenc.timm_layers.RotaryEmbeddingMixed.from_timm(theirs)
     weight = torch.randn(3, 2, 12, 32)
     grads = []
     for m in (theirs, ours):
@@ -414,37 +414,37 @@ def _one_line(info) -> str:
     "call,error,message",
     [
         (
-            lambda: posenc.timm.RotaryEmbeddingMixed(30, depth=2, num_heads=4),
+            lambda: posenc.timm_layers.RotaryEmbeddingMixed(30, depth=2, num_heads=4),
             ValueError,
             "dim / num_heads must be a whole multiple of 4, got dim 30, num_heads 4",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, jitter_coords=0.5),
+            lambda: posenc.timm_layers.RotaryEmbeddingDinoV3(32, jitter_coords=0.5),
             ValueError,
             "jitter_coords must be finite and >= 1, got 0.5",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, shift_coords="1"),
+            lambda: posenc.timm_layers.RotaryEmbeddingDinoV3(32, shift_coords="1"),
             ValueError,
             "shift_coords must be a real number",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingDinoV3(32, feat_shape=[2, 2, 2]),
+            lambda: posenc.timm_layers.RotaryEmbeddingDinoV3(32, feat_shape=[2, 2, 2]),
             ValueError,
             "feat_shape must be \\[height, width\\]",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingMRope(64, mrope_section=(20, 2, 12)),
+            lambda: posenc.timm_layers.RotaryEmbeddingMRope(64, mrope_section=(20, 2, 12)),
             ValueError,
             "not the interleave of its counts",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingMRope(64).double().get_embed([2, 2]),
+            lambda: posenc.timm_layers.RotaryEmbeddingMRope(64).double().get_embed([2, 2]),
             RuntimeError,
             "float64 tables from float64 inv_freq",
         ),
         (
-            lambda: posenc.timm.RotaryEmbeddingMixed(64, 2, 4)(torch.randn(1, 64, 2, 2), 2),
+            lambda: posenc.timm_layers.RotaryEmbeddingMixed(64, 2, 4)(torch.randn(1, 64, 2, 2), 2),
             ValueError,
             "block_index must be in \\[0, 2\\), got 2",
         ),

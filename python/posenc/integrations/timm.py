@@ -4,7 +4,7 @@
     posenc.integrations.timm.patch(model)      # every rotary module timm.layers defines
     logits = model(images)                     # the same logits, to the bit
 
-Each timm.layers rotary submodule (the model's `rope`) is replaced by posenc.timm's module of the
+Each timm.layers rotary submodule (the model's `rope`) is replaced by posenc.timm_layers's module of the
 same class built from its settings and state (from_timm), so the model's outputs are timm's:
 
     RotaryEmbeddingCat, RotaryEmbedding   EVA-02, ViT-RoPE: axial tables from
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import timm as _ptimm
+from .. import timm_layers as _ptimm
 
 __all__ = ["patch", "unpatch"]
 

@@ -117,12 +117,12 @@ def resample_abs_pos_embed(
     """posemb [1, prefix + H*W, D] -> [1, prefix + H'*W', D] (new_size = (H', W'))."""
     if posemb.dim() != 3 or posemb.shape[0] != 1:
         raise ValueError(
-            f"posenc.timm.resample_abs_pos_embed: posemb must be [1, tokens, dim], "
+            f"posenc.timm_layers.resample_abs_pos_embed: posemb must be [1, tokens, dim], "
             f"got shape {tuple(posemb.shape)}"
         )
     if interpolation not in ("bicubic", "bilinear"):
         raise ValueError(
-            f"posenc.timm.resample_abs_pos_embed: interpolation must be 'bicubic' or "
+            f"posenc.timm_layers.resample_abs_pos_embed: interpolation must be 'bicubic' or "
             f"'bilinear', got {interpolation!r}"
         )
     new_size = [int(s) for s in new_size]
@@ -163,12 +163,12 @@ def build_sincos2d_pos_embed(
     reverse_coord) and of features (sin, sin, cos, cos; sin, cos, sin, cos interleaved)."""
     if len(feat_shape) != 2:
         raise ValueError(
-            f"posenc.timm.build_sincos2d_pos_embed: feat_shape must be [height, width], "
+            f"posenc.timm_layers.build_sincos2d_pos_embed: feat_shape must be [height, width], "
             f"got {list(feat_shape)}"
         )
     if dim % 4 != 0:
         raise ValueError(
-            f"posenc.timm.build_sincos2d_pos_embed: dim must be divisible by 4, got {dim}"
+            f"posenc.timm_layers.build_sincos2d_pos_embed: dim must be divisible by 4, got {dim}"
         )
     shape = list(feat_shape)[::-1] if reverse_coord else list(feat_shape)
     coords = (
@@ -191,7 +191,7 @@ def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str, lead: str = "heads
     E with the heads (lead "heads"), against x [B, N, D] with the batch (lead "batch")."""
     if emb.shape[-1] != 2 * x.shape[-1]:
         raise ValueError(
-            f"posenc.timm.{name}: emb must be [..., N, 2D] = [..., "
+            f"posenc.timm_layers.{name}: emb must be [..., N, 2D] = [..., "
             f"{x.shape[-2] if x.dim() > 1 else '?'}, {2 * x.shape[-1]}] for x of "
             f"shape {tuple(x.shape)}, got {tuple(emb.shape)}"
         )
@@ -200,7 +200,7 @@ def _split_emb(emb: torch.Tensor, x: torch.Tensor, name: str, lead: str = "heads
         return cos, sin, 1
     if emb.dim() not in (2, 3):
         raise ValueError(
-            f"posenc.timm.{name}: emb must be [N, 2D], [E, N, 2D] or [B, 1, N, 2D] "
+            f"posenc.timm_layers.{name}: emb must be [N, 2D], [E, N, 2D] or [B, 1, N, 2D] "
             f"(4-D x), got {tuple(emb.shape)}"
         )
     sin, cos = emb.chunk(2, -1)
@@ -215,7 +215,7 @@ def apply_rot_embed_cat_qk(
     """timm's apply_rot_embed_cat on q and k [B, H, N, D] in one pass, each in its own dtype."""
     if q.dim() != 4 or k.dim() != 4:
         raise ValueError(
-            f"posenc.timm.apply_rot_embed_cat_qk: q and k must be [B, H, N, D], got "
+            f"posenc.timm_layers.apply_rot_embed_cat_qk: q and k must be [B, H, N, D], got "
             f"{tuple(q.shape)} and {tuple(k.shape)}"
         )
     cos, sin, dim = _split_emb(emb, q, "apply_rot_embed_cat_qk")
@@ -233,7 +233,7 @@ def apply_rot_embed_cat(x: torch.Tensor, emb: torch.Tensor, half: bool = False) 
         x = x.unsqueeze(1)
     if x.dim() != 4:
         raise ValueError(
-            f"posenc.timm.apply_rot_embed_cat: x must be [B, H, N, D] or [B, N, D], "
+            f"posenc.timm_layers.apply_rot_embed_cat: x must be [B, H, N, D] or [B, N, D], "
             f"got {tuple(x.shape)}"
         )
     cos, sin, dim = _split_emb(emb, x, "apply_rot_embed_cat", "batch" if three else "heads")
@@ -282,7 +282,7 @@ def _rope_tables(
     contiguous section of F bands per axis (timm's grid[..., a] * bands[f], axis-major)."""
     if bands.dtype == torch.float64 and dtype == torch.float64:
         raise RuntimeError(
-            f"posenc.timm.{where}: float64 tables from float64 bands: timm keeps "
+            f"posenc.timm_layers.{where}: float64 tables from float64 bands: timm keeps "
             f"their float64 sin/cos, posenc's patch_grid_rope rounds them to "
             f"float32; ask for dtype=torch.float32 tables or use float32 bands"
         )
@@ -292,7 +292,7 @@ def _rope_tables(
     if any(a is not None for a in augment):
         if bands.dim() != 1 or bands.numel() < 1:
             raise ValueError(
-                f"posenc.timm.{where}: bands must be [F] with F >= 1, got shape "
+                f"posenc.timm_layers.{where}: bands must be [F] with F >= 1, got shape "
                 f"{tuple(bands.shape)}"
             )
         coords = torch.ops.posenc.patch_grid_coords(
@@ -416,7 +416,9 @@ class _AxialRotaryBase(torch.nn.Module):
             _coord_aug_config(name, shift_coords, jitter_coords, rescale_coords)
         )
         if dim < 4:
-            raise ValueError(f"posenc.timm.{name}: dim must be >= 4 (dim // 4 bands), got {dim}")
+            raise ValueError(
+                f"posenc.timm_layers.{name}: dim must be >= 4 (dim // 4 bands), got {dim}"
+            )
         self.dim = dim
         self.max_res = max_res
         self.temperature = temperature
@@ -460,7 +462,7 @@ class _AxialRotaryBase(torch.nn.Module):
         train/eval). A module whose cache is not what its settings give (cast through a lower
         precision and back, e.g. .half().float(), or edited), or that augments its coordinates
         with float64 bands (timm's float64 training tables), is refused with one line."""
-        name = f"posenc.timm.{cls.__name__}.from_timm"
+        name = f"posenc.timm_layers.{cls.__name__}.from_timm"
         if getattr(module, "aug_active", False) and module.bands.dtype == torch.float64:
             raise ValueError(
                 f"{name}: float64 bands with coordinate augmentation give float64 "
@@ -601,7 +603,7 @@ class _AxialRotaryBase(torch.nn.Module):
                 padded[i, : e.shape[0]] = e
             return padded
         raise RuntimeError(
-            f"posenc.timm.{type(self).__name__}: get_batch_embeds with seq_len "
+            f"posenc.timm_layers.{type(self).__name__}: get_batch_embeds with seq_len "
             f"returns one tensor; it is RotaryEmbeddingCat's"
         )
 
@@ -633,7 +635,7 @@ class RotaryEmbeddingCat(_AxialRotaryBase):
                 return torch.cat(self._tables(self.feat_shape, dtype, augment=True), -1)
             return self.pos_embed if dtype is None else self.pos_embed.to(dtype=dtype)
         raise RuntimeError(
-            "posenc.timm.RotaryEmbeddingCat.get_embed: give a shape (no feat_shape "
+            "posenc.timm_layers.RotaryEmbeddingCat.get_embed: give a shape (no feat_shape "
             "was set at construction)"
         )
 
@@ -672,7 +674,7 @@ class RotaryEmbedding(_AxialRotaryBase):
                 return self.pos_embed_sin.to(dtype=dtype), self.pos_embed_cos.to(dtype=dtype)
             return self.pos_embed_sin, self.pos_embed_cos
         raise RuntimeError(
-            "posenc.timm.RotaryEmbedding.get_embed: give a shape (no feat_shape "
+            "posenc.timm_layers.RotaryEmbedding.get_embed: give a shape (no feat_shape "
             "was set at construction)"
         )
 
@@ -705,13 +707,13 @@ def _coord_aug_config(name: str, shift_coords, jitter_coords, rescale_coords):
         )
         if isinstance(value, bool) or not (isinstance(value, (int, float)) or scalar):
             raise ValueError(
-                f"posenc.timm.{name}: {key} must be a real number or a one-element "
+                f"posenc.timm_layers.{name}: {key} must be a real number or a one-element "
                 f"tensor, got {value!r}"
             )
         value = float(value)
         if not math.isfinite(value) or value < least:
             raise ValueError(
-                f"posenc.timm.{name}: {key} must be finite and >= {least:g}, got {value!r}"
+                f"posenc.timm_layers.{name}: {key} must be finite and >= {least:g}, got {value!r}"
             )
         out.append(value)
     return out[0], out[1], out[2], any(v is not None for v in out)
@@ -880,16 +882,16 @@ class RotaryEmbeddingMixed(_FollowsOriginal, torch.nn.Module):
         name = "RotaryEmbeddingMixed"
         if feat_shape is not None and len(feat_shape) != 2:
             raise ValueError(
-                f"posenc.timm.{name}: feat_shape must be [height, width], got {list(feat_shape)}"
+                f"posenc.timm_layers.{name}: feat_shape must be [height, width], got {list(feat_shape)}"
             )
         if num_heads < 1 or dim % num_heads != 0 or (dim // num_heads) % 4 != 0:
             raise ValueError(
-                f"posenc.timm.{name}: dim / num_heads must be a whole multiple of 4, "
+                f"posenc.timm_layers.{name}: dim / num_heads must be a whole multiple of 4, "
                 f"got dim {dim}, num_heads {num_heads}"
             )
         if grid_indexing not in ("ij", "xy"):
             raise ValueError(
-                f"posenc.timm.{name}: grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}"
+                f"posenc.timm_layers.{name}: grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}"
             )
         self.dim, self.depth, self.num_heads = dim, depth, num_heads
         self.temperature = temperature
@@ -936,7 +938,7 @@ class RotaryEmbeddingMixed(_FollowsOriginal, torch.nn.Module):
         )
         if not (_same_tensor(new.t_x, module.t_x) and _same_tensor(new.t_y, module.t_y)):
             raise ValueError(
-                f"posenc.timm.{cls.__name__}.from_timm: the timm module's cached "
+                f"posenc.timm_layers.{cls.__name__}.from_timm: the timm module's cached "
                 f"grid (t_x, t_y) is not the one its feat_shape gives; posenc would "
                 f"not give the same tables"
             )
@@ -977,7 +979,7 @@ class RotaryEmbeddingMixed(_FollowsOriginal, torch.nn.Module):
             coords = torch.stack([self.t_x, self.t_y], dim=-1)
         else:
             raise RuntimeError(
-                "posenc.timm.RotaryEmbeddingMixed.get_embed: give a shape (no "
+                "posenc.timm_layers.RotaryEmbeddingMixed.get_embed: give a shape (no "
                 "feat_shape was set at construction)"
             )
         if self.training and self.aug_active:
@@ -1011,12 +1013,12 @@ class RotaryEmbeddingMixed(_FollowsOriginal, torch.nn.Module):
         """x [B, dim, H, W] rotated by block block_index's tables, channels split into heads."""
         if x.dim() != 4 or x.shape[1] != self.dim:
             raise ValueError(
-                f"posenc.timm.RotaryEmbeddingMixed: x must be [B, dim={self.dim}, H, "
+                f"posenc.timm_layers.RotaryEmbeddingMixed: x must be [B, dim={self.dim}, H, "
                 f"W], got {tuple(x.shape)}"
             )
         if not 0 <= block_index < self.depth:
             raise ValueError(
-                f"posenc.timm.RotaryEmbeddingMixed: block_index must be in [0, "
+                f"posenc.timm_layers.RotaryEmbeddingMixed: block_index must be in [0, "
                 f"{self.depth}), got {block_index}"
             )
         shape = x.shape
@@ -1063,16 +1065,16 @@ class RotaryEmbeddingDinoV3(_FollowsOriginal, torch.nn.Module):
         name = type(self).__name__
         if feat_shape is not None and len(feat_shape) != 2:
             raise ValueError(
-                f"posenc.timm.{name}: feat_shape must be [height, width], got {list(feat_shape)}"
+                f"posenc.timm_layers.{name}: feat_shape must be [height, width], got {list(feat_shape)}"
             )
         if normalize_coords not in ("separate", "min", "max"):
             raise ValueError(
-                f"posenc.timm.{name}: normalize_coords must be 'separate', 'min' or "
+                f"posenc.timm_layers.{name}: normalize_coords must be 'separate', 'min' or "
                 f"'max', got {normalize_coords!r}"
             )
         if grid_indexing not in ("ij", "xy"):
             raise ValueError(
-                f"posenc.timm.{name}: grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}"
+                f"posenc.timm_layers.{name}: grid_indexing must be 'ij' or 'xy', got {grid_indexing!r}"
             )
         self.dim = dim
         self.rotate_half = rotate_half
@@ -1110,7 +1112,7 @@ class RotaryEmbeddingDinoV3(_FollowsOriginal, torch.nn.Module):
         """posenc's module with a timm RotaryEmbeddingDinoV3's settings, periods and cache dtypes,
         device and train/eval mode. Periods or a cache that are not what its settings give
         (edited, or cast through a lower precision and back) are refused with one line."""
-        name = f"posenc.timm.{cls.__name__}.from_timm"
+        name = f"posenc.timm_layers.{cls.__name__}.from_timm"
         cached = module.pos_embed_cached
         new = cls(
             module.dim,
@@ -1175,7 +1177,7 @@ class RotaryEmbeddingDinoV3(_FollowsOriginal, torch.nn.Module):
         periods = self.periods if periods is None else periods
         if len(feat_shape) != 2:
             raise ValueError(
-                f"posenc.timm.RotaryEmbeddingDinoV3: the grid must be [height, "
+                f"posenc.timm_layers.RotaryEmbeddingDinoV3: the grid must be [height, "
                 f"width], got {list(feat_shape)}"
             )
         coords = _grid(
@@ -1211,7 +1213,7 @@ class RotaryEmbeddingDinoV3(_FollowsOriginal, torch.nn.Module):
         elif self.pos_embed_cached is None or (self.training and self.aug_active):
             if self.feat_shape is None:
                 raise RuntimeError(
-                    "posenc.timm.RotaryEmbeddingDinoV3.get_embed: give a shape (no "
+                    "posenc.timm_layers.RotaryEmbeddingDinoV3.get_embed: give a shape (no "
                     "feat_shape was set at construction)"
                 )
             embed = self._create_embed(self.feat_shape)
@@ -1276,15 +1278,17 @@ class RotaryEmbeddingMRope(_FollowsOriginal, torch.nn.Module):
         super().__init__()
         name = type(self).__name__
         if dim < 2 or dim % 2 != 0:
-            raise ValueError(f"posenc.timm.{name}: dim (head_dim) must be even and >= 2, got {dim}")
+            raise ValueError(
+                f"posenc.timm_layers.{name}: dim (head_dim) must be even and >= 2, got {dim}"
+            )
         if len(mrope_section) != 3 or any(s < 0 for s in mrope_section):
             raise ValueError(
-                f"posenc.timm.{name}: mrope_section must be three counts >= 0 (t, h, "
+                f"posenc.timm_layers.{name}: mrope_section must be three counts >= 0 (t, h, "
                 f"w), got {tuple(mrope_section)}"
             )
         if grid_indexing != "ij":
             raise ValueError(
-                f"posenc.timm.{name}: grid_indexing must be 'ij' (as timm's), got {grid_indexing!r}"
+                f"posenc.timm_layers.{name}: grid_indexing must be 'ij' (as timm's), got {grid_indexing!r}"
             )
         self.dim = dim
         self.mrope_section = mrope_section
@@ -1298,7 +1302,7 @@ class RotaryEmbeddingMRope(_FollowsOriginal, torch.nn.Module):
         round_robin = [a for k in range(dim // 2) for a in range(3) if self._sections[a] > k]
         if round_robin != axis.tolist():
             raise ValueError(
-                f"posenc.timm.{name}: mrope_section {tuple(mrope_section)} with dim "
+                f"posenc.timm_layers.{name}: mrope_section {tuple(mrope_section)} with dim "
                 f"{dim} assigns channels {axis.tolist()} (timm's clamped stride), "
                 f"which is not the interleave of its counts {self._sections} that "
                 f"posenc's rope_cos_sin computes"
@@ -1317,7 +1321,7 @@ class RotaryEmbeddingMRope(_FollowsOriginal, torch.nn.Module):
     def from_timm(cls, module: torch.nn.Module) -> RotaryEmbeddingMRope:
         """posenc's module with a timm RotaryEmbeddingMRope's settings, inv_freq dtype, device and
         train/eval mode; frequencies that are not what its settings give are refused."""
-        name = f"posenc.timm.{cls.__name__}.from_timm"
+        name = f"posenc.timm_layers.{cls.__name__}.from_timm"
         new = cls(
             module.dim,
             mrope_section=module.mrope_section,
@@ -1360,12 +1364,12 @@ class RotaryEmbeddingMRope(_FollowsOriginal, torch.nn.Module):
         """[H*W, 2 dim] for the (H, W) patch grid; dtype None: inv_freq's (float32)."""
         if shape is None or len(shape) != 2:
             raise ValueError(
-                f"posenc.timm.RotaryEmbeddingMRope.get_embed: shape must be [height, "
+                f"posenc.timm_layers.RotaryEmbeddingMRope.get_embed: shape must be [height, "
                 f"width], got {shape!r}"
             )
         if self.inv_freq.dtype == torch.float64 and dtype in (None, torch.float64):
             raise RuntimeError(
-                "posenc.timm.RotaryEmbeddingMRope.get_embed: float64 tables from "
+                "posenc.timm_layers.RotaryEmbeddingMRope.get_embed: float64 tables from "
                 "float64 inv_freq: timm keeps their float64 sin/cos, posenc's "
                 "rope_cos_sin rounds them to float32; ask for dtype=torch.float32"
             )
