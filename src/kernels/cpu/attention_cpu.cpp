@@ -2,8 +2,18 @@
 // posenc/kernels/attention_fused.h). Forward: for each (b, h, query block) an online softmax
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
-// so dK, dV and the per-head table gradient need no atomics. The two GEMMs of a tile are ATen
-// matmuls; bias and masks are plain loops over the tile, the softmax's max and exp-sum are the
+// so dK, dV and the per-head table gradient need no atomics. The tiles' matrix products call
+// LibTorch's BLAS (MKL on x86-64) directly on the operands' memory, as ATen's own CPU flash
+// attention does (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
+// q, k, v, out and the gradients are [B, H, N, D] of any strides with unit stride in D (the
+// operator passes the [B, N, H, D] tensors' transposed views, no copies). The softmax scale is
+// the first product's alpha. In the forward, a head's key and value blocks are packed once per
+// thread for MKL's packed-matrix API (cblas_sgemm_pack: the scaled K^T block, the V block) and
+// reused by every full query block of the head, and each full query block once for its
+// products with the full key blocks, where per-tile sgemm calls re-pack every operand every time
+// (K and V 16 times per head at N = 2048). Without MKL's symbols (another BLAS) the products go
+// through at::mm on the same memory (POSENC_ATTENTION_GEMM=aten forces that path, for its
+// tests). Bias and masks are plain loops over the tile, the softmax's max and exp-sum are the
 // CPU level's rows (softmax_rows.h: Cephes' expf on 8 or 16 lanes; cpu_kernels.h).
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
@@ -36,12 +46,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <unordered_set>
 
 #include "cpu_kernels.h"
 #include "parallel.h"
 #include "rotate_row.h"
+
+// MKL's Fortran sgemm and its packed-matrix API, exported by LibTorch's libtorch_cpu on x86-64
+// (LP64: 32-bit integers). Weak: null where the LibTorch has no MKL (the at::mm fallback).
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc) __attribute__((weak));
+size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
+void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+                      const float* src, int ld, float* dest) __attribute__((weak));
+void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc)
+    __attribute__((weak));
+}
 
 namespace posenc::detail {
 
@@ -51,8 +77,105 @@ constexpr int64_t kBlockQ = 128;
 constexpr int64_t kBlockK = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// s: the tile q_i . k_j for rows [i0, i0+rows) and columns [j0, j0+cols), row stride ld.
-// Scales it and adds the bias and masks in place.
+// ---- The tiles' matrix products ----------------------------------------------------------------
+
+// Whether the products call MKL: where LibTorch exports it, unless POSENC_ATTENTION_GEMM=aten
+// asks for at::mm (the path of a LibTorch without MKL, tested on machines with it too).
+bool mkl_gemm() {
+  static const bool use = [] {
+    const char* env = std::getenv("POSENC_ATTENTION_GEMM");
+    const std::string choice = env != nullptr ? env : "";
+    TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "aten",
+                "POSENC_ATTENTION_GEMM must be 'mkl' or 'aten' (or unset), got '", choice, "'");
+    return sgemm_ != nullptr && choice != "aten";
+  }();
+  return use;
+}
+
+// C [m, n] = alpha op(A) op(B) + beta C, all row-major with unit column stride: op(A) [m, k] is A
+// [m, k] (row stride lda) or, trans_a, A [k, m] transposed; op(B) [k, n] is B [k, n] or, trans_b,
+// B [n, k] transposed; C's row stride ldc; beta 0 (C is overwritten, whatever it held) or 1.
+// Sizes and strides fit in int (checked by check_operand).
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  // a leading dimension is read only between rows: one row may have any (Fortran wants >= width)
+  lda = std::max<int64_t>(lda, trans_a ? m : k);
+  ldb = std::max<int64_t>(ldb, trans_b ? k : n);
+  if (mkl_gemm()) {  // column-major: C^T [n, m] = op(B)^T op(A)^T
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    const int la = static_cast<int>(lda), lb = static_cast<int>(ldb), lc = static_cast<int>(ldc);
+    sgemm_(trans_b ? "T" : "N", trans_a ? "T" : "N", &ni, &mi, &ki, &alpha, b, &lb, a, &la, &beta,
+           c, &lc);
+    return;
+  }
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  auto view = [&](const float* x, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
+    auto t = at::from_blob(const_cast<float*>(x),
+                           {transposed ? cols : rows, transposed ? rows : cols}, {ld, 1}, f32);
+    return transposed ? t.t() : t;
+  };
+  auto c_view = at::from_blob(c, {m, n}, {ldc, 1}, f32);
+  if (beta == 0.0f) {
+    at::mm_out(c_view, view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b));
+    if (alpha != 1.0f) c_view.mul_(alpha);
+  } else {
+    c_view.addmm_(view(a, m, k, lda, trans_a), view(b, k, n, ldb, trans_b), 1.0, alpha);
+  }
+}
+
+// MKL's packed-matrix API (row-major constants of mkl_cblas.h).
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kAMatrix = 161,
+              kBMatrix = 162;
+
+bool packed_gemm_available() {
+  return mkl_gemm() && cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr &&
+         cblas_sgemm_compute != nullptr;
+}
+
+// Where each key block's packed K^T and V sit in a head's buffers (floats; the same for every
+// head): MKL's packed layout depends on the product's sizes, so a block is packed for the full
+// query block (kBlockQ rows) and its own column count, and only full query blocks use it.
+struct PackLayout {
+  std::vector<int64_t> k_offset, v_offset;  // [key blocks + 1]
+};
+
+int64_t packed_floats(int identifier, int64_t m, int64_t n, int64_t k) {
+  const auto bytes = cblas_sgemm_pack_get_size(identifier, static_cast<int>(m), static_cast<int>(n),
+                                               static_cast<int>(k));
+  return (static_cast<int64_t>(bytes) + 63) / 64 * 16;  // whole cache lines
+}
+
+// One thread's packed blocks of one head (b * H + h), packed on first use.
+struct PackedHead {
+  at::Tensor k, v;  // float32 buffers of layout.k_offset.back() / v_offset.back() floats
+  std::vector<uint8_t> k_ready, v_ready;
+  int64_t head = -1;
+};
+
+// The sizes and strides an operand [B, H, N, D] hands to gemm: unit stride in D, int-sized.
+struct Operand {
+  float* base = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+  float* rows(int64_t b, int64_t h) const { return base + b * batch_stride + h * head_stride; }
+};
+
+Operand operand(const char* name, const at::Tensor& t) {
+  TORCH_CHECK(attention_cpu_reads_in_place(t), "attention (CPU kernel): ", name,
+              " must be float32 [B, H, N, D] with unit stride in D and rows at least D apart, got ",
+              t.scalar_type(), " sizes ", t.sizes(), " strides ", t.strides());
+  const int64_t row_stride = t.size(2) > 1 ? t.stride(2) : t.size(3);
+  return {t.data_ptr<float>(), t.stride(0), t.stride(1), row_stride};
+}
+
+// Whether any bias part or mask is applied inside the tiles.
+bool has_tile_bias(const AttentionProblem& p) {
+  return p.alibi || p.table_form != BiasForm::kNone || p.causal || !p.key_keep.empty() ||
+         p.packed || p.variate || p.causal_by_ids;
+}
+
+// s: the tile scale q_i . k_j for rows [i0, i0+rows) and columns [j0, j0+cols), row stride ld.
+// Adds the bias and masks in place.
 void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows, int64_t cols,
                    int64_t i0, int64_t j0, int64_t b, int64_t h) {
   const int64_t offset = p.nk - p.nq;  // causal: keys j <= i + offset
@@ -70,7 +193,6 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = i0 + r;
     float* row = s + r * ld;
-    for (int64_t c = 0; c < cols; ++c) row[c] *= p.scale;
     if (p.alibi) {
       const double pi = p.pq[i];
       const double* pk = p.pk + j0;
@@ -118,25 +240,27 @@ void bias_and_mask(const AttentionProblem& p, float* s, int64_t ld, int64_t rows
   }
 }
 
-// RoPE on rows: y[r] = x[r] rotated by the pair tables cos/sin [n, F] (rotate_row.h).
-void rotate_rows(const float* x, float* y, int64_t n, int64_t dim, const float* cos,
-                 const float* sin, int64_t pairs, bool interleaved, float sign) {
+// RoPE on rows: y[r] = x[r] rotated by the pair tables cos/sin [n, F] (rotate_row.h); x's rows
+// x_stride apart, y's y_stride.
+void rotate_rows(const float* x, int64_t x_stride, float* y, int64_t y_stride, int64_t n,
+                 int64_t dim, const float* cos, const float* sin, int64_t pairs, bool interleaved,
+                 float sign) {
   for (int64_t r = 0; r < n; ++r)
-    rotate_row(x + r * dim, y + r * dim, dim, cos + r * pairs, sin + r * pairs, pairs, interleaved,
-               sign);
+    rotate_row(x + r * x_stride, y + r * y_stride, dim, cos + r * pairs, sin + r * pairs, pairs,
+               interleaved, sign);
 }
 
-// A block of rows [row0, row0 + n) of q or k ([n, D] contiguous), rotated into scratch when the
-// problem has rotary tables; else the block itself.
-at::Tensor maybe_rotated(const AttentionProblem& p, const at::Tensor& block, at::Tensor& scratch,
-                         const at::Tensor& cos, const at::Tensor& sin, int64_t row0) {
-  if (!p.rotary) return block;
-  const int64_t n = block.size(0);
-  rotate_rows(block.data_ptr<float>(), scratch.data_ptr<float>(), n, p.dim,
-              cos.data_ptr<float>() + row0 * p.rotary_pairs,
+// Rows [row0, row0 + n) of q or k (x: the first, row stride *ld), rotated into scratch (row
+// stride D, *ld updated) when the problem has rotary tables; else x itself.
+const float* maybe_rotated(const AttentionProblem& p, const float* x, int64_t n, int64_t* ld,
+                           float* scratch, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t row0) {
+  if (!p.rotary) return x;
+  rotate_rows(x, *ld, scratch, p.dim, n, p.dim, cos.data_ptr<float>() + row0 * p.rotary_pairs,
               sin.data_ptr<float>() + row0 * p.rotary_pairs, p.rotary_pairs, p.rotary_interleaved,
               1.0f);
-  return scratch.narrow(0, 0, n);
+  *ld = p.dim;
+  return scratch;
 }
 
 // Number of key columns of block [j0, j0+cols) that can be visible to rows up to i_last.
@@ -280,32 +404,72 @@ void set_packed(AttentionProblem& p, const char* op, const at::Tensor& sample_id
 
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
+  const int64_t k_blocks = (p.nk + kBlockK - 1) / kBlockK;
   const int64_t units = p.batch * p.heads * q_blocks;
   const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
+  const Operand q_op = operand("q", p.q), k_op = operand("k", p.k), v_op = operand("v", p.v);
+  const Operand out_op = operand("out", out);
+  const bool tile_bias = has_tile_bias(p);
+  // packed keys and values pay off when a head has several full query blocks to reuse them
+  PackLayout layout;
+  const bool pack = packed_gemm_available() && p.nq >= 2 * kBlockQ;
+  if (pack) {
+    layout.k_offset.assign(1, 0);
+    layout.v_offset.assign(1, 0);
+    for (int64_t t = 0; t < k_blocks; ++t) {
+      const int64_t cols = std::min(kBlockK, p.nk - t * kBlockK);
+      layout.k_offset.push_back(layout.k_offset.back() +
+                                packed_floats(kBMatrix, kBlockQ, cols, p.dim));
+      layout.v_offset.push_back(layout.v_offset.back() +
+                                packed_floats(kBMatrix, kBlockQ, p.dim_v, cols));
+    }
+  }
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
-    auto acc = at::empty({kBlockQ, p.dim_v}, at::kFloat);
+    auto acc_buffer = at::empty({kBlockQ, p.dim_v}, at::kFloat);
     auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
     // the rotated keys of one head, reused by this thread's consecutive query blocks of it
     auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
     int64_t k_rot_head = -1;
+    PackedHead packed;
+    // a full query block packed once for the q k^T products of its full key blocks
+    at::Tensor q_packed;
+    if (pack) {
+      packed.k = at::empty({layout.k_offset.back()}, at::kFloat);
+      packed.v = at::empty({layout.v_offset.back()}, at::kFloat);
+      q_packed = at::empty({packed_floats(kAMatrix, kBlockQ, kBlockK, p.dim)}, at::kFloat);
+    }
+    float* s = tile.data_ptr<float>();
+    float* acc = acc_buffer.data_ptr<float>();
     std::vector<float> m(kBlockQ), l(kBlockQ);
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
       const int64_t b = bh / p.heads, h = bh % p.heads;
       const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
-      auto q_blk = maybe_rotated(p, p.q[b][h].narrow(0, i0, rows), q_rot, p.q_cos, p.q_sin, i0);
-      auto k_bh = p.k[b][h];  // [Nk, D]
+      int64_t ldq = q_op.row_stride, ldk = k_op.row_stride;
+      const float* q_blk =
+          maybe_rotated(p, q_op.rows(b, h) + i0 * ldq, rows, &ldq,
+                        p.rotary ? q_rot.data_ptr<float>() : nullptr, p.q_cos, p.q_sin, i0);
+      const float* k_bh = k_op.rows(b, h);  // [Nk, D]
       if (p.rotary) {
-        if (k_rot_head != bh) maybe_rotated(p, k_bh, k_rot, p.k_cos, p.k_sin, 0);
+        int64_t ld = ldk;
+        if (k_rot_head != bh)
+          maybe_rotated(p, k_bh, p.nk, &ld, k_rot.data_ptr<float>(), p.k_cos, p.k_sin, 0);
         k_rot_head = bh;
-        k_bh = k_rot;
+        k_bh = k_rot.data_ptr<float>();
+        ldk = p.dim;
       }
-      auto acc_blk = acc.narrow(0, 0, rows);
-      acc_blk.zero_();
+      const float* v_bh = v_op.rows(b, h);
+      const int64_t ldv = v_op.row_stride;
+      if (pack && packed.head != bh) {
+        packed.k_ready.assign(k_blocks, 0);
+        packed.v_ready.assign(k_blocks, 0);
+        packed.head = bh;
+      }
+      bool q_ready = false;
+      std::fill(acc, acc + rows * p.dim_v, 0.0f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
-      float* accp = acc.data_ptr<float>();
       const auto [j_first, j_last] = packed_keys(p, b, i0, rows);
       const int64_t query_id_max = p.causal_by_ids ? largest_query_id(p, b, i0, rows) : 0;
       for (int64_t j0 = j_first; j0 <= j_last; j0 += kBlockK) {
@@ -313,10 +477,35 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
             visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, j_last + 1 - j0));
         if (cols == 0) break;
         if (p.causal_by_ids && smallest_key_id(p, b, j0, cols) > query_id_max) continue;
-        auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
-        at::mm_out(s_blk, q_blk, k_bh.narrow(0, j0, cols).t());
-        float* s = tile.data_ptr<float>();
-        bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
+        // a whole key block with a whole query block: the head's packed K^T and V blocks
+        const int64_t t = j0 / kBlockK;
+        const bool use_packed =
+            pack && rows == kBlockQ && j0 % kBlockK == 0 && cols == std::min(kBlockK, p.nk - j0);
+        if (use_packed) {
+          float* kp = packed.k.data_ptr<float>() + layout.k_offset[t];
+          if (!packed.k_ready[t]) {  // scale K^T: the block's scores come out scaled
+            cblas_sgemm_pack(kRowMajor, kBMatrix, kTrans, kBlockQ, cols, p.dim, p.scale,
+                             k_bh + j0 * ldk, ldk, kp);
+            packed.k_ready[t] = 1;
+          }
+          if (cols == kBlockK) {  // the query block packed for this product's sizes
+            float* qp = q_packed.data_ptr<float>();
+            if (!q_ready) {
+              cblas_sgemm_pack(kRowMajor, kAMatrix, kNoTrans, kBlockQ, kBlockK, p.dim, 1.0f, q_blk,
+                               ldq, qp);
+              q_ready = true;
+            }
+            cblas_sgemm_compute(kRowMajor, kPacked, kPacked, kBlockQ, cols, p.dim, qp, p.dim, kp,
+                                cols, 0.0f, s, kBlockK);
+          } else {
+            cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, kBlockQ, cols, p.dim, q_blk, ldq, kp,
+                                cols, 0.0f, s, kBlockK);
+          }
+        } else {  // S = scale q k^T
+          gemm(false, true, rows, cols, p.dim, p.scale, q_blk, ldq, k_bh + j0 * ldk, ldk, 0.0f, s,
+               kBlockK);
+        }
+        if (tile_bias) bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s + r * kBlockK;
           const float m_new = std::max(m[r], kernels.row_max(row, cols));
@@ -329,18 +518,30 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
           l[r] = l[r] * alpha + sum;
           m[r] = m_new;
           if (alpha != 1.0f) {
-            float* a = accp + r * p.dim_v;
+            float* a = acc + r * p.dim_v;
             for (int64_t d = 0; d < p.dim_v; ++d) a[d] *= alpha;
           }
         }
-        acc_blk.addmm_(s_blk, p.v[b][h].narrow(0, j0, cols));
+        if (use_packed) {  // acc += P V
+          float* vp = packed.v.data_ptr<float>() + layout.v_offset[t];
+          if (!packed.v_ready[t]) {
+            cblas_sgemm_pack(kRowMajor, kBMatrix, kNoTrans, kBlockQ, p.dim_v, cols, 1.0f,
+                             v_bh + j0 * ldv, ldv, vp);
+            packed.v_ready[t] = 1;
+          }
+          cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, kBlockQ, p.dim_v, cols, s, kBlockK, vp,
+                              p.dim_v, 1.0f, acc, p.dim_v);
+        } else {
+          gemm(false, false, rows, p.dim_v, cols, 1.0f, s, kBlockK, v_bh + j0 * ldv, ldv, 1.0f, acc,
+               p.dim_v);
+        }
       }
-      auto out_blk = out[b][h].narrow(0, i0, rows);
-      float* o = out_blk.data_ptr<float>();
+      float* o = out_op.rows(b, h) + i0 * out_op.row_stride;
       float* lse_row = lse[b][h].data_ptr<float>() + i0;
       for (int64_t r = 0; r < rows; ++r) {
         const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
-        for (int64_t d = 0; d < p.dim_v; ++d) o[r * p.dim_v + d] = accp[r * p.dim_v + d] * inv;
+        float* o_row = o + r * out_op.row_stride;
+        for (int64_t d = 0; d < p.dim_v; ++d) o_row[d] = acc[r * p.dim_v + d] * inv;
         lse_row[r] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
       }
     }
@@ -364,12 +565,18 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   // D_i = sum_d dO_i,d O_i,d : [B, H, Nq]
   auto row_dot = (grad_out * out).sum(-1).contiguous();
   const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
+  const Operand q_op = operand("q", p.q), k_op = operand("k", p.k), v_op = operand("v", p.v);
+  const Operand do_op = operand("grad_out", grad_out), dq_op = operand("dq", dq);
+  const Operand dk_op = operand("dk", dk), dv_op = operand("dv", dv);
+  const bool tile_bias = has_tile_bias(p);
   parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
     auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
     auto q_rot = p.rotary ? at::empty({p.nq, p.dim}, at::kFloat) : at::Tensor();  // one head
     auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
+    float* s = tile.data_ptr<float>();
+    float* dps = dp.data_ptr<float>();
     // the variate bias's gradient per query row: sums over its same-variate keys and over all of
     // its keys of P dP and of P (float64), combined after the row's last key block
     std::vector<double> same_pdp, all_pdp, same_p, all_p;
@@ -389,15 +596,24 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           p.variate ? p.variate_ids.const_data_ptr<int64_t>() + b * p.nk : nullptr;
       const float* lse_bh = lse[b][h].data_ptr<float>();
       const float* dot_bh = row_dot[b][h].data_ptr<float>();
-      auto dq_bh = dq[b][h];
-      auto q_bh = maybe_rotated(p, p.q[b][h], q_rot, p.q_cos, p.q_sin, 0);  // [Nq, D]
+      int64_t ldq = q_op.row_stride;
+      const float* q_bh =
+          maybe_rotated(p, q_op.rows(b, h), p.nq, &ldq,
+                        p.rotary ? q_rot.data_ptr<float>() : nullptr, p.q_cos, p.q_sin, 0);
+      const float* do_bh = do_op.rows(b, h);
+      const int64_t ld_do = do_op.row_stride;
+      float* dq_bh = dq_op.rows(b, h);
+      const int64_t ld_dq = dq_op.row_stride, ld_dk = dk_op.row_stride, ld_dv = dv_op.row_stride;
+      const int64_t ldv = v_op.row_stride;
       for (int64_t j0 = 0; j0 < p.nk; j0 += kBlockK) {
         const int64_t cols_all = std::min(kBlockK, p.nk - j0);
-        auto k_blk =
-            maybe_rotated(p, p.k[b][h].narrow(0, j0, cols_all), k_rot, p.k_cos, p.k_sin, j0);
-        auto v_blk = p.v[b][h].narrow(0, j0, cols_all);
-        auto dk_blk = dk[b][h].narrow(0, j0, cols_all);
-        auto dv_blk = dv[b][h].narrow(0, j0, cols_all);
+        int64_t ldk = k_op.row_stride;
+        const float* k_blk =
+            maybe_rotated(p, k_op.rows(b, h) + j0 * ldk, cols_all, &ldk,
+                          p.rotary ? k_rot.data_ptr<float>() : nullptr, p.k_cos, p.k_sin, j0);
+        const float* v_blk = v_op.rows(b, h) + j0 * ldv;
+        float* dk_blk = dk_op.rows(b, h) + j0 * ld_dk;
+        float* dv_blk = dv_op.rows(b, h) + j0 * ld_dv;
         const auto [i_first, i_last] = packed_queries(p, b, j0, cols_all);
         const int64_t key_id_min = p.causal_by_ids ? smallest_key_id(p, b, j0, cols_all) : 0;
         for (int64_t i0 = i_first; i0 <= i_last; i0 += kBlockQ) {
@@ -405,13 +621,11 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
           if (p.causal_by_ids && key_id_min > largest_query_id(p, b, i0, rows)) continue;
-          auto q_blk = q_bh.narrow(0, i0, rows);
-          auto do_blk = grad_out[b][h].narrow(0, i0, rows);
-          auto s_blk = tile.narrow(0, 0, rows).narrow(1, 0, cols);
-          auto dp_blk = dp.narrow(0, 0, rows).narrow(1, 0, cols);
-          at::mm_out(s_blk, q_blk, k_blk.narrow(0, 0, cols).t());
-          float* s = tile.data_ptr<float>();
-          bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
+          const float* q_blk = q_bh + i0 * ldq;
+          const float* do_blk = do_bh + i0 * ld_do;
+          // S = scale q k^T
+          gemm(false, true, rows, cols, p.dim, p.scale, q_blk, ldq, k_blk, ldk, 0.0f, s, kBlockK);
+          if (tile_bias) bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
           for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
             float* row = s + r * kBlockK;
             const float lse_r = lse_bh[i0 + r];
@@ -420,9 +634,12 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             else
               kernels.exp_sub_sum(row, cols, lse_r);
           }
-          dv_blk.narrow(0, 0, cols).addmm_(s_blk.t(), do_blk);       // dV += P^T dO
-          at::mm_out(dp_blk, do_blk, v_blk.narrow(0, 0, cols).t());  // dP = dO V^T
-          float* dps = dp.data_ptr<float>();
+          // dV += P^T dO
+          gemm(true, false, cols, p.dim_v, rows, 1.0f, s, kBlockK, do_blk, ld_do, 1.0f, dv_blk,
+               ld_dv);
+          // dP = dO V^T
+          gemm(false, true, rows, cols, p.dim_v, 1.0f, do_blk, ld_do, v_blk, ldv, 0.0f, dps,
+               kBlockK);
           if (variate_acc) {  // per row: P dP and P over its same-variate keys and all its keys
             for (int64_t r = 0; r < rows; ++r) {
               const float* prow = s + r * kBlockK;
@@ -461,8 +678,11 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
                 g[std::clamp(ik[c] - pi, -kmax, kmax) + kmax] += row[c];
             }
           }
-          dq_bh.narrow(0, i0, rows).addmm_(s_blk, k_blk.narrow(0, 0, cols), 1.0, p.scale);
-          dk_blk.narrow(0, 0, cols).addmm_(s_blk.t(), q_blk, 1.0, p.scale);
+          // dQ += scale dS k, dK += scale dS^T q
+          gemm(false, false, rows, p.dim, cols, p.scale, s, kBlockK, k_blk, ldk, 1.0f,
+               dq_bh + i0 * ld_dq, ld_dq);
+          gemm(true, false, cols, p.dim, rows, p.scale, s, kBlockK, q_blk, ldq, 1.0f, dk_blk,
+               ld_dk);
         }
       }
       if (variate_acc) {
@@ -479,15 +699,14 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
         variate_acc[1] = same_sum;
       }
       if (p.rotary) {  // gradients for the rotated q', k' -> for q, k: the inverse rotation
-        float* g = dq_bh.data_ptr<float>();
-        rotate_rows(g, g, p.nq, p.dim, p.q_cos.data_ptr<float>(), p.q_sin.data_ptr<float>(),
-                    p.rotary_pairs, p.rotary_interleaved, -1.0f);
-        g = dk[b][h].data_ptr<float>();
-        rotate_rows(g, g, p.nk, p.dim, p.k_cos.data_ptr<float>(), p.k_sin.data_ptr<float>(),
-                    p.rotary_pairs, p.rotary_interleaved, -1.0f);
+        rotate_rows(dq_bh, ld_dq, dq_bh, ld_dq, p.nq, p.dim, p.q_cos.data_ptr<float>(),
+                    p.q_sin.data_ptr<float>(), p.rotary_pairs, p.rotary_interleaved, -1.0f);
+        float* g = dk_op.rows(b, h);
+        rotate_rows(g, ld_dk, g, ld_dk, p.nk, p.dim, p.k_cos.data_ptr<float>(),
+                    p.k_sin.data_ptr<float>(), p.rotary_pairs, p.rotary_interleaved, -1.0f);
       }
       if (relative) {  // the bias's own q term, and the table's gradient from this (b, h)
-        dq_bh.addmm_(dqr, p.rel_table, 1.0, p.rel_scale);
+        dq[b][h].addmm_(dqr, p.rel_table, 1.0, p.rel_scale);
         auto slot = partial[b][h];
         at::mm_out(slot, dqr.t(), p.q[b][h]).mul_(p.rel_scale);
       }

@@ -11,7 +11,7 @@
 namespace posenc::detail {
 
 struct AttentionProblem {
-  at::Tensor q, k, v;  ///< contiguous float32 [B, H, N, D]
+  at::Tensor q, k, v;  ///< float32 [B, H, N, D], unit stride in D (attention_cpu_reads_in_place)
   int64_t batch = 0, heads = 0, nq = 0, nk = 0, dim = 0, dim_v = 0;
   float scale = 1.0f;
   // Bias parts, summed: ALiBi (alibi) plus at most one table form (T5 or Shaw).
@@ -79,8 +79,20 @@ void check_causal_ids(const char* op, const at::Tensor& causal_ids, bool causal,
 /// Sets the problem's causal mask on ids (undefined: none); p's sizes and causal must be set.
 void set_causal_ids(AttentionProblem& p, const char* op, const at::Tensor& causal_ids);
 
-/// The problem's tensors and sizes from contiguous float32 qh, kh [B, H, N, D] and vh [B, H, Nk,
-/// Dv] (the bias, masks and rotary parts are the caller's).
+/// Whether the kernels read (or write) a float32 [B, H, N, D] tensor in place: unit stride in D,
+/// rows at least D apart, strides that fit in int (MKL's LP64 sgemm); else the caller passes a
+/// contiguous copy. An empty tensor's strides are never read.
+inline bool attention_cpu_reads_in_place(const at::Tensor& t) {
+  if (t.scalar_type() != at::kFloat || t.dim() != 4) return false;
+  if (t.numel() == 0) return true;
+  const int64_t rows = t.size(2), width = t.size(3);
+  const int64_t row_stride = rows > 1 ? t.stride(2) : width;
+  return (width <= 1 || t.stride(3) == 1) && row_stride >= width && row_stride <= 2147483647 &&
+         rows <= 2147483647;
+}
+
+/// The problem's tensors and sizes from float32 qh, kh [B, H, N, D] and vh [B, H, Nk, Dv] that
+/// attention_cpu_reads_in_place (the bias, masks and rotary parts are the caller's).
 inline void set_tensors(AttentionProblem& p, const at::Tensor& qh, const at::Tensor& kh,
                         const at::Tensor& vh, double scale) {
   p.q = qh;
@@ -95,13 +107,15 @@ inline void set_tensors(AttentionProblem& p, const at::Tensor& qh, const at::Ten
   p.scale = static_cast<float>(scale);
 }
 
-/// out: [B, H, Nq, Dv] float32, lse: [B, H, Nq] float32 (log-sum-exp of each row; -inf when a
+/// out: [B, H, Nq, Dv] float32 (any view attention_cpu_reads_in_place, e.g. a [B, Nq, H, Dv]
+/// tensor's transpose), lse: [B, H, Nq] float32 contiguous (log-sum-exp of each row; -inf when a
 /// row sees no key).
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse);
-/// Gradients; dtable only for a table form (kBucketTable: [num_buckets, H]; kRelativeTable:
-/// [2K+1, D]; float32), else undefined. dq includes the relative table's q . a term. dvariate:
-/// [2, H] float32 with a variate bias (sum of dS over the pairs of different / same ids), else
-/// undefined.
+/// Gradients dq, dk, dv: zero-filled [B, H, N, D] float32 views as out (out and grad_out may be
+/// any such views too); dtable only for a table form (kBucketTable: [num_buckets, H];
+/// kRelativeTable: [2K+1, D]; float32), else undefined. dq includes the relative table's q . a
+/// term. dvariate: [2, H] float32 with a variate bias (sum of dS over the pairs of different / same
+/// ids), else undefined.
 void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, const at::Tensor& lse,
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
                             at::Tensor& dv, at::Tensor& dtable, at::Tensor* dvariate = nullptr);

@@ -233,10 +233,12 @@ void check_backward(const at::Tensor& grad_out, const at::Tensor& out, const at:
 
 // ---- CPU: the tiled kernel (src/kernels/cpu/attention_cpu.cpp) ---------------------------------
 
-// [B, N, H, D] -> float32 [B, H, N, D], detached: contiguous() may return a view of the input
-// (N or H of 1, or empty), and the kernels' out= matmuls refuse a tensor that requires grad.
+// [B, N, H, D] -> float32 [B, H, N, D], detached: the transposed view where the kernel reads it in
+// place (detail::attention_cpu_reads_in_place: unit stride in D, rows apart by at least D), else a
+// contiguous copy.
 at::Tensor heads_first(const at::Tensor& x) {
-  return x.detach().to(at::kFloat).transpose(1, 2).contiguous();
+  auto view = x.detach().to(at::kFloat).transpose(1, 2);
+  return detail::attention_cpu_reads_in_place(view) ? view : view.contiguous();
 }
 
 // qh, kh, vh: contiguous float32 [B, H, N, D]; table: the bias's table (T5 or Shaw) or empty.
@@ -298,10 +300,12 @@ std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& q, const at::Te
                                                const at::Tensor& v, POSENC_ATTENTION_FUSED_PARAMS) {
   const auto u = unpack(q, k, v, POSENC_ATTENTION_FUSED_ARGS);
   auto p = make_problem(heads_first(q), heads_first(k), heads_first(v), u, scale);
-  auto out = at::empty({p.batch, p.heads, p.nq, p.dim_v}, q.options().dtype(at::kFloat));
+  // written in place through its [B, H, Nq, Dv] view
+  auto out = at::empty({p.batch, p.nq, p.heads, p.dim_v}, q.options().dtype(at::kFloat));
   auto lse = at::empty({p.batch, p.heads, p.nq}, q.options().dtype(at::kFloat));
-  detail::attention_forward_cpu(p, out, lse);
-  return {out.transpose(1, 2).contiguous(), lse};
+  auto out_heads = out.transpose(1, 2);
+  detail::attention_forward_cpu(p, out_heads, lse);
+  return {out, lse};
 }
 
 // variate_bias's gradient on its device, in its dtype ([0] float32 without one).
@@ -328,15 +332,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_
   check_backward(grad_out, out, lse, q, v);
   auto qh = heads_first(q), kh = heads_first(k), vh = heads_first(v);
   auto p = make_problem(qh, kh, vh, u, scale);
-  auto dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+  // [B, N, H, D] float32, written in place through their [B, H, N, D] views
+  const auto f32 = q.options().dtype(at::kFloat);
+  auto dq = at::zeros(q.sizes(), f32), dk = at::zeros(k.sizes(), f32);
+  auto dv = at::zeros(v.sizes(), f32);
+  auto dq_heads = dq.transpose(1, 2), dk_heads = dk.transpose(1, 2), dv_heads = dv.transpose(1, 2);
   at::Tensor dtable, dvariate;
   detail::attention_backward_cpu(p, heads_first(out), lse.to(at::kFloat).contiguous(),
-                                 heads_first(grad_out), dq, dk, dv, dtable, &dvariate);
-  auto back = [](const at::Tensor& g, const at::Tensor& like) {
-    return g.transpose(1, 2).contiguous().to(like.scalar_type());
-  };
-  return {back(dq, q), back(dk, k), back(dv, v), table_gradient(dtable, u),
-          variate_gradient(dvariate, u, q)};
+                                 heads_first(grad_out), dq_heads, dk_heads, dv_heads, dtable,
+                                 &dvariate);
+  return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+          table_gradient(dtable, u), variate_gradient(dvariate, u, q)};
 }
 
 at::Tensor attention_fused_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
