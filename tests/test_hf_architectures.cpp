@@ -495,8 +495,14 @@ TEST(HfArchitectures, EveryModelTypeMatchesTransformersOrIsRefusedWithAReason) {
 TEST(HfArchitectures, NoGeneratedDefaultIsAProbeValueOfTheGenerator) {
   // tools/gen_hf_architectures.py's PROBE_VALUES: numbers no class has as a default, set by its
   // probes so that their arrival tells which key carried them; one in the generated rules is a
-  // probe's leak (its legacy-theta probe once put 123456 into 788 rows as "absent_rope_theta")
-  const std::set<double> probe_values{123456.0, 0.375, 7777.0, 12345.0, 88.0};
+  // probe's leak (its legacy-theta probe once put 123456 into 788 rows as "absent_rope_theta").
+  // The generator writes them beside its rows; the theta, partial, context and head-size probes'
+  // (PROBE_HEAD 88: head_dim_rules and head_size_rule set head_dim and the absent head keys to it)
+  // must be among them
+  const json written = load_config(kDir + "/generated_rules.json")["probe_values"];
+  const std::set<double> probe_values(written.begin(), written.end());
+  for (const double v : {123456.0, 0.375, 7777.0, 12345.0, 88.0})
+    EXPECT_TRUE(probe_values.count(v)) << v << " is not among the generator's probe values";
   std::function<void(const json&, const std::string&)> scan = [&](const json& v,
                                                                   const std::string& where) {
     if (v.is_number() && !v.is_boolean())
@@ -512,6 +518,12 @@ TEST(HfArchitectures, NoGeneratedDefaultIsAProbeValueOfTheGenerator) {
     EXPECT_NE(hf_model_type_status(mt), HfModelTypeStatus::kUnknown) << mt;
     ++rows;
     scan(to_json(row), mt);
+    // the head size is a rule's name, never a probed size: a head_dim default (the class's
+    // constant for a file without one) is no head-size probe's value either
+    for (const auto* defaults : {&row.defaults, &row.text_config_defaults})
+      for (const auto& head : {defaults->head_dim, defaults->global_head_dim})
+        EXPECT_FALSE(head && probe_values.count(static_cast<double>(*head)))
+            << mt << " has the head-size probe's value " << *head << " as a default";
   }
   EXPECT_GE(rows, 400);
 }
@@ -760,14 +772,18 @@ TEST(HfArchitectures, TheTableAndTheModelTypeListsAreTheGenerators) {
     const auto* generated = hf_generated_rules(row.model_type);
     EXPECT_TRUE(row.layout.empty() || generated == nullptr || generated->pair_layout.empty())
         << "the row writes the pair layout the generator probed";
+    // a head size is written only where the generator's probe does not see it (none probed, or
+    // another than the row's: Gemma 4's full-attention layers)
+    EXPECT_TRUE(row.head == HfHeadSize::kGeneric || generated == nullptr ||
+                generated->head_size != row.head)
+        << "the row writes the head size the generator probed";
     // a row holds more than its source (what it holds alone is the generic rule)
     EXPECT_TRUE(row.head != HfHeadSize::kGeneric || !row.layout.empty() || !row.refusal.empty() ||
                 !row.flat_refusal.empty() || !row.flat_scaling_refusal.empty() ||
                 row.dynamic_with_alpha_is_ntk_alpha || row.reads_rope_interleave ||
-                row.rotary_dim_sets_partial || row.yarn_is_longrope || row.type_alias_unread ||
-                row.reads_neox_keys || row.partial_from_layer_heads ||
-                row.longrope_mscale_by_length || row.axial != HfAxial::kRowsThenColumns ||
-                row.tower)
+                row.yarn_is_longrope || row.type_alias_unread || row.reads_neox_keys ||
+                row.partial_from_layer_heads || row.longrope_mscale_by_length ||
+                row.axial != HfAxial::kRowsThenColumns || row.tower)
         << "a row without a fact of its own";
     EXPECT_FALSE(row.source.empty());
   }

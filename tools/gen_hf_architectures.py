@@ -40,8 +40,10 @@ taking a config (`<Family>RotaryEmbedding(config)`):
                              "text_config_defaults") and the rules probed from its classes:
                              unread_keys (reads, false in every row of its own classes), pair_layout
                              (every row's layout, the complex view_as_complex rotations included),
-                             rotary_gate, values_rejected (spellings its classes refuse: a string
-                             rope_theta, a float head_dim, legacy rope types 'su' and 'mrope'), ...;
+                             head_size (the keys of a file its rotary classes size their tables
+                             by: head_dim, kv_channels, d_model / n_heads, ...), rotary_gate,
+                             values_rejected (spellings its classes refuse: a string rope_theta, a
+                             float head_dim, legacy rope types 'su' and 'mrope'), ...;
                              no probe value (PROBE_VALUES) may reach it.
   src/config/hf_generated_rules.inc  the same rows as a typed C++ table (designated initializers of
                              include/posenc/config/hf_generated_rules.h's HfGeneratedRules, rendered
@@ -1373,6 +1375,111 @@ def head_dim_rules(cfg_cls):
     return out
 
 
+# The head-size rules posenc's resolver knows (HfHeadSize, include/posenc/config/
+# hf_generated_rules.h), by the keys of a config.json without head_dim that size the model type's
+# rotary table (the attention's head; a head_dim beside them is the rotary table's, checked
+# against it: the resolver's head_dim rules); "head_dim" and "qk_rope_head_dim" also read a
+# file's head_dim first (the rope functions' getattr(config, "head_dim", None) or ...).
+HEAD_SIZE_KEYS = {
+    "rotary_dim": {"rotary_dim"},  # GPT-J, CodeGen: the rotary part; the head n_embd / n_head
+    "memory_attention": {
+        "memory_attention_hidden_size",
+        "memory_attention_downsample_rate",
+        "memory_attention_num_attention_heads",
+    },  # the SAM 2/3 and EdgeTAM trackers' memory attention
+    "kv_channels": {"kv_channels"},  # JetMoE
+    "attention_head_dim": {"attention_head_dim"},  # Zamba2
+    "d_model / n_heads": {"d_model", "n_heads"},  # DBRX
+    "hidden_size / decoder_num_attention_heads": {
+        "hidden_size",
+        "decoder_num_attention_heads",
+    },  # Moonshine
+    "qk_rope_head_dim": {"qk_rope_head_dim"},  # DeepSeek-V2/V3 (head_dim = qk_rope_head_dim)
+}
+# keys no default config.json of a class carries that a modeling file may read as its head size
+ABSENT_HEAD_KEYS = ("qk_rope_head_dim", "kv_channels", "attention_head_dim", "rotary_dim")
+
+
+def rotary_widths(cfg_cls, classes, d):
+    """{(class, buffer): width}: the last dimension of each floating buffer (inv_freq per layer
+    type, GPT-J's embed_positions, ...) of each rotary class built on the config file d (a class
+    that does not build on it is left out); None where the config class refuses d."""
+    try:
+        cfg = cfg_cls.from_dict(copy.deepcopy(d))
+    except Exception:
+        return None
+    out = {}
+    for cls in classes:
+        try:
+            with torch.device("cpu"):
+                emb = cls(config=cfg)
+        except Exception:
+            continue
+        for name, buf in emb.named_buffers():
+            if buf.dim() >= 1 and (buf.is_floating_point() or buf.is_complex()):
+                out[(cls.__name__, name)] = int(buf.shape[-1])
+    return out
+
+
+def head_size_rule(cfg_cls):
+    """Where the model type's rotary classes take their head size from, as one of HEAD_SIZE_KEYS'
+    rules or "head_dim" (a file's head_dim, else a constant of the class or hidden_size /
+    num_attention_heads); None where the keys found are none of these (vision towers' num_heads,
+    a class whose tables no key changes: the resolver's generic rule, or the model type's row).
+    Probed on the class's default config.json (to_dict) without head_dim: each positive integer key
+    doubled in turn, each key of ABSENT_HEAD_KEYS the file lacks set to PROBE_HEAD, and the keys
+    that change the width of a rotary class's table (rotary_widths) are the ones it reads; then
+    head_dim set to PROBE_HEAD: whether a file's head_dim is read at all; a "head_dim" class whose
+    config has qk_rope_head_dim and whose attention reads it is "qk_rope_head_dim" (the part of
+    each head its attention rotates). The answer is a key name, never a probed value (none can
+    reach the generated rules)."""
+    classes = _config_rotary_classes(cfg_cls)
+    try:
+        base = copy.deepcopy(cfg_cls().to_dict())
+    except Exception:
+        return None
+    if not classes:
+        return None
+    base.pop("head_dim", None)
+    widths = rotary_widths(cfg_cls, classes, base)
+    if not widths:
+        return None
+
+    def changes(**kw):
+        w = rotary_widths(cfg_cls, classes, dict(copy.deepcopy(base), **kw))
+        return w is not None and any(k in widths and widths[k] != v for k, v in w.items())
+
+    probes = {
+        k: 2 * v
+        for k, v in base.items()
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    }
+    probes.update({k: PROBE_HEAD for k in ABSENT_HEAD_KEYS if k not in probes})
+    reads = {k for k, v in probes.items() if changes(**{k: v})}
+    for rule, keys in HEAD_SIZE_KEYS.items():
+        if reads == keys:
+            return rule
+    if reads <= {"hidden_size", "num_attention_heads"} and changes(head_dim=PROBE_HEAD):
+        # a multi-head latent attention rotates the qk_rope_head_dim part it splits off each head
+        # (LongCat-Flash: torch.split(q, [qk_nope_head_dim, qk_rope_head_dim])), whatever size its
+        # rotary class takes from head_dim: a file where the two differ fails in transformers, and
+        # the generic rule refuses it (the resolver's head_dim rules)
+        if "qk_rope_head_dim" in base and attention_reads(cfg_cls, "qk_rope_head_dim"):
+            return "qk_rope_head_dim"
+        return "head_dim"
+    return None
+
+
+def attention_reads(cfg_cls, key):
+    """Whether the model type's modeling file reads config.<key> (its attention's own sizes: the
+    rotary classes' tables do not show them). Read from the file's source, as rotary_gate is."""
+    try:
+        source = inspect.getsource(modeling_module(cfg_cls))
+    except Exception:
+        return False
+    return re.search(rf"config\.{key}\b", source) is not None
+
+
 MAX_POSITION_ALIASES = (
     "max_seq_len",
     "model_max_length",
@@ -2048,6 +2155,18 @@ DEFAULTS_FIELDS = {
 }
 ROPE_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
 NULL_HEAD_DIM = {"none": "kNone", "raises": "kRaises", "derived": "kDerived"}
+# head_size_rule's answers -> HfHeadSize (include/posenc/config/hf_generated_rules.h; its
+# hf_head_size_name gives the same names back)
+HEAD_SIZES = {
+    "qk_rope_head_dim": "kGeneric",
+    "head_dim": "kHeadDim",
+    "kv_channels": "kKvChannels",
+    "attention_head_dim": "kAttentionHeadDim",
+    "d_model / n_heads": "kDModelPerHead",
+    "hidden_size / decoder_num_attention_heads": "kDecoderHeads",
+    "rotary_dim": "kRotaryDim",
+    "memory_attention": "kMemoryAttention",
+}
 STRUCTS = {
     "HfHeadDimRules": {
         "null_head_dim": "NULL_HEAD_DIM",
@@ -2077,6 +2196,7 @@ RULE_FIELDS = {
     "block_rope_theta": "LAYER_THETA",
     "block_theta_missing": "SL",
     "head_dim_rules": "HfHeadDimRules",
+    "head_size": "HEAD_SIZE",
     "legacy_rope_scaling": "HfLegacyScaling",
     "max_position_rules": "HfMaxPositionRules",
     "mrope_default_section": "IL",
@@ -2187,6 +2307,10 @@ def _cpp(value, kind, where):
         if value not in NULL_HEAD_DIM:
             fail(f"expected one of {sorted(NULL_HEAD_DIM)}")
         return "HfNullHeadDim::" + NULL_HEAD_DIM[value]
+    if kind == "HEAD_SIZE":  # a rule's name, never a number (no probed size reaches the table)
+        if value not in HEAD_SIZES:
+            fail(f"expected one of {sorted(HEAD_SIZES)}")
+        return "HfHeadSize::" + HEAD_SIZES[value]
     if kind == "LAYER_THETA":
         pairs = [("", value)] if not isinstance(value, dict) else sorted(value.items())
         if not pairs:
@@ -2583,7 +2707,8 @@ def main():
                 values = composite_text_defaults(mt, own)
             if values:
                 rows.append((mt + "/text_config", values))
-        # head_dim as each rotary model type's class takes it (head_dim_rules)
+        # head_dim as each rotary model type's class takes it (head_dim_rules), and the keys its
+        # head size comes from (head_size)
         rotary_set = set(rotary_types)
         by_type = dict(rows)
         for mt in sorted(rotary_set & set(CONFIG_MAPPING.keys())):
@@ -2594,6 +2719,13 @@ def main():
                 rules = head_dim_rules(CONFIG_MAPPING[mt])
             if rules:
                 by_type.setdefault(mt, {})["head_dim_rules"] = rules
+            with (
+                contextlib.redirect_stdout(io.StringIO()),
+                contextlib.redirect_stderr(io.StringIO()),
+            ):
+                head_size = head_size_rule(CONFIG_MAPPING[mt])
+            if head_size is not None:
+                by_type.setdefault(mt, {})["head_size"] = head_size
             with (
                 contextlib.redirect_stdout(io.StringIO()),
                 contextlib.redirect_stderr(io.StringIO()),
@@ -2625,7 +2757,11 @@ def write_rules(rows, out):
     text = rules_inc(rows, transformers.__version__)  # (stops on a rule without a field)
     with open(os.path.join(out, RULES_JSON), "w") as f:
         # one row a line (a regenerated table's diff names the model types that changed)
-        f.write(f'{{"transformers": "{transformers.__version__}", "rows": [\n')
+        # (probe_values: what tests/test_hf_architectures.cpp scans the compiled table for)
+        f.write(
+            f'{{"transformers": "{transformers.__version__}", '
+            f'"probe_values": {json.dumps(sorted(set(PROBE_VALUES)))}, "rows": [\n'
+        )
         f.write(",\n".join(json.dumps(r, sort_keys=True) for r in rows) + "\n]}\n")
     with open(RULES_INC, "w") as f:
         f.write(text)

@@ -3,9 +3,10 @@
 
 One row per rotary table of tests/fixtures/hf_architectures/ (a model type's rotary class, per layer
 type): the rope type its default config.json names, the rotary size and pair layout transformers'
-own class uses, where posenc takes the head size from (src/config/hf_architectures.cpp's row, or
-the generic rule) and the verdict: "identical" (the CTest entry hf_architectures checks inv_freq and
-cos/sin bit for bit with float32 angles) or "refused" with the reason from refusals.json.
+own class uses, where posenc takes the head size from (src/config/hf_architectures.cpp's row, else
+the generated head_size of src/config/hf_generated_rules.inc, else the generic rule) and the
+verdict: "identical" (the CTest entry hf_architectures checks inv_freq and cos/sin bit for bit
+with float32 angles) or "refused" with the reason from refusals.json.
 
     python3 tools/hf_architectures_table.py          # writes docs/hf_architectures.md
     python3 tools/hf_architectures_table.py --check  # exit 1 when the file is not what it would write
@@ -37,12 +38,33 @@ HEAD = {
 }
 
 
+# generated_rules.json's head_size names (the generator's HEAD_SIZES) -> HfHeadSize
+GENERATED_HEAD = {
+    "qk_rope_head_dim": "kGeneric",
+    "head_dim": "kHeadDim",
+    "kv_channels": "kKvChannels",
+    "attention_head_dim": "kAttentionHeadDim",
+    "d_model / n_heads": "kDModelPerHead",
+    "hidden_size / decoder_num_attention_heads": "kDecoderHeads",
+    "rotary_dim": "kRotaryDim",
+    "memory_attention": "kMemoryAttention",
+}
+
+
 def rows_of_table():
-    """model_type -> head size rule, from the C++ table's designated-initializer rows
-    {.model_type = "type", .head = H::kRule, ...}; a row without .head takes the generic rule."""
+    """model_type -> head size rule: the C++ table's designated-initializer rows
+    {.model_type = "type", .head = H::kRule, ...} where they write one, else the generated
+    head_size (generated_rules.json); a model type with neither takes the generic rule."""
+    with open(os.path.join(FIXTURES, "generated_rules.json")) as f:
+        out = {
+            r["model_type"]: HEAD[GENERATED_HEAD[r["head_size"]]]
+            for r in json.load(f)["rows"]
+            if "head_size" in r
+        }
     text = open(TABLE).read()
-    designated = r'\{\.model_type = "([^"]+)",(?:\s*\.head = H::(k\w+),)?'
-    return {m.group(1): HEAD[m.group(2) or "kGeneric"] for m in re.finditer(designated, text)}
+    designated = r'\{\.model_type = "([^"]+)",\s*\.head = H::(k\w+),'
+    out.update({m.group(1): HEAD[m.group(2)] for m in re.finditer(designated, text)})
+    return out
 
 
 def rope_type(config, path, layer_type):
@@ -128,8 +150,9 @@ def render():
         "",
         "Columns: *config* is where the rotary class takes its config from (a tower's sub-config is",
         "resolved as its own config.json); *rotary dim* and *layout* are transformers' (`half`: pairs",
-        "(i, i + r/2), `interleaved`: (2i, 2i + 1)); *head size* is posenc's rule (generic: `qk_rope_head_dim`",
-        "> `head_dim` > `hidden_size / num_attention_heads`).",
+        "(i, i + r/2), `interleaved`: (2i, 2i + 1)); *head size* is posenc's rule, probed from the model",
+        "type's rotary classes where the generator could (generic: `qk_rope_head_dim` > `head_dim` >",
+        "`hidden_size / num_attention_heads`).",
         "",
         "| model type | rotary class (layer type) | config | rope type | rotary dim | layout | head size | verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",

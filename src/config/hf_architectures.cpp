@@ -26,11 +26,9 @@ const HfArchitecture kRows[] = {
     // rotate_every_two without a (q, k, cos, sin) signature), and the readers of rope_interleave;
     // every other model type's layout is its generated pair_layout (hf_generated_rules.inc)
     {.model_type = "gptj",
-     .head = H::kRotaryDim,
      .layout = kInter,
      .source = "models/gptj/modeling_gptj.py: rotate_every_two"},
     {.model_type = "codegen",
-     .head = H::kRotaryDim,
      .layout = kInter,
      .source = "models/codegen/modeling_codegen.py: rotate_every_two"},
     {.model_type = "glm_ocr",
@@ -63,27 +61,16 @@ const HfArchitecture kRows[] = {
     {.model_type = "pe_video",
      .layout = kInter,
      .source = "models/pe_video/modeling_pe_video.py: 0::2, 1::2"},
-    {.model_type = "moonshine",
-     .head = H::kDecoderHeads,
-     .source = "models/moonshine/modeling_moonshine.py: rotate_half 0::2; hidden_size / "
-               "decoder_num_attention_heads"},
     // rope_type 'dynamic' with a non-zero alpha read as ntk_alpha by the model type's own class
     {.model_type = "hunyuan_v1_dense",
-     .head = H::kHeadDim,
      .source = "models/hunyuan_v1_dense/modeling_hunyuan_v1_dense.py: "
                "HunYuanDenseV1RotaryEmbedding (dynamic + alpha -> "
                "compute_ntk_alpha_rope_parameters over config.head_dim)",
      .dynamic_with_alpha_is_ntk_alpha = true},
     {.model_type = "hunyuan_v1_moe",
-     .head = H::kHeadDim,
      .source = "models/hunyuan_v1_moe/modeling_hunyuan_v1_moe.py: HunYuanMoEV1RotaryEmbedding "
                "(dynamic + alpha -> compute_ntk_alpha_rope_parameters over config.head_dim)",
      .dynamic_with_alpha_is_ntk_alpha = true},
-    // partial rotary from a legacy key
-    {.model_type = "minimax_m2",
-     .source = "models/minimax_m2/configuration_minimax_m2.py: convert_rope_params_to_dict sets "
-               "partial_rotary_factor = rotary_dim / head_dim when the file gives no factor",
-     .rotary_dim_sets_partial = true},
     // config classes that rewrite flat rope keys (convert_rope_params_to_dict) their own way
     {.model_type = "modernbert",
      .source = "models/modernbert/configuration_modernbert.py: convert_rope_params_to_dict",
@@ -150,21 +137,17 @@ const HfArchitecture kRows[] = {
                              "only (sliding-window layers keep the default), one RoPE per layer "
                              "type",
      .type_alias_unread = true},
-    // head sizes from other keys
-    {.model_type = "jetmoe",
-     .head = H::kKvChannels,
-     .source = "models/jetmoe/modeling_jetmoe.py: kv_channels"},
-    {.model_type = "zamba2",
-     .head = H::kAttentionHeadDim,
-     .source = "models/zamba2: attention_head_dim"},
-    {.model_type = "dbrx",
-     .head = H::kDModelPerHead,
-     .source = "models/dbrx/modeling_dbrx.py: d_model // n_heads"},
+    // head sizes the generator's probe cannot see (every other model type's is its generated
+    // head_size, hf_generated_rules.inc: kv_channels, d_model / n_heads, rotary_dim, ...).
+    // Mistral 4: without head_dim its class takes qk_nope_head_dim + qk_rope_head_dim, a rule
+    // posenc has none of (the probe gives no head_size); head_dim is filled from the class default
     {.model_type = "mistral4",
      .head = H::kHeadDim,
      .source = "models/mistral4/modeling_mistral4.py: head_dim * partial_rotary_factor (not "
                "qk_rope_head_dim); reads rope_interleave",
      .reads_rope_interleave = true},
+    // dots3: its class sizes each layer type's table from per-layer heads, which none of the
+    // probe's keys changes (dots3_note_text); the composite has no rotary class on its own config
     {.model_type = "dots3_note",
      .head = H::kHeadDim,
      .layout = kInter,
@@ -178,6 +161,10 @@ const HfArchitecture kRows[] = {
      .flat_refusal = "its config class derives each layer type's theta and partial rotary from "
                      "swa_rope_theta, qk_rope_head_dim and the swa_* head sizes",
      .partial_from_layer_heads = true},
+    // Gemma 4 and its kin: the full-attention layers' head size is per_layer_config's (keyed by
+    // layer index, global_head_dim when saved), which the probe's flat keys do not reach: it
+    // sees only the sliding layers' head_dim (generated head_size "head_dim" for the *_text
+    // types); the composites have no rotary class on their own config
     {.model_type = "gemma4",
      .head = H::kGlobalHeadDim,
      .source =
@@ -233,22 +220,19 @@ const HfArchitecture kRows[] = {
      .axial = HfAxial::kTimeRowsColumns,
      .tower = true},
     // the trackers' memory attention: cat(rows, cols) per-axis ladders in (2i, 2i+1) pairs over
-    // memory_attention_hidden_size / (downsample_rate x heads); position ids as the class takes
-    // them (its model stacks (x, y): precompute_positions)
+    // memory_attention_hidden_size / (downsample_rate x heads) (generated head_size); position ids
+    // as the class takes them (its model stacks (x, y): precompute_positions)
     {.model_type = "sam2_video",
-     .head = H::kMemoryAttention,
      .layout = kInter,
      .source = "models/sam2_video/modeling_sam2_video.py: Sam2VideoVisionRotaryEmbedding "
                "(repeat_interleave; rotate_pairwise)",
      .tower = true},
     {.model_type = "sam3_tracker_video",
-     .head = H::kMemoryAttention,
      .layout = kInter,
      .source = "models/sam3_tracker_video/modeling_sam3_tracker_video.py: "
                "Sam3TrackerVideoVisionRotaryEmbedding (repeat_interleave; rotate_pairwise)",
      .tower = true},
     {.model_type = "edgetam_video",
-     .head = H::kMemoryAttention,
      .layout = kInter,
      .source = "models/edgetam_video/modeling_edgetam_video.py: EdgeTamVideoVisionRotaryEmbedding "
                "(repeat_interleave; rotate_pairwise)",
@@ -331,6 +315,12 @@ const HfArchitecture kRows[] = {
                 "over window and time), not to the text model; resolve its text_config (Qwen2) as "
                 "its own config.json",
      .source = "models/musicflamingo/modeling_musicflamingo.py: MusicFlamingoRotaryEmbedding"},
+    {.model_type = "deepseek_v4",
+     .refusal = "its partial RoPE rotates the trailing head_dim x partial_rotary_factor channels "
+                "of each head ([nope | rope]: x[..., -rope_dim:]) in interleaved pairs (2i, 2i + "
+                "1), where posenc's rope rotates the leading ones",
+     .source = "models/deepseek_v4/modeling_deepseek_v4.py: apply_rotary_pos_emb, rotate_half "
+               "(0::2, 1::2)"},
     {.model_type = "nanochat",
      .refusal = "its rotate_half flips the signs (x2, -x1): the rotation turns by -angle, which "
                 "posenc's rope does not",

@@ -32,7 +32,69 @@ nlohmann::json rope_types(const HfRopeTypes& set) {
   return out;
 }
 
+// head_dim's rules in the generator's JSON shape (only what departs from the defaults).
+nlohmann::json head_dim_rules_json(const HfHeadDimRules& h) {
+  nlohmann::json j = nlohmann::json::object();
+  switch (h.null_head_dim) {
+    case HfNullHeadDim::kNotProbed:
+      break;
+    case HfNullHeadDim::kNone:
+      j["null_head_dim"] = "none";
+      break;
+    case HfNullHeadDim::kRaises:
+      j["null_head_dim"] = "raises";
+      break;
+    case HfNullHeadDim::kDerived:
+      j["null_head_dim"] = "derived";
+      break;
+  }
+  if (h.head_dim_overridden) j["head_dim_overridden"] = true;
+  if (h.head_dim_raises) j["head_dim_raises"] = true;
+  if (!h.head_dim_alias_of.empty()) j["head_dim_alias_of"] = std::string(h.head_dim_alias_of);
+  if (h.absent_head_dim_none) j["absent_head_dim_none"] = true;
+  return j;
+}
+
+// The names of the spellings the set refuses, in the header's field order.
+nlohmann::json values_rejected_json(const HfRejectedValues& v) {
+  nlohmann::json rejected = nlohmann::json::array();
+  for (const auto& [name, set] :
+       {std::pair<const char*, bool>{"rope_theta_string", v.rope_theta_string},
+        {"rope_theta_integer", v.rope_theta_integer},
+        {"block_rope_theta_string", v.block_rope_theta_string},
+        {"head_dim_float", v.head_dim_float},
+        {"max_position_embeddings_float", v.max_position_embeddings_float},
+        {"rope_type_su", v.rope_type_su},
+        {"rope_type_mrope", v.rope_type_mrope}})
+    if (set) rejected.push_back(name);
+  return rejected;
+}
+
 }  // namespace
+
+std::string_view hf_head_size_name(HfHeadSize head) {
+  switch (head) {
+    case HfHeadSize::kGeneric:
+      return "qk_rope_head_dim";
+    case HfHeadSize::kHeadDim:
+      return "head_dim";
+    case HfHeadSize::kGlobalHeadDim:
+      return "global_head_dim";
+    case HfHeadSize::kKvChannels:
+      return "kv_channels";
+    case HfHeadSize::kAttentionHeadDim:
+      return "attention_head_dim";
+    case HfHeadSize::kDModelPerHead:
+      return "d_model / n_heads";
+    case HfHeadSize::kDecoderHeads:
+      return "hidden_size / decoder_num_attention_heads";
+    case HfHeadSize::kRotaryDim:
+      return "rotary_dim";
+    case HfHeadSize::kMemoryAttention:
+      return "memory_attention";
+  }
+  return "?";
+}
 
 bool HfRopeTypes::names(std::string_view rope_type) const {
   return (rope_type == "linear" && linear) || (rope_type == "dynamic" && dynamic) ||
@@ -130,27 +192,8 @@ nlohmann::json to_json(const HfGeneratedRules& r) {
       out["block_rope_theta"][std::string(t.layer_type)] = t.rope_theta;
   }
   if (!r.block_theta_missing.empty()) out["block_theta_missing"] = strings(r.block_theta_missing);
-  if (const auto& h = r.head_dim_rules) {
-    nlohmann::json j = nlohmann::json::object();
-    switch (h->null_head_dim) {
-      case HfNullHeadDim::kNotProbed:
-        break;
-      case HfNullHeadDim::kNone:
-        j["null_head_dim"] = "none";
-        break;
-      case HfNullHeadDim::kRaises:
-        j["null_head_dim"] = "raises";
-        break;
-      case HfNullHeadDim::kDerived:
-        j["null_head_dim"] = "derived";
-        break;
-    }
-    if (h->head_dim_overridden) j["head_dim_overridden"] = true;
-    if (h->head_dim_raises) j["head_dim_raises"] = true;
-    if (!h->head_dim_alias_of.empty()) j["head_dim_alias_of"] = std::string(h->head_dim_alias_of);
-    if (h->absent_head_dim_none) j["absent_head_dim_none"] = true;
-    out["head_dim_rules"] = j;
-  }
+  if (r.head_dim_rules) out["head_dim_rules"] = head_dim_rules_json(*r.head_dim_rules);
+  if (r.head_size) out["head_size"] = std::string(hf_head_size_name(*r.head_size));
   if (const auto& l = r.legacy_rope_scaling) {
     nlohmann::json j = nlohmann::json::object();
     if (!l->reads_scaling) j["reads_scaling"] = false;
@@ -191,18 +234,8 @@ nlohmann::json to_json(const HfGeneratedRules& r) {
                                         : nlohmann::json(nullptr)}};
   if (const auto t = rope_types(r.top_original_unread); !t.empty()) out["top_original_unread"] = t;
   if (!r.unread_keys.empty()) out["unread_keys"] = strings(r.unread_keys);
-  const auto& v = r.values_rejected;
-  nlohmann::json rejected = nlohmann::json::array();
-  for (const auto& [name, set] :
-       {std::pair<const char*, bool>{"rope_theta_string", v.rope_theta_string},
-        {"rope_theta_integer", v.rope_theta_integer},
-        {"block_rope_theta_string", v.block_rope_theta_string},
-        {"head_dim_float", v.head_dim_float},
-        {"max_position_embeddings_float", v.max_position_embeddings_float},
-        {"rope_type_su", v.rope_type_su},
-        {"rope_type_mrope", v.rope_type_mrope}})
-    if (set) rejected.push_back(name);
-  if (!rejected.empty()) out["values_rejected"] = rejected;
+  if (const auto v = values_rejected_json(r.values_rejected); !v.empty())
+    out["values_rejected"] = v;
   return out;
 }
 

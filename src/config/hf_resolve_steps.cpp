@@ -224,55 +224,70 @@ int64_t Resolver::head_from_memory_attention(const std::string& rule) {
   return hidden / (rate * heads);
 }
 
-// Step: the head size r that partial_rotary_factor multiplies. Rules: the row's HfHeadSize
-// (hf_architectures.h), else generic_head_size; then what apply_head_dim_rules left for it
+// Where the head size comes from: the row's HfHeadSize (written where the generator's probe
+// cannot see it: Gemma 4's per-layer global_head_dim, ...), else the generated head_size (the keys
+// that size the model type's rotary tables), else the generic rule.
+HfHeadSize Resolver::head_size(const HfArchitecture& arch) const {
+  if (arch.head != HfHeadSize::kGeneric) return arch.head;
+  return rules().head_size.value_or(HfHeadSize::kGeneric);
+}
+
+// Step: the head size r that partial_rotary_factor multiplies. Rules: head_size (the row's, else
+// the generated one), else generic_head_size; then what apply_head_dim_rules left for it
 // (check_head_dim_rules) and HunYuan's ntk_alpha, which reads config.head_dim.
 void Resolver::resolve_head_size(HfResolution& out, const HfArchitecture& arch, Step& s) {
   const auto& c = model();
-  switch (arch.head) {
+  const HfHeadSize head = head_size(arch);
+  s.head_rule = arch.head != HfHeadSize::kGeneric || !rules().head_size
+                    ? s.rule
+                    : "model type '" + out.model_type + "' (its rotary tables are sized by " +
+                          std::string(hf_head_size_name(head)) +
+                          ": tools/gen_hf_architectures.py's head-size probe)";
+  const std::string& rule = s.head_rule;
+  switch (head) {
     case HfHeadSize::kKvChannels:
-      s.head_dim = head_from_key("kv_channels", s.rule);
+      s.head_dim = head_from_key("kv_channels", rule);
       break;
     case HfHeadSize::kAttentionHeadDim:
-      s.head_dim = head_from_key("attention_head_dim", s.rule);
+      s.head_dim = head_from_key("attention_head_dim", rule);
       break;
     case HfHeadSize::kDModelPerHead:
-      s.head_dim = head_per_head("d_model", "n_heads", s.rule);
+      s.head_dim = head_per_head("d_model", "n_heads", rule);
       break;
     case HfHeadSize::kDecoderHeads:
-      s.head_dim = head_per_head("hidden_size", "decoder_num_attention_heads", s.rule);
+      s.head_dim = head_per_head("hidden_size", "decoder_num_attention_heads", rule);
       break;
     case HfHeadSize::kMemoryAttention:
-      s.head_dim = head_from_memory_attention(s.rule);
+      s.head_dim = head_from_memory_attention(rule);
       break;
     case HfHeadSize::kRotaryDim:
       if (has(c, "n_embd")) {
-        s.head_dim = head_per_head("n_embd", "n_head", s.rule);
+        s.head_dim = head_per_head("n_embd", "n_head", rule);
         break;
       }
       [[fallthrough]];
     default:
-      generic_head_size(arch, s);
+      generic_head_size(head, s, rule);
   }
   TORCH_CHECK(s.head_dim > 0, origin_, ": the head size must be positive, got ", s.head_dim);
   TORCH_CHECK(s.rope_type != "ntk_alpha" || has(c, "head_dim"), origin_,
               ": ntk_alpha ('dynamic' with alpha) reads '", prefix_,
               "head_dim', which this config lacks; transformers' ", std::string(arch.source),
               " fails on it (None - 2), so there is no table to match");
-  check_head_dim_rules(
-      out, c, s.rope_type, s.head_dim, s.took_head_dim,
-      s.axial || s.head_from_layers ||
-          (layer_type_ == "full_attention" &&
-           (has(c, "global_head_dim") || arch.head == HfHeadSize::kGlobalHeadDim)));
+  check_head_dim_rules(out, c, s.rope_type, s.head_dim, s.took_head_dim,
+                       s.axial || s.head_from_layers ||
+                           (layer_type_ == "full_attention" &&
+                            (has(c, "global_head_dim") || head == HfHeadSize::kGlobalHeadDim)));
 }
 
 // The generic head-size rule (and Gemma 4's full-attention layers, kGlobalHeadDim):
-// qk_rope_head_dim > per_layer_config's head_dim > global_head_dim (full attention) > head_dim
-// > the tower's embed_dim or hidden_size per head > hidden_size / num_attention_heads.
-void Resolver::generic_head_size(const HfArchitecture& arch, Step& s) {
+// qk_rope_head_dim (kGeneric only) > per_layer_config's head_dim > global_head_dim (full
+// attention) > head_dim > the tower's embed_dim or hidden_size per head > hidden_size /
+// num_attention_heads.
+void Resolver::generic_head_size(HfHeadSize head, Step& s, const std::string& rule) {
   const auto& c = model();
-  const bool global = arch.head == HfHeadSize::kGlobalHeadDim;
-  if (arch.head == HfHeadSize::kGeneric && has(c, "qk_rope_head_dim")) {
+  const bool global = head == HfHeadSize::kGlobalHeadDim;
+  if (head == HfHeadSize::kGeneric && has(c, "qk_rope_head_dim")) {
     s.head_dim = integer_at(c, "qk_rope_head_dim");
     set("head_dim", s.head_dim, where("qk_rope_head_dim") + " (the rotary part of each head)");
   } else if (const auto layer = global ? layer_type_override(c, "head_dim") : std::nullopt;
@@ -299,19 +314,21 @@ void Resolver::generic_head_size(const HfArchitecture& arch, Step& s) {
     set("head_dim", s.head_dim,
         "transformers default global_head_dim 512 for full-attention layers, absent from the "
         "file (" +
-            s.rule + ")");
+            rule + ")");
   } else if (has(c, "head_dim")) {
     s.head_dim = integer_at(c, "head_dim");
     set("head_dim", s.head_dim, where("head_dim"));
     s.took_head_dim = true;
   } else if (s.axial) {  // compute_axial_rope_parameters: embed_dim or hidden_size per head
     const char* heads = has(c, "num_heads") ? "num_heads" : "num_attention_heads";
-    s.head_dim = head_per_head(has(c, "embed_dim") ? "embed_dim" : "hidden_size", heads, s.rule);
+    s.head_dim = head_per_head(has(c, "embed_dim") ? "embed_dim" : "hidden_size", heads, rule);
   } else {
     TORCH_CHECK(has(c, "hidden_size") && has(c, "num_attention_heads"), origin_,
-                ": cannot tell the head size: expected 'head_dim', 'qk_rope_head_dim' or "
-                "'hidden_size' with 'num_attention_heads' (transformers' rule)");
-    s.head_dim = head_per_head("hidden_size", "num_attention_heads", s.rule);
+                ": cannot tell the head size: expected 'head_dim', ",
+                head == HfHeadSize::kGeneric ? "'qk_rope_head_dim' " : "",
+                "or 'hidden_size' with 'num_attention_heads' (",
+                head == HfHeadSize::kGeneric ? "transformers' rule" : rule, ")");
+    s.head_dim = head_per_head("hidden_size", "num_attention_heads", rule);
   }
 }
 
@@ -426,11 +443,11 @@ void Resolver::resolve_theta(HfResolution& out, const HfArchitecture& arch, cons
 }
 
 // Step: the partial rotary factor. The block's > the top level's > GPT-NeoX's rotary_pct (the
-// row's reads_neox_keys) > rotary_dim / head_dim (the row's kRotaryDim: GPT-J, CodeGen; its
-// rotary_dim_sets_partial: MiniMax-M2) > 1. Then the row's partial_from_layer_heads (dots3),
-// and the whole head where the model type's rope ignores the factor (generated
-// kDefaultRopeIgnoresPartialModelTypes: Llama's default rope and its copies; HunYuan's
-// ntk_alpha reads config.head_dim).
+// row's reads_neox_keys) > rotary_dim / head_dim (head size kRotaryDim, generated: GPT-J,
+// CodeGen; MiniMax-M2's config class turns a legacy rotary_dim into the factor) > 1. Then the row's
+// partial_from_layer_heads (dots3), and the whole head where the model type's rope ignores the
+// factor (generated kDefaultRopeIgnoresPartialModelTypes: Llama's default rope and its copies;
+// HunYuan's ntk_alpha reads config.head_dim).
 void Resolver::resolve_partial(HfResolution& out, const HfArchitecture& arch, const Step& s) {
   const auto& c = model();
   if (has(s.block, "partial_rotary_factor")) {
@@ -442,11 +459,10 @@ void Resolver::resolve_partial(HfResolution& out, const HfArchitecture& arch, co
         where("partial_rotary_factor"));
   } else if (arch.reads_neox_keys && has(c, "rotary_pct")) {
     set("partial_rotary_factor", number_at(c, "rotary_pct"), where("rotary_pct") + " (GPT-NeoX)");
-  } else if ((arch.head == HfHeadSize::kRotaryDim || arch.rotary_dim_sets_partial) &&
-             has(c, "rotary_dim")) {
+  } else if (head_size(arch) == HfHeadSize::kRotaryDim && has(c, "rotary_dim")) {
     const int64_t rotary = integer_at(c, "rotary_dim");
     set("partial_rotary_factor", static_cast<double>(rotary) / static_cast<double>(s.head_dim),
-        "derived: " + prefix_ + "rotary_dim / head_dim (" + s.rule + ")");
+        "derived: " + prefix_ + "rotary_dim / head_dim (" + s.head_rule + ")");
   } else {
     set("partial_rotary_factor", 1.0, "transformers default");
   }

@@ -53,8 +53,9 @@ class Resolver {
   // The resolution so far, handed from step to step (the resolved values themselves, with their
   // sources, are in resolved_ and sources_).
   struct Step {
-    nlohmann::json block;  ///< the RoPE block resolved (scaling_block: flat, or a layer type's)
-    std::string rule;      ///< "model type '<type>' (<its row's source>)", for messages
+    nlohmann::json block;   ///< the RoPE block resolved (scaling_block: flat, or a layer type's)
+    std::string rule;       ///< "model type '<type>' (<its row's source>)", for messages
+    std::string head_rule;  ///< the head size's rule (the row's, or the generated head_size's)
     std::string rope_type = "default";
     std::string type_key;  ///< the block's key naming the type: "rope_type" or legacy "type"
     /// rope_type's scaling unit (rope_scaling.h), for the facts it holds (what it depends on);
@@ -95,8 +96,9 @@ class Resolver {
                         const std::string& rule);
   int64_t head_from_key(const std::string& key, const std::string& rule);
   int64_t head_from_memory_attention(const std::string& rule);
+  HfHeadSize head_size(const HfArchitecture& arch) const;
   void resolve_head_size(HfResolution& out, const HfArchitecture& arch, Step& s);
-  void generic_head_size(const HfArchitecture& arch, Step& s);
+  void generic_head_size(HfHeadSize head, Step& s, const std::string& rule);
   void resolve_layout(HfResolution& out, const HfArchitecture& arch, const Step& s);
   bool file_gives_theta() const;
   void refuse_block_without_theta(const HfResolution& out, const Step& s) const;

@@ -3,16 +3,18 @@
 // class by tests/test_hf_architectures.cpp (fixtures from tools/gen_hf_architectures.py, pinned
 // transformers kHfArchitecturesTransformers).
 //
-// The generic rule (a model type without a row): head size = qk_rope_head_dim > head_dim >
-// hidden_size / num_attention_heads; partial_rotary_factor > rotary_pct > 1 (1 for the default
-// rope of the model types whose class ignores it); rotate_half pairs (i, i + r/2); rope_interleave
-// decides the layout only for the model types whose code reads it (and for unknown ones).
+// The generic rule (a model type without a row or a generated rule): head size =
+// qk_rope_head_dim > head_dim > hidden_size / num_attention_heads; partial_rotary_factor >
+// rotary_pct > 1 (1 for the default rope of the model types whose class ignores it); rotate_half
+// pairs (i, i + r/2); rope_interleave decides the layout only for the model types whose code reads
+// it (and for unknown ones).
 // A row says what the generator cannot probe (posenc/config/hf_generated_rules.h holds what it
-// can: defaults, unread keys, the pair layout its attention rotates): where its head size comes
-// from (HfHeadSize), its pair layout where the rotation could not be run, flags, or why posenc
-// refuses it. The model types transformers ships
-// are known by name: one without a rotary class is refused (its positions are not RoPE), one posenc
-// has never seen resolves by the generic rule with a warning naming it.
+// can: defaults, unread keys, the keys the head size comes from, the pair layout its attention
+// rotates): the head size where the probe cannot see it (HfHeadSize: Gemma 4's per-layer
+// global_head_dim), its pair layout where the rotation could not be run, flags, or why posenc
+// refuses it. The model types transformers ships are known by name: one without a rotary class
+// is refused (its positions are not RoPE), one posenc has never seen resolves by the generic rule
+// with a warning naming it.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -20,23 +22,11 @@
 #include <string_view>
 #include <vector>
 
+#include "posenc/config/hf_generated_rules.h"
+
 namespace posenc {
 
 inline constexpr std::string_view kHfArchitecturesTransformers = "5.24.0";
-
-/// Where a model type's rotary head size (the r that partial_rotary_factor multiplies) comes from.
-enum class HfHeadSize {
-  kGeneric,           ///< qk_rope_head_dim > head_dim > hidden_size / num_attention_heads
-  kHeadDim,           ///< head_dim > hidden_size / num_attention_heads; qk_rope_head_dim unread
-  kGlobalHeadDim,     ///< full_attention layers: global_head_dim (default 512); others generic
-  kKvChannels,        ///< kv_channels (JetMoE)
-  kAttentionHeadDim,  ///< attention_head_dim (Zamba2)
-  kDModelPerHead,     ///< d_model / n_heads (DBRX)
-  kDecoderHeads,      ///< hidden_size / decoder_num_attention_heads (Moonshine)
-  kRotaryDim,         ///< rotary_dim of n_embd / n_head or hidden_size / num_attention_heads
-  kMemoryAttention,   ///< memory_attention_hidden_size / (memory_attention_downsample_rate x
-                      ///< memory_attention_num_attention_heads) (SAM 2/3 and EdgeTAM trackers)
-};
 
 /// How a vision tower's rotary (rope_type 'axial') lays the position axes over the head, as its
 /// class's compute_axial_rope_parameters and recomposition_frequencies build cos/sin. Positions
@@ -73,6 +63,8 @@ const HfAxialUnit& hf_axial_unit(HfAxial axial);
 
 struct HfArchitecture {
   std::string_view model_type;
+  /// Where the head size comes from, written only where the generator's probe cannot see it
+  /// (kGeneric: the generated head_size, else the generic rule).
   HfHeadSize head = HfHeadSize::kGeneric;
   /// "half" (rotate_half) or "interleaved" (pairs (2i, 2i+1)), written only where the generator
   /// could not probe the model type's rotation (its generated pair_layout decides elsewhere;
@@ -88,9 +80,6 @@ struct HfArchitecture {
   /// The modeling file reads config.rope_interleave (DeepSeek-V3 and its kin); elsewhere the key
   /// is ignored, as transformers ignores it.
   bool reads_rope_interleave = false;
-  /// The config class turns a legacy `rotary_dim` into partial_rotary_factor = rotary_dim /
-  /// head_dim when no factor is given (MiniMax-M2's released checkpoints).
-  bool rotary_dim_sets_partial = false;
   /// Non-empty: a config.json without per-layer-type rope_parameters is refused, for this reason
   /// (the config class builds them from flat keys with rules posenc does not mirror).
   std::string_view flat_refusal = {};

@@ -9,9 +9,10 @@
 //     out (a constant of the class: rope_theta, head_dim, its default rope_parameters blocks, ...;
 //     keys it derives, such as head_dim from hidden_size, are not listed); the resolver fills them
 //     into the file (src/config/hf_config.cpp's fill_absent_defaults);
-//   - rules: how the classes read a file (head_dim's rules, which rope types they refuse, which
-//     keys their rotary never reads, the pair layout their attention rotates, ...), each a field
-//     the resolver's step that owns the value reads by name (src/config/hf_resolve_steps.cpp).
+//   - rules: how the classes read a file (head_dim's rules, the keys their head size comes from,
+//     which rope types they refuse, which keys their rotary never reads, the pair layout their
+//     attention rotates, ...), each a field the resolver's step that owns the value reads by name
+//     (src/config/hf_resolve_steps.cpp).
 // A misspelt rule is a compile error; a field the generator does not know stops the generator.
 // Python's None (a class attribute set to None, not left unset) is HfNone where it differs from
 // an unset key (std::nullopt around the value).
@@ -97,6 +98,28 @@ struct HfRequiredBlockKeys {
   const std::vector<std::string_view>& of(std::string_view rope_type) const;
 };
 
+/// Where a model type's rotary head size (the r that partial_rotary_factor multiplies) comes from:
+/// the generated head_size (tools/gen_hf_architectures.py's head_size_rule: which keys of a
+/// config.json size the model type's rotary tables), or a hand-written row's (hf_architectures.h)
+/// where the probe cannot see it. A file's head_dim beside another rule's keys is the rotary
+/// table's, checked against that head (the resolver's head_dim rules).
+enum class HfHeadSize {
+  kGeneric,           ///< qk_rope_head_dim > head_dim > hidden_size / num_attention_heads
+  kHeadDim,           ///< head_dim > hidden_size / num_attention_heads; qk_rope_head_dim unread
+  kGlobalHeadDim,     ///< full_attention layers: global_head_dim (default 512); others generic
+  kKvChannels,        ///< kv_channels (JetMoE)
+  kAttentionHeadDim,  ///< attention_head_dim (Zamba2)
+  kDModelPerHead,     ///< d_model / n_heads (DBRX)
+  kDecoderHeads,      ///< hidden_size / decoder_num_attention_heads (Moonshine)
+  kRotaryDim,         ///< rotary_dim of n_embd / n_head or hidden_size / num_attention_heads
+  kMemoryAttention,   ///< memory_attention_hidden_size / (memory_attention_downsample_rate x
+                      ///< memory_attention_num_attention_heads) (SAM 2/3 and EdgeTAM trackers)
+};
+/// The generator's name of a head-size rule (generated_rules.json's "head_size": the key or keys
+/// the model type's rotary classes size their tables by: "head_dim", "qk_rope_head_dim",
+/// "d_model / n_heads", ...).
+std::string_view hf_head_size_name(HfHeadSize head);
+
 /// What the class does with a "head_dim": null in the file.
 enum class HfNullHeadDim {
   kNotProbed,  ///< not recorded: the null is left as the file has it
@@ -177,6 +200,9 @@ struct HfGeneratedRules {
   std::vector<std::string_view> block_theta_missing = {};
   std::optional<HfHeadDimRules> head_dim_rules =
       std::nullopt;  ///< unset: not probed (not a rotary type)
+  /// Where its rotary classes take the head size from (unset: none of HfHeadSize's rules, or no
+  /// rotary class built on its own config: the row's, else the generic rule).
+  std::optional<HfHeadSize> head_size = std::nullopt;
   std::optional<HfLegacyScaling> legacy_rope_scaling =
       std::nullopt;  ///< set: the class takes rope blocks
   std::optional<HfMaxPositionRules> max_position_rules = std::nullopt;
