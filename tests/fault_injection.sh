@@ -2,7 +2,7 @@
 # Fault injection: a training run killed (as by kill -9) at every rename of every file it saves,
 # then resumed, ends exactly as an uninterrupted run: weights.pt byte-identical, metrics.csv and
 # summary.json identical but for wall-clock columns. The kill comes from the trainer itself at a
-# named point (POSENC_FAULT_AT, see src/train/plot.cpp), so it lands between the same two
+# named point (POSENC_FAULT_AT, see src/train/line_chart.cpp), so it lands between the same two
 # instructions every time.
 #   tests/fault_injection.sh POSENC_BINARY CONFIG WORK_DIR
 set -euo pipefail

@@ -6,6 +6,7 @@
 #include "posenc/core/encoder.h"
 #include "posenc/core/positions.h"
 #include "posenc/core/stream.h"
+#include "posenc/core/threads.h"
 #include "posenc/encoders/alibi.h"
 #include "posenc/encoders/axial_sincos.h"
 #include "posenc/encoders/compose.h"

@@ -24,8 +24,8 @@
 #include <iostream>
 
 #include "cli.h"
-#include "posenc/core/encoder.h"
 #include "posenc/core/errors.h"
+#include "posenc/core/threads.h"
 #include "posenc/kernels/cpu_capability.h"
 #include "posenc/version.h"
 

@@ -3,29 +3,7 @@
 
 #include <torch/torch.h>
 
-#include <cerrno>
-#include <thread>
-
-#include "posenc/core/errors.h"
-
 namespace posenc {
-
-bool is_environment_errno(int error) {
-  switch (error) {
-    case ENOSPC:
-    case EDQUOT:
-    case EIO:
-    case EROFS:
-    case EACCES:
-    case EPERM:
-    case ENOMEM:
-    case EMFILE:
-    case ENFILE:
-      return true;
-    default:
-      return false;
-  }
-}
 
 EncodingPlan PositionalEncodingImpl::plan(const PlanRequest& request) {
   EncodingPlan plan(request);
@@ -62,11 +40,6 @@ Description PositionalEncodingImpl::describe(const Positions& /*positions*/,
 
 Restore PositionalEncodingImpl::adapt(const Extent& /*extent*/) {
   return [] {};
-}
-
-void use_all_cores() {
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores > 0) at::set_num_threads(static_cast<int>(cores));
 }
 
 }  // namespace posenc

@@ -12,7 +12,7 @@
 
 namespace posenc::draw {
 
-struct Panel {
+struct HeatmapPanel {
   at::Tensor values;  ///< [rows, cols]
   std::string title;
 };
@@ -21,7 +21,7 @@ struct Figure {
   std::string title;
   std::string x_label;
   std::string y_label;
-  std::vector<Panel> panels;
+  std::vector<HeatmapPanel> panels;
   /// Tick labels for every row / column (empty: indices 0..n-1, thinned to about 5).
   std::vector<std::string> row_ticks, col_ticks;
   /// The colour scale; unset: the panels' min and max.

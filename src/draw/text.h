@@ -1,5 +1,5 @@
-// Internal: the text drawing shared by the charts (src/train/plot.cpp) and the tool's heatmaps
-// (src/cli/heatmap.cpp): one ink, one font, numbers to 3 significant digits.
+// Internal: the text drawing shared by the charts (src/train/line_chart.cpp) and the tool's
+// heatmaps (src/draw/heatmap.cpp): one ink, one font, numbers to 3 significant digits.
 #pragma once
 
 #include <cmath>

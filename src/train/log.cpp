@@ -17,7 +17,7 @@
 
 #include "posenc/io/durable_file.h"
 #include "posenc/io/input_file.h"
-#include "posenc/train/plot.h"
+#include "posenc/train/line_chart.h"
 #include "summary.h"
 
 namespace posenc::train {
@@ -186,8 +186,8 @@ void write_comparison(const std::string& folder, const std::string& name,
   for (size_t i = 0; i < settings.size(); ++i) md << "---:|";
   md << "\n";
   csv << "\n";
-  Panel curves{name + ": eval " + metric, "step", metric, {}, false};
-  Panel sweep{name + ": " + metric + " by setting", "setting", metric, {}, false};
+  ChartPanel curves{name + ": eval " + metric, "step", metric, {}, false};
+  ChartPanel sweep{name + ": " + metric + " by setting", "setting", metric, {}, false};
   double x_min = std::numeric_limits<double>::infinity(), x_max = 0;
   for (const auto& r : results) {
     const auto label = encoder_label(r);
@@ -241,7 +241,7 @@ void write_comparison(const std::string& folder, const std::string& name,
   }
   write_file_atomically(folder + "/results.md", md.str());
   write_file_atomically(folder + "/results.csv", csv.str());
-  std::vector<Panel> panels = {curves};
+  std::vector<ChartPanel> panels = {curves};
   if (settings.size() > 1) {
     sweep.log_x = x_min > 0 && x_max / x_min >= 4;
     panels.push_back(sweep);

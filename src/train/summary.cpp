@@ -12,7 +12,7 @@
 #include "posenc/core/errors.h"
 #include "posenc/io/durable_file.h"
 #include "posenc/kernels/cpu_capability.h"
-#include "posenc/train/plot.h"
+#include "posenc/train/line_chart.h"
 #include "progress.h"
 #include "schedule.h"
 
@@ -36,10 +36,10 @@ std::string format_metric(double value) {
 
 void write_curves(const std::string& path, const TrainingLog& log, const std::string& metric,
                   const std::string& title) {
-  Panel loss{title + ": loss", "step", "loss", {}, false};
+  ChartPanel loss{title + ": loss", "step", "loss", {}, false};
   loss.series.push_back({"train", log.column("step"), log.column("train_loss")});
   loss.series.push_back({"eval", log.column("step"), log.column("eval_loss")});
-  Panel quality{title + ": " + metric, "step", metric, {}, false};
+  ChartPanel quality{title + ": " + metric, "step", metric, {}, false};
   auto train_metric = log.column("train_" + metric);
   if (std::any_of(train_metric.begin(), train_metric.end(),
                   [](double v) { return std::isfinite(v); })) {

@@ -4,7 +4,7 @@
 // loop.h (the training loop, signals, evaluation), schedule.h (settings, learning rate, parameter
 // groups), checkpoint.h (save and resume), log.h (metrics.csv, comparison report), summary.h
 // (curves, summary.json, printed result), progress.h, run_folder.h (lock, names),
-// tasks/registry.cpp (the tasks), compare.cpp (comparisons).
+// tasks/task_registry.cpp (the tasks), compare.cpp (comparisons).
 #include "posenc/train/trainer.h"
 
 #include <torch/torch.h>
@@ -20,6 +20,7 @@
 #include "posenc/config/config_reader.h"
 #include "posenc/core/encoder.h"
 #include "posenc/core/errors.h"
+#include "posenc/core/threads.h"
 #include "posenc/io/durable_file.h"
 #include "posenc/io/input_digest.h"
 #include "posenc/train/checkpoint.h"

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-#include "posenc/core/encoder.h"
+#include "posenc/core/threads.h"
 #include "posenc/kernels/cpu_capability.h"
 
 int main(int argc, char** argv) {

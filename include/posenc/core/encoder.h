@@ -99,7 +99,4 @@ class NopeImpl : public PositionalEncodingImpl {
 };
 TORCH_MODULE(Nope);
 
-/// Sets LibTorch's intra-op threads to the cores available (LibTorch may start with 1).
-void use_all_cores();
-
 }  // namespace posenc

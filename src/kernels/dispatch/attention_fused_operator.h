@@ -32,7 +32,7 @@
 // _attention_fused_backward, each with a CPU and a CUDA kernel; gradients for q, k, v, the
 // table and variate_bias). The specification is attention_reference with bias_from_spec
 // (posenc/kernels/attention_fused.h). The C++ library's attention_fused (that header) calls this
-// operator; fakes: python/_meta.py.
+// operator; fakes: python/posenc/_meta.py.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// The built-in tasks' factories (each in its own file here), for the registry (registry.cpp).
+// The built-in tasks' factories (each in its own file here), for the registry (task_registry.cpp).
 #pragma once
 
 #include <memory>

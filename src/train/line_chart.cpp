@@ -1,5 +1,5 @@
-// Line charts with OpenCV; see posenc/train/plot.h.
-#include "posenc/train/plot.h"
+// Line charts with OpenCV; see posenc/train/line_chart.h.
+#include "posenc/train/line_chart.h"
 
 #include <c10/util/Exception.h>
 #include <fcntl.h>
@@ -45,7 +45,7 @@ const std::vector<cv::Scalar> kColours = {
 // A legend wider than the frame moves from the row above it into a column on its right.
 constexpr int kLegendLine = 24, kLegendGap = 10, kLegendRow = 18;
 
-cv::Mat draw_panel(const Panel& panel) {
+cv::Mat draw_panel(const ChartPanel& panel) {
   int row_width = 0, widest = 0;  // the legend as one row, and its widest entry
   for (const auto& s : panel.series) {
     row_width += text_width(s.name, 0.42) + kLegendLine + kLegendGap + 10;
@@ -138,7 +138,7 @@ cv::Mat draw_panel(const Panel& panel) {
 
 }  // namespace
 
-void plot_panels(const std::string& path, const std::vector<Panel>& panels) {
+void plot_panels(const std::string& path, const std::vector<ChartPanel>& panels) {
   TORCH_CHECK(!panels.empty(), "plot: no panels for '", path, "'");
   std::vector<cv::Mat> images;
   int tallest = 0;

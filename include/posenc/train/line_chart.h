@@ -17,12 +17,12 @@ struct Series {
   int colour = -1;
 };
 
-struct Panel {
+struct ChartPanel {
   std::string title, x_label, y_label;
   std::vector<Series> series;
   bool log_x = false;
 };
 
 /// Draws the panels into one PNG at `path` (temp file + rename); errors name the path.
-void plot_panels(const std::string& path, const std::vector<Panel>& panels);
+void plot_panels(const std::string& path, const std::vector<ChartPanel>& panels);
 }  // namespace posenc::train
