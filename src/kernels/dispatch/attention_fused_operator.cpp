@@ -4,6 +4,8 @@
 // the dispatcher. The math, shapes and conventions are in attention_fused_operator.h; the
 // plain-ATen specification is attention_reference with bias_from_spec
 // (src/kernels/attention_fused.cpp).
+#include "attention_fused_operator.h"
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -13,7 +15,6 @@
 #include <vector>
 
 #include "../cpu/attention_cpu.h"
-#include "attention_fused_operator.h"
 #include "operator_checks.h"
 #include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/rope_fused.h"
