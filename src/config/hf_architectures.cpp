@@ -140,12 +140,13 @@ const HfArchitecture kRows[] = {
     // head sizes the generator's probe cannot see (every other model type's is its generated
     // head_size, hf_generated_rules.inc: kv_channels, d_model / n_heads, rotary_dim, ...).
     // Mistral 4: without head_dim its class takes qk_nope_head_dim + qk_rope_head_dim, a rule
-    // posenc has none of (the probe gives no head_size); head_dim is filled from the class default
+    // posenc has none of (the probe gives no head_size): refused where it differs
     {.model_type = "mistral4",
      .head = H::kHeadDim,
      .source = "models/mistral4/modeling_mistral4.py: head_dim * partial_rotary_factor (not "
                "qk_rope_head_dim); reads rope_interleave",
-     .reads_rope_interleave = true},
+     .reads_rope_interleave = true,
+     .head_from_qk_parts = true},
     // dots3: its class sizes each layer type's table from per-layer heads, which none of the
     // probe's keys changes (dots3_note_text); the composite has no rotary class on its own config
     {.model_type = "dots3_note",

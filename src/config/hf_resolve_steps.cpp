@@ -280,6 +280,27 @@ void Resolver::resolve_head_size(HfResolution& out, const HfArchitecture& arch, 
                             (has(c, "global_head_dim") || head == HfHeadSize::kGlobalHeadDim)));
 }
 
+// Mistral 4's config class derives an absent head_dim as qk_nope_head_dim + qk_rope_head_dim and
+// an absent partial_rotary_factor as qk_rope_head_dim / head_dim; posenc fills absent keys with
+// the class's default values, which equal the derivation only at the default parts (64 + 64):
+// other parts without the keys are refused, naming the value the class would take.
+void Resolver::check_qk_parts(const nlohmann::json& c, int64_t head_dim) const {
+  if (!has(c, "qk_nope_head_dim") || !has(c, "qk_rope_head_dim")) return;
+  const int64_t nope = integer_at(c, "qk_nope_head_dim"), rope = integer_at(c, "qk_rope_head_dim");
+  TORCH_CHECK(!defaulted_.count("head_dim") || head_dim == nope + rope, origin_, ": refused: '",
+              prefix_, "head_dim' is absent, and the config class then takes ",
+              "qk_nope_head_dim + qk_rope_head_dim = ", nope + rope, ", a rule posenc does not ",
+              "mirror (its default is ", head_dim, "); give head_dim");
+  const double partial = resolved_["partial_rotary_factor"].get<double>();
+  const bool partial_absent = defaulted_.count(from_block("partial_rotary_factor")) ||
+                              defaulted_.count("partial_rotary_factor");
+  TORCH_CHECK(
+      !partial_absent || partial == static_cast<double>(rope) / static_cast<double>(head_dim),
+      origin_, ": refused: 'partial_rotary_factor' is absent, and the config class then ",
+      "takes qk_rope_head_dim / head_dim = ", rope, " / ", head_dim,
+      ", a rule posenc does not mirror (its default is ", partial, "); give partial_rotary_factor");
+}
+
 // The generic head-size rule (and Gemma 4's full-attention layers, kGlobalHeadDim):
 // qk_rope_head_dim (kGeneric only) > per_layer_config's head_dim > global_head_dim (full
 // attention) > head_dim > the tower's embed_dim or hidden_size per head > hidden_size /
@@ -467,6 +488,7 @@ void Resolver::resolve_partial(HfResolution& out, const HfArchitecture& arch, co
     set("partial_rotary_factor", 1.0, "transformers default");
   }
   if (arch.partial_from_layer_heads) partial_from_layer_heads(out, c, s.head_dim);
+  if (arch.head_from_qk_parts) check_qk_parts(c, s.head_dim);
   const bool whole_head =
       !s.axial && ((s.rope_type == "default" && hf_default_rope_ignores_partial(out.model_type)) ||
                    s.rope_type == "ntk_alpha");

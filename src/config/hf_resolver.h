@@ -149,6 +149,7 @@ class Resolver {
   void refuse_class_failures(const HfResolution& out, const nlohmann::json& file) const;
   void apply_head_dim_rules(HfResolution& out);
   void partial_from_layer_heads(HfResolution& out, const nlohmann::json& c, int64_t head_dim);
+  void check_qk_parts(const nlohmann::json& c, int64_t head_dim) const;
   void check_head_dim_rules(const HfResolution& out, const nlohmann::json& c,
                             const std::string& rope_type, int64_t head_dim, bool took_head_dim,
                             bool other_head) const;

@@ -175,6 +175,31 @@ def test_a_latent_attention_rotates_qk_rope_head_dim_whatever_head_dim_says():
         posenc.hf_rope(copy.deepcopy(file))
 
 
+def test_mistral4_without_head_dim_is_refused_because_its_class_sums_the_two_parts():
+    # Mistral4Config without head_dim takes qk_nope_head_dim + qk_rope_head_dim (live below),
+    # not its class default 128, which posenc filled before: 21 frequencies where the class
+    # builds 8, without a word; likewise an absent partial_rotary_factor. posenc refuses both
+    # where they differ from the defaults; with head_dim in the file, both read it.
+    file = _config("mistral4")
+    file.update(qk_nope_head_dim=32, qk_rope_head_dim=16, hidden_size=256, num_attention_heads=4)
+    file.pop("head_dim", None)
+    theirs = _their_inv_freq("mistral4", file)
+    assert theirs.numel() * 2 == round((32 + 16) * file["rope_parameters"]["partial_rotary_factor"])
+    with pytest.raises(RuntimeError, match="'head_dim' is absent, and the config class then takes"):
+        posenc.hf_rope(copy.deepcopy(file), angle_dtype="float32")
+    file["head_dim"] = 48
+    theirs = _their_inv_freq("mistral4", file)
+    ours, _, _ = posenc.hf_rope(copy.deepcopy(file), angle_dtype="float32")
+    assert ours.numel() == theirs.numel() and torch.equal(ours.to(theirs.dtype), theirs)
+    # an absent partial_rotary_factor: the class takes qk_rope_head_dim / head_dim (16 / 48 here,
+    # not its default block's 0.5)
+    del file["rope_parameters"]["partial_rotary_factor"]
+    theirs = _their_inv_freq("mistral4", file)
+    assert theirs.numel() == 8
+    with pytest.raises(RuntimeError, match="'partial_rotary_factor' is absent, and the config"):
+        posenc.hf_rope(copy.deepcopy(file), angle_dtype="float32")
+
+
 def test_deepseek_v4_is_refused_because_it_rotates_the_trailing_channels():
     file = _config("deepseek_v4")
     with pytest.raises(RuntimeError, match="trailing"):

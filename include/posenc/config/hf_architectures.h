@@ -107,6 +107,10 @@ struct HfArchitecture {
   /// The model type is a vision tower: its config class's default rope_type is 'axial' (a file
   /// without one gets it) and its rotary class raises on any other.
   bool tower = false;
+  /// The config class derives an absent head_dim as qk_nope_head_dim + qk_rope_head_dim and an
+  /// absent partial_rotary_factor as qk_rope_head_dim / head_dim (Mistral 4): a file without them
+  /// whose parts give other values than the class defaults is refused (Resolver::check_qk_parts).
+  bool head_from_qk_parts = false;
 };
 
 /// The row for a model type: its own, or the generic rule's (whether transformers has the model
