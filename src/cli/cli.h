@@ -58,7 +58,7 @@ struct TrainArgs {
   int64_t profile_steps = 0;  ///< train: profile this many steps, then stop
   bool quiet = false;
   int64_t jobs = 1;       ///< compare: entries trained at once, each in its own process
-  int64_t nproc = 1;      ///< train: ranks of a data-parallel run on this machine (launch.cpp)
+  int64_t nproc = 1;      ///< train: ranks of a data-parallel run on this machine (nproc.cpp)
   std::string init_from;  ///< train: start from these weights (weights.pt / checkpoint.pt)
   std::string weights;    ///< eval: the weights to evaluate
   std::vector<std::string> images;  ///< eval --image: classify these files instead

@@ -2,7 +2,7 @@
 // the command line.
 //   posenc train   CONFIG [--run NAME] [--set key.path=value]... [--out DIR] [--resume]
 //                  [--stop-after STEPS] [--profile STEPS] [--quiet] [--nproc N]
-// A data-parallel run: `--nproc N` (launch.cpp), or one process per rank started by torchrun or
+// A data-parallel run: `--nproc N` (nproc.cpp), or one process per rank started by torchrun or
 // SLURM with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...).
 //   posenc compare CONFIG [--set key.path=value]... [--out DIR] [--resume] [--quiet] [--jobs N]
 //   posenc eval    CONFIG --weights W [--run NAME] [--set key.path=value]... [--out DIR]
