@@ -4,6 +4,8 @@ CTest (tests/CMakeLists.txt) sets POSENC_OPS_LIBRARY to the library it built; ru
     POSENC_OPS_LIBRARY=build/libposenc_ops.so ~/.cache/posenc/venv/bin/python -m pytest tests/python
 """
 
+import importlib
+import json
 import os
 import sys
 import warnings
@@ -20,3 +22,18 @@ warnings.filterwarnings("ignore", message=".*torchvision.*")
 warnings.filterwarnings("ignore", category=UserWarning, module="torchvision")
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+
+
+def hf_generator():
+    """tools/gen_hf_architectures.py as a module (the generator of the HF rules and fixtures)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    try:
+        return importlib.import_module("gen_hf_architectures")
+    finally:
+        sys.path.pop(0)
+
+
+def hf_generated_rules():
+    """The generator's rows as committed: tests/fixtures/hf_architectures/generated_rules.json."""
+    with open(os.path.join(FIXTURES, "hf_architectures", "generated_rules.json")) as f:
+        return json.load(f)

@@ -21,32 +21,17 @@ import copy
 import importlib
 import json
 import os
-import sys
 
 import pytest
 import torch
 
 import posenc
-from conftest import FIXTURES
+from conftest import FIXTURES, hf_generated_rules, hf_generator
 
 transformers = pytest.importorskip("transformers")
 from transformers import CONFIG_MAPPING  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 ARCH = os.path.join(FIXTURES, "hf_architectures")
-
-
-def _generator():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        return importlib.import_module("gen_hf_architectures")
-    finally:
-        sys.path.pop(0)
-
-
-def _rows():
-    with open(os.path.join(ARCH, "generated_rules.json")) as f:
-        return json.load(f)
 
 
 def _config(model_type):
@@ -57,7 +42,7 @@ def _config(model_type):
 def _their_inv_freq(model_type, file):
     """inv_freq of the model type's own rotary class (its modeling file's first that builds)
     built on the file as from_pretrained loads it."""
-    gen = _generator()
+    gen = hf_generator()
     cfg_cls = CONFIG_MAPPING[model_type]
     config = cfg_cls.from_dict(copy.deepcopy(file))
     for cls in gen._config_rotary_classes(cfg_cls):
@@ -87,9 +72,9 @@ RULES = {
 
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_the_committed_head_size_is_the_probes_answer(rule):
-    gen = _generator()
+    gen = hf_generator()
     model_type = RULES[rule]
-    row = next(r for r in _rows()["rows"] if r["model_type"] == model_type)
+    row = next(r for r in hf_generated_rules()["rows"] if r["model_type"] == model_type)
     assert row.get("head_size") == rule
     assert gen.head_size_rule(CONFIG_MAPPING[model_type]) == rule
 
@@ -222,8 +207,8 @@ def test_the_head_size_column_holds_rule_names_never_a_probed_size():
     # a probe value must never reach the generated rules (the legacy-theta probe once put its
     # 123456 into 788 rows): the head-size probe sets head_dim and absent head keys to PROBE_HEAD
     # and doubles the others, and writes back only the name of the rule the widths showed
-    gen = _generator()
-    data = _rows()
+    gen = hf_generator()
+    data = hf_generated_rules()
     assert gen.PROBE_HEAD in gen.PROBE_VALUES
     assert data["probe_values"] == sorted(set(gen.PROBE_VALUES))
     names = [r["head_size"] for r in data["rows"] if "head_size" in r]

@@ -16,38 +16,23 @@ import importlib
 import inspect
 import json
 import os
-import sys
 
 import pytest
 import torch
 
 import posenc
-from conftest import FIXTURES
+from conftest import FIXTURES, hf_generated_rules, hf_generator
 
 transformers = pytest.importorskip("transformers")
 from transformers import CONFIG_MAPPING  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 ARCH = os.path.join(FIXTURES, "hf_architectures")
 POSITIONS = [0, 1, 2, 7, 100, 1023]
 
 
-def _generator():
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    try:
-        return importlib.import_module("gen_hf_architectures")
-    finally:
-        sys.path.pop(0)
-
-
-def _generated_rules():
-    with open(os.path.join(ARCH, "generated_rules.json")) as f:
-        return json.load(f)
-
-
 def test_no_probe_value_of_the_generator_is_in_the_generated_defaults():
-    gen = _generator()
-    rows = _generated_rules()["rows"]
+    gen = hf_generator()
+    rows = hf_generated_rules()["rows"]
     assert len(rows) >= 400
     leaked = [
         (r["model_type"], v) for r in rows for v in gen.numbers_in(r) if v in gen.PROBE_VALUES
@@ -60,8 +45,8 @@ def test_the_typed_table_is_the_generators_rendering_of_its_rows():
     # it writes to generated_rules.json (tests/test_hf_architectures.cpp checks the compiled table
     # against the same rows): neither file is edited by hand, and the renderer still takes every
     # row (a rule without a field in hf_generated_rules.h stops it)
-    gen = _generator()
-    data = _generated_rules()
+    gen = hf_generator()
+    data = hf_generated_rules()
     with open(gen.RULES_INC) as f:
         committed = f.read()
     assert gen.rules_inc(data["rows"], data["transformers"]) == committed

@@ -23,8 +23,6 @@
 //              examples_per_epoch (16384), depth_bins (11), eval_examples (200),
 //              eval_batch (200), files (the Gutenberg books; text haystack), eval_fraction (0.1)
 // Keys (model): transformer keys (causal is forced on)
-#include "text/retrieval.h"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
@@ -35,6 +33,7 @@
 
 #include "common.h"
 #include "tasks.h"
+#include "text/retrieval.h"
 
 namespace posenc::train {
 namespace {
