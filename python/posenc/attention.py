@@ -51,8 +51,9 @@ __all__ = [
 # alibi_attention and t5_attention are positional_attention with one bias part: the same operator,
 # kernels, fake and autograd. What they refuse beyond it (float64, which positional_attention
 # takes on its reference path) and the messages that name them are checked here, as the C++ check
-# of positional_attention words them (src/bindings/attention.cpp, check_qkv), RuntimeError as there;
-# under torch.compile each is a guard on the shapes' relation (true for every call that runs).
+# of positional_attention words them (src/bindings/attention_operators.cpp, check_qkv),
+# RuntimeError as there; under torch.compile each is a guard on the shapes' relation (true for
+# every call that runs).
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

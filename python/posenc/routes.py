@@ -8,8 +8,8 @@ written by the C++ code that decides (so the answer is the decision itself, not 
   C++ layers' self-attention backend in priority order short_rotary, short, sdpa, fused,
   reference: ``"sdpa (short_rotary: the plan has a bias; short: the plan has a bias)"``,
   ``"fused with RoPE inside (...)"``.
-* torch.ops.posenc.positional_attention_route (src/bindings/attention.cpp), the SDPA-layout
-  attention: ``"fused"``, ``"fused, RoPE inside"``, ``"fused, RoPE outside: <why>"``,
+* torch.ops.posenc.positional_attention_route (src/bindings/attention_operators.cpp), the
+  SDPA-layout attention: ``"fused"``, ``"fused, RoPE inside"``, ``"fused, RoPE outside: <why>"``,
   ``"reference: <why>"``, ``"CUDA kernel"``, ``"CUDA kernel, RoPE outside (float32)"``, after
   ``"apply_rotary first (cos/sin require grad), then "`` where the tables are learned.
 * torch.ops.posenc.apply_rotary_route and apply_rotary_backward_route (src/bindings/rotary.cpp,

@@ -46,7 +46,7 @@ struct PositionalCall {
   bool rotary = false;                             ///< cos, sin of a width > 0
   bool learned_tables = false;                     ///< cos or sin requires grad, under grad mode
   /// Why the CPU kernel cannot read the tables inside its tiles ("" where it can): read from the
-  /// tables' values by the caller (positional_rotary_outside in attention.cpp).
+  /// tables' values by the caller (positional_rotary_outside in attention_operators.cpp).
   std::string tables_unreadable;
   bool cuda_glue = false;  ///< this library was built with the CUDA glue (POSENC_HAS_CUDA_GLUE)
 };

@@ -1,10 +1,10 @@
 """posenc's attention operators on CUDA tensors (alibi_attention, t5_attention,
-positional_attention: the CUDA kernel through src/bindings/attention.cpp's CUDA registration)
-against the same operators on the CPU (the tiled CPU kernel, itself checked against SDPA and transformers
-in test_attention.py, test_t5_attention.py and test_positional_attention.py): outputs and
-gradients (q, k, v, the T5 table), causal with cached keys, padding masks, RoPE with ALiBi or T5,
-float32 and bfloat16; the route string; the calls the CUDA kernel does not take (float64, ALiBi
-with T5) give the reference's result.
+positional_attention: the CUDA kernel through the CUDA registration in
+src/bindings/attention_operators.cpp) against the same operators on the CPU (the tiled CPU
+kernel, itself checked against SDPA and transformers in test_attention.py, test_t5_attention.py
+and test_positional_attention.py): outputs and gradients (q, k, v, the T5 table), causal with
+cached keys, padding masks, RoPE with ALiBi or T5, float32 and bfloat16; the route string; the
+calls the CUDA kernel does not take (float64, ALiBi with T5) give the reference's result.
 
 Every test skips without a CUDA device (CI has none; scripts/gpu.sh runs this file on a lent
 GPU). Without a GPU, the glue these operators call is run on the CPU emulator by CTest's

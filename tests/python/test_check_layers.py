@@ -1,4 +1,5 @@
-"""tools/check_layers.py refuses an upward include, relative or through posenc/, over a small tree.
+"""tools/check_layers.py refuses an upward include, relative or through posenc/, and a base name
+shared by files in two layers (but a functional core and its module), over a small tree.
 
 The layers (lowest first): functional < core, io < kernels, modalities < encoders < nn < config <
 bindings < draw < train < cli. Each case writes a few files into a temporary tree shaped like
@@ -91,6 +92,62 @@ def test_the_refusal_names_the_line_and_both_layers(tmp_path):
         'src/kernels/attention_fused.cpp:2: kernels includes "../nn/y.h" (src/nn/y.h, layer nn'
         in (result.stdout)
     )
+
+
+@pytest.mark.parametrize(
+    ("files", "ok"),
+    [
+        # a header and its source in one layer (include/posenc/<layer>/ and src/<layer>/<sub>/)
+        (
+            {
+                "include/posenc/kernels/cpu_capability.h": "#pragma once\n",
+                "src/kernels/cpu/cpu_capability.cpp": "",
+            },
+            True,
+        ),
+        # a functional core and its module, listed in CORE_AND_MODULE
+        (
+            {
+                "include/posenc/functional/rope.h": "#pragma once\n",
+                "src/functional/rope.cpp": "",
+                "include/posenc/encoders/rope.h": "#pragma once\n",
+                "src/encoders/rope.cpp": "",
+            },
+            True,
+        ),
+        # the operator bindings beside the module (BASE's include/posenc/nn/attention.h): the
+        # names src/bindings/attention.cpp and src/nn/attention.cpp had
+        ({"src/bindings/attention.cpp": ""}, False),
+        ({"src/nn/attention.cpp": "", "src/bindings/attention.cpp": ""}, False),
+        # a listed name in a third layer, a core and module pair that is not listed
+        (
+            {
+                "include/posenc/functional/rope.h": "#pragma once\n",
+                "include/posenc/encoders/rope.h": "#pragma once\n",
+                "src/nn/rope.cpp": "",
+            },
+            False,
+        ),
+        (
+            {
+                "include/posenc/functional/alibi.h": "#pragma once\n",
+                "include/posenc/encoders/alibi.h": "#pragma once\n",
+            },
+            False,
+        ),
+        # the same name in a modality and in a layer of the library
+        ({"modalities/text/positions.cpp": ""}, False),
+    ],
+)
+def test_a_base_name_in_two_layers_is_refused(tmp_path, files, ok):
+    write_tree(tmp_path, {**BASE, **files})
+    result = run_tool(tmp_path)
+    assert (result.returncode == 0) == ok, result.stdout + result.stderr
+    if not ok:
+        name = os.path.splitext(os.path.basename(next(iter(files))))[0]
+        line = next(x for x in result.stdout.splitlines() if x.startswith(f"base name '{name}'"))
+        for relative in files:
+            assert relative in line, line
 
 
 def test_this_repository_has_no_upward_include():

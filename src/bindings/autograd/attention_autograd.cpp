@@ -1,7 +1,7 @@
-// Autograd for the SDPA-layout attention operators (../attention.cpp): the forward op saves the
-// log-sum-exp of each row, the backward op recomputes the tiles from it (FlashAttention-2's
-// backward). Both go through the dispatcher, so torch.compile sees the two ops and their fake
-// kernels (python/posenc/_meta.py).
+// Autograd for the SDPA-layout attention operators (../attention_operators.cpp): the forward op
+// saves the log-sum-exp of each row, the backward op recomputes the tiles from it
+// (FlashAttention-2's backward). Both go through the dispatcher, so torch.compile sees the two ops
+// and their fake kernels (python/posenc/_meta.py).
 // posenc::shaw_attention: dq, dk, dv and a gradient for its [2K+1, D] table
 // (_shaw_attention_backward's dtable: sum_{b,h} dqr^T q, dqr = dS summed per clipped offset).
 // posenc::positional_attention (RoPE inside + ALiBi + T5 + packed samples + binary variate bias;
