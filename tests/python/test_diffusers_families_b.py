@@ -914,6 +914,29 @@ def test_qwenimage_head_posenc_does_not_rotate_exactly_is_refused():
     pd.unpatch(model)
 
 
+def test_qwenimage_built_on_the_meta_device_is_left_in_one_line():
+    # QwenEmbedRope keeps its tables as plain attributes (not buffers): built under
+    # torch.device("meta") they stay meta; patch() compared them and raised NotImplementedError
+    with torch.device("meta"):
+        model = diffusers.QwenImageTransformer2DModel(
+            patch_size=1,
+            in_channels=4,
+            out_channels=4,
+            num_layers=1,
+            attention_head_dim=32,
+            num_attention_heads=2,
+            joint_attention_dim=12,
+            axes_dims_rope=(8, 12, 12),
+        )
+    pos_embed = model.pos_embed
+    report = pd.patch(model)
+    assert model.pos_embed is pos_embed
+    assert len(report["left"]) == 1 and "meta device" in report["left"][0], report
+    with pytest.raises(ValueError, match="meta device") as e:
+        pd.patch(model, strict=True)
+    assert "\n" not in str(e.value)
+
+
 def test_a_module_posenc_would_compute_otherwise_is_left():
     holder = torch.nn.Module()
     holder.pos_embed = dqwen.QwenEmbedRope(10000, [8, 12, 12], scale_rope=True)

@@ -128,6 +128,11 @@ class QwenEmbedRope(_common.DiffusersRotary):
         new = cls(module.theta, module.axes_dim, module.scale_rope)
         for name in ("pos_freqs", "neg_freqs"):
             theirs, ours = getattr(module, name), getattr(new, name)
+            if theirs.device.type == "meta":  # plain attributes: built on meta, they stay there
+                raise ValueError(
+                    f"{_NAME}: its {name} is on the meta device (built under "
+                    f"torch.device('meta'); not buffers, so never materialised)"
+                )
             if (
                 theirs.shape != ours.shape
                 or theirs.dtype != ours.dtype
