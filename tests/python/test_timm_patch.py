@@ -181,3 +181,29 @@ def test_a_cache_posenc_would_not_give_is_left_as_it_is():
     assert report["left"][0].startswith("rope: RotaryEmbeddingCat's cached table is not the one")
     with pytest.raises(ValueError, match="rotary modules posenc does not compute: rope"):
         posenc.integrations.timm.patch(model, strict=True)
+
+
+@pytest.mark.parametrize(
+    "name,kwargs",
+    [
+        ("vit_small_patch16_rope_224", dict()),
+        ("vit_small_patch16_dinov3", dict(dynamic_img_size=False)),
+        ("vit_small_patch16_rope_mixed_224", dict()),
+        ("vit_small_patch16_dinov3", dict(rope_type="mrope", rope_temperature=10000.0)),
+    ],
+    ids=["cat", "dinov3", "mixed", "mrope"],
+)
+def test_a_model_on_the_meta_device_is_left_in_one_line(name, kwargs):
+    # built under torch.device("meta") (weights not loaded yet): from_timm compared the module's
+    # meta tables with torch.equal and raised NotImplementedError out of patch()
+    with torch.device("meta"):
+        model = timm.create_model(
+            name, pretrained=False, img_size=32, embed_dim=64, depth=1, num_heads=2, **kwargs
+        )
+    rope = model.rope
+    report = posenc.integrations.timm.patch(model)
+    assert report["patched"] == [] and model.rope is rope
+    assert len(report["left"]) == 1 and "meta device" in report["left"][0], report
+    with pytest.raises(ValueError, match="meta device") as e:
+        posenc.integrations.timm.patch(model, strict=True)
+    assert "\n" not in str(e.value)

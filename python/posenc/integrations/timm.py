@@ -23,8 +23,9 @@ train mode. The rotation stays timm's own apply_rot_embed_cat (no module-level f
 replaced, so other models in the process are untouched).
 
 Left as it is and named in the returned report (patch(..., strict=True) refuses such a model with
-one line instead): a subclass of these classes, an axial RotaryEmbeddingCat / RotaryEmbedding that
-augments float64 bands (timm's float64 training tables), a cached table or grid that is not what
+one line instead): a module on the meta device (patch after loading), a subclass of these
+classes, an axial RotaryEmbeddingCat / RotaryEmbedding that augments float64 bands (timm's float64
+training tables), a cached table or grid that is not what
 its settings give (cast through a lower precision and back, e.g. .half().float(), or edited), an
 MRoPE section whose channel order posenc's interleave does not give, an MRoPE module already cast
 to float64 (timm's float64 tables, which rope_cos_sin rounds to float32). The model may be cast or
@@ -71,6 +72,11 @@ def _replacement(module: torch.nn.Module):
     cls = next((ours for name, ours in _CLASSES if type(module) is getattr(t, name, None)), None)
     if cls is None:
         return None, f"{type(module).__name__} (not computed by posenc)"
+    if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+        return None, (
+            f"{type(module).__name__}'s tables are on the meta device (not materialised); "
+            f"patch the model after loading it"
+        )
     try:
         return cls.from_timm(module), None
     except ValueError as e:  # a cache or section posenc would not give: one line, from_timm's
