@@ -413,6 +413,26 @@ def test_processors_name_every_parameter_diffusers_names(ours, theirs):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cogvideox_given_tables_in_the_models_dtype_equal_to_the_bit(dtype):
+    # the pipeline's tables cast to the model's dtype: diffusers rotates in float32 (x.float() *
+    # cos); patched, the products were rounded to bfloat16 / float16 (191 of 576 outputs apart)
+    model, inputs, _, _ = _make_cogvideox()
+    model = model.to(dtype).eval()
+    inputs = dict(
+        inputs,
+        hidden_states=inputs["hidden_states"].to(dtype),
+        encoder_hidden_states=inputs["encoder_hidden_states"].to(dtype),
+        image_rotary_emb=tuple(t.to(dtype) for t in inputs["image_rotary_emb"]),
+    )
+    with torch.no_grad():
+        want = _sample(model, inputs)
+        pd.patch(model, strict=True)
+        got = _sample(model, inputs)
+    assert torch.equal(got, want), (got.float() - want.float()).abs().max()
+    pd.unpatch(model)
+
+
 def test_fused_cogvideox_processor_equal_to_the_bit():
     model, inputs, _, _ = _make_cogvideox()
     model.fuse_qkv_projections()

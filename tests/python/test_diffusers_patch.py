@@ -823,6 +823,32 @@ def test_apply_rotary_emb_equals_diffusers(dtype, unbind, sequence_dim):
     )
 
 
+@pytest.mark.parametrize("table_dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("unbind", [-1, -2])
+def test_apply_rotary_emb_with_half_tables_equals_diffusers(dtype, table_dtype, unbind):
+    # diffusers computes x.float() * cos: float32 products whatever the tables' dtype; posenc's
+    # operator promoted bfloat16 x with bfloat16 tables to bfloat16 products (1 ulp off in about
+    # a third of the values, CogVideoX given tables in the model's dtype)
+    from posenc.integrations.diffusers import _common
+
+    x = _randn(2, 3, 5, 8).to(dtype)
+    cos, sin = demb.get_1d_rotary_pos_embed(
+        8,
+        torch.arange(5).float() * 3.5,
+        10000.0,
+        use_real=True,
+        repeat_interleave_real=unbind == -1,
+    )
+    tables = (cos.to(table_dtype), sin.to(table_dtype))
+    want = demb.apply_rotary_emb(x, tables, use_real_unbind_dim=unbind)
+    got = pd.apply_rotary_emb(x, tables, use_real_unbind_dim=unbind)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    q, k = _common.apply_rotary_emb_qk(x, x * 2, tables, use_real_unbind_dim=unbind)
+    assert torch.equal(q, want)
+    assert torch.equal(k, demb.apply_rotary_emb(x * 2, tables, use_real_unbind_dim=unbind))
+
+
 def test_float32_ladders_equal_diffusers_float32_path():
     """Flux's tables where ids' device has no float64 (mps, npu, neuron): float32 frequencies."""
     from posenc.integrations.diffusers import _common

@@ -27,8 +27,9 @@ diffusers' embeddings.py (0.42.1) is the source of the arithmetic reproduced her
   torch.ops.posenc.apply_rotary (q * c + rot(q) * s, each product rounded as eager PyTorch
   rounds it; `a + (-b) * s` is `a - b * s` to the bit), with its backward. A float64 x is rounded
   to float32 first (diffusers' x.float()); bfloat16/float16 x with float32 tables computes each
-  product in float32, as x.float() * cos does. The complex path (use_real=False) is not computed
-  here: a family needing it refuses it.
+  product in float32, as x.float() * cos does; bfloat16/float16 tables are taken as float32
+  (exact), so x of their dtype gets float32 products too. The complex path (use_real=False) is not
+  computed here: a family needing it refuses it.
 """
 
 from __future__ import annotations
@@ -154,6 +155,10 @@ def _tables_for(x: torch.Tensor, freqs_cis, sequence_dim: int):
             f"{sequence_dim} (diffusers broadcasts [S, D] over x's sequence and head "
             f"dims)"
         )
+    # diffusers: x.float() * cos, float32 products for bfloat16/float16 tables too; the operator
+    # promotes x with the tables, so such tables go in as float32 (exact), never as x's dtype
+    half = (torch.bfloat16, torch.float16)
+    cos, sin = (t.float() if t.dtype in half else t for t in (cos, sin))
     # diffusers: cos[None, None] (sequence_dim 2) or cos[None, :, None] (1), moved to x's device
     return cos.to(x.device)[None], sin.to(x.device)[None], 1 if sequence_dim == 2 else 2
 
