@@ -433,6 +433,31 @@ def test_cogvideox_given_tables_in_the_models_dtype_equal_to_the_bit(dtype):
     pd.unpatch(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_ltx_and_mochi_rotations_with_half_tables_equal_to_the_bit(dtype):
+    # LTX's, LTX-2's and Mochi's rotations compute x.float() * cos: float32 products whatever the
+    # tables' dtype (their rotary modules give float32 tables; these are the rotations alone)
+    q, k = _randn(2, 7, 24).to(dtype), (_randn(2, 7, 24) * 2).to(dtype)
+    cos, sin = _randn(2, 7, 24).to(dtype), (_randn(2, 7, 24) + 1).to(dtype)
+    assert torch.equal(_ltx._rotate_one(q, (cos, sin)), dltx.apply_rotary_emb(q, (cos, sin)))
+    got_q, got_k = _ltx.rotate_across_heads(q, k, (cos, sin))
+    assert torch.equal(got_q, dltx2.apply_interleaved_rotary_emb(q, (cos, sin)))
+    assert torch.equal(got_k, dltx2.apply_interleaved_rotary_emb(k, (cos, sin)))
+    model, inputs, _, _ = _make_mochi()
+    attention = model.transformer_blocks[0].attn1.to(dtype)
+    x = _randn(2, 6, attention.to_q.in_features).to(dtype)
+    context = _randn(2, 3, attention.add_q_proj.in_features).to(dtype)
+    tables = (_randn(6, 2, 4).to(dtype), (_randn(6, 2, 4) + 1).to(dtype))  # [S, heads, Dh/2]
+    mask = torch.ones(2, 3)
+    processor = attention.processor
+    with torch.no_grad():
+        want = processor(attention, x, context, mask, tables)
+        got = _mochi.MochiAttnProcessor2_0.from_diffusers(processor)(
+            attention, x, context, mask, tables
+        )
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_fused_cogvideox_processor_equal_to_the_bit():
     model, inputs, _, _ = _make_cogvideox()
     model.fuse_qkv_projections()

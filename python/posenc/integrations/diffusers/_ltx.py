@@ -53,7 +53,7 @@ def rotate_across_heads(
     query [B, Sq, C], key [B, Sk, C'], tables (cos, sin) [B, S, C] interleaved over the whole
     projected width. One operator call where q and k share the tables, else one each."""
     if key_tables is None or key_tables is query_tables:
-        cos, sin = query_tables
+        cos, sin = _float_tables(query_tables)
         q, k = torch.ops.posenc.apply_rotary(
             _as_float(query).unsqueeze(2), _as_float(key).unsqueeze(2), cos, sin, 2, "interleaved"
         )
@@ -68,8 +68,14 @@ def _as_float(x: torch.Tensor) -> torch.Tensor:
     return x.float() if x.dtype == torch.float64 else x
 
 
+def _float_tables(tables):
+    """diffusers' x.float() * cos gives float32 products for bfloat16/float16 tables too: such
+    tables go to the operator as float32 (exact), else it would promote x and them to x's dtype."""
+    return tuple(t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for t in tables)
+
+
 def _rotate_one(x: torch.Tensor, tables) -> torch.Tensor:
-    cos, sin = tables
+    cos, sin = _float_tables(tables)
     head = _as_float(x).unsqueeze(2)
     # the operator rotates a pair; the second is the same tensor (no extra input)
     return (

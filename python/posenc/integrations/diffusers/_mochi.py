@@ -90,7 +90,11 @@ class MochiRoPE(_common.DiffusersRotary):
 
 def _rotate(query: torch.Tensor, key: torch.Tensor, image_rotary_emb):
     """q, k [B, S, heads, Dh] with diffusers' per-pair tables [S, heads, Dh/2]."""
-    cos, sin = image_rotary_emb
+    # diffusers' x.float() * cos: float32 products for bfloat16/float16 tables too (taken as
+    # float32, exact; the operator would promote x of their dtype with them to that dtype)
+    cos, sin = (
+        t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for t in image_rotary_emb
+    )
     cos = cos.repeat_interleave(2, dim=-1)  # [S, heads, Dh], t0 t0 t1 t1 ..
     sin = sin.repeat_interleave(2, dim=-1)
     # unsqueeze_dim 0: the tables [1, S, heads, Dh] broadcast over the batch
