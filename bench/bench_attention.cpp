@@ -19,7 +19,23 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <vector>
 
+// MKL's sgemm and packed-matrix API as LibTorch exports them (src/kernels/cpu/attention_cpu.cpp).
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc) __attribute__((weak));
+size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
+void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+                      const float* src, int ld, float* dest) __attribute__((weak));
+void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
+                         int lda, const float* b, int ldb, float beta, float* c, int ldc)
+    __attribute__((weak));
+}
+
+#include "kernels/cpu/attention_tiles.h"
+#include "kernels/cpu/cpu_kernels.h"
 #include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"
@@ -185,6 +201,137 @@ void BM_EagerForwardBackward(benchmark::State& state) {
   }
 }
 
+// Other sizes, no bias: [1, N, 16, D] for N in 512..4096 and D in 64, 128 (state: N, D).
+struct ShapeInputs {
+  torch::Tensor q, k, v, positions;
+};
+
+const ShapeInputs& shape_inputs(int64_t n, int64_t d) {
+  static std::map<std::pair<int64_t, int64_t>, ShapeInputs> cache;
+  auto& in = cache[{n, d}];
+  if (!in.q.defined()) {
+    torch::manual_seed(1);
+    in.q = torch::randn({1, n, kH, d});
+    in.k = torch::randn({1, n, kH, d});
+    in.v = torch::randn({1, n, kH, d});
+    in.positions = torch::arange(n, torch::kFloat64);
+  }
+  return in;
+}
+
+void BM_FusedShape(benchmark::State& state) {
+  const auto& in = shape_inputs(state.range(0), state.range(1));
+  torch::NoGradGuard no_grad;
+  for (auto _ : state) {
+    auto out = attention_fused(in.q, in.k, in.v, {}, in.positions, in.positions, {},
+                               1.0 / std::sqrt(double(state.range(1))));
+    benchmark::DoNotOptimize(out.data_ptr());
+  }
+}
+
+void BM_SdpaShape(benchmark::State& state) {
+  const auto& in = shape_inputs(state.range(0), state.range(1));
+  torch::NoGradGuard no_grad;
+  auto q = in.q.transpose(1, 2), k = in.k.transpose(1, 2), v = in.v.transpose(1, 2);
+  for (auto _ : state) {
+    auto out = at::scaled_dot_product_attention(q, k, v);
+    benchmark::DoNotOptimize(out.data_ptr());
+  }
+}
+
+// One forward tile's two products alone, one thread: S = scale Q K^T for a 128-query block
+// against 256 keys, then O += S V (D = Dv = 128, the operands' rows H D apart as the kernel reads
+// them; 8 key blocks in turn), 2 * 2 * 128 * 256 * 128 flops. 0: MKL's sgemm per product (it
+// packs every operand every call); 1: the MKL path of attention_cpu.cpp (K^T, V and Q packed once
+// with cblas_sgemm_pack, S packed by MKL in each P V product); 2: the CPU level's own
+// micro-kernels (attention_tiles_rows.h; K, V, Q packed once, P read in place). The softmax
+// between the products is left out (the same in all three).
+void BM_TileProducts(benchmark::State& state) {
+  const int64_t which = state.range(0);
+  const auto& tiles = posenc::detail::cpu_kernels().capability == CpuCapability::kAvx512
+                          ? posenc::detail::kAvx512AttentionTiles
+                          : posenc::detail::kAvx2AttentionTiles;
+  if (which < 2 && (sgemm_ == nullptr || cblas_sgemm_pack == nullptr)) {
+    state.SkipWithError("LibTorch without MKL");
+    return;
+  }
+  if (which == 2 && posenc::detail::cpu_kernels().capability == CpuCapability::kScalar) {
+    state.SkipWithError("the scalar level has no micro-kernels");
+    return;
+  }
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto& in = inputs();
+  constexpr int rows = 128, cols = 256, dim = static_cast<int>(kD), blocks = 8;
+  const int ld = static_cast<int>(kH * kD), lds = cols;
+  const float scale = static_cast<float>(in.scale), one = 1.0f, zero = 0.0f;
+  const float* q = in.q.data_ptr<float>();  // head 0's rows [0, 128)
+  const float* k = in.k.data_ptr<float>();
+  const float* v = in.v.data_ptr<float>();
+  std::vector<float> s(rows * (cols + 16)), o(rows * dim, 0.0f), alpha(rows, 1.0f);
+  // packed operands (the kernels' layouts, outside the timed loop as in the kernels: once per
+  // head or query block)
+  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kA = 161, kB = 162;
+  std::vector<float> kp, vp, qp;
+  const int64_t r = tiles.rows, panel = posenc::detail::kTilePanel;
+  if (which == 1) {
+    const auto kp_size = cblas_sgemm_pack_get_size(kB, rows, cols, dim) / 4 + 16;
+    const auto vp_size = cblas_sgemm_pack_get_size(kB, rows, dim, cols) / 4 + 16;
+    kp.resize(kp_size * blocks);
+    vp.resize(vp_size * blocks);
+    qp.resize(cblas_sgemm_pack_get_size(kA, rows, cols, dim) / 4 + 16);
+    for (int t = 0; t < blocks; ++t) {
+      cblas_sgemm_pack(kRowMajor, kB, kTrans, rows, cols, dim, scale, k + t * cols * ld, ld,
+                       kp.data() + t * kp_size);
+      cblas_sgemm_pack(kRowMajor, kB, kNoTrans, rows, dim, cols, 1.0f, v + t * cols * ld, ld,
+                       vp.data() + t * vp_size);
+    }
+    cblas_sgemm_pack(kRowMajor, kA, kNoTrans, rows, cols, dim, 1.0f, q, ld, qp.data());
+  } else if (which == 2) {
+    kp.assign(blocks * cols * dim, 0.0f);
+    vp.assign(blocks * cols * dim, 0.0f);
+    qp.assign((rows + r - 1) / r * r * dim, 0.0f);
+    const int64_t nk = blocks * cols;
+    for (int64_t c = 0; c < nk; ++c)
+      for (int64_t d = 0; d < dim; ++d) {
+        kp[(c / panel) * panel * dim + d * panel + c % panel] = k[c * ld + d];
+        vp[(d / panel) * panel * nk + c * panel + d % panel] = v[c * ld + d];
+      }
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t d = 0; d < dim; ++d) qp[(i / r) * r * dim + d * r + i % r] = q[i * ld + d];
+  }
+  int64_t t = 0;
+  for (auto _ : state) {
+    const int block = static_cast<int>(t++ % blocks);
+    if (which == 0) {  // column-major: S^T = K Q^T, O^T += V^T S^T
+      const int m = rows, n = cols, kk = dim;
+      sgemm_("T", "N", &n, &m, &kk, &scale, k + block * cols * ld, &ld, q, &ld, &zero, s.data(),
+             &lds);
+      sgemm_("N", "N", &kk, &m, &n, &one, v + block * cols * ld, &ld, s.data(), &lds, &one,
+             o.data(), &kk);
+    } else if (which == 1) {
+      const size_t kp_size = kp.size() / blocks, vp_size = vp.size() / blocks;
+      cblas_sgemm_compute(kRowMajor, kPacked, kPacked, rows, cols, dim, qp.data(), dim,
+                          kp.data() + block * kp_size, cols, 0.0f, s.data(), lds);
+      cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, rows, dim, cols, s.data(), lds,
+                          vp.data() + block * vp_size, dim, 1.0f, o.data(), dim);
+    } else {
+      const int64_t nk = blocks * cols;
+      for (int64_t r0 = 0; r0 < rows; r0 += r) {
+        tiles.scores(qp.data() + r0 * dim, kp.data() + block * cols * dim, cols / panel, dim, scale,
+                     s.data(), cols + 16);
+        tiles.accumulate(s.data(), cols + 16, std::min<int64_t>(r, rows - r0), cols,
+                         vp.data() + block * cols * panel, panel * nk, dim, alpha.data() + r0,
+                         o.data() + r0 * dim, dim);
+      }
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  at::set_num_threads(threads);
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      4.0 * rows * cols * dim * state.iterations() * 1e-9, benchmark::Counter::kIsRate);
+}
+
 #define POSENC_ATTENTION_BENCH(fn)    \
   BENCHMARK(fn)                       \
       ->Arg(0)                        \
@@ -211,6 +358,14 @@ BENCHMARK(BM_FusedForwardBackward)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 BENCHMARK(BM_SdpaForwardBackward)->Arg(0)->Unit(benchmark::kMillisecond)->UseRealTime();
+#define POSENC_SHAPE_BENCH(fn)                            \
+  BENCHMARK(fn)                                           \
+      ->ArgsProduct({{512, 1024, 2048, 4096}, {64, 128}}) \
+      ->Unit(benchmark::kMillisecond)                     \
+      ->UseRealTime()
+POSENC_SHAPE_BENCH(BM_FusedShape);
+POSENC_SHAPE_BENCH(BM_SdpaShape);
+BENCHMARK(BM_TileProducts)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EagerForwardBackward)
     ->Arg(0)
     ->Arg(1)
@@ -230,6 +385,15 @@ int main(int argc, char** argv) {
     row("sdpa no bias / fused no bias", t("BM_Sdpa/0/") / t("BM_Fused/0/"), ">= 1.1");
     row("sdpa fwd+bwd no bias / fused fwd+bwd no bias",
         t("BM_SdpaForwardBackward/0/") / t("BM_FusedForwardBackward/0/"), ">= 1.1");
+    for (const char* shape : {"512/64/", "1024/64/", "2048/64/", "4096/64/", "512/128/",
+                              "1024/128/", "2048/128/", "4096/128/"})
+      row(std::string("sdpa / fused no bias, N/D ") + shape,
+          t(std::string("BM_SdpaShape/") + shape) / t(std::string("BM_FusedShape/") + shape),
+          ">= 1.1");
+    row("tile products: MKL sgemm / own micro-kernels (time)",
+        t("BM_TileProducts/0") / t("BM_TileProducts/2"), "-");
+    row("tile products: MKL packed once / own micro-kernels (time)",
+        t("BM_TileProducts/1") / t("BM_TileProducts/2"), "> 1");
     row("fused ALiBi / fused no bias", t("BM_Fused/1/") / t("BM_Fused/0/"), "<= 1.15");
     row("fused T5 / fused no bias", t("BM_Fused/2/") / t("BM_Fused/0/"), "<= 1.15");
     row("eager materialized ALiBi / eager no bias", t("BM_Eager/1/") / t("BM_Eager/0/"), "~1.4");

@@ -28,6 +28,9 @@ struct AttentionCase {
   bool causal;
   bool padding;
   int64_t nq, nk;  // nk > nq: cached keys come first
+  // the values' width: 8 takes MKL's products, a multiple of 16 (with Nq >= 32) the CPU level's
+  // own micro-kernels in the forward (src/kernels/cpu/attention_tiles_rows.h)
+  int64_t dv = 8;
 };
 
 class AttentionFused : public ::testing::TestWithParam<AttentionCase> {};
@@ -35,7 +38,7 @@ class AttentionFused : public ::testing::TestWithParam<AttentionCase> {};
 TEST_P(AttentionFused, MatchesReferenceForwardAndBackward) {
   const auto& c = GetParam();
   torch::manual_seed(21);
-  const int64_t b = 2, h = 3, d = 16, dv = 8;
+  const int64_t b = 2, h = 3, d = 16, dv = c.dv;
   auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
   auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
   auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
@@ -80,6 +83,9 @@ std::vector<AttentionCase> attention_cases() {
     out.push_back({form, true, true, 300, 300});  // several query and key blocks
     out.push_back({form, true, false, 5, 261});   // decoding: 256 cached keys + 5 new
     out.push_back({form, false, true, 129, 513});
+    out.push_back({form, true, true, 300, 300, 32});   // the own micro-kernels: a 6- or 8-row
+    out.push_back({form, false, false, 37, 37, 48});   // strip tail, a 16-column value panel
+    out.push_back({form, false, true, 129, 513, 16});  // past the 32-column blocks
   }
   return out;
 }
@@ -93,7 +99,7 @@ class ShawFused : public ::testing::TestWithParam<AttentionCase> {};
 TEST_P(ShawFused, MatchesReferenceForwardAndBackward) {
   const auto& c = GetParam();
   torch::manual_seed(23);
-  const int64_t b = 2, h = 3, d = 16, dv = 8, max_rel = 4;
+  const int64_t b = 2, h = 3, d = 16, dv = c.dv, max_rel = 4;
   auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
   auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
   auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
@@ -132,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(MasksSizes, ShawFused,
                          ::testing::Values(AttentionCase{Form::kNone, false, false, 37, 37},
                                            AttentionCase{Form::kNone, true, true, 300, 300},
                                            AttentionCase{Form::kNone, true, false, 5, 261},
-                                           AttentionCase{Form::kNone, false, true, 129, 513}));
+                                           AttentionCase{Form::kNone, false, true, 129, 513},
+                                           AttentionCase{Form::kNone, true, true, 300, 300, 32}));
 
 TEST(ShawFused, MaterializedSpecMatchesTheEncodersBias) {
   torch::manual_seed(24);
@@ -154,6 +161,7 @@ struct RotaryCase {
   double partial;  // rotary fraction of the head dim
   bool causal, padding;
   int64_t nq, nk;
+  int64_t dv = 8;  // as AttentionCase::dv
 };
 
 class RotaryInside : public ::testing::TestWithParam<RotaryCase> {};
@@ -161,7 +169,7 @@ class RotaryInside : public ::testing::TestWithParam<RotaryCase> {};
 TEST_P(RotaryInside, MatchesRotateThenReference) {
   const auto& c = GetParam();
   torch::manual_seed(25);
-  const int64_t b = 2, h = 3, d = 16, dv = 8;
+  const int64_t b = 2, h = 3, d = 16, dv = c.dv;
   auto q = torch::randn({b, c.nq, h, d}, torch::requires_grad());
   auto k = torch::randn({b, c.nk, h, d}, torch::requires_grad());
   auto v = torch::randn({b, c.nk, h, dv}, torch::requires_grad());
@@ -203,7 +211,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RotaryCase{RopeLayout::kHalf, 1.0, false, false, 37, 37},
                       RotaryCase{RopeLayout::kInterleaved, 1.0, true, true, 300, 300},
                       RotaryCase{RopeLayout::kHalf, 0.5, true, false, 5, 261},
-                      RotaryCase{RopeLayout::kInterleaved, 0.25, false, true, 129, 513}));
+                      RotaryCase{RopeLayout::kInterleaved, 0.25, false, true, 129, 513},
+                      RotaryCase{RopeLayout::kHalf, 0.5, true, true, 300, 300, 32}));
 
 TEST(RotaryInside, BadTablesAreErrors) {
   auto q = torch::randn({1, 6, 2, 8}), k = torch::randn({1, 9, 2, 8});

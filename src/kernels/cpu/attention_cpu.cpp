@@ -2,19 +2,27 @@
 // posenc/kernels/attention_fused.h). Forward: for each (b, h, query block) an online softmax
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
-// so dK, dV and the per-head table gradient need no atomics. The tiles' matrix products call
-// LibTorch's BLAS (MKL on x86-64) directly on the operands' memory, as ATen's own CPU flash
-// attention does (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
+// so dK, dV and the per-head table gradient need no atomics. The forward's products run on the
+// CPU level's own register-blocked micro-kernels (attention_tiles_rows.h; AVX2 and AVX-512, where
+// the values' width is a multiple of 16 and Nq >= 32): K and V packed once per head into 16-key /
+// 16-column panels, each query block once; per 6 or 8 query rows the scores strip is computed,
+// biased, turned into probabilities in place while it sits in L1, and multiplied into the output
+// rows from there (no pass over a materialized tile, no copy of P; attention_forward_own). The
+// other products (the backward's; the forward at the scalar level, or forced by
+// POSENC_ATTENTION_GEMM=mkl) call LibTorch's BLAS (MKL on x86-64) directly on the operands'
+// memory, as ATen's own CPU flash attention does
+// (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
 // q, k, v, out and the gradients are [B, H, N, D] of any strides with unit stride in D (the
 // operator passes the [B, N, H, D] tensors' transposed views, no copies). The softmax scale is
-// the first product's alpha. In the forward, a head's key and value blocks are packed once per
+// the first product's alpha. In the MKL forward, a head's key and value blocks are packed once per
 // thread for MKL's packed-matrix API (cblas_sgemm_pack: the scaled K^T block, the V block) and
 // reused by every full query block of the head, and each full query block once for its
 // products with the full key blocks, where per-tile sgemm calls re-pack every operand every time
 // (K and V 16 times per head at N = 2048). Without MKL's symbols (another BLAS) the products go
-// through at::mm on the same memory (POSENC_ATTENTION_GEMM=aten forces that path, for its
-// tests). Bias and masks are plain loops over the tile, the softmax's max and exp-sum are the
-// CPU level's rows (softmax_rows.h: Cephes' expf on 8 or 16 lanes; cpu_kernels.h).
+// through at::mm on the same memory (POSENC_ATTENTION_GEMM=aten forces that path, =mkl the MKL
+// path everywhere, for their tests). Bias and masks are plain loops over the tile, the softmax's
+// max and exp-sum are the CPU level's rows (softmax_rows.h: Cephes' expf on 8 or 16 lanes;
+// cpu_kernels.h).
 // Shaw's query-dependent bias q_i . a[clip(j - i)] / sqrt(D) (Shaw et al. 2018) is read from
 // qr = q a^T / sqrt(D), [Nq, 2K+1] per head; its backward sums dS_ij per (i, clip(j - i)) into
 // dqr [Nq, 2K+1], then dq += dqr a / sqrt(D) and da += dqr^T q / sqrt(D).
@@ -51,6 +59,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "attention_tiles.h"
 #include "cpu_kernels.h"
 #include "parallel.h"
 #include "rotate_row.h"
@@ -79,17 +88,45 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- The tiles' matrix products ----------------------------------------------------------------
 
-// Whether the products call MKL: where LibTorch exports it, unless POSENC_ATTENTION_GEMM=aten
-// asks for at::mm (the path of a LibTorch without MKL, tested on machines with it too).
-bool mkl_gemm() {
-  static const bool use = [] {
+// POSENC_ATTENTION_GEMM: unset (the forward's own micro-kernels where the CPU level has them,
+// MKL otherwise), 'mkl' (MKL's sgemm for every product) or 'aten' (at::mm: the path of a LibTorch
+// without MKL), the last two for their tests and measurements on machines with both.
+const std::string& gemm_choice() {
+  static const std::string choice = [] {
     const char* env = std::getenv("POSENC_ATTENTION_GEMM");
-    const std::string choice = env != nullptr ? env : "";
-    TORCH_CHECK(choice.empty() || choice == "mkl" || choice == "aten",
-                "POSENC_ATTENTION_GEMM must be 'mkl' or 'aten' (or unset), got '", choice, "'");
-    return sgemm_ != nullptr && choice != "aten";
+    std::string value = env != nullptr ? env : "";
+    TORCH_CHECK(value.empty() || value == "mkl" || value == "aten",
+                "POSENC_ATTENTION_GEMM must be 'mkl' or 'aten' (or unset), got '", value, "'");
+    return value;
   }();
+  return choice;
+}
+
+// Whether the products call MKL: where LibTorch exports it, unless POSENC_ATTENTION_GEMM=aten.
+bool mkl_gemm() {
+  static const bool use = sgemm_ != nullptr && gemm_choice() != "aten";
   return use;
+}
+
+// The forward's own tile micro-kernels (attention_tiles.h) of this CPU level, or null: the scalar
+// level, another architecture, or POSENC_ATTENTION_GEMM set.
+const AttentionTileKernels* own_tile_kernels() {
+  static const AttentionTileKernels* chosen = []() -> const AttentionTileKernels* {
+    if (!gemm_choice().empty()) return nullptr;
+#if defined(__x86_64__)
+    switch (cpu_kernels().capability) {
+      case CpuCapability::kAvx512:
+        return &kAvx512AttentionTiles;
+      case CpuCapability::kAvx2:
+        return &kAvx2AttentionTiles;
+      default:
+        return nullptr;
+    }
+#else
+    return nullptr;
+#endif
+  }();
+  return chosen;
 }
 
 // C [m, n] = alpha op(A) op(B) + beta C, all row-major with unit column stride: op(A) [m, k] is A
@@ -299,6 +336,143 @@ int64_t smallest_key_id(const AttentionProblem& p, int64_t b, int64_t j0, int64_
   return *std::min_element(ids, ids + cols);
 }
 
+// ---- The forward on the CPU level's own micro-kernels (attention_tiles.h) ---------------------
+
+// Whether the forward takes the own micro-kernels: the level has them, the values' width is whole
+// 16-column panels, and enough queries share each packed head (below 32 the packing of K and V
+// would be a visible part of the work: it is Nk (D + Dv) copies against 2 Nq Nk (D + Dv) flops).
+const AttentionTileKernels* own_tiles_for(const AttentionProblem& p) {
+  const AttentionTileKernels* tiles = own_tile_kernels();
+  if (tiles == nullptr || p.dim_v % kTilePanel != 0 || p.nq < 32) return nullptr;
+  return tiles;
+}
+
+// Keys [0, n) of one head (rows ld apart) into 16-key panels kp[(c / 16) 16 D + d 16 + c % 16],
+// the last panel's missing keys zero.
+void pack_key_panels(const float* k, int64_t ld, int64_t n, int64_t dim, float* kp) {
+  for (int64_t c0 = 0; c0 < n; c0 += kTilePanel) {
+    float* panel = kp + (c0 / kTilePanel) * kTilePanel * dim;
+    const int64_t width = std::min(kTilePanel, n - c0);
+    if (width < kTilePanel) std::fill(panel, panel + kTilePanel * dim, 0.0f);
+    for (int64_t c = 0; c < width; ++c) {
+      const float* row = k + (c0 + c) * ld;
+      for (int64_t d = 0; d < dim; ++d) panel[d * kTilePanel + c] = row[d];
+    }
+  }
+}
+
+// Values [0, n) of one head (rows ld apart, dim_v % 16 == 0) into 16-column panels
+// vp[(e / 16) vstride + c 16 + e % 16], vstride = 16 n.
+void pack_value_panels(const float* v, int64_t ld, int64_t n, int64_t dim_v, float* vp) {
+  for (int64_t c = 0; c < n; ++c) {
+    const float* row = v + c * ld;
+    for (int64_t e0 = 0; e0 < dim_v; e0 += kTilePanel)
+      std::copy(row + e0, row + e0 + kTilePanel, vp + e0 * n + c * kTilePanel);
+  }
+}
+
+// The forward of attention_forward_cpu with the products on the level's micro-kernels. Per
+// (b, h, query block of kBlockQ rows) the online softmax over key blocks of kBlockK columns, as
+// the MKL path; inside a key block, per R query rows (the micro-kernel's rows): the scores strip
+// S = scale q k^T [R, cols] into an L1-sized buffer, the bias and masks, the row max and
+// exp(s - m) in place (the probabilities where the scores were), then acc = alpha acc + P V for
+// those rows. K and V are packed once per head per thread (a thread's consecutive query blocks
+// share the head), each query block once; P is never copied.
+void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels& tiles,
+                           at::Tensor& out, at::Tensor& lse) {
+  const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
+  const int64_t units = p.batch * p.heads * q_blocks;
+  const int64_t rows_per_call = tiles.rows;
+  const int64_t q_packed_rows = (kBlockQ + rows_per_call - 1) / rows_per_call * rows_per_call;
+  const int64_t nk_padded = (p.nk + kTilePanel - 1) / kTilePanel * kTilePanel;
+  // the strip's row stride: a key block starting inside a panel (packed samples' first key) is
+  // computed from its panel's first key, so the strip holds kBlockK + 15 columns
+  const int64_t lds = kBlockK + kTilePanel;
+  const CpuKernels& kernels = cpu_kernels();  // the softmax rows of this CPU level
+  const Operand q_op = operand("q", p.q), k_op = operand("k", p.k), v_op = operand("v", p.v);
+  const Operand out_op = operand("out", out);
+  const bool tile_bias = has_tile_bias(p);
+  parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> key_panels(nk_padded * p.dim), value_panels(p.nk * p.dim_v);
+    std::vector<float> q_packed(q_packed_rows * p.dim), strip(rows_per_call * lds);
+    std::vector<float> acc(kBlockQ * p.dim_v), m(kBlockQ), l(kBlockQ), alpha(kBlockQ);
+    auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
+    auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
+    int64_t packed_head = -1;
+    float* s = strip.data();
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
+      const int64_t b = bh / p.heads, h = bh % p.heads;
+      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
+      if (packed_head != bh) {  // this head's keys (rotated where RoPE is inside) and values
+        int64_t ldk = k_op.row_stride;
+        const float* k_bh =
+            maybe_rotated(p, k_op.rows(b, h), p.nk, &ldk,
+                          p.rotary ? k_rot.data_ptr<float>() : nullptr, p.k_cos, p.k_sin, 0);
+        pack_key_panels(k_bh, ldk, p.nk, p.dim, key_panels.data());
+        pack_value_panels(v_op.rows(b, h), v_op.row_stride, p.nk, p.dim_v, value_panels.data());
+        packed_head = bh;
+      }
+      int64_t ldq = q_op.row_stride;
+      const float* q_blk =
+          maybe_rotated(p, q_op.rows(b, h) + i0 * ldq, rows, &ldq,
+                        p.rotary ? q_rot.data_ptr<float>() : nullptr, p.q_cos, p.q_sin, i0);
+      // qp[(r / R) R D + d R + r % R], the rows past the block zero
+      std::fill(q_packed.begin(), q_packed.end(), 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* dst =
+            q_packed.data() + (r / rows_per_call) * rows_per_call * p.dim + r % rows_per_call;
+        const float* row = q_blk + r * ldq;
+        for (int64_t d = 0; d < p.dim; ++d) dst[d * rows_per_call] = row[d];
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(m.begin(), m.end(), kNegInf);
+      std::fill(l.begin(), l.end(), 0.0f);
+      const auto [j_first, j_last] = packed_keys(p, b, i0, rows);
+      const int64_t query_id_max = p.causal_by_ids ? largest_query_id(p, b, i0, rows) : 0;
+      for (int64_t j0 = j_first; j0 <= j_last; j0 += kBlockK) {
+        const int64_t cols =
+            visible_columns(p, i0 + rows - 1, j0, std::min(kBlockK, j_last + 1 - j0));
+        if (cols == 0) break;
+        if (p.causal_by_ids && smallest_key_id(p, b, j0, cols) > query_id_max) continue;
+        const int64_t shift = j0 % kTilePanel;  // the block's first key inside its panel
+        const int64_t panels = (shift + cols + kTilePanel - 1) / kTilePanel;
+        const float* kp = key_panels.data() + (j0 / kTilePanel) * kTilePanel * p.dim;
+        const float* vp = value_panels.data() + j0 * kTilePanel;
+        float* tile = s + shift;  // S and then P of keys [j0, j0 + cols): tile[r * lds + c]
+        for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call) {
+          const int64_t strip_rows = std::min(rows_per_call, rows - r0);
+          tiles.scores(q_packed.data() + r0 * p.dim, kp, panels, p.dim, p.scale, s, lds);
+          if (tile_bias) bias_and_mask(p, tile, lds, strip_rows, cols, i0 + r0, j0, b, h);
+          for (int64_t r = 0; r < strip_rows; ++r) {
+            float* row = tile + r * lds;
+            const int64_t i = r0 + r;
+            const float m_new = std::max(m[i], kernels.row_max(row, cols));
+            if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
+              std::fill(row, row + cols, 0.0f);
+              alpha[i] = 1.0f;
+              continue;
+            }
+            alpha[i] = std::exp(m[i] - m_new);
+            l[i] = l[i] * alpha[i] + kernels.exp_sub_sum(row, cols, m_new);
+            m[i] = m_new;
+          }
+          tiles.accumulate(tile, lds, strip_rows, cols, vp, kTilePanel * p.nk, p.dim_v,
+                           alpha.data() + r0, acc.data() + r0 * p.dim_v, p.dim_v);
+        }
+      }
+      float* o = out_op.rows(b, h) + i0 * out_op.row_stride;
+      float* lse_row = lse[b][h].data_ptr<float>() + i0;
+      for (int64_t r = 0; r < rows; ++r) {
+        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        float* o_row = o + r * out_op.row_stride;
+        for (int64_t d = 0; d < p.dim_v; ++d) o_row[d] = acc[r * p.dim_v + d] * inv;
+        lse_row[r] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void check_causal_ids(const char* op, const at::Tensor& causal_ids, bool causal, int64_t batch,
@@ -403,6 +577,10 @@ void set_packed(AttentionProblem& p, const char* op, const at::Tensor& sample_id
 }
 
 void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tensor& lse) {
+  if (const AttentionTileKernels* tiles = own_tiles_for(p)) {
+    attention_forward_own(p, *tiles, out, lse);
+    return;
+  }
   const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
   const int64_t k_blocks = (p.nk + kBlockK - 1) / kBlockK;
   const int64_t units = p.batch * p.heads * q_blocks;

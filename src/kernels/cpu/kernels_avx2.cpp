@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention_tiles.h"
 #include "cpu_kernels.h"
 #include "rotate_row.h"
 #include "short_attention_cpu.h"
@@ -33,6 +34,7 @@
 #include "rope_rows.h"
 #include "short_attention_rows.h"
 #include "adamw_rows.h"
+#include "attention_tiles_rows.h"
 // clang-format on
 
 namespace posenc::detail {
@@ -56,6 +58,10 @@ const CpuKernels kAvx2Kernels = {
     &adamw_update,
     &sum_squares_vec<Vec>,
 };
+
+// The tiled attention's own products: 6 query rows x 16 columns of accumulators
+// (12 of the 16 ymm registers).
+const AttentionTileKernels kAvx2AttentionTiles = AttentionTileRows<Vec, 6, 2>::table();
 
 }  // namespace posenc::detail
 

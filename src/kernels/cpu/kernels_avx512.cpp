@@ -17,6 +17,7 @@
 #include <limits>
 #include <vector>
 
+#include "attention_tiles.h"
 #include "cpu_kernels.h"
 #include "rotate_row.h"
 #include "short_attention_cpu.h"
@@ -42,6 +43,7 @@
 #include "rope_rows.h"
 #include "short_attention_rows.h"
 #include "adamw_rows.h"
+#include "attention_tiles_rows.h"
 // clang-format on
 
 namespace posenc::detail {
@@ -65,6 +67,10 @@ const CpuKernels kAvx512Kernels = {
     &adamw_update,
     &sum_squares_vec<Vec>,
 };
+
+// The tiled attention's own products: 8 query rows x 32 columns of accumulators
+// (16 of the 32 zmm registers).
+const AttentionTileKernels kAvx512AttentionTiles = AttentionTileRows<Vec, 8, 2>::table();
 
 }  // namespace posenc::detail
 

@@ -1,0 +1,112 @@
+// The tiled CPU attention's tile products as register-blocked micro-kernels over a vector type
+// (vec_avx2.h, vec_avx512.h), the operands in the packed layouts of attention_tiles.h:
+//   scores      S = scale Q K^T for R query rows against a key tile: R x (NV vectors) float32
+//               accumulators, per d one load of NV key vectors (16-key panels, d-major) and R
+//               broadcasts of the packed query block's column d; scaled as the strip is stored.
+//   accumulate  O = alpha O + P V for R rows of the probability strip, read where the softmax
+//               left it (row-major, in L1): R x NV accumulators over a chunk of O's columns
+//               started from alpha O, per key one load of NV value vectors (16-column panels,
+//               key-major) and R broadcasts of P's column; no copy or packing of P.
+// The classic GotoBLAS/BLIS micro-kernel shape (K. Goto, R. van de Geijn, "Anatomy of
+// high-performance matrix multiplication", ACM TOMS 2008; BLIS' sgemm micro-kernels), here with
+// the attention's operands packed once per head (K, V) or query block (Q) and the softmax between
+// the two products (FlashAttention's tile loop, T. Dao et al. 2022). Each product is a sum over
+// d (or keys) in order with one fused multiply-add per term, so the values differ from MKL's
+// blocked sums by rounding only. Meant to be instantiated inside its vector type's target region.
+#pragma once
+
+#include <cstdint>
+
+#include "attention_tiles.h"
+
+namespace posenc::detail {
+
+template <class Vec, int R, int NV>
+struct AttentionTileRows {
+  using V = typename Vec::V;
+  static constexpr int64_t kLanes = Vec::kLanes;
+
+  // The address of column (key or value column) c of the panels at p, whose panels are
+  // panel_stride floats apart; the element of row t (d or key) is at + t * 16.
+  static inline __attribute__((always_inline)) const float* column(const float* p,
+                                                                   int64_t panel_stride,
+                                                                   int64_t c) {
+    return p + (c / kTilePanel) * panel_stride + c % kTilePanel;
+  }
+
+  // W vectors of scores for columns [c0, c0 + W * kLanes).
+  template <int W>
+  static inline __attribute__((always_inline)) void scores_block(const float* qp, const float* kp,
+                                                                 int64_t dim, int64_t c0,
+                                                                 float scale, float* s,
+                                                                 int64_t lds) {
+    const float* kv[W];
+    for (int w = 0; w < W; ++w) kv[w] = column(kp, kTilePanel * dim, c0 + w * kLanes);
+    V acc[R][W];
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) acc[r][w] = Vec::zero();
+    for (int64_t d = 0; d < dim; ++d) {
+      V k[W];
+      for (int w = 0; w < W; ++w) k[w] = Vec::load(kv[w] + d * kTilePanel);
+      const float* q = qp + d * R;
+      for (int r = 0; r < R; ++r) {
+        const V qb = Vec::set1(q[r]);
+        for (int w = 0; w < W; ++w) acc[r][w] = Vec::fmadd(qb, k[w], acc[r][w]);
+      }
+    }
+    const V sc = Vec::set1(scale);
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w)
+        Vec::store(s + r * lds + c0 + w * kLanes, Vec::mul(acc[r][w], sc));
+  }
+
+  static void scores(const float* qp, const float* kp, int64_t panels, int64_t dim, float scale,
+                     float* s, int64_t lds) {
+    const int64_t cols = panels * kTilePanel;
+    int64_t c0 = 0;
+    for (; c0 + NV * kLanes <= cols; c0 += NV * kLanes)
+      scores_block<NV>(qp, kp, dim, c0, scale, s, lds);
+    for (; c0 < cols; c0 += kLanes) scores_block<1>(qp, kp, dim, c0, scale, s, lds);
+  }
+
+  // W vectors of O's columns [e0, e0 + W * kLanes).
+  template <int W>
+  static inline __attribute__((always_inline)) void accumulate_block(
+      const float* s, int64_t lds, int64_t rows, int64_t cols, const float* vp, int64_t vstride,
+      int64_t e0, const float* alpha, float* o, int64_t ldo) {
+    const float* vv[W];
+    for (int w = 0; w < W; ++w) vv[w] = column(vp, vstride, e0 + w * kLanes);
+    V acc[R][W];
+    for (int r = 0; r < R; ++r) {
+      const V a = Vec::set1(r < rows ? alpha[r] : 0.0f);
+      for (int w = 0; w < W; ++w)
+        acc[r][w] = r < rows ? Vec::mul(a, Vec::load(o + r * ldo + e0 + w * kLanes)) : Vec::zero();
+    }
+    for (int64_t c = 0; c < cols; ++c) {
+      V v[W];
+      for (int w = 0; w < W; ++w) v[w] = Vec::load(vv[w] + c * kTilePanel);
+      for (int r = 0; r < R; ++r) {
+        const V pb = Vec::set1(s[r * lds + c]);
+        for (int w = 0; w < W; ++w) acc[r][w] = Vec::fmadd(pb, v[w], acc[r][w]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;
+      for (int w = 0; w < W; ++w) Vec::store(o + r * ldo + e0 + w * kLanes, acc[r][w]);
+    }
+  }
+
+  static void accumulate(const float* s, int64_t lds, int64_t rows, int64_t cols, const float* vp,
+                         int64_t vstride, int64_t dim_v, const float* alpha, float* o,
+                         int64_t ldo) {
+    int64_t e0 = 0;
+    for (; e0 + NV * kLanes <= dim_v; e0 += NV * kLanes)
+      accumulate_block<NV>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
+    for (; e0 < dim_v; e0 += kLanes)
+      accumulate_block<1>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
+  }
+
+  static constexpr AttentionTileKernels table() { return {R, &scores, &accumulate}; }
+};
+
+}  // namespace posenc::detail
