@@ -4,13 +4,23 @@
 //  - the public functions on CUDA tensors (rope_fused*, attention_fused), built only with the glue
 //    (POSENC_HAS_CUDA_GLUE): layouts x dtypes x odd sizes, non-contiguous views, position
 //    offsets, batched tables; ALiBi/T5 x causal x padding; gradients.
+//  - posenc::apply_rotary / apply_rotary_ on CUDA tensors (libposenc_ops.so loaded): the CUDA
+//    kernel with eager's roundings equals the plain-ATen reference on CUDA and on the CPU to the
+//    bit (tests/cuda_emu/test_rotary_emu.cpp checks the same on the CPU emulator).
 // Every test skips (never fails) without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
 #include <vector>
+
+#ifdef POSENC_OPS_LIBRARY_PATH
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <dlfcn.h>
+#endif
 
 #include "posenc/config/registry.h"
 #include "posenc/kernels/attention_cuda.h"
@@ -235,6 +245,91 @@ TEST(CudaAttention, NonContiguousInputs) {
       attention_reference(q, k, v, bias_from_spec(spec, positions, positions, 4), masks, 0.125);
   EXPECT_LT(max_abs_diff(got, want), kAttentionTolerance);
 }
+
+#ifdef POSENC_OPS_LIBRARY_PATH
+// posenc's operators (libposenc_ops.so: apply_rotary lives there, not in the static core this
+// program links; its copy of the core registers nothing twice: test_rope_fused.cpp).
+using ApplyRotary = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                       const at::Tensor&, const at::Tensor&,
+                                                       int64_t, c10::string_view);
+using ApplyRotaryInPlace = void(at::Tensor&, at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                int64_t, c10::string_view);
+using ApplyRotaryRoute = std::string(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                     const at::Tensor&, int64_t, c10::string_view);
+
+template <typename Signature>
+c10::TypedOperatorHandle<Signature> posenc_operator(const char* name) {
+  static void* const handle = dlopen(POSENC_OPS_LIBRARY_PATH, RTLD_NOW | RTLD_LOCAL);
+  TORCH_CHECK(handle != nullptr, "cannot load ", POSENC_OPS_LIBRARY_PATH, ": ", dlerror());
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+}
+
+// The tensor's bits as integers of its width, so that -0.0 and +0.0 differ.
+at::Tensor bits(const at::Tensor& x) {
+  const auto dense = x.cpu().contiguous();
+  return dense.view(dense.element_size() == 4 ? at::kInt : at::kShort);
+}
+
+// apply_rotary on CUDA takes the CUDA kernel with eager's roundings (route "fused") and equals
+// transformers' formula (the reference) to the bit: on CUDA, and on the CPU (the same IEEE ops).
+// HF's tables in q's dtype; q and k [B, H, N, D] (unsqueeze_dim 1) or [B, N, H, D] (2), GQA heads,
+// partial rotary (W = 12 of 20), odd pairs (F = 3), a packed qkv row (strided), in place.
+TEST(CudaApplyRotary, EqualsEagerReferenceToTheBit) {
+  SKIP_WITHOUT_TORCH_CUDA();
+  const auto rotary = posenc_operator<ApplyRotary>("posenc::apply_rotary");
+  const auto reference = posenc_operator<ApplyRotary>("posenc::apply_rotary_reference");
+  const auto in_place = posenc_operator<ApplyRotaryInPlace>("posenc::apply_rotary_");
+  const auto route = posenc_operator<ApplyRotaryRoute>("posenc::apply_rotary_route");
+  struct Shape {
+    int64_t b, n, hq, hk, d, w, unsqueeze_dim;
+    bool packed;
+  };
+  const Shape shapes[] = {{2, 9, 4, 2, 16, 16, 1, false},
+                          {3, 7, 3, 3, 20, 12, 2, false},
+                          {1, 5, 2, 1, 6, 6, 1, false},
+                          {2, 33, 2, 2, 128, 128, 1, true}};
+  torch::manual_seed(23);
+  for (auto dtype : {torch::kFloat32, torch::kBFloat16, torch::kFloat16})
+    for (const char* layout : {"half", "interleaved"})
+      for (const auto& s : shapes) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + layout +
+                     " D=" + std::to_string(s.d) + " W=" + std::to_string(s.w));
+        auto make = [&](int64_t heads, int64_t offset) {
+          auto shape = s.unsqueeze_dim == 1 ? std::vector<int64_t>{s.b, heads, s.n, s.d}
+                                            : std::vector<int64_t>{s.b, s.n, heads, s.d};
+          if (!s.packed) return (torch::randn(shape) * 3).to(dtype).cuda();
+          shape.back() = 3 * s.d;  // q, k, v of one projection row
+          return (torch::randn(shape) * 3).to(dtype).cuda().narrow(-1, offset * s.d, s.d);
+        };
+        auto q = make(s.hq, 0), k = make(s.hk, 1);
+        auto positions = torch::arange(s.n, torch::kFloat64).unsqueeze(0) + 1000;
+        auto inv = torch::pow(10000.0, -torch::arange(0, s.w, 2, torch::kFloat64) / s.w);
+        auto freqs = positions.unsqueeze(-1) * inv;  // [1, N, W/2]
+        auto angles = std::string(layout) == "half" ? torch::cat({freqs, freqs}, -1)
+                                                    : freqs.repeat_interleave(2, -1);
+        auto cos = angles.cos().to(dtype).cuda(), sin = angles.sin().to(dtype).cuda();
+        EXPECT_EQ(route.call(q, k, cos, sin, s.unsqueeze_dim, layout), "fused");
+        auto [got_q, got_k] = rotary.call(q, k, cos, sin, s.unsqueeze_dim, layout);
+        auto [want_q, want_k] = reference.call(q, k, cos, sin, s.unsqueeze_dim, layout);
+        EXPECT_TRUE(got_q.is_cuda());
+        EXPECT_TRUE(torch::equal(bits(got_q), bits(want_q))) << "q";
+        EXPECT_TRUE(torch::equal(bits(got_k), bits(want_k))) << "k";
+        auto [cpu_q, cpu_k] =
+            reference.call(q.cpu(), k.cpu(), cos.cpu(), sin.cpu(), s.unsqueeze_dim, layout);
+        EXPECT_TRUE(torch::equal(bits(got_q), bits(cpu_q))) << "q vs the CPU reference";
+        EXPECT_TRUE(torch::equal(bits(got_k), bits(cpu_k))) << "k vs the CPU reference";
+        auto qi = q.clone(), ki = k.clone();
+        in_place.call(qi, ki, cos, sin, s.unsqueeze_dim, layout);
+        EXPECT_TRUE(torch::equal(bits(qi), bits(want_q))) << "q in place";
+        EXPECT_TRUE(torch::equal(bits(ki), bits(want_k))) << "k in place";
+      }
+  // float64 stays on the reference on CUDA, with its reason
+  auto q = torch::randn({1, 2, 3, 8}, torch::kFloat64).cuda();
+  auto cos = torch::ones({1, 3, 8}, torch::kFloat64).cuda();
+  EXPECT_EQ(route.call(q, q.clone(), cos, cos.clone(), 1, "half"),
+            "reference: float64 (the CUDA kernel stores float32, bfloat16 or float16)");
+}
+#endif  // POSENC_OPS_LIBRARY_PATH
 
 #endif  // POSENC_HAS_CUDA_GLUE
 

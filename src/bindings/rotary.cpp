@@ -1,7 +1,7 @@
 // posenc::apply_rotary and posenc::apply_rotary_: schemas, the plain-ATen reference, and the
-// CPU implementation (fused kernel where it applies). The math and the conventions are in
-// rotary.h; autograd in autograd/rotary_autograd.cpp; CUDA tensors take the reference (the CUDA
-// kernel's glue is not a dispatcher kernel yet).
+// CPU and CUDA implementations (rope_rotate's kernel of the device, rounding each op as eager,
+// where the inputs allow; the reference elsewhere). The math and the conventions are in rotary.h;
+// autograd in autograd/rotary_autograd.cpp.
 #include "rotary.h"
 
 #include <ATen/ATen.h>
@@ -11,6 +11,9 @@
 #include "../kernels/dispatch/operator_checks.h"
 #include "posenc/kernels/rope_fused.h"
 #include "registration.h"
+#if POSENC_HAS_CUDA_GLUE
+#include "../kernels/cuda/cuda_glue.h"
+#endif
 
 namespace posenc::ops {
 
@@ -97,17 +100,25 @@ at::Tensor per_pair(const at::Tensor& table, int64_t batch, RopeLayout layout) {
   return (first.size(0) == 1 && batch != 1) ? first.squeeze(0) : first;
 }
 
-void run_kernel(const std::vector<at::Tensor>& in, const std::vector<at::Tensor>& out,
-                const at::Tensor& cos, const at::Tensor& sin, int64_t unsqueeze_dim,
-                RopeLayout layout) {
-  std::vector<at::Tensor> x, y;
-  for (size_t i = 0; i < in.size(); ++i) {
-    x.push_back(tokens_major(in[i], unsqueeze_dim));
-    y.push_back(tokens_major(out[i], unsqueeze_dim));
-  }
-  const int64_t batch = in[0].size(0);
-  rope_rotate_cpu(x, y, per_pair(cos, batch, layout), per_pair(sin, batch, layout), layout,
-                  /*inverse=*/false, /*round_each_op=*/true);
+void rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout) {
+  rope_rotate_cpu(inputs, outputs, cos, sin, layout, /*inverse=*/false, /*round_each_op=*/true);
+}
+
+#if POSENC_HAS_CUDA_GLUE
+void rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                 const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout) {
+  detail::rope_rotate_cuda_round_each_op(inputs, outputs, cos, sin, layout, /*inverse=*/false);
+}
+#endif
+
+// The kernel of the inputs' device (apply_rotary_fused_refusal has taken them).
+RotaryKernel device_kernel(const at::Tensor& q) {
+#if POSENC_HAS_CUDA_GLUE
+  if (q.is_cuda()) return &rotate_cuda;
+#endif
+  TORCH_CHECK(q.device().is_cpu(), "posenc.apply_rotary: no fused kernel on ", q.device());
+  return &rotate_cpu;
 }
 
 }  // namespace
@@ -190,12 +201,10 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_reference(const at::Tensor& q, c
           as_output(k, rotate_reference(k, c, s, parsed))};
 }
 
-std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
-                                       const at::Tensor& cos, const at::Tensor& sin,
-                                       int64_t unsqueeze_dim, RopeLayout layout) {
-  if (!(q.device().is_cpu() && k.device().is_cpu() && cos.device().is_cpu() &&
-        sin.device().is_cpu()))
-    return "not every tensor is on the CPU";
+std::string apply_rotary_kernel_refusal(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& cos, const at::Tensor& sin,
+                                        int64_t unsqueeze_dim, RopeLayout layout,
+                                        bool kernel_takes_float64) {
   if (q.dim() != 4 || k.dim() != 4) return "q and k are not 4-dimensional";
   if (cos.dim() != 3) return "cos/sin are not [B, N, W]";
   const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
@@ -208,10 +217,13 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
   if (cos.size(1) != q.size(token_dim)) return "cos/sin tokens differ from q's";
   if (q.scalar_type() != k.scalar_type() || !is_kernel_dtype(q.scalar_type()))
     return "q and k are not both float32, float64, bfloat16 or float16";
+  if (!kernel_takes_float64 && q.scalar_type() == at::kDouble)
+    return "float64 (the CUDA kernel stores float32, bfloat16 or float16)";
   if (apply_rotary_result_dtype(q, cos, sin) != q.scalar_type())
     return "cos/sin are of a wider dtype than q (the result would be promoted)";
   if (q.stride(-1) != 1 || k.stride(-1) != 1) return "the last dim of q or k is not contiguous";
   if (q.numel() == 0 || k.numel() == 0) return "empty";
+  // Table values, read on the tables' device (on CUDA each at::equal waits for the device)
   for (const auto* t : {&cos, &sin})  // the kernel reads float32 tables: only lossless ones
     if (t->scalar_type() == at::kDouble && !at::equal(t->to(at::kFloat).to(at::kDouble), *t))
       return "cos/sin are float64 values float32 cannot hold (the kernel reads float32 tables)";
@@ -223,27 +235,57 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
   return "";
 }
 
-std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                    const at::Tensor& cos, const at::Tensor& sin,
-                                                    int64_t unsqueeze_dim,
-                                                    const std::string& layout) {
+std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& cos, const at::Tensor& sin,
+                                       int64_t unsqueeze_dim, RopeLayout layout) {
+  // apply_rotary_check has put every tensor on q's device
+  const auto device = q.device();
+  if (device.is_cuda()) {
+#if POSENC_HAS_CUDA_GLUE
+    return apply_rotary_kernel_refusal(q, k, cos, sin, unsqueeze_dim, layout,
+                                       /*kernel_takes_float64=*/false);
+#else
+    return "this posenc was built without the CUDA glue (a LibTorch without CUDA)";
+#endif
+  }
+  if (!device.is_cpu())
+    return "on " + device.str() + " (the fused kernels run on the CPU and CUDA)";
+  return apply_rotary_kernel_refusal(q, k, cos, sin, unsqueeze_dim, layout,
+                                     /*kernel_takes_float64=*/true);
+}
+
+void apply_rotary_through(const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                          const at::Tensor& sin, int64_t unsqueeze_dim, RopeLayout layout,
+                          RotaryKernel kernel) {
+  std::vector<at::Tensor> x, y;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    x.push_back(tokens_major(inputs[i], unsqueeze_dim));
+    y.push_back(tokens_major(outputs[i], unsqueeze_dim));
+  }
+  const int64_t batch = inputs[0].size(0);
+  kernel(x, y, per_pair(cos, batch, layout), per_pair(sin, batch, layout), layout);
+}
+
+std::tuple<at::Tensor, at::Tensor> apply_rotary_fused_or_reference(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t unsqueeze_dim, const std::string& layout) {
   const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, layout);
   if (!apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty())
     return apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, layout);
   const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
   auto q_out = at::empty_like(q), k_out = at::empty_like(k);
-  run_kernel({q, k}, {q_out, k_out}, cos, sin, u, parsed);
+  apply_rotary_through({q, k}, {q_out, k_out}, cos, sin, u, parsed, device_kernel(q));
   return {q_out, k_out};
 }
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu_kernel(const at::Tensor& q, const at::Tensor& k,
-                                                           const at::Tensor& cos,
-                                                           const at::Tensor& sin,
-                                                           int64_t unsqueeze_dim,
-                                                           c10::string_view layout) {
-  return apply_rotary_cpu(q, k, cos, sin, unsqueeze_dim, std::string(layout));
+std::tuple<at::Tensor, at::Tensor> apply_rotary_kernel(const at::Tensor& q, const at::Tensor& k,
+                                                       const at::Tensor& cos, const at::Tensor& sin,
+                                                       int64_t unsqueeze_dim,
+                                                       c10::string_view layout) {
+  return apply_rotary_fused_or_reference(q, k, cos, sin, unsqueeze_dim, std::string(layout));
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rotary_reference_kernel(
@@ -254,8 +296,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_reference_kernel(
 
 // In place: the kernel writes over q and k; elsewhere the reference's result is copied back.
 void apply_rotary_inplace(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                          const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view layout,
-                          bool allow_fused) {
+                          const at::Tensor& sin, int64_t unsqueeze_dim, c10::string_view layout) {
   const std::string name(layout);
   const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, name);
   TORCH_CHECK(apply_rotary_result_dtype(q, cos, sin) == q.scalar_type() &&
@@ -264,8 +305,9 @@ void apply_rotary_inplace(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
               ") is not q's (", q.scalar_type(), "); in place needs cos/sin no wider than q and k");
   TORCH_CHECK(!q.is_same(k), "posenc.apply_rotary_: q and k are the same tensor");
   check_writable(q, k, cos, sin);
-  if (allow_fused && apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty()) {
-    run_kernel({q, k}, {q, k}, cos, sin, normalized_unsqueeze_dim(unsqueeze_dim, cos), parsed);
+  if (apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed).empty()) {
+    apply_rotary_through({q, k}, {q, k}, cos, sin, normalized_unsqueeze_dim(unsqueeze_dim, cos),
+                         parsed, device_kernel(q));
     return;
   }
   auto [yq, yk] = apply_rotary_reference(q, k, cos, sin, unsqueeze_dim, name);
@@ -284,18 +326,6 @@ std::string apply_rotary_route_kernel(const at::Tensor& q, const at::Tensor& k,
   const RopeLayout parsed = apply_rotary_check(q, k, cos, sin, unsqueeze_dim, std::string(layout));
   const std::string why = apply_rotary_fused_refusal(q, k, cos, sin, unsqueeze_dim, parsed);
   return why.empty() ? "fused" : "reference: " + why;
-}
-
-void apply_rotary_inplace_cpu(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                              const at::Tensor& sin, int64_t unsqueeze_dim,
-                              c10::string_view layout) {
-  apply_rotary_inplace(q, k, cos, sin, unsqueeze_dim, layout, /*allow_fused=*/true);
-}
-
-void apply_rotary_inplace_reference(at::Tensor& q, at::Tensor& k, const at::Tensor& cos,
-                                    const at::Tensor& sin, int64_t unsqueeze_dim,
-                                    c10::string_view layout) {
-  apply_rotary_inplace(q, k, cos, sin, unsqueeze_dim, layout, /*allow_fused=*/false);
 }
 
 }  // namespace
@@ -320,14 +350,16 @@ POSENC_LIBRARY_FRAGMENT(m) {
       TORCH_FN(apply_rotary_route_kernel));
 }
 
+// CPU and CUDA: rope_rotate's kernel of the device where apply_rotary_fused_refusal takes the
+// inputs (on CUDA only where the library has the CUDA glue), else the reference.
 POSENC_LIBRARY_IMPL(CPU, m) {
-  m.impl("apply_rotary", TORCH_FN(apply_rotary_cpu_kernel));
-  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_cpu));
+  m.impl("apply_rotary", TORCH_FN(apply_rotary_kernel));
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace));
 }
 
 POSENC_LIBRARY_IMPL(CUDA, m) {
-  m.impl("apply_rotary", TORCH_FN(apply_rotary_reference_kernel));
-  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace_reference));
+  m.impl("apply_rotary", TORCH_FN(apply_rotary_kernel));
+  m.impl("apply_rotary_", TORCH_FN(apply_rotary_inplace));
 }
 
 }  // namespace posenc::ops

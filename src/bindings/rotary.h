@@ -18,10 +18,15 @@
 // PyTorch's formula gives (q's, unless cos is of a wider type). Head counts of q and k may differ
 // (grouped-query attention).
 //
-// Paths (one dispatch point, apply_rotary_route): the fused CPU kernel (rope_rotate_cpu) where
-// its conditions hold — it computes the formula with the same roundings, so float32/float64
-// results are equal to the bit, and bfloat16/float16 too (each product rounded to the storage
-// type, as eager rounds it) — otherwise the reference below, which is the formula itself.
+// Paths (one dispatch point, apply_rotary_fused_refusal; apply_rotary_route says which and why):
+// rope_rotate's kernel of the inputs' device — the CPU one (rope_rotate_cpu), or on CUDA tensors
+// the CUDA one (cuda::rope_rotate_tables, where the library has the CUDA glue; not float64) — in
+// its round_each_op mode, which computes the formula with eager's roundings (each product and the
+// sum rounded to the storage type, no fused multiply-add), so float32/float64/bfloat16/float16
+// results equal eager's to the bit on either device; otherwise the reference below, which is the
+// formula itself. The kernels take q/k of 4 dims with a unit-stride head dim and tables [1 or B,
+// N, W] whose two pair members hold the same value (HF's cat((freqs, freqs)) or
+// repeat_interleave): the refusal names the first condition that fails.
 // Backward (autograd/, differentiable, so gradgradcheck and torch.compile trace it):
 //   dq = apply_rotary(dy, cos, -swap(sin))          swap: exchange the halves (pairs) of the table
 //   dcos = sum over broadcast dims of dy * x,  dsin = sum of dy * rot(x)   (over q and k)
@@ -47,15 +52,37 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_reference(const at::Tensor& q, c
 at::Tensor rotate_half_any(const at::Tensor& x, RopeLayout layout);
 /// The table with its two pair members exchanged (half: the halves; interleaved: even/odd).
 at::Tensor swap_pair_members(const at::Tensor& table, RopeLayout layout);
-/// Why the fused CPU kernel does not take these inputs ("" when it does).
+/// Why the fused kernel of the inputs' device (CPU, or CUDA where the library has the CUDA glue)
+/// does not take these inputs ("" when it does).
 std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& cos, const at::Tensor& sin,
                                        int64_t unsqueeze_dim, RopeLayout layout);
-/// The CPU implementation: the fused kernel where it applies, else the reference.
-std::tuple<at::Tensor, at::Tensor> apply_rotary_cpu(const at::Tensor& q, const at::Tensor& k,
-                                                    const at::Tensor& cos, const at::Tensor& sin,
-                                                    int64_t unsqueeze_dim,
-                                                    const std::string& layout);
+/// The device-independent part of apply_rotary_fused_refusal: shapes, dtypes (float64 only where
+/// kernel_takes_float64: the CPU kernel), strides and table values.
+std::string apply_rotary_kernel_refusal(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& cos, const at::Tensor& sin,
+                                        int64_t unsqueeze_dim, RopeLayout layout,
+                                        bool kernel_takes_float64);
+/// A rotation kernel with rope_rotate_cpu's contract and eager's roundings (round_each_op):
+/// inputs[i] [B, N, H, D] rotated into outputs[i] by the per-pair tables cos, sin ([N, F] or
+/// [B, N, F]).
+using RotaryKernel = void (*)(const std::vector<at::Tensor>& inputs,
+                              const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                              const at::Tensor& sin, RopeLayout layout);
+/// The fused path for inputs that apply_rotary_kernel_refusal takes: q, k (as given to
+/// apply_rotary, unsqueeze_dim 1 or 2, normalized) into outputs of their shapes (or themselves:
+/// in place) through `kernel`, which reads them as [B, N, H, D] views and one member of each
+/// pair of the tables. The CPU emulator's tests (tests/cuda_emu) run it with the emulated CUDA
+/// kernel.
+void apply_rotary_through(const std::vector<at::Tensor>& inputs,
+                          const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                          const at::Tensor& sin, int64_t unsqueeze_dim, RopeLayout layout,
+                          RotaryKernel kernel);
+/// apply_rotary on the CPU or CUDA: the fused kernel of the device where it applies, else the
+/// reference.
+std::tuple<at::Tensor, at::Tensor> apply_rotary_fused_or_reference(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+    int64_t unsqueeze_dim, const std::string& layout);
 /// unsqueeze_dim in [0, cos.dim()] (negative: counted from the end, as torch's unsqueeze); one
 /// line outside [-(cos.dim() + 1), cos.dim()].
 int64_t normalized_unsqueeze_dim(int64_t unsqueeze_dim, const at::Tensor& cos);

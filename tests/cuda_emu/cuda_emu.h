@@ -9,6 +9,9 @@
 //                                      -> checked rendezvous, the call site captured (__FILE__,
 //                                         __LINE__): a divergent one is an error naming both lines
 //   atomicAdd, __ldg, __double2ll_rn, __expf, __logf, __fdividef, rsqrtf, __saturatef ...
+//   __fmul_rn __fadd_rn __fsub_rn      -> one IEEE float32 op each (round to nearest even); the
+//                                         .cu files that use them are compiled with
+//                                         -ffp-contract=off, so g++ fuses none into an FMA either
 //   POSENC_LAUNCH / POSENC_EXTERN_SHARED (src/kernels/cuda/launch.cuh)   -> emulated launch and
 //                                         the block's exact-size, NaN-filled dynamic shared memory
 //   cudaMalloc cudaFree cudaMemcpy cudaMemset cudaDeviceSynchronize cudaGetDeviceCount
@@ -185,6 +188,9 @@ constexpr size_t kSharedMemoryDefaultLimit = 48 * 1024;
 // ---- device math the host library lacks --------------------------------------------------------
 inline long long double2ll_rn(double x) { return std::llrint(x); }  // default mode: to even
 inline float saturate(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline float fmul_rn(float x, float y) { return x * y; }
+inline float fadd_rn(float x, float y) { return x + y; }
+inline float fsub_rn(float x, float y) { return x - y; }
 // Relaxed like the device's (no ordering of other memory): the thread engine runs it concurrently.
 template <typename T>
 T atomic_add(T* address, T value) {
@@ -230,6 +236,9 @@ T atomic_add(T* address, T value) {
 #define __fdividef(x, y) ((x) / (y))
 #define __frcp_rn(x) (1.0f / (x))
 #define __saturatef ::posenc::cuda_emu::saturate
+#define __fmul_rn ::posenc::cuda_emu::fmul_rn
+#define __fadd_rn ::posenc::cuda_emu::fadd_rn
+#define __fsub_rn ::posenc::cuda_emu::fsub_rn
 #define rsqrtf(x) (1.0f / sqrtf(x))
 
 #define POSENC_LAUNCH(grid, block, shared, stream, ...) \

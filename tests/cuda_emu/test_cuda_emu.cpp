@@ -337,13 +337,14 @@ TEST(CudaEmu, HalfAndBFloat16ConversionsAreBitExact) {
   }
 }
 
-// ---- every launchable posenc kernel ran
-// ---------------------------------------------------------- After a full run (no --gtest_filter):
-// the 84 instantiations of src/kernels/cuda (nvcc -ptx lists them: 12 RoPE, 3 attention kernels x
-// 3 storage types x 4 register tiles x with and without ids) less rope_table_kernel<float, 8>,
+// ---- every launchable posenc kernel ran --------------------------------------------------------
+// After a full run (no --gtest_filter): the 96 instantiations of src/kernels/cuda (nvcc -ptx lists
+// them: 24 RoPE = 3 storage types x 4 vector widths x the two roundings, kRoundEach false for
+// rope_rotate and true for apply_rotary (test_rotary_emu.cpp); 72 attention = 3 kernels x 3
+// storage types x 4 register tiles x with and without ids) less rope_table_kernel<float, 8, *>,
 // which launch_tables can never choose: 8 fp32 pairs are 32 bytes, wider than the 16-byte vectors
-// vector_width allows. It stays instantiated because the switch over V is shared by the three
-// storage types (dropping it would change the PTX).
+// vector_width allows. They stay instantiated because the switch over V is shared by the three
+// storage types (dropping them would change the PTX).
 class EveryKernelRan : public ::testing::Environment {
  public:
   void TearDown() override {
@@ -353,7 +354,8 @@ class EveryKernelRan : public ::testing::Environment {
       for (int n : {1, 2, 4, 8}) {
         const std::string args = std::string("<") + type + ", " + std::to_string(n);
         if (!(std::string(type) == "float" && n == 8))
-          expected.insert("rope_table_kernel" + args + ">");
+          for (const char* round_each : {", false>", ", true>"})
+            expected.insert("rope_table_kernel" + args + round_each);
         for (const char* k : {"attention_forward_kernel", "attention_backward_dkdv_kernel",
                               "attention_backward_dq_kernel"})
           for (const char* ids : {", false>", ", true>"}) expected.insert(k + args + ids);
@@ -367,8 +369,8 @@ class EveryKernelRan : public ::testing::Environment {
     for (const auto& name : ran)
       if (expected.count(name) == 0) ADD_FAILURE() << "kernel not in the expected list: " << name;
     std::printf(
-        "cuda_emu: %zu of %zu launchable kernels ran (84 instantiated; "
-        "rope_table_kernel<float, 8> cannot be chosen)\n",
+        "cuda_emu: %zu of %zu launchable kernels ran (96 instantiated; "
+        "rope_table_kernel<float, 8, *> cannot be chosen)\n",
         ran.size(), expected.size());
   }
 };

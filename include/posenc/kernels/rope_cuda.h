@@ -8,6 +8,11 @@
 //   cos, sin: float32 [N, F] or [B, N, F] contiguous, 2F <= Dh_t; dims 2F.. are copied to y
 // One block per token; each thread rotates V consecutive pairs with one vector load per operand
 // (16 bytes: V = 4 fp32 / 8 bf16 in the half layout) when pointers and strides allow, else V = 1.
+// Rounding: float32 products and sums rounded once to the storage type (default; nvcc may fuse a
+// product and the sum), or, with round_each_op, each product and the sum rounded to the storage
+// type with no fused multiply-add: eager PyTorch's `x * cos + rotate_half(x) * sin` to the bit
+// (posenc::apply_rotary on CUDA tensors; the CPU kernel's round_each_op,
+// posenc/kernels/rope_fused.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +42,9 @@ struct RopeTableLaunch {
   int64_t pairs = 0;           ///< F
   bool interleaved = false;
   float sign = 1.0f;  ///< -1: the inverse rotation
+  /// Round each product and the sum to the storage type, as eager PyTorch (no FMA); false: compute
+  /// a pair in float32 and round once.
+  bool round_each_op = false;
 };
 
 /// Rotates every tensor of `launch` on `stream`; returns the launch error.

@@ -2,6 +2,16 @@
 // Reference (specification, test oracle): rope_apply in src/functional/rope.cpp.
 //   rope_rotate_tables:  cos/sin tables (the path behind rope_fused* on CUDA tensors), q and k in
 //                        one launch, 16-byte vector loads and stores where alignment allows
+// Two roundings, chosen per launch (RopeTableLaunch::round_each_op, a template argument of the
+// kernel so the default path's code is untouched):
+//   default      y_a = T(x_a c - x_b s) in float32, rounded once to the storage type T (nvcc may
+//                contract a product and the sum into one FMA)
+//   round each   y_a = T(r(x_a c) - r(x_b s)), r(v) = float(T(v)), every product and the sum
+//                with __fmul_rn / __fsub_rn / __fadd_rn (never contracted): eager PyTorch's
+//                `x * cos + rotate_half(x) * sin` (transformers' apply_rotary_pos_emb), three
+//                element-wise ops that each compute in float32 and round to T (ATen's opmath;
+//                rotate_half's negation is exact, and r(-v) = -r(v)), so the result is eager's to
+//                the bit for float32, bfloat16 and float16 (posenc::apply_rotary's CUDA path)
 #include "launch.cuh"
 #include "posenc/kernels/rope_cuda.h"
 #include "storage.cuh"
@@ -18,11 +28,31 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
+// v rounded to the storage type T and back (float32: v itself).
+template <typename T>
+__device__ __forceinline__ float rounded(float v) {
+  T t;
+  store(&t, v);
+  return load(&t);
+}
+
+// One pair: (ya, yb) = (xa c - xb s, xb c + xa s), stored as T (the header's two roundings).
+template <typename T, bool kRoundEach>
+__device__ __forceinline__ void rotate_pair(float xa, float xb, float c, float s, T* ya, T* yb) {
+  if constexpr (kRoundEach) {
+    store(ya, __fsub_rn(rounded<T>(__fmul_rn(xa, c)), rounded<T>(__fmul_rn(xb, s))));
+    store(yb, __fadd_rn(rounded<T>(__fmul_rn(xb, c)), rounded<T>(__fmul_rn(xa, s))));
+  } else {
+    store(ya, xa * c - xb * s);
+    store(yb, xb * c + xa * s);
+  }
+}
+
 // grid: one block per token (b, n). Thread w of tensor t: head w / (F / V), pairs
 // [i0, i0 + V) with i0 = V * (w % (F / V)).
 //   half:        a = row[i0 .. i0+V), b = row[F+i0 .. F+i0+V)   (two vector loads)
 //   interleaved: row[2 i0 .. 2 i0 + 2V) = a0 b0 a1 b1 ..       (one vector load)
-template <typename T, int V>
+template <typename T, int V, bool kRoundEach>
 __global__ void rope_table_kernel(RopeTableLaunch a) {
   const int64_t token = blockIdx.x;  // b * tokens + n
   const int64_t b = token / a.tokens, n = token % a.tokens;
@@ -51,9 +81,8 @@ __global__ void rope_table_kernel(RopeTableLaunch a) {
         Pack<T, V> oa, ob;
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          const float xa = load(&pa.v[v]), xb2 = load(&pb.v[v]);
-          store(&oa.v[v], xa * c[v] - xb2 * s[v]);
-          store(&ob.v[v], xb2 * c[v] + xa * s[v]);
+          rotate_pair<T, kRoundEach>(load(&pa.v[v]), load(&pb.v[v]), c[v], s[v], &oa.v[v],
+                                     &ob.v[v]);
         }
         *reinterpret_cast<Pack<T, V>*>(yr + i0) = oa;
         *reinterpret_cast<Pack<T, V>*>(yr + i0 + a.pairs) = ob;
@@ -62,9 +91,8 @@ __global__ void rope_table_kernel(RopeTableLaunch a) {
         Pack<T, 2 * V> o;
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-          const float xa = load(&p.v[2 * v]), xb2 = load(&p.v[2 * v + 1]);
-          store(&o.v[2 * v], xa * c[v] - xb2 * s[v]);
-          store(&o.v[2 * v + 1], xb2 * c[v] + xa * s[v]);
+          rotate_pair<T, kRoundEach>(load(&p.v[2 * v]), load(&p.v[2 * v + 1]), c[v], s[v],
+                                     &o.v[2 * v], &o.v[2 * v + 1]);
         }
         *reinterpret_cast<Pack<T, 2 * V>*>(yr + 2 * i0) = o;
       }
@@ -103,6 +131,24 @@ int vector_width(const RopeTableLaunch& a) {
   return 1;
 }
 
+template <typename T, bool kRoundEach>
+void launch_width(int width, unsigned grid, int threads, cudaStream_t stream,
+                  const RopeTableLaunch& a) {
+  switch (width) {
+    case 8:
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 8, kRoundEach>)(a);
+      break;
+    case 4:
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 4, kRoundEach>)(a);
+      break;
+    case 2:
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 2, kRoundEach>)(a);
+      break;
+    default:
+      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 1, kRoundEach>)(a);
+  }
+}
+
 template <typename T>
 cudaError_t launch_tables(const RopeTableLaunch& a, cudaStream_t stream) {
   const int64_t blocks = a.batch * a.tokens;
@@ -118,18 +164,11 @@ cudaError_t launch_tables(const RopeTableLaunch& a, cudaStream_t stream) {
                  : a.tensors[t].heads * a.tensors[t].head_dim / 2;
   const int threads = widest >= 256 ? 256 : (widest >= 128 ? 128 : 64);
   const auto grid = static_cast<unsigned>(blocks);
-  switch (a.pairs == 0 ? 1 : vector_width<T>(a)) {
-    case 8:
-      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 8>)(a);
-      break;
-    case 4:
-      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 4>)(a);
-      break;
-    case 2:
-      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 2>)(a);
-      break;
-    default:
-      POSENC_LAUNCH(grid, threads, 0, stream, rope_table_kernel<T, 1>)(a);
+  const int width = a.pairs == 0 ? 1 : vector_width<T>(a);
+  if (a.round_each_op) {
+    launch_width<T, true>(width, grid, threads, stream, a);
+  } else {
+    launch_width<T, false>(width, grid, threads, stream, a);
   }
   return cudaGetLastError();
 }

@@ -41,7 +41,7 @@ void check_launch(cudaError_t err, const char* who) {
 void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
                         const std::vector<at::Tensor>& outputs, const at::Tensor& cos_in,
                         const at::Tensor& sin_in, RopeLayout layout, bool inverse,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bool round_each_op) {
   TORCH_CHECK(!inputs.empty() && inputs.size() <= 2 && inputs.size() == outputs.size(),
               "rope_fused (CUDA): need 1 or 2 inputs and as many outputs, got ", inputs.size(),
               " and ", outputs.size());
@@ -98,6 +98,7 @@ void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
   a.pairs = pairs;
   a.interleaved = layout == RopeLayout::kInterleaved;
   a.sign = inverse ? -1.0f : 1.0f;
+  a.round_each_op = round_each_op;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto& x = inputs[i];
     const auto& y = outputs[i];

@@ -23,11 +23,12 @@
 namespace posenc::detail {
 
 /// rope_rotate_cpu's contract (posenc/kernels/rope_fused.h) through cuda::rope_rotate_tables: every
-/// tensor on one device (cos/sin moved there as float32), fp32/bf16/fp16.
+/// tensor on one device (cos/sin moved there as float32), fp32/bf16/fp16; round_each_op as the CPU
+/// kernel's (each product and the sum rounded to the storage type: eager's bits).
 void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
                         const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                        const at::Tensor& sin, RopeLayout layout, bool inverse,
-                        cudaStream_t stream);
+                        const at::Tensor& sin, RopeLayout layout, bool inverse, cudaStream_t stream,
+                        bool round_each_op = false);
 
 /// posenc::_attention_fused_forward's contract through cuda::attention_forward (arguments checked
 /// by the operator; q, k, v share a device and a dtype; head dims <= cuda::kAttentionMaxDim).
