@@ -82,6 +82,23 @@ def test_moirai_patched_under_autocast_refuses():
     posenc_uni2ts.unpatch(model)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moirai_cast_through_a_lower_precision_and_back_refuses(dtype):
+    # .to(dtype).float() rounds uni2ts' cached cos/sin rows (and theta); uni2ts reads those rows,
+    # posenc recomputed them from theta: 2.1e-4 relative apart (bfloat16), without a word
+    model = _moirai().to(dtype).float()
+    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts.patch: .*cos/sin table"):
+        posenc_uni2ts.patch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing changed
+    model = _moirai()  # cast after patch(): refused at the call
+    posenc_uni2ts.patch(model)
+    model.to(dtype).float()
+    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*cos/sin table"):
+        model(**_moirai_inputs())
+    posenc_uni2ts.unpatch(model)
+    model(**_moirai_inputs())  # uni2ts' own forward takes it
+
+
 # ---- Toto -----------------------------------------------------------------------------------
 
 

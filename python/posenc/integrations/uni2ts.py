@@ -48,7 +48,9 @@ Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 Refused in one line (ValueError, nothing changed): a model without such an attention, an
 attention with another position layout (a variate projection, a time bias, a rotary part that
 does not start at dimension 0, separate query and key rotations), weights that are not float32,
-and at call time inputs that are not [B, N, dim] with the same ids for queries and keys (ids
+a cached cos/sin table that is not what theta gives (cast through a lower precision and
+back, e.g. .half().float(): uni2ts reads its rounded rows; at call time too), and at call time
+inputs that are not [B, N, dim] with the same ids for queries and keys (ids
 left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), a negative time_id
 (uni2ts reads self.cos[time_id]: -3 is a row from the end of its buffer), and
 activations or weights that are not float32 (a model moved after patch(): uni2ts keeps float32
@@ -107,7 +109,32 @@ def _why_not(module, position) -> str:
     for p in list(module.parameters()) + [proj.query_proj.theta]:
         if p.dtype != torch.float32:
             return f"it holds {p.dtype} tensors (posenc's patch computes float32)"
+    if _table_differs(proj.query_proj):
+        return (
+            "its cached cos/sin table is not what its theta gives (cast through a lower "
+            "precision and back?); uni2ts reads those rows, posenc would recompute them"
+        )
     return ""
+
+
+_TABLE_CHECKED = "_posenc_uni2ts_table_checked"  # on a RotaryProjection: the state last checked
+
+
+def _table_differs(rotary) -> bool:
+    """Whether uni2ts' cached cos/sin rows are not posenc's tables from the module's theta (cast
+    through a lower precision and back, e.g. .half().float(): uni2ts reads the rounded rows,
+    posenc would recompute them). Checked again only when the buffers or theta change."""
+    if rotary.cos is None:
+        return False
+    state = tuple((t.data_ptr(), t._version) for t in (rotary.cos, rotary.sin, rotary.theta))
+    if rotary.__dict__.get(_TABLE_CHECKED) == state:
+        return False
+    positions = torch.arange(rotary.cos.shape[-2], device=rotary.theta.device)
+    cos, sin = rope_cos_sin(positions, rotary.theta, layout="interleaved")
+    if not (torch.equal(cos, rotary.cos) and torch.equal(sin, rotary.sin)):
+        return True
+    rotary.__dict__[_TABLE_CHECKED] = state
+    return False
 
 
 def _same_ids(a, b, name: str) -> torch.Tensor:
@@ -179,6 +206,11 @@ def _attention(
         raise ValueError(
             "posenc.integrations.uni2ts: under autocast uni2ts projects in the autocast dtype, "
             "posenc's attention computes float32; unpatch() for it"
+        )
+    if _table_differs(self.time_qk_proj.query_proj):  # e.g. .half().float() after patch()
+        raise ValueError(
+            "posenc.integrations.uni2ts: the cached cos/sin table is not what theta gives (cast "
+            "through a lower precision and back?); uni2ts reads those rows, unpatch() for it"
         )
     batch, length, _ = query.shape
     # ids left out: uni2ts' defaults (_get_time_id: 0..N-1; _get_var_id: 0 for every token)
