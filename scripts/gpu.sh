@@ -2,8 +2,8 @@
 # GPU build and checks, for a machine with only CUDA, CMake and Python's (CUDA-enabled) torch:
 # builds the core, the CUDA kernels and the glue against the LibTorch inside Python's torch
 # (TorchConfig.cmake, POSENC_TORCH_USE_CONFIG=ON) in build-gpu/, then runs posenc_cuda_tests,
-# posenc_tests, the Python attention operators on CUDA (tests/python/test_attention_cuda.py,
-# where pytest is there), posenc_cuda_tests under compute-sanitizer (memcheck, racecheck, synccheck) and
+# posenc_tests, the Python attention operators and apply_rotary on CUDA
+# (tests/python/test_attention_cuda.py, test_apply_rotary_cuda.py, where pytest is there), posenc_cuda_tests under compute-sanitizer (memcheck, racecheck, synccheck) and
 # bench_cuda. What it needs besides (GoogleTest, Google Benchmark, yaml-cpp,
 # nlohmann-json) it builds from the sources scripts/pack_gpu_deps.sh packs into
 # .gpu-deps/ (no apt, no internet needed here).
@@ -118,9 +118,10 @@ if step test; then
   # the Python attention operators on CUDA tensors (their CUDA kernel) against the same on the CPU
   ops_library="$(find "${BUILD}" -name libposenc_ops.so 2>/dev/null | head -1)"
   if [[ -n "${ops_library}" ]] && python3 -c "import pytest" 2> /dev/null; then
-    say "python attention operators on CUDA (tests/python/test_attention_cuda.py):"
+    say "python attention operators and apply_rotary on CUDA (tests/python/test_attention_cuda.py, test_apply_rotary_cuda.py):"
     POSENC_OPS_LIBRARY="${ops_library}" python3 -m pytest -q -p no:cacheprovider \
-      tests/python/test_attention_cuda.py > "${LOGS}/python_cuda.log" 2>&1 || status=1
+      tests/python/test_attention_cuda.py tests/python/test_apply_rotary_cuda.py \
+      > "${LOGS}/python_cuda.log" 2>&1 || status=1
     tail -3 "${LOGS}/python_cuda.log" >&2
   else
     say "python attention operators on CUDA: skipped (no libposenc_ops.so with CUDA glue, or no pytest)"
