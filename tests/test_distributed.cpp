@@ -10,11 +10,9 @@
 // inputs (a batch the ranks do not divide, an unreachable store, malformed variables) as one line
 // each.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <torch/cuda.h>
@@ -22,16 +20,16 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "cli/spawn.h"  // the starter posenc train --nproc and compare --jobs use
 #include "posenc/train/trainer.h"
 #include "support/run_files.h"
-
-extern char** environ;
 
 namespace posenc::train {
 namespace {
@@ -73,30 +71,13 @@ pid_t start(const std::vector<std::string>& args, const std::vector<std::string>
             const std::string& log) {
   std::vector<std::string> words = {POSENC_TOOL_PATH};
   words.insert(words.end(), args.begin(), args.end());
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    if (entry.rfind("RANK=", 0) == 0 || entry.rfind("WORLD_SIZE=", 0) == 0) continue;
-    bool replaced = false;  // a variable given in extra_env replaces the inherited one
-    for (const auto& extra : extra_env)
-      replaced |= entry.rfind(extra.substr(0, extra.find('=') + 1), 0) == 0;
-    if (!replaced) env.push_back(entry);
-  }
-  env.insert(env.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> argv, envp;
-  for (auto& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&files, 1, 2);
-  pid_t pid = 0;
-  const int err = posix_spawn(&pid, words[0].c_str(), &files, nullptr, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&files);
-  EXPECT_EQ(err, 0) << words[0];
-  return pid;
+  posenc::cli::SpawnOptions options;
+  options.output_file = log;
+  // a variable given in extra_env replaces the inherited one
+  const auto child = posenc::cli::spawn_process(
+      words, posenc::cli::environment_with({"RANK", "WORLD_SIZE"}, extra_env), options);
+  EXPECT_EQ(child.error, 0) << words[0] << ": " << std::strerror(child.error);
+  return child.pid;
 }
 
 int finish(pid_t pid) {

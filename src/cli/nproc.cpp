@@ -11,7 +11,6 @@
 // Only rank 0 shows a progress bar. A rank that dies is named here with its exit status; the others
 // stop by themselves with an error naming it (train.rank_timeout_s bounds the wait).
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -25,8 +24,7 @@
 
 #include "cli.h"
 #include "posenc/core/errors.h"
-
-extern char** environ;
+#include "spawn.h"
 
 namespace posenc::cli {
 
@@ -114,31 +112,18 @@ int launch_ranks(const TrainArgs& args) {
   // a signal while the ranks start: no more of them (a rank started after it would wait at the
   // rendezvous for ranks that stopped)
   for (int rank = 0; rank < world && spawn_error.empty() && g_signal == 0; ++rank) {
-    auto words = rank_arguments(args, rank, threads);
-    auto env = rank_environment(rank, world, store_file);
-    std::vector<char*> argv, envp;
-    for (auto& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    for (auto& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t defaults;
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGINT);
-    sigaddset(&defaults, SIGTERM);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setpgroup(&attr, static_cast<pid_t>(g_ranks_group));  // 0: a new group
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETPGROUP);
-    pid_t pid = 0;
-    const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), envp.data());
-    posix_spawnattr_destroy(&attr);
-    if (err != 0) {
-      spawn_error = "train: cannot start rank " + std::to_string(rank) + ": " + std::strerror(err);
+    SpawnOptions options;
+    options.default_signals = {SIGINT, SIGTERM};                // caught here, to be passed on
+    options.process_group = static_cast<pid_t>(g_ranks_group);  // 0: a new group, rank 0's
+    const Spawned child = spawn_process(rank_arguments(args, rank, threads),
+                                        rank_environment(rank, world, store_file), options);
+    if (child.error != 0) {
+      spawn_error =
+          "train: cannot start rank " + std::to_string(rank) + ": " + std::strerror(child.error);
       break;
     }
-    if (rank == 0) g_ranks_group = pid;
-    rank_of[pid] = rank;
+    if (rank == 0) g_ranks_group = child.pid;
+    rank_of[child.pid] = rank;
   }
   if (!spawn_error.empty() && g_ranks_group > 0) kill(-static_cast<pid_t>(g_ranks_group), SIGKILL);
   const bool stopped_while_starting =

@@ -18,7 +18,6 @@
 // run starts, and compare exits 130 once they have saved their checkpoints (continue with
 // --resume). A child is never left training on its own.
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
@@ -36,6 +35,7 @@
 #include "posenc/core/errors.h"
 #include "posenc/train/export_timm.h"
 #include "posenc/train/trainer.h"
+#include "spawn.h"
 
 namespace posenc::cli {
 
@@ -89,18 +89,7 @@ std::vector<std::string> child_environment(const std::vector<std::string>& unset
                                            const std::vector<std::string>& set) {
   std::vector<std::string> added = set;
   added.push_back(std::string(kParentPidVariable) + "=" + std::to_string(getpid()));
-  std::vector<std::string> prefixes;  // "NAME=" of every variable replaced or removed
-  for (const auto& name : unset) prefixes.push_back(name + "=");
-  for (const auto& entry : added) prefixes.push_back(entry.substr(0, entry.find('=') + 1));
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    bool dropped = false;
-    for (const auto& prefix : prefixes) dropped = dropped || entry.rfind(prefix, 0) == 0;
-    if (!dropped) env.push_back(entry);
-  }
-  env.insert(env.end(), added.begin(), added.end());
-  return env;
+  return environment_with(unset, added);
 }
 
 void follow_parent() {
@@ -191,24 +180,14 @@ pid_t spawn_run(const TrainArgs& args, const std::string& run, const std::string
                                     "output=" + output};
   for (const auto& o : args.overrides) words.insert(words.end(), {"--set", o});
   if (args.resume) words.push_back("--resume");
-  auto env = child_environment({}, {});  // with POSENC_PARENT_PID: a child stops when compare dies
-  std::vector<char*> argv, envp;
-  for (auto& w : words) argv.push_back(w.data());
-  argv.push_back(nullptr);
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);  // the parent ignores Ctrl-C while it waits; the child must not
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-  pid_t pid = 0;
-  const int err = posix_spawn(&pid, "/proc/self/exe", nullptr, &attr, argv.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  TORCH_CHECK(err == 0, "compare: cannot start the run '", run, "': ", std::strerror(err));
-  return pid;
+  SpawnOptions options;
+  // the parent ignores Ctrl-C while it waits; the child must not
+  options.default_signals = {SIGINT};
+  // with POSENC_PARENT_PID: a child stops when compare dies
+  const Spawned child = spawn_process(words, child_environment({}, {}), options);
+  TORCH_CHECK(child.error == 0, "compare: cannot start the run '", run,
+              "': ", std::strerror(child.error));
+  return child.pid;
 }
 
 int run_compare_parallel(const TrainArgs& args) {
