@@ -3,7 +3,8 @@ trainer and tool call it): q, k, v [B, N, H, D] with positions of any axis (real
 the bias parts (ALiBi, T5 buckets, Shaw's relative keys) computed inside the tiles and RoPE applied
 to the tiles' rows. Checked against attention written out in PyTorch (materialized bias), with
 opcheck (schema, fake kernel, autograd registration, torch.compile with backward) over the forms,
-and one line for bad input."""
+empty calls (no batch, query or key: empty outputs and gradients, as the forward), and one line
+for bad input."""
 
 import math
 
@@ -221,6 +222,40 @@ def test_equals_attention_written_out(name):
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
     for got, exp in zip(grads, wgrads):
         torch.testing.assert_close(got.double(), exp.double(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("batch", "nq", "nk"), [(0, 5, 7), (2, 0, 7), (2, 5, 0), (2, 0, 0), (0, 0, 0)]
+)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_an_empty_call_has_empty_outputs_and_gradients(name, batch, nq, nk):
+    # no batch, no query or no key at all: the forward's empty (or zero) output, and from the
+    # backward (the CPU kernel's, through the operator's autograd) gradients of the inputs' shapes,
+    # zero where the inputs are not empty (the T5 and Shaw tables: no logit read them), as the
+    # attention written out gives them
+    kw = dict(CASES[name])
+    pq, pk = kw.pop("pq")[-nq:] if nq else kw.pop("pq")[:0], kw.pop("pk")[:nk]
+    if kw.get("rotary") is not None:
+        cq, sq, ck, sk = kw["rotary"]
+        kw["rotary"] = (cq[-nq:] if nq else cq[:0], sq[-nq:] if nq else sq[:0], ck[:nk], sk[:nk])
+    if kw.get("key_padding") is not None:
+        kw["key_padding"] = kw["key_padding"][:batch, :nk]
+    _, _, _, h, d = SIZES
+    q, k, v = (torch.randn(batch, n, h, d, requires_grad=True) for n in (nq, nk, nk))
+    table = kw.get("table")
+    if table is not None:
+        kw["table"] = table = table.clone().requires_grad_()
+    wrt = [q, k, v] + ([table] if table is not None else [])
+    out = OP(*call(q, k, v, pq, pk, scale=0.4, **kw))
+    grads = torch.autograd.grad(out.square().sum(), wrt, allow_unused=True)
+    want = reference(q, k, v, pq, pk, scale=0.4, **kw)
+    wgrads = torch.autograd.grad(want.square().sum(), wrt, allow_unused=True)
+    assert out.shape == want.shape == (batch, nq, h, d)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    for x, got, exp in zip(wrt, grads, wgrads):
+        exp = torch.zeros_like(x) if exp is None else exp
+        assert got is not None and got.shape == x.shape
+        torch.testing.assert_close(got, exp, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
