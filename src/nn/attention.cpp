@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "posenc/kernels/attention_fused.h"
+#include "posenc/kernels/linear.h"
 #include "posenc/kernels/short_attention.h"
 #include "posenc/nn/attention_backend.h"
 
@@ -200,8 +201,13 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   check_inputs(x, plan, cache);
   const int64_t b = x.size(0), n = x.size(1), h = options.num_heads(), dh = options.dim() / h;
   const int64_t cached = cache != nullptr ? cache->size() : 0, prefix = options.num_prefix_tokens();
-  // at::linear (one addmm with the bias, as Python's F.linear; transformer.cpp's mlp)
-  auto packed = at::linear(x, qkv->weight, qkv->bias).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
+  // fused: one autograd node per projection (posenc/kernels/linear.h); otherwise at::linear
+  // (one addmm with the bias, as Python's F.linear; transformer.cpp's mlp)
+  const auto project = [&](const at::Tensor& in, const torch::nn::Linear& layer) {
+    return options.fused() ? linear_fused(in, layer->weight, layer->bias)
+                           : at::linear(in, layer->weight, layer->bias);
+  };
+  auto packed = project(x, qkv).view({b, n, 3, h, dh});  // [B, N, 3, H, Dh]
   // Under CPU autocast to bfloat16 (train.precision: bf16) the projection comes out bf16; the
   // short kernel reads float32 (its scratch and arithmetic are float32), so a short sequence's
   // q, k, v are widened (exact) and attended there, not by SDPA's bf16 flash kernel (at N = 16
@@ -232,7 +238,7 @@ at::Tensor SelfAttentionImpl::forward_plan(const at::Tensor& x, const EncodingPl
   auto y = short_backend && q.is_same(parts[0]) && k.is_same(parts[1]) && v.is_same(parts[2])
                ? attention_short_packed(packed, scale, chosen.rotary, options.causal())
                : attend(chosen, q, k, v, plan, key_padding, scale, options.causal(), prefix);
-  return at::linear(y.reshape({b, n, options.dim()}), out->weight, out->bias);
+  return project(y.reshape({b, n, options.dim()}), out);
 }
 
 AttentionRoute plan_attention_route(const EncodingPlan& plan, const at::Tensor& q,

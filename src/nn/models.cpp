@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "posenc/kernels/linear.h"
+
 namespace posenc {
 
 std::string to_string(Pooling pooling) { return pooling == Pooling::kCls ? "cls" : "mean"; }
@@ -41,14 +43,20 @@ TokenClassifierImpl::TokenClassifierImpl(TokenClassifierOptions options_,
 at::Tensor TokenClassifierImpl::forward(const at::Tensor& tokens, const Positions& positions) {
   TORCH_CHECK(tokens.dim() == 3 && tokens.size(2) == options.token_dim(),
               "classifier: tokens must be [B, N, ", options.token_dim(), "], got ", tokens.sizes());
-  // [B, N, D]: at::linear, one addmm with the bias (transformer.cpp's mlp says why)
-  auto x = at::linear(tokens, embed->weight, embed->bias);
+  // [B, N, D]: fused, one autograd node (posenc/kernels/linear.h); otherwise at::linear, one
+  // addmm with the bias (transformer.cpp's mlp says why)
+  const bool fused = options.transformer().fused();
+  const auto project = [&](const at::Tensor& in, const torch::nn::Linear& layer) {
+    return fused ? linear_fused(in, layer->weight, layer->bias)
+                 : at::linear(in, layer->weight, layer->bias);
+  };
+  auto x = project(tokens, embed);
   if (options.pooling() == Pooling::kCls) {
     x = torch::cat({cls.expand({x.size(0), 1, x.size(2)}), x}, 1);
   }
   auto y = transformer->forward(x, positions);
   auto pooled = options.pooling() == Pooling::kCls ? y.select(1, 0) : y.mean(1);
-  return head(pooled);
+  return project(pooled, head);
 }
 
 LanguageModelImpl::LanguageModelImpl(LanguageModelOptions options_, PositionalEncoding encoder)

@@ -5,6 +5,7 @@
 
 #include "posenc/kernels/gelu.h"
 #include "posenc/kernels/layer_norm.h"
+#include "posenc/kernels/linear.h"
 
 namespace posenc {
 
@@ -43,13 +44,15 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x, const EncodingPlan
 }
 
 at::Tensor TransformerBlockImpl::mlp(const at::Tensor& normed) {
-  // fused: one pass forward and one backward over the MLP's activations (posenc/kernels/gelu.h).
-  // at::linear, as Python's F.linear: a contiguous [B, N, D] input is one addmm with the bias
-  // (LibTorch's torch::nn::Linear takes matmul + a separate bias add_ for inputs above 2D: one
-  // more pass and two more autograd nodes per layer)
+  // fused: linear -> GELU -> linear as one autograd node (posenc/kernels/linear.h: the bias
+  // rows filled before MKL accumulates into them, dh in place, the fused GELU's passes inside).
+  // Otherwise at::linear, as Python's F.linear: a contiguous [B, N, D] input is one addmm with
+  // the bias (LibTorch's torch::nn::Linear takes matmul + a separate bias add_ for inputs above
+  // 2D: one more pass and two more autograd nodes per layer)
+  if (fused_)
+    return dropout(mlp_gelu_fused(normed, fc1->weight, fc1->bias, fc2->weight, fc2->bias));
   const auto hidden = at::linear(normed, fc1->weight, fc1->bias);
-  const auto activated = fused_ ? gelu_fused(hidden) : torch::gelu(hidden);
-  return dropout(at::linear(activated, fc2->weight, fc2->bias));
+  return dropout(at::linear(torch::gelu(hidden), fc2->weight, fc2->bias));
 }
 
 std::pair<at::Tensor, at::Tensor> TransformerBlockImpl::forward_normed(

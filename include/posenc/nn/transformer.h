@@ -79,7 +79,7 @@ class TransformerBlockImpl : public torch::nn::Module {
  private:
   /// dropout(W2 GELU(W1 normed)): the MLP on the normed stream.
   at::Tensor mlp(const at::Tensor& normed);
-  bool fused_ = true;  // the MLP's GELU through gelu_fused (TransformerOptions::fused)
+  bool fused_ = true;  // the MLP as mlp_gelu_fused's one node (TransformerOptions::fused)
 };
 TORCH_MODULE(TransformerBlock);
 
