@@ -371,6 +371,22 @@ void pack_value_panels(const float* v, int64_t ld, int64_t n, int64_t dim_v, flo
   }
 }
 
+// Rows [0, n) (ld apart) into blocks of R rows qp[(r / R) R dim + d R + r % R], the rows of the
+// last block past n zero.
+void pack_query_rows(const float* x, int64_t ld, int64_t n, int64_t dim, int64_t rows_per_call,
+                     float* qp) {
+  for (int64_t r0 = 0; r0 < n; r0 += rows_per_call) {
+    float* block = qp + r0 * dim;  // written in order
+    const int64_t m = std::min(rows_per_call, n - r0);
+    const float* rows = x + r0 * ld;
+    for (int64_t d = 0; d < dim; ++d) {
+      float* dst = block + d * rows_per_call;
+      for (int64_t r = 0; r < m; ++r) dst[r] = rows[r * ld + d];
+      for (int64_t r = m; r < rows_per_call; ++r) dst[r] = 0.0f;
+    }
+  }
+}
+
 // The forward of attention_forward_cpu with the products on the level's micro-kernels. Per
 // (b, h, query block of kBlockQ rows) the online softmax over key blocks of kBlockK columns, as
 // the MKL path; inside a key block, per R query rows (the micro-kernel's rows): the scores strip
@@ -417,14 +433,7 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
       const float* q_blk =
           maybe_rotated(p, q_op.rows(b, h) + i0 * ldq, rows, &ldq,
                         p.rotary ? q_rot.data_ptr<float>() : nullptr, p.q_cos, p.q_sin, i0);
-      // qp[(r / R) R D + d R + r % R], the rows past the block zero
-      std::fill(q_packed.begin(), q_packed.end(), 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        float* dst =
-            q_packed.data() + (r / rows_per_call) * rows_per_call * p.dim + r % rows_per_call;
-        const float* row = q_blk + r * ldq;
-        for (int64_t d = 0; d < p.dim; ++d) dst[d * rows_per_call] = row[d];
-      }
+      pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_packed.data());
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
@@ -747,9 +756,35 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   const Operand do_op = operand("grad_out", grad_out), dq_op = operand("dq", dq);
   const Operand dk_op = operand("dk", dk), dv_op = operand("dv", dv);
   const bool tile_bias = has_tile_bias(p);
+  // the level's micro-kernels (attention_tiles.h) where both widths are whole 16-float panels
+  const AttentionTileKernels* tiles = own_tile_kernels();
+  if (p.dim % kTilePanel != 0 || p.dim_v % kTilePanel != 0) tiles = nullptr;
+  const int64_t rows_per_call = tiles != nullptr ? tiles->rows : 1;
   parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
-    auto dp = at::empty({kBlockQ, kBlockK}, at::kFloat);
+    // [kBlockQ, kBlockK] tiles, with room for a micro-kernel's last rows past kBlockQ
+    const int64_t tile_floats = (kBlockQ + rows_per_call) * kBlockK + kTilePanel;
+    auto tile = at::empty({tile_floats}, at::kFloat);
+    auto dp = at::empty({tile_floats}, at::kFloat);
+    // the micro-kernels' operands: a key block's K and V in key panels, K in value panels; each
+    // query block's q and dO in row blocks and in value panels (attention_tiles.h), packed once
+    // per head into slot i0 / kBlockQ (packed samples: query blocks start anywhere, so each tile
+    // repacks slot 0)
+    std::vector<float> key_panels, value_key_panels, key_value_panels, q_rows, do_rows, q_panels,
+        do_panels, ones;
+    std::vector<uint8_t> query_block_ready;
+    const int64_t slots = p.packed ? 1 : (p.nq + kBlockQ - 1) / kBlockQ;
+    const int64_t q_rows_slot = (kBlockQ + rows_per_call) * p.dim;
+    const int64_t do_rows_slot = (kBlockQ + rows_per_call) * p.dim_v;
+    if (tiles != nullptr) {
+      key_panels.resize(kBlockK * p.dim);
+      value_key_panels.resize(kBlockK * p.dim_v);
+      key_value_panels.resize(kBlockK * p.dim);
+      q_rows.resize(slots * q_rows_slot);
+      do_rows.resize(slots * do_rows_slot);
+      q_panels.resize(slots * kBlockQ * p.dim);
+      do_panels.resize(slots * kBlockQ * p.dim_v);
+      ones.assign(std::max(kBlockQ, kBlockK), 1.0f);
+    }
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
     auto q_rot = p.rotary ? at::empty({p.nq, p.dim}, at::kFloat) : at::Tensor();  // one head
     auto k_rot = p.rotary ? at::empty({kBlockK, p.dim}, at::kFloat) : at::Tensor();
@@ -763,6 +798,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
     }
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / p.heads, h = bh % p.heads;
+      query_block_ready.assign(slots, 0);
       if (relative) dqr.zero_();
       if (p.variate) {
         for (auto* row_sums : {&same_pdp, &all_pdp, &same_p, &all_p})
@@ -790,6 +826,11 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             maybe_rotated(p, k_op.rows(b, h) + j0 * ldk, cols_all, &ldk,
                           p.rotary ? k_rot.data_ptr<float>() : nullptr, p.k_cos, p.k_sin, j0);
         const float* v_blk = v_op.rows(b, h) + j0 * ldv;
+        if (tiles != nullptr) {
+          pack_key_panels(k_blk, ldk, cols_all, p.dim, key_panels.data());
+          pack_key_panels(v_blk, ldv, cols_all, p.dim_v, value_key_panels.data());
+          pack_value_panels(k_blk, ldk, cols_all, p.dim, key_value_panels.data());
+        }
         float* dk_blk = dk_op.rows(b, h) + j0 * ld_dk;
         float* dv_blk = dv_op.rows(b, h) + j0 * ld_dv;
         const auto [i_first, i_last] = packed_queries(p, b, j0, cols_all);
@@ -801,8 +842,29 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           if (p.causal_by_ids && key_id_min > largest_query_id(p, b, i0, rows)) continue;
           const float* q_blk = q_bh + i0 * ldq;
           const float* do_blk = do_bh + i0 * ld_do;
+          const int64_t panels = (cols + kTilePanel - 1) / kTilePanel;
+          const int64_t slot = p.packed ? 0 : i0 / kBlockQ;
+          float* q_rows_blk = tiles != nullptr ? q_rows.data() + slot * q_rows_slot : nullptr;
+          float* do_rows_blk = tiles != nullptr ? do_rows.data() + slot * do_rows_slot : nullptr;
+          float* q_panels_blk =
+              tiles != nullptr ? q_panels.data() + slot * kBlockQ * p.dim : nullptr;
+          float* do_panels_blk =
+              tiles != nullptr ? do_panels.data() + slot * kBlockQ * p.dim_v : nullptr;
+          if (tiles != nullptr && (p.packed || !query_block_ready[slot])) {
+            pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_rows_blk);
+            pack_query_rows(do_blk, ld_do, rows, p.dim_v, rows_per_call, do_rows_blk);
+            pack_value_panels(q_blk, ldq, rows, p.dim, q_panels_blk);
+            pack_value_panels(do_blk, ld_do, rows, p.dim_v, do_panels_blk);
+            query_block_ready[slot] = 1;
+          }
           // S = scale q k^T
-          gemm(false, true, rows, cols, p.dim, p.scale, q_blk, ldq, k_blk, ldk, 0.0f, s, kBlockK);
+          if (tiles != nullptr) {
+            for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call)
+              tiles->scores(q_rows_blk + r0 * p.dim, key_panels.data(), panels, p.dim, p.scale,
+                            s + r0 * kBlockK, kBlockK);
+          } else {
+            gemm(false, true, rows, cols, p.dim, p.scale, q_blk, ldq, k_blk, ldk, 0.0f, s, kBlockK);
+          }
           if (tile_bias) bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
           for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
             float* row = s + r * kBlockK;
@@ -812,12 +874,24 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             else
               kernels.exp_sub_sum(row, cols, lse_r);
           }
-          // dV += P^T dO
-          gemm(true, false, cols, p.dim_v, rows, 1.0f, s, kBlockK, do_blk, ld_do, 1.0f, dv_blk,
-               ld_dv);
-          // dP = dO V^T
-          gemm(false, true, rows, cols, p.dim_v, 1.0f, do_blk, ld_do, v_blk, ldv, 0.0f, dps,
-               kBlockK);
+          if (tiles != nullptr) {
+            // dV += P^T dO, R keys a call
+            for (int64_t c0 = 0; c0 < cols; c0 += rows_per_call)
+              tiles->accumulate_transposed(s + c0, kBlockK, std::min(rows_per_call, cols - c0),
+                                           rows, do_panels_blk, kTilePanel * rows, p.dim_v,
+                                           ones.data(), dv_blk + c0 * ld_dv, ld_dv);
+            // dP = dO V^T
+            for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call)
+              tiles->scores(do_rows_blk + r0 * p.dim_v, value_key_panels.data(), panels, p.dim_v,
+                            1.0f, dps + r0 * kBlockK, kBlockK);
+          } else {
+            // dV += P^T dO
+            gemm(true, false, cols, p.dim_v, rows, 1.0f, s, kBlockK, do_blk, ld_do, 1.0f, dv_blk,
+                 ld_dv);
+            // dP = dO V^T
+            gemm(false, true, rows, cols, p.dim_v, 1.0f, do_blk, ld_do, v_blk, ldv, 0.0f, dps,
+                 kBlockK);
+          }
           if (variate_acc) {  // per row: P dP and P over its same-variate keys and all its keys
             for (int64_t r = 0; r < rows; ++r) {
               const float* prow = s + r * kBlockK;
@@ -855,12 +929,27 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
               for (int64_t c = 0; c < cols; ++c)
                 g[std::clamp(ik[c] - pi, -kmax, kmax) + kmax] += row[c];
             }
+            if (tiles != nullptr)  // the micro-kernels have no alpha: scale dS here
+              for (int64_t c = 0; c < cols; ++c) row[c] *= p.scale;
           }
-          // dQ += scale dS k, dK += scale dS^T q
-          gemm(false, false, rows, p.dim, cols, p.scale, s, kBlockK, k_blk, ldk, 1.0f,
-               dq_bh + i0 * ld_dq, ld_dq);
-          gemm(true, false, cols, p.dim, rows, p.scale, s, kBlockK, q_blk, ldq, 1.0f, dk_blk,
-               ld_dk);
+          if (tiles != nullptr) {
+            // dQ += (scale dS) k, R query rows a call
+            for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call)
+              tiles->accumulate(s + r0 * kBlockK, kBlockK, std::min(rows_per_call, rows - r0), cols,
+                                key_value_panels.data(), kTilePanel * cols_all, p.dim, ones.data(),
+                                dq_bh + (i0 + r0) * ld_dq, ld_dq);
+            // dK += (scale dS)^T q, R keys a call
+            for (int64_t c0 = 0; c0 < cols; c0 += rows_per_call)
+              tiles->accumulate_transposed(s + c0, kBlockK, std::min(rows_per_call, cols - c0),
+                                           rows, q_panels_blk, kTilePanel * rows, p.dim,
+                                           ones.data(), dk_blk + c0 * ld_dk, ld_dk);
+          } else {
+            // dQ += scale dS k, dK += scale dS^T q
+            gemm(false, false, rows, p.dim, cols, p.scale, s, kBlockK, k_blk, ldk, 1.0f,
+                 dq_bh + i0 * ld_dq, ld_dq);
+            gemm(true, false, cols, p.dim, rows, p.scale, s, kBlockK, q_blk, ldq, 1.0f, dk_blk,
+                 ld_dk);
+          }
         }
       }
       if (variate_acc) {

@@ -26,6 +26,12 @@ struct AttentionTileKernels {
   // (a multiple of 16; vp: the tile's first key in value panel 0).
   void (*accumulate)(const float* s, int64_t lds, int64_t rows, int64_t cols, const float* vp,
                      int64_t vstride, int64_t dim_v, const float* alpha, float* o, int64_t ldo);
+  // The same with the strip transposed: o[r * ldo + e] = alpha[r] o[r * ldo + e] +
+  // sum_{c < cols} s[c * lds + r] vp(c, e) (s[c * lds + r] read for r < R: R - rows floats past
+  // the last row's end must be readable).
+  void (*accumulate_transposed)(const float* s, int64_t lds, int64_t rows, int64_t cols,
+                                const float* vp, int64_t vstride, int64_t dim_v, const float* alpha,
+                                float* o, int64_t ldo);
 };
 
 // Defined by kernels_avx2.cpp and kernels_avx512.cpp (x86-64 only).

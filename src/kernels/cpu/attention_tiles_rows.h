@@ -7,6 +7,8 @@
 //               left it (row-major, in L1): R x NV accumulators over a chunk of O's columns
 //               started from alpha O, per key one load of NV value vectors (16-column panels,
 //               key-major) and R broadcasts of P's column; no copy or packing of P.
+//   accumulate_transposed  the same with the strip read transposed (O = alpha O + P^T X: the
+//               backward's dV += P^T dO and dK += dS^T Q, R keys a call, P's rows broadcast).
 // The classic GotoBLAS/BLIS micro-kernel shape (K. Goto, R. van de Geijn, "Anatomy of
 // high-performance matrix multiplication", ACM TOMS 2008; BLIS' sgemm micro-kernels), here with
 // the attention's operands packed once per head (K, V) or query block (Q) and the softmax between
@@ -69,8 +71,9 @@ struct AttentionTileRows {
     for (; c0 < cols; c0 += kLanes) scores_block<1>(qp, kp, dim, c0, scale, s, lds);
   }
 
-  // W vectors of O's columns [e0, e0 + W * kLanes).
-  template <int W>
+  // W vectors of O's columns [e0, e0 + W * kLanes); the strip's element (row r, inner index c)
+  // at s[r * lds + c], or (transposed) s[c * lds + r].
+  template <int W, bool kTransposed>
   static inline __attribute__((always_inline)) void accumulate_block(
       const float* s, int64_t lds, int64_t rows, int64_t cols, const float* vp, int64_t vstride,
       int64_t e0, const float* alpha, float* o, int64_t ldo) {
@@ -85,8 +88,9 @@ struct AttentionTileRows {
     for (int64_t c = 0; c < cols; ++c) {
       V v[W];
       for (int w = 0; w < W; ++w) v[w] = Vec::load(vv[w] + c * kTilePanel);
+      const float* p = kTransposed ? s + c * lds : s + c;
       for (int r = 0; r < R; ++r) {
-        const V pb = Vec::set1(s[r * lds + c]);
+        const V pb = Vec::set1(p[kTransposed ? r : r * lds]);
         for (int w = 0; w < W; ++w) acc[r][w] = Vec::fmadd(pb, v[w], acc[r][w]);
       }
     }
@@ -96,17 +100,32 @@ struct AttentionTileRows {
     }
   }
 
+  template <bool kTransposed>
+  static void accumulate_rows(const float* s, int64_t lds, int64_t rows, int64_t cols,
+                              const float* vp, int64_t vstride, int64_t dim_v, const float* alpha,
+                              float* o, int64_t ldo) {
+    int64_t e0 = 0;
+    for (; e0 + NV * kLanes <= dim_v; e0 += NV * kLanes)
+      accumulate_block<NV, kTransposed>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
+    for (; e0 < dim_v; e0 += kLanes)
+      accumulate_block<1, kTransposed>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
+  }
+
   static void accumulate(const float* s, int64_t lds, int64_t rows, int64_t cols, const float* vp,
                          int64_t vstride, int64_t dim_v, const float* alpha, float* o,
                          int64_t ldo) {
-    int64_t e0 = 0;
-    for (; e0 + NV * kLanes <= dim_v; e0 += NV * kLanes)
-      accumulate_block<NV>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
-    for (; e0 < dim_v; e0 += kLanes)
-      accumulate_block<1>(s, lds, rows, cols, vp, vstride, e0, alpha, o, ldo);
+    accumulate_rows<false>(s, lds, rows, cols, vp, vstride, dim_v, alpha, o, ldo);
   }
 
-  static constexpr AttentionTileKernels table() { return {R, &scores, &accumulate}; }
+  static void accumulate_transposed(const float* s, int64_t lds, int64_t rows, int64_t cols,
+                                    const float* vp, int64_t vstride, int64_t dim_v,
+                                    const float* alpha, float* o, int64_t ldo) {
+    accumulate_rows<true>(s, lds, rows, cols, vp, vstride, dim_v, alpha, o, ldo);
+  }
+
+  static constexpr AttentionTileKernels table() {
+    return {R, &scores, &accumulate, &accumulate_transposed};
+  }
 };
 
 }  // namespace posenc::detail
