@@ -26,6 +26,13 @@
 //           GLIBC_TUNABLES keeps (tools/bench_kernel_width.sh: freed tensors below 32 MiB stay)
 //   copy    copy_ of the same number of bytes (half read, half written) into preallocated
 //           tensors: the floor; GB/s = the kernel's bytes / time.
+//   paired  copy and fused back to back in each iteration (alternating which goes first), each
+//           timed alone: the median of the per-iteration ratios copy_ time / fused time (the
+//           table's "paired" row: the median over repetitions). On a shared machine the load
+//           changes between cases run 0.2 s apart; the two halves of a pair see the same load.
+// Out of cache the fused passes stream their outputs (non-temporal stores, stream_stores.h; the
+// per-level GELU cases too); copy_ (ATen's copy kernel) stores normally, so it also reads every
+// destination line before writing it: the ratio can exceed 1.
 // Threads: --threads=N (default 1). Run with repetitions and random interleaving on a shared
 // machine; the ratio table uses each case's median (ratio_reporter.h):
 //   POSENC_CPU_CAPABILITY=avx512 ./build/bench/bench_kernel_width --threads=1 \
@@ -36,11 +43,16 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/stream_stores.h"
 #include "posenc/kernels/cpu_capability.h"
 #include "posenc/kernels/gelu.h"
 #include "posenc/kernels/layer_norm.h"
@@ -140,10 +152,12 @@ struct NormInputs {
   }
 };
 
-// state.range(0): the size; --threads sets the thread count before any case runs. The bytes are
-// copied in pieces of at most one of the kernel's tensors, into tensors allocated once.
-void BM_Copy(benchmark::State& state, int kernel) {
-  const int64_t size = state.range(0);
+// One pass of a case, its tensors allocated once (the closure owns them).
+using Pass = std::function<void()>;
+
+// copy_ of the kernel's bytes in pieces of at most one of the kernel's tensors, into tensors
+// allocated once.
+Pass make_copy(int kernel, int64_t size) {
   const int64_t piece = kernel == kGelu || kernel == kGeluBackward
                             ? kSizes[size].rows * gelu_cols(size)
                             : floats_moved(kernel, size) / 4;
@@ -152,55 +166,101 @@ void BM_Copy(benchmark::State& state, int kernel) {
     sources.push_back(torch::randn({std::min(left, piece)}));
     targets.push_back(at::empty_like(sources.back()));
   }
-  for (auto _ : state) {
+  return [sources, targets]() mutable {
     for (size_t i = 0; i < sources.size(); ++i) {
       targets[i].copy_(sources[i]);
       benchmark::DoNotOptimize(targets[i].data_ptr());
     }
-  }
-  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+  };
 }
 
-void BM_Fused(benchmark::State& state, int kernel) {
-  const int64_t size = state.range(0);
+// posenc's pass at the process's level into outputs allocated once; empty where it has none.
+Pass make_fused(int kernel, int64_t size) {
   const Size& s = kSizes[size];
   if (kernel == kRope) {
-    RopeInputs in(s);
-    const std::vector<at::Tensor> inputs = {in.q, in.k};
-    const std::vector<at::Tensor> outputs = {at::empty_like(in.q), at::empty_like(in.k)};
-    for (auto _ : state) {
-      posenc::rope_rotate_cpu(inputs, outputs, in.cos, in.sin, RopeLayout::kHalf,
+    auto in = std::make_shared<RopeInputs>(s);
+    const std::vector<at::Tensor> inputs = {in->q, in->k};
+    const std::vector<at::Tensor> outputs = {at::empty_like(in->q), at::empty_like(in->k)};
+    return [in, inputs, outputs] {
+      posenc::rope_rotate_cpu(inputs, outputs, in->cos, in->sin, RopeLayout::kHalf,
                               /*inverse=*/false);
       benchmark::DoNotOptimize(outputs[1].data_ptr());
-    }
-  } else if (kernel == kGelu || kernel == kGeluBackward) {
+    };
+  }
+  if (kernel == kGelu || kernel == kGeluBackward) {
     const auto x = torch::randn({s.rows, gelu_cols(size)});
     const auto dy = torch::randn({s.rows, gelu_cols(size)});
     auto y = at::empty_like(x);
-    for (auto _ : state) {
+    return [kernel, x, dy, y]() mutable {
       if (kernel == kGelu)
         posenc::gelu_forward_cpu_out(x, y);
       else
         posenc::gelu_backward_cpu_out(dy, x, y);
       benchmark::DoNotOptimize(y.data_ptr());
-    }
-  } else {
-    NormInputs in(s);
-    if (!in.mean.defined()) return state.SkipWithError("no fused LayerNorm at this level");
-    auto h = at::empty_like(in.x), y = at::empty_like(in.x);
-    auto mean = at::empty_like(in.mean), rstd = at::empty_like(in.rstd);
-    auto dw = at::empty_like(in.w), db = at::empty_like(in.b);
-    for (auto _ : state) {
-      if (kernel == kLayerNorm)
-        posenc::detail::add_layer_norm_forward_cpu_out(in.x, in.r, in.w, in.b, 1e-5, h, y, mean,
-                                                       rstd);
-      else
-        posenc::detail::add_layer_norm_backward_cpu_out(in.dy, in.dh_in, in.h, in.mean, in.rstd,
-                                                        in.w, y, dw, db);
-      benchmark::DoNotOptimize(y.data_ptr());
-    }
+    };
   }
+  auto in = std::make_shared<NormInputs>(s);
+  if (!in->mean.defined()) return {};
+  auto h = at::empty_like(in->x), y = at::empty_like(in->x);
+  auto mean = at::empty_like(in->mean), rstd = at::empty_like(in->rstd);
+  auto dw = at::empty_like(in->w), db = at::empty_like(in->b);
+  return [kernel, in, h, y, mean, rstd, dw, db]() mutable {
+    if (kernel == kLayerNorm)
+      posenc::detail::add_layer_norm_forward_cpu_out(in->x, in->r, in->w, in->b, 1e-5, h, y, mean,
+                                                     rstd);
+    else
+      posenc::detail::add_layer_norm_backward_cpu_out(in->dy, in->dh_in, in->h, in->mean, in->rstd,
+                                                      in->w, y, dw, db);
+    benchmark::DoNotOptimize(y.data_ptr());
+  };
+}
+
+// state.range(0): the size; --threads sets the thread count before any case runs.
+void BM_Copy(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const Pass pass = make_copy(kernel, size);
+  for (auto _ : state) pass();
   state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+void BM_Fused(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const Pass pass = make_fused(kernel, size);
+  if (!pass) return state.SkipWithError("no fused LayerNorm at this level");
+  for (auto _ : state) pass();
+  state.SetBytesProcessed(state.iterations() * floats_moved(kernel, size) * 4);
+}
+
+/// Per paired case ("ln/1"), the median ratio of each of its runs (repetitions).
+std::map<std::string, std::vector<double>>& paired_ratios() {
+  static std::map<std::string, std::vector<double>> ratios;
+  return ratios;
+}
+
+// copy_ and the fused pass back to back in every iteration (their order alternating), each timed
+// alone: the ratio of the two times per iteration, whose median is robust to load that comes
+// and goes on a shared machine (both sides of each ratio saw the same seconds). The iteration's
+// time is the pair's.
+void BM_Paired(benchmark::State& state, int kernel) {
+  const int64_t size = state.range(0);
+  const Pass copy = make_copy(kernel, size), fused = make_fused(kernel, size);
+  if (!fused) return state.SkipWithError("no fused LayerNorm at this level");
+  std::vector<double> ratios;
+  const auto timed = [](const Pass& pass) {
+    const auto start = std::chrono::steady_clock::now();
+    pass();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (auto _ : state) {
+    const bool copy_first = ratios.size() % 2 == 0;
+    const double first = timed(copy_first ? copy : fused);
+    const double second = timed(copy_first ? fused : copy);
+    ratios.push_back(copy_first ? first / second : second / first);  // copy_'s time / fused's
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double median = ratios[ratios.size() / 2];
+  state.counters["copy_over_fused"] = median;
+  paired_ratios()[std::string(kKernelNames[kernel]) + "/" + std::to_string(size)].push_back(median);
 }
 
 // GELU through one level's table entry (state.range(1): the CpuCapability), whatever the level of
@@ -215,12 +275,15 @@ void BM_GeluLevel(benchmark::State& state, int kernel) {
   const float* px = x.const_data_ptr<float>();
   const float* pdy = dy.const_data_ptr<float>();
   float* py = y.mutable_data_ptr<float>();
+  // streamed as gelu_cpu.cpp streams: an output of kStreamMinBytes or more
+  const bool stream = y.nbytes() >= static_cast<size_t>(posenc::detail::kStreamMinBytes);
   for (auto _ : state) {
     at::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
       if (kernel == kGelu)
-        table.gelu(px + b, py + b, e - b);
+        table.gelu(px + b, py + b, e - b, stream);
       else
-        table.gelu_backward(pdy + b, px + b, py + b, e - b);
+        table.gelu_backward(pdy + b, px + b, py + b, e - b, stream);
+      if (stream) posenc::detail::stream_fence();
     });
     benchmark::DoNotOptimize(y.data_ptr());
   }
@@ -284,7 +347,10 @@ void register_cases() {
   };
   for (int kernel = 0; kernel < kKernels; ++kernel) {
     const std::string k = kKernelNames[kernel];
-    for (auto [name, f] : {std::pair{"copy", &BM_Copy}, {"fused", &BM_Fused}, {"aten", &BM_Aten}})
+    for (auto [name, f] : {std::pair{"copy", &BM_Copy},
+                           {"fused", &BM_Fused},
+                           {"aten", &BM_Aten},
+                           {"paired", &BM_Paired}})
       configure(benchmark::RegisterBenchmark((std::string(name) + "/" + k).c_str(), f, kernel)
                     ->Arg(0)
                     ->Arg(1));
@@ -329,6 +395,13 @@ int main(int argc, char** argv) {
             const std::string what = std::string(kKernelNames[kernel]) + " " + kSizes[size].name;
             r.value(what + ": fused", gbs, "GB/s");
             r.row(what + ": fused bandwidth / copy_'s", copy / fused, ">= 0.9");
+            const auto paired = paired_ratios().find(std::string(kKernelNames[kernel]) + "/" +
+                                                     std::to_string(size));
+            if (paired != paired_ratios().end()) {
+              std::vector<double> medians = paired->second;
+              std::sort(medians.begin(), medians.end());
+              r.row(what + ": the same, paired (median)", medians[medians.size() / 2], ">= 0.9");
+            }
             r.row(what + ": aten time / fused", aten / fused, "> 1");
             if (kernel != kGelu && kernel != kGeluBackward) continue;
             for (const auto level : vector_levels()) {

@@ -121,8 +121,9 @@ TEST(CpuCapability, GeluGivesTheSameBitsAtEveryLevel) {
   std::vector<torch::Tensor> ys, dxs;
   for (const auto* k : levels) {
     auto y = torch::empty_like(x), dx = torch::empty_like(x);
-    k->gelu(x.data_ptr<float>(), y.data_ptr<float>(), x.numel());
-    k->gelu_backward(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel());
+    k->gelu(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), false);
+    k->gelu_backward(dy.data_ptr<float>(), x.data_ptr<float>(), dx.data_ptr<float>(), x.numel(),
+                     false);
     ys.push_back(y);
     dxs.push_back(dx);
   }

@@ -6,11 +6,11 @@
 // another approximation per CPU: on AVX-512 it is ~1e-6 off the float64 GELU, beyond A&S's
 // bound). Every x from -12 to 12 in steps of 2^-10 (and from -8 to 8 in steps of 2^-14 for the
 // fit's bound), random gradients, special values (the mathematics' limits, where ATen gives NaN),
-// every tail length, several chunks, autograd of first and second order, and the inputs it
-// leaves to the reference. Nothing here is frozen from one CPU: it holds on AVX2, AVX-512 and
-// AVX-512 BF16 machines, at each posenc CPU level (CTest's unit_cpu_scalar / _avx2 / _avx512; the
-// levels give the same bits, CpuCapability.GeluGivesTheSameBitsAtEveryLevel) and under
-// ATEN_CPU_CAPABILITY=avx2.
+// every tail length, several chunks, streamed outputs (non-temporal stores: the same bits),
+// autograd of first and second order, and the inputs it leaves to the reference. Nothing here is
+// frozen from one CPU: it holds on AVX2, AVX-512 and AVX-512 BF16 machines, at each posenc CPU
+// level (CTest's unit_cpu_scalar / _avx2 / _avx512; the levels give the same bits,
+// CpuCapability.GeluGivesTheSameBitsAtEveryLevel) and under ATEN_CPU_CAPABILITY=avx2.
 #include <ATen/Context.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -19,6 +19,9 @@
 #include <limits>
 #include <string>
 
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/stream_stores.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/kernels/gelu.h"
 #include "support/cpu_capability.h"
 
@@ -241,6 +244,50 @@ TEST(Gelu, OutEntriesWriteTheSameBitsIntoTheCallersTensors) {
     EXPECT_EQ(std::string(e.what_without_backtrace()).find('\n'), std::string::npos);
   }
   EXPECT_THROW(posenc::gelu_backward_cpu_out(input, x, shifted), c10::Error);
+}
+
+// Out-of-cache outputs are written with non-temporal stores (gelu_rows.h, stream_stores.h): the
+// same bits as normal stores, at every vector level, from any start of the output (the values
+// before its first 64-byte line stored normally) and any tail length, and through the passes
+// (an output of kStreamMinBytes streams, x's own values).
+TEST(Gelu, StreamedOutputsGiveTheSameBits) {
+  torch::manual_seed(9);
+  const int64_t n = 1037;  // 64 vectors of 16 and a tail of 13
+  const auto x = torch::randn({n}) * 4, dy = torch::randn({n});
+  const auto* px = x.const_data_ptr<float>();
+  const auto* pdy = dy.const_data_ptr<float>();
+  for (const auto level : {posenc::CpuCapability::kAvx2, posenc::CpuCapability::kAvx512}) {
+    if (level > posenc::cpu_capability_detected()) continue;
+    const auto& k = posenc::detail::cpu_kernels_at(level);
+    auto y = torch::empty({n}), dx = torch::empty({n});
+    k.gelu(px, y.data_ptr<float>(), n, false);
+    k.gelu_backward(pdy, px, dx.data_ptr<float>(), n, false);
+    // outputs starting 0..16 floats past a 64-byte line, lengths down to a few values
+    auto buffer = torch::empty({n + 64});
+    const auto line = (64 - reinterpret_cast<uintptr_t>(buffer.data_ptr<float>()) % 64) % 64 / 4;
+    for (int64_t offset = 0; offset <= 16; ++offset)
+      for (const int64_t count : {n, n - offset, int64_t{20}, int64_t{3}}) {
+        float* out = buffer.data_ptr<float>() + line + offset;
+        k.gelu(px, out, count, true);
+        posenc::detail::stream_fence();
+        EXPECT_TRUE(torch::equal(buffer.narrow(0, line + offset, count), y.narrow(0, 0, count)))
+            << posenc::to_string(level) << " offset " << offset << " n " << count;
+        k.gelu_backward(pdy, px, out, count, true);
+        posenc::detail::stream_fence();
+        EXPECT_TRUE(torch::equal(buffer.narrow(0, line + offset, count), dx.narrow(0, 0, count)))
+            << posenc::to_string(level) << " backward, offset " << offset << " n " << count;
+      }
+  }
+  // the passes: a 16 MiB output streams; the same values as the unstreamed entry at this level
+  const auto big = torch::randn({4, 1 << 20}) * 3, big_dy = torch::randn({4, 1 << 20});
+  ASSERT_GE(big.nbytes(), static_cast<size_t>(posenc::detail::kStreamMinBytes));
+  const auto& k = posenc::detail::cpu_kernels();
+  auto want = torch::empty_like(big), want_dx = torch::empty_like(big);
+  k.gelu(big.const_data_ptr<float>(), want.data_ptr<float>(), big.numel(), false);
+  k.gelu_backward(big_dy.const_data_ptr<float>(), big.const_data_ptr<float>(),
+                  want_dx.data_ptr<float>(), big.numel(), false);
+  EXPECT_TRUE(torch::equal(gelu_forward_cpu(big), want));
+  EXPECT_TRUE(torch::equal(gelu_backward_cpu(big_dy, big), want_dx));
 }
 
 TEST(Gelu, AutogradFirstAndSecondOrderAndTheInputsLeftToTheReference) {

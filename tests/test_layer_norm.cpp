@@ -3,14 +3,18 @@
 // forward, backward with and without the residual's gradient, row counts across the row blocks,
 // widths, results independent of the thread count, the inputs left to the reference, second
 // order (a gradient penalty) against ATen's, a transformer whose residual adds run fused against
-// one that does not, and the *_out entries (the same bits into the caller's tensors, refusals).
+// one that does not, the *_out entries (the same bits into the caller's tensors, refusals), and
+// streamed outputs (non-temporal stores: the same bits).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
 #include <string>
 
+#include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/stream_stores.h"
 #include "posenc/config/registry.h"
+#include "posenc/kernels/cpu_capability.h"
 #include "posenc/kernels/layer_norm.h"
 #include "posenc/nn/transformer.h"
 
@@ -170,6 +174,67 @@ TEST(AddLayerNorm, OutEntriesWriteTheSameBitsIntoTheCallersTensors) {
   }));
   EXPECT_TRUE(one_line(
       [&] { d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, dh2, dw2, dw2); }));
+}
+
+// Out-of-cache passes write h, y and dh with non-temporal stores (layer_norm_rows.h,
+// stream_stores.h): the same bits as normal stores, row by row at every vector level, and through
+// the passes (outputs of kStreamMinBytes on 64-byte lines stream; the same outputs 16 bytes off a
+// line do not: every output, the weight and bias gradients included, equal).
+TEST(AddLayerNorm, StreamedRowsGiveTheSameBits) {
+  SKIP_WITHOUT_AVX2();
+  namespace d = posenc::detail;
+  torch::manual_seed(8);
+  for (const auto level : {posenc::CpuCapability::kAvx2, posenc::CpuCapability::kAvx512}) {
+    if (level > posenc::cpu_capability_detected()) continue;
+    const auto& k = d::cpu_kernels_at(level);
+    for (const int64_t dim : {16, 96, 1024}) {
+      SCOPED_TRACE(std::string(posenc::to_string(level)) + " D=" + std::to_string(dim));
+      const auto x = torch::randn({dim}) * 3 + 1, r = torch::randn({dim});
+      const auto w = 1 + 0.3 * torch::randn({dim}), b = 0.3 * torch::randn({dim});
+      const auto dy = torch::randn({dim}), dh_in = torch::randn({dim});
+      // rows of h, y, dh, dw, db on 64-byte lines (D % 16 == 0, torch allocates on lines): [0]
+      // with normal stores, [1] streamed
+      auto out = torch::zeros({2, 5, dim});  // h, y, dh, dw, db
+      auto stats = torch::zeros({2, 2});
+      for (int streamed = 0; streamed < 2; ++streamed) {
+        float* o = out[streamed].data_ptr<float>();
+        float* st = stats[streamed].data_ptr<float>();
+        ASSERT_TRUE(d::line_aligned(o));
+        k.layer_norm_forward_row(x.const_data_ptr<float>(), r.const_data_ptr<float>(),
+                                 w.const_data_ptr<float>(), b.const_data_ptr<float>(), o, o + dim,
+                                 dim, 1e-5f, st, st + 1, streamed == 1);
+        k.layer_norm_backward_row(dy.const_data_ptr<float>(), dh_in.const_data_ptr<float>(), o,
+                                  w.const_data_ptr<float>(), st[0], st[1], o + 2 * dim, o + 3 * dim,
+                                  o + 4 * dim, dim, streamed == 1);
+        d::stream_fence();
+      }
+      EXPECT_TRUE(torch::equal(out[0], out[1]));
+      EXPECT_TRUE(torch::equal(stats[0], stats[1]));
+      EXPECT_TRUE(torch::equal(out[0][0], x + r));
+    }
+  }
+  // the passes at [2048, 1024]: h + y are 16 MiB (the forward streams), dh 8 MiB (the backward
+  // streams from 16 MiB: [4096, 1024])
+  for (const int64_t rows : {2048, 4096}) {
+    const int64_t dim = 1024;
+    const auto x = torch::randn({rows, dim}), r = torch::randn({rows, dim});
+    const auto w = 1 + 0.3 * torch::randn({dim}), b = 0.3 * torch::randn({dim});
+    const auto dy = torch::randn({rows, dim}), dh_in = torch::randn({rows, dim});
+    const auto [h, y, mean, rstd] = d::add_layer_norm_forward_cpu(x, r, w, b, kEps);
+    const auto [dh, dw, db] = d::add_layer_norm_backward_cpu(dy, dh_in, h, mean, rstd, w);
+    ASSERT_TRUE(d::line_aligned(h.data_ptr()) && d::line_aligned(dh.data_ptr()));
+    // the same outputs 4 floats past a line: normal stores
+    const auto off_line = [&] { return torch::empty({rows * dim + 4}).narrow(0, 4, rows * dim); };
+    auto h2 = off_line().view({rows, dim}), y2 = off_line().view({rows, dim});
+    auto dh2 = off_line().view({rows, dim});
+    auto mean2 = torch::empty({rows}), rstd2 = torch::empty({rows});
+    auto dw2 = torch::empty({dim}), db2 = torch::empty({dim});
+    d::add_layer_norm_forward_cpu_out(x, r, w, b, kEps, h2, y2, mean2, rstd2);
+    d::add_layer_norm_backward_cpu_out(dy, dh_in, h, mean, rstd, w, dh2, dw2, db2);
+    for (const auto& [a, c] :
+         {std::pair{h, h2}, {y, y2}, {mean, mean2}, {rstd, rstd2}, {dh, dh2}, {dw, dw2}, {db, db2}})
+      EXPECT_TRUE(torch::equal(a, c)) << rows;
+  }
 }
 
 TEST(AddLayerNorm, OtherInputsTakeTheReference) {

@@ -30,16 +30,19 @@ struct CpuKernels {
   float (*row_max)(const float* x, int64_t n);
   float (*exp_sub_sum)(float* x, int64_t n, float m);
   // GELU (gelu_rows.h): y = gelu(x); dx = dy gelu'(x), over n values (the same bits at every
-  // level)
-  void (*gelu)(const float* x, float* y, int64_t n);
-  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n);
-  // add + LayerNorm rows of d % 8 == 0 values (layer_norm_rows.h); null at kScalar
+  // level); stream: non-temporal stores from the output's first 64-byte line on (the caller
+  // fences, stream_stores.h; ignored at kScalar), the same bits
+  void (*gelu)(const float* x, float* y, int64_t n, bool stream);
+  void (*gelu_backward)(const float* dy, const float* x, float* dx, int64_t n, bool stream);
+  // add + LayerNorm rows of d % 8 == 0 values (layer_norm_rows.h); null at kScalar. stream:
+  // non-temporal stores of h, y / dh (rows on 64-byte lines, d % 16 == 0; the caller fences,
+  // stream_stores.h), the same bits
   void (*layer_norm_forward_row)(const float* x, const float* r, const float* w, const float* b,
-                                 float* h, float* y, int64_t d, float eps, float* mean,
-                                 float* rstd);
+                                 float* h, float* y, int64_t d, float eps, float* mean, float* rstd,
+                                 bool stream);
   void (*layer_norm_backward_row)(const float* dy, const float* dh_in, const float* h,
                                   const float* w, float mu, float s, float* dh, float* dw,
-                                  float* db, int64_t d);
+                                  float* db, int64_t d, bool stream);
   // RoPE rows (rope_rows.h), s carrying the direction's sign; y may be x. float32: half or
   // interleaved layout, stream: non-temporal stores (y != x, aligned; rope_f32_stream_ok);
   // bfloat16 / float16 bits, half layout, round_each: eager's rounding of every product.

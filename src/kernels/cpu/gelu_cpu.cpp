@@ -5,6 +5,9 @@
 // may be an input, element for element, never a partial overlap).
 // Chunks of kGeluGrain elements per thread: a tensor below that runs on the calling thread
 // without waking the pool (the main job's MLP activations, 2048 x 192, are two chunks).
+// An output of kStreamMinBytes or more, not the input itself, is written with non-temporal stores
+// (stream_stores.h: no read-for-ownership of lines that would not stay in the cache anyway); a
+// smaller one stays in the cache for the op that reads it next. The values are the same.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 #include <ATen/Parallel.h>
@@ -16,6 +19,7 @@
 #include "cpu_kernels.h"
 #include "parallel.h"
 #include "posenc/kernels/gelu.h"
+#include "stream_stores.h"
 
 namespace posenc {
 
@@ -37,6 +41,12 @@ void check_output(const char* what, const at::Tensor& out, const at::Tensor& x) 
   at::assert_no_partial_overlap(out, x);
 }
 
+// Whether a pass writing `out` (not in place) streams it: out of cache.
+bool stream_output(const at::Tensor& out, const at::Tensor& x) {
+  return out.nbytes() >= static_cast<size_t>(detail::kStreamMinBytes) &&
+         out.const_data_ptr() != x.const_data_ptr();
+}
+
 }  // namespace
 
 bool gelu_fused_supported(const at::Tensor& x) {
@@ -50,8 +60,11 @@ void gelu_forward_cpu_out(const at::Tensor& x, at::Tensor& y) {
   const float* in = x.const_data_ptr<float>();
   float* out = y.mutable_data_ptr<float>();
   const auto gelu = detail::cpu_kernels().gelu;
-  detail::parallel_for(0, x.numel(), kGeluGrain,
-                       [&](int64_t b, int64_t e) { gelu(in + b, out + b, e - b); });
+  const bool stream = stream_output(y, x);
+  detail::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
+    gelu(in + b, out + b, e - b, stream);
+    if (stream) detail::stream_fence();
+  });
 }
 
 at::Tensor gelu_forward_cpu(const at::Tensor& x) {
@@ -72,8 +85,11 @@ void gelu_backward_cpu_out(const at::Tensor& grad, const at::Tensor& x, at::Tens
   const float* in = x.const_data_ptr<float>();
   float* out = dx.mutable_data_ptr<float>();
   const auto gelu_backward = detail::cpu_kernels().gelu_backward;
-  detail::parallel_for(0, x.numel(), kGeluGrain,
-                       [&](int64_t b, int64_t e) { gelu_backward(g + b, in + b, out + b, e - b); });
+  const bool stream = stream_output(dx, x) && dx.const_data_ptr() != grad.const_data_ptr();
+  detail::parallel_for(0, x.numel(), kGeluGrain, [&](int64_t b, int64_t e) {
+    gelu_backward(g + b, in + b, out + b, e - b, stream);
+    if (stream) detail::stream_fence();
+  });
 }
 
 at::Tensor gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {

@@ -14,10 +14,14 @@
 // the same bits at scalar, AVX2 and AVX-512 and does not depend on its position or the tail (the
 // last n % lanes values through a masked load and store). Special values: gelu(+inf) = +inf,
 // gelu(-inf) = -0 (a clamped, the tail zero there), NaN -> NaN; gelu'(+inf) = 1, gelu'(-inf) = 0.
+// stream (gelu_cpu.cpp's choice: out-of-cache outputs, stream_stores.h): the whole vectors go out
+// with non-temporal stores from the output's first 64-byte line on (the values before it and the
+// tail through normal masked stores); the values do not change.
 // GeluRows is instantiated only inside a vector type's target region (kernels_avx2.cpp,
 // kernels_avx512.cpp); PlainGeluRows by kernels_scalar.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -60,25 +64,67 @@ struct GeluRows {
     const V tail_s = tail<kGeluSDegree>(s, clamped_abs(x, kGeluSClamp), Vec::set1(kGeluSScale));
     return Vec::mul(dy, Vec::select_sign(x, tail_s, Vec::sub(Vec::set1(1.0f), tail_s)));
   }
-  // y[i] = gelu(x[i]) for i in [0, n)
-  static void span(const float* x, float* y, int64_t n) {
+  // Values of the output before its first 64-byte line (at most n): stored normally, so the
+  // streamed vectors after them start on a line (and at 8 lanes fill each line with two stores).
+  static int64_t before_line(const float* out, int64_t n) {
+    const auto misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(out) % 64);
+    return misaligned == 0 ? 0 : std::min<int64_t>(n, (64 - misaligned) / 4);
+  }
+  // One whole vector: streamed (non-temporal) or stored.
+  template <bool kStream>
+  static inline __attribute__((always_inline)) void put(float* p, V v) {
+    if constexpr (kStream) {
+      Vec::stream(p, v);
+    } else {
+      Vec::store(p, v);
+    }
+  }
+  // Each loop: (when streaming) the values before the output's first line through a masked store,
+  // the whole vectors, the last n % lanes through a masked store.
+  template <bool kStream>
+  static void span_impl(const float* x, float* y, int64_t n) {
     V q[kGeluQDegree + 1];
     for (int j = 0; j <= kGeluQDegree; ++j) q[j] = Vec::table8(kGeluQ[j]);
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) Vec::store(y + i, forward(Vec::load(x + i), q));
+    const int64_t head = kStream ? before_line(y, n) : 0;
+    for (int64_t j = 0; j < head; j += kLanes) {
+      const int64_t m = std::min(kLanes, head - j);  // up to 15 values: two pieces at 8 lanes
+      Vec::store_first(y + j, forward(Vec::load_first(x + j, m), q), m);
+    }
+    int64_t i = head;
+    for (; i + kLanes <= n; i += kLanes) put<kStream>(y + i, forward(Vec::load(x + i), q));
     if (i < n) Vec::store_first(y + i, forward(Vec::load_first(x + i, n - i), q), n - i);
   }
-  // dx[i] = dy[i] gelu'(x[i]) for i in [0, n)
-  static void backward_span(const float* dy, const float* x, float* dx, int64_t n) {
+  template <bool kStream>
+  static void backward_span_impl(const float* dy, const float* x, float* dx, int64_t n) {
     V s[kGeluSDegree + 1];
     for (int j = 0; j <= kGeluSDegree; ++j) s[j] = Vec::table8(kGeluS[j]);
-    int64_t i = 0;
+    const int64_t head = kStream ? before_line(dx, n) : 0;
+    for (int64_t j = 0; j < head; j += kLanes) {
+      const int64_t m = std::min(kLanes, head - j);
+      Vec::store_first(dx + j, backward(Vec::load_first(dy + j, m), Vec::load_first(x + j, m), s),
+                       m);
+    }
+    int64_t i = head;
     for (; i + kLanes <= n; i += kLanes)
-      Vec::store(dx + i, backward(Vec::load(dy + i), Vec::load(x + i), s));
+      put<kStream>(dx + i, backward(Vec::load(dy + i), Vec::load(x + i), s));
     if (i < n)
       Vec::store_first(dx + i,
                        backward(Vec::load_first(dy + i, n - i), Vec::load_first(x + i, n - i), s),
                        n - i);
+  }
+  // y[i] = gelu(x[i]) for i in [0, n); stream: non-temporal stores (the caller fences)
+  static void span(const float* x, float* y, int64_t n, bool stream) {
+    if (stream)
+      span_impl<true>(x, y, n);
+    else
+      span_impl<false>(x, y, n);
+  }
+  // dx[i] = dy[i] gelu'(x[i]) for i in [0, n); stream as span's
+  static void backward_span(const float* dy, const float* x, float* dx, int64_t n, bool stream) {
+    if (stream)
+      backward_span_impl<true>(dy, x, dx, n);
+    else
+      backward_span_impl<false>(dy, x, dx, n);
   }
 };
 
@@ -109,10 +155,12 @@ struct PlainGeluRows {
     const float s = tail<kGeluSDegree>(kGeluS, clamped_abs(x, kGeluSClamp), kGeluSScale);
     return dy * (std::signbit(x) ? s : 1.0f - s);
   }
-  static void span(const float* x, float* y, int64_t n) {
+  // stream: ignored (plain stores at the scalar level)
+  static void span(const float* x, float* y, int64_t n, bool /*stream*/) {
     for (int64_t i = 0; i < n; ++i) y[i] = forward(x[i]);
   }
-  static void backward_span(const float* dy, const float* x, float* dx, int64_t n) {
+  static void backward_span(const float* dy, const float* x, float* dx, int64_t n,
+                            bool /*stream*/) {
     for (int64_t i = 0; i < n; ++i) dx[i] = backward(dy[i], x[i]);
   }
 };

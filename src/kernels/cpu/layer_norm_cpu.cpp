@@ -3,6 +3,12 @@
 // posenc/kernels/layer_norm.h. Rows are split in blocks of kLayerNormRowBlock; a parallel chunk is
 // at least kLayerNormGrain elements (the main job's [2048, 96] runs as two chunks). The *_out
 // entries write into the caller's tensors (the benchmarks' preallocated outputs).
+// A pass whose outputs (h and y forward, dh backward) are kStreamMinBytes or more writes them with
+// non-temporal stores (stream_stores.h) where every row starts on a 64-byte line (outputs so
+// aligned, D % 16 == 0): out of cache the normal stores' read-for-ownership made the forward move
+// 6 bytes for every 4 it reads and writes (0.67-1.01x copy_'s bandwidth, the backward 0.54-0.77x;
+// docs/performance.md); in cache (the main job's [2048, 96]) the outputs stay in the cache for the
+// op that reads them next.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 
@@ -12,6 +18,7 @@
 #include "cpu_kernels.h"
 #include "parallel.h"
 #include "posenc/kernels/layer_norm.h"
+#include "stream_stores.h"
 
 namespace posenc {
 
@@ -47,6 +54,17 @@ void check_output(const char* name, const at::Tensor& out, at::IntArrayRef sizes
               out.defined() && !out.is_contiguous() ? " (not contiguous)" : "");
   for (const at::Tensor* in : inputs)
     if (in->defined()) at::assert_no_overlap(out, *in);
+}
+
+// Whether a pass writing `outputs` (each [rows, d]) streams them: out of cache and every row on a
+// 64-byte line.
+bool stream_rows(std::initializer_list<const float*> outputs, int64_t rows, int64_t d) {
+  if (d % (detail::kStreamAlignBytes / static_cast<int64_t>(sizeof(float))) != 0 ||
+      static_cast<int64_t>(outputs.size() * sizeof(float)) * rows * d < detail::kStreamMinBytes)
+    return false;
+  for (const float* p : outputs)
+    if (!detail::line_aligned(p)) return false;
+  return true;
 }
 
 }  // namespace
@@ -101,9 +119,12 @@ void add_layer_norm_forward_cpu_out(const at::Tensor& x, const at::Tensor& r,
   const auto e = static_cast<float>(eps);
   const int64_t blocks = (rows + kLayerNormRowBlock - 1) / kLayerNormRowBlock;
   const auto forward_row = cpu_kernels().layer_norm_forward_row;
+  const bool stream = stream_rows({ph, py}, rows, d);
   parallel_for(0, blocks, grain_in_blocks(d), [&](int64_t b0, int64_t b1) {
     for (int64_t i = b0 * kLayerNormRowBlock; i < std::min(rows, b1 * kLayerNormRowBlock); ++i)
-      forward_row(px + i * d, pr + i * d, pw, pb, ph + i * d, py + i * d, d, e, pm + i, ps + i);
+      forward_row(px + i * d, pr + i * d, pw, pb, ph + i * d, py + i * d, d, e, pm + i, ps + i,
+                  stream);
+    if (stream) stream_fence();
   });
 }
 
@@ -149,14 +170,16 @@ void add_layer_norm_backward_cpu_out(const at::Tensor& dy, const at::Tensor& dh_
   const auto backward_row = cpu_kernels().layer_norm_backward_row;
   TORCH_CHECK(backward_row != nullptr, "add_layer_norm backward: no fused pass at CPU level ",
               to_string(cpu_capability()), " (the forward took the reference there)");
+  const bool stream = stream_rows({pdh}, rows, d);
   parallel_for(0, blocks, grain_in_blocks(d), [&](int64_t b0, int64_t b1) {
     for (int64_t blk = b0; blk < b1; ++blk) {
       float* dw = pp + blk * 2 * d;
       for (int64_t i = blk * kLayerNormRowBlock; i < std::min(rows, (blk + 1) * kLayerNormRowBlock);
            ++i)
         backward_row(pdy + i * d, pin ? pin + i * d : nullptr, ph + i * d, pw, pm[i], ps[i],
-                     pdh + i * d, dw, dw + d, d);
+                     pdh + i * d, dw, dw + d, d, stream);
     }
+    if (stream) stream_fence();
   });
   // the blocks' partial sums added in block order: the same for any thread count
   float* out[2] = {dweight.mutable_data_ptr<float>(), dbias.mutable_data_ptr<float>()};

@@ -3,6 +3,13 @@
 // at 16 lanes the last 8 go through a masked load and store. The row's sums are taken in the
 // lanes, then across them: the order (and the last bits of mean, rstd and the gradients) depends
 // on the width, not on the thread count. Included only inside a vector type's target region.
+// Each input row is read from memory once: the forward's three passes over a row (h = x + r and
+// its sum; the centred squares; y) and the backward's two (the two row sums and the dw, db
+// partials; dh) read it again from L1 (a row of D <= kMaxLayerNormDim floats).
+// stream (the caller's choice, layer_norm_cpu.cpp: out-of-cache passes, rows on 64-byte lines and
+// d % 16 == 0): the outputs h, y (forward) and dh (backward) are written with non-temporal
+// stores (stream_stores.h), so a pass moves only the bytes it reads and writes; the forward then
+// takes h again as x + r from the row in L1 (a streamed h has left the cache), the same bits.
 #pragma once
 
 #include <cmath>
@@ -19,27 +26,46 @@ struct LayerNormRows {
   static inline __attribute__((always_inline)) V load(const float* p, int64_t j, int64_t d) {
     return j + kLanes <= d ? Vec::load(p + j) : Vec::load_first(p + j, d - j);
   }
+  template <bool kStream = false>
   static inline __attribute__((always_inline)) void store(float* p, int64_t j, int64_t d, V v) {
-    if (j + kLanes <= d)
-      Vec::store(p + j, v);
-    else
+    if (j + kLanes > d)
       Vec::store_first(p + j, v, d - j);
+    else if constexpr (kStream)
+      Vec::stream(p + j, v);
+    else
+      Vec::store(p + j, v);
+  }
+
+  // h's lanes [j, j + kLanes) again: from h (in L1 after the first pass), or as x + r when h was
+  // streamed (it has left the cache; x and r are in L1)
+  template <bool kStream>
+  static inline __attribute__((always_inline)) V h_again(const float* x, const float* r,
+                                                         const float* h, int64_t j, int64_t d) {
+    if constexpr (kStream) {
+      return Vec::add(load(x, j, d), load(r, j, d));
+    } else {
+      return load(h, j, d);
+    }
   }
 
   // One row forward: h = x + r, y = (h - mu) rstd w + b.
-  static void forward_row(const float* x, const float* r, const float* w, const float* b, float* h,
-                          float* y, int64_t d, float eps, float* mean, float* rstd) {
+  template <bool kStream>
+  static inline __attribute__((always_inline)) void forward_row_impl(const float* x, const float* r,
+                                                                     const float* w, const float* b,
+                                                                     float* h, float* y, int64_t d,
+                                                                     float eps, float* mean,
+                                                                     float* rstd) {
     V acc = Vec::zero();
     for (int64_t j = 0; j < d; j += kLanes) {
       const V v = Vec::add(load(x, j, d), load(r, j, d));
-      store(h, j, d, v);
+      store<kStream>(h, j, d, v);
       acc = Vec::add(acc, v);
     }
     const float mu = Vec::hsum(acc) / static_cast<float>(d);
     const V vmu = Vec::set1(mu);
     V acc2 = Vec::zero();
     for (int64_t j = 0; j < d; j += kLanes) {
-      V c = Vec::sub(load(h, j, d), vmu);
+      V c = Vec::sub(h_again<kStream>(x, r, h, j, d), vmu);
       if (j + kLanes > d) c = Vec::keep(Vec::first(d - j), c);  // past d: 0, not -mu
       acc2 = Vec::fmadd(c, c, acc2);
     }
@@ -47,17 +73,26 @@ struct LayerNormRows {
     const float s = 1.0f / std::sqrt(var + eps);
     const V vs = Vec::set1(s);
     for (int64_t j = 0; j < d; j += kLanes) {
-      const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
-      store(y, j, d, Vec::fmadd(xhat, load(w, j, d), load(b, j, d)));
+      const V xhat = Vec::mul(Vec::sub(h_again<kStream>(x, r, h, j, d), vmu), vs);
+      store<kStream>(y, j, d, Vec::fmadd(xhat, load(w, j, d), load(b, j, d)));
     }
     *mean = mu;
     *rstd = s;
   }
+  static void forward_row(const float* x, const float* r, const float* w, const float* b, float* h,
+                          float* y, int64_t d, float eps, float* mean, float* rstd, bool stream) {
+    if (stream)
+      forward_row_impl<true>(x, r, w, b, h, y, d, eps, mean, rstd);
+    else
+      forward_row_impl<false>(x, r, w, b, h, y, d, eps, mean, rstd);
+  }
 
   // One row backward: dh = rstd (g - mean(g) - xhat mean(g xhat)) + dh_in, g = dy w;
   // dw += dy xhat, db += dy into the block's partial sums.
-  static void backward_row(const float* dy, const float* dh_in, const float* h, const float* w,
-                           float mu, float s, float* dh, float* dw, float* db, int64_t d) {
+  template <bool kStream>
+  static inline __attribute__((always_inline)) void backward_row_impl(
+      const float* dy, const float* dh_in, const float* h, const float* w, float mu, float s,
+      float* dh, float* dw, float* db, int64_t d) {
     const V vmu = Vec::set1(mu);
     const V vs = Vec::set1(s);
     V sum_g = Vec::zero();
@@ -81,8 +116,16 @@ struct LayerNormRows {
       const V inner = Vec::sub(Vec::sub(g, c_g), Vec::mul(xhat, c_gx));
       V out = Vec::mul(vs, inner);
       if (dh_in != nullptr) out = Vec::add(out, load(dh_in, j, d));
-      store(dh, j, d, out);
+      store<kStream>(dh, j, d, out);
     }
+  }
+  static void backward_row(const float* dy, const float* dh_in, const float* h, const float* w,
+                           float mu, float s, float* dh, float* dw, float* db, int64_t d,
+                           bool stream) {
+    if (stream)
+      backward_row_impl<true>(dy, dh_in, h, w, mu, s, dh, dw, db, d);
+    else
+      backward_row_impl<false>(dy, dh_in, h, w, mu, s, dh, dw, db, d);
   }
 };
 
