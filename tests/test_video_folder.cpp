@@ -190,6 +190,28 @@ TEST(VideoFolder, LabelsFileFormat) {
   EXPECT_EQ(folder.padded_clips, 0);
 }
 
+// Spaces after the commas (a hand-written file): unquoted fields are trimmed, so " right" and
+// "right" are one class and " c.avi " is c.avi; a quoted field keeps its spaces.
+TEST(VideoFolder, UnquotedLabelsAndPathsAreTrimmedQuotedOnesKept) {
+  auto root = fresh_folder("trimmed");
+  write_clip(root / "c.avi", 10);
+  write_clip(root / " d.avi", 10);
+  write_text(root / "labels.csv",
+             "path, label\n c.avi , right \nc.avi,right\r\nc.avi,\tleft\n\" d.avi\",\" right\"\n"
+             "  \n");
+  auto labels = read_video_labels((root / "labels.csv").string(), "", BadVideos::kStop);
+  ASSERT_EQ(labels.rows.size(), 4u);
+  EXPECT_EQ(labels.rows[0].path, (root / "c.avi").string());
+  EXPECT_EQ(labels.rows[0].label, "right");
+  EXPECT_EQ(labels.rows[1].label, "right");
+  EXPECT_EQ(labels.rows[2].label, "left");
+  EXPECT_EQ(labels.rows[3].path, (root / " d.avi").string());
+  EXPECT_EQ(labels.rows[3].label, " right");
+  EXPECT_EQ(labels.classes, (std::vector<std::string>{" right", "left", "right"}));
+  auto folder = load_video_folder((root / "labels.csv").string(), "", options_of(2, 10));
+  EXPECT_EQ(as_vector(folder.labels), (std::vector<double>{2, 2, 1, 0}));
+}
+
 // Each kind of bad input: the one line it stops with (kStop), and kSkip keeping the rest.
 TEST(VideoFolder, EachKindOfBadInputIsOneLineOrSkipped) {
   auto root = fresh_folder("bad");

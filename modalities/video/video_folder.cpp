@@ -57,6 +57,8 @@ struct CsvRecord {
 
 // RFC 4180 records: fields split at commas outside double quotes, "" inside quotes is one ",
 // records end at a newline outside quotes (a CR before it dropped); blank lines are passed over.
+// A field not in quotes loses its surrounding whitespace ("c.avi, right" is "right", as the
+// time-series CSV reader reads it), a quoted one is kept as written (" right" in quotes).
 std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& path) {
   std::vector<CsvRecord> records;
   size_t i = 0;
@@ -65,8 +67,9 @@ std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& pat
   CsvRecord record{{}, line};
   std::string field;
   bool quoted = false, field_was_quoted = false;
+  auto end_field = [&] { record.fields.push_back(field_was_quoted ? field : trim(field)); };
   auto end_record = [&] {
-    record.fields.push_back(field);
+    end_field();
     const bool blank = record.fields.size() == 1 && record.fields[0].empty() && !field_was_quoted;
     if (!blank) records.push_back(record);
     TORCH_CHECK(static_cast<int64_t>(records.size()) <= kMaxLabelRows + 1, "labels: '", path,
@@ -90,7 +93,7 @@ std::vector<CsvRecord> parse_csv(const std::string& text, const std::string& pat
     } else if (c == '"' && field.empty() && !field_was_quoted) {
       quoted = field_was_quoted = true;
     } else if (c == ',') {
-      record.fields.push_back(field);
+      end_field();
       field.clear();
       field_was_quoted = false;
     } else if (c == '\n') {

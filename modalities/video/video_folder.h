@@ -2,7 +2,9 @@
 // trains from (the video_classification task's `videos` / `labels` keys).
 //
 // Labels file (RFC 4180 CSV: fields may be double-quoted, "" inside quotes is one "; a UTF-8 BOM
-// and CR line ends are taken; blank lines are passed over). The header row is exactly
+// and CR line ends are taken; blank lines are passed over; a field not in quotes loses its
+// surrounding whitespace, "a.avi, right" is the class "right", a quoted field is kept as written).
+// The header row is exactly
 //   path,label            or            path,label,start,end
 // (anything else is an unknown label format: the file is refused). path: the clip, relative to
 // the clip folder (task.videos; the CSV's own folder when none is given) unless absolute; label:
