@@ -94,10 +94,15 @@ at::Tensor tokens_major(const at::Tensor& x, int64_t unsqueeze_dim) {
   return unsqueeze_dim == 1 ? x.transpose(1, 2) : x;
 }
 
-// The per-pair table [N, F] or [B, N, F] the kernel reads (one member of each pair).
+// The per-pair table [N, F] or [B, N, F] the CPU kernel reads (one member of each pair).
 at::Tensor per_pair(const at::Tensor& table, int64_t batch, RopeLayout layout) {
   auto first = pair_members(table, table.size(-1), layout).first;
   return (first.size(0) == 1 && batch != 1) ? first.squeeze(0) : first;
+}
+
+// The whole table [N, W] or [B, N, W] (a kernel reading each output element's own entries).
+at::Tensor whole_table(const at::Tensor& table, int64_t batch) {
+  return (table.size(0) == 1 && batch != 1) ? table.squeeze(0) : table;
 }
 
 void rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
@@ -105,20 +110,14 @@ void rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at::Ten
   rope_rotate_cpu(inputs, outputs, cos, sin, layout, /*inverse=*/false, /*round_each_op=*/true);
 }
 
-#if POSENC_HAS_CUDA_GLUE
-void rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                 const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout) {
-  detail::rope_rotate_cuda_round_each_op(inputs, outputs, cos, sin, layout, /*inverse=*/false);
-}
-#endif
-
-// The kernel of the inputs' device (apply_rotary_fused_refusal has taken them).
+// The kernel of the inputs' device (apply_rotary_fused_refusal has taken them): the CPU one reads
+// per-pair tables, the CUDA one (eager mode) the whole tables.
 RotaryKernel device_kernel(const at::Tensor& q) {
 #if POSENC_HAS_CUDA_GLUE
-  if (q.is_cuda()) return &rotate_cuda;
+  if (q.is_cuda()) return {&detail::rope_rotate_cuda_eager, /*reads_whole_tables=*/true};
 #endif
   TORCH_CHECK(q.device().is_cpu(), "posenc.apply_rotary: no fused kernel on ", q.device());
-  return &rotate_cpu;
+  return {&rotate_cpu, /*reads_whole_tables=*/false};
 }
 
 }  // namespace
@@ -204,7 +203,7 @@ std::tuple<at::Tensor, at::Tensor> apply_rotary_reference(const at::Tensor& q, c
 std::string apply_rotary_kernel_refusal(const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& cos, const at::Tensor& sin,
                                         int64_t unsqueeze_dim, RopeLayout layout,
-                                        bool kernel_takes_float64) {
+                                        RotaryKernelTakes takes) {
   if (q.dim() != 4 || k.dim() != 4) return "q and k are not 4-dimensional";
   if (cos.dim() != 3) return "cos/sin are not [B, N, W]";
   const int64_t u = normalized_unsqueeze_dim(unsqueeze_dim, cos);
@@ -217,20 +216,27 @@ std::string apply_rotary_kernel_refusal(const at::Tensor& q, const at::Tensor& k
   if (cos.size(1) != q.size(token_dim)) return "cos/sin tokens differ from q's";
   if (q.scalar_type() != k.scalar_type() || !is_kernel_dtype(q.scalar_type()))
     return "q and k are not both float32, float64, bfloat16 or float16";
-  if (!kernel_takes_float64 && q.scalar_type() == at::kDouble)
+  if (!takes.float64 && q.scalar_type() == at::kDouble)
     return "float64 (the CUDA kernel stores float32, bfloat16 or float16)";
   if (apply_rotary_result_dtype(q, cos, sin) != q.scalar_type())
     return "cos/sin are of a wider dtype than q (the result would be promoted)";
   if (q.stride(-1) != 1 || k.stride(-1) != 1) return "the last dim of q or k is not contiguous";
   if (q.numel() == 0 || k.numel() == 0) return "empty";
-  // Table values, read on the tables' device (on CUDA each at::equal waits for the device)
-  for (const auto* t : {&cos, &sin})  // the kernel reads float32 tables: only lossless ones
-    if (t->scalar_type() == at::kDouble && !at::equal(t->to(at::kFloat).to(at::kDouble), *t))
-      return "cos/sin are float64 values float32 cannot hold (the kernel reads float32 tables)";
-  const int64_t width = cos.size(-1);
-  for (const auto* t : {&cos, &sin}) {
-    auto [a, b] = pair_members(*t, width, layout);
-    if (!at::equal(a, b)) return "the two members of a pair read different table values";
+  // Table values: only where the kernel needs them checked (on CUDA each at::equal would wait for
+  // the device). float64 tables come here only with float64 q (with any other q the result is
+  // promoted, refused above), so a kernel that takes no float64 (CUDA) reads none of them.
+  if (takes.float64)
+    for (const auto* t : {&cos, &sin})  // the kernel reads float32 tables: only lossless ones
+      if (t->scalar_type() == at::kDouble && !at::equal(t->to(at::kFloat).to(at::kDouble), *t))
+        return "cos/sin are float64 values float32 cannot hold (the kernel reads float32 tables)";
+  // A kernel reading each output element's own entries computes eager's formula whatever the
+  // tables hold; one reading one entry per pair needs the two members equal
+  if (!takes.unequal_pair_members) {
+    const int64_t width = cos.size(-1);
+    for (const auto* t : {&cos, &sin}) {
+      auto [a, b] = pair_members(*t, width, layout);
+      if (!at::equal(a, b)) return "the two members of a pair read different table values";
+    }
   }
   return "";
 }
@@ -243,15 +249,14 @@ std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
   if (device.is_cuda()) {
 #if POSENC_HAS_CUDA_GLUE
     return apply_rotary_kernel_refusal(q, k, cos, sin, unsqueeze_dim, layout,
-                                       /*kernel_takes_float64=*/false);
+                                       kCudaRotaryKernelTakes);
 #else
     return "this posenc was built without the CUDA glue (a LibTorch without CUDA)";
 #endif
   }
   if (!device.is_cpu())
     return "on " + device.str() + " (the fused kernels run on the CPU and CUDA)";
-  return apply_rotary_kernel_refusal(q, k, cos, sin, unsqueeze_dim, layout,
-                                     /*kernel_takes_float64=*/true);
+  return apply_rotary_kernel_refusal(q, k, cos, sin, unsqueeze_dim, layout, kCpuRotaryKernelTakes);
 }
 
 void apply_rotary_through(const std::vector<at::Tensor>& inputs,
@@ -264,7 +269,10 @@ void apply_rotary_through(const std::vector<at::Tensor>& inputs,
     y.push_back(tokens_major(outputs[i], unsqueeze_dim));
   }
   const int64_t batch = inputs[0].size(0);
-  kernel(x, y, per_pair(cos, batch, layout), per_pair(sin, batch, layout), layout);
+  if (kernel.reads_whole_tables)
+    kernel.rotate(x, y, whole_table(cos, batch), whole_table(sin, batch), layout);
+  else
+    kernel.rotate(x, y, per_pair(cos, batch, layout), per_pair(sin, batch, layout), layout);
 }
 
 std::tuple<at::Tensor, at::Tensor> apply_rotary_fused_or_reference(

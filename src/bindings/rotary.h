@@ -19,14 +19,18 @@
 // (grouped-query attention).
 //
 // Paths (one dispatch point, apply_rotary_fused_refusal; apply_rotary_route says which and why):
-// rope_rotate's kernel of the inputs' device — the CPU one (rope_rotate_cpu), or on CUDA tensors
-// the CUDA one (cuda::rope_rotate_tables, where the library has the CUDA glue; not float64) — in
-// its round_each_op mode, which computes the formula with eager's roundings (each product and the
-// sum rounded to the storage type, no fused multiply-add), so float32/float64/bfloat16/float16
-// results equal eager's to the bit on either device; otherwise the reference below, which is the
-// formula itself. The kernels take q/k of 4 dims with a unit-stride head dim and tables [1 or B,
-// N, W] whose two pair members hold the same value (HF's cat((freqs, freqs)) or
-// repeat_interleave): the refusal names the first condition that fails.
+// rope_rotate's kernel of the inputs' device with eager's roundings (each product and the sum
+// rounded to the storage type, no fused multiply-add), so results equal eager's to the bit on
+// either device; otherwise the reference below, which is the formula itself. Both kernels take q/k
+// of 4 dims with a unit-stride head dim and tables [1 or B, N, W]:
+//   CPU   rope_rotate_cpu's round_each_op mode, float32/float64/bfloat16/float16; it reads one
+//         table entry per pair, so it takes tables whose two pair members hold the same value (HF's
+//         cat((freqs, freqs)) or repeat_interleave), checked on the host (at::equal: CPU values)
+//   CUDA  cuda::rope_rotate_tables' eager mode (where the library has the CUDA glue; not float64):
+//         every output element reads its own table entries, so any table values give eager's
+//         result and the refusal reads no value (shapes, dtypes and strides only): no device
+//         wait, and CUDA graph capture (torch.compile mode="reduce-overhead") can record it
+// The refusal names the first condition that fails.
 // Backward (autograd/, differentiable, so gradgradcheck and torch.compile trace it):
 //   dq = apply_rotary(dy, cos, -swap(sin))          swap: exchange the halves (pairs) of the table
 //   dcos = sum over broadcast dims of dy * x,  dsin = sum of dy * rot(x)   (over q and k)
@@ -57,23 +61,38 @@ at::Tensor swap_pair_members(const at::Tensor& table, RopeLayout layout);
 std::string apply_rotary_fused_refusal(const at::Tensor& q, const at::Tensor& k,
                                        const at::Tensor& cos, const at::Tensor& sin,
                                        int64_t unsqueeze_dim, RopeLayout layout);
-/// The device-independent part of apply_rotary_fused_refusal: shapes, dtypes (float64 only where
-/// kernel_takes_float64: the CPU kernel), strides and table values.
+/// What a fused kernel takes beyond the conditions both share.
+struct RotaryKernelTakes {
+  bool float64 = false;  ///< float64 q/k/tables (the CPU kernel)
+  /// Tables whose two pair members differ: the kernel reads each output element's own entries
+  /// (the CUDA kernel's eager mode). Then the refusal reads no table value; without it, the pair
+  /// members are compared (at::equal, a device wait on CUDA) and float64 tables must be float32's.
+  bool unequal_pair_members = false;
+};
+/// The CPU kernel's (rope_rotate_cpu, round_each_op) and the CUDA kernel's (eager mode).
+inline constexpr RotaryKernelTakes kCpuRotaryKernelTakes{/*float64=*/true,
+                                                         /*unequal_pair_members=*/false};
+inline constexpr RotaryKernelTakes kCudaRotaryKernelTakes{/*float64=*/false,
+                                                          /*unequal_pair_members=*/true};
+/// The device-independent part of apply_rotary_fused_refusal for a kernel that takes `takes`:
+/// shapes, dtypes, strides, and (only without takes.unequal_pair_members) table values.
 std::string apply_rotary_kernel_refusal(const at::Tensor& q, const at::Tensor& k,
                                         const at::Tensor& cos, const at::Tensor& sin,
                                         int64_t unsqueeze_dim, RopeLayout layout,
-                                        bool kernel_takes_float64);
-/// A rotation kernel with rope_rotate_cpu's contract and eager's roundings (round_each_op):
-/// inputs[i] [B, N, H, D] rotated into outputs[i] by the per-pair tables cos, sin ([N, F] or
-/// [B, N, F]).
-using RotaryKernel = void (*)(const std::vector<at::Tensor>& inputs,
-                              const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                              const at::Tensor& sin, RopeLayout layout);
+                                        RotaryKernelTakes takes);
+/// A rotation kernel with eager's roundings: inputs[i] [B, N, H, D] rotated into outputs[i] by the
+/// tables cos, sin, per-pair ([N, F] or [B, N, F]: rope_rotate_cpu's contract, round_each_op)
+/// or, where reads_whole_tables, as apply_rotary has them ([N, W] or [B, N, W]: each output
+/// element its own entries, detail::rope_rotate_launch_eager's contract).
+struct RotaryKernel {
+  void (*rotate)(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                 const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout) = nullptr;
+  bool reads_whole_tables = false;
+};
 /// The fused path for inputs that apply_rotary_kernel_refusal takes: q, k (as given to
 /// apply_rotary, unsqueeze_dim 1 or 2, normalized) into outputs of their shapes (or themselves:
-/// in place) through `kernel`, which reads them as [B, N, H, D] views and one member of each
-/// pair of the tables. The CPU emulator's tests (tests/cuda_emu) run it with the emulated CUDA
-/// kernel.
+/// in place) through `kernel`, which reads them as [B, N, H, D] views and the tables (per pair,
+/// or whole). The CPU emulator's tests (tests/cuda_emu) run it with the emulated CUDA kernel.
 void apply_rotary_through(const std::vector<at::Tensor>& inputs,
                           const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
                           const at::Tensor& sin, int64_t unsqueeze_dim, RopeLayout layout,

@@ -8,11 +8,17 @@
 //   cos, sin: float32 [N, F] or [B, N, F] contiguous, 2F <= Dh_t; dims 2F.. are copied to y
 // One block per token; each thread rotates V consecutive pairs with one vector load per operand
 // (16 bytes: V = 4 fp32 / 8 bf16 in the half layout) when pointers and strides allow, else V = 1.
-// Rounding: float32 products and sums rounded once to the storage type (default; nvcc may fuse a
-// product and the sum), or, with round_each_op, each product and the sum rounded to the storage
-// type with no fused multiply-add: eager PyTorch's `x * cos + rotate_half(x) * sin` to the bit
-// (posenc::apply_rotary on CUDA tensors; the CPU kernel's round_each_op,
-// posenc/kernels/rope_fused.h).
+// Two modes:
+//   default  per-pair tables as above (one cos/sin per pair, the members of a pair share it);
+//            float32 products and sums rounded once to the storage type (nvcc may fuse a product
+//            and the sum)
+//   eager    eager PyTorch's `x * cos + rotate_half(x) * sin` to the bit (posenc::apply_rotary on
+//            CUDA tensors): cos, sin float32 [N, 2F] or [B, N, 2F] contiguous in x's own layout,
+//            every output element reading its own entries (pair members may differ),
+//              half:        y_i = x_i c_i - x_{i+F} s_i,   y_{i+F} = x_{i+F} c_{i+F} + x_i s_{i+F}
+//              interleaved: y_2j = x_2j c_2j - x_2j+1 s_2j, y_2j+1 = x_2j+1 c_2j+1 + x_2j s_2j+1
+//            each product and the sum rounded to the storage type with no fused multiply-add;
+//            no inverse (sign must be 1)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,9 +48,10 @@ struct RopeTableLaunch {
   int64_t pairs = 0;           ///< F
   bool interleaved = false;
   float sign = 1.0f;  ///< -1: the inverse rotation
-  /// Round each product and the sum to the storage type, as eager PyTorch (no FMA); false: compute
-  /// a pair in float32 and round once.
-  bool round_each_op = false;
+  /// The eager mode (above): tables [.., 2F] read per element, each product and the sum rounded to
+  /// the storage type (no FMA); false: per-pair tables [.., F], a pair computed in float32 and
+  /// rounded once.
+  bool eager = false;
 };
 
 /// Rotates every tensor of `launch` on `stream`; returns the launch error.

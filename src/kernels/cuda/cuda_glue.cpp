@@ -17,32 +17,25 @@
 
 namespace posenc::detail {
 
-namespace {
-
-void rope_rotate_on_device(const std::vector<at::Tensor>& inputs,
-                           const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                           const at::Tensor& sin, RopeLayout layout, bool inverse,
-                           bool round_each_op) {
+void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
+                      const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout,
+                      bool inverse) {
   TORCH_CHECK(!inputs.empty(), "rope_fused (CUDA): no input");
   const auto device = inputs[0].device();
   TORCH_CHECK(device.is_cuda(), "rope_fused (CUDA): q is on ", device, ", expected a CUDA device");
   c10::cuda::CUDAGuard guard(device);
-  rope_rotate_launch(inputs, outputs, cos, sin, layout, inverse, c10::cuda::getCurrentCUDAStream(),
-                     round_each_op);
+  rope_rotate_launch(inputs, outputs, cos, sin, layout, inverse, c10::cuda::getCurrentCUDAStream());
 }
 
-}  // namespace
-
-void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
-                      const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout,
-                      bool inverse) {
-  rope_rotate_on_device(inputs, outputs, cos, sin, layout, inverse, /*round_each_op=*/false);
-}
-
-void rope_rotate_cuda_round_each_op(const std::vector<at::Tensor>& inputs,
-                                    const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                                    const at::Tensor& sin, RopeLayout layout, bool inverse) {
-  rope_rotate_on_device(inputs, outputs, cos, sin, layout, inverse, /*round_each_op=*/true);
+void rope_rotate_cuda_eager(const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                            const at::Tensor& sin, RopeLayout layout) {
+  TORCH_CHECK(!inputs.empty(), "apply_rotary (CUDA): no input");
+  const auto device = inputs[0].device();
+  TORCH_CHECK(device.is_cuda(), "apply_rotary (CUDA): q is on ", device,
+              ", expected a CUDA device");
+  c10::cuda::CUDAGuard guard(device);
+  rope_rotate_launch_eager(inputs, outputs, cos, sin, layout, c10::cuda::getCurrentCUDAStream());
 }
 
 bool attention_cuda_supported(const at::Tensor& q) {

@@ -19,11 +19,12 @@ namespace posenc::detail {
 void rope_rotate_cuda(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& outputs,
                       const at::Tensor& cos, const at::Tensor& sin, RopeLayout layout,
                       bool inverse);
-/// The same with round_each_op (rope_rotate_cpu's): each product and the sum rounded to the
-/// storage type, as eager's `x * cos + rotate_half(x) * sin` (posenc::apply_rotary on CUDA).
-void rope_rotate_cuda_round_each_op(const std::vector<at::Tensor>& inputs,
-                                    const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                                    const at::Tensor& sin, RopeLayout layout, bool inverse);
+/// posenc::apply_rotary on CUDA: the kernel's eager mode (detail::rope_rotate_launch_eager, the
+/// whole tables [N, W] or [B, N, W] read per element): eager's `x * cos + rotate_half(x) * sin` to
+/// the bit, enqueued on the current stream with no read of any value (no device wait).
+void rope_rotate_cuda_eager(const std::vector<at::Tensor>& inputs,
+                            const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                            const at::Tensor& sin, RopeLayout layout);
 
 /// Whether the CUDA attention kernel takes q (device, dtype, head dim).
 bool attention_cuda_supported(const at::Tensor& q);

@@ -36,12 +36,11 @@ void check_launch(cudaError_t err, const char* who) {
   TORCH_CHECK(err == cudaSuccess, who, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
 }
 
-}  // namespace
-
-void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
-                        const std::vector<at::Tensor>& outputs, const at::Tensor& cos_in,
-                        const at::Tensor& sin_in, RopeLayout layout, bool inverse,
-                        cudaStream_t stream, bool round_each_op) {
+// Both modes: eager reads tables of width W = 2F ([.., W]), the default per-pair ones ([.., F]).
+void rope_rotate_tables_launch(const std::vector<at::Tensor>& inputs,
+                               const std::vector<at::Tensor>& outputs, const at::Tensor& cos_in,
+                               const at::Tensor& sin_in, RopeLayout layout, bool inverse,
+                               cudaStream_t stream, bool eager) {
   TORCH_CHECK(!inputs.empty() && inputs.size() <= 2 && inputs.size() == outputs.size(),
               "rope_fused (CUDA): need 1 or 2 inputs and as many outputs, got ", inputs.size(),
               " and ", outputs.size());
@@ -68,8 +67,9 @@ void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
                 i, " must match its input's shape and dtype");
     TORCH_CHECK(x.stride(3) == 1 && y.stride(3) == 1,
                 "rope_fused: the last dim must be contiguous");
-    TORCH_CHECK(2 * cos_in.size(-1) <= x.size(3),
-                "rope_fused: rotary width 2F=", 2 * cos_in.size(-1),
+    const int64_t width = eager ? cos_in.size(-1) : 2 * cos_in.size(-1);
+    TORCH_CHECK(width % 2 == 0, "rope_fused: the tables' width W=", width, " must be even");
+    TORCH_CHECK(width <= x.size(3), "rope_fused: rotary width ", eager ? "W=" : "2F=", width,
                 " exceeds head_dim=", x.size(3), " of ", names[i]);
   }
   const int64_t batch = first.size(0), tokens = first.size(1);
@@ -80,7 +80,7 @@ void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
   const auto storage = storage_of(first.scalar_type(), "rope_fused");
   auto cos = cos_in.to(first.device(), at::kFloat).contiguous();
   auto sin = sin_in.to(first.device(), at::kFloat).contiguous();
-  const int64_t pairs = cos.size(-1);
+  const int64_t pairs = eager ? cos.size(-1) / 2 : cos.size(-1);
   if (batch * tokens == 0) return;
   if (pairs == 0) {  // nothing rotates: out of place is a copy
     for (size_t i = 0; i < inputs.size(); ++i)
@@ -98,7 +98,7 @@ void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
   a.pairs = pairs;
   a.interleaved = layout == RopeLayout::kInterleaved;
   a.sign = inverse ? -1.0f : 1.0f;
-  a.round_each_op = round_each_op;
+  a.eager = eager;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const auto& x = inputs[i];
     const auto& y = outputs[i];
@@ -115,6 +115,22 @@ void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
     u.y_stride_head = y.stride(2);
   }
   check_launch(cuda::rope_rotate_tables(a, stream), "rope_fused");
+}
+
+}  // namespace
+
+void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
+                        const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                        const at::Tensor& sin, RopeLayout layout, bool inverse,
+                        cudaStream_t stream) {
+  rope_rotate_tables_launch(inputs, outputs, cos, sin, layout, inverse, stream, /*eager=*/false);
+}
+
+void rope_rotate_launch_eager(const std::vector<at::Tensor>& inputs,
+                              const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                              const at::Tensor& sin, RopeLayout layout, cudaStream_t stream) {
+  rope_rotate_tables_launch(inputs, outputs, cos, sin, layout, /*inverse=*/false, stream,
+                            /*eager=*/true);
 }
 
 namespace {

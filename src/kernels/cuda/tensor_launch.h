@@ -23,12 +23,20 @@
 namespace posenc::detail {
 
 /// rope_rotate_cpu's contract (posenc/kernels/rope_fused.h) through cuda::rope_rotate_tables: every
-/// tensor on one device (cos/sin moved there as float32), fp32/bf16/fp16; round_each_op as the CPU
-/// kernel's (each product and the sum rounded to the storage type: eager's bits).
+/// tensor on one device (cos/sin moved there as float32), fp32/bf16/fp16; per-pair tables [N, F]
+/// or [B, N, F].
 void rope_rotate_launch(const std::vector<at::Tensor>& inputs,
                         const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
-                        const at::Tensor& sin, RopeLayout layout, bool inverse, cudaStream_t stream,
-                        bool round_each_op = false);
+                        const at::Tensor& sin, RopeLayout layout, bool inverse,
+                        cudaStream_t stream);
+/// posenc::apply_rotary's formula through the kernel's eager mode (rope_cuda.h): the same views of
+/// q and k, but the whole tables cos, sin [N, W] or [B, N, W] (W = 2F even, in x's layout; moved
+/// to the inputs' device as float32, exact for the float tables apply_rotary passes), every output
+/// element reading its own entries, each product and the sum rounded to the storage type: eager's
+/// `x * cos + rotate_half(x) * sin` to the bit, whatever the tables hold (no value is read here).
+void rope_rotate_launch_eager(const std::vector<at::Tensor>& inputs,
+                              const std::vector<at::Tensor>& outputs, const at::Tensor& cos,
+                              const at::Tensor& sin, RopeLayout layout, cudaStream_t stream);
 
 /// posenc::_attention_fused_forward's contract through cuda::attention_forward (arguments checked
 /// by the operator; q, k, v share a device and a dtype; head dims <= cuda::kAttentionMaxDim).
