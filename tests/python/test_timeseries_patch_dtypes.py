@@ -99,6 +99,25 @@ def test_moirai_cast_through_a_lower_precision_and_back_refuses(dtype):
     model(**_moirai_inputs())  # uni2ts' own forward takes it
 
 
+def test_moirai_checked_tables_are_kept_alive_so_a_cast_cannot_reuse_their_address():
+    # the call-time check is skipped while the tables' (address, version) are the ones checked;
+    # a cast frees the old tables and may allocate the rounded ones at the same address with
+    # version 0: the checked storages are kept, so no new table can take their address
+    model = _moirai()
+    posenc_uni2ts.patch(model)
+    model(**_moirai_inputs())
+    rotaries = [m for m in model.modules() if "_posenc_uni2ts_table_checked" in m.__dict__]
+    assert rotaries
+    for rotary in rotaries:
+        state, kept = rotary.__dict__["_posenc_uni2ts_table_checked"]
+        tables = (rotary.cos, rotary.sin, rotary.theta)
+        assert [s.data_ptr() for s in kept] == [t.untyped_storage().data_ptr() for t in tables]
+    model.half().float()
+    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*cos/sin table"):
+        model(**_moirai_inputs())
+    posenc_uni2ts.unpatch(model)
+
+
 # ---- Toto -----------------------------------------------------------------------------------
 
 

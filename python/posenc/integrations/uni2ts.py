@@ -123,17 +123,20 @@ _TABLE_CHECKED = "_posenc_uni2ts_table_checked"  # on a RotaryProjection: the st
 def _table_differs(rotary) -> bool:
     """Whether uni2ts' cached cos/sin rows are not posenc's tables from the module's theta (cast
     through a lower precision and back, e.g. .half().float(): uni2ts reads the rounded rows,
-    posenc would recompute them). Checked again only when the buffers or theta change."""
+    posenc would recompute them). Checked again only when the buffers or theta change: the
+    state kept holds each checked storage alive, so a new tensor cannot reuse its address."""
     if rotary.cos is None:
         return False
-    state = tuple((t.data_ptr(), t._version) for t in (rotary.cos, rotary.sin, rotary.theta))
-    if rotary.__dict__.get(_TABLE_CHECKED) == state:
+    tensors = (rotary.cos, rotary.sin, rotary.theta)
+    state = tuple((t.data_ptr(), t._version) for t in tensors)
+    kept = rotary.__dict__.get(_TABLE_CHECKED)
+    if kept is not None and kept[0] == state:
         return False
     positions = torch.arange(rotary.cos.shape[-2], device=rotary.theta.device)
     cos, sin = rope_cos_sin(positions, rotary.theta, layout="interleaved")
     if not (torch.equal(cos, rotary.cos) and torch.equal(sin, rotary.sin)):
         return True
-    rotary.__dict__[_TABLE_CHECKED] = state
+    rotary.__dict__[_TABLE_CHECKED] = (state, tuple(t.untyped_storage() for t in tensors))
     return False
 
 
