@@ -5,10 +5,10 @@
 // entries write into the caller's tensors (the benchmarks' preallocated outputs).
 // A pass whose outputs (h and y forward, dh backward) are kStreamMinBytes or more writes them with
 // non-temporal stores (stream_stores.h) where every row starts on a 64-byte line (outputs so
-// aligned, D % 16 == 0): out of cache the normal stores' read-for-ownership made the forward move
-// 6 bytes for every 4 it reads and writes (0.67-1.01x copy_'s bandwidth, the backward 0.54-0.77x;
-// docs/performance.md); in cache (the main job's [2048, 96]) the outputs stay in the cache for the
-// op that reads them next.
+// aligned, D % 16 == 0): normal stores read every output line before writing it (its
+// read-for-ownership), which out of cache held the forward at 0.67-1.01x copy_'s bandwidth and the
+// backward at 0.54-0.77x (docs/performance.md, "Streaming stores"). In cache (the main job's
+// [2048, 96]) the outputs stay in the cache for the op that reads them next.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 

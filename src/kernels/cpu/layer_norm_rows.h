@@ -9,7 +9,9 @@
 // stream (the caller's choice, layer_norm_cpu.cpp: out-of-cache passes, rows on 64-byte lines and
 // d % 16 == 0): the outputs h, y (forward) and dh (backward) are written with non-temporal
 // stores (stream_stores.h), so a pass moves only the bytes it reads and writes; the forward then
-// takes h again as x + r from the row in L1 (a streamed h has left the cache), the same bits.
+// takes h again as x + r from the row in L1 (a streamed h has left the cache), the same bits, and
+// the backward prefetches dh_in's row during its first pass and the next row's dy and h during its
+// second (its three input rows are read in two phases: without them memory idles between).
 #pragma once
 
 #include <cmath>
@@ -87,6 +89,13 @@ struct LayerNormRows {
       forward_row_impl<false>(x, r, w, b, h, y, d, eps, mean, rstd);
   }
 
+  // The address of p[d + j] for a prefetch, as an integer sum (past the last row it is no element)
+  static inline __attribute__((always_inline)) const void* next_row(const float* p, int64_t d,
+                                                                    int64_t j) {
+    return reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(p) +
+                                         static_cast<uintptr_t>(d + j) * sizeof(float));
+  }
+
   // One row backward: dh = rstd (g - mean(g) - xhat mean(g xhat)) + dh_in, g = dy w;
   // dw += dy xhat, db += dy into the block's partial sums.
   template <bool kStream>
@@ -98,6 +107,8 @@ struct LayerNormRows {
     V sum_g = Vec::zero();
     V sum_gx = Vec::zero();
     for (int64_t j = 0; j < d; j += kLanes) {
+      // out of cache: dh_in's row on its way while the sums run (the second pass reads it)
+      if (kStream && dh_in != nullptr) __builtin_prefetch(dh_in + j, 0, 3);
       const V g_out = load(dy, j, d);  // 0 past d: g and every product below are 0 there
       const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
       const V g = Vec::mul(g_out, load(w, j, d));
@@ -110,6 +121,10 @@ struct LayerNormRows {
     const V c_g = Vec::set1(Vec::hsum(sum_g) * inv_d);
     const V c_gx = Vec::set1(Vec::hsum(sum_gx) * inv_d);
     for (int64_t j = 0; j < d; j += kLanes) {
+      if constexpr (kStream) {  // and the next row's dy and h (past the last row: dropped)
+        __builtin_prefetch(next_row(dy, d, j), 0, 3);
+        __builtin_prefetch(next_row(h, d, j), 0, 3);
+      }
       const V xhat = Vec::mul(Vec::sub(load(h, j, d), vmu), vs);
       const V g = Vec::mul(load(dy, j, d), load(w, j, d));
       // g - mean(g) - xhat mean(g xhat)
