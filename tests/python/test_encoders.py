@@ -169,3 +169,21 @@ def test_bad_configs_are_one_line():
         posenc.build_encoder({"type": "alibi"}, num_heads=2)(torch.arange(4))
     with pytest.raises(ValueError, match="layout"):
         posenc.build_encoder({"type": "alibi"}, num_heads=2, layout="nhd")
+
+
+@pytest.mark.parametrize(
+    ("variates", "message"),
+    [
+        ([0.0, 2.5], r"'variate': 2.5 at index \[1\] is not an integer"),
+        ([0.0, 3.0], r"'variate': id 3 at index \[1\] is outside \[0, 3\)"),
+        ([-1.0, 0.0], r"'variate': id -1 at index \[0\] is outside \[0, 3\)"),
+        ([0.0, 2.0**60], r"is beyond 2\^53"),
+    ],
+)
+def test_bad_variate_ids_are_one_value_error_line(variates, message):
+    # bad ids are bad input (src/core/ids.cpp): ValueError, as the Python wrappers' own checks
+    enc = posenc.build_encoder({"type": "variate_bias", "num_variates": 3}, num_heads=2)
+    positions = posenc.Positions(torch.tensor(variates, dtype=torch.float64)[:, None], ["variate"])
+    with pytest.raises(ValueError, match=message) as e:
+        enc(positions)
+    assert len(str(e.value).strip().splitlines()) == 1, str(e.value)

@@ -8,7 +8,8 @@
 //   time      inside one (sample, variate) the timestamps never go backwards
 //
 // Every check stops at the first bad element and says, in one line, which tensor, which index
-// and why: "sample_ids: sample 0 is not one contiguous run (it resumes at index [0, 4])".
+// and why: "sample_ids: sample 0 is not one contiguous run (it resumes at index [0, 4])". Bad ids
+// are bad input: a c10::ValueError (TORCH_CHECK_VALUE), so Python callers get a ValueError.
 #pragma once
 
 #include <ATen/core/Tensor.h>
