@@ -301,6 +301,37 @@ void write_split(const fs::path& root, bool train, int64_t count) {
   }
 }
 
+// IDX data is padded by 2 px a side by default: the model takes 32 px, and timm.json's data
+// config must say 32 (it said 28, image_size, which timm's patch embedding refuses: "Input height
+// (28) doesn't match model (32)"). tests/timm_export_check.py runs a padded export through timm.
+TEST(ImageFolder, TimmExportOfPaddedIdxStatesTheSizeTheModelTakes) {
+  auto root = fresh_folder("idx_pad");
+  auto images = torch::randint(0, 256, {16, 28, 28}, torch::kLong).to(torch::kUInt8);
+  auto labels = torch::arange(16, torch::kLong).remainder(10).to(torch::kUInt8);
+  for (const std::string prefix : {"train", "t10k"}) {
+    write_idx(root / "idx" / (prefix + "-images-idx3-ubyte.gz"), images);
+    write_idx(root / "idx" / (prefix + "-labels-idx1-ubyte.gz"), labels);
+  }
+  nlohmann::json config = nlohmann::json::parse(R"({
+    "name": "idx_pad", "seed": 0,
+    "task": {"type": "image_classification", "patch": 8, "eval_scales": [1.0]},
+    "model": {"dim": 8, "num_heads": 1, "num_layers": 1, "mlp_ratio": 2, "norm_eps": 1e-6},
+    "encoder": {"type": "axial_sincos"},
+    "train": {"epochs": 1, "batch_size": 8, "lr": 0.001, "log_every": 1}
+  })");
+  config["task"]["data_dir"] = (root / "idx").string();
+  train::RunOptions options;
+  options.quiet = true;
+  options.output = (root / "run").string();
+  ASSERT_TRUE(train::run_training(config, options).finished);
+  const auto exported = train::timm_export(config, options.output + "/weights.pt");
+  EXPECT_EQ(exported.input.at("image_size").get<int64_t>(), 28);
+  EXPECT_EQ(exported.input.at("pad").get<int64_t>(), 2);
+  EXPECT_EQ(exported.model_args.at("img_size").get<int64_t>(), 32);
+  EXPECT_EQ(exported.model_args.at("pretrained_cfg_overlay").at("input_size"),
+            nlohmann::json::parse("[1, 32, 32]"));
+}
+
 TEST(ImageFolder, FashionMnistAsPngFilesTrainsAsFromIdx) {
   auto root = fresh_folder("fashion");
   write_split(root, true, 320);

@@ -23,7 +23,9 @@ pairs, DINOv3 RoPE with min/max periods, a composite part rotating by one axis o
 in the other order, an encoder
 without a timm twin ('rope_fractional'), and a VisionTransformer with torch's LayerNorm eps 1e-5
 (timm's is 1e-6).
-The images are 16 x 16 = image_size, so neither side resizes; PNG is lossless, and the
+A padded run (task.pad 4: 24 px into the model) states 24 px in timm's data config, and its
+images padded with 4 black pixels a side (posenc's border) pass timm's transform to posenc's
+tensors. The images are 16 x 16 = image_size, so neither side resizes; PNG is lossless, and the
 normalization is written as posenc's prepare() computes it ((x / 255 - mean) / std in float32);
 timm's own eval transform (create_transform of the resolved data config) gives the same tensors
 to the bit. An image of another size is resized by posenc with OpenCV (INTER_AREA / bilinear)
@@ -42,7 +44,7 @@ import numpy as np
 import safetensors.torch
 import timm
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 
 TOLERANCE = 1e-5  # float32 logits; posenc's attention kernels and timm's sum in other orders
 CLASSES = ("circle", "square", "stripes")
@@ -81,11 +83,13 @@ def make_folder(root: str) -> list:
     return val_files
 
 
-def config(root: str, name: str, encoder: dict, pooling: str, norm_eps: float = 1e-6) -> dict:
+def config(root: str, name: str, encoder: dict, pooling: str, norm_eps: float = 1e-6,
+           pad: int = 0) -> dict:
     return {
         "name": name, "seed": 0, "output": os.path.join(root, "runs", name),
         "task": {"type": "image_classification", "images": os.path.join(root, "train"),
-                 "val_images": os.path.join(root, "val"), "image_size": SIZE, "patch": 4},
+                 "val_images": os.path.join(root, "val"), "image_size": SIZE, "patch": 4,
+                 "pad": pad},
         "model": {"dim": 32, "num_heads": 2, "num_layers": 2, "mlp_ratio": 2,
                   "pooling": pooling, "norm_eps": norm_eps},
         "encoder": encoder,
@@ -101,17 +105,23 @@ def run(args: list, expect: int = 0) -> subprocess.CompletedProcess:
     return done
 
 
-def normalized(path: str, mean: list, std: list) -> torch.Tensor:
+def padded(path: str, pad: int) -> Image.Image:
+    """The image with `pad` black pixels a side: posenc's 'pad', which the caller adds for timm."""
+    return ImageOps.expand(Image.open(path).convert("RGB"), border=pad, fill=0)
+
+
+def normalized(path: str, mean: list, std: list, pad: int = 0) -> torch.Tensor:
     x = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)
     x = x.to(torch.float32).div_(255.0)
+    x = torch.nn.functional.pad(x, (pad, pad, pad, pad), value=0.0)  # as posenc's prepare()
     m = torch.tensor(mean, dtype=torch.float64).to(torch.float32).view(-1, 1, 1)
     s = torch.tensor(std, dtype=torch.float64).to(torch.float32).view(-1, 1, 1)
     return (x - m) / s
 
 
 def check_architecture(posenc: str, root: str, val_files: list, name: str, encoder: dict,
-                       pooling: str, norm_eps: float = 1e-6) -> None:
-    cfg = config(root, name, encoder, pooling, norm_eps)
+                       pooling: str, norm_eps: float = 1e-6, pad: int = 0) -> None:
+    cfg = config(root, name, encoder, pooling, norm_eps, pad)
     cfg_path = os.path.join(root, f"{name}.json")
     with open(cfg_path, "w", encoding="utf-8") as f:
         json.dump(cfg, f)
@@ -133,8 +143,10 @@ def check_architecture(posenc: str, root: str, val_files: list, name: str, encod
     # timm's own data config resolves posenc's preprocessing (not timm's 224 px / 0.5 defaults).
     data = timm.data.resolve_data_config(model=model)
     inp = exported["input"]
-    want = (inp["channels"], inp["image_size"], inp["image_size"])
+    side = inp["image_size"] + 2 * inp["pad"]  # the size the model takes (img_size)
+    want = (inp["channels"], side, side)
     assert tuple(data["input_size"]) == want, f"{name}: timm resolves {data['input_size']}"
+    assert exported["model_args"]["img_size"] == side, (name, exported["model_args"])
     assert list(data["mean"]) == inp["mean"] and list(data["std"]) == inp["std"], (name, data)
     assert data["crop_pct"] == 1.0 and data["crop_mode"] == "squash", (name, data)
     lines = run([posenc, "eval", cfg_path, "--weights",
@@ -142,11 +154,12 @@ def check_architecture(posenc: str, root: str, val_files: list, name: str, encod
                 + [a for f in val_files for a in ("--image", f)]).stdout.splitlines()
     rows = [json.loads(line) for line in lines if line.startswith("{")]
     assert len(rows) == len(val_files), lines
-    batch = torch.stack([normalized(f, inp["mean"], inp["std"]) for f in val_files])
+    batch = torch.stack([normalized(f, inp["mean"], inp["std"], inp["pad"]) for f in val_files])
     # timm's own eval transform from that data config gives those tensors, to the bit, for images
-    # already image_size x image_size (others it resizes with PIL, not OpenCV: other pixels)
+    # already image_size x image_size, padded as posenc pads them (others it resizes with PIL,
+    # not OpenCV: other pixels)
     transform = timm.data.create_transform(**data)
-    via_timm = torch.stack([transform(Image.open(f).convert("RGB")) for f in val_files])
+    via_timm = torch.stack([transform(padded(f, inp["pad"])) for f in val_files])
     assert torch.equal(via_timm, batch), f"{name}: timm's eval transform gives other tensors"
     with torch.no_grad():
         theirs = model(batch)
@@ -185,6 +198,10 @@ def main() -> None:
                        {"type": "learned_grid", "grid_height": 4, "grid_width": 4}, "cls")
     check_architecture(posenc, root, val_files, "sincos_mean", {"type": "axial_sincos"}, "mean")
     check_architecture(posenc, root, val_files, "nope_mean", {"type": "nope"}, "mean")
+    # posenc's black border (IDX data's default pad 2): timm's data config states the model's
+    # 24 px, the caller pads the 16 px images
+    check_architecture(posenc, root, val_files, "sincos_pad_mean", {"type": "axial_sincos"},
+                       "mean", pad=4)
     axial = {"type": "rope", "mrope_section": [4, 4], "per_axis_frequencies": True}  # Dh = 16
     check_architecture(posenc, root, val_files, "rope_cls", axial, "cls")
     check_architecture(posenc, root, val_files, "rope_xy_mean",

@@ -254,18 +254,19 @@ TimmExport timm_export(const nlohmann::json& config, const std::string& weights)
                     {"init_values", nullptr}};
   // timm's data config (resolve_data_config / create_transform) from posenc's preprocessing:
   // without it timm resolves 224 px, mean/std 0.5, crop_pct 0.9, bicubic, and its standard eval
-  // transform feeds the model other pixels. 'squash' resizes to side x side as posenc does, but
-  // with PIL (posenc: OpenCV's INTER_AREA / bilinear), so only an image already side x side gets
-  // posenc's tensor to the bit (other sizes: 5e-3 .. 5e-2 in the logits of a 16 px model);
-  // posenc's zero padding ('pad') has no timm counterpart and stays in timm.json's "input".
-  out.model_args["pretrained_cfg_overlay"] = {
-      {"input_size",
-       {channels, input.at("image_size").get<int64_t>(), input.at("image_size").get<int64_t>()}},
-      {"mean", input.at("mean")},
-      {"std", input.at("std")},
-      {"crop_pct", 1.0},
-      {"crop_mode", "squash"},
-      {"interpolation", "bilinear"}};
+  // transform feeds the model other pixels. input_size is the size the model takes, side =
+  // image_size + 2 pad (img_size above; timm's patch embedding refuses any other): posenc's
+  // black border ('pad', before normalization) has no timm transform, so an image_size image
+  // padded by the caller, side x side, is what timm's transform passes through unchanged.
+  // 'squash' resizes to side x side as posenc does, but with PIL (posenc: OpenCV's INTER_AREA /
+  // bilinear), so only an image already side x side gets posenc's tensor to the bit (other
+  // sizes: 5e-3 .. 5e-2 in the logits of a 16 px model).
+  out.model_args["pretrained_cfg_overlay"] = {{"input_size", {channels, side, side}},
+                                              {"mean", input.at("mean")},
+                                              {"std", input.at("std")},
+                                              {"crop_pct", 1.0},
+                                              {"crop_mode", "squash"},
+                                              {"interpolation", "bilinear"}};
   if (!rotary) {
     out.model_name = "vit_base_patch16_224";  // its defaults all overridden
     out.model_args["fc_norm"] = false;

@@ -53,6 +53,9 @@
 // bilinear) makes timm's eval transform give posenc's tensors to the bit for images already
 // image_size square; other sizes it resizes with PIL where posenc uses OpenCV (INTER_AREA when
 // shrinking, bilinear otherwise): other pixels, 5e-3 .. 5e-2 in the logits of a 16 px model.
+// Its input size is the size the model takes, image_size + 2 pad (IDX data: 28 + 2 x 2 = 32):
+// posenc's black border has no timm transform, so the caller pads an image_size image by `pad`
+// black pixels a side (timm.json's "input" keeps image_size and pad).
 // Written (atomically): DIR/model.safetensors and DIR/timm.json {"model_name", "model_args",
 // "input": {channels, image_size, pad, patch, mean, std}, "classes"}.
 #pragma once
