@@ -28,8 +28,8 @@ struct AttentionCase {
   bool causal;
   bool padding;
   int64_t nq, nk;  // nk > nq: cached keys come first
-  // the values' width: 8 takes MKL's products, a multiple of 16 (with Nq >= 32) the CPU level's
-  // own micro-kernels in the forward (src/kernels/cpu/attention_tiles_rows.h)
+  // the values' width: 8 takes MKL's products, a multiple of 16 the AVX-512 level's own
+  // micro-kernels (src/kernels/cpu/attention_tiles_rows.h; the forward with Nq >= 32)
   int64_t dv = 8;
 };
 

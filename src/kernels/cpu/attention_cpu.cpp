@@ -2,20 +2,21 @@
 // posenc/kernels/attention_fused.h). Forward: for each (b, h, query block) an online softmax
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
-// so dK, dV and the per-head table gradient need no atomics. The forward's products run on the
-// CPU level's own register-blocked micro-kernels (attention_tiles_rows.h; AVX2 and AVX-512, where
-// the values' width is a multiple of 16 and Nq >= 32): K and V packed once per head into 16-key /
-// 16-column panels, each query block once; per 6 or 8 query rows the scores strip is computed,
-// biased, turned into probabilities in place while it sits in L1, and multiplied into the output
-// rows from there (no pass over a materialized tile, no copy of P; attention_forward_own). The
-// other products (the backward's; the forward at the scalar level, or forced by
-// POSENC_ATTENTION_GEMM=mkl) call LibTorch's BLAS (MKL on x86-64) directly on the operands'
-// memory, as ATen's own CPU flash attention does
+// so dK, dV and the per-head table gradient need no atomics. At the AVX-512 level the tiles'
+// products run on posenc's own register-blocked micro-kernels (attention_tiles_rows.h; where Dv
+// is a multiple of 16 and, in the forward, Nq >= 32; the backward also needs D % 16 == 0): K and
+// V packed once per head (forward) or key block (backward) into 16-key / 16-column panels, q (and
+// dO) once per query block; in the forward, per 8 query rows the scores strip is computed,
+// biased, turned into probabilities in place while it sits in L1 and multiplied into the output
+// rows from there (no pass over a materialized tile, no copy of P; attention_forward_own); the
+// backward's five products read P and dS where they were written. The other products (the AVX2
+// and scalar levels, other widths, or POSENC_ATTENTION_GEMM=mkl) call LibTorch's BLAS (MKL on
+// x86-64) directly on the operands' memory, as ATen's own CPU flash attention does
 // (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
 // q, k, v, out and the gradients are [B, H, N, D] of any strides with unit stride in D (the
 // operator passes the [B, N, H, D] tensors' transposed views, no copies). The softmax scale is
-// the first product's alpha. In the MKL forward, a head's key and value blocks are packed once per
-// thread for MKL's packed-matrix API (cblas_sgemm_pack: the scaled K^T block, the V block) and
+// the first product's alpha. In the MKL forward, a head's key and value blocks are packed once
+// per thread for MKL's packed-matrix API (cblas_sgemm_pack: the scaled K^T block, the V block) and
 // reused by every full query block of the head, and each full query block once for its
 // products with the full key blocks, where per-tile sgemm calls re-pack every operand every time
 // (K and V 16 times per head at N = 2048). Without MKL's symbols (another BLAS) the products go
@@ -88,15 +89,17 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- The tiles' matrix products ----------------------------------------------------------------
 
-// POSENC_ATTENTION_GEMM: unset (the forward's own micro-kernels where the CPU level has them,
-// MKL otherwise), 'mkl' (MKL's sgemm for every product) or 'aten' (at::mm: the path of a LibTorch
-// without MKL), the last two for their tests and measurements on machines with both.
+// POSENC_ATTENTION_GEMM: unset (the own micro-kernels at the AVX-512 level, MKL at the others),
+// 'own' (the own micro-kernels at the AVX2 level too), 'mkl' (MKL's sgemm for every product) or
+// 'aten' (at::mm: the path of a LibTorch without MKL), the last three for their tests and
+// measurements on machines with all of them.
 const std::string& gemm_choice() {
   static const std::string choice = [] {
     const char* env = std::getenv("POSENC_ATTENTION_GEMM");
     std::string value = env != nullptr ? env : "";
-    TORCH_CHECK(value.empty() || value == "mkl" || value == "aten",
-                "POSENC_ATTENTION_GEMM must be 'mkl' or 'aten' (or unset), got '", value, "'");
+    TORCH_CHECK(value.empty() || value == "own" || value == "mkl" || value == "aten",
+                "POSENC_ATTENTION_GEMM must be 'own', 'mkl' or 'aten' (or unset), got '", value,
+                "'");
     return value;
   }();
   return choice;
@@ -108,17 +111,22 @@ bool mkl_gemm() {
   return use;
 }
 
-// The forward's own tile micro-kernels (attention_tiles.h) of this CPU level, or null: the scalar
-// level, another architecture, or POSENC_ATTENTION_GEMM set.
+// The own tile micro-kernels (attention_tiles.h) of this CPU level, or null (MKL's products).
+// Taken by default at the AVX-512 level only: on the AVX-512 EPYC (Zen 4) the AVX-512 kernel
+// (8 x 32 accumulators in 16 of 32 zmm registers) ran one tile's two products at 113 GFLOP/s
+// against 97 for MKL's (its AVX2 `zen` kernel, operands packed once), the AVX2 kernel (6 x 16 in
+// 12 of 16 ymm registers) at 82 (docs/performance.md): at the AVX2 level MKL stays, the own
+// kernels there only with POSENC_ATTENTION_GEMM=own (CTest unit_attention_gemm_own_avx2).
 const AttentionTileKernels* own_tile_kernels() {
   static const AttentionTileKernels* chosen = []() -> const AttentionTileKernels* {
-    if (!gemm_choice().empty()) return nullptr;
+    const std::string& choice = gemm_choice();
+    if (choice == "mkl" || choice == "aten") return nullptr;
 #if defined(__x86_64__)
     switch (cpu_kernels().capability) {
       case CpuCapability::kAvx512:
         return &kAvx512AttentionTiles;
       case CpuCapability::kAvx2:
-        return &kAvx2AttentionTiles;
+        return choice == "own" ? &kAvx2AttentionTiles : nullptr;
       default:
         return nullptr;
     }
