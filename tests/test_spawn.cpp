@@ -113,5 +113,15 @@ TEST(Spawn, AStartThatFailsIsItsErrorNumberAndNoChild) {
   EXPECT_EQ(child.error, EINVAL);
 }
 
+TEST(Spawn, AnEnvironmentEntryWithoutNameAndValueIsRefusedNotAnEmptyEnvironment) {
+  // an entry without '=' once made the prefix "" and dropped every inherited variable
+  EXPECT_THROW(environment_with({}, {"POSENC_SPAWN_TEST"}), c10::Error);
+  EXPECT_THROW(environment_with({}, {"=1"}), c10::Error);
+  EXPECT_THROW(environment_with({""}, {}), c10::Error);
+  EXPECT_THROW(environment_with({"A=B"}, {}), c10::Error);
+  const auto env = environment_with({}, {"POSENC_SPAWN_TEST=1"});
+  EXPECT_GT(env.size(), 1u);  // the inherited ones kept
+}
+
 }  // namespace
 }  // namespace posenc::cli

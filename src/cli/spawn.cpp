@@ -2,6 +2,7 @@
 // SpawnOptions asks for, each set up, used and destroyed here, so no starter repeats them.
 #include "spawn.h"
 
+#include <c10/util/Exception.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -89,7 +90,15 @@ std::vector<std::string> environment_with(const std::vector<std::string>& unset,
                                           const std::vector<std::string>& set) {
   std::vector<std::string> prefixes;  // "NAME=" of every variable replaced or removed
   for (const auto& name : unset) prefixes.push_back(name + "=");
-  for (const auto& entry : set) prefixes.push_back(entry.substr(0, entry.find('=') + 1));
+  for (const auto& entry : set) {
+    const auto eq = entry.find('=');  // without '=' the prefix would be "" and drop every entry
+    TORCH_CHECK(eq != std::string::npos && eq > 0, "environment_with: \"", entry,
+                "\" is not NAME=value");
+    prefixes.push_back(entry.substr(0, eq + 1));
+  }
+  for (const auto& name : unset)
+    TORCH_CHECK(!name.empty() && name.find('=') == std::string::npos, "environment_with: \"", name,
+                "\" is not a variable name");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry(*e);
