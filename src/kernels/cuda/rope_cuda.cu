@@ -79,33 +79,7 @@ __global__ void rope_table_kernel(RopeTableLaunch a) {
       const int h = w / groups, i0 = (w % groups) * V;
       const T* xr = xb + h * u.x_stride_head;
       T* yr = yb + h * u.y_stride_head;
-      if constexpr (kEager) {
-        if (!a.interleaved) {
-          const Pack<T, V> pa = *reinterpret_cast<const Pack<T, V>*>(xr + i0);
-          const Pack<T, V> pb = *reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs);
-          Pack<T, V> oa, ob;
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            const int64_t ia = i0 + v, ib = a.pairs + i0 + v;
-            rotate_pair_eager<T>(load(&pa.v[v]), load(&pb.v[v]), __ldg(cos_row + ia),
-                                 __ldg(sin_row + ia), __ldg(cos_row + ib), __ldg(sin_row + ib),
-                                 &oa.v[v], &ob.v[v]);
-          }
-          *reinterpret_cast<Pack<T, V>*>(yr + i0) = oa;
-          *reinterpret_cast<Pack<T, V>*>(yr + i0 + a.pairs) = ob;
-        } else {
-          const Pack<T, 2 * V> p = *reinterpret_cast<const Pack<T, 2 * V>*>(xr + 2 * i0);
-          Pack<T, 2 * V> o;
-#pragma unroll
-          for (int v = 0; v < V; ++v) {
-            const int64_t ia = 2 * (i0 + v), ib = ia + 1;
-            rotate_pair_eager<T>(load(&p.v[2 * v]), load(&p.v[2 * v + 1]), __ldg(cos_row + ia),
-                                 __ldg(sin_row + ia), __ldg(cos_row + ib), __ldg(sin_row + ib),
-                                 &o.v[2 * v], &o.v[2 * v + 1]);
-          }
-          *reinterpret_cast<Pack<T, 2 * V>*>(yr + 2 * i0) = o;
-        }
-      } else {
+      if constexpr (!kEager) {
         float c[V], s[V];
 #pragma unroll
         for (int v = 0; v < V; ++v) {
@@ -129,6 +103,32 @@ __global__ void rope_table_kernel(RopeTableLaunch a) {
           for (int v = 0; v < V; ++v) {
             rotate_pair<T>(load(&p.v[2 * v]), load(&p.v[2 * v + 1]), c[v], s[v], &o.v[2 * v],
                            &o.v[2 * v + 1]);
+          }
+          *reinterpret_cast<Pack<T, 2 * V>*>(yr + 2 * i0) = o;
+        }
+      } else {
+        if (!a.interleaved) {
+          const Pack<T, V> pa = *reinterpret_cast<const Pack<T, V>*>(xr + i0);
+          const Pack<T, V> pb = *reinterpret_cast<const Pack<T, V>*>(xr + i0 + a.pairs);
+          Pack<T, V> oa, ob;
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const int64_t ia = i0 + v, ib = a.pairs + i0 + v;
+            rotate_pair_eager<T>(load(&pa.v[v]), load(&pb.v[v]), __ldg(cos_row + ia),
+                                 __ldg(sin_row + ia), __ldg(cos_row + ib), __ldg(sin_row + ib),
+                                 &oa.v[v], &ob.v[v]);
+          }
+          *reinterpret_cast<Pack<T, V>*>(yr + i0) = oa;
+          *reinterpret_cast<Pack<T, V>*>(yr + i0 + a.pairs) = ob;
+        } else {
+          const Pack<T, 2 * V> p = *reinterpret_cast<const Pack<T, 2 * V>*>(xr + 2 * i0);
+          Pack<T, 2 * V> o;
+#pragma unroll
+          for (int v = 0; v < V; ++v) {
+            const int64_t ia = 2 * (i0 + v), ib = ia + 1;
+            rotate_pair_eager<T>(load(&p.v[2 * v]), load(&p.v[2 * v + 1]), __ldg(cos_row + ia),
+                                 __ldg(sin_row + ia), __ldg(cos_row + ib), __ldg(sin_row + ib),
+                                 &o.v[2 * v], &o.v[2 * v + 1]);
           }
           *reinterpret_cast<Pack<T, 2 * V>*>(yr + 2 * i0) = o;
         }
