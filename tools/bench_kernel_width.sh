@@ -10,6 +10,10 @@
 # timed loop) but ATen's layer norm, which has no out= kernel: GLIBC_TUNABLES below keeps its
 # freed outputs in the heap, so fresh pages from mmap on every call are not measured there either.
 # The per-level GELU cases (avx2/gelu, avx512/gelu, ...) run both vector levels in every process.
+# The "paired" rows time copy_ and the fused pass back to back in every iteration (alternating
+# which goes first) and take the median of the per-iteration ratios: on a shared machine both
+# halves of a pair see the same load, where cases run 0.2 s apart do not. 2-thread figures need a
+# quiet machine (an OpenMP team waiting for a busy core swings them by 100x).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BIN=${BIN:-${ROOT}/build/bench/bench_kernel_width}
