@@ -2,16 +2,16 @@
 // posenc/kernels/attention_fused.h). Forward: for each (b, h, query block) an online softmax
 // over key blocks (running max m, sum l, accumulator), as FlashAttention; backward: recompute
 // each tile's probabilities from the saved log-sum-exp (FlashAttention-2), parallel over (b, h)
-// so dK, dV and the per-head table gradient need no atomics. At the AVX-512 level the tiles'
-// products run on posenc's own register-blocked micro-kernels (attention_tiles_rows.h; where Dv
-// is a multiple of 16 and, in the forward, Nq >= 32; the backward also needs D % 16 == 0): K and
+// so dK, dV and the per-head table gradient need no atomics. At the AVX2 and AVX-512 levels the
+// tiles' products run on posenc's own register-blocked micro-kernels (attention_tiles_rows.h; where
+// Dv is a multiple of 16 and, in the forward, Nq >= 32; the backward also needs D % 16 == 0): K and
 // V packed once per head (forward) or key block (backward) into 16-key / 16-column panels, q (and
-// dO) once per query block; in the forward, per 8 query rows the scores strip is computed,
-// biased, turned into probabilities in place while it sits in L1 and multiplied into the output
-// rows from there (no pass over a materialized tile, no copy of P; attention_forward_own); the
-// backward's five products read P and dS where they were written. The other products (the AVX2
-// and scalar levels, other widths, or POSENC_ATTENTION_GEMM=mkl) call LibTorch's BLAS (MKL on
-// x86-64) directly on the operands' memory, as ATen's own CPU flash attention does
+// dO) once per query block; in the forward, per 8 (AVX-512) or 6 (AVX2) query rows the scores strip
+// is computed, biased, turned into probabilities in place while it sits in L1 and multiplied into
+// the output rows from there (no pass over a materialized tile, no copy of P;
+// attention_forward_own); the backward's five products read P and dS where they were written. The
+// other products (the scalar level, other widths, or POSENC_ATTENTION_GEMM=mkl) call LibTorch's
+// BLAS (MKL on x86-64) directly on the operands' memory, as ATen's own CPU flash attention does
 // (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
 // q, k, v, out and the gradients are [B, H, N, D] of any strides with unit stride in D (the
 // operator passes the [B, N, H, D] tensors' transposed views, no copies). The softmax scale is
@@ -89,10 +89,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // ---- The tiles' matrix products ----------------------------------------------------------------
 
-// POSENC_ATTENTION_GEMM: unset (the own micro-kernels at the AVX-512 level, MKL at the others),
-// 'own' (the own micro-kernels at the AVX2 level too), 'mkl' (MKL's sgemm for every product) or
-// 'aten' (at::mm: the path of a LibTorch without MKL), the last three for their tests and
-// measurements on machines with all of them.
+// POSENC_ATTENTION_GEMM: unset or 'own' (the own micro-kernels at the AVX2 and AVX-512 levels,
+// MKL at the scalar one), 'mkl' (MKL's sgemm for every product) or 'aten' (at::mm: the path of a
+// LibTorch without MKL), the last two for their tests and measurements on machines with MKL.
 const std::string& gemm_choice() {
   static const std::string choice = [] {
     const char* env = std::getenv("POSENC_ATTENTION_GEMM");
@@ -112,11 +111,11 @@ bool mkl_gemm() {
 }
 
 // The own tile micro-kernels (attention_tiles.h) of this CPU level, or null (MKL's products).
-// Taken by default at the AVX-512 level only: on the AVX-512 EPYC (Zen 4) the AVX-512 kernel
-// (8 x 32 accumulators in 16 of 32 zmm registers) ran one tile's two products at 113 GFLOP/s
-// against 97 for MKL's (its AVX2 `zen` kernel, operands packed once), the AVX2 kernel (6 x 16 in
-// 12 of 16 ymm registers) at 82 (docs/performance.md): at the AVX2 level MKL stays, the own
-// kernels there only with POSENC_ATTENTION_GEMM=own (CTest unit_attention_gemm_own_avx2).
+// On the AVX-512 EPYC (Zen 4, one thread, BM_TileProducts) the AVX-512 kernel (8 x 32
+// accumulators in 16 of 32 zmm registers) ran one tile's two products at 114 GFLOP/s and the AVX2
+// kernel (6 x 16 in 12 of 16 ymm registers, no spill) at 110, against 98 for MKL's (its AVX2
+// `zen` kernel, operands packed once; docs/performance.md). POSENC_ATTENTION_GEMM=mkl keeps MKL
+// (CTest unit_attention_gemm_mkl, unit_attention_gemm_mkl_avx2).
 const AttentionTileKernels* own_tile_kernels() {
   static const AttentionTileKernels* chosen = []() -> const AttentionTileKernels* {
     const std::string& choice = gemm_choice();
@@ -126,7 +125,7 @@ const AttentionTileKernels* own_tile_kernels() {
       case CpuCapability::kAvx512:
         return &kAvx512AttentionTiles;
       case CpuCapability::kAvx2:
-        return choice == "own" ? &kAvx2AttentionTiles : nullptr;
+        return &kAvx2AttentionTiles;
       default:
         return nullptr;
     }

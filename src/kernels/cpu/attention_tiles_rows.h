@@ -44,9 +44,15 @@ struct AttentionTileRows {
                                                                  int64_t lds) {
     const float* kv[W];
     for (int w = 0; w < W; ++w) kv[w] = column(kp, kTilePanel * dim, c0 + w * kLanes);
+    // The scale reaches the epilogue through memory (read after a compiler barrier), so that it
+    // holds no register through the loop: at the AVX2 level 12 accumulators, W key vectors and a
+    // broadcast fill all 16 ymm registers, and a scale kept in one spilled a key vector.
+    float scale_mem = scale;
+    asm volatile("" : : "r"(&scale_mem) : "memory");
     V acc[R][W];
     for (int r = 0; r < R; ++r)
       for (int w = 0; w < W; ++w) acc[r][w] = Vec::zero();
+#pragma GCC unroll 4
     for (int64_t d = 0; d < dim; ++d) {
       V k[W];
       for (int w = 0; w < W; ++w) k[w] = Vec::load(kv[w] + d * kTilePanel);
@@ -56,7 +62,8 @@ struct AttentionTileRows {
         for (int w = 0; w < W; ++w) acc[r][w] = Vec::fmadd(qb, k[w], acc[r][w]);
       }
     }
-    const V sc = Vec::set1(scale);
+    asm volatile("" : : : "memory");
+    const V sc = Vec::set1(scale_mem);
     for (int r = 0; r < R; ++r)
       for (int w = 0; w < W; ++w)
         Vec::store(s + r * lds + c0 + w * kLanes, Vec::mul(acc[r][w], sc));
@@ -85,6 +92,7 @@ struct AttentionTileRows {
       for (int w = 0; w < W; ++w)
         acc[r][w] = r < rows ? Vec::mul(a, Vec::load(o + r * ldo + e0 + w * kLanes)) : Vec::zero();
     }
+#pragma GCC unroll 4
     for (int64_t c = 0; c < cols; ++c) {
       V v[W];
       for (int w = 0; w < W; ++w) v[w] = Vec::load(vv[w] + c * kTilePanel);
