@@ -395,18 +395,21 @@ void pack_query_rows(const float* x, int64_t ld, int64_t n, int64_t dim, int64_t
 }
 
 // The forward of attention_forward_cpu with the products on the level's micro-kernels. Per
-// (b, h, query block of kBlockQ rows) the online softmax over key blocks of kBlockK columns, as
-// the MKL path; inside a key block, per R query rows (the micro-kernel's rows): the scores strip
-// S = scale q k^T [R, cols] into an L1-sized buffer, the bias and masks, the row max and
-// exp(s - m) in place (the probabilities where the scores were), then acc = alpha acc + P V for
-// those rows. K and V are packed once per head per thread (a thread's consecutive query blocks
-// share the head), each query block once; P is never copied.
+// (b, h, query block of block_q rows: kBlockQ rounded down to whole calls) the online softmax over
+// key blocks of kBlockK columns, as the MKL path; inside a key block, per R query rows (the
+// micro-kernel's rows): the scores strip S = scale q k^T [R, cols] into an L1-sized buffer, the
+// bias and masks, the row max and exp(s - m) in place (the probabilities where the scores were),
+// then acc = alpha acc + P V for those rows. K and V are packed once per head per thread (a
+// thread's consecutive query blocks share the head), each query block once; P is never copied.
 void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels& tiles,
                            at::Tensor& out, at::Tensor& lse) {
-  const int64_t q_blocks = (p.nq + kBlockQ - 1) / kBlockQ;
-  const int64_t units = p.batch * p.heads * q_blocks;
   const int64_t rows_per_call = tiles.rows;
-  const int64_t q_packed_rows = (kBlockQ + rows_per_call - 1) / rows_per_call * rows_per_call;
+  // query blocks of a whole number of micro-kernel calls: 128 rows at the AVX-512 level (R = 8),
+  // 126 at AVX2 (R = 6), whose 128-row blocks computed 132 rows (3% of the products on padding)
+  const int64_t block_q = kBlockQ / rows_per_call * rows_per_call;
+  const int64_t q_blocks = (p.nq + block_q - 1) / block_q;
+  const int64_t units = p.batch * p.heads * q_blocks;
+  const int64_t q_packed_rows = block_q;
   const int64_t nk_padded = (p.nk + kTilePanel - 1) / kTilePanel * kTilePanel;
   // the strip's row stride: a key block starting inside a panel (packed samples' first key) is
   // computed from its panel's first key, so the strip holds kBlockK + 15 columns
@@ -418,15 +421,15 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> key_panels(nk_padded * p.dim), value_panels(p.nk * p.dim_v);
     std::vector<float> q_packed(q_packed_rows * p.dim), strip(rows_per_call * lds);
-    std::vector<float> acc(kBlockQ * p.dim_v), m(kBlockQ), l(kBlockQ), alpha(kBlockQ);
-    auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
+    std::vector<float> acc(block_q * p.dim_v), m(block_q), l(block_q), alpha(block_q);
+    auto q_rot = p.rotary ? at::empty({block_q, p.dim}, at::kFloat) : at::Tensor();
     auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
     int64_t packed_head = -1;
     float* s = strip.data();
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t bh = unit / q_blocks, qb = unit % q_blocks;
       const int64_t b = bh / p.heads, h = bh % p.heads;
-      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, p.nq - i0);
+      const int64_t i0 = qb * block_q, rows = std::min(block_q, p.nq - i0);
       if (packed_head != bh) {  // this head's keys (rotated where RoPE is inside) and values
         int64_t ldk = k_op.row_stride;
         const float* k_bh =
