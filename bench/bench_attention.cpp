@@ -21,21 +21,9 @@
 #include <map>
 #include <vector>
 
-// MKL's sgemm and packed-matrix API as LibTorch exports them (src/kernels/cpu/attention_cpu.cpp).
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-            const float* beta, float* c, const int* ldc) __attribute__((weak));
-size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
-void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
-                      const float* src, int ld, float* dest) __attribute__((weak));
-void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
-                         int lda, const float* b, int ldb, float beta, float* c, int ldc)
-    __attribute__((weak));
-}
-
 #include "kernels/cpu/attention_tiles.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cpu/mkl_sgemm.h"
 #include "posenc/kernels/attention_fused.h"
 #include "posenc/kernels/rope_fused.h"
 #include "posenc/posenc.h"

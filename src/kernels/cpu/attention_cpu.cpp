@@ -62,22 +62,9 @@
 
 #include "attention_tiles.h"
 #include "cpu_kernels.h"
+#include "mkl_sgemm.h"
 #include "parallel.h"
 #include "rotate_row.h"
-
-// MKL's Fortran sgemm and its packed-matrix API, exported by LibTorch's libtorch_cpu on x86-64
-// (LP64: 32-bit integers). Weak: null where the LibTorch has no MKL (the at::mm fallback).
-extern "C" {
-void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
-            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
-            const float* beta, float* c, const int* ldc) __attribute__((weak));
-size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k) __attribute__((weak));
-void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
-                      const float* src, int ld, float* dest) __attribute__((weak));
-void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
-                         int lda, const float* b, int ldb, float beta, float* c, int ldc)
-    __attribute__((weak));
-}
 
 namespace posenc::detail {
 

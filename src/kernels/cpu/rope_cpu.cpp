@@ -4,8 +4,8 @@
 // table entry per level, cpu_kernels.h), other dtypes and the scalar level through a plain loop
 // the compiler vectorizes (-O3). Specification: rope_apply (src/functional/rope.cpp); contract in
 // include/posenc/kernels/rope_fused.h.
-// Float32 outputs of kRopeStreamMinBytes or more are written with non-temporal stores (they
-// would not stay in the cache anyway; the pass then moves the bytes copy_ moves); a smaller
+// Float32 outputs of kStreamMinBytes (stream_stores.h) or more are written with non-temporal stores
+// (they would not stay in the cache anyway; the pass then moves the bytes copy_ moves); a smaller
 // output stays in the cache for the attention that reads it next (streaming a 1.5 MiB output
 // cost the main job's RoPE pass up to 2x). Each tensor's pointers and strides are read once per
 // pass, not per token (at::Tensor's accessors check the dtype on every call).
@@ -20,20 +20,12 @@
 
 #include "cpu_kernels.h"
 #include "parallel.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "posenc/kernels/rope_fused.h"
+#include "stream_stores.h"
 
 namespace posenc {
 
 namespace {
-
-/// Bytes written by one pass from which float32 rows use non-temporal stores: half the 32 MiB
-/// L3 of the EPYC this was measured on (bench/bench_kernel_width.cpp, docs/performance.md).
-constexpr int64_t kRopeStreamMinBytes = int64_t{16} << 20;
 
 // Scalar rotation of one row; s already carries the direction's sign. y may alias x (each pair
 // is read before it is written). kRoundEach: every product is rounded to T before the sum, as
@@ -141,7 +133,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
   const detail::CpuKernels& kernels = detail::cpu_kernels();
   int64_t out_bytes = 0;
   for (const auto& y : outputs) out_bytes += y.numel() * static_cast<int64_t>(y.element_size());
-  const bool stream = out_bytes >= kRopeStreamMinBytes;
+  const bool stream = out_bytes >= detail::kStreamMinBytes;
   if (head_major) {
     AT_DISPATCH_FLOATING_TYPES_AND2(
         at::kBFloat16, at::kHalf, first.scalar_type(), "rope_fused", [&] {
@@ -166,9 +158,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
                     for (int64_t d = 2 * f; d < dh; ++d) yr[d] = xr[d];
                 }
               }
-#if defined(__x86_64__)
-              _mm_sfence();
-#endif
+              detail::stream_fence();
             });
           }
         });
@@ -211,9 +201,7 @@ void rope_rotate_cpu(const std::vector<at::Tensor>& inputs, const std::vector<at
           }
         }
       }
-#if defined(__x86_64__)
-      _mm_sfence();  // order the streaming stores before the pass is seen as done
-#endif
+      detail::stream_fence();  // order the streaming stores before the pass is seen as done
     });
   });
 }

@@ -7,8 +7,7 @@
 // for the op that reads it next, so normal stores are kept there. Streaming stores are weakly
 // ordered: each parallel chunk that streamed ends with stream_fence() (SFENCE) before the pass is
 // seen as done by another thread. The values written do not change, only where they go.
-// Used by gelu_cpu.cpp and layer_norm_cpu.cpp (rope_cpu.cpp's kRopeStreamMinBytes is the same
-// threshold, chosen there first).
+// Used by rope_cpu.cpp, gelu_cpu.cpp and layer_norm_cpu.cpp.
 #pragma once
 
 #include <cstdint>
