@@ -2,7 +2,7 @@
 LTXVideoAttnProcessor, the table and the rotation computed by posenc.
 
 diffusers' table (LTXVideoRotaryPosEmbed.forward), reproduced here:
-  positions   grid [B, N, 3] (t, h, w), float32: either the latent grid (f, h, w) of
+  positions   grid [B, N, 3] (t, h, w), float32 when built: either the latent grid (f, h, w) of
               _prepare_video_coords, each axis times rope_interpolation_scale[a] * patch / base
               (base: base_num_frames, base_height, base_width), or the given video_coords [B, 3, N]
               divided by the base sizes
@@ -16,16 +16,23 @@ The positions and the frequency ladder are diffusers' own expressions (plain tor
 order); the angles and cos/sin come from posenc's operator torch.ops.posenc.rope_cos_sin with
 sections (F, F, F) in the interleaved section layout and each frequency repeated for its three
 axes (the angle is the same float32 product f_i * c, cos/sin the same elementwise torch kernels),
-so the tables are equal to diffusers' to the bit. Everything float32, on every device, as in
-diffusers ("Always compute rope in fp32").
+so the tables are equal to diffusers' to the bit. The grid diffusers builds is float32, on every
+device ("Always compute rope in fp32"); given video_coords keep their dtype (below).
 
 The rotation (LTXVideoAttnProcessor, module-level apply_rotary_emb of transformer_ltx.py) acts on
 the projected q and k before the heads are split: x [B, S, H Dh] with the table [B, S, H Dh],
 pairs (2i, 2i+1) over the whole width, (x.float() * cos + rot(x).float() * sin).to(x.dtype).
 posenc's processor computes it with torch.ops.posenc.apply_rotary, interleaved layout, x viewed
 as one head [B, S, 1, H Dh] (the same products, the same roundings: equal to the bit).
-A float64 table (video_coords given in float64: diffusers then computes float64 angles) is refused
-in one line; posenc computes this table in float32 only.
+Coordinates of another dtype (video_coords given so): diffusers computes grid * 2 - 1 in their
+dtype and the angles in the promoted dtype of that and the float32 ladder. bfloat16/float16
+coordinates give float32 angles: grid * 2 - 1 rounded as diffusers rounds it, then exactly
+float32 (the operator's input), the same table. float64 coordinates give float64 angles and float64
+tables, which posenc's operator (float32 tables) does not compute: that table comes from
+float64_tables below, diffusers' expression in plain ATen (the same products, the same cos/sin
+kernels on the same [B, N, 3F] layout: equal to the bit), and the processor's rotation of float32
+q, k by it is posenc's operator's float64 path (the products and the sum in float64, then x's
+dtype, as diffusers' x.float() * cos promotes them).
 """
 
 from __future__ import annotations
@@ -205,15 +212,11 @@ class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
                 ],
                 dim=-1,
             )
-        if grid.dtype != torch.float32:
-            raise ValueError(
-                f"{_NAME}: posenc computes LTX's table from float32 coordinates; "
-                f"got {grid.dtype} (video_coords {video_coords.dtype}, for which "
-                f"diffusers computes {grid.dtype} angles)"
-            )
         freqs = self.frequencies(hidden_states.device)
         count = freqs.numel()
-        coords = (grid * 2 - 1).contiguous()  # [B, N, 3], diffusers' grid * 2 - 1
+        coords = angle_positions(grid).contiguous()  # [B, N, 3], diffusers' grid * 2 - 1
+        if coords.dtype == torch.float64:  # float64 angles and tables, as diffusers computes
+            return float64_tables(coords, freqs, self.dim)
         cos, sin = torch.ops.posenc.rope_cos_sin(
             coords, freqs.repeat_interleave(3), 1.0, [count] * 3, "interleaved", "interleaved"
         )
@@ -223,6 +226,33 @@ class LTXVideoRotaryPosEmbed(_common.DiffusersRotary):
             cos = torch.cat([cos_padding, cos], dim=-1)
             sin = torch.cat([sin_padding, sin], dim=-1)
         return cos, sin
+
+
+def angle_positions(grid: torch.Tensor) -> torch.Tensor:
+    """diffusers' grid * 2 - 1 in the grid's dtype (a rounding there for bfloat16/float16), as
+    the angles' operand: float32 where diffusers' angles are float32, float64 kept."""
+    coords = grid * 2 - 1
+    return coords if coords.dtype == torch.float64 else coords.float()
+
+
+def float64_tables(
+    coords: torch.Tensor, freqs: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LTX's and LTX-2's tables for float64 positions, diffusers' expression op for op.
+
+    coords [B, N, A] float64 (grid * 2 - 1), freqs [F] float32 (the ladder): angles
+    coords[..., None] * freqs promoted to float64 [B, N, A, F], laid out frequency-major
+    [B, N, F A] (t h w t h w ...), cos/sin in float64 on that contiguous layout (ATen's kernels
+    round a vector's lanes and its tail apart, so the layout is diffusers'), each repeated for its
+    pair, after dim % (2 A) pass-through channels (cos 1, sin 0): [B, N, dim] float64."""
+    angles = (coords.unsqueeze(-1) * freqs).transpose(-1, -2).flatten(2)
+    cos = angles.cos().repeat_interleave(2, dim=-1)
+    sin = angles.sin().repeat_interleave(2, dim=-1)
+    pad = dim % (2 * coords.shape[-1])
+    if pad != 0:
+        cos = torch.cat([torch.ones_like(cos[:, :, :pad]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(cos[:, :, :pad]), sin], dim=-1)
+    return cos, sin
 
 
 def _carry_settings(new, processor):

@@ -26,6 +26,11 @@ interleaved; each angle the same float32 product, cos/sin the same elementwise k
 diffusers' to the bit. The rotation (apply_interleaved_rotary_emb, across the heads: x [B, S, H Dh]
 with the table [B, S, H Dh]) goes through torch.ops.posenc.apply_rotary (_ltx.rotate_across_heads),
 q and k with their own tables in a2v / v2a cross attention.
+Coordinates of another dtype than float32 (video_coords / audio_coords given so) are taken as in
+LTX-Video's module (_ltx.py): bfloat16/float16 ones give float32 angles from grid * 2 - 1 rounded
+in their dtype (the operator, the same table); float64 ones float64 angles and tables, computed by
+_ltx.float64_tables (diffusers' expression in plain ATen, op for op: equal to the bit) and rotated
+by posenc's operator's float64 path.
 
 The pipeline's text connectors (pipelines/ltx2/connectors.py, LTX2TextConnectors) rotate the
 text tokens with LTX2RotaryPosEmbed1d: positions i / base_seq_len (i = 0 .. S-1), the same ladder
@@ -48,7 +53,7 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers import transformer_ltx2 as _dltx2
 
 from . import _common
-from ._ltx import _carry_settings, rotate_across_heads
+from ._ltx import _carry_settings, angle_positions, float64_tables, rotate_across_heads
 from ._registry import Family, qualified_name, register
 
 __all__ = [
@@ -235,15 +240,12 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         grid = torch.stack(
             [coords[:, i] / max_positions[i] for i in range(num_pos_dims)], dim=-1
         ).to(device)
-        if grid.dtype != torch.float32:
-            raise ValueError(
-                f"{_NAME}: posenc computes LTX-2's table from float32 coordinates; "
-                f"got {grid.dtype} (diffusers then computes {grid.dtype} angles)"
-            )
         num_rope_elems = num_pos_dims * 2
         count = self.dim // num_rope_elems
         freqs = self.frequencies(count, device)
-        positions = (grid * 2 - 1).contiguous()  # [B, N, A], diffusers' grid * 2 - 1
+        positions = angle_positions(grid).contiguous()  # [B, N, A], diffusers' grid * 2 - 1
+        if positions.dtype == torch.float64:  # float64 angles and tables, as diffusers computes
+            return float64_tables(positions, freqs, self.dim)
         cos, sin = torch.ops.posenc.rope_cos_sin(
             positions,
             freqs.repeat_interleave(num_pos_dims),
