@@ -21,7 +21,9 @@ packages' own code (tiny random instances of their own classes, in this process)
   RMSNorm and the per-dimension query scale, unscaled causal attention with the left padding
   masked: posenc's positions, tables, rotation and fused attention;
   posenc.integrations.timesfm.patch(model) on timesfm's own Transformer layers and on
-  transformers' TimesFm2_5Model: 1e-6.
+  transformers' TimesFm2_5Model: 1e-6; every rope type transformers builds its rotary module
+  with (linear, dynamic, yarn, longrope, llama3, proportional): tables to the bit, the model to
+  1e-6.
 * Toto (toto-ts 0.2.0, toto/model/rope.py, attention.py): interleaved RoPE
   (rotary-embedding-torch's tables) with xPos on the time layers, none on the variate layers:
   posenc's tables and rotation with Toto's own xPos scale, and posenc's causal attention.
@@ -1013,6 +1015,93 @@ def test_transformers_timesfm2_5_patch_equal():
     with CountOps() as ops:
         again = model(values, padding).last_hidden_state
     assert _attention_calls(ops) == 0 and torch.equal(again, want)
+
+
+_TIMESFM_ROPE_TYPES = {
+    "linear": {"factor": 2.5},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": 4},
+    "longrope": {
+        "short_factor": [1.0, 1.1, 1.3, 1.2, 1.0, 1.7, 2.0, 1.5],
+        "long_factor": [1.5, 2.0, 3.0, 1.0, 4.0, 2.5, 6.0, 8.0],
+        "original_max_position_embeddings": 6,
+    },
+    "llama3": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 6,
+    },
+    "proportional": {"partial_rotary_factor": 0.5},
+}
+
+
+def _timesfm_rope_config(rope_type, **extra):
+    from transformers import TimesFm2_5Config
+
+    return TimesFm2_5Config(
+        patch_length=4,
+        context_length=64,
+        horizon_length=8,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        output_quantile_len=8,
+        attn_implementation="sdpa",
+        max_position_embeddings=10,  # below the 16 patches: dynamic grows, longrope goes long
+        rope_parameters={
+            "rope_type": rope_type,
+            "rope_theta": 10000.0,
+            **_TIMESFM_ROPE_TYPES[rope_type],
+        },
+        **extra,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("rope_type", sorted(_TIMESFM_ROPE_TYPES))
+def test_transformers_timesfm2_5_rope_types_patched(rope_type):
+    """TimesFm2_5RotaryEmbedding of every rope type transformers builds it with (its
+    ROPE_INIT_FUNCTIONS; posenc refused all but "default"): the patched module's tables equal the
+    class's to the bit at positions below, above and again below the original context (dynamic
+    grows its ladder and resets it, longrope switches ladders: transformers' own
+    dynamic_rope_update runs around posenc's forward), negative positions (left padding)
+    included; the patched model's last hidden states equal to 1e-6 (posenc's fused softmax)."""
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    config = _timesfm_rope_config(rope_type)
+    theirs = tf.TimesFm2_5RotaryEmbedding(config)
+    ours = copy.deepcopy(theirs)
+    assert posenc_timesfm.patch(ours) == [""]
+    x = torch.zeros(2, 1, 64)
+    for length in (5, 16, 37, 7, 16):
+        positions = torch.arange(length)[None] - torch.tensor([[0], [3]])
+        with CountOps() as ops:
+            got = ours(x, positions)
+        assert ops.calls["posenc.rope_cos_sin"] == 1
+        want = theirs(x, positions)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (rope_type, length)
+        assert torch.equal(ours.inv_freq, theirs.inv_freq)
+    assert posenc_timesfm.unpatch(ours) == [""]
+
+    torch.manual_seed(0)
+    model = tf.TimesFm2_5Model(config).eval()
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.self_attn.scaling.normal_()
+    values = torch.randn(3, 64)
+    padding = torch.zeros(3, 64, dtype=torch.long)
+    padding[1, :20] = 1
+    kept = (padding.view(3, 16, 4)[..., -1] == 0)[..., None]
+    want = model(values, padding).last_hidden_state
+    posenc_timesfm.patch(model)
+    with CountOps() as ops:
+        got = model(values, padding).last_hidden_state
+    assert ops.calls["posenc.rope_cos_sin"] == 1 and _attention_calls(ops) == 2
+    posenc_timesfm.unpatch(model)
+    _close(got * kept, want * kept)
 
 
 def test_timesfm_rows_without_keys_take_the_peer():

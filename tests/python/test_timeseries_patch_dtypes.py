@@ -1,8 +1,8 @@
 """The time-series drop-ins (posenc.integrations.uni2ts, .toto, .timesfm) on activations of another
-dtype than the float32 they were patched at: each equals the package's own code there, or refuses
-in one line (ValueError). Checked live against the packages' own classes (uni2ts 2.0.0, toto-ts
-0.2.0, timesfm 3.0.2, transformers 5.24's timesfm2_5), tiny random instances built by
-test_timeseries_models' helpers.
+dtype than the float32 they were patched at (transformers' TimesFM 2.5 also cast before patch()):
+each equals the package's own code there, or refuses in one line (ValueError). Checked live
+against the packages' own classes (uni2ts 2.0.0, toto-ts 0.2.0, timesfm 3.0.2, transformers 5.24's
+timesfm2_5), tiny random instances built by test_timeseries_models' helpers.
 
 What the packages do there, and why posenc refuses rather than computes:
 
@@ -18,8 +18,11 @@ What the packages do there, and why posenc refuses rather than computes:
   module moved to float64 after patch() (float64 tables) differed by 3e-8 relative: refused.
 * transformers' TimesFm2_5Attention in bfloat16 rounds q, k, the scores and the softmax to
   bfloat16 (SDPA); posenc's kernel computes in float32 inside: last hidden states differed by
-  1.7e-2 relative. The timesfm package's own rotation returns float32 for bfloat16 inputs and its
-  attention then raises; the patch answered. Both refused (patch() already refused those weights).
+  1.7e-2 relative, so the patch refused it. Now, in bfloat16, float16, float64 and under
+  autocast, the patch takes transformers' own attention function with posenc's tables and
+  rotation (transformers' roundings): equal to the bit, SDPA and eager. The timesfm package's own
+  rotation returns float32 for bfloat16 inputs and its attention then raises; the patch answered:
+  refused (patch() refuses those weights).
 """
 
 import importlib
@@ -31,6 +34,8 @@ from posenc.integrations import timesfm as posenc_timesfm
 from posenc.integrations import toto as posenc_toto
 from posenc.integrations import uni2ts as posenc_uni2ts
 from test_timeseries_models import (
+    CountOps,
+    _attention_calls,
     _left_padding,
     _moirai,
     _moirai_inputs,
@@ -194,28 +199,75 @@ def _hf_timesfm():
     return tf.TimesFm2_5Model(config).eval()
 
 
-def test_transformers_timesfm2_5_patched_then_bfloat16_refuses():
-    model = _hf_timesfm()
-    posenc_timesfm.patch(model)
-    model.to(torch.bfloat16)
-    values = torch.randn(3, 64, dtype=torch.bfloat16)
+def _hf_timesfm_inputs(dtype):
+    torch.manual_seed(1)
+    values = torch.randn(3, 64).to(dtype)
     padding = torch.zeros(3, 64, dtype=torch.long)
-    padding[1, :20] = 1
-    with pytest.raises(ValueError, match=r"posenc.integrations.timesfm: .*bfloat16"):
-        model(values, padding)
-    posenc_timesfm.unpatch(model)
-    model(values, padding)  # transformers' own forward takes it
+    padding[1, :20] = 1  # left padding: 5 patches
+    padding[2, :3] = 1
+    return values, padding
 
 
-def test_transformers_timesfm2_5_patched_under_autocast_refuses():
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("moved", ["before", "after"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_transformers_timesfm2_5_in_other_dtypes_equal_to_the_bit(dtype, moved, attn):
+    """transformers' TimesFM 2.5 in bfloat16 / float16 / float64 (moved before or after patch();
+    posenc refused both): its attention rounds q, k, the scores and the softmax to that dtype,
+    so the patch takes transformers' own attention function there, with posenc's tables and
+    rotation (transformers' roundings): last hidden states equal to the bit."""
     model = _hf_timesfm()
-    posenc_timesfm.patch(model)
-    with (
-        torch.autocast("cpu", torch.bfloat16),
-        pytest.raises(ValueError, match=r"posenc.integrations.timesfm: .*autocast"),
-    ):
-        model(torch.randn(3, 64), torch.zeros(3, 64, dtype=torch.long))
+    model.config._attn_implementation = attn
+    if moved == "before":
+        model.to(dtype)
+    names = posenc_timesfm.patch(model)
+    model.to(dtype)
+    values, padding = _hf_timesfm_inputs(dtype)
+    with CountOps() as ops:
+        got = model(values, padding).last_hidden_state
+    assert ops.calls["posenc.rope_cos_sin"] == 1 and ops.calls["posenc.apply_rotary"] == 2
+    assert _attention_calls(ops) == 0
+    assert posenc_timesfm.unpatch(model) == names
+    want = model(values, padding).last_hidden_state  # transformers' own forward
+    assert got.dtype == want.dtype == dtype
+    # float64 eager: transformers' own forward gives NaN throughout the series left-padded by 5
+    # patches (measured; not posenc's to fix): the same NaN there, every other value to the bit
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num()), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_transformers_timesfm2_5_under_autocast_equal_to_the_bit(dtype):
+    """Under autocast transformers projects in the autocast dtype and rotates those q, k by
+    float32 tables (float32 products): the patch takes its attention function there, with
+    posenc's tables and rotation: equal to the bit (posenc refused autocast)."""
+    model = _hf_timesfm()
+    values, padding = _hf_timesfm_inputs(torch.float32)
+    with torch.autocast("cpu", dtype):
+        want = model(values, padding).last_hidden_state
+        posenc_timesfm.patch(model)
+        with CountOps() as ops:
+            got = model(values, padding).last_hidden_state
+    assert ops.calls["posenc.apply_rotary"] == 2 and _attention_calls(ops) == 0
+    assert torch.equal(got, want), (got.double() - want.double()).abs().max()
     posenc_timesfm.unpatch(model)
+
+
+def test_transformers_timesfm2_5_linear_rope_in_bfloat16_equal_to_the_bit():
+    """A bfloat16 TimesFM 2.5 with rope_parameters {"rope_type": "linear"} (both refused before):
+    its inv_freq buffer is rounded to bfloat16 by the cast and read back as float32, by
+    transformers and by the patch alike."""
+    from test_timeseries_models import _timesfm_rope_config
+
+    tf = pytest.importorskip("transformers.models.timesfm2_5.modeling_timesfm2_5")
+    torch.manual_seed(0)
+    model = tf.TimesFm2_5Model(_timesfm_rope_config("linear")).eval().to(torch.bfloat16)
+    values, padding = _hf_timesfm_inputs(torch.bfloat16)
+    want = model(values, padding).last_hidden_state
+    posenc_timesfm.patch(model)
+    got = model(values, padding).last_hidden_state
+    posenc_timesfm.unpatch(model)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("packing", ["bidirectional", "causal"])

@@ -43,13 +43,26 @@ mask, a cache, output_attentions or left padding outside SDPA's boolean mask (ea
 averages the values on a row that sees no key, posenc gives 0) runs transformers' own
 forward): last hidden states and
 forecasts equal to 1e-6 (posenc's tiled softmax), forward and backward.
+Every rope type transformers builds TimesFm2_5RotaryEmbedding with (rope_parameters' rope_type:
+default, linear, dynamic, yarn, longrope, llama3, proportional; transformers' ROPE_INIT_FUNCTIONS
+give inv_freq and attention_scaling) is taken: posenc's tables are rope_cos_sin(position_ids,
+inv_freq, attention_scaling), cos and sin each times the factor in float32 as transformers
+multiplies them, from the module's own inv_freq at the call, and patch() wraps that forward in
+transformers' own dynamic_rope_update (dynamic recomputes inv_freq beyond the context and resets
+it below, longrope picks its long or short ladder), as the class's forward is wrapped: the tables
+equal to the bit. In bfloat16, float16 or float64, or under autocast (the model cast before or
+after patch()), transformers' attention rounds q, k, the scores and the softmax to that dtype
+where posenc's fused kernel computes float32 (1.7e-2 relative apart in bfloat16): there the
+patched attention is TimesFm2_5Attention.forward line by line with posenc's rotation
+(apply_rotary_pos_emb, transformers' roundings) and transformers' own attention function (the one
+config._attn_implementation names): the output equal to transformers' to the bit.
 
 Refused in one line (ValueError, nothing changed): a model without a timesfm MultiHeadAttention
-that rotates or a transformers TimesFM 2.5 attention, a rope_type other than "default", weights
-other than float32, and at call time inputs that are not [B, N, H, D] or tables whose width is
-not the head size, and activations that are not float32 or run under autocast (a model moved
-after patch(): transformers' bfloat16 attention differed by 1.7e-2 relative). timesfm and
-transformers are imported on first use.
+that rotates or a transformers TimesFM 2.5 attention; for the timesfm package's modules, weights
+other than float32 and at call time activations that are not float32 or run under autocast (its
+own rotation returns float32 for bfloat16 inputs and its attention then fails; posenc's patch of
+it computes float32), inputs that are not [B, N, H, D] or tables whose width is not the head
+size. timesfm and transformers are imported on first use.
 """
 
 from __future__ import annotations
@@ -79,9 +92,9 @@ def _transformer():
 
 
 def _check_dtype(x: torch.Tensor) -> None:
-    """float32 activations outside autocast, as patch() checked the weights (a model moved to
-    another dtype after patch(): timesfm's rotation returns float32 for bfloat16 inputs,
-    transformers' attention rounds to bfloat16 where posenc's kernel computes float32)."""
+    """float32 activations outside autocast in timesfm's MultiHeadAttention, as patch() checked
+    its weights (a model moved to another dtype after patch(): timesfm's rotation returns float32
+    for bfloat16 inputs)."""
     if x.dtype != torch.float32:
         raise ValueError(
             f"posenc.integrations.timesfm: float32 activations, got {x.dtype} (the model "
@@ -168,12 +181,72 @@ def _hf_modeling():
         return None
 
 
-def _hf_rotary(self, x: torch.Tensor, position_ids: torch.Tensor):
-    """TimesFm2_5RotaryEmbedding.forward by posenc: cat(t, t) tables in x's dtype."""
+def _hf_rotary(self, x: torch.Tensor, position_ids: torch.Tensor, **kwargs):
+    """TimesFm2_5RotaryEmbedding.forward by posenc: cat(t, t) tables in x's dtype, from the
+    module's inv_freq and attention_scaling as they are at the call (patch() wraps this in
+    transformers' own dynamic_rope_update, which recomputes them first for "dynamic" and picks
+    the long or short ladder for "longrope", as it does around the class's forward)."""
     cos, sin = rope_cos_sin(
         position_ids.to(x.device), self.inv_freq.float(), float(self.attention_scaling)
     )
     return cos.to(x.dtype), sin.to(x.dtype)
+
+
+def _hf_rotary_forward(module: torch.nn.Module):
+    """_hf_rotary bound to `module` under transformers' dynamic_rope_update (the decorator of
+    TimesFm2_5RotaryEmbedding.forward: the frequency update of the dynamic and longrope types)."""
+    rope_utils = importlib.import_module("transformers.modeling_rope_utils")
+    return types.MethodType(rope_utils.dynamic_rope_update(_hf_rotary), module)
+
+
+def _fused_attention_takes(hidden_states: torch.Tensor) -> bool:
+    """Whether posenc's fused attention computes what transformers' does: float32 activations
+    outside autocast (in bfloat16/float16 transformers' attention rounds q, k, the scores and the
+    softmax to that dtype, posenc's kernel computes float32 inside: 1.7e-2 relative apart)."""
+    return hidden_states.dtype == torch.float32 and not torch.is_autocast_enabled(
+        hidden_states.device.type
+    )
+
+
+def _hf_attention_peer(
+    self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs
+):
+    """TimesFm2_5Attention.forward line by line with posenc's rotation
+    (posenc.apply_rotary_pos_emb: transformers' products and sums in the same dtypes, rounded as
+    its eager code rounds them) and transformers' own attention function (the one its config
+    names: SDPA, eager, ...): transformers' output to the bit in every dtype."""
+    modeling = _hf_modeling()
+    input_shape = hidden_states.shape[:-1]
+    hidden_shape = (*input_shape, -1, self.head_dim)
+    query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+    cos, sin = position_embeddings
+    query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+    query_states = self.q_norm(query_states)
+    key_states = self.k_norm(key_states)
+    scale = torch.nn.functional.softplus(self.scaling).mul(1.442695041 / math.sqrt(self.head_dim))
+    query_states = query_states * scale[None, None, None, :]
+    if cache is not None:
+        key_states, value_states = cache.update(
+            key_states, value_states, self.layer_idx, kwargs=kwargs
+        )
+    attention_interface = modeling.ALL_ATTENTION_FUNCTIONS.get_interface(
+        self.config._attn_implementation, modeling.eager_attention_forward
+    )
+    attn_output, attn_weights = attention_interface(
+        self,
+        query_states,
+        key_states,
+        value_states,
+        attention_mask,
+        dropout=self.attention_dropout if self.training else 0.0,
+        scaling=1.0,
+        **kwargs,
+    )
+    attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+    attn_output = self.o_proj(attn_output)
+    return attn_output, attn_weights
 
 
 def _causal_keys(mask: torch.Tensor | None, batch: int, length: int, device) -> torch.Tensor | None:
@@ -196,8 +269,17 @@ def _causal_keys(mask: torch.Tensor | None, batch: int, length: int, device) -> 
 def _hf_attention(
     self, hidden_states: torch.Tensor, position_embeddings, attention_mask, cache=None, **kwargs
 ):
-    """TimesFm2_5Attention.forward by posenc where the mask is causal with left padding."""
-    _check_dtype(hidden_states)
+    """TimesFm2_5Attention.forward by posenc where the mask is causal with left padding; in
+    another dtype or under autocast posenc's rotation with transformers' attention function
+    (_hf_attention_peer)."""
+    if "past_key_values" in kwargs:  # the deprecated name: the class's forward renames it
+        return type(self).forward(
+            self, hidden_states, position_embeddings, attention_mask, cache=cache, **kwargs
+        )
+    if not _fused_attention_takes(hidden_states):
+        return _hf_attention_peer(
+            self, hidden_states, position_embeddings, attention_mask, cache=cache, **kwargs
+        )
     batch, length, _ = hidden_states.shape
     kept = None
     if (
@@ -263,17 +345,12 @@ def patch(model: torch.nn.Module) -> list[str]:
             f"MultiHeadAttention with rotary position embeddings and no transformers "
             f"TimesFM 2.5 attention"
         )
-    for name, module in found + hf:
-        if getattr(module, "rope_type", "default") != "default":
-            raise ValueError(
-                f"posenc.integrations.timesfm.patch: {name}: rope_type "
-                f"{module.rope_type!r} (posenc's patch computes the default RoPE)"
-            )
+    for name, module in found:  # the timesfm package's modules: float32 only (see above)
         for p in list(module.parameters()) + list(module.buffers()):
             if p.is_floating_point() and p.dtype != torch.float32:
                 raise ValueError(
                     f"posenc.integrations.timesfm.patch: {name} holds {p.dtype} "
-                    f"weights; posenc's patch computes float32"
+                    f"weights; posenc's patch of timesfm's MultiHeadAttention computes float32"
                 )
     for _, module in found:
         if module.__dict__.get(_MARK) is None:
@@ -287,10 +364,10 @@ def patch(model: torch.nn.Module) -> list[str]:
     modeling = _hf_modeling()
     for _, module in hf:
         if module.__dict__.get(_MARK) is None:
-            rotary = isinstance(module, modeling.TimesFm2_5RotaryEmbedding)
-            module.__dict__["forward"] = types.MethodType(
-                _hf_rotary if rotary else _hf_attention, module
-            )
+            if isinstance(module, modeling.TimesFm2_5RotaryEmbedding):
+                module.__dict__["forward"] = _hf_rotary_forward(module)
+            else:
+                module.__dict__["forward"] = types.MethodType(_hf_attention, module)
             module.__dict__[_MARK] = "forward"
     return [name for name, _ in found + hf]
 
