@@ -4,7 +4,10 @@ packages' own code (tiny random instances of their own classes, in this process)
 * Chronos-2 (chronos-forecasting 2.3.2, chronos/chronos2/layers.py): time attention with
   rotate-half RoPE on the patch index (float32 tables, autocast off) and unscaled attention
   (scale 1.0), the padding as a key mask: posenc.rope_cos_sin + posenc.positional_attention;
-  posenc.integrations.chronos.patch(model): forecasts equal, forward and backward. The group
+  posenc.integrations.chronos.patch(model): forecasts equal, forward and backward; where the
+  fused kernel does not compute what Chronos does (half precision, autocast, attention weights,
+  dropout, masks other than one key padding, rows with every key masked) posenc's tables and
+  rotation with Chronos' own attention function: to the bit. The group
   attention (across series, no positions): positional_attention with the groups as sample_ids.
 * Moirai-2 (uni2ts 2.0.0, uni2ts/model/moirai2/module.py): RoPE on time_id over the first half of
   each head (pairs (2i, 2i + 1)), the binary variate bias Embedding(2, H), the packed mask per
@@ -120,7 +123,7 @@ def _grads(out, inputs, seed_grad):
 # ---- Chronos-2 -------------------------------------------------------------------------------
 
 
-def _chronos_model(attn="sdpa"):
+def _chronos_model(attn="sdpa", dropout_rate=0.0):
     pytest.importorskip("chronos.chronos2.model")
     from chronos.chronos2.config import Chronos2CoreConfig
     from chronos.chronos2.model import Chronos2Model
@@ -132,7 +135,7 @@ def _chronos_model(attn="sdpa"):
         d_ff=64,
         num_layers=2,
         num_heads=4,
-        dropout_rate=0.0,
+        dropout_rate=dropout_rate,
         attn_implementation=attn,
         chronos_config=dict(
             context_length=64,
@@ -281,49 +284,129 @@ def test_chronos2_patch_float64():
 def test_chronos2_patch_refusals():
     with pytest.raises(ValueError, match="no Chronos-2 RoPE time attention"):
         posenc_chronos.patch(torch.nn.Linear(2, 2))
-    model = _chronos_model().to(torch.bfloat16)
-    with pytest.raises(ValueError, match="bfloat16 weights"):
-        posenc_chronos.patch(model)
-    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing changed
     model = _chronos_model()
     posenc_chronos.patch(model)
     mha = model.encoder.block[0].layer[0].self_attention
-    x = torch.randn(1, 5, 32)
-    with pytest.raises(ValueError, match="returns no weights"):
-        mha(
-            x,
-            mask=torch.zeros(1, 1, 1, 5),
-            position_ids=torch.arange(5)[None],
-            output_attentions=True,
-        )
-    with pytest.raises(ValueError, match="masks every key"):
-        mha(
-            x,
-            mask=torch.full((1, 1, 1, 5), torch.finfo(torch.float32).min),
-            position_ids=torch.arange(5)[None],
-        )
-    with pytest.raises(ValueError, match="not a padding mask"):
-        mha(x, mask=torch.full((1, 1, 1, 5), -1.0), position_ids=torch.arange(5)[None])
-    # a boolean mask: SDPA masks with it, Chronos' eager attention adds it (0 / 1, nothing masked)
+    with pytest.raises(ValueError, match="position_ids must be given") as e:
+        mha(torch.randn(1, 5, 32), mask=torch.zeros(1, 1, 1, 5))
+    assert "\n" not in str(e.value)
+    # cross attention (refused before): Chronos rotates nothing there, its own forward runs
+    x, states = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    cross = dict(
+        mask=torch.zeros(1, 1, 1, 5), encoder_states=states, position_ids=torch.zeros(1, 5)
+    )
+    got = mha(x, **cross).hidden_states
+    posenc_chronos.unpatch(model)
+    assert torch.equal(got, mha(x, **cross).hidden_states)
+
+
+def _chronos_time_attention_calls():
+    """Calls of the time attention that the fused kernel does not compute as Chronos does: each
+    (name, attn implementation, keyword arguments of MHA.forward but hidden_states)."""
+    low = torch.finfo(torch.float32).min
     kept = torch.tensor([[False, True, True, True, True]])[:, None, None, :]
-    posenc_chronos.unpatch(model)
-    want = mha(x, mask=kept, position_ids=torch.arange(5)[None])
+    per_head = torch.zeros(1, 4, 1, 5)
+    per_head[:, 1, :, 0] = low  # head 1 masks key 0
+    every_key = torch.zeros(2, 1, 1, 5)
+    every_key[1] = low  # series 1 sees no key
+    positions = torch.arange(5)[None]
+    return [
+        ("weights", "sdpa", dict(mask=torch.zeros(1, 1, 1, 5), output_attentions=True)),
+        ("every key masked", "sdpa", dict(mask=every_key)),
+        ("every key masked", "eager", dict(mask=every_key)),
+        ("not a padding mask", "sdpa", dict(mask=torch.full((1, 1, 1, 5), -1.0))),
+        ("mask per head", "sdpa", dict(mask=per_head)),
+        ("boolean under eager", "eager", dict(mask=kept)),
+    ], positions
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_chronos2_time_attention_the_fused_kernel_does_not_take_equal_to_the_bit(case):
+    """Calls posenc refused ("unpatch() for it"), which Chronos computes: attention weights, a
+    query row with every key masked (Chronos averages the values), masks that are not one padding
+    mask on the keys, a boolean mask under eager attention (added as 0 / 1). Patched, posenc's
+    tables and rotation with Chronos' own attention function: its output (and weights) to the
+    bit."""
+    calls, positions = _chronos_time_attention_calls()
+    name, attn, kwargs = calls[case]
+    model = _chronos_model(attn)
+    mha = model.encoder.block[0].layer[0].self_attention
+    torch.manual_seed(2)
+    x = torch.randn(kwargs["mask"].shape[0], 5, 32)
+    want = mha(x, position_ids=positions, **kwargs)
     posenc_chronos.patch(model)
-    got = mha(x, mask=kept, position_ids=torch.arange(5)[None])
-    _close(got.hidden_states, want.hidden_states)
-    eager = _chronos_model("eager")
-    posenc_chronos.patch(eager)
-    with pytest.raises(ValueError, match="boolean time mask under Chronos' eager attention"):
-        eager.encoder.block[0].layer[0].self_attention(
-            x, mask=kept, position_ids=torch.arange(5)[None]
-        )
-    # float32 activations, bfloat16 projections under autocast: Chronos rotates in bfloat16
-    with (
-        torch.autocast("cpu", torch.bfloat16),
-        pytest.raises(ValueError, match="projections, got torch.bfloat16"),
-    ):
-        mha(x, mask=torch.zeros(1, 1, 1, 5), position_ids=torch.arange(5)[None])
+    with CountOps() as ops:
+        got = mha(x, position_ids=positions, **kwargs)
     posenc_chronos.unpatch(model)
+    assert ops.calls["posenc.rope_cos_sin"] == 1 and ops.calls["posenc.apply_rotary"] == 1, name
+    assert _attention_calls(ops) == 0
+    assert torch.equal(got.hidden_states, want.hidden_states), name
+    if want.attn_weights is None:
+        assert got.attn_weights is None
+    else:
+        assert torch.equal(got.attn_weights, want.attn_weights), name
+
+
+def test_chronos2_patched_with_dropout_while_training_equal_to_the_bit():
+    """Training with dropout (posenc refused it): Chronos' own SDPA call draws the same dropout
+    from the same generator state, after posenc's rotation; forecasts and gradients to the bit."""
+    model = _chronos_model(dropout_rate=0.1).train()
+    context, groups = _chronos_inputs()
+
+    def run():
+        torch.manual_seed(3)
+        out = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+        grads = torch.autograd.grad(out.sum(), [p for p in model.parameters()], allow_unused=True)
+        return out, grads
+
+    want, want_grads = run()
+    posenc_chronos.patch(model)
+    with CountOps() as ops:
+        got, got_grads = run()
+    posenc_chronos.unpatch(model)
+    assert ops.calls["posenc.apply_rotary"] >= 2 and _attention_calls(ops) == 0
+    assert torch.equal(got, want)
+    for g, w in zip(got_grads, want_grads):
+        assert (g is None and w is None) or torch.equal(g, w)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("moved", ["before", "after"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chronos2_patch_in_half_precision_equal_to_the_bit(dtype, moved, attn):
+    """A bfloat16/float16 Chronos-2 (cast before or after patch(); posenc refused both): Chronos
+    rounds its tables, rotation, scores and softmax to that dtype; patched, posenc's tables and
+    rotation with Chronos' own attention function: forecasts equal to the bit."""
+    model = _chronos_model(attn)
+    context, groups = _chronos_inputs()
+    if moved == "before":
+        model.to(dtype)
+    posenc_chronos.patch(model)
+    model.to(dtype)
+    with CountOps() as ops:
+        got = model(context.to(dtype), num_output_patches=2, group_ids=groups).quantile_preds
+    assert ops.calls["posenc.apply_rotary"] == 2 and _attention_calls(ops) == 0
+    posenc_chronos.unpatch(model)
+    want = model(context.to(dtype), num_output_patches=2, group_ids=groups).quantile_preds
+    assert got.dtype == want.dtype
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_chronos2_patch_under_autocast_equal_to_the_bit(dtype):
+    """Under autocast Chronos projects in the autocast dtype and rounds its float32 tables to it
+    (the projections' dtype); posenc refused it. Patched: equal to the bit."""
+    model = _chronos_model()
+    context, groups = _chronos_inputs()
+    with torch.autocast("cpu", dtype):
+        want = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+        posenc_chronos.patch(model)
+        with CountOps() as ops:
+            got = model(context, num_output_patches=2, group_ids=groups).quantile_preds
+    posenc_chronos.unpatch(model)
+    assert ops.calls["posenc.apply_rotary"] == 2 and _attention_calls(ops) == 0
+    assert torch.equal(got, want)
 
 
 # ---- Moirai-2 --------------------------------------------------------------------------------

@@ -26,14 +26,20 @@ softmax(rot(q) rot(k)^T) v by posenc.positional_attention(q, k, v, cos, sin, sca
 attention_mask=keys kept). The result is Chronos' to float32 rounding (a tiled online softmax,
 not SDPA's: 1e-6 relative in tests/python/test_timeseries_models.py, outputs and gradients).
 
-Refused in one line (ValueError): a model without Chronos-2's RoPE attention, activations that
-are not float32 or float64, autocast to another dtype included (Chronos rounds its tables and
-rotation to bfloat16/float16; posenc's kernel rotates in float32), and, at call time, what the
-fused attention does not compute: attention weights (output_attentions=True), dropout while
-training, a mask that is not a padding mask on the keys (a boolean one under Chronos' eager
-attention, which adds it as 0 / 1), a query row with every key masked
-(Chronos averages all the values there, posenc returns 0), and cross-attention. chronos is
-imported on first use.
+What the fused attention does not compute as Chronos does runs posenc's tables and rotation
+(posenc.apply_rotary_pos_emb, Chronos' products and sums in its dtypes) with Chronos' own
+attention function (MHA._sdpa_attention, or _eager_attention where its config or
+output_attentions=True picks it): Chronos' output to the bit. That is: activations or projections
+in bfloat16/float16 (a model cast so, or autocast: Chronos rounds its tables, rotation, scores and
+softmax to that dtype, posenc's kernel computes float32), attention weights
+(output_attentions=True), dropout while training, a mask that is not a padding mask on the keys
+(a boolean one under Chronos' eager attention, which adds it as 0 / 1; values other than 0 and
+finfo.min; a mask that differs between heads), and a query row with every key masked (Chronos
+averages all the values there, posenc's kernel returns 0). Cross attention (encoder_states given:
+Chronos rotates nothing there) is Chronos' own forward.
+
+Refused in one line (ValueError): a model without Chronos-2's RoPE attention, and a call without
+position_ids (Chronos asserts them too). chronos is imported on first use.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ import types
 import torch
 
 from ..attention import positional_attention
-from ..rotary import rope_cos_sin
+from ..rotary import apply_rotary_pos_emb, rope_cos_sin
 
 __all__ = ["patch", "unpatch"]
 
@@ -62,43 +68,27 @@ def _layers():
         ) from None
 
 
-def _keys_kept(mask: torch.Tensor, batch: int, keys: int, sdpa: bool) -> torch.Tensor:
-    """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]; a
-    boolean mask only where Chronos runs SDPA (its eager attention adds a boolean mask as 0 / 1:
-    nothing masked)."""
+def _keys_kept(mask: torch.Tensor, batch: int, keys: int, sdpa: bool) -> torch.Tensor | None:
+    """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]
+    where posenc's fused attention computes what Chronos' does with it, else None: a boolean mask
+    only where Chronos runs SDPA (its eager attention adds a boolean mask as 0 / 1: nothing
+    masked), one mask for every head, and every query seeing a key (on a row that sees none
+    Chronos averages all the values, posenc's attention returns 0)."""
     if mask.dim() != 4 or mask.shape[0] != batch or mask.shape[2] != 1 or mask.shape[3] != keys:
-        raise ValueError(
-            f"posenc.integrations.chronos: the time attention takes a padding mask "
-            f"[B={batch}, 1, 1, Nk={keys}] (Chronos2Encoder's), got "
-            f"{tuple(mask.shape)}"
-        )
+        return None
     if mask.dtype == torch.bool:
         if not sdpa:
-            raise ValueError(
-                "posenc.integrations.chronos: a boolean time mask under Chronos' eager attention "
-                "(it adds the mask as 0 / 1, masking nothing); unpatch() for it"
-            )
+            return None
         kept = mask
     else:
         low = torch.finfo(mask.dtype).min
         if not bool(((mask == 0) | (mask == low)).all()):
-            raise ValueError(
-                "posenc.integrations.chronos: the time mask holds values other than 0 "
-                "and finfo.min (not a padding mask); unpatch() for it"
-            )
+            return None
         kept = mask == 0
     if kept.shape[1] != 1 and not bool((kept == kept[:, :1]).all()):
-        raise ValueError(
-            "posenc.integrations.chronos: the time mask differs between heads; unpatch() for it"
-        )
+        return None
     kept = kept[:, 0, 0, :]
-    if not bool(kept.any(-1).all()):
-        row = int((~kept.any(-1)).nonzero()[0, 0])
-        raise ValueError(
-            f"posenc.integrations.chronos: series {row} masks every key (Chronos "
-            f"averages all the values there, posenc's attention returns 0)"
-        )
-    return kept
+    return kept if bool(kept.any(-1).all()) else None
 
 
 def _time_attention(
@@ -109,35 +99,19 @@ def _time_attention(
     position_ids: torch.Tensor | None = None,
     output_attentions: bool = False,
 ):
-    """MHA.forward of a RoPE time attention, computed by posenc (the contract of Chronos')."""
+    """MHA.forward of a RoPE time attention, computed by posenc (the contract of Chronos'):
+    posenc's fused attention where it computes what Chronos' does, else posenc's tables and
+    rotation with Chronos' own attention function."""
     layers = _layers()
-    if encoder_states is not None:
-        raise ValueError(
-            "posenc.integrations.chronos: a patched time attention is self-attention "
-            "(encoder_states given)"
-        )
-    if output_attentions:
-        raise ValueError(
-            "posenc.integrations.chronos: the fused attention returns no weights "
-            "(output_attentions=True); unpatch() for them"
-        )
-    if self.training and self.dropout > 0:
-        raise ValueError(
-            f"posenc.integrations.chronos: the fused attention has no dropout "
-            f"(training with dropout_rate={self.dropout}); eval() or dropout_rate=0"
-        )
-    if position_ids is None:
+    if position_ids is None:  # Chronos asserts them (cross attention too)
         raise ValueError(
             "posenc.integrations.chronos: position_ids must be given to a RoPE time attention"
         )
-    if hidden_states.dtype not in _DTYPES:
-        raise ValueError(
-            f"posenc.integrations.chronos: float32 or float64 activations, got "
-            f"{hidden_states.dtype} (Chronos rounds its RoPE to that dtype, posenc "
-            f"rotates in float32)"
+    if encoder_states is not None:  # cross attention: Chronos rotates nothing there
+        return type(self).forward(
+            self, hidden_states, mask, encoder_states, position_ids, output_attentions
         )
     batch, length, _ = hidden_states.shape
-    kept = _keys_kept(mask, batch, length, self.config._attn_implementation == "sdpa")
 
     def heads(x: torch.Tensor) -> torch.Tensor:  # [B, N, H * D] -> [B, H, N, D]
         return x.view(batch, length, self.n_heads, self.kv_proj_dim).transpose(1, 2)
@@ -145,22 +119,46 @@ def _time_attention(
     q = heads(self.q(hidden_states))
     k = heads(self.k(hidden_states))
     v = heads(self.v(hidden_states))
-    if q.dtype not in _DTYPES:  # autocast: float32 activations, bfloat16/float16 projections
-        raise ValueError(
-            f"posenc.integrations.chronos: float32 or float64 projections, got {q.dtype} "
-            f"(autocast; Chronos rounds its RoPE to that dtype, posenc rotates in float32)"
-        )
-    # Chronos2RotaryEmbedding.forward: float32 angles p * inv_freq, autocast off, cat(t, t)
+    # Chronos2RotaryEmbedding.forward: float32 angles p * inv_freq, autocast off, cat(t, t),
+    # then the dtype of v (the projections' dtype, autocast's included)
     with torch.autocast(device_type=hidden_states.device.type, enabled=False):
         cos, sin = rope_cos_sin(
             position_ids.to(hidden_states.device),
             self.rope_embed.inv_freq.float(),
             float(self.rope_embed.attention_scaling),
         )
-    cos, sin = cos.to(hidden_states.dtype), sin.to(hidden_states.dtype)
-    out = positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0, attention_mask=kept)
+    cos, sin = cos.to(v.dtype), sin.to(v.dtype)
+    kept = None
+    if (
+        not output_attentions
+        and not (self.training and self.dropout > 0)
+        and hidden_states.dtype in _DTYPES
+        and q.dtype in _DTYPES
+    ):
+        kept = _keys_kept(mask, batch, length, self.config._attn_implementation == "sdpa")
+    if kept is not None:
+        out = positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0, attention_mask=kept)
+        weights = None
+    else:
+        out, weights = _chronos_attention(self, q, k, v, cos, sin, mask, output_attentions)
     out = self.o(out.transpose(1, 2).reshape(batch, length, self.inner_dim))
-    return layers.AttentionOutput(hidden_states=out, attn_weights=None)
+    return layers.AttentionOutput(
+        hidden_states=out, attn_weights=weights if output_attentions else None
+    )
+
+
+def _chronos_attention(self, q, k, v, cos, sin, mask, output_attentions):
+    """What posenc's fused attention does not compute as Chronos does (attention weights, dropout
+    while training, a mask that is not a padding mask on the keys, a query row with every key
+    masked, bfloat16/float16 activations or projections: Chronos rounds its tables, rotation,
+    scores and softmax to that dtype): posenc's rotation (apply_rotary_pos_emb: Chronos' products
+    and sums, its roundings) and Chronos' own _sdpa_attention / _eager_attention, as MHA.forward
+    picks them: Chronos' output to the bit."""
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    eager = output_attentions or self.config._attn_implementation != "sdpa"
+    if eager:
+        return self._eager_attention(q, k, v, mask)
+    return self._sdpa_attention(q, k, v, mask)
 
 
 def _rope_attentions(model: torch.nn.Module, layers) -> list:
@@ -171,8 +169,7 @@ def _rope_attentions(model: torch.nn.Module, layers) -> list:
 
 def patch(model: torch.nn.Module) -> list[str]:
     """Replace the forward of the model's RoPE time attentions (Chronos-2's MHA with use_rope) by
-    posenc's; returns their names. Refuses (ValueError, nothing changed) a model without one or
-    with parameters that are not float32/float64."""
+    posenc's; returns their names. Refuses (ValueError, nothing changed) a model without one."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(
             f"posenc.integrations.chronos.patch: expected an nn.Module, got {type(model).__name__}"
@@ -185,13 +182,6 @@ def patch(model: torch.nn.Module) -> list[str]:
             f"Chronos-2 RoPE time attention (chronos.chronos2.layers.MHA, "
             f"use_rope=True)"
         )
-    for name, module in found:
-        for p in module.parameters():
-            if p.dtype not in _DTYPES:
-                raise ValueError(
-                    f"posenc.integrations.chronos.patch: {name} holds {p.dtype} "
-                    f"weights; posenc's patch computes float32 or float64"
-                )
     names = []
     for name, module in found:
         if not module.__dict__.get(_MARK, False):
