@@ -172,6 +172,39 @@ def test_promoting_tables_that_broadcast_q_give_eagers_gradients(dtype, table_dt
         assert m.shape == t.shape and torch.equal(m, t)
 
 
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize(
+    "dtype,table_dtype",
+    [
+        (torch.float64, torch.float32),
+        (torch.float32, torch.bfloat16),
+        (torch.float32, torch.float16),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize(
+    "shape,table_batch", [((2, 4, 2, 7, 16, 16), 2), ((2, 3, 1, 6, 24, 12), 1)]
+)
+def test_tables_that_q_promotes_get_eagers_gradients_to_the_bit(
+    layout, dtype, table_dtype, shape, table_batch
+):
+    # q and k wider than the tables: eager rounds q's term and k's term of a table's gradient to
+    # the table's dtype each (the cast at the unsqueezed table's two uses), then adds them there;
+    # the operator added them in the wider dtype and rounded once, 1 ulp apart (found by review)
+    torch.manual_seed(8)
+    q, k, _, _ = inputs(shape, dtype, layout, grad=True)
+    cos, sin = tables(table_batch, shape[3], shape[5], layout, table_dtype, equal_pairs=False)
+    cos.requires_grad_(True)
+    sin.requires_grad_(True)
+    got = posenc.apply_rotary_pos_emb(q, k, cos, sin, layout=layout)
+    want = formula(q, k, cos, sin, layout=layout)
+    g = [torch.randn(t.shape, dtype=dtype) for t in want]
+    mine = torch.autograd.grad(got, (q, k, cos, sin), g)
+    theirs = torch.autograd.grad(want, (q, k, cos, sin), g)
+    for name, m, t in zip(["q", "k", "cos", "sin"], mine, theirs):
+        assert m.dtype == t.dtype and torch.equal(m, t), (name, (m - t).abs().max())
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 def test_opcheck_apply_rotary(dtype, layout):

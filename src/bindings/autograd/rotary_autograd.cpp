@@ -2,7 +2,8 @@
 //   y = x * c + rot(x) * s   (first W dims; the rest copied)
 //   dx   = apply_rotary(dy, cos, -swap(sin))      rot's adjoint turns the table's pair members
 //                                                 round: half [s_a | s_b] -> [-s_b | -s_a]
-//   dcos = sum_to(dy * x, cos),  dsin = sum_to(dy * rot(x), sin)     (q's and k's terms added)
+//   dcos = sum_to(dy * x, cos),  dsin = sum_to(dy * rot(x), sin)     (q's and k's terms, each
+//                                                 rounded to the table's dtype, added there)
 // Where the tables promote x (bfloat16 x with float32 tables: OLMo's and Ernie's rotation) or
 // broadcast it to a larger result, eager autograd sums each product's gradient over the broadcast
 // dims and rounds it to x's dtype before adding them (every edge into x is cast to x's dtype), so
@@ -152,13 +153,16 @@ class ApplyRotaryFunction : public torch::autograd::Function<ApplyRotaryFunction
     const auto rotary = [&](const at::Tensor& t, const at::Tensor& x) {
       return t.narrow_symint(-1, 0, sym_rotary_width(x, c));
     };
+    // q's term and k's term each rounded to the table's dtype, then added there: eager casts the
+    // gradient of each use of the unsqueezed table (q and k wider than the tables: 1 ulp apart
+    // when added first)
     if (cos.requires_grad())
-      result[2] = (table_grad(rotary(gq, q), rotary(q, q), cos, u) +
-                   table_grad(rotary(gk, k), rotary(k, k), cos, u))
-                      .to(cos.scalar_type());
+      result[2] = table_grad(rotary(gq, q), rotary(q, q), cos, u).to(cos.scalar_type()) +
+                  table_grad(rotary(gk, k), rotary(k, k), cos, u).to(cos.scalar_type());
     if (sin.requires_grad())
-      result[3] = (table_grad(rotary(gq, q), rotate_half_any(rotary(q, q), parsed), sin, u) +
-                   table_grad(rotary(gk, k), rotate_half_any(rotary(k, k), parsed), sin, u))
+      result[3] = table_grad(rotary(gq, q), rotate_half_any(rotary(q, q), parsed), sin, u)
+                      .to(sin.scalar_type()) +
+                  table_grad(rotary(gk, k), rotate_half_any(rotary(k, k), parsed), sin, u)
                       .to(sin.scalar_type());
     return result;
   }
