@@ -510,7 +510,8 @@ CASES.update(
                 layout="interleaved per frequency (t h w t h w …), t0 t0 t1 t1 …, dim mod 6 "
                 "pass-through channels first; across the heads: q, k [B, N, heads·Dh]",
                 dtype_path="float32 positions, frequencies, angles and cos/sin per forward, on "
-                "every device",
+                "every device; given `video_coords` keep their dtype (float64: float64 angles and "
+                "cos/sin, as diffusers promotes them)",
             ),
             False,
             [
@@ -540,10 +541,12 @@ CASES.update(
                 "cross attention: time only",
                 theta="1e4 (θ^linspace(0, 1, F) · π/2, applied to 2p − 1)",
                 layout="interleaved per frequency, t0 t0 t1 t1 …, dim mod 2A pass-through "
-                "channels first; across the heads; refused: `rope_type='split'` "
-                "(diffusers' addcmul_ is a fused multiply-add)",
+                "channels first; across the heads; `rope_type='split'`: the same angles "
+                "unrepeated, per head [B, H, N, dim/2H] (rotated by diffusers' own addcmul_, a "
+                "fused multiply-add)",
                 dtype_path="float64 frequency ladder (`double_precision`) rounded to float32; "
-                "float32 positions, angles and cos/sin, every device",
+                "float32 positions, angles and cos/sin, every device; given float64 coordinates: "
+                "float64 angles and cos/sin",
             ),
             False,
             [

@@ -972,25 +972,62 @@ def test_qwenimage_rotation_follows_the_thread_split(threads):
 # -- refusals -------------------------------------------------------------------------------------
 
 
-def test_ltx2_split_rope_is_refused_and_its_output_kept():
+@pytest.mark.parametrize("coords_dtype", [None, torch.float64, torch.bfloat16])
+def test_ltx2_split_rope_patched_to_the_bit(coords_dtype):
+    """LTX-2.3's rope_type "split" (refused before): posenc's per-head tables, diffusers' own
+    split rotation (addcmul_: a fused multiply-add on the CPU); the output equal to the bit,
+    with the model's own coordinates and given float64 / bfloat16 ones."""
     model, inputs, _, _ = _make_ltx2(rope_type="split")
     model.eval()
+    if coords_dtype is not None:
+        video = model.rope.prepare_video_coords(1, 2, 3, 3, "cpu", fps=25.0)
+        audio = model.audio_rope.prepare_audio_coords(1, 5, "cpu")
+        inputs["video_coords"] = (video.double() + 0.3 * _randn(*video.shape)).to(coords_dtype)
+        inputs["audio_coords"] = (audio.double() + 0.3 * _randn(*audio.shape)).to(coords_dtype)
     ropes = {
         n: m for n, m in model.named_modules() if type(m) is dltx2.LTX2AudioVideoRotaryPosEmbed
     }
-    processors = _processors(model)
-    with pytest.raises(ValueError, match="split") as e:
-        pd.patch(model, strict=True)
-    assert "\n" not in str(e.value)
-    assert all(model.get_submodule(n) is m for n, m in ropes.items())
-    assert all(model.get_submodule(n).processor is p for n, p in processors.items())
     with torch.no_grad():
         want = _sample(model, inputs)
-    report = pd.patch(model)
-    assert len([line for line in report["left"] if "split" in line]) == len(ropes)
-    with torch.no_grad():  # posenc's processors hand a split table to diffusers' function
-        assert torch.equal(_sample(model, inputs), want)
+    report = pd.patch(model, strict=True)
+    assert report["left"] == [] and set(ropes) <= set(report["patched"])
+    with torch.no_grad(), CountOps() as ops:
+        got = _sample(model, inputs)
+    assert ops.calls["posenc.rope_cos_sin"] == (0 if coords_dtype == torch.float64 else 4)
+    assert torch.equal(got, want), (got - want).abs().max()
     pd.unpatch(model)
+    assert all(model.get_submodule(n) is m for n, m in ropes.items())
+
+
+@pytest.mark.parametrize("double_precision", [True, False])
+@pytest.mark.parametrize("dim,heads", [(12, 2), (64, 4), (50, 5), (96, 1), (4096, 32)])
+def test_ltx2_split_tables(dim, heads, double_precision):
+    """The split layout's tables [B, H, N, dim // 2 H], video, audio and cross, the connector's
+    1D module too: equal to diffusers' to the bit, the same strides (diffusers' rotation reads
+    them as they are)."""
+    from diffusers.pipelines.ltx2 import connectors
+
+    kw = dict(rope_type="split", num_attention_heads=heads, double_precision=double_precision)
+    video = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, **kw)
+    audio = dltx2.LTX2AudioVideoRotaryPosEmbed(dim, scale_factors=[4], modality="audio", **kw)
+    video_coords = video.prepare_video_coords(2, 3, 4, 5, "cpu", fps=25.0)
+    audio_coords = audio.prepare_audio_coords(2, 7, "cpu", shift=2)
+    for theirs, coords in (
+        (video, video_coords),
+        (video, video_coords[:, 0:1]),
+        (audio, audio_coords),
+        (video, video_coords.double() + 0.3),
+    ):
+        ours = _ltx2.LTX2AudioVideoRotaryPosEmbed.from_diffusers(theirs)
+        got, want = ours(coords), theirs(coords)
+        _tables_equal(got, want)
+        assert got[0].stride() == want[0].stride() and got[1].stride() == want[1].stride()
+    theirs = connectors.LTX2RotaryPosEmbed1d(dim, **kw)
+    ours = _ltx2.LTX2RotaryPosEmbed1d.from_diffusers(theirs)
+    for batch, length in ((1, 1), (2, 300)):
+        got, want = ours(batch, length, "cpu"), theirs(batch, length, "cpu")
+        _tables_equal(got, want)
+        assert got[0].stride() == want[0].stride()
 
 
 def test_qwenimage_head_posenc_does_not_rotate_exactly_is_refused():
@@ -1067,8 +1104,8 @@ def test_bad_inputs_are_one_line():
         lambda: _ltx.LTXVideoRotaryPosEmbed(64, theta=1.0),
         lambda: ltx(torch.zeros(1, 2)),  # no grid and no coordinates
         lambda: ltx(torch.zeros(1, 2), 2, None, 4),
-        lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, rope_type="split"),
-        lambda: _ltx2.LTX2RotaryPosEmbed1d(64, rope_type="split"),
+        lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, rope_type="half"),
+        lambda: _ltx2.LTX2RotaryPosEmbed1d(64, rope_type="half"),
         lambda: _ltx2.LTX2AudioVideoRotaryPosEmbed(64, modality="text"),
         lambda: ltx2(torch.zeros(1, 3, 5, 2)),  # three axes for audio
         lambda: ltx2(torch.zeros(1, 1, 5, 3)),

@@ -235,6 +235,12 @@ def angle_positions(grid: torch.Tensor) -> torch.Tensor:
     return coords if coords.dtype == torch.float64 else coords.float()
 
 
+def float64_angles(coords: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """diffusers' angles for float64 positions: coords [B, N, A] (grid * 2 - 1) times the float32
+    ladder freqs [F], promoted to float64, laid out frequency-major: [B, N, F A] contiguous."""
+    return (coords.unsqueeze(-1) * freqs).transpose(-1, -2).flatten(2)
+
+
 def float64_tables(
     coords: torch.Tensor, freqs: torch.Tensor, dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -245,7 +251,7 @@ def float64_tables(
     [B, N, F A] (t h w t h w ...), cos/sin in float64 on that contiguous layout (ATen's kernels
     round a vector's lanes and its tail apart, so the layout is diffusers'), each repeated for its
     pair, after dim % (2 A) pass-through channels (cos 1, sin 0): [B, N, dim] float64."""
-    angles = (coords.unsqueeze(-1) * freqs).transpose(-1, -2).flatten(2)
+    angles = float64_angles(coords, freqs)
     cos = angles.cos().repeat_interleave(2, dim=-1)
     sin = angles.sin().repeat_interleave(2, dim=-1)
     pad = dim % (2 * coords.shape[-1])

@@ -37,11 +37,13 @@ text tokens with LTX2RotaryPosEmbed1d: positions i / base_seq_len (i = 0 .. S-1)
 (F = dim // 2) and tables, and LTX2AudioVideoAttnProcessor; posenc's LTX2RotaryPosEmbed1d computes
 them the same way, so patch(connectors) gives the connectors' output to the bit too.
 
-Refused: rope_type "split" (LTX-2.3's per-head tables): diffusers rotates with addcmul_, which
-ATen computes with a fused multiply-add on the CPU (one rounding for x1 c - s x2), and posenc's
-rotation rounds the product and the sum apart; the rotary module is left as diffusers' (named in
-patch()'s report), and posenc's processors hand a split table to diffusers' own
-apply_split_rotary_emb, so a split model keeps diffusers' output exactly.
+rope_type "split" (LTX-2.3's per-head tables; both modules): the same angles unrepeated,
+[B, N, F A] (the first half of posenc's half-layout table, cat(t, t); float64 positions by
+diffusers' expression), dim // 2 - F A pass-through pairs (cos 1, sin 0) first, then per head
+[B, H, N, dim // 2 H], contiguous where diffusers' are (the same strides): equal to the bit. The
+split rotation stays diffusers' own apply_split_rotary_emb (posenc's processors hand a split table
+to it): it rotates with addcmul_, which ATen computes with a fused multiply-add on the CPU (one
+rounding for x1 c - s x2), and posenc's rotation rounds the product and the sum apart.
 """
 
 from __future__ import annotations
@@ -53,7 +55,13 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers import transformer_ltx2 as _dltx2
 
 from . import _common
-from ._ltx import _carry_settings, angle_positions, float64_tables, rotate_across_heads
+from ._ltx import (
+    _carry_settings,
+    angle_positions,
+    float64_angles,
+    float64_tables,
+    rotate_across_heads,
+)
 from ._registry import Family, qualified_name, register
 
 __all__ = [
@@ -88,12 +96,7 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         num_attention_heads: int = 32,
     ) -> None:
         super().__init__()
-        if rope_type != "interleaved":
-            raise ValueError(
-                f"{_NAME}: rope_type {rope_type!r} is not computed by posenc "
-                f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
-                f"the CPU; posenc rounds the product and the sum apart)"
-            )
+        _check_rope_type(_NAME, rope_type)
         if modality not in ("video", "audio"):
             raise ValueError(f"{_NAME}: modality must be 'video' or 'audio', got {modality!r}")
         if not isinstance(dim, int) or dim < 2:
@@ -244,6 +247,9 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
         count = self.dim // num_rope_elems
         freqs = self.frequencies(count, device)
         positions = angle_positions(grid).contiguous()  # [B, N, A], diffusers' grid * 2 - 1
+        if self.rope_type == "split":
+            cos, sin = _split_cos_sin(positions, freqs, num_pos_dims)
+            return _split_heads(cos, sin, self.dim, self.num_attention_heads)
         if positions.dtype == torch.float64:  # float64 angles and tables, as diffusers computes
             return float64_tables(positions, freqs, self.dim)
         cos, sin = torch.ops.posenc.rope_cos_sin(
@@ -260,6 +266,41 @@ class LTX2AudioVideoRotaryPosEmbed(_common.DiffusersRotary):
             cos = torch.cat([cos_padding, cos], dim=-1)
             sin = torch.cat([sin_padding, sin], dim=-1)
         return cos, sin
+
+
+def _check_rope_type(name: str, rope_type) -> None:
+    if rope_type not in ("interleaved", "split"):  # diffusers' own check
+        raise ValueError(f"{name}: rope_type must be 'interleaved' or 'split', got {rope_type!r}")
+
+
+def _split_cos_sin(positions: torch.Tensor, freqs: torch.Tensor, axes: int):
+    """cos, sin of diffusers' angles [B, N, F A] (frequency-major: t h w t h w ...), unrepeated
+    (the split layout's): float64 positions by diffusers' expression (float64_angles), others by
+    posenc's operator (the half layout's cat(t, t), its first half), contiguous as diffusers'."""
+    if positions.dtype == torch.float64:
+        angles = float64_angles(positions, freqs)
+        return angles.cos(), angles.sin()
+    width = freqs.numel() * axes
+    sections = [freqs.numel()] * axes
+    if positions.dim() == 2:  # LTX2RotaryPosEmbed1d: [B, S], one axis
+        positions, sections = positions.unsqueeze(-1), [freqs.numel()]
+    cos, sin = torch.ops.posenc.rope_cos_sin(
+        positions, freqs.repeat_interleave(axes), 1.0, sections, "interleaved", "half"
+    )
+    return cos[..., :width].contiguous(), sin[..., :width].contiguous()
+
+
+def _split_heads(cos: torch.Tensor, sin: torch.Tensor, dim: int, heads: int):
+    """diffusers' split tables: dim // 2 - F A pass-through pairs (cos 1, sin 0) first, then per
+    head: [B, N, dim // 2] -> [B, H, N, dim // 2 H]."""
+    pad = dim // 2 - cos.shape[-1]
+    if pad != 0:
+        cos = torch.concatenate([torch.ones_like(cos[:, :, :pad]), cos], axis=-1)
+        sin = torch.concatenate([torch.zeros_like(sin[:, :, :pad]), sin], axis=-1)
+    batch, tokens = cos.shape[0], cos.shape[1]
+    cos = cos.reshape(batch, tokens, heads, -1)
+    sin = sin.reshape(batch, tokens, heads, -1)
+    return torch.swapaxes(cos, 1, 2), torch.swapaxes(sin, 1, 2)
 
 
 def _ladder(theta: float, count: int, double_precision: bool, device) -> torch.Tensor:
@@ -288,12 +329,7 @@ class LTX2RotaryPosEmbed1d(_common.DiffusersRotary):
         num_attention_heads: int = 32,
     ) -> None:
         super().__init__()
-        if rope_type != "interleaved":
-            raise ValueError(
-                f"{self._NAME}: rope_type {rope_type!r} is not computed by posenc "
-                f"(diffusers' split rotation uses addcmul_, a fused multiply-add on "
-                f"the CPU; posenc rounds the product and the sum apart)"
-            )
+        _check_rope_type(self._NAME, rope_type)
         if not isinstance(dim, int) or dim < 2:
             raise ValueError(f"{self._NAME}: dim must be an integer >= 2, got {dim!r}")
         self.dim = dim
@@ -319,6 +355,9 @@ class LTX2RotaryPosEmbed1d(_common.DiffusersRotary):
         grid_1d = grid_1d / self.base_seq_len
         grid = grid_1d.unsqueeze(0).repeat(batch_size, 1)  # [B, S]
         freqs = _ladder(self.theta, self.dim // 2, self.double_precision, device)
+        if self.rope_type == "split":
+            cos, sin = _split_cos_sin((grid * 2 - 1).contiguous(), freqs, 1)
+            return _split_heads(cos, sin, self.dim, self.num_attention_heads)
         cos, sin = torch.ops.posenc.rope_cos_sin(
             (grid * 2 - 1).contiguous(), freqs, 1.0, [], "contiguous", "interleaved"
         )
