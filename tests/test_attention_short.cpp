@@ -1,8 +1,12 @@
 // The short-sequence kernel (attention_short) vs its specification: rope_apply on q and k, then
-// attention_reference; forward and gradients for q, k, v over sizes (N = 1, 16, 36, 64), head
-// dims (8, 32, 36: a tail after the 8-wide sums; partial rotary), both layouts, causal, strided
-// views of one qkv tensor; the attention layer on the short path equals the layer without fused
-// kernels; what the kernel refuses.
+// attention_reference; forward and gradients for q, k, v over sizes (N = 1, 7, 15, 16, 17, 33,
+// 36, 64), head dims (8, 32, 36, 40, 64: a tail after the 8-wide sums; partial rotary), both
+// layouts, causal, strided views of one qkv tensor, both ways the backward gets P (kept from the
+// forward, or recomputed from the log-sum-exp: attention_short_saves_probabilities) and both
+// ways the vector form reads its rows (in place where N % 8 == 0 and D % 8 == 0, else through
+// padded scratch); results independent of the thread count (1, 2, 3); the attention layer on the
+// short path equals the layer without fused kernels; what the kernel refuses. CTest runs these at
+// every CPU level in turn (unit_cpu_scalar, unit_cpu_avx2, unit_cpu_avx512).
 #include <gtest/gtest.h>
 
 #include "posenc/kernels/attention_fused.h"
@@ -21,6 +25,7 @@ constexpr double kGradientTolerance = 2e-5;  // relative to the largest gradient
 struct ShortCase {
   int64_t n, d, pairs;  // pairs 0: no rotation
   bool interleaved, causal;
+  bool saved;  // whether the forward keeps P for the backward (the rule's answer, checked)
 };
 
 class AttentionShort : public ::testing::TestWithParam<ShortCase> {};
@@ -42,6 +47,7 @@ TEST_P(AttentionShort, MatchesRopeThenReference) {
   }
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
   ASSERT_TRUE(attention_short_supported(parts[0], parts[1], parts[2], rotary));
+  ASSERT_EQ(attention_short_saves_probabilities(c.n, c.d), c.saved) << "n=" << c.n << " d=" << c.d;
   auto fast = attention_short(parts[0], parts[1], parts[2], scale, rotary, c.causal);
 
   auto qkv_ref = qkv.detach().clone().requires_grad_(true);
@@ -67,23 +73,76 @@ TEST_P(AttentionShort, MatchesRopeThenReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sizes, AttentionShort,
-    ::testing::Values(ShortCase{16, 32, 16, false, false}, ShortCase{16, 32, 16, true, false},
-                      ShortCase{36, 32, 16, false, false}, ShortCase{64, 8, 4, false, true},
-                      ShortCase{1, 32, 16, false, false},
-                      ShortCase{7, 36, 10, true, true},  // tail, partial
-                      ShortCase{16, 32, 0, false, false}, ShortCase{16, 36, 0, false, true}));
+    ::testing::Values(
+        ShortCase{16, 32, 16, false, false, true},  // the main job: in place, kept
+        ShortCase{16, 32, 16, true, false, true},
+        ShortCase{36, 32, 16, false, false, false},  // padded, recomputed
+        ShortCase{64, 8, 4, false, true, false},     // in place, recomputed
+        ShortCase{32, 8, 4, true, false, false}, ShortCase{1, 32, 16, false, false, false},
+        ShortCase{7, 36, 10, true, true, true},  // tail, partial; padded, kept
+        ShortCase{15, 32, 16, false, true, true}, ShortCase{17, 32, 16, true, false, false},
+        ShortCase{17, 40, 12, false, true, true}, ShortCase{33, 32, 16, false, false, false},
+        ShortCase{33, 64, 32, false, true, true}, ShortCase{64, 64, 32, true, false, true},
+        ShortCase{16, 32, 0, false, false, true}, ShortCase{16, 36, 0, false, true, true}));
 
+// The rule for keeping P (Np^2 <= N * D, Np = N rounded up to 8), at stated sizes.
+TEST(AttentionShort, KeepsProbabilitiesWherePIsNoLargerThanQ) {
+  EXPECT_TRUE(attention_short_saves_probabilities(16, 32));   // 256 <= 512: the main job
+  EXPECT_TRUE(attention_short_saves_probabilities(32, 32));   // 1024 <= 1024
+  EXPECT_FALSE(attention_short_saves_probabilities(33, 32));  // 1600 > 1056
+  EXPECT_FALSE(attention_short_saves_probabilities(36, 32));  // 1600 > 1152
+  EXPECT_TRUE(attention_short_saves_probabilities(64, 64));   // 4096 <= 4096
+  EXPECT_FALSE(attention_short_saves_probabilities(64, 8));
+  EXPECT_FALSE(attention_short_saves_probabilities(1, 32));  // 64 > 32
+  EXPECT_FALSE(attention_short_saves_probabilities(0, 32));
+}
+
+// Whether the forward keeps P (gradients needed) does not change its output: the same bits as
+// inference, for a size that keeps P and one that recomputes it; a second backward through the
+// same graph (retain_graph) gives the same gradients (the backward leaves the kept P as it was).
+TEST(AttentionShort, KeepingPChangesNoBitOfTheForward) {
+  for (const int64_t n : {16, 36}) {
+    torch::manual_seed(17);
+    auto qkv = torch::randn({4, n, 3, 3, 32});
+    auto angles = torch::rand({n, 16}, torch::kFloat64) * 6.0;
+    const auto cos = angles.cos().to(torch::kFloat32), sin = angles.sin().to(torch::kFloat32);
+    const AttentionRotary rotary{cos, sin, cos, sin, RopeLayout::kHalf};
+    at::Tensor inference;
+    {
+      torch::NoGradGuard no_grad;
+      inference = attention_short_packed(qkv, 0.2, rotary);
+    }
+    auto leaf = qkv.clone().requires_grad_(true);
+    const auto training = attention_short_packed(leaf, 0.2, rotary);
+    EXPECT_TRUE(inference.equal(training)) << n;
+    const auto probe = torch::randn_like(training);
+    const auto first = torch::autograd::grad({training}, {leaf}, {probe}, /*retain_graph=*/true)[0];
+    const auto second = torch::autograd::grad({training}, {leaf}, {probe})[0];
+    EXPECT_TRUE(first.equal(second)) << n;
+  }
+}
+
+// Outputs and gradients to the bit at 1, 2 and 3 threads, P kept (N = 16) and recomputed (N = 36).
 TEST(AttentionShort, ResultDoesNotDependOnThreads) {
-  torch::manual_seed(9);
-  auto q = torch::randn({8, 16, 4, 32}), k = torch::randn({8, 16, 4, 32}),
-       v = torch::randn({8, 16, 4, 32});
   const int threads = at::get_num_threads();
-  at::set_num_threads(1);
-  auto one = attention_short(q, k, v, 0.2);
-  at::set_num_threads(std::max(2, threads));
-  auto many = attention_short(q, k, v, 0.2);
-  at::set_num_threads(threads);
-  EXPECT_TRUE(one.equal(many));
+  for (const int64_t n : {16, 36}) {
+    torch::manual_seed(9);
+    auto q = torch::randn({8, n, 4, 32}), k = torch::randn({8, n, 4, 32}),
+         v = torch::randn({8, n, 4, 32}), probe = torch::randn({8, n, 4, 32});
+    std::vector<at::Tensor> results;
+    for (const int t : {1, 2, 3}) {
+      at::set_num_threads(t);
+      auto qg = q.clone().requires_grad_(true), kg = k.clone().requires_grad_(true),
+           vg = v.clone().requires_grad_(true);
+      auto out = attention_short(qg, kg, vg, 0.2, {}, /*causal=*/n == 36);
+      out.backward(probe);
+      results.push_back(torch::cat(
+          {out.flatten(), qg.grad().flatten(), kg.grad().flatten(), vg.grad().flatten()}));
+    }
+    at::set_num_threads(threads);
+    EXPECT_TRUE(results[0].equal(results[1])) << n;
+    EXPECT_TRUE(results[0].equal(results[2])) << n;
+  }
 }
 
 // The packed form (q, k, v the parts of one [B, N, 3, H, D] projection; the gradient written as

@@ -3,7 +3,9 @@
 //
 //   q'_i = R(p_i) q_i,  k'_j = R(p_j) k_j                    (Su et al. 2021; optional)
 //   S_ij = q'_i . k'_j * scale   (j <= i when causal),  P = softmax_j(S),  out_i = sum_j P_ij v_j
-//   backward (recomputing P from the saved log-sum-exp, as FlashAttention-2):
+//   backward (P kept from the forward when gradients are needed and P is no larger than q, see
+//   attention_short_saves_probabilities; else recomputed from the saved log-sum-exp, as
+//   FlashAttention-2):
 //   dv_j = sum_i P_ij dout_i,  dS_ij = P_ij (dout_i . v_j - dout_i . out_i)
 //   dq_i = R(p_i)^T sum_j dS_ij k'_j * scale,  dk_j = R(p_j)^T sum_i dS_ij q'_i * scale
 //
@@ -29,6 +31,14 @@ namespace posenc {
 /// The limits of the short kernel (its per-thread scratch is sized by them).
 constexpr int64_t kShortAttentionMaxTokens = 64;
 constexpr int64_t kShortAttentionMaxHeadDim = 256;
+
+/// Whether attention_short's forward, when gradients are needed, keeps the probabilities P of
+/// each (batch, head) for the backward (else the backward recomputes them from the log-sum-exp):
+/// when Np^2 <= N * D (Np = N rounded up to 8), i.e. P is no larger than the head's q, so the
+/// memory the node holds (q, k, v, out) grows by at most a quarter. The main job's N = 16, D = 32:
+/// kept (1 KiB per head, 384 KiB per layer at B = 128, H = 3); N = 36, D = 32: recomputed; N = 64
+/// kept from D = 64 on. Inference (no gradients needed) never keeps them.
+bool attention_short_saves_probabilities(int64_t n, int64_t d);
 
 /// Whether attention_short takes these inputs: CPU float32 [B, N, H, D] with N <=
 /// kShortAttentionMaxTokens, the same N for q, k, v, D <= kShortAttentionMaxHeadDim, and

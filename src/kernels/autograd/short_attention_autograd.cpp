@@ -1,5 +1,8 @@
 // attention_short: checks, the autograd function around the short-sequence CPU kernel
 // (src/kernels/cpu/short_attention_cpu.cpp); contract in include/posenc/kernels/short_attention.h.
+// When gradients are needed and attention_short_saves_probabilities(N, D), the forward keeps each
+// head's probabilities P [B * H, Np, Np] (Np = N rounded up to 8) for the backward, which then
+// reads them instead of recomputing S = Q'K'^T and its exponentials; inference keeps nothing.
 #include <torch/torch.h>
 
 #include "../cpu/short_attention_cpu.h"
@@ -66,12 +69,36 @@ at::Tensor rows(const at::Tensor& x) {
   return d.stride(3) == 1 ? d : d.contiguous();
 }
 
-// The forward kernel's results: out [B, N, H, D] and each row's log-sum-exp [B, H, N].
-std::pair<at::Tensor, at::Tensor> forward_kernel(const detail::ShortAttentionProblem& p) {
-  auto out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
-  auto lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
-  detail::short_attention_forward_cpu(p, out.data_ptr<float>(), lse.data_ptr<float>());
-  return {out, lse};
+struct ForwardResults {
+  at::Tensor out, lse, probabilities;
+};
+
+// The forward kernel's results: out [B, N, H, D], each row's log-sum-exp [B, H, N] and, when
+// keep_probabilities, P [B * H, Np, Np] (else undefined).
+ForwardResults forward_kernel(detail::ShortAttentionProblem p, bool keep_probabilities) {
+  ForwardResults r;
+  r.out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
+  r.lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
+  if (keep_probabilities && attention_short_saves_probabilities(p.n, p.dim)) {
+    const int64_t np = detail::short_attention_padded(p.n);
+    r.probabilities = torch::empty({p.batch * p.heads, np, np}, torch::kFloat32);
+    p.probabilities = r.probabilities.data_ptr<float>();
+  }
+  detail::short_attention_forward_cpu(p, r.out.data_ptr<float>(), r.lse.data_ptr<float>());
+  return r;
+}
+
+// The forward's probabilities, if it kept them, for the backward.
+float* saved_probabilities(const at::Tensor& probabilities) {
+  return probabilities.defined() ? probabilities.data_ptr<float>() : nullptr;
+}
+
+// Whether a backward can follow (the tables are constants): only then are P kept.
+bool gradients_needed(std::initializer_list<at::Tensor> inputs) {
+  if (!at::GradMode::is_enabled()) return false;
+  for (const auto& x : inputs)
+    if (x.requires_grad()) return true;
+  return false;
 }
 
 void save_settings(AutogradContext* ctx, double scale, bool causal, bool interleaved) {
@@ -84,13 +111,14 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, double scale, bool causal,
-                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved) {
+                               const at::Tensor& cos, const at::Tensor& sin, bool interleaved,
+                               bool keep_probabilities) {
     auto qr = rows(q), kr = rows(k), vr = rows(v);
-    const auto [out, lse] =
-        forward_kernel(problem(qr, kr, vr, scale, causal, cos, sin, interleaved));
-    ctx->save_for_backward({qr, kr, vr, out, lse, cos, sin});
+    auto r = forward_kernel(problem(qr, kr, vr, scale, causal, cos, sin, interleaved),
+                            keep_probabilities);
+    ctx->save_for_backward({qr, kr, vr, r.out, r.lse, cos, sin, r.probabilities});
     save_settings(ctx, scale, causal, interleaved);
-    return {out};
+    return {r.out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -99,13 +127,15 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
     auto p = problem(s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
                      ctx->saved_data["causal"].toBool(), s[5], s[6],
                      ctx->saved_data["interleaved"].toBool());
+    p.probabilities = saved_probabilities(s[7]);
     auto grad_out = grads[0].to(torch::kFloat32).contiguous();
     auto dq = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
     auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
     detail::short_attention_backward_cpu(p, s[3].data_ptr<float>(), s[4].data_ptr<float>(),
                                          grad_out.data_ptr<float>(), dq.data_ptr<float>(),
                                          dk.data_ptr<float>(), dv.data_ptr<float>());
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dq,           dk,           dv,           at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -117,15 +147,15 @@ class ShortAttentionPackedFunction
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& qkv, double scale,
                                bool causal, const at::Tensor& cos, const at::Tensor& sin,
-                               bool interleaved) {
+                               bool interleaved, bool keep_probabilities) {
     auto packed = qkv.detach();
     if (packed.stride(4) != 1) packed = packed.contiguous();
-    const auto [out, lse] =
-        forward_kernel(problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2), scale,
-                               causal, cos, sin, interleaved));
-    ctx->save_for_backward({packed, out, lse, cos, sin});
+    auto r = forward_kernel(problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),
+                                    scale, causal, cos, sin, interleaved),
+                            keep_probabilities);
+    ctx->save_for_backward({packed, r.out, r.lse, cos, sin, r.probabilities});
     save_settings(ctx, scale, causal, interleaved);
-    return {out};
+    return {r.out};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -135,6 +165,7 @@ class ShortAttentionPackedFunction
     auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),
                      ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(), s[3],
                      s[4], ctx->saved_data["interleaved"].toBool());
+    p.probabilities = saved_probabilities(s[5]);
     auto grad_out = grads[0].to(torch::kFloat32).contiguous();
     auto dqkv = torch::empty({p.batch, p.n, 3, p.heads, p.dim}, torch::kFloat32);  // contiguous
     p.grad_stride[0] = dqkv.stride(0);
@@ -145,7 +176,8 @@ class ShortAttentionPackedFunction
     detail::short_attention_backward_cpu(p, s[1].data_ptr<float>(), s[2].data_ptr<float>(),
                                          grad_out.data_ptr<float>(), base, base + part,
                                          base + 2 * part);
-    return {dqkv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dqkv,         at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -160,6 +192,11 @@ std::pair<at::Tensor, at::Tensor> tables(const AttentionRotary& rotary) {
 }
 
 }  // namespace
+
+bool attention_short_saves_probabilities(int64_t n, int64_t d) {
+  const int64_t padded = detail::short_attention_padded(n);
+  return n >= 1 && d >= 1 && padded * padded <= n * d;
+}
 
 bool attention_short_supported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const AttentionRotary& rotary) {
@@ -189,7 +226,8 @@ at::Tensor attention_short(const at::Tensor& q, const at::Tensor& k, const at::T
   // autograd inputs must be defined tensors: no rotation is an empty table
   const auto [cos, sin] = tables(rotary);
   return ShortAttentionFunction::apply(q, k, v, scale, causal, cos, sin,
-                                       rotary.layout == RopeLayout::kInterleaved)[0];
+                                       rotary.layout == RopeLayout::kInterleaved,
+                                       gradients_needed({q, k, v}))[0];
 }
 
 at::Tensor attention_short_packed(const at::Tensor& qkv, double scale,
@@ -207,7 +245,8 @@ at::Tensor attention_short_packed(const at::Tensor& qkv, double scale,
               qkv.scalar_type(), " on ", qkv.device());
   const auto [cos, sin] = tables(rotary);
   return ShortAttentionPackedFunction::apply(qkv, scale, causal, cos, sin,
-                                             rotary.layout == RopeLayout::kInterleaved)[0];
+                                             rotary.layout == RopeLayout::kInterleaved,
+                                             gradients_needed({qkv}))[0];
 }
 
 }  // namespace posenc

@@ -2,7 +2,10 @@
 // entry points in short_attention_cpu.cpp). One work item = one (batch, head): its rotated q and
 // k rows are copied into the thread's scratch once, the N x N scores are computed there, and the
 // output (forward) or dq, dk, dv (backward) rows of that head are written directly; items write
-// disjoint rows, so no atomics. Two forms: the plain loops (dot products and weighted sums, any
+// disjoint rows, so no atomics. When the problem has a probabilities buffer (gradients needed),
+// the forward writes each head's P there and the backward reads it instead of recomputing S and
+// its exponentials from the log-sum-exp (saves one of its five products, K's transpose and the
+// exponentials). Two forms: the plain loops (dot products and weighted sums, any
 // CPU; kernels_scalar.cpp) and the vector form over a vector type's lanes (small matrix products;
 // vec_avx2.h: 8, vec_avx512.h: 16; kernels_avx2.cpp, kernels_avx512.cpp, each inside its target
 // region). Sums run in a fixed order per element: a result does not depend on the thread count
@@ -111,17 +114,18 @@ POSENC_INLINE float exp_nonpositive(float x) {
 template <class Ops>
 POSENC_INLINE void forward_items(const ShortAttentionProblem& p, int64_t begin, int64_t end,
                                  float* out, float* lse) {
-  const int64_t n = p.n, d = p.dim;
+  const int64_t n = p.n, d = p.dim, np = short_attention_padded(n);
   std::vector<float> scratch(2 * n * d + n);
   float* Q = scratch.data();
   float* K = Q + n * d;
-  float* row = K + n * d;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / p.heads, h = item % p.heads;
     load_rows_to(p, p.q, p.q_stride, b, h, Q, d);
     load_rows_to(p, p.k, p.k_stride, b, h, K, d);
+    float* saved = p.probabilities != nullptr ? p.probabilities + item * np * np : nullptr;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t cols = p.causal ? i + 1 : n;
+      float* row = saved != nullptr ? saved + i * np : K + n * d;  // P's row i
       float m = kNegInf;
       for (int64_t j = 0; j < cols; ++j) {
         row[j] = Ops::dot(Q + i * d, K + j * d, d) * p.scale;
@@ -134,10 +138,12 @@ POSENC_INLINE void forward_items(const ShortAttentionProblem& p, int64_t begin, 
       }
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
+      if (saved != nullptr) std::fill(row + cols, row + np, 0.0f);
       lse[item * n + i] = m + std::log(sum);
       Ops::weighted_sum(row, 1, v_row(p, b, 0, h), p.v_stride[1], cols, d,
                         out + row_offset(p, b, i, h));
     }
+    if (saved != nullptr) std::fill(saved + n * np, saved + np * np, 0.0f);
   }
 }
 
@@ -155,16 +161,19 @@ template <class Ops>
 POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin, int64_t end,
                                   const float* out, const float* lse, const float* grad_out,
                                   float* dq, float* dk, float* dv) {
-  const int64_t n = p.n, d = p.dim;
+  const int64_t n = p.n, d = p.dim, np = short_attention_padded(n);
   const int64_t token_stride = p.heads * d;  // of out, grad_out, dq, dk, dv
   std::vector<float> scratch(3 * n * d + 2 * n * n);
   float* Q = scratch.data();
   float* K = Q + n * d;
   float* tmp = K + n * d;
-  float* P = tmp + n * d;  // [N, N] probabilities (0 above the causal diagonal)
-  float* dS = P + n * n;   // [N, N] score gradients times scale
+  float* dS = tmp + n * d;  // [N, N] score gradients times scale
+  // [N, N] probabilities, rows ld apart (0 above the causal diagonal): the forward's, or here
+  const bool saved = p.probabilities != nullptr;
+  const int64_t ld = saved ? np : n;
   for (int64_t item = begin; item < end; ++item) {
     const int64_t b = item / p.heads, h = item % p.heads;
+    float* P = saved ? p.probabilities + item * np * np : dS + n * n;
     load_rows_to(p, p.q, p.q_stride, b, h, Q, d);
     load_rows_to(p, p.k, p.k_stride, b, h, K, d);
     for (int64_t i = 0; i < n; ++i) {
@@ -172,13 +181,13 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
       const float di = Ops::dot(doi, out + row_offset(p, b, i, h), d);
       const float l = lse[item * n + i];
       const int64_t cols = p.causal ? i + 1 : n;
-      float* pi = P + i * n;
+      float* pi = P + i * ld;
       float* dsi = dS + i * n;
       for (int64_t j = 0; j < cols; ++j) {
-        pi[j] = exp_nonpositive(Ops::dot(Q + i * d, K + j * d, d) * p.scale - l);
+        if (!saved) pi[j] = exp_nonpositive(Ops::dot(Q + i * d, K + j * d, d) * p.scale - l);
         dsi[j] = pi[j] * (Ops::dot(doi, v_row(p, b, j, h), d) - di) * p.scale;
       }
-      std::fill(pi + cols, pi + n, 0.0f);
+      if (!saved) std::fill(pi + cols, pi + n, 0.0f);
       std::fill(dsi + cols, dsi + n, 0.0f);
       Ops::weighted_sum(dsi, 1, K, d, cols, d, tmp);  // dq'_i = sum_j dS_ij k'_j
       unrotate_row(p, i, tmp, dq + grad_offset(p, b, i, h));
@@ -186,7 +195,7 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
     for (int64_t j = 0; j < n; ++j) {
       Ops::weighted_sum(dS + j, n, Q, d, n, d, tmp);  // dk'_j = sum_i dS_ij q'_i
       unrotate_row(p, j, tmp, dk + grad_offset(p, b, j, h));
-      Ops::weighted_sum(P + j, n, grad_out + row_offset(p, b, 0, h), token_stride, n, d,
+      Ops::weighted_sum(P + j, ld, grad_out + row_offset(p, b, 0, h), token_stride, n, d,
                         dv + grad_offset(p, b, j, h));  // dv_j = sum_i P_ij dout_i
     }
   }
@@ -196,7 +205,10 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
 // Every product of the forward and the backward is C[r, 0:w) = sum_t A[r, t] B[t, 0:w) over the
 // thread's zero-padded scratch (rows a multiple of 4, widths of 8):
 //   S = Q' K'^T (B = K' transposed),  out = P V,  dP = dout V^T,  dq' = dS K',
-//   dk' = dS^T Q',  dv = P^T dout.
+//   dk' = dS^T Q',  dv = P^T dout  (A read transposed in place: A[r, t] = dS[t, r], P[t, r]).
+// Where N % 8 == 0 and D % 8 == 0 (no padding: the main job's N = 16, D = 32) V, dout, out and
+// dv are read and written in place through their strides instead of copied through scratch;
+// where D % 8 == 0 the forward reads V in place. Neither changes a sum: the same bits.
 // A block of 4 rows x 2 vectors keeps 8 accumulators in registers over t: no horizontal sums
 // (the dot-product form above pays one per score: measured 4-5x slower at N = 16, D = 32); at 16
 // lanes a width of 8 (mod 16) is one masked vector. Softmax rows as softmax_rows.h.
@@ -243,20 +255,39 @@ struct ShortAttentionVec {
     }
   }
 
+  // A[r + k, t] (k < 4) of the rows a = A + r * lda, or with kTransposed of A^T: a = A + r,
+  // A[r + k, t] = a[t * lda + k]
+  template <bool kTransposed>
+  static POSENC_INLINE float a_at(const float* a, int64_t lda, int64_t k, int64_t t) {
+    if constexpr (kTransposed) {
+      return a[t * lda + k];
+    } else {
+      return a[k * lda + t];
+    }
+  }
+  template <bool kTransposed>
+  static POSENC_INLINE const float* a_rows(const float* A, int64_t lda, int64_t r) {
+    if constexpr (kTransposed) {
+      return A + r;
+    } else {
+      return A + r * lda;
+    }
+  }
+
   // columns [c, c + n), n <= kLanes, of 4 rows at a time
-  template <bool kMasked>
+  template <bool kMasked, bool kTransposed>
   static POSENC_INLINE void gemm_one_vector(const float* A, int64_t lda, const float* B,
                                             int64_t ldb, int64_t kdim, int64_t rows, int64_t c,
                                             int64_t n, float* C, int64_t ldc) {
     for (int64_t r = 0; r < rows; r += 4) {
       V x0 = Vec::zero(), x1 = x0, x2 = x0, x3 = x0;
-      const float* a = A + r * lda;
+      const float* a = a_rows<kTransposed>(A, lda, r);
       for (int64_t t = 0; t < kdim; ++t) {
         const V b0 = load_cols<kMasked>(B + t * ldb + c, n);
-        x0 = Vec::fmadd(Vec::set1(a[t]), b0, x0);
-        x1 = Vec::fmadd(Vec::set1(a[lda + t]), b0, x1);
-        x2 = Vec::fmadd(Vec::set1(a[2 * lda + t]), b0, x2);
-        x3 = Vec::fmadd(Vec::set1(a[3 * lda + t]), b0, x3);
+        x0 = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 0, t)), b0, x0);
+        x1 = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 1, t)), b0, x1);
+        x2 = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 2, t)), b0, x2);
+        x3 = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 3, t)), b0, x3);
       }
       float* o = C + r * ldc + c;
       store_cols<kMasked>(o, x0, n);
@@ -267,7 +298,9 @@ struct ShortAttentionVec {
   }
 
   // C[r * ldc + 0:w) = sum_{t < kdim} A[r * lda + t] B[t * ldb + 0:w), r < rows; rows % 4 == 0,
-  // w % 8 == 0.
+  // w % 8 == 0. kTransposed: A[r, t] = A[t * lda + r] (A^T's rows; the same sums in the same
+  // order as over a transposed copy).
+  template <bool kTransposed = false>
   static POSENC_INLINE void small_gemm(const float* A, int64_t lda, const float* B, int64_t ldb,
                                        int64_t kdim, int64_t rows, int64_t w, float* C,
                                        int64_t ldc) {
@@ -276,20 +309,20 @@ struct ShortAttentionVec {
       for (int64_t r = 0; r < rows; r += 4) {
         V x00 = Vec::zero(), x01 = x00, x10 = x00, x11 = x00, x20 = x00, x21 = x00, x30 = x00,
           x31 = x00;
-        const float* a = A + r * lda;
+        const float* a = a_rows<kTransposed>(A, lda, r);
         for (int64_t t = 0; t < kdim; ++t) {
           const V b0 = Vec::load(B + t * ldb + c);
           const V b1 = Vec::load(B + t * ldb + c + kLanes);
-          V s = Vec::set1(a[t]);
+          V s = Vec::set1(a_at<kTransposed>(a, lda, 0, t));
           x00 = Vec::fmadd(s, b0, x00);
           x01 = Vec::fmadd(s, b1, x01);
-          s = Vec::set1(a[lda + t]);
+          s = Vec::set1(a_at<kTransposed>(a, lda, 1, t));
           x10 = Vec::fmadd(s, b0, x10);
           x11 = Vec::fmadd(s, b1, x11);
-          s = Vec::set1(a[2 * lda + t]);
+          s = Vec::set1(a_at<kTransposed>(a, lda, 2, t));
           x20 = Vec::fmadd(s, b0, x20);
           x21 = Vec::fmadd(s, b1, x21);
-          s = Vec::set1(a[3 * lda + t]);
+          s = Vec::set1(a_at<kTransposed>(a, lda, 3, t));
           x30 = Vec::fmadd(s, b0, x30);
           x31 = Vec::fmadd(s, b1, x31);
         }
@@ -304,9 +337,9 @@ struct ShortAttentionVec {
         Vec::store(o + 3 * ldc + kLanes, x31);
       }
     for (; c + kLanes <= w; c += kLanes)
-      gemm_one_vector<false>(A, lda, B, ldb, kdim, rows, c, kLanes, C, ldc);
+      gemm_one_vector<false, kTransposed>(A, lda, B, ldb, kdim, rows, c, kLanes, C, ldc);
     if (c < w)  // the last 8 columns at 16 lanes
-      gemm_one_vector<true>(A, lda, B, ldb, kdim, rows, c, w - c, C, ldc);
+      gemm_one_vector<true, kTransposed>(A, lda, B, ldb, kdim, rows, c, w - c, C, ldc);
   }
 
   // dst[e * ld + i] = src[i * src_ld + e] for i < rows, e < cols rounded up to multiples of 8
@@ -350,25 +383,41 @@ struct ShortAttentionVec {
         : nr(round_up(p.n, 8)), np(nr), dp(round_up(p.dim, 8)) {}
   };
 
+  // No padding anywhere (N % 8 == 0, D % 8 == 0): V, dout, out, dv in place.
+  static POSENC_INLINE bool unpadded(const ShortAttentionProblem& p) {
+    return p.n % 8 == 0 && p.dim % 8 == 0;
+  }
+
   static void forward(const ShortAttentionProblem& p, int64_t begin, int64_t end, float* out,
                       float* lse) {
     const int64_t n = p.n, d = p.dim;
     const Pads z(p);
+    const bool v_in_place = d % 8 == 0, out_in_place = unpadded(p);
+    const int64_t token_stride = p.heads * d;  // of out
     // Q' [nr, dp], K' [np, dp], K'^T [dp, np], V [np, dp], S/P [nr, np], out [nr, dp]
     std::vector<float> scratch(z.nr * z.dp + 3 * z.np * z.dp + z.nr * z.np + z.nr * z.dp, 0.0f);
     float* Q = scratch.data();
     float* K = Q + z.nr * z.dp;
     float* KT = K + z.np * z.dp;
     float* V_ = KT + z.dp * z.np;
-    float* S = V_ + z.np * z.dp;
-    float* O = S + z.nr * z.np;
+    float* O = V_ + z.np * z.dp + z.nr * z.np;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / p.heads, h = item % p.heads;
+      // P into the saved probabilities when the backward will read them (nr == np)
+      float* S =
+          p.probabilities != nullptr ? p.probabilities + item * z.nr * z.np : V_ + z.np * z.dp;
       load_rows_to(p, p.q, p.q_stride, b, h, Q, z.dp);
       load_rows_to(p, p.k, p.k_stride, b, h, K, z.dp);
       transpose_into(K, z.dp, z.np, z.dp, KT, z.np);
-      for (int64_t j = 0; j < n; ++j)
-        std::memcpy(V_ + j * z.dp, v_row(p, b, j, h), sizeof(float) * d);
+      const float* V = V_;
+      int64_t ldv = z.dp;
+      if (v_in_place) {
+        V = v_row(p, b, 0, h);
+        ldv = p.v_stride[1];
+      } else {
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(V_ + j * z.dp, v_row(p, b, j, h), sizeof(float) * d);
+      }
       small_gemm(Q, z.dp, KT, z.np, d, z.nr, z.np, S, z.np);
       for (int64_t i = 0; i < n; ++i) {
         const int64_t cols = p.causal ? i + 1 : n;
@@ -381,9 +430,13 @@ struct ShortAttentionVec {
         std::fill(si + cols, si + z.np, 0.0f);
         lse[item * n + i] = m + std::log(sum);
       }
-      small_gemm(S, z.np, V_, z.dp, n, z.nr, z.dp, O, z.dp);
-      for (int64_t i = 0; i < n; ++i)
-        std::memcpy(out + row_offset(p, b, i, h), O + i * z.dp, sizeof(float) * d);
+      if (out_in_place) {
+        small_gemm(S, z.np, V, ldv, n, n, d, out + row_offset(p, b, 0, h), token_stride);
+      } else {
+        small_gemm(S, z.np, V, ldv, n, z.nr, z.dp, O, z.dp);
+        for (int64_t i = 0; i < n; ++i)
+          std::memcpy(out + row_offset(p, b, i, h), O + i * z.dp, sizeof(float) * d);
+      }
     }
   }
 
@@ -391,33 +444,48 @@ struct ShortAttentionVec {
                        const float* lse, const float* grad_out, float* dq, float* dk, float* dv) {
     const int64_t n = p.n, d = p.dim;
     const Pads z(p);
-    // Q' [nr, dp], K' [np, dp], K'^T and V^T [dp, np], dout [nr, dp], P and dS [nr, np],
-    // P^T and dS^T [np, nr], one result [np, dp]
-    const int64_t sizes[] = {z.nr * z.dp, z.np * z.dp, z.dp * z.np, z.dp * z.np, z.nr * z.dp,
-                             z.nr * z.np, z.nr * z.np, z.np * z.nr, z.np * z.nr, z.np * z.dp};
+    const bool in_place = unpadded(p), saved = p.probabilities != nullptr;
+    const int64_t token_stride = p.heads * d;  // of out, grad_out
+    const int64_t grad_token_stride = p.grad_stride[1] == 0 ? token_stride : p.grad_stride[1];
+    // Q' [nr, dp], K' [np, dp], K'^T and V^T [dp, np], dout [nr, dp], P and dS [nr, np], one
+    // result [np, dp]
+    const int64_t sizes[] = {z.nr * z.dp, z.np * z.dp, z.dp * z.np, z.dp * z.np,
+                             z.nr * z.dp, z.nr * z.np, z.nr * z.np, z.np * z.dp};
     int64_t total = 0;
     for (const int64_t size : sizes) total += size;
     std::vector<float> scratch(total, 0.0f);
     float* at = scratch.data();
-    float* ptr[10];
-    for (int i = 0; i < 10; ++i) {
+    float* ptr[8];
+    for (int i = 0; i < 8; ++i) {
       ptr[i] = at;
       at += sizes[i];
     }
-    float *Q = ptr[0], *K = ptr[1], *KT = ptr[2], *VT = ptr[3], *dO = ptr[4], *P = ptr[5],
-          *dS = ptr[6], *PT = ptr[7], *dST = ptr[8], *R = ptr[9];
+    float *Q = ptr[0], *K = ptr[1], *KT = ptr[2], *VT = ptr[3], *dO_ = ptr[4], *dS = ptr[6],
+          *R = ptr[7];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / p.heads, h = item % p.heads;
+      // P [nr, np]: the forward's, or recomputed here from S and the log-sum-exp
+      float* P = saved ? p.probabilities + item * z.nr * z.np : ptr[5];
       load_rows_to(p, p.q, p.q_stride, b, h, Q, z.dp);
       load_rows_to(p, p.k, p.k_stride, b, h, K, z.dp);
-      transpose_into(K, z.dp, z.np, z.dp, KT, z.np);
-      for (int64_t j = 0; j < n; ++j) {
-        std::memcpy(R + j * z.dp, v_row(p, b, j, h), sizeof(float) * d);  // V, padded
-        std::memcpy(dO + j * z.dp, grad_out + row_offset(p, b, j, h), sizeof(float) * d);
+      const float* dO = dO_;
+      int64_t lddo = z.dp;
+      if (in_place) {
+        transpose_into(v_row(p, b, 0, h), p.v_stride[1], n, d, VT, z.np);
+        dO = grad_out + row_offset(p, b, 0, h);
+        lddo = token_stride;
+      } else {
+        for (int64_t j = 0; j < n; ++j) {
+          std::memcpy(R + j * z.dp, v_row(p, b, j, h), sizeof(float) * d);  // V, padded
+          std::memcpy(dO_ + j * z.dp, grad_out + row_offset(p, b, j, h), sizeof(float) * d);
+        }
+        transpose_into(R, z.dp, z.np, z.dp, VT, z.np);
       }
-      transpose_into(R, z.dp, z.np, z.dp, VT, z.np);
-      small_gemm(Q, z.dp, KT, z.np, d, z.nr, z.np, P, z.np);    // S (P below)
-      small_gemm(dO, z.dp, VT, z.np, d, z.nr, z.np, dS, z.np);  // dP (dS below)
+      if (!saved) {
+        transpose_into(K, z.dp, z.np, z.dp, KT, z.np);
+        small_gemm(Q, z.dp, KT, z.np, d, z.nr, z.np, P, z.np);  // S (P below)
+      }
+      small_gemm(dO, lddo, VT, z.np, d, z.nr, z.np, dS, z.np);  // dP (dS below)
       const V scale = Vec::set1(p.scale);
       for (int64_t i = 0; i < n; ++i) {
         const float di = dot(grad_out + row_offset(p, b, i, h), out + row_offset(p, b, i, h), d);
@@ -428,32 +496,38 @@ struct ShortAttentionVec {
         float* dsi = dS + i * z.np;
         for (int64_t j = 0; j < z.np; j += kLanes) {
           const int64_t w = std::min(kLanes, z.np - j);  // 8 for the last vector at 16 lanes
-          // lanes j + 0.. below cols; the rest 0 (causal, padding)
-          const auto keep = Vec::first(cols - j);
           const V s = w == kLanes ? Vec::load(pi + j) : Vec::load_first(pi + j, w);
           const V g = w == kLanes ? Vec::load(dsi + j) : Vec::load_first(dsi + j, w);
-          const V pv = Vec::keep(keep, VecSoftmaxRows<Vec>::exp(Vec::sub(Vec::mul(s, scale), l)));
+          V pv = s;  // saved: P, 0 above the causal diagonal and in the padding
+          if (!saved) {
+            // lanes j + 0.. below cols; the rest 0 (causal, padding)
+            const auto keep = Vec::first(cols - j);
+            pv = Vec::keep(keep, VecSoftmaxRows<Vec>::exp(Vec::sub(Vec::mul(s, scale), l)));
+          }
           const V ds = Vec::mul(Vec::mul(pv, Vec::sub(g, dvec)), scale);
           if (w == kLanes) {
-            Vec::store(pi + j, pv);
+            if (!saved) Vec::store(pi + j, pv);
             Vec::store(dsi + j, ds);
           } else {
-            Vec::store_first(pi + j, pv, w);
+            if (!saved) Vec::store_first(pi + j, pv, w);
             Vec::store_first(dsi + j, ds, w);
           }
         }
       }
-      transpose_into(P, z.np, z.nr, z.np, PT, z.nr);
-      transpose_into(dS, z.np, z.nr, z.np, dST, z.nr);
       small_gemm(dS, z.np, K, z.dp, n, z.nr, z.dp, R, z.dp);  // dq'_i = sum_j dS_ij k'_j
       for (int64_t i = 0; i < n; ++i)
         unrotate_row(p, i, R + i * z.dp, dq + grad_offset(p, b, i, h));
-      small_gemm(dST, z.nr, Q, z.dp, n, z.np, z.dp, R, z.dp);  // dk'_j = sum_i dS_ij q'_i
+      small_gemm<true>(dS, z.np, Q, z.dp, n, z.np, z.dp, R, z.dp);  // dk'_j = sum_i dS_ij q'_i
       for (int64_t j = 0; j < n; ++j)
         unrotate_row(p, j, R + j * z.dp, dk + grad_offset(p, b, j, h));
-      small_gemm(PT, z.nr, dO, z.dp, n, z.np, z.dp, R, z.dp);  // dv_j = sum_i P_ij dout_i
-      for (int64_t j = 0; j < n; ++j)
-        std::memcpy(dv + grad_offset(p, b, j, h), R + j * z.dp, sizeof(float) * d);
+      if (in_place) {  // dv_j = sum_i P_ij dout_i
+        small_gemm<true>(P, z.np, dO, lddo, n, n, d, dv + grad_offset(p, b, 0, h),
+                         grad_token_stride);
+      } else {
+        small_gemm<true>(P, z.np, dO, lddo, n, z.np, z.dp, R, z.dp);
+        for (int64_t j = 0; j < n; ++j)
+          std::memcpy(dv + grad_offset(p, b, j, h), R + j * z.dp, sizeof(float) * d);
+      }
     }
   }
 };
