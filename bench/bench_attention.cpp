@@ -307,7 +307,7 @@ void BM_TileProducts(benchmark::State& state) {
       const int64_t nk = blocks * cols;
       for (int64_t r0 = 0; r0 < rows; r0 += r) {
         tiles.scores(qp.data() + r0 * dim, kp.data() + block * cols * dim, cols / panel, dim, scale,
-                     s.data(), cols + 16);
+                     s.data(), cols + 16, std::min<int64_t>(r, rows - r0));
         tiles.accumulate(s.data(), cols + 16, std::min<int64_t>(r, rows - r0), cols,
                          vp.data() + block * cols * panel, panel * nk, dim, alpha.data() + r0,
                          o.data() + r0 * dim, dim);

@@ -9,7 +9,12 @@
 // dO) once per query block; in the forward, per 8 (AVX-512) or 6 (AVX2) query rows the scores strip
 // is computed, biased, turned into probabilities in place while it sits in L1 and multiplied into
 // the output rows from there (no pass over a materialized tile, no copy of P;
-// attention_forward_own); the backward's five products read P and dS where they were written. The
+// attention_forward_own); the backward's five products read P and dS where they were written.
+// Query blocks are whole micro-kernel calls (126 rows at AVX2's R = 6, 128 at AVX-512's 8), a
+// short call (a block's last rows, a key block's last keys in the transposed products) runs the
+// kernel compiled for its row count, and no kernel reads a lane past the problem's rows and keys:
+// padding and stale scratch are never read (tests/test_attention_tiles.cpp fills them with NaN
+// and puts a guard page after each operand). The
 // other products (the scalar level, other widths, or POSENC_ATTENTION_GEMM=mkl) call LibTorch's
 // BLAS (MKL on x86-64) directly on the operands' memory, as ATen's own CPU flash attention does
 // (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: cpublas::gemm per tile):
@@ -54,6 +59,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -73,6 +79,24 @@ namespace {
 constexpr int64_t kBlockQ = 128;
 constexpr int64_t kBlockK = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// set_attention_cpu_poison_for_tests: scratch memory filled with a quiet NaN instead of zeros.
+std::atomic<bool> poison_scratch{false};
+
+// What the kernels' scratch buffers and the packed operands' padding start as: 0, or a quiet NaN
+// while a test poisons them (no lane outside the problem's rows and keys may reach an output).
+float scratch_fill() {
+  return poison_scratch.load(std::memory_order_relaxed) ? std::numeric_limits<float>::quiet_NaN()
+                                                        : 0.0f;
+}
+
+// A scratch tensor of n floats: uninitialized, or filled with the poison while a test sets it.
+at::Tensor scratch(at::IntArrayRef sizes) {
+  auto t = at::empty(sizes, at::kFloat);
+  if (poison_scratch.load(std::memory_order_relaxed))
+    t.fill_(std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
 
 // ---- The tiles' matrix products ----------------------------------------------------------------
 
@@ -342,12 +366,12 @@ const AttentionTileKernels* own_tiles_for(const AttentionProblem& p) {
 }
 
 // Keys [0, n) of one head (rows ld apart) into 16-key panels kp[(c / 16) 16 D + d 16 + c % 16],
-// the last panel's missing keys zero.
-void pack_key_panels(const float* k, int64_t ld, int64_t n, int64_t dim, float* kp) {
+// the last panel's missing keys `pad` (their scores are computed and never read).
+void pack_key_panels(const float* k, int64_t ld, int64_t n, int64_t dim, float* kp, float pad) {
   for (int64_t c0 = 0; c0 < n; c0 += kTilePanel) {
     float* panel = kp + (c0 / kTilePanel) * kTilePanel * dim;
     const int64_t width = std::min(kTilePanel, n - c0);
-    if (width < kTilePanel) std::fill(panel, panel + kTilePanel * dim, 0.0f);
+    if (width < kTilePanel) std::fill(panel, panel + kTilePanel * dim, pad);
     for (int64_t c = 0; c < width; ++c) {
       const float* row = k + (c0 + c) * ld;
       for (int64_t d = 0; d < dim; ++d) panel[d * kTilePanel + c] = row[d];
@@ -366,9 +390,9 @@ void pack_value_panels(const float* v, int64_t ld, int64_t n, int64_t dim_v, flo
 }
 
 // Rows [0, n) (ld apart) into blocks of R rows qp[(r / R) R dim + d R + r % R], the rows of the
-// last block past n zero.
+// last block past n `pad` (the micro-kernels never read them).
 void pack_query_rows(const float* x, int64_t ld, int64_t n, int64_t dim, int64_t rows_per_call,
-                     float* qp) {
+                     float* qp, float pad) {
   for (int64_t r0 = 0; r0 < n; r0 += rows_per_call) {
     float* block = qp + r0 * dim;  // written in order
     const int64_t m = std::min(rows_per_call, n - r0);
@@ -376,7 +400,7 @@ void pack_query_rows(const float* x, int64_t ld, int64_t n, int64_t dim, int64_t
     for (int64_t d = 0; d < dim; ++d) {
       float* dst = block + d * rows_per_call;
       for (int64_t r = 0; r < m; ++r) dst[r] = rows[r * ld + d];
-      for (int64_t r = m; r < rows_per_call; ++r) dst[r] = 0.0f;
+      for (int64_t r = m; r < rows_per_call; ++r) dst[r] = pad;
     }
   }
 }
@@ -405,10 +429,12 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
   const Operand q_op = operand("q", p.q), k_op = operand("k", p.k), v_op = operand("v", p.v);
   const Operand out_op = operand("out", out);
   const bool tile_bias = has_tile_bias(p);
+  const float fill = scratch_fill();
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> key_panels(nk_padded * p.dim), value_panels(p.nk * p.dim_v);
-    std::vector<float> q_packed(q_packed_rows * p.dim), strip(rows_per_call * lds);
-    std::vector<float> acc(block_q * p.dim_v), m(block_q), l(block_q), alpha(block_q);
+    std::vector<float> key_panels(nk_padded * p.dim, fill), value_panels(p.nk * p.dim_v, fill);
+    std::vector<float> q_packed(q_packed_rows * p.dim, fill), strip(rows_per_call * lds, fill);
+    std::vector<float> acc(block_q * p.dim_v, fill), m(block_q, fill), l(block_q, fill),
+        alpha(block_q, fill);
     auto q_rot = p.rotary ? at::empty({block_q, p.dim}, at::kFloat) : at::Tensor();
     auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
     int64_t packed_head = -1;
@@ -422,7 +448,7 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
         const float* k_bh =
             maybe_rotated(p, k_op.rows(b, h), p.nk, &ldk,
                           p.rotary ? k_rot.data_ptr<float>() : nullptr, p.k_cos, p.k_sin, 0);
-        pack_key_panels(k_bh, ldk, p.nk, p.dim, key_panels.data());
+        pack_key_panels(k_bh, ldk, p.nk, p.dim, key_panels.data(), fill);
         pack_value_panels(v_op.rows(b, h), v_op.row_stride, p.nk, p.dim_v, value_panels.data());
         packed_head = bh;
       }
@@ -430,7 +456,7 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
       const float* q_blk =
           maybe_rotated(p, q_op.rows(b, h) + i0 * ldq, rows, &ldq,
                         p.rotary ? q_rot.data_ptr<float>() : nullptr, p.q_cos, p.q_sin, i0);
-      pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_packed.data());
+      pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_packed.data(), fill);
       std::fill(acc.begin(), acc.end(), 0.0f);
       std::fill(m.begin(), m.end(), kNegInf);
       std::fill(l.begin(), l.end(), 0.0f);
@@ -448,7 +474,8 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
         float* tile = s + shift;  // S and then P of keys [j0, j0 + cols): tile[r * lds + c]
         for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call) {
           const int64_t strip_rows = std::min(rows_per_call, rows - r0);
-          tiles.scores(q_packed.data() + r0 * p.dim, kp, panels, p.dim, p.scale, s, lds);
+          tiles.scores(q_packed.data() + r0 * p.dim, kp, panels, p.dim, p.scale, s, lds,
+                       strip_rows);
           if (tile_bias) bias_and_mask(p, tile, lds, strip_rows, cols, i0 + r0, j0, b, h);
           for (int64_t r = 0; r < strip_rows; ++r) {
             float* row = tile + r * lds;
@@ -480,6 +507,8 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
 }
 
 }  // namespace
+
+bool set_attention_cpu_poison_for_tests(bool on) { return poison_scratch.exchange(on); }
 
 void check_causal_ids(const char* op, const at::Tensor& causal_ids, bool causal, int64_t batch,
                       int64_t nq, int64_t nk) {
@@ -609,8 +638,8 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
     }
   }
   parallel_for(0, units, 1, [&](int64_t begin, int64_t end) {
-    auto tile = at::empty({kBlockQ, kBlockK}, at::kFloat);
-    auto acc_buffer = at::empty({kBlockQ, p.dim_v}, at::kFloat);
+    auto tile = scratch({kBlockQ, kBlockK});
+    auto acc_buffer = scratch({kBlockQ, p.dim_v});
     auto q_rot = p.rotary ? at::empty({kBlockQ, p.dim}, at::kFloat) : at::Tensor();
     // the rotated keys of one head, reused by this thread's consecutive query blocks of it
     auto k_rot = p.rotary ? at::empty({p.nk, p.dim}, at::kFloat) : at::Tensor();
@@ -757,29 +786,33 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
   const AttentionTileKernels* tiles = own_tile_kernels();
   if (p.dim % kTilePanel != 0 || p.dim_v % kTilePanel != 0) tiles = nullptr;
   const int64_t rows_per_call = tiles != nullptr ? tiles->rows : 1;
+  // query blocks of a whole number of micro-kernel calls, as the forward's: 126 rows at the AVX2
+  // level (R = 6), whose 128-row blocks ended each in a 2-row call; 128 at AVX-512 and with MKL
+  const int64_t block_q = kBlockQ / rows_per_call * rows_per_call;
+  const float fill = scratch_fill();
   parallel_for(0, p.batch * p.heads, 1, [&](int64_t begin, int64_t end) {
-    // [kBlockQ, kBlockK] tiles, with room for a micro-kernel's last rows past kBlockQ
-    const int64_t tile_floats = (kBlockQ + rows_per_call) * kBlockK + kTilePanel;
-    auto tile = at::empty({tile_floats}, at::kFloat);
-    auto dp = at::empty({tile_floats}, at::kFloat);
+    // [block_q, kBlockK] tiles (the micro-kernels read and write a call's own rows only)
+    const int64_t tile_floats = block_q * kBlockK;
+    auto tile = scratch({tile_floats});
+    auto dp = scratch({tile_floats});
     // the micro-kernels' operands: a key block's K and V in key panels, K in value panels; each
     // query block's q and dO in row blocks and in value panels (attention_tiles.h), packed once
-    // per head into slot i0 / kBlockQ (packed samples: query blocks start anywhere, so each tile
+    // per head into slot i0 / block_q (packed samples: query blocks start anywhere, so each tile
     // repacks slot 0)
     std::vector<float> key_panels, value_key_panels, key_value_panels, q_rows, do_rows, q_panels,
         do_panels, ones;
     std::vector<uint8_t> query_block_ready;
-    const int64_t slots = p.packed ? 1 : (p.nq + kBlockQ - 1) / kBlockQ;
-    const int64_t q_rows_slot = (kBlockQ + rows_per_call) * p.dim;
-    const int64_t do_rows_slot = (kBlockQ + rows_per_call) * p.dim_v;
+    const int64_t slots = p.packed ? 1 : (p.nq + block_q - 1) / block_q;
+    const int64_t q_rows_slot = block_q * p.dim;  // block_q: a whole number of R-row blocks
+    const int64_t do_rows_slot = block_q * p.dim_v;
     if (tiles != nullptr) {
-      key_panels.resize(kBlockK * p.dim);
-      value_key_panels.resize(kBlockK * p.dim_v);
-      key_value_panels.resize(kBlockK * p.dim);
-      q_rows.resize(slots * q_rows_slot);
-      do_rows.resize(slots * do_rows_slot);
-      q_panels.resize(slots * kBlockQ * p.dim);
-      do_panels.resize(slots * kBlockQ * p.dim_v);
+      key_panels.resize(kBlockK * p.dim, fill);
+      value_key_panels.resize(kBlockK * p.dim_v, fill);
+      key_value_panels.resize(kBlockK * p.dim, fill);
+      q_rows.resize(slots * q_rows_slot, fill);
+      do_rows.resize(slots * do_rows_slot, fill);
+      q_panels.resize(slots * block_q * p.dim, fill);
+      do_panels.resize(slots * block_q * p.dim_v, fill);
       ones.assign(std::max(kBlockQ, kBlockK), 1.0f);
     }
     auto dqr = relative ? at::empty({p.nq, rel_width}, at::kFloat) : at::Tensor();
@@ -824,32 +857,32 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
                           p.rotary ? k_rot.data_ptr<float>() : nullptr, p.k_cos, p.k_sin, j0);
         const float* v_blk = v_op.rows(b, h) + j0 * ldv;
         if (tiles != nullptr) {
-          pack_key_panels(k_blk, ldk, cols_all, p.dim, key_panels.data());
-          pack_key_panels(v_blk, ldv, cols_all, p.dim_v, value_key_panels.data());
+          pack_key_panels(k_blk, ldk, cols_all, p.dim, key_panels.data(), fill);
+          pack_key_panels(v_blk, ldv, cols_all, p.dim_v, value_key_panels.data(), fill);
           pack_value_panels(k_blk, ldk, cols_all, p.dim, key_value_panels.data());
         }
         float* dk_blk = dk_op.rows(b, h) + j0 * ld_dk;
         float* dv_blk = dv_op.rows(b, h) + j0 * ld_dv;
         const auto [i_first, i_last] = packed_queries(p, b, j0, cols_all);
         const int64_t key_id_min = p.causal_by_ids ? smallest_key_id(p, b, j0, cols_all) : 0;
-        for (int64_t i0 = i_first; i0 <= i_last; i0 += kBlockQ) {
-          const int64_t rows = std::min(kBlockQ, i_last + 1 - i0);
+        for (int64_t i0 = i_first; i0 <= i_last; i0 += block_q) {
+          const int64_t rows = std::min(block_q, i_last + 1 - i0);
           const int64_t cols = visible_columns(p, i0 + rows - 1, j0, cols_all);
           if (cols == 0) continue;
           if (p.causal_by_ids && key_id_min > largest_query_id(p, b, i0, rows)) continue;
           const float* q_blk = q_bh + i0 * ldq;
           const float* do_blk = do_bh + i0 * ld_do;
           const int64_t panels = (cols + kTilePanel - 1) / kTilePanel;
-          const int64_t slot = p.packed ? 0 : i0 / kBlockQ;
+          const int64_t slot = p.packed ? 0 : i0 / block_q;
           float* q_rows_blk = tiles != nullptr ? q_rows.data() + slot * q_rows_slot : nullptr;
           float* do_rows_blk = tiles != nullptr ? do_rows.data() + slot * do_rows_slot : nullptr;
           float* q_panels_blk =
-              tiles != nullptr ? q_panels.data() + slot * kBlockQ * p.dim : nullptr;
+              tiles != nullptr ? q_panels.data() + slot * block_q * p.dim : nullptr;
           float* do_panels_blk =
-              tiles != nullptr ? do_panels.data() + slot * kBlockQ * p.dim_v : nullptr;
+              tiles != nullptr ? do_panels.data() + slot * block_q * p.dim_v : nullptr;
           if (tiles != nullptr && (p.packed || !query_block_ready[slot])) {
-            pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_rows_blk);
-            pack_query_rows(do_blk, ld_do, rows, p.dim_v, rows_per_call, do_rows_blk);
+            pack_query_rows(q_blk, ldq, rows, p.dim, rows_per_call, q_rows_blk, fill);
+            pack_query_rows(do_blk, ld_do, rows, p.dim_v, rows_per_call, do_rows_blk, fill);
             pack_value_panels(q_blk, ldq, rows, p.dim, q_panels_blk);
             pack_value_panels(do_blk, ld_do, rows, p.dim_v, do_panels_blk);
             query_block_ready[slot] = 1;
@@ -858,7 +891,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           if (tiles != nullptr) {
             for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call)
               tiles->scores(q_rows_blk + r0 * p.dim, key_panels.data(), panels, p.dim, p.scale,
-                            s + r0 * kBlockK, kBlockK);
+                            s + r0 * kBlockK, kBlockK, std::min(rows_per_call, rows - r0));
           } else {
             gemm(false, true, rows, cols, p.dim, p.scale, q_blk, ldq, k_blk, ldk, 0.0f, s, kBlockK);
           }
@@ -880,7 +913,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             // dP = dO V^T
             for (int64_t r0 = 0; r0 < rows; r0 += rows_per_call)
               tiles->scores(do_rows_blk + r0 * p.dim_v, value_key_panels.data(), panels, p.dim_v,
-                            1.0f, dps + r0 * kBlockK, kBlockK);
+                            1.0f, dps + r0 * kBlockK, kBlockK, std::min(rows_per_call, rows - r0));
           } else {
             // dV += P^T dO
             gemm(true, false, cols, p.dim_v, rows, 1.0f, s, kBlockK, do_blk, ld_do, 1.0f, dv_blk,

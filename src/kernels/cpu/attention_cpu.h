@@ -120,4 +120,11 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
                             const at::Tensor& grad_out, at::Tensor& dq, at::Tensor& dk,
                             at::Tensor& dv, at::Tensor& dtable, at::Tensor* dvariate = nullptr);
 
+/// For tests (tests/test_attention_tiles.cpp): while on, the tiled kernels fill their scratch
+/// memory (score tiles and strips, accumulators before use, the packed operands and their padding
+/// keys and rows) with a quiet NaN where it starts as zeros or uninitialized, so that a lane read
+/// outside the problem's rows and keys that reached an output would show there. Off by default;
+/// returns the previous setting. Not for calls in flight on other threads.
+bool set_attention_cpu_poison_for_tests(bool on);
+
 }  // namespace posenc::detail
