@@ -21,7 +21,13 @@ at::Tensor resample_grid_table(const at::Tensor& table, int64_t old_h, int64_t o
   if (old_h == new_h && old_w == new_w) return table.clone();
   namespace F = torch::nn::functional;
   const int64_t dim = table.size(1);
-  auto grid = table.narrow(0, prefix, old_h * old_w).t().reshape({1, dim, old_h, old_w});
+  // [1, D, H, W] as timm lays it out: a channels-last view of the rows [1, H, W, D] (strides
+  // H W D, 1, W D, D), so F.interpolate takes timm's kernel: torch 2.15's antialiased kernel for a
+  // contiguous [1, D, H, W] gives every row of a one-column result the first row's value
+  auto grid = table.narrow(0, prefix, old_h * old_w)
+                  .contiguous()
+                  .reshape({1, old_h, old_w, dim})
+                  .permute({0, 3, 1, 2});
   auto interpolate = [&](const at::Tensor& x, int64_t h, int64_t w, bool bicubic, bool antialias) {
     auto options = F::InterpolateFuncOptions()
                        .size(std::vector<int64_t>{h, w})

@@ -39,6 +39,26 @@ def test_resample_abs_pos_embed_equals_timm(old, new, prefix, mode, antialias, d
     assert torch.equal(got[:, :prefix], posemb[:, :prefix])  # prefix rows untouched
 
 
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("old,new", [((7, 2), (2, 1)), ((3, 3), (5, 1)), ((2, 1), (14, 1))])
+def test_resample_to_one_column_with_antialias_equals_timm(old, new, mode):
+    # timm hands F.interpolate a channels-last view; torch 2.15's antialiased kernel for a
+    # contiguous [1, D, H, W] (posenc's layout before) gives every output row of a one-column
+    # grid the first row's value, where the channels-last kernel filters each row: posenc was up
+    # to 3.4 apart from timm without a word (found by the hostile review)
+    torch.manual_seed(0)
+    posemb = torch.randn(1, 1 + old[0] * old[1], 8)
+    want = timm_layers.resample_abs_pos_embed(
+        posemb, list(new), list(old), interpolation=mode, antialias=True
+    )
+    got = posenc.timm_layers.resample_abs_pos_embed(
+        posemb, new, old, interpolation=mode, antialias=True
+    )
+    assert torch.equal(got, want), (got - want).abs().max()
+    # the first and last rows differ (each filtered at its own place), as the filter's math says
+    assert not torch.equal(got[0, 1], got[0, -1])
+
+
 def test_resample_keeps_timms_early_outs_and_its_square_default():
     posemb = torch.randn(1, 1 + 25, 8)
     assert posenc.timm_layers.resample_abs_pos_embed(posemb, (5, 5)) is posemb
