@@ -10,7 +10,9 @@ What the packages do there, and why posenc refuses rather than computes:
   posenc's tables for float64 theta are float64 products: the patched Moirai attention differed by
   3.8e-8 relative (float64), silently; bfloat16/float16 failed inside posenc.rope_cos_sin, and
   autocast inside posenc.positional_attention (q float32 from the norm, v bfloat16), neither
-  naming the patch. Now one line, at call time.
+  naming the patch. That became one line at call time; now those calls (and a cast through a
+  lower precision and back) read uni2ts' own rows in their dtype, rotate with posenc's rotation
+  and run uni2ts' mask, bias and SDPA: equal to the bit.
 * Toto's rotate_queries_and_keys multiplies q of any dtype by float32 tables (products in float32,
   one rounding to q's dtype at the end); so does the patch (posenc's rotation of bfloat16 q by
   float32 tables is float32, then Toto's own scale): equal but for the order of two float32
@@ -64,44 +66,95 @@ def _moirai_attention_call(attention, dtype):
     )
 
 
+def _moirai_patched_equal(model, inputs):
+    """The patched model's predictions against uni2ts' own (unpatched afterwards): to the bit,
+    through posenc's rotation of uni2ts' own cos/sin rows (its mask, bias and SDPA)."""
+    with CountOps() as ops:
+        got = model(**inputs)
+    assert ops.calls["posenc.apply_rotary"] == 2 and _attention_calls(ops) == 0
+    posenc_uni2ts.unpatch(model)
+    want = model(**inputs)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+
+
+def _moirai_attention_equal(model, dtype, time_scale=1):
+    """One patched attention of `model` against uni2ts' own: packed and packed-causal masks, ids
+    times time_scale (beyond max_seq_len 64: uni2ts' _init_freq regrows its rows in theta's
+    dtype); to the bit, posenc's rotation called, no posenc table."""
+    torch_util = importlib.import_module("uni2ts.common.torch_util")
+    attention = model.encoder.layers[0].self_attn
+    sample, variate, time = _packed_ids()
+    time = time * time_scale
+    torch.manual_seed(4)
+    x = torch.randn(*sample.shape, 128).to(dtype)
+    for mask in (
+        torch_util.packed_attention_mask(sample),
+        torch_util.packed_causal_attention_mask(sample, time),
+    ):
+        call = dict(attn_mask=mask, query_var_id=variate, kv_var_id=variate, query_time_id=time)
+        call["kv_time_id"] = time
+        want = attention(x, x, x, **call)
+        posenc_uni2ts.patch(model)
+        with CountOps() as ops:
+            got = attention(x, x, x, **call)
+        posenc_uni2ts.unpatch(model)
+        assert ops.calls["posenc.apply_rotary"] == 1 and "posenc.rope_cos_sin" not in ops.calls
+        assert got.dtype == want.dtype == dtype
+        assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+
+
+@pytest.mark.parametrize("time_scale", [1, 40])
+@pytest.mark.parametrize("moved", ["before", "after"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
-def test_moirai_patched_then_moved_refuses(dtype):
+def test_moirai_attention_in_other_dtypes_equal_to_the_bit(dtype, moved, time_scale):
+    """Moirai-2's attention cast to float64 / bfloat16 / float16, before or after patch() (posenc
+    refused both): uni2ts keeps its cos/sin rows as cast buffers (float32 values in float64,
+    rounded in bfloat16/float16) and rounds its rotation, scores and softmax to the dtype; the
+    patch reads those rows, rotates with posenc's rotation (uni2ts' roundings) and runs uni2ts'
+    mask, bias and SDPA on its layouts: equal to the bit. (uni2ts' Moirai2Module itself does not
+    run in bfloat16/float16: its scaling stays float32.)"""
     model = _moirai()
+    if moved == "before":
+        model.to(dtype)
     posenc_uni2ts.patch(model)
     model.to(dtype)
-    attention = model.encoder.layers[0].self_attn
-    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*float32"):
-        _moirai_attention_call(attention, dtype)
     posenc_uni2ts.unpatch(model)
-    _moirai_attention_call(attention, dtype)  # uni2ts' own forward takes it
+    _moirai_attention_equal(model, dtype, time_scale)
 
 
-def test_moirai_patched_under_autocast_refuses():
-    model = _moirai()
+def test_moirai_in_float64_equal_to_the_bit():
+    """A float64 Moirai2Module, predictions patched = unpatched to the bit (refused before)."""
+    model = _moirai().double()
     posenc_uni2ts.patch(model)
-    with (
-        torch.autocast("cpu", torch.bfloat16),
-        pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*autocast"),
-    ):
-        model(**_moirai_inputs())
-    posenc_uni2ts.unpatch(model)
+    inputs = _moirai_inputs()
+    inputs["target"] = inputs["target"].double()
+    _moirai_patched_equal(model, inputs)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_moirai_cast_through_a_lower_precision_and_back_refuses(dtype):
+def test_moirai_under_autocast_equal_to_the_bit(dtype):
+    """Under autocast uni2ts projects in the autocast dtype and rotates by its float32 rows
+    (posenc refused it): the patch reads those rows and takes uni2ts' mask and SDPA call: equal
+    to the bit."""
+    model = _moirai()
+    posenc_uni2ts.patch(model)
+    with torch.autocast("cpu", dtype):
+        _moirai_patched_equal(model, _moirai_inputs())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_moirai_cast_through_a_lower_precision_and_back_equal_to_the_bit(dtype):
     # .to(dtype).float() rounds uni2ts' cached cos/sin rows (and theta); uni2ts reads those rows,
-    # posenc recomputed them from theta: 2.1e-4 relative apart (bfloat16), without a word
+    # posenc's tables from theta are 2.1e-4 relative apart (bfloat16): the patch (which refused
+    # such a model) now reads uni2ts' rounded rows there, at patch() time and after it
     model = _moirai().to(dtype).float()
-    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts.patch: .*cos/sin table"):
-        posenc_uni2ts.patch(model)
-    assert all("forward" not in m.__dict__ for m in model.modules())  # nothing changed
-    model = _moirai()  # cast after patch(): refused at the call
+    posenc_uni2ts.patch(model)
+    _moirai_patched_equal(model, _moirai_inputs())
+    model = _moirai()  # cast after patch(): noticed at the call
     posenc_uni2ts.patch(model)
     model.to(dtype).float()
-    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*cos/sin table"):
-        model(**_moirai_inputs())
-    posenc_uni2ts.unpatch(model)
-    model(**_moirai_inputs())  # uni2ts' own forward takes it
+    _moirai_patched_equal(model, _moirai_inputs())
 
 
 def test_moirai_checked_tables_are_kept_alive_so_a_cast_cannot_reuse_their_address():
@@ -114,13 +167,13 @@ def test_moirai_checked_tables_are_kept_alive_so_a_cast_cannot_reuse_their_addre
     rotaries = [m for m in model.modules() if "_posenc_uni2ts_table_checked" in m.__dict__]
     assert rotaries
     for rotary in rotaries:
-        state, kept = rotary.__dict__["_posenc_uni2ts_table_checked"]
+        state, kept, differs = rotary.__dict__["_posenc_uni2ts_table_checked"]
         tables = (rotary.cos, rotary.sin, rotary.theta)
         assert [s.data_ptr() for s in kept] == [t.untyped_storage().data_ptr() for t in tables]
-    model.half().float()
-    with pytest.raises(ValueError, match=r"posenc.integrations.uni2ts: .*cos/sin table"):
-        model(**_moirai_inputs())
-    posenc_uni2ts.unpatch(model)
+        assert not differs
+    model.half().float()  # noticed: uni2ts' rounded rows are read, not posenc's tables
+    _moirai_patched_equal(model, _moirai_inputs())
+    assert all(r.__dict__["_posenc_uni2ts_table_checked"][2] for r in rotaries)
 
 
 # ---- Toto -----------------------------------------------------------------------------------

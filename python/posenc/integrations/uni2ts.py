@@ -45,16 +45,23 @@ to the bit: the same float32 products time_id * theta, cos, sin), then one of tw
 
 Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 
+posenc's tables are uni2ts' rows only for a float32 model outside autocast whose cached rows are
+what its theta gives. Otherwise (a model cast to float64 / bfloat16 / float16, before or after
+patch(): uni2ts keeps its rows as cast buffers, float32 values in float64, rounded in half
+precision, and rounds its rotation, scores and softmax to the dtype; autocast; a cast through a
+lower precision and back, e.g. .half().float(), whose rounded rows uni2ts reads) the patched
+attention reads uni2ts' own rows (RotaryProjection's: grown to the ids by its _init_freq, then
+indexed), rotates with posenc.apply_rotary_pos_emb (uni2ts' products and sums in its dtypes) and
+takes the second path's mask, bias and SDPA on uni2ts' layouts (q, k contiguous as its torch.cat
+leaves them, v its einops repeat): equal to uni2ts to the bit
+(tests/python/test_timeseries_patch_dtypes.py). Each of these was refused in one line before.
+
 Refused in one line (ValueError, nothing changed): a model without such an attention, an
 attention with another position layout (a variate projection, a time bias, a rotary part that
-does not start at dimension 0, separate query and key rotations), weights that are not float32,
-a cached cos/sin table that is not what theta gives (cast through a lower precision and
-back, e.g. .half().float(): uni2ts reads its rounded rows; at call time too), and at call time
+does not start at dimension 0, separate query and key rotations), and at call time
 inputs that are not [B, N, dim] with the same ids for queries and keys (ids
-left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), a negative time_id
-(uni2ts reads self.cos[time_id]: -3 is a row from the end of its buffer), and
-activations or weights that are not float32 (a model moved after patch(): uni2ts keeps float32
-tables, so float64 differed by 4e-8 relative) or autocast.
+left out for both take uni2ts' defaults: time_id 0..N-1, variate_id 0), and a negative time_id
+(uni2ts reads self.cos[time_id]: -3 is a row from the end of its buffer, not the rotation by -3).
 uni2ts is imported on first use (only its modules under uni2ts.module, not uni2ts.model's
 package, which imports lightning and gluonts).
 """
@@ -106,14 +113,6 @@ def _why_not(module, position) -> str:
         module.var_attn_bias, position.BinaryAttentionBias
     ):
         return f"its variate bias is {type(module.var_attn_bias).__name__}, not BinaryAttentionBias"
-    for p in list(module.parameters()) + [proj.query_proj.theta]:
-        if p.dtype != torch.float32:
-            return f"it holds {p.dtype} tensors (posenc's patch computes float32)"
-    if _table_differs(proj.query_proj):
-        return (
-            "its cached cos/sin table is not what its theta gives (cast through a lower "
-            "precision and back?); uni2ts reads those rows, posenc would recompute them"
-        )
     return ""
 
 
@@ -124,20 +123,36 @@ def _table_differs(rotary) -> bool:
     """Whether uni2ts' cached cos/sin rows are not posenc's tables from the module's theta (cast
     through a lower precision and back, e.g. .half().float(): uni2ts reads the rounded rows,
     posenc would recompute them). Checked again only when the buffers or theta change: the
-    state kept holds each checked storage alive, so a new tensor cannot reuse its address."""
+    state kept (with the verdict) holds each checked storage alive, so a new tensor cannot reuse
+    its address."""
     if rotary.cos is None:
         return False
     tensors = (rotary.cos, rotary.sin, rotary.theta)
     state = tuple((t.data_ptr(), t._version) for t in tensors)
     kept = rotary.__dict__.get(_TABLE_CHECKED)
     if kept is not None and kept[0] == state:
-        return False
+        return kept[2]
     positions = torch.arange(rotary.cos.shape[-2], device=rotary.theta.device)
     cos, sin = rope_cos_sin(positions, rotary.theta, layout="interleaved")
-    if not (torch.equal(cos, rotary.cos) and torch.equal(sin, rotary.sin)):
-        return True
-    rotary.__dict__[_TABLE_CHECKED] = (state, tuple(t.untyped_storage() for t in tensors))
-    return False
+    differs = not (torch.equal(cos, rotary.cos) and torch.equal(sin, rotary.sin))
+    rotary.__dict__[_TABLE_CHECKED] = (state, tuple(t.untyped_storage() for t in tensors), differs)
+    return differs
+
+
+def _posenc_tables_are_uni2ts(module, query: torch.Tensor, rotary) -> bool:
+    """Whether posenc's tables and fused kernel compute what uni2ts does: float32 activations and
+    weights outside autocast, and uni2ts' cached cos/sin rows what its theta gives. Else (a model
+    cast to bfloat16/float16/float64, before or after patch(); autocast; a cast through a lower
+    precision and back, whose rounded rows uni2ts reads) the patched attention reads uni2ts' own
+    rows in their dtype and rotates with posenc's rotation (uni2ts' roundings), then uni2ts' mask,
+    bias and SDPA call: uni2ts' output to the bit."""
+    return (
+        query.dtype == torch.float32
+        and module.q_proj.weight.dtype == torch.float32
+        and not torch.is_autocast_enabled(query.device.type)
+        and rotary.theta.dtype == torch.float32
+        and not _table_differs(rotary)
+    )
 
 
 def _same_ids(a, b, name: str) -> torch.Tensor:
@@ -199,22 +214,6 @@ def _attention(
             f"posenc.integrations.uni2ts: the patched attention takes [B, N, dim] "
             f"inputs, got {tuple(query.shape)}"
         )
-    weight = self.q_proj.weight.dtype
-    if query.dtype != torch.float32 or weight != torch.float32:  # moved after patch()
-        raise ValueError(
-            f"posenc.integrations.uni2ts: float32 activations and weights, got {query.dtype} "
-            f"and {weight} (uni2ts' rotary tables stay float32 values; unpatch() for it)"
-        )
-    if torch.is_autocast_enabled(query.device.type):
-        raise ValueError(
-            "posenc.integrations.uni2ts: under autocast uni2ts projects in the autocast dtype, "
-            "posenc's attention computes float32; unpatch() for it"
-        )
-    if _table_differs(self.time_qk_proj.query_proj):  # e.g. .half().float() after patch()
-        raise ValueError(
-            "posenc.integrations.uni2ts: the cached cos/sin table is not what theta gives (cast "
-            "through a lower precision and back?); uni2ts reads those rows, unpatch() for it"
-        )
     batch, length, _ = query.shape
     # ids left out: uni2ts' defaults (_get_time_id: 0..N-1; _get_var_id: 0 for every token)
     if query_time_id is None and kv_time_id is None:
@@ -236,16 +235,18 @@ def _attention(
     q = self.q_norm(self.q_proj(query).view(batch, length, heads, dim).transpose(1, 2))
     k = self.k_proj(key).view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
     k = self.k_norm(k.reshape(batch, length, heads, dim).transpose(1, 2))
-    v = (
-        self.v_proj(value)
-        .view(batch, length, groups, 1, dim)
-        .expand(-1, -1, -1, heads // groups, -1)
-    )
+    value = self.v_proj(value)
+    v = value.view(batch, length, groups, 1, dim).expand(-1, -1, -1, heads // groups, -1)
     v = v.reshape(batch, length, heads, dim).transpose(1, 2)
     # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
     rotary = self.time_qk_proj.query_proj
-    cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
-    runs = _packed_runs(attn_mask, time_id, batch, length) if self.attn_dropout_p == 0 else None
+    if _posenc_tables_are_uni2ts(self, query, rotary):
+        cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
+        runs = _packed_runs(attn_mask, time_id, batch, length) if self.attn_dropout_p == 0 else None
+    else:  # uni2ts' own rows (RotaryProjection.forward: grown to the ids, then indexed)
+        rotary._init_freq(max_len=time_id.max() + 1)
+        cos, sin = rotary.cos[time_id], rotary.sin[time_id]
+        runs = None
     if runs is not None:  # the mask is posenc's sample-id mask: all in the fused kernel
         sample_ids, causal, causal_ids = runs
         bias = self.var_attn_bias
@@ -269,7 +270,16 @@ def _attention(
     # the variate bias and the packed mask as uni2ts builds them, and its SDPA call, on its
     # [B, G, heads per group, N, D] views
     shape = (batch, groups, heads // groups, length, dim)
-    q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+    # q and k contiguous, as uni2ts' torch.cat of the rotated and passed parts leaves them, and v
+    # as its einops repeat lays it out (a stride-0 view over the heads of a group): SDPA's products
+    # depend on the strides (float64: 4e-16 apart otherwise)
+    q, k = q.reshape(shape).contiguous(), k.reshape(shape).contiguous()
+    v = importlib.import_module("einops").repeat(
+        value,
+        "... kv_len (group dim) -> ... group hpg kv_len dim",
+        group=groups,
+        hpg=heads // groups,
+    )
     ids = None if var_id is None else var_id[:, None, None, :]
     mask = self._update_attn_mask(attn_mask, q, k, query_var_id=ids, kv_var_id=ids)
     out = F.scaled_dot_product_attention(
@@ -303,6 +313,9 @@ def patch(model: torch.nn.Module) -> list[str]:
         if why:
             raise ValueError(f"posenc.integrations.uni2ts.patch: {name}: {why}")
     for _, module in found:
+        rotary = module.time_qk_proj.query_proj
+        if rotary.theta.dtype == torch.float32:
+            _table_differs(rotary)  # checked once here, not at the first call (the verdict kept)
         if not module.__dict__.get(_MARK, False):
             module.__dict__["forward"] = types.MethodType(_attention, module)
             module.__dict__[_MARK] = True
