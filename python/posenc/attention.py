@@ -36,6 +36,7 @@ ALiBi and T5's bias summed in the same pass (torch.ops.posenc.positional_attenti
 from __future__ import annotations
 
 import math
+import operator
 
 import torch
 
@@ -89,8 +90,13 @@ def _check_sdpa_qkv(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) 
 def alibi_slopes(heads: int) -> torch.Tensor:
     """ALiBi's slopes for `heads` heads (Press et al. 2022; BLOOM's build_alibi_tensor for a head
     count that is not a power of two): float32 [heads]."""
-    if heads < 1:
-        raise ValueError(f"posenc.alibi_slopes: heads must be >= 1, got {heads}")
+    try:  # an int (or numpy / torch integer); 3.5 or True is not a head count
+        count = None if isinstance(heads, bool) else operator.index(heads)
+    except TypeError:
+        count = None
+    if count is None or count < 1:
+        raise ValueError(f"posenc.alibi_slopes: heads must be an integer >= 1, got {heads!r}")
+    heads = count
     # float32 powers of a float32 base, as BLOOM computes them (to the bit)
     closest = 2 ** math.floor(math.log2(heads))
     base = torch.tensor(2 ** (-(2 ** -(math.log2(closest) - 3))), dtype=torch.float32)

@@ -68,6 +68,14 @@ def test_slopes_are_blooms():
         torch.testing.assert_close(posenc.alibi_slopes(heads), alibi[:, 0, 1], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("heads", [0, -3, 3.5, 4.0, True, "4"], ids=repr)
+def test_slopes_refuse_a_head_count_that_is_not_a_positive_integer(heads):
+    # 3.5 gave 4 slopes without a word (found by the hostile review)
+    with pytest.raises(ValueError, match="posenc.alibi_slopes: heads must be an integer >= 1") as e:
+        posenc.alibi_slopes(heads)
+    assert "\n" not in str(e.value)
+
+
 def test_opcheck():
     # alibi_attention is positional_attention with slopes: its operator, forward and backward
     q, k, v = _inputs(1, 2, 6, 9, 8)
