@@ -69,28 +69,28 @@ at::Tensor rows(const at::Tensor& x) {
   return d.stride(3) == 1 ? d : d.contiguous();
 }
 
+// A saved tensor's data, or null where the forward left it undefined (P or the log-sum-exp).
+float* optional_data(const at::Tensor& t) { return t.defined() ? t.data_ptr<float>() : nullptr; }
+
 struct ForwardResults {
   at::Tensor out, lse, probabilities;
 };
 
-// The forward kernel's results: out [B, N, H, D], each row's log-sum-exp [B, H, N] and, when
-// keep_probabilities, P [B * H, Np, Np] (else undefined).
+// The forward kernel's results: out [B, N, H, D] and, when keep_probabilities (and the rule
+// says so), P [B * H, Np, Np], else each row's log-sum-exp [B, H, N] (the backward reads one of
+// the two; the other is undefined).
 ForwardResults forward_kernel(detail::ShortAttentionProblem p, bool keep_probabilities) {
   ForwardResults r;
   r.out = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
-  r.lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
   if (keep_probabilities && attention_short_saves_probabilities(p.n, p.dim)) {
     const int64_t np = detail::short_attention_padded(p.n);
     r.probabilities = torch::empty({p.batch * p.heads, np, np}, torch::kFloat32);
     p.probabilities = r.probabilities.data_ptr<float>();
+  } else {
+    r.lse = torch::empty({p.batch, p.heads, p.n}, torch::kFloat32);
   }
-  detail::short_attention_forward_cpu(p, r.out.data_ptr<float>(), r.lse.data_ptr<float>());
+  detail::short_attention_forward_cpu(p, r.out.data_ptr<float>(), optional_data(r.lse));
   return r;
-}
-
-// The forward's probabilities, if it kept them, for the backward.
-float* saved_probabilities(const at::Tensor& probabilities) {
-  return probabilities.defined() ? probabilities.data_ptr<float>() : nullptr;
 }
 
 // Whether a backward can follow (the tables are constants): only then are P kept.
@@ -127,11 +127,11 @@ class ShortAttentionFunction : public torch::autograd::Function<ShortAttentionFu
     auto p = problem(s[0], s[1], s[2], ctx->saved_data["scale"].toDouble(),
                      ctx->saved_data["causal"].toBool(), s[5], s[6],
                      ctx->saved_data["interleaved"].toBool());
-    p.probabilities = saved_probabilities(s[7]);
+    p.probabilities = optional_data(s[7]);
     auto grad_out = grads[0].to(torch::kFloat32).contiguous();
     auto dq = torch::empty({p.batch, p.n, p.heads, p.dim}, torch::kFloat32);
     auto dk = torch::empty_like(dq), dv = torch::empty_like(dq);
-    detail::short_attention_backward_cpu(p, s[3].data_ptr<float>(), s[4].data_ptr<float>(),
+    detail::short_attention_backward_cpu(p, s[3].data_ptr<float>(), optional_data(s[4]),
                                          grad_out.data_ptr<float>(), dq.data_ptr<float>(),
                                          dk.data_ptr<float>(), dv.data_ptr<float>());
     return {dq,           dk,           dv,           at::Tensor(), at::Tensor(),
@@ -165,7 +165,7 @@ class ShortAttentionPackedFunction
     auto p = problem(packed.select(2, 0), packed.select(2, 1), packed.select(2, 2),
                      ctx->saved_data["scale"].toDouble(), ctx->saved_data["causal"].toBool(), s[3],
                      s[4], ctx->saved_data["interleaved"].toBool());
-    p.probabilities = saved_probabilities(s[5]);
+    p.probabilities = optional_data(s[5]);
     auto grad_out = grads[0].to(torch::kFloat32).contiguous();
     auto dqkv = torch::empty({p.batch, p.n, 3, p.heads, p.dim}, torch::kFloat32);  // contiguous
     p.grad_stride[0] = dqkv.stride(0);
@@ -173,7 +173,7 @@ class ShortAttentionPackedFunction
     p.grad_stride[2] = dqkv.stride(3);
     float* base = dqkv.data_ptr<float>();
     const int64_t part = dqkv.stride(2);
-    detail::short_attention_backward_cpu(p, s[1].data_ptr<float>(), s[2].data_ptr<float>(),
+    detail::short_attention_backward_cpu(p, s[1].data_ptr<float>(), optional_data(s[2]),
                                          grad_out.data_ptr<float>(), base, base + part,
                                          base + 2 * part);
     return {dqkv,         at::Tensor(), at::Tensor(), at::Tensor(),

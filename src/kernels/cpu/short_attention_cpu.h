@@ -30,11 +30,13 @@ struct ShortAttentionProblem {
 /// N rounded up to the kernel's 8-row blocks: the probabilities' rows and columns per head.
 constexpr int64_t short_attention_padded(int64_t n) { return (n + 7) / 8 * 8; }
 
-/// out: [B, N, H, D] contiguous; lse: [B, H, N] (log-sum-exp of each row of S); and
+/// out: [B, N, H, D] contiguous; lse: [B, H, N] (log-sum-exp of each row of S), or null (not
+/// written: the backward of a forward that kept p.probabilities does not read it); and
 /// p.probabilities when not null.
 void short_attention_forward_cpu(const ShortAttentionProblem& p, float* out, float* lse);
 /// grad_out, out: [B, N, H, D] contiguous; dq, dk, dv: [B, N, H, D] with p.grad_strides,
-/// overwritten. P from p.probabilities when not null (the forward's), else from lse.
+/// overwritten. P from p.probabilities when not null (the forward's; lse not read, may be null),
+/// else from lse.
 void short_attention_backward_cpu(const ShortAttentionProblem& p, const float* out,
                                   const float* lse, const float* grad_out, float* dq, float* dk,
                                   float* dv);

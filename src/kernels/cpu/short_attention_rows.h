@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "rope_rows.h"
 #include "rotate_row.h"
 #include "short_attention_cpu.h"
 #include "softmax_rows.h"
@@ -139,7 +140,7 @@ POSENC_INLINE void forward_items(const ShortAttentionProblem& p, int64_t begin, 
       const float inv = 1.0f / sum;
       for (int64_t j = 0; j < cols; ++j) row[j] *= inv;
       if (saved != nullptr) std::fill(row + cols, row + np, 0.0f);
-      lse[item * n + i] = m + std::log(sum);
+      if (lse != nullptr) lse[item * n + i] = m + std::log(sum);
       Ops::weighted_sum(row, 1, v_row(p, b, 0, h), p.v_stride[1], cols, d,
                         out + row_offset(p, b, i, h));
     }
@@ -179,7 +180,7 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
     for (int64_t i = 0; i < n; ++i) {
       const float* doi = grad_out + row_offset(p, b, i, h);
       const float di = Ops::dot(doi, out + row_offset(p, b, i, h), d);
-      const float l = lse[item * n + i];
+      const float l = saved ? 0.0f : lse[item * n + i];
       const int64_t cols = p.causal ? i + 1 : n;
       float* pi = P + i * ld;
       float* dsi = dS + i * n;
@@ -208,7 +209,9 @@ POSENC_INLINE void backward_items(const ShortAttentionProblem& p, int64_t begin,
 //   dk' = dS^T Q',  dv = P^T dout  (A read transposed in place: A[r, t] = dS[t, r], P[t, r]).
 // Where N % 8 == 0 and D % 8 == 0 (no padding: the main job's N = 16, D = 32) V, dout, out and
 // dv are read and written in place through their strides instead of copied through scratch;
-// where D % 8 == 0 the forward reads V in place. Neither changes a sum: the same bits.
+// where D % 8 == 0 the forward reads V in place. Neither changes a sum: the same bits. The
+// rotations of q, k (R) and of dq', dk' (R^T: the sine negated once per call) take RopeRows'
+// vector rows (rope_rows.h: the same products and differences as rotate_row, whole vectors).
 // A block of 4 rows x 2 vectors keeps 8 accumulators in registers over t: no horizontal sums
 // (the dot-product form above pays one per score: measured 4-5x slower at N = 16, D = 32); at 16
 // lanes a width of 8 (mod 16) is one masked vector. Softmax rows as softmax_rows.h.
@@ -383,6 +386,29 @@ struct ShortAttentionVec {
         : nr(round_up(p.n, 8)), np(nr), dp(round_up(p.dim, 8)) {}
   };
 
+  // Rows i < N of src (src_ld apart) into dst (dst_ld apart), rotated by the problem's tables
+  // with the sine table sin (p.sin, or its negation for R^T), or copied; dims from 2F on copied.
+  static POSENC_INLINE void rotate_rows(const ShortAttentionProblem& p, const float* sin,
+                                        const float* src, int64_t src_ld, float* dst,
+                                        int64_t dst_ld) {
+    for (int64_t i = 0; i < p.n; ++i) {
+      const float* x = src + i * src_ld;
+      float* y = dst + i * dst_ld;
+      int64_t e = 0;
+      if (p.cos != nullptr) {
+        RopeRows<Vec>::template f32<false>(x, y, p.cos + i * p.pairs, sin + i * p.pairs, p.pairs,
+                                           p.interleaved);
+        e = 2 * p.pairs;
+      }
+      for (; e + kLanes <= p.dim; e += kLanes) Vec::store(y + e, Vec::load(x + e));
+      if (e < p.dim) Vec::store_first(y + e, Vec::load_first(x + e, p.dim - e), p.dim - e);
+    }
+  }
+  static POSENC_INLINE const float* head(const ShortAttentionProblem& p, const float* base,
+                                         const int64_t* stride, int64_t b, int64_t h) {
+    return base + b * stride[0] + h * stride[2];
+  }
+
   // No padding anywhere (N % 8 == 0, D % 8 == 0): V, dout, out, dv in place.
   static POSENC_INLINE bool unpadded(const ShortAttentionProblem& p) {
     return p.n % 8 == 0 && p.dim % 8 == 0;
@@ -406,8 +432,8 @@ struct ShortAttentionVec {
       // P into the saved probabilities when the backward will read them (nr == np)
       float* S =
           p.probabilities != nullptr ? p.probabilities + item * z.nr * z.np : V_ + z.np * z.dp;
-      load_rows_to(p, p.q, p.q_stride, b, h, Q, z.dp);
-      load_rows_to(p, p.k, p.k_stride, b, h, K, z.dp);
+      rotate_rows(p, p.sin, head(p, p.q, p.q_stride, b, h), p.q_stride[1], Q, z.dp);
+      rotate_rows(p, p.sin, head(p, p.k, p.k_stride, b, h), p.k_stride[1], K, z.dp);
       transpose_into(K, z.dp, z.np, z.dp, KT, z.np);
       const float* V = V_;
       int64_t ldv = z.dp;
@@ -428,7 +454,7 @@ struct ShortAttentionVec {
         const float inv = 1.0f / sum;
         for (int64_t j = 0; j < cols; ++j) si[j] *= inv;
         std::fill(si + cols, si + z.np, 0.0f);
-        lse[item * n + i] = m + std::log(sum);
+        if (lse != nullptr) lse[item * n + i] = m + std::log(sum);
       }
       if (out_in_place) {
         small_gemm(S, z.np, V, ldv, n, n, d, out + row_offset(p, b, 0, h), token_stride);
@@ -462,12 +488,15 @@ struct ShortAttentionVec {
     }
     float *Q = ptr[0], *K = ptr[1], *KT = ptr[2], *VT = ptr[3], *dO_ = ptr[4], *dS = ptr[6],
           *R = ptr[7];
+    // -sin: R^T's table (rotate_row's sign * s, exact)
+    std::vector<float> neg_sin(p.cos != nullptr ? n * p.pairs : 0);
+    for (size_t e = 0; e < neg_sin.size(); ++e) neg_sin[e] = -p.sin[e];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / p.heads, h = item % p.heads;
       // P [nr, np]: the forward's, or recomputed here from S and the log-sum-exp
       float* P = saved ? p.probabilities + item * z.nr * z.np : ptr[5];
-      load_rows_to(p, p.q, p.q_stride, b, h, Q, z.dp);
-      load_rows_to(p, p.k, p.k_stride, b, h, K, z.dp);
+      rotate_rows(p, p.sin, head(p, p.q, p.q_stride, b, h), p.q_stride[1], Q, z.dp);
+      rotate_rows(p, p.sin, head(p, p.k, p.k_stride, b, h), p.k_stride[1], K, z.dp);
       const float* dO = dO_;
       int64_t lddo = z.dp;
       if (in_place) {
@@ -489,7 +518,7 @@ struct ShortAttentionVec {
       const V scale = Vec::set1(p.scale);
       for (int64_t i = 0; i < n; ++i) {
         const float di = dot(grad_out + row_offset(p, b, i, h), out + row_offset(p, b, i, h), d);
-        const V l = Vec::set1(lse[item * n + i]);
+        const V l = Vec::set1(saved ? 0.0f : lse[item * n + i]);
         const V dvec = Vec::set1(di);
         const int64_t cols = p.causal ? i + 1 : n;
         float* pi = P + i * z.np;
@@ -515,11 +544,9 @@ struct ShortAttentionVec {
         }
       }
       small_gemm(dS, z.np, K, z.dp, n, z.nr, z.dp, R, z.dp);  // dq'_i = sum_j dS_ij k'_j
-      for (int64_t i = 0; i < n; ++i)
-        unrotate_row(p, i, R + i * z.dp, dq + grad_offset(p, b, i, h));
+      rotate_rows(p, neg_sin.data(), R, z.dp, dq + grad_offset(p, b, 0, h), grad_token_stride);
       small_gemm<true>(dS, z.np, Q, z.dp, n, z.np, z.dp, R, z.dp);  // dk'_j = sum_i dS_ij q'_i
-      for (int64_t j = 0; j < n; ++j)
-        unrotate_row(p, j, R + j * z.dp, dk + grad_offset(p, b, j, h));
+      rotate_rows(p, neg_sin.data(), R, z.dp, dk + grad_offset(p, b, 0, h), grad_token_stride);
       if (in_place) {  // dv_j = sum_i P_ij dout_i
         small_gemm<true>(P, z.np, dO, lddo, n, n, d, dv + grad_offset(p, b, 0, h),
                          grad_token_stride);
