@@ -300,6 +300,28 @@ def test_chronos2_patch_refusals():
     assert torch.equal(got, mha(x, **cross).hidden_states)
 
 
+def test_chronos2_time_attention_without_a_mask():
+    """mask=None: Chronos' SDPA masks nothing (posenc's fused kernel, every key kept: 1e-6); its
+    eager attention fails on None, and so does the patched one (Chronos' own function)."""
+    for attn in ("sdpa", "eager"):
+        model = _chronos_model(attn)
+        mha = model.encoder.block[0].layer[0].self_attention
+        x, positions = torch.randn(2, 6, 32), torch.arange(6)[None]
+        posenc_chronos.patch(model)
+        if attn == "eager":
+            with pytest.raises(TypeError):
+                mha(x, mask=None, position_ids=positions)
+            posenc_chronos.unpatch(model)
+            with pytest.raises(TypeError):
+                mha(x, mask=None, position_ids=positions)
+            continue
+        with CountOps() as ops:
+            got = mha(x, mask=None, position_ids=positions).hidden_states
+        posenc_chronos.unpatch(model)
+        assert _attention_calls(ops) == 1
+        _close(got, mha(x, mask=None, position_ids=positions).hidden_states)
+
+
 def _chronos_time_attention_calls():
     """Calls of the time attention that the fused kernel does not compute as Chronos does: each
     (name, attn implementation, keyword arguments of MHA.forward but hidden_states)."""

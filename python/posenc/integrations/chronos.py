@@ -68,12 +68,17 @@ def _layers():
         ) from None
 
 
-def _keys_kept(mask: torch.Tensor, batch: int, keys: int, sdpa: bool) -> torch.Tensor | None:
+def _keys_kept(
+    mask: torch.Tensor | None, batch: int, keys: int, sdpa: bool, device: torch.device
+) -> torch.Tensor | None:
     """Chronos' additive time mask [B, 1, 1, Nk] ((1 - m) * finfo.min) -> the kept keys [B, Nk]
     where posenc's fused attention computes what Chronos' does with it, else None: a boolean mask
     only where Chronos runs SDPA (its eager attention adds a boolean mask as 0 / 1: nothing
     masked), one mask for every head, and every query seeing a key (on a row that sees none
-    Chronos averages all the values, posenc's attention returns 0)."""
+    Chronos averages all the values, posenc's attention returns 0). No mask: every key under
+    SDPA (its eager attention fails on None: Chronos' own error)."""
+    if mask is None:
+        return torch.ones(batch, keys, dtype=torch.bool, device=device) if sdpa else None
     if mask.dim() != 4 or mask.shape[0] != batch or mask.shape[2] != 1 or mask.shape[3] != keys:
         return None
     if mask.dtype == torch.bool:
@@ -135,7 +140,13 @@ def _time_attention(
         and hidden_states.dtype in _DTYPES
         and q.dtype in _DTYPES
     ):
-        kept = _keys_kept(mask, batch, length, self.config._attn_implementation == "sdpa")
+        kept = _keys_kept(
+            mask,
+            batch,
+            length,
+            self.config._attn_implementation == "sdpa",
+            hidden_states.device,
+        )
     if kept is not None:
         out = positional_attention(q, k, v, cos=cos, sin=sin, scale=1.0, attention_mask=kept)
         weights = None
