@@ -558,6 +558,15 @@ TEST(Trainer, RunConfigsAreCheckedUpFront) {
   config = smoke("vit");
   config["task"]["train_limit"] = -64;
   EXPECT_NE(error(config).find("train_limit and eval_limit must be >= 0"), std::string::npos);
+  // a border past the image size limit: 2 * pad overflowed int64 ("negative padding" from ATen)
+  for (const char* key : {"pad", "crop_padding"}) {
+    config = smoke("vit");
+    config["task"][key] = int64_t{1} << 62;
+    EXPECT_NE(error(config).find(std::string("task: ") + key +
+                                 " must be in [0, 4096] pixels, got 4611686018427387904"),
+              std::string::npos)
+        << error(config);
+  }
   for (double scale : {0.0, -1.5, 1000.0}) {
     config = smoke("vit");
     config["task"]["eval_scales"] = {scale};

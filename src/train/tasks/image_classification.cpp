@@ -148,6 +148,10 @@ class ImageClassification : public Task {
     task.finish();
     TORCH_CHECK(pad_ >= 0 && patch_ > 0 && crop_padding_ >= 0 && eval_batch_ > 0,
                 "task: pad, crop_padding must be >= 0 and patch, eval_batch > 0");
+    // borders within the image size limit (image_size's 4096): side + 2 pad cannot overflow
+    TORCH_CHECK(pad_ <= 4096, "task: pad must be in [0, 4096] pixels, got ", pad_);
+    TORCH_CHECK(crop_padding_ <= 4096, "task: crop_padding must be in [0, 4096] pixels, got ",
+                crop_padding_);
     TORCH_CHECK(erase_probability_ >= 0 && erase_probability_ <= 1,
                 "task: erase_probability must be in [0, 1], got ", erase_probability_);
     TORCH_CHECK(label_smoothing_ >= 0 && label_smoothing_ < 1,
