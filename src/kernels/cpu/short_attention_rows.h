@@ -282,7 +282,28 @@ struct ShortAttentionVec {
   static POSENC_INLINE void gemm_one_vector(const float* A, int64_t lda, const float* B,
                                             int64_t ldb, int64_t kdim, int64_t rows, int64_t c,
                                             int64_t n, float* C, int64_t ldc) {
-    for (int64_t r = 0; r < rows; r += 4) {
+    int64_t r = 0;
+    // 8 rows at a time: 8 independent sums hide the multiply-add's latency and share each
+    // load of B (one column vector: the scores at N <= 16 and 16 lanes)
+    for (; r + 8 <= rows; r += 8) {
+      V x[8];
+      for (auto& xi : x) xi = Vec::zero();
+      const float* a = a_rows<kTransposed>(A, lda, r);
+      const float* a4 = a_rows<kTransposed>(A, lda, r + 4);
+      for (int64_t t = 0; t < kdim; ++t) {
+        const V b0 = load_cols<kMasked>(B + t * ldb + c, n);
+        x[0] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 0, t)), b0, x[0]);
+        x[1] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 1, t)), b0, x[1]);
+        x[2] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 2, t)), b0, x[2]);
+        x[3] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a, lda, 3, t)), b0, x[3]);
+        x[4] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a4, lda, 0, t)), b0, x[4]);
+        x[5] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a4, lda, 1, t)), b0, x[5]);
+        x[6] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a4, lda, 2, t)), b0, x[6]);
+        x[7] = Vec::fmadd(Vec::set1(a_at<kTransposed>(a4, lda, 3, t)), b0, x[7]);
+      }
+      for (int k = 0; k < 8; ++k) store_cols<kMasked>(C + (r + k) * ldc + c, x[k], n);
+    }
+    for (; r < rows; r += 4) {
       V x0 = Vec::zero(), x1 = x0, x2 = x0, x3 = x0;
       const float* a = a_rows<kTransposed>(A, lda, r);
       for (int64_t t = 0; t < kdim; ++t) {
