@@ -365,12 +365,23 @@ const AttentionTileKernels* own_tiles_for(const AttentionProblem& p) {
   return tiles;
 }
 
+// The cache lines of floats [x, x + n), prefetched (a hint: no fault, no effect on values).
+inline void prefetch_row(const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(x + i);
+  __builtin_prefetch(x + n - 1);  // the last line when x is not 64-byte aligned
+}
+
 // Keys [0, n) of one head (rows ld apart) into 16-key panels kp[(c / 16) 16 D + d 16 + c % 16],
 // the last panel's missing keys `pad` (their scores are computed and never read).
 void pack_key_panels(const float* k, int64_t ld, int64_t n, int64_t dim, float* kp, float pad) {
   for (int64_t c0 = 0; c0 < n; c0 += kTilePanel) {
     float* panel = kp + (c0 / kTilePanel) * kTilePanel * dim;
     const int64_t width = std::min(kTilePanel, n - c0);
+    // the next panel's rows, fetched while this one is packed: in a [B, N, H, D] tensor a head's
+    // rows are H D floats apart, each a new run of lines from memory (without this the packing
+    // waited on them: 3% of the AVX2 forward at [1, 2048, 16, 128], perf)
+    for (int64_t c = c0 + kTilePanel; c < std::min(n, c0 + 2 * kTilePanel); ++c)
+      prefetch_row(k + c * ld, dim);
     if (width < kTilePanel) std::fill(panel, panel + kTilePanel * dim, pad);
     for (int64_t c = 0; c < width; ++c) {
       const float* row = k + (c0 + c) * ld;
@@ -382,10 +393,15 @@ void pack_key_panels(const float* k, int64_t ld, int64_t n, int64_t dim, float* 
 // Values [0, n) of one head (rows ld apart, dim_v % 16 == 0) into 16-column panels
 // vp[(e / 16) vstride + c 16 + e % 16], vstride = 16 n.
 void pack_value_panels(const float* v, int64_t ld, int64_t n, int64_t dim_v, float* vp) {
+  constexpr int64_t kAhead = 8;  // rows fetched ahead, as pack_key_panels
+  for (int64_t c = 0; c < std::min(n, kAhead); ++c) prefetch_row(v + c * ld, dim_v);
   for (int64_t c = 0; c < n; ++c) {
+    if (c + kAhead < n) prefetch_row(v + (c + kAhead) * ld, dim_v);
     const float* row = v + c * ld;
-    for (int64_t e0 = 0; e0 < dim_v; e0 += kTilePanel)
-      std::copy(row + e0, row + e0 + kTilePanel, vp + e0 * n + c * kTilePanel);
+    for (int64_t e0 = 0; e0 < dim_v; e0 += kTilePanel) {
+      float* dst = vp + e0 * n + c * kTilePanel;
+      for (int64_t e = 0; e < kTilePanel; ++e) dst[e] = row[e0 + e];  // inline, no memmove call
+    }
   }
 }
 
