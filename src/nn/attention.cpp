@@ -103,7 +103,8 @@ std::pair<at::Tensor, at::Tensor> rotate(const EncodingPlan& plan, const at::Ten
 }
 
 // The specification every backend is tested against: logits, the materialized bias, the causal
-// mask (aligned bottom-right over cached keys), key padding, softmax. y [B, N, H, Dh].
+// mask (aligned bottom-right over cached keys), key padding, softmax; a query that sees no key
+// gives 0. y [B, N, H, Dh].
 at::Tensor attention_reference_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                     const EncodingPlan& plan, const at::Tensor& key_padding,
                                     double scale, bool causal, int64_t prefix) {
@@ -128,7 +129,12 @@ at::Tensor attention_reference_path(const at::Tensor& q, const at::Tensor& k, co
     auto other = ids.unsqueeze(-1) != ids.unsqueeze(-2);  // [(B,) N, N]
     logits = logits.masked_fill(other.dim() == 3 ? other.unsqueeze(1) : other, minus_inf);
   }
-  return torch::einsum("bhqk,bkhd->bqhd", {torch::softmax(logits, -1), v});
+  // a query that sees no key (every logit -inf: masked) gives 0, as the fused kernel and
+  // attention_reference do; its logits are made finite first so that softmax's backward does not
+  // turn the row's NaN weights into NaN gradients
+  const auto none = (logits == minus_inf).all(-1, /*keepdim=*/true);
+  auto weights = torch::softmax(logits.masked_fill(none, 0.0), -1).masked_fill(none, 0.0);
+  return torch::einsum("bhqk,bkhd->bqhd", {weights, v});
 }
 
 // Runs the route's backend on rotated (or, with RoPE inside, unrotated) q, k, v. y [B, N, H, Dh].

@@ -83,6 +83,43 @@ def test_keys_apart_with_padding():
     torch.testing.assert_close(got, by_hand(plan, q, k, v, True, keep), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "config,positions",
+    [
+        ({"type": "alibi"}, posenc.Positions.sequence(6)),  # the fused route
+        ({"type": "relative_2d", "grid_height": 4, "grid_width": 4}, posenc.Positions.grid(2, 3)),
+        (
+            {"type": "shaw", "max_relative_position": 2},
+            posenc.Positions.values([0, 1.5, 2, 5, 7, 9]),
+        ),
+    ],
+    ids=["fused", "reference_relative_2d", "reference_shaw_timestamps"],
+)
+def test_a_query_that_sees_no_key_gives_0_on_every_route(config, positions):
+    # causal with the first key padded: query 0 sees no key. The fused kernel gives 0 there (and
+    # SDPA with a boolean mask); the materialized-bias reference gave NaN rows and NaN gradients
+    # for q, k, v (found by the hostile review)
+    torch.manual_seed(0)
+    plan = posenc.build_encoder(config, dim=H * DH, num_heads=H)(positions)
+    q, k, v = (torch.randn(2, H, 6, DH, requires_grad=True) for _ in range(3))
+    keep = torch.ones(2, 6, dtype=torch.bool)
+    keep[0, 0] = False
+    keep[1] = False  # a sample with every key padded: every one of its rows sees none
+    route = plan.attention_route(q, k, v, causal=True, key_padding=True).taken
+    assert route == ("fused" if config["type"] == "alibi" else "reference")
+    got = plan.attention(q, k, v, causal=True, key_padding=keep)
+    assert torch.equal(got[0, :, 0], torch.zeros(H, DH)) and torch.equal(
+        got[1], torch.zeros_like(got[1])
+    )
+    rows = [(0, i) for i in range(1, 6)]  # the rest as SDPA over the plan's parts
+    want = by_hand(plan, q, k, v, True, keep)
+    for b, i in rows:
+        torch.testing.assert_close(got[b, :, i], want[b, :, i], rtol=1e-5, atol=1e-5)
+    grads = torch.autograd.grad(got.square().sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert torch.equal(grads[0][1], torch.zeros_like(grads[0][1]))  # no key: no gradient
+
+
 def test_bad_input_is_one_line():
     plan = posenc.build_encoder({"type": "alibi"}, num_heads=H)(posenc.Positions.sequence(8))
     q = torch.randn(2, H, 8, DH)
