@@ -8,15 +8,22 @@
 //     backward:  da = dy W2,  dW2 = dy^T a,  db2 = sum rows dy,  dh = da * gelu'(h),
 //                dW1 = dh^T x,  db1 = sum rows dh,  dx = dh W1
 //
-// What they save against at::linear + gelu_fused + at::linear: the forward fills each output's
-// rows with the bias (a row copy per row) and lets MKL accumulate into them (sgemm with beta = 1,
-// as addmm does after ATen's broadcast copy_ of the bias, which costs several times the row
-// copies); the backward writes dW directly in the weight's [N, K] layout (no transposed view for
-// the gradient accumulator to copy), computes dh in place over da, and the MLP is one node where
-// the composition had seven (two views and an addmm per layer, GELU's). The products are MKL's
-// through at::mm / at::addmm_out, with other transposition flags than AddmmBackward's, so the
-// gradients equal the composition's to float32 rounding, not to the bit; the forward is the same
-// bits as at::linear (the same bias copy, then the same addmm with beta = 1).
+// What they save against at::linear + gelu_fused + at::linear: the products are posenc's own
+// register-blocked micro-kernels (src/kernels/cpu/linear_gemm.h; at the AVX2 and AVX-512 levels,
+// where the product's output width is a multiple of the vector: 8 or 16 floats) with the bias as
+// the forward accumulators' start (no bias pass), dx written without MKL's beta = 0 zeroing pass,
+// and db summed over the same chunks of dy as dW = dy^T x, while they are in cache; elsewhere
+// (the scalar level, other widths, POSENC_LINEAR_GEMM=mkl) MKL's through at::addmm_out / at::mm,
+// the forward filling each output's rows with the bias (a row copy per row) and letting MKL
+// accumulate into them (sgemm with beta = 1, as addmm does after ATen's broadcast copy_ of the
+// bias, which costs several times the row copies). The backward writes dW directly in the
+// weight's [N, K] layout (no transposed view for the gradient accumulator to copy), computes dh
+// in place over da, and the MLP is one node where the composition had seven (two views and an
+// addmm per layer, GELU's). The own products sum in another order than MKL's blocked sums: forward
+// and gradients equal the composition's to float32 rounding, not to the bit (the tests hold both
+// to a float64 evaluation); they do not depend on the thread count or the inputs' alignment. On
+// MKL's route the forward is the same bits as at::linear (the same bias copy, then the same addmm
+// with beta = 1) and the gradients equal it to rounding (other transposition flags).
 //
 // Under create_graph (grad mode on inside the backward) the backward's ops are ATen's
 // differentiable ones (mm, sum, gelu_backward; the MLP recomputes h and a from its saved inputs

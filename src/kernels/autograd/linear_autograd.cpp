@@ -1,12 +1,16 @@
 // Autograd for a linear layer and for the MLP linear -> GELU -> linear as one node each; the
 // math, what they save and their contract in include/posenc/kernels/linear.h. The products are
-// ATen's (at::addmm_out, at::mm: MKL's sgemm on CPU), the GELU passes posenc's
-// (posenc/kernels/gelu.h), the bias-gradient sums ATen's sum over rows (as AddmmBackward's).
+// posenc's own (kernels/cpu/linear_gemm.h: the bias as the forward's start, dx written, db with
+// dW over the same chunks of dy) where this CPU level has them and they take the output width,
+// else ATen's (at::addmm_out, at::mm: MKL's sgemm on CPU; the bias-gradient ATen's sum over rows,
+// as AddmmBackward's); under create_graph ATen's differentiable ops. The GELU passes are posenc's
+// (posenc/kernels/gelu.h).
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cstring>
 
+#include "../cpu/linear_gemm_cpu.h"
 #include "posenc/kernels/gelu.h"
 #include "posenc/kernels/linear.h"
 
@@ -35,12 +39,17 @@ void fill_rows_with_bias(at::Tensor& out, const at::Tensor& bias) {
   for (int64_t i = 0; i < m; ++i) std::memcpy(dst + i * n, b, static_cast<size_t>(n) * 4);
 }
 
-// out [..., N] = x [..., K] weight^T + bias: the bias rows, then MKL accumulating into them
-// (addmm_out with self = out takes no copy; beta = 1 leaves no zeroing pass to MKL).
+// out [..., N] = x [..., K] weight^T + bias: posenc's own product starting from the bias where it
+// takes N (linear_gemm.h), else the bias rows, then MKL accumulating into them (addmm_out with
+// self = out takes no copy; beta = 1 leaves no zeroing pass to MKL).
 at::Tensor linear_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   auto out = at::empty(output_shape(x, weight.size(0)), x.options());
   auto out_rows = rows_of(out);
   if (out_rows.numel() == 0) return out;
+  if (detail::linear_gemm_takes(weight.size(0))) {
+    detail::linear_forward_own(rows_of(x), weight, bias, out_rows);
+    return out;
+  }
   fill_rows_with_bias(out_rows, bias);
   at::addmm_out(out_rows, out_rows, rows_of(x), weight.t());
   return out;
@@ -53,15 +62,40 @@ at::Tensor gradient_rows(const at::Tensor& dy, int64_t n) {
   return g.view({-1, n});
 }
 
+// dx_rows [M, K] = dy_rows [M, N] weight [N, K]: posenc's own product (written, no zeroing pass)
+// where it takes K and no graph is recorded, else MKL's (at::mm).
+at::Tensor input_gradient(const at::Tensor& dy_rows, const at::Tensor& weight) {
+  if (at::GradMode::is_enabled() || !detail::linear_gemm_takes(weight.size(1)))
+    return at::mm(dy_rows, weight);
+  auto dx = at::empty({dy_rows.size(0), weight.size(1)}, dy_rows.options());
+  detail::linear_input_grad_own(dy_rows, weight, dx);
+  return dx;
+}
+
+// dW = dy^T x [N, K] in the weight's own layout where need_dw, db = the sum over dy's rows where
+// need_db: posenc's own pass computing both over the same chunks of dy (linear_gemm.h) where it
+// takes K and no graph is recorded, else MKL's product (at::mm) and ATen's sum.
+void weight_gradients(const at::Tensor& dy_rows, const at::Tensor& x_rows, bool need_dw,
+                      bool need_db, at::Tensor& dw, at::Tensor& db) {
+  if (need_dw && !at::GradMode::is_enabled() && detail::linear_gemm_takes(x_rows.size(1))) {
+    dw = at::empty({dy_rows.size(1), x_rows.size(1)}, dy_rows.options());
+    if (need_db) db = at::empty({dy_rows.size(1)}, dy_rows.options());
+    detail::linear_weight_grad_own(dy_rows, x_rows, dw, need_db ? &db : nullptr);
+    return;
+  }
+  if (need_dw) dw = at::mm(dy_rows.t(), x_rows);
+  if (need_db) db = dy_rows.sum(0);
+}
+
 // The three gradients of y = x W^T + b from dy_rows [M, N] and x_rows [M, K]; those not needed
 // left undefined. dW as dy^T x: [N, K] in the weight's own layout.
 variable_list linear_gradients(AutogradContext* ctx, const at::Tensor& dy_rows,
                                const at::Tensor& x_rows, const at::Tensor& weight,
                                const at::Tensor& x_like, size_t first_input) {
   at::Tensor dx, dw, db;
-  if (ctx->needs_input_grad(first_input)) dx = at::mm(dy_rows, weight).view(x_like.sizes());
-  if (ctx->needs_input_grad(first_input + 1)) dw = at::mm(dy_rows.t(), x_rows);
-  if (ctx->needs_input_grad(first_input + 2)) db = dy_rows.sum(0);
+  if (ctx->needs_input_grad(first_input)) dx = input_gradient(dy_rows, weight).view(x_like.sizes());
+  weight_gradients(dy_rows, x_rows, ctx->needs_input_grad(first_input + 1),
+                   ctx->needs_input_grad(first_input + 2), dw, db);
   return {dx, dw, db};
 }
 
@@ -107,12 +141,11 @@ class MlpGeluFunction : public torch::autograd::Function<MlpGeluFunction> {
     const auto a_rows = graph ? at::gelu(h_rows) : rows_of(a);
     // fc2's weight and bias; fc2's input gradient da = dy W2 [M, F]
     at::Tensor dw2, db2;
-    if (ctx->needs_input_grad(3)) dw2 = at::mm(dy.t(), a_rows);
-    if (ctx->needs_input_grad(4)) db2 = dy.sum(0);
+    weight_gradients(dy, a_rows, ctx->needs_input_grad(3), ctx->needs_input_grad(4), dw2, db2);
     const bool need_below =
         ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     if (!need_below) return {at::Tensor(), at::Tensor(), at::Tensor(), dw2, db2};
-    auto da = at::mm(dy, w2);
+    auto da = input_gradient(dy, w2);
     // dh = da * gelu'(h): ATen's differentiable gelu_backward under create_graph, else the fused
     // pass in place over da
     at::Tensor dh;

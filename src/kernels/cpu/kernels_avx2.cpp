@@ -12,6 +12,7 @@
 
 #include "attention_tiles.h"
 #include "cpu_kernels.h"
+#include "linear_gemm.h"
 #include "rotate_row.h"
 #include "short_attention_cpu.h"
 
@@ -35,6 +36,7 @@
 #include "short_attention_rows.h"
 #include "adamw_rows.h"
 #include "attention_tiles_rows.h"
+#include "linear_gemm_rows.h"
 // clang-format on
 
 namespace posenc::detail {
@@ -62,6 +64,10 @@ const CpuKernels kAvx2Kernels = {
 // The tiled attention's own products: 6 query rows x 16 columns of accumulators
 // (12 of the 16 ymm registers).
 const AttentionTileKernels kAvx2AttentionTiles = AttentionTileRows<Vec, 6, 2>::table();
+
+// The linear layers' own products (linear_gemm.h): 6 rows x 16 columns of accumulators (12 of the
+// 16 ymm registers).
+const LinearGemmKernels kAvx2LinearGemm = LinearGemmRows<Vec, 6, 2>::table();
 
 }  // namespace posenc::detail
 

@@ -19,6 +19,7 @@
 
 #include "attention_tiles.h"
 #include "cpu_kernels.h"
+#include "linear_gemm.h"
 #include "rotate_row.h"
 #include "short_attention_cpu.h"
 
@@ -44,6 +45,7 @@
 #include "short_attention_rows.h"
 #include "adamw_rows.h"
 #include "attention_tiles_rows.h"
+#include "linear_gemm_rows.h"
 // clang-format on
 
 namespace posenc::detail {
@@ -71,6 +73,10 @@ const CpuKernels kAvx512Kernels = {
 // The tiled attention's own products: 8 query rows x 32 columns of accumulators
 // (16 of the 32 zmm registers).
 const AttentionTileKernels kAvx512AttentionTiles = AttentionTileRows<Vec, 8, 2>::table();
+
+// The linear layers' own products (linear_gemm.h): 8 rows x 32 columns of accumulators (16 of the
+// 32 zmm registers).
+const LinearGemmKernels kAvx512LinearGemm = LinearGemmRows<Vec, 8, 2>::table();
 
 }  // namespace posenc::detail
 
