@@ -4,6 +4,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "posenc/kernels/attention_fused.h"
 #include "posenc/posenc.h"
 #include "support/bias_forms.h"
@@ -270,6 +272,30 @@ TEST(AttentionFusedEdges, EmptyQueriesOrKeys) {
     auto out = attention_fused(q, k, v, specs[0], pq, pk, {}, 0.5, rotary);
     EXPECT_EQ(out.sizes(), torch::IntArrayRef({1, nq, h, d}));
   }
+}
+
+// attention_reference: a query that sees no key gives 0 with zero (not NaN) gradients, as the
+// fused kernel; a NaN in q stays NaN. It zeroed every NaN weight after softmax: NaN inputs came out
+// 0 and the masked row's gradients NaN (found by the hostile review).
+TEST(AttentionFusedEdges, ReferenceRowWithoutKeysIsZeroAndNanInputsStayNan) {
+  torch::manual_seed(5);
+  const int64_t h = 2, n = 4, d = 8;
+  auto q = torch::randn({1, n, h, d}, torch::requires_grad());
+  auto k = torch::randn({1, n, h, d}, torch::requires_grad());
+  auto v = torch::randn({1, n, h, d}, torch::requires_grad());
+  AttentionMasks masks;
+  masks.causal = true;
+  masks.key_padding = torch::ones({1, n}, torch::kBool);
+  masks.key_padding[0][0] = false;  // query 0 sees no key
+  auto y = attention_reference(q, k, v, {}, masks, 0.5);
+  EXPECT_TRUE(torch::equal(y[0][0], torch::zeros({h, d}))) << y[0][0];
+  auto grads = torch::autograd::grad({y.square().sum()}, {q, k, v});
+  for (const auto& g : grads) EXPECT_TRUE(torch::isfinite(g).all().item<bool>()) << g;
+  EXPECT_TRUE(torch::equal(grads[0][0][0], torch::zeros({h, d})));
+  auto q_nan = q.detach().clone();
+  q_nan[0][2][1][3] = std::numeric_limits<float>::quiet_NaN();
+  auto y_nan = attention_reference(q_nan, k.detach(), v.detach(), {}, AttentionMasks{}, 0.5);
+  EXPECT_TRUE(torch::isnan(y_nan[0][2][1]).all().item<bool>()) << y_nan[0][2][1];
 }
 
 TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {

@@ -163,8 +163,9 @@ at::Tensor attention_reference(const at::Tensor& q, const at::Tensor& k, const a
   if (masks.causal_ids.defined())
     logits = logits.masked_fill(
         ~causal_mask_from_ids(masks.causal_ids.to(q.device()), nq).unsqueeze(1), inf);
-  auto weights = torch::softmax(logits, -1);
-  weights = torch::where(torch::isnan(weights), torch::zeros_like(weights), weights);  // no key
+  // a row that sees no key (every logit -inf) gives 0; a NaN from the inputs stays NaN
+  const auto none = (logits == inf).all(-1, /*keepdim=*/true);
+  auto weights = torch::softmax(logits.masked_fill(none, 0.0), -1).masked_fill(none, 0.0);
   return torch::einsum("bhqk,bkhd->bqhd", {weights, v.to(compute)}).to(q.scalar_type());
 }
 
