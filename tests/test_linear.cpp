@@ -328,6 +328,36 @@ TEST(MlpGeluFused, ForwardAndGradientsWithinRounding) {
   }
 }
 
+// The MLP node's forward and gradients are those of its parts, linear_fused -> gelu_fused ->
+// linear_fused, to the bit (the own product's GELU applied to its rows in cache, and its input
+// gradient's multiplication by GELU's derivative, are the fused GELU passes' values), at row
+// counts that split the rows unevenly and at 1 to 3 threads.
+TEST(MlpGeluFused, TheSameBitsAsItsFusedParts) {
+  if (!posenc::gelu_fused_supported(torch::zeros({8}))) GTEST_SKIP() << "no fused GELU";
+  const auto parts = [](const at::Tensor& x, const at::Tensor& w1, const at::Tensor& b1,
+                        const at::Tensor& w2, const at::Tensor& b2) {
+    return linear_fused(posenc::gelu_fused(linear_fused(x, w1, b1)), w2, b2);
+  };
+  for (const auto& shape : std::vector<std::vector<int64_t>>{
+           {5, 7, 9, 32}, {3, 43, 96, 192}, {1, 1, 16, 48}, {2, 13, 48, 20}}) {
+    SCOPED_TRACE(::testing::PrintToString(shape));
+    torch::manual_seed(shape[1] + shape[3]);
+    const int64_t d = shape[2], f = shape[3];
+    const std::vector<int64_t> x_shape{shape[0], shape[1], d};
+    const std::vector<at::Tensor> in{torch::randn(x_shape), torch::randn({f, d}) / std::sqrt(d),
+                                     0.1 * torch::randn({f}), torch::randn({d, f}) / std::sqrt(f),
+                                     0.1 * torch::randn({d})};
+    const auto dy = torch::randn(x_shape);
+    const std::vector<bool> all(5, true);
+    for (const int t : {1, 2, 3}) {
+      Threads threads(t);
+      const auto got = run(mlp_of(mlp_gelu_fused), in, dy, all);
+      const auto want = run(mlp_of(parts), in, dy, all);
+      for (size_t i = 0; i < 6; ++i) EXPECT_TRUE(torch::equal(got[i], want[i])) << t << " " << i;
+    }
+  }
+}
+
 TEST(MlpGeluFused, InputsThatNeedNoGradientGetNone) {
   if (!posenc::gelu_fused_supported(torch::zeros({8}))) GTEST_SKIP() << "no fused GELU";
   torch::manual_seed(6);

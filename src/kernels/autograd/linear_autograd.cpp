@@ -122,8 +122,17 @@ class MlpGeluFunction : public torch::autograd::Function<MlpGeluFunction> {
   // x [..., D] contiguous; w1 [F, D], b1 [F], w2 [E, F], b2 [E] -> [..., E]
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1,
                             const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2) {
-    const auto h = linear_forward(x, w1, b1);  // [..., F]
-    const auto a = gelu_forward_cpu(h);
+    at::Tensor h, a;  // [..., F]
+    if (detail::linear_gemm_takes(w1.size(0)) && x.numel() > 0) {
+      // the own product with the GELU applied to its rows while they are in cache
+      h = at::empty(output_shape(x, w1.size(0)), x.options());
+      a = at::empty_like(h);
+      auto h_rows = rows_of(h), a_rows = rows_of(a);
+      detail::linear_forward_own(rows_of(x), w1, b1, h_rows, &a_rows);
+    } else {
+      h = linear_forward(x, w1, b1);
+      a = gelu_forward_cpu(h);
+    }
     ctx->save_for_backward({x, w1, w2, h, a, b1});
     return linear_forward(a, w2, b2);
   }
@@ -145,15 +154,18 @@ class MlpGeluFunction : public torch::autograd::Function<MlpGeluFunction> {
     const bool need_below =
         ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2);
     if (!need_below) return {at::Tensor(), at::Tensor(), at::Tensor(), dw2, db2};
-    auto da = input_gradient(dy, w2);
-    // dh = da * gelu'(h): ATen's differentiable gelu_backward under create_graph, else the fused
-    // pass in place over da
+    // dh = da * gelu'(h): ATen's differentiable gelu_backward under create_graph; else the own
+    // product da = dy W2 multiplying its rows by gelu'(h) while they are in cache, or MKL's da
+    // and the fused pass in place over it
     at::Tensor dh;
     if (graph) {
-      dh = at::gelu_backward(da, h_rows);
+      dh = at::gelu_backward(input_gradient(dy, w2), h_rows);
+    } else if (detail::linear_gemm_takes(w2.size(1))) {
+      dh = at::empty({dy.size(0), w2.size(1)}, dy.options());
+      detail::linear_input_grad_own(dy, w2, dh, &h_rows);
     } else {
-      gelu_backward_cpu_out(da, h_rows, da);
-      dh = da;
+      dh = input_gradient(dy, w2);
+      gelu_backward_cpu_out(dh, h_rows, dh);
     }
     auto below = linear_gradients(ctx, dh, rows_of(x), w1, x, 0);
     return {below[0], below[1], below[2], dw2, db2};

@@ -6,6 +6,9 @@
 // (with their columns of db), are split across threads (posenc's parallel_for) in units of
 // kRowUnit, a multiple of both levels' micro-kernel rows (AVX-512 8, AVX2 6): each element is
 // computed by one thread in one fixed order, so the results do not depend on the thread count.
+// For the MLP (linear -> GELU -> linear) the forward of the first layer can apply the GELU and the
+// input gradient of the second multiply by GELU's derivative (cpu_kernels.h's passes, the same
+// bits as their separate passes: element-wise) kRowUnit rows at a time while they are in L1.
 // Which products: this CPU level's table (kernels_avx2.cpp, kernels_avx512.cpp); the scalar level
 // and POSENC_LINEAR_GEMM=mkl keep MKL's (the callers' at::addmm_out / at::mm).
 #include "linear_gemm_cpu.h"
@@ -77,10 +80,17 @@ bool linear_gemm_takes(int64_t cols) {
 }
 
 void linear_forward_own(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                        at::Tensor& y) {
+                        at::Tensor& y, at::Tensor* gelu_out) {
   check_float_rows(x, "x");
   check_float_rows(weight, "weight");
   check_float_rows(y, "y");
+  const auto gelu = cpu_kernels().gelu;
+  TORCH_CHECK(gelu_out == nullptr || (gelu != nullptr && gelu_out->is_contiguous() &&
+                                      gelu_out->scalar_type() == at::kFloat &&
+                                      gelu_out->sizes() == y.sizes() && !gelu_out->is_same(y)),
+              "linear_forward_own: the GELU output must be a float32 tensor apart from y of its "
+              "shape ",
+              y.sizes());
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   TORCH_CHECK(linear_gemm_takes(n) && weight.size(1) == k && y.size(0) == m && y.size(1) == n &&
                   bias.numel() == n && bias.is_contiguous(),
@@ -96,17 +106,34 @@ void linear_forward_own(const at::Tensor& x, const at::Tensor& weight, const at:
   const float* xp = x.data_ptr<float>();
   const float* bp = bias.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  float* ap = gelu_out != nullptr ? gelu_out->data_ptr<float>() : nullptr;
   const int64_t units = (m + kRowUnit - 1) / kRowUnit;
   parallel_for(0, units, grain_units(2 * k * n), [&](int64_t begin, int64_t end) {
     const int64_t r0 = begin * kRowUnit, r1 = std::min(m, end * kRowUnit);
-    kern.rows_a(r1 - r0, n, k, xp + r0 * k, k, wt.data(), n, bp, 0, yp + r0 * n, n);
+    if (ap == nullptr) {
+      kern.rows_a(r1 - r0, n, k, xp + r0 * k, k, wt.data(), n, bp, 0, yp + r0 * n, n);
+      return;
+    }
+    // kRowUnit rows at a time, their GELU while they are in L1
+    for (int64_t s = r0; s < r1; s += kRowUnit) {
+      const int64_t rows = std::min(kRowUnit, r1 - s);
+      kern.rows_a(rows, n, k, xp + s * k, k, wt.data(), n, bp, 0, yp + s * n, n);
+      gelu(yp + s * n, ap + s * n, rows * n, false);
+    }
   });
 }
 
-void linear_input_grad_own(const at::Tensor& dy, const at::Tensor& weight, at::Tensor& dx) {
+void linear_input_grad_own(const at::Tensor& dy, const at::Tensor& weight, at::Tensor& dx,
+                           const at::Tensor* gelu_input) {
   check_float_rows(dy, "dy");
   check_float_rows(weight, "weight");
   check_float_rows(dx, "dx");
+  const auto gelu_backward = cpu_kernels().gelu_backward;
+  TORCH_CHECK(gelu_input == nullptr ||
+                  (gelu_backward != nullptr && gelu_input->is_contiguous() &&
+                   gelu_input->scalar_type() == at::kFloat && gelu_input->sizes() == dx.sizes()),
+              "linear_input_grad_own: the GELU input must be a float32 tensor of dx's shape ",
+              dx.sizes());
   const int64_t m = dy.size(0), n = dy.size(1), k = weight.size(1);
   TORCH_CHECK(linear_gemm_takes(k) && weight.size(0) == n && dx.size(0) == m && dx.size(1) == k,
               "linear_input_grad_own: shapes dy ", dy.sizes(), ", weight ", weight.sizes(), ", dx ",
@@ -116,10 +143,20 @@ void linear_input_grad_own(const at::Tensor& dy, const at::Tensor& weight, at::T
   const float* dyp = dy.data_ptr<float>();
   const float* wp = weight.data_ptr<float>();
   float* dxp = dx.data_ptr<float>();
+  const float* hp = gelu_input != nullptr ? gelu_input->data_ptr<float>() : nullptr;
   const int64_t units = (m + kRowUnit - 1) / kRowUnit;
   parallel_for(0, units, grain_units(2 * k * n), [&](int64_t begin, int64_t end) {
     const int64_t r0 = begin * kRowUnit, r1 = std::min(m, end * kRowUnit);
-    kern.rows_a(r1 - r0, k, n, dyp + r0 * n, n, wp, k, nullptr, 0, dxp + r0 * k, k);
+    if (hp == nullptr) {
+      kern.rows_a(r1 - r0, k, n, dyp + r0 * n, n, wp, k, nullptr, 0, dxp + r0 * k, k);
+      return;
+    }
+    // kRowUnit rows at a time, times GELU's derivative at h while they are in L1 (in place)
+    for (int64_t s = r0; s < r1; s += kRowUnit) {
+      const int64_t rows = std::min(kRowUnit, r1 - s);
+      kern.rows_a(rows, k, n, dyp + s * n, n, wp, k, nullptr, 0, dxp + s * k, k);
+      gelu_backward(dxp + s * k, hp + s * k, dxp + s * k, rows * k, false);
+    }
   });
 }
 
