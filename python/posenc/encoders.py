@@ -12,7 +12,8 @@ biasing the logits); a plan holds the parts of every encoder of the config (a "c
 stacks several), so a model never asks which encoder it holds. The C++ module is built by
 torch.classes.posenc.Encoder (src/bindings/encoders.cpp); its parameters and buffers are the tensors
 of this module (stepped in place by any torch.optim optimizer, moved by .to(), saved by
-state_dict under the C++ names with "." written "_"). Positions are float coordinates with named
+state_dict under the C++ names with "." written "_"; copied, pickled and saved with torch.save as
+a module is, rebuilt from its config). Positions are float coordinates with named
 axes (posenc.Positions): a token index "t", a patch's "h" and "w", a timestamp, a frame.
 """
 
@@ -22,6 +23,7 @@ import functools
 import json
 import math
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -129,12 +131,28 @@ def _key_padding(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.bool)
 
 
+_PLAN_NOT_COPIED = (
+    "posenc Plan: a plan cannot be copied or pickled: it is one forward's tables, tied to its "
+    "encoder's tensors through autograd; copy or pickle the Encoder (or the model holding it) and "
+    "call it on the positions again"
+)
+
+
 class Plan:
     """One forward's parts of an encoder: add (embeddings), rotate (q, k), bias (logits)."""
 
     def __init__(self, cpp, layout: str):
         self._plan = cpp
         self._layout = layout
+
+    def __copy__(self) -> Plan:  # the same C++ plan: a plan is only read
+        return Plan(self._plan, self._layout)
+
+    def __deepcopy__(self, memo) -> Plan:
+        raise ValueError(_PLAN_NOT_COPIED)
+
+    def __reduce_ex__(self, protocol):  # pickle, torch.save, multiprocessing
+        raise ValueError(_PLAN_NOT_COPIED)
 
     def add(self, x: torch.Tensor, prefix: int = 0) -> torch.Tensor:
         """x [B, N, D] plus the additive embedding; the first `prefix` tokens (a class token) as
@@ -304,10 +322,50 @@ def _read_config_file(path: str) -> str:
         ) from None
 
 
+def _take(enc, cpp_name: str, own: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """The C++ module's tensor `own` holding `value` (its storage, dtype and device; its
+    requires_grad and .grad): the tensor a Python module keeps in its _parameters / _buffers."""
+    with torch.no_grad():
+        enc.set_data(cpp_name, value)
+    own.requires_grad_(value.requires_grad)
+    if value.grad is not None:
+        own.grad = value.grad
+    return own
+
+
+def _self_contained(config_text: str) -> str:
+    """The config (JSON text) with each hf part's config file read into it: a copy of the encoder
+    is built from what the original read, not from a file that may have changed or moved since."""
+    config = json.loads(config_text)
+    stack = [config]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            path = value.get("config")
+            if value.get("type") == "hf" and isinstance(path, str):
+                try:
+                    value["config"] = json.loads(_read_config_file(path))
+                except (OSError, RuntimeError, ValueError):  # YAML, or gone: the path, absolute
+                    value["config"] = os.path.abspath(path)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return json.dumps(config)
+
+
 class Encoder(torch.nn.Module):
     """A posenc encoder (posenc.build_encoder); forward(positions, keys=None) -> Plan.
 
     config: a dict, or its text (JSON or YAML), read by the C++ library under its config limits.
+
+    copy.deepcopy, pickle and torch.save / torch.load(weights_only=False) of it or of a model
+    holding it (AveragedModel, EMA, DataLoader workers, spawn) rebuild the C++ module from the
+    config (an hf part's config file as it was read at build) with the original's tensors: the
+    same values, dtype, device and requires_grad, in storage of its own. The C++ module computes
+    with its own tensors only: one put in their place (setattr, torch.func.functional_call) is
+    refused at forward, load_state_dict(assign=True) gives its values to them, and .to("meta") is
+    refused (they move in place, between devices with storage). A Plan is not copied: call the
+    copied encoder on the positions again.
     """
 
     def __init__(
@@ -327,6 +385,8 @@ class Encoder(torch.nn.Module):
         text = config if isinstance(config, str) else _config_text(config)
         self._enc = torch.classes.posenc.Encoder(text, int(dim), int(num_heads), int(head_dim))
         self.config = dict(config) if isinstance(config, dict) else json.loads(self._enc.config())
+        # what a copy is rebuilt from (__setstate__): the config as read, files it names read now
+        self._build = (_self_contained(self._enc.config()), int(dim), int(num_heads), int(head_dim))
         self.type = self._enc.type()
         self._names = {}  # python name -> C++ name
         for name, t in zip(self._enc.parameter_names(), self._enc.parameters()):
@@ -335,6 +395,22 @@ class Encoder(torch.nn.Module):
         for name, t in zip(self._enc.buffer_names(), self._enc.buffers()):
             self._names[name.replace(".", "_")] = name
             self._buffers[name.replace(".", "_")] = t
+        self._own = self._tensors()  # what the C++ module computes with, by python name
+
+    def _tensors(self) -> dict:
+        return {**self._parameters, **self._buffers}
+
+    def _check_own(self):
+        """A tensor put in the module's place (setattr, torch.func.functional_call) is one the C++
+        module never reads: refused, not computed silently with the module's own."""
+        tensors = self._tensors()
+        for name, own in self._own.items():
+            if tensors.get(name) is not own:
+                raise ValueError(
+                    f"posenc Encoder: '{name}' was replaced by a tensor the C++ module does not "
+                    f"hold (setattr, torch.func.functional_call); it computes with its own tensors "
+                    f"only: change them in place (copy_, load_state_dict, an optimizer)"
+                )
 
     def forward(
         self,
@@ -342,6 +418,7 @@ class Encoder(torch.nn.Module):
         keys: Positions | None = None,
         device: torch.device | str | None = None,
     ) -> Plan:
+        self._check_own()
         if not isinstance(positions, Positions):
             raise ValueError(
                 f"posenc Encoder: positions must be posenc.Positions, got "
@@ -367,16 +444,78 @@ class Encoder(torch.nn.Module):
         return super().train(mode)
 
     def _apply(self, fn, recurse=True):
-        # the C++ module keeps its tensors: move them in place (set_data), as LibTorch's to() does
+        # the C++ module keeps its tensors: move them in place (set_data), as LibTorch's to() does;
+        # every move is checked before the first is made (a refused one leaves the module as it was)
         with torch.no_grad():
+            moves = []
             for store in (self._parameters, self._buffers):
                 for name, t in store.items():
                     new = fn(t)
-                    if new is not t:
-                        self._enc.set_data(self._names[name], new)
-                    if isinstance(t, torch.Tensor) and t.grad is not None:
-                        t.grad = fn(t.grad)
+                    if new is not t and not torch._has_compatible_shallow_copy_type(t, new):
+                        raise ValueError(
+                            f"posenc Encoder: cannot move '{name}' ({t.device}, {t.dtype}) to "
+                            f"{new.device} ({new.dtype}): the C++ module's tensors are moved in "
+                            f"place (set_data), which takes devices with storage (cpu, cuda), "
+                            f"not {new.device.type}"
+                        )
+                    moves.append((name, t, new))
+            for name, t, new in moves:
+                if new is not t:
+                    self._enc.set_data(self._names[name], new)
+                if isinstance(t, torch.Tensor) and t.grad is not None:
+                    t.grad = fn(t.grad)
         return self
+
+    # copy.deepcopy, pickle, torch.save (and AveragedModel, DataLoader workers, spawn): the C++
+    # module is no Python object; a copy is built again from the config and takes the tensors of
+    # the state (deep-copied or unpickled: values, dtype, device, requires_grad, .grad) as its C++
+    # module's own (set_data), so its optimizers, .to() and state_dict work as the original's.
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        del state["_enc"], state["_own"]
+        return state
+
+    def __setstate__(self, state):
+        text, dim, num_heads, head_dim = state["_build"]
+        with warnings.catch_warnings():  # an hf config's warnings were given to the original
+            warnings.simplefilter("ignore")
+            enc = torch.classes.posenc.Encoder(text, dim, num_heads, head_dim)
+        own = dict(zip(enc.parameter_names(), enc.parameters()))
+        own.update(zip(enc.buffer_names(), enc.buffers()))
+        names = state["_names"]
+        stores = {store: dict(state[store]) for store in ("_parameters", "_buffers")}
+        for store in stores.values():
+            for name, value in store.items():
+                t = own.get(names.get(name, ""))
+                if t is None or not isinstance(value, torch.Tensor) or t.shape != value.shape:
+                    raise ValueError(
+                        f"posenc Encoder: cannot rebuild the copy: its {enc.type()} config builds "
+                        f"'{name}' as {None if t is None else tuple(t.shape)}, the state holds "
+                        f"{tuple(value.shape) if isinstance(value, torch.Tensor) else value}"
+                    )
+                store[name] = _take(enc, names[name], t, value)
+        enc.train(bool(state.get("training", True)))
+        super().__setstate__({**state, **stores})
+        self._enc = enc
+        self._own = self._tensors()
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+        # load_state_dict(assign=True) puts the state's tensors in the module's place: the C++
+        # module's own tensors take them (set_data: dtype, device, requires_grad as the state's)
+        for store in (self._parameters, self._buffers):
+            for name, t in store.items():
+                own = self._own[name]
+                if t is not own:
+                    if not torch._has_compatible_shallow_copy_type(own, t) or t.shape != own.shape:
+                        store[name] = own
+                        raise ValueError(
+                            f"posenc Encoder: cannot assign '{name}' ({t.device}, "
+                            f"{tuple(t.shape)}): the C++ module's tensor ({own.device}, "
+                            f"{tuple(own.shape)}) takes values of its shape on a device with "
+                            f"storage"
+                        )
+                    store[name] = _take(self._enc, self._names[name], own, t)
 
     def extra_repr(self) -> str:
         return f"type={self.type!r}, config={json.dumps(self.config)}"
