@@ -493,6 +493,11 @@ class Encoder(torch.nn.Module):
                         f"'{name}' as {None if t is None else tuple(t.shape)}, the state holds "
                         f"{tuple(value.shape) if isinstance(value, torch.Tensor) else value}"
                     )
+                if not torch._has_compatible_shallow_copy_type(t, value):  # torch.load to "meta"
+                    raise ValueError(
+                        f"posenc Encoder: cannot rebuild the copy: '{name}' is on {value.device}, "
+                        f"the C++ module's tensors take values on devices with storage (cpu, cuda)"
+                    )
                 store[name] = _take(enc, names[name], t, value)
         enc.train(bool(state.get("training", True)))
         super().__setstate__({**state, **stores})

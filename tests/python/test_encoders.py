@@ -479,6 +479,16 @@ def test_moving_an_encoder_to_meta_is_one_value_error_line_and_changes_nothing()
     _assert_same_bits(enc(posenc.Positions.sequence(3)).add(x), state["weight"][:3][None])
 
 
+def test_an_encoder_loaded_to_meta_is_one_value_error_line():
+    enc = posenc.build_encoder({"type": "learned", "max_positions": 8}, dim=4)
+    buffer = io.BytesIO()
+    torch.save(enc, buffer)
+    buffer.seek(0)
+    with pytest.raises(ValueError, match="'weight' is on meta") as e:
+        torch.load(buffer, weights_only=False, map_location="meta")
+    assert len(str(e.value).splitlines()) == 1
+
+
 def test_load_state_dict_with_assign_reaches_the_cpp_module():
     enc = posenc.build_encoder({"type": "learned", "max_positions": 8}, dim=4)
     table = torch.randn(8, 4, dtype=torch.float64)
