@@ -275,3 +275,55 @@ def test_unpatch_restores_transformers():
     unpatch(model)
     assert modeling_llama.apply_rotary_pos_emb is original
     assert not any(isinstance(m, posenc.RotaryEmbedding) for m in model.modules())
+
+
+@pytest.mark.parametrize("section", [[3, 3, 2], [4, 1, 3], [2, 3, 3]], ids=str)
+def test_interleaved_mrope_sections_are_transformers_or_refused(section):
+    # Qwen3.5's text rotary (Qwen3_5TextRotaryEmbedding.recomposition_frequencies) lays its M-RoPE
+    # sections out by clamped slices: h at pairs 1, 4, ... below 3 s_h, w at 2, 5, ... below
+    # 3 s_w, t the rest. posenc's interleave deals the sections round-robin, the same pairs for
+    # [3, 3, 2] (and Qwen's [11, 11, 10], [24, 20, 20]) but not for [4, 1, 3] (w at 2, 5 there,
+    # 2, 4, 6 in the deal) or [2, 3, 3]: such a model gave other logits (1.2e-2 apart) for
+    # positions whose axes differ (found by the peers review); refused now, in one line
+    config = transformers.Qwen3_5TextConfig(
+        hidden_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        num_hidden_layers=1,
+        intermediate_size=32,
+        vocab_size=101,
+        layer_types=["full_attention"],
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": section,
+            "partial_rotary_factor": 0.25,  # 16 rotary dimensions: 8 pairs
+        },
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():  # attention far from uniform: the positions reach the logits
+        for n, p in model.named_parameters():
+            if "q_proj" in n or "k_proj" in n:
+                p.mul_(8)
+    ids = torch.randint(1, 101, (1, 9))
+    t = torch.arange(9)
+    positions = torch.stack([t, 40 + 3 * t, 90 - 5 * t])[:, None]  # [3, B, N], the axes apart
+    with torch.no_grad():
+        want = model(input_ids=ids, position_ids=positions).logits
+    if section != [3, 3, 2]:
+        with pytest.raises(ValueError, match=r"^posenc.patch: .*M-RoPE .*not patched$"):
+            patch(copy.deepcopy(model))
+        return
+    patched = patch(copy.deepcopy(model))
+    try:
+        with torch.no_grad():
+            got = patched(input_ids=ids, position_ids=positions).logits
+    finally:
+        unpatch(patched)
+    assert torch.equal(got, want), (got - want).abs().max()

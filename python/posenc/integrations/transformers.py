@@ -29,6 +29,7 @@ thing posenc must not give.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import weakref
@@ -363,6 +364,37 @@ def _scaling_differs(theirs: torch.nn.Module, ours: RotaryEmbedding, exact: bool
     return None
 
 
+def _sections_differ(theirs: torch.nn.Module, ours: RotaryEmbedding, exact: bool) -> str | None:
+    """Why posenc's M-RoPE tables are not the replaced module's own for positions whose axes
+    differ, or None (no sections). The frequencies alone do not show which axis a pair reads:
+    Qwen3.5's clamped slices and posenc's round-robin interleave agree for [11, 11, 10] but not
+    for [4, 1, 3]. Both modules are run on one probe ([A, 1, 4], each axis its own positions;
+    transformers' on a copy, so that no dynamic update can touch the model's): equal to the bit
+    with float32 angles, within 1e-6 with float64 ones."""
+    names = [n for n, t in ours._tables.items() if t.mrope_section]
+    if not names or ours.table_order != "transformers":
+        return None
+    for name in names:
+        axes = len(ours._tables[name].mrope_section)
+        probe = (torch.arange(4) + 1 + 5 * torch.arange(axes)[:, None])[:, None]  # [A, 1, 4]
+        probe = probe.to(_buffer_device(theirs))
+        x = torch.zeros(1, device=probe.device)
+        args = (x, probe) if len(ours._tables) == 1 else (x, probe, name)
+        with torch.no_grad():
+            want, got = copy.deepcopy(theirs)(*args), ours(*args)
+        if not all(
+            w.shape == g.shape
+            and (torch.equal(g, w) if exact else torch.allclose(g, w, rtol=1e-6, atol=1e-7))
+            for w, g in zip(want, got)
+        ):
+            table = ours._tables[name]
+            return (
+                f"its M-RoPE tables (mrope_section {table.mrope_section}) give some pairs "
+                f"another position axis than posenc's {table.section_layout} sections do"
+            )
+    return None
+
+
 def _grown(theirs: torch.nn.Module) -> str | None:
     """Why the module's tables are not the ones it was built with: dynamic NTK grew them (the
     model ran past max_position_embeddings; transformers keeps the grown frequencies, in float32,
@@ -451,7 +483,9 @@ def patch(model: torch.nn.Module, angle_dtype: str = "float32") -> torch.nn.Modu
     its original_inv_freq where kept: e.g. a rope_parameters block set on a built config without
     the partial factor its constructor filled in), or whose dynamic-NTK tables have already grown
     past max_position_embeddings (patch before such use); a config that resolves to another pair
-    layout than the family's code rotates.
+    layout than the family's code rotates; M-RoPE sections whose tables give a pair another
+    position axis than the module's own (Qwen3.5's clamped slices with mrope_section [4, 1, 3]:
+    both modules are run on positions whose axes differ).
 
     The replacements keep transformers' contracts: tables in transformers' order (cat(t, t);
     GLM's rotation re-interleaves them as its own does); the frequencies in the buffer inv_freq
@@ -525,6 +559,10 @@ def _patch_with(
         # its frequencies in float32 on every call, whatever its buffer holds
         if angle_dtype == "float32" and not rotation.fresh:
             _carry_dtypes(sub, ours)
+        # which axis each pair reads (the same buffers now: the same tables)
+        why = _sections_differ(sub, ours, exact=angle_dtype == "float32")
+        if why is not None:
+            raise ValueError(f"posenc.patch: {name or 'the model'}: {why}; not patched")
         ours.posenc_replaced = (type(sub), sub.config)
         ours.config = sub.config  # transformers' modules keep theirs (Granite SWA reads its theta)
         layouts = {t.layout for t in ours._tables.values()}
