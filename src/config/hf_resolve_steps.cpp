@@ -685,6 +685,27 @@ void Resolver::record_sections(HfResolution& out, const Step& s) {
   } else if (interleaved_given && block["mrope_interleaved"].get<bool>()) {
     set("section_layout", "interleaved", where(from_block("mrope_interleaved")));
   }
+  const bool interleaved = s.mrope_layout.empty()
+                               ? interleaved_given && block["mrope_interleaved"].get<bool>()
+                               : std::string(s.mrope_layout) == "interleaved";
+  if (interleaved && s.sections.size() == 3) {
+    // transformers' interleave (Qwen3-VL's apply_interleaved_mrope, Qwen3.5's
+    // recomposition_frequencies) takes clamped slices: h at pairs 1, 4, ... below 3 s_h, w at
+    // 2, 5, ... below 3 s_w, t the rest. posenc deals the sections round-robin: the same pairs
+    // for [24, 20, 20] or [11, 11, 10], other ones for [4, 1, 3] (a silent difference).
+    const auto& sec = s.sections;
+    const int64_t total = sec[0] + sec[1] + sec[2];
+    std::vector<int64_t> sliced(static_cast<size_t>(std::max<int64_t>(total, 0)), 0);
+    for (int64_t a = 1; a <= 2; ++a)
+      for (int64_t j = a; j < std::min(3 * sec[a], total); j += 3) sliced[j] = a;
+    const auto dealt = rope_section_axes(sec, RopeSectionLayout::kInterleaved);
+    TORCH_CHECK(
+        std::equal(sliced.begin(), sliced.end(), dealt.data_ptr<int64_t>()), origin_,
+        ": interleaved mrope_section ", c10::IntArrayRef(sec),
+        " gives some pairs another position axis in transformers' clamped slices (h at 1, 4, ... "
+        "below 3 s_h, w at 2, 5, ... below 3 s_w) than in posenc's round-robin interleave; "
+        "refused");
+  }
 }
 
 // Step: a warning for each block key transformers does not read (kBlockKeys; PhiMoE's

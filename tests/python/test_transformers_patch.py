@@ -284,7 +284,9 @@ def test_interleaved_mrope_sections_are_transformers_or_refused(section):
     # 3 s_w, t the rest. posenc's interleave deals the sections round-robin, the same pairs for
     # [3, 3, 2] (and Qwen's [11, 11, 10], [24, 20, 20]) but not for [4, 1, 3] (w at 2, 5 there,
     # 2, 4, 6 in the deal) or [2, 3, 3]: such a model gave other logits (1.2e-2 apart) for
-    # positions whose axes differ (found by the peers review); refused now, in one line
+    # positions whose axes differ (found by the peers review); refused now, in one line (by the
+    # resolver, src/config/hf_resolve_steps.cpp record_sections; patch() also compares the two
+    # modules' tables on such positions)
     config = transformers.Qwen3_5TextConfig(
         hidden_size=64,
         num_attention_heads=2,
@@ -317,8 +319,11 @@ def test_interleaved_mrope_sections_are_transformers_or_refused(section):
     with torch.no_grad():
         want = model(input_ids=ids, position_ids=positions).logits
     if section != [3, 3, 2]:
-        with pytest.raises(ValueError, match=r"^posenc.patch: .*M-RoPE .*not patched$"):
+        with pytest.raises(ValueError, match=r"^posenc.patch: .*mrope_section .*not patched$"):
             patch(copy.deepcopy(model))
+        # the resolver itself refuses them (posenc.RotaryEmbedding from the config, the CLI's)
+        with pytest.raises(RuntimeError, match="clamped slices"):
+            posenc.RotaryEmbedding.from_hf_config(config)
         return
     patched = patch(copy.deepcopy(model))
     try:
