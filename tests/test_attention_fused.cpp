@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
 
 #include "posenc/kernels/attention_fused.h"
 #include "posenc/posenc.h"
@@ -296,6 +297,73 @@ TEST(AttentionFusedEdges, ReferenceRowWithoutKeysIsZeroAndNanInputsStayNan) {
   q_nan[0][2][1][3] = std::numeric_limits<float>::quiet_NaN();
   auto y_nan = attention_reference(q_nan, k.detach(), v.detach(), {}, AttentionMasks{}, 0.5);
   EXPECT_TRUE(torch::isnan(y_nan[0][2][1]).all().item<bool>()) << y_nan[0][2][1];
+}
+
+// got and want agree in where they are NaN, and within tolerance (relative to want's largest
+// finite entry) elsewhere.
+void expect_same_nans(const at::Tensor& got, const at::Tensor& want, double tolerance,
+                      const std::string& what) {
+  auto got_nan = torch::isnan(got), want_nan = torch::isnan(want);
+  EXPECT_TRUE(torch::equal(got_nan, want_nan))
+      << what << ": NaN at " << got_nan.sum().item<int64_t>() << " entries, the reference at "
+      << want_nan.sum().item<int64_t>();
+  auto finite = ~(got_nan | want_nan);
+  if (!finite.any().item<bool>()) return;
+  auto g = got.masked_select(finite), w = want.masked_select(finite);
+  EXPECT_LT(max_abs_diff(g, w), tolerance * std::max(1.0, w.abs().max().item<double>())) << what;
+}
+
+// A NaN anywhere in a row's scores (q, k, the bias table; inf - inf after a +inf score) gives
+// that row NaN, a NaN in v NaN in its columns, as attention_reference and its autograd; a row
+// whose keys are all masked stays 0. Key counts 1, 17, 100, 129 (panel and block tails), query
+// rows that take MKL's products (8-wide values) and the CPU level's own micro-kernels (16-wide,
+// Nq >= 32), causal or not: run at every level by unit_cpu_* and unit_attention_gemm_*.
+TEST(AttentionFusedEdges, NonFiniteScoresGiveTheReferencesNans) {
+  constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  enum class Where { kQ, kK, kV, kTableNan, kTableInf };
+  const int64_t b = 2, h = 3, d = 16, buckets = 8;
+  for (int64_t nk : {1, 17, 100, 129}) {
+    for (int64_t nq : {nk, int64_t{40}}) {
+      for (int64_t dv : {8, 16}) {
+        for (bool causal : {false, true}) {
+          for (auto where : {Where::kQ, Where::kK, Where::kV, Where::kTableNan, Where::kTableInf}) {
+            if (where == Where::kV && causal) continue;  // a masked key's v: skipped vs 0 * NaN
+            torch::manual_seed(nq * 1000 + nk);
+            auto q = torch::randn({b, nq, h, d}), k = torch::randn({b, nk, h, d});
+            auto v = torch::randn({b, nk, h, dv}), table = torch::randn({buckets, h});
+            const int64_t i = causal ? nq - 1 : nq / 2, j = nk / 2;  // row i sees key j
+            if (where == Where::kQ) q[1][i][1][3] = kNan;
+            if (where == Where::kK) k[1][j][1][3] = kNan;
+            if (where == Where::kV) v[1][j][1][3] = kNan;
+            if (where == Where::kTableNan) table.select(1, 1).fill_(kNan);
+            if (where == Where::kTableInf) table.select(1, 1).fill_(kInf);
+            for (auto* t : {&q, &k, &v, &table}) t->requires_grad_(true);
+            auto spec = spec_for(Form::kT5Bidirectional, h, table);
+            auto pk = torch::arange(nk, torch::kFloat64);
+            auto pq = torch::arange(nq, torch::kFloat64) + static_cast<double>(nk - nq);
+            AttentionMasks masks;
+            masks.causal = causal;
+            const std::string what = "nq=" + std::to_string(nq) + " nk=" + std::to_string(nk) +
+                                     " dv=" + std::to_string(dv) +
+                                     " causal=" + std::to_string(causal) + " case " +
+                                     std::to_string(static_cast<int>(where));
+            auto fused = attention_fused(q, k, v, spec, pq, pk, masks, 0.25);
+            auto reference =
+                attention_reference(q, k, v, bias_from_spec(spec, pq, pk, h), masks, 0.25);
+            EXPECT_TRUE(torch::isnan(reference).any().item<bool>()) << what;
+            expect_same_nans(fused, reference, kForwardTolerance, what);
+            auto probe = torch::randn_like(reference);
+            auto gf = torch::autograd::grad({(fused * probe).sum()}, {q, k, v, table});
+            auto gr = torch::autograd::grad({(reference * probe).sum()}, {q, k, v, table});
+            for (size_t g = 0; g < gf.size(); ++g)
+              expect_same_nans(gf[g], gr[g], kGradientTolerance,
+                               what + " gradient " + std::to_string(g));
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(AttentionFusedLayer, LayerUsesFusedPathAndMatchesMaterialized) {

@@ -133,7 +133,10 @@ def reference(
         logits = logits.masked_fill(j > i + nk - nq, float("-inf"))
     if key_padding is not None:
         logits = logits.masked_fill(~key_padding[:, None, None, :], float("-inf"))
-    weights = torch.softmax(logits, -1).nan_to_num(0.0)
+    # a row that sees no key (every logit -inf) gives 0; a NaN from the inputs stays NaN (as the
+    # C++ attention_reference; SDPA's math path gives the same)
+    none = (logits == float("-inf")).all(-1, keepdim=True)
+    weights = torch.softmax(logits.masked_fill(none, 0.0), -1).masked_fill(none, 0.0)
     return torch.einsum("bhqk,bkhd->bqhd", weights, v)
 
 
@@ -397,3 +400,76 @@ def test_bfloat16_gradients_read_the_unrounded_output():
         err(kg.grad, k64.grad),
         err(dk_r, k64.grad),
     )
+
+
+# Non-finite inputs: a NaN anywhere in a query row's scores (from q, k or the bias table, or
+# inf - inf from a +inf score) gives that row NaN, a NaN in v NaN in the columns it reaches, as the
+# float64 reference (softmax in float64; its autograd gives the gradients' NaN positions); a row
+# whose keys are all -inf (masked, or a -inf table) gives 0. Sizes take the MKL/ATen products
+# (Nq < 32) and the register-blocked tiles (Nq >= 32), tails of the 16-key panels and the 256-key
+# blocks. The CPU level is the process's: run under POSENC_CPU_CAPABILITY=scalar|avx2|avx512 and
+# POSENC_ATTENTION_GEMM=mkl|aten for the others (the gtest AttentionFusedEdges.NonFinite* runs in
+# CTest's unit_cpu_* and unit_attention_gemm_* at every level).
+NONFINITE_SHAPES = [(1, 1), (17, 17), (40, 1), (40, 17), (100, 100), (129, 129), (33, 300)]
+NONFINITE_CASES = [
+    ("q", float("nan")),
+    ("k", float("nan")),
+    ("v", float("nan")),
+    ("table", float("nan")),
+    ("table", float("inf")),
+    ("table", float("-inf")),
+    ("table_head", float("-inf")),  # every bucket of head 1: its rows see no key
+    ("q", float("inf")),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("where", "value"), NONFINITE_CASES)
+@pytest.mark.parametrize(("nq", "nk"), NONFINITE_SHAPES)
+def test_nonfinite_inputs_give_the_references_nans(nq, nk, where, value, causal):
+    g = torch.Generator().manual_seed(nq * 1000 + nk)
+    b, h, d, buckets = 2, 3, 16, 8
+    q, k, v = (torch.randn(b, n, h, d, generator=g) for n in (nq, nk, nk))
+    table = torch.randn(buckets, h, generator=g)
+    # the query row and the key that get the value (the last row sees every key when causal)
+    i, j = (nq - 1 if causal else nq // 2), nk // 2
+    pq = torch.arange(nq, dtype=torch.float64) + (nk - nq)
+    pk = torch.arange(nk, dtype=torch.float64)
+    bucket = t5_bucket(pk[j : j + 1].long() - pq[i : i + 1].long(), True, buckets, 20).item()
+    if where == "q":
+        q[1, i, 1, 3] = value
+    elif where == "k":
+        k[1, j, 1, 3] = value
+    elif where == "v":
+        v[1, j, 1, 3] = value
+    elif where == "table":
+        table[bucket, 1] = value
+    else:
+        table[:, 1] = value
+    if where == "v" and causal:
+        pytest.skip("a masked key's v is skipped by the kernel, multiplied by 0 by the reference")
+    q, k, v, table = (t.requires_grad_() for t in (q, k, v, table))
+    kw = dict(form="bucket_table", num_buckets=buckets, max_distance=20, causal=causal)
+    out = OP(*call(q, k, v, pq, pk, table=table, scale=0.25, **kw))
+    dy = torch.randn(out.shape, generator=g)
+    grads = torch.autograd.grad(out, (q, k, v, table), dy)
+    inputs64 = [t.detach().double().requires_grad_() for t in (q, k, v, table)]
+    q64, k64, v64, table64 = inputs64
+    want = reference(q64, k64, v64, pq, pk, table=table64, scale=0.25, **kw)
+    wgrads = torch.autograd.grad(want, inputs64, dy.double())
+    if math.isnan(value):
+        assert want.isnan().any()  # the case reaches the output
+    torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5, equal_nan=True)
+    for name, got, exp in zip("q k v table".split(), grads, wgrads):
+        if where == "q" and math.isinf(value) and name in ("k", "table"):
+            # inf q gives +-inf scores; the kernel takes a -inf score as a masked key (dS 0 there,
+            # as the reference's masks), the reference's autograd gives dS NaN for it
+            continue
+        torch.testing.assert_close(
+            got.double(),
+            exp,
+            rtol=1e-4,
+            atol=1e-4,
+            equal_nan=True,
+            msg=lambda m, name=name: f"d{name}: {m}",
+        )

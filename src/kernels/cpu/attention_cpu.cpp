@@ -80,6 +80,21 @@ constexpr int64_t kBlockQ = 128;
 constexpr int64_t kBlockK = 256;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// Non-finite scores, as attention_reference: a NaN anywhere in a row's scores (from q, k, the bias,
+// or inf - inf after a +inf score) makes the row's output and log-sum-exp NaN; a row whose keys
+// are all -inf (masked) gives 0. The online softmax gets there without a compare per element: a
+// NaN score that the row max passes over (max_ps and std::max keep the other operand) reaches
+// exp(s - m) and the sum l (NaN from then on: the output acc / l and lse = m + log l), and a NaN
+// max is kept by the next std::max(m, .) (m first). Only a row whose max so far is -inf, taken as
+// "no key yet", is scanned for a NaN (row_starts_nan), which then becomes its max; the end tells
+// "no key" (l == 0) from NaN (l NaN) by l == 0, not l > 0.
+constexpr float kNan = std::numeric_limits<float>::quiet_NaN();
+
+// Whether a block's scores hold a NaN where their max is -inf (every other score masked).
+bool row_starts_nan(const float* row, int64_t cols) {
+  return std::any_of(row, row + cols, [](float x) { return std::isnan(x); });
+}
+
 // set_attention_cpu_poison_for_tests: scratch memory filled with a quiet NaN instead of zeros.
 std::atomic<bool> poison_scratch{false};
 
@@ -496,11 +511,14 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
           for (int64_t r = 0; r < strip_rows; ++r) {
             float* row = tile + r * lds;
             const int64_t i = r0 + r;
-            const float m_new = std::max(m[i], kernels.row_max(row, cols));
-            if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
-              std::fill(row, row + cols, 0.0f);
-              alpha[i] = 1.0f;
-              continue;
+            float m_new = std::max(m[i], kernels.row_max(row, cols));
+            if (m_new == kNegInf) {
+              if (!row_starts_nan(row, cols)) {  // nothing visible yet: contributes nothing
+                std::fill(row, row + cols, 0.0f);
+                alpha[i] = 1.0f;
+                continue;
+              }
+              m_new = kNan;  // the row is NaN from here on
             }
             alpha[i] = std::exp(m[i] - m_new);
             l[i] = l[i] * alpha[i] + kernels.exp_sub_sum(row, cols, m_new);
@@ -513,10 +531,11 @@ void attention_forward_own(const AttentionProblem& p, const AttentionTileKernels
       float* o = out_op.rows(b, h) + i0 * out_op.row_stride;
       float* lse_row = lse[b][h].data_ptr<float>() + i0;
       for (int64_t r = 0; r < rows; ++r) {
-        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        // l == 0: the row saw no key (0, lse -inf); l NaN: a NaN score (NaN, lse NaN)
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         float* o_row = o + r * out_op.row_stride;
         for (int64_t d = 0; d < p.dim_v; ++d) o_row[d] = acc[r * p.dim_v + d] * inv;
-        lse_row[r] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+        lse_row[r] = l[r] == 0.0f ? kNegInf : m[r] + std::log(l[r]);
       }
     }
   });
@@ -737,10 +756,13 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
         if (tile_bias) bias_and_mask(p, s, kBlockK, rows, cols, i0, j0, b, h);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = s + r * kBlockK;
-          const float m_new = std::max(m[r], kernels.row_max(row, cols));
-          if (m_new == kNegInf) {  // nothing visible yet: contributes nothing
-            for (int64_t c = 0; c < cols; ++c) row[c] = 0.0f;
-            continue;
+          float m_new = std::max(m[r], kernels.row_max(row, cols));
+          if (m_new == kNegInf) {
+            if (!row_starts_nan(row, cols)) {  // nothing visible yet: contributes nothing
+              for (int64_t c = 0; c < cols; ++c) row[c] = 0.0f;
+              continue;
+            }
+            m_new = kNan;  // the row is NaN from here on
           }
           const float alpha = std::exp(m[r] - m_new);
           const float sum = kernels.exp_sub_sum(row, cols, m_new);
@@ -768,10 +790,11 @@ void attention_forward_cpu(const AttentionProblem& p, at::Tensor& out, at::Tenso
       float* o = out_op.rows(b, h) + i0 * out_op.row_stride;
       float* lse_row = lse[b][h].data_ptr<float>() + i0;
       for (int64_t r = 0; r < rows; ++r) {
-        const float inv = l[r] > 0 ? 1.0f / l[r] : 0.0f;
+        // l == 0: the row saw no key (0, lse -inf); l NaN: a NaN score (NaN, lse NaN)
+        const float inv = l[r] == 0.0f ? 0.0f : 1.0f / l[r];
         float* o_row = o + r * out_op.row_stride;
         for (int64_t d = 0; d < p.dim_v; ++d) o_row[d] = acc[r * p.dim_v + d] * inv;
-        lse_row[r] = l[r] > 0 ? m[r] + std::log(l[r]) : kNegInf;
+        lse_row[r] = l[r] == 0.0f ? kNegInf : m[r] + std::log(l[r]);
       }
     }
   });
@@ -915,8 +938,10 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
           for (int64_t r = 0; r < rows; ++r) {  // P = exp(S - lse)
             float* row = s + r * kBlockK;
             const float lse_r = lse_bh[i0 + r];
-            if (lse_r == kNegInf)
+            if (lse_r == kNegInf)  // no key: P 0
               std::fill(row, row + cols, 0.0f);
+            else if (std::isnan(lse_r))  // a NaN score: P NaN, its sign bit marking masked keys
+              for (int64_t c = 0; c < cols; ++c) row[c] = row[c] == kNegInf ? -kNan : kNan;
             else
               kernels.exp_sub_sum(row, cols, lse_r);
           }
@@ -963,7 +988,11 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
             float* row = s + r * kBlockK;
             const float* dprow = dps + r * kBlockK;
             const float d = dot_bh[i0 + r];
-            for (int64_t c = 0; c < cols; ++c) row[c] *= dprow[c] - d;
+            if (std::isnan(lse_bh[i0 + r])) {  // as the reference's autograd: NaN, 0 where masked
+              for (int64_t c = 0; c < cols; ++c) row[c] = std::signbit(row[c]) ? 0.0f : kNan;
+            } else {
+              for (int64_t c = 0; c < cols; ++c) row[c] *= dprow[c] - d;
+            }
             if (table_acc) {
               const int64_t base = -p.iq[i0 + r] - p.rel_min;
               for (int64_t c = 0; c < cols; ++c) table_acc[p.bucket[p.ik[j0 + c] + base]] += row[c];
@@ -1006,7 +1035,7 @@ void attention_backward_cpu(const AttentionProblem& p, const at::Tensor& out, co
         // opposite (a constant added to every logit of a row changes no probability).
         double same_sum = 0.0;
         for (int64_t i = 0; i < p.nq; ++i)
-          if (all_p[i] > 0)
+          if (all_p[i] != 0)  // 0: the row saw no key; NaN: a NaN score (NaN, as the reference)
             same_sum += (same_pdp[i] - same_p[i] * (all_pdp[i] / all_p[i])) / all_p[i];
         variate_acc[0] = -same_sum;
         variate_acc[1] = same_sum;
