@@ -5,6 +5,8 @@
 //   per key tile:  m' = max(m, max_j s_ij),  p_ij = exp(s_ij - m'),  alpha = exp(m - m')
 //                  l' = l alpha + sum_j p_ij,  acc' = acc alpha + sum_j p_ij v_j
 //   at the end:    out_i = acc / l,  lse_i = m + log(l)   (l = 0: out 0, lse -inf)
+// A NaN score (q, k, the bias; inf - inf) makes its row NaN: fmaxf passes over a NaN, which then
+// reaches expf(s - m) and l, and a row whose max is -inf is checked for a NaN (warp_max of x != x).
 // and the backward recomputes p_ij = exp(s_ij - lse_i) tile by tile (see the header).
 //
 // Forward: one block per (b, h, tile of kBlockQ query rows); shared memory (fp32):
@@ -229,10 +231,15 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
     // online softmax, one row per rr (all lanes of the warp hold the row's m and l)
 #pragma unroll
     for (int rr = 0; rr < kRowsPerWarp; ++rr) {
-      const float m_new = fmaxf(m[rr], warp_max(p[rr]));
-      if (m_new == -INFINITY) {  // nothing visible yet: contributes nothing
-        p[rr] = 0.0f;
-        continue;
+      float m_new = fmaxf(m[rr], warp_max(p[rr]));
+      if (m_new == -INFINITY) {  // warp-uniform: every lane holds the row's max
+        // fmaxf passes over NaN: a row of NaN and -inf scores is NaN from here on (as
+        // attention_reference), only a row whose scores are all -inf sees nothing yet
+        if (warp_max(p[rr] != p[rr] ? 1.0f : 0.0f) == 0.0f) {  // nothing visible: contributes 0
+          p[rr] = 0.0f;
+          continue;
+        }
+        m_new = NAN;
       }
       const float alpha = expf(m[rr] - m_new);  // m = -inf: 0 (acc and l are 0 then)
       p[rr] = expf(p[rr] - m_new);
@@ -251,7 +258,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
   for (int rr = 0; rr < kRowsPerWarp; ++rr) {
     const int64_t i = i0 + warp * kRowsPerWarp + rr;
     if (i >= a.nq) break;
-    const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+    // l == 0: the row saw no key (0, lse -inf); l NaN: a NaN score (NaN, lse NaN)
+    const float inv = l[rr] == 0.0f ? 0.0f : 1.0f / l[rr];
     T* orow = out + ((b * a.nq + i) * a.heads + h) * a.dim_v;
 #pragma unroll
     for (int ch = 0; ch < kChunks; ++ch) {
@@ -259,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(AttentionLa
       if (d < dim_v) store(orow + d, acc[rr][ch] * inv);
     }
     if (lane == 0)
-      a.lse[(b * a.heads + h) * a.nq + i] = l[rr] > 0.0f ? m[rr] + logf(l[rr]) : -INFINITY;
+      a.lse[(b * a.heads + h) * a.nq + i] = l[rr] == 0.0f ? -INFINITY : m[rr] + logf(l[rr]);
   }
 }
 
@@ -435,8 +443,10 @@ __global__ void __launch_bounds__(kThreads)
       const float x = logit<kIds>(a, p[rr], h, slope, i, pq, j, pk,
                                   real && (!kIds || ksample_s[row] == qsample),
                                   same_variate ? same : differ, &bucket);
-      p[rr] = x == -INFINITY ? 0.0f : expf(x - lse_i);  // visible: lse_i is finite
-      ds[rr] = p[rr] * (ds[rr] - delta_i);
+      // masked: 0, NaN in a NaN row (lse NaN) as the reference's weights; visible: lse_i finite
+      p[rr] = x == -INFINITY ? (lse_i == lse_i ? 0.0f : lse_i) : expf(x - lse_i);
+      // masked: dS 0, also in a NaN row (delta NaN), as the reference's masked_fill
+      ds[rr] = x == -INFINITY ? 0.0f : p[rr] * (ds[rr] - delta_i);
       if (g.dtable != nullptr && bucket >= 0 && ds[rr] != 0.0f)
         atomicAdd(dtable_s + bucket, ds[rr]);
       if (kIds) {
@@ -594,7 +604,7 @@ __global__ void __launch_bounds__(kThreads)
                                   real && (!kIds || qsample_s[row] == ksample),
                                   kIds && qvariate_s[row] == kvariate ? same : differ, &bucket);
       const float pij = x == -INFINITY ? 0.0f : expf(x - lse_r[rr]);
-      ds[rr] = pij * (ds[rr] - delta_r[rr]);
+      ds[rr] = x == -INFINITY ? 0.0f : pij * (ds[rr] - delta_r[rr]);  // masked: 0 (NaN rows too)
     }
     // dQ_i += sum_c dS_ic k_c  (key c's dS sits in lane c)
     const int cols = static_cast<int>(a.nk - j0 < kBlockK ? a.nk - j0 : kBlockK);
