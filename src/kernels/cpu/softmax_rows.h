@@ -7,8 +7,11 @@
 // exp(x) = 2^n exp(g), n = round(x / ln 2), g = x - n ln 2 in two parts (C1 + C2 = ln 2),
 // exp(g) = 1 + g + g^2 P(g) with P of degree 5; relative error <= 2^-22 over the float range),
 // the same value per lane at any width. Arguments below ln(FLT_MIN) = -87.34 give 0 (the masked
-// -inf scores: exactly 0), NaN stays NaN; the sum is taken in the vector's lanes (8 or 16) and
-// then across them, the last n % lanes values through a masked load and store.
+// -inf scores: exactly 0), NaN stays NaN (so a NaN score makes exp_sub_sum's sum NaN); the sum
+// is taken in the vector's lanes (8 or 16) and then across them, the last n % lanes values through
+// a masked load and store. row_max may pass over a NaN (max_ps and std::max return the other
+// operand): a row of NaN and -inf gives -inf, which callers must tell from a row without keys
+// (attention_cpu.cpp scans such a row for a NaN).
 // VecSoftmaxRows is meant to be instantiated inside its vector type's target region only.
 #pragma once
 
