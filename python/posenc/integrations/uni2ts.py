@@ -45,6 +45,15 @@ to the bit: the same float32 products time_id * theta, cos, sin), then one of tw
 
 Both checked in tests/python/test_timeseries_models.py, outputs and gradients.
 
+A Moirai-MoE model (one holding uni2ts' MoEFeedForward, uni2ts/module/ffn.py: each token's
+experts are a hard torch.topk on its distances to centroids) takes, in every patched attention,
+the path of the other dtypes below (uni2ts' own cos/sin rows, posenc's rotation, uni2ts' bias,
+mask and SDPA on its layouts), never the fused kernel: the kernel's ~2e-7 from SDPA is within
+1e-6, yet it can pick another expert for a token near a tie (6.5e-2 apart in one of 128
+encoders, found by the hostile review). Checked at patch() on the model passed: patch the whole
+model (or the encoder holding the MoE layers), not its attentions alone. Equal to uni2ts to the
+bit (tests/python/test_timeseries_moirai_moe.py).
+
 posenc's tables are uni2ts' rows only for a float32 model outside autocast whose cached rows are
 what its theta gives. Otherwise (a model cast to float64 / bfloat16 / float16, before or after
 patch(): uni2ts keeps its rows as cast buffers, float32 values in float64, rounded in half
@@ -80,6 +89,7 @@ from ..rotary import apply_rotary_pos_emb, rope_cos_sin
 __all__ = ["patch", "unpatch"]
 
 _MARK = "_posenc_uni2ts_patched"
+_EXACT = "_posenc_uni2ts_exact"  # on a patched attention: always the path equal to uni2ts' bits
 
 
 def _modules():
@@ -89,6 +99,17 @@ def _modules():
     except ImportError as e:
         raise ValueError(f"posenc.integrations.uni2ts: uni2ts is not importable ({e})") from None
     return attention, position
+
+
+def _has_moe(model: torch.nn.Module) -> bool:
+    """Whether the model holds uni2ts' MoEFeedForward (Moirai-MoE: experts chosen by a hard top-k
+    on the distances to centroids, so a rounding apart in the attention can pick other experts)."""
+    try:
+        ffn = importlib.import_module("uni2ts.module.ffn")
+    except ImportError:
+        return False
+    moe = getattr(ffn, "MoEFeedForward", None)
+    return moe is not None and any(isinstance(m, moe) for m in model.modules())
 
 
 def _why_not(module, position) -> str:
@@ -240,7 +261,7 @@ def _attention(
     v = v.reshape(batch, length, heads, dim).transpose(1, 2)
     # posenc: tables for time_id (interleaved pairs, width W) and the rotation of dims 0..W-1
     rotary = self.time_qk_proj.query_proj
-    if _posenc_tables_are_uni2ts(self, query, rotary):
+    if not self.__dict__.get(_EXACT, False) and _posenc_tables_are_uni2ts(self, query, rotary):
         cos, sin = rope_cos_sin(time_id, rotary.theta, layout="interleaved")
         runs = _packed_runs(attn_mask, time_id, batch, length) if self.attn_dropout_p == 0 else None
     else:  # uni2ts' own rows (RotaryProjection.forward: grown to the ids, then indexed)
@@ -291,7 +312,10 @@ def _attention(
 
 def patch(model: torch.nn.Module) -> list[str]:
     """Replace the forward of the model's rotary attentions (uni2ts' GroupedQueryAttention with a
-    RotaryProjection on time) by posenc's; returns their names. Refuses (ValueError, nothing
+    RotaryProjection on time) by posenc's; returns their names. In a model that holds uni2ts'
+    MoEFeedForward (Moirai-MoE) every patched attention takes the path equal to uni2ts to the bit
+    (posenc's rotation, uni2ts' rows, bias, mask and SDPA), never the fused kernel: its experts
+    are a hard top-k, so the kernel's 1e-6 can pick another expert. Refuses (ValueError, nothing
     changed) a model without one or with one posenc does not reproduce."""
     if not isinstance(model, torch.nn.Module):
         raise ValueError(
@@ -312,7 +336,9 @@ def patch(model: torch.nn.Module) -> list[str]:
         why = _why_not(module, position)
         if why:
             raise ValueError(f"posenc.integrations.uni2ts.patch: {name}: {why}")
+    exact = _has_moe(model)
     for _, module in found:
+        module.__dict__[_EXACT] = exact
         rotary = module.time_qk_proj.query_proj
         if rotary.theta.dtype == torch.float32:
             _table_differs(rotary)  # checked once here, not at the first call (the verdict kept)
@@ -328,5 +354,6 @@ def unpatch(model: torch.nn.Module) -> list[str]:
     for name, module in model.named_modules():
         if module.__dict__.pop(_MARK, False):
             module.__dict__.pop("forward", None)
+            module.__dict__.pop(_EXACT, None)
             restored.append(name)
     return restored
