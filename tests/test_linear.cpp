@@ -17,6 +17,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "kernels/cpu/linear_gemm_cpu.h"
@@ -182,6 +184,35 @@ TEST(LinearFused, EmptyRows) {
     EXPECT_TRUE(torch::equal(w.grad(), torch::zeros({n, 16})));
     EXPECT_TRUE(torch::equal(b.grad(), torch::zeros({n})));
     EXPECT_TRUE(torch::equal(x.grad(), torch::zeros({0, 4, 16})));
+  }
+}
+
+// A layer without input or output features (W [N, 0] or [0, K]; at::linear gives the bias rows
+// or an empty output): the reference's values and gradients, where the node's [-1, 0] row views
+// failed with ATen's "cannot reshape tensor of 0 elements" (found by the hostile review).
+TEST(LinearFused, ZeroFeaturesTakeTheReference) {
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{32, 0}, {0, 32}, {0, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(std::vector<int64_t>{n, k}));
+    const std::vector<at::Tensor> in{torch::randn({4, 3, k}), torch::randn({n, k}),
+                                     torch::randn({n})};
+    EXPECT_FALSE(linear_fused_supported(in[0], in[1], in[2]));
+    const auto dy = torch::randn({4, 3, n});
+    const std::vector<bool> all(3, true);
+    const auto got = run(linear_of(linear_fused), in, dy, all);
+    const auto ref = run(linear_of(linear_reference), in, dy, all);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], ref[i])) << i;
+  }
+  // the MLP with no hidden, input or output features
+  for (const auto& [f, d, e] :
+       std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32, 0, 32}, {0, 32, 32}, {32, 32, 0}}) {
+    SCOPED_TRACE(::testing::PrintToString(std::vector<int64_t>{f, d, e}));
+    const std::vector<at::Tensor> in{torch::randn({2, 3, d}), torch::randn({f, d}),
+                                     torch::randn({f}), torch::randn({e, f}), torch::randn({e})};
+    const auto dy = torch::randn({2, 3, e});
+    const std::vector<bool> all(5, true);
+    const auto got = run(mlp_of(mlp_gelu_fused), in, dy, all);
+    const auto ref = run(mlp_of(mlp_gelu_reference), in, dy, all);
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(torch::equal(got[i], ref[i])) << i;
   }
 }
 

@@ -39,8 +39,8 @@
 
 namespace posenc {
 
-/// Whether linear_fused's own node takes these (float32 CPU, bias defined, W [N, K] contiguous,
-/// x [..., K], not under CPU autocast).
+/// Whether linear_fused's own node takes these (float32 CPU, bias defined, W [N, K] contiguous
+/// with N, K > 0, x [..., K], not under CPU autocast).
 bool linear_fused_supported(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias);
 
 /// The specification: at::linear(x, weight, bias).

@@ -179,10 +179,11 @@ bool float_cpu(const at::Tensor& t) {
 }  // namespace
 
 bool linear_fused_supported(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  // N, K > 0: the node's [M, K] and [M, N] row views (view(-1, 0)) do not exist for 0 features
   return float_cpu(x) && float_cpu(weight) && float_cpu(bias) && x.dim() >= 1 &&
-         weight.dim() == 2 && bias.dim() == 1 && weight.size(1) == x.size(-1) &&
-         bias.size(0) == weight.size(0) && weight.is_contiguous() && bias.is_contiguous() &&
-         !at::autocast::is_autocast_enabled(at::kCPU);
+         weight.dim() == 2 && weight.size(0) > 0 && weight.size(1) > 0 && bias.dim() == 1 &&
+         weight.size(1) == x.size(-1) && bias.size(0) == weight.size(0) && weight.is_contiguous() &&
+         bias.is_contiguous() && !at::autocast::is_autocast_enabled(at::kCPU);
 }
 
 at::Tensor linear_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
