@@ -9,6 +9,7 @@
 // every CPU level in turn (unit_cpu_scalar, unit_cpu_avx2, unit_cpu_avx512).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -291,6 +292,47 @@ TEST(AttentionShort, NonFiniteInputsGiveTheReferencesNans) {
           }
         }
       }
+    }
+  }
+}
+
+// Inputs changed in place after a forward that kept P (N 16, D 32) or the log-sum-exp (N 36):
+// autograd's version error, not gradients of the new values (a guard, from the hostile review);
+// q, k, v of other layouts (k expanded over the batch, v a permuted tensor) equal the reference
+// on both ways the kernel reads rows (in place at N 16, padded scratch at N 17).
+TEST(AttentionShort, InPlaceChangesAreVersionErrorsAndStridesTheReference) {
+  for (const int64_t n : {16, 36}) {
+    auto qkv = torch::randn({2, n, 3, 2, 32}, torch::requires_grad());
+    for (int changed = 0; changed < 4; ++changed) {
+      auto q = qkv.select(2, 0) * 1, k = qkv.select(2, 1) * 1, v = qkv.select(2, 2) * 1;
+      auto packed = qkv * 1;
+      const auto out = changed < 3 ? attention_short(q, k, v, 0.2, {}, false)
+                                   : attention_short_packed(packed, 0.2, {}, false);
+      (changed == 0 ? q : changed == 1 ? k : changed == 2 ? v : packed).add_(1);
+      EXPECT_THROW(out.sum().backward(), c10::Error) << n << " " << changed;
+    }
+  }
+  for (const int64_t n : {16, 17}) {
+    torch::manual_seed(n);
+    const auto q0 = torch::randn({3, n, 2, 32}), k0 = torch::randn({1, n, 2, 32}),
+               v0 = torch::randn({3, 2, n, 32}), probe = torch::randn({3, n, 2, 32});
+    std::vector<std::vector<at::Tensor>> runs;
+    for (const bool fast : {true, false}) {
+      auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true),
+           v = v0.clone().requires_grad_(true);
+      const auto ke = k.expand({3, n, 2, 32}), vp = v.permute({0, 2, 1, 3});
+      AttentionMasks masks;
+      masks.causal = true;
+      const auto out = fast ? attention_short(q, ke, vp, 0.3, {}, true)
+                            : attention_reference(q, ke, vp, {}, masks, 0.3);
+      out.backward(probe);
+      runs.push_back({out.detach(), q.grad(), k.grad(), v.grad()});
+    }
+    EXPECT_LT(max_abs_diff(runs[0][0], runs[1][0]), kForwardTolerance) << n;
+    for (size_t i = 1; i < 4; ++i) {
+      const double largest = runs[1][i].abs().max().item<double>();
+      EXPECT_LT(max_abs_diff(runs[0][i], runs[1][i]), kGradientTolerance * std::max(1.0, largest))
+          << n << " " << i;
     }
   }
 }

@@ -216,6 +216,55 @@ TEST(LinearFused, ZeroFeaturesTakeTheReference) {
   }
 }
 
+// Weights that share memory (a guard, from the hostile review): a weight and bias that are rows of
+// larger parameters (storage offset; the rest of the parameter's gradient 0), one tensor as both x
+// and W, one weight in two layers (tied), against at::linear within rounding; a second backward
+// through the same graph (retain_graph) gives the same bits; x or W changed in place after the
+// forward is autograd's version error, not a gradient of the new values.
+TEST(LinearFused, SharedAndOffsetWeightsAndInPlaceChanges) {
+  torch::manual_seed(13);
+  const auto fresh = [](const at::Tensor& t) { return t.detach().clone().requires_grad_(true); };
+  {
+    const auto big = torch::randn({96, 32}), big_b = torch::randn({96});
+    const auto x = torch::randn({7, 5, 32}), dy = torch::randn({7, 5, 32});
+    std::vector<std::vector<at::Tensor>> runs;
+    for (const auto& f : {linear_fused, linear_reference}) {
+      std::vector<at::Tensor> in{fresh(x), fresh(big), fresh(big_b)};
+      f(in[0], in[1].narrow(0, 32, 32), in[2].narrow(0, 32, 32)).backward(dy);
+      runs.push_back({in[0].grad(), in[1].grad(), in[2].grad()});
+    }
+    for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative(runs[0][i], runs[1][i]), 1e-5) << i;
+    EXPECT_TRUE(runs[0][1].narrow(0, 0, 32).eq(0).all().item<bool>());
+  }
+  {
+    const auto w = torch::randn({32, 32}) / 6, t = torch::randn({48, 16}) / 4,
+               u = torch::randn({3, 48}), b = torch::randn({32}), tb = torch::randn({48});
+    const auto dz = torch::randn({32, 32}), dh = torch::randn({3, 48});
+    std::vector<std::vector<at::Tensor>> runs;
+    for (const auto& f : {linear_fused, linear_reference}) {
+      auto ws = fresh(w), ts = fresh(t), us = fresh(u);
+      f(ws, ws, b).backward(dz);              // x = W
+      f(us.matmul(ts), ts, tb).backward(dh);  // W tied to the input's projection
+      runs.push_back({ws.grad(), ts.grad(), us.grad()});
+    }
+    for (size_t i = 0; i < 3; ++i) EXPECT_LE(relative(runs[0][i], runs[1][i]), 1e-5) << i;
+  }
+  auto x = torch::randn({9, 32}, torch::requires_grad()),
+       w = torch::randn({32, 32}, torch::requires_grad()),
+       b = torch::randn({32}, torch::requires_grad());
+  const auto y = linear_fused(x, w, b);
+  const auto dy = torch::randn_like(y);
+  const auto first = torch::autograd::grad({y}, {x, w, b}, {dy}, /*retain_graph=*/true);
+  const auto second = torch::autograd::grad({y}, {x, w, b}, {dy});
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(first[i], second[i])) << i;
+  for (const int changed : {0, 1}) {
+    auto xi = x * 1, wi = w * 1;
+    const auto yi = linear_fused(xi, wi, b);
+    (changed == 0 ? xi : wi).add_(1);
+    EXPECT_THROW(yi.sum().backward(), c10::Error) << changed;
+  }
+}
+
 // The thread count for a scope, restored after it whatever happens in it.
 struct Threads {
   int before = at::get_num_threads();
